@@ -1,0 +1,351 @@
+//! Lints that run on the resolved rules by enumerating the facts' domains: conditions that
+//! are always or never true, divisions that can hit zero, rules subsumed by another rule of
+//! the same verdict, and runtime events no rule or `allow` covers.
+//!
+//! The domains are explicit (see [`Fact::int_domain`]); a finding holds over every value in
+//! them. A rule whose facts span more than [`MAX_ASSIGNMENTS`] combinations is not linted.
+
+use super::{CheckedRule, Event, Program};
+use crate::diagnostics::{Diagnostic, SourceFile};
+use crate::interp::value::{EvalError, Value, eval};
+use crate::syntax::ast::{Expr, ExprKind, Span};
+use crate::vocab::{Fact, RUNTIME_EVENTS, Type, Verdict};
+
+/// The most fact combinations a lint enumerates for one rule or pair of rules.
+pub const MAX_ASSIGNMENTS: usize = 100_000;
+
+/// A value no literal in the rules equals, standing for "any other name".
+const OTHER: &str = "\u{1}other";
+
+pub(super) fn run(files: &[SourceFile], program: &Program, diags: &mut Vec<Diagnostic>) {
+    let shapes: Vec<Shape<'_>> = program.rules.iter().map(Shape::of).collect();
+    for (rule, shape) in program.rules.iter().zip(&shapes) {
+        lint_rule(rule, shape, diags);
+    }
+    subsumption(files, program, &shapes, diags);
+    coverage(files, program, diags);
+}
+
+/// The facts a rule reads and the text literals it compares them with.
+struct Shape<'a> {
+    facts: Vec<Fact>,
+    literals: Vec<&'a str>,
+}
+
+impl<'a> Shape<'a> {
+    fn of(rule: &'a CheckedRule) -> Shape<'a> {
+        let mut s = Shape {
+            facts: Vec::new(),
+            literals: Vec::new(),
+        };
+        for e in rule.when.iter().chain(rule.unless.iter()) {
+            s.collect(e);
+        }
+        s
+    }
+
+    fn collect(&mut self, e: &'a Expr) {
+        match &e.kind {
+            ExprKind::Name(n) => {
+                if let Some(f) = Fact::lookup(n)
+                    && !self.facts.contains(&f)
+                {
+                    self.facts.push(f);
+                }
+            }
+            ExprKind::Str(s, _) => {
+                if !self.literals.contains(&s.as_str()) {
+                    self.literals.push(s);
+                }
+            }
+            ExprKind::Unary(_, i) => self.collect(i),
+            ExprKind::Binary(_, l, r) => {
+                self.collect(l);
+                self.collect(r);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Every combination of values for `facts`, in a fixed order.
+struct Assignments<'a> {
+    domains: Vec<Vec<Value<'a>>>,
+    facts: Vec<Fact>,
+}
+
+impl<'a> Assignments<'a> {
+    fn new(facts: &[Fact], literals: &[&'a str]) -> Option<Assignments<'a>> {
+        let mut domains = Vec::new();
+        for f in facts {
+            let d: Vec<Value<'a>> = match f.info().ty {
+                Type::Bool => vec![Value::Bool(false), Value::Bool(true)],
+                Type::Int => f.int_domain().iter().map(|i| Value::Int(*i)).collect(),
+                Type::Enum(kind) => kind
+                    .values()
+                    .iter()
+                    .map(|v| Value::Str(v))
+                    .chain(std::iter::once(Value::Str(OTHER)))
+                    .collect(),
+                Type::Name => literals
+                    .iter()
+                    .map(|l| Value::Str(l))
+                    .chain([Value::Str(""), Value::Str(OTHER)])
+                    .collect(),
+            };
+            domains.push(d);
+        }
+        let total = domains
+            .iter()
+            .try_fold(1usize, |acc, d| acc.checked_mul(d.len()))?;
+        (total <= MAX_ASSIGNMENTS).then_some(Assignments {
+            domains,
+            facts: facts.to_vec(),
+        })
+    }
+
+    fn total(&self) -> usize {
+        self.domains.iter().map(|d| d.len()).product()
+    }
+
+    /// The value of `fact` in assignment number `n`.
+    fn value(&self, n: usize, fact: Fact) -> Result<Value<'a>, EvalError> {
+        let mut rest = n;
+        for (f, d) in self.facts.iter().zip(&self.domains) {
+            let v = d[rest % d.len()];
+            rest /= d.len();
+            if *f == fact {
+                return Ok(v);
+            }
+        }
+        Err(EvalError::Unavailable(fact))
+    }
+}
+
+/// The rule's condition values under one assignment: (when, unless, fires).
+fn outcome<'a>(
+    rule: &'a CheckedRule,
+    a: &Assignments<'a>,
+    n: usize,
+) -> Result<(bool, bool, bool), (EvalError, Span)> {
+    let mut get = |f: Fact| a.value(n, f);
+    let when = match &rule.when {
+        Some(e) => eval(e, &mut get)
+            .map_err(|err| (err, e.span))?
+            .as_bool()
+            .unwrap_or(false),
+        None => true,
+    };
+    let unless = match &rule.unless {
+        Some(e) => eval(e, &mut get)
+            .map_err(|err| (err, e.span))?
+            .as_bool()
+            .unwrap_or(false),
+        None => false,
+    };
+    Ok((when, unless, when && !unless))
+}
+
+fn lint_rule(rule: &CheckedRule, shape: &Shape<'_>, diags: &mut Vec<Diagnostic>) {
+    let Some(a) = Assignments::new(&shape.facts, &shape.literals) else {
+        return;
+    };
+    let mut fires_any = false;
+    let (mut when_true, mut when_false) = (0usize, 0usize);
+    let mut unless_bites = 0usize;
+    for n in 0..a.total() {
+        match outcome(rule, &a, n) {
+            Ok((w, u, f)) => {
+                if w {
+                    when_true += 1;
+                } else {
+                    when_false += 1;
+                }
+                if w && u {
+                    unless_bites += 1;
+                }
+                fires_any |= f;
+            }
+            Err((err, span)) => {
+                let facts: Vec<String> = a
+                    .facts
+                    .iter()
+                    .filter_map(|f| a.value(n, *f).ok().map(|v| format!("{f} = {}", show(v))))
+                    .collect();
+                diags.push(
+                    Diagnostic::error(
+                        "ichor::check::arithmetic",
+                        rule.file,
+                        span,
+                        format!("`{}` can fail with {err}", rule.name),
+                    )
+                    .label(format!("when {}", facts.join(", ")))
+                    .help("guard the division, e.g. `count > 0 and approved / count ...`"),
+                );
+                return;
+            }
+        }
+    }
+    if let (Some(e), 0) = (&rule.when, when_false) {
+        diags.push(
+            Diagnostic::warning(
+                "ichor::lint::always_true",
+                rule.file,
+                e.span,
+                format!("the condition of `{}` is always true", rule.name),
+            )
+            .label("true for every value of its facts")
+            .help("drop the `when`, or fix the comparison"),
+        );
+    } else if !fires_any {
+        let span = rule.when.as_ref().map(|e| e.span).unwrap_or(rule.span);
+        diags.push(
+            Diagnostic::warning(
+                "ichor::lint::never_true",
+                rule.file,
+                span,
+                format!("`{}` can never {}", rule.name, rule.verdict),
+            )
+            .label(if when_true == 0 {
+                "false for every value of its facts"
+            } else {
+                "its `unless` holds whenever this does"
+            })
+            .help("fix the condition, or remove the rule"),
+        );
+    }
+    if let (Some(e), 0, true) = (&rule.unless, unless_bites, when_true > 0) {
+        diags.push(
+            Diagnostic::warning(
+                "ichor::lint::unless_never",
+                rule.file,
+                e.span,
+                format!("the exception of `{}` never applies", rule.name),
+            )
+            .label("never true while the `when` holds")
+            .help("drop the `unless`, or fix it"),
+        );
+    }
+}
+
+fn show(v: Value<'_>) -> String {
+    match v {
+        Value::Str(s) if s == OTHER => "(another name)".into(),
+        Value::Str(s) => format!("{s:?}"),
+        v => v.to_string(),
+    }
+}
+
+fn subsumption(
+    files: &[SourceFile],
+    program: &Program,
+    shapes: &[Shape<'_>],
+    diags: &mut Vec<Diagnostic>,
+) {
+    let rules = &program.rules;
+    for (i, a) in rules.iter().enumerate() {
+        for (j, b) in rules.iter().enumerate() {
+            if i == j
+                || a.verdict != b.verdict
+                || (a.verdict == Verdict::Hold && a.reason != b.reason)
+                || !a.events.iter().all(|e| b.events.contains(e))
+            {
+                continue;
+            }
+            // Equivalent rules subsume each other: report only the later one.
+            if b.events.iter().all(|e| a.events.contains(e)) && j > i && implies(b, a, shapes, j, i) {
+                continue;
+            }
+            if implies(a, b, shapes, i, j) {
+                let at = files
+                    .get(b.file)
+                    .map(|f| format!("{}:{}", f.display_path(), f.line_col(b.span.start).0))
+                    .unwrap_or_default();
+                diags.push(
+                    Diagnostic::warning(
+                        "ichor::lint::subsumed",
+                        a.file,
+                        a.span,
+                        format!(
+                            "`{}` is subsumed by `{}`: whenever it would {}, `{}` does too",
+                            a.name, b.name, a.verdict, b.name
+                        ),
+                    )
+                    .label(format!("never decides anything `{}` does not", b.name))
+                    .help(format!(
+                        "remove `{}`, or narrow `{}` (at {at}) so each rule owns its case",
+                        a.name, b.name
+                    )),
+                );
+            }
+        }
+    }
+}
+
+/// Whether rule `a` firing implies rule `b` firing, over the union of their facts.
+fn implies(a: &CheckedRule, b: &CheckedRule, shapes: &[Shape<'_>], ai: usize, bi: usize) -> bool {
+    let mut facts = shapes[ai].facts.clone();
+    for f in &shapes[bi].facts {
+        if !facts.contains(f) {
+            facts.push(*f);
+        }
+    }
+    let mut literals = shapes[ai].literals.clone();
+    for l in &shapes[bi].literals {
+        if !literals.contains(l) {
+            literals.push(l);
+        }
+    }
+    let Some(asg) = Assignments::new(&facts, &literals) else {
+        return false;
+    };
+    let mut a_fires_somewhere = false;
+    for n in 0..asg.total() {
+        let fa = match outcome(a, &asg, n) {
+            Ok((_, _, f)) => f,
+            Err(_) => return false,
+        };
+        if !fa {
+            continue;
+        }
+        a_fires_somewhere = true;
+        match outcome(b, &asg, n) {
+            Ok((_, _, true)) => {}
+            _ => return false,
+        }
+    }
+    a_fires_somewhere
+}
+
+fn coverage(files: &[SourceFile], program: &Program, diags: &mut Vec<Diagnostic>) {
+    if files.is_empty() {
+        return;
+    }
+    let covered = |e: &Event| {
+        program.allowed.contains(e) || program.rules.iter().any(|r| r.events.contains(e))
+    };
+    for (verb, subject, site) in RUNTIME_EVENTS {
+        if !covered(&(*verb, *subject, *site)) {
+            diags.push(
+                Diagnostic::warning(
+                    "ichor::lint::uncovered_event",
+                    0,
+                    Span::default(),
+                    format!(
+                        "no rule or `allow` covers `{} {}` at the {}",
+                        verb.name(),
+                        subject.name(),
+                        site.name()
+                    ),
+                )
+                .label("the runtime produces this")
+                .help(format!(
+                    "add a rule for it, or say `allow {} {} at {}` if nothing should constrain it",
+                    verb.name(),
+                    subject.name(),
+                    site.name()
+                )),
+            );
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! `ichor-rules eval` and `explain`: one decision, offline, with the code the operator runs.
+
+use super::{EXIT_BAD_INPUT, EXIT_OK};
+use crate::diagnostics::render_human;
+use crate::interp::explain::{self, EventTrace};
+use crate::interp::Decision;
+use crate::runtime::admission::{parse_review, respond};
+use crate::runtime::decide::{
+    decide_events, reconcile_machine_event, reconcile_operation_event, request_events,
+};
+use crate::runtime::facts::{EventFacts, Expensive};
+use crate::runtime::objects::{Snapshot, load_snapshot};
+use crate::ruleset::load;
+use crate::vocab::Verdict;
+use clap::Args;
+use std::path::{Path, PathBuf};
+
+#[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["review", "reconcile"])))]
+pub struct EvalArgs {
+    /// Rule files or folders.
+    #[arg(long, default_value = "rules")]
+    pub rules: Vec<PathBuf>,
+    /// The live objects (YAML: a multi-document stream or a `kind: List`).
+    #[arg(long)]
+    pub objects: PathBuf,
+    /// An AdmissionReview v1 request (JSON): decide it as the webhook does.
+    #[arg(long)]
+    pub review: Option<PathBuf>,
+    /// NAMESPACE/NAME of a TalosMachine (or TalosOperation): decide as the controller does.
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    pub reconcile: Option<String>,
+}
+
+/// One clear line, exit 2.
+fn bad(msg: impl std::fmt::Display) -> u8 {
+    eprintln!("error: {msg}");
+    EXIT_BAD_INPUT
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+pub fn run(args: &EvalArgs, explain: bool) -> u8 {
+    let set = match load(&args.rules) {
+        Ok(s) => s,
+        Err(e) => return bad(e),
+    };
+    let Some(table) = &set.table else {
+        eprint!("{}", render_human(&set.diagnostics, &set.files, false));
+        let paths: Vec<String> = args.rules.iter().map(|p| p.display().to_string()).collect();
+        return bad(format!(
+            "{}: the rules have {} error(s); fix them (`ichor-rules check {}`) before evaluating",
+            paths.join(", "),
+            set.errors(),
+            paths.join(" ")
+        ));
+    };
+    let objects = match read(&args.objects) {
+        Ok(b) => b,
+        Err(e) => return bad(e),
+    };
+    let Ok(objects_text) = String::from_utf8(objects) else {
+        return bad(format!("{}: not UTF-8 text", args.objects.display()));
+    };
+    let snapshot = match load_snapshot(&objects_text) {
+        Ok(s) => s,
+        Err(e) => return bad(format!("{}: {e}", args.objects.display())),
+    };
+    if let Some(review) = &args.review {
+        let body = match read(review) {
+            Ok(b) => b,
+            Err(e) => return bad(e),
+        };
+        let req = match parse_review(&body) {
+            Ok(r) => r,
+            Err(e) => return bad(format!("{}: {e}", review.display())),
+        };
+        let events = request_events(req.operation(), &req.namespace, req.old.as_ref(), req.new.as_ref());
+        let (decision, traces) = decide_events(table, &snapshot, &events, Expensive::FromObjects, explain);
+        if explain {
+            let header = format!(
+                "webhook: {:?} {} {}/{} (uid {})",
+                req.operation(),
+                req.inner.kind.kind,
+                req.namespace,
+                req.inner.name,
+                req.uid()
+            );
+            let line = if decision.refusals.is_empty() {
+                "verdict: allowed".to_string()
+            } else {
+                "verdict: refused (every matching refusal is reported)".to_string()
+            };
+            print!("{}", explain::render(table, &header, &traces, &decision, &line));
+        } else {
+            let review = respond(&req, &decision);
+            match serde_json::to_string_pretty(&review) {
+                Ok(s) => println!("{s}"),
+                Err(e) => return bad(format!("cannot write the response: {e}")),
+            }
+        }
+        return EXIT_OK;
+    }
+    let Some(target) = &args.reconcile else {
+        return bad("give --review FILE or --reconcile NAMESPACE/NAME");
+    };
+    let Some((ns, name)) = target.split_once('/').filter(|(n, m)| !n.is_empty() && !m.is_empty())
+    else {
+        return bad(format!("--reconcile {target:?}: expected NAMESPACE/NAME"));
+    };
+    let events = match reconcile_events(&snapshot, ns, name) {
+        Some(e) => e,
+        None => {
+            return bad(format!(
+                "{}: no TalosMachine or TalosOperation {ns}/{name}",
+                args.objects.display()
+            ));
+        }
+    };
+    let (decision, traces) = decide_events(table, &snapshot, &events, Expensive::FromObjects, explain);
+    if explain {
+        let header = format!("controller: reconcile {ns}/{name}");
+        let line = format!("verdict: {}", verdict_word(&decision));
+        print!("{}", explain::render(table, &header, &traces, &decision, &line));
+        if events.iter().any(|e| e.event.1 == crate::vocab::Subject::ControlPlane) {
+            println!(
+                "note: offline, `member.dead` is read from the machine's conditions; the controller asks etcd"
+            );
+        }
+        return EXIT_OK;
+    }
+    let _: &[EventTrace] = &traces;
+    match serde_json::to_string_pretty(&reconcile_json(&decision)) {
+        Ok(s) => println!("{s}"),
+        Err(e) => return bad(format!("cannot write the decision: {e}")),
+    }
+    EXIT_OK
+}
+
+fn reconcile_events<'s>(snapshot: &'s Snapshot, ns: &str, name: &str) -> Option<Vec<EventFacts<'s>>> {
+    if let Some(m) = snapshot.machine(ns, name) {
+        return Some(reconcile_machine_event(m).into_iter().collect());
+    }
+    snapshot
+        .operation(ns, name)
+        .map(|o| reconcile_operation_event(o).into_iter().collect())
+}
+
+fn verdict_word(d: &Decision) -> &'static str {
+    match d.verdict() {
+        Some(Verdict::Refuse) => "refuse",
+        Some(Verdict::Hold) => "hold",
+        _ => "proceed",
+    }
+}
+
+/// The controller's decision: `{"verdict", "reason", "message", "rules", "warnings"}`.
+pub fn reconcile_json(d: &Decision) -> serde_json::Value {
+    let deciding = d.deciding();
+    let message = if deciding.is_empty() {
+        serde_json::Value::Null
+    } else {
+        deciding
+            .iter()
+            .map(|f| f.message.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+            .into()
+    };
+    serde_json::json!({
+        "verdict": verdict_word(d),
+        "reason": deciding.iter().find_map(|f| f.reason.clone()),
+        "message": message,
+        "rules": deciding.iter().map(|f| f.rule.clone()).collect::<Vec<_>>(),
+        "warnings": d.warnings.iter().map(|f| f.message.clone()).collect::<Vec<_>>(),
+    })
+}

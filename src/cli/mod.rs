@@ -1,0 +1,88 @@
+//! The command line: one module per subcommand; `main` only wires.
+
+mod check;
+mod eval;
+mod table;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Exit codes shared by every subcommand.
+pub const EXIT_OK: u8 = 0;
+/// `check` found errors (or warnings with `--deny-warnings`).
+pub const EXIT_FINDINGS: u8 = 1;
+/// Bad usage or unreadable input.
+pub const EXIT_BAD_INPUT: u8 = 2;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ichor-rules",
+    version,
+    about = "Safety rules for Talos Linux clusters: check, print, and evaluate them"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Human,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Parse, type-check and lint rule files (files or folders; default `rules/`).
+    Check {
+        paths: Vec<PathBuf>,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+        /// Fail (exit 1) on warnings too.
+        #[arg(long)]
+        deny_warnings: bool,
+    },
+    /// Print the compiled decision table for reviewers.
+    Table {
+        paths: Vec<PathBuf>,
+        /// Output format (`human` is the text table).
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+    },
+    /// Decide an AdmissionReview (as the webhook answers) or a reconcile (as the controller
+    /// decides) against a file of objects, and print the decision as JSON.
+    Eval(eval::EvalArgs),
+    /// Like `eval`, but print every row considered, each condition's value, and the verdict.
+    Explain(eval::EvalArgs),
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> ExitCode {
+    let code = match cli.command {
+        Command::Check {
+            paths,
+            format,
+            deny_warnings,
+        } => check::run(&default_paths(paths), format, deny_warnings),
+        Command::Table { paths, format } => table::run(&default_paths(paths), format),
+        Command::Eval(args) => eval::run(&args, false),
+        Command::Explain(args) => eval::run(&args, true),
+    };
+    ExitCode::from(code)
+}
+
+fn default_paths(paths: Vec<PathBuf>) -> Vec<PathBuf> {
+    if paths.is_empty() {
+        vec![PathBuf::from("rules")]
+    } else {
+        paths
+    }
+}
+
+/// Whether to colour output written to stdout.
+fn colour() -> bool {
+    use std::io::IsTerminal;
+    std::env::var_os("NO_COLOR").is_none() && std::io::stdout().is_terminal()
+}

@@ -1,0 +1,298 @@
+//! Diagnostics: every error and warning the front end finds, with a stable code, a span,
+//! a label and a help line. The source text is attached only when printing.
+
+use crate::syntax::ast::Span;
+use miette::{GraphicalReportHandler, GraphicalTheme, LabeledSpan, NamedSource};
+use serde::Serialize;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Error,
+    Warning,
+}
+
+/// One finding in one file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Diagnostic {
+    /// Stable code, such as `ichor::check::unknown_fact`.
+    pub code: &'static str,
+    pub severity: Severity,
+    /// Index into the rule set's source files.
+    pub file: usize,
+    pub span: Span,
+    /// Short, lowercase, user input in backticks, no final period.
+    pub message: String,
+    /// The text on the label under the span.
+    pub label: String,
+    /// How to fix it.
+    pub help: Option<String>,
+}
+
+impl Diagnostic {
+    pub fn error(code: &'static str, file: usize, span: Span, message: impl Into<String>) -> Self {
+        Diagnostic {
+            code,
+            severity: Severity::Error,
+            file,
+            span,
+            message: message.into(),
+            label: String::new(),
+            help: None,
+        }
+    }
+
+    pub fn warning(
+        code: &'static str,
+        file: usize,
+        span: Span,
+        message: impl Into<String>,
+    ) -> Self {
+        Diagnostic {
+            severity: Severity::Warning,
+            ..Diagnostic::error(code, file, span, message)
+        }
+    }
+
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.label = label.into();
+        self
+    }
+
+    pub fn help(mut self, help: impl Into<String>) -> Self {
+        self.help = Some(help.into());
+        self
+    }
+
+    pub fn is_error(&self) -> bool {
+        self.severity == Severity::Error
+    }
+}
+
+/// One rule file's text, shared by the diagnostics that point into it.
+#[derive(Clone, Debug)]
+pub struct SourceFile {
+    pub path: PathBuf,
+    pub text: Arc<str>,
+}
+
+impl SourceFile {
+    pub fn new(path: impl Into<PathBuf>, text: impl Into<Arc<str>>) -> SourceFile {
+        SourceFile {
+            path: path.into(),
+            text: text.into(),
+        }
+    }
+
+    pub fn display_path(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    /// 1-based line and column (in characters) of a byte offset.
+    pub fn line_col(&self, offset: u32) -> (usize, usize) {
+        let offset = (offset as usize).min(self.text.len());
+        let mut line = 1;
+        let mut line_start = 0;
+        for (i, b) in self.text.bytes().enumerate() {
+            if i >= offset {
+                break;
+            }
+            if b == b'\n' {
+                line += 1;
+                line_start = i + 1;
+            }
+        }
+        let col = self
+            .text
+            .get(line_start..offset)
+            .map(|s| s.chars().count())
+            .unwrap_or(0)
+            + 1;
+        (line, col)
+    }
+}
+
+/// A diagnostic joined with its source, so miette can render it.
+struct Rendered<'a> {
+    diag: &'a Diagnostic,
+    src: NamedSource<Arc<str>>,
+}
+
+impl fmt::Debug for Rendered<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.diag.message)
+    }
+}
+
+impl fmt::Display for Rendered<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.diag.message)
+    }
+}
+
+impl std::error::Error for Rendered<'_> {}
+
+impl miette::Diagnostic for Rendered<'_> {
+    fn code<'b>(&'b self) -> Option<Box<dyn fmt::Display + 'b>> {
+        Some(Box::new(self.diag.code))
+    }
+
+    fn severity(&self) -> Option<miette::Severity> {
+        Some(match self.diag.severity {
+            Severity::Error => miette::Severity::Error,
+            Severity::Warning => miette::Severity::Warning,
+        })
+    }
+
+    fn help<'b>(&'b self) -> Option<Box<dyn fmt::Display + 'b>> {
+        self.diag
+            .help
+            .as_ref()
+            .map(|h| Box::new(h) as Box<dyn fmt::Display>)
+    }
+
+    fn source_code(&self) -> Option<&dyn miette::SourceCode> {
+        Some(&self.src)
+    }
+
+    fn labels(&self) -> Option<Box<dyn Iterator<Item = LabeledSpan> + '_>> {
+        let span = self.diag.span;
+        let label = if self.diag.label.is_empty() {
+            None
+        } else {
+            Some(self.diag.label.clone())
+        };
+        Some(Box::new(std::iter::once(LabeledSpan::new(
+            label,
+            span.start as usize,
+            span.len(),
+        ))))
+    }
+}
+
+/// Renders diagnostics for people: miette's graphical report, colour only when asked.
+pub fn render_human(diags: &[Diagnostic], files: &[SourceFile], colour: bool) -> String {
+    let theme = if colour {
+        GraphicalTheme::unicode()
+    } else {
+        GraphicalTheme::unicode_nocolor()
+    };
+    let handler = GraphicalReportHandler::new_themed(theme).with_width(100);
+    let mut out = String::new();
+    for d in diags {
+        let Some(file) = files.get(d.file) else {
+            continue;
+        };
+        let (line, col) = file.line_col(d.span.start);
+        let src = NamedSource::new(file.display_path(), file.text.clone());
+        let r = Rendered { diag: d, src };
+        if handler.render_report(&mut out, &r).is_err() {
+            out.push_str(&format!(
+                "{}:{line}:{col}: {}: {}\n",
+                file.display_path(),
+                d.code,
+                d.message
+            ));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// The machine-readable form of one diagnostic, for CI.
+#[derive(Serialize)]
+pub struct JsonDiagnostic<'a> {
+    pub code: &'static str,
+    pub severity: Severity,
+    pub file: String,
+    pub line: usize,
+    pub column: usize,
+    pub end_line: usize,
+    pub end_column: usize,
+    pub message: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub help: Option<&'a str>,
+}
+
+pub fn to_json<'a>(diags: &'a [Diagnostic], files: &[SourceFile]) -> Vec<JsonDiagnostic<'a>> {
+    diags
+        .iter()
+        .map(|d| {
+            let (path, (line, column), (end_line, end_column)) = match files.get(d.file) {
+                Some(f) => (
+                    f.display_path(),
+                    f.line_col(d.span.start),
+                    f.line_col(d.span.end),
+                ),
+                None => (String::new(), (0, 0), (0, 0)),
+            };
+            JsonDiagnostic {
+                code: d.code,
+                severity: d.severity,
+                file: path,
+                line,
+                column,
+                end_line,
+                end_column,
+                message: &d.message,
+                help: d.help.as_deref(),
+            }
+        })
+        .collect()
+}
+
+/// The closest candidate by edit distance, if it is close enough to be a likely typo.
+pub fn did_you_mean<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let mut best: Option<(&str, usize)> = None;
+    for c in candidates {
+        let d = edit_distance(word, c);
+        if best.is_none_or(|(_, bd)| d < bd) {
+            best = Some((c, d));
+        }
+    }
+    let (c, d) = best?;
+    let limit = (word.chars().count().max(c.chars().count()) / 3).max(1);
+    (d <= limit).then_some(c)
+}
+
+/// Levenshtein distance over characters.
+pub fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    let mut cur = vec![0; b.len() + 1];
+    for (i, ca) in a.iter().enumerate() {
+        cur[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cost = usize::from(ca != cb);
+            cur[j + 1] = (prev[j] + cost).min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        std::mem::swap(&mut prev, &mut cur);
+    }
+    prev[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suggests_close_names_only() {
+        let facts = ["approved", "workers", "count"];
+        assert_eq!(did_you_mean("aproved", facts), Some("approved"));
+        assert_eq!(did_you_mean("cuont", facts), Some("count"));
+        assert_eq!(did_you_mean("zebra", facts), None);
+    }
+
+    #[test]
+    fn line_and_column_are_one_based_characters() {
+        let f = SourceFile::new("x.rules", "ab\ncdé f");
+        assert_eq!(f.line_col(0), (1, 1));
+        assert_eq!(f.line_col(3), (2, 1));
+        // é is two bytes: the space after it is the 4th character
+        assert_eq!(f.line_col(7), (2, 4));
+    }
+}

@@ -1,0 +1,6 @@
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    ichor_rules::cli::run(ichor_rules::cli::Cli::parse())
+}

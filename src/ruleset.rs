@@ -1,0 +1,98 @@
+//! Loading a rule set from files and folders, and turning it into a table.
+
+use crate::check::{CheckResult, check};
+use crate::compile::{Table, compile};
+use crate::diagnostics::{Diagnostic, SourceFile};
+use std::path::{Path, PathBuf};
+
+/// A rule set read from disk: its files, what the checker found, and the table when it
+/// checked without errors.
+pub struct RuleSet {
+    pub files: Vec<SourceFile>,
+    pub diagnostics: Vec<Diagnostic>,
+    pub table: Option<Table>,
+}
+
+impl RuleSet {
+    pub fn errors(&self) -> usize {
+        self.diagnostics.iter().filter(|d| d.is_error()).count()
+    }
+
+    pub fn warnings(&self) -> usize {
+        self.diagnostics.len() - self.errors()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: no .rules files found", path.display())]
+    Empty { path: PathBuf },
+}
+
+/// The `.rules` files of each path (a file, or a folder read non-recursively), sorted.
+pub fn read_sources(paths: &[PathBuf]) -> Result<Vec<SourceFile>, LoadError> {
+    let mut files = Vec::new();
+    for path in paths {
+        let meta = std::fs::metadata(path).map_err(|source| LoadError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        if meta.is_dir() {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(path)
+                .map_err(|source| LoadError::Io {
+                    path: path.clone(),
+                    source,
+                })?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "rules") && p.is_file())
+                .collect();
+            found.sort();
+            if found.is_empty() {
+                return Err(LoadError::Empty { path: path.clone() });
+            }
+            for p in found {
+                files.push(read_one(&p)?);
+            }
+        } else {
+            files.push(read_one(path)?);
+        }
+    }
+    Ok(files)
+}
+
+fn read_one(path: &Path) -> Result<SourceFile, LoadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(SourceFile::new(path, text))
+}
+
+/// Checks and compiles source files; the table exists only when there are no errors.
+pub fn build(files: Vec<SourceFile>) -> RuleSet {
+    let CheckResult {
+        program,
+        diagnostics,
+    } = check(&files);
+    let table = if diagnostics.iter().any(|d| d.is_error()) {
+        None
+    } else {
+        Some(compile(&program, &files))
+    };
+    RuleSet {
+        files,
+        diagnostics,
+        table,
+    }
+}
+
+/// Reads, checks and compiles the rule set at `paths`.
+pub fn load(paths: &[PathBuf]) -> Result<RuleSet, LoadError> {
+    Ok(build(read_sources(paths)?))
+}

@@ -1,0 +1,159 @@
+//! The AdmissionReview v1 envelope: parse a request, and answer it from a decision. The
+//! deciding itself is in [`super::decide`]; this module only unwraps and wraps.
+
+use super::objects::{Object, typed_object};
+use crate::interp::Decision;
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::core::response::StatusSummary;
+
+/// A request, with its objects typed.
+pub struct Request {
+    pub inner: AdmissionRequest<DynamicObject>,
+    pub namespace: String,
+    /// Our kind, or `None` for a kind the rules do not decide about.
+    pub kind: Option<&'static str>,
+    pub old: Option<Object>,
+    pub new: Option<Object>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    #[error("not JSON: {0}")]
+    Json(#[source] serde_json::Error),
+    #[error("not an AdmissionReview v1: {0}")]
+    NotReview(String),
+    #[error("the {which} of the request is not a valid {kind}: {message}")]
+    BadObject {
+        which: &'static str,
+        kind: &'static str,
+        message: String,
+    },
+}
+
+impl ReviewError {
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            ReviewError::Json(_) => "json",
+            ReviewError::NotReview(_) => "not_review",
+            ReviewError::BadObject { .. } => "bad_object",
+        }
+    }
+}
+
+impl Request {
+    pub fn operation(&self) -> &Operation {
+        &self.inner.operation
+    }
+
+    pub fn uid(&self) -> &str {
+        &self.inner.uid
+    }
+}
+
+/// Parses an AdmissionReview v1 body.
+pub fn parse_review(body: &[u8]) -> Result<Request, ReviewError> {
+    let value: serde_json::Value = serde_json::from_slice(body).map_err(ReviewError::Json)?;
+    let api_version = value.get("apiVersion").and_then(|v| v.as_str()).unwrap_or("");
+    let kind = value.get("kind").and_then(|v| v.as_str()).unwrap_or("");
+    if kind != "AdmissionReview" || !api_version.starts_with("admission.k8s.io/") {
+        return Err(ReviewError::NotReview(format!(
+            "expected apiVersion admission.k8s.io/v1 and kind AdmissionReview, found {:?} {:?}",
+            api_version, kind
+        )));
+    }
+    let review: AdmissionReview<DynamicObject> =
+        serde_json::from_value(value).map_err(|e| ReviewError::NotReview(e.to_string()))?;
+    let inner: AdmissionRequest<DynamicObject> = review
+        .try_into()
+        .map_err(|_| ReviewError::NotReview("it has no `request`".into()))?;
+    let namespace = inner
+        .namespace
+        .clone()
+        .or_else(|| {
+            inner
+                .object
+                .as_ref()
+                .or(inner.old_object.as_ref())
+                .and_then(|o| o.metadata.namespace.clone())
+        })
+        .unwrap_or_else(|| "default".into());
+    let kind = if inner.kind.group == super::objects::GROUP {
+        ["TalosMachine", "TalosCluster", "TalosOperation"]
+            .into_iter()
+            .find(|k| *k == inner.kind.kind)
+    } else {
+        None
+    };
+    let (mut old, mut new) = (None, None);
+    if let Some(kind) = kind {
+        old = typed(kind, "oldObject", inner.old_object.as_ref(), &namespace)?;
+        new = typed(kind, "object", inner.object.as_ref(), &namespace)?;
+    }
+    Ok(Request {
+        inner,
+        namespace,
+        kind,
+        old,
+        new,
+    })
+}
+
+fn typed(
+    kind: &'static str,
+    which: &'static str,
+    obj: Option<&DynamicObject>,
+    namespace: &str,
+) -> Result<Option<Object>, ReviewError> {
+    let Some(obj) = obj else { return Ok(None) };
+    let mut value = serde_json::to_value(obj).map_err(|e| ReviewError::BadObject {
+        which,
+        kind,
+        message: e.to_string(),
+    })?;
+    // Objects of a namespaced request may omit their namespace; the request says it.
+    if let Some(meta) = value.get_mut("metadata").and_then(|m| m.as_object_mut())
+        && meta.get("namespace").is_none_or(|n| n.is_null())
+    {
+        meta.insert("namespace".into(), namespace.into());
+    }
+    typed_object(kind, value)
+        .map(Some)
+        .map_err(|message| ReviewError::BadObject {
+            which,
+            kind,
+            message,
+        })
+}
+
+/// The answer to a request: allowed unless a rule refused; every refusal's message, and
+/// every warning.
+pub fn respond(req: &Request, decision: &Decision) -> AdmissionReview<DynamicObject> {
+    let mut resp = AdmissionResponse::from(&req.inner);
+    if !decision.refusals.is_empty() {
+        let message = decision
+            .refusals
+            .iter()
+            .map(|f| f.message.as_str())
+            .collect::<Vec<_>>()
+            .join("\n");
+        resp = deny(resp, message);
+    }
+    if !decision.warnings.is_empty() {
+        resp.warnings = Some(decision.warnings.iter().map(|f| f.message.clone()).collect());
+    }
+    resp.into_review()
+}
+
+/// A refusal not made by a rule (the live state could not be read, say).
+pub fn refuse(req: &Request, message: impl Into<String>) -> AdmissionReview<DynamicObject> {
+    deny(AdmissionResponse::from(&req.inner), message.into()).into_review()
+}
+
+fn deny(resp: AdmissionResponse, message: String) -> AdmissionResponse {
+    let mut resp = resp.deny(message);
+    resp.result.code = 403;
+    resp.result.reason = "Forbidden".into();
+    resp.result.status = Some(StatusSummary::Failure);
+    resp
+}

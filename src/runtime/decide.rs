@@ -1,0 +1,264 @@
+//! From a request or a reconcile to events, and from events to a decision. The webhook, the
+//! controller and the CLI all go through here, so they decide with the same code.
+
+use super::facts::{EventFacts, Expensive, SnapshotFacts, Subject};
+use super::objects::{Object, Role, Snapshot, TalosCluster, TalosMachine, TalosOperation};
+use crate::compile::Table;
+use crate::interp::explain::EventTrace;
+use crate::interp::{Decision, Finding, Interrupt, Session, decide_into};
+use crate::vocab::{Site, Subject as S, Verb, Verdict};
+use kube::core::admission::Operation;
+
+fn role_subject(r: Role) -> S {
+    match r {
+        Role::ControlPlane => S::ControlPlane,
+        Role::Worker => S::Worker,
+    }
+}
+
+/// The events of a TalosMachine request. Verbs come from the transition of "approved
+/// <role> of cluster X": ordinary edits produce none.
+pub fn machine_events<'s>(
+    op: &Operation,
+    namespace: &'s str,
+    old: Option<&'s TalosMachine>,
+    new: Option<&'s TalosMachine>,
+) -> Vec<EventFacts<'s>> {
+    let mut out = Vec::new();
+    let member = |m: &TalosMachine| m.approved_role().map(|r| (r, m.cluster().to_string()));
+    match op {
+        Operation::Delete => {
+            let Some(old) = old.or(new) else { return out };
+            let subject = Subject::Machine {
+                name: old.name(),
+                view: old,
+                counted: Some(old),
+            };
+            out.push(EventFacts {
+                event: (Verb::Remove, S::Machine, Site::Webhook),
+                namespace,
+                cluster: old.cluster(),
+                subject,
+            });
+            if let Some(r) = old.approved_role() {
+                out.push(EventFacts {
+                    event: (Verb::Remove, role_subject(r), Site::Webhook),
+                    namespace,
+                    cluster: old.cluster(),
+                    subject,
+                });
+            }
+        }
+        Operation::Create => {
+            let Some(new) = new else { return out };
+            if let Some(r) = new.approved_role() {
+                out.push(EventFacts {
+                    event: (Verb::Approve, role_subject(r), Site::Webhook),
+                    namespace,
+                    cluster: new.cluster(),
+                    subject: Subject::Machine {
+                        name: new.name(),
+                        view: new,
+                        counted: None,
+                    },
+                });
+            }
+        }
+        Operation::Update => {
+            let (Some(old), Some(new)) = (old, new) else {
+                return out;
+            };
+            let (mo, mn) = (member(old), member(new));
+            if mo == mn {
+                return out;
+            }
+            if let Some(r) = old.approved_role() {
+                let verb = if !new.spec.approved {
+                    Verb::Unapprove
+                } else if new.spec.role != Some(r) {
+                    Verb::Reassign
+                } else {
+                    Verb::Move
+                };
+                out.push(EventFacts {
+                    event: (verb, role_subject(r), Site::Webhook),
+                    namespace,
+                    cluster: old.cluster(),
+                    subject: Subject::Machine {
+                        name: old.name(),
+                        view: old,
+                        counted: Some(old),
+                    },
+                });
+            }
+            if let Some(r) = new.approved_role() {
+                out.push(EventFacts {
+                    event: (Verb::Approve, role_subject(r), Site::Webhook),
+                    namespace,
+                    cluster: new.cluster(),
+                    subject: Subject::Machine {
+                        name: new.name(),
+                        view: new,
+                        counted: Some(old),
+                    },
+                });
+            }
+        }
+        Operation::Connect => {}
+    }
+    out
+}
+
+/// The events of a TalosCluster request: `unschedule` on the transition into "false",
+/// `remove` on delete.
+pub fn cluster_events<'s>(
+    op: &Operation,
+    namespace: &'s str,
+    old: Option<&'s TalosCluster>,
+    new: Option<&'s TalosCluster>,
+) -> Vec<EventFacts<'s>> {
+    match (op, old, new) {
+        (Operation::Update, Some(old), Some(new)) if old.schedulable() && !new.schedulable() => {
+            vec![EventFacts {
+                event: (Verb::Unschedule, S::Cluster, Site::Webhook),
+                namespace,
+                cluster: new.name(),
+                subject: Subject::Cluster(new),
+            }]
+        }
+        (Operation::Delete, old, new) => match old.or(new) {
+            Some(c) => vec![EventFacts {
+                event: (Verb::Remove, S::Cluster, Site::Webhook),
+                namespace,
+                cluster: c.name(),
+                subject: Subject::Cluster(c),
+            }],
+            None => Vec::new(),
+        },
+        _ => Vec::new(),
+    }
+}
+
+/// The events of a TalosOperation request: `start` on create.
+pub fn operation_events<'s>(
+    op: &Operation,
+    namespace: &'s str,
+    new: Option<&'s TalosOperation>,
+) -> Vec<EventFacts<'s>> {
+    match (op, new) {
+        (Operation::Create, Some(o)) => vec![EventFacts {
+            event: (Verb::Start, S::Operation, Site::Webhook),
+            namespace,
+            cluster: o.cluster(),
+            subject: Subject::Operation(o),
+        }],
+        _ => Vec::new(),
+    }
+}
+
+/// The events of any request about one of our objects.
+pub fn request_events<'s>(
+    op: &Operation,
+    namespace: &'s str,
+    old: Option<&'s Object>,
+    new: Option<&'s Object>,
+) -> Vec<EventFacts<'s>> {
+    let kind = new.or(old);
+    match kind {
+        Some(Object::Machine(_)) => {
+            let m = |o: Option<&'s Object>| match o {
+                Some(Object::Machine(m)) => Some(m),
+                _ => None,
+            };
+            machine_events(op, namespace, m(old), m(new))
+        }
+        Some(Object::Cluster(_)) => {
+            let c = |o: Option<&'s Object>| match o {
+                Some(Object::Cluster(c)) => Some(c),
+                _ => None,
+            };
+            cluster_events(op, namespace, c(old), c(new))
+        }
+        Some(Object::Operation(_)) => {
+            let o = match new {
+                Some(Object::Operation(o)) => Some(o),
+                _ => None,
+            };
+            operation_events(op, namespace, o)
+        }
+        None => Vec::new(),
+    }
+}
+
+/// What the controller is about to do with an object, as an event: `remove` for an
+/// approved control plane being deleted, `apply` for an approved machine, `run` for an
+/// unfinished operation. `None` when the controller has nothing to decide.
+pub fn reconcile_machine_event<'s>(m: &'s TalosMachine) -> Option<EventFacts<'s>> {
+    let role = m.approved_role()?;
+    let verb = if m.deleting() { Verb::Remove } else { Verb::Apply };
+    let event = (verb, role_subject(role), Site::Controller);
+    crate::vocab::is_runtime_event(event.0, event.1, event.2).then_some(EventFacts {
+        event,
+        namespace: m.namespace(),
+        cluster: m.cluster(),
+        subject: Subject::Machine {
+            name: m.name(),
+            view: m,
+            counted: Some(m),
+        },
+    })
+}
+
+pub fn reconcile_operation_event<'s>(o: &'s TalosOperation) -> Option<EventFacts<'s>> {
+    (!o.finished()).then_some(EventFacts {
+        event: (Verb::Run, S::Operation, Site::Controller),
+        namespace: o.namespace(),
+        cluster: o.cluster(),
+        subject: Subject::Operation(o),
+    })
+}
+
+/// Decides a list of events against a snapshot. With `trace`, also returns what each event
+/// considered. An expensive fact that cannot be had here fails closed: a refusal naming it.
+pub fn decide_events(
+    table: &Table,
+    snapshot: &Snapshot,
+    events: &[EventFacts<'_>],
+    expensive: Expensive,
+    trace: bool,
+) -> (Decision, Vec<EventTrace>) {
+    let mut decision = Decision::default();
+    let mut traces = Vec::new();
+    for ev in events {
+        let facts = SnapshotFacts::new(snapshot, *ev, expensive);
+        let mut session = Session::new(table, facts);
+        if trace {
+            session = session.traced();
+        }
+        if let Err(Interrupt::Need(fact)) = decide_into(&mut session, ev.event, &mut decision) {
+            decision.refusals.push(Finding {
+                rule: "(live state)".into(),
+                verdict: Verdict::Refuse,
+                message: format!(
+                    "the fact `{fact}` could not be read, so the request is refused rather than decided on missing data"
+                ),
+                reason: None,
+            });
+        }
+        if trace {
+            let (verb, subject, site) = ev.event;
+            traces.push(EventTrace::new(
+                format!(
+                    "{} {} at the {} (cluster {:?})",
+                    verb.name(),
+                    subject.name(),
+                    site.name(),
+                    ev.cluster
+                ),
+                &session.asked,
+                session.trace.take().unwrap_or_default(),
+            ));
+        }
+    }
+    (decision, traces)
+}

@@ -1,0 +1,311 @@
+//! Facts from a snapshot of live objects, for one event.
+//!
+//! Counting goes through ONE function, [`approved_members`], which lists the machines and
+//! narrows them (same namespace and cluster, approved with the role, machines being deleted
+//! left out except the subject itself). Everything counted — `approved`, `workers`,
+//! `transitioning`, `rank` — derives from it.
+
+use super::objects::{Role, Snapshot, TalosCluster, TalosMachine, TalosOperation};
+use crate::check::Event;
+use crate::interp::{Facts, Lookup, Value};
+use crate::vocab::{Fact, Site};
+use std::cmp::Ordering;
+
+/// The subject of an event as the rules see it.
+#[derive(Clone, Copy, Debug)]
+pub enum Subject<'s> {
+    /// A TalosMachine. `view` is the object the machine facts read (old object for a delete
+    /// or a leave, new for an approve, live for a reconcile). `counted` is the state the
+    /// subject is counted in (its state before the change: old object, or live); `None`
+    /// when it did not exist.
+    Machine {
+        name: &'s str,
+        view: &'s TalosMachine,
+        counted: Option<&'s TalosMachine>,
+    },
+    /// A TalosCluster (the request's object).
+    Cluster(&'s TalosCluster),
+    Operation(&'s TalosOperation),
+}
+
+/// One event with what the facts are computed from.
+#[derive(Clone, Copy, Debug)]
+pub struct EventFacts<'s> {
+    pub event: Event,
+    pub namespace: &'s str,
+    /// The TalosCluster the event is about.
+    pub cluster: &'s str,
+    pub subject: Subject<'s>,
+}
+
+/// How expensive facts are answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expensive {
+    /// From what the objects show (admission, and offline evaluation): `member.dead` is the
+    /// machine's Ready=False/NodeUnreachable, or a removal already marked DeadMemberRemoval.
+    FromObjects,
+    /// Not answered here: the caller fetches them (the controller asks etcd).
+    Deferred,
+}
+
+/// The approved members of one role of a cluster, ordered by approval time then name.
+///
+/// Lists `snapshot`'s machines in `namespace` with `spec.clusterRef.name == cluster`,
+/// approved with `role`, not being deleted. The machine named `subject` is never taken from
+/// the list: it is counted as `counted` says (its state before the change), even when it is
+/// being deleted, since its own removal is the one being decided.
+pub fn approved_members<'s>(
+    snapshot: &'s Snapshot,
+    namespace: &str,
+    cluster: &str,
+    role: Role,
+    subject: Option<(&str, Option<&'s TalosMachine>)>,
+) -> Vec<&'s TalosMachine> {
+    let subject_name = subject.map(|(n, _)| n);
+    let mut out: Vec<&TalosMachine> = snapshot
+        .machines
+        .iter()
+        .filter(|m| {
+            m.namespace() == namespace
+                && m.cluster() == cluster
+                && m.approved_role() == Some(role)
+                && !m.deleting()
+                && Some(m.name()) != subject_name
+        })
+        .collect();
+    if let Some((_, Some(counted))) = subject
+        && counted.cluster() == cluster
+        && counted.approved_role() == Some(role)
+    {
+        out.push(counted);
+    }
+    out.sort_by(|a, b| approval_order(a, b));
+    out
+}
+
+/// Older approvals first; no time at all sorts last (newest); ties by name.
+fn approval_order(a: &TalosMachine, b: &TalosMachine) -> Ordering {
+    match (a.approval_time(), b.approval_time()) {
+        (Some(x), Some(y)) => x.cmp(y),
+        (Some(_), None) => Ordering::Less,
+        (None, Some(_)) => Ordering::Greater,
+        (None, None) => Ordering::Equal,
+    }
+    .then_with(|| a.name().cmp(b.name()))
+}
+
+/// Whether this many approved control planes is the even, transitioning state.
+pub fn is_transitioning(approved: usize) -> bool {
+    approved > 0 && approved % 2 == 0
+}
+
+/// The unfinished operation another one would wait on: not finished, not `exclude`;
+/// one that is not parked is preferred, then the oldest, then by name.
+pub fn unfinished_operation<'s>(
+    snapshot: &'s Snapshot,
+    namespace: &str,
+    cluster: &str,
+    exclude: Option<&str>,
+) -> Option<&'s TalosOperation> {
+    snapshot
+        .operations
+        .iter()
+        .filter(|o| {
+            o.namespace() == namespace
+                && o.cluster() == cluster
+                && !o.finished()
+                && Some(o.name()) != exclude
+        })
+        .min_by(|a, b| {
+            a.parked()
+                .cmp(&b.parked())
+                .then_with(|| {
+                    a.metadata
+                        .creation_timestamp
+                        .cmp(&b.metadata.creation_timestamp)
+                })
+                .then_with(|| a.name().cmp(b.name()))
+        })
+}
+
+/// Answers facts for one event from a snapshot.
+pub struct SnapshotFacts<'s> {
+    snapshot: &'s Snapshot,
+    ev: EventFacts<'s>,
+    expensive: Expensive,
+    cluster: Option<Option<&'s TalosCluster>>,
+    control_planes: Option<Vec<&'s TalosMachine>>,
+    workers: Option<usize>,
+    unfinished: Option<Option<&'s TalosOperation>>,
+}
+
+impl<'s> SnapshotFacts<'s> {
+    pub fn new(snapshot: &'s Snapshot, ev: EventFacts<'s>, expensive: Expensive) -> Self {
+        SnapshotFacts {
+            snapshot,
+            ev,
+            expensive,
+            cluster: None,
+            control_planes: None,
+            workers: None,
+            unfinished: None,
+        }
+    }
+
+    pub fn event(&self) -> &EventFacts<'s> {
+        &self.ev
+    }
+
+    fn machine(&self) -> Option<&'s TalosMachine> {
+        match self.ev.subject {
+            Subject::Machine { view, .. } => Some(view),
+            _ => None,
+        }
+    }
+
+    fn subject_key(&self) -> Option<(&'s str, Option<&'s TalosMachine>)> {
+        match self.ev.subject {
+            Subject::Machine { name, counted, .. } => Some((name, counted)),
+            _ => None,
+        }
+    }
+
+    fn cluster_obj(&mut self) -> Option<&'s TalosCluster> {
+        if let Some(c) = self.cluster {
+            return c;
+        }
+        let c = match self.ev.subject {
+            Subject::Cluster(c) => Some(c),
+            _ => self.snapshot.cluster(self.ev.namespace, self.ev.cluster),
+        };
+        self.cluster = Some(c);
+        c
+    }
+
+    fn control_planes(&mut self) -> &[&'s TalosMachine] {
+        if self.control_planes.is_none() {
+            let key = self.subject_key();
+            self.control_planes = Some(approved_members(
+                self.snapshot,
+                self.ev.namespace,
+                self.ev.cluster,
+                Role::ControlPlane,
+                key,
+            ));
+        }
+        self.control_planes.as_deref().unwrap_or(&[])
+    }
+
+    fn workers(&mut self) -> usize {
+        if let Some(w) = self.workers {
+            return w;
+        }
+        let key = self.subject_key();
+        let w = approved_members(
+            self.snapshot,
+            self.ev.namespace,
+            self.ev.cluster,
+            Role::Worker,
+            key,
+        )
+        .len();
+        self.workers = Some(w);
+        w
+    }
+
+    fn unfinished(&mut self) -> Option<&'s TalosOperation> {
+        if let Some(u) = self.unfinished {
+            return u;
+        }
+        let exclude = match self.ev.subject {
+            Subject::Operation(o) => Some(o.name()),
+            _ => None,
+        };
+        let u = unfinished_operation(self.snapshot, self.ev.namespace, self.ev.cluster, exclude);
+        self.unfinished = Some(u);
+        u
+    }
+
+    fn operation(&self) -> Option<&'s TalosOperation> {
+        match self.ev.subject {
+            Subject::Operation(o) => Some(o),
+            _ => None,
+        }
+    }
+}
+
+fn int(n: usize) -> Value<'static> {
+    Value::Int(i64::try_from(n).unwrap_or(i64::MAX))
+}
+
+impl<'s> Facts<'s> for SnapshotFacts<'s> {
+    fn fact(&mut self, fact: Fact) -> Lookup<'s> {
+        let v = match fact {
+            Fact::Approved => int(self.control_planes().len()),
+            Fact::Workers => int(self.workers()),
+            Fact::Count => Value::Int(self.cluster_obj().map_or(0, |c| c.spec.control_plane.count)),
+            Fact::Schedulable => Value::Bool(self.cluster_obj().is_none_or(|c| c.schedulable())),
+            Fact::Cluster => Value::Str(self.ev.cluster),
+            Fact::ClusterExists => Value::Bool(self.cluster_obj().is_some()),
+            Fact::ClusterDeleting => Value::Bool(self.cluster_obj().is_some_and(|c| c.deleting())),
+            Fact::Transitioning => Value::Bool(is_transitioning(self.control_planes().len())),
+            Fact::Machine => Value::Str(self.machine().map_or("", |m| m.name())),
+            Fact::Role => Value::Str(
+                self.machine()
+                    .and_then(|m| m.spec.role)
+                    .map_or("", |r| r.name()),
+            ),
+            Fact::Deleting => Value::Bool(match self.ev.subject {
+                Subject::Machine { view, .. } => view.deleting(),
+                Subject::Cluster(c) => c.deleting(),
+                Subject::Operation(o) => o.metadata.deletion_timestamp.is_some(),
+            }),
+            Fact::AllowDelete => Value::Bool(match self.ev.subject {
+                Subject::Machine { view, .. } => view.allow_delete(),
+                Subject::Cluster(c) => c.allow_delete(),
+                Subject::Operation(_) => false,
+            }),
+            Fact::Rank => {
+                let name = self.machine().map(|m| m.name());
+                let pos = self
+                    .control_planes()
+                    .iter()
+                    .position(|m| Some(m.name()) == name);
+                int(pos.map_or(0, |p| p + 1))
+            }
+            Fact::MemberDead => match self.expensive {
+                Expensive::Deferred if self.ev.event.2 == Site::Controller => {
+                    return Lookup::Later;
+                }
+                _ => Value::Bool(self.machine().is_some_and(|m| {
+                    m.node_unreachable()
+                        || (self.ev.event.2 == Site::Controller && m.dead_member_removal_marked())
+                })),
+            },
+            Fact::NodeUnreachable => Value::Bool(self.machine().is_some_and(|m| m.node_unreachable())),
+            Fact::Operation => Value::Str(self.operation().map_or("", |o| o.name())),
+            Fact::Kind => Value::Str(self.operation().map_or("", |o| o.spec.kind.as_str())),
+            Fact::Target => Value::Str(
+                self.operation()
+                    .and_then(|o| o.spec.machine.as_deref())
+                    .unwrap_or(""),
+            ),
+            Fact::TargetControlPlane => {
+                let target = self.operation().and_then(|o| o.spec.machine.as_deref());
+                Value::Bool(target.is_some_and(|t| {
+                    self.snapshot
+                        .machine(self.ev.namespace, t)
+                        .is_some_and(|m| m.spec.role == Some(Role::ControlPlane))
+                }))
+            }
+            Fact::Phase => Value::Str(self.operation().map_or("", |o| o.phase())),
+            Fact::Failed => Value::Bool(self.operation().is_some_and(|o| o.failed())),
+            Fact::UnfinishedExists => Value::Bool(self.unfinished().is_some()),
+            Fact::UnfinishedName => Value::Str(self.unfinished().map_or("", |o| o.name())),
+            Fact::UnfinishedKind => Value::Str(self.unfinished().map_or("", |o| o.spec.kind.as_str())),
+            Fact::UnfinishedPhase => Value::Str(self.unfinished().map_or("", |o| o.phase())),
+            Fact::UnfinishedParked => Value::Bool(self.unfinished().is_some_and(|o| o.parked())),
+        };
+        Lookup::Value(v)
+    }
+}

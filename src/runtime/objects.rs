@@ -1,0 +1,541 @@
+//! The ichor.maesh.dev/v1alpha1 objects the rules decide about, and loading them from YAML
+//! as `kubectl get -o yaml` prints them (a multi-document stream or a `kind: List`).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use serde::{Deserialize, Deserializer, Serialize};
+
+pub const GROUP: &str = "ichor.maesh.dev";
+pub const VERSION: &str = "v1alpha1";
+/// The annotation a person sets to say a delete is meant.
+pub const ALLOW_DELETE_ANNOTATION: &str = "ichor.maesh.dev/allow-delete";
+/// The finalizer the controller keeps on approved control planes until their removal ends.
+pub const REMOVAL_FINALIZER: &str = "ichor.maesh.dev/machine-removal";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Hash)]
+pub enum Role {
+    #[serde(rename = "controlplane")]
+    ControlPlane,
+    #[serde(rename = "worker")]
+    Worker,
+}
+
+impl Role {
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::ControlPlane => "controlplane",
+            Role::Worker => "worker",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClusterRef {
+    #[serde(default)]
+    pub name: String,
+}
+
+/// A status condition (metav1.Condition).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    #[serde(default)]
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<Time>,
+}
+
+fn find<'c>(conds: &'c [Condition], type_: &str) -> Option<&'c Condition> {
+    conds.iter().find(|c| c.type_ == type_)
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalDecision {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<Time>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineSpec {
+    #[serde(default)]
+    pub cluster_ref: ClusterRef,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<Role>,
+    #[serde(default)]
+    pub approved: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_decision: Option<ApprovalDecision>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineStatus {
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TalosMachine {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: MachineSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<MachineStatus>,
+}
+
+fn name_of(m: &ObjectMeta) -> &str {
+    m.name.as_deref().unwrap_or("")
+}
+
+fn namespace_of(m: &ObjectMeta) -> &str {
+    m.namespace.as_deref().unwrap_or("default")
+}
+
+fn annotation_true(m: &ObjectMeta, key: &str) -> bool {
+    m.annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+}
+
+impl TalosMachine {
+    pub fn name(&self) -> &str {
+        name_of(&self.metadata)
+    }
+
+    pub fn namespace(&self) -> &str {
+        namespace_of(&self.metadata)
+    }
+
+    pub fn cluster(&self) -> &str {
+        &self.spec.cluster_ref.name
+    }
+
+    pub fn deleting(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
+    }
+
+    pub fn allow_delete(&self) -> bool {
+        annotation_true(&self.metadata, ALLOW_DELETE_ANNOTATION)
+    }
+
+    /// The role it is an approved member with, if approved.
+    pub fn approved_role(&self) -> Option<Role> {
+        if self.spec.approved {
+            self.spec.role
+        } else {
+            None
+        }
+    }
+
+    pub fn conditions(&self) -> &[Condition] {
+        self.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or(&[])
+    }
+
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        find(self.conditions(), type_)
+    }
+
+    /// Ready=False with reason NodeUnreachable.
+    pub fn node_unreachable(&self) -> bool {
+        self.condition("Ready").is_some_and(|c| {
+            c.status == "False" && c.reason.as_deref() == Some("NodeUnreachable")
+        })
+    }
+
+    /// The Removal condition says a removal already proceeded for a dead member.
+    pub fn dead_member_removal_marked(&self) -> bool {
+        self.condition("Removal")
+            .is_some_and(|c| c.reason.as_deref() == Some("DeadMemberRemoval"))
+    }
+
+    /// The time that orders approvals: the decision time, else the creation time.
+    pub fn approval_time(&self) -> Option<&Time> {
+        self.spec
+            .approval_decision
+            .as_ref()
+            .and_then(|d| d.at.as_ref())
+            .or(self.metadata.creation_timestamp.as_ref())
+    }
+}
+
+/// spec.schedulable: "true" or "false" (a YAML bool is accepted too).
+fn schedulable_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum S {
+        Str(String),
+        Bool(bool),
+    }
+    Ok(Option::<S>::deserialize(d)?.map(|s| match s {
+        S::Str(s) => s,
+        S::Bool(b) => b.to_string(),
+    }))
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ControlPlaneSpec {
+    #[serde(default)]
+    pub count: i64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterSpec {
+    #[serde(default)]
+    pub control_plane: ControlPlaneSpec,
+    #[serde(
+        default,
+        deserialize_with = "schedulable_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub schedulable: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterStatus {
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TalosCluster {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: ClusterSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<ClusterStatus>,
+}
+
+impl TalosCluster {
+    pub fn name(&self) -> &str {
+        name_of(&self.metadata)
+    }
+
+    pub fn namespace(&self) -> &str {
+        namespace_of(&self.metadata)
+    }
+
+    pub fn deleting(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
+    }
+
+    pub fn allow_delete(&self) -> bool {
+        annotation_true(&self.metadata, ALLOW_DELETE_ANNOTATION)
+    }
+
+    /// Only an explicit "false" makes a cluster unschedulable.
+    pub fn schedulable(&self) -> bool {
+        !matches!(self.spec.schedulable.as_deref(), Some(s) if s.trim().eq_ignore_ascii_case("false"))
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OperationSpec {
+    #[serde(default)]
+    pub cluster_ref: ClusterRef,
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OperationStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_reason: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TalosOperation {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: OperationSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<OperationStatus>,
+}
+
+/// Phases after which an operation holds nothing. Everything else, a failed operation
+/// included, is unfinished (ADR 0137).
+pub const FINISHED_PHASES: &[&str] = &["Succeeded", "Completed"];
+
+impl TalosOperation {
+    pub fn name(&self) -> &str {
+        name_of(&self.metadata)
+    }
+
+    pub fn namespace(&self) -> &str {
+        namespace_of(&self.metadata)
+    }
+
+    pub fn cluster(&self) -> &str {
+        &self.spec.cluster_ref.name
+    }
+
+    pub fn phase(&self) -> &str {
+        self.status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .unwrap_or("Pending")
+    }
+
+    pub fn failed(&self) -> bool {
+        self.status
+            .as_ref()
+            .and_then(|s| s.failure_reason.as_deref())
+            .is_some_and(|r| !r.is_empty())
+    }
+
+    pub fn finished(&self) -> bool {
+        FINISHED_PHASES.contains(&self.phase())
+    }
+
+    /// Parked by the controller for the even control-plane count: Paused with reason
+    /// ClusterTransitioning and no failure. Such an operation holds no lock (ADR 0137).
+    pub fn parked(&self) -> bool {
+        let paused_for_transition = self.status.as_ref().is_some_and(|s| {
+            find(&s.conditions, "Paused").is_some_and(|c| {
+                c.status == "True" && c.reason.as_deref() == Some("ClusterTransitioning")
+            })
+        });
+        self.phase() == "Paused" && paused_for_transition && !self.failed()
+    }
+}
+
+/// The live objects a decision is made against.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub machines: Vec<TalosMachine>,
+    pub clusters: Vec<TalosCluster>,
+    pub operations: Vec<TalosOperation>,
+}
+
+impl Snapshot {
+    pub fn cluster(&self, namespace: &str, name: &str) -> Option<&TalosCluster> {
+        self.clusters
+            .iter()
+            .find(|c| c.namespace() == namespace && c.name() == name)
+    }
+
+    pub fn machine(&self, namespace: &str, name: &str) -> Option<&TalosMachine> {
+        self.machines
+            .iter()
+            .find(|m| m.namespace() == namespace && m.name() == name)
+    }
+
+    pub fn operation(&self, namespace: &str, name: &str) -> Option<&TalosOperation> {
+        self.operations
+            .iter()
+            .find(|o| o.namespace() == namespace && o.name() == name)
+    }
+}
+
+/// Why an objects file could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("document {doc}: not valid YAML: {source}")]
+    Yaml {
+        doc: usize,
+        #[source]
+        source: serde_yaml::Error,
+    },
+    #[error("document {doc}{what}: {message}")]
+    Object {
+        doc: usize,
+        what: String,
+        message: String,
+    },
+}
+
+/// One of our objects, typed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Object {
+    Machine(TalosMachine),
+    Cluster(TalosCluster),
+    Operation(TalosOperation),
+}
+
+/// The kind an apiVersion/kind pair names, if it is one of ours.
+pub fn our_kind(api_version: &str, kind: &str) -> Option<&'static str> {
+    let group = api_version.split('/').next().unwrap_or("");
+    if group != GROUP {
+        return None;
+    }
+    ["TalosMachine", "TalosCluster", "TalosOperation"]
+        .into_iter()
+        .find(|k| *k == kind)
+}
+
+/// Turns a JSON/YAML object of one of our kinds into its type; `Ok(None)` for other kinds.
+pub fn object_from_value(value: serde_json::Value) -> Result<Option<Object>, String> {
+    let api_version = value
+        .get("apiVersion")
+        .and_then(|v| v.as_str())
+        .unwrap_or("");
+    let kind = value.get("kind").and_then(|v| v.as_str()).unwrap_or("");
+    let Some(kind) = our_kind(api_version, kind) else {
+        return Ok(None);
+    };
+    typed_object(kind, value).map(Some)
+}
+
+/// Turns a JSON object into the named kind.
+pub fn typed_object(kind: &str, value: serde_json::Value) -> Result<Object, String> {
+    fn de<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T, String> {
+        serde_json::from_value(v).map_err(|e| e.to_string())
+    }
+    match kind {
+        "TalosMachine" => de(value).map(Object::Machine),
+        "TalosCluster" => de(value).map(Object::Cluster),
+        "TalosOperation" => de(value).map(Object::Operation),
+        other => Err(format!("`{other}` is not a kind ichor-rules decides about")),
+    }
+}
+
+/// Loads the objects of a YAML stream: several documents, or `kind: List` with `items`.
+/// Kinds other than ours are ignored.
+pub fn load_snapshot(text: &str) -> Result<Snapshot, LoadError> {
+    let mut snap = Snapshot::default();
+    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let doc_no = i + 1;
+        let value = serde_yaml::Value::deserialize(doc).map_err(|source| LoadError::Yaml {
+            doc: doc_no,
+            source,
+        })?;
+        if value.is_null() {
+            continue;
+        }
+        let json: serde_json::Value =
+            serde_json::to_value(&value).map_err(|e| LoadError::Object {
+                doc: doc_no,
+                what: String::new(),
+                message: format!("cannot be read as an object: {e}"),
+            })?;
+        let items = if json.get("kind").and_then(|k| k.as_str()) == Some("List")
+            || json.get("items").is_some_and(|i| i.is_array())
+                && json
+                    .get("kind")
+                    .and_then(|k| k.as_str())
+                    .is_some_and(|k| k.ends_with("List"))
+        {
+            match json.get("items") {
+                Some(serde_json::Value::Array(items)) => items.clone(),
+                _ => Vec::new(),
+            }
+        } else {
+            vec![json]
+        };
+        for item in items {
+            if !item.is_object() {
+                return Err(LoadError::Object {
+                    doc: doc_no,
+                    what: String::new(),
+                    message: "expected a Kubernetes object (a mapping with apiVersion and kind)"
+                        .into(),
+                });
+            }
+            let label = describe(&item);
+            match object_from_value(item) {
+                Ok(Some(Object::Machine(m))) => snap.machines.push(m),
+                Ok(Some(Object::Cluster(c))) => snap.clusters.push(c),
+                Ok(Some(Object::Operation(o))) => snap.operations.push(o),
+                Ok(None) => {}
+                Err(message) => {
+                    return Err(LoadError::Object {
+                        doc: doc_no,
+                        what: label,
+                        message,
+                    });
+                }
+            }
+        }
+    }
+    Ok(snap)
+}
+
+fn describe(v: &serde_json::Value) -> String {
+    let kind = v.get("kind").and_then(|k| k.as_str()).unwrap_or("object");
+    let name = v
+        .get("metadata")
+        .and_then(|m| m.get("name"))
+        .and_then(|n| n.as_str())
+        .unwrap_or("?");
+    format!(" ({kind} {name})")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loads_streams_and_lists_and_ignores_other_kinds() {
+        let text = r#"
+apiVersion: ichor.maesh.dev/v1alpha1
+kind: TalosCluster
+metadata: {name: c, namespace: ns}
+spec: {controlPlane: {count: 3}, schedulable: false}
+---
+apiVersion: v1
+kind: List
+items:
+- apiVersion: ichor.maesh.dev/v1alpha1
+  kind: TalosMachine
+  metadata: {name: cp1, namespace: ns}
+  spec: {clusterRef: {name: c}, role: controlplane, approved: true}
+- apiVersion: v1
+  kind: ConfigMap
+  metadata: {name: x}
+"#;
+        let s = load_snapshot(text).expect("loads");
+        assert_eq!(s.clusters.len(), 1);
+        assert!(!s.clusters[0].schedulable());
+        assert_eq!(s.machines.len(), 1);
+        assert_eq!(s.machines[0].approved_role(), Some(Role::ControlPlane));
+    }
+
+    #[test]
+    fn a_bad_field_names_the_document_and_object() {
+        let text = "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosMachine\nmetadata: {name: m}\nspec: {role: boss}\n";
+        let err = load_snapshot(text).expect_err("bad role").to_string();
+        assert!(err.contains("document 1 (TalosMachine m)"), "{err}");
+        assert!(err.contains("boss"), "{err}");
+    }
+
+    #[test]
+    fn parked_needs_paused_transitioning_and_no_failure() {
+        let mut op: TalosOperation = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "u"},
+            "spec": {"clusterRef": {"name": "c"}, "kind": "upgrade"},
+            "status": {"phase": "Paused", "conditions": [
+                {"type": "Paused", "status": "True", "reason": "ClusterTransitioning"}]}
+        }))
+        .expect("valid");
+        assert!(op.parked());
+        if let Some(s) = op.status.as_mut() {
+            s.failure_reason = Some("boom".into());
+        }
+        assert!(!op.parked());
+    }
+}

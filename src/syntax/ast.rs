@@ -1,0 +1,236 @@
+//! The AST: plain Rust types with spans. Nothing here knows about pest.
+
+use std::fmt;
+
+/// A byte range in one source file. Small and `Copy`; the text is attached when printing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, serde::Serialize)]
+pub struct Span {
+    pub start: u32,
+    pub end: u32,
+}
+
+impl Span {
+    pub fn new(start: usize, end: usize) -> Span {
+        Span {
+            start: u32::try_from(start).unwrap_or(u32::MAX),
+            end: u32::try_from(end).unwrap_or(u32::MAX),
+        }
+    }
+
+    pub fn to(self, other: Span) -> Span {
+        Span {
+            start: self.start.min(other.start),
+            end: self.end.max(other.end),
+        }
+    }
+
+    pub fn len(self) -> usize {
+        (self.end.saturating_sub(self.start)) as usize
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A word with where it was written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ident {
+    pub name: String,
+    pub span: Span,
+}
+
+/// One parsed rule file.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct File {
+    pub items: Vec<Item>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Item {
+    Let(LetDef),
+    Rule(RuleDef),
+    Allow(AllowDef),
+    Plan(PlanDef),
+}
+
+/// `let name = expr`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LetDef {
+    pub name: Ident,
+    pub expr: Expr,
+    pub span: Span,
+}
+
+/// `rule name <verdict> <verbs> <subject> [at site] [when e] [unless e] [reason R] [say "..."]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RuleDef {
+    pub name: Ident,
+    pub verdict: Ident,
+    pub verbs: Vec<Ident>,
+    pub subject: Ident,
+    pub site: Option<Ident>,
+    pub when: Option<Expr>,
+    pub unless: Option<Expr>,
+    pub reason: Option<Ident>,
+    pub say: Option<Message>,
+    pub span: Span,
+}
+
+/// `allow <verbs> <subject> [at site]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AllowDef {
+    pub verbs: Vec<Ident>,
+    pub subject: Ident,
+    pub site: Option<Ident>,
+    pub span: Span,
+}
+
+/// `plan <verb> <subject>` and its steps.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanDef {
+    pub verb: Ident,
+    pub subject: Ident,
+    pub steps: Vec<Step>,
+    pub span: Span,
+}
+
+/// `do <action words> [when e] [unless e] [say "..."]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Step {
+    pub words: Vec<Ident>,
+    pub when: Option<Expr>,
+    pub unless: Option<Expr>,
+    pub say: Option<Message>,
+    pub span: Span,
+}
+
+/// A message: text with typed `{expr}` placeholders.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Message {
+    pub parts: Vec<MessagePart>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum MessagePart {
+    Text(String),
+    Placeholder(Expr),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Expr {
+    pub kind: ExprKind,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum ExprKind {
+    Int(i64),
+    Bool(bool),
+    /// A string literal; its placeholders, if any, are an error outside messages.
+    Str(String, bool),
+    /// A fact or a `let`.
+    Name(String),
+    Unary(UnOp, Box<Expr>),
+    Binary(BinOp, Box<Expr>, Box<Expr>),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnOp {
+    Not,
+    Neg,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinOp {
+    Or,
+    And,
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Mod,
+}
+
+impl BinOp {
+    pub fn symbol(self) -> &'static str {
+        match self {
+            BinOp::Or => "or",
+            BinOp::And => "and",
+            BinOp::Eq => "==",
+            BinOp::Ne => "!=",
+            BinOp::Lt => "<",
+            BinOp::Le => "<=",
+            BinOp::Gt => ">",
+            BinOp::Ge => ">=",
+            BinOp::Add => "+",
+            BinOp::Sub => "-",
+            BinOp::Mul => "*",
+            BinOp::Div => "/",
+            BinOp::Mod => "%",
+        }
+    }
+
+    /// Binding strength, for printing with the fewest parentheses.
+    pub fn precedence(self) -> u8 {
+        match self {
+            BinOp::Or => 1,
+            BinOp::And => 2,
+            BinOp::Eq | BinOp::Ne | BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge => 4,
+            BinOp::Add | BinOp::Sub => 5,
+            BinOp::Mul | BinOp::Div | BinOp::Mod => 6,
+        }
+    }
+}
+
+impl fmt::Display for Expr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_expr(f, self, 0)
+    }
+}
+
+fn write_expr(f: &mut fmt::Formatter<'_>, e: &Expr, outer: u8) -> fmt::Result {
+    match &e.kind {
+        ExprKind::Int(i) => write!(f, "{i}"),
+        ExprKind::Bool(b) => write!(f, "{b}"),
+        ExprKind::Str(s, _) => write!(f, "{s:?}"),
+        ExprKind::Name(n) => f.write_str(n),
+        ExprKind::Unary(UnOp::Not, inner) => {
+            let paren = outer > 3;
+            if paren {
+                f.write_str("(")?;
+            }
+            f.write_str("not ")?;
+            write_expr(f, inner, 3)?;
+            if paren {
+                f.write_str(")")?;
+            }
+            Ok(())
+        }
+        ExprKind::Unary(UnOp::Neg, inner) => {
+            f.write_str("-")?;
+            write_expr(f, inner, 7)
+        }
+        ExprKind::Binary(op, l, r) => {
+            let p = op.precedence();
+            let paren = p < outer;
+            if paren {
+                f.write_str("(")?;
+            }
+            write_expr(f, l, p)?;
+            write!(f, " {} ", op.symbol())?;
+            write_expr(f, r, p + 1)?;
+            if paren {
+                f.write_str(")")?;
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,709 @@
+//! Text -> AST. pest's types stay inside this module: one `fn` per grammar rule turns the
+//! parse tree into the plain AST of [`ast`], and syntax errors become [`Diagnostic`]s that
+//! say what was expected in words.
+
+pub mod ast;
+
+use crate::diagnostics::Diagnostic;
+use ast::*;
+use pest::Parser;
+use pest::iterators::{Pair, Pairs};
+use pest::pratt_parser::{Assoc, Op, PrattParser};
+use std::sync::LazyLock;
+
+#[derive(pest_derive::Parser)]
+#[grammar = "../grammar/rules.pest"]
+struct RulesParser;
+
+/// Parses one rule file. On a syntax error the file yields no AST and one diagnostic (pest
+/// stops at the first syntax error); lowering problems (an integer too large) are collected.
+pub fn parse(file_id: usize, text: &str) -> Result<File, Vec<Diagnostic>> {
+    let pairs = match RulesParser::parse(Rule::file, text) {
+        Ok(p) => p,
+        Err(e) => return Err(vec![syntax_error(file_id, text, e)]),
+    };
+    let mut lower = Lower {
+        file: file_id,
+        errors: Vec::new(),
+    };
+    let file = lower.file(pairs);
+    if lower.errors.is_empty() {
+        Ok(file)
+    } else {
+        Err(lower.errors)
+    }
+}
+
+/// Parses a standalone expression (used by tests and by `--set`-style tools).
+pub fn parse_expr(text: &str) -> Result<Expr, Vec<Diagnostic>> {
+    // An expression is parsed as the body of a `let`, so spans line up with `text` after
+    // the prefix is subtracted.
+    const PREFIX: &str = "let x = ";
+    let whole = format!("{PREFIX}{text}");
+    let file = parse(0, &whole).map_err(|ds| {
+        ds.into_iter()
+            .map(|mut d| {
+                d.span = shift(d.span, PREFIX.len());
+                d
+            })
+            .collect::<Vec<_>>()
+    })?;
+    match file.items.into_iter().next() {
+        Some(Item::Let(l)) => Ok(shift_expr(l.expr, PREFIX.len())),
+        _ => Err(vec![Diagnostic::error(
+            "ichor::syntax::expected",
+            0,
+            Span::default(),
+            "expected an expression",
+        )]),
+    }
+}
+
+fn shift(s: Span, by: usize) -> Span {
+    let by = u32::try_from(by).unwrap_or(0);
+    Span {
+        start: s.start.saturating_sub(by),
+        end: s.end.saturating_sub(by),
+    }
+}
+
+fn shift_expr(mut e: Expr, by: usize) -> Expr {
+    e.span = shift(e.span, by);
+    e.kind = match e.kind {
+        ExprKind::Unary(op, inner) => ExprKind::Unary(op, Box::new(shift_expr(*inner, by))),
+        ExprKind::Binary(op, l, r) => ExprKind::Binary(
+            op,
+            Box::new(shift_expr(*l, by)),
+            Box::new(shift_expr(*r, by)),
+        ),
+        other => other,
+    };
+    e
+}
+
+static PRATT: LazyLock<PrattParser<Rule>> = LazyLock::new(|| {
+    PrattParser::new()
+        .op(Op::infix(Rule::op_or, Assoc::Left))
+        .op(Op::infix(Rule::op_and, Assoc::Left))
+        .op(Op::prefix(Rule::op_not))
+        .op(Op::infix(Rule::op_eq, Assoc::Left)
+            | Op::infix(Rule::op_ne, Assoc::Left)
+            | Op::infix(Rule::op_lt, Assoc::Left)
+            | Op::infix(Rule::op_le, Assoc::Left)
+            | Op::infix(Rule::op_gt, Assoc::Left)
+            | Op::infix(Rule::op_ge, Assoc::Left))
+        .op(Op::infix(Rule::op_add, Assoc::Left) | Op::infix(Rule::op_sub, Assoc::Left))
+        .op(Op::infix(Rule::op_mul, Assoc::Left)
+            | Op::infix(Rule::op_div, Assoc::Left)
+            | Op::infix(Rule::op_mod, Assoc::Left))
+        .op(Op::prefix(Rule::op_neg))
+});
+
+struct Lower {
+    file: usize,
+    errors: Vec<Diagnostic>,
+}
+
+fn span_of(p: &Pair<'_, Rule>) -> Span {
+    let s = p.as_span();
+    Span::new(s.start(), s.end())
+}
+
+fn ident(p: Pair<'_, Rule>) -> Ident {
+    Ident {
+        span: span_of(&p),
+        name: p.as_str().to_string(),
+    }
+}
+
+impl Lower {
+    fn file(&mut self, mut pairs: Pairs<'_, Rule>) -> File {
+        let mut items = Vec::new();
+        let Some(file) = pairs.next() else {
+            return File { items };
+        };
+        for p in file.into_inner() {
+            match p.as_rule() {
+                Rule::let_def => items.push(Item::Let(self.let_def(p))),
+                Rule::rule_def => items.push(Item::Rule(self.rule_def(p))),
+                Rule::allow_def => items.push(Item::Allow(self.allow_def(p))),
+                Rule::plan_def => items.push(Item::Plan(self.plan_def(p))),
+                _ => {}
+            }
+        }
+        File { items }
+    }
+
+    fn let_def(&mut self, p: Pair<'_, Rule>) -> LetDef {
+        let span = span_of(&p);
+        let mut name = None;
+        let mut expr = None;
+        for c in p.into_inner() {
+            match c.as_rule() {
+                Rule::name => name = Some(ident(c)),
+                Rule::expr => expr = Some(self.expr(c)),
+                _ => {}
+            }
+        }
+        LetDef {
+            name: name.unwrap_or_else(|| Ident {
+                name: String::new(),
+                span,
+            }),
+            expr: expr.unwrap_or(Expr {
+                kind: ExprKind::Bool(false),
+                span,
+            }),
+            span,
+        }
+    }
+
+    fn rule_def(&mut self, p: Pair<'_, Rule>) -> RuleDef {
+        let span = span_of(&p);
+        let empty = Ident {
+            name: String::new(),
+            span,
+        };
+        let mut rule = RuleDef {
+            name: empty.clone(),
+            verdict: empty.clone(),
+            verbs: Vec::new(),
+            subject: empty,
+            site: None,
+            when: None,
+            unless: None,
+            reason: None,
+            say: None,
+            span,
+        };
+        for c in p.into_inner() {
+            match c.as_rule() {
+                Rule::rule_name => rule.name = ident(c),
+                Rule::verdict => rule.verdict = ident(c),
+                Rule::verb_list => rule.verbs = verb_list(c),
+                Rule::subject => rule.subject = ident(c),
+                Rule::site => rule.site = site(c),
+                Rule::when_clause => rule.when = self.clause_expr(c),
+                Rule::unless_clause => rule.unless = self.clause_expr(c),
+                Rule::reason_clause => {
+                    rule.reason = c.into_inner().find(|x| x.as_rule() == Rule::action_word).map(ident)
+                }
+                Rule::say_clause => rule.say = Some(self.say(c)),
+                _ => {}
+            }
+        }
+        rule
+    }
+
+    fn allow_def(&mut self, p: Pair<'_, Rule>) -> AllowDef {
+        let span = span_of(&p);
+        let mut allow = AllowDef {
+            verbs: Vec::new(),
+            subject: Ident {
+                name: String::new(),
+                span,
+            },
+            site: None,
+            span,
+        };
+        for c in p.into_inner() {
+            match c.as_rule() {
+                Rule::verb_list => allow.verbs = verb_list(c),
+                Rule::subject => allow.subject = ident(c),
+                Rule::site => allow.site = site(c),
+                _ => {}
+            }
+        }
+        allow
+    }
+
+    fn plan_def(&mut self, p: Pair<'_, Rule>) -> PlanDef {
+        let span = span_of(&p);
+        let empty = Ident {
+            name: String::new(),
+            span,
+        };
+        let mut plan = PlanDef {
+            verb: empty.clone(),
+            subject: empty,
+            steps: Vec::new(),
+            span,
+        };
+        for c in p.into_inner() {
+            match c.as_rule() {
+                Rule::verb => plan.verb = ident(c),
+                Rule::subject => plan.subject = ident(c),
+                Rule::step => plan.steps.push(self.step(c)),
+                _ => {}
+            }
+        }
+        plan
+    }
+
+    fn step(&mut self, p: Pair<'_, Rule>) -> Step {
+        let mut step = Step {
+            words: Vec::new(),
+            when: None,
+            unless: None,
+            say: None,
+            span: span_of(&p),
+        };
+        for c in p.into_inner() {
+            match c.as_rule() {
+                Rule::action_word => step.words.push(ident(c)),
+                Rule::when_clause => step.when = self.clause_expr(c),
+                Rule::unless_clause => step.unless = self.clause_expr(c),
+                Rule::say_clause => step.say = Some(self.say(c)),
+                _ => {}
+            }
+        }
+        step
+    }
+
+    fn clause_expr(&mut self, p: Pair<'_, Rule>) -> Option<Expr> {
+        p.into_inner()
+            .find(|c| c.as_rule() == Rule::expr)
+            .map(|e| self.expr(e))
+    }
+
+    fn say(&mut self, p: Pair<'_, Rule>) -> Message {
+        let span = span_of(&p);
+        let mut parts = Vec::new();
+        let mut text_span = None::<Span>;
+        for s in p.into_inner().filter(|c| c.as_rule() == Rule::string) {
+            let sp = span_of(&s);
+            text_span = Some(text_span.map_or(sp, |t| t.to(sp)));
+            self.string_parts(s, &mut parts);
+        }
+        Message {
+            parts,
+            span: text_span.unwrap_or(span),
+        }
+    }
+
+    /// Appends the parts of one string literal, merging adjacent text.
+    fn string_parts(&mut self, p: Pair<'_, Rule>, parts: &mut Vec<MessagePart>) {
+        for c in p.into_inner() {
+            let text = match c.as_rule() {
+                Rule::str_text => c.as_str().to_string(),
+                Rule::str_escape => match c.as_str() {
+                    "\\\"" => "\"".into(),
+                    "\\\\" => "\\".into(),
+                    "\\n" => "\n".into(),
+                    "\\t" => "\t".into(),
+                    "{{" => "{".into(),
+                    _ => "}".into(),
+                },
+                Rule::placeholder => {
+                    if let Some(e) = c.into_inner().find(|x| x.as_rule() == Rule::expr) {
+                        let e = self.expr(e);
+                        parts.push(MessagePart::Placeholder(e));
+                    }
+                    continue;
+                }
+                _ => continue,
+            };
+            match parts.last_mut() {
+                Some(MessagePart::Text(t)) => t.push_str(&text),
+                _ => parts.push(MessagePart::Text(text)),
+            }
+        }
+    }
+
+    fn expr(&mut self, p: Pair<'_, Rule>) -> Expr {
+        let errors = std::cell::RefCell::new(Vec::new());
+        let file = self.file;
+        let out = PRATT
+            .map_primary(|primary| self_primary(file, &errors, primary))
+            .map_prefix(|op, rhs| {
+                let span = span_of(&op).to(rhs.span);
+                let op = if op.as_rule() == Rule::op_not {
+                    UnOp::Not
+                } else {
+                    UnOp::Neg
+                };
+                Expr {
+                    kind: ExprKind::Unary(op, Box::new(rhs)),
+                    span,
+                }
+            })
+            .map_infix(|lhs, op, rhs| {
+                let span = lhs.span.to(rhs.span);
+                let op = match op.as_rule() {
+                    Rule::op_or => BinOp::Or,
+                    Rule::op_and => BinOp::And,
+                    Rule::op_eq => BinOp::Eq,
+                    Rule::op_ne => BinOp::Ne,
+                    Rule::op_lt => BinOp::Lt,
+                    Rule::op_le => BinOp::Le,
+                    Rule::op_gt => BinOp::Gt,
+                    Rule::op_ge => BinOp::Ge,
+                    Rule::op_add => BinOp::Add,
+                    Rule::op_sub => BinOp::Sub,
+                    Rule::op_mul => BinOp::Mul,
+                    Rule::op_div => BinOp::Div,
+                    _ => BinOp::Mod,
+                };
+                Expr {
+                    kind: ExprKind::Binary(op, Box::new(lhs), Box::new(rhs)),
+                    span,
+                }
+            })
+            .parse(p.into_inner());
+        self.errors.extend(errors.into_inner());
+        out
+    }
+}
+
+fn self_primary(
+    file: usize,
+    errors: &std::cell::RefCell<Vec<Diagnostic>>,
+    p: Pair<'_, Rule>,
+) -> Expr {
+    let span = span_of(&p);
+    let kind = match p.as_rule() {
+        Rule::int => match p.as_str().parse::<i64>() {
+            Ok(i) => ExprKind::Int(i),
+            Err(_) => {
+                errors.borrow_mut().push(
+                    Diagnostic::error(
+                        "ichor::syntax::int_too_large",
+                        file,
+                        span,
+                        format!("integer `{}` is too large", p.as_str()),
+                    )
+                    .label("does not fit in 64 bits")
+                    .help("integers range from -9223372036854775808 to 9223372036854775807"),
+                );
+                ExprKind::Int(0)
+            }
+        },
+        Rule::kw_true => ExprKind::Bool(true),
+        Rule::kw_false => ExprKind::Bool(false),
+        Rule::name => ExprKind::Name(p.as_str().to_string()),
+        Rule::string => {
+            let mut text = String::new();
+            let mut has_placeholder = false;
+            for c in p.into_inner() {
+                match c.as_rule() {
+                    Rule::str_text => text.push_str(c.as_str()),
+                    Rule::str_escape => text.push_str(match c.as_str() {
+                        "\\\"" => "\"",
+                        "\\\\" => "\\",
+                        "\\n" => "\n",
+                        "\\t" => "\t",
+                        "{{" => "{",
+                        _ => "}",
+                    }),
+                    Rule::placeholder => has_placeholder = true,
+                    _ => {}
+                }
+            }
+            ExprKind::Str(text, has_placeholder)
+        }
+        Rule::paren => {
+            let inner = p.into_inner().find(|c| c.as_rule() == Rule::expr);
+            match inner {
+                Some(e) => {
+                    let mut l = Lower {
+                        file,
+                        errors: Vec::new(),
+                    };
+                    let mut e = l.expr(e);
+                    errors.borrow_mut().extend(l.errors);
+                    e.span = span;
+                    return e;
+                }
+                None => ExprKind::Bool(false),
+            }
+        }
+        _ => ExprKind::Bool(false),
+    };
+    Expr { kind, span }
+}
+
+fn verb_list(p: Pair<'_, Rule>) -> Vec<Ident> {
+    p.into_inner()
+        .filter(|c| c.as_rule() == Rule::verb)
+        .map(ident)
+        .collect()
+}
+
+fn site(p: Pair<'_, Rule>) -> Option<Ident> {
+    p.into_inner()
+        .find(|c| c.as_rule() == Rule::site_name)
+        .map(ident)
+}
+
+/// What a grammar rule is called in an error message.
+fn describe(rule: &Rule) -> String {
+    let s: &str = match rule {
+        Rule::EOI => "end of file",
+        Rule::file | Rule::let_def | Rule::rule_def | Rule::allow_def | Rule::plan_def => {
+            "`let`, `rule`, `allow` or `plan`"
+        }
+        Rule::step => "a step (`do ...`)",
+        Rule::verdict => "a verdict (`refuse`, `hold` or `warn`)",
+        Rule::verb_list | Rule::verb => "a verb",
+        Rule::subject => "a subject",
+        Rule::site => "`at`",
+        Rule::site_name => "a site (`webhook` or `controller`)",
+        Rule::when_clause => "`when`",
+        Rule::unless_clause => "`unless`",
+        Rule::reason_clause => "`reason`",
+        Rule::say_clause => "`say`",
+        Rule::action_word => "a word",
+        Rule::rule_name => "a rule name",
+        Rule::expr | Rule::paren => "an expression",
+        Rule::int => "an integer",
+        Rule::name => "a name",
+        Rule::string => "a string",
+        Rule::str_text | Rule::str_escape | Rule::placeholder => "text or `{`",
+        Rule::op_or => "`or`",
+        Rule::op_and => "`and`",
+        Rule::op_not => "`not`",
+        Rule::op_neg | Rule::op_sub => "`-`",
+        Rule::op_eq => "`==`",
+        Rule::op_ne => "`!=`",
+        Rule::op_le => "`<=`",
+        Rule::op_ge => "`>=`",
+        Rule::op_lt => "`<`",
+        Rule::op_gt => "`>`",
+        Rule::op_add => "`+`",
+        Rule::op_mul => "`*`",
+        Rule::op_div => "`/`",
+        Rule::op_mod => "`%`",
+        Rule::equals => "`=`",
+        Rule::comma => "`,`",
+        Rule::open_paren => "`(`",
+        Rule::close_paren => "`)`",
+        Rule::open_brace => "`{`",
+        Rule::close_brace => "`}`",
+        Rule::quote => "`\"`",
+        Rule::kw_let => "`let`",
+        Rule::kw_rule => "`rule`",
+        Rule::kw_allow => "`allow`",
+        Rule::kw_plan => "`plan`",
+        Rule::kw_do => "`do`",
+        Rule::kw_refuse => "`refuse`",
+        Rule::kw_hold => "`hold`",
+        Rule::kw_warn => "`warn`",
+        Rule::kw_at => "`at`",
+        Rule::kw_when => "`when`",
+        Rule::kw_unless => "`unless`",
+        Rule::kw_reason => "`reason`",
+        Rule::kw_say => "`say`",
+        Rule::kw_true => "`true`",
+        Rule::kw_false => "`false`",
+        Rule::keyword => "a keyword",
+        Rule::WHITESPACE | Rule::COMMENT => "whitespace",
+        Rule::item => "`let`, `rule`, `allow` or `plan`",
+        Rule::word => "a word",
+        Rule::prefix | Rule::primary => "an expression",
+        Rule::infix => "an operator",
+        Rule::ident_char => "a letter or digit",
+    };
+    s.to_string()
+}
+
+fn join_alternatives(items: &[String]) -> String {
+    let mut items: Vec<&String> = items.iter().collect();
+    items.sort();
+    items.dedup();
+    match items.len() {
+        0 => String::new(),
+        1 => items[0].clone(),
+        n => {
+            let head: Vec<&str> = items[..n - 1].iter().map(|s| s.as_str()).collect();
+            format!("{} or {}", head.join(", "), items[n - 1])
+        }
+    }
+}
+
+fn syntax_error(file: usize, text: &str, e: pest::error::Error<Rule>) -> Diagnostic {
+    use pest::error::{ErrorVariant, InputLocation};
+    let (start, end) = match e.location {
+        InputLocation::Pos(p) => (p, p),
+        InputLocation::Span((s, e)) => (s, e),
+    };
+    // Point at the offending token (up to the next whitespace), or at the end of input.
+    let rest = text.get(start..).unwrap_or("");
+    let token_len = rest
+        .char_indices()
+        .find(|(_, c)| c.is_whitespace())
+        .map_or(rest.len(), |(i, _)| i);
+    let end = end.max(start + token_len);
+    let found = if rest.is_empty() {
+        "end of file".to_string()
+    } else {
+        format!("`{}`", &rest[..token_len.min(rest.len())])
+    };
+    let span = Span::new(start, end);
+    match e.variant {
+        ErrorVariant::ParsingError {
+            positives,
+            negatives,
+        } => {
+            let expected: Vec<String> = positives.iter().map(describe).collect();
+            let unexpected: Vec<String> = negatives.iter().map(describe).collect();
+            let message = if !expected.is_empty() {
+                format!("expected {}, found {found}", join_alternatives(&expected))
+            } else if !unexpected.is_empty() {
+                format!("unexpected {}", join_alternatives(&unexpected))
+            } else {
+                format!("unexpected {found}")
+            };
+            let help = syntax_help(&expected, rest);
+            let mut d = Diagnostic::error("ichor::syntax::expected", file, span, message)
+                .label("here");
+            if let Some(h) = help {
+                d = d.help(h);
+            }
+            d
+        }
+        ErrorVariant::CustomError { message } => {
+            Diagnostic::error("ichor::syntax::expected", file, span, message).label("here")
+        }
+    }
+}
+
+fn syntax_help(expected: &[String], rest: &str) -> Option<String> {
+    let word: String = rest
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
+        .collect();
+    if expected.iter().any(|e| e.contains("`let`, `rule`")) {
+        return Some(
+            "a rule file holds `let name = expr`, `rule name ...`, `allow verb subject` and `plan verb subject` statements"
+                .into(),
+        );
+    }
+    if expected.iter().any(|e| e == "an expression" || e == "a name") && !word.is_empty() {
+        return Some(format!(
+            "`{word}` is a keyword; it cannot be used as a name here"
+        ));
+    }
+    if expected.iter().any(|e| e.starts_with("a verdict")) {
+        return Some("a rule reads `rule name refuse|hold|warn <verb> <subject> when ...`".into());
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expr(s: &str) -> String {
+        match parse_expr(s) {
+            Ok(e) => e.to_string(),
+            Err(d) => format!("error: {}", d[0].message),
+        }
+    }
+
+    #[test]
+    fn precedence_follows_arithmetic_then_comparison_then_logic() {
+        assert_eq!(expr("approved / 2 + 1"), "approved / 2 + 1");
+        assert_eq!(expr("a + b * c"), "a + b * c");
+        assert_eq!(expr("(a + b) * c"), "(a + b) * c");
+        assert_eq!(expr("not a == b and c or d"), "not a == b and c or d");
+        assert_eq!(expr("a or b and c"), "a or b and c");
+        assert_eq!(expr("(a or b) and c"), "(a or b) and c");
+        assert_eq!(expr("a - b - c"), "a - b - c");
+        assert_eq!(expr("a - (b - c)"), "a - (b - c)");
+        assert_eq!(expr("-a + 1"), "-a + 1");
+    }
+
+    #[test]
+    fn not_binds_looser_than_comparison() {
+        let e = parse_expr("not after < count").expect("parses");
+        match e.kind {
+            ExprKind::Unary(UnOp::Not, inner) => {
+                assert!(matches!(inner.kind, ExprKind::Binary(BinOp::Lt, _, _)))
+            }
+            other => panic!("expected not at the top, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn spans_cover_the_source_text() {
+        let src = "let after = approved - 1";
+        let f = parse(0, src).expect("parses");
+        let Item::Let(l) = &f.items[0] else {
+            panic!("not a let")
+        };
+        assert_eq!(&src[l.expr.span.start as usize..l.expr.span.end as usize], "approved - 1");
+        assert_eq!(&src[l.name.span.start as usize..l.name.span.end as usize], "after");
+    }
+
+    #[test]
+    fn a_rule_with_every_clause() {
+        let src = r#"
+# comment
+rule declared-count   # trailing comment
+  refuse remove, unapprove controlplane at webhook
+  when after < count
+  unless member.dead
+  reason RemovalRefused
+  say "below {count}; " "braces {{ok}}"
+"#;
+        let f = parse(0, src).expect("parses");
+        let Item::Rule(r) = &f.items[0] else {
+            panic!("not a rule")
+        };
+        assert_eq!(r.name.name, "declared-count");
+        assert_eq!(r.verdict.name, "refuse");
+        assert_eq!(
+            r.verbs.iter().map(|v| v.name.as_str()).collect::<Vec<_>>(),
+            ["remove", "unapprove"]
+        );
+        assert_eq!(r.subject.name, "controlplane");
+        assert_eq!(r.site.as_ref().map(|s| s.name.as_str()), Some("webhook"));
+        assert_eq!(r.reason.as_ref().map(|s| s.name.as_str()), Some("RemovalRefused"));
+        let say = r.say.as_ref().expect("message");
+        assert_eq!(say.parts.len(), 3);
+        assert_eq!(say.parts[0], MessagePart::Text("below ".into()));
+        assert_eq!(say.parts[2], MessagePart::Text("; braces {ok}".into()));
+    }
+
+    #[test]
+    fn plans_split_steps_on_do() {
+        let src = r#"
+plan remove controlplane
+  do lock cluster
+  do drain node unless member.dead
+  do event warning DeadMemberRemoved when member.dead say "x"
+"#;
+        let f = parse(0, src).expect("parses");
+        let Item::Plan(p) = &f.items[0] else {
+            panic!("not a plan")
+        };
+        assert_eq!(p.steps.len(), 3);
+        assert_eq!(p.steps[2].words.len(), 3);
+        assert!(p.steps[1].unless.is_some());
+        assert!(p.steps[2].say.is_some());
+    }
+
+    #[test]
+    fn syntax_errors_say_what_was_expected_in_words() {
+        let err = parse(0, "let after approved - 1").expect_err("missing =");
+        assert_eq!(err.len(), 1);
+        assert!(err[0].message.contains("expected `=`"), "{}", err[0].message);
+        assert!(!err[0].message.contains("equals"), "{}", err[0].message);
+
+        let err = parse(0, "rule r refuse remove controlplane when after <").expect_err("dangling");
+        assert!(err[0].message.contains("an expression") || err[0].message.contains("a name"),
+            "{}", err[0].message);
+    }
+
+    #[test]
+    fn huge_integers_are_reported_not_panicked() {
+        let err = parse(0, "let x = 99999999999999999999").expect_err("too big");
+        assert_eq!(err[0].code, "ichor::syntax::int_too_large");
+    }
+
+    #[test]
+    fn keywords_are_not_names() {
+        assert!(parse(0, "let when = 1").is_err());
+        assert!(parse(0, "let whenever = 1").is_ok());
+    }
+}

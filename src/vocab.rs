@@ -1,0 +1,587 @@
+//! The closed vocabulary of the language: verbs, subjects, sites, verdicts, facts (with their
+//! types, costs, availability and lint domains) and built-in plan actions.
+//!
+//! Everything that names something a rule can say lives here, so the checker, the compiler,
+//! the interpreter and the runtime agree on one list.
+
+use std::fmt;
+
+/// What a request or a reconcile does, derived from the transition old -> new.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Verb {
+    /// Into "approved <role> of cluster X": an update to approved, a create already approved,
+    /// a role change or a move that lands on an approved machine.
+    Approve,
+    /// Out of "approved": `spec.approved` turned false.
+    Unapprove,
+    /// Out of "approved <role>": the role changed.
+    Reassign,
+    /// Out of "approved <role> of cluster X": `spec.clusterRef.name` changed.
+    Move,
+    /// A delete (admission), or a deletion in progress (controller).
+    Remove,
+    /// A TalosCluster's `spec.schedulable` turning "false".
+    Unschedule,
+    /// A TalosOperation being created.
+    Start,
+    /// The controller about to configure an approved machine.
+    Apply,
+    /// The controller about to run an operation.
+    Run,
+}
+
+impl Verb {
+    pub const ALL: [Verb; 9] = [
+        Verb::Approve,
+        Verb::Unapprove,
+        Verb::Reassign,
+        Verb::Move,
+        Verb::Remove,
+        Verb::Unschedule,
+        Verb::Start,
+        Verb::Apply,
+        Verb::Run,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Verb::Approve => "approve",
+            Verb::Unapprove => "unapprove",
+            Verb::Reassign => "reassign",
+            Verb::Move => "move",
+            Verb::Remove => "remove",
+            Verb::Unschedule => "unschedule",
+            Verb::Start => "start",
+            Verb::Apply => "apply",
+            Verb::Run => "run",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Verb groups a rule may name instead of listing verbs.
+pub const VERB_GROUPS: &[(&str, &[Verb])] = &[(
+    "leave",
+    &[Verb::Remove, Verb::Unapprove, Verb::Reassign, Verb::Move],
+)];
+
+/// Resolves a verb word to the verbs it stands for (a verb or a group).
+pub fn resolve_verb(word: &str) -> Option<Vec<Verb>> {
+    if let Some(v) = Verb::ALL.iter().find(|v| v.name() == word) {
+        return Some(vec![*v]);
+    }
+    VERB_GROUPS
+        .iter()
+        .find(|(g, _)| *g == word)
+        .map(|(_, vs)| vs.to_vec())
+}
+
+/// Every word accepted where a verb is expected (for "did you mean").
+pub fn verb_words() -> Vec<&'static str> {
+    let mut words: Vec<&'static str> = Verb::ALL.iter().map(|v| v.name()).collect();
+    words.extend(VERB_GROUPS.iter().map(|(g, _)| *g));
+    words
+}
+
+/// The kind of thing a verb acts on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Subject {
+    /// An approved control-plane TalosMachine (a member of etcd, or about to be).
+    ControlPlane,
+    /// An approved worker TalosMachine.
+    Worker,
+    /// Any TalosMachine, approved or not.
+    Machine,
+    /// A TalosCluster.
+    Cluster,
+    /// A TalosOperation.
+    Operation,
+}
+
+impl Subject {
+    pub const ALL: [Subject; 5] = [
+        Subject::ControlPlane,
+        Subject::Worker,
+        Subject::Machine,
+        Subject::Cluster,
+        Subject::Operation,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Subject::ControlPlane => "controlplane",
+            Subject::Worker => "worker",
+            Subject::Machine => "machine",
+            Subject::Cluster => "cluster",
+            Subject::Operation => "operation",
+        }
+    }
+
+    pub fn parse(word: &str) -> Option<Subject> {
+        Subject::ALL.iter().copied().find(|s| s.name() == word)
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// A TalosMachine subject (controlplane, worker or machine).
+    pub fn is_machine(self) -> bool {
+        matches!(
+            self,
+            Subject::ControlPlane | Subject::Worker | Subject::Machine
+        )
+    }
+}
+
+/// Where a decision is made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Site {
+    /// The admission webhook: synchronous, best effort, refuses before the write commits.
+    Webhook,
+    /// The controller: serialized under the cluster lock, authoritative.
+    Controller,
+}
+
+impl Site {
+    pub const ALL: [Site; 2] = [Site::Webhook, Site::Controller];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Site::Webhook => "webhook",
+            Site::Controller => "controller",
+        }
+    }
+
+    pub fn parse(word: &str) -> Option<Site> {
+        Site::ALL.iter().copied().find(|s| s.name() == word)
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// What a rule does when it matches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    /// The webhook denies, the controller refuses the step.
+    Refuse,
+    /// Controller only: stop touching the object, set Ready=False with the reason, requeue.
+    Hold,
+    /// An admission warning, or a Warning event from the controller.
+    Warn,
+}
+
+impl Verdict {
+    pub fn name(self) -> &'static str {
+        match self {
+            Verdict::Refuse => "refuse",
+            Verdict::Hold => "hold",
+            Verdict::Warn => "warn",
+        }
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The (verb, subject, site) events the runtime produces. A rule on any other combination
+/// could never fire, so the checker rejects it; an event here that no rule or `allow`
+/// covers is reported by the coverage lint.
+pub const RUNTIME_EVENTS: &[(Verb, Subject, Site)] = &[
+    (Verb::Remove, Subject::Machine, Site::Webhook),
+    (Verb::Remove, Subject::ControlPlane, Site::Webhook),
+    (Verb::Remove, Subject::Worker, Site::Webhook),
+    (Verb::Remove, Subject::Cluster, Site::Webhook),
+    (Verb::Approve, Subject::ControlPlane, Site::Webhook),
+    (Verb::Approve, Subject::Worker, Site::Webhook),
+    (Verb::Unapprove, Subject::ControlPlane, Site::Webhook),
+    (Verb::Unapprove, Subject::Worker, Site::Webhook),
+    (Verb::Reassign, Subject::ControlPlane, Site::Webhook),
+    (Verb::Reassign, Subject::Worker, Site::Webhook),
+    (Verb::Move, Subject::ControlPlane, Site::Webhook),
+    (Verb::Move, Subject::Worker, Site::Webhook),
+    (Verb::Unschedule, Subject::Cluster, Site::Webhook),
+    (Verb::Start, Subject::Operation, Site::Webhook),
+    (Verb::Apply, Subject::ControlPlane, Site::Controller),
+    (Verb::Apply, Subject::Worker, Site::Controller),
+    (Verb::Remove, Subject::ControlPlane, Site::Controller),
+    (Verb::Run, Subject::Operation, Site::Controller),
+];
+
+/// Whether the runtime ever produces this event.
+pub fn is_runtime_event(verb: Verb, subject: Subject, site: Site) -> bool {
+    RUNTIME_EVENTS.contains(&(verb, subject, site))
+}
+
+/// The subjects a verb can act on at any site, for error messages.
+pub fn subjects_of(verb: Verb) -> Vec<Subject> {
+    let mut out: Vec<Subject> = RUNTIME_EVENTS
+        .iter()
+        .filter(|(v, _, _)| *v == verb)
+        .map(|(_, s, _)| *s)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Closed enumerations a fact can range over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EnumKind {
+    Role,
+    OperationKind,
+}
+
+impl EnumKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            EnumKind::Role => "role",
+            EnumKind::OperationKind => "operation kind",
+        }
+    }
+
+    pub fn with_article(self) -> &'static str {
+        match self {
+            EnumKind::Role => "a role",
+            EnumKind::OperationKind => "an operation kind",
+        }
+    }
+
+    /// The values a rule may compare against.
+    pub fn values(self) -> &'static [&'static str] {
+        match self {
+            EnumKind::Role => &["controlplane", "worker"],
+            EnumKind::OperationKind => OPERATION_KINDS,
+        }
+    }
+}
+
+/// The TalosOperation kinds rules may name.
+pub const OPERATION_KINDS: &[&str] = &[
+    "upgrade",
+    "kubernetes-upgrade",
+    "ichor",
+    "reboot",
+    "reset",
+    "shutdown",
+    "etcd-snapshot",
+    "etcd-restore",
+    "rotate-ca",
+    "rollback",
+];
+
+/// The type of an expression.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Type {
+    Int,
+    Bool,
+    /// A name or other text (machine names, phases).
+    Name,
+    /// A closed enumeration; written in rules as a string literal of one of its values.
+    Enum(EnumKind),
+}
+
+impl fmt::Display for Type {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Type::Int => f.write_str("int"),
+            Type::Bool => f.write_str("bool"),
+            Type::Name => f.write_str("name"),
+            Type::Enum(e) => write!(f, "{}", e.name()),
+        }
+    }
+}
+
+/// How costly a fact is to obtain. Cheap facts come from the one live LIST; expensive ones
+/// (etcd, Talos) are fetched only when a row needs them and its cheap conditions hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cost {
+    Cheap,
+    Expensive,
+}
+
+/// The facts a rule can read. The discriminant is the fact's slot in the fact vector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Fact {
+    Approved,
+    Workers,
+    Count,
+    Schedulable,
+    Cluster,
+    ClusterExists,
+    ClusterDeleting,
+    Transitioning,
+    Machine,
+    Role,
+    Deleting,
+    AllowDelete,
+    Rank,
+    MemberDead,
+    NodeUnreachable,
+    Operation,
+    Kind,
+    Target,
+    TargetControlPlane,
+    Phase,
+    Failed,
+    UnfinishedExists,
+    UnfinishedName,
+    UnfinishedKind,
+    UnfinishedPhase,
+    UnfinishedParked,
+}
+
+/// The number of fact slots.
+pub const FACT_COUNT: usize = 26;
+
+/// What the checker and the lints know about a fact.
+pub struct FactInfo {
+    pub fact: Fact,
+    pub name: &'static str,
+    pub ty: Type,
+    pub cost: Cost,
+    pub doc: &'static str,
+}
+
+macro_rules! facts {
+    ($($fact:ident $name:literal $ty:expr, $cost:ident, $doc:literal;)*) => {
+        /// Every fact, in slot order.
+        pub const FACTS: &[FactInfo] = &[
+            $(FactInfo { fact: Fact::$fact, name: $name, ty: $ty, cost: Cost::$cost, doc: $doc },)*
+        ];
+    };
+}
+
+facts! {
+    Approved "approved" Type::Int, Cheap,
+        "approved control planes of the subject's cluster (machines being deleted not counted, except the subject)";
+    Workers "workers" Type::Int, Cheap,
+        "approved workers of the subject's cluster (machines being deleted not counted, except the subject)";
+    Count "count" Type::Int, Cheap,
+        "spec.controlPlane.count of the cluster (1, 3 or 5; 0 when the cluster does not exist)";
+    Schedulable "schedulable" Type::Bool, Cheap,
+        "spec.schedulable of the cluster is not \"false\" (true when the cluster does not exist)";
+    Cluster "cluster" Type::Name, Cheap, "the name of the subject's TalosCluster";
+    ClusterExists "cluster.exists" Type::Bool, Cheap, "the TalosCluster exists";
+    ClusterDeleting "cluster.deleting" Type::Bool, Cheap,
+        "the TalosCluster is being deleted (deletionTimestamp set)";
+    Transitioning "transitioning" Type::Bool, Cheap,
+        "the number of approved control planes is even (and not zero)";
+    Machine "machine" Type::Name, Cheap, "the name of the TalosMachine";
+    Role "role" Type::Enum(EnumKind::Role), Cheap, "spec.role of the TalosMachine";
+    Deleting "deleting" Type::Bool, Cheap, "the subject is being deleted (deletionTimestamp set)";
+    AllowDelete "allow_delete" Type::Bool, Cheap,
+        "the subject carries the annotation ichor.maesh.dev/allow-delete: \"true\"";
+    Rank "rank" Type::Int, Cheap,
+        "position (from 1) among approved control planes ordered by spec.approvalDecision.at, then name (creation time when no decision time)";
+    MemberDead "member.dead" Type::Bool, Expensive,
+        "its etcd member is listed by a healthy sibling and does not answer, or answers with no leader (admission sees only Ready=False NodeUnreachable)";
+    NodeUnreachable "node.unreachable" Type::Bool, Cheap,
+        "the TalosMachine reports Ready=False with reason NodeUnreachable";
+    Operation "operation" Type::Name, Cheap, "the name of the TalosOperation";
+    Kind "kind" Type::Enum(EnumKind::OperationKind), Cheap, "spec.kind of the TalosOperation";
+    Target "target" Type::Name, Cheap, "spec.machine of the TalosOperation (empty when none)";
+    TargetControlPlane "target.controlplane" Type::Bool, Cheap,
+        "the operation's spec.machine is a control-plane TalosMachine";
+    Phase "phase" Type::Name, Cheap, "status.phase of the TalosOperation";
+    Failed "failed" Type::Bool, Cheap, "the TalosOperation has a status.failureReason";
+    UnfinishedExists "unfinished.exists" Type::Bool, Cheap,
+        "another TalosOperation of the cluster is not finished (any phase but Succeeded)";
+    UnfinishedName "unfinished.name" Type::Name, Cheap,
+        "the name of that operation (one not parked is preferred, then the oldest)";
+    UnfinishedKind "unfinished.kind" Type::Name, Cheap, "spec.kind of that operation";
+    UnfinishedPhase "unfinished.phase" Type::Name, Cheap, "status.phase of that operation";
+    UnfinishedParked "unfinished.parked" Type::Bool, Cheap,
+        "that operation is parked for the even count: Paused with reason ClusterTransitioning and no failure";
+}
+
+impl Fact {
+    pub fn info(self) -> &'static FactInfo {
+        &FACTS[self as usize]
+    }
+
+    pub fn name(self) -> &'static str {
+        self.info().name
+    }
+
+    pub fn slot(self) -> usize {
+        self as usize
+    }
+
+    pub fn from_slot(slot: usize) -> Option<Fact> {
+        FACTS.get(slot).map(|i| i.fact)
+    }
+
+    pub fn lookup(name: &str) -> Option<Fact> {
+        FACTS.iter().find(|i| i.name == name).map(|i| i.fact)
+    }
+
+    /// Whether the runtime can provide this fact for this event.
+    pub fn available(self, verb: Verb, subject: Subject, _site: Site) -> bool {
+        use Fact::*;
+        match self {
+            Approved | Workers | Count | Schedulable | Cluster | ClusterExists
+            | ClusterDeleting | Transitioning => true,
+            Machine | Role | Deleting | NodeUnreachable => subject.is_machine(),
+            AllowDelete => subject.is_machine() || subject == Subject::Cluster,
+            Rank => subject.is_machine() && verb == Verb::Apply,
+            MemberDead => {
+                subject == Subject::ControlPlane
+                    && matches!(
+                        verb,
+                        Verb::Remove | Verb::Unapprove | Verb::Reassign | Verb::Move
+                    )
+            }
+            Operation | Kind | Target | TargetControlPlane | Phase | Failed => {
+                subject == Subject::Operation
+            }
+            UnfinishedExists | UnfinishedName | UnfinishedKind | UnfinishedPhase
+            | UnfinishedParked => {
+                subject == Subject::Operation || subject == Subject::ControlPlane
+            }
+        }
+    }
+
+    /// Where the fact is available, in words, for the "not available" error.
+    pub fn availability_text(self) -> &'static str {
+        use Fact::*;
+        match self {
+            Approved | Workers | Count | Schedulable | Cluster | ClusterExists
+            | ClusterDeleting | Transitioning => "every request",
+            Machine | Role | Deleting | NodeUnreachable => {
+                "rules on `controlplane`, `worker` or `machine`"
+            }
+            AllowDelete => "rules on machines and clusters",
+            Rank => "`apply` rules (the controller)",
+            MemberDead => "`remove`, `unapprove`, `reassign` and `move` of `controlplane`",
+            Operation | Kind | Target | TargetControlPlane | Phase | Failed => {
+                "rules on `operation`"
+            }
+            UnfinishedExists | UnfinishedName | UnfinishedKind | UnfinishedPhase
+            | UnfinishedParked => "rules on `operation` or `controlplane`",
+        }
+    }
+
+    /// The values the lints enumerate for this fact. Names range over the literals a
+    /// condition compares them with plus one value equal to none of them (added by the
+    /// caller); ints over a bound wide enough for every cluster shape the rules reason about.
+    pub fn int_domain(self) -> &'static [i64] {
+        match self {
+            Fact::Count => &[0, 1, 3, 5],
+            Fact::Approved | Fact::Rank => &[0, 1, 2, 3, 4, 5, 6, 7, 8],
+            Fact::Workers => &[0, 1, 2, 3, 4],
+            _ => &[0],
+        }
+    }
+}
+
+impl fmt::Display for Fact {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A built-in plan action: the words that name it, whether it takes one free argument
+/// (a reason), and whether it needs a message.
+pub struct ActionInfo {
+    pub words: &'static [&'static str],
+    pub argument: Option<&'static str>,
+    pub needs_message: bool,
+    pub doc: &'static str,
+}
+
+/// Every built-in action a plan may name.
+pub const ACTIONS: &[ActionInfo] = &[
+    ActionInfo {
+        words: &["lock", "cluster"],
+        argument: None,
+        needs_message: false,
+        doc: "take the cluster's Lease lock (the same identity resumes its own lock)",
+    },
+    ActionInfo {
+        words: &["drain", "node"],
+        argument: None,
+        needs_message: false,
+        doc: "cordon the Kubernetes Node, then evict its pods honouring PodDisruptionBudgets",
+    },
+    ActionInfo {
+        words: &["etcd", "forfeit-leadership"],
+        argument: None,
+        needs_message: false,
+        doc: "make the departing member give up etcd leadership if it leads",
+    },
+    ActionInfo {
+        words: &["etcd", "leave"],
+        argument: None,
+        needs_message: false,
+        doc: "the departing node leaves the etcd cluster",
+    },
+    ActionInfo {
+        words: &["etcd", "remove-member"],
+        argument: None,
+        needs_message: false,
+        doc: "remove the departing member by ID through a healthy sibling",
+    },
+    ActionInfo {
+        words: &["talos", "reset"],
+        argument: None,
+        needs_message: false,
+        doc: "graceful Talos reset of the node, guarded against a second reset",
+    },
+    ActionInfo {
+        words: &["event", "warning"],
+        argument: Some("event reason"),
+        needs_message: true,
+        doc: "emit a Warning event with this reason and message",
+    },
+    ActionInfo {
+        words: &["event", "normal"],
+        argument: Some("event reason"),
+        needs_message: true,
+        doc: "emit a Normal event with this reason and message",
+    },
+    ActionInfo {
+        words: &["release", "finalizer"],
+        argument: None,
+        needs_message: false,
+        doc: "remove the finalizer ichor.maesh.dev/machine-removal",
+    },
+];
+
+/// The full spelling of every action, for "did you mean".
+pub fn action_spellings() -> Vec<String> {
+    ACTIONS.iter().map(|a| a.words.join(" ")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fact_slots_match_their_table_rows() {
+        assert_eq!(FACTS.len(), FACT_COUNT);
+        for (i, info) in FACTS.iter().enumerate() {
+            assert_eq!(info.fact as usize, i, "{} is out of order", info.name);
+            assert_eq!(Fact::lookup(info.name), Some(info.fact));
+        }
+    }
+
+    #[test]
+    fn leave_is_the_four_ways_out() {
+        let leave = resolve_verb("leave").expect("leave is a group");
+        assert_eq!(
+            leave,
+            vec![Verb::Remove, Verb::Unapprove, Verb::Reassign, Verb::Move]
+        );
+        assert!(resolve_verb("delete").is_none());
+    }
+}
