@@ -245,7 +245,10 @@ pub fn to_json<'a>(diags: &'a [Diagnostic], files: &[SourceFile]) -> Vec<JsonDia
 }
 
 /// The closest candidate by edit distance, if it is close enough to be a likely typo.
-pub fn did_you_mean<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+pub fn did_you_mean<'a>(
+    word: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
     let mut best: Option<(&str, usize)> = None;
     for c in candidates {
         let d = edit_distance(word, c);

@@ -445,9 +445,7 @@ impl Fact {
                 subject == Subject::Operation
             }
             UnfinishedExists | UnfinishedName | UnfinishedKind | UnfinishedPhase
-            | UnfinishedParked => {
-                subject == Subject::Operation || subject == Subject::ControlPlane
-            }
+            | UnfinishedParked => subject == Subject::Operation || subject == Subject::ControlPlane,
         }
     }
 

@@ -53,10 +53,8 @@ impl<'a> Shape<'a> {
                     self.facts.push(f);
                 }
             }
-            ExprKind::Str(s, _) => {
-                if !self.literals.contains(&s.as_str()) {
-                    self.literals.push(s);
-                }
+            ExprKind::Str(s, _) if !self.literals.contains(&s.as_str()) => {
+                self.literals.push(s);
             }
             ExprKind::Unary(_, i) => self.collect(i),
             ExprKind::Binary(_, l, r) => {
@@ -253,7 +251,8 @@ fn subsumption(
                 continue;
             }
             // Equivalent rules subsume each other: report only the later one.
-            if b.events.iter().all(|e| a.events.contains(e)) && j > i && implies(b, a, shapes, j, i) {
+            if b.events.iter().all(|e| a.events.contains(e)) && j > i && implies(b, a, shapes, j, i)
+            {
                 continue;
             }
             if implies(a, b, shapes, i, j) {

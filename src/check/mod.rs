@@ -124,7 +124,12 @@ pub fn check(files: &[SourceFile]) -> CheckResult {
                 Item::Plan(p) => {
                     if let Some(plan) = c.check_plan(p) {
                         let key = (plan.verb, plan.subject);
-                        if plan_keys.contains_key(&key) {
+                        if let std::collections::hash_map::Entry::Vacant(slot) =
+                            plan_keys.entry(key)
+                        {
+                            slot.insert((*file, p.span));
+                            program.plans.push(plan);
+                        } else {
                             c.diags.push(
                                 Diagnostic::error(
                                     "ichor::check::duplicate_plan",
@@ -139,9 +144,6 @@ pub fn check(files: &[SourceFile]) -> CheckResult {
                                 .label("second plan")
                                 .help("one plan per verb and subject; merge the steps into one"),
                             );
-                        } else {
-                            plan_keys.insert(key, (*file, p.span));
-                            program.plans.push(plan);
                         }
                     }
                 }
@@ -477,7 +479,10 @@ impl<'a, 'd> FileChecker<'a, 'd> {
                         "ichor::check::not_a_condition",
                         c.file,
                         e.span,
-                        format!("a `{what}` condition must be a bool, this is {}", ty.describe()),
+                        format!(
+                            "a `{what}` condition must be a bool, this is {}",
+                            ty.describe()
+                        ),
                     )
                     .label(ty.describe())
                     .help("compare it with something, e.g. `after < count`"),
@@ -499,7 +504,9 @@ impl<'a, 'd> FileChecker<'a, 'd> {
                         format!("the rule `{}` has no message", r.name.name),
                     )
                     .label("needs `say \"...\"`")
-                    .help("every rule says why, in words the person who made the request can act on"),
+                    .help(
+                        "every rule says why, in words the person who made the request can act on",
+                    ),
                 );
                 ok = false;
             }
@@ -528,7 +535,9 @@ impl<'a, 'd> FileChecker<'a, 'd> {
                     format!("`{}` is not a condition reason", reason.name),
                 )
                 .label("not CamelCase")
-                .help("Kubernetes condition reasons are CamelCase words, e.g. `ControlPlaneOverCap`"),
+                .help(
+                    "Kubernetes condition reasons are CamelCase words, e.g. `ControlPlaneOverCap`",
+                ),
             );
             ok = false;
         }
@@ -628,12 +637,11 @@ impl<'a, 'd> FileChecker<'a, 'd> {
                 && words[..a.words.len()] == *a.words
                 && words.len() == a.words.len() + usize::from(a.argument.is_some())
         });
-        let span = s
+        let span = s.words.first().map(|w| w.span).unwrap_or(s.span).to(s
             .words
-            .first()
+            .last()
             .map(|w| w.span)
-            .unwrap_or(s.span)
-            .to(s.words.last().map(|w| w.span).unwrap_or(s.span));
+            .unwrap_or(s.span));
         let Some((index, action)) = found else {
             self.report_unknown_action(&words, span);
             return None;
@@ -715,11 +723,15 @@ impl<'a, 'd> FileChecker<'a, 'd> {
         )
         .label("not a built-in action");
         d = match best {
-            Some((s, a)) if a.argument.is_some() => {
-                d.help(format!("did you mean `{s} <{}>`?", a.argument.unwrap_or("argument")))
-            }
+            Some((s, a)) if a.argument.is_some() => d.help(format!(
+                "did you mean `{s} <{}>`?",
+                a.argument.unwrap_or("argument")
+            )),
             Some((s, _)) => d.help(format!("did you mean `{s}`?")),
-            None => d.help(format!("the actions are {}", backticked(&spellings.iter().map(|s| s.as_str()).collect::<Vec<_>>()))),
+            None => d.help(format!(
+                "the actions are {}",
+                backticked(&spellings.iter().map(|s| s.as_str()).collect::<Vec<_>>())
+            )),
         };
         self.diags.push(d);
     }
@@ -823,8 +835,15 @@ impl<'a, 'd> FileChecker<'a, 'd> {
                 }
                 Ty::Known(Type::Bool)
             }
-            BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge | BinOp::Add | BinOp::Sub
-            | BinOp::Mul | BinOp::Div | BinOp::Mod => {
+            BinOp::Lt
+            | BinOp::Le
+            | BinOp::Gt
+            | BinOp::Ge
+            | BinOp::Add
+            | BinOp::Sub
+            | BinOp::Mul
+            | BinOp::Div
+            | BinOp::Mod => {
                 for (side, t) in [(l, &lt), (r, &rt)] {
                     if *t != Ty::Known(Type::Int) {
                         let what = if matches!(op, BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge) {
@@ -849,14 +868,22 @@ impl<'a, 'd> FileChecker<'a, 'd> {
                         return Ty::Error;
                     }
                 }
-                if matches!(op, BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Mod) {
+                if matches!(
+                    op,
+                    BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Mod
+                ) {
                     Ty::Known(Type::Int)
                 } else {
                     Ty::Known(Type::Bool)
                 }
             }
             BinOp::Eq | BinOp::Ne => {
-                let textual = |t: &Ty| matches!(t, Ty::Literal | Ty::Known(Type::Name) | Ty::Known(Type::Enum(_)));
+                let textual = |t: &Ty| {
+                    matches!(
+                        t,
+                        Ty::Literal | Ty::Known(Type::Name) | Ty::Known(Type::Enum(_))
+                    )
+                };
                 let compatible = match (&lt, &rt) {
                     (Ty::Known(a), Ty::Known(b)) if a == b => true,
                     (Ty::Known(Type::Enum(a)), Ty::Known(Type::Enum(b))) => a == b,
@@ -904,7 +931,11 @@ impl<'a, 'd> FileChecker<'a, 'd> {
         .label(format!("not {}", kind.with_article()));
         d = match did_you_mean(value, values.iter().copied()) {
             Some(s) => d.help(format!("did you mean `\"{s}\"`?")),
-            None => d.help(format!("{} is one of {}", kind.with_article(), backticked(values))),
+            None => d.help(format!(
+                "{} is one of {}",
+                kind.with_article(),
+                backticked(values)
+            )),
         };
         self.diags.push(d);
     }
@@ -946,7 +977,13 @@ impl<'a, 'd> FileChecker<'a, 'd> {
     }
 
     /// Reports a fact not available for one of the events; `via` names the `let` it came through.
-    fn fact_available(&mut self, fact: Fact, span: Span, events: &[Event], via: Option<&str>) -> bool {
+    fn fact_available(
+        &mut self,
+        fact: Fact,
+        span: Span,
+        events: &[Event],
+        via: Option<&str>,
+    ) -> bool {
         let missing: Vec<&Event> = events
             .iter()
             .filter(|(v, s, site)| !fact.available(*v, *s, *site))
@@ -979,7 +1016,9 @@ impl<'a, 'd> FileChecker<'a, 'd> {
     }
 
     fn check_let_availability(&mut self, name: &'a str, span: Span, events: &[Event]) {
-        let Some(info) = self.lets.get(name) else { return };
+        let Some(info) = self.lets.get(name) else {
+            return;
+        };
         let mut facts = Vec::new();
         let mut seen = HashSet::new();
         self.collect_facts(&info.def.expr, &mut facts, &mut seen);

@@ -2,15 +2,15 @@
 
 use super::{EXIT_BAD_INPUT, EXIT_OK};
 use crate::diagnostics::render_human;
-use crate::interp::explain::{self, EventTrace};
 use crate::interp::Decision;
+use crate::interp::explain::{self, EventTrace};
+use crate::ruleset::load;
 use crate::runtime::admission::{parse_review, respond};
 use crate::runtime::decide::{
     decide_events, reconcile_machine_event, reconcile_operation_event, request_events,
 };
 use crate::runtime::facts::{EventFacts, Expensive};
 use crate::runtime::objects::{Snapshot, load_snapshot};
-use crate::ruleset::load;
 use crate::vocab::Verdict;
 use clap::Args;
 use std::path::{Path, PathBuf};
@@ -77,8 +77,14 @@ pub fn run(args: &EvalArgs, explain: bool) -> u8 {
             Ok(r) => r,
             Err(e) => return bad(format!("{}: {e}", review.display())),
         };
-        let events = request_events(req.operation(), &req.namespace, req.old.as_ref(), req.new.as_ref());
-        let (decision, traces) = decide_events(table, &snapshot, &events, Expensive::FromObjects, explain);
+        let events = request_events(
+            req.operation(),
+            &req.namespace,
+            req.old.as_ref(),
+            req.new.as_ref(),
+        );
+        let (decision, traces) =
+            decide_events(table, &snapshot, &events, Expensive::FromObjects, explain);
         if explain {
             let header = format!(
                 "webhook: {:?} {} {}/{} (uid {})",
@@ -93,7 +99,10 @@ pub fn run(args: &EvalArgs, explain: bool) -> u8 {
             } else {
                 "verdict: refused (every matching refusal is reported)".to_string()
             };
-            print!("{}", explain::render(table, &header, &traces, &decision, &line));
+            print!(
+                "{}",
+                explain::render(table, &header, &traces, &decision, &line)
+            );
         } else {
             let review = respond(&req, &decision);
             match serde_json::to_string_pretty(&review) {
@@ -106,7 +115,9 @@ pub fn run(args: &EvalArgs, explain: bool) -> u8 {
     let Some(target) = &args.reconcile else {
         return bad("give --review FILE or --reconcile NAMESPACE/NAME");
     };
-    let Some((ns, name)) = target.split_once('/').filter(|(n, m)| !n.is_empty() && !m.is_empty())
+    let Some((ns, name)) = target
+        .split_once('/')
+        .filter(|(n, m)| !n.is_empty() && !m.is_empty())
     else {
         return bad(format!("--reconcile {target:?}: expected NAMESPACE/NAME"));
     };
@@ -119,12 +130,19 @@ pub fn run(args: &EvalArgs, explain: bool) -> u8 {
             ));
         }
     };
-    let (decision, traces) = decide_events(table, &snapshot, &events, Expensive::FromObjects, explain);
+    let (decision, traces) =
+        decide_events(table, &snapshot, &events, Expensive::FromObjects, explain);
     if explain {
         let header = format!("controller: reconcile {ns}/{name}");
         let line = format!("verdict: {}", verdict_word(&decision));
-        print!("{}", explain::render(table, &header, &traces, &decision, &line));
-        if events.iter().any(|e| e.event.1 == crate::vocab::Subject::ControlPlane) {
+        print!(
+            "{}",
+            explain::render(table, &header, &traces, &decision, &line)
+        );
+        if events
+            .iter()
+            .any(|e| e.event.1 == crate::vocab::Subject::ControlPlane)
+        {
             println!(
                 "note: offline, `member.dead` is read from the machine's conditions; the controller asks etcd"
             );
@@ -139,7 +157,11 @@ pub fn run(args: &EvalArgs, explain: bool) -> u8 {
     EXIT_OK
 }
 
-fn reconcile_events<'s>(snapshot: &'s Snapshot, ns: &str, name: &str) -> Option<Vec<EventFacts<'s>>> {
+fn reconcile_events<'s>(
+    snapshot: &'s Snapshot,
+    ns: &str,
+    name: &str,
+) -> Option<Vec<EventFacts<'s>>> {
     if let Some(m) = snapshot.machine(ns, name) {
         return Some(reconcile_machine_event(m).into_iter().collect());
     }

@@ -83,7 +83,12 @@ pub fn to_text(table: &Table, colour: bool) -> String {
         let _ = writeln!(
             out,
             "{}",
-            bold(&format!("{} {} at the {}", verb.name(), subject.name(), site.name()))
+            bold(&format!(
+                "{} {} at the {}",
+                verb.name(),
+                subject.name(),
+                site.name()
+            ))
         );
         for row in rows {
             let Some(r) = table.rules.get(row.rule as usize) else {
@@ -114,7 +119,11 @@ pub fn to_text(table: &Table, colour: bool) -> String {
         let _ = writeln!(
             out,
             "{}",
-            bold(&format!("plan {} {}", plan.verb.name(), plan.subject.name()))
+            bold(&format!(
+                "plan {} {}",
+                plan.verb.name(),
+                plan.subject.name()
+            ))
         );
         for (i, s) in plan.steps.iter().enumerate() {
             let doc = ACTIONS.get(s.action).map(|a| a.doc).unwrap_or("");

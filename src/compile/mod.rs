@@ -228,7 +228,7 @@ impl Compiler {
                     text: s.text.clone(),
                     when: s.when.as_ref().map(|e| self.code(e)),
                     unless: s.unless.as_ref().map(|e| self.code(e)),
-                    say: s.message.as_ref().map(|m| flat_message(m)),
+                    say: s.message.as_ref().map(flat_message),
                     message: s.message.as_ref().map(|m| self.message(m)),
                 })
                 .collect(),

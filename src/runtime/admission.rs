@@ -54,7 +54,10 @@ impl Request {
 /// Parses an AdmissionReview v1 body.
 pub fn parse_review(body: &[u8]) -> Result<Request, ReviewError> {
     let value: serde_json::Value = serde_json::from_slice(body).map_err(ReviewError::Json)?;
-    let api_version = value.get("apiVersion").and_then(|v| v.as_str()).unwrap_or("");
+    let api_version = value
+        .get("apiVersion")
+        .and_then(|v| v.as_str())
+        .unwrap_or("");
     let kind = value.get("kind").and_then(|v| v.as_str()).unwrap_or("");
     if kind != "AdmissionReview" || !api_version.starts_with("admission.k8s.io/") {
         return Err(ReviewError::NotReview(format!(
@@ -140,7 +143,13 @@ pub fn respond(req: &Request, decision: &Decision) -> AdmissionReview<DynamicObj
         resp = deny(resp, message);
     }
     if !decision.warnings.is_empty() {
-        resp.warnings = Some(decision.warnings.iter().map(|f| f.message.clone()).collect());
+        resp.warnings = Some(
+            decision
+                .warnings
+                .iter()
+                .map(|f| f.message.clone())
+                .collect(),
+        );
     }
     resp.into_review()
 }

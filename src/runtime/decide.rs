@@ -195,7 +195,11 @@ pub fn request_events<'s>(
 /// unfinished operation. `None` when the controller has nothing to decide.
 pub fn reconcile_machine_event<'s>(m: &'s TalosMachine) -> Option<EventFacts<'s>> {
     let role = m.approved_role()?;
-    let verb = if m.deleting() { Verb::Remove } else { Verb::Apply };
+    let verb = if m.deleting() {
+        Verb::Remove
+    } else {
+        Verb::Apply
+    };
     let event = (verb, role_subject(role), Site::Controller);
     crate::vocab::is_runtime_event(event.0, event.1, event.2).then_some(EventFacts {
         event,

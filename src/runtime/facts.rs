@@ -96,7 +96,7 @@ fn approval_order(a: &TalosMachine, b: &TalosMachine) -> Ordering {
 
 /// Whether this many approved control planes is the even, transitioning state.
 pub fn is_transitioning(approved: usize) -> bool {
-    approved > 0 && approved % 2 == 0
+    approved > 0 && approved.is_multiple_of(2)
 }
 
 /// The unfinished operation another one would wait on: not finished, not `exclude`;
@@ -282,7 +282,9 @@ impl<'s> Facts<'s> for SnapshotFacts<'s> {
                         || (self.ev.event.2 == Site::Controller && m.dead_member_removal_marked())
                 })),
             },
-            Fact::NodeUnreachable => Value::Bool(self.machine().is_some_and(|m| m.node_unreachable())),
+            Fact::NodeUnreachable => {
+                Value::Bool(self.machine().is_some_and(|m| m.node_unreachable()))
+            }
             Fact::Operation => Value::Str(self.operation().map_or("", |o| o.name())),
             Fact::Kind => Value::Str(self.operation().map_or("", |o| o.spec.kind.as_str())),
             Fact::Target => Value::Str(
@@ -302,7 +304,9 @@ impl<'s> Facts<'s> for SnapshotFacts<'s> {
             Fact::Failed => Value::Bool(self.operation().is_some_and(|o| o.failed())),
             Fact::UnfinishedExists => Value::Bool(self.unfinished().is_some()),
             Fact::UnfinishedName => Value::Str(self.unfinished().map_or("", |o| o.name())),
-            Fact::UnfinishedKind => Value::Str(self.unfinished().map_or("", |o| o.spec.kind.as_str())),
+            Fact::UnfinishedKind => {
+                Value::Str(self.unfinished().map_or("", |o| o.spec.kind.as_str()))
+            }
             Fact::UnfinishedPhase => Value::Str(self.unfinished().map_or("", |o| o.phase())),
             Fact::UnfinishedParked => Value::Bool(self.unfinished().is_some_and(|o| o.parked())),
         };

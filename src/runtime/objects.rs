@@ -141,7 +141,10 @@ impl TalosMachine {
     }
 
     pub fn conditions(&self) -> &[Condition] {
-        self.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or(&[])
+        self.status
+            .as_ref()
+            .map(|s| s.conditions.as_slice())
+            .unwrap_or(&[])
     }
 
     pub fn condition(&self, type_: &str) -> Option<&Condition> {
@@ -150,9 +153,8 @@ impl TalosMachine {
 
     /// Ready=False with reason NodeUnreachable.
     pub fn node_unreachable(&self) -> bool {
-        self.condition("Ready").is_some_and(|c| {
-            c.status == "False" && c.reason.as_deref() == Some("NodeUnreachable")
-        })
+        self.condition("Ready")
+            .is_some_and(|c| c.status == "False" && c.reason.as_deref() == Some("NodeUnreachable"))
     }
 
     /// The Removal condition says a removal already proceeded for a dead member.

@@ -49,7 +49,7 @@ pub struct File {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Item {
     Let(LetDef),
-    Rule(RuleDef),
+    Rule(Box<RuleDef>),
     Allow(AllowDef),
     Plan(PlanDef),
 }

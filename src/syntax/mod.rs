@@ -125,7 +125,7 @@ impl Lower {
         for p in file.into_inner() {
             match p.as_rule() {
                 Rule::let_def => items.push(Item::Let(self.let_def(p))),
-                Rule::rule_def => items.push(Item::Rule(self.rule_def(p))),
+                Rule::rule_def => items.push(Item::Rule(Box::new(self.rule_def(p)))),
                 Rule::allow_def => items.push(Item::Allow(self.allow_def(p))),
                 Rule::plan_def => items.push(Item::Plan(self.plan_def(p))),
                 _ => {}
@@ -186,7 +186,10 @@ impl Lower {
                 Rule::when_clause => rule.when = self.clause_expr(c),
                 Rule::unless_clause => rule.unless = self.clause_expr(c),
                 Rule::reason_clause => {
-                    rule.reason = c.into_inner().find(|x| x.as_rule() == Rule::action_word).map(ident)
+                    rule.reason = c
+                        .into_inner()
+                        .find(|x| x.as_rule() == Rule::action_word)
+                        .map(ident)
                 }
                 Rule::say_clause => rule.say = Some(self.say(c)),
                 _ => {}
@@ -554,8 +557,8 @@ fn syntax_error(file: usize, text: &str, e: pest::error::Error<Rule>) -> Diagnos
                 format!("unexpected {found}")
             };
             let help = syntax_help(&expected, rest);
-            let mut d = Diagnostic::error("ichor::syntax::expected", file, span, message)
-                .label("here");
+            let mut d =
+                Diagnostic::error("ichor::syntax::expected", file, span, message).label("here");
             if let Some(h) = help {
                 d = d.help(h);
             }
@@ -578,7 +581,11 @@ fn syntax_help(expected: &[String], rest: &str) -> Option<String> {
                 .into(),
         );
     }
-    if expected.iter().any(|e| e == "an expression" || e == "a name") && !word.is_empty() {
+    if expected
+        .iter()
+        .any(|e| e == "an expression" || e == "a name")
+        && !word.is_empty()
+    {
         return Some(format!(
             "`{word}` is a keyword; it cannot be used as a name here"
         ));
@@ -631,8 +638,14 @@ mod tests {
         let Item::Let(l) = &f.items[0] else {
             panic!("not a let")
         };
-        assert_eq!(&src[l.expr.span.start as usize..l.expr.span.end as usize], "approved - 1");
-        assert_eq!(&src[l.name.span.start as usize..l.name.span.end as usize], "after");
+        assert_eq!(
+            &src[l.expr.span.start as usize..l.expr.span.end as usize],
+            "approved - 1"
+        );
+        assert_eq!(
+            &src[l.name.span.start as usize..l.name.span.end as usize],
+            "after"
+        );
     }
 
     #[test]
@@ -658,7 +671,10 @@ rule declared-count   # trailing comment
         );
         assert_eq!(r.subject.name, "controlplane");
         assert_eq!(r.site.as_ref().map(|s| s.name.as_str()), Some("webhook"));
-        assert_eq!(r.reason.as_ref().map(|s| s.name.as_str()), Some("RemovalRefused"));
+        assert_eq!(
+            r.reason.as_ref().map(|s| s.name.as_str()),
+            Some("RemovalRefused")
+        );
         let say = r.say.as_ref().expect("message");
         assert_eq!(say.parts.len(), 3);
         assert_eq!(say.parts[0], MessagePart::Text("below ".into()));
@@ -687,12 +703,19 @@ plan remove controlplane
     fn syntax_errors_say_what_was_expected_in_words() {
         let err = parse(0, "let after approved - 1").expect_err("missing =");
         assert_eq!(err.len(), 1);
-        assert!(err[0].message.contains("expected `=`"), "{}", err[0].message);
+        assert!(
+            err[0].message.contains("expected `=`"),
+            "{}",
+            err[0].message
+        );
         assert!(!err[0].message.contains("equals"), "{}", err[0].message);
 
         let err = parse(0, "rule r refuse remove controlplane when after <").expect_err("dangling");
-        assert!(err[0].message.contains("an expression") || err[0].message.contains("a name"),
-            "{}", err[0].message);
+        assert!(
+            err[0].message.contains("an expression") || err[0].message.contains("a name"),
+            "{}",
+            err[0].message
+        );
     }
 
     #[test]
