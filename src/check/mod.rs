@@ -31,6 +31,8 @@ pub struct CheckedRule {
     pub unless_text: Option<String>,
     pub reason: Option<String>,
     pub message: Message,
+    /// The message as written, on one line.
+    pub say_text: String,
 }
 
 /// A plan step, resolved.
@@ -42,6 +44,9 @@ pub struct CheckedStep {
     pub when: Option<Expr>,
     pub unless: Option<Expr>,
     pub text: String,
+    /// The guard as written (`when ...` / `unless ...`), for reviewers.
+    pub guard_text: Option<String>,
+    pub say_text: Option<String>,
     pub message: Option<Message>,
     pub span: Span,
 }
@@ -565,6 +570,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             when: r.when.as_ref().map(|e| self.inline(e)),
             unless: r.unless.as_ref().map(|e| self.inline(e)),
             reason: r.reason.as_ref().map(|i| i.name.clone()),
+            say_text: r.say.as_ref()?.source_text(),
             message: self.inline_message(r.say.as_ref()?),
         })
     }
@@ -697,6 +703,17 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             when: s.when.as_ref().map(|e| self.inline(e)),
             unless: s.unless.as_ref().map(|e| self.inline(e)),
             text,
+            guard_text: match (&s.when, &s.unless) {
+                (None, None) => None,
+                (w, u) => Some(
+                    w.iter()
+                        .map(|e| format!("when {e}"))
+                        .chain(u.iter().map(|e| format!("unless {e}")))
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                ),
+            },
+            say_text: s.say.as_ref().map(|m| m.source_text()),
             message: s.say.as_ref().map(|m| self.inline_message(m)),
             span: s.span,
         })

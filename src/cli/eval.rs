@@ -87,8 +87,8 @@ pub fn run(args: &EvalArgs, explain: bool) -> u8 {
             decide_events(table, &snapshot, &events, Expensive::FromObjects, explain);
         if explain {
             let header = format!(
-                "webhook: {:?} {} {}/{} (uid {})",
-                req.operation(),
+                "webhook: {} {} {}/{} (uid {})",
+                format!("{:?}", req.operation()).to_uppercase(),
                 req.inner.kind.kind,
                 req.namespace,
                 req.inner.name,

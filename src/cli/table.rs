@@ -55,7 +55,7 @@ pub fn to_json(table: &Table) -> serde_json::Value {
                 "steps": p.steps.iter().map(|s| serde_json::json!({
                     "action": s.text,
                     "doc": ACTIONS.get(s.action).map(|a| a.doc),
-                    "when": s.when.as_ref().map(|_| true),
+                    "guard": s.guard_text,
                     "say": s.say,
                 })).collect::<Vec<_>>(),
             })
@@ -104,7 +104,7 @@ pub fn to_text(table: &Table, colour: bool) -> String {
             if let Some(reason) = &r.reason {
                 let _ = writeln!(out, "      reason {reason}");
             }
-            let _ = writeln!(out, "      say    {}", r.say);
+            let _ = writeln!(out, "      say    {:?}", r.say);
         }
         out.push('\n');
     }
@@ -127,7 +127,12 @@ pub fn to_text(table: &Table, colour: bool) -> String {
         );
         for (i, s) in plan.steps.iter().enumerate() {
             let doc = ACTIONS.get(s.action).map(|a| a.doc).unwrap_or("");
-            let _ = writeln!(out, "  {}. {}   -- {doc}", i + 1, s.text);
+            let guard = s
+                .guard_text
+                .as_ref()
+                .map(|g| format!(" {g}"))
+                .unwrap_or_default();
+            let _ = writeln!(out, "  {}. {}{guard}   -- {doc}", i + 1, s.text);
             if let Some(say) = &s.say {
                 let _ = writeln!(out, "       say {say:?}");
             }

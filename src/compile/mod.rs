@@ -86,6 +86,7 @@ pub struct PlanStep {
     pub action: usize,
     pub argument: Option<String>,
     pub text: String,
+    pub guard_text: Option<String>,
     pub when: Option<Code>,
     pub unless: Option<Code>,
     pub message: Option<Vec<Piece>>,
@@ -192,14 +193,6 @@ impl Compiler {
             Some(f) => (f.display_path(), f.line_col(r.span.start).0),
             None => (String::new(), 0),
         };
-        let say = files
-            .get(r.file)
-            .and_then(|f| {
-                f.text
-                    .get(r.message.span.start as usize..r.message.span.end as usize)
-                    .map(|s| s.to_string())
-            })
-            .unwrap_or_default();
         RuleMeta {
             name: r.name.clone(),
             verdict: r.verdict,
@@ -210,7 +203,7 @@ impl Compiler {
             when_text: r.when_text.clone(),
             unless_text: r.unless_text.clone(),
             reason: r.reason.clone(),
-            say,
+            say: r.say_text.clone(),
             message: self.message(&r.message),
         }
     }
@@ -226,9 +219,10 @@ impl Compiler {
                     action: s.action,
                     argument: s.argument.clone(),
                     text: s.text.clone(),
+                    guard_text: s.guard_text.clone(),
                     when: s.when.as_ref().map(|e| self.code(e)),
                     unless: s.unless.as_ref().map(|e| self.code(e)),
-                    say: s.message.as_ref().map(flat_message),
+                    say: s.say_text.clone(),
                     message: s.message.as_ref().map(|m| self.message(m)),
                 })
                 .collect(),
@@ -345,14 +339,4 @@ fn is_expensive(e: &Expr) -> bool {
         ExprKind::Binary(_, l, r) => is_expensive(l) || is_expensive(r),
         _ => false,
     }
-}
-
-fn flat_message(m: &Message) -> String {
-    m.parts
-        .iter()
-        .map(|p| match p {
-            MessagePart::Text(t) => t.replace('{', "{{").replace('}', "}}"),
-            MessagePart::Placeholder(e) => format!("{{{e}}}"),
-        })
-        .collect()
 }

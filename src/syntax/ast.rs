@@ -112,6 +112,19 @@ pub struct Message {
     pub span: Span,
 }
 
+impl Message {
+    /// The message on one line, placeholders as written: `"below {count}"`.
+    pub fn source_text(&self) -> String {
+        self.parts
+            .iter()
+            .map(|p| match p {
+                MessagePart::Text(t) => t.replace('{', "{{").replace('}', "}}"),
+                MessagePart::Placeholder(e) => format!("{{{e}}}"),
+            })
+            .collect()
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum MessagePart {
     Text(String),
