@@ -1,0 +1,690 @@
+//! The command line, run as a process: `eval` and `explain` on the fixtures in
+//! tests/fixtures/ (a multi-document objects stream, a `kind: List` objects file, and
+//! AdmissionReview v1 JSON), `check` on the shipped rules and on broken copies, and the
+//! exit-2 contract for bad input (one line on stderr naming the file, never a panic).
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_ichor-rules");
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Out {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", self.stdout))
+    }
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Runs the binary from the crate root (so `rules` is the shipped rules).
+fn run(args: &[&str]) -> Out {
+    let out = Command::new(BIN)
+        .args(args)
+        .current_dir(root())
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("the binary runs");
+    let out = Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    assert!(
+        !out.stderr.contains("panicked"),
+        "the binary panicked: {}",
+        out.stderr
+    );
+    out
+}
+
+fn fixture(name: &str) -> String {
+    format!("tests/fixtures/{name}")
+}
+
+const STREAM: &str = "tests/fixtures/objects-stream.yaml";
+const LIST: &str = "tests/fixtures/objects-list.yaml";
+
+fn eval_review(objects: &str, review: &str) -> Out {
+    run(&[
+        "eval",
+        "--rules",
+        "rules",
+        "--objects",
+        objects,
+        "--review",
+        &fixture(review),
+    ])
+}
+
+fn eval_reconcile(objects: &str, target: &str) -> Out {
+    run(&[
+        "eval",
+        "--rules",
+        "rules",
+        "--objects",
+        objects,
+        "--reconcile",
+        target,
+    ])
+}
+
+/// The uid of a review fixture's request.
+fn request_uid(review: &str) -> String {
+    let text = std::fs::read_to_string(root().join(fixture(review))).expect("fixture");
+    let v: Value = serde_json::from_str(&text).expect("fixture is JSON");
+    v["request"]["uid"].as_str().expect("uid").to_string()
+}
+
+/// A fresh scratch folder for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("cli-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// A copy of the shipped rules in a scratch folder.
+fn rules_copy(name: &str) -> PathBuf {
+    let dir = scratch(name);
+    for entry in std::fs::read_dir(root().join("rules")).expect("rules/") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "rules") {
+            std::fs::copy(&path, dir.join(path.file_name().unwrap())).expect("copy");
+        }
+    }
+    dir
+}
+
+/// Exit 2, one line on stderr naming `file`, nothing on stdout.
+#[track_caller]
+fn assert_bad_input(out: &Out, file: &str, problem: &str) {
+    assert_eq!(out.code, 2, "exit code; stderr: {}", out.stderr);
+    let lines: Vec<&str> = out.stderr.trim_end().lines().collect();
+    assert_eq!(lines.len(), 1, "one line on stderr: {:?}", out.stderr);
+    assert!(
+        lines[0].contains(file),
+        "{:?} does not name {file:?}",
+        lines[0]
+    );
+    assert!(
+        lines[0].to_lowercase().contains(&problem.to_lowercase()),
+        "{:?} does not say {problem:?}",
+        lines[0]
+    );
+    assert!(out.stdout.is_empty(), "nothing on stdout: {:?}", out.stdout);
+}
+
+const DECLARED_3_TO_2: &str = "node remove: control planes 3 -> 2, below the declared count of 3; either approve a replacement control plane first (then remove this one), or lower spec.controlPlane.count first (to 1, 3 or 5) if you mean to shrink the cluster";
+
+// ---------------------------------------------------------------------------------------
+// eval --review
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn eval_review_allowed() {
+    let out = eval_review(STREAM, "review-delete-w1-allowed.json");
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v = out.json();
+    assert_eq!(v["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(v["kind"], "AdmissionReview");
+    let r = &v["response"];
+    assert_eq!(
+        r["uid"],
+        request_uid("review-delete-w1-allowed.json").as_str()
+    );
+    assert_eq!(r["allowed"], true);
+    assert!(r["status"].get("code").is_none_or(|c| c != 403), "{r}");
+    assert!(
+        r.get("warnings").is_none_or(Value::is_null),
+        "no warnings: {r}"
+    );
+    assert!(v.get("request").is_none(), "the answer carries no request");
+}
+
+#[test]
+fn eval_review_refused_reports_every_reason() {
+    let out = eval_review(STREAM, "review-delete-cp1-refused.json");
+    assert_eq!(out.code, 0, "a decision was made: {}", out.stderr);
+    let v = out.json();
+    assert_eq!(v["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(v["kind"], "AdmissionReview");
+    let r = &v["response"];
+    assert_eq!(
+        r["uid"],
+        request_uid("review-delete-cp1-refused.json").as_str()
+    );
+    assert_eq!(r["allowed"], false);
+    assert_eq!(r["status"]["code"], 403);
+    let message = r["status"]["message"].as_str().expect("a message");
+    let lines: Vec<&str> = message.lines().collect();
+    assert_eq!(lines.len(), 2, "{message}");
+    assert!(
+        lines[0].starts_with(
+            "deleting TalosMachine cp1 needs the annotation ichor.maesh.dev/allow-delete: \"true\""
+        ),
+        "{message}"
+    );
+    assert_eq!(lines[1], DECLARED_3_TO_2);
+    assert!(r.get("warnings").is_none_or(Value::is_null), "{r}");
+}
+
+#[test]
+fn eval_review_allowed_with_warning() {
+    let out = eval_review(STREAM, "review-approve-cp4-warns.json");
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let r = &out.json()["response"];
+    assert_eq!(
+        r["uid"],
+        request_uid("review-approve-cp4-warns.json").as_str()
+    );
+    assert_eq!(r["allowed"], true);
+    let warnings = r["warnings"].as_array().expect("warnings present");
+    assert_eq!(warnings.len(), 1, "{r}");
+    assert!(
+        warnings[0]
+            .as_str()
+            .unwrap()
+            .starts_with("approving cp4 makes 4 approved control planes for a declared count of 3"),
+        "{r}"
+    );
+}
+
+#[test]
+fn eval_review_against_a_list_objects_file() {
+    // In the List, cluster c has count 1 and three approved control planes: only the
+    // annotation refuses the delete of cp1.
+    let out = eval_review(LIST, "review-delete-cp1-refused.json");
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let r = &out.json()["response"];
+    assert_eq!(r["allowed"], false);
+    assert_eq!(r["status"]["code"], 403);
+    let message = r["status"]["message"].as_str().unwrap();
+    assert_eq!(message.lines().count(), 1, "{message}");
+    assert!(message.contains("needs the annotation"), "{message}");
+}
+
+#[test]
+fn eval_review_of_another_kind_is_allowed() {
+    let dir = scratch("other-kind");
+    let review = dir.join("review.json");
+    std::fs::write(
+        &review,
+        r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{
+  "uid":"u-1","kind":{"group":"","version":"v1","kind":"ConfigMap"},
+  "resource":{"group":"","version":"v1","resource":"configmaps"},
+  "name":"x","namespace":"ns","operation":"DELETE","userInfo":{"username":"a"},
+  "object":null,
+  "oldObject":{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x","namespace":"ns"}}}}"#,
+    )
+    .unwrap();
+    let out = run(&[
+        "eval",
+        "--objects",
+        STREAM,
+        "--review",
+        review.to_str().unwrap(),
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let r = &out.json()["response"];
+    assert_eq!(r["uid"], "u-1");
+    assert_eq!(r["allowed"], true);
+}
+
+// ---------------------------------------------------------------------------------------
+// eval --reconcile
+// ---------------------------------------------------------------------------------------
+
+#[track_caller]
+fn assert_reconcile_shape(v: &Value) {
+    let mut keys: Vec<&str> = v
+        .as_object()
+        .expect("an object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        ["message", "reason", "rules", "verdict", "warnings"],
+        "{v}"
+    );
+    assert!(v["rules"].is_array() && v["warnings"].is_array(), "{v}");
+}
+
+#[test]
+fn eval_reconcile_hold() {
+    let out = eval_reconcile(LIST, "ns/cp3");
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v = out.json();
+    assert_reconcile_shape(&v);
+    assert_eq!(v["verdict"], "hold");
+    assert_eq!(v["reason"], "ControlPlaneOverCap");
+    assert_eq!(v["rules"], serde_json::json!(["over-cap"]));
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("cp3 is approved control plane number 3, past the cap of spec.controlPlane.count + 1 = 2"),
+        "{v}"
+    );
+}
+
+#[test]
+fn eval_reconcile_proceed() {
+    for target in ["ns/cp1", "ns/cp2"] {
+        let out = eval_reconcile(LIST, target);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        let v = out.json();
+        assert_reconcile_shape(&v);
+        assert_eq!(v["verdict"], "proceed", "{target}: {v}");
+        assert!(v["reason"].is_null() && v["message"].is_null(), "{v}");
+        assert_eq!(v["rules"], serde_json::json!([]));
+    }
+}
+
+#[test]
+fn eval_reconcile_refuse() {
+    let out = eval_reconcile(LIST, "ns/d3");
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v = out.json();
+    assert_reconcile_shape(&v);
+    assert_eq!(v["verdict"], "refuse");
+    assert_eq!(v["reason"], "RemovalRefused");
+    assert_eq!(v["rules"], serde_json::json!(["declared-count"]));
+    assert_eq!(v["message"], DECLARED_3_TO_2);
+}
+
+#[test]
+fn eval_reconcile_operation_parked() {
+    let out = eval_reconcile(LIST, "ns/up-e");
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v = out.json();
+    assert_reconcile_shape(&v);
+    assert_eq!(v["verdict"], "hold");
+    assert_eq!(v["reason"], "ClusterTransitioning");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("waits for the control-plane count to be odd again"),
+        "{v}"
+    );
+}
+
+#[test]
+fn eval_reconcile_from_a_stream() {
+    // The stream ends in an empty document and carries a ConfigMap: both are skipped.
+    for target in ["ns/cp1", "ns/w1", "ns/cp4", "ns/up-old"] {
+        let out = eval_reconcile(STREAM, target);
+        assert_eq!(out.code, 0, "{target}: {}", out.stderr);
+        let v = out.json();
+        assert_reconcile_shape(&v);
+        assert_eq!(v["verdict"], "proceed", "{target}: {v}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// explain
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn explain_review_names_rules_and_matches() {
+    let out = run(&[
+        "explain",
+        "--objects",
+        STREAM,
+        "--review",
+        &fixture("review-delete-cp1-refused.json"),
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let s = &out.stdout;
+    for needle in [
+        "MATCH",
+        "machine-allow-delete",
+        "declared-count",
+        "quorum",
+        "last-control-plane",
+        "verdict: refused",
+    ] {
+        assert!(s.contains(needle), "explain lacks {needle:?}:\n{s}");
+    }
+    assert!(s.contains("cp1"), "{s}");
+}
+
+#[test]
+fn explain_allowed_review() {
+    let out = run(&[
+        "explain",
+        "--objects",
+        STREAM,
+        "--review",
+        &fixture("review-delete-w1-allowed.json"),
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stdout.contains("machine-allow-delete"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("verdict: allowed"), "{}", out.stdout);
+}
+
+#[test]
+fn explain_reconcile_names_rules_and_matches() {
+    let out = run(&["explain", "--objects", LIST, "--reconcile", "ns/cp3"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let s = &out.stdout;
+    for needle in ["MATCH", "over-cap", "verdict: hold", "ns/cp3", "rank"] {
+        assert!(s.contains(needle), "explain lacks {needle:?}:\n{s}");
+    }
+}
+
+#[test]
+fn explain_bad_input_exits_2() {
+    let out = run(&["explain", "--objects", LIST, "--reconcile", "ns/nobody"]);
+    assert_bad_input(&out, LIST, "ns/nobody");
+}
+
+// ---------------------------------------------------------------------------------------
+// check
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn check_shipped_rules_exit_0() {
+    let out = run(&["check", "rules/"]);
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("0 errors"), "{}", out.stdout);
+    // The default path is rules/.
+    assert_eq!(run(&["check"]).code, 0);
+}
+
+#[test]
+fn check_shipped_rules_are_warning_free() {
+    let out = run(&["check", "rules", "--deny-warnings"]);
+    assert_eq!(out.code, 0, "{}", out.stdout);
+}
+
+fn broken_rules(name: &str) -> PathBuf {
+    let dir = scratch(name);
+    std::fs::write(
+        dir.join("bad.rules"),
+        "rule r\n  refuse remove controlplane\n  when aproved > 1\n  say \"x {machine}\"\n",
+    )
+    .unwrap();
+    dir
+}
+
+#[test]
+fn check_broken_rules_exit_1() {
+    let dir = broken_rules("broken-human");
+    let out = run(&["check", dir.to_str().unwrap()]);
+    assert_eq!(out.code, 1, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stdout.contains("unknown fact or definition `aproved`"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("did you mean `approved`?"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("bad.rules:3:8"), "{}", out.stdout);
+    assert!(out.stdout.contains("1 error"), "{}", out.stdout);
+}
+
+#[test]
+fn check_json_format() {
+    let dir = broken_rules("broken-json");
+    let out = run(&["check", dir.to_str().unwrap(), "--format", "json"]);
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    let v = out.json();
+    assert_eq!(v["errors"], 1);
+    let diags = v["diagnostics"].as_array().expect("diagnostics");
+    let d = diags
+        .iter()
+        .find(|d| d["severity"] == "error")
+        .expect("an error diagnostic");
+    assert_eq!(d["code"], "ichor::check::unknown_name");
+    assert_eq!(d["severity"], "error");
+    assert!(d["file"].as_str().unwrap().ends_with("bad.rules"), "{d}");
+    assert_eq!(d["line"], 3);
+    assert_eq!(d["column"], 8);
+    assert_eq!(d["message"], "unknown fact or definition `aproved`");
+    for d in diags {
+        for key in ["code", "severity", "file", "line", "column", "message"] {
+            assert!(
+                d.get(key).is_some_and(|v| !v.is_null()),
+                "{key} missing in {d}"
+            );
+        }
+    }
+}
+
+#[test]
+fn check_json_format_shipped_rules_is_clean() {
+    let out = run(&["check", "rules", "--format", "json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v = out.json();
+    assert_eq!(v["errors"], 0);
+    assert_eq!(v["diagnostics"], serde_json::json!([]));
+}
+
+#[test]
+fn deny_warnings_with_an_unused_let_exits_1() {
+    let dir = rules_copy("unused-let");
+    let removal = dir.join("removal.rules");
+    let mut text = std::fs::read_to_string(&removal).unwrap();
+    if !text.ends_with('\n') {
+        text.push('\n');
+    }
+    let line = text.lines().count() + 1;
+    text.push_str("let spare = approved + 1\n");
+    std::fs::write(&removal, text).unwrap();
+    let path = dir.to_str().unwrap();
+
+    let out = run(&["check", path]);
+    assert_eq!(out.code, 0, "warnings alone pass: {}", out.stdout);
+    assert!(
+        out.stdout.contains("`spare` is defined but never used"),
+        "{}",
+        out.stdout
+    );
+
+    let out = run(&["check", path, "--deny-warnings"]);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+
+    let out = run(&["check", path, "--deny-warnings", "--format", "json"]);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    let v = out.json();
+    assert_eq!(v["errors"], 0);
+    let d = v["diagnostics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["code"] == "ichor::lint::unused_let")
+        .unwrap_or_else(|| panic!("no unused_let: {v}"));
+    assert_eq!(d["severity"], "warning");
+    assert!(
+        d["file"].as_str().unwrap().ends_with("removal.rules"),
+        "{d}"
+    );
+    assert_eq!(d["line"], line);
+    assert_eq!(d["column"], 5);
+    assert!(d["message"].as_str().unwrap().contains("spare"), "{d}");
+}
+
+#[test]
+fn check_missing_path_exits_2() {
+    let out = run(&["check", "no/such/rules"]);
+    assert_bad_input(&out, "no/such/rules", "");
+}
+
+#[test]
+fn eval_with_broken_rules_exits_2() {
+    let dir = broken_rules("broken-eval");
+    let out = run(&[
+        "eval",
+        "--rules",
+        dir.to_str().unwrap(),
+        "--objects",
+        STREAM,
+        "--reconcile",
+        "ns/cp1",
+    ]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(out.stdout.is_empty(), "{}", out.stdout);
+    let last = out.stderr.trim_end().lines().last().unwrap_or("");
+    assert!(last.contains(dir.to_str().unwrap()), "{last}");
+    assert!(last.contains("error"), "{last}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Bad input: exit 2, one line naming the file and the problem.
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn missing_objects_file() {
+    let f = "tests/fixtures/no-such-objects.yaml";
+    let out = eval_review(f, "review-delete-w1-allowed.json");
+    assert_bad_input(&out, f, "no such file");
+    let out = eval_reconcile(f, "ns/cp1");
+    assert_bad_input(&out, f, "no such file");
+}
+
+#[test]
+fn missing_review_file() {
+    let out = eval_review(STREAM, "no-such-review.json");
+    assert_bad_input(&out, "tests/fixtures/no-such-review.json", "no such file");
+}
+
+#[test]
+fn malformed_objects_yaml() {
+    let f = fixture("objects-malformed.yaml");
+    let out = eval_review(&f, "review-delete-w1-allowed.json");
+    assert_bad_input(&out, &f, "not valid YAML");
+}
+
+#[test]
+fn objects_with_a_bad_field() {
+    let f = fixture("objects-bad-role.yaml");
+    let out = eval_reconcile(&f, "ns/cp1");
+    assert_bad_input(&out, &f, "boss");
+}
+
+#[test]
+fn malformed_review_json() {
+    let out = eval_review(STREAM, "review-malformed.json");
+    assert_bad_input(&out, "tests/fixtures/review-malformed.json", "not JSON");
+}
+
+#[test]
+fn review_that_is_not_an_admission_review() {
+    let out = eval_review(STREAM, "review-not-admission.json");
+    assert_bad_input(
+        &out,
+        "tests/fixtures/review-not-admission.json",
+        "not an AdmissionReview",
+    );
+}
+
+#[test]
+fn review_without_a_request() {
+    let out = eval_review(STREAM, "review-no-request.json");
+    assert_bad_input(&out, "tests/fixtures/review-no-request.json", "request");
+}
+
+#[test]
+fn review_that_is_a_json_array() {
+    let dir = scratch("array-review");
+    let f = dir.join("review.json");
+    std::fs::write(&f, "[1, 2, 3]\n").unwrap();
+    let f = f.to_str().unwrap();
+    let out = run(&["eval", "--objects", STREAM, "--review", f]);
+    assert_bad_input(&out, f, "AdmissionReview");
+}
+
+#[test]
+fn review_with_a_bad_object() {
+    let dir = scratch("bad-object-review");
+    let f = dir.join("review.json");
+    std::fs::write(
+        &f,
+        r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{
+  "uid":"u-2","kind":{"group":"ichor.maesh.dev","version":"v1alpha1","kind":"TalosMachine"},
+  "resource":{"group":"ichor.maesh.dev","version":"v1alpha1","resource":"talosmachines"},
+  "name":"m","namespace":"ns","operation":"CREATE","userInfo":{"username":"a"},
+  "object":{"apiVersion":"ichor.maesh.dev/v1alpha1","kind":"TalosMachine",
+            "metadata":{"name":"m","namespace":"ns"},"spec":{"role":"boss","approved":true}},
+  "oldObject":null}}"#,
+    )
+    .unwrap();
+    let f = f.to_str().unwrap();
+    let out = run(&["eval", "--objects", STREAM, "--review", f]);
+    assert_bad_input(&out, f, "boss");
+}
+
+#[test]
+fn unknown_object_for_reconcile() {
+    let out = eval_reconcile(LIST, "ns/nobody");
+    assert_bad_input(&out, LIST, "no TalosMachine or TalosOperation ns/nobody");
+    // Right name, wrong namespace.
+    let out = eval_reconcile(LIST, "other/cp1");
+    assert_bad_input(&out, LIST, "other/cp1");
+}
+
+#[test]
+fn malformed_reconcile_target() {
+    for target in ["cp1", "/cp1", "ns/"] {
+        let out = eval_reconcile(LIST, target);
+        assert_bad_input(&out, target, "NAMESPACE/NAME");
+    }
+}
+
+#[test]
+fn objects_path_is_a_directory() {
+    let dir = scratch("objects-dir");
+    let d = dir.to_str().unwrap();
+    let out = run(&["eval", "--objects", d, "--reconcile", "ns/cp1"]);
+    assert_bad_input(&out, d, "");
+}
+
+#[test]
+fn objects_not_utf8() {
+    let dir = scratch("objects-binary");
+    let f = dir.join("objects.yaml");
+    std::fs::write(&f, [0xff, 0xfe, 0x00, 0x41, 0x0a]).unwrap();
+    let f = f.to_str().unwrap();
+    let out = run(&["eval", "--objects", f, "--reconcile", "ns/cp1"]);
+    assert_bad_input(&out, f, "UTF-8");
+}
+
+#[test]
+fn list_item_that_is_not_an_object() {
+    let dir = scratch("list-scalar");
+    let f = dir.join("objects.yaml");
+    std::fs::write(&f, "apiVersion: v1\nkind: List\nitems:\n- just a string\n").unwrap();
+    let f = f.to_str().unwrap();
+    let out = run(&["eval", "--objects", f, "--reconcile", "ns/cp1"]);
+    assert_bad_input(&out, f, "document 1");
+}
+
+#[test]
+fn top_level_scalar_objects_document() {
+    let dir = scratch("scalar-doc");
+    let f = dir.join("objects.yaml");
+    std::fs::write(&f, "---\nhello\n").unwrap();
+    let f = f.to_str().unwrap();
+    let out = run(&["eval", "--objects", f, "--reconcile", "ns/cp1"]);
+    assert_bad_input(&out, f, "document 1");
+}
