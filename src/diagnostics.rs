@@ -30,6 +30,8 @@ pub struct Diagnostic {
     pub label: String,
     /// How to fix it.
     pub help: Option<String>,
+    /// False for a finding about the rule set as a whole (no place in a file to point at).
+    pub located: bool,
 }
 
 impl Diagnostic {
@@ -42,7 +44,14 @@ impl Diagnostic {
             message: message.into(),
             label: String::new(),
             help: None,
+            located: true,
         }
+    }
+
+    /// A finding about the rule set as a whole, not a place in it.
+    pub fn unlocated(mut self) -> Self {
+        self.located = false;
+        self
     }
 
     pub fn warning(
@@ -155,10 +164,15 @@ impl miette::Diagnostic for Rendered<'_> {
     }
 
     fn source_code(&self) -> Option<&dyn miette::SourceCode> {
-        Some(&self.src)
+        self.diag
+            .located
+            .then_some(&self.src as &dyn miette::SourceCode)
     }
 
     fn labels(&self) -> Option<Box<dyn Iterator<Item = LabeledSpan> + '_>> {
+        if !self.diag.located {
+            return None;
+        }
         let span = self.diag.span;
         let label = if self.diag.label.is_empty() {
             None

@@ -337,6 +337,7 @@ fn coverage(files: &[SourceFile], program: &Program, diags: &mut Vec<Diagnostic>
                         site.name()
                     ),
                 )
+                .unlocated()
                 .label("the runtime produces this")
                 .help(format!(
                     "add a rule for it, or say `allow {} {} at {}` if nothing should constrain it",

@@ -95,7 +95,7 @@ pub fn check(files: &[SourceFile]) -> CheckResult {
     let mut rule_names: HashMap<String, (usize, Span)> = HashMap::new();
     let mut plan_keys: HashMap<(Verb, Subject), (usize, Span)> = HashMap::new();
     for (file, ast) in &parsed {
-        let mut c = FileChecker::new(*file, ast, &mut diags);
+        let mut c = FileChecker::new(*file, &files[*file], ast, &mut diags);
         c.check_lets();
         for item in &ast.items {
             match item {
@@ -207,12 +207,12 @@ struct FileChecker<'a, 'd> {
 }
 
 impl<'a, 'd> FileChecker<'a, 'd> {
-    fn new(file: usize, ast: &'a File, diags: &'d mut Vec<Diagnostic>) -> Self {
+    fn new(file: usize, src: &SourceFile, ast: &'a File, diags: &'d mut Vec<Diagnostic>) -> Self {
         let mut lets: HashMap<&'a str, LetInfo<'a>> = HashMap::new();
         for item in &ast.items {
             if let Item::Let(l) = item {
                 if let Some(prev) = lets.get(l.name.name.as_str()) {
-                    let prev_span = prev.def.name.span;
+                    let (line, _) = src.line_col(prev.def.name.span.start);
                     diags.push(
                         Diagnostic::error(
                             "ichor::check::duplicate_let",
@@ -222,8 +222,8 @@ impl<'a, 'd> FileChecker<'a, 'd> {
                         )
                         .label("second definition")
                         .help(format!(
-                            "the first definition is at byte {}; remove or rename one",
-                            prev_span.start
+                            "the first definition is at {}:{line}; remove or rename one",
+                            src.display_path()
                         )),
                     );
                     continue;

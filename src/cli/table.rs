@@ -104,7 +104,7 @@ pub fn to_text(table: &Table, colour: bool) -> String {
             if let Some(reason) = &r.reason {
                 let _ = writeln!(out, "      reason {reason}");
             }
-            let _ = writeln!(out, "      say    {:?}", r.say);
+            let _ = writeln!(out, "      say    {}", r.say);
         }
         out.push('\n');
     }
@@ -134,7 +134,7 @@ pub fn to_text(table: &Table, colour: bool) -> String {
                 .unwrap_or_default();
             let _ = writeln!(out, "  {}. {}{guard}   -- {doc}", i + 1, s.text);
             if let Some(say) = &s.say {
-                let _ = writeln!(out, "       say {say:?}");
+                let _ = writeln!(out, "       say {say}");
             }
         }
         out.push('\n');

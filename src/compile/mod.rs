@@ -312,12 +312,14 @@ impl Compiler {
 }
 
 /// Puts the cheap operand of `and`/`or` first, so an expensive fact is fetched only when the
-/// cheap conditions already decided nothing. Conditions are pure, so the order is free.
+/// cheap conditions already decided nothing. Conditions are pure, but an operand that can
+/// fail (division by zero, overflow) would change the result if it moved, so only operands
+/// that cannot fail are swapped.
 fn reorder(e: &Expr) -> Expr {
     let kind = match &e.kind {
         ExprKind::Binary(op @ (BinOp::And | BinOp::Or), l, r) => {
             let (l, r) = (reorder(l), reorder(r));
-            if is_expensive(&l) && !is_expensive(&r) {
+            if is_expensive(&l) && !is_expensive(&r) && !can_fail(&l) && !can_fail(&r) {
                 ExprKind::Binary(*op, Box::new(r), Box::new(l))
             } else {
                 ExprKind::Binary(*op, Box::new(l), Box::new(r))
@@ -330,6 +332,20 @@ fn reorder(e: &Expr) -> Expr {
         other => other.clone(),
     };
     Expr { kind, span: e.span }
+}
+
+/// Whether evaluating the expression can fail: integer arithmetic can overflow or divide by
+/// zero; comparisons, logic and values cannot.
+fn can_fail(e: &Expr) -> bool {
+    match &e.kind {
+        ExprKind::Unary(UnOp::Neg, _) => true,
+        ExprKind::Unary(UnOp::Not, i) => can_fail(i),
+        ExprKind::Binary(BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Mod, _, _) => {
+            true
+        }
+        ExprKind::Binary(_, l, r) => can_fail(l) || can_fail(r),
+        _ => false,
+    }
 }
 
 fn is_expensive(e: &Expr) -> bool {

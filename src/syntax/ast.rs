@@ -112,16 +112,35 @@ pub struct Message {
     pub span: Span,
 }
 
+/// Escapes text so that it reads back as the same string literal body.
+pub fn escape_text(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '{' => out.push_str("{{"),
+            '}' => out.push_str("}}"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 impl Message {
-    /// The message on one line, placeholders as written: `"below {count}"`.
+    /// The message as one string literal, placeholders as written: `"below {count}"`.
     pub fn source_text(&self) -> String {
-        self.parts
+        let body: String = self
+            .parts
             .iter()
             .map(|p| match p {
-                MessagePart::Text(t) => t.replace('{', "{{").replace('}', "}}"),
+                MessagePart::Text(t) => escape_text(t),
                 MessagePart::Placeholder(e) => format!("{{{e}}}"),
             })
-            .collect()
+            .collect();
+        format!("\"{body}\"")
     }
 }
 
@@ -213,7 +232,7 @@ fn write_expr(f: &mut fmt::Formatter<'_>, e: &Expr, outer: u8) -> fmt::Result {
     match &e.kind {
         ExprKind::Int(i) => write!(f, "{i}"),
         ExprKind::Bool(b) => write!(f, "{b}"),
-        ExprKind::Str(s, _) => write!(f, "{s:?}"),
+        ExprKind::Str(s, _) => write!(f, "\"{}\"", escape_text(s)),
         ExprKind::Name(n) => f.write_str(n),
         ExprKind::Unary(UnOp::Not, inner) => {
             let paren = outer > 3;

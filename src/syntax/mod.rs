@@ -109,6 +109,20 @@ fn span_of(p: &Pair<'_, Rule>) -> Span {
     Span::new(s.start(), s.end())
 }
 
+/// The span of a statement without the whitespace and comments pest keeps after its last
+/// token (a statement ends where its last part ends).
+fn statement_span(p: &Pair<'_, Rule>) -> Span {
+    Span::new(p.as_span().start(), last_token_end(p))
+}
+
+/// Where the last token inside a pair ends (pest spans can include trailing trivia).
+fn last_token_end(p: &Pair<'_, Rule>) -> usize {
+    match p.clone().into_inner().max_by_key(|c| c.as_span().end()) {
+        Some(last) if p.as_rule() != Rule::string => last_token_end(&last),
+        _ => p.as_span().end(),
+    }
+}
+
 fn ident(p: Pair<'_, Rule>) -> Ident {
     Ident {
         span: span_of(&p),
@@ -135,7 +149,7 @@ impl Lower {
     }
 
     fn let_def(&mut self, p: Pair<'_, Rule>) -> LetDef {
-        let span = span_of(&p);
+        let span = statement_span(&p);
         let mut name = None;
         let mut expr = None;
         for c in p.into_inner() {
@@ -159,7 +173,7 @@ impl Lower {
     }
 
     fn rule_def(&mut self, p: Pair<'_, Rule>) -> RuleDef {
-        let span = span_of(&p);
+        let span = statement_span(&p);
         let empty = Ident {
             name: String::new(),
             span,
@@ -199,7 +213,7 @@ impl Lower {
     }
 
     fn allow_def(&mut self, p: Pair<'_, Rule>) -> AllowDef {
-        let span = span_of(&p);
+        let span = statement_span(&p);
         let mut allow = AllowDef {
             verbs: Vec::new(),
             subject: Ident {
@@ -221,7 +235,7 @@ impl Lower {
     }
 
     fn plan_def(&mut self, p: Pair<'_, Rule>) -> PlanDef {
-        let span = span_of(&p);
+        let span = statement_span(&p);
         let empty = Ident {
             name: String::new(),
             span,
@@ -249,7 +263,7 @@ impl Lower {
             when: None,
             unless: None,
             say: None,
-            span: span_of(&p),
+            span: statement_span(&p),
         };
         for c in p.into_inner() {
             match c.as_rule() {
@@ -461,7 +475,7 @@ fn describe(rule: &Rule) -> String {
         Rule::int => "an integer",
         Rule::name => "a name",
         Rule::string => "a string",
-        Rule::str_text | Rule::str_escape | Rule::placeholder => "text or `{`",
+        Rule::str_text | Rule::str_escape | Rule::placeholder => "text",
         Rule::op_or => "`or`",
         Rule::op_and => "`and`",
         Rule::op_not => "`not`",
@@ -537,7 +551,9 @@ fn syntax_error(file: usize, text: &str, e: pest::error::Error<Rule>) -> Diagnos
         .map_or(rest.len(), |(i, _)| i);
     let end = end.max(start + token_len);
     let found = if rest.is_empty() {
-        "end of file".to_string()
+        "the end of the file".to_string()
+    } else if token_len == 0 {
+        "the end of the line".to_string()
     } else {
         format!("`{}`", &rest[..token_len.min(rest.len())])
     };
@@ -547,7 +563,28 @@ fn syntax_error(file: usize, text: &str, e: pest::error::Error<Rule>) -> Diagnos
             positives,
             negatives,
         } => {
-            let expected: Vec<String> = positives.iter().map(describe).collect();
+            let in_string = positives.contains(&Rule::quote)
+                && (rest.is_empty() || rest.starts_with('\n') || rest.starts_with('\r'))
+                && inside_string(text, start);
+            if in_string {
+                return Diagnostic::error(
+                    "ichor::syntax::expected",
+                    file,
+                    span,
+                    "unterminated string",
+                )
+                .label("the string is still open here")
+                .help("close it with `\"` before the end of the line; split a long message into adjacent strings: say \"...\" \"...\"");
+            }
+            let operators = positives.iter().filter(|r| is_operator(r)).count();
+            let mut expected: Vec<String> = positives
+                .iter()
+                .filter(|r| operators < 3 || !is_operator(r))
+                .map(describe)
+                .collect();
+            if operators >= 3 {
+                expected.push("an operator".into());
+            }
             let unexpected: Vec<String> = negatives.iter().map(describe).collect();
             let message = if !expected.is_empty() {
                 format!("expected {}, found {found}", join_alternatives(&expected))
@@ -570,30 +607,88 @@ fn syntax_error(file: usize, text: &str, e: pest::error::Error<Rule>) -> Diagnos
     }
 }
 
+/// Whether `offset` is inside a string opened earlier on its line (an odd number of
+/// unescaped quotes before it; comments are skipped).
+fn inside_string(text: &str, offset: usize) -> bool {
+    let line_start = text[..offset.min(text.len())]
+        .rfind('\n')
+        .map_or(0, |i| i + 1);
+    let mut open = false;
+    let mut escaped = false;
+    for c in text[line_start..offset.min(text.len())].chars() {
+        match c {
+            '#' if !open => return false,
+            '\\' if open && !escaped => {
+                escaped = true;
+                continue;
+            }
+            '"' if !escaped => open = !open,
+            _ => {}
+        }
+        escaped = false;
+    }
+    open
+}
+
+fn is_operator(r: &Rule) -> bool {
+    matches!(
+        r,
+        Rule::op_or
+            | Rule::op_and
+            | Rule::op_eq
+            | Rule::op_ne
+            | Rule::op_le
+            | Rule::op_ge
+            | Rule::op_lt
+            | Rule::op_gt
+            | Rule::op_add
+            | Rule::op_sub
+            | Rule::op_mul
+            | Rule::op_div
+            | Rule::op_mod
+            | Rule::infix
+    )
+}
+
+const CLAUSE_KEYWORDS: &[&str] = &[
+    "when", "unless", "reason", "say", "at", "do", "rule", "let", "plan", "allow",
+];
+
 fn syntax_help(expected: &[String], rest: &str) -> Option<String> {
     let word: String = rest
         .chars()
         .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
         .collect();
-    if expected.iter().any(|e| e.contains("`let`, `rule`")) {
+    let expects = |s: &str| expected.iter().any(|e| e.contains(s));
+    if expects("an expression") || expects("a name") {
+        if expects("an expression") && CLAUSE_KEYWORDS.contains(&word.as_str()) {
+            return Some(format!(
+                "`{word}` starts the next clause, so the expression before it is incomplete"
+            ));
+        }
+        if !word.is_empty() && parse_keyword(&word) {
+            return Some(format!(
+                "`{word}` is a keyword; it cannot be used as a name here"
+            ));
+        }
+    }
+    if expects("`=`") {
+        return Some("a definition reads `let name = expression`".into());
+    }
+    if expects("`let`") && expects("`rule`") {
         return Some(
             "a rule file holds `let name = expr`, `rule name ...`, `allow verb subject` and `plan verb subject` statements"
                 .into(),
         );
     }
-    if expected
-        .iter()
-        .any(|e| e == "an expression" || e == "a name")
-        && !word.is_empty()
-    {
-        return Some(format!(
-            "`{word}` is a keyword; it cannot be used as a name here"
-        ));
-    }
     if expected.iter().any(|e| e.starts_with("a verdict")) {
         return Some("a rule reads `rule name refuse|hold|warn <verb> <subject> when ...`".into());
     }
     None
+}
+
+fn parse_keyword(word: &str) -> bool {
+    RulesParser::parse(Rule::keyword, word).is_ok_and(|p| p.as_str().len() == word.len())
 }
 
 #[cfg(test)]
