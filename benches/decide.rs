@@ -1,1 +1,333 @@
-fn main() {}
+//! Benchmarks of the front end (parse, check with lints, compile), of one decision on the
+//! hot path, and of the whole `eval` path from AdmissionReview bytes to response bytes.
+//!
+//! Targets: 1,000 rules compile in <= 10 ms; one decision with its facts at hand <= 100 ns.
+//!
+//! Run: `cargo bench --bench decide -- --warm-up-time 1 --measurement-time 3`
+
+use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
+use ichor_rules::check::{CheckResult, check};
+use ichor_rules::compile::{Table, compile};
+use ichor_rules::diagnostics::SourceFile;
+use ichor_rules::interp::{Facts, Lookup, Session, Value};
+use ichor_rules::ruleset::{build, read_sources};
+use ichor_rules::runtime::admission::{parse_review, respond};
+use ichor_rules::runtime::decide::{decide_events, request_events};
+use ichor_rules::runtime::facts::Expensive;
+use ichor_rules::runtime::objects::{Snapshot, load_snapshot};
+use ichor_rules::vocab::{Fact, Site, Subject, Verb};
+use std::cell::OnceCell;
+use std::fmt::Write as _;
+use std::hint::black_box;
+use std::path::PathBuf;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// The shipped rules, read once.
+fn shipped() -> Vec<SourceFile> {
+    read_sources(&[PathBuf::from(ROOT).join("rules")]).expect("rules/ is readable")
+}
+
+fn shipped_table() -> Table {
+    let set = build(shipped());
+    assert_eq!(set.errors(), 0, "the shipped rules check without errors");
+    set.table.expect("a table")
+}
+
+/// A file of `rules` rules across five events, with lets, unless clauses and placeholders.
+/// The rules of one event overlap, so many subsume others (the lint reports each pair).
+/// With `distinct`, each rule also names its own cluster, so no rule subsumes another.
+fn generated(rules: usize, distinct: bool) -> SourceFile {
+    const KINDS: &[&str] = &[
+        "upgrade",
+        "kubernetes-upgrade",
+        "ichor",
+        "reboot",
+        "reset",
+        "shutdown",
+        "etcd-snapshot",
+        "etcd-restore",
+        "rotate-ca",
+        "rollback",
+    ];
+    let mut s = String::from(
+        "# generated for benches/decide.rs\n\
+         let after = approved - 1\n\
+         let quorum = approved / 2 + 1\n\
+         let teardown = not cluster.exists or cluster.deleting\n\
+         let cap = count + 1\n",
+    );
+    for i in 0..rules {
+        let k = (i / 5) as i64;
+        let scope = if distinct {
+            format!("cluster == \"cluster-{i}\" and ")
+        } else {
+            String::new()
+        };
+        match i % 5 {
+            0 => write!(
+                s,
+                "rule gen-{i:04}-remove-cp\n  refuse remove controlplane\n  \
+                 when {scope}(after < count - {a} and approved > {b})\n  \
+                 unless member.dead or teardown\n  reason RemovalRefused\n  \
+                 say \"removing {{machine}}: control planes {{approved}} -> {{after}}, \
+                 below {{count}} (quorum {{quorum}}, variant {i})\"\n\n",
+                a = k % 3,
+                b = k % 4,
+            ),
+            1 => write!(
+                s,
+                "rule gen-{i:04}-approve-cp\n  refuse approve controlplane\n  \
+                 when {scope}(approved > count + {a} or approved >= {b})\n  unless teardown\n  \
+                 say \"approving {{machine}} would make {{approved + 1}} control planes, \
+                 above {{cap}} (variant {i})\"\n\n",
+                a = k % 3,
+                b = 6 + k % 4,
+            ),
+            2 => write!(
+                s,
+                "rule gen-{i:04}-leave-worker\n  refuse leave worker at webhook\n  \
+                 when {scope}(not schedulable and workers <= {a})\n  unless teardown\n  \
+                 say \"{{machine}} is one of the last {{workers}} workers of {{cluster}} \
+                 (variant {i})\"\n\n",
+                a = 1 + k % 4,
+            ),
+            3 => write!(
+                s,
+                "rule gen-{i:04}-start-op\n  refuse start operation\n  \
+                 when {scope}kind == \"{kind}\" and (transitioning or approved < {a})\n  \
+                 unless target.controlplane\n  \
+                 say \"a {{kind}} now, with {{approved}} control planes, would wait \
+                 (variant {i})\"\n\n",
+                kind = KINDS[(k as usize) % KINDS.len()],
+                a = 1 + k % 3,
+            ),
+            _ => write!(
+                s,
+                "rule gen-{i:04}-hold-cp\n  hold apply controlplane at controller\n  \
+                 when {scope}(cluster.exists and rank > cap + {a})\n  reason ControlPlaneOverCap\n  \
+                 say \"{{machine}} is control plane number {{rank}}, past {{cap}} \
+                 (variant {i})\"\n\n",
+                a = k % 4,
+            ),
+        }
+        .expect("writing to a String");
+    }
+    SourceFile::new("generated.rules", s)
+}
+
+/// The generated rule set, checked once: it must have no errors and compile to 1,000 rules.
+fn generated_checked(distinct: bool) -> (Vec<SourceFile>, CheckResult) {
+    let files = vec![generated(1000, distinct)];
+    let checked = check(&files);
+    let errors: Vec<_> = checked
+        .diagnostics
+        .iter()
+        .filter(|d| d.is_error())
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "generated rules have errors: {errors:#?}"
+    );
+    assert_eq!(checked.program.rules.len(), 1000);
+    let table = compile(&checked.program, &files);
+    assert_eq!(table.rules.len(), 1000);
+    eprintln!(
+        "generated 1,000 rules{}: {} bytes, {} table rows, {} warnings",
+        if distinct { " (distinct)" } else { "" },
+        files[0].text.len(),
+        table.row_count(),
+        checked.diagnostics.len()
+    );
+    (files, checked)
+}
+
+fn front_end(c: &mut Criterion) {
+    let files = shipped();
+    let mut g = c.benchmark_group("front_end");
+    g.bench_function("shipped", |b| {
+        b.iter(|| black_box(build(black_box(files.clone()))))
+    });
+    g.bench_function("check_only", |b| {
+        b.iter(|| black_box(check(black_box(&files))))
+    });
+    let checked = check(&files);
+    assert!(!checked.has_errors());
+    g.bench_function("compile_only", |b| {
+        b.iter(|| black_box(compile(black_box(&checked.program), &files)))
+    });
+
+    // The 1,000-rule sets are built on first use, so a filtered run skips them.
+    let overlapping = OnceCell::new();
+    let distinct = OnceCell::new();
+    let get = |cell: &OnceCell<(Vec<SourceFile>, CheckResult)>, distinct: bool| {
+        cell.get_or_init(|| generated_checked(distinct)).0.clone()
+    };
+    // Checking 1,000 rules runs the pairwise subsumption lint: seconds, not microseconds,
+    // so these take the fewest samples criterion allows, one iteration each.
+    g.sample_size(10).sampling_mode(SamplingMode::Flat);
+    g.bench_function("generated_1000", |b| {
+        let files = get(&overlapping, false);
+        b.iter(|| black_box(build(black_box(files.clone()))))
+    });
+    g.bench_function("generated_1000_distinct", |b| {
+        let files = get(&distinct, true);
+        b.iter(|| black_box(build(black_box(files.clone()))))
+    });
+    g.sample_size(100).sampling_mode(SamplingMode::Auto);
+    g.bench_function("generated_1000_compile_only", |b| {
+        let (files, checked) = overlapping.get_or_init(|| generated_checked(false));
+        b.iter(|| black_box(compile(black_box(&checked.program), files)))
+    });
+    g.finish();
+}
+
+/// Facts at hand: fixed values, as if already read.
+#[derive(Clone, Copy)]
+struct Fixed {
+    approved: i64,
+    count: i64,
+}
+
+impl<'a> Facts<'a> for Fixed {
+    fn fact(&mut self, fact: Fact) -> Lookup<'a> {
+        Lookup::Value(match fact {
+            Fact::Approved => Value::Int(self.approved),
+            Fact::Workers => Value::Int(2),
+            Fact::Count => Value::Int(self.count),
+            Fact::Rank => Value::Int(self.approved),
+            Fact::Schedulable | Fact::ClusterExists => Value::Bool(true),
+            Fact::Transitioning => Value::Bool(self.approved % 2 == 0),
+            Fact::Cluster => Value::Str("prod"),
+            Fact::Machine => Value::Str("cp-3"),
+            Fact::Role => Value::Str("controlplane"),
+            Fact::Operation
+            | Fact::Kind
+            | Fact::Target
+            | Fact::Phase
+            | Fact::UnfinishedName
+            | Fact::UnfinishedKind
+            | Fact::UnfinishedPhase => Value::Str(""),
+            Fact::ClusterDeleting
+            | Fact::Deleting
+            | Fact::AllowDelete
+            | Fact::MemberDead
+            | Fact::NodeUnreachable
+            | Fact::TargetControlPlane
+            | Fact::Failed
+            | Fact::UnfinishedExists
+            | Fact::UnfinishedParked => Value::Bool(false),
+        })
+    }
+}
+
+const REMOVE_CP: (Verb, Subject, Site) = (Verb::Remove, Subject::ControlPlane, Site::Webhook);
+
+fn decide(c: &mut Criterion) {
+    let table = shipped_table();
+    let allow = Fixed {
+        approved: 5,
+        count: 3,
+    };
+    let refuse = Fixed {
+        approved: 3,
+        count: 3,
+    };
+    // The cases decide what they say they decide.
+    let hits = Session::new(&table, allow)
+        .matches(REMOVE_CP)
+        .expect("no interrupt");
+    assert!(hits.is_empty(), "5 approved, count 3: allowed");
+    let mut s = Session::new(&table, refuse);
+    let hits = s.matches(REMOVE_CP).expect("no interrupt");
+    assert_eq!(hits.len(), 1, "3 approved, count 3: refused by one rule");
+    let message = s.render(&hits[0]).expect("renders");
+    assert!(message.contains("3 -> 2"), "{message}");
+
+    let mut g = c.benchmark_group("decide");
+    g.bench_function("hot_allow", |b| {
+        b.iter(|| black_box(Session::new(&table, black_box(allow)).matches(black_box(REMOVE_CP))))
+    });
+    g.bench_function("hot_refuse", |b| {
+        b.iter(|| black_box(Session::new(&table, black_box(refuse)).matches(black_box(REMOVE_CP))))
+    });
+    g.bench_function("refuse_with_message", |b| {
+        b.iter(|| {
+            let mut s = Session::new(&table, black_box(refuse));
+            let hits = s.matches(black_box(REMOVE_CP)).expect("no interrupt");
+            let messages: Vec<String> =
+                hits.iter().map(|h| s.render(h).expect("renders")).collect();
+            black_box(messages)
+        })
+    });
+    g.finish();
+}
+
+fn machine_yaml(out: &mut String, name: &str, role: &str, second: usize) {
+    write!(
+        out,
+        "- apiVersion: ichor.maesh.dev/v1alpha1\n  kind: TalosMachine\n  metadata:\n    \
+         name: {name}\n    namespace: infra\n    creationTimestamp: \"2025-01-10T09:00:00Z\"\n  \
+         spec:\n    clusterRef: {{name: prod}}\n    role: {role}\n    approved: true\n    \
+         approvalDecision: {{at: \"2025-01-10T{h:02}:{m:02}:{s:02}Z\"}}\n",
+        h = 9 + second / 3600,
+        m = second / 60 % 60,
+        s = second % 60,
+    )
+    .expect("writing to a String");
+}
+
+/// One cluster (count 3) with `control_planes` approved control planes `cp-1..` and
+/// `workers` approved workers.
+fn snapshot(control_planes: usize, workers: usize) -> Snapshot {
+    let mut y = String::from(
+        "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosCluster\nmetadata: \
+         {name: prod, namespace: infra}\nspec: {controlPlane: {count: 3}, schedulable: \"true\"}\n\
+         ---\napiVersion: v1\nkind: List\nitems:\n",
+    );
+    for i in 1..=control_planes {
+        machine_yaml(&mut y, &format!("cp-{i}"), "controlplane", i);
+    }
+    for i in 1..=workers {
+        machine_yaml(&mut y, &format!("w-{i}"), "worker", control_planes + i);
+    }
+    let s = load_snapshot(&y).expect("snapshot loads");
+    assert_eq!(s.machines.len(), control_planes + workers);
+    s
+}
+
+fn eval_once(table: &Table, snapshot: &Snapshot, body: &[u8]) -> Vec<u8> {
+    let req = parse_review(body).expect("a review");
+    let events = request_events(
+        req.operation(),
+        &req.namespace,
+        req.old.as_ref(),
+        req.new.as_ref(),
+    );
+    let (decision, _) = decide_events(table, snapshot, &events, Expensive::FromObjects, false);
+    serde_json::to_vec(&respond(&req, &decision)).expect("serializes")
+}
+
+fn eval_path(c: &mut Criterion) {
+    let table = shipped_table();
+    let body = std::fs::read(PathBuf::from(ROOT).join("examples/delete-cp.json"))
+        .expect("examples/delete-cp.json");
+    let cases = [
+        ("refuse_5_machines", snapshot(3, 2), false),
+        ("allow_5_machines", snapshot(4, 1), true),
+        ("refuse_1000_machines", snapshot(3, 997), false),
+    ];
+    let mut g = c.benchmark_group("eval_path");
+    for (name, snap, allowed) in &cases {
+        let out: serde_json::Value =
+            serde_json::from_slice(&eval_once(&table, snap, &body)).expect("JSON");
+        assert_eq!(out["response"]["allowed"], *allowed, "{name}: {out}");
+        g.bench_function(*name, |b| {
+            b.iter(|| black_box(eval_once(&table, snap, black_box(&body))))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, front_end, decide, eval_path);
+criterion_main!(benches);
