@@ -86,13 +86,25 @@ impl Diagnostic {
 pub struct SourceFile {
     pub path: PathBuf,
     pub text: Arc<str>,
+    /// Byte offsets where lines start, for line numbers in O(log n).
+    line_starts: Arc<[u32]>,
 }
 
 impl SourceFile {
     pub fn new(path: impl Into<PathBuf>, text: impl Into<Arc<str>>) -> SourceFile {
+        let text: Arc<str> = text.into();
+        let line_starts = std::iter::once(0)
+            .chain(
+                text.bytes()
+                    .enumerate()
+                    .filter(|(_, b)| *b == b'\n')
+                    .map(|(i, _)| u32::try_from(i + 1).unwrap_or(u32::MAX)),
+            )
+            .collect();
         SourceFile {
             path: path.into(),
-            text: text.into(),
+            text,
+            line_starts,
         }
     }
 
@@ -103,17 +115,9 @@ impl SourceFile {
     /// 1-based line and column (in characters) of a byte offset.
     pub fn line_col(&self, offset: u32) -> (usize, usize) {
         let offset = (offset as usize).min(self.text.len());
-        let mut line = 1;
-        let mut line_start = 0;
-        for (i, b) in self.text.bytes().enumerate() {
-            if i >= offset {
-                break;
-            }
-            if b == b'\n' {
-                line += 1;
-                line_start = i + 1;
-            }
-        }
+        let off32 = u32::try_from(offset).unwrap_or(u32::MAX);
+        let line = self.line_starts.partition_point(|s| *s <= off32).max(1);
+        let line_start = self.line_starts.get(line - 1).map_or(0, |s| *s as usize);
         let col = self
             .text
             .get(line_start..offset)

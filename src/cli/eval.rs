@@ -3,7 +3,7 @@
 use super::{EXIT_BAD_INPUT, EXIT_OK};
 use crate::diagnostics::render_human;
 use crate::interp::Decision;
-use crate::interp::explain::{self, EventTrace};
+use crate::interp::explain;
 use crate::ruleset::load;
 use crate::runtime::admission::{parse_review, respond};
 use crate::runtime::decide::{
@@ -149,7 +149,6 @@ pub fn run(args: &EvalArgs, explain: bool) -> u8 {
         }
         return EXIT_OK;
     }
-    let _: &[EventTrace] = &traces;
     match serde_json::to_string_pretty(&reconcile_json(&decision)) {
         Ok(s) => println!("{s}"),
         Err(e) => return bad(format!("cannot write the decision: {e}")),

@@ -5,36 +5,81 @@
 use crate::check::{CheckedPlan, CheckedRule, Event, Program};
 use crate::diagnostics::SourceFile;
 use crate::syntax::ast::{BinOp, Expr, ExprKind, Message, MessagePart, Span, UnOp};
-use crate::vocab::{Cost, Fact, Site, Subject, Verb, Verdict};
+use crate::vocab::{Cost, Fact, Site, Subject, Type, Verb, Verdict};
 use serde::Serialize;
 use std::sync::Arc;
 
 /// The deepest evaluation stack a condition may need.
 pub const MAX_STACK: usize = 32;
 
-/// One instruction of a compiled condition.
+/// A text operand: names only ever meet `==` and `!=`, so they never reach the stack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Text {
+    /// A name or enum fact.
+    Fact(u8),
+    /// A string constant of the table.
+    Const(u32),
+}
+
+/// One instruction of a compiled condition. The stack holds integers only: bools are 0 and
+/// 1, and text comparisons are single instructions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
-    /// Push the value of a fact (asked of the provider at most once per decision).
+    /// Push the value of an int or bool fact (asked of the provider at most once per session).
     Fact(u8),
     Int(i64),
-    Bool(bool),
-    /// Push a string constant of the table.
-    Str(u32),
     Not,
     Neg,
-    /// Pop two, push the result.
-    Bin(BinOp),
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Mod,
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    /// The operator with a constant right operand, applied to the top of the stack in place.
+    AddK(i64),
+    SubK(i64),
+    MulK(i64),
+    DivK(i64),
+    ModK(i64),
+    EqK(i64),
+    NeK(i64),
+    LtK(i64),
+    LeK(i64),
+    GtK(i64),
+    GeK(i64),
+    /// Push whether two texts are equal (`ne`: differ).
+    TextEq {
+        a: Text,
+        b: Text,
+        ne: bool,
+    },
     /// If the top is false, jump to the target keeping it; else pop it (for `and`).
     JumpIfFalse(u32),
     /// If the top is true, jump to the target keeping it; else pop it (for `or`).
     JumpIfTrue(u32),
+    /// An expression the checker should have rejected; evaluates to a type error.
+    Invalid,
 }
 
-/// A compiled expression.
+/// What a compiled expression yields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Kind {
+    #[default]
+    Int,
+    Bool,
+}
+
+/// A compiled int or bool expression.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Code {
     pub ops: Vec<Op>,
+    pub kind: Kind,
     /// The stack depth it needs (at most [`MAX_STACK`]).
     pub depth: u8,
     /// Whether it reads an expensive fact.
@@ -46,6 +91,7 @@ pub struct Code {
 pub enum Piece {
     Text(String),
     Value(Code),
+    Name(Text),
 }
 
 /// One row of the table: a rule's condition for one (verb, subject, site).
@@ -56,6 +102,8 @@ pub struct Row {
     pub verdict: Verdict,
     pub when: Option<Code>,
     pub unless: Option<Code>,
+    /// `when and not unless` as one program: the hot path evaluates only this.
+    pub fires: Option<Code>,
 }
 
 /// What the table keeps of a rule for messages, explanations and reviewers.
@@ -163,12 +211,14 @@ pub fn compile(program: &Program, files: &[SourceFile]) -> Table {
     for (i, r) in program.rules.iter().enumerate() {
         let when = r.when.as_ref().map(|e| c.code(e));
         let unless = r.unless.as_ref().map(|e| c.code(e));
+        let fires = fires_expr(r.when.as_ref(), r.unless.as_ref()).map(|e| c.code(&e));
         for (verb, subject, site) in &r.events {
             groups[group_index(*verb, *subject, *site)].push(Row {
                 rule: u32::try_from(i).unwrap_or(u32::MAX),
                 verdict: r.verdict,
                 when: when.clone(),
                 unless: unless.clone(),
+                fires: fires.clone(),
             });
         }
         rules.push(c.meta(r, files));
@@ -234,17 +284,40 @@ impl Compiler {
             .iter()
             .map(|p| match p {
                 MessagePart::Text(t) => Piece::Text(t.clone()),
-                MessagePart::Placeholder(e) => Piece::Value(self.code(e)),
+                MessagePart::Placeholder(e) => match self.text(e) {
+                    Some(t) => Piece::Name(t),
+                    None => Piece::Value(self.code(e)),
+                },
             })
             .collect()
     }
 
-    fn code(&mut self, e: &Expr) -> Code {
-        let mut code = Code::default();
+    /// Compiles an int or bool expression.
+    pub fn code(&mut self, e: &Expr) -> Code {
+        let mut code = Code {
+            kind: if is_bool(e) { Kind::Bool } else { Kind::Int },
+            ..Code::default()
+        };
         let e = reorder(e);
         let depth = self.emit(&e, &mut code.ops, &mut code.expensive);
-        code.depth = u8::try_from(depth.min(MAX_STACK)).unwrap_or(MAX_STACK as u8);
+        if depth > MAX_STACK {
+            code.ops = vec![Op::Invalid];
+        }
+        code.depth = u8::try_from(depth.min(MAX_STACK)).unwrap_or(u8::MAX);
         code
+    }
+
+    /// A text operand, when `e` is a name or enum fact or a string literal.
+    fn text(&mut self, e: &Expr) -> Option<Text> {
+        match &e.kind {
+            ExprKind::Str(s, _) => Some(Text::Const(self.string(s))),
+            ExprKind::Name(n) => {
+                let f = Fact::lookup(n)?;
+                matches!(f.info().ty, Type::Name | Type::Enum(_))
+                    .then(|| Text::Fact(u8::try_from(f.slot()).unwrap_or(u8::MAX)))
+            }
+            _ => None,
+        }
     }
 
     fn string(&mut self, s: &str) -> u32 {
@@ -263,21 +336,24 @@ impl Compiler {
                 1
             }
             ExprKind::Bool(b) => {
-                ops.push(Op::Bool(*b));
+                ops.push(Op::Int(i64::from(*b)));
                 1
             }
-            ExprKind::Str(s, _) => {
-                let i = self.string(s);
-                ops.push(Op::Str(i));
+            ExprKind::Str(..) => {
+                ops.push(Op::Invalid);
                 1
             }
             ExprKind::Name(n) => {
-                // The checker resolved every name; an unknown one cannot reach here.
-                let f = Fact::lookup(n).unwrap_or(Fact::Approved);
-                if f.info().cost == Cost::Expensive {
-                    *expensive = true;
+                match Fact::lookup(n) {
+                    Some(f) if matches!(f.info().ty, Type::Int | Type::Bool) => {
+                        if f.info().cost == Cost::Expensive {
+                            *expensive = true;
+                        }
+                        ops.push(Op::Fact(u8::try_from(f.slot()).unwrap_or(u8::MAX)));
+                    }
+                    // The checker resolved every name and typed every use.
+                    _ => ops.push(Op::Invalid),
                 }
-                ops.push(Op::Fact(u8::try_from(f.slot()).unwrap_or(0)));
                 1
             }
             ExprKind::Unary(op, inner) => {
@@ -301,13 +377,105 @@ impl Compiler {
                 };
                 dl.max(dr)
             }
+            ExprKind::Binary(op @ (BinOp::Eq | BinOp::Ne), l, r) if is_text(l) || is_text(r) => {
+                let expensive_text = [l, r].iter().any(|x| is_expensive(x));
+                *expensive |= expensive_text;
+                match (self.text(l), self.text(r)) {
+                    (Some(a), Some(b)) => ops.push(Op::TextEq {
+                        a,
+                        b,
+                        ne: *op == BinOp::Ne,
+                    }),
+                    _ => ops.push(Op::Invalid),
+                }
+                1
+            }
+            ExprKind::Binary(op, l, r)
+                if matches!(r.kind, ExprKind::Int(_)) && !matches!(op, BinOp::And | BinOp::Or) =>
+            {
+                let k = match &r.kind {
+                    ExprKind::Int(k) => k,
+                    _ => &0,
+                };
+                let d = self.emit(l, ops, expensive);
+                let k = *k;
+                ops.push(match op {
+                    BinOp::Add => Op::AddK(k),
+                    BinOp::Sub => Op::SubK(k),
+                    BinOp::Mul => Op::MulK(k),
+                    BinOp::Div => Op::DivK(k),
+                    BinOp::Mod => Op::ModK(k),
+                    BinOp::Eq => Op::EqK(k),
+                    BinOp::Ne => Op::NeK(k),
+                    BinOp::Lt => Op::LtK(k),
+                    BinOp::Le => Op::LeK(k),
+                    BinOp::Gt => Op::GtK(k),
+                    BinOp::Ge => Op::GeK(k),
+                    BinOp::And | BinOp::Or => Op::Invalid,
+                });
+                d
+            }
             ExprKind::Binary(op, l, r) => {
                 let dl = self.emit(l, ops, expensive);
                 let dr = self.emit(r, ops, expensive);
-                ops.push(Op::Bin(*op));
+                ops.push(match op {
+                    BinOp::Eq => Op::Eq,
+                    BinOp::Ne => Op::Ne,
+                    BinOp::Lt => Op::Lt,
+                    BinOp::Le => Op::Le,
+                    BinOp::Gt => Op::Gt,
+                    BinOp::Ge => Op::Ge,
+                    BinOp::Add => Op::Add,
+                    BinOp::Sub => Op::Sub,
+                    BinOp::Mul => Op::Mul,
+                    BinOp::Div => Op::Div,
+                    BinOp::Mod => Op::Mod,
+                    BinOp::And | BinOp::Or => Op::Invalid,
+                });
                 dl.max(dr + 1)
             }
         }
+    }
+}
+
+/// `when and not unless`, or whichever of them exists; `None` = always.
+fn fires_expr(when: Option<&Expr>, unless: Option<&Expr>) -> Option<Expr> {
+    let not_unless = unless.map(|u| Expr {
+        kind: ExprKind::Unary(UnOp::Not, Box::new(u.clone())),
+        span: u.span,
+    });
+    match (when, not_unless) {
+        (Some(w), Some(nu)) => Some(Expr {
+            span: w.span.to(nu.span),
+            kind: ExprKind::Binary(BinOp::And, Box::new(w.clone()), Box::new(nu)),
+        }),
+        (Some(w), None) => Some(w.clone()),
+        (None, nu) => nu,
+    }
+}
+
+/// Whether an expression is text (a name or enum fact, or a string literal).
+fn is_text(e: &Expr) -> bool {
+    match &e.kind {
+        ExprKind::Str(..) => true,
+        ExprKind::Name(n) => {
+            Fact::lookup(n).is_some_and(|f| matches!(f.info().ty, Type::Name | Type::Enum(_)))
+        }
+        _ => false,
+    }
+}
+
+/// Whether an (int or bool) expression is a bool.
+fn is_bool(e: &Expr) -> bool {
+    match &e.kind {
+        ExprKind::Bool(_) => true,
+        ExprKind::Name(n) => Fact::lookup(n).is_some_and(|f| f.info().ty == Type::Bool),
+        ExprKind::Unary(op, _) => *op == UnOp::Not,
+        ExprKind::Binary(op, _, _) => !matches!(
+            op,
+            BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Mod
+        ),
+        _ => false,
     }
 }
 

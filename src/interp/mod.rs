@@ -7,10 +7,10 @@ pub mod explain;
 pub mod value;
 
 use crate::check::Event;
-use crate::compile::{Code, MAX_STACK, Op, Piece, Table};
-use crate::syntax::ast::UnOp;
+use crate::compile::{Code, Kind, MAX_STACK, Op, Piece, Table, Text};
 use crate::vocab::{FACT_COUNT, Fact, Verdict};
 use serde::Serialize;
+use std::sync::Arc;
 pub use value::{EvalError, Value};
 
 /// What a fact provider answers.
@@ -55,13 +55,85 @@ pub struct TraceRow {
     pub error: Option<String>,
 }
 
+/// The facts of a session: asked of the provider at most once, then read from here.
+struct FactCache<'a, F> {
+    facts: F,
+    /// Int and bool facts (bools as 0/1), valid where `known` has their bit.
+    ints: [i64; FACT_COUNT],
+    /// Name and enum facts, valid where `known` has their bit.
+    texts: [&'a str; FACT_COUNT],
+    known: u32,
+    /// Every fact asked for, in order, with its value (only when tracing).
+    asked: Vec<(Fact, Value<'a>)>,
+    record: bool,
+}
+
+impl<'a, F: Facts<'a>> FactCache<'a, F> {
+    fn store(&mut self, slot: usize, value: Value<'a>) {
+        if slot >= FACT_COUNT {
+            return;
+        }
+        match value {
+            Value::Int(i) => self.ints[slot] = i,
+            Value::Bool(b) => self.ints[slot] = i64::from(b),
+            Value::Str(s) => self.texts[slot] = s,
+        }
+        self.known |= 1 << slot;
+    }
+
+    /// Makes sure a fact is known: a bit test, or one question to the provider.
+    #[inline(always)]
+    fn ensure(&mut self, slot: usize) -> Result<(), Stop> {
+        if self.known & (1u32 << (slot & 31)) != 0 && slot < FACT_COUNT {
+            return Ok(());
+        }
+        self.fetch(slot)
+    }
+
+    #[inline(never)]
+    fn fetch(&mut self, slot: usize) -> Result<(), Stop> {
+        let Some(fact) = Fact::from_slot(slot) else {
+            return Err(Stop::Fail(EvalError::Type));
+        };
+        match self.facts.fact(fact) {
+            Lookup::Value(v) => {
+                self.store(slot, v);
+                if self.record {
+                    self.asked.push((fact, v));
+                }
+                Ok(())
+            }
+            Lookup::Later => Err(Stop::Need(fact)),
+        }
+    }
+
+    fn text(&mut self, t: Text, strings: &'a [Arc<str>]) -> Result<&'a str, Stop> {
+        match t {
+            Text::Const(i) => match strings.get(i as usize) {
+                Some(s) => Ok(&**s),
+                None => Err(Stop::Fail(EvalError::Type)),
+            },
+            Text::Fact(slot) => {
+                let slot = slot as usize;
+                self.ensure(slot)?;
+                Ok(self.texts[slot])
+            }
+        }
+    }
+}
+
+/// Why evaluating an expression stopped.
+enum Stop {
+    Need(Fact),
+    Fail(EvalError),
+}
+
 /// A decision in progress for one event's facts.
 pub struct Session<'a, F> {
     table: &'a Table,
-    facts: F,
-    cache: [Option<Value<'a>>; FACT_COUNT],
-    /// Every fact asked for, in order, with its value.
-    pub asked: Vec<(Fact, Value<'a>)>,
+    cache: FactCache<'a, F>,
+    /// The evaluation stack, reused by every condition of the session.
+    stack: [i64; MAX_STACK],
     pub trace: Option<Vec<TraceRow>>,
 }
 
@@ -69,9 +141,15 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
     pub fn new(table: &'a Table, facts: F) -> Self {
         Session {
             table,
-            facts,
-            cache: [None; FACT_COUNT],
-            asked: Vec::new(),
+            cache: FactCache {
+                facts,
+                ints: [0; FACT_COUNT],
+                texts: [""; FACT_COUNT],
+                known: 0,
+                asked: Vec::new(),
+                record: false,
+            },
+            stack: [0; MAX_STACK],
             trace: None,
         }
     }
@@ -79,16 +157,22 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
     /// Records every row considered and every fact asked for.
     pub fn traced(mut self) -> Self {
         self.trace = Some(Vec::new());
+        self.cache.record = true;
         self
+    }
+
+    /// Every fact asked for, in order, with its value (when traced).
+    pub fn asked(&self) -> &[(Fact, Value<'a>)] {
+        &self.cache.asked
     }
 
     /// Supplies a fact the provider answered [`Lookup::Later`] for.
     pub fn supply(&mut self, fact: Fact, value: Value<'a>) {
-        self.cache[fact.slot()] = Some(value);
+        self.cache.store(fact.slot(), value);
     }
 
     pub fn facts_mut(&mut self) -> &mut F {
-        &mut self.facts
+        &mut self.cache.facts
     }
 
     /// The matching rows of one (verb, subject, site), in source order. The hot path: no
@@ -97,6 +181,26 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
         let (verb, subject, site) = event;
         let table = self.table;
         let mut hits = Vec::new();
+        if self.trace.is_none() {
+            for row in table.rows(verb, subject, site) {
+                let (matched, error) = match &row.fires {
+                    None => (true, None),
+                    Some(code) => match self.run(code) {
+                        Ok(v) => (v != 0, None),
+                        Err(Stop::Fail(e)) => (row.verdict != Verdict::Warn, Some(e)),
+                        Err(Stop::Need(f)) => return Err(Interrupt::Need(f)),
+                    },
+                };
+                if matched {
+                    hits.push(Hit {
+                        rule: row.rule,
+                        verdict: row.verdict,
+                        error,
+                    });
+                }
+            }
+            return Ok(hits);
+        }
         for row in table.rows(verb, subject, site) {
             let when = match &row.when {
                 Some(c) => Some(self.condition(c)?),
@@ -162,15 +266,25 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
 
     pub fn render_pieces(&mut self, pieces: &[Piece]) -> Result<String, Interrupt> {
         let mut out = String::new();
+        use std::fmt::Write;
         for p in pieces {
             match p {
                 Piece::Text(t) => out.push_str(t),
-                Piece::Value(code) => match self.run(code)? {
-                    Ok(v) => {
-                        use std::fmt::Write;
+                Piece::Name(t) => match self.cache.text(*t, &self.table.strings) {
+                    Ok(s) => out.push_str(s),
+                    Err(Stop::Fail(e)) => {
+                        let _ = write!(out, "<{e}>");
+                    }
+                    Err(Stop::Need(f)) => return Err(Interrupt::Need(f)),
+                },
+                Piece::Value(code) => match (self.condition_value(code)?, code.kind) {
+                    (Ok(v), Kind::Int) => {
                         let _ = write!(out, "{v}");
                     }
-                    Err(e) => out.push_str(&format!("<{e}>")),
+                    (Ok(v), Kind::Bool) => out.push_str(if v != 0 { "true" } else { "false" }),
+                    (Err(e), _) => {
+                        let _ = write!(out, "<{e}>");
+                    }
                 },
             }
         }
@@ -182,106 +296,139 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
         self.condition(code)
     }
 
+    #[inline]
     fn condition(&mut self, code: &Code) -> Result<Result<bool, EvalError>, Interrupt> {
-        Ok(match self.run(code)? {
-            Ok(Value::Bool(b)) => Ok(b),
-            Ok(_) => Err(EvalError::Type),
-            Err(e) => Err(e),
-        })
+        Ok(self.condition_value(code)?.map(|v| v != 0))
     }
 
-    fn fact(&mut self, slot: u8) -> Result<Result<Value<'a>, EvalError>, Interrupt> {
-        let slot = slot as usize;
-        if let Some(Some(v)) = self.cache.get(slot) {
-            return Ok(Ok(*v));
-        }
-        let Some(fact) = Fact::from_slot(slot) else {
-            return Ok(Err(EvalError::Type));
-        };
-        match self.facts.fact(fact) {
-            Lookup::Value(v) => {
-                self.cache[slot] = Some(v);
-                if self.trace.is_some() {
-                    self.asked.push((fact, v));
-                }
-                Ok(Ok(v))
-            }
-            Lookup::Later => Err(Interrupt::Need(fact)),
+    #[inline]
+    fn condition_value(&mut self, code: &Code) -> Result<Result<i64, EvalError>, Interrupt> {
+        match self.run(code) {
+            Ok(v) => Ok(Ok(v)),
+            Err(Stop::Fail(e)) => Ok(Err(e)),
+            Err(Stop::Need(f)) => Err(Interrupt::Need(f)),
         }
     }
 
-    /// The stack machine.
-    fn run(&mut self, code: &Code) -> Result<Result<Value<'a>, EvalError>, Interrupt> {
-        let strings = &self.table.strings;
-        let mut stack = [Value::Int(0); MAX_STACK];
+    /// The stack machine: integers only.
+    fn run(&mut self, code: &Code) -> Result<i64, Stop> {
+        let strings: &'a [Arc<str>] = &self.table.strings;
+        let cache = &mut self.cache;
+        let stack = &mut self.stack;
         let mut sp = 0usize;
         let mut pc = 0usize;
-        let ops = &code.ops;
+        let ops = code.ops.as_slice();
         macro_rules! push {
             ($v:expr) => {{
-                if sp >= MAX_STACK {
-                    return Ok(Err(EvalError::Overflow));
+                let v = $v;
+                match stack.get_mut(sp) {
+                    Some(slot) => *slot = v,
+                    None => return Err(Stop::Fail(EvalError::Overflow)),
                 }
-                stack[sp] = $v;
                 sp += 1;
             }};
         }
-        macro_rules! pop {
+        macro_rules! pop2 {
             () => {{
-                if sp == 0 {
-                    return Ok(Err(EvalError::Type));
+                if sp < 2 {
+                    return Err(Stop::Fail(EvalError::Type));
                 }
-                sp -= 1;
-                stack[sp]
+                sp -= 2;
+                (stack[sp], stack[sp + 1])
+            }};
+        }
+        macro_rules! arith {
+            ($f:ident) => {{
+                let (l, r) = pop2!();
+                match l.$f(r) {
+                    Some(v) => push!(v),
+                    None if r == 0 => return Err(Stop::Fail(EvalError::DivisionByZero)),
+                    None => return Err(Stop::Fail(EvalError::Overflow)),
+                }
+            }};
+        }
+        macro_rules! top_k {
+            ($f:expr) => {{
+                let Some(top) = sp.checked_sub(1) else {
+                    return Err(Stop::Fail(EvalError::Type));
+                };
+                stack[top] = ($f)(stack[top]).map_err(Stop::Fail)?;
+            }};
+        }
+        macro_rules! cmp {
+            ($op:tt) => {{
+                let (l, r) = pop2!();
+                push!(i64::from(l $op r))
             }};
         }
         while let Some(op) = ops.get(pc) {
             pc += 1;
             match *op {
-                Op::Fact(slot) => match self.fact(slot)? {
-                    Ok(v) => push!(v),
-                    Err(e) => return Ok(Err(e)),
+                Op::Fact(slot) => {
+                    let slot = slot as usize;
+                    cache.ensure(slot)?;
+                    push!(cache.ints[slot]);
+                }
+                Op::Int(i) => push!(i),
+                Op::Not => match sp.checked_sub(1) {
+                    Some(top) => stack[top] = i64::from(stack[top] == 0),
+                    None => return Err(Stop::Fail(EvalError::Type)),
                 },
-                Op::Int(i) => push!(Value::Int(i)),
-                Op::Bool(b) => push!(Value::Bool(b)),
-                Op::Str(i) => match strings.get(i as usize) {
-                    Some(s) => push!(Value::Str(s)),
-                    None => return Ok(Err(EvalError::Type)),
-                },
-                Op::Not => match pop!() {
-                    Value::Bool(b) => push!(Value::Bool(!b)),
-                    _ => return Ok(Err(EvalError::Type)),
-                },
-                Op::Neg => match pop!() {
-                    Value::Int(i) => match i.checked_neg() {
-                        Some(n) => push!(Value::Int(n)),
-                        None => return Ok(Err(EvalError::Overflow)),
+                Op::Neg => match sp.checked_sub(1) {
+                    Some(top) => match stack[top].checked_neg() {
+                        Some(n) => stack[top] = n,
+                        None => return Err(Stop::Fail(EvalError::Overflow)),
                     },
-                    _ => return Ok(Err(EvalError::Type)),
+                    None => return Err(Stop::Fail(EvalError::Type)),
                 },
-                Op::Bin(op) => {
-                    let r = pop!();
-                    let l = pop!();
-                    match value::binary(op, l, r) {
-                        Ok(v) => push!(v),
-                        Err(e) => return Ok(Err(e)),
-                    }
+                Op::Add => arith!(checked_add),
+                Op::Sub => arith!(checked_sub),
+                Op::Mul => arith!(checked_mul),
+                Op::Div => arith!(checked_div),
+                Op::Mod => arith!(checked_rem),
+                Op::Eq => cmp!(==),
+                Op::Ne => cmp!(!=),
+                Op::Lt => cmp!(<),
+                Op::Le => cmp!(<=),
+                Op::Gt => cmp!(>),
+                Op::Ge => cmp!(>=),
+                Op::AddK(k) => top_k!(|l: i64| l.checked_add(k).ok_or(EvalError::Overflow)),
+                Op::SubK(k) => top_k!(|l: i64| l.checked_sub(k).ok_or(EvalError::Overflow)),
+                Op::MulK(k) => top_k!(|l: i64| l.checked_mul(k).ok_or(EvalError::Overflow)),
+                Op::DivK(k) => top_k!(|l: i64| match k {
+                    0 => Err(EvalError::DivisionByZero),
+                    _ => l.checked_div(k).ok_or(EvalError::Overflow),
+                }),
+                Op::ModK(k) => top_k!(|l: i64| match k {
+                    0 => Err(EvalError::DivisionByZero),
+                    _ => l.checked_rem(k).ok_or(EvalError::Overflow),
+                }),
+                Op::EqK(k) => top_k!(|l: i64| Ok::<i64, EvalError>(i64::from(l == k))),
+                Op::NeK(k) => top_k!(|l: i64| Ok::<i64, EvalError>(i64::from(l != k))),
+                Op::LtK(k) => top_k!(|l: i64| Ok::<i64, EvalError>(i64::from(l < k))),
+                Op::LeK(k) => top_k!(|l: i64| Ok::<i64, EvalError>(i64::from(l <= k))),
+                Op::GtK(k) => top_k!(|l: i64| Ok::<i64, EvalError>(i64::from(l > k))),
+                Op::GeK(k) => top_k!(|l: i64| Ok::<i64, EvalError>(i64::from(l >= k))),
+                Op::TextEq { a, b, ne } => {
+                    let a = cache.text(a, strings)?;
+                    let b = cache.text(b, strings)?;
+                    push!(i64::from((a == b) != ne));
                 }
                 Op::JumpIfFalse(target) | Op::JumpIfTrue(target) => {
                     let want = matches!(op, Op::JumpIfTrue(_));
-                    match stack.get(sp.wrapping_sub(1)) {
-                        Some(Value::Bool(b)) if *b == want => pc = target as usize,
-                        Some(Value::Bool(_)) => sp -= 1,
-                        _ => return Ok(Err(EvalError::Type)),
+                    match sp.checked_sub(1) {
+                        Some(top) if (stack[top] != 0) == want => pc = target as usize,
+                        Some(_) => sp -= 1,
+                        None => return Err(Stop::Fail(EvalError::Type)),
                     }
                 }
+                Op::Invalid => return Err(Stop::Fail(EvalError::Type)),
             }
         }
-        let _ = UnOp::Not;
-        Ok(match sp {
+        match sp {
             1 => Ok(stack[0]),
-            _ => Err(EvalError::Type),
-        })
+            _ => Err(Stop::Fail(EvalError::Type)),
+        }
     }
 }
 

@@ -251,6 +251,7 @@ pub fn decide_events(
         }
         if trace {
             let (verb, subject, site) = ev.event;
+            let rows = session.trace.take().unwrap_or_default();
             traces.push(EventTrace::new(
                 format!(
                     "{} {} at the {} (cluster {:?})",
@@ -259,8 +260,8 @@ pub fn decide_events(
                     site.name(),
                     ev.cluster
                 ),
-                &session.asked,
-                session.trace.take().unwrap_or_default(),
+                session.asked(),
+                rows,
             ));
         }
     }
