@@ -179,6 +179,16 @@ fn front_end(c: &mut Criterion) {
         let (files, checked) = overlapping.get_or_init(|| generated_checked(false));
         b.iter(|| black_box(compile(black_box(&checked.program), files)))
     });
+    // What a server does on a rules reload: parse, check (no lints) and compile.
+    g.bench_function("generated_1000_parse_check_compile_no_lints", |b| {
+        let (files, _) = overlapping.get_or_init(|| generated_checked(false));
+        b.iter(|| {
+            black_box(ichor_rules::ruleset::build_with(
+                black_box(files.clone()),
+                false,
+            ))
+        })
+    });
     g.finish();
 }
 

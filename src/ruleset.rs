@@ -1,6 +1,6 @@
 //! Loading a rule set from files and folders, and turning it into a table.
 
-use crate::check::{CheckResult, check};
+use crate::check::{CheckResult, check_with};
 use crate::compile::{Table, compile};
 use crate::diagnostics::{Diagnostic, SourceFile};
 use std::path::{Path, PathBuf};
@@ -74,12 +74,18 @@ fn read_one(path: &Path) -> Result<SourceFile, LoadError> {
     Ok(SourceFile::new(path, text))
 }
 
-/// Checks and compiles source files; the table exists only when there are no errors.
+/// Checks (with lints) and compiles source files; the table exists only when there are no
+/// errors.
 pub fn build(files: Vec<SourceFile>) -> RuleSet {
+    build_with(files, true)
+}
+
+/// Like [`build`]; without lints when `lints` is false (errors still stop the table).
+pub fn build_with(files: Vec<SourceFile>, lints: bool) -> RuleSet {
     let CheckResult {
         program,
         diagnostics,
-    } = check(&files);
+    } = check_with(&files, lints);
     let table = if diagnostics.iter().any(|d| d.is_error()) {
         None
     } else {

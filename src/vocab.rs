@@ -422,7 +422,36 @@ impl Fact {
     }
 
     pub fn lookup(name: &str) -> Option<Fact> {
-        FACTS.iter().find(|i| i.name == name).map(|i| i.fact)
+        use Fact::*;
+        Some(match name {
+            "approved" => Approved,
+            "workers" => Workers,
+            "count" => Count,
+            "schedulable" => Schedulable,
+            "cluster" => Cluster,
+            "cluster.exists" => ClusterExists,
+            "cluster.deleting" => ClusterDeleting,
+            "transitioning" => Transitioning,
+            "machine" => Machine,
+            "role" => Role,
+            "deleting" => Deleting,
+            "allow_delete" => AllowDelete,
+            "rank" => Rank,
+            "member.dead" => MemberDead,
+            "node.unreachable" => NodeUnreachable,
+            "operation" => Operation,
+            "kind" => Kind,
+            "target" => Target,
+            "target.controlplane" => TargetControlPlane,
+            "phase" => Phase,
+            "failed" => Failed,
+            "unfinished.exists" => UnfinishedExists,
+            "unfinished.name" => UnfinishedName,
+            "unfinished.kind" => UnfinishedKind,
+            "unfinished.phase" => UnfinishedPhase,
+            "unfinished.parked" => UnfinishedParked,
+            _ => return None,
+        })
     }
 
     /// Whether the runtime can provide this fact for this event.

@@ -19,12 +19,22 @@ const OTHER: &str = "\u{1}other";
 
 pub(super) fn run(files: &[SourceFile], program: &Program, diags: &mut Vec<Diagnostic>) {
     let shapes: Vec<Shape<'_>> = program.rules.iter().map(Shape::of).collect();
-    for (rule, shape) in program.rules.iter().zip(&shapes) {
-        lint_rule(rule, shape, diags);
-    }
-    subsumption(files, program, &shapes, diags);
+    let witnesses: Vec<Vec<Witness<'_>>> = program
+        .rules
+        .iter()
+        .zip(&shapes)
+        .map(|(rule, shape)| lint_rule(rule, shape, diags))
+        .collect();
+    subsumption(files, program, &shapes, &witnesses, diags);
     coverage(files, program, diags);
 }
+
+/// Fact values under which a rule fires: the subsumption lint tries them first, since one
+/// of them is nearly always enough to show another rule does not cover it.
+type Witness<'a> = Vec<(Fact, Value<'a>)>;
+
+/// How many witnesses are kept per rule.
+const WITNESSES: usize = 4;
 
 /// The facts a rule reads and the text literals it compares them with.
 struct Shape<'a> {
@@ -144,9 +154,14 @@ fn outcome<'a>(
     Ok((when, unless, when && !unless))
 }
 
-fn lint_rule(rule: &CheckedRule, shape: &Shape<'_>, diags: &mut Vec<Diagnostic>) {
+fn lint_rule<'a>(
+    rule: &'a CheckedRule,
+    shape: &Shape<'a>,
+    diags: &mut Vec<Diagnostic>,
+) -> Vec<Witness<'a>> {
+    let mut witnesses = Vec::new();
     let Some(a) = Assignments::new(&shape.facts, &shape.literals) else {
-        return;
+        return witnesses;
     };
     let mut fires_any = false;
     let (mut when_true, mut when_false) = (0usize, 0usize);
@@ -163,6 +178,14 @@ fn lint_rule(rule: &CheckedRule, shape: &Shape<'_>, diags: &mut Vec<Diagnostic>)
                     unless_bites += 1;
                 }
                 fires_any |= f;
+                if f && witnesses.len() < WITNESSES {
+                    witnesses.push(
+                        a.facts
+                            .iter()
+                            .filter_map(|fact| a.value(n, *fact).ok().map(|v| (*fact, v)))
+                            .collect(),
+                    );
+                }
             }
             Err((err, span)) => {
                 let facts: Vec<String> = a
@@ -180,7 +203,7 @@ fn lint_rule(rule: &CheckedRule, shape: &Shape<'_>, diags: &mut Vec<Diagnostic>)
                     .label(format!("when {}", facts.join(", ")))
                     .help("guard the division, e.g. `count > 0 and approved / count ...`"),
                 );
-                return;
+                return Vec::new();
             }
         }
     }
@@ -224,6 +247,7 @@ fn lint_rule(rule: &CheckedRule, shape: &Shape<'_>, diags: &mut Vec<Diagnostic>)
             .help("drop the `unless`, or fix it"),
         );
     }
+    witnesses
 }
 
 fn show(v: Value<'_>) -> String {
@@ -234,28 +258,43 @@ fn show(v: Value<'_>) -> String {
     }
 }
 
+/// The runtime events of a rule as a bit set, for fast subset tests.
+fn event_bits(rule: &CheckedRule) -> u64 {
+    rule.events
+        .iter()
+        .filter_map(|e| RUNTIME_EVENTS.iter().position(|r| r == e))
+        .fold(0u64, |acc, i| acc | (1 << (i % 64)))
+}
+
 fn subsumption(
     files: &[SourceFile],
     program: &Program,
     shapes: &[Shape<'_>],
+    witnesses: &[Vec<Witness<'_>>],
     diags: &mut Vec<Diagnostic>,
 ) {
     let rules = &program.rules;
+    let bits: Vec<u64> = rules.iter().map(event_bits).collect();
+    // A rule that never fires implies everything vacuously; `implies` says no for it.
+    let implies = |a: usize, b: usize| {
+        !witnesses[a].is_empty()
+            && !refuted_by_witness(&rules[b], &witnesses[a])
+            && implies(&rules[a], &rules[b], shapes, a, b)
+    };
     for (i, a) in rules.iter().enumerate() {
         for (j, b) in rules.iter().enumerate() {
             if i == j
+                || bits[i] & !bits[j] != 0
                 || a.verdict != b.verdict
                 || (a.verdict == Verdict::Hold && a.reason != b.reason)
-                || !a.events.iter().all(|e| b.events.contains(e))
             {
                 continue;
             }
             // Equivalent rules subsume each other: report only the later one.
-            if b.events.iter().all(|e| a.events.contains(e)) && j > i && implies(b, a, shapes, j, i)
-            {
+            if bits[j] & !bits[i] == 0 && j > i && implies(j, i) {
                 continue;
             }
-            if implies(a, b, shapes, i, j) {
+            if implies(i, j) {
                 let at = files
                     .get(b.file)
                     .map(|f| format!("{}:{}", f.display_path(), f.line_col(b.span.start).0))
@@ -279,6 +318,35 @@ fn subsumption(
             }
         }
     }
+}
+
+/// Whether one of `a`'s witnesses shows that `b` does not fire where `a` does. Facts `b`
+/// reads that the witness does not set take a value from their domain.
+fn refuted_by_witness(b: &CheckedRule, witnesses: &[Witness<'_>]) -> bool {
+    witnesses.iter().any(|w| {
+        let mut get = |f: Fact| -> Result<Value<'_>, EvalError> {
+            if let Some((_, v)) = w.iter().find(|(wf, _)| *wf == f) {
+                return Ok(*v);
+            }
+            Ok(match f.info().ty {
+                Type::Bool => Value::Bool(false),
+                Type::Int => Value::Int(f.int_domain().first().copied().unwrap_or(0)),
+                Type::Enum(_) | Type::Name => Value::Str(OTHER),
+            })
+        };
+        let when = match &b.when {
+            Some(e) => eval(e, &mut get),
+            None => Ok(Value::Bool(true)),
+        };
+        let unless = match &b.unless {
+            Some(e) => eval(e, &mut get),
+            None => Ok(Value::Bool(false)),
+        };
+        !matches!(
+            (when, unless),
+            (Ok(Value::Bool(true)), Ok(Value::Bool(false)))
+        )
+    })
 }
 
 /// Whether rule `a` firing implies rule `b` firing, over the union of their facts.

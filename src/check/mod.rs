@@ -81,8 +81,14 @@ impl CheckResult {
     }
 }
 
-/// Parses and checks a rule set (several files form one table).
+/// Parses and checks a rule set (several files form one table), lints included.
 pub fn check(files: &[SourceFile]) -> CheckResult {
+    check_with(files, true)
+}
+
+/// Parses and checks a rule set; `lints: false` skips the lints (warnings only), as a
+/// server reloading rules does: only errors decide whether a table may serve.
+pub fn check_with(files: &[SourceFile], lints: bool) -> CheckResult {
     let mut diags = Vec::new();
     let mut parsed = Vec::new();
     for (i, f) in files.iter().enumerate() {
@@ -157,7 +163,7 @@ pub fn check(files: &[SourceFile]) -> CheckResult {
         }
         c.report_unused_lets();
     }
-    if !diags.iter().any(|d| d.is_error()) {
+    if lints && !diags.iter().any(|d| d.is_error()) {
         lints::run(files, &program, &mut diags);
     }
     diags.sort_by(|a, b| {
