@@ -1,6 +1,7 @@
 //! The command line: one module per subcommand; `main` only wires.
 
 mod check;
+mod crds;
 mod eval;
 mod table;
 
@@ -56,6 +57,9 @@ pub enum Command {
     Eval(eval::EvalArgs),
     /// Like `eval`, but print every row considered, each condition's value, and the verdict.
     Explain(eval::EvalArgs),
+    /// Print the CustomResourceDefinitions of TalosCluster, TalosMachine and TalosOperation
+    /// (YAML, one document each).
+    Crds,
 }
 
 /// Runs a parsed command line.
@@ -69,6 +73,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Table { paths, format } => table::run(&default_paths(paths), format),
         Command::Eval(args) => eval::run(&args, false),
         Command::Explain(args) => eval::run(&args, true),
+        Command::Crds => crds::run(),
     };
     ExitCode::from(code)
 }

@@ -1,7 +1,10 @@
-//! The ichor.maesh.dev/v1alpha1 objects the rules decide about, and loading them from YAML
-//! as `kubectl get -o yaml` prints them (a multi-document stream or a `kind: List`).
+//! The ichor.maesh.dev/v1alpha1 custom resources the rules decide about — their Rust types,
+//! from which `ichor-rules crds` prints the CustomResourceDefinitions — and loading them
+//! from YAML as `kubectl get -o yaml` prints them (a multi-document stream or a `kind: List`).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize};
 
 pub const GROUP: &str = "ichor.maesh.dev";
@@ -11,7 +14,8 @@ pub const ALLOW_DELETE_ANNOTATION: &str = "ichor.maesh.dev/allow-delete";
 /// The finalizer the controller keeps on approved control planes until their removal ends.
 pub const REMOVAL_FINALIZER: &str = "ichor.maesh.dev/machine-removal";
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Hash)]
+/// The role of a machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Hash, JsonSchema)]
 pub enum Role {
     #[serde(rename = "controlplane")]
     ControlPlane,
@@ -28,14 +32,16 @@ impl Role {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// The TalosCluster an object belongs to (same namespace).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ClusterRef {
+    /// Name of the TalosCluster.
     #[serde(default)]
     pub name: String,
 }
 
 /// A status condition (metav1.Condition).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
     #[serde(rename = "type")]
@@ -54,14 +60,36 @@ fn find<'c>(conds: &'c [Condition], type_: &str) -> Option<&'c Condition> {
     conds.iter().find(|c| c.type_ == type_)
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// When (and so in which order) a machine was approved.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ApprovalDecision {
+    /// The time of the approval; orders approved control planes for the count+1 cap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at: Option<Time>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// A machine (a Talos node) of a cluster: its role and whether it is approved to join.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "ichor.maesh.dev",
+    version = "v1alpha1",
+    kind = "TalosMachine",
+    doc = "A Talos machine (node) of a TalosCluster; approval lets it join.",
+    namespaced,
+    status = "MachineStatus",
+    shortname = "tm",
+    category = "ichor",
+    derive = "PartialEq",
+    derive = "Default",
+    printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.clusterRef.name"}"#,
+    printcolumn = r#"{"name":"Role","type":"string","jsonPath":".spec.role"}"#,
+    printcolumn = r#"{"name":"Approved","type":"boolean","jsonPath":".spec.approved"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Endpoint","type":"string","priority":1,"jsonPath":".spec.endpoint"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
 #[serde(rename_all = "camelCase")]
 pub struct MachineSpec {
     #[serde(default)]
@@ -78,21 +106,14 @@ pub struct MachineSpec {
     pub hostname: Option<String>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// What the controller observed of a machine.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MachineStatus {
+    /// Ready (reasons such as ControlPlaneOverCap, NodeUnreachable), NodeReachable, Removal
+    /// (reasons such as RemovalApproved, DrainFailed, DeadMemberRemoval).
     #[serde(default)]
     pub conditions: Vec<Condition>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct TalosMachine {
-    #[serde(default)]
-    pub metadata: ObjectMeta,
-    #[serde(default)]
-    pub spec: MachineSpec,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<MachineStatus>,
 }
 
 fn name_of(m: &ObjectMeta) -> &str {
@@ -187,41 +208,54 @@ fn schedulable_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>,
     }))
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// The declared control plane.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ControlPlaneSpec {
-    #[serde(default)]
+    /// How many control planes the cluster runs: 1, 3 or 5 (even counts exist only while a
+    /// control plane is being replaced).
+    #[schemars(extend("enum" = [1, 3, 5]))]
     pub count: i64,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// A Talos Linux Kubernetes cluster.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "ichor.maesh.dev",
+    version = "v1alpha1",
+    kind = "TalosCluster",
+    doc = "A Talos Linux Kubernetes cluster managed by ichor.",
+    namespaced,
+    status = "ClusterStatus",
+    shortname = "tc",
+    category = "ichor",
+    derive = "PartialEq",
+    derive = "Default",
+    printcolumn = r#"{"name":"Count","type":"integer","jsonPath":".spec.controlPlane.count"}"#,
+    printcolumn = r#"{"name":"Schedulable","type":"string","jsonPath":".spec.schedulable"}"#,
+    printcolumn = r#"{"name":"Transitioning","type":"string","jsonPath":".status.conditions[?(@.type==\"Transitioning\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterSpec {
-    #[serde(default)]
     pub control_plane: ControlPlaneSpec,
+    /// "true" or "false": whether workloads may run on the control planes' cluster.
     #[serde(
         default,
         deserialize_with = "schedulable_string",
         skip_serializing_if = "Option::is_none"
     )]
+    #[schemars(extend("enum" = ["true", "false"]))]
     pub schedulable: Option<String>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// What the controller observed of a cluster.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterStatus {
+    /// Transitioning: True (EvenControlPlaneCount) or False (StableControlPlaneCount).
     #[serde(default)]
     pub conditions: Vec<Condition>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct TalosCluster {
-    #[serde(default)]
-    pub metadata: ObjectMeta,
-    #[serde(default)]
-    pub spec: ClusterSpec,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<ClusterStatus>,
 }
 
 impl TalosCluster {
@@ -247,18 +281,40 @@ impl TalosCluster {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// A one-off, disruptive operation on a cluster (an upgrade, a reboot, a reset, ...).
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "ichor.maesh.dev",
+    version = "v1alpha1",
+    kind = "TalosOperation",
+    doc = "A one-off, disruptive operation on a TalosCluster.",
+    namespaced,
+    status = "OperationStatus",
+    shortname = "top",
+    category = "ichor",
+    derive = "PartialEq",
+    derive = "Default",
+    printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.clusterRef.name"}"#,
+    printcolumn = r#"{"name":"Kind","type":"string","jsonPath":".spec.kind"}"#,
+    printcolumn = r#"{"name":"Machine","type":"string","jsonPath":".spec.machine"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
 #[serde(rename_all = "camelCase")]
 pub struct OperationSpec {
     #[serde(default)]
     pub cluster_ref: ClusterRef,
+    /// What the operation does.
     #[serde(default)]
+    #[schemars(extend("enum" = ["upgrade", "kubernetes-upgrade", "ichor", "reboot", "reset", "shutdown", "etcd-snapshot", "etcd-restore", "rotate-ca", "rollback"]))]
     pub kind: String,
+    /// The machine it acts on, when it acts on one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine: Option<String>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// What the controller observed of an operation.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct OperationStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -267,16 +323,6 @@ pub struct OperationStatus {
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_reason: Option<String>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct TalosOperation {
-    #[serde(default)]
-    pub metadata: ObjectMeta,
-    #[serde(default)]
-    pub spec: OperationSpec,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<OperationStatus>,
 }
 
 /// Phases after which an operation holds nothing. Everything else, a failed operation
@@ -352,6 +398,21 @@ impl Snapshot {
             .iter()
             .find(|o| o.namespace() == namespace && o.name() == name)
     }
+}
+
+/// The CustomResourceDefinitions of the three kinds, as one YAML stream.
+pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
+    use kube::CustomResourceExt;
+    let mut out = String::new();
+    for crd in [
+        TalosCluster::crd(),
+        TalosMachine::crd(),
+        TalosOperation::crd(),
+    ] {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(&crd)?);
+    }
+    Ok(out)
 }
 
 /// Why an objects file could not be loaded.
