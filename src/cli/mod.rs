@@ -3,6 +3,7 @@
 mod check;
 mod crds;
 mod eval;
+mod serve;
 mod table;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -57,6 +58,8 @@ pub enum Command {
     Eval(eval::EvalArgs),
     /// Like `eval`, but print every row considered, each condition's value, and the verdict.
     Explain(eval::EvalArgs),
+    /// Serve the admission webhook over HTTPS, deciding from live reads of the API server.
+    Serve(serve::ServeArgs),
     /// Print the CustomResourceDefinitions of TalosCluster, TalosMachine and TalosOperation
     /// (YAML, one document each).
     Crds,
@@ -74,6 +77,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Eval(args) => eval::run(&args, false),
         Command::Explain(args) => eval::run(&args, true),
         Command::Crds => crds::run(),
+        Command::Serve(args) => serve::run(&args),
     };
     ExitCode::from(code)
 }

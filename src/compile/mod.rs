@@ -155,6 +155,9 @@ const GROUPS: usize = Verb::ALL.len() * Subject::ALL.len() * Site::ALL.len();
 pub struct Table {
     pub rules: Vec<RuleMeta>,
     groups: Vec<Vec<Row>>,
+    /// Per group, the facts its rows may read (bit = fact slot), so the runtime reads from
+    /// the API server only what a request's rows need.
+    reads: Vec<u32>,
     pub strings: Vec<Arc<str>>,
     pub plans: Vec<Plan>,
     /// Events covered by an `allow` (for reviewers).
@@ -172,6 +175,14 @@ impl Table {
             .get(group_index(verb, subject, site))
             .map(|g| g.as_slice())
             .unwrap_or(&[])
+    }
+
+    /// The facts the rows of one (verb, subject, site) may read, as a bit set of slots.
+    pub fn facts_read(&self, verb: Verb, subject: Subject, site: Site) -> u32 {
+        self.reads
+            .get(group_index(verb, subject, site))
+            .copied()
+            .unwrap_or(0)
     }
 
     pub fn plan(&self, verb: Verb, subject: Subject) -> Option<&Plan> {
@@ -207,8 +218,21 @@ pub fn compile(program: &Program, files: &[SourceFile]) -> Table {
         strings: Vec::new(),
     };
     let mut groups: Vec<Vec<Row>> = vec![Vec::new(); GROUPS];
+    let mut reads = vec![0u32; GROUPS];
     let mut rules = Vec::with_capacity(program.rules.len());
     for (i, r) in program.rules.iter().enumerate() {
+        let mut mask = 0u32;
+        for e in r.when.iter().chain(r.unless.iter()) {
+            mask |= fact_mask(e);
+        }
+        for p in &r.message.parts {
+            if let MessagePart::Placeholder(e) = p {
+                mask |= fact_mask(e);
+            }
+        }
+        for (verb, subject, site) in &r.events {
+            reads[group_index(*verb, *subject, *site)] |= mask;
+        }
         let when = r.when.as_ref().map(|e| c.code(e));
         let unless = r.unless.as_ref().map(|e| c.code(e));
         let fires = fires_expr(r.when.as_ref(), r.unless.as_ref()).map(|e| c.code(&e));
@@ -227,6 +251,7 @@ pub fn compile(program: &Program, files: &[SourceFile]) -> Table {
     Table {
         rules,
         groups,
+        reads,
         strings: c.strings,
         plans,
         allowed: program.allowed.clone(),
@@ -451,6 +476,16 @@ fn fires_expr(when: Option<&Expr>, unless: Option<&Expr>) -> Option<Expr> {
         }),
         (Some(w), None) => Some(w.clone()),
         (None, nu) => nu,
+    }
+}
+
+/// The facts an expression reads, as a bit set of slots.
+fn fact_mask(e: &Expr) -> u32 {
+    match &e.kind {
+        ExprKind::Name(n) => Fact::lookup(n).map_or(0, |f| 1 << f.slot()),
+        ExprKind::Unary(_, i) => fact_mask(i),
+        ExprKind::Binary(_, l, r) => fact_mask(l) | fact_mask(r),
+        _ => 0,
     }
 }
 

@@ -4,4 +4,9 @@
 pub mod admission;
 pub mod decide;
 pub mod facts;
+pub mod live;
+pub mod metrics;
 pub mod objects;
+pub mod reload;
+pub mod tls;
+pub mod webhook;

@@ -1,0 +1,120 @@
+//! The serving certificate, read from files and reloaded when they change on disk, so a
+//! cert-manager rotation needs no restart. A broken new pair keeps the old one serving.
+
+use rustls::crypto::ring::sign::any_supported_type;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::SystemTime;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{}: {message}", path.display())]
+    Read { path: PathBuf, message: String },
+    #[error("{}: no certificate in the file", path.display())]
+    NoCertificate { path: PathBuf },
+    #[error("{}: the key is not usable: {message}", path.display())]
+    Key { path: PathBuf, message: String },
+}
+
+/// Reads a PEM certificate chain and private key.
+pub fn load_pair(cert: &PathBuf, key: &PathBuf) -> Result<CertifiedKey, TlsError> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| TlsError::Read {
+            path: cert.clone(),
+            message: e.to_string(),
+        })?
+        .collect::<Result<_, _>>()
+        .map_err(|e| TlsError::Read {
+            path: cert.clone(),
+            message: e.to_string(),
+        })?;
+    if chain.is_empty() {
+        return Err(TlsError::NoCertificate { path: cert.clone() });
+    }
+    let der = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsError::Read {
+        path: key.clone(),
+        message: e.to_string(),
+    })?;
+    let signing = any_supported_type(&der).map_err(|e| TlsError::Key {
+        path: key.clone(),
+        message: e.to_string(),
+    })?;
+    Ok(CertifiedKey::new(chain, signing))
+}
+
+/// Serves the current certificate; [`ReloadingCert::reload_if_changed`] swaps it.
+pub struct ReloadingCert {
+    cert: PathBuf,
+    key: PathBuf,
+    current: RwLock<Arc<CertifiedKey>>,
+    stamp: Mutex<Option<(SystemTime, SystemTime)>>,
+}
+
+impl fmt::Debug for ReloadingCert {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReloadingCert")
+            .field("cert", &self.cert)
+            .field("key", &self.key)
+            .finish()
+    }
+}
+
+fn mtimes(cert: &PathBuf, key: &PathBuf) -> Option<(SystemTime, SystemTime)> {
+    let c = std::fs::metadata(cert).and_then(|m| m.modified()).ok()?;
+    let k = std::fs::metadata(key).and_then(|m| m.modified()).ok()?;
+    Some((c, k))
+}
+
+impl ReloadingCert {
+    pub fn new(cert: PathBuf, key: PathBuf) -> Result<ReloadingCert, TlsError> {
+        let pair = load_pair(&cert, &key)?;
+        let stamp = mtimes(&cert, &key);
+        Ok(ReloadingCert {
+            cert,
+            key,
+            current: RwLock::new(Arc::new(pair)),
+            stamp: Mutex::new(stamp),
+        })
+    }
+
+    /// Reloads when either file's modification time changed. `Ok(true)` when a new pair
+    /// now serves; an error leaves the old pair serving.
+    pub fn reload_if_changed(&self) -> Result<bool, TlsError> {
+        let now = mtimes(&self.cert, &self.key);
+        let changed = self.stamp.lock().map(|s| *s != now).unwrap_or(true);
+        if !changed {
+            return Ok(false);
+        }
+        let result = load_pair(&self.cert, &self.key);
+        if let Ok(mut s) = self.stamp.lock() {
+            *s = now;
+        }
+        let pair = result?;
+        if let Ok(mut c) = self.current.write() {
+            *c = Arc::new(pair);
+        }
+        Ok(true)
+    }
+
+    /// The TLS configuration that serves this certificate.
+    pub fn server_config(self: &Arc<Self>) -> Result<rustls::ServerConfig, rustls::Error> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_no_client_auth()
+            .with_cert_resolver(self.clone());
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(config)
+    }
+}
+
+impl ResolvesServerCert for ReloadingCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.current.read().ok().map(|c| c.clone())
+    }
+}

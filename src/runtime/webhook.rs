@@ -1,0 +1,258 @@
+//! The admission webhook: an HTTPS server answering AdmissionReview v1 requests for
+//! TalosMachine, TalosCluster and TalosOperation with the rules' decision against live,
+//! uncached state. The handler only unwraps the envelope; deciding is [`super::decide`].
+
+use super::admission::{Request, parse_review, refuse, respond};
+use super::decide::{decide_events, request_events};
+use super::facts::Expensive;
+use super::live::{LiveReader, Reads};
+use super::metrics::Metrics;
+use super::reload::Rules;
+use crate::vocab::Verdict;
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use tracing::Instrument;
+
+/// The most an AdmissionReview body may be (the API server caps objects near 3 MiB).
+pub const MAX_BODY: usize = 4 * 1024 * 1024;
+
+/// What the handlers share.
+pub struct Webhook {
+    pub rules: Arc<Rules>,
+    pub reader: LiveReader,
+    pub metrics: Arc<Metrics>,
+    /// Set once the API server answered a read.
+    pub api_ready: AtomicBool,
+}
+
+/// The routes: one validation endpoint per kind (any of them accepts any of our kinds),
+/// health, readiness and metrics.
+pub fn router(state: Arc<Webhook>) -> Router {
+    Router::new()
+        .route("/validate/talosmachines", post(validate))
+        .route("/validate/talosclusters", post(validate))
+        .route("/validate/talosoperations", post(validate))
+        .route("/validate", post(validate))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+fn json_error(code: StatusCode, message: &str) -> Response {
+    (
+        code,
+        [(header::CONTENT_TYPE, "application/json")],
+        serde_json::json!({ "error": message }).to_string(),
+    )
+        .into_response()
+}
+
+async fn readyz(State(state): State<Arc<Webhook>>) -> Response {
+    let rules = state.rules.current().is_some();
+    let api = state.api_ready.load(Ordering::Relaxed);
+    if rules && api {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        let why = match (rules, api) {
+            (false, false) => "no rules loaded; the API server has not answered",
+            (false, true) => "no rules loaded",
+            _ => "the API server has not answered",
+        };
+        (StatusCode::SERVICE_UNAVAILABLE, why).into_response()
+    }
+}
+
+async fn metrics(State(state): State<Arc<Webhook>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn validate(State(state): State<Arc<Webhook>>, headers: HeaderMap, body: Body) -> Response {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !content_type.starts_with("application/json") {
+        state.metrics.bad_request();
+        return json_error(
+            StatusCode::BAD_REQUEST,
+            &format!("expected Content-Type application/json, got {content_type:?}"),
+        );
+    }
+    let bytes: Bytes = match axum::body::to_bytes(body, MAX_BODY).await {
+        Ok(b) => b,
+        Err(_) => {
+            state.metrics.bad_request();
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                &format!("the body is larger than {MAX_BODY} bytes or could not be read"),
+            );
+        }
+    };
+    let req = match parse_review(&bytes) {
+        Ok(r) => r,
+        Err(e) => {
+            state.metrics.bad_request();
+            tracing::warn!(error = %e, reason = e.metric_label(), "malformed admission request");
+            return json_error(StatusCode::BAD_REQUEST, &e.to_string());
+        }
+    };
+    let started = Instant::now();
+    let review = decide_request(&state, &req).await;
+    let allowed = review.response.as_ref().is_some_and(|r| r.allowed);
+    state
+        .metrics
+        .request(&req.inner.kind.kind, allowed, started.elapsed());
+    match serde_json::to_vec(&review) {
+        Ok(body) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response(),
+        Err(e) => json_error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    }
+}
+
+/// Decides one request: no verb reads nothing; otherwise one live read of what the rows
+/// need, then the table. Fails closed when the rules or the live state are missing.
+pub async fn decide_request(
+    state: &Webhook,
+    req: &Request,
+) -> kube::core::admission::AdmissionReview<kube::core::DynamicObject> {
+    let op = format!("{:?}", req.operation()).to_uppercase();
+    let span = tracing::info_span!(
+        "admission",
+        uid = %req.uid(),
+        kind = %req.inner.kind.kind,
+        namespace = %req.namespace,
+        name = %req.inner.name,
+        operation = %op,
+    );
+    decide_request_inner(state, req).instrument(span).await
+}
+
+async fn decide_request_inner(
+    state: &Webhook,
+    req: &Request,
+) -> kube::core::admission::AdmissionReview<kube::core::DynamicObject> {
+    let events = request_events(
+        req.operation(),
+        &req.namespace,
+        req.old.as_ref(),
+        req.new.as_ref(),
+    );
+    if events.is_empty() {
+        tracing::debug!("no verb: allowed without reading anything");
+        return respond(req, &Default::default());
+    }
+    let Some(table) = state.rules.current() else {
+        tracing::error!("no rules loaded: refusing");
+        return refuse(
+            req,
+            "ichor-rules has no valid rules loaded, so it refuses rather than deciding without them",
+        );
+    };
+    let reads = Reads::for_events(&table, &events);
+    let mut clusters: Vec<&str> = events.iter().map(|e| e.cluster).collect();
+    clusters.sort_unstable();
+    clusters.dedup();
+    let snapshot = if reads.is_empty() {
+        Default::default()
+    } else {
+        match state
+            .reader
+            .snapshot(&req.namespace, &clusters, reads)
+            .await
+        {
+            Ok(s) => {
+                state.api_ready.store(true, Ordering::Relaxed);
+                s
+            }
+            Err(e) => {
+                state.metrics.live_read_error(e.metric_label());
+                tracing::error!(error = %e, "live read failed: refusing");
+                return refuse(
+                    req,
+                    format!(
+                        "the live state could not be read ({e}); ichor-rules refuses rather than deciding on stale or missing data, retry shortly"
+                    ),
+                );
+            }
+        }
+    };
+    let (decision, _) = decide_events(&table, &snapshot, &events, Expensive::FromObjects, false);
+    for f in decision.refusals.iter().chain(&decision.warnings) {
+        state.metrics.decision(&f.rule, f.verdict.name());
+    }
+    let verbs: Vec<String> = events
+        .iter()
+        .map(|e| format!("{} {}", e.event.0.name(), e.event.1.name()))
+        .collect();
+    let deciding: Vec<&str> = decision.refusals.iter().map(|f| f.rule.as_str()).collect();
+    tracing::info!(
+        verbs = ?verbs,
+        verdict = if decision.verdict() == Some(Verdict::Refuse) { "refuse" } else { "allow" },
+        rules = ?deciding,
+        "decided"
+    );
+    respond(req, &decision)
+}
+
+/// Serves `app` over TLS on `listener` until `shutdown` resolves.
+pub async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    app: Router,
+    shutdown: impl Future<Output = ()>,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = &mut shutdown => return,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let acceptor = acceptor.clone();
+        let app = app.clone();
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream))
+                .await
+            {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => return,
+            };
+            let service = hyper_util::service::TowerToHyperService::new(app);
+            let builder =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            if let Err(e) = builder
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                .await
+            {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+}
