@@ -11,6 +11,9 @@ use crate::vocab::{
 };
 use std::collections::{HashMap, HashSet};
 
+/// How deep `let`s may refer to each other (deeper chains could exhaust the stack).
+const MAX_LET_DEPTH: usize = 64;
+
 /// A (verb, subject, site) triple: the key of a row group.
 pub type Event = (Verb, Subject, Site);
 
@@ -210,6 +213,8 @@ struct FileChecker<'a, 'd> {
     visiting: Vec<&'a str>,
     /// Cycles already reported, so each is reported once.
     reported_cycles: HashSet<&'a str>,
+    /// Set when inlining met a chain of `let`s deeper than [`MAX_LET_DEPTH`].
+    inline_too_deep: std::cell::Cell<bool>,
 }
 
 impl<'a, 'd> FileChecker<'a, 'd> {
@@ -264,6 +269,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             diags,
             visiting: Vec::new(),
             reported_cycles: HashSet::new(),
+            inline_too_deep: std::cell::Cell::new(false),
         }
     }
 
@@ -306,6 +312,21 @@ impl<'a, 'd> FileChecker<'a, 'd> {
                     .help("break the cycle: one of these definitions must use only facts"),
                 );
             }
+            return Ty::Error;
+        }
+        if self.visiting.len() >= MAX_LET_DEPTH {
+            self.diags.push(
+                Diagnostic::error(
+                    "ichor::syntax::too_complex",
+                    self.file,
+                    def.name.span,
+                    format!(
+                        "definitions refer to each other more than {MAX_LET_DEPTH} levels deep"
+                    ),
+                )
+                .label("too deep")
+                .help("flatten the chain of `let`s"),
+            );
             return Ty::Error;
         }
         self.visiting.push(name);
@@ -556,6 +577,26 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             return None;
         }
         let src = |e: &Option<Expr>| e.as_ref().map(|e| e.to_string());
+        self.inline_too_deep.set(false);
+        let when = r.when.as_ref().map(|e| self.inline(e));
+        let unless = r.unless.as_ref().map(|e| self.inline(e));
+        let message = self.inline_message(r.say.as_ref()?);
+        if self.inline_too_deep.get() {
+            self.diags.push(
+                Diagnostic::error(
+                    "ichor::syntax::too_complex",
+                    self.file,
+                    r.name.span,
+                    format!(
+                        "`{}` uses definitions that refer to each other more than {MAX_LET_DEPTH} levels deep",
+                        r.name.name
+                    ),
+                )
+                .label("too deep")
+                .help("flatten the chain of `let`s"),
+            );
+            return None;
+        }
         Some(CheckedRule {
             name: r.name.name.clone(),
             file: self.file,
@@ -573,11 +614,11 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             ),
             when_text: src(&r.when),
             unless_text: src(&r.unless),
-            when: r.when.as_ref().map(|e| self.inline(e)),
-            unless: r.unless.as_ref().map(|e| self.inline(e)),
+            when,
+            unless,
             reason: r.reason.as_ref().map(|i| i.name.clone()),
             say_text: r.say.as_ref()?.source_text(),
-            message: self.inline_message(r.say.as_ref()?),
+            message,
         })
     }
 
@@ -1082,12 +1123,16 @@ impl<'a, 'd> FileChecker<'a, 'd> {
     fn inline_depth(&self, e: &Expr, depth: usize) -> Expr {
         let kind = match &e.kind {
             ExprKind::Name(n) => match self.lets.get(n.as_str()) {
-                Some(info) if depth < 64 => {
+                Some(info) if depth < MAX_LET_DEPTH => {
                     let mut inner = self.inline_depth(&info.def.expr, depth + 1);
                     inner.span = e.span;
                     return inner;
                 }
-                _ => ExprKind::Name(n.clone()),
+                Some(_) => {
+                    self.inline_too_deep.set(true);
+                    ExprKind::Bool(false)
+                }
+                None => ExprKind::Name(n.clone()),
             },
             ExprKind::Unary(op, i) => ExprKind::Unary(*op, Box::new(self.inline_depth(i, depth))),
             ExprKind::Binary(op, l, r) => ExprKind::Binary(

@@ -18,6 +18,18 @@ struct RulesParser;
 /// Parses one rule file. On a syntax error the file yields no AST and one diagnostic (pest
 /// stops at the first syntax error); lowering problems (an integer too large) are collected.
 pub fn parse(file_id: usize, text: &str) -> Result<File, Vec<Diagnostic>> {
+    if let Some(at) = too_deep(text) {
+        return Err(vec![
+            Diagnostic::error(
+                "ichor::syntax::too_complex",
+                file_id,
+                Span::new(at, at + 1),
+                format!("parentheses nest deeper than {MAX_NESTING} levels"),
+            )
+            .label("too deep")
+            .help("split the condition into `let` definitions"),
+        ]);
+    }
     let pairs = match RulesParser::parse(Rule::file, text) {
         Ok(p) => p,
         Err(e) => return Err(vec![syntax_error(file_id, text, e)]),
@@ -79,6 +91,29 @@ fn shift_expr(mut e: Expr, by: usize) -> Expr {
         other => other,
     };
     e
+}
+
+/// The deepest parenthesis nesting a file may have (deeper input could exhaust the stack).
+pub const MAX_NESTING: usize = 64;
+/// The most operands and operators one expression may have.
+pub const MAX_EXPRESSION_PARTS: usize = 1000;
+
+/// The offset where parentheses first nest deeper than [`MAX_NESTING`], if they do.
+fn too_deep(text: &str) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, b) in text.bytes().enumerate() {
+        match b {
+            b'(' => {
+                depth += 1;
+                if depth > MAX_NESTING {
+                    return Some(i);
+                }
+            }
+            b')' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    None
 }
 
 static PRATT: LazyLock<PrattParser<Rule>> = LazyLock::new(|| {
@@ -328,6 +363,23 @@ impl Lower {
     }
 
     fn expr(&mut self, p: Pair<'_, Rule>) -> Expr {
+        if p.clone().into_inner().count() > MAX_EXPRESSION_PARTS {
+            let span = span_of(&p);
+            self.errors.push(
+                Diagnostic::error(
+                    "ichor::syntax::too_complex",
+                    self.file,
+                    span,
+                    format!("the expression has more than {MAX_EXPRESSION_PARTS} parts"),
+                )
+                .label("too long")
+                .help("split the condition into `let` definitions"),
+            );
+            return Expr {
+                kind: ExprKind::Bool(false),
+                span,
+            };
+        }
         let errors = std::cell::RefCell::new(Vec::new());
         let file = self.file;
         let out = PRATT
@@ -817,6 +869,18 @@ plan remove controlplane
     fn huge_integers_are_reported_not_panicked() {
         let err = parse(0, "let x = 99999999999999999999").expect_err("too big");
         assert_eq!(err[0].code, "ichor::syntax::int_too_large");
+    }
+
+    #[test]
+    fn absurd_nesting_and_length_are_errors_not_crashes() {
+        let deep = format!("let x = {}1{}", "(".repeat(10_000), ")".repeat(10_000));
+        let err = parse(0, &deep).expect_err("too deep");
+        assert_eq!(err[0].code, "ichor::syntax::too_complex");
+        let long = format!("let x = 1{}", " + 1".repeat(5_000));
+        let err = parse(0, &long).expect_err("too long");
+        assert_eq!(err[0].code, "ichor::syntax::too_complex");
+        let nots = format!("let x = {}true", "not ".repeat(5_000));
+        assert!(parse(0, &nots).is_err());
     }
 
     #[test]
