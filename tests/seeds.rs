@@ -6,8 +6,17 @@
 //! Objects are built as JSON values by small helpers below and turned into a YAML
 //! multi-document stream, so the loader the CLI uses is the one under test too.
 
+//!
+//! Every admission case also goes end to end: the objects are written to the in-process
+//! API server, the same AdmissionReview is posted over HTTPS to the webhook (which reads
+//! them live), and its answer must equal the offline one byte for byte.
+
 // `&[x.clone()]` reads better than `std::slice::from_ref(&x)` among object lists.
 #![allow(clippy::cloned_ref_to_slice_refs)]
+
+#[allow(dead_code)]
+#[path = "support/apiserver.rs"]
+mod apiserver;
 
 use ichor_rules::compile::Table;
 use ichor_rules::interp::Decision;
@@ -354,10 +363,185 @@ impl Admission {
     }
 }
 
-/// Decides an AdmissionReview against the live objects, as the webhook does.
+// ---------------------------------------------------------------------------------------
+// The webhook over HTTPS against the in-process API server, shared by every case; each
+// case gets a namespace of its own.
+// ---------------------------------------------------------------------------------------
+
+struct Live {
+    rt: tokio::runtime::Runtime,
+    api: apiserver::ApiServer,
+    addr: std::net::SocketAddr,
+    ca: rustls::pki_types::CertificateDer<'static>,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+fn live() -> &'static Live {
+    static LIVE: OnceLock<Live> = OnceLock::new();
+    LIVE.get_or_init(|| {
+        use ichor_rules::runtime::{live::LiveReader, metrics::Metrics, reload::Rules};
+        use ichor_rules::runtime::{tls::ReloadingCert, webhook};
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("seeds-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).expect("cert");
+        std::fs::write(dir.join("tls.crt"), ck.cert.pem()).expect("cert");
+        std::fs::write(dir.join("tls.key"), ck.signing_key.serialize_pem()).expect("key");
+        let (api, addr) = rt.block_on(async {
+            let api = apiserver::ApiServer::start().await;
+            let rules = std::sync::Arc::new(Rules::new(vec![
+                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rules"),
+            ]));
+            rules.reload();
+            let cert = std::sync::Arc::new(
+                ReloadingCert::new(dir.join("tls.crt"), dir.join("tls.key")).expect("pair"),
+            );
+            let tls = std::sync::Arc::new(cert.server_config().expect("tls"));
+            let state = std::sync::Arc::new(webhook::Webhook {
+                rules,
+                reader: LiveReader::new(api.client(), std::time::Duration::from_secs(5)),
+                metrics: std::sync::Arc::new(Metrics::default()),
+                api_ready: Default::default(),
+            });
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let addr = listener.local_addr().expect("addr");
+            tokio::spawn(webhook::serve_tls(
+                listener,
+                tls,
+                webhook::router(state),
+                std::future::pending(),
+            ));
+            (api, addr)
+        });
+        Live {
+            rt,
+            api,
+            addr,
+            ca: ck.cert.der().clone(),
+            next: Default::default(),
+        }
+    })
+}
+
+/// Moves an object (or a review's objects) into namespace `ns`.
+fn renamespace(v: &Value, ns: &str) -> Value {
+    let mut v = v.clone();
+    if v["metadata"].is_object() {
+        v["metadata"]["namespace"] = json!(ns);
+    }
+    v
+}
+
+/// The webhook's answer to `review` with `objects` live in a fresh namespace.
+fn webhook_answer(objects: &[Value], review: &Value) -> Value {
+    use http_body_util::BodyExt;
+    let l = live();
+    let ns = format!(
+        "seed-{}",
+        l.next.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    );
+    let mut deleting = Vec::new();
+    for o in objects {
+        let mut o = renamespace(o, &ns);
+        if o["metadata"]
+            .get("deletionTimestamp")
+            .is_some_and(|d| !d.is_null())
+        {
+            // A create never carries deletionTimestamp: hold it with a finalizer, then delete.
+            if o["metadata"]["finalizers"]
+                .as_array()
+                .is_none_or(|f| f.is_empty())
+            {
+                o["metadata"]["finalizers"] = json!(["test.ichor/hold"]);
+            }
+            deleting.push((
+                o["kind"].as_str().unwrap_or("").to_string(),
+                o["metadata"]["name"].as_str().unwrap_or("").to_string(),
+            ));
+        }
+        l.api.insert(o);
+    }
+    let mut review = review.clone();
+    review["request"]["namespace"] = json!(ns);
+    for key in ["object", "oldObject"] {
+        if review["request"][key].is_object() {
+            review["request"][key] = renamespace(&review["request"][key], &ns);
+        }
+    }
+    l.rt.block_on(async {
+        use ichor_rules::runtime::objects::{TalosCluster, TalosMachine, TalosOperation};
+        use kube::api::DeleteParams;
+        for (kind, name) in &deleting {
+            let client = l.api.client();
+            let dp = DeleteParams::default();
+            let _ = match kind.as_str() {
+                "TalosMachine" => kube::Api::<TalosMachine>::namespaced(client, &ns)
+                    .delete(name, &dp)
+                    .await
+                    .map(|_| ()),
+                "TalosCluster" => kube::Api::<TalosCluster>::namespaced(client, &ns)
+                    .delete(name, &dp)
+                    .await
+                    .map(|_| ()),
+                _ => kube::Api::<TalosOperation>::namespaced(client, &ns)
+                    .delete(name, &dp)
+                    .await
+                    .map(|_| ()),
+            };
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(l.ca.clone()).expect("trust");
+        let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let tcp = tokio::net::TcpStream::connect(l.addr)
+            .await
+            .expect("connect");
+        let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+            .connect(
+                rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name"),
+                tcp,
+            )
+            .await
+            .expect("handshake");
+        let (mut send, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+                .await
+                .expect("http");
+        tokio::spawn(conn);
+        let req = hyper::Request::builder()
+            .method("POST")
+            .uri("/validate/talosmachines")
+            .header("host", "127.0.0.1")
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(hyper::body::Bytes::from(
+                serde_json::to_vec(&review).expect("json"),
+            )))
+            .expect("request");
+        let resp = send.send_request(req).await.expect("response");
+        assert_eq!(resp.status(), 200);
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        serde_json::from_slice(&bytes).expect("an AdmissionReview")
+    })
+}
+
+/// Decides an AdmissionReview against the live objects, as the webhook does — offline
+/// through the library, and over HTTPS through the webhook; both must answer the same.
 fn admit(objects: &[Value], op: &str, old: Option<&Value>, new: Option<&Value>) -> Admission {
     let snap = snapshot(objects);
-    let body = serde_json::to_vec(&review(op, old, new)).unwrap();
+    let review_json = review(op, old, new);
+    let body = serde_json::to_vec(&review_json).unwrap();
     let req = parse_review(&body).unwrap_or_else(|e| panic!("review parses: {e}"));
     let events = request_events(
         req.operation(),
@@ -370,6 +554,11 @@ fn admit(objects: &[Value], op: &str, old: Option<&Value>, new: Option<&Value>) 
     assert_eq!(
         response["response"]["uid"],
         json!("705ab4f5-6393-11e8-b7cc-42010a800002")
+    );
+    assert_eq!(
+        webhook_answer(objects, &review_json),
+        response,
+        "the webhook over HTTPS answers what eval answers"
     );
     Admission {
         decision,
