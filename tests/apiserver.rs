@@ -1377,3 +1377,58 @@ async fn watches_and_lists_keep_to_their_namespace() {
         (400, "BadRequest".into())
     );
 }
+
+/// `kube::runtime`'s watcher (what the controllers build on) lists, then watches, and
+/// re-lists after a dropped watch: every change reaches it.
+#[tokio::test]
+async fn kube_runtime_watcher_sees_changes_and_survives_a_dropped_watch() {
+    use kube::runtime::watcher::{self, Event};
+    let server = ApiServer::start().await;
+    let api: kube::Api<TalosMachine> = kube::Api::namespaced(server.client(), "infra");
+    let machine = |name: &str| -> TalosMachine {
+        serde_json::from_value(json!({
+            "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosMachine",
+            "metadata": {"name": name, "namespace": "infra"},
+            "spec": {"clusterRef": {"name": "prod"}, "role": "worker"}
+        }))
+        .expect("valid")
+    };
+    api.create(&PostParams::default(), &machine("before"))
+        .await
+        .expect("create");
+    let mut stream = std::pin::pin!(watcher::watcher(api.clone(), watcher::Config::default()));
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut created_after = false;
+    let mut dropped = false;
+    while Instant::now() < deadline {
+        let next = tokio::time::timeout(Duration::from_secs(5), stream.next())
+            .await
+            .expect("the watcher keeps producing")
+            .expect("stream open")
+            .expect("no watcher error");
+        match next {
+            Event::InitApply(m) | Event::Apply(m) => seen.push(m.name_any()),
+            Event::InitDone if !created_after => {
+                created_after = true;
+                api.create(&PostParams::default(), &machine("after"))
+                    .await
+                    .expect("create");
+            }
+            _ => {}
+        }
+        if seen.contains(&"after".to_string()) && !dropped {
+            dropped = true;
+            server.drop_watches();
+            api.create(&PostParams::default(), &machine("after-drop"))
+                .await
+                .expect("create");
+        }
+        if seen.contains(&"after-drop".to_string()) {
+            break;
+        }
+    }
+    for name in ["before", "after", "after-drop"] {
+        assert!(seen.iter().any(|s| s == name), "{name} not seen: {seen:?}");
+    }
+}
