@@ -565,3 +565,143 @@ async fn the_webhook_answers_what_eval_answers() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dry_run_requests_are_decided_like_any_other() {
+    let h = harness("dryrun", Duration::from_secs(2)).await;
+    three_control_planes(&h).await;
+    let cp3 = machine("cp-3", "controlplane", true, "2026-10-03T00:00:00Z");
+    let mut req = admission("u-11", "DELETE", "TalosMachine", Some(&cp3), None);
+    req["request"]["dryRun"] = json!(true);
+    let r = review(&h, &req).await;
+    assert_eq!(r["response"]["allowed"], false);
+    assert!(
+        r["response"]["status"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("declared count of 3"))
+    );
+}
+
+/// `ichor-rules serve` as its own process: it serves once ready, reloads edited rules,
+/// and a broken edit keeps the previous table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_serve_command_reloads_rules_and_keeps_the_last_good_table() {
+    let api = ApiServer::start().await;
+    let dir = scratch("serve");
+    let ca = write_cert(&dir);
+    let rules_dir = dir.join("rules");
+    std::fs::create_dir_all(&rules_dir).expect("rules dir");
+    for f in ["admission.rules", "removal.rules"] {
+        std::fs::copy(PathBuf::from("rules").join(f), rules_dir.join(f)).expect("copy");
+    }
+    api.insert(cluster("prod", 3));
+    for (i, at) in [
+        "2026-10-01T00:00:00Z",
+        "2026-10-02T00:00:00Z",
+        "2026-10-03T00:00:00Z",
+    ]
+    .iter()
+    .enumerate()
+    {
+        api.insert(machine(&format!("cp-{}", i + 1), "controlplane", true, at));
+    }
+    let listen = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _serve = Kill(
+        std::process::Command::new(env!("CARGO_BIN_EXE_ichor-rules"))
+            .args([
+                "serve",
+                "--listen",
+                &listen.to_string(),
+                "--api-server",
+                &api.url(),
+            ])
+            .arg("--rules")
+            .arg(&rules_dir)
+            .arg("--tls-cert")
+            .arg(dir.join("tls.crt"))
+            .arg("--tls-key")
+            .arg(dir.join("tls.key"))
+            .args(["--reload-interval-ms", "100", "--log-format", "json"])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("serve starts"),
+    );
+    // Ready once the rules loaded and the API server answered.
+    let mut ready = false;
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(listen).await.is_ok() {
+            let (status, _, _) =
+                https_trusting(listen, &ca, "GET", "/readyz", "text/plain", Vec::new()).await;
+            if status == 200 {
+                ready = true;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ready, "serve became ready");
+    let cp3 = machine("cp-3", "controlplane", true, "2026-10-03T00:00:00Z");
+    let body = serde_json::to_vec(&admission(
+        "s-1",
+        "DELETE",
+        "TalosMachine",
+        Some(&cp3),
+        None,
+    ))
+    .expect("json");
+    let ask = || async {
+        let (status, bytes, _) = https_trusting(
+            listen,
+            &ca,
+            "POST",
+            "/validate/talosmachines",
+            "application/json",
+            body.clone(),
+        )
+        .await;
+        assert_eq!(status, 200);
+        let v: Value = serde_json::from_slice(&bytes).expect("review");
+        v["response"]["allowed"].as_bool()
+    };
+    assert_eq!(ask().await, Some(false), "3 -> 2 is refused");
+    // Edit: drop the removal rules. The new table serves within a few reload intervals.
+    std::fs::write(rules_dir.join("removal.rules"), "allow apply worker\n").expect("edit");
+    let mut reloaded = false;
+    for _ in 0..50 {
+        if ask().await == Some(true) {
+            reloaded = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(reloaded, "the edited rules took effect without a restart");
+    // A broken edit is rejected: the last good table keeps answering.
+    std::fs::write(
+        rules_dir.join("removal.rules"),
+        "rule broken refuse remove controlplane when nope say \"x\"\n",
+    )
+    .expect("break");
+    let mut rejected = false;
+    for _ in 0..50 {
+        let (_, bytes, _) =
+            https_trusting(listen, &ca, "GET", "/metrics", "text/plain", Vec::new()).await;
+        if String::from_utf8_lossy(&bytes)
+            .contains("ichor_rules_rules_reloads_total{result=\"rejected\"} 1")
+        {
+            rejected = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(rejected, "the broken edit was counted as rejected");
+    assert_eq!(ask().await, Some(true), "the last good table still decides");
+}
