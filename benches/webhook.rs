@@ -9,53 +9,31 @@
 #[allow(dead_code)]
 #[path = "../tests/support/apiserver.rs"]
 mod apiserver;
+#[allow(dead_code)]
+#[path = "../tests/support/https.rs"]
+mod https;
 
 use apiserver::ApiServer;
-use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::CertificateDer;
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
-
-async fn connect(addr: SocketAddr, ca: &CertificateDer<'static>) -> Sender {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(ca.clone()).expect("trust");
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let _ = tcp.set_nodelay(true);
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(ServerName::try_from("127.0.0.1").expect("name"), tcp)
-        .await
-        .expect("handshake");
-    let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
-        .await
-        .expect("http");
-    tokio::spawn(conn);
-    send
+async fn connect(addr: SocketAddr, ca: &CertificateDer<'static>) -> https::Sender {
+    https::connect(addr, ca).await.0
 }
 
-async fn post(send: &mut Sender, body: &Bytes) -> Value {
-    send.ready().await.expect("ready");
-    let req = hyper::Request::builder()
-        .method("POST")
-        .uri("/validate/talosmachines")
-        .header("host", "127.0.0.1")
-        .header("content-type", "application/json")
-        .body(Full::new(body.clone()))
-        .expect("request");
-    let resp = send.send_request(req).await.expect("response");
-    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+async fn post(send: &mut https::Sender, body: &Bytes) -> Value {
+    let (_, bytes) = https::request(
+        send,
+        "POST",
+        "/validate/talosmachines",
+        "application/json",
+        body.clone(),
+    )
+    .await;
     serde_json::from_slice(&bytes).expect("json")
 }
 
@@ -142,10 +120,7 @@ async fn main() {
     // `cargo bench` passes `--bench`; any other filter argument is ignored.
     let dir = std::env::temp_dir().join(format!("ichor-webhook-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
-    let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).expect("cert");
-    std::fs::write(dir.join("tls.crt"), ck.cert.pem()).expect("cert");
-    std::fs::write(dir.join("tls.key"), ck.signing_key.serialize_pem()).expect("key");
-    let ca = ck.cert.der().clone();
+    let ca = https::write_cert(&dir);
 
     let api = ApiServer::start().await;
     api.insert(json!({
@@ -165,6 +140,7 @@ async fn main() {
         .arg("--tls-key")
         .arg(dir.join("tls.key"))
         .env("RUST_LOG", "warn")
+        .stderr(std::process::Stdio::null())
         .spawn()
         .expect("start ichor-rules serve");
     let pid = child.id();

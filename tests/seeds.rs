@@ -17,6 +17,9 @@
 #[allow(dead_code)]
 #[path = "support/apiserver.rs"]
 mod apiserver;
+#[allow(dead_code)]
+#[path = "support/https.rs"]
+mod https;
 
 use ichor_rules::compile::Table;
 use ichor_rules::interp::Decision;
@@ -389,9 +392,7 @@ fn live() -> &'static Live {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("seeds-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
-        let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).expect("cert");
-        std::fs::write(dir.join("tls.crt"), ck.cert.pem()).expect("cert");
-        std::fs::write(dir.join("tls.key"), ck.signing_key.serialize_pem()).expect("key");
+        let ca = https::write_cert(&dir);
         let (api, addr) = rt.block_on(async {
             let api = apiserver::ApiServer::start().await;
             let rules = std::sync::Arc::new(Rules::new(vec![
@@ -424,7 +425,7 @@ fn live() -> &'static Live {
             rt,
             api,
             addr,
-            ca: ck.cert.der().clone(),
+            ca,
             next: Default::default(),
         }
     })
@@ -441,7 +442,6 @@ fn renamespace(v: &Value, ns: &str) -> Value {
 
 /// The webhook's answer to `review` with `objects` live in a fresh namespace.
 fn webhook_answer(objects: &[Value], review: &Value) -> Value {
-    use http_body_util::BodyExt;
     let l = live();
     let ns = format!(
         "seed-{}",
@@ -496,42 +496,16 @@ fn webhook_answer(objects: &[Value], review: &Value) -> Value {
                     .map(|_| ()),
             };
         }
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(l.ca.clone()).expect("trust");
-        let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .expect("versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        let tcp = tokio::net::TcpStream::connect(l.addr)
-            .await
-            .expect("connect");
-        let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
-            .connect(
-                rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name"),
-                tcp,
-            )
-            .await
-            .expect("handshake");
-        let (mut send, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
-                .await
-                .expect("http");
-        tokio::spawn(conn);
-        let req = hyper::Request::builder()
-            .method("POST")
-            .uri("/validate/talosmachines")
-            .header("host", "127.0.0.1")
-            .header("content-type", "application/json")
-            .body(http_body_util::Full::new(hyper::body::Bytes::from(
-                serde_json::to_vec(&review).expect("json"),
-            )))
-            .expect("request");
-        let resp = send.send_request(req).await.expect("response");
-        assert_eq!(resp.status(), 200);
-        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        let (mut send, _) = https::connect(l.addr, &l.ca).await;
+        let (status, bytes) = https::request(
+            &mut send,
+            "POST",
+            "/validate/talosmachines",
+            "application/json",
+            serde_json::to_vec(&review).expect("json").into(),
+        )
+        .await;
+        assert_eq!(status, 200);
         serde_json::from_slice(&bytes).expect("an AdmissionReview")
     })
 }

@@ -4,16 +4,19 @@
 #[allow(dead_code)]
 #[path = "support/apiserver.rs"]
 mod apiserver;
+#[allow(dead_code)]
+#[path = "support/https.rs"]
+mod https;
 
 use apiserver::ApiServer;
-use http_body_util::{BodyExt, Full};
+use https::write_cert;
 use hyper::body::Bytes;
 use ichor_rules::runtime::live::LiveReader;
 use ichor_rules::runtime::metrics::Metrics;
 use ichor_rules::runtime::reload::{Reload, Rules};
 use ichor_rules::runtime::tls::ReloadingCert;
 use ichor_rules::runtime::webhook::{Webhook, router, serve_tls};
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::CertificateDer;
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -32,15 +35,6 @@ fn scratch(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("scratch dir");
     dir
-}
-
-/// A serving certificate for 127.0.0.1, written to `dir`; returns the CA to trust.
-fn write_cert(dir: &std::path::Path) -> CertificateDer<'static> {
-    let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])
-        .expect("certificate");
-    std::fs::write(dir.join("tls.crt"), ck.cert.pem()).expect("write cert");
-    std::fs::write(dir.join("tls.key"), ck.signing_key.serialize_pem()).expect("write key");
-    ck.cert.der().clone()
 }
 
 struct Harness {
@@ -116,48 +110,10 @@ async fn https_trusting(
     content_type: &str,
     body: Vec<u8>,
 ) -> (u16, Vec<u8>, CertificateDer<'static>) {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(ca.clone()).expect("trust the CA");
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let server_name = ServerName::try_from("127.0.0.1").expect("name");
-    let tls = connector
-        .connect(server_name, tcp)
-        .await
-        .expect("TLS handshake");
-    let peer = tls
-        .get_ref()
-        .1
-        .peer_certificates()
-        .and_then(|c| c.first().cloned())
-        .expect("server certificate");
-    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
-        .await
-        .expect("http handshake");
-    tokio::spawn(conn);
-    let req = hyper::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", "127.0.0.1")
-        .header("content-type", content_type)
-        .body(Full::new(Bytes::from(body)))
-        .expect("request");
-    let resp = send.send_request(req).await.expect("response");
-    let status = resp.status().as_u16();
-    let bytes = resp
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes()
-        .to_vec();
-    (status, bytes, peer.into_owned())
+    let (mut send, peer) = https::connect(addr, ca).await;
+    let (status, bytes) =
+        https::request(&mut send, method, path, content_type, Bytes::from(body)).await;
+    (status, bytes.to_vec(), peer)
 }
 
 async fn review(h: &Harness, body: &Value) -> Value {
