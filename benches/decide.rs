@@ -38,18 +38,7 @@ fn shipped_table() -> Table {
 /// The rules of one event overlap, so many subsume others (the lint reports each pair).
 /// With `distinct`, each rule also names its own cluster, so no rule subsumes another.
 fn generated(rules: usize, distinct: bool) -> SourceFile {
-    const KINDS: &[&str] = &[
-        "upgrade",
-        "kubernetes-upgrade",
-        "ichor",
-        "reboot",
-        "reset",
-        "shutdown",
-        "etcd-snapshot",
-        "etcd-restore",
-        "rotate-ca",
-        "rollback",
-    ];
+    const KINDS: &[&str] = ichor_rules::vocab::OPERATION_KINDS;
     let mut s = String::from(
         "# generated for benches/decide.rs\n\
          let after = approved - 1\n\

@@ -171,10 +171,6 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
         self.cache.store(fact.slot(), value);
     }
 
-    pub fn facts_mut(&mut self) -> &mut F {
-        &mut self.cache.facts
-    }
-
     /// The matching rows of one (verb, subject, site), in source order. The hot path: no
     /// allocation unless something matches.
     pub fn matches(&mut self, event: Event) -> Result<Vec<Hit>, Interrupt> {
