@@ -8,5 +8,6 @@ pub mod live;
 pub mod metrics;
 pub mod objects;
 pub mod reload;
+pub mod talos;
 pub mod tls;
 pub mod webhook;

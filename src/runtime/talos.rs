@@ -1,0 +1,734 @@
+//! The Talos machine API client: etcd membership, leadership, reset and version over gRPC
+//! with mutual TLS, as `talosctl` speaks it.
+//!
+//! The wire types come from `proto/` (a subset of Talos' own `.proto` files, generated at
+//! build time). Every response carries one entry per node, and each entry may carry the
+//! node's own error even when the call itself succeeded; every call here checks them. A
+//! failure is either [`TalosError::Unreachable`] (no answer: dial failure, TLS refusal,
+//! deadline, `Unavailable`) or [`TalosError::Failed`] (the node answered with an error).
+
+use base64::Engine as _;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+use tonic::Code;
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+/// The generated protobuf types, gRPC client and gRPC server of the machine API.
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod proto {
+    /// Talos' `common` package: per-node metadata.
+    pub mod common {
+        tonic::include_proto!("common");
+    }
+    /// The `google.rpc` status carried in the metadata.
+    pub mod google {
+        /// `google.rpc`.
+        pub mod rpc {
+            tonic::include_proto!("google.rpc");
+        }
+    }
+    /// Talos' `machine` package: `MachineService`.
+    pub mod machine {
+        tonic::include_proto!("machine");
+    }
+}
+
+use proto::common::Metadata;
+use proto::machine as pb;
+use proto::machine::machine_service_client::MachineServiceClient;
+
+/// The port apid listens on; appended to endpoints that name none.
+pub const APID_PORT: u16 = 50000;
+
+/// The gRPC metadata key that makes apid proxy a request to one node.
+pub const NODE_METADATA_KEY: &str = "node";
+
+/// A failed Talos API call or unusable Talos configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum TalosError {
+    /// The talosconfig, the TLS material or the endpoint cannot be used.
+    #[error("talos config: {0}")]
+    Config(String),
+    /// No answer from the node: the dial failed, TLS was refused, the deadline passed, or
+    /// the node (or the proxy on its behalf) reported it unavailable.
+    #[error("Talos API {} unreachable: {detail}", describe(.endpoint, .node))]
+    Unreachable {
+        /// The endpoint dialled (`host:port`).
+        endpoint: String,
+        /// The node the request was meant for, when it was proxied through the endpoint.
+        node: Option<String>,
+        /// Why: the dial or transport error, or the deadline.
+        detail: String,
+    },
+    /// The node answered with an error.
+    #[error("Talos API {} failed: {code:?}: {message}", describe(.endpoint, .node))]
+    Failed {
+        /// The endpoint dialled (`host:port`).
+        endpoint: String,
+        /// The node that answered, when the request was proxied through the endpoint.
+        node: Option<String>,
+        /// The gRPC code of the failure.
+        code: Code,
+        /// The node's error message.
+        message: String,
+    },
+}
+
+fn describe(endpoint: &str, node: &Option<String>) -> String {
+    match node {
+        Some(node) => format!("of node {node} (through {endpoint})"),
+        None => format!("at {endpoint}"),
+    }
+}
+
+impl TalosError {
+    /// A stable, low-cardinality label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            TalosError::Config(_) => "config",
+            TalosError::Unreachable { .. } => "unreachable",
+            TalosError::Failed { .. } => "failed",
+        }
+    }
+
+    /// Whether the node did not answer (as opposed to answering with an error).
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, TalosError::Unreachable { .. })
+    }
+}
+
+/// The TLS material of a talosconfig context: the cluster CA (to verify the node) and the
+/// client certificate and key (to present to it), all PEM.
+#[derive(Clone)]
+pub struct TalosTls {
+    ca: Vec<u8>,
+    crt: Vec<u8>,
+    key: Vec<u8>,
+}
+
+impl fmt::Debug for TalosTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TalosTls")
+            .field("ca", &format_args!("{} bytes", self.ca.len()))
+            .field("crt", &format_args!("{} bytes", self.crt.len()))
+            .field("key", &"<redacted>")
+            .finish()
+    }
+}
+
+impl TalosTls {
+    /// The TLS material of the current context of a talosconfig (`context:`), or of the
+    /// named one.
+    pub fn from_talosconfig(yaml: &str, context: Option<&str>) -> Result<TalosTls, TalosError> {
+        TalosContext::from_talosconfig(yaml, context).map(|c| c.tls)
+    }
+
+    /// TLS material from PEM: the CA certificate(s), the client certificate (chain) and its
+    /// private key. Talos writes Ed25519 keys with the label `ED25519 PRIVATE KEY` around
+    /// PKCS#8 bytes; those are accepted too.
+    pub fn from_pem(ca: &[u8], crt: &[u8], key: &[u8]) -> Result<TalosTls, TalosError> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+        let certs = |what: &str, pem: &[u8]| -> Result<(), TalosError> {
+            let mut n = 0;
+            for cert in CertificateDer::pem_slice_iter(pem) {
+                cert.map_err(|e| {
+                    TalosError::Config(format!("{what}: not a PEM certificate: {e}"))
+                })?;
+                n += 1;
+            }
+            if n == 0 {
+                return Err(TalosError::Config(format!(
+                    "{what}: no PEM certificate found"
+                )));
+            }
+            Ok(())
+        };
+        certs("ca", ca)?;
+        certs("crt", crt)?;
+        let key = normalize_key_label(key);
+        PrivateKeyDer::from_pem_slice(&key)
+            .map_err(|e| TalosError::Config(format!("key: not a PEM private key: {e}")))?;
+        Ok(TalosTls {
+            ca: ca.to_vec(),
+            crt: crt.to_vec(),
+            key,
+        })
+    }
+}
+
+/// Rewrites Talos' `ED25519 PRIVATE KEY` PEM label (PKCS#8 content) to `PRIVATE KEY`.
+fn normalize_key_label(key: &[u8]) -> Vec<u8> {
+    let Ok(text) = std::str::from_utf8(key) else {
+        return key.to_vec();
+    };
+    text.replace("BEGIN ED25519 PRIVATE KEY", "BEGIN PRIVATE KEY")
+        .replace("END ED25519 PRIVATE KEY", "END PRIVATE KEY")
+        .into_bytes()
+}
+
+/// One context of a talosconfig: where to dial, which nodes it addresses, and the TLS
+/// material.
+#[derive(Clone, Debug)]
+pub struct TalosContext {
+    /// The context's name.
+    pub name: String,
+    /// Endpoints to dial (`host` or `host:port`).
+    pub endpoints: Vec<String>,
+    /// Default target nodes.
+    pub nodes: Vec<String>,
+    /// CA, client certificate and key.
+    pub tls: TalosTls,
+}
+
+#[derive(Deserialize)]
+struct RawConfig {
+    #[serde(default)]
+    context: Option<String>,
+    #[serde(default)]
+    contexts: BTreeMap<String, Option<RawContext>>,
+}
+
+#[derive(Deserialize)]
+struct RawContext {
+    #[serde(default)]
+    endpoints: Vec<String>,
+    #[serde(default)]
+    nodes: Vec<String>,
+    #[serde(default)]
+    ca: Option<String>,
+    #[serde(default)]
+    crt: Option<String>,
+    #[serde(default)]
+    key: Option<String>,
+}
+
+impl TalosContext {
+    /// Reads a talosconfig (`context: <current>`, `contexts: {<name>: {endpoints, nodes,
+    /// ca, crt, key}}` with base64 PEM) and returns the current context, or the named one.
+    pub fn from_talosconfig(yaml: &str, context: Option<&str>) -> Result<TalosContext, TalosError> {
+        let raw: RawConfig = serde_yaml::from_str(yaml).map_err(|e| {
+            TalosError::Config(format!(
+                "talosconfig is not valid YAML of the expected shape: {e}"
+            ))
+        })?;
+        let name = match context {
+            Some(name) => name.to_string(),
+            None => raw.context.filter(|c| !c.is_empty()).ok_or_else(|| {
+                TalosError::Config("talosconfig names no current context (`context:`)".into())
+            })?,
+        };
+        let known = || {
+            raw.contexts
+                .keys()
+                .map(|k| format!("`{k}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let ctx = match raw.contexts.get(&name) {
+            Some(Some(ctx)) => ctx,
+            Some(None) => {
+                return Err(TalosError::Config(format!(
+                    "talosconfig context `{name}` is empty"
+                )));
+            }
+            None => {
+                return Err(TalosError::Config(format!(
+                    "talosconfig has no context `{name}` (contexts: {})",
+                    if raw.contexts.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known()
+                    }
+                )));
+            }
+        };
+        let field = |what: &str, value: &Option<String>| -> Result<Vec<u8>, TalosError> {
+            let value = value
+                .as_deref()
+                .filter(|v| !v.trim().is_empty())
+                .ok_or_else(|| {
+                    TalosError::Config(format!("talosconfig context `{name}` has no `{what}`"))
+                })?;
+            let compact: String = value.chars().filter(|c| !c.is_whitespace()).collect();
+            base64::engine::general_purpose::STANDARD
+                .decode(compact.as_bytes())
+                .map_err(|e| {
+                    TalosError::Config(format!(
+                        "talosconfig context `{name}`: `{what}` is not base64: {e}"
+                    ))
+                })
+        };
+        let ca = field("ca", &ctx.ca)?;
+        let crt = field("crt", &ctx.crt)?;
+        let key = field("key", &ctx.key)?;
+        let tls = TalosTls::from_pem(&ca, &crt, &key).map_err(|e| match e {
+            TalosError::Config(m) => {
+                TalosError::Config(format!("talosconfig context `{name}`: {m}"))
+            }
+            other => other,
+        })?;
+        Ok(TalosContext {
+            name,
+            endpoints: ctx.endpoints.clone(),
+            nodes: ctx.nodes.clone(),
+            tls,
+        })
+    }
+}
+
+/// An etcd member as a Talos node lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdMember {
+    /// The etcd member ID.
+    pub id: u64,
+    /// The member name (the node's hostname).
+    pub hostname: String,
+    /// Peer URLs.
+    pub peer_urls: Vec<String>,
+    /// Client URLs (empty until the member first started).
+    pub client_urls: Vec<String>,
+    /// A learner (non-voting) member.
+    pub is_learner: bool,
+}
+
+/// The status of one node's etcd member.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdStatus {
+    /// This member's ID.
+    pub member_id: u64,
+    /// The leader's member ID as this member sees it; 0 when it sees no leader.
+    pub leader: u64,
+    /// The etcd server version.
+    pub protocol_version: String,
+    /// Database size in bytes.
+    pub db_size: i64,
+    /// Logically used database bytes.
+    pub db_size_in_use: i64,
+    /// Raft index.
+    pub raft_index: u64,
+    /// Raft term.
+    pub raft_term: u64,
+    /// Applied raft index.
+    pub raft_applied_index: u64,
+    /// Errors and alarms the member reports.
+    pub errors: Vec<String>,
+    /// A learner (non-voting) member.
+    pub is_learner: bool,
+}
+
+impl EtcdStatus {
+    /// Whether this member sees a leader.
+    pub fn has_leader(&self) -> bool {
+        self.leader != 0
+    }
+
+    /// Whether this member is the leader.
+    pub fn is_leader(&self) -> bool {
+        self.leader != 0 && self.leader == self.member_id
+    }
+}
+
+/// A Talos machine API client over one mTLS connection to one endpoint. Cheap to clone;
+/// clones share the connection.
+#[derive(Clone)]
+pub struct TalosClient {
+    inner: MachineServiceClient<Channel>,
+    endpoint: Arc<str>,
+    node: Option<Arc<str>>,
+    timeout: Duration,
+}
+
+impl fmt::Debug for TalosClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TalosClient")
+            .field("endpoint", &self.endpoint)
+            .field("node", &self.node)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+/// Splits `host`, `host:port`, `[v6]:port` or a bare IPv6 address into host and port.
+fn split_endpoint(endpoint: &str) -> Result<(String, u16), TalosError> {
+    let endpoint = endpoint.trim();
+    let bad = |why: &str| TalosError::Config(format!("endpoint `{endpoint}`: {why}"));
+    if endpoint.is_empty() {
+        return Err(bad("empty"));
+    }
+    if endpoint.contains("://") || endpoint.contains('/') {
+        return Err(bad("expected `host` or `host:port`, not a URL"));
+    }
+    let port = |p: &str| {
+        p.parse::<u16>()
+            .map_err(|_| bad("the port is not a number from 1 to 65535"))
+    };
+    if let Some(rest) = endpoint.strip_prefix('[') {
+        let (host, tail) = rest.split_once(']').ok_or_else(|| bad("unclosed `[`"))?;
+        let p = match tail {
+            "" => APID_PORT,
+            t => port(
+                t.strip_prefix(':')
+                    .ok_or_else(|| bad("expected `:port` after `]`"))?,
+            )?,
+        };
+        return Ok((host.to_string(), p));
+    }
+    if endpoint.parse::<std::net::Ipv6Addr>().is_ok() {
+        return Ok((endpoint.to_string(), APID_PORT));
+    }
+    match endpoint.rsplit_once(':') {
+        Some((host, p)) if !host.is_empty() => Ok((host.to_string(), port(p)?)),
+        Some(_) => Err(bad("no host")),
+        None => Ok((endpoint.to_string(), APID_PORT)),
+    }
+}
+
+impl TalosClient {
+    /// A client of the Talos API at `endpoint` (`host` or `host:port`; port 50000 when
+    /// missing). It connects lazily, on the first call, verifying the node's certificate
+    /// against the CA and the endpoint's IP or name, and presenting the client certificate.
+    /// `timeout` bounds each call (and the dial). Must be called within a Tokio runtime.
+    pub fn new(
+        endpoint: &str,
+        tls: &TalosTls,
+        timeout: Duration,
+    ) -> Result<TalosClient, TalosError> {
+        let (host, port) = split_endpoint(endpoint)?;
+        let authority = if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        };
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(TalosError::Config(
+                "TalosClient::new needs a Tokio runtime".into(),
+            ));
+        }
+        let tls_config = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&tls.ca))
+            .identity(Identity::from_pem(&tls.crt, &tls.key))
+            .domain_name(host.clone());
+        let channel = Endpoint::from_shared(format!("https://{authority}"))
+            .map_err(|e| TalosError::Config(format!("endpoint `{endpoint}`: {e}")))?
+            .tls_config(tls_config)
+            .map_err(|e| TalosError::Config(format!("TLS for `{endpoint}`: {}", chain(&e))))?
+            .connect_timeout(timeout)
+            .timeout(timeout)
+            .connect_lazy();
+        Ok(TalosClient {
+            inner: MachineServiceClient::new(channel),
+            endpoint: authority.into(),
+            node: None,
+            timeout,
+        })
+    }
+
+    /// The same connection, with every request proxied by the endpoint's apid to `node`
+    /// (gRPC metadata `node: <node>`).
+    pub fn with_node(&self, node: &str) -> TalosClient {
+        TalosClient {
+            node: Some(node.into()),
+            ..self.clone()
+        }
+    }
+
+    /// The endpoint dialled, as `host:port`.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The node requests are proxied to, if any.
+    pub fn node(&self) -> Option<&str> {
+        self.node.as_deref()
+    }
+
+    /// The node's Talos version tag, e.g. `v1.9.0`.
+    pub async fn version(&self) -> Result<String, TalosError> {
+        let resp = self
+            .call(|mut c, r| async move { c.version(r).await }, ())
+            .await?;
+        let entry = self.single(resp.messages, |m| m.metadata.as_ref())?;
+        Ok(entry.version.map(|v| v.tag).unwrap_or_default())
+    }
+
+    /// The etcd members, as this node's etcd lists them.
+    pub async fn etcd_member_list(&self) -> Result<Vec<EtcdMember>, TalosError> {
+        let req = pb::EtcdMemberListRequest { query_local: false };
+        let resp = self
+            .call(|mut c, r| async move { c.etcd_member_list(r).await }, req)
+            .await?;
+        let entry = self.single(resp.messages, |m| m.metadata.as_ref())?;
+        Ok(entry
+            .members
+            .into_iter()
+            .map(|m| EtcdMember {
+                id: m.id,
+                hostname: m.hostname,
+                peer_urls: m.peer_urls,
+                client_urls: m.client_urls,
+                is_learner: m.is_learner,
+            })
+            .collect())
+    }
+
+    /// The status of this node's etcd member.
+    pub async fn etcd_status(&self) -> Result<EtcdStatus, TalosError> {
+        let resp = self
+            .call(|mut c, r| async move { c.etcd_status(r).await }, ())
+            .await?;
+        let entry = self.single(resp.messages, |m| m.metadata.as_ref())?;
+        let s = entry.member_status.ok_or_else(|| {
+            self.failed(Code::Internal, "the status entry carries no member status")
+        })?;
+        Ok(EtcdStatus {
+            member_id: s.member_id,
+            leader: s.leader,
+            protocol_version: s.protocol_version,
+            db_size: s.db_size,
+            db_size_in_use: s.db_size_in_use,
+            raft_index: s.raft_index,
+            raft_term: s.raft_term,
+            raft_applied_index: s.raft_applied_index,
+            errors: s.errors,
+            is_learner: s.is_learner,
+        })
+    }
+
+    /// Moves etcd leadership away from this node's member if it leads; returns the name of
+    /// the member that gave up leadership (empty when this member did not lead).
+    pub async fn etcd_forfeit_leadership(&self) -> Result<String, TalosError> {
+        let resp = self
+            .call(
+                |mut c, r| async move { c.etcd_forfeit_leadership(r).await },
+                pb::EtcdForfeitLeadershipRequest {},
+            )
+            .await?;
+        let entry = self.single(resp.messages, |m| m.metadata.as_ref())?;
+        Ok(entry.member)
+    }
+
+    /// Makes this node's etcd member leave the cluster (and stop).
+    pub async fn etcd_leave_cluster(&self) -> Result<(), TalosError> {
+        let resp = self
+            .call(
+                |mut c, r| async move { c.etcd_leave_cluster(r).await },
+                pb::EtcdLeaveClusterRequest {},
+            )
+            .await?;
+        self.check_all(&resp.messages, |m| m.metadata.as_ref())
+    }
+
+    /// Removes the etcd member `id` through this node (for members with no live node).
+    pub async fn etcd_remove_member_by_id(&self, id: u64) -> Result<(), TalosError> {
+        let resp = self
+            .call(
+                |mut c, r| async move { c.etcd_remove_member_by_id(r).await },
+                pb::EtcdRemoveMemberByIdRequest { member_id: id },
+            )
+            .await?;
+        self.check_all(&resp.messages, |m| m.metadata.as_ref())
+    }
+
+    /// Resets the node: `graceful` leaves etcd first; `reboot` reboots afterwards (else
+    /// halts). System disk and user disks are wiped (Talos' default mode).
+    pub async fn reset(&self, graceful: bool, reboot: bool) -> Result<(), TalosError> {
+        let req = pb::ResetRequest {
+            graceful,
+            reboot,
+            ..Default::default()
+        };
+        let resp = self
+            .call(|mut c, r| async move { c.reset(r).await }, req)
+            .await?;
+        self.check_all(&resp.messages, |m| m.metadata.as_ref())
+    }
+
+    /// Sends one request with the node metadata and the deadline; maps failures.
+    async fn call<Req, Resp, F, Fut>(&self, f: F, message: Req) -> Result<Resp, TalosError>
+    where
+        F: FnOnce(MachineServiceClient<Channel>, tonic::Request<Req>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+    {
+        let mut request = tonic::Request::new(message);
+        request.set_timeout(self.timeout);
+        if let Some(node) = &self.node {
+            let value = MetadataValue::try_from(&**node).map_err(|_| {
+                TalosError::Config(format!("node `{node}` is not a valid gRPC metadata value"))
+            })?;
+            request.metadata_mut().insert(NODE_METADATA_KEY, value);
+        }
+        match tokio::time::timeout(self.timeout, f(self.inner.clone(), request)).await {
+            Err(_) => Err(self.unreachable(format!(
+                "no answer within {:?} (deadline exceeded)",
+                self.timeout
+            ))),
+            Ok(Ok(resp)) => Ok(resp.into_inner()),
+            Ok(Err(status)) => Err(self.from_status(&status)),
+        }
+    }
+
+    fn from_status(&self, status: &tonic::Status) -> TalosError {
+        let mut detail = status.message().to_string();
+        if let Some(source) = std::error::Error::source(status) {
+            let chain = chain(source);
+            if !chain.is_empty() && !detail.contains(&chain) {
+                if !detail.is_empty() {
+                    detail.push_str(": ");
+                }
+                detail.push_str(&chain);
+            }
+        }
+        match status.code() {
+            Code::Unavailable | Code::DeadlineExceeded => self.unreachable(detail),
+            // A transport failure (dial, TLS) surfaces as Unknown with a transport source.
+            Code::Unknown if std::error::Error::source(status).is_some() => {
+                self.unreachable(detail)
+            }
+            code => TalosError::Failed {
+                endpoint: self.endpoint.to_string(),
+                node: self.node.as_deref().map(str::to_string),
+                code,
+                message: detail,
+            },
+        }
+    }
+
+    fn unreachable(&self, detail: String) -> TalosError {
+        TalosError::Unreachable {
+            endpoint: self.endpoint.to_string(),
+            node: self.node.as_deref().map(str::to_string),
+            detail,
+        }
+    }
+
+    fn failed(&self, code: Code, message: &str) -> TalosError {
+        TalosError::Failed {
+            endpoint: self.endpoint.to_string(),
+            node: self.node.as_deref().map(str::to_string),
+            code,
+            message: message.to_string(),
+        }
+    }
+
+    /// The per-node error of one response entry, if it carries one.
+    fn entry_error(&self, metadata: Option<&Metadata>) -> Option<TalosError> {
+        let metadata = metadata?;
+        let status = metadata.status.as_ref().filter(|s| s.code != 0);
+        if metadata.error.is_empty() && status.is_none() {
+            return None;
+        }
+        let code = status.map_or(Code::Unknown, |s| Code::from_i32(s.code));
+        let message = if metadata.error.is_empty() {
+            status.map(|s| s.message.clone()).unwrap_or_default()
+        } else {
+            metadata.error.clone()
+        };
+        let node = if metadata.hostname.is_empty() {
+            self.node.as_deref().map(str::to_string)
+        } else {
+            Some(metadata.hostname.clone())
+        };
+        let endpoint = self.endpoint.to_string();
+        Some(match code {
+            Code::Unavailable | Code::DeadlineExceeded => TalosError::Unreachable {
+                endpoint,
+                node,
+                detail: message,
+            },
+            code => TalosError::Failed {
+                endpoint,
+                node,
+                code,
+                message,
+            },
+        })
+    }
+
+    fn check_all<M>(
+        &self,
+        messages: &[M],
+        metadata: impl Fn(&M) -> Option<&Metadata>,
+    ) -> Result<(), TalosError> {
+        match messages.iter().find_map(|m| self.entry_error(metadata(m))) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn single<M>(
+        &self,
+        messages: Vec<M>,
+        metadata: impl Fn(&M) -> Option<&Metadata>,
+    ) -> Result<M, TalosError> {
+        self.check_all(&messages, &metadata)?;
+        messages
+            .into_iter()
+            .next()
+            .ok_or_else(|| self.failed(Code::Internal, "the response carries no entry"))
+    }
+}
+
+/// An error and its sources, joined with `: `.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_get_the_apid_port_when_missing() {
+        assert_eq!(
+            split_endpoint("10.0.0.5").unwrap(),
+            ("10.0.0.5".into(), 50000)
+        );
+        assert_eq!(
+            split_endpoint("10.0.0.5:50001").unwrap(),
+            ("10.0.0.5".into(), 50001)
+        );
+        assert_eq!(
+            split_endpoint("cp-1.example").unwrap(),
+            ("cp-1.example".into(), 50000)
+        );
+        assert_eq!(
+            split_endpoint("fd00::5").unwrap(),
+            ("fd00::5".into(), 50000)
+        );
+        assert_eq!(
+            split_endpoint("[fd00::5]:1234").unwrap(),
+            ("fd00::5".into(), 1234)
+        );
+        assert_eq!(
+            split_endpoint("[fd00::5]").unwrap(),
+            ("fd00::5".into(), 50000)
+        );
+        for bad in [
+            "",
+            "https://10.0.0.5",
+            "10.0.0.5:x",
+            "10.0.0.5:70000",
+            ":5",
+            "[fd00::5",
+        ] {
+            let err = split_endpoint(bad).unwrap_err();
+            assert!(matches!(err, TalosError::Config(_)), "{bad}: {err}");
+        }
+    }
+}
