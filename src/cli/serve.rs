@@ -1,9 +1,11 @@
 //! `ichor-rules serve`: the admission webhook over HTTPS, deciding from live reads.
 
 use super::{EXIT_BAD_INPUT, EXIT_OK};
+use crate::runtime::controller::{Context, Settings, leader};
 use crate::runtime::live::LiveReader;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::reload::{Reload, Rules};
+use crate::runtime::talos::TalosTls;
 use crate::runtime::tls::ReloadingCert;
 use crate::runtime::webhook::{Webhook, router, serve_tls};
 use clap::{Args, ValueEnum};
@@ -46,6 +48,20 @@ pub struct ServeArgs {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// This replica's identity for leader election and events (in a cluster: the pod name).
+    #[arg(long, env = "POD_NAME", default_value = "ichor-rules")]
+    pub identity: String,
+    /// The namespace of the leader-election Lease (in a cluster: the operator's namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub lease_namespace: String,
+    /// A talosconfig file (the mounted Secret) whose current context's CA and client
+    /// certificate the controller dials the Talos API with. Without it, nodes are not
+    /// probed and a removal waits at its first Talos step.
+    #[arg(long)]
+    pub talosconfig: Option<PathBuf>,
+    /// Serve the webhook only; do not run the controller.
+    #[arg(long)]
+    pub no_controller: bool,
 }
 
 pub fn run(args: &ServeArgs) -> u8 {
@@ -135,6 +151,42 @@ async fn serve(args: &ServeArgs) -> u8 {
         }
     };
     tracing::info!(listen = %args.listen, "serving the admission webhook");
+    let controller = if args.no_controller {
+        None
+    } else {
+        let talos = match &args.talosconfig {
+            None => None,
+            Some(path) => match std::fs::read_to_string(path)
+                .map_err(|e| e.to_string())
+                .and_then(|y| TalosTls::from_talosconfig(&y, None).map_err(|e| e.to_string()))
+            {
+                Ok(t) => Some(Arc::new(t)),
+                Err(e) => {
+                    eprintln!("error: --talosconfig {}: {e}", path.display());
+                    return EXIT_BAD_INPUT;
+                }
+            },
+        };
+        let settings = Settings {
+            identity: args.identity.clone(),
+            lease_namespace: args.lease_namespace.clone(),
+            read_timeout: Duration::from_millis(args.read_timeout_ms),
+            ..Settings::default()
+        };
+        let ctx = Arc::new(Context::new(
+            client.clone(),
+            rules.clone(),
+            talos,
+            settings,
+            metrics.clone(),
+        ));
+        let leading = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let task = {
+            let (ctx, leading) = (ctx.clone(), leading.clone());
+            tokio::spawn(async move { leader::run(ctx, leading).await })
+        };
+        Some((ctx, task))
+    };
     let interval = Duration::from_millis(args.reload_interval_ms.max(100));
     let watcher = {
         let (rules, cert, state, metrics) =
@@ -181,5 +233,10 @@ async fn serve(args: &ServeArgs) -> u8 {
     };
     serve_tls(listener, tls, router(state), shutdown).await;
     watcher.abort();
+    if let Some((ctx, task)) = controller {
+        task.abort();
+        let _ = task.await;
+        leader::step_down(&ctx).await;
+    }
     EXIT_OK
 }

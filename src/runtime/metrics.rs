@@ -25,7 +25,14 @@ pub struct Metrics {
     reloads_ok: AtomicU64,
     reloads_failed: AtomicU64,
     bad_requests: AtomicU64,
+    /// (kind, ok) -> reconciles, with the total seconds they took.
+    reconciles: Mutex<BTreeMap<(&'static str, bool), Spent>>,
+    /// 1 while this replica leads (reconciles), 0 otherwise.
+    leading: AtomicU64,
 }
+
+/// How many, and how many seconds in all.
+type Spent = (u64, f64);
 
 fn bump<K: Ord>(m: &Mutex<BTreeMap<K, u64>>, k: K) {
     if let Ok(mut m) = m.lock() {
@@ -63,6 +70,18 @@ impl Metrics {
         } else {
             self.reloads_failed.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    pub fn reconcile(&self, kind: &'static str, ok: bool, took: Duration) {
+        if let Ok(mut m) = self.reconciles.lock() {
+            let e = m.entry((kind, ok)).or_insert((0, 0.0));
+            e.0 += 1;
+            e.1 += took.as_secs_f64();
+        }
+    }
+
+    pub fn set_leading(&self, leading: bool) {
+        self.leading.store(u64::from(leading), Ordering::Relaxed);
     }
 
     pub fn bad_request(&self) {
@@ -137,6 +156,38 @@ impl Metrics {
             out,
             "# HELP ichor_rules_bad_requests_total Requests answered 400 (malformed AdmissionReview, wrong content type, oversized body).\n# TYPE ichor_rules_bad_requests_total counter\nichor_rules_bad_requests_total {}",
             self.bad_requests.load(Ordering::Relaxed)
+        );
+        let reconciles = self
+            .reconciles
+            .lock()
+            .map(|m| m.clone())
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "# HELP ichor_rules_reconciles_total Controller reconciles, by kind and result.\n# TYPE ichor_rules_reconciles_total counter"
+        );
+        for ((kind, ok), (n, _)) in &reconciles {
+            let result = if *ok { "ok" } else { "error" };
+            let _ = writeln!(
+                out,
+                "ichor_rules_reconciles_total{{kind=\"{kind}\",result=\"{result}\"}} {n}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP ichor_rules_reconcile_seconds_total Time spent reconciling, by kind and result.\n# TYPE ichor_rules_reconcile_seconds_total counter"
+        );
+        for ((kind, ok), (_, secs)) in &reconciles {
+            let result = if *ok { "ok" } else { "error" };
+            let _ = writeln!(
+                out,
+                "ichor_rules_reconcile_seconds_total{{kind=\"{kind}\",result=\"{result}\"}} {secs}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP ichor_rules_leader Whether this replica runs the controller (1) or only serves the webhook (0).\n# TYPE ichor_rules_leader gauge\nichor_rules_leader {}",
+            self.leading.load(Ordering::Relaxed)
         );
         out
     }

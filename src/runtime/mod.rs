@@ -2,6 +2,7 @@
 //! the AdmissionReview envelope, and turning requests and reconciles into events.
 
 pub mod admission;
+pub mod controller;
 pub mod decide;
 pub mod facts;
 pub mod live;

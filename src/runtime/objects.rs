@@ -114,6 +114,29 @@ pub struct MachineStatus {
     /// (reasons such as RemovalApproved, DrainFailed, DeadMemberRemoval).
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// The removal of this control plane, step by step, so a restarted controller resumes
+    /// where the last one stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub removal: Option<RemovalProgress>,
+}
+
+/// How far the removal of a control plane has come.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RemovalProgress {
+    /// Whether the removal proceeds for a dead etcd member (decided once, under the lock).
+    #[serde(default)]
+    pub member_dead: bool,
+    /// The plan steps finished so far, as the plan writes them (e.g. "drain node").
+    #[serde(default)]
+    pub done: Vec<String>,
+    /// The step started last. A Talos reset that was started is never sent twice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started: Option<String>,
+    /// Once an irreversible step ran (the member left etcd), the removal is committed: it
+    /// finishes without deciding again.
+    #[serde(default)]
+    pub committed: bool,
 }
 
 fn name_of(m: &ObjectMeta) -> &str {

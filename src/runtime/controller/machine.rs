@@ -1,0 +1,267 @@
+//! Reconciling a TalosMachine: the removal of a deleted control plane, else (in this
+//! order) the ControlPlaneOverCap hold, the removal finalizer, and reachability probes.
+
+use super::status::{self, Conditions};
+use super::{Context, ReconcileError, nodes, removal};
+use crate::runtime::decide::{decide_events, reconcile_machine_event};
+use crate::runtime::facts::Expensive;
+use crate::runtime::live::Reads;
+use crate::runtime::objects::{REMOVAL_FINALIZER, Role, TalosMachine};
+use crate::runtime::talos::TalosError;
+use crate::vocab::Verdict;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub fn has_finalizer(m: &TalosMachine) -> bool {
+    m.metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|x| x == REMOVAL_FINALIZER))
+}
+
+/// Adds or removes the removal finalizer, guarded by the resourceVersion read.
+pub async fn set_finalizer(
+    ctx: &Context,
+    m: &TalosMachine,
+    present: bool,
+) -> Result<(), kube::Error> {
+    let mut finalizers = m.metadata.finalizers.clone().unwrap_or_default();
+    finalizers.retain(|f| f != REMOVAL_FINALIZER);
+    if present {
+        finalizers.push(REMOVAL_FINALIZER.into());
+    }
+    let body = serde_json::json!({
+        "metadata": {
+            "finalizers": finalizers,
+            "resourceVersion": m.metadata.resource_version,
+        }
+    });
+    let api: Api<TalosMachine> = Api::namespaced(ctx.client.clone(), m.namespace());
+    match api
+        .patch(m.name(), &PatchParams::default(), &Patch::Merge(&body))
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Gone already: nothing holds it any more.
+        Err(kube::Error::Api(s)) if s.code == 404 && !present => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes the machine's conditions (and removal progress) when they changed.
+pub async fn write_status(
+    ctx: &Context,
+    before: &TalosMachine,
+    after: &TalosMachine,
+) -> Result<(), ReconcileError> {
+    if before.status == after.status {
+        return Ok(());
+    }
+    let st = after.status.clone().unwrap_or_default();
+    match status::patch_status::<TalosMachine>(&ctx.client, after.namespace(), after.name(), &st)
+        .await
+    {
+        Ok(()) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub async fn reconcile(m: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+    let (ns, name) = (m.namespace().to_string(), m.name().to_string());
+    // The watch only said which machine to look at: read it and its siblings live.
+    let reads = Reads {
+        machines: true,
+        clusters: true,
+        operations: true,
+    };
+    let snapshot = ctx.reader.snapshot(&ns, &[m.cluster()], reads).await?;
+    let Some(live) = snapshot.machine(&ns, &name) else {
+        return Ok(Action::await_change());
+    };
+    if live.deleting() {
+        if has_finalizer(live) {
+            return removal::run(&ctx, live).await;
+        }
+        return Ok(Action::await_change());
+    }
+    let Some(table) = ctx.rules.current() else {
+        return Err(ReconcileError::NoRules);
+    };
+    let mut next = live.clone();
+
+    // 1. Before anything else: the cap on approved control planes (ADR 0054).
+    let events: Vec<_> = reconcile_machine_event(live).into_iter().collect();
+    let (decision, _) = decide_events(&table, &snapshot, &events, Expensive::Deferred, false);
+    if let Some(verdict @ (Verdict::Hold | Verdict::Refuse)) = decision.verdict() {
+        let deciding = decision.deciding();
+        let reason = deciding
+            .iter()
+            .find_map(|f| f.reason.clone())
+            .unwrap_or_else(|| "Held".into());
+        let message = deciding
+            .iter()
+            .map(|f| f.message.as_str())
+            .collect::<Vec<_>>()
+            .join("; ");
+        for f in deciding {
+            ctx.metrics.decision(&f.rule, verdict.name());
+        }
+        if status::set(next.conditions_mut(), "Ready", false, &reason, &message) {
+            tracing::info!(machine = %format!("{ns}/{name}"), %reason, "held");
+        }
+        write_status(&ctx, live, &next).await?;
+        return Ok(Action::requeue(ctx.settings.over_cap_requeue));
+    }
+    if status::find(next.conditions_mut(), "Ready")
+        .is_some_and(|c| c.reason.as_deref() == Some("ControlPlaneOverCap"))
+    {
+        status::remove(next.conditions_mut(), "Ready");
+    }
+
+    // 2. The removal finalizer on approved control planes.
+    if live.approved_role() == Some(Role::ControlPlane) && !has_finalizer(live) {
+        set_finalizer(&ctx, live, true).await?;
+    }
+
+    // 3. Reachability of an approved machine's node.
+    let requeue = if live.approved_role().is_some() && ctx.talos.is_some() {
+        probe(&ctx, live, &mut next).await
+    } else {
+        ctx.settings.probe_interval
+    };
+    write_status(&ctx, live, &next).await?;
+    Ok(Action::requeue(requeue))
+}
+
+/// Probes the node through the Talos API and records what it found (ADR 0106 §3). Returns
+/// when to probe again.
+async fn probe(ctx: &Context, live: &TalosMachine, next: &mut TalosMachine) -> Duration {
+    let client = match nodes::client(ctx, live) {
+        Ok(c) => c,
+        Err(nodes::NodeError::NoEndpoint(_)) => return ctx.settings.probe_interval,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot probe");
+            return ctx.settings.probe_interval;
+        }
+    };
+    match client.version().await {
+        Ok(_) => {
+            status::remove(next.conditions_mut(), "NodeReachable");
+            if status::find(next.conditions_mut(), "Ready")
+                .is_some_and(|c| c.reason.as_deref() == Some("NodeUnreachable"))
+            {
+                status::remove(next.conditions_mut(), "Ready");
+            }
+            ctx.settings.probe_interval
+        }
+        Err(e) => {
+            let endpoint = live.spec.endpoint.clone().unwrap_or_default();
+            let detail = match &e {
+                TalosError::Unreachable { detail, .. } => detail.clone(),
+                other => other.to_string(),
+            };
+            let conds = next.conditions_mut();
+            let already = status::find(conds, "NodeReachable").is_some_and(|c| c.status == "False");
+            if !already {
+                status::set(
+                    conds,
+                    "NodeReachable",
+                    false,
+                    "ProbeFailed",
+                    &format!("the node at {endpoint} did not answer: {detail}"),
+                );
+            }
+            let since = status::find(conds, "NodeReachable")
+                .and_then(|c| c.last_transition_time.as_ref())
+                .map(|t| t.0)
+                .unwrap_or_else(Timestamp::now);
+            let down_for = Timestamp::now().duration_since(since);
+            let down = Duration::from_secs(u64::try_from(down_for.as_secs()).unwrap_or(0));
+            if down >= ctx.settings.unreachable_grace {
+                let mut message = format!(
+                    "the node at {endpoint} has not answered for {}: {detail}",
+                    human(down)
+                );
+                if let Some(hint) = new_address(ctx, live, &endpoint).await {
+                    message.push_str(&format!("; spec.endpoint may need updating to {hint}"));
+                }
+                status::set(conds, "Ready", false, "NodeUnreachable", &message);
+                ctx.settings.probe_interval
+            } else {
+                // Look again when the grace period ends.
+                (ctx.settings.unreachable_grace - down).max(Duration::from_millis(100))
+            }
+        }
+    }
+}
+
+fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    if s >= 3600 {
+        format!("{}h{}m", s / 3600, (s % 3600) / 60)
+    } else if s >= 60 {
+        format!("{}m{}s", s / 60, s % 60)
+    } else {
+        format!("{s}s")
+    }
+}
+
+/// The InternalIP the machine's Kubernetes Node reports, when it differs from the host
+/// dialled (with the dialled port).
+async fn new_address(ctx: &Context, m: &TalosMachine, endpoint: &str) -> Option<String> {
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let node = nodes.get_opt(nodes::node_name(m)).await.ok().flatten()?;
+    let ip = node
+        .status?
+        .addresses?
+        .into_iter()
+        .find(|a| a.type_ == "InternalIP")?
+        .address;
+    let (host, port) = split_host_port(endpoint);
+    if ip == host {
+        return None;
+    }
+    Some(match port {
+        Some(p) if ip.contains(':') => format!("[{ip}]:{p}"),
+        Some(p) => format!("{ip}:{p}"),
+        None => ip,
+    })
+}
+
+fn split_host_port(endpoint: &str) -> (&str, Option<&str>) {
+    if let Some(rest) = endpoint.strip_prefix('[')
+        && let Some((host, tail)) = rest.split_once(']')
+    {
+        return (host, tail.strip_prefix(':'));
+    }
+    match endpoint.rsplit_once(':') {
+        Some((h, p)) if !h.contains(':') => (h, Some(p)),
+        _ => (endpoint, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_and_port() {
+        assert_eq!(
+            split_host_port("10.0.0.1:50000"),
+            ("10.0.0.1", Some("50000"))
+        );
+        assert_eq!(split_host_port("10.0.0.1"), ("10.0.0.1", None));
+        assert_eq!(
+            split_host_port("[fd00::1]:50000"),
+            ("fd00::1", Some("50000"))
+        );
+        assert_eq!(split_host_port("fd00::1"), ("fd00::1", None));
+        assert_eq!(human(Duration::from_secs(75)), "1m15s");
+        assert_eq!(human(Duration::from_secs(7300)), "2h1m");
+    }
+}

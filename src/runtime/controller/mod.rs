@@ -1,0 +1,243 @@
+//! The controller: the authoritative half. It evaluates the same table as the webhook, at
+//! the controller site, against live uncached reads (the watch only says *which* object to
+//! look at), and carries out the removal plan with built-in actions.
+//!
+//! - [`machine`]: the ControlPlaneOverCap hold, the removal finalizer, reachability probes;
+//! - [`removal`]: the removal of a control plane under the cluster lock, step by step;
+//! - [`cluster`]: the Transitioning condition from the live count;
+//! - [`operation`]: parking operations while the count is even, resuming them when odd;
+//! - [`lock`]: Leases as locks; [`disruptive`] is the ONE way disruptive work takes a
+//!   cluster's lock; [`leader`]: one replica reconciles.
+
+pub mod cluster;
+pub mod disruptive;
+pub mod drain;
+pub mod leader;
+pub mod lock;
+pub mod machine;
+pub mod nodes;
+pub mod operation;
+pub mod removal;
+pub mod status;
+
+use super::live::{LiveError, LiveReader};
+use super::metrics::Metrics;
+use super::objects::{TalosCluster, TalosMachine, TalosOperation};
+use super::reload::Rules;
+use super::talos::TalosTls;
+use futures::StreamExt;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The controller's name on events and locks.
+pub const CONTROLLER_NAME: &str = "ichor-rules";
+
+/// Intervals and identities. The defaults are the seeds' figures; tests shorten them.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// This instance (the pod name in a cluster).
+    pub identity: String,
+    /// Where the leader-election Lease lives.
+    pub lease_namespace: String,
+    /// A held (ControlPlaneOverCap) machine is looked at again after this.
+    pub over_cap_requeue: Duration,
+    /// A blocked drain is retried after this (a fixed wait, not a growing backoff).
+    pub drain_retry: Duration,
+    /// A refused removal is decided again after this.
+    pub refused_requeue: Duration,
+    /// A removal waiting for a cluster lock held by other work tries again after this.
+    pub lock_retry: Duration,
+    /// A parked operation is looked at again after this.
+    pub parked_requeue: Duration,
+    /// How often a converged machine's node is probed through the Talos API.
+    pub probe_interval: Duration,
+    /// How long a node may not answer before Ready=False NodeUnreachable.
+    pub unreachable_grace: Duration,
+    /// A cluster lock not renewed for this long is free again.
+    pub lock_duration: Duration,
+    /// The leader-election Lease's duration.
+    pub leader_duration: Duration,
+    /// A failed reconcile is retried after this.
+    pub error_requeue: Duration,
+    /// Each live read.
+    pub read_timeout: Duration,
+    /// Each Talos API call.
+    pub talos_timeout: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            identity: CONTROLLER_NAME.into(),
+            lease_namespace: "default".into(),
+            over_cap_requeue: Duration::from_secs(15),
+            drain_retry: Duration::from_secs(15),
+            refused_requeue: Duration::from_secs(30),
+            lock_retry: Duration::from_secs(5),
+            parked_requeue: Duration::from_secs(30),
+            probe_interval: Duration::from_secs(120),
+            unreachable_grace: Duration::from_secs(60),
+            lock_duration: Duration::from_secs(120),
+            leader_duration: Duration::from_secs(15),
+            error_requeue: Duration::from_secs(5),
+            read_timeout: Duration::from_secs(5),
+            talos_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    pub client: Client,
+    pub reader: LiveReader,
+    pub rules: Arc<Rules>,
+    /// Client credentials for the Talos API (from the talosconfig Secret). Without them,
+    /// probes are skipped and Talos steps of a removal wait with a clear condition.
+    pub talos: Option<Arc<TalosTls>>,
+    pub settings: Settings,
+    pub metrics: Arc<Metrics>,
+    recorder: Recorder,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        rules: Arc<Rules>,
+        talos: Option<Arc<TalosTls>>,
+        settings: Settings,
+        metrics: Arc<Metrics>,
+    ) -> Context {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: CONTROLLER_NAME.into(),
+                instance: Some(settings.identity.clone()),
+            },
+        );
+        Context {
+            reader: LiveReader::new(client.clone(), settings.read_timeout),
+            client,
+            rules,
+            talos,
+            settings,
+            metrics,
+            recorder,
+        }
+    }
+
+    /// Publishes an event about an object; a failure to publish is logged, never fatal.
+    pub async fn event<K: Resource<DynamicType = ()>>(
+        &self,
+        object: &K,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
+        let ev = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.into(),
+            note: Some(note),
+            action: reason.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &object.object_ref(&())).await {
+            tracing::warn!(error = %e, reason, "publishing an event failed");
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error(transparent)]
+    Live(#[from] LiveError),
+    #[error("API: {0}")]
+    Api(#[from] kube::Error),
+    #[error(transparent)]
+    Lock(#[from] lock::LockError),
+    #[error("no rules are loaded; nothing is decided until they check clean")]
+    NoRules,
+}
+
+fn error_policy<K>(obj: Arc<K>, err: &ReconcileError, ctx: Arc<Context>) -> Action
+where
+    K: Resource<DynamicType = ()>,
+{
+    let r = ObjectRef::from_obj(&*obj);
+    tracing::warn!(object = %r, error = %err, "reconcile failed; retrying");
+    Action::requeue(ctx.settings.error_requeue)
+}
+
+async fn timed<F>(kind: &'static str, ctx: &Context, fut: F) -> Result<Action, ReconcileError>
+where
+    F: Future<Output = Result<Action, ReconcileError>>,
+{
+    let started = Instant::now();
+    let out = fut.await;
+    ctx.metrics.reconcile(kind, out.is_ok(), started.elapsed());
+    out
+}
+
+/// The machines' cluster, as an object reference for the cluster controller.
+fn cluster_of(m: TalosMachine) -> Option<ObjectRef<TalosCluster>> {
+    let ns = m.metadata.namespace.clone()?;
+    let name = m.spec.cluster_ref.name.clone();
+    (!name.is_empty()).then(|| ObjectRef::new(&name).within(&ns))
+}
+
+/// Runs the three controllers until the returned future is dropped (leadership lost) or
+/// the watches end.
+pub async fn run(ctx: Arc<Context>) {
+    let client = ctx.client.clone();
+    let machines: Api<TalosMachine> = Api::all(client.clone());
+    let clusters: Api<TalosCluster> = Api::all(client.clone());
+    let operations: Api<TalosOperation> = Api::all(client.clone());
+    let wc = watcher::Config::default();
+
+    let machine_ctl = {
+        let ctx = ctx.clone();
+        Controller::new(machines.clone(), wc.clone())
+            .run(
+                |m, ctx: Arc<Context>| async move {
+                    timed("TalosMachine", &ctx, machine::reconcile(m, ctx.clone())).await
+                },
+                error_policy,
+                ctx,
+            )
+            .for_each(|_| futures::future::ready(()))
+    };
+    let cluster_ctl = {
+        let ctx = ctx.clone();
+        Controller::new(clusters, wc.clone())
+            .watches(machines, wc.clone(), cluster_of)
+            .run(
+                |c, ctx: Arc<Context>| async move {
+                    timed("TalosCluster", &ctx, cluster::reconcile(c, ctx.clone())).await
+                },
+                error_policy,
+                ctx,
+            )
+            .for_each(|_| futures::future::ready(()))
+    };
+    let operation_ctl = {
+        let ctx = ctx.clone();
+        Controller::new(operations, wc)
+            .run(
+                |o, ctx: Arc<Context>| async move {
+                    timed("TalosOperation", &ctx, operation::reconcile(o, ctx.clone())).await
+                },
+                error_policy,
+                ctx,
+            )
+            .for_each(|_| futures::future::ready(()))
+    };
+    tokio::join!(machine_ctl, cluster_ctl, operation_ctl);
+}

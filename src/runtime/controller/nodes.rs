@@ -1,0 +1,155 @@
+//! The Talos API side of the controller: which node to dial for a machine, its etcd member,
+//! a healthy sibling to read etcd through, and whether a departing member is dead
+//! (ADR 0106 §4).
+
+use super::Context;
+use crate::runtime::objects::{Role, Snapshot, TalosMachine};
+use crate::runtime::talos::{EtcdMember, TalosClient, TalosError};
+
+/// The Kubernetes Node and etcd member name of a machine: `spec.hostname`, else its name.
+pub fn node_name(m: &TalosMachine) -> &str {
+    m.spec
+        .hostname
+        .as_deref()
+        .filter(|h| !h.is_empty())
+        .unwrap_or(m.name())
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error(
+        "no Talos client credentials: give `ichor-rules serve --talosconfig` (the chart mounts the talosconfig Secret)"
+    )]
+    NoCredentials,
+    #[error("TalosMachine {0} has no spec.endpoint to dial")]
+    NoEndpoint(String),
+    #[error(transparent)]
+    Talos(#[from] TalosError),
+}
+
+/// A client for the machine's own node.
+pub fn client(ctx: &Context, m: &TalosMachine) -> Result<TalosClient, NodeError> {
+    let tls = ctx.talos.as_deref().ok_or(NodeError::NoCredentials)?;
+    let endpoint = m
+        .spec
+        .endpoint
+        .as_deref()
+        .filter(|e| !e.is_empty())
+        .ok_or_else(|| NodeError::NoEndpoint(format!("{}/{}", m.namespace(), m.name())))?;
+    Ok(TalosClient::new(endpoint, tls, ctx.settings.talos_timeout)?)
+}
+
+/// A sibling control plane whose etcd answers with a leader, with the member list it sees.
+pub struct Sibling<'s> {
+    pub machine: &'s TalosMachine,
+    pub client: TalosClient,
+    pub members: Vec<EtcdMember>,
+}
+
+impl Sibling<'_> {
+    pub fn member(&self, name: &str) -> Option<&EtcdMember> {
+        self.members.iter().find(|m| m.hostname == name)
+    }
+}
+
+/// The first approved control plane of the cluster other than `departing` whose etcd
+/// answers with a leader (machines not being deleted first). Why none did, otherwise.
+pub async fn healthy_sibling<'s>(
+    ctx: &Context,
+    snapshot: &'s Snapshot,
+    departing: &TalosMachine,
+) -> Result<Sibling<'s>, String> {
+    let mut candidates: Vec<&TalosMachine> = snapshot
+        .machines
+        .iter()
+        .filter(|m| {
+            m.namespace() == departing.namespace()
+                && m.cluster() == departing.cluster()
+                && m.name() != departing.name()
+                && m.approved_role() == Some(Role::ControlPlane)
+        })
+        .collect();
+    candidates.sort_by_key(|m| (m.deleting(), m.name().to_string()));
+    let mut why = Vec::new();
+    for m in candidates {
+        let c = match client(ctx, m) {
+            Ok(c) => c,
+            Err(e) => {
+                why.push(format!("{}: {e}", m.name()));
+                continue;
+            }
+        };
+        match c.etcd_status().await {
+            Ok(s) if s.leader != 0 => {}
+            Ok(_) => {
+                why.push(format!("{}: its etcd sees no leader", m.name()));
+                continue;
+            }
+            Err(e) => {
+                why.push(format!("{}: {e}", m.name()));
+                continue;
+            }
+        }
+        match c.etcd_member_list().await {
+            Ok(members) => {
+                return Ok(Sibling {
+                    machine: m,
+                    client: c,
+                    members,
+                });
+            }
+            Err(e) => why.push(format!("{}: {e}", m.name())),
+        }
+    }
+    if why.is_empty() {
+        why.push("no other approved control plane".into());
+    }
+    Err(why.join("; "))
+}
+
+/// Whether the departing machine's etcd member is dead, and why (for logs and events).
+///
+/// Dead when a healthy sibling lists the member and the departing node is unreachable, its
+/// etcd status fails, or it sees no leader. A sibling that cannot be found, a member the
+/// sibling does not list, or a member that answers with a leader: not dead (nothing proves
+/// it, so the declared-count refusal stands).
+pub async fn member_dead(
+    ctx: &Context,
+    snapshot: &Snapshot,
+    departing: &TalosMachine,
+) -> (bool, String) {
+    let name = node_name(departing);
+    let sibling = match healthy_sibling(ctx, snapshot, departing).await {
+        Ok(s) => s,
+        Err(why) => {
+            return (
+                false,
+                format!("no healthy sibling to read etcd through ({why})"),
+            );
+        }
+    };
+    if sibling.member(name).is_none() {
+        return (
+            false,
+            format!(
+                "etcd (through {}) does not list a member {name}",
+                sibling.machine.name()
+            ),
+        );
+    }
+    let c = match client(ctx, departing) {
+        Ok(c) => c,
+        Err(NodeError::NoEndpoint(m)) => {
+            return (true, format!("TalosMachine {m} has no endpoint to dial"));
+        }
+        Err(e) => return (false, e.to_string()),
+    };
+    match c.etcd_status().await {
+        Ok(s) if s.leader == 0 => (true, "its etcd member sees no leader".into()),
+        Ok(_) => (false, "its etcd member answers with a leader".into()),
+        Err(e @ TalosError::Unreachable { .. }) => {
+            (true, format!("its etcd member is unreachable ({e})"))
+        }
+        Err(e) => (true, format!("its etcd status fails ({e})")),
+    }
+}

@@ -1,0 +1,104 @@
+//! TalosOperations and the even count (ADR 0137): while the approved control-plane count
+//! is even, an operation is parked (phase Paused, Paused=True reason ClusterTransitioning,
+//! no lock held) and looked at again every `parked_requeue`; once the count is odd it
+//! resumes by itself. The rules decide (`hold run operation`); an etcd restore is a
+//! recovery and is not parked.
+//!
+//! Running the operations themselves (upgrades, reboots, …) is not part of this
+//! controller; when it is, it takes the cluster lock through
+//! [`super::disruptive::acquire`].
+
+use super::status::{self, Conditions};
+use super::{Context, ReconcileError};
+use crate::runtime::decide::{decide_events, reconcile_operation_event};
+use crate::runtime::facts::Expensive;
+use crate::runtime::live::Reads;
+use crate::runtime::objects::TalosOperation;
+use crate::vocab::Verdict;
+use kube::runtime::controller::Action;
+use std::sync::Arc;
+
+/// Whether a Paused reason is one the rules set (so the controller may clear it), rather
+/// than a person's or another component's (Operator, ClusterLockHeld, …), which it leaves.
+fn rule_reason(table: &crate::compile::Table, reason: Option<&str>) -> bool {
+    reason.is_some_and(|r| {
+        r == "Refused" || table.rules.iter().any(|x| x.reason.as_deref() == Some(r))
+    })
+}
+
+pub async fn reconcile(
+    o: Arc<TalosOperation>,
+    ctx: Arc<Context>,
+) -> Result<Action, ReconcileError> {
+    let (ns, name) = (o.namespace().to_string(), o.name().to_string());
+    let reads = Reads {
+        machines: true,
+        clusters: true,
+        operations: true,
+    };
+    let snapshot = ctx.reader.snapshot(&ns, &[o.cluster()], reads).await?;
+    let Some(live) = snapshot.operation(&ns, &name) else {
+        return Ok(Action::await_change());
+    };
+    let Some(table) = ctx.rules.current() else {
+        return Err(ReconcileError::NoRules);
+    };
+    let events: Vec<_> = reconcile_operation_event(live).into_iter().collect();
+    if events.is_empty() {
+        return Ok(Action::await_change());
+    }
+    let mut next = live.clone();
+    // Paused by someone else: that pause stands, whatever the count.
+    let paused = status::find(next.conditions_mut(), "Paused")
+        .filter(|c| c.status == "True")
+        .map(|c| c.reason.clone());
+    if let Some(reason) = &paused
+        && !rule_reason(&table, reason.as_deref())
+    {
+        return Ok(Action::await_change());
+    }
+    let (decision, _) = decide_events(&table, &snapshot, &events, Expensive::Deferred, false);
+    let requeue = match decision.verdict() {
+        Some(verdict @ (Verdict::Hold | Verdict::Refuse)) => {
+            let deciding = decision.deciding();
+            let reason = deciding
+                .iter()
+                .find_map(|f| f.reason.clone())
+                .unwrap_or_else(|| "Refused".into());
+            let message = deciding
+                .iter()
+                .map(|f| f.message.as_str())
+                .collect::<Vec<_>>()
+                .join("; ");
+            for f in deciding {
+                ctx.metrics.decision(&f.rule, verdict.name());
+            }
+            status::set(next.conditions_mut(), "Paused", true, &reason, &message);
+            next.status.get_or_insert_with(Default::default).phase = Some("Paused".into());
+            Action::requeue(ctx.settings.parked_requeue)
+        }
+        _ => {
+            if paused.is_some() {
+                status::set(
+                    next.conditions_mut(),
+                    "Paused",
+                    false,
+                    "Resumed",
+                    "what held the operation is over (the control-plane count is odd again); it resumes",
+                );
+                next.status.get_or_insert_with(Default::default).phase = Some("Pending".into());
+                tracing::info!(operation = %format!("{ns}/{name}"), "resumed");
+            }
+            Action::await_change()
+        }
+    };
+    if next.status != live.status {
+        let st = next.status.clone().unwrap_or_default();
+        match status::patch_status::<TalosOperation>(&ctx.client, &ns, &name, &st).await {
+            Ok(()) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(requeue)
+}

@@ -1,0 +1,554 @@
+//! The removal of an approved control plane (ADR 0010, 0106, 0137).
+//!
+//! On deletion of a machine with the removal finalizer: take the cluster lock through
+//! [`disruptive::acquire`] (the same work resumes its own lock; held by other work -> wait
+//! and retry), recount live under the lock, decide the `remove controlplane` rules at the
+//! controller site (asking etcd through a healthy sibling whether the member is dead, only
+//! when a rule needs it), then run the plan's steps in order. Each finished step is
+//! recorded in `status.removal`, so a controller that restarts at any step resumes there.
+//! Once the member has left etcd the removal is committed and finishes without deciding
+//! again. A Talos reset that was started is never sent a second time.
+
+use super::disruptive::{self, Refused, Work};
+use super::drain::{self, Drained};
+use super::lock::Renewal;
+use super::machine::{set_finalizer, write_status};
+use super::nodes::{self, NodeError};
+use super::status::{self, Conditions};
+use super::{Context, ReconcileError};
+use crate::compile::{PlanStep, Table};
+use crate::interp::{Decision, Interrupt, Session, Value, decide_into};
+use crate::runtime::decide::reconcile_machine_event;
+use crate::runtime::facts::{EventFacts, Expensive, SnapshotFacts};
+use crate::runtime::live::Reads;
+use crate::runtime::objects::{RemovalProgress, Role, Snapshot, TalosMachine};
+use crate::runtime::talos::TalosError;
+use crate::vocab::{ACTIONS, Fact, Verb, Verdict};
+use kube::runtime::controller::Action;
+use std::time::Duration;
+
+const REMOVAL: &str = "Removal";
+
+/// How one step ended.
+enum Step {
+    Done,
+    /// Not finished; the message goes into the Removal condition and the removal is looked
+    /// at again after the wait.
+    Wait {
+        reason: &'static str,
+        message: String,
+        after: Duration,
+        /// A Warning event to publish when this state begins.
+        event: Option<(&'static str, String)>,
+    },
+}
+
+fn progress(m: &TalosMachine) -> RemovalProgress {
+    m.status
+        .as_ref()
+        .and_then(|s| s.removal.clone())
+        .unwrap_or_default()
+}
+
+fn set_progress(m: &mut TalosMachine, p: RemovalProgress) {
+    m.status.get_or_insert_with(Default::default).removal = Some(p);
+}
+
+/// Decides the removal; `Err(fact)` when an expensive fact must be fetched first.
+fn decide(
+    table: &Table,
+    snapshot: &Snapshot,
+    ev: EventFacts<'_>,
+    dead: Option<bool>,
+) -> Result<Decision, Fact> {
+    let mut session = Session::new(table, SnapshotFacts::new(snapshot, ev, Expensive::Deferred));
+    if let Some(d) = dead {
+        session.supply(Fact::MemberDead, Value::Bool(d));
+    }
+    let mut decision = Decision::default();
+    match decide_into(&mut session, ev.event, &mut decision) {
+        Ok(()) => Ok(decision),
+        Err(Interrupt::Need(f)) => Err(f),
+    }
+}
+
+/// Whether a plan step runs: its guards, evaluated with the removal's facts. A guard that
+/// cannot be evaluated stops the removal (fails closed).
+fn applies(
+    table: &Table,
+    snapshot: &Snapshot,
+    ev: EventFacts<'_>,
+    dead: bool,
+    step: &PlanStep,
+) -> Result<(bool, Option<String>), String> {
+    let mut session = Session::new(table, SnapshotFacts::new(snapshot, ev, Expensive::Deferred));
+    session.supply(Fact::MemberDead, Value::Bool(dead));
+    let mut eval = |code: &crate::compile::Code| match session.guard(code) {
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(e)) => Err(format!(
+            "the guard of `{}` could not be evaluated ({e})",
+            step.text
+        )),
+        Err(Interrupt::Need(f)) => Err(format!(
+            "the guard of `{}` needs `{f}`, which the controller cannot read",
+            step.text
+        )),
+    };
+    let when = match &step.when {
+        Some(c) => eval(c)?,
+        None => true,
+    };
+    let unless = match &step.unless {
+        Some(c) => eval(c)?,
+        None => false,
+    };
+    let runs = when && !unless;
+    let message = match (&step.message, runs) {
+        (Some(pieces), true) => match session.render_pieces(pieces) {
+            Ok(m) => Some(m),
+            Err(Interrupt::Need(f)) => {
+                return Err(format!("the message of `{}` needs `{f}`", step.text));
+            }
+        },
+        _ => None,
+    };
+    Ok((runs, message))
+}
+
+pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileError> {
+    let (ns, name, cluster) = (m.namespace(), m.name(), m.cluster());
+    let mut p = progress(m);
+    // Never an approved control plane (or not any more), and nothing started: it was never
+    // a member this protects.
+    if m.approved_role() != Some(Role::ControlPlane) && !p.committed && p.done.is_empty() {
+        set_finalizer(ctx, m, false).await?;
+        return Ok(Action::await_change());
+    }
+    let Some(table) = ctx.rules.current() else {
+        return Err(ReconcileError::NoRules);
+    };
+    let mut next = m.clone();
+
+    // 1. The cluster lock.
+    let work = Work::RemoveControlPlane {
+        namespace: ns,
+        machine: name,
+    };
+    match disruptive::acquire(ctx, ns, cluster, work).await? {
+        Ok(_) => {}
+        Err(Refused::Held { holder }) => {
+            let msg = format!("waiting for the cluster lock, held by {holder}");
+            status::set(
+                next.conditions_mut(),
+                REMOVAL,
+                false,
+                "ClusterLockHeld",
+                &msg,
+            );
+            write_status(ctx, m, &next).await?;
+            return Ok(Action::requeue(ctx.settings.lock_retry));
+        }
+        Err(Refused::Transitioning { approved }) => {
+            // Not reached for a removal (it completes the transition); kept total.
+            let msg = format!("{approved} approved control planes: waiting for an odd count");
+            status::set(
+                next.conditions_mut(),
+                REMOVAL,
+                false,
+                "ClusterTransitioning",
+                &msg,
+            );
+            write_status(ctx, m, &next).await?;
+            return Ok(Action::requeue(ctx.settings.lock_retry));
+        }
+    }
+    let lock = disruptive::cluster_lock(ctx, ns, cluster);
+    let holder = work.holder();
+    let renewal = Renewal::start(lock.clone(), holder.clone(), ctx.settings.lock_duration / 3);
+
+    // 2. Recount live, under the lock.
+    let reads = Reads {
+        machines: true,
+        clusters: true,
+        operations: true,
+    };
+    let snapshot = ctx.reader.snapshot(ns, &[cluster], reads).await?;
+    let Some(live) = snapshot.machine(ns, name) else {
+        drop(renewal);
+        lock.release(&holder).await?;
+        return Ok(Action::await_change());
+    };
+    let Some(ev) = reconcile_machine_event(live).filter(|e| e.event.0 == Verb::Remove) else {
+        // No longer an approved control plane but the removal had begun: finish it.
+        return finish_without_rules(ctx, live, &mut next, p, &lock, &holder, renewal).await;
+    };
+    next = live.clone();
+
+    // 3. Decide, unless the removal is committed (the member already left etcd).
+    if !p.committed {
+        let mut dead = None;
+        let decision = loop {
+            match decide(&table, &snapshot, ev, dead) {
+                Ok(d) => break d,
+                Err(Fact::MemberDead) if dead.is_none() => {
+                    let (is_dead, why) = if live.dead_member_removal_marked() || p.member_dead {
+                        (
+                            true,
+                            "a removal already proceeded for a dead member".to_string(),
+                        )
+                    } else {
+                        nodes::member_dead(ctx, &snapshot, live).await
+                    };
+                    tracing::info!(machine = %format!("{ns}/{name}"), dead = is_dead, %why, "etcd member checked");
+                    dead = Some(is_dead);
+                }
+                Err(f) => {
+                    let mut d = Decision::default();
+                    d.refusals.push(crate::interp::Finding {
+                        rule: "(live state)".into(),
+                        verdict: Verdict::Refuse,
+                        message: format!("the fact `{f}` could not be read, so the removal waits"),
+                        reason: Some("RemovalRefused".into()),
+                    });
+                    break d;
+                }
+            }
+        };
+        if let Some(verdict) = decision.verdict() {
+            let deciding = decision.deciding();
+            let reason = deciding
+                .iter()
+                .find_map(|f| f.reason.clone())
+                .unwrap_or_else(|| "RemovalRefused".into());
+            let message = deciding
+                .iter()
+                .map(|f| f.message.as_str())
+                .collect::<Vec<_>>()
+                .join("; ");
+            for f in deciding {
+                ctx.metrics.decision(&f.rule, verdict.name());
+            }
+            drop(renewal);
+            lock.release(&holder).await?;
+            let changed = status::set(next.conditions_mut(), REMOVAL, false, &reason, &message);
+            write_status(ctx, live, &next).await?;
+            if changed {
+                tracing::info!(machine = %format!("{ns}/{name}"), %message, "removal refused");
+                ctx.event(live, true, "RemovalRefused", message).await;
+            }
+            return Ok(Action::requeue(ctx.settings.refused_requeue));
+        }
+        p.member_dead = dead.unwrap_or(p.member_dead);
+        let (reason, message) = if p.member_dead {
+            (
+                "DeadMemberRemoval",
+                "removing a control plane whose etcd member is dead".to_string(),
+            )
+        } else {
+            (
+                "RemovalInProgress",
+                "removing the control plane: the removal rules let it through".to_string(),
+            )
+        };
+        status::set(next.conditions_mut(), REMOVAL, true, reason, &message);
+        set_progress(&mut next, p.clone());
+        write_status(ctx, live, &next).await?;
+    }
+    // What the API server holds of the status now: each write compares with it.
+    let mut written = next.clone();
+
+    // 4. The plan.
+    let Some(plan) = table.plan(Verb::Remove, crate::vocab::Subject::ControlPlane) else {
+        drop(renewal);
+        lock.release(&holder).await?;
+        let msg = "the rules have no `plan remove controlplane`; nothing is removed until they do";
+        status::set(next.conditions_mut(), REMOVAL, false, "NoPlan", msg);
+        write_status(ctx, live, &next).await?;
+        return Ok(Action::requeue(ctx.settings.refused_requeue));
+    };
+    for step in &plan.steps {
+        if p.done.iter().any(|d| d == &step.text) {
+            continue;
+        }
+        let (runs, message) = match applies(&table, &snapshot, ev, p.member_dead, step) {
+            Ok(x) => x,
+            Err(why) => {
+                drop(renewal);
+                lock.release(&holder).await?;
+                status::set(
+                    next.conditions_mut(),
+                    REMOVAL,
+                    false,
+                    "RemovalRefused",
+                    &why,
+                );
+                save(ctx, &mut written, &next).await?;
+                return Ok(Action::requeue(ctx.settings.refused_requeue));
+            }
+        };
+        if !runs {
+            continue;
+        }
+        let mut rec = Record {
+            written: &mut written,
+            next: &mut next,
+            p: &mut p,
+        };
+        let outcome = execute(ctx, &snapshot, live, &mut rec, step, message).await?;
+        match outcome {
+            Step::Done => {
+                p.done.push(step.text.clone());
+                p.started = None;
+                set_progress(&mut next, p.clone());
+                save(ctx, &mut written, &next).await?;
+            }
+            Step::Wait {
+                reason,
+                message,
+                after,
+                event,
+            } => {
+                let began = status::find(next.conditions_mut(), REMOVAL)
+                    .is_none_or(|c| c.reason.as_deref() != Some(reason));
+                status::set(next.conditions_mut(), REMOVAL, false, reason, &message);
+                set_progress(&mut next, p.clone());
+                save(ctx, &mut written, &next).await?;
+                if began && let Some((ev_reason, note)) = event {
+                    ctx.event(live, true, ev_reason, note).await;
+                }
+                // The lock stays ours (the work resumes it); the renewal stops with this
+                // reconcile, and the next one renews it again.
+                drop(renewal);
+                return Ok(Action::requeue(after));
+            }
+        }
+    }
+    drop(renewal);
+    lock.release(&holder).await?;
+    tracing::info!(machine = %format!("{ns}/{name}"), "control plane removed");
+    Ok(Action::await_change())
+}
+
+/// The machine stopped being an approved control plane mid-removal (someone edited it): the
+/// member may already be gone, so the finalizer goes once nothing irreversible is pending.
+async fn finish_without_rules(
+    ctx: &Context,
+    live: &TalosMachine,
+    next: &mut TalosMachine,
+    p: RemovalProgress,
+    lock: &super::lock::LeaseLock,
+    holder: &str,
+    renewal: Renewal,
+) -> Result<Action, ReconcileError> {
+    drop(renewal);
+    let msg = format!(
+        "the machine is no longer an approved control plane; the removal stopped after: {}",
+        if p.done.is_empty() {
+            "nothing".to_string()
+        } else {
+            p.done.join(", ")
+        }
+    );
+    status::set(
+        next.conditions_mut(),
+        REMOVAL,
+        false,
+        "RemovalAbandoned",
+        &msg,
+    );
+    write_status(ctx, live, next).await?;
+    set_finalizer(ctx, live, false).await?;
+    lock.release(holder).await?;
+    Ok(Action::await_change())
+}
+
+/// The status as last written, the status being built, and the removal's progress.
+struct Record<'r> {
+    written: &'r mut TalosMachine,
+    next: &'r mut TalosMachine,
+    p: &'r mut RemovalProgress,
+}
+
+/// Writes the status when it differs from what was written last.
+async fn save(
+    ctx: &Context,
+    written: &mut TalosMachine,
+    next: &TalosMachine,
+) -> Result<(), ReconcileError> {
+    write_status(ctx, written, next).await?;
+    *written = next.clone();
+    Ok(())
+}
+
+fn action_words(step: &PlanStep) -> &'static [&'static str] {
+    ACTIONS.get(step.action).map(|a| a.words).unwrap_or(&[])
+}
+
+fn talos_wait(ctx: &Context, step: &PlanStep, e: NodeError) -> Step {
+    let reason = match e {
+        NodeError::Talos(TalosError::Unreachable { .. }) => "NodeUnreachable",
+        _ => "TalosFailed",
+    };
+    Step::Wait {
+        reason,
+        message: format!("{}: {e}", step.text),
+        after: ctx.settings.drain_retry,
+        event: None,
+    }
+}
+
+/// Runs one step. Every step is idempotent: it looks before it acts.
+async fn execute(
+    ctx: &Context,
+    snapshot: &Snapshot,
+    live: &TalosMachine,
+    rec: &mut Record<'_>,
+    step: &PlanStep,
+    message: Option<String>,
+) -> Result<Step, ReconcileError> {
+    let Record { written, next, p } = rec;
+    let member = nodes::node_name(live).to_string();
+    match action_words(step) {
+        ["lock", "cluster"] => Ok(Step::Done), // taken above, before the recount
+        ["drain", "node"] => match drain::drain(&ctx.client, &member).await {
+            Ok(Drained::Done) => Ok(Step::Done),
+            Ok(Drained::Waiting { remaining }) => Ok(Step::Wait {
+                reason: "Draining",
+                message: format!("draining node {member}: {remaining} pod(s) still terminating"),
+                after: Duration::from_secs(2).min(ctx.settings.drain_retry),
+                event: None,
+            }),
+            Ok(Drained::Blocked { pod, message }) => {
+                let text = format!(
+                    "draining node {member}: evicting pod {pod} is blocked: {message}; retrying every {}s",
+                    ctx.settings.drain_retry.as_secs()
+                );
+                Ok(Step::Wait {
+                    reason: "DrainFailed",
+                    message: text.clone(),
+                    after: ctx.settings.drain_retry,
+                    event: Some(("DrainFailed", text)),
+                })
+            }
+            Err(e) => Ok(Step::Wait {
+                reason: "DrainFailed",
+                message: format!(
+                    "draining node {member}: {e}; retrying every {}s",
+                    ctx.settings.drain_retry.as_secs()
+                ),
+                after: ctx.settings.drain_retry,
+                event: None,
+            }),
+        },
+        ["etcd", "forfeit-leadership"] => {
+            let c = match nodes::client(ctx, live) {
+                Ok(c) => c,
+                Err(e) => return Ok(talos_wait(ctx, step, e)),
+            };
+            match c.etcd_status().await {
+                Ok(s) if s.leader != 0 && s.leader == s.member_id => {
+                    if let Err(e) = c.etcd_forfeit_leadership().await {
+                        return Ok(talos_wait(ctx, step, e.into()));
+                    }
+                    Ok(Step::Done)
+                }
+                Ok(_) => Ok(Step::Done),
+                Err(e) => Ok(talos_wait(ctx, step, e.into())),
+            }
+        }
+        ["etcd", "leave"] => {
+            let sibling = match nodes::healthy_sibling(ctx, snapshot, live).await {
+                Ok(s) => s,
+                Err(why) => {
+                    return Ok(Step::Wait {
+                        reason: "EtcdUnavailable",
+                        message: format!(
+                            "etcd leave: no healthy sibling to check membership through ({why})"
+                        ),
+                        after: ctx.settings.drain_retry,
+                        event: None,
+                    });
+                }
+            };
+            if sibling.member(&member).is_some() {
+                let c = match nodes::client(ctx, live) {
+                    Ok(c) => c,
+                    Err(e) => return Ok(talos_wait(ctx, step, e)),
+                };
+                if let Err(e) = c.etcd_leave_cluster().await {
+                    return Ok(talos_wait(ctx, step, e.into()));
+                }
+            }
+            p.committed = true;
+            Ok(Step::Done)
+        }
+        ["etcd", "remove-member"] => {
+            let sibling = match nodes::healthy_sibling(ctx, snapshot, live).await {
+                Ok(s) => s,
+                Err(why) => {
+                    return Ok(Step::Wait {
+                        reason: "EtcdUnavailable",
+                        message: format!(
+                            "etcd remove-member: no healthy sibling to remove it through ({why})"
+                        ),
+                        after: ctx.settings.drain_retry,
+                        event: None,
+                    });
+                }
+            };
+            if let Some(m) = sibling.member(&member) {
+                let id = m.id;
+                if let Err(e) = sibling.client.etcd_remove_member_by_id(id).await {
+                    return Ok(talos_wait(ctx, step, e.into()));
+                }
+            }
+            p.committed = true;
+            Ok(Step::Done)
+        }
+        ["event", kind] => {
+            let reason = step.argument.clone().unwrap_or_else(|| "Removal".into());
+            let note = message.unwrap_or_else(|| step.text.clone());
+            ctx.event(live, *kind == "warning", &reason, note).await;
+            Ok(Step::Done)
+        }
+        ["talos", "reset"] => {
+            if p.started.as_deref() == Some(step.text.as_str()) {
+                // Sent before a restart: a second reset of a node mid-reset is the hazard
+                // this guards against, so it is not sent again.
+                tracing::warn!(machine = %live.name(), "a Talos reset was already sent; not sending it twice");
+                return Ok(Step::Done);
+            }
+            let c = match nodes::client(ctx, live) {
+                Ok(c) => c,
+                Err(e) => return Ok(talos_wait(ctx, step, e)),
+            };
+            p.started = Some(step.text.clone());
+            set_progress(next, p.clone());
+            save(ctx, written, next).await?;
+            if let Err(e) = c.reset(true, true).await {
+                // Not sent (the node did not take it): it may be sent again.
+                p.started = None;
+                return Ok(talos_wait(ctx, step, e.into()));
+            }
+            Ok(Step::Done)
+        }
+        ["release", "finalizer"] => {
+            status::set(
+                next.conditions_mut(),
+                REMOVAL,
+                true,
+                "RemovalComplete",
+                "the control plane was removed",
+            );
+            save(ctx, written, next).await?;
+            set_finalizer(ctx, live, false).await?;
+            Ok(Step::Done)
+        }
+        other => Ok(Step::Wait {
+            reason: "UnknownAction",
+            message: format!("the controller cannot run `{}`", other.join(" ")),
+            after: ctx.settings.refused_requeue,
+            event: None,
+        }),
+    }
+}
