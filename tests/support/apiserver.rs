@@ -326,6 +326,16 @@ pub struct Faults {
     fail_next: AtomicUsize,
     fail_path: Mutex<Option<String>>,
     requests: AtomicU64,
+    log: Mutex<Vec<Request>>,
+}
+
+/// One request as the server received it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub method: String,
+    pub path: String,
+    /// A `watch=true` (or `watch=1`) query.
+    pub watch: bool,
 }
 
 impl Faults {
@@ -348,6 +358,14 @@ impl Faults {
     /// How many requests the server has received.
     pub fn requests(&self) -> u64 {
         self.requests.load(Ordering::SeqCst)
+    }
+
+    /// Every request received so far, in order, and forgets them.
+    pub fn take_log(&self) -> Vec<Request> {
+        self.log
+            .lock()
+            .map(|mut l| std::mem::take(&mut *l))
+            .unwrap_or_default()
     }
 
     /// Whether this request is one of the injected failures (and count it if so).
@@ -688,6 +706,16 @@ async fn handle(
     body: Bytes,
 ) -> Response {
     store.faults.requests.fetch_add(1, Ordering::SeqCst);
+    if let Ok(mut log) = store.faults.log.lock()
+        && log.len() < 100_000
+    {
+        let q = query(&uri);
+        log.push(Request {
+            method: method.to_string(),
+            path: uri.path().to_string(),
+            watch: matches!(q.get("watch").map(String::as_str), Some("true" | "1")),
+        });
+    }
     let latency = store.faults.latency_ms.load(Ordering::SeqCst);
     if latency > 0 {
         tokio::time::sleep(Duration::from_millis(latency)).await;

@@ -1,0 +1,276 @@
+//! The controller against the in-process API server (no Talos needed): the
+//! ControlPlaneOverCap hold, the removal finalizer, Transitioning, parked operations, the
+//! cluster lock and leader election.
+
+#[allow(dead_code)]
+#[path = "support/apiserver.rs"]
+mod apiserver;
+#[allow(dead_code)]
+#[path = "support/controller.rs"]
+mod harness;
+
+use apiserver::ApiServer;
+use harness::*;
+use ichor_rules::runtime::controller::disruptive::{self, Refused, Work};
+use ichor_rules::runtime::controller::leader;
+use ichor_rules::runtime::controller::lock::{Acquired, LeaseLock, LockError};
+use serde_json::json;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+#[tokio::test]
+async fn the_newest_approvals_past_the_cap_are_held_and_released_when_count_rises() {
+    let api = ApiServer::start().await;
+    api.insert(cluster("prod", 1));
+    // Cap = count + 1 = 2. cp-c is the newest by decision time; cp-b and cp-c tie on
+    // nothing, so the order is by time.
+    api.insert(control_plane("cp-a", 1));
+    api.insert(control_plane("cp-b", 2));
+    api.insert(control_plane("cp-c", 3));
+    let _c = Running::start(context(&api, "test", None));
+
+    wait_for("cp-c held", WAIT, || {
+        cond(&api, "TalosMachine", "cp-c", "Ready")
+            == Some(("False".into(), "ControlPlaneOverCap".into()))
+    })
+    .await;
+    wait_for("finalizers on the two within the cap", WAIT, || {
+        has_finalizer(&api, "cp-a") && has_finalizer(&api, "cp-b")
+    })
+    .await;
+    // Held: nothing applied, no finalizer, and the message says why.
+    assert!(!has_finalizer(&api, "cp-c"));
+    for m in ["cp-a", "cp-b"] {
+        assert_eq!(cond(&api, "TalosMachine", m, "Ready"), None, "{m}");
+    }
+    let held = get(&api, "TalosMachine", "cp-c").expect("cp-c");
+    let msg = condition(&held, "Ready").expect("Ready")["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(msg.contains("number 3") && msg.contains("= 2"), "{msg}");
+
+    // Raising the declared count lifts the hold.
+    patch_spec(
+        &api,
+        "TalosCluster",
+        "prod",
+        json!({"controlPlane": {"count": 3}}),
+    )
+    .await;
+    wait_for("cp-c released and finalized", WAIT, || {
+        cond(&api, "TalosMachine", "cp-c", "Ready").is_none() && has_finalizer(&api, "cp-c")
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn ties_in_approval_time_are_ordered_by_name_and_creation_time_fills_in() {
+    let api = ApiServer::start().await;
+    api.insert(cluster("prod", 1));
+    api.insert(control_plane("cp-b", 5));
+    api.insert(control_plane("cp-a", 5));
+    // No decision time: its creation time (now) is later than both decisions.
+    let mut late = control_plane("cp-0", 0);
+    late["spec"]
+        .as_object_mut()
+        .expect("spec")
+        .remove("approvalDecision");
+    api.insert(late);
+    let _c = Running::start(context(&api, "test", None));
+    wait_for("cp-0 held", WAIT, || {
+        cond(&api, "TalosMachine", "cp-0", "Ready")
+            == Some(("False".into(), "ControlPlaneOverCap".into()))
+    })
+    .await;
+    wait_for("the tie resolved by name", WAIT, || {
+        has_finalizer(&api, "cp-a") && has_finalizer(&api, "cp-b")
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn transitioning_follows_the_live_count() {
+    let api = ApiServer::start().await;
+    api.insert(cluster("prod", 3));
+    for (i, n) in ["cp-1", "cp-2", "cp-3"].iter().enumerate() {
+        api.insert(control_plane(n, i as u32));
+    }
+    let _c = Running::start(context(&api, "test", None));
+    wait_for("stable at 3", WAIT, || {
+        cond(&api, "TalosCluster", "prod", "Transitioning")
+            == Some(("False".into(), "StableControlPlaneCount".into()))
+    })
+    .await;
+    api.insert(control_plane("cp-4", 9));
+    wait_for("even at 4", WAIT, || {
+        cond(&api, "TalosCluster", "prod", "Transitioning")
+            == Some(("True".into(), "EvenControlPlaneCount".into()))
+    })
+    .await;
+    patch_spec(&api, "TalosMachine", "cp-4", json!({"approved": false})).await;
+    wait_for("stable again at 3", WAIT, || {
+        cond(&api, "TalosCluster", "prod", "Transitioning")
+            == Some(("False".into(), "StableControlPlaneCount".into()))
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn operations_park_while_even_and_resume_by_themselves_when_odd() {
+    let api = ApiServer::start().await;
+    api.insert(cluster("prod", 3));
+    for (i, n) in ["cp-1", "cp-2", "cp-3", "cp-4"].iter().enumerate() {
+        api.insert(control_plane(n, i as u32));
+    }
+    api.insert(operation("upgrade-1", "upgrade"));
+    api.insert(operation("restore-1", "etcd-restore"));
+    // Paused by a person: stays paused whatever the count.
+    let mut by_hand = operation("reboot-1", "reboot");
+    by_hand["status"] = json!({"phase": "Paused", "conditions": [
+        {"type": "Paused", "status": "True", "reason": "Operator", "message": "wait"}]});
+    api.insert(by_hand);
+    let _c = Running::start(context(&api, "test", None));
+
+    wait_for("upgrade parked", WAIT, || {
+        cond(&api, "TalosOperation", "upgrade-1", "Paused")
+            == Some(("True".into(), "ClusterTransitioning".into()))
+    })
+    .await;
+    let op = get(&api, "TalosOperation", "upgrade-1").expect("op");
+    assert_eq!(op["status"]["phase"], "Paused");
+    // Parked holds no lock.
+    assert!(
+        api.objects("Lease", Some(NS)).is_empty(),
+        "{:?}",
+        api.objects("Lease", Some(NS))
+    );
+    // A restore is a recovery: never parked.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(cond(&api, "TalosOperation", "restore-1", "Paused"), None);
+
+    patch_spec(&api, "TalosMachine", "cp-4", json!({"approved": false})).await;
+    wait_for("upgrade resumed", WAIT, || {
+        cond(&api, "TalosOperation", "upgrade-1", "Paused")
+            == Some(("False".into(), "Resumed".into()))
+    })
+    .await;
+    let op = get(&api, "TalosOperation", "upgrade-1").expect("op");
+    assert_eq!(op["status"]["phase"], "Pending");
+    assert_eq!(
+        cond(&api, "TalosOperation", "reboot-1", "Paused"),
+        Some(("True".into(), "Operator".into()))
+    );
+}
+
+#[tokio::test]
+async fn the_cluster_lock_serializes_work_and_resumes_its_own() {
+    let api = ApiServer::start().await;
+    let ctx = context(&api, "test", None);
+    for (i, n) in ["cp-1", "cp-2", "cp-3"].iter().enumerate() {
+        api.insert(control_plane(n, i as u32));
+    }
+    let a = Work::RemoveControlPlane {
+        namespace: NS,
+        machine: "cp-1",
+    };
+    let b = Work::RemoveControlPlane {
+        namespace: NS,
+        machine: "cp-2",
+    };
+    let got = disruptive::acquire(&ctx, NS, "prod", a).await.expect("api");
+    assert!(matches!(got, Ok(Acquired::Taken)), "{got:?}");
+    // The same work again (a restarted controller): resumed.
+    let got = disruptive::acquire(&ctx, NS, "prod", a).await.expect("api");
+    assert!(matches!(got, Ok(Acquired::Resumed)), "{got:?}");
+    // Other work waits.
+    match disruptive::acquire(&ctx, NS, "prod", b).await.expect("api") {
+        Err(Refused::Held { holder }) => assert_eq!(holder, "remove TalosMachine infra/cp-1"),
+        other => panic!("expected held, got {other:?}"),
+    }
+    // The holder's machine is gone (its removal finished but did not release): stale.
+    delete(&api, "TalosMachine", "cp-1").await;
+    let got = disruptive::acquire(&ctx, NS, "prod", b).await.expect("api");
+    assert!(matches!(got, Ok(Acquired::Taken)), "{got:?}");
+}
+
+#[tokio::test]
+async fn the_lock_refuses_other_work_while_the_count_is_even() {
+    let api = ApiServer::start().await;
+    let ctx = context(&api, "test", None);
+    for (i, n) in ["cp-1", "cp-2", "cp-3", "cp-4"].iter().enumerate() {
+        api.insert(control_plane(n, i as u32));
+    }
+    let op = Work::Operation {
+        namespace: NS,
+        name: "upgrade-1",
+    };
+    match disruptive::acquire(&ctx, NS, "prod", op)
+        .await
+        .expect("api")
+    {
+        Err(Refused::Transitioning { approved: 4 }) => {}
+        other => panic!("expected refused for the even count, got {other:?}"),
+    }
+    assert!(api.objects("Lease", Some(NS)).is_empty());
+    // The removal of a control plane ends the even count: it may take the lock.
+    let rm = Work::RemoveControlPlane {
+        namespace: NS,
+        machine: "cp-4",
+    };
+    let got = disruptive::acquire(&ctx, NS, "prod", rm)
+        .await
+        .expect("api");
+    assert!(matches!(got, Ok(Acquired::Taken)), "{got:?}");
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_taken_over_and_a_lost_one_is_reported() {
+    let api = ApiServer::start().await;
+    let short = LeaseLock::new(api.client(), NS, "l", Duration::from_secs(1), "a");
+    assert_eq!(short.acquire("a").await.expect("a"), Acquired::Taken);
+    assert!(matches!(
+        short.acquire("b").await,
+        Err(LockError::Held { .. })
+    ));
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(short.acquire("b").await.expect("b"), Acquired::Taken);
+    assert!(matches!(
+        short.renew("a").await,
+        Err(LockError::Lost { .. })
+    ));
+    short.release("a").await.expect("not a's to release: no-op");
+    assert_eq!(short.holder().await.expect("h"), Some("b".into()));
+    short.release("b").await.expect("release");
+    assert_eq!(short.holder().await.expect("h"), None);
+}
+
+#[tokio::test]
+async fn one_replica_leads_and_another_takes_over_when_it_stops() {
+    let api = ApiServer::start().await;
+    api.insert(cluster("prod", 3));
+    let a = context(&api, "replica-a", None);
+    let b = context(&api, "replica-b", None);
+    let (la, lb) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let ta = tokio::spawn(leader::run(a.clone(), la.clone()));
+    wait_for("a leads", WAIT, || la.load(Ordering::Relaxed)).await;
+    let tb = tokio::spawn(leader::run(b.clone(), lb.clone()));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!lb.load(Ordering::Relaxed), "two leaders");
+    // The leader reconciles: the cluster gets its condition.
+    wait_for("the leader reconciles", WAIT, || {
+        cond(&api, "TalosCluster", "prod", "Transitioning").is_some()
+    })
+    .await;
+    ta.abort();
+    let _ = ta.await;
+    leader::step_down(&a).await;
+    wait_for("b takes over", WAIT, || lb.load(Ordering::Relaxed)).await;
+    tb.abort();
+}

@@ -1,0 +1,216 @@
+//! Running the controller in-process against the in-process API server, with short
+//! intervals, and waiting for what it writes.
+//!
+//! Include with `#[allow(dead_code)] #[path = "support/controller.rs"] mod harness;` next to
+//! `support/apiserver.rs` (as `mod apiserver`).
+
+use super::apiserver::ApiServer;
+use ichor_rules::runtime::controller::{self, Context, Settings};
+use ichor_rules::runtime::metrics::Metrics;
+use ichor_rules::runtime::reload::{Reload, Rules};
+use ichor_rules::runtime::talos::TalosTls;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub const NS: &str = "infra";
+
+/// Intervals short enough for tests, in the same proportions as the defaults.
+pub fn fast_settings(identity: &str) -> Settings {
+    Settings {
+        identity: identity.into(),
+        lease_namespace: "ichor-system".into(),
+        over_cap_requeue: Duration::from_millis(300),
+        drain_retry: Duration::from_millis(300),
+        refused_requeue: Duration::from_millis(300),
+        lock_retry: Duration::from_millis(100),
+        parked_requeue: Duration::from_millis(300),
+        probe_interval: Duration::from_millis(500),
+        unreachable_grace: Duration::from_millis(1500),
+        lock_duration: Duration::from_secs(6),
+        leader_duration: Duration::from_secs(2),
+        error_requeue: Duration::from_millis(200),
+        read_timeout: Duration::from_secs(3),
+        talos_timeout: Duration::from_secs(3),
+    }
+}
+
+pub fn rules() -> Arc<Rules> {
+    let rules = Arc::new(Rules::new(vec![
+        concat!(env!("CARGO_MANIFEST_DIR"), "/rules").into(),
+    ]));
+    assert!(matches!(rules.reload(), Reload::Replaced { .. }));
+    rules
+}
+
+pub fn context(api: &ApiServer, identity: &str, talos: Option<Arc<TalosTls>>) -> Arc<Context> {
+    Arc::new(Context::new(
+        api.client(),
+        rules(),
+        talos,
+        fast_settings(identity),
+        Arc::new(Metrics::default()),
+    ))
+}
+
+/// A running controller; dropping it stops it (as if its process were killed).
+pub struct Running {
+    pub ctx: Arc<Context>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Running {
+    pub fn start(ctx: Arc<Context>) -> Running {
+        let task = tokio::spawn(controller::run(ctx.clone()));
+        Running {
+            ctx,
+            task: Some(task),
+        }
+    }
+
+    /// Stops it at whatever point it is (an abort at the next await, like a kill).
+    pub async fn kill(mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+            let _ = t.await;
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(t) = &self.task {
+            t.abort();
+        }
+    }
+}
+
+pub fn cluster(name: &str, count: i64) -> Value {
+    json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosCluster",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"controlPlane": {"count": count}, "schedulable": "true"}
+    })
+}
+
+/// An approved control plane of cluster `prod`, approved at minute `minute`.
+pub fn control_plane(name: &str, minute: u32) -> Value {
+    machine(name, "controlplane", true, minute)
+}
+
+pub fn machine(name: &str, role: &str, approved: bool, minute: u32) -> Value {
+    json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosMachine",
+        "metadata": {"name": name, "namespace": NS,
+                     "annotations": {"ichor.maesh.dev/allow-delete": "true"}},
+        "spec": {"clusterRef": {"name": "prod"}, "role": role, "approved": approved,
+                 "hostname": name,
+                 "approvalDecision": {"at": format!("2026-11-01T10:{minute:02}:00Z")}}
+    })
+}
+
+pub fn operation(name: &str, kind: &str) -> Value {
+    json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosOperation",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"clusterRef": {"name": "prod"}, "kind": kind}
+    })
+}
+
+pub fn get(api: &ApiServer, kind: &str, name: &str) -> Option<Value> {
+    api.objects(kind, None)
+        .into_iter()
+        .find(|o| o["metadata"]["name"] == name)
+}
+
+pub fn condition(obj: &Value, type_: &str) -> Option<Value> {
+    obj["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .cloned()
+}
+
+/// (status, reason) of a condition of a stored object.
+pub fn cond(api: &ApiServer, kind: &str, name: &str, type_: &str) -> Option<(String, String)> {
+    let o = get(api, kind, name)?;
+    let c = condition(&o, type_)?;
+    Some((
+        c["status"].as_str().unwrap_or("").to_string(),
+        c["reason"].as_str().unwrap_or("").to_string(),
+    ))
+}
+
+pub fn has_finalizer(api: &ApiServer, name: &str) -> bool {
+    get(api, "TalosMachine", name).is_some_and(|m| {
+        m["metadata"]["finalizers"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|x| x == "ichor.maesh.dev/machine-removal"))
+    })
+}
+
+/// Polls until `f` holds; panics with `what` and the last state after `timeout`.
+pub async fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        if start.elapsed() > timeout {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Events (events.k8s.io/v1) with this reason about this object.
+pub fn events(api: &ApiServer, name: &str, reason: &str) -> Vec<Value> {
+    api.objects("Event", None)
+        .into_iter()
+        .filter(|e| e["reason"] == reason && e["regarding"]["name"] == name)
+        .collect()
+}
+
+/// Deletes an object through the API (a person's `kubectl delete`): with finalizers it
+/// stays, being deleted.
+pub async fn delete(api: &ApiServer, kind: &str, name: &str) {
+    use ichor_rules::runtime::objects::{TalosCluster, TalosMachine, TalosOperation};
+    use kube::api::{Api, DeleteParams};
+    let c = api.client();
+    let dp = DeleteParams::default();
+    let r = match kind {
+        "TalosMachine" => Api::<TalosMachine>::namespaced(c, NS)
+            .delete(name, &dp)
+            .await
+            .map(|_| ()),
+        "TalosCluster" => Api::<TalosCluster>::namespaced(c, NS)
+            .delete(name, &dp)
+            .await
+            .map(|_| ()),
+        _ => Api::<TalosOperation>::namespaced(c, NS)
+            .delete(name, &dp)
+            .await
+            .map(|_| ()),
+    };
+    r.expect("delete");
+}
+
+/// Merge-patches an object's spec through the API.
+pub async fn patch_spec(api: &ApiServer, kind: &str, name: &str, spec: Value) {
+    use ichor_rules::runtime::objects::{TalosCluster, TalosMachine};
+    use kube::api::{Api, Patch, PatchParams};
+    let c = api.client();
+    let body = json!({ "spec": spec });
+    let pp = PatchParams::default();
+    match kind {
+        "TalosMachine" => {
+            Api::<TalosMachine>::namespaced(c, NS)
+                .patch(name, &pp, &Patch::Merge(&body))
+                .await
+                .expect("patch");
+        }
+        _ => {
+            Api::<TalosCluster>::namespaced(c, NS)
+                .patch(name, &pp, &Patch::Merge(&body))
+                .await
+                .expect("patch");
+        }
+    }
+}
