@@ -1,0 +1,436 @@
+//! Removals of control planes end to end: the controller (in-process) against the
+//! in-process API server and a Talos API stand-in per node backed by a REAL etcd cluster
+//! (Debian `etcd-server`, on 127.0.0.1). Every scenario asserts etcd's real membership at
+//! the end.
+
+#[allow(dead_code)]
+#[path = "support/apiserver.rs"]
+mod apiserver;
+#[allow(dead_code)]
+#[path = "support/etcd.rs"]
+mod etcd;
+#[allow(dead_code)]
+#[path = "support/controller.rs"]
+mod harness;
+#[allow(dead_code)]
+#[path = "support/talos.rs"]
+mod talos;
+
+use apiserver::ApiServer;
+use etcd::EtcdCluster;
+use harness::*;
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use talos::TalosApi;
+
+const WAIT: Duration = Duration::from_secs(40);
+
+/// A cluster `prod` of `names` control planes: etcd members, Talos stand-ins, TalosMachines
+/// (approved in order, endpoint = the stand-in, hostname = the member name) and Nodes.
+struct World {
+    api: ApiServer,
+    talos: TalosApi,
+}
+
+impl World {
+    async fn start(names: &[&str], count: i64) -> World {
+        let etcd = EtcdCluster::start_named(names).await;
+        let talos = TalosApi::start(etcd).await;
+        let api = ApiServer::start().await;
+        api.insert(cluster("prod", count));
+        let w = World { api, talos };
+        for (i, n) in names.iter().enumerate() {
+            w.add_objects(n, i);
+        }
+        w
+    }
+
+    fn add_objects(&self, name: &str, index: usize) {
+        let mut m = control_plane(name, u32::try_from(index).expect("small") + 1);
+        m["spec"]["endpoint"] = json!(self.talos.node(index).endpoint());
+        self.api.insert(m);
+        self.api.insert(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name},
+            "spec": {},
+            "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]}
+        }));
+    }
+
+    /// A fourth (fifth, …) control plane joins etcd and is approved.
+    async fn add_control_plane(&mut self, name: &str) {
+        let i = self.talos.etcd.add_member(name).await;
+        self.talos.add_node(i).await;
+        self.add_objects(name, i);
+    }
+
+    fn controller(&self) -> Running {
+        Running::start(self.ctx("controller-1"))
+    }
+
+    fn ctx(&self, identity: &str) -> Arc<ichor_rules::runtime::controller::Context> {
+        context(&self.api, identity, Some(Arc::new(self.talos.tls())))
+    }
+
+    async fn members(&self) -> BTreeSet<String> {
+        self.talos.etcd.member_names().await.into_iter().collect()
+    }
+
+    fn machine(&self, name: &str) -> Option<Value> {
+        get(&self.api, "TalosMachine", name)
+    }
+
+    fn removal(&self, name: &str) -> Option<(String, String, String)> {
+        let m = self.machine(name)?;
+        let c = condition(&m, "Removal")?;
+        Some((
+            c["status"].as_str().unwrap_or("").into(),
+            c["reason"].as_str().unwrap_or("").into(),
+            c["message"].as_str().unwrap_or("").into(),
+        ))
+    }
+
+    fn done_steps(&self, name: &str) -> usize {
+        self.machine(name)
+            .and_then(|m| m["status"]["removal"]["done"].as_array().map(|a| a.len()))
+            .unwrap_or(0)
+    }
+
+    async fn finalized(&self, names: &[&str]) {
+        wait_for("finalizers", WAIT, || names.iter().all(|n| has_finalizer(&self.api, n))).await;
+    }
+}
+
+fn set(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+async fn healthy(w: &World, n: usize) {
+    w.talos
+        .etcd
+        .wait_healthy(n)
+        .await
+        .unwrap_or_else(|e| panic!("etcd not healthy with {n} members: {e}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replacement_three_to_four_to_three() {
+    let started = Instant::now();
+    let mut w = World::start(&["cp-1", "cp-2", "cp-3"], 3).await;
+    let _c = w.controller();
+    w.finalized(&["cp-1", "cp-2", "cp-3"]).await;
+    // 3 -> 4: a replacement joins.
+    w.add_control_plane("cp-4").await;
+    w.finalized(&["cp-4"]).await;
+    wait_for("Transitioning while 4", WAIT, || {
+        cond(&w.api, "TalosCluster", "prod", "Transitioning")
+            == Some(("True".into(), "EvenControlPlaneCount".into()))
+    })
+    .await;
+    // 4 -> 3: the oldest goes.
+    delete(&w.api, "TalosMachine", "cp-1").await;
+    wait_for("cp-1 removed", WAIT, || w.machine("cp-1").is_none()).await;
+    assert_eq!(w.members().await, set(&["cp-2", "cp-3", "cp-4"]));
+    healthy(&w, 3).await;
+    assert_eq!(w.talos.by_name("cp-1").resets(), 1, "reset exactly once");
+    for n in ["cp-2", "cp-3", "cp-4"] {
+        assert_eq!(w.talos.by_name(n).resets(), 0, "{n}");
+    }
+    let node = get(&w.api, "Node", "cp-1").expect("node");
+    assert_eq!(node["spec"]["unschedulable"], true, "cordoned");
+    wait_for("stable again", WAIT, || {
+        cond(&w.api, "TalosCluster", "prod", "Transitioning")
+            == Some(("False".into(), "StableControlPlaneCount".into()))
+    })
+    .await;
+    // The lock was released.
+    let leases = w.api.objects("Lease", Some(NS));
+    assert!(
+        leases.iter().all(|l| l["spec"]["holderIdentity"].is_null()),
+        "{leases:?}"
+    );
+    println!(
+        "replacement 3 -> 4 -> 3 took {:.1} s (etcd start included)",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removal_below_the_declared_count_is_refused_and_changes_nothing() {
+    let w = World::start(&["cp-1", "cp-2", "cp-3"], 3).await;
+    let _c = w.controller();
+    w.finalized(&["cp-1", "cp-2", "cp-3"]).await;
+    delete(&w.api, "TalosMachine", "cp-2").await;
+    wait_for("refused", WAIT, || {
+        w.removal("cp-2")
+            .is_some_and(|(s, r, _)| s == "False" && r == "RemovalRefused")
+    })
+    .await;
+    let (_, _, msg) = w.removal("cp-2").expect("removal");
+    assert!(
+        msg.contains("node remove: control planes 3 -> 2, below the declared count of 3"),
+        "{msg}"
+    );
+    // Refused again at each retry, but one event for one refusal.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(events(&w.api, "cp-2", "RemovalRefused").len(), 1);
+    assert!(has_finalizer(&w.api, "cp-2"));
+    assert_eq!(w.members().await, set(&["cp-1", "cp-2", "cp-3"]));
+    assert_eq!(w.talos.by_name("cp-2").resets(), 0);
+    let node = get(&w.api, "Node", "cp-2").expect("node");
+    assert!(node["spec"]["unschedulable"].is_null(), "not cordoned");
+    // No lock is kept while refused.
+    let leases = w.api.objects("Lease", Some(NS));
+    assert!(
+        leases.iter().all(|l| l["spec"]["holderIdentity"].is_null()),
+        "{leases:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_control_planes_deleted_at_once_are_serialized_and_never_go_below_count() {
+    let mut w = World::start(&["cp-1", "cp-2", "cp-3"], 3).await;
+    w.add_control_plane("cp-4").await;
+    let _c = w.controller();
+    w.finalized(&["cp-1", "cp-2", "cp-3", "cp-4"]).await;
+
+    // Watch etcd's real membership the whole time.
+    let lowest = Arc::new(AtomicUsize::new(usize::MAX));
+    let watcher = {
+        let (etcd, lowest) = (w.talos.etcd.clone(), lowest.clone());
+        tokio::spawn(async move {
+            loop {
+                let n = etcd.member_names().await.len();
+                if n > 0 {
+                    lowest.fetch_min(n, Ordering::SeqCst);
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    // Both at once, past the webhook: with 4 and each other going, each would leave 2.
+    delete(&w.api, "TalosMachine", "cp-1").await;
+    delete(&w.api, "TalosMachine", "cp-4").await;
+    wait_for("both refused", WAIT, || {
+        ["cp-1", "cp-4"].iter().all(|n| {
+            w.removal(n)
+                .is_some_and(|(_, r, _)| r == "RemovalRefused")
+        })
+    })
+    .await;
+    assert_eq!(w.members().await.len(), 4);
+
+    // A replacement arrives: now each removal keeps 3, one after the other.
+    w.add_control_plane("cp-5").await;
+    let mut holders = BTreeSet::new();
+    let start = Instant::now();
+    while w.machine("cp-1").is_some() || w.machine("cp-4").is_some() {
+        assert!(start.elapsed() < WAIT, "removals did not finish");
+        // At most one removal runs: the lock has one holder.
+        let running: Vec<String> = ["cp-1", "cp-4"]
+            .iter()
+            .filter(|n| {
+                w.removal(n)
+                    .is_some_and(|(s, r, _)| s == "True" && r == "RemovalInProgress")
+                    && w.done_steps(n) > 1
+            })
+            .map(|n| n.to_string())
+            .collect();
+        assert!(running.len() <= 1, "two removals ran at once: {running:?}");
+        for l in w.api.objects("Lease", Some(NS)) {
+            if let Some(h) = l["spec"]["holderIdentity"].as_str() {
+                holders.insert(h.to_string());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    watcher.abort();
+    assert_eq!(w.members().await, set(&["cp-2", "cp-3", "cp-5"]));
+    healthy(&w, 3).await;
+    assert!(
+        lowest.load(Ordering::SeqCst) >= 3,
+        "etcd went down to {} members",
+        lowest.load(Ordering::SeqCst)
+    );
+    assert!(
+        holders.iter().all(|h| h.starts_with("remove TalosMachine infra/")),
+        "{holders:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_member_is_removed_below_count_keeping_quorum() {
+    let w = World::start(&["cp-1", "cp-2", "cp-3"], 3).await;
+    let _c = w.controller();
+    w.finalized(&["cp-1", "cp-2", "cp-3"]).await;
+    // cp-3 dies: its etcd is killed and its Talos API does not answer.
+    w.talos.etcd.kill(w.talos.by_name("cp-3").index());
+    w.talos.by_name("cp-3").stop().await;
+    delete(&w.api, "TalosMachine", "cp-3").await;
+    wait_for("cp-3 removed", WAIT, || w.machine("cp-3").is_none()).await;
+    assert_eq!(w.members().await, set(&["cp-1", "cp-2"]));
+    healthy(&w, 2).await;
+    let ev = events(&w.api, "cp-3", "DeadMemberRemoved");
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_eq!(ev[0]["type"], "Warning");
+    let note = ev[0]["note"].as_str().unwrap_or("");
+    assert!(
+        note.contains("below the declared count of 3") && note.contains("approve a replacement"),
+        "{note}"
+    );
+    // No drain for a node whose kubelet is gone, no reset of a node that does not answer.
+    let node = get(&w.api, "Node", "cp-3").expect("node");
+    assert!(node["spec"]["unschedulable"].is_null(), "drained a dead node");
+    assert_eq!(w.talos.by_name("cp-3").resets(), 0);
+
+    // Quorum never bends: a second dead member of the two left is not removed.
+    w.talos.etcd.kill(w.talos.by_name("cp-2").index());
+    w.talos.by_name("cp-2").stop().await;
+    delete(&w.api, "TalosMachine", "cp-2").await;
+    wait_for("refused for quorum", WAIT, || {
+        w.removal("cp-2")
+            .is_some_and(|(_, r, m)| r == "RemovalRefused" && m.contains("quorum"))
+    })
+    .await;
+    assert!(w.machine("cp-2").is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_killed_at_each_step_is_resumed_by_a_fresh_one() {
+    let mut w = World::start(&["cp-1", "cp-2", "cp-3"], 3).await;
+    w.add_control_plane("cp-4").await;
+    {
+        let c = w.controller();
+        w.finalized(&["cp-1", "cp-2", "cp-3", "cp-4"]).await;
+        c.kill().await;
+    }
+    delete(&w.api, "TalosMachine", "cp-4").await;
+    // Each round: a fresh controller (a new process: new context, same identity) runs
+    // until one more step is recorded, then is killed.
+    let mut rounds = 0;
+    let mut seen = 0;
+    while w.machine("cp-4").is_some() {
+        rounds += 1;
+        assert!(rounds < 30, "no progress after {rounds} restarts");
+        let c = Running::start(w.ctx("controller-1"));
+        let before = w.done_steps("cp-4");
+        let start = Instant::now();
+        while w.machine("cp-4").is_some() && w.done_steps("cp-4") == before {
+            assert!(start.elapsed() < WAIT, "stuck after {before} steps");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        seen = seen.max(w.done_steps("cp-4"));
+        c.kill().await;
+    }
+    assert!(seen >= 4, "the removal should have passed several steps ({seen})");
+    assert!(rounds >= 4, "killed only {rounds} times");
+    assert_eq!(w.members().await, set(&["cp-1", "cp-2", "cp-3"]));
+    healthy(&w, 3).await;
+    assert_eq!(w.talos.by_name("cp-4").resets(), 1, "reset exactly once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_blocked_by_a_budget_waits_then_completes() {
+    let mut w = World::start(&["cp-1", "cp-2", "cp-3"], 3).await;
+    w.add_control_plane("cp-4").await;
+    w.api.insert(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web-1", "namespace": "apps", "labels": {"app": "web"}},
+        "spec": {"nodeName": "cp-4", "containers": [{"name": "web", "image": "nginx"}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    }));
+    w.api.insert(json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "web", "namespace": "apps"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}
+    }));
+    let _c = w.controller();
+    w.finalized(&["cp-1", "cp-2", "cp-3", "cp-4"]).await;
+    delete(&w.api, "TalosMachine", "cp-4").await;
+    wait_for("DrainFailed", WAIT, || {
+        w.removal("cp-4")
+            .is_some_and(|(s, r, _)| s == "False" && r == "DrainFailed")
+    })
+    .await;
+    let (_, _, msg) = w.removal("cp-4").expect("removal");
+    assert!(msg.contains("apps/web-1"), "{msg}");
+    // Retried every drain_retry (300 ms here): still one event for one blocked stretch.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(events(&w.api, "cp-4", "DrainFailed").len(), 1);
+    assert_eq!(w.members().await.len(), 4, "nothing past the drain ran");
+    let node = get(&w.api, "Node", "cp-4").expect("node");
+    assert_eq!(node["spec"]["unschedulable"], true, "cordoned first");
+
+    // The budget allows it now: the removal goes on by itself.
+    let mut pdb = get(&w.api, "PodDisruptionBudget", "web").expect("pdb");
+    pdb["spec"]["minAvailable"] = json!(0);
+    {
+        use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+        use kube::api::{Api, PostParams};
+        let api: Api<PodDisruptionBudget> = Api::namespaced(w.api.client(), "apps");
+        let pdb: PodDisruptionBudget = serde_json::from_value(pdb).expect("pdb");
+        api.replace("web", &PostParams::default(), &pdb)
+            .await
+            .expect("replace pdb");
+    }
+    wait_for("cp-4 removed", WAIT, || w.machine("cp-4").is_none()).await;
+    assert!(get(&w.api, "Pod", "web-1").is_none(), "evicted");
+    assert_eq!(w.members().await, set(&["cp-1", "cp-2", "cp-3"]));
+    healthy(&w, 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_node_says_so_with_the_likely_new_address() {
+    let w = World::start(&["cp-1", "cp-2", "cp-3"], 3).await;
+    // The Kubernetes Node of cp-2 reports another address than the one dialled.
+    let mut node = get(&w.api, "Node", "cp-2").expect("node");
+    node["status"]["addresses"] = json!([{"type": "InternalIP", "address": "10.0.0.9"}]);
+    {
+        use k8s_openapi::api::core::v1::Node;
+        use kube::api::{Api, PostParams};
+        let api: Api<Node> = Api::all(w.api.client());
+        let n: Node = serde_json::from_value(node).expect("node");
+        api.replace_status("cp-2", &PostParams::default(), &n)
+            .await
+            .expect("node status");
+    }
+    let spec_before = w.machine("cp-2").expect("cp-2")["spec"].clone();
+    let _c = w.controller();
+    w.finalized(&["cp-1", "cp-2", "cp-3"]).await;
+    let endpoint = w.talos.by_name("cp-2").endpoint();
+    w.talos.by_name("cp-2").stop().await;
+    wait_for("NodeReachable=False", WAIT, || {
+        cond(&w.api, "TalosMachine", "cp-2", "NodeReachable")
+            .is_some_and(|(s, _)| s == "False")
+    })
+    .await;
+    wait_for("Ready=False NodeUnreachable after the grace", WAIT, || {
+        cond(&w.api, "TalosMachine", "cp-2", "Ready")
+            == Some(("False".into(), "NodeUnreachable".into()))
+    })
+    .await;
+    let m = w.machine("cp-2").expect("cp-2");
+    let msg = condition(&m, "Ready").expect("Ready")["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let port = endpoint.rsplit(':').next().expect("port");
+    assert!(msg.contains(&format!("the node at {endpoint} has not answered for")), "{msg}");
+    assert!(
+        msg.contains(&format!("spec.endpoint may need updating to 10.0.0.9:{port}")),
+        "{msg}"
+    );
+    assert_eq!(m["spec"], spec_before, "spec is never edited");
+    // The others are fine.
+    assert_eq!(cond(&w.api, "TalosMachine", "cp-1", "Ready"), None);
+    // Back: the conditions go.
+    w.talos.by_name("cp-2").start_again().await;
+    wait_for("reachable again", WAIT, || {
+        cond(&w.api, "TalosMachine", "cp-2", "Ready").is_none()
+            && cond(&w.api, "TalosMachine", "cp-2", "NodeReachable").is_none()
+    })
+    .await;
+}
