@@ -18,6 +18,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 APT_PACKAGES=(
   "gcc:cc"       # the linker rustc calls (absent when Rust came from rustup alone)
   "libc6-dev"    # crt files and libc for linking
+  "etcd-server:etcd" # a real etcd for the Talos API stand-ins (tests/talos.rs)
 )
 # ---------------------------------------------------------------------------------------
 

@@ -574,15 +574,19 @@ impl TalosClient {
     }
 
     fn from_status(&self, status: &tonic::Status) -> TalosError {
-        let mut detail = status.message().to_string();
+        let mut parts = vec![status.message().to_string()];
         if let Some(source) = std::error::Error::source(status) {
-            let chain = chain(source);
-            if !chain.is_empty() && !detail.contains(&chain) {
-                if !detail.is_empty() {
-                    detail.push_str(": ");
-                }
-                detail.push_str(&chain);
-            }
+            parts.push(chain(source));
+        }
+        let detail = dedup_segments(&parts);
+        let timed_out = status.code() == Code::Cancelled
+            && (has_source::<tonic::TimeoutExpired>(status)
+                || status.message() == "Timeout expired");
+        if timed_out {
+            return self.unreachable(format!(
+                "no answer within {:?} (deadline exceeded)",
+                self.timeout
+            ));
         }
         match status.code() {
             Code::Unavailable | Code::DeadlineExceeded => self.unreachable(detail),
@@ -594,7 +598,7 @@ impl TalosClient {
                 endpoint: self.endpoint.to_string(),
                 node: self.node.as_deref().map(str::to_string),
                 code,
-                message: detail,
+                message: status.message().to_string(),
             },
         }
     }
@@ -672,6 +676,35 @@ impl TalosClient {
             .next()
             .ok_or_else(|| self.failed(Code::Internal, "the response carries no entry"))
     }
+}
+
+/// Whether `e` or one of its sources is an `E`.
+fn has_source<E: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if err.is::<E>() {
+            return true;
+        }
+        next = err.source();
+    }
+    false
+}
+
+/// Joins error texts with `: `, keeping each `: `-separated segment once and dropping
+/// tonic's generic "transport error".
+fn dedup_segments(parts: &[String]) -> String {
+    let mut seen: Vec<&str> = Vec::new();
+    for segment in parts.iter().flat_map(|p| p.split(": ")) {
+        let segment = segment.trim();
+        if segment.is_empty() || segment == "transport error" || seen.contains(&segment) {
+            continue;
+        }
+        seen.push(segment);
+    }
+    if seen.is_empty() {
+        return "transport error".to_string();
+    }
+    seen.join(": ")
 }
 
 /// An error and its sources, joined with `: `.

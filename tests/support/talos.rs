@@ -1,0 +1,801 @@
+//! A Talos API stand-in per node: a tonic server generated from the same `.proto` as the
+//! client (`ichor_rules::runtime::talos::proto`), on 127.0.0.1 with mutual TLS, serving the
+//! seven machine API calls against that node's member of a REAL etcd cluster
+//! (`support/etcd.rs`).
+//!
+//! What each call does, as Talos does it:
+//! - `EtcdMemberList`, `EtcdStatus`: this node's etcd member answers; when its etcd does not
+//!   answer, the call fails with `Unknown` (the node answered, its etcd did not).
+//! - `EtcdForfeitLeadership`: when this member leads, leadership moves to another running
+//!   voting member; the answer names this member (empty when it did not lead).
+//! - `EtcdLeaveCluster`: this member removes itself through the cluster API, then its etcd
+//!   stops and its data is wiped. Not a member any more (or etcd not running): an error.
+//! - `EtcdRemoveMemberByID`: through this node's etcd, "failed to remove member ..." on error.
+//! - `Reset`: graceful leaves etcd first (forfeiting leadership) when still a member; then
+//!   the node wipes (its etcd stops, its data goes), counts the reset, and from then on
+//!   answers `Unavailable` like a rebooting node (until [`TalosNode::start_again`]).
+//! - `Version`: a fixed tag, [`VERSION_TAG`].
+//!
+//! Node targeting: a request carrying the metadata `node: X` (X a node name or its
+//! `127.0.0.1:port`) is answered as node X, as apid proxies it. The target's failure comes
+//! back as a per-node error in `messages[0].metadata` with an OK call, as apid reports
+//! failed nodes; a stopped or unknown target is reported `Unavailable` the same way. Several
+//! `node` values are refused with `InvalidArgument`. A direct call's failure is the call's
+//! gRPC status.
+//!
+//! Include it with `#[allow(dead_code)] #[path = "support/talos.rs"] mod talos;` (it needs
+//! `support/etcd.rs` included as `etcd` beside it).
+
+use crate::etcd::{EtcdCluster, EtcdError};
+use ichor_rules::runtime::talos::proto::common::Metadata;
+use ichor_rules::runtime::talos::proto::google::rpc;
+use ichor_rules::runtime::talos::proto::machine as pb;
+use ichor_rules::runtime::talos::proto::machine::machine_service_server::{
+    MachineService, MachineServiceServer,
+};
+use ichor_rules::runtime::talos::{TalosClient, TalosTls};
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic::{Code, Request, Response, Status};
+
+/// The tag every stand-in's `Version` answers.
+pub const VERSION_TAG: &str = "v1.9.5";
+
+/// The per-call timeout of [`TalosApi::client`].
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A cluster PKI as Talos makes one: a CA, a serving certificate for 127.0.0.1 (IP SAN),
+/// and an Ed25519 admin client certificate.
+pub struct Pki {
+    pub ca_pem: String,
+    pub server_crt: String,
+    pub server_key: String,
+    pub client_crt: String,
+    pub client_key: String,
+}
+
+fn ca_params(cn: &str) -> rcgen::CertificateParams {
+    let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    p.distinguished_name.push(rcgen::DnType::CommonName, cn);
+    p.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    p
+}
+
+fn leaf(
+    issuer: &rcgen::Issuer<'_, rcgen::KeyPair>,
+    sans: Vec<String>,
+    cn: &str,
+    usage: rcgen::ExtendedKeyUsagePurpose,
+    key: rcgen::KeyPair,
+) -> (String, String) {
+    let mut p = rcgen::CertificateParams::new(sans).expect("leaf params");
+    p.distinguished_name.push(rcgen::DnType::CommonName, cn);
+    p.distinguished_name
+        .push(rcgen::DnType::OrganizationName, "os:admin");
+    p.extended_key_usages = vec![usage];
+    let cert = p.signed_by(&key, issuer).expect("sign leaf");
+    (cert.pem(), key.serialize_pem())
+}
+
+impl Pki {
+    pub fn new() -> Pki {
+        let ca_key = rcgen::KeyPair::generate().expect("CA key");
+        let params = ca_params("talos");
+        let ca = params.self_signed(&ca_key).expect("CA");
+        let issuer = rcgen::Issuer::new(params, ca_key);
+        let (server_crt, server_key) = leaf(
+            &issuer,
+            vec!["127.0.0.1".into(), "localhost".into()],
+            "talos-apid",
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            rcgen::KeyPair::generate().expect("server key"),
+        );
+        let (client_crt, client_key) = leaf(
+            &issuer,
+            vec![],
+            "admin",
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+            rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).expect("client key"),
+        );
+        Pki {
+            ca_pem: ca.pem(),
+            server_crt,
+            server_key,
+            client_crt,
+            client_key,
+        }
+    }
+
+    /// The client's TLS material (trusting this CA, presenting the admin certificate).
+    pub fn client_tls(&self) -> TalosTls {
+        TalosTls::from_pem(
+            self.ca_pem.as_bytes(),
+            self.client_crt.as_bytes(),
+            self.client_key.as_bytes(),
+        )
+        .expect("client TLS")
+    }
+
+    /// TLS material that trusts this CA but presents a client certificate from another CA.
+    pub fn foreign_client_tls(&self) -> TalosTls {
+        let key = rcgen::KeyPair::generate().expect("CA key");
+        let params = ca_params("not-talos");
+        let issuer = rcgen::Issuer::new(params, key);
+        let (crt, key) = leaf(
+            &issuer,
+            vec![],
+            "admin",
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+            rcgen::KeyPair::generate().expect("client key"),
+        );
+        TalosTls::from_pem(self.ca_pem.as_bytes(), crt.as_bytes(), key.as_bytes())
+            .expect("foreign TLS")
+    }
+
+    /// A talosconfig with one context `name`: the endpoints and nodes given, and this
+    /// PKI's CA and admin certificate as base64 PEM. The key carries Talos' own PEM label,
+    /// `ED25519 PRIVATE KEY`.
+    pub fn talosconfig(&self, name: &str, endpoints: &[String], nodes: &[String]) -> String {
+        use base64::Engine as _;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
+        let key = self
+            .client_key
+            .replace("BEGIN PRIVATE KEY", "BEGIN ED25519 PRIVATE KEY")
+            .replace("END PRIVATE KEY", "END ED25519 PRIVATE KEY");
+        let list = |v: &[String]| {
+            v.iter()
+                .map(|e| format!("\n      - {e}"))
+                .collect::<String>()
+        };
+        format!(
+            "context: {name}\ncontexts:\n  {name}:\n    endpoints:{}\n    nodes:{}\n    ca: {}\n    crt: {}\n    key: {}\n",
+            list(endpoints),
+            list(nodes),
+            b64(&self.ca_pem),
+            b64(&self.client_crt),
+            b64(&key)
+        )
+    }
+}
+
+type Registry = Arc<Mutex<HashMap<String, Arc<Node>>>>;
+
+/// One node's state, shared by its server and the registry.
+struct Node {
+    name: String,
+    index: usize,
+    addr: SocketAddr,
+    etcd: Arc<EtcdCluster>,
+    serving: AtomicBool,
+    wiped: AtomicBool,
+    resets: AtomicUsize,
+}
+
+fn etcd_failure(name: &str, e: &EtcdError) -> Status {
+    Status::unknown(format!("etcd member {name} does not answer: {e}"))
+}
+
+fn etcd_code(e: &EtcdError) -> Code {
+    match Code::from_i32(e.code) {
+        // The stand-in's own etcd being down is the node's failure, not the node's absence.
+        Code::Unavailable | Code::DeadlineExceeded | Code::Ok => Code::Unknown,
+        code => code,
+    }
+}
+
+impl Node {
+    fn metadata(&self) -> Option<Metadata> {
+        Some(Metadata {
+            hostname: self.name.clone(),
+            ..Default::default()
+        })
+    }
+
+    fn check_up(&self) -> Result<(), Status> {
+        if self.wiped.load(Ordering::SeqCst) {
+            return Err(Status::unavailable(format!(
+                "node {} is rebooting after a reset",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
+    async fn version(self: Arc<Self>) -> Result<pb::Version, Status> {
+        self.check_up()?;
+        Ok(pb::Version {
+            metadata: self.metadata(),
+            version: Some(pb::VersionInfo {
+                tag: VERSION_TAG.into(),
+                sha: "stand-in".into(),
+                os: "Talos".into(),
+                arch: "amd64".into(),
+                ..Default::default()
+            }),
+            platform: Some(pb::PlatformInfo {
+                name: "metal".into(),
+                mode: "metal".into(),
+            }),
+            features: None,
+        })
+    }
+
+    async fn member_list(self: Arc<Self>) -> Result<pb::EtcdMembers, Status> {
+        self.check_up()?;
+        let list = self
+            .etcd
+            .member_list_at(self.index)
+            .await
+            .map_err(|e| etcd_failure(&self.name, &e))?;
+        Ok(pb::EtcdMembers {
+            metadata: self.metadata(),
+            legacy_members: list.iter().map(|m| m.name.clone()).collect(),
+            members: list
+                .into_iter()
+                .map(|m| pb::EtcdMember {
+                    id: m.id,
+                    hostname: m.name,
+                    peer_urls: m.peer_urls,
+                    client_urls: m.client_urls,
+                    is_learner: m.is_learner,
+                })
+                .collect(),
+        })
+    }
+
+    async fn status(self: Arc<Self>) -> Result<pb::EtcdStatus, Status> {
+        self.check_up()?;
+        let st = self
+            .etcd
+            .status_at(self.index)
+            .await
+            .map_err(|e| etcd_failure(&self.name, &e))?;
+        Ok(pb::EtcdStatus {
+            metadata: self.metadata(),
+            member_status: Some(pb::EtcdMemberStatus {
+                protocol_version: st.version,
+                db_size: st.db_size,
+                db_size_in_use: st.db_size_in_use,
+                leader: st.leader,
+                raft_index: st.raft_index,
+                raft_term: st.raft_term,
+                raft_applied_index: st.raft_applied_index,
+                errors: st.errors,
+                is_learner: st.is_learner,
+                member_id: st.member_id,
+            }),
+        })
+    }
+
+    /// Moves leadership away when this member leads; the name of this member, or empty.
+    async fn forfeit(&self) -> Result<String, Status> {
+        let st = self
+            .etcd
+            .status_at(self.index)
+            .await
+            .map_err(|e| etcd_failure(&self.name, &e))?;
+        if st.leader == 0 || st.leader != st.member_id {
+            return Ok(String::new());
+        }
+        let list = self
+            .etcd
+            .member_list_at(self.index)
+            .await
+            .map_err(|e| etcd_failure(&self.name, &e))?;
+        let mut last = String::from("no other started voting member");
+        for m in list
+            .iter()
+            .filter(|m| m.id != st.member_id && !m.is_learner && !m.name.is_empty())
+        {
+            let Some(i) = self.etcd.index_of(&m.name) else {
+                continue;
+            };
+            if !self.etcd.is_running(i) || self.etcd.status_at(i).await.is_err() {
+                continue;
+            }
+            match self.etcd.move_leader_at(self.index, m.id).await {
+                Ok(()) => return Ok(self.name.clone()),
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Err(Status::failed_precondition(format!(
+            "failed to move etcd leadership from {}: {last}",
+            self.name
+        )))
+    }
+
+    async fn forfeit_leadership(self: Arc<Self>) -> Result<pb::EtcdForfeitLeadership, Status> {
+        self.check_up()?;
+        let member = self.forfeit().await?;
+        Ok(pb::EtcdForfeitLeadership {
+            metadata: self.metadata(),
+            member,
+        })
+    }
+
+    /// Removes this member from the cluster, then stops and wipes its etcd.
+    async fn leave(&self) -> Result<(), Status> {
+        if !self.etcd.is_running(self.index) {
+            return Err(Status::failed_precondition(format!(
+                "failed to leave cluster: etcd is not running on {}",
+                self.name
+            )));
+        }
+        let st = self
+            .etcd
+            .status_at(self.index)
+            .await
+            .map_err(|e| etcd_failure(&self.name, &e))?;
+        let list = self
+            .etcd
+            .member_list_at(self.index)
+            .await
+            .map_err(|e| etcd_failure(&self.name, &e))?;
+        if !list.iter().any(|m| m.id == st.member_id) {
+            return Err(Status::not_found(format!(
+                "failed to leave cluster: etcd member {:x} ({}) not found",
+                st.member_id, self.name
+            )));
+        }
+        self.etcd
+            .remove_member_at(self.index, st.member_id)
+            .await
+            .map_err(|e| {
+                Status::new(
+                    etcd_code(&e),
+                    format!(
+                        "failed to leave cluster: failed to remove member {}: {e}",
+                        st.member_id
+                    ),
+                )
+            })?;
+        self.etcd.kill_and_wipe(self.index);
+        Ok(())
+    }
+
+    async fn leave_cluster(self: Arc<Self>) -> Result<pb::EtcdLeaveCluster, Status> {
+        self.check_up()?;
+        self.leave().await?;
+        Ok(pb::EtcdLeaveCluster {
+            metadata: self.metadata(),
+        })
+    }
+
+    async fn remove_member_by_id(
+        self: Arc<Self>,
+        id: u64,
+    ) -> Result<pb::EtcdRemoveMemberById, Status> {
+        self.check_up()?;
+        self.etcd
+            .remove_member_at(self.index, id)
+            .await
+            .map_err(|e| {
+                Status::new(etcd_code(&e), format!("failed to remove member {id}: {e}"))
+            })?;
+        Ok(pb::EtcdRemoveMemberById {
+            metadata: self.metadata(),
+        })
+    }
+
+    async fn reset(self: Arc<Self>, graceful: bool) -> Result<pb::Reset, Status> {
+        self.check_up()?;
+        if graceful && self.etcd.is_running(self.index) {
+            self.forfeit().await?;
+            self.leave().await?;
+        }
+        self.etcd.kill_and_wipe(self.index);
+        let n = self.resets.fetch_add(1, Ordering::SeqCst) + 1;
+        self.wiped.store(true, Ordering::SeqCst);
+        Ok(pb::Reset {
+            metadata: self.metadata(),
+            actor_id: format!("{}-reset-{n}", self.name),
+        })
+    }
+}
+
+/// The gRPC service of one stand-in.
+struct Service {
+    node: Arc<Node>,
+    registry: Registry,
+}
+
+enum Target {
+    Here,
+    Node(String, Option<Arc<Node>>),
+}
+
+impl Service {
+    fn target(&self, meta: &tonic::metadata::MetadataMap) -> Result<Target, Status> {
+        let values: Vec<&str> = meta
+            .get_all("node")
+            .iter()
+            .map(|v| v.to_str().unwrap_or(""))
+            .collect();
+        match values.as_slice() {
+            [] => Ok(Target::Here),
+            [one] if *one == self.node.name || *one == self.node.addr.to_string() => {
+                Ok(Target::Here)
+            }
+            [one] => {
+                let found = self.registry.lock().expect("registry").get(*one).cloned();
+                Ok(Target::Node(one.to_string(), found))
+            }
+            _ => Err(Status::invalid_argument(
+                "metadata key \"node\" must have exactly one value",
+            )),
+        }
+    }
+
+    /// Answers here, or as the targeted node with its failure in the entry's metadata.
+    async fn answer<T, F, Fut>(
+        &self,
+        meta: &tonic::metadata::MetadataMap,
+        call: F,
+        failed: fn(Option<Metadata>) -> T,
+    ) -> Result<Vec<T>, Status>
+    where
+        F: FnOnce(Arc<Node>) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        self.node.check_up()?;
+        let (name, result) = match self.target(meta)? {
+            Target::Here => return call(self.node.clone()).await.map(|t| vec![t]),
+            Target::Node(name, None) => (
+                name.clone(),
+                Err(Status::unavailable(format!(
+                    "connection error: desc = \"transport: Error while dialing: dial tcp: lookup {name}: no such host\""
+                ))),
+            ),
+            Target::Node(name, Some(node)) if !node.serving.load(Ordering::SeqCst) => (
+                name,
+                Err(Status::unavailable(format!(
+                    "connection error: desc = \"transport: Error while dialing: dial tcp {}: connect: connection refused\"",
+                    node.addr
+                ))),
+            ),
+            Target::Node(name, Some(node)) => (name, call(node).await),
+        };
+        Ok(vec![match result {
+            Ok(t) => t,
+            Err(status) => failed(Some(Metadata {
+                hostname: name,
+                error: format!(
+                    "rpc error: code = {:?} desc = {}",
+                    status.code(),
+                    status.message()
+                ),
+                status: Some(rpc::Status {
+                    code: status.code() as i32,
+                    message: status.message().to_string(),
+                    details: vec![],
+                }),
+            })),
+        }])
+    }
+}
+
+#[tonic::async_trait]
+impl MachineService for Service {
+    async fn etcd_member_list(
+        &self,
+        request: Request<pb::EtcdMemberListRequest>,
+    ) -> Result<Response<pb::EtcdMemberListResponse>, Status> {
+        let messages = self
+            .answer(request.metadata(), Node::member_list, |metadata| {
+                pb::EtcdMembers {
+                    metadata,
+                    ..Default::default()
+                }
+            })
+            .await?;
+        Ok(Response::new(pb::EtcdMemberListResponse { messages }))
+    }
+
+    async fn etcd_remove_member_by_id(
+        &self,
+        request: Request<pb::EtcdRemoveMemberByIdRequest>,
+    ) -> Result<Response<pb::EtcdRemoveMemberByIdResponse>, Status> {
+        let id = request.get_ref().member_id;
+        let messages = self
+            .answer(
+                request.metadata(),
+                move |node| node.remove_member_by_id(id),
+                |metadata| pb::EtcdRemoveMemberById { metadata },
+            )
+            .await?;
+        Ok(Response::new(pb::EtcdRemoveMemberByIdResponse { messages }))
+    }
+
+    async fn etcd_leave_cluster(
+        &self,
+        request: Request<pb::EtcdLeaveClusterRequest>,
+    ) -> Result<Response<pb::EtcdLeaveClusterResponse>, Status> {
+        let messages = self
+            .answer(request.metadata(), Node::leave_cluster, |metadata| {
+                pb::EtcdLeaveCluster { metadata }
+            })
+            .await?;
+        Ok(Response::new(pb::EtcdLeaveClusterResponse { messages }))
+    }
+
+    async fn etcd_forfeit_leadership(
+        &self,
+        request: Request<pb::EtcdForfeitLeadershipRequest>,
+    ) -> Result<Response<pb::EtcdForfeitLeadershipResponse>, Status> {
+        let messages = self
+            .answer(request.metadata(), Node::forfeit_leadership, |metadata| {
+                pb::EtcdForfeitLeadership {
+                    metadata,
+                    ..Default::default()
+                }
+            })
+            .await?;
+        Ok(Response::new(pb::EtcdForfeitLeadershipResponse {
+            messages,
+        }))
+    }
+
+    async fn etcd_status(
+        &self,
+        request: Request<()>,
+    ) -> Result<Response<pb::EtcdStatusResponse>, Status> {
+        let messages = self
+            .answer(request.metadata(), Node::status, |metadata| {
+                pb::EtcdStatus {
+                    metadata,
+                    ..Default::default()
+                }
+            })
+            .await?;
+        Ok(Response::new(pb::EtcdStatusResponse { messages }))
+    }
+
+    async fn reset(
+        &self,
+        request: Request<pb::ResetRequest>,
+    ) -> Result<Response<pb::ResetResponse>, Status> {
+        let graceful = request.get_ref().graceful;
+        let messages = self
+            .answer(
+                request.metadata(),
+                move |node| node.reset(graceful),
+                |metadata| pb::Reset {
+                    metadata,
+                    ..Default::default()
+                },
+            )
+            .await?;
+        Ok(Response::new(pb::ResetResponse { messages }))
+    }
+
+    async fn version(&self, request: Request<()>) -> Result<Response<pb::VersionResponse>, Status> {
+        let messages = self
+            .answer(request.metadata(), Node::version, |metadata| pb::Version {
+                metadata,
+                ..Default::default()
+            })
+            .await?;
+        Ok(Response::new(pb::VersionResponse { messages }))
+    }
+}
+
+struct Running {
+    shutdown: oneshot::Sender<()>,
+    task: JoinHandle<()>,
+}
+
+/// One node's Talos API stand-in.
+pub struct TalosNode {
+    node: Arc<Node>,
+    registry: Registry,
+    tls: ServerTlsConfig,
+    running: Mutex<Option<Running>>,
+}
+
+impl TalosNode {
+    /// The node's name (its etcd member name).
+    pub fn name(&self) -> &str {
+        &self.node.name
+    }
+
+    /// The index of its etcd member in the etcd harness.
+    pub fn index(&self) -> usize {
+        self.node.index
+    }
+
+    /// `127.0.0.1:port`, to dial.
+    pub fn endpoint(&self) -> String {
+        self.node.addr.to_string()
+    }
+
+    /// How many resets the node has carried out.
+    pub fn resets(&self) -> usize {
+        self.node.resets.load(Ordering::SeqCst)
+    }
+
+    /// Whether the node was reset (and answers `Unavailable` since).
+    pub fn is_wiped(&self) -> bool {
+        self.node.wiped.load(Ordering::SeqCst)
+    }
+
+    /// Whether the Talos API is served.
+    pub fn is_serving(&self) -> bool {
+        self.node.serving.load(Ordering::SeqCst)
+    }
+
+    /// Shuts the Talos API down: dials are refused from now on. Its etcd keeps running.
+    pub async fn stop(&self) {
+        self.node.serving.store(false, Ordering::SeqCst);
+        let running = self.running.lock().expect("running").take();
+        if let Some(Running { shutdown, mut task }) = running {
+            let _ = shutdown.send(());
+            if tokio::time::timeout(Duration::from_secs(2), &mut task)
+                .await
+                .is_err()
+            {
+                task.abort();
+                let _ = task.await;
+            }
+        }
+    }
+
+    /// Serves the Talos API again on the same address (after [`TalosNode::stop`], or a
+    /// reset: the node is back from its reboot, with no etcd member).
+    pub async fn start_again(&self) {
+        self.stop().await;
+        let listener = tokio::net::TcpListener::bind(self.node.addr)
+            .await
+            .expect("rebind the stand-in's address");
+        self.node.wiped.store(false, Ordering::SeqCst);
+        self.serve(listener);
+    }
+
+    fn serve(&self, listener: tokio::net::TcpListener) {
+        let service = Service {
+            node: self.node.clone(),
+            registry: self.registry.clone(),
+        };
+        let (shutdown, rx) = oneshot::channel::<()>();
+        let server = Server::builder()
+            .tls_config(self.tls.clone())
+            .expect("server TLS")
+            .add_service(MachineServiceServer::new(service))
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                async {
+                    let _ = rx.await;
+                },
+            );
+        let task = tokio::spawn(async move {
+            let _ = server.await;
+        });
+        self.node.serving.store(true, Ordering::SeqCst);
+        *self.running.lock().expect("running") = Some(Running { shutdown, task });
+    }
+}
+
+impl Drop for TalosNode {
+    fn drop(&mut self) {
+        self.node.serving.store(false, Ordering::SeqCst);
+        if let Ok(mut running) = self.running.lock()
+            && let Some(Running { shutdown, task }) = running.take()
+        {
+            let _ = shutdown.send(());
+            task.abort();
+        }
+    }
+}
+
+/// The Talos API stand-ins of a cluster, one per etcd member, sharing one PKI and one
+/// registry (so any of them proxies to the others by `node` metadata).
+pub struct TalosApi {
+    pub etcd: Arc<EtcdCluster>,
+    pki: Pki,
+    registry: Registry,
+    nodes: Vec<TalosNode>,
+}
+
+impl TalosApi {
+    /// Starts one stand-in per member of `etcd`.
+    pub async fn start(etcd: Arc<EtcdCluster>) -> TalosApi {
+        let mut api = TalosApi {
+            etcd: etcd.clone(),
+            pki: Pki::new(),
+            registry: Arc::default(),
+            nodes: Vec::new(),
+        };
+        for i in 0..etcd.len() {
+            api.add_node(i).await;
+        }
+        api
+    }
+
+    /// Starts the stand-in of etcd member `index` (e.g. after `EtcdCluster::add_member`).
+    pub async fn add_node(&mut self, index: usize) -> &TalosNode {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a stand-in");
+        let addr = listener.local_addr().expect("stand-in address");
+        let node = Arc::new(Node {
+            name: self.etcd.name(index),
+            index,
+            addr,
+            etcd: self.etcd.clone(),
+            serving: AtomicBool::new(false),
+            wiped: AtomicBool::new(false),
+            resets: AtomicUsize::new(0),
+        });
+        {
+            let mut registry = self.registry.lock().expect("registry");
+            registry.insert(node.name.clone(), node.clone());
+            registry.insert(addr.to_string(), node.clone());
+        }
+        let tls = ServerTlsConfig::new()
+            .identity(Identity::from_pem(
+                &self.pki.server_crt,
+                &self.pki.server_key,
+            ))
+            .client_ca_root(Certificate::from_pem(&self.pki.ca_pem));
+        let talos = TalosNode {
+            node,
+            registry: self.registry.clone(),
+            tls,
+            running: Mutex::new(None),
+        };
+        talos.serve(listener);
+        self.nodes.push(talos);
+        self.nodes.last().expect("just pushed")
+    }
+
+    /// Stand-in `i` (the same index as its etcd member).
+    pub fn node(&self, i: usize) -> &TalosNode {
+        &self.nodes[i]
+    }
+
+    /// The stand-in named `name`.
+    pub fn by_name(&self, name: &str) -> &TalosNode {
+        self.nodes
+            .iter()
+            .find(|n| n.name() == name)
+            .unwrap_or_else(|| panic!("no stand-in named {name}"))
+    }
+
+    /// The number of stand-ins.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn pki(&self) -> &Pki {
+        &self.pki
+    }
+
+    /// TLS material of the cluster's admin.
+    pub fn tls(&self) -> TalosTls {
+        self.pki.client_tls()
+    }
+
+    /// A client dialling stand-in `i` directly, with [`CLIENT_TIMEOUT`].
+    pub fn client(&self, i: usize) -> TalosClient {
+        TalosClient::new(&self.nodes[i].endpoint(), &self.tls(), CLIENT_TIMEOUT)
+            .expect("Talos client")
+    }
+
+    /// A talosconfig (context `ichor-test`) listing every stand-in's endpoint and every
+    /// node's name, with the cluster's CA and admin certificate.
+    pub fn talosconfig_yaml(&self) -> String {
+        let endpoints: Vec<String> = self.nodes.iter().map(TalosNode::endpoint).collect();
+        let nodes: Vec<String> = self.nodes.iter().map(|n| n.name().to_string()).collect();
+        self.pki.talosconfig("ichor-test", &endpoints, &nodes)
+    }
+}
