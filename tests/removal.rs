@@ -100,7 +100,10 @@ impl World {
     }
 
     async fn finalized(&self, names: &[&str]) {
-        wait_for("finalizers", WAIT, || names.iter().all(|n| has_finalizer(&self.api, n))).await;
+        wait_for("finalizers", WAIT, || {
+            names.iter().all(|n| has_finalizer(&self.api, n))
+        })
+        .await;
     }
 }
 
@@ -194,8 +197,11 @@ async fn removal_below_the_declared_count_is_refused_and_changes_nothing() {
 async fn two_control_planes_deleted_at_once_are_serialized_and_never_go_below_count() {
     let mut w = World::start(&["cp-1", "cp-2", "cp-3"], 3).await;
     w.add_control_plane("cp-4").await;
-    let _c = w.controller();
-    w.finalized(&["cp-1", "cp-2", "cp-3", "cp-4"]).await;
+    {
+        let c = w.controller();
+        w.finalized(&["cp-1", "cp-2", "cp-3", "cp-4"]).await;
+        c.kill().await;
+    }
 
     // Watch etcd's real membership the whole time.
     let lowest = Arc::new(AtomicUsize::new(usize::MAX));
@@ -211,14 +217,15 @@ async fn two_control_planes_deleted_at_once_are_serialized_and_never_go_below_co
             }
         })
     };
-    // Both at once, past the webhook: with 4 and each other going, each would leave 2.
+    // Both at once, past the webhook (the controller sees both deleting when it starts):
+    // with 4 and each other going, each would leave 2.
     delete(&w.api, "TalosMachine", "cp-1").await;
     delete(&w.api, "TalosMachine", "cp-4").await;
+    let _c = w.controller();
     wait_for("both refused", WAIT, || {
-        ["cp-1", "cp-4"].iter().all(|n| {
-            w.removal(n)
-                .is_some_and(|(_, r, _)| r == "RemovalRefused")
-        })
+        ["cp-1", "cp-4"]
+            .iter()
+            .all(|n| w.removal(n).is_some_and(|(_, r, _)| r == "RemovalRefused"))
     })
     .await;
     assert_eq!(w.members().await.len(), 4);
@@ -256,7 +263,9 @@ async fn two_control_planes_deleted_at_once_are_serialized_and_never_go_below_co
         lowest.load(Ordering::SeqCst)
     );
     assert!(
-        holders.iter().all(|h| h.starts_with("remove TalosMachine infra/")),
+        holders
+            .iter()
+            .all(|h| h.starts_with("remove TalosMachine infra/")),
         "{holders:?}"
     );
 }
@@ -283,7 +292,10 @@ async fn a_dead_member_is_removed_below_count_keeping_quorum() {
     );
     // No drain for a node whose kubelet is gone, no reset of a node that does not answer.
     let node = get(&w.api, "Node", "cp-3").expect("node");
-    assert!(node["spec"]["unschedulable"].is_null(), "drained a dead node");
+    assert!(
+        node["spec"]["unschedulable"].is_null(),
+        "drained a dead node"
+    );
     assert_eq!(w.talos.by_name("cp-3").resets(), 0);
 
     // Quorum never bends: a second dead member of the two left is not removed.
@@ -325,7 +337,10 @@ async fn a_controller_killed_at_each_step_is_resumed_by_a_fresh_one() {
         seen = seen.max(w.done_steps("cp-4"));
         c.kill().await;
     }
-    assert!(seen >= 4, "the removal should have passed several steps ({seen})");
+    assert!(
+        seen >= 4,
+        "the removal should have passed several steps ({seen})"
+    );
     assert!(rounds >= 4, "killed only {rounds} times");
     assert_eq!(w.members().await, set(&["cp-1", "cp-2", "cp-3"]));
     healthy(&w, 3).await;
@@ -403,8 +418,7 @@ async fn an_unreachable_node_says_so_with_the_likely_new_address() {
     let endpoint = w.talos.by_name("cp-2").endpoint();
     w.talos.by_name("cp-2").stop().await;
     wait_for("NodeReachable=False", WAIT, || {
-        cond(&w.api, "TalosMachine", "cp-2", "NodeReachable")
-            .is_some_and(|(s, _)| s == "False")
+        cond(&w.api, "TalosMachine", "cp-2", "NodeReachable").is_some_and(|(s, _)| s == "False")
     })
     .await;
     wait_for("Ready=False NodeUnreachable after the grace", WAIT, || {
@@ -418,9 +432,14 @@ async fn an_unreachable_node_says_so_with_the_likely_new_address() {
         .unwrap_or("")
         .to_string();
     let port = endpoint.rsplit(':').next().expect("port");
-    assert!(msg.contains(&format!("the node at {endpoint} has not answered for")), "{msg}");
     assert!(
-        msg.contains(&format!("spec.endpoint may need updating to 10.0.0.9:{port}")),
+        msg.contains(&format!("the node at {endpoint} has not answered for")),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(&format!(
+            "spec.endpoint may need updating to 10.0.0.9:{port}"
+        )),
         "{msg}"
     );
     assert_eq!(m["spec"], spec_before, "spec is never edited");
