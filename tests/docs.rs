@@ -134,3 +134,30 @@ fn every_rules_example_in_the_guide_checks() {
         );
     }
 }
+
+#[test]
+fn the_operators_guide_names_every_metric_and_every_granted_resource() {
+    use ichor_rules::runtime::access::REQUIRED;
+    use ichor_rules::runtime::metrics::Metrics;
+    let g = std::fs::read_to_string("docs/operators.md").expect("docs/operators.md exists");
+    let rendered = Metrics::default().render();
+    let names: Vec<&str> = rendered
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(names.len() >= 5, "{names:?}");
+    for n in names {
+        assert!(
+            g.contains(&format!("`{n}`")),
+            "docs/operators.md lacks the metric `{n}`"
+        );
+    }
+    for a in REQUIRED {
+        assert!(
+            g.contains(&format!("`{}`", a.resource)),
+            "docs/operators.md lacks the resource `{}`",
+            a.resource
+        );
+    }
+}
