@@ -22,38 +22,10 @@ APT_PACKAGES=(
 )
 # ---------------------------------------------------------------------------------------
 
-missing=()
-for entry in "${APT_PACKAGES[@]}"; do
-  pkg="${entry%%:*}"
-  cmd=""
-  [[ "$entry" == *:* ]] && cmd="${entry#*:}"
-  if [[ -n "$cmd" ]]; then
-    command -v "$cmd" >/dev/null 2>&1 && continue
-  elif ! command -v dpkg >/dev/null 2>&1 || dpkg -s "$pkg" >/dev/null 2>&1; then
-    continue
-  fi
-  missing+=("$pkg")
-done
-
-if ((${#missing[@]} > 0)); then
-  if ! command -v apt-get >/dev/null 2>&1; then
-    echo "error: missing packages (${missing[*]}) and no apt-get to install them" >&2
-    exit 1
-  fi
-  sudo=()
-  if [[ "$(id -u)" -ne 0 ]]; then
-    if command -v sudo >/dev/null 2>&1; then
-      sudo=(sudo)
-    else
-      echo "error: missing packages (${missing[*]}); run as root to install them" >&2
-      exit 1
-    fi
-  fi
-  echo "==> installing ${missing[*]}"
-  "${sudo[@]}" apt-get update
-  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
-    apt-get install -y --no-install-recommends "${missing[@]}"
-fi
+# The installer (scripts/apt.sh) is shared with scripts/chart-tools.sh.
+# shellcheck source=scripts/apt.sh
+source scripts/apt.sh
+ensure_apt_packages "${APT_PACKAGES[@]}"
 
 # rustfmt and clippy are rustup components; a minimal toolchain lacks them.
 # (rustup installs `cargo fmt`/`cargo clippy` proxies either way, so ask them to run.)
@@ -70,6 +42,12 @@ cargo fmt --check
 
 echo "==> cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
+
+# helm and kubernetes-validate (installed once into a cache folder), the chart's lint,
+# rendering and schema checks; tests/chart.rs finds helm through ICHOR_HELM.
+bash scripts/chart-tools.sh install
+eval "$(bash scripts/chart-tools.sh env)"
+bash scripts/chart-tools.sh check
 
 if cargo nextest --version >/dev/null 2>&1; then
   echo "==> cargo nextest run"

@@ -77,3 +77,87 @@ fn every_diagnostic_code_is_documented() {
         );
     }
 }
+
+/// The ```rules blocks of the guide: each is a whole rule file.
+fn rules_blocks(text: &str) -> Vec<(usize, String)> {
+    let mut blocks = Vec::new();
+    let mut current: Option<(usize, String)> = None;
+    for (i, line) in text.lines().enumerate() {
+        match &mut current {
+            None if line.trim_end() == "```rules" => current = Some((i + 2, String::new())),
+            Some(_) if line.trim_end() == "```" => blocks.extend(current.take()),
+            Some((_, body)) => {
+                body.push_str(line);
+                body.push('\n');
+            }
+            None => {}
+        }
+    }
+    assert!(current.is_none(), "an unclosed ```rules block");
+    blocks
+}
+
+#[test]
+fn every_rules_example_in_the_guide_checks() {
+    use ichor_rules::diagnostics::SourceFile;
+    use ichor_rules::ruleset::build;
+    let blocks = rules_blocks(&guide());
+    assert!(
+        blocks.len() >= 9,
+        "one example per construct; found {}",
+        blocks.len()
+    );
+    for (line, body) in blocks {
+        let set = build(vec![SourceFile::new(
+            format!("docs/rules.md:{line}"),
+            body.clone(),
+        )]);
+        let errors: Vec<String> = set
+            .diagnostics
+            .iter()
+            .filter(|d| d.is_error())
+            .map(|d| format!("{}: {}", d.code, d.message))
+            .collect();
+        assert!(
+            errors.is_empty(),
+            "the example at docs/rules.md:{line} does not check: {errors:?}\n{body}"
+        );
+        let findings: Vec<&str> = set
+            .diagnostics
+            .iter()
+            .map(|d| d.code)
+            .filter(|c| *c != "ichor::lint::uncovered_event")
+            .collect();
+        assert!(
+            findings.is_empty(),
+            "the example at docs/rules.md:{line} draws {findings:?}"
+        );
+    }
+}
+
+#[test]
+fn the_operators_guide_names_every_metric_and_every_granted_resource() {
+    use ichor_rules::runtime::access::REQUIRED;
+    use ichor_rules::runtime::metrics::Metrics;
+    let g = std::fs::read_to_string("docs/operators.md").expect("docs/operators.md exists");
+    let rendered = Metrics::default().render();
+    let names: Vec<&str> = rendered
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(names.len() >= 5, "{names:?}");
+    for n in names {
+        assert!(
+            g.contains(&format!("`{n}`")),
+            "docs/operators.md lacks the metric `{n}`"
+        );
+    }
+    for a in REQUIRED {
+        assert!(
+            g.contains(&format!("`{}`", a.resource)),
+            "docs/operators.md lacks the resource `{}`",
+            a.resource
+        );
+    }
+}

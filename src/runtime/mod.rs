@@ -1,6 +1,7 @@
 //! Everything that touches a cluster's objects: their types, facts from a snapshot of them,
 //! the AdmissionReview envelope, and turning requests and reconciles into events.
 
+pub mod access;
 pub mod admission;
 pub mod controller;
 pub mod decide;

@@ -1,0 +1,172 @@
+//! Every Kubernetes API call the operator makes, as RBAC sees it: the one list the chart's
+//! ClusterRole and Role grant, verb for verb (tests/chart.rs compares them), and that the
+//! controller's recorded calls must stay within.
+
+/// Where a grant applies.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Scope {
+    /// Every namespace (a ClusterRole): the TalosCluster, TalosMachine and TalosOperation
+    /// objects, nodes, pods and the per-cluster locks live wherever the clusters are.
+    Cluster,
+    /// Only the release namespace (a Role): the controller's leader-election Lease.
+    LeaseNamespace,
+}
+
+/// One resource (or subresource) of one API group, and the verbs used on it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Access {
+    /// The API group; `""` is the core group.
+    pub api_group: &'static str,
+    /// The plural resource name, with `/subresource` when the call goes to one.
+    pub resource: &'static str,
+    pub verbs: &'static [&'static str],
+    pub scope: Scope,
+}
+
+const ICHOR: &str = "ichor.maesh.dev";
+const CORE: &str = "";
+const COORDINATION: &str = "coordination.k8s.io";
+
+/// The API calls of the webhook's live reads and of the controller, and nothing more.
+pub const REQUIRED: &[Access] = &[
+    // Live reads (webhook and controller), the watch that drives reconciles, the removal
+    // finalizer (update/patch of the object).
+    Access {
+        api_group: ICHOR,
+        resource: "talosmachines",
+        verbs: &["get", "list", "watch", "update", "patch"],
+        scope: Scope::Cluster,
+    },
+    // Ready, NodeReachable and Removal conditions, and the removal's progress.
+    Access {
+        api_group: ICHOR,
+        resource: "talosmachines/status",
+        verbs: &["get", "update", "patch"],
+        scope: Scope::Cluster,
+    },
+    Access {
+        api_group: ICHOR,
+        resource: "talosclusters",
+        verbs: &["get", "list", "watch"],
+        scope: Scope::Cluster,
+    },
+    // The Transitioning condition.
+    Access {
+        api_group: ICHOR,
+        resource: "talosclusters/status",
+        verbs: &["get", "update", "patch"],
+        scope: Scope::Cluster,
+    },
+    Access {
+        api_group: ICHOR,
+        resource: "talosoperations",
+        verbs: &["get", "list", "watch"],
+        scope: Scope::Cluster,
+    },
+    // The Paused condition.
+    Access {
+        api_group: ICHOR,
+        resource: "talosoperations/status",
+        verbs: &["get", "update", "patch"],
+        scope: Scope::Cluster,
+    },
+    // Node reachability, and cordoning a node before its machine leaves.
+    Access {
+        api_group: CORE,
+        resource: "nodes",
+        verbs: &["get", "list", "patch"],
+        scope: Scope::Cluster,
+    },
+    // The pods a drain evicts.
+    Access {
+        api_group: CORE,
+        resource: "pods",
+        verbs: &["list"],
+        scope: Scope::Cluster,
+    },
+    // Evictions honour PodDisruptionBudgets (never a plain pod delete).
+    Access {
+        api_group: CORE,
+        resource: "pods/eviction",
+        verbs: &["create"],
+        scope: Scope::Cluster,
+    },
+    // RemovalRefused, DrainFailed, DeadMemberRemoved.
+    Access {
+        api_group: CORE,
+        resource: "events",
+        verbs: &["create", "patch"],
+        scope: Scope::Cluster,
+    },
+    // The per-cluster lock of disruptive operations: a Lease in each TalosCluster's
+    // namespace.
+    Access {
+        api_group: COORDINATION,
+        resource: "leases",
+        verbs: &["get", "create", "update"],
+        scope: Scope::Cluster,
+    },
+    // Leader election among the replicas.
+    Access {
+        api_group: COORDINATION,
+        resource: "leases",
+        verbs: &["get", "create", "update"],
+        scope: Scope::LeaseNamespace,
+    },
+];
+
+/// Whether `REQUIRED` grants `verb` on `resource` of `api_group` in `scope` (a cluster-wide
+/// grant covers the lease namespace too).
+pub fn allows(api_group: &str, resource: &str, verb: &str, scope: Scope) -> bool {
+    REQUIRED.iter().any(|a| {
+        a.api_group == api_group
+            && a.resource == resource
+            && a.verbs.contains(&verb)
+            && (a.scope == scope || a.scope == Scope::Cluster)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn no_wildcards_and_no_repeats() {
+        let mut seen = HashSet::new();
+        for a in REQUIRED {
+            assert!(
+                !a.api_group.contains('*') && !a.resource.contains('*'),
+                "{a:?}"
+            );
+            assert!(!a.verbs.is_empty(), "{a:?} grants nothing");
+            for v in a.verbs {
+                assert_ne!(*v, "*", "{a:?}");
+                assert!(
+                    seen.insert((a.api_group, a.resource, *v, a.scope)),
+                    "{a:?} repeats `{v}`"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn cluster_grants_cover_the_lease_namespace_but_not_the_reverse() {
+        assert!(allows(
+            "coordination.k8s.io",
+            "leases",
+            "update",
+            Scope::LeaseNamespace
+        ));
+        assert!(allows(
+            ICHOR,
+            "talosmachines",
+            "patch",
+            Scope::LeaseNamespace
+        ));
+        assert!(!allows(ICHOR, "talosmachines", "delete", Scope::Cluster));
+        assert!(!allows(CORE, "pods", "delete", Scope::Cluster));
+        assert!(!allows(CORE, "secrets", "get", Scope::Cluster));
+        assert!(!allows(ICHOR, "talosclusters", "update", Scope::Cluster));
+    }
+}
