@@ -159,6 +159,7 @@ async fn replacement_three_to_four_to_three() {
         "replacement 3 -> 4 -> 3 took {:.1} s (etcd start included)",
         started.elapsed().as_secs_f64()
     );
+    assert_calls_granted(&w.api);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -308,6 +309,7 @@ async fn a_dead_member_is_removed_below_count_keeping_quorum() {
     })
     .await;
     assert!(w.machine("cp-2").is_some());
+    assert_calls_granted(&w.api);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -385,7 +387,7 @@ async fn a_drain_blocked_by_a_budget_waits_then_completes() {
     {
         use k8s_openapi::api::policy::v1::PodDisruptionBudget;
         use kube::api::{Api, PostParams};
-        let api: Api<PodDisruptionBudget> = Api::namespaced(w.api.client(), "apps");
+        let api: Api<PodDisruptionBudget> = Api::namespaced(w.api.test_client(), "apps");
         let pdb: PodDisruptionBudget = serde_json::from_value(pdb).expect("pdb");
         api.replace("web", &PostParams::default(), &pdb)
             .await
@@ -395,6 +397,7 @@ async fn a_drain_blocked_by_a_budget_waits_then_completes() {
     assert!(get(&w.api, "Pod", "web-1").is_none(), "evicted");
     assert_eq!(w.members().await, set(&["cp-1", "cp-2", "cp-3"]));
     healthy(&w, 3).await;
+    assert_calls_granted(&w.api);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -406,7 +409,7 @@ async fn an_unreachable_node_says_so_with_the_likely_new_address() {
     {
         use k8s_openapi::api::core::v1::Node;
         use kube::api::{Api, PostParams};
-        let api: Api<Node> = Api::all(w.api.client());
+        let api: Api<Node> = Api::all(w.api.test_client());
         let n: Node = serde_json::from_value(node).expect("node");
         api.replace_status("cp-2", &PostParams::default(), &n)
             .await
@@ -452,4 +455,55 @@ async fn an_unreachable_node_says_so_with_the_likely_new_address() {
             && cond(&w.api, "TalosMachine", "cp-2", "NodeReachable").is_none()
     })
     .await;
+}
+
+/// The chart grants exactly what the code calls: a removal with a blocked drain, events,
+/// Transitioning, a parked operation and leader election together use every grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_calls_made_are_exactly_the_calls_granted() {
+    use ichor_rules::runtime::access::REQUIRED;
+    use ichor_rules::runtime::controller::leader;
+    use std::sync::atomic::AtomicBool;
+    let mut w = World::start(&["cp-1", "cp-2", "cp-3"], 3).await;
+    w.add_control_plane("cp-4").await;
+    w.api.insert(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web-1", "namespace": "apps", "labels": {"app": "web"}},
+        "spec": {"nodeName": "cp-4", "containers": [{"name": "web", "image": "nginx"}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    }));
+    w.api.insert(operation("upgrade-1", "upgrade"));
+    let ctx = w.ctx("replica-a");
+    let leading = Arc::new(AtomicBool::new(false));
+    let task = tokio::spawn(leader::run(ctx.clone(), leading.clone()));
+    w.finalized(&["cp-1", "cp-2", "cp-3", "cp-4"]).await;
+    wait_for("parked", WAIT, || {
+        cond(&w.api, "TalosOperation", "upgrade-1", "Paused").is_some()
+    })
+    .await;
+    delete(&w.api, "TalosMachine", "cp-4").await;
+    wait_for("cp-4 removed", WAIT, || w.machine("cp-4").is_none()).await;
+    // A repeated event is a patch of the first one's series.
+    let m: ichor_rules::runtime::objects::TalosMachine =
+        serde_json::from_value(w.machine("cp-1").expect("cp-1")).expect("machine");
+    ctx.event(&m, false, "Checked", "twice".into()).await;
+    ctx.event(&m, false, "Checked", "twice".into()).await;
+    task.abort();
+    let _ = task.await;
+    leader::step_down(&ctx).await;
+    let used = assert_calls_granted(&w.api);
+    let mut unused = Vec::new();
+    for a in REQUIRED {
+        for v in a.verbs {
+            let call = (
+                a.api_group.to_string(),
+                a.resource.to_string(),
+                v.to_string(),
+            );
+            if !used.contains(&call) {
+                unused.push(call);
+            }
+        }
+    }
+    assert!(unused.is_empty(), "granted but never called: {unused:?}");
 }

@@ -26,22 +26,23 @@ pub struct Access {
 const ICHOR: &str = "ichor.maesh.dev";
 const CORE: &str = "";
 const COORDINATION: &str = "coordination.k8s.io";
+const EVENTS: &str = "events.k8s.io";
 
 /// The API calls of the webhook's live reads and of the controller, and nothing more.
 pub const REQUIRED: &[Access] = &[
-    // Live reads (webhook and controller), the watch that drives reconciles, the removal
-    // finalizer (update/patch of the object).
+    // Live reads (webhook and controller: one LIST), the watch that drives reconciles,
+    // the removal finalizer (a merge patch guarded by the resourceVersion).
     Access {
         api_group: ICHOR,
         resource: "talosmachines",
-        verbs: &["get", "list", "watch", "update", "patch"],
+        verbs: &["list", "watch", "patch"],
         scope: Scope::Cluster,
     },
     // Ready, NodeReachable and Removal conditions, and the removal's progress.
     Access {
         api_group: ICHOR,
         resource: "talosmachines/status",
-        verbs: &["get", "update", "patch"],
+        verbs: &["patch"],
         scope: Scope::Cluster,
     },
     Access {
@@ -54,27 +55,27 @@ pub const REQUIRED: &[Access] = &[
     Access {
         api_group: ICHOR,
         resource: "talosclusters/status",
-        verbs: &["get", "update", "patch"],
+        verbs: &["patch"],
         scope: Scope::Cluster,
     },
     Access {
         api_group: ICHOR,
         resource: "talosoperations",
-        verbs: &["get", "list", "watch"],
+        verbs: &["list", "watch"],
         scope: Scope::Cluster,
     },
     // The Paused condition.
     Access {
         api_group: ICHOR,
         resource: "talosoperations/status",
-        verbs: &["get", "update", "patch"],
+        verbs: &["patch"],
         scope: Scope::Cluster,
     },
     // Node reachability, and cordoning a node before its machine leaves.
     Access {
         api_group: CORE,
         resource: "nodes",
-        verbs: &["get", "list", "patch"],
+        verbs: &["get", "patch"],
         scope: Scope::Cluster,
     },
     // The pods a drain evicts.
@@ -91,9 +92,10 @@ pub const REQUIRED: &[Access] = &[
         verbs: &["create"],
         scope: Scope::Cluster,
     },
-    // RemovalRefused, DrainFailed, DeadMemberRemoved.
+    // RemovalRefused, DrainFailed, DeadMemberRemoved (events.k8s.io/v1; a repeated event
+    // is a patch of its series).
     Access {
-        api_group: CORE,
+        api_group: EVENTS,
         resource: "events",
         verbs: &["create", "patch"],
         scope: Scope::Cluster,

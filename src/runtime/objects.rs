@@ -130,9 +130,12 @@ pub struct RemovalProgress {
     /// The plan steps finished so far, as the plan writes them (e.g. "drain node").
     #[serde(default)]
     pub done: Vec<String>,
-    /// The step started last. A Talos reset that was started is never sent twice.
+    /// The step started last, and when. A Talos reset that was sent is not sent again
+    /// while the node may be resetting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
     /// Once an irreversible step ran (the member left etcd), the removal is committed: it
     /// finishes without deciding again.
     #[serde(default)]

@@ -329,6 +329,9 @@ pub struct Faults {
     log: Mutex<Vec<Request>>,
 }
 
+/// The header [`ApiServer::test_client`] sends.
+const TEST_ACTOR: &str = "x-test-actor";
+
 /// One request as the server received it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Request {
@@ -336,6 +339,8 @@ pub struct Request {
     pub path: String,
     /// A `watch=true` (or `watch=1`) query.
     pub watch: bool,
+    /// Made by the test itself ([`ApiServer::test_client`]), not by the code under test.
+    pub by_test: bool,
 }
 
 impl Faults {
@@ -460,6 +465,18 @@ impl ApiServer {
     pub fn client(&self) -> kube::Client {
         let mut config = self.config();
         config.default_retry = false;
+        kube::Client::try_from(config).expect("client")
+    }
+
+    /// Like [`ApiServer::client`], but its requests are marked as the test's own (a
+    /// person's `kubectl`), so the request log can tell them from the code's.
+    pub fn test_client(&self) -> kube::Client {
+        let mut config = self.config();
+        config.default_retry = false;
+        config.headers.push((
+            http::HeaderName::from_static(TEST_ACTOR),
+            http::HeaderValue::from_static("true"),
+        ));
         kube::Client::try_from(config).expect("client")
     }
 
@@ -714,6 +731,7 @@ async fn handle(
             method: method.to_string(),
             path: uri.path().to_string(),
             watch: matches!(q.get("watch").map(String::as_str), Some("true" | "1")),
+            by_test: headers.contains_key(TEST_ACTOR),
         });
     }
     let latency = store.faults.latency_ms.load(Ordering::SeqCst);

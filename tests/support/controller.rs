@@ -30,6 +30,7 @@ pub fn fast_settings(identity: &str) -> Settings {
         lock_duration: Duration::from_secs(6),
         leader_duration: Duration::from_secs(2),
         error_requeue: Duration::from_millis(200),
+        reset_settle: Duration::from_secs(1),
         read_timeout: Duration::from_secs(3),
         talos_timeout: Duration::from_secs(3),
     }
@@ -173,7 +174,7 @@ pub fn events(api: &ApiServer, name: &str, reason: &str) -> Vec<Value> {
 pub async fn delete(api: &ApiServer, kind: &str, name: &str) {
     use ichor_rules::runtime::objects::{TalosCluster, TalosMachine, TalosOperation};
     use kube::api::{Api, DeleteParams};
-    let c = api.client();
+    let c = api.test_client();
     let dp = DeleteParams::default();
     let r = match kind {
         "TalosMachine" => Api::<TalosMachine>::namespaced(c, NS)
@@ -196,7 +197,7 @@ pub async fn delete(api: &ApiServer, kind: &str, name: &str) {
 pub async fn patch_spec(api: &ApiServer, kind: &str, name: &str, spec: Value) {
     use ichor_rules::runtime::objects::{TalosCluster, TalosMachine};
     use kube::api::{Api, Patch, PatchParams};
-    let c = api.client();
+    let c = api.test_client();
     let body = json!({ "spec": spec });
     let pp = PatchParams::default();
     match kind {
@@ -213,4 +214,59 @@ pub async fn patch_spec(api: &ApiServer, kind: &str, name: &str, spec: Value) {
                 .expect("patch");
         }
     }
+}
+
+/// A request as RBAC sees it: (API group, resource[/subresource], verb).
+pub fn rbac_of(r: &super::apiserver::Request) -> Option<(String, String, String)> {
+    let parts: Vec<&str> = r.path.trim_matches('/').split('/').collect();
+    let (group, rest) = match parts.as_slice() {
+        ["api", _v, rest @ ..] => (String::new(), rest),
+        ["apis", g, _v, rest @ ..] => (g.to_string(), rest),
+        _ => return None,
+    };
+    let rest = match rest {
+        ["namespaces", _ns, rest @ ..] if !rest.is_empty() => rest,
+        rest => rest,
+    };
+    let (resource, named) = match rest {
+        [res] => (res.to_string(), false),
+        [res, _name] => (res.to_string(), true),
+        [res, _name, sub] => (format!("{res}/{sub}"), true),
+        _ => return None,
+    };
+    let verb = match (r.method.as_str(), named) {
+        ("GET", true) => "get",
+        ("GET", false) if r.watch => "watch",
+        ("GET", false) => "list",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", true) => "delete",
+        ("DELETE", false) => "deletecollection",
+        _ => return None,
+    };
+    Some((group, resource, verb.to_string()))
+}
+
+/// Every API call the server received since the last call, as RBAC sees it; asserts the
+/// chart's grants (`access::REQUIRED`) cover each one.
+pub fn assert_calls_granted(
+    api: &ApiServer,
+) -> std::collections::BTreeSet<(String, String, String)> {
+    use ichor_rules::runtime::access::{Scope, allows};
+    let mut seen = std::collections::BTreeSet::new();
+    for r in api.store.faults.take_log() {
+        if r.by_test {
+            continue;
+        }
+        let Some(call) = rbac_of(&r) else { continue };
+        assert!(
+            allows(&call.0, &call.1, &call.2, Scope::Cluster),
+            "the code made a call the chart does not grant: {} {} ({call:?})",
+            r.method,
+            r.path
+        );
+        seen.insert(call);
+    }
+    seen
 }

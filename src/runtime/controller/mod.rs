@@ -64,6 +64,9 @@ pub struct Settings {
     pub leader_duration: Duration,
     /// A failed reconcile is retried after this.
     pub error_requeue: Duration,
+    /// After a restart, a Talos reset that may have been sent is sent again only if the
+    /// node still answers normally this long after it was started.
+    pub reset_settle: Duration,
     /// Each live read.
     pub read_timeout: Duration,
     /// Each Talos API call.
@@ -85,6 +88,7 @@ impl Default for Settings {
             lock_duration: Duration::from_secs(120),
             leader_duration: Duration::from_secs(15),
             error_requeue: Duration::from_secs(5),
+            reset_settle: Duration::from_secs(60),
             read_timeout: Duration::from_secs(5),
             talos_timeout: Duration::from_secs(10),
         }

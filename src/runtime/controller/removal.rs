@@ -24,6 +24,8 @@ use crate::runtime::live::Reads;
 use crate::runtime::objects::{RemovalProgress, Role, Snapshot, TalosMachine};
 use crate::runtime::talos::TalosError;
 use crate::vocab::{ACTIONS, Fact, Verb, Verdict};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use std::time::Duration;
 
@@ -299,6 +301,7 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
             Step::Done => {
                 p.done.push(step.text.clone());
                 p.started = None;
+                p.started_at = None;
                 set_progress(&mut next, p.clone());
                 save(ctx, &mut written, &next).await?;
             }
@@ -512,22 +515,46 @@ async fn execute(
             Ok(Step::Done)
         }
         ["talos", "reset"] => {
-            if p.started.as_deref() == Some(step.text.as_str()) {
-                // Sent before a restart: a second reset of a node mid-reset is the hazard
-                // this guards against, so it is not sent again.
-                tracing::warn!(machine = %live.name(), "a Talos reset was already sent; not sending it twice");
-                return Ok(Step::Done);
-            }
             let c = match nodes::client(ctx, live) {
                 Ok(c) => c,
                 Err(e) => return Ok(talos_wait(ctx, step, e)),
             };
+            if p.started.as_deref() == Some(step.text.as_str()) {
+                // A reset may have been sent before a restart. A node that is resetting
+                // stops answering; one that still answers long after did not get it.
+                let since = p
+                    .started_at
+                    .as_ref()
+                    .map(|t| Timestamp::now().duration_since(t.0).as_secs())
+                    .unwrap_or(i64::MAX);
+                match c.version().await {
+                    Err(TalosError::Unreachable { .. }) => return Ok(Step::Done),
+                    _ if u64::try_from(since).unwrap_or(0)
+                        < ctx.settings.reset_settle.as_secs().max(1) =>
+                    {
+                        return Ok(Step::Wait {
+                            reason: "Resetting",
+                            message: format!(
+                                "a Talos reset of {member} was sent {since}s ago; waiting for the node to go down before deciding whether it took"
+                            ),
+                            after: Duration::from_millis(500),
+                            event: None,
+                        });
+                    }
+                    _ => tracing::warn!(
+                        machine = %live.name(),
+                        "the node still answers well after its reset was started: it did not take; sending it again"
+                    ),
+                }
+            }
             p.started = Some(step.text.clone());
+            p.started_at = Some(Time(Timestamp::now()));
             set_progress(next, p.clone());
             save(ctx, written, next).await?;
             if let Err(e) = c.reset(true, true).await {
-                // Not sent (the node did not take it): it may be sent again.
+                // The node did not take it: it may be sent again.
                 p.started = None;
+                p.started_at = None;
                 return Ok(talos_wait(ctx, step, e.into()));
             }
             Ok(Step::Done)
