@@ -16,8 +16,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 #   "etcd-server:etcd"              # an etcd for the controller's integration tests
 #   "protobuf-compiler:protoc"      # for crates that compile .proto files
 APT_PACKAGES=(
-  "gcc:cc"       # the linker rustc calls (absent when Rust came from rustup alone)
-  "libc6-dev"    # crt files and libc for linking
+  "gcc:cc"           # the linker rustc calls (absent when Rust came from rustup alone)
+  "libc6-dev"        # crt files and libc for linking
   "etcd-server:etcd" # a real etcd for the Talos API stand-ins (tests/talos.rs)
 )
 # ---------------------------------------------------------------------------------------

@@ -382,6 +382,64 @@ async fn unreachable_nodes_and_refused_certificates() {
 }
 
 #[tokio::test]
+async fn the_node_certificate_must_name_the_endpoint() {
+    let etcd = EtcdCluster::start(1).await;
+    // Signed by the trusted CA, but for another address only.
+    let api =
+        TalosApi::start_with_pki(etcd, Pki::with_server_sans(&["10.9.9.9", "cp-1.example"])).await;
+    let err = api
+        .client(0)
+        .version()
+        .await
+        .expect_err("a certificate for another address");
+    assert!(err.is_unreachable(), "{err}");
+    assert!(err.to_string().contains("certificate"), "{err}");
+    // The same node with a certificate naming 127.0.0.1 answers.
+    let good = TalosApi::start(api.etcd.clone()).await;
+    assert_eq!(
+        good.client(0).version().await.expect("version"),
+        VERSION_TAG
+    );
+}
+
+#[tokio::test]
+async fn a_replacement_grows_the_cluster_to_four_then_the_old_member_leaves() {
+    let mut api = cluster(3).await;
+    let index = api.etcd.add_member("cp-4").await;
+    assert_eq!(index, 3);
+    let node = api.add_node(index).await;
+    assert_eq!(node.name(), "cp-4");
+    api.etcd
+        .wait_healthy(4)
+        .await
+        .expect("four healthy members");
+
+    // The new node answers for itself, and through an old node's endpoint.
+    let new = api.client(3);
+    let listed = new.etcd_member_list().await.expect("member list on cp-4");
+    assert_eq!(listed.len(), 4);
+    let s4 = api
+        .client(0)
+        .with_node("cp-4")
+        .etcd_status()
+        .await
+        .expect("status of cp-4");
+    assert_eq!(Some(s4.member_id), api.etcd.member_id(3).await);
+    assert!(s4.has_leader());
+
+    // The replaced member leaves (forfeiting leadership first), and three remain.
+    let old = api.client(0);
+    old.etcd_forfeit_leadership().await.expect("forfeit");
+    old.etcd_leave_cluster().await.expect("leave");
+    assert_eq!(api.etcd.member_names().await, ["cp-2", "cp-3", "cp-4"]);
+    assert!(api.etcd.leader(SETTLE).await.is_some());
+    let listed = new.etcd_member_list().await.expect("member list on cp-4");
+    let mut names: Vec<String> = listed.into_iter().map(|m| m.hostname).collect();
+    names.sort();
+    assert_eq!(names, ["cp-2", "cp-3", "cp-4"]);
+}
+
+#[tokio::test]
 async fn a_silent_endpoint_is_unreachable_after_the_timeout() {
     // Accepts connections (the kernel's backlog) and never answers.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");

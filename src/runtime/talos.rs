@@ -569,11 +569,11 @@ impl TalosClient {
                 self.timeout
             ))),
             Ok(Ok(resp)) => Ok(resp.into_inner()),
-            Ok(Err(status)) => Err(self.from_status(&status)),
+            Ok(Err(status)) => Err(self.status_error(&status)),
         }
     }
 
-    fn from_status(&self, status: &tonic::Status) -> TalosError {
+    fn status_error(&self, status: &tonic::Status) -> TalosError {
         let mut parts = vec![status.message().to_string()];
         if let Some(source) = std::error::Error::source(status) {
             parts.push(chain(source));

@@ -522,18 +522,21 @@ impl EtcdCluster {
     }
 
     /// The leader's ID as the running members agree on it, waiting up to `timeout` for
-    /// them to agree.
+    /// them to agree on a running leader.
     pub async fn leader(&self, timeout: Duration) -> Option<u64> {
         let deadline = Instant::now() + timeout;
         loop {
             let mut seen = Vec::new();
+            let mut alive = Vec::new();
             for i in self.running() {
                 if let Ok(st) = self.status_at(i).await {
                     seen.push(st.leader);
+                    alive.push(st.member_id);
                 }
             }
+            // Right after the leader dies, the others still name it for an election timeout.
             if let Some(&first) = seen.first()
-                && first != 0
+                && alive.contains(&first)
                 && seen.iter().all(|&l| l == first)
             {
                 return Some(first);
