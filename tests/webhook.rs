@@ -660,4 +660,44 @@ async fn the_serve_command_reloads_rules_and_keeps_the_last_good_table() {
     }
     assert!(rejected, "the broken edit was counted as rejected");
     assert_eq!(ask().await, Some(true), "the last good table still decides");
+
+    // The same process runs the controller: it leads (one replica) and reconciles.
+    let mut leading = false;
+    for _ in 0..100 {
+        let (_, bytes, _) =
+            https_trusting(listen, &ca, "GET", "/metrics", "text/plain", Vec::new()).await;
+        if String::from_utf8_lossy(&bytes).contains("ichor_rules_leader 1") {
+            leading = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(leading, "serve runs the controller");
+    let holder = |api: &ApiServer| {
+        api.objects("Lease", Some("default"))
+            .into_iter()
+            .find(|l| l["metadata"]["name"] == "ichor-rules-controller")
+            .map(|l| l["spec"]["holderIdentity"].clone())
+    };
+    assert_eq!(holder(&api), Some(json!("ichor-rules")));
+
+    // SIGTERM (how Kubernetes stops a pod): it exits cleanly and steps down.
+    let mut serve = _serve;
+    let pid = serve.0.id().to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let mut exited = None;
+    for _ in 0..100 {
+        if let Ok(Some(code)) = serve.0.try_wait() {
+            exited = Some(code);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let code = exited.expect("serve exits within 10 s of SIGTERM");
+    assert!(code.success(), "{code:?}");
+    assert_eq!(holder(&api), Some(Value::Null), "the leader lease was released");
 }

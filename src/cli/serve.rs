@@ -227,8 +227,20 @@ async fn serve(args: &ServeArgs) -> u8 {
             }
         })
     };
+    // Kubernetes stops a pod with SIGTERM: finish the requests in flight, step down.
     let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term => {}
+        }
         tracing::info!("shutting down");
     };
     serve_tls(listener, tls, router(state), shutdown).await;

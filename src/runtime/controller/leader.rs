@@ -28,11 +28,13 @@ pub async fn run(ctx: Arc<Context>, leading: Arc<AtomicBool>) {
             Ok(how) => {
                 tracing::info!(identity = %s.identity, resumed = how == Acquired::Resumed, "leading: the controller runs");
                 leading.store(true, Ordering::Relaxed);
+                ctx.metrics.set_leading(true);
                 let controllers = tokio::spawn(super::run(ctx.clone()));
                 hold(&lock, &s.identity, s.leader_duration, retry).await;
                 controllers.abort();
                 let _ = controllers.await;
                 leading.store(false, Ordering::Relaxed);
+                ctx.metrics.set_leading(false);
                 tracing::warn!(identity = %s.identity, "leadership lost: the controller stopped");
             }
             Err(LockError::Held { holder, .. }) => {
