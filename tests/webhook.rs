@@ -699,5 +699,9 @@ async fn the_serve_command_reloads_rules_and_keeps_the_last_good_table() {
     }
     let code = exited.expect("serve exits within 10 s of SIGTERM");
     assert!(code.success(), "{code:?}");
-    assert_eq!(holder(&api), Some(Value::Null), "the leader lease was released");
+    assert_eq!(
+        holder(&api),
+        Some(Value::Null),
+        "the leader lease was released"
+    );
 }

@@ -73,11 +73,12 @@ pub async fn write_status(
 
 pub async fn reconcile(m: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
     let (ns, name) = (m.namespace().to_string(), m.name().to_string());
-    // The watch only said which machine to look at: read it and its siblings live.
+    // The watch only said which machine to look at: read it and its siblings live (the
+    // removal reads again, operations included, under the lock).
     let reads = Reads {
         machines: true,
         clusters: true,
-        operations: true,
+        operations: false,
     };
     let snapshot = ctx.reader.snapshot(&ns, &[m.cluster()], reads).await?;
     let Some(live) = snapshot.machine(&ns, &name) else {
