@@ -274,3 +274,62 @@ async fn one_replica_leads_and_another_takes_over_when_it_stops() {
     wait_for("b takes over", WAIT, || lb.load(Ordering::Relaxed)).await;
     tb.abort();
 }
+
+#[tokio::test]
+async fn concurrent_approvals_past_the_cap_hold_the_newest_and_never_join_more_than_count_plus_one()
+{
+    let api = ApiServer::start().await;
+    api.insert(cluster("prod", 3));
+    for (i, n) in ["cp-1", "cp-2", "cp-3"].iter().enumerate() {
+        api.insert(control_plane(n, i as u32));
+    }
+    let _c = Running::start(context(&api, "test", None));
+    wait_for("three finalized", WAIT, || {
+        ["cp-1", "cp-2", "cp-3"]
+            .iter()
+            .all(|n| has_finalizer(&api, n))
+    })
+    .await;
+    // Two approvals at once, past the webhook (each alone was within count + 1 = 4).
+    let (a, b) = (control_plane("cp-4", 10), control_plane("cp-5", 11));
+    let create = |v: serde_json::Value| {
+        let c = api.test_client();
+        async move {
+            let m: ichor_rules::runtime::objects::TalosMachine =
+                serde_json::from_value(v).expect("machine");
+            kube::Api::<ichor_rules::runtime::objects::TalosMachine>::namespaced(c, NS)
+                .create(&Default::default(), &m)
+                .await
+                .expect("create")
+        }
+    };
+    tokio::join!(create(a), create(b));
+    wait_for("the newest held", WAIT, || {
+        cond(&api, "TalosMachine", "cp-5", "Ready")
+            == Some(("False".into(), "ControlPlaneOverCap".into()))
+    })
+    .await;
+    wait_for("cp-4 joins", WAIT, || has_finalizer(&api, "cp-4")).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let joined: Vec<String> = api
+        .objects("TalosMachine", Some(NS))
+        .iter()
+        .filter(|m| {
+            m["metadata"]["finalizers"]
+                .as_array()
+                .is_some_and(|f| !f.is_empty())
+        })
+        .map(|m| m["metadata"]["name"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(
+        joined,
+        ["cp-1", "cp-2", "cp-3", "cp-4"],
+        "never more than count + 1"
+    );
+    assert_eq!(
+        cond(&api, "TalosMachine", "cp-5", "Ready"),
+        Some(("False".into(), "ControlPlaneOverCap".into())),
+        "still held after several requeues"
+    );
+    assert_calls_granted(&api);
+}
