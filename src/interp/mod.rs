@@ -7,7 +7,8 @@ pub mod explain;
 pub mod value;
 
 use crate::check::Event;
-use crate::compile::{Code, Kind, MAX_STACK, Op, Piece, Table, Text};
+use crate::compile::flat::{Arith, EQ, GT, LT, MAX_REGS};
+use crate::compile::{Code, Ins, Kind, MAX_STACK, Op, Piece, Src, Table, Text};
 use crate::vocab::{FACT_COUNT, Fact, Verdict};
 use serde::Serialize;
 use std::sync::Arc;
@@ -42,6 +43,101 @@ pub struct Hit {
     pub error: Option<EvalError>,
 }
 
+/// The matching rows of one event, in source order: a slice of [`Hit`]s. The first few are
+/// kept inline, so deciding allocates nothing unless many rows match.
+#[derive(Clone, Debug)]
+pub struct Hits(HitsRepr);
+
+#[derive(Clone, Debug)]
+enum HitsRepr {
+    Inline { len: u8, hits: [Hit; INLINE_HITS] },
+    Heap(Vec<Hit>),
+}
+
+const INLINE_HITS: usize = 6;
+
+const NO_HIT: Hit = Hit {
+    rule: 0,
+    verdict: Verdict::Warn,
+    error: None,
+};
+
+impl Hits {
+    pub fn new() -> Self {
+        Hits(HitsRepr::Inline {
+            len: 0,
+            hits: [NO_HIT; INLINE_HITS],
+        })
+    }
+
+    pub fn push(&mut self, hit: Hit) {
+        match &mut self.0 {
+            HitsRepr::Inline { len, hits } => match hits.get_mut(usize::from(*len)) {
+                Some(slot) => {
+                    *slot = hit;
+                    *len += 1;
+                }
+                None => {
+                    let mut v = Vec::with_capacity(INLINE_HITS * 2);
+                    v.extend_from_slice(hits);
+                    v.push(hit);
+                    self.0 = HitsRepr::Heap(v);
+                }
+            },
+            HitsRepr::Heap(v) => v.push(hit),
+        }
+    }
+
+    pub fn as_slice(&self) -> &[Hit] {
+        match &self.0 {
+            HitsRepr::Inline { len, hits } => hits.get(..usize::from(*len)).unwrap_or(&[]),
+            HitsRepr::Heap(v) => v,
+        }
+    }
+
+    pub fn to_vec(&self) -> Vec<Hit> {
+        self.as_slice().to_vec()
+    }
+}
+
+impl Default for Hits {
+    fn default() -> Self {
+        Hits::new()
+    }
+}
+
+impl std::ops::Deref for Hits {
+    type Target = [Hit];
+    fn deref(&self) -> &[Hit] {
+        self.as_slice()
+    }
+}
+
+impl PartialEq for Hits {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for Hits {}
+
+impl<'h> IntoIterator for &'h Hits {
+    type Item = &'h Hit;
+    type IntoIter = std::slice::Iter<'h, Hit>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.as_slice().iter()
+    }
+}
+
+impl From<Hits> for Vec<Hit> {
+    fn from(h: Hits) -> Vec<Hit> {
+        match h.0 {
+            HitsRepr::Heap(v) => v,
+            inline @ HitsRepr::Inline { .. } => Hits(inline).to_vec(),
+        }
+    }
+}
+
 /// One row as the explanation shows it.
 #[derive(Clone, Debug, Serialize)]
 pub struct TraceRow {
@@ -55,11 +151,15 @@ pub struct TraceRow {
     pub error: Option<String>,
 }
 
+/// The length of the int fact array: a power of two at least [`FACT_COUNT`], so a slot
+/// masked into range needs no bounds check.
+const INTS: usize = FACT_COUNT.next_power_of_two();
+
 /// The facts of a session: asked of the provider at most once, then read from here.
 struct FactCache<'a, F> {
     facts: F,
     /// Int and bool facts (bools as 0/1), valid where `known` has their bit.
-    ints: [i64; FACT_COUNT],
+    ints: [i64; INTS],
     /// Name and enum facts, valid where `known` has their bit.
     texts: [&'a str; FACT_COUNT],
     known: u32,
@@ -74,8 +174,8 @@ impl<'a, F: Facts<'a>> FactCache<'a, F> {
             return;
         }
         match value {
-            Value::Int(i) => self.ints[slot] = i,
-            Value::Bool(b) => self.ints[slot] = i64::from(b),
+            Value::Int(i) => self.ints[slot % INTS] = i,
+            Value::Bool(b) => self.ints[slot % INTS] = i64::from(b),
             Value::Str(s) => self.texts[slot] = s,
         }
         self.known |= 1 << slot;
@@ -107,6 +207,20 @@ impl<'a, F: Facts<'a>> FactCache<'a, F> {
         }
     }
 
+    /// The value of an operand of a flat program.
+    #[inline(always)]
+    fn read(&mut self, regs: &[i64; MAX_REGS], src: Src) -> Result<i64, Stop> {
+        match src {
+            Src::K(k) => Ok(k),
+            Src::Reg(r) => Ok(regs[usize::from(r) % MAX_REGS]),
+            Src::Fact(slot) => {
+                let slot = usize::from(slot);
+                self.ensure(slot)?;
+                Ok(self.ints[slot % INTS])
+            }
+        }
+    }
+
     fn text(&mut self, t: Text, strings: &'a [Arc<str>]) -> Result<&'a str, Stop> {
         match t {
             Text::Const(i) => match strings.get(i as usize) {
@@ -134,6 +248,8 @@ pub struct Session<'a, F> {
     cache: FactCache<'a, F>,
     /// The evaluation stack, reused by every condition of the session.
     stack: [i64; MAX_STACK],
+    /// The registers of the flat programs.
+    regs: [i64; MAX_REGS],
     pub trace: Option<Vec<TraceRow>>,
 }
 
@@ -143,13 +259,14 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
             table,
             cache: FactCache {
                 facts,
-                ints: [0; FACT_COUNT],
+                ints: [0; INTS],
                 texts: [""; FACT_COUNT],
                 known: 0,
                 asked: Vec::new(),
                 record: false,
             },
             stack: [0; MAX_STACK],
+            regs: [0; MAX_REGS],
             trace: None,
         }
     }
@@ -173,27 +290,25 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
 
     /// The matching rows of one (verb, subject, site), in source order. The hot path: no
     /// allocation unless something matches.
-    pub fn matches(&mut self, event: Event) -> Result<Vec<Hit>, Interrupt> {
+    pub fn matches(&mut self, event: Event) -> Result<Hits, Interrupt> {
         let (verb, subject, site) = event;
         let table = self.table;
-        let mut hits = Vec::new();
+        let mut hits = Hits::new();
         if self.trace.is_none() {
-            for row in table.rows(verb, subject, site) {
-                let (matched, error) = match &row.fires {
-                    None => (true, None),
-                    Some(code) => match self.run(code) {
-                        Ok(v) => (v != 0, None),
-                        Err(Stop::Fail(e)) => (row.verdict != Verdict::Warn, Some(e)),
-                        Err(Stop::Need(f)) => return Err(Interrupt::Need(f)),
-                    },
+            let (rows, ins) = table.group(verb, subject, site);
+            for row in rows {
+                let error = match self.exec(ins, row.entry) {
+                    Ok(false) => continue,
+                    Ok(true) => None,
+                    Err(Stop::Fail(_)) if row.verdict == Verdict::Warn => continue,
+                    Err(Stop::Fail(e)) => Some(e),
+                    Err(Stop::Need(f)) => return Err(Interrupt::Need(f)),
                 };
-                if matched {
-                    hits.push(Hit {
-                        rule: row.rule,
-                        verdict: row.verdict,
-                        error,
-                    });
-                }
+                hits.push(Hit {
+                    rule: row.rule,
+                    verdict: row.verdict,
+                    error,
+                });
             }
             return Ok(hits);
         }
@@ -306,6 +421,68 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
         }
     }
 
+    /// Runs one row of a group's flat program from `pc` to its result.
+    #[inline]
+    fn exec(&mut self, ins: &[Ins], mut pc: u32) -> Result<bool, Stop> {
+        let cache = &mut self.cache;
+        let regs = &mut self.regs;
+        let strings: &'a [Arc<str>] = &self.table.strings;
+        // Every jump goes forward (see `compile::flat`), so this ends.
+        loop {
+            let Some(&i) = ins.get(pc as usize) else {
+                return Err(Stop::Fail(EvalError::Type));
+            };
+            pc += 1;
+            match i {
+                Ins::Cmp { a, b, mask, t, f } => {
+                    let a = cache.read(regs, a)?;
+                    let b = cache.read(regs, b)?;
+                    let ord = if a < b {
+                        LT
+                    } else if a == b {
+                        EQ
+                    } else {
+                        GT
+                    };
+                    pc = if mask & ord != 0 { t } else { f };
+                }
+                Ins::Arith { op, dst, a, b } => {
+                    let a = cache.read(regs, a)?;
+                    let b = cache.read(regs, b)?;
+                    let v = match op {
+                        Arith::Add => a.checked_add(b),
+                        Arith::Sub => a.checked_sub(b),
+                        Arith::Mul => a.checked_mul(b),
+                        Arith::Div => a.checked_div(b),
+                        Arith::Mod => a.checked_rem(b),
+                    };
+                    match v {
+                        Some(v) => regs[usize::from(dst) % MAX_REGS] = v,
+                        None if b == 0 => return Err(Stop::Fail(EvalError::DivisionByZero)),
+                        None => return Err(Stop::Fail(EvalError::Overflow)),
+                    }
+                }
+                Ins::Done(v) => return Ok(v),
+                Ins::Text { a, b, t, f } => {
+                    let a = cache.text(a, strings)?;
+                    let b = cache.text(b, strings)?;
+                    pc = if a == b { t } else { f };
+                }
+                Ins::Neg { dst, a } => match cache.read(regs, a)?.checked_neg() {
+                    Some(v) => regs[usize::from(dst) % MAX_REGS] = v,
+                    None => return Err(Stop::Fail(EvalError::Overflow)),
+                },
+                Ins::Set { dst, v, next } => {
+                    regs[usize::from(dst) % MAX_REGS] = v;
+                    pc = next;
+                }
+                Ins::Jump(next) => pc = next,
+                Ins::Need(slot) => cache.ensure(usize::from(slot))?,
+                Ins::Invalid => return Err(Stop::Fail(EvalError::Type)),
+            }
+        }
+    }
+
     /// The stack machine: integers only.
     fn run(&mut self, code: &Code) -> Result<i64, Stop> {
         let strings: &'a [Arc<str>] = &self.table.strings;
@@ -363,7 +540,7 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                 Op::Fact(slot) => {
                     let slot = slot as usize;
                     cache.ensure(slot)?;
-                    push!(cache.ints[slot]);
+                    push!(cache.ints[slot % INTS]);
                 }
                 Op::Int(i) => push!(i),
                 Op::Not => match sp.checked_sub(1) {
