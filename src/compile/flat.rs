@@ -1,10 +1,16 @@
 //! The hot path's form of a row group: one flat branch program per (verb, subject, site).
 //!
 //! Each row's `when and not unless` becomes control flow: `and`, `or` and `not` are jumps,
-//! a comparison is one instruction that reads its two operands (a fact slot, a register or
-//! a constant) and branches, and integer arithmetic writes registers. Booleans reach a
-//! register only where a bool is compared with `==`/`!=`. Every jump goes forward, so a
-//! row's program always ends, at a [`Ins::Done`].
+//! a comparison is one instruction that reads its operands and branches, and integer
+//! arithmetic writes registers. Booleans reach a register only where a bool is compared with
+//! `==`/`!=`. Operands are indexes into one value array of the session: fact slots first
+//! (bools as 0/1), then registers; a constant operand sits in the instruction. Each
+//! instruction carries the bit set of the facts it reads, so the interpreter checks them
+//! with one mask test and asks the provider only on a miss.
+//!
+//! The rows follow each other: a row that fires runs [`Op::Hit`] and falls through into the
+//! next row; a row that does not jumps to the next row's entry; the last row is followed by
+//! [`Op::End`]. Every jump goes forward, so a program always ends.
 //!
 //! Evaluation order is the stack machine's (the `reorder`ed `fires` expression, operands left
 //! to right), so facts are asked for in the same order and only when the cheaper conditions
@@ -12,147 +18,225 @@
 
 use super::{MAX_STACK, Text, reorder};
 use crate::syntax::ast::{BinOp, Expr, ExprKind, UnOp};
-use crate::vocab::{Fact, Type};
+use crate::vocab::{FACT_COUNT, Fact, Type};
 
 /// The registers a row may use.
 pub const MAX_REGS: usize = MAX_STACK;
+/// Where the registers start in the value array (after the fact slots).
+pub const REG_BASE: usize = 32;
+/// The length of a session's value array: fact slots, then registers.
+pub const VALUES: usize = REG_BASE + MAX_REGS;
 
-/// An operand: read in place, nothing pushed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Src {
-    /// An int or bool fact (bools as 0/1), asked of the provider at most once per session.
-    Fact(u8),
-    Reg(u8),
-    K(i64),
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arith {
-    Add,
-    Sub,
-    Mul,
-    Div,
-    Mod,
-}
+const _: () = assert!(FACT_COUNT <= REG_BASE && FACT_COUNT <= 32 && VALUES.is_power_of_two());
 
 /// Bits of a comparison mask: which orderings of `a` against `b` make it true.
 pub const LT: u8 = 1;
 pub const EQ: u8 = 2;
 pub const GT: u8 = 4;
 
-/// One instruction. Targets are indexes into the group's program, always past this one.
+/// What an instruction does. `a`, `b` and `x` are fields of [`Ins`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ins {
-    /// Jump to `t` when the ordering of `a` against `b` is in `mask`, else to `f`.
-    Cmp {
-        a: Src,
-        b: Src,
-        mask: u8,
-        t: u32,
-        f: u32,
-    },
-    /// Jump to `t` when the texts are equal, else to `f`.
-    Text {
-        a: Text,
-        b: Text,
-        t: u32,
-        f: u32,
-    },
-    /// `dst = a op b`, checked: overflow and division by zero stop the row.
-    Arith {
-        op: Arith,
-        dst: u8,
-        a: Src,
-        b: Src,
-    },
-    /// `dst = -a`, checked.
-    Neg {
-        dst: u8,
-        a: Src,
-    },
-    /// `dst = v`, then jump to `next` (a bool compared with `==`/`!=`).
-    Set {
-        dst: u8,
-        v: i64,
-        next: u32,
-    },
-    Jump(u32),
-    /// Ask for a fact now, so facts are asked in the order the expression reads them.
-    Need(u8),
-    /// The row's result.
-    Done(bool),
+pub enum Op {
+    /// Jump to `t` when the ordering of `v[a] + d` against `k` is in the mask `x`, else to
+    /// `f`. The addition is checked: `(approved - 1) == 0` is one instruction.
+    CmpK,
+    /// Jump to `t` when the ordering of `v[a] + d` against `v[b]` is in the mask `x`, else
+    /// to `f`.
+    Cmp,
+    /// `v[x] = v[a] op k`, checked: overflow and division by zero stop the row.
+    AddK,
+    SubK,
+    MulK,
+    DivK,
+    ModK,
+    /// `v[x] = v[a] op v[b]`, checked.
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Mod,
+    /// `v[x] = -v[a]`, checked.
+    Neg,
+    /// `v[x] = k`.
+    Mov,
+    /// `v[x] = k`, then jump to `t` (a bool compared with `==`/`!=`).
+    Set,
+    /// Jump to `t` when the texts of pair `k` of [`FlatProgram::texts`] are equal, else to `f`.
+    Text,
+    Jump,
+    /// Ask for the facts of `need` now, so facts are asked in the order the expression
+    /// reads them.
+    Need,
+    /// Row `k` of the group fires; go on with the next row.
+    Hit,
+    /// The last row is done.
+    End,
     /// An expression the checker should have rejected; evaluates to a type error.
     Invalid,
 }
 
-/// Compiles rows into one program, each row starting at the entry [`Flat::row`] returns.
-pub struct Flat<'s> {
-    ins: Vec<Ins>,
+/// One instruction: 32 bytes, one format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ins {
+    pub op: Op,
+    /// Value index of the left operand.
+    pub a: u8,
+    /// Value index of the right operand (`Cmp` and the arithmetic without `K`).
+    pub b: u8,
+    /// Comparison mask, or destination value index.
+    pub x: u8,
+    /// The facts this instruction reads (bit = slot), left operand's first.
+    pub need: u32,
+    pub k: i64,
+    /// What a comparison adds to its left operand first.
+    pub d: i64,
+    pub t: u32,
+    pub f: u32,
+}
+
+impl Ins {
+    const fn op(op: Op) -> Self {
+        Ins {
+            op,
+            a: 0,
+            b: 0,
+            x: 0,
+            need: 0,
+            k: 0,
+            d: 0,
+            t: 0,
+            f: 0,
+        }
+    }
+}
+
+/// The flat program of a row group.
+#[derive(Clone, Debug, Default)]
+pub struct FlatProgram {
+    pub ins: Vec<Ins>,
+    /// The text pairs [`Op::Text`] compares.
+    pub texts: Vec<(Text, Text)>,
+    /// Per row, where its program starts.
+    pub entries: Vec<u32>,
+}
+
+impl FlatProgram {
+    /// The row whose program holds `pc`.
+    pub fn row_at(&self, pc: usize) -> usize {
+        self.entries
+            .partition_point(|&e| e as usize <= pc)
+            .saturating_sub(1)
+    }
+
+    /// Where the row after `row` starts (the `End` after the last row).
+    pub fn next_entry(&self, row: usize) -> usize {
+        match self.entries.get(row + 1) {
+            Some(&e) => e as usize,
+            None => self.ins.len().saturating_sub(1),
+        }
+    }
+}
+
+/// An operand while compiling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Src {
+    /// An int or bool fact slot.
+    Fact(u8),
+    Reg(u8),
+    K(i64),
+}
+
+impl Src {
+    fn index(self) -> u8 {
+        match self {
+            Src::Fact(s) => s,
+            // Registers are below MAX_REGS, so this stays below VALUES.
+            Src::Reg(r) => r.saturating_add(REG_BASE as u8),
+            Src::K(_) => 0,
+        }
+    }
+
+    fn need(self) -> u32 {
+        match self {
+            Src::Fact(s) => 1u32.checked_shl(u32::from(s)).unwrap_or(0),
+            _ => 0,
+        }
+    }
+}
+
+/// Compiles the rows of one group into one [`FlatProgram`].
+pub(super) struct Flat<'s> {
+    prog: FlatProgram,
     /// Label -> pc, `u32::MAX` until placed.
     labels: Vec<u32>,
     /// Interns string constants.
     compiler: &'s mut super::Compiler,
+    /// Where the last label was placed: no instruction before it may be fused.
+    placed: u32,
 }
 
 #[derive(Clone, Copy)]
 struct Label(u32);
 
-/// Too many registers: the row is compiled to [`Ins::Invalid`], as the stack machine does.
+/// Too many registers: the row is compiled to [`Op::Invalid`], as the stack machine does.
 struct TooDeep;
 
 impl<'s> Flat<'s> {
     pub(super) fn new(compiler: &'s mut super::Compiler) -> Self {
         Flat {
-            ins: Vec::new(),
+            prog: FlatProgram::default(),
             labels: Vec::new(),
             compiler,
+            placed: 0,
         }
     }
 
-    /// Appends the program of a row (`None`: always fires); returns its entry.
-    pub fn row(&mut self, fires: Option<&Expr>) -> u32 {
-        let entry = u32::try_from(self.ins.len()).unwrap_or(u32::MAX);
+    fn pc(&self) -> u32 {
+        u32::try_from(self.prog.ins.len()).unwrap_or(u32::MAX)
+    }
+
+    /// Appends the program of the next row (`None`: always fires).
+    pub(super) fn row(&mut self, fires: Option<&Expr>) {
+        let row = self.prog.entries.len();
+        self.prog.entries.push(self.pc());
+        let hit = Ins {
+            k: row as i64,
+            ..Ins::op(Op::Hit)
+        };
         let Some(e) = fires else {
-            self.ins.push(Ins::Done(true));
-            return entry;
+            self.prog.ins.push(hit);
+            return;
         };
         let e = reorder(e);
-        let start_ins = self.ins.len();
+        let start_ins = self.prog.ins.len();
+        let start_texts = self.prog.texts.len();
         let start_labels = self.labels.len();
-        let ok = if super::stack_depth(&e) > MAX_STACK {
-            Err(TooDeep)
-        } else {
-            let (t, f) = (self.label(), self.label());
-            let r = self.cond(&e, t, f, 0);
+        let (t, next) = (self.label(), self.label());
+        let ok = super::stack_depth(&e) <= MAX_STACK && self.cond(&e, t, next, 0).is_ok();
+        if ok {
             self.place(t);
-            self.ins.push(Ins::Done(true));
-            self.place(f);
-            self.ins.push(Ins::Done(false));
-            r
-        };
-        if ok.is_err() {
-            self.ins.truncate(start_ins);
+            self.prog.ins.push(hit);
+            self.place(next);
+        } else {
+            self.prog.ins.truncate(start_ins);
+            self.prog.texts.truncate(start_texts);
             self.labels.truncate(start_labels);
-            self.ins.push(Ins::Invalid);
+            self.prog.ins.push(Ins::op(Op::Invalid));
         }
-        entry
     }
 
-    /// Resolves labels to program indexes; call once, after the last row.
-    pub fn finish(mut self) -> Vec<Ins> {
+    /// Ends the program and resolves labels to program indexes.
+    pub(super) fn finish(mut self) -> FlatProgram {
+        self.prog.ins.push(Ins::op(Op::End));
         let labels = std::mem::take(&mut self.labels);
         let at = |l: u32| labels.get(l as usize).copied().unwrap_or(u32::MAX);
-        for ins in &mut self.ins {
-            match ins {
-                Ins::Cmp { t, f, .. } | Ins::Text { t, f, .. } => {
-                    *t = at(*t);
-                    *f = at(*f);
-                }
-                Ins::Set { next, .. } | Ins::Jump(next) => *next = at(*next),
-                _ => {}
+        for ins in &mut self.prog.ins {
+            if matches!(ins.op, Op::CmpK | Op::Cmp | Op::Text | Op::Set | Op::Jump) {
+                ins.t = at(ins.t);
+                ins.f = at(ins.f);
             }
         }
-        self.ins
+        self.prog
     }
 
     fn label(&mut self) -> Label {
@@ -161,9 +245,77 @@ impl<'s> Flat<'s> {
     }
 
     fn place(&mut self, l: Label) {
-        let pc = u32::try_from(self.ins.len()).unwrap_or(u32::MAX);
+        let pc = self.pc();
+        self.placed = pc;
         if let Some(slot) = self.labels.get_mut(l.0 as usize) {
             *slot = pc;
+        }
+    }
+
+    fn push(&mut self, ins: Ins) {
+        self.prog.ins.push(ins);
+    }
+
+    fn jump(&mut self, to: Label) {
+        self.push(Ins {
+            t: to.0,
+            f: to.0,
+            ..Ins::op(Op::Jump)
+        });
+    }
+
+    /// A comparison of two operands, branching to `t` or `f`.
+    fn compare(&mut self, a: Src, b: Src, mask: u8, t: Label, f: Label) {
+        // A constant on the left reads nothing: mirror it to the right.
+        let (a, b, mask) = match (a, b) {
+            (Src::K(_), Src::K(_)) | (Src::Fact(_) | Src::Reg(_), _) => (a, b, mask),
+            (Src::K(_), _) => {
+                let mirrored = (mask & EQ) | ((mask & LT) << 2) | ((mask & GT) >> 2);
+                (b, a, mirrored)
+            }
+        };
+        let mut ins = Ins {
+            a: a.index(),
+            x: mask,
+            need: a.need() | b.need(),
+            t: t.0,
+            f: f.0,
+            ..Ins::op(Op::CmpK)
+        };
+        // `v op k` just computed into the left operand's register, and read only here (each
+        // register value is read once): the comparison does the addition itself. Nothing
+        // jumps between the two.
+        let fusable = self.placed != self.pc();
+        if let (Src::Reg(_), Some(last), true) = (a, self.prog.ins.last(), fusable) {
+            let d = match last.op {
+                Op::AddK => Some(last.k),
+                Op::SubK => last.k.checked_neg(),
+                _ => None,
+            };
+            if let Some(d) = d
+                && last.x == a.index()
+            {
+                ins.a = last.a;
+                ins.need = last.need | b.need();
+                ins.d = d;
+                self.prog.ins.pop();
+            }
+        }
+        match (a, b) {
+            (Src::K(ka), Src::K(kb)) => {
+                let ord = match ka.cmp(&kb) {
+                    std::cmp::Ordering::Less => LT,
+                    std::cmp::Ordering::Equal => EQ,
+                    std::cmp::Ordering::Greater => GT,
+                };
+                self.jump(if mask & ord != 0 { t } else { f });
+            }
+            (_, Src::K(k)) => self.push(Ins { k, ..ins }),
+            _ => self.push(Ins {
+                op: Op::Cmp,
+                b: b.index(),
+                ..ins
+            }),
         }
     }
 
@@ -171,7 +323,7 @@ impl<'s> Flat<'s> {
     /// register it may use.
     fn cond(&mut self, e: &Expr, t: Label, f: Label, free: usize) -> Result<(), TooDeep> {
         match &e.kind {
-            ExprKind::Bool(b) => self.ins.push(Ins::Jump(if *b { t.0 } else { f.0 })),
+            ExprKind::Bool(b) => self.jump(if *b { t } else { f }),
             ExprKind::Unary(UnOp::Not, inner) => return self.cond(inner, f, t, free),
             ExprKind::Binary(BinOp::And, l, r) => {
                 let mid = self.label();
@@ -190,13 +342,16 @@ impl<'s> Flat<'s> {
             {
                 let (t, f) = if *op == BinOp::Ne { (f, t) } else { (t, f) };
                 match (self.compiler.text(l), self.compiler.text(r)) {
-                    (Some(a), Some(b)) => self.ins.push(Ins::Text {
-                        a,
-                        b,
-                        t: t.0,
-                        f: f.0,
-                    }),
-                    _ => self.ins.push(Ins::Invalid),
+                    (Some(a), Some(b)) => {
+                        self.prog.texts.push((a, b));
+                        self.push(Ins {
+                            k: (self.prog.texts.len() - 1) as i64,
+                            t: t.0,
+                            f: f.0,
+                            ..Ins::op(Op::Text)
+                        });
+                    }
+                    _ => self.push(Ins::op(Op::Invalid)),
                 }
             }
             ExprKind::Binary(
@@ -213,25 +368,13 @@ impl<'s> Flat<'s> {
                     BinOp::Gt => GT,
                     _ => GT | EQ,
                 };
-                self.ins.push(Ins::Cmp {
-                    a,
-                    b,
-                    mask,
-                    t: t.0,
-                    f: f.0,
-                });
+                self.compare(a, b, mask, t, f);
             }
             ExprKind::Name(_) => {
                 let a = self.value(e, free)?;
-                self.ins.push(Ins::Cmp {
-                    a,
-                    b: Src::K(0),
-                    mask: LT | GT,
-                    t: t.0,
-                    f: f.0,
-                });
+                self.compare(a, Src::K(0), LT | GT, t, f);
             }
-            _ => self.ins.push(Ins::Invalid),
+            _ => self.push(Ins::op(Op::Invalid)),
         }
         Ok(())
     }
@@ -239,13 +382,18 @@ impl<'s> Flat<'s> {
     /// Emits the two operands of a binary operator, left first.
     fn operands(&mut self, l: &Expr, r: &Expr, free: usize) -> Result<(Src, Src), TooDeep> {
         let a = self.value(l, free)?;
-        if let Src::Fact(slot) = a
+        if let Src::Fact(_) = a
             && !is_operand(r)
         {
             // The stack machine reads the left fact before evaluating the right side.
-            self.ins.push(Ins::Need(slot));
+            self.push(Ins {
+                a: a.index(),
+                need: a.need(),
+                ..Ins::op(Op::Need)
+            });
         }
-        let next = if matches!(a, Src::Reg(_)) {
+        // A constant on the left goes to register `free` when the right side is done.
+        let next = if matches!(a, Src::Reg(_) | Src::K(_)) {
             free + 1
         } else {
             free
@@ -256,7 +404,12 @@ impl<'s> Flat<'s> {
 
     /// Emits an int (or bool) expression; returns where its value is.
     fn value(&mut self, e: &Expr, free: usize) -> Result<Src, TooDeep> {
-        let reg = |free: usize| u8::try_from(free).ok().filter(|_| free < MAX_REGS);
+        let dst = |free: usize| {
+            u8::try_from(free)
+                .ok()
+                .filter(|_| free < MAX_REGS)
+                .ok_or(TooDeep)
+        };
         Ok(match &e.kind {
             ExprKind::Int(i) => Src::K(*i),
             ExprKind::Bool(b) => Src::K(i64::from(*b)),
@@ -265,15 +418,21 @@ impl<'s> Flat<'s> {
                     Src::Fact(u8::try_from(f.slot()).unwrap_or(u8::MAX))
                 }
                 _ => {
-                    self.ins.push(Ins::Invalid);
+                    self.push(Ins::op(Op::Invalid));
                     Src::K(0)
                 }
             },
             ExprKind::Unary(UnOp::Neg, inner) => {
                 let a = self.value(inner, free)?;
-                let dst = reg(free).ok_or(TooDeep)?;
-                self.ins.push(Ins::Neg { dst, a });
-                Src::Reg(dst)
+                let r = Src::Reg(dst(free)?);
+                let a = self.in_value(a, r);
+                self.push(Ins {
+                    a: a.index(),
+                    x: r.index(),
+                    need: a.need(),
+                    ..Ins::op(Op::Neg)
+                });
+                r
             }
             ExprKind::Binary(
                 op @ (BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Mod),
@@ -281,42 +440,71 @@ impl<'s> Flat<'s> {
                 r,
             ) => {
                 let (a, b) = self.operands(l, r, free)?;
-                let dst = reg(free).ok_or(TooDeep)?;
-                let op = match op {
-                    BinOp::Add => Arith::Add,
-                    BinOp::Sub => Arith::Sub,
-                    BinOp::Mul => Arith::Mul,
-                    BinOp::Div => Arith::Div,
-                    _ => Arith::Mod,
+                let dst = Src::Reg(dst(free)?);
+                // `k op v`: the constant goes to a register first (kept in this order, so an
+                // error stays the same error).
+                let a = self.in_value(a, dst);
+                let (op, k) = match (op, b) {
+                    (BinOp::Add, Src::K(k)) => (Op::AddK, k),
+                    (BinOp::Sub, Src::K(k)) => (Op::SubK, k),
+                    (BinOp::Mul, Src::K(k)) => (Op::MulK, k),
+                    (BinOp::Div, Src::K(k)) => (Op::DivK, k),
+                    (BinOp::Mod, Src::K(k)) => (Op::ModK, k),
+                    (BinOp::Add, _) => (Op::Add, 0),
+                    (BinOp::Sub, _) => (Op::Sub, 0),
+                    (BinOp::Mul, _) => (Op::Mul, 0),
+                    (BinOp::Div, _) => (Op::Div, 0),
+                    _ => (Op::Mod, 0),
                 };
-                self.ins.push(Ins::Arith { op, dst, a, b });
-                Src::Reg(dst)
+                self.push(Ins {
+                    op,
+                    a: a.index(),
+                    b: b.index(),
+                    x: dst.index(),
+                    need: a.need() | b.need(),
+                    k,
+                    ..Ins::op(Op::Mov)
+                });
+                dst
             }
             ExprKind::Str(..) => {
-                self.ins.push(Ins::Invalid);
+                self.push(Ins::op(Op::Invalid));
                 Src::K(0)
             }
             // A bool as a value: branch, then set a register.
             _ => {
-                let dst = reg(free).ok_or(TooDeep)?;
+                let r = Src::Reg(dst(free)?);
                 let (t, f, join) = (self.label(), self.label(), self.label());
                 self.cond(e, t, f, free)?;
-                self.place(t);
-                self.ins.push(Ins::Set {
-                    dst,
-                    v: 1,
-                    next: join.0,
-                });
-                self.place(f);
-                self.ins.push(Ins::Set {
-                    dst,
-                    v: 0,
-                    next: join.0,
-                });
+                for (at, v) in [(t, 1), (f, 0)] {
+                    self.place(at);
+                    self.push(Ins {
+                        x: r.index(),
+                        k: v,
+                        t: join.0,
+                        f: join.0,
+                        ..Ins::op(Op::Set)
+                    });
+                }
                 self.place(join);
-                Src::Reg(dst)
+                r
             }
         })
+    }
+
+    /// A constant as a left operand goes to register `r` first.
+    fn in_value(&mut self, a: Src, r: Src) -> Src {
+        match a {
+            Src::K(k) => {
+                self.push(Ins {
+                    x: r.index(),
+                    k,
+                    ..Ins::op(Op::Mov)
+                });
+                r
+            }
+            _ => a,
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use serde::Serialize;
 use std::sync::Arc;
 
 pub mod flat;
-pub use flat::{Ins, Src};
+pub use flat::{FlatProgram, Ins};
 
 /// The deepest evaluation stack a condition may need.
 pub const MAX_STACK: usize = 32;
@@ -160,7 +160,7 @@ pub struct Table {
     pub rules: Vec<RuleMeta>,
     groups: Vec<Vec<Row>>,
     /// Per group, the flat program of its rows (see [`flat`]).
-    programs: Vec<Vec<Ins>>,
+    programs: Vec<FlatProgram>,
     /// Per group, the facts its rows may read (bit = fact slot), so the runtime reads from
     /// the API server only what a request's rows need.
     reads: Vec<u32>,
@@ -185,12 +185,14 @@ impl Table {
 
     /// The rows of one (verb, subject, site) with their flat program.
     #[inline]
-    pub fn group(&self, verb: Verb, subject: Subject, site: Site) -> (&[Row], &[Ins]) {
+    pub fn group(
+        &self,
+        verb: Verb,
+        subject: Subject,
+        site: Site,
+    ) -> Option<(&[Row], &FlatProgram)> {
         let i = group_index(verb, subject, site);
-        match (self.groups.get(i), self.programs.get(i)) {
-            (Some(rows), Some(ins)) => (rows, ins),
-            _ => (&[], &[]),
-        }
+        Some((self.groups.get(i)?, self.programs.get(i)?))
     }
 
     /// The facts the rows of one (verb, subject, site) may read, as a bit set of slots.
@@ -268,10 +270,14 @@ pub fn compile(program: &Program, files: &[SourceFile]) -> Table {
         .iter_mut()
         .map(|rows| {
             let mut f = flat::Flat::new(&mut c);
-            for row in rows.iter_mut() {
-                row.entry = f.row(fires.get(row.rule as usize).and_then(|e| e.as_ref()));
+            for row in rows.iter() {
+                f.row(fires.get(row.rule as usize).and_then(|e| e.as_ref()));
             }
-            f.finish()
+            let program = f.finish();
+            for (row, entry) in rows.iter_mut().zip(&program.entries) {
+                row.entry = *entry;
+            }
+            program
         })
         .collect();
     let plans = program.plans.iter().map(|p| c.plan(p)).collect();

@@ -7,8 +7,8 @@ pub mod explain;
 pub mod value;
 
 use crate::check::Event;
-use crate::compile::flat::{Arith, EQ, GT, LT, MAX_REGS};
-use crate::compile::{Code, Ins, Kind, MAX_STACK, Op, Piece, Src, Table, Text};
+use crate::compile::flat::{self, EQ, GT, LT, VALUES};
+use crate::compile::{Code, FlatProgram, Kind, MAX_STACK, Op, Piece, Row, Table, Text};
 use crate::vocab::{FACT_COUNT, Fact, Verdict};
 use serde::Serialize;
 use std::sync::Arc;
@@ -151,15 +151,13 @@ pub struct TraceRow {
     pub error: Option<String>,
 }
 
-/// The length of the int fact array: a power of two at least [`FACT_COUNT`], so a slot
-/// masked into range needs no bounds check.
-const INTS: usize = FACT_COUNT.next_power_of_two();
-
 /// The facts of a session: asked of the provider at most once, then read from here.
 struct FactCache<'a, F> {
     facts: F,
-    /// Int and bool facts (bools as 0/1), valid where `known` has their bit.
-    ints: [i64; INTS],
+    /// Int and bool facts (bools as 0/1) by slot, valid where `known` has their bit; then
+    /// the registers of the flat programs (see [`flat`]). A power of two long, so an index
+    /// masked into range needs no bounds check.
+    vals: [i64; VALUES],
     /// Name and enum facts, valid where `known` has their bit.
     texts: [&'a str; FACT_COUNT],
     known: u32,
@@ -174,8 +172,8 @@ impl<'a, F: Facts<'a>> FactCache<'a, F> {
             return;
         }
         match value {
-            Value::Int(i) => self.ints[slot % INTS] = i,
-            Value::Bool(b) => self.ints[slot % INTS] = i64::from(b),
+            Value::Int(i) => self.vals[slot % VALUES] = i,
+            Value::Bool(b) => self.vals[slot % VALUES] = i64::from(b),
             Value::Str(s) => self.texts[slot] = s,
         }
         self.known |= 1 << slot;
@@ -192,6 +190,12 @@ impl<'a, F: Facts<'a>> FactCache<'a, F> {
 
     #[inline(never)]
     fn fetch(&mut self, slot: usize) -> Result<(), Stop> {
+        self.ask(slot)
+    }
+
+    /// Asks the provider for a fact and keeps the answer.
+    #[inline(always)]
+    fn ask(&mut self, slot: usize) -> Result<(), Stop> {
         let Some(fact) = Fact::from_slot(slot) else {
             return Err(Stop::Fail(EvalError::Type));
         };
@@ -207,18 +211,17 @@ impl<'a, F: Facts<'a>> FactCache<'a, F> {
         }
     }
 
-    /// The value of an operand of a flat program.
-    #[inline(always)]
-    fn read(&mut self, regs: &[i64; MAX_REGS], src: Src) -> Result<i64, Stop> {
-        match src {
-            Src::K(k) => Ok(k),
-            Src::Reg(r) => Ok(regs[usize::from(r) % MAX_REGS]),
-            Src::Fact(slot) => {
-                let slot = usize::from(slot);
-                self.ensure(slot)?;
-                Ok(self.ints[slot % INTS])
+    /// Asks for the facts an instruction reads that are not known yet, left operand first.
+    #[cold]
+    #[inline(never)]
+    fn need(&mut self, ins: &flat::Ins) -> Result<(), Stop> {
+        for slot in [ins.a, ins.b] {
+            let bit = 1u32.checked_shl(u32::from(slot)).unwrap_or(0);
+            if ins.need & bit != 0 && self.known & bit == 0 {
+                self.ask(usize::from(slot))?;
             }
         }
+        Ok(())
     }
 
     fn text(&mut self, t: Text, strings: &'a [Arc<str>]) -> Result<&'a str, Stop> {
@@ -246,11 +249,9 @@ enum Stop {
 pub struct Session<'a, F> {
     table: &'a Table,
     cache: FactCache<'a, F>,
-    /// The evaluation stack, reused by every condition of the session.
-    stack: [i64; MAX_STACK],
-    /// The registers of the flat programs.
-    regs: [i64; MAX_REGS],
     pub trace: Option<Vec<TraceRow>>,
+    /// Where the flat program stopped on an error.
+    pc: usize,
 }
 
 impl<'a, F: Facts<'a>> Session<'a, F> {
@@ -259,15 +260,14 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
             table,
             cache: FactCache {
                 facts,
-                ints: [0; INTS],
+                vals: [0; VALUES],
                 texts: [""; FACT_COUNT],
                 known: 0,
                 asked: Vec::new(),
                 record: false,
             },
-            stack: [0; MAX_STACK],
-            regs: [0; MAX_REGS],
             trace: None,
+            pc: 0,
         }
     }
 
@@ -295,20 +295,8 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
         let table = self.table;
         let mut hits = Hits::new();
         if self.trace.is_none() {
-            let (rows, ins) = table.group(verb, subject, site);
-            for row in rows {
-                let error = match self.exec(ins, row.entry) {
-                    Ok(false) => continue,
-                    Ok(true) => None,
-                    Err(Stop::Fail(_)) if row.verdict == Verdict::Warn => continue,
-                    Err(Stop::Fail(e)) => Some(e),
-                    Err(Stop::Need(f)) => return Err(Interrupt::Need(f)),
-                };
-                hits.push(Hit {
-                    rule: row.rule,
-                    verdict: row.verdict,
-                    error,
-                });
+            if let Some((rows, program)) = table.group(verb, subject, site) {
+                self.run_group(rows, program, &mut hits)?;
             }
             return Ok(hits);
         }
@@ -421,22 +409,88 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
         }
     }
 
-    /// Runs one row of a group's flat program from `pc` to its result.
+    /// Runs a group's flat program: every row, in order, adding the ones that fire.
+    fn run_group(
+        &mut self,
+        rows: &[Row],
+        program: &FlatProgram,
+        hits: &mut Hits,
+    ) -> Result<(), Interrupt> {
+        let mut pc = 0;
+        loop {
+            match self.exec(rows, program, pc, hits) {
+                Ok(()) => return Ok(()),
+                Err(Stop::Need(f)) => return Err(Interrupt::Need(f)),
+                // The row could not be evaluated: refuse and hold rows match (fail closed),
+                // warn rows do not; then the next row.
+                Err(Stop::Fail(e)) => {
+                    let at = program.row_at(self.pc);
+                    if let Some(row) = rows.get(at)
+                        && row.verdict != Verdict::Warn
+                    {
+                        hits.push(Hit {
+                            rule: row.rule,
+                            verdict: row.verdict,
+                            error: Some(e),
+                        });
+                    }
+                    pc = program.next_entry(at);
+                }
+            }
+        }
+    }
+
+    /// Runs a flat program from `pc` to its end, or to the first error (its `pc` left in
+    /// `self.pc`).
     #[inline]
-    fn exec(&mut self, ins: &[Ins], mut pc: u32) -> Result<bool, Stop> {
+    fn exec(
+        &mut self,
+        rows: &[Row],
+        program: &FlatProgram,
+        mut pc: usize,
+        hits: &mut Hits,
+    ) -> Result<(), Stop> {
+        use flat::Op as F;
         let cache = &mut self.cache;
-        let regs = &mut self.regs;
         let strings: &'a [Arc<str>] = &self.table.strings;
+        let ins = program.ins.as_slice();
+        const M: usize = VALUES - 1;
+        macro_rules! fail {
+            ($e:expr) => {{
+                self.pc = pc;
+                return Err(Stop::Fail($e));
+            }};
+        }
+        macro_rules! arith {
+            ($i:expr, $a:expr, $f:ident, $b:expr) => {{
+                let (a, b) = ($a, $b);
+                match a.$f(b) {
+                    Some(v) => cache.vals[usize::from($i.x) & M] = v,
+                    None if b == 0 => fail!(EvalError::DivisionByZero),
+                    None => fail!(EvalError::Overflow),
+                }
+                pc += 1;
+            }};
+        }
         // Every jump goes forward (see `compile::flat`), so this ends.
         loop {
-            let Some(&i) = ins.get(pc as usize) else {
-                return Err(Stop::Fail(EvalError::Type));
+            let Some(i) = ins.get(pc) else {
+                fail!(EvalError::Type)
             };
-            pc += 1;
-            match i {
-                Ins::Cmp { a, b, mask, t, f } => {
-                    let a = cache.read(regs, a)?;
-                    let b = cache.read(regs, b)?;
+            if cache.known & i.need != i.need
+                && let Err(e) = cache.need(i)
+            {
+                self.pc = pc;
+                return Err(e);
+            }
+            let a = cache.vals[usize::from(i.a) & M];
+            let b = cache.vals[usize::from(i.b) & M];
+            match i.op {
+                F::CmpK | F::Cmp => {
+                    let Some(a) = a.checked_add(i.d) else {
+                        fail!(EvalError::Overflow)
+                    };
+                    let b = if i.op == F::CmpK { i.k } else { b };
                     let ord = if a < b {
                         LT
                     } else if a == b {
@@ -444,41 +498,61 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                     } else {
                         GT
                     };
-                    pc = if mask & ord != 0 { t } else { f };
+                    pc = if i.x & ord != 0 { i.t } else { i.f } as usize;
                 }
-                Ins::Arith { op, dst, a, b } => {
-                    let a = cache.read(regs, a)?;
-                    let b = cache.read(regs, b)?;
-                    let v = match op {
-                        Arith::Add => a.checked_add(b),
-                        Arith::Sub => a.checked_sub(b),
-                        Arith::Mul => a.checked_mul(b),
-                        Arith::Div => a.checked_div(b),
-                        Arith::Mod => a.checked_rem(b),
+                F::Hit => {
+                    if let Some(row) = rows.get(i.k as usize) {
+                        hits.push(Hit {
+                            rule: row.rule,
+                            verdict: row.verdict,
+                            error: None,
+                        });
+                    }
+                    pc += 1;
+                }
+                F::End => return Ok(()),
+                F::AddK => arith!(i, a, checked_add, i.k),
+                F::SubK => arith!(i, a, checked_sub, i.k),
+                F::MulK => arith!(i, a, checked_mul, i.k),
+                F::DivK => arith!(i, a, checked_div, i.k),
+                F::ModK => arith!(i, a, checked_rem, i.k),
+                F::Add => arith!(i, a, checked_add, b),
+                F::Sub => arith!(i, a, checked_sub, b),
+                F::Mul => arith!(i, a, checked_mul, b),
+                F::Div => arith!(i, a, checked_div, b),
+                F::Mod => arith!(i, a, checked_rem, b),
+                F::Neg => match a.checked_neg() {
+                    Some(v) => {
+                        cache.vals[usize::from(i.x) & M] = v;
+                        pc += 1;
+                    }
+                    None => fail!(EvalError::Overflow),
+                },
+                F::Mov => {
+                    cache.vals[usize::from(i.x) & M] = i.k;
+                    pc += 1;
+                }
+                F::Set => {
+                    cache.vals[usize::from(i.x) & M] = i.k;
+                    pc = i.t as usize;
+                }
+                F::Text => {
+                    let Some(&(ta, tb)) = program.texts.get(i.k as usize) else {
+                        fail!(EvalError::Type)
                     };
-                    match v {
-                        Some(v) => regs[usize::from(dst) % MAX_REGS] = v,
-                        None if b == 0 => return Err(Stop::Fail(EvalError::DivisionByZero)),
-                        None => return Err(Stop::Fail(EvalError::Overflow)),
+                    let eq = match cache.text(ta, strings) {
+                        Ok(ta) => cache.text(tb, strings).map(|tb| ta == tb),
+                        Err(e) => Err(e),
+                    };
+                    match eq {
+                        Ok(eq) => pc = if eq { i.t } else { i.f } as usize,
+                        Err(Stop::Fail(e)) => fail!(e),
+                        Err(e) => return Err(e),
                     }
                 }
-                Ins::Done(v) => return Ok(v),
-                Ins::Text { a, b, t, f } => {
-                    let a = cache.text(a, strings)?;
-                    let b = cache.text(b, strings)?;
-                    pc = if a == b { t } else { f };
-                }
-                Ins::Neg { dst, a } => match cache.read(regs, a)?.checked_neg() {
-                    Some(v) => regs[usize::from(dst) % MAX_REGS] = v,
-                    None => return Err(Stop::Fail(EvalError::Overflow)),
-                },
-                Ins::Set { dst, v, next } => {
-                    regs[usize::from(dst) % MAX_REGS] = v;
-                    pc = next;
-                }
-                Ins::Jump(next) => pc = next,
-                Ins::Need(slot) => cache.ensure(usize::from(slot))?,
-                Ins::Invalid => return Err(Stop::Fail(EvalError::Type)),
+                F::Jump => pc = i.t as usize,
+                F::Need => pc += 1,
+                F::Invalid => fail!(EvalError::Type),
             }
         }
     }
@@ -487,7 +561,7 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
     fn run(&mut self, code: &Code) -> Result<i64, Stop> {
         let strings: &'a [Arc<str>] = &self.table.strings;
         let cache = &mut self.cache;
-        let stack = &mut self.stack;
+        let mut stack = [0i64; MAX_STACK];
         let mut sp = 0usize;
         let mut pc = 0usize;
         let ops = code.ops.as_slice();
@@ -540,7 +614,7 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                 Op::Fact(slot) => {
                     let slot = slot as usize;
                     cache.ensure(slot)?;
-                    push!(cache.ints[slot % INTS]);
+                    push!(cache.vals[slot % VALUES]);
                 }
                 Op::Int(i) => push!(i),
                 Op::Not => match sp.checked_sub(1) {
