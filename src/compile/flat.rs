@@ -20,14 +20,16 @@ use super::{MAX_STACK, Text, reorder};
 use crate::syntax::ast::{BinOp, Expr, ExprKind, UnOp};
 use crate::vocab::{FACT_COUNT, Fact, Type};
 
-/// The registers a row may use.
-pub const MAX_REGS: usize = MAX_STACK;
+/// The length of a session's value array: fact slots, then registers. A power of two, so an
+/// index masked into range needs no bounds check; small, so a session starts cheaply.
+pub const VALUES: usize = 32;
 /// Where the registers start in the value array (after the fact slots).
-pub const REG_BASE: usize = 32;
-/// The length of a session's value array: fact slots, then registers.
-pub const VALUES: usize = REG_BASE + MAX_REGS;
+pub const REG_BASE: usize = FACT_COUNT;
+/// The registers a row may use. A row that needs more runs on the stack machine
+/// ([`Op::Stack`]).
+pub const MAX_REGS: usize = VALUES - REG_BASE;
 
-const _: () = assert!(FACT_COUNT <= REG_BASE && FACT_COUNT <= 32 && VALUES.is_power_of_two());
+const _: () = assert!(FACT_COUNT <= 32 && MAX_REGS >= 2 && VALUES.is_power_of_two());
 
 /// Bits of a comparison mask: which orderings of `a` against `b` make it true.
 pub const LT: u8 = 1;
@@ -37,12 +39,13 @@ pub const GT: u8 = 4;
 /// What an instruction does. `a`, `b` and `x` are fields of [`Ins`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
-    /// Jump to `t` when the ordering of `v[a] + d` against `k` is in the mask `x`, else to
-    /// `f`. The addition is checked: `(approved - 1) == 0` is one instruction.
+    /// Jump to `to[0]`, `to[1]` or `to[2]` as `v[a] + d` is less than, equal to or greater
+    /// than `k`. The addition is checked: `(approved - 1) == 0` is one instruction.
     CmpK,
-    /// Jump to `t` when the ordering of `v[a] + d` against `v[b]` is in the mask `x`, else
-    /// to `f`.
+    /// The same against `v[b]`.
     Cmp,
+    /// Jump to `to[1]` when `v[a]` is not 0 (a bool fact holds), else to `to[0]`.
+    Test,
     /// `v[x] = v[a] op k`, checked: overflow and division by zero stop the row.
     AddK,
     SubK,
@@ -59,10 +62,12 @@ pub enum Op {
     Neg,
     /// `v[x] = k`.
     Mov,
-    /// `v[x] = k`, then jump to `t` (a bool compared with `==`/`!=`).
+    /// `v[x] = k`, then jump to `to[0]` (a bool compared with `==`/`!=`).
     Set,
-    /// Jump to `t` when the texts of pair `k` of [`FlatProgram::texts`] are equal, else to `f`.
+    /// Jump to `to[1]` when the texts of pair `k` of [`FlatProgram::texts`] are equal, else
+    /// to `to[0]`.
     Text,
+    /// Jump to `to[0]`.
     Jump,
     /// Ask for the facts of `need` now, so facts are asked in the order the expression
     /// reads them.
@@ -71,11 +76,13 @@ pub enum Op {
     Hit,
     /// The last row is done.
     End,
+    /// Row `k` runs its `fires` code on the stack machine; then the next row.
+    Stack,
     /// An expression the checker should have rejected; evaluates to a type error.
     Invalid,
 }
 
-/// One instruction: 32 bytes, one format.
+/// One instruction: 40 bytes, one format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ins {
     pub op: Op,
@@ -83,15 +90,15 @@ pub struct Ins {
     pub a: u8,
     /// Value index of the right operand (`Cmp` and the arithmetic without `K`).
     pub b: u8,
-    /// Comparison mask, or destination value index.
+    /// Destination value index.
     pub x: u8,
     /// The facts this instruction reads (bit = slot), left operand's first.
     pub need: u32,
     pub k: i64,
     /// What a comparison adds to its left operand first.
     pub d: i64,
-    pub t: u32,
-    pub f: u32,
+    /// Jump targets (see [`Op`]).
+    pub to: [u32; 3],
 }
 
 impl Ins {
@@ -104,8 +111,7 @@ impl Ins {
             need: 0,
             k: 0,
             d: 0,
-            t: 0,
-            f: 0,
+            to: [0; 3],
         }
     }
 }
@@ -118,9 +124,18 @@ pub struct FlatProgram {
     pub texts: Vec<(Text, Text)>,
     /// Per row, where its program starts.
     pub entries: Vec<u32>,
+    /// The rows that run on the stack machine, with their `fires` code.
+    pub stack_rows: Vec<u32>,
+    pub deep: Vec<super::Code>,
 }
 
 impl FlatProgram {
+    /// The stack-machine code of a row compiled to [`Op::Stack`].
+    pub fn stack_code(&self, row: usize) -> Option<&super::Code> {
+        let i = self.stack_rows.iter().position(|&r| r as usize == row)?;
+        self.deep.get(i)
+    }
+
     /// The row whose program holds `pc`.
     pub fn row_at(&self, pc: usize) -> usize {
         self.entries
@@ -178,7 +193,7 @@ pub(super) struct Flat<'s> {
 #[derive(Clone, Copy)]
 struct Label(u32);
 
-/// Too many registers: the row is compiled to [`Op::Invalid`], as the stack machine does.
+/// Too many registers: the row runs on the stack machine.
 struct TooDeep;
 
 impl<'s> Flat<'s> {
@@ -212,8 +227,10 @@ impl<'s> Flat<'s> {
         let start_texts = self.prog.texts.len();
         let start_labels = self.labels.len();
         let (t, next) = (self.label(), self.label());
-        let ok = super::stack_depth(&e) <= MAX_STACK && self.cond(&e, t, next, 0).is_ok();
-        if ok {
+        if super::stack_depth(&e) > MAX_STACK {
+            // As deep as the stack machine refuses: a type error, failing closed.
+            self.prog.ins.push(Ins::op(Op::Invalid));
+        } else if self.cond(&e, t, next, 0).is_ok() {
             self.place(t);
             self.prog.ins.push(hit);
             self.place(next);
@@ -221,7 +238,12 @@ impl<'s> Flat<'s> {
             self.prog.ins.truncate(start_ins);
             self.prog.texts.truncate(start_texts);
             self.labels.truncate(start_labels);
-            self.prog.ins.push(Ins::op(Op::Invalid));
+            self.prog.ins.push(Ins {
+                k: row as i64,
+                ..Ins::op(Op::Stack)
+            });
+            self.prog.deep.push(self.compiler.code(&e));
+            self.prog.stack_rows.push(row as u32);
         }
     }
 
@@ -231,9 +253,11 @@ impl<'s> Flat<'s> {
         let labels = std::mem::take(&mut self.labels);
         let at = |l: u32| labels.get(l as usize).copied().unwrap_or(u32::MAX);
         for ins in &mut self.prog.ins {
-            if matches!(ins.op, Op::CmpK | Op::Cmp | Op::Text | Op::Set | Op::Jump) {
-                ins.t = at(ins.t);
-                ins.f = at(ins.f);
+            if matches!(
+                ins.op,
+                Op::CmpK | Op::Cmp | Op::Test | Op::Text | Op::Set | Op::Jump
+            ) {
+                ins.to = ins.to.map(at);
             }
         }
         self.prog
@@ -258,8 +282,7 @@ impl<'s> Flat<'s> {
 
     fn jump(&mut self, to: Label) {
         self.push(Ins {
-            t: to.0,
-            f: to.0,
+            to: [to.0; 3],
             ..Ins::op(Op::Jump)
         });
     }
@@ -274,12 +297,11 @@ impl<'s> Flat<'s> {
                 (b, a, mirrored)
             }
         };
+        let pick = |bit: u8| if mask & bit != 0 { t.0 } else { f.0 };
         let mut ins = Ins {
             a: a.index(),
-            x: mask,
             need: a.need() | b.need(),
-            t: t.0,
-            f: f.0,
+            to: [pick(LT), pick(EQ), pick(GT)],
             ..Ins::op(Op::CmpK)
         };
         // `v op k` just computed into the left operand's register, and read only here (each
@@ -310,6 +332,12 @@ impl<'s> Flat<'s> {
                 };
                 self.jump(if mask & ord != 0 { t } else { f });
             }
+            // `fact != 0` and `fact == 0`: a bool test.
+            (Src::Fact(_), Src::K(0)) if ins.d == 0 && ins.to[0] == ins.to[2] => self.push(Ins {
+                op: Op::Test,
+                to: [ins.to[1], ins.to[0], ins.to[0]],
+                ..ins
+            }),
             (_, Src::K(k)) => self.push(Ins { k, ..ins }),
             _ => self.push(Ins {
                 op: Op::Cmp,
@@ -346,8 +374,7 @@ impl<'s> Flat<'s> {
                         self.prog.texts.push((a, b));
                         self.push(Ins {
                             k: (self.prog.texts.len() - 1) as i64,
-                            t: t.0,
-                            f: f.0,
+                            to: [f.0, t.0, f.0],
                             ..Ins::op(Op::Text)
                         });
                     }
@@ -481,8 +508,7 @@ impl<'s> Flat<'s> {
                     self.push(Ins {
                         x: r.index(),
                         k: v,
-                        t: join.0,
-                        f: join.0,
+                        to: [join.0; 3],
                         ..Ins::op(Op::Set)
                     });
                 }

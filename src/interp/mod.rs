@@ -7,9 +7,9 @@ pub mod explain;
 pub mod value;
 
 use crate::check::Event;
-use crate::compile::flat::{self, EQ, GT, LT, VALUES};
+use crate::compile::flat::{self, VALUES};
 use crate::compile::{Code, FlatProgram, Kind, MAX_STACK, Op, Piece, Row, Table, Text};
-use crate::vocab::{FACT_COUNT, Fact, Verdict};
+use crate::vocab::{FACT_COUNT, FACTS, Fact, Type, Verdict};
 use serde::Serialize;
 use std::sync::Arc;
 pub use value::{EvalError, Value};
@@ -151,6 +151,33 @@ pub struct TraceRow {
     pub error: Option<String>,
 }
 
+/// Where each name or enum fact keeps its text in [`FactCache::texts`] (`u8::MAX`: not a
+/// text fact).
+const TEXT_SLOT: [u8; FACT_COUNT] = {
+    let mut slots = [u8::MAX; FACT_COUNT];
+    let (mut i, mut n) = (0, 0);
+    while i < FACT_COUNT {
+        if matches!(FACTS[i].ty, Type::Name | Type::Enum(_)) {
+            slots[i] = n;
+            n += 1;
+        }
+        i += 1;
+    }
+    slots
+};
+
+/// The number of name and enum facts.
+const TEXT_FACTS: usize = {
+    let (mut i, mut n) = (0, 0);
+    while i < FACT_COUNT {
+        if matches!(FACTS[i].ty, Type::Name | Type::Enum(_)) {
+            n += 1;
+        }
+        i += 1;
+    }
+    n
+};
+
 /// The facts of a session: asked of the provider at most once, then read from here.
 struct FactCache<'a, F> {
     facts: F,
@@ -159,7 +186,7 @@ struct FactCache<'a, F> {
     /// masked into range needs no bounds check.
     vals: [i64; VALUES],
     /// Name and enum facts, valid where `known` has their bit.
-    texts: [&'a str; FACT_COUNT],
+    texts: [Option<&'a str>; TEXT_FACTS],
     known: u32,
     /// Every fact asked for, in order, with its value (only when tracing).
     asked: Vec<(Fact, Value<'a>)>,
@@ -174,7 +201,11 @@ impl<'a, F: Facts<'a>> FactCache<'a, F> {
         match value {
             Value::Int(i) => self.vals[slot % VALUES] = i,
             Value::Bool(b) => self.vals[slot % VALUES] = i64::from(b),
-            Value::Str(s) => self.texts[slot] = s,
+            Value::Str(s) => {
+                if let Some(t) = self.texts.get_mut(usize::from(TEXT_SLOT[slot])) {
+                    *t = Some(s);
+                }
+            }
         }
         self.known |= 1 << slot;
     }
@@ -233,13 +264,24 @@ impl<'a, F: Facts<'a>> FactCache<'a, F> {
             Text::Fact(slot) => {
                 let slot = slot as usize;
                 self.ensure(slot)?;
-                Ok(self.texts[slot])
+                let text = TEXT_SLOT
+                    .get(slot)
+                    .and_then(|&t| self.texts.get(usize::from(t)));
+                Ok(text.copied().flatten().unwrap_or(""))
             }
         }
     }
 }
 
+/// Where a flat program stopped without an error.
+enum Flow {
+    End,
+    /// At an [`flat::Op::Stack`] row (its `pc` in `Session::pc`).
+    Stack,
+}
+
 /// Why evaluating an expression stopped.
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Stop {
     Need(Fact),
     Fail(EvalError),
@@ -261,7 +303,7 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
             cache: FactCache {
                 facts,
                 vals: [0; VALUES],
-                texts: [""; FACT_COUNT],
+                texts: [None; TEXT_FACTS],
                 known: 0,
                 asked: Vec::new(),
                 record: false,
@@ -418,25 +460,37 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
     ) -> Result<(), Interrupt> {
         let mut pc = 0;
         loop {
-            match self.exec(rows, program, pc, hits) {
-                Ok(()) => return Ok(()),
-                Err(Stop::Need(f)) => return Err(Interrupt::Need(f)),
-                // The row could not be evaluated: refuse and hold rows match (fail closed),
-                // warn rows do not; then the next row.
-                Err(Stop::Fail(e)) => {
+            let result = match self.exec(rows, program, pc, hits) {
+                Ok(Flow::End) => return Ok(()),
+                // A row too deep for the registers: its `fires` code on the stack machine.
+                Ok(Flow::Stack) => {
                     let at = program.row_at(self.pc);
-                    if let Some(row) = rows.get(at)
-                        && row.verdict != Verdict::Warn
-                    {
-                        hits.push(Hit {
-                            rule: row.rule,
-                            verdict: row.verdict,
-                            error: Some(e),
-                        });
+                    match program.stack_code(at) {
+                        Some(code) => self.run(code).map(|v| v != 0),
+                        None => Err(Stop::Fail(EvalError::Type)),
                     }
-                    pc = program.next_entry(at);
                 }
+                Err(e) => Err(e),
+            };
+            let at = program.row_at(self.pc);
+            let error = match result {
+                Ok(false) => None,
+                Ok(true) => None,
+                Err(Stop::Need(f)) => return Err(Interrupt::Need(f)),
+                Err(Stop::Fail(e)) => Some(e),
+            };
+            // A row that could not be evaluated: refuse and hold rows match (fail closed),
+            // warn rows do not.
+            if let Some(row) = rows.get(at)
+                && (result == Ok(true) || (error.is_some() && row.verdict != Verdict::Warn))
+            {
+                hits.push(Hit {
+                    rule: row.rule,
+                    verdict: row.verdict,
+                    error,
+                });
             }
+            pc = program.next_entry(at);
         }
     }
 
@@ -449,7 +503,7 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
         program: &FlatProgram,
         mut pc: usize,
         hits: &mut Hits,
-    ) -> Result<(), Stop> {
+    ) -> Result<Flow, Stop> {
         use flat::Op as F;
         let cache = &mut self.cache;
         let strings: &'a [Arc<str>] = &self.table.strings;
@@ -491,15 +545,11 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                         fail!(EvalError::Overflow)
                     };
                     let b = if i.op == F::CmpK { i.k } else { b };
-                    let ord = if a < b {
-                        LT
-                    } else if a == b {
-                        EQ
-                    } else {
-                        GT
-                    };
-                    pc = if i.x & ord != 0 { i.t } else { i.f } as usize;
+                    // 0 less, 1 equal, 2 greater
+                    let ord = usize::from(a >= b) + usize::from(a > b);
+                    pc = i.to[ord] as usize;
                 }
+                F::Test => pc = i.to[usize::from(a != 0)] as usize,
                 F::Hit => {
                     if let Some(row) = rows.get(i.k as usize) {
                         hits.push(Hit {
@@ -510,7 +560,7 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                     }
                     pc += 1;
                 }
-                F::End => return Ok(()),
+                F::End => return Ok(Flow::End),
                 F::AddK => arith!(i, a, checked_add, i.k),
                 F::SubK => arith!(i, a, checked_sub, i.k),
                 F::MulK => arith!(i, a, checked_mul, i.k),
@@ -534,7 +584,7 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                 }
                 F::Set => {
                     cache.vals[usize::from(i.x) & M] = i.k;
-                    pc = i.t as usize;
+                    pc = i.to[0] as usize;
                 }
                 F::Text => {
                     let Some(&(ta, tb)) = program.texts.get(i.k as usize) else {
@@ -545,12 +595,16 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                         Err(e) => Err(e),
                     };
                     match eq {
-                        Ok(eq) => pc = if eq { i.t } else { i.f } as usize,
+                        Ok(eq) => pc = i.to[usize::from(eq)] as usize,
                         Err(Stop::Fail(e)) => fail!(e),
                         Err(e) => return Err(e),
                     }
                 }
-                F::Jump => pc = i.t as usize,
+                F::Jump => pc = i.to[0] as usize,
+                F::Stack => {
+                    self.pc = pc;
+                    return Ok(Flow::Stack);
+                }
                 F::Need => pc += 1,
                 F::Invalid => fail!(EvalError::Type),
             }
