@@ -63,6 +63,7 @@ const NO_HIT: Hit = Hit {
 };
 
 impl Hits {
+    #[inline]
     pub fn new() -> Self {
         Hits(HitsRepr::Inline {
             len: 0,
@@ -70,6 +71,7 @@ impl Hits {
         })
     }
 
+    #[inline]
     pub fn push(&mut self, hit: Hit) {
         match &mut self.0 {
             HitsRepr::Inline { len, hits } => match hits.get_mut(usize::from(*len)) {
@@ -88,6 +90,7 @@ impl Hits {
         }
     }
 
+    #[inline]
     pub fn as_slice(&self) -> &[Hit] {
         match &self.0 {
             HitsRepr::Inline { len, hits } => hits.get(..usize::from(*len)).unwrap_or(&[]),
@@ -108,6 +111,7 @@ impl Default for Hits {
 
 impl std::ops::Deref for Hits {
     type Target = [Hit];
+    #[inline]
     fn deref(&self) -> &[Hit] {
         self.as_slice()
     }
@@ -243,14 +247,17 @@ impl<'a, F: Facts<'a>> FactCache<'a, F> {
     }
 
     /// Asks for the facts an instruction reads that are not known yet, left operand first.
-    #[cold]
+    /// Out of line (the interpreter loop stays small) but not cold, so the provider is
+    /// inlined here.
     #[inline(never)]
     fn need(&mut self, ins: &flat::Ins) -> Result<(), Stop> {
-        for slot in [ins.a, ins.b] {
-            let bit = 1u32.checked_shl(u32::from(slot)).unwrap_or(0);
-            if ins.need & bit != 0 && self.known & bit == 0 {
-                self.ask(usize::from(slot))?;
-            }
+        // `need` has the bits of `a` and `b` when they are fact slots, and no others.
+        let a_bit = 1u32.checked_shl(u32::from(ins.a)).unwrap_or(0) & ins.need;
+        if a_bit & !self.known != 0 {
+            self.ask(usize::from(ins.a))?;
+        }
+        if ins.need & !a_bit & !self.known != 0 {
+            self.ask(usize::from(ins.b))?;
         }
         Ok(())
     }
@@ -538,13 +545,17 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                 return Err(e);
             }
             let a = cache.vals[usize::from(i.a) & M];
-            let b = cache.vals[usize::from(i.b) & M];
+            macro_rules! b {
+                () => {
+                    cache.vals[usize::from(i.b) & M]
+                };
+            }
             match i.op {
                 F::CmpK | F::Cmp => {
                     let Some(a) = a.checked_add(i.d) else {
                         fail!(EvalError::Overflow)
                     };
-                    let b = if i.op == F::CmpK { i.k } else { b };
+                    let b = if i.op == F::CmpK { i.k } else { b!() };
                     // 0 less, 1 equal, 2 greater
                     let ord = usize::from(a >= b) + usize::from(a > b);
                     pc = i.to[ord] as usize;
@@ -566,11 +577,11 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                 F::MulK => arith!(i, a, checked_mul, i.k),
                 F::DivK => arith!(i, a, checked_div, i.k),
                 F::ModK => arith!(i, a, checked_rem, i.k),
-                F::Add => arith!(i, a, checked_add, b),
-                F::Sub => arith!(i, a, checked_sub, b),
-                F::Mul => arith!(i, a, checked_mul, b),
-                F::Div => arith!(i, a, checked_div, b),
-                F::Mod => arith!(i, a, checked_rem, b),
+                F::Add => arith!(i, a, checked_add, b!()),
+                F::Sub => arith!(i, a, checked_sub, b!()),
+                F::Mul => arith!(i, a, checked_mul, b!()),
+                F::Div => arith!(i, a, checked_div, b!()),
+                F::Mod => arith!(i, a, checked_rem, b!()),
                 F::Neg => match a.checked_neg() {
                     Some(v) => {
                         cache.vals[usize::from(i.x) & M] = v;
