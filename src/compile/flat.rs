@@ -42,7 +42,7 @@ pub enum Op {
     /// Jump to `to[0]`, `to[1]` or `to[2]` as `v[a] + d` is less than, equal to or greater
     /// than `k`. The addition is checked: `(approved - 1) == 0` is one instruction.
     CmpK,
-    /// The same against `v[b]`.
+    /// The same against `v[b] + k` (checked).
     Cmp,
     /// Jump to `to[1]` when `v[a]` is not 0 (a bool fact holds), else to `to[0]`.
     Test,
@@ -94,6 +94,7 @@ pub struct Ins {
     pub x: u8,
     /// The facts this instruction reads (bit = slot), left operand's first.
     pub need: u32,
+    /// The constant operand; for `Cmp`, what it adds to its right operand first.
     pub k: i64,
     /// What a comparison adds to its left operand first.
     pub d: i64,
@@ -304,25 +305,36 @@ impl<'s> Flat<'s> {
             to: [pick(LT), pick(EQ), pick(GT)],
             ..Ins::op(Op::CmpK)
         };
-        // `v op k` just computed into the left operand's register, and read only here (each
-        // register value is read once): the comparison does the addition itself. Nothing
-        // jumps between the two.
-        let fusable = self.placed != self.pc();
-        if let (Src::Reg(_), Some(last), true) = (a, self.prog.ins.last(), fusable) {
-            let d = match last.op {
-                Op::AddK => Some(last.k),
-                Op::SubK => last.k.checked_neg(),
-                _ => None,
-            };
-            if let Some(d) = d
-                && last.x == a.index()
-            {
-                ins.a = last.a;
-                ins.need = last.need | b.need();
-                ins.d = d;
-                self.prog.ins.pop();
-            }
+        // `v + k` or `v - k` just computed into an operand's register, and read only here
+        // (each register value is read once): the comparison does the addition itself, in
+        // the same order. Nothing jumps between the two (labels are placed only between
+        // conditions; `placed` makes sure).
+        let addend = |last: &Ins| match last.op {
+            Op::AddK => Some(last.k),
+            Op::SubK => last.k.checked_neg(),
+            _ => None,
+        };
+        let mut left_need = a.need();
+        // The right operand's addend (a `Cmp`'s `k`).
+        let mut right = (b.index(), b.need(), 0);
+        if let (Src::Reg(_), Some(last), true) = (b, self.prog.ins.last(), self.placed != self.pc())
+            && last.x == b.index()
+            && let Some(e) = addend(last)
+        {
+            right = (last.a, last.need, e);
+            self.prog.ins.pop();
         }
+        // The left operand's addend (`d`), when its `v + k` comes right before.
+        if let (Src::Reg(_), Some(last), true) = (a, self.prog.ins.last(), self.placed != self.pc())
+            && last.x == a.index()
+            && let Some(d) = addend(last)
+        {
+            left_need = last.need;
+            ins.a = last.a;
+            ins.d = d;
+            self.prog.ins.pop();
+        }
+        ins.need = left_need | right.1;
         match (a, b) {
             (Src::K(ka), Src::K(kb)) => {
                 let ord = match ka.cmp(&kb) {
@@ -341,7 +353,8 @@ impl<'s> Flat<'s> {
             (_, Src::K(k)) => self.push(Ins { k, ..ins }),
             _ => self.push(Ins {
                 op: Op::Cmp,
-                b: b.index(),
+                b: right.0,
+                k: right.2,
                 ..ins
             }),
         }

@@ -555,7 +555,14 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                     let Some(a) = a.checked_add(i.d) else {
                         fail!(EvalError::Overflow)
                     };
-                    let b = if i.op == F::CmpK { i.k } else { b!() };
+                    let b = if i.op == F::CmpK {
+                        i.k
+                    } else {
+                        match b!().checked_add(i.k) {
+                            Some(b) => b,
+                            None => fail!(EvalError::Overflow),
+                        }
+                    };
                     // 0 less, 1 equal, 2 greater
                     let ord = usize::from(a >= b) + usize::from(a > b);
                     pc = i.to[ord] as usize;
