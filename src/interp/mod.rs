@@ -247,9 +247,8 @@ impl<'a, F: Facts<'a>> FactCache<'a, F> {
     }
 
     /// Asks for the facts an instruction reads that are not known yet, left operand first.
-    /// Out of line (the interpreter loop stays small) but not cold, so the provider is
-    /// inlined here.
-    #[inline(never)]
+    /// Inlined into the interpreter loop, with the provider.
+    #[inline(always)]
     fn need(&mut self, ins: &flat::Ins) -> Result<(), Stop> {
         // `need` has the bits of `a` and `b` when they are fact slots, and no others.
         let a_bit = 1u32.checked_shl(u32::from(ins.a)).unwrap_or(0) & ins.need;
