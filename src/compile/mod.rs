@@ -1,6 +1,8 @@
 //! Checked program -> decision table. Rows are grouped by (verb, subject, site); each
-//! condition becomes a short stack-machine program over fact slots, so evaluating a row
-//! needs no string lookups and no allocation.
+//! condition becomes a short stack-machine program over fact slots (for explanations,
+//! messages and plan guards), and each group's `when and not unless` conditions become one
+//! flat branch program (see [`flat`]) that the hot path runs, so evaluating a row needs no
+//! string lookups and no allocation.
 
 use crate::check::{CheckedPlan, CheckedRule, Event, Program};
 use crate::diagnostics::SourceFile;
