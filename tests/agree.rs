@@ -877,3 +877,66 @@ fn printed_string_literals_parse_back_the_same() {
         assert_eq!(lit(&reparsed), lit(&parsed), "{src} printed as {printed}");
     }
 }
+
+/// Rows whose arithmetic needs more registers than the flat programs have run on the stack
+/// machine; bools compared with `==`, text comparisons and overflow take their own paths.
+/// All of them must still agree with the reference, deferred expensive facts included.
+#[test]
+fn deep_and_unusual_rows_agree_with_reference() {
+    let src = "\
+rule deep
+  refuse remove controlplane
+  when (approved - 1) + ((count - 1) + ((workers - 1) + ((approved - 1) + ((count - 1) + ((workers - 1) + ((approved - 1) * count)))))) > 9
+  unless member.dead
+  say \"deep\"
+
+rule deep-overflow
+  refuse remove controlplane
+  when (approved + 1) * ((count + 1) * ((workers + 1) * ((approved + 1) * ((count + 1) * ((workers + 1) * (approved * 4611686018427387904)))))) > 1
+  say \"overflow\"
+
+rule bools-compared
+  warn remove controlplane
+  when (approved > count) == member.dead and (not schedulable) != (workers < 2)
+  say \"bools\"
+
+rule texts
+  refuse remove controlplane
+  when machine == \"m-1\" or cluster != \"a\" and -approved < -count
+  unless (count - 2) / (workers - 1) > 1
+  say \"texts\"
+";
+    // The checker reports the two rules that can fail (overflow, division by zero) as
+    // errors; the table built anyway must still fail closed on them as the reference does.
+    let (files, result) = checked(src);
+    assert_eq!(
+        result.program.rules.len(),
+        4,
+        "{}",
+        render_human(&result.diagnostics, &files, false)
+    );
+    let table = compile(&result.program, &files);
+    let event = (
+        ichor_rules::vocab::Verb::Remove,
+        ichor_rules::vocab::Subject::ControlPlane,
+        ichor_rules::vocab::Site::Webhook,
+    );
+    let (_, program) = table.group(event.0, event.1, event.2).expect("a group");
+    assert!(
+        program
+            .ins
+            .iter()
+            .any(|i| i.op == ichor_rules::compile::flat::Op::Stack),
+        "the deep rows run on the stack machine"
+    );
+    let mut runner = TestRunner::new(Config {
+        cases: 512,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let program = result.program;
+    let result = runner.run(&gen_facts(), |facts| agree(&program, &table, &facts, src));
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}

@@ -1,6 +1,8 @@
 //! Checked program -> decision table. Rows are grouped by (verb, subject, site); each
-//! condition becomes a short stack-machine program over fact slots, so evaluating a row
-//! needs no string lookups and no allocation.
+//! condition becomes a short stack-machine program over fact slots (for explanations,
+//! messages and plan guards), and each group's `when and not unless` conditions become one
+//! flat branch program (see [`flat`]) that the hot path runs, so evaluating a row needs no
+//! string lookups and no allocation.
 
 use crate::check::{CheckedPlan, CheckedRule, Event, Program};
 use crate::diagnostics::SourceFile;
@@ -8,6 +10,9 @@ use crate::syntax::ast::{BinOp, Expr, ExprKind, Message, MessagePart, Span, UnOp
 use crate::vocab::{Cost, Fact, Site, Subject, Type, Verb, Verdict};
 use serde::Serialize;
 use std::sync::Arc;
+
+pub mod flat;
+pub use flat::{FlatProgram, Ins};
 
 /// The deepest evaluation stack a condition may need.
 pub const MAX_STACK: usize = 32;
@@ -102,8 +107,9 @@ pub struct Row {
     pub verdict: Verdict,
     pub when: Option<Code>,
     pub unless: Option<Code>,
-    /// `when and not unless` as one program: the hot path evaluates only this.
-    pub fires: Option<Code>,
+    /// Where `when and not unless` starts in the group's flat program: the hot path
+    /// evaluates only this.
+    pub entry: u32,
 }
 
 /// What the table keeps of a rule for messages, explanations and reviewers.
@@ -155,6 +161,8 @@ const GROUPS: usize = Verb::ALL.len() * Subject::ALL.len() * Site::ALL.len();
 pub struct Table {
     pub rules: Vec<RuleMeta>,
     groups: Vec<Vec<Row>>,
+    /// Per group, the flat program of its rows (see [`flat`]).
+    programs: Vec<FlatProgram>,
     /// Per group, the facts its rows may read (bit = fact slot), so the runtime reads from
     /// the API server only what a request's rows need.
     reads: Vec<u32>,
@@ -175,6 +183,18 @@ impl Table {
             .get(group_index(verb, subject, site))
             .map(|g| g.as_slice())
             .unwrap_or(&[])
+    }
+
+    /// The rows of one (verb, subject, site) with their flat program.
+    #[inline]
+    pub fn group(
+        &self,
+        verb: Verb,
+        subject: Subject,
+        site: Site,
+    ) -> Option<(&[Row], &FlatProgram)> {
+        let i = group_index(verb, subject, site);
+        Some((self.groups.get(i)?, self.programs.get(i)?))
     }
 
     /// The facts the rows of one (verb, subject, site) may read, as a bit set of slots.
@@ -220,6 +240,7 @@ pub fn compile(program: &Program, files: &[SourceFile]) -> Table {
     let mut groups: Vec<Vec<Row>> = vec![Vec::new(); GROUPS];
     let mut reads = vec![0u32; GROUPS];
     let mut rules = Vec::with_capacity(program.rules.len());
+    let mut fires = Vec::with_capacity(program.rules.len());
     for (i, r) in program.rules.iter().enumerate() {
         let mut mask = 0u32;
         for e in r.when.iter().chain(r.unless.iter()) {
@@ -235,22 +256,37 @@ pub fn compile(program: &Program, files: &[SourceFile]) -> Table {
         }
         let when = r.when.as_ref().map(|e| c.code(e));
         let unless = r.unless.as_ref().map(|e| c.code(e));
-        let fires = fires_expr(r.when.as_ref(), r.unless.as_ref()).map(|e| c.code(&e));
+        fires.push(fires_expr(r.when.as_ref(), r.unless.as_ref()));
         for (verb, subject, site) in &r.events {
             groups[group_index(*verb, *subject, *site)].push(Row {
                 rule: u32::try_from(i).unwrap_or(u32::MAX),
                 verdict: r.verdict,
                 when: when.clone(),
                 unless: unless.clone(),
-                fires: fires.clone(),
+                entry: 0,
             });
         }
         rules.push(c.meta(r, files));
     }
+    let programs = groups
+        .iter_mut()
+        .map(|rows| {
+            let mut f = flat::Flat::new(&mut c);
+            for row in rows.iter() {
+                f.row(fires.get(row.rule as usize).and_then(|e| e.as_ref()));
+            }
+            let program = f.finish();
+            for (row, entry) in rows.iter_mut().zip(&program.entries) {
+                row.entry = *entry;
+            }
+            program
+        })
+        .collect();
     let plans = program.plans.iter().map(|p| c.plan(p)).collect();
     Table {
         rules,
         groups,
+        programs,
         reads,
         strings: c.strings,
         plans,
@@ -476,6 +512,18 @@ fn fires_expr(when: Option<&Expr>, unless: Option<&Expr>) -> Option<Expr> {
         }),
         (Some(w), None) => Some(w.clone()),
         (None, nu) => nu,
+    }
+}
+
+/// The stack depth [`Compiler::code`] needs for `e` (as `emit` counts it).
+fn stack_depth(e: &Expr) -> usize {
+    match &e.kind {
+        ExprKind::Unary(_, inner) => stack_depth(inner),
+        ExprKind::Binary(BinOp::And | BinOp::Or, l, r) => stack_depth(l).max(stack_depth(r)),
+        ExprKind::Binary(BinOp::Eq | BinOp::Ne, l, r) if is_text(l) || is_text(r) => 1,
+        ExprKind::Binary(_, l, r) if matches!(r.kind, ExprKind::Int(_)) => stack_depth(l),
+        ExprKind::Binary(_, l, r) => stack_depth(l).max(stack_depth(r) + 1),
+        _ => 1,
     }
 }
 

@@ -7,8 +7,9 @@ pub mod explain;
 pub mod value;
 
 use crate::check::Event;
-use crate::compile::{Code, Kind, MAX_STACK, Op, Piece, Table, Text};
-use crate::vocab::{FACT_COUNT, Fact, Verdict};
+use crate::compile::flat::{self, VALUES};
+use crate::compile::{Code, FlatProgram, Kind, MAX_STACK, Op, Piece, Row, Table, Text};
+use crate::vocab::{FACT_COUNT, FACTS, Fact, Type, Verdict};
 use serde::Serialize;
 use std::sync::Arc;
 pub use value::{EvalError, Value};
@@ -42,6 +43,105 @@ pub struct Hit {
     pub error: Option<EvalError>,
 }
 
+/// The matching rows of one event, in source order: a slice of [`Hit`]s. The first few are
+/// kept inline, so deciding allocates nothing unless many rows match.
+#[derive(Clone, Debug)]
+pub struct Hits(HitsRepr);
+
+#[derive(Clone, Debug)]
+enum HitsRepr {
+    Inline { len: u8, hits: [Hit; INLINE_HITS] },
+    Heap(Vec<Hit>),
+}
+
+const INLINE_HITS: usize = 6;
+
+const NO_HIT: Hit = Hit {
+    rule: 0,
+    verdict: Verdict::Warn,
+    error: None,
+};
+
+impl Hits {
+    #[inline]
+    pub fn new() -> Self {
+        Hits(HitsRepr::Inline {
+            len: 0,
+            hits: [NO_HIT; INLINE_HITS],
+        })
+    }
+
+    #[inline]
+    pub fn push(&mut self, hit: Hit) {
+        match &mut self.0 {
+            HitsRepr::Inline { len, hits } => match hits.get_mut(usize::from(*len)) {
+                Some(slot) => {
+                    *slot = hit;
+                    *len += 1;
+                }
+                None => {
+                    let mut v = Vec::with_capacity(INLINE_HITS * 2);
+                    v.extend_from_slice(hits);
+                    v.push(hit);
+                    self.0 = HitsRepr::Heap(v);
+                }
+            },
+            HitsRepr::Heap(v) => v.push(hit),
+        }
+    }
+
+    #[inline]
+    pub fn as_slice(&self) -> &[Hit] {
+        match &self.0 {
+            HitsRepr::Inline { len, hits } => hits.get(..usize::from(*len)).unwrap_or(&[]),
+            HitsRepr::Heap(v) => v,
+        }
+    }
+
+    pub fn to_vec(&self) -> Vec<Hit> {
+        self.as_slice().to_vec()
+    }
+}
+
+impl Default for Hits {
+    fn default() -> Self {
+        Hits::new()
+    }
+}
+
+impl std::ops::Deref for Hits {
+    type Target = [Hit];
+    #[inline]
+    fn deref(&self) -> &[Hit] {
+        self.as_slice()
+    }
+}
+
+impl PartialEq for Hits {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for Hits {}
+
+impl<'h> IntoIterator for &'h Hits {
+    type Item = &'h Hit;
+    type IntoIter = std::slice::Iter<'h, Hit>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.as_slice().iter()
+    }
+}
+
+impl From<Hits> for Vec<Hit> {
+    fn from(h: Hits) -> Vec<Hit> {
+        match h.0 {
+            HitsRepr::Heap(v) => v,
+            inline @ HitsRepr::Inline { .. } => Hits(inline).to_vec(),
+        }
+    }
+}
+
 /// One row as the explanation shows it.
 #[derive(Clone, Debug, Serialize)]
 pub struct TraceRow {
@@ -55,13 +155,42 @@ pub struct TraceRow {
     pub error: Option<String>,
 }
 
+/// Where each name or enum fact keeps its text in [`FactCache::texts`] (`u8::MAX`: not a
+/// text fact).
+const TEXT_SLOT: [u8; FACT_COUNT] = {
+    let mut slots = [u8::MAX; FACT_COUNT];
+    let (mut i, mut n) = (0, 0);
+    while i < FACT_COUNT {
+        if matches!(FACTS[i].ty, Type::Name | Type::Enum(_)) {
+            slots[i] = n;
+            n += 1;
+        }
+        i += 1;
+    }
+    slots
+};
+
+/// The number of name and enum facts.
+const TEXT_FACTS: usize = {
+    let (mut i, mut n) = (0, 0);
+    while i < FACT_COUNT {
+        if matches!(FACTS[i].ty, Type::Name | Type::Enum(_)) {
+            n += 1;
+        }
+        i += 1;
+    }
+    n
+};
+
 /// The facts of a session: asked of the provider at most once, then read from here.
 struct FactCache<'a, F> {
     facts: F,
-    /// Int and bool facts (bools as 0/1), valid where `known` has their bit.
-    ints: [i64; FACT_COUNT],
+    /// Int and bool facts (bools as 0/1) by slot, valid where `known` has their bit; then
+    /// the registers of the flat programs (see [`flat`]). A power of two long, so an index
+    /// masked into range needs no bounds check.
+    vals: [i64; VALUES],
     /// Name and enum facts, valid where `known` has their bit.
-    texts: [&'a str; FACT_COUNT],
+    texts: [Option<&'a str>; TEXT_FACTS],
     known: u32,
     /// Every fact asked for, in order, with its value (only when tracing).
     asked: Vec<(Fact, Value<'a>)>,
@@ -74,9 +203,13 @@ impl<'a, F: Facts<'a>> FactCache<'a, F> {
             return;
         }
         match value {
-            Value::Int(i) => self.ints[slot] = i,
-            Value::Bool(b) => self.ints[slot] = i64::from(b),
-            Value::Str(s) => self.texts[slot] = s,
+            Value::Int(i) => self.vals[slot % VALUES] = i,
+            Value::Bool(b) => self.vals[slot % VALUES] = i64::from(b),
+            Value::Str(s) => {
+                if let Some(t) = self.texts.get_mut(usize::from(TEXT_SLOT[slot])) {
+                    *t = Some(s);
+                }
+            }
         }
         self.known |= 1 << slot;
     }
@@ -92,6 +225,12 @@ impl<'a, F: Facts<'a>> FactCache<'a, F> {
 
     #[inline(never)]
     fn fetch(&mut self, slot: usize) -> Result<(), Stop> {
+        self.ask(slot)
+    }
+
+    /// Asks the provider for a fact and keeps the answer.
+    #[inline(always)]
+    fn ask(&mut self, slot: usize) -> Result<(), Stop> {
         let Some(fact) = Fact::from_slot(slot) else {
             return Err(Stop::Fail(EvalError::Type));
         };
@@ -107,6 +246,21 @@ impl<'a, F: Facts<'a>> FactCache<'a, F> {
         }
     }
 
+    /// Asks for the facts an instruction reads that are not known yet, left operand first.
+    /// Inlined into the interpreter loop, with the provider.
+    #[inline(always)]
+    fn need(&mut self, ins: &flat::Ins) -> Result<(), Stop> {
+        // `need` has the bits of `a` and `b` when they are fact slots, and no others.
+        let a_bit = 1u32.checked_shl(u32::from(ins.a)).unwrap_or(0) & ins.need;
+        if a_bit & !self.known != 0 {
+            self.ask(usize::from(ins.a))?;
+        }
+        if ins.need & !a_bit & !self.known != 0 {
+            self.ask(usize::from(ins.b))?;
+        }
+        Ok(())
+    }
+
     fn text(&mut self, t: Text, strings: &'a [Arc<str>]) -> Result<&'a str, Stop> {
         match t {
             Text::Const(i) => match strings.get(i as usize) {
@@ -116,13 +270,24 @@ impl<'a, F: Facts<'a>> FactCache<'a, F> {
             Text::Fact(slot) => {
                 let slot = slot as usize;
                 self.ensure(slot)?;
-                Ok(self.texts[slot])
+                let text = TEXT_SLOT
+                    .get(slot)
+                    .and_then(|&t| self.texts.get(usize::from(t)));
+                Ok(text.copied().flatten().unwrap_or(""))
             }
         }
     }
 }
 
+/// Where a flat program stopped without an error.
+enum Flow {
+    End,
+    /// At an [`flat::Op::Stack`] row (its `pc` in `Session::pc`).
+    Stack,
+}
+
 /// Why evaluating an expression stopped.
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Stop {
     Need(Fact),
     Fail(EvalError),
@@ -132,9 +297,9 @@ enum Stop {
 pub struct Session<'a, F> {
     table: &'a Table,
     cache: FactCache<'a, F>,
-    /// The evaluation stack, reused by every condition of the session.
-    stack: [i64; MAX_STACK],
     pub trace: Option<Vec<TraceRow>>,
+    /// Where the flat program stopped on an error.
+    pc: usize,
 }
 
 impl<'a, F: Facts<'a>> Session<'a, F> {
@@ -143,14 +308,14 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
             table,
             cache: FactCache {
                 facts,
-                ints: [0; FACT_COUNT],
-                texts: [""; FACT_COUNT],
+                vals: [0; VALUES],
+                texts: [None; TEXT_FACTS],
                 known: 0,
                 asked: Vec::new(),
                 record: false,
             },
-            stack: [0; MAX_STACK],
             trace: None,
+            pc: 0,
         }
     }
 
@@ -173,27 +338,13 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
 
     /// The matching rows of one (verb, subject, site), in source order. The hot path: no
     /// allocation unless something matches.
-    pub fn matches(&mut self, event: Event) -> Result<Vec<Hit>, Interrupt> {
+    pub fn matches(&mut self, event: Event) -> Result<Hits, Interrupt> {
         let (verb, subject, site) = event;
         let table = self.table;
-        let mut hits = Vec::new();
+        let mut hits = Hits::new();
         if self.trace.is_none() {
-            for row in table.rows(verb, subject, site) {
-                let (matched, error) = match &row.fires {
-                    None => (true, None),
-                    Some(code) => match self.run(code) {
-                        Ok(v) => (v != 0, None),
-                        Err(Stop::Fail(e)) => (row.verdict != Verdict::Warn, Some(e)),
-                        Err(Stop::Need(f)) => return Err(Interrupt::Need(f)),
-                    },
-                };
-                if matched {
-                    hits.push(Hit {
-                        rule: row.rule,
-                        verdict: row.verdict,
-                        error,
-                    });
-                }
+            if let Some((rows, program)) = table.group(verb, subject, site) {
+                self.run_group(rows, program, &mut hits)?;
             }
             return Ok(hits);
         }
@@ -306,11 +457,182 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
         }
     }
 
+    /// Runs a group's flat program: every row, in order, adding the ones that fire.
+    fn run_group(
+        &mut self,
+        rows: &[Row],
+        program: &FlatProgram,
+        hits: &mut Hits,
+    ) -> Result<(), Interrupt> {
+        let mut pc = 0;
+        loop {
+            let result = match self.exec(rows, program, pc, hits) {
+                Ok(Flow::End) => return Ok(()),
+                // A row too deep for the registers: its `fires` code on the stack machine.
+                Ok(Flow::Stack) => {
+                    let at = program.row_at(self.pc);
+                    match program.stack_code(at) {
+                        Some(code) => self.run(code).map(|v| v != 0),
+                        None => Err(Stop::Fail(EvalError::Type)),
+                    }
+                }
+                Err(e) => Err(e),
+            };
+            let at = program.row_at(self.pc);
+            let error = match result {
+                Ok(false) => None,
+                Ok(true) => None,
+                Err(Stop::Need(f)) => return Err(Interrupt::Need(f)),
+                Err(Stop::Fail(e)) => Some(e),
+            };
+            // A row that could not be evaluated: refuse and hold rows match (fail closed),
+            // warn rows do not.
+            if let Some(row) = rows.get(at)
+                && (result == Ok(true) || (error.is_some() && row.verdict != Verdict::Warn))
+            {
+                hits.push(Hit {
+                    rule: row.rule,
+                    verdict: row.verdict,
+                    error,
+                });
+            }
+            pc = program.next_entry(at);
+        }
+    }
+
+    /// Runs a flat program from `pc` to its end, or to the first error (its `pc` left in
+    /// `self.pc`).
+    #[inline]
+    fn exec(
+        &mut self,
+        rows: &[Row],
+        program: &FlatProgram,
+        mut pc: usize,
+        hits: &mut Hits,
+    ) -> Result<Flow, Stop> {
+        use flat::Op as F;
+        let cache = &mut self.cache;
+        let strings: &'a [Arc<str>] = &self.table.strings;
+        let ins = program.ins.as_slice();
+        const M: usize = VALUES - 1;
+        macro_rules! fail {
+            ($e:expr) => {{
+                self.pc = pc;
+                return Err(Stop::Fail($e));
+            }};
+        }
+        macro_rules! arith {
+            ($i:expr, $a:expr, $f:ident, $b:expr) => {{
+                let (a, b) = ($a, $b);
+                match a.$f(b) {
+                    Some(v) => cache.vals[usize::from($i.x) & M] = v,
+                    None if b == 0 => fail!(EvalError::DivisionByZero),
+                    None => fail!(EvalError::Overflow),
+                }
+                pc += 1;
+            }};
+        }
+        // Every jump goes forward (see `compile::flat`), so this ends.
+        loop {
+            let Some(i) = ins.get(pc) else {
+                fail!(EvalError::Type)
+            };
+            if cache.known & i.need != i.need
+                && let Err(e) = cache.need(i)
+            {
+                self.pc = pc;
+                return Err(e);
+            }
+            let a = cache.vals[usize::from(i.a) & M];
+            macro_rules! b {
+                () => {
+                    cache.vals[usize::from(i.b) & M]
+                };
+            }
+            match i.op {
+                F::CmpK | F::Cmp => {
+                    let Some(a) = a.checked_add(i.d) else {
+                        fail!(EvalError::Overflow)
+                    };
+                    let b = if i.op == F::CmpK {
+                        i.k
+                    } else {
+                        match b!().checked_add(i.k) {
+                            Some(b) => b,
+                            None => fail!(EvalError::Overflow),
+                        }
+                    };
+                    // 0 less, 1 equal, 2 greater
+                    let ord = usize::from(a >= b) + usize::from(a > b);
+                    pc = i.to[ord] as usize;
+                }
+                F::Test => pc = i.to[usize::from(a != 0)] as usize,
+                F::Hit => {
+                    if let Some(row) = rows.get(i.k as usize) {
+                        hits.push(Hit {
+                            rule: row.rule,
+                            verdict: row.verdict,
+                            error: None,
+                        });
+                    }
+                    pc += 1;
+                }
+                F::End => return Ok(Flow::End),
+                F::AddK => arith!(i, a, checked_add, i.k),
+                F::SubK => arith!(i, a, checked_sub, i.k),
+                F::MulK => arith!(i, a, checked_mul, i.k),
+                F::DivK => arith!(i, a, checked_div, i.k),
+                F::ModK => arith!(i, a, checked_rem, i.k),
+                F::Add => arith!(i, a, checked_add, b!()),
+                F::Sub => arith!(i, a, checked_sub, b!()),
+                F::Mul => arith!(i, a, checked_mul, b!()),
+                F::Div => arith!(i, a, checked_div, b!()),
+                F::Mod => arith!(i, a, checked_rem, b!()),
+                F::Neg => match a.checked_neg() {
+                    Some(v) => {
+                        cache.vals[usize::from(i.x) & M] = v;
+                        pc += 1;
+                    }
+                    None => fail!(EvalError::Overflow),
+                },
+                F::Mov => {
+                    cache.vals[usize::from(i.x) & M] = i.k;
+                    pc += 1;
+                }
+                F::Set => {
+                    cache.vals[usize::from(i.x) & M] = i.k;
+                    pc = i.to[0] as usize;
+                }
+                F::Text => {
+                    let Some(&(ta, tb)) = program.texts.get(i.k as usize) else {
+                        fail!(EvalError::Type)
+                    };
+                    let eq = match cache.text(ta, strings) {
+                        Ok(ta) => cache.text(tb, strings).map(|tb| ta == tb),
+                        Err(e) => Err(e),
+                    };
+                    match eq {
+                        Ok(eq) => pc = i.to[usize::from(eq)] as usize,
+                        Err(Stop::Fail(e)) => fail!(e),
+                        Err(e) => return Err(e),
+                    }
+                }
+                F::Jump => pc = i.to[0] as usize,
+                F::Stack => {
+                    self.pc = pc;
+                    return Ok(Flow::Stack);
+                }
+                F::Need => pc += 1,
+                F::Invalid => fail!(EvalError::Type),
+            }
+        }
+    }
+
     /// The stack machine: integers only.
     fn run(&mut self, code: &Code) -> Result<i64, Stop> {
         let strings: &'a [Arc<str>] = &self.table.strings;
         let cache = &mut self.cache;
-        let stack = &mut self.stack;
+        let mut stack = [0i64; MAX_STACK];
         let mut sp = 0usize;
         let mut pc = 0usize;
         let ops = code.ops.as_slice();
@@ -363,7 +685,7 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                 Op::Fact(slot) => {
                     let slot = slot as usize;
                     cache.ensure(slot)?;
-                    push!(cache.ints[slot]);
+                    push!(cache.vals[slot % VALUES]);
                 }
                 Op::Int(i) => push!(i),
                 Op::Not => match sp.checked_sub(1) {

@@ -1,0 +1,559 @@
+//! The hot path's form of a row group: one flat branch program per (verb, subject, site).
+//!
+//! Each row's `when and not unless` becomes control flow: `and`, `or` and `not` are jumps,
+//! a comparison is one instruction that reads its operands and branches, and integer
+//! arithmetic writes registers. Booleans reach a register only where a bool is compared with
+//! `==`/`!=`. Operands are indexes into one value array of the session: fact slots first
+//! (bools as 0/1), then registers; a constant operand sits in the instruction. Each
+//! instruction carries the bit set of the facts it reads, so the interpreter checks them
+//! with one mask test and asks the provider only on a miss.
+//!
+//! The rows follow each other: a row that fires runs [`Op::Hit`] and falls through into the
+//! next row; a row that does not jumps to the next row's entry; the last row is followed by
+//! [`Op::End`]. Every jump goes forward, so a program always ends.
+//!
+//! Evaluation order is the stack machine's (the `reorder`ed `fires` expression, operands left
+//! to right), so facts are asked for in the same order and only when the cheaper conditions
+//! already hold, and an arithmetic error stops the row at the same point.
+
+use super::{MAX_STACK, Text, reorder};
+use crate::syntax::ast::{BinOp, Expr, ExprKind, UnOp};
+use crate::vocab::{FACT_COUNT, Fact, Type};
+
+/// The length of a session's value array: fact slots, then registers. A power of two, so an
+/// index masked into range needs no bounds check; small, so a session starts cheaply.
+pub const VALUES: usize = 32;
+/// Where the registers start in the value array (after the fact slots).
+pub const REG_BASE: usize = FACT_COUNT;
+/// The registers a row may use. A row that needs more runs on the stack machine
+/// ([`Op::Stack`]).
+pub const MAX_REGS: usize = VALUES - REG_BASE;
+
+const _: () = assert!(FACT_COUNT <= 32 && MAX_REGS >= 2 && VALUES.is_power_of_two());
+
+/// Bits of a comparison mask: which orderings of `a` against `b` make it true.
+pub const LT: u8 = 1;
+pub const EQ: u8 = 2;
+pub const GT: u8 = 4;
+
+/// What an instruction does. `a`, `b` and `x` are fields of [`Ins`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Jump to `to[0]`, `to[1]` or `to[2]` as `v[a] + d` is less than, equal to or greater
+    /// than `k`. The addition is checked: `(approved - 1) == 0` is one instruction.
+    CmpK,
+    /// The same against `v[b] + k` (checked).
+    Cmp,
+    /// Jump to `to[1]` when `v[a]` is not 0 (a bool fact holds), else to `to[0]`.
+    Test,
+    /// `v[x] = v[a] op k`, checked: overflow and division by zero stop the row.
+    AddK,
+    SubK,
+    MulK,
+    DivK,
+    ModK,
+    /// `v[x] = v[a] op v[b]`, checked.
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Mod,
+    /// `v[x] = -v[a]`, checked.
+    Neg,
+    /// `v[x] = k`.
+    Mov,
+    /// `v[x] = k`, then jump to `to[0]` (a bool compared with `==`/`!=`).
+    Set,
+    /// Jump to `to[1]` when the texts of pair `k` of [`FlatProgram::texts`] are equal, else
+    /// to `to[0]`.
+    Text,
+    /// Jump to `to[0]`.
+    Jump,
+    /// Ask for the facts of `need` now, so facts are asked in the order the expression
+    /// reads them.
+    Need,
+    /// Row `k` of the group fires; go on with the next row.
+    Hit,
+    /// The last row is done.
+    End,
+    /// Row `k` runs its `fires` code on the stack machine; then the next row.
+    Stack,
+    /// An expression the checker should have rejected; evaluates to a type error.
+    Invalid,
+}
+
+/// One instruction: 40 bytes, one format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ins {
+    pub op: Op,
+    /// Value index of the left operand.
+    pub a: u8,
+    /// Value index of the right operand (`Cmp` and the arithmetic without `K`).
+    pub b: u8,
+    /// Destination value index.
+    pub x: u8,
+    /// The facts this instruction reads (bit = slot), left operand's first.
+    pub need: u32,
+    /// The constant operand; for `Cmp`, what it adds to its right operand first.
+    pub k: i64,
+    /// What a comparison adds to its left operand first.
+    pub d: i64,
+    /// Jump targets (see [`Op`]).
+    pub to: [u32; 3],
+}
+
+impl Ins {
+    const fn op(op: Op) -> Self {
+        Ins {
+            op,
+            a: 0,
+            b: 0,
+            x: 0,
+            need: 0,
+            k: 0,
+            d: 0,
+            to: [0; 3],
+        }
+    }
+}
+
+/// The flat program of a row group.
+#[derive(Clone, Debug, Default)]
+pub struct FlatProgram {
+    pub ins: Vec<Ins>,
+    /// The text pairs [`Op::Text`] compares.
+    pub texts: Vec<(Text, Text)>,
+    /// Per row, where its program starts.
+    pub entries: Vec<u32>,
+    /// The rows that run on the stack machine, with their `fires` code.
+    pub stack_rows: Vec<u32>,
+    pub deep: Vec<super::Code>,
+}
+
+impl FlatProgram {
+    /// The stack-machine code of a row compiled to [`Op::Stack`].
+    pub fn stack_code(&self, row: usize) -> Option<&super::Code> {
+        let i = self.stack_rows.iter().position(|&r| r as usize == row)?;
+        self.deep.get(i)
+    }
+
+    /// The row whose program holds `pc`.
+    pub fn row_at(&self, pc: usize) -> usize {
+        self.entries
+            .partition_point(|&e| e as usize <= pc)
+            .saturating_sub(1)
+    }
+
+    /// Where the row after `row` starts (the `End` after the last row).
+    pub fn next_entry(&self, row: usize) -> usize {
+        match self.entries.get(row + 1) {
+            Some(&e) => e as usize,
+            None => self.ins.len().saturating_sub(1),
+        }
+    }
+}
+
+/// An operand while compiling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Src {
+    /// An int or bool fact slot.
+    Fact(u8),
+    Reg(u8),
+    K(i64),
+}
+
+impl Src {
+    fn index(self) -> u8 {
+        match self {
+            Src::Fact(s) => s,
+            // Registers are below MAX_REGS, so this stays below VALUES.
+            Src::Reg(r) => r.saturating_add(REG_BASE as u8),
+            Src::K(_) => 0,
+        }
+    }
+
+    fn need(self) -> u32 {
+        match self {
+            Src::Fact(s) => 1u32.checked_shl(u32::from(s)).unwrap_or(0),
+            _ => 0,
+        }
+    }
+}
+
+/// Compiles the rows of one group into one [`FlatProgram`].
+pub(super) struct Flat<'s> {
+    prog: FlatProgram,
+    /// Label -> pc, `u32::MAX` until placed.
+    labels: Vec<u32>,
+    /// Interns string constants.
+    compiler: &'s mut super::Compiler,
+    /// Where the last label was placed: no instruction before it may be fused.
+    placed: u32,
+}
+
+#[derive(Clone, Copy)]
+struct Label(u32);
+
+/// Too many registers: the row runs on the stack machine.
+struct TooDeep;
+
+impl<'s> Flat<'s> {
+    pub(super) fn new(compiler: &'s mut super::Compiler) -> Self {
+        Flat {
+            prog: FlatProgram::default(),
+            labels: Vec::new(),
+            compiler,
+            placed: 0,
+        }
+    }
+
+    fn pc(&self) -> u32 {
+        u32::try_from(self.prog.ins.len()).unwrap_or(u32::MAX)
+    }
+
+    /// Appends the program of the next row (`None`: always fires).
+    pub(super) fn row(&mut self, fires: Option<&Expr>) {
+        let row = self.prog.entries.len();
+        self.prog.entries.push(self.pc());
+        let hit = Ins {
+            k: row as i64,
+            ..Ins::op(Op::Hit)
+        };
+        let Some(e) = fires else {
+            self.prog.ins.push(hit);
+            return;
+        };
+        let e = reorder(e);
+        let start_ins = self.prog.ins.len();
+        let start_texts = self.prog.texts.len();
+        let start_labels = self.labels.len();
+        let (t, next) = (self.label(), self.label());
+        if super::stack_depth(&e) > MAX_STACK {
+            // As deep as the stack machine refuses: a type error, failing closed.
+            self.prog.ins.push(Ins::op(Op::Invalid));
+        } else if self.cond(&e, t, next, 0).is_ok() {
+            self.place(t);
+            self.prog.ins.push(hit);
+            self.place(next);
+        } else {
+            self.prog.ins.truncate(start_ins);
+            self.prog.texts.truncate(start_texts);
+            self.labels.truncate(start_labels);
+            self.prog.ins.push(Ins {
+                k: row as i64,
+                ..Ins::op(Op::Stack)
+            });
+            self.prog.deep.push(self.compiler.code(&e));
+            self.prog.stack_rows.push(row as u32);
+        }
+    }
+
+    /// Ends the program and resolves labels to program indexes.
+    pub(super) fn finish(mut self) -> FlatProgram {
+        self.prog.ins.push(Ins::op(Op::End));
+        let labels = std::mem::take(&mut self.labels);
+        let at = |l: u32| labels.get(l as usize).copied().unwrap_or(u32::MAX);
+        for ins in &mut self.prog.ins {
+            if matches!(
+                ins.op,
+                Op::CmpK | Op::Cmp | Op::Test | Op::Text | Op::Set | Op::Jump
+            ) {
+                ins.to = ins.to.map(at);
+            }
+        }
+        self.prog
+    }
+
+    fn label(&mut self) -> Label {
+        self.labels.push(u32::MAX);
+        Label(u32::try_from(self.labels.len() - 1).unwrap_or(u32::MAX))
+    }
+
+    fn place(&mut self, l: Label) {
+        let pc = self.pc();
+        self.placed = pc;
+        if let Some(slot) = self.labels.get_mut(l.0 as usize) {
+            *slot = pc;
+        }
+    }
+
+    fn push(&mut self, ins: Ins) {
+        self.prog.ins.push(ins);
+    }
+
+    fn jump(&mut self, to: Label) {
+        self.push(Ins {
+            to: [to.0; 3],
+            ..Ins::op(Op::Jump)
+        });
+    }
+
+    /// A comparison of two operands, branching to `t` or `f`.
+    fn compare(&mut self, a: Src, b: Src, mask: u8, t: Label, f: Label) {
+        // A constant on the left reads nothing: mirror it to the right.
+        let (a, b, mask) = match (a, b) {
+            (Src::K(_), Src::K(_)) | (Src::Fact(_) | Src::Reg(_), _) => (a, b, mask),
+            (Src::K(_), _) => {
+                let mirrored = (mask & EQ) | ((mask & LT) << 2) | ((mask & GT) >> 2);
+                (b, a, mirrored)
+            }
+        };
+        let pick = |bit: u8| if mask & bit != 0 { t.0 } else { f.0 };
+        let mut ins = Ins {
+            a: a.index(),
+            need: a.need() | b.need(),
+            to: [pick(LT), pick(EQ), pick(GT)],
+            ..Ins::op(Op::CmpK)
+        };
+        // `v + k` or `v - k` just computed into an operand's register, and read only here
+        // (each register value is read once): the comparison does the addition itself, in
+        // the same order. Nothing jumps between the two (labels are placed only between
+        // conditions; `placed` makes sure).
+        let addend = |last: &Ins| match last.op {
+            Op::AddK => Some(last.k),
+            Op::SubK => last.k.checked_neg(),
+            _ => None,
+        };
+        let mut left_need = a.need();
+        // The right operand's addend (a `Cmp`'s `k`).
+        let mut right = (b.index(), b.need(), 0);
+        if let (Src::Reg(_), Some(last), true) = (b, self.prog.ins.last(), self.placed != self.pc())
+            && last.x == b.index()
+            && let Some(e) = addend(last)
+        {
+            right = (last.a, last.need, e);
+            self.prog.ins.pop();
+        }
+        // The left operand's addend (`d`), when its `v + k` comes right before.
+        if let (Src::Reg(_), Some(last), true) = (a, self.prog.ins.last(), self.placed != self.pc())
+            && last.x == a.index()
+            && let Some(d) = addend(last)
+        {
+            left_need = last.need;
+            ins.a = last.a;
+            ins.d = d;
+            self.prog.ins.pop();
+        }
+        ins.need = left_need | right.1;
+        match (a, b) {
+            (Src::K(ka), Src::K(kb)) => {
+                let ord = match ka.cmp(&kb) {
+                    std::cmp::Ordering::Less => LT,
+                    std::cmp::Ordering::Equal => EQ,
+                    std::cmp::Ordering::Greater => GT,
+                };
+                self.jump(if mask & ord != 0 { t } else { f });
+            }
+            // `fact != 0` and `fact == 0`: a bool test.
+            (Src::Fact(_), Src::K(0)) if ins.d == 0 && ins.to[0] == ins.to[2] => self.push(Ins {
+                op: Op::Test,
+                to: [ins.to[1], ins.to[0], ins.to[0]],
+                ..ins
+            }),
+            (_, Src::K(k)) => self.push(Ins { k, ..ins }),
+            _ => self.push(Ins {
+                op: Op::Cmp,
+                b: right.0,
+                k: right.2,
+                ..ins
+            }),
+        }
+    }
+
+    /// Emits a bool expression as jumps to `t` (true) or `f` (false). `free` is the first
+    /// register it may use.
+    fn cond(&mut self, e: &Expr, t: Label, f: Label, free: usize) -> Result<(), TooDeep> {
+        match &e.kind {
+            ExprKind::Bool(b) => self.jump(if *b { t } else { f }),
+            ExprKind::Unary(UnOp::Not, inner) => return self.cond(inner, f, t, free),
+            ExprKind::Binary(BinOp::And, l, r) => {
+                let mid = self.label();
+                self.cond(l, mid, f, free)?;
+                self.place(mid);
+                return self.cond(r, t, f, free);
+            }
+            ExprKind::Binary(BinOp::Or, l, r) => {
+                let mid = self.label();
+                self.cond(l, t, mid, free)?;
+                self.place(mid);
+                return self.cond(r, t, f, free);
+            }
+            ExprKind::Binary(op @ (BinOp::Eq | BinOp::Ne), l, r)
+                if super::is_text(l) || super::is_text(r) =>
+            {
+                let (t, f) = if *op == BinOp::Ne { (f, t) } else { (t, f) };
+                match (self.compiler.text(l), self.compiler.text(r)) {
+                    (Some(a), Some(b)) => {
+                        self.prog.texts.push((a, b));
+                        self.push(Ins {
+                            k: (self.prog.texts.len() - 1) as i64,
+                            to: [f.0, t.0, f.0],
+                            ..Ins::op(Op::Text)
+                        });
+                    }
+                    _ => self.push(Ins::op(Op::Invalid)),
+                }
+            }
+            ExprKind::Binary(
+                op @ (BinOp::Eq | BinOp::Ne | BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge),
+                l,
+                r,
+            ) => {
+                let (a, b) = self.operands(l, r, free)?;
+                let mask = match op {
+                    BinOp::Eq => EQ,
+                    BinOp::Ne => LT | GT,
+                    BinOp::Lt => LT,
+                    BinOp::Le => LT | EQ,
+                    BinOp::Gt => GT,
+                    _ => GT | EQ,
+                };
+                self.compare(a, b, mask, t, f);
+            }
+            ExprKind::Name(_) => {
+                let a = self.value(e, free)?;
+                self.compare(a, Src::K(0), LT | GT, t, f);
+            }
+            _ => self.push(Ins::op(Op::Invalid)),
+        }
+        Ok(())
+    }
+
+    /// Emits the two operands of a binary operator, left first.
+    fn operands(&mut self, l: &Expr, r: &Expr, free: usize) -> Result<(Src, Src), TooDeep> {
+        let a = self.value(l, free)?;
+        if let Src::Fact(_) = a
+            && !is_operand(r)
+        {
+            // The stack machine reads the left fact before evaluating the right side.
+            self.push(Ins {
+                a: a.index(),
+                need: a.need(),
+                ..Ins::op(Op::Need)
+            });
+        }
+        // A constant on the left goes to register `free` when the right side is done.
+        let next = if matches!(a, Src::Reg(_) | Src::K(_)) {
+            free + 1
+        } else {
+            free
+        };
+        let b = self.value(r, next)?;
+        Ok((a, b))
+    }
+
+    /// Emits an int (or bool) expression; returns where its value is.
+    fn value(&mut self, e: &Expr, free: usize) -> Result<Src, TooDeep> {
+        let dst = |free: usize| {
+            u8::try_from(free)
+                .ok()
+                .filter(|_| free < MAX_REGS)
+                .ok_or(TooDeep)
+        };
+        Ok(match &e.kind {
+            ExprKind::Int(i) => Src::K(*i),
+            ExprKind::Bool(b) => Src::K(i64::from(*b)),
+            ExprKind::Name(n) => match Fact::lookup(n) {
+                Some(f) if matches!(f.info().ty, Type::Int | Type::Bool) => {
+                    Src::Fact(u8::try_from(f.slot()).unwrap_or(u8::MAX))
+                }
+                _ => {
+                    self.push(Ins::op(Op::Invalid));
+                    Src::K(0)
+                }
+            },
+            ExprKind::Unary(UnOp::Neg, inner) => {
+                let a = self.value(inner, free)?;
+                let r = Src::Reg(dst(free)?);
+                let a = self.in_value(a, r);
+                self.push(Ins {
+                    a: a.index(),
+                    x: r.index(),
+                    need: a.need(),
+                    ..Ins::op(Op::Neg)
+                });
+                r
+            }
+            ExprKind::Binary(
+                op @ (BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Mod),
+                l,
+                r,
+            ) => {
+                let (a, b) = self.operands(l, r, free)?;
+                let dst = Src::Reg(dst(free)?);
+                // `k op v`: the constant goes to a register first (kept in this order, so an
+                // error stays the same error).
+                let a = self.in_value(a, dst);
+                let (op, k) = match (op, b) {
+                    (BinOp::Add, Src::K(k)) => (Op::AddK, k),
+                    (BinOp::Sub, Src::K(k)) => (Op::SubK, k),
+                    (BinOp::Mul, Src::K(k)) => (Op::MulK, k),
+                    (BinOp::Div, Src::K(k)) => (Op::DivK, k),
+                    (BinOp::Mod, Src::K(k)) => (Op::ModK, k),
+                    (BinOp::Add, _) => (Op::Add, 0),
+                    (BinOp::Sub, _) => (Op::Sub, 0),
+                    (BinOp::Mul, _) => (Op::Mul, 0),
+                    (BinOp::Div, _) => (Op::Div, 0),
+                    _ => (Op::Mod, 0),
+                };
+                self.push(Ins {
+                    op,
+                    a: a.index(),
+                    b: b.index(),
+                    x: dst.index(),
+                    need: a.need() | b.need(),
+                    k,
+                    ..Ins::op(Op::Mov)
+                });
+                dst
+            }
+            ExprKind::Str(..) => {
+                self.push(Ins::op(Op::Invalid));
+                Src::K(0)
+            }
+            // A bool as a value: branch, then set a register.
+            _ => {
+                let r = Src::Reg(dst(free)?);
+                let (t, f, join) = (self.label(), self.label(), self.label());
+                self.cond(e, t, f, free)?;
+                for (at, v) in [(t, 1), (f, 0)] {
+                    self.place(at);
+                    self.push(Ins {
+                        x: r.index(),
+                        k: v,
+                        to: [join.0; 3],
+                        ..Ins::op(Op::Set)
+                    });
+                }
+                self.place(join);
+                r
+            }
+        })
+    }
+
+    /// A constant as a left operand goes to register `r` first.
+    fn in_value(&mut self, a: Src, r: Src) -> Src {
+        match a {
+            Src::K(k) => {
+                self.push(Ins {
+                    x: r.index(),
+                    k,
+                    ..Ins::op(Op::Mov)
+                });
+                r
+            }
+            _ => a,
+        }
+    }
+}
+
+/// Whether an expression is read in place (emits no instruction).
+fn is_operand(e: &Expr) -> bool {
+    match &e.kind {
+        ExprKind::Int(_) | ExprKind::Bool(_) => true,
+        ExprKind::Name(n) => {
+            Fact::lookup(n).is_some_and(|f| matches!(f.info().ty, Type::Int | Type::Bool))
+        }
+        _ => false,
+    }
+}
