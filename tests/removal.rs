@@ -509,3 +509,38 @@ async fn the_calls_made_are_exactly_the_calls_granted() {
     }
     assert!(unused.is_empty(), "granted but never called: {unused:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unapproved_former_control_plane_keeps_its_finalizer_while_etcd_lists_it() {
+    let mut w = World::start(&["cp-1", "cp-2", "cp-3"], 3).await;
+    // cp-9 was approved (it gets the finalizer) but never joined etcd.
+    let mut ghost = control_plane("cp-9", 9);
+    ghost["spec"]["endpoint"] = json!(w.talos.node(0).endpoint());
+    w.api.insert(ghost);
+    let _c = w.controller();
+    w.finalized(&["cp-1", "cp-2", "cp-3", "cp-9"]).await;
+    patch_spec(&w.api, "TalosMachine", "cp-9", json!({"approved": false})).await;
+    delete(&w.api, "TalosMachine", "cp-9").await;
+    // cp-4 joined etcd, then is un-approved and deleted.
+    w.add_control_plane("cp-4").await;
+    w.finalized(&["cp-4"]).await;
+    patch_spec(&w.api, "TalosMachine", "cp-4", json!({"approved": false})).await;
+    delete(&w.api, "TalosMachine", "cp-4").await;
+    // Not a member: it goes. Still a member: it stays, saying why.
+    wait_for("cp-9 released", WAIT, || w.machine("cp-9").is_none()).await;
+    wait_for("cp-4 kept", WAIT, || {
+        w.removal("cp-4")
+            .is_some_and(|(s, r, _)| s == "False" && r == "StillEtcdMember")
+    })
+    .await;
+    let (_, _, msg) = w.removal("cp-4").expect("removal");
+    assert!(msg.contains("still lists its member cp-4"), "{msg}");
+    assert!(has_finalizer(&w.api, "cp-4"));
+    assert_eq!(w.members().await, set(&["cp-1", "cp-2", "cp-3", "cp-4"]));
+    // Approved again, its removal runs to the end.
+    patch_spec(&w.api, "TalosMachine", "cp-4", json!({"approved": true})).await;
+    wait_for("cp-4 removed", WAIT, || w.machine("cp-4").is_none()).await;
+    assert_eq!(w.members().await, set(&["cp-1", "cp-2", "cp-3"]));
+    healthy(&w, 3).await;
+    assert_calls_granted(&w.api);
+}

@@ -120,11 +120,11 @@ fn applies(
 pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileError> {
     let (ns, name, cluster) = (m.namespace(), m.name(), m.cluster());
     let mut p = progress(m);
-    // Never an approved control plane (or not any more), and nothing started: it was never
-    // a member this protects.
+    // Not an approved control plane any more (un-approved or re-roled after it got the
+    // finalizer), and no removal started: the finalizer goes once etcd shows it is not a
+    // member. A member left behind would stay in etcd's quorum while nothing counts it.
     if m.approved_role() != Some(Role::ControlPlane) && !p.committed && p.done.is_empty() {
-        set_finalizer(ctx, m, false).await?;
-        return Ok(Action::await_change());
+        return release_if_not_member(ctx, m).await;
     }
     let Some(table) = ctx.rules.current() else {
         return Err(ReconcileError::NoRules);
@@ -330,6 +330,43 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
     lock.release(&holder).await?;
     tracing::info!(machine = %format!("{ns}/{name}"), "control plane removed");
     Ok(Action::await_change())
+}
+
+async fn release_if_not_member(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileError> {
+    let reads = Reads {
+        machines: true,
+        clusters: false,
+        operations: false,
+    };
+    let snapshot = ctx.reader.snapshot(m.namespace(), &[], reads).await?;
+    let member = nodes::node_name(m);
+    let (reason, message) = match nodes::healthy_sibling(ctx, &snapshot, m).await {
+        Ok(s) if s.member(member).is_none() => {
+            set_finalizer(ctx, m, false).await?;
+            return Ok(Action::await_change());
+        }
+        Ok(s) => (
+            "StillEtcdMember",
+            format!(
+                "{} is no longer an approved control plane, but etcd (through {}) still lists its member {member}; \
+                 approve it again as a control plane so that its removal runs (drain, etcd leave, reset), \
+                 or remove the member by hand",
+                m.name(),
+                s.machine.name()
+            ),
+        ),
+        Err(why) => (
+            "EtcdUnavailable",
+            format!(
+                "cannot tell whether {} is still an etcd member, so its finalizer stays: {why}",
+                m.name()
+            ),
+        ),
+    };
+    let mut next = m.clone();
+    status::set(next.conditions_mut(), REMOVAL, false, reason, &message);
+    write_status(ctx, m, &next).await?;
+    Ok(Action::requeue(ctx.settings.refused_requeue))
 }
 
 /// The machine stopped being an approved control plane mid-removal (someone edited it): the
