@@ -134,8 +134,30 @@ async fn replacement_three_to_four_to_three() {
     })
     .await;
     // 4 -> 3: the oldest goes.
+    assert_calls_granted(&w.api);
+    let removal_started = Instant::now();
     delete(&w.api, "TalosMachine", "cp-1").await;
     wait_for("cp-1 removed", WAIT, || w.machine("cp-1").is_none()).await;
+    let removal_took = removal_started.elapsed();
+    let log = w.api.store.faults.take_log();
+    for r in log.iter().filter(|r| !r.by_test) {
+        if let Some((g, res, verb)) = harness::rbac_of(r) {
+            assert!(
+                ichor_rules::runtime::access::allows(
+                    &g,
+                    &res,
+                    &verb,
+                    ichor_rules::runtime::access::Scope::Cluster
+                ),
+                "not granted: {r:?}"
+            );
+        }
+    }
+    let calls = log.iter().filter(|r| !r.by_test && !r.watch).count();
+    println!(
+        "removal of cp-1: {:.2} s, {calls} API calls by the controller (all reconciles, all kinds)",
+        removal_took.as_secs_f64()
+    );
     assert_eq!(w.members().await, set(&["cp-2", "cp-3", "cp-4"]));
     healthy(&w, 3).await;
     assert_eq!(w.talos.by_name("cp-1").resets(), 1, "reset exactly once");
