@@ -705,3 +705,45 @@ async fn the_serve_command_reloads_rules_and_keeps_the_last_good_table() {
         "the leader lease was released"
     );
 }
+
+#[test]
+fn serve_refuses_a_talosconfig_it_cannot_use_with_one_clear_line() {
+    let dir = std::env::temp_dir().join(format!("ichor-talosconfig-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    write_cert(&dir);
+    std::fs::write(
+        dir.join("talosconfig"),
+        "context: prod\ncontexts: [not a map\n",
+    )
+    .expect("write");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ichor-rules"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--api-server",
+            "http://127.0.0.1:9",
+        ])
+        .arg("--rules")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/rules"))
+        .arg("--tls-cert")
+        .arg(dir.join("tls.crt"))
+        .arg("--tls-key")
+        .arg(dir.join("tls.key"))
+        .arg("--talosconfig")
+        .arg(dir.join("talosconfig"))
+        .output()
+        .expect("serve runs");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_else(|| panic!("no error line in {err}"));
+    assert!(
+        line.contains("--talosconfig") && line.contains("talosconfig"),
+        "{line}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
