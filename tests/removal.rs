@@ -107,6 +107,16 @@ impl World {
     }
 }
 
+/// A Ready pod `apps/web-1` (label app=web) running on `node`.
+fn web_pod_on(node: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web-1", "namespace": "apps", "labels": {"app": "web"}},
+        "spec": {"nodeName": node, "containers": [{"name": "web", "image": "nginx"}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    })
+}
+
 fn set(names: &[&str]) -> BTreeSet<String> {
     names.iter().map(|s| s.to_string()).collect()
 }
@@ -377,12 +387,7 @@ async fn a_controller_killed_at_each_step_is_resumed_by_a_fresh_one() {
 async fn a_drain_blocked_by_a_budget_waits_then_completes() {
     let mut w = World::start(&["cp-1", "cp-2", "cp-3"], 3).await;
     w.add_control_plane("cp-4").await;
-    w.api.insert(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "web-1", "namespace": "apps", "labels": {"app": "web"}},
-        "spec": {"nodeName": "cp-4", "containers": [{"name": "web", "image": "nginx"}]},
-        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
-    }));
+    w.api.insert(web_pod_on("cp-4"));
     w.api.insert(json!({
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
         "metadata": {"name": "web", "namespace": "apps"},
@@ -490,12 +495,7 @@ async fn the_calls_made_are_exactly_the_calls_granted() {
     use std::sync::atomic::AtomicBool;
     let mut w = World::start(&["cp-1", "cp-2", "cp-3"], 3).await;
     w.add_control_plane("cp-4").await;
-    w.api.insert(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "web-1", "namespace": "apps", "labels": {"app": "web"}},
-        "spec": {"nodeName": "cp-4", "containers": [{"name": "web", "image": "nginx"}]},
-        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
-    }));
+    w.api.insert(web_pod_on("cp-4"));
     w.api.insert(operation("upgrade-1", "upgrade"));
     let ctx = w.ctx("replica-a");
     let leading = Arc::new(AtomicBool::new(false));

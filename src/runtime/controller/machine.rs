@@ -2,13 +2,12 @@
 //! order) the ControlPlaneOverCap hold, the removal finalizer, and reachability probes.
 
 use super::status::{self, Conditions};
-use super::{Context, ReconcileError, nodes, removal};
+use super::{Context, ReconcileError, held, nodes, removal};
 use crate::runtime::decide::{decide_events, reconcile_machine_event};
 use crate::runtime::facts::Expensive;
 use crate::runtime::live::Reads;
 use crate::runtime::objects::{REMOVAL_FINALIZER, Role, TalosMachine};
 use crate::runtime::talos::TalosError;
-use crate::vocab::Verdict;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
@@ -98,20 +97,7 @@ pub async fn reconcile(m: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action
     // 1. Before anything else: the cap on approved control planes (ADR 0054).
     let events: Vec<_> = reconcile_machine_event(live).into_iter().collect();
     let (decision, _) = decide_events(&table, &snapshot, &events, Expensive::Deferred, false);
-    if let Some(verdict @ (Verdict::Hold | Verdict::Refuse)) = decision.verdict() {
-        let deciding = decision.deciding();
-        let reason = deciding
-            .iter()
-            .find_map(|f| f.reason.clone())
-            .unwrap_or_else(|| "Held".into());
-        let message = deciding
-            .iter()
-            .map(|f| f.message.as_str())
-            .collect::<Vec<_>>()
-            .join("; ");
-        for f in deciding {
-            ctx.metrics.decision(&f.rule, verdict.name());
-        }
+    if let Some((reason, message)) = held(&ctx, &decision, "Held") {
         if status::set(next.conditions_mut(), "Ready", false, &reason, &message) {
             tracing::info!(machine = %format!("{ns}/{name}"), %reason, "held");
         }

@@ -159,6 +159,31 @@ impl Context {
     }
 }
 
+/// What held or refused, as a condition's (reason, message): the first reason a deciding
+/// rule gives (else `default_reason`) and every deciding message. Counts the deciding rules
+/// in the metrics. `None` when the decision lets the work proceed.
+pub fn held(
+    ctx: &Context,
+    decision: &crate::interp::Decision,
+    default_reason: &str,
+) -> Option<(String, String)> {
+    let verdict = decision.verdict()?;
+    let deciding = decision.deciding();
+    for f in deciding {
+        ctx.metrics.decision(&f.rule, verdict.name());
+    }
+    let reason = deciding
+        .iter()
+        .find_map(|f| f.reason.clone())
+        .unwrap_or_else(|| default_reason.into());
+    let message = deciding
+        .iter()
+        .map(|f| f.message.as_str())
+        .collect::<Vec<_>>()
+        .join("; ");
+    Some((reason, message))
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
     #[error(transparent)]

@@ -9,12 +9,11 @@
 //! [`super::disruptive::acquire`].
 
 use super::status::{self, Conditions};
-use super::{Context, ReconcileError};
+use super::{Context, ReconcileError, held};
 use crate::runtime::decide::{decide_events, reconcile_operation_event};
 use crate::runtime::facts::Expensive;
 use crate::runtime::live::Reads;
 use crate::runtime::objects::TalosOperation;
-use crate::vocab::Verdict;
 use kube::runtime::controller::Action;
 use std::sync::Arc;
 
@@ -58,26 +57,13 @@ pub async fn reconcile(
         return Ok(Action::await_change());
     }
     let (decision, _) = decide_events(&table, &snapshot, &events, Expensive::Deferred, false);
-    let requeue = match decision.verdict() {
-        Some(verdict @ (Verdict::Hold | Verdict::Refuse)) => {
-            let deciding = decision.deciding();
-            let reason = deciding
-                .iter()
-                .find_map(|f| f.reason.clone())
-                .unwrap_or_else(|| "Refused".into());
-            let message = deciding
-                .iter()
-                .map(|f| f.message.as_str())
-                .collect::<Vec<_>>()
-                .join("; ");
-            for f in deciding {
-                ctx.metrics.decision(&f.rule, verdict.name());
-            }
+    let requeue = match held(&ctx, &decision, "Refused") {
+        Some((reason, message)) => {
             status::set(next.conditions_mut(), "Paused", true, &reason, &message);
             next.status.get_or_insert_with(Default::default).phase = Some("Paused".into());
             Action::requeue(ctx.settings.parked_requeue)
         }
-        _ => {
+        None => {
             if paused.is_some() {
                 status::set(
                     next.conditions_mut(),

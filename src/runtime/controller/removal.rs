@@ -15,7 +15,7 @@ use super::lock::Renewal;
 use super::machine::{set_finalizer, write_status};
 use super::nodes::{self, NodeError};
 use super::status::{self, Conditions};
-use super::{Context, ReconcileError};
+use super::{Context, ReconcileError, held};
 use crate::compile::{PlanStep, Table};
 use crate::interp::{Decision, Interrupt, Session, Value, decide_into};
 use crate::runtime::decide::reconcile_machine_event;
@@ -216,20 +216,7 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
                 }
             }
         };
-        if let Some(verdict) = decision.verdict() {
-            let deciding = decision.deciding();
-            let reason = deciding
-                .iter()
-                .find_map(|f| f.reason.clone())
-                .unwrap_or_else(|| "RemovalRefused".into());
-            let message = deciding
-                .iter()
-                .map(|f| f.message.as_str())
-                .collect::<Vec<_>>()
-                .join("; ");
-            for f in deciding {
-                ctx.metrics.decision(&f.rule, verdict.name());
-            }
+        if let Some((reason, message)) = held(ctx, &decision, "RemovalRefused") {
             drop(renewal);
             lock.release(&holder).await?;
             let changed = status::set(next.conditions_mut(), REMOVAL, false, &reason, &message);
