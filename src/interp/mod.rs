@@ -412,7 +412,15 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
     }
 
     pub fn render_pieces(&mut self, pieces: &[Piece]) -> Result<String, Interrupt> {
-        let mut out = String::new();
+        // One allocation: the text as written plus room for the values.
+        let capacity = pieces
+            .iter()
+            .map(|p| match p {
+                Piece::Text(t) => t.len(),
+                Piece::Value(_) | Piece::Name(_) => 24,
+            })
+            .sum();
+        let mut out = String::with_capacity(capacity);
         use std::fmt::Write;
         for p in pieces {
             match p {
@@ -425,9 +433,7 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                     Err(Stop::Need(f)) => return Err(Interrupt::Need(f)),
                 },
                 Piece::Value(code) => match (self.condition_value(code)?, code.kind) {
-                    (Ok(v), Kind::Int) => {
-                        let _ = write!(out, "{v}");
-                    }
+                    (Ok(v), Kind::Int) => push_int(&mut out, v),
                     (Ok(v), Kind::Bool) => out.push_str(if v != 0 { "true" } else { "false" }),
                     (Err(e), _) => {
                         let _ = write!(out, "<{e}>");
@@ -822,4 +828,54 @@ pub fn decide_into<'a, F: Facts<'a>>(
         }
     }
     Ok(())
+}
+
+/// Appends `v` in decimal: what `write!(out, "{v}")` does, without the formatting machinery.
+fn push_int(out: &mut String, v: i64) {
+    let mut buf = [0u8; 20];
+    let mut at = buf.len();
+    let mut n = v.unsigned_abs();
+    loop {
+        at -= 1;
+        // `n % 10` is below 10, so the cast keeps it whole.
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if v < 0 {
+        out.push('-');
+    }
+    // Only ASCII digits were written.
+    out.push_str(std::str::from_utf8(&buf[at..]).unwrap_or_default());
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::push_int;
+
+    #[test]
+    fn push_int_writes_what_display_writes() {
+        for v in [
+            0,
+            1,
+            -1,
+            9,
+            10,
+            -10,
+            99,
+            100,
+            12_345,
+            -987_654_321,
+            i64::MAX,
+            i64::MIN,
+            i64::MIN + 1,
+        ] {
+            let mut out = String::from("x=");
+            push_int(&mut out, v);
+            assert_eq!(out, format!("x={v}"));
+        }
+    }
 }
