@@ -152,7 +152,8 @@ fn statement_span(p: &Pair<'_, Rule>) -> Span {
 
 /// Where the last token inside a pair ends (pest spans can include trailing trivia).
 fn last_token_end(p: &Pair<'_, Rule>) -> usize {
-    match p.clone().into_inner().max_by_key(|c| c.as_span().end()) {
+    // Children come in source order: the last one ends last.
+    match p.clone().into_inner().next_back() {
         Some(last) if p.as_rule() != Rule::string => last_token_end(&last),
         _ => p.as_span().end(),
     }
