@@ -851,7 +851,6 @@ fn push_int(out: &mut String, v: i64) {
     out.push_str(std::str::from_utf8(&buf[at..]).unwrap_or_default());
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::push_int;
