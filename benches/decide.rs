@@ -214,6 +214,7 @@ impl<'a> Facts<'a> for Fixed {
             | Fact::NodeUnreachable
             | Fact::TargetControlPlane
             | Fact::Failed
+            | Fact::Paused
             | Fact::UnfinishedExists
             | Fact::UnfinishedParked => Value::Bool(false),
         })

@@ -333,6 +333,7 @@ pub enum Fact {
     TargetControlPlane,
     Phase,
     Failed,
+    Paused,
     UnfinishedExists,
     UnfinishedName,
     UnfinishedKind,
@@ -341,7 +342,7 @@ pub enum Fact {
 }
 
 /// The number of fact slots.
-pub const FACT_COUNT: usize = 26;
+pub const FACT_COUNT: usize = 27;
 
 /// What the checker and the lints know about a fact.
 pub struct FactInfo {
@@ -391,9 +392,11 @@ facts! {
     Kind "kind" Type::Enum(EnumKind::OperationKind), Cheap, "spec.kind of the TalosOperation";
     Target "target" Type::Name, Cheap, "spec.machine of the TalosOperation (empty when none)";
     TargetControlPlane "target.controlplane" Type::Bool, Cheap,
-        "the operation's spec.machine is a control-plane TalosMachine";
+        "the operation's spec.machine is an approved control plane of the operation's cluster (not being deleted)";
     Phase "phase" Type::Name, Cheap, "status.phase of the TalosOperation";
     Failed "failed" Type::Bool, Cheap, "the TalosOperation has a status.failureReason";
+    Paused "paused" Type::Bool, Cheap,
+        "the TalosOperation is Paused for a reason the rules do not own (Operator, ClusterLockHeld, a shutdown, a failure): that pause stands";
     UnfinishedExists "unfinished.exists" Type::Bool, Cheap,
         "another TalosOperation of the cluster is not finished (any phase but Succeeded)";
     UnfinishedName "unfinished.name" Type::Name, Cheap,
@@ -445,6 +448,7 @@ impl Fact {
             "target.controlplane" => TargetControlPlane,
             "phase" => Phase,
             "failed" => Failed,
+            "paused" => Paused,
             "unfinished.exists" => UnfinishedExists,
             "unfinished.name" => UnfinishedName,
             "unfinished.kind" => UnfinishedKind,
@@ -470,7 +474,7 @@ impl Fact {
                         Verb::Remove | Verb::Unapprove | Verb::Reassign | Verb::Move
                     )
             }
-            Operation | Kind | Target | TargetControlPlane | Phase | Failed => {
+            Operation | Kind | Target | TargetControlPlane | Phase | Failed | Paused => {
                 subject == Subject::Operation
             }
             UnfinishedExists | UnfinishedName | UnfinishedKind | UnfinishedPhase
@@ -490,7 +494,7 @@ impl Fact {
             AllowDelete => "rules on machines and clusters",
             Rank => "`apply` rules (the controller)",
             MemberDead => "`remove`, `unapprove`, `reassign` and `move` of `controlplane`",
-            Operation | Kind | Target | TargetControlPlane | Phase | Failed => {
+            Operation | Kind | Target | TargetControlPlane | Phase | Failed | Paused => {
                 "rules on `operation`"
             }
             UnfinishedExists | UnfinishedName | UnfinishedKind | UnfinishedPhase

@@ -133,6 +133,14 @@ async fn operations_park_while_even_and_resume_by_themselves_when_odd() {
     by_hand["status"] = json!({"phase": "Paused", "conditions": [
         {"type": "Paused", "status": "True", "reason": "Operator", "message": "wait"}]});
     api.insert(by_hand);
+    // Failed ones are left as they are (ADR 0137 §3): neither parked nor resumed.
+    let mut failed = operation("reboot-2", "reboot");
+    failed["status"] = json!({"phase": "Running", "failureReason": "boom"});
+    api.insert(failed);
+    let mut failed_parked = operation("reboot-3", "reboot");
+    failed_parked["status"] = json!({"phase": "Paused", "failureReason": "boom", "conditions": [
+        {"type": "Paused", "status": "True", "reason": "ClusterTransitioning", "message": "even"}]});
+    api.insert(failed_parked);
     let _c = Running::start(context(&api, "test", None));
 
     wait_for("upgrade parked", WAIT, || {
@@ -163,6 +171,13 @@ async fn operations_park_while_even_and_resume_by_themselves_when_odd() {
     assert_eq!(
         cond(&api, "TalosOperation", "reboot-1", "Paused"),
         Some(("True".into(), "Operator".into()))
+    );
+    assert_eq!(cond(&api, "TalosOperation", "reboot-2", "Paused"), None);
+    let op = get(&api, "TalosOperation", "reboot-3").expect("op");
+    assert_eq!(op["status"]["phase"], "Paused", "{op}");
+    assert_eq!(
+        cond(&api, "TalosOperation", "reboot-3", "Paused"),
+        Some(("True".into(), "ClusterTransitioning".into()))
     );
 }
 

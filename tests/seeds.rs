@@ -653,6 +653,19 @@ fn allow_delete_annotation_value_must_be_true() {
     delete(&objects, &w).assert_refused_by(&["machine-allow-delete"]);
 }
 
+/// ADR 0010: the gate has no exception for a missing TalosCluster (a typo in clusterRef
+/// must not turn it off); only a TalosCluster being deleted says it for its machines.
+#[test]
+fn machine_delete_needs_allow_delete_when_its_cluster_is_missing() {
+    let objects = objs(&[&[worker(1)]]);
+    let a = delete(&objects, &worker(1));
+    a.assert_refused_by(&["machine-allow-delete"]);
+    a.assert_message_contains(
+        "machine-allow-delete",
+        "deleting TalosMachine w1 needs the annotation ichor.maesh.dev/allow-delete: \"true\"",
+    );
+}
+
 #[test]
 fn pending_machine_delete_still_needs_allow_delete() {
     let p = pending("p1", "controlplane");
@@ -1385,9 +1398,72 @@ fn reset_of_a_worker_while_even_gets_the_general_refusal() {
 }
 
 #[test]
-fn reset_of_a_control_plane_while_odd_allowed() {
-    let objects = objs(&[&[cluster("c", 3, "true")], &cps(3)]);
+fn reset_of_a_control_plane_while_odd_and_above_the_count_allowed() {
+    // count 1, three approved: 3 -> 2 keeps quorum and the declared count.
+    let objects = objs(&[&[cluster("c", 1, "true")], &cps(3)]);
     create(&objects, &operation("rs1", "reset", None, Some("cp2"))).assert_allowed();
+}
+
+/// ADR 0106 §4: "`node reset` keeps the count check, because a reset needs the node".
+#[test]
+fn reset_of_a_control_plane_below_the_declared_count_refused() {
+    let objects = objs(&[&[cluster("c", 3, "true")], &cps(3)]);
+    let a = create(&objects, &operation("rs1", "reset", None, Some("cp2")));
+    a.assert_refused_by(&["reset-below-count"]);
+    a.assert_message_contains(
+        "reset-below-count",
+        "node reset: control planes 3 -> 2, below the declared count of 3; either approve a replacement control plane first (then reset this one)",
+    );
+}
+
+/// The dead-member exception bends the removal's count check, not a reset's: a reset
+/// needs the node.
+#[test]
+fn reset_of_an_unreachable_control_plane_keeps_the_count_check() {
+    let objects = objs(&[
+        &[cluster("c", 3, "true")],
+        &[cp(1), cp(2), unreachable(cp(3))],
+    ]);
+    create(&objects, &operation("rs1", "reset", None, Some("cp3")))
+        .assert_refused_by(&["reset-below-count"]);
+}
+
+#[test]
+fn reset_of_the_last_control_plane_refused() {
+    let objects = objs(&[&[cluster("c", 1, "true")], &cps(1)]);
+    let a = create(&objects, &operation("rs1", "reset", None, Some("cp1")));
+    a.assert_refused_by(&["reset-below-count", "reset-quorum"]);
+    a.assert_message_contains(
+        "reset-quorum",
+        "resetting control plane cp1: control planes 1 -> 0, below the etcd quorum of 1",
+    );
+}
+
+#[test]
+fn reset_of_a_pending_control_plane_is_not_a_control_plane_reset() {
+    // count 3, three approved and a pending control plane: resetting the pending one
+    // takes no member away.
+    let objects = objs(&[
+        &[cluster("c", 3, "true")],
+        &cps(3),
+        &[pending("p1", "controlplane")],
+    ]);
+    create(&objects, &operation("rs1", "reset", None, Some("p1"))).assert_allowed();
+}
+
+/// ADR 0137 §4: "Remove the node instead, which ends it" holds only for a machine whose
+/// removal ends the even count: an approved control plane of this cluster.
+#[test]
+fn reset_of_a_pending_or_foreign_control_plane_while_even_gets_the_general_refusal() {
+    let objects = objs(&[
+        &[cluster("c", 3, "true"), cluster("d", 3, "true")],
+        &cps(4),
+        &[pending("p1", "controlplane"), in_cluster(cp(9), "d")],
+    ]);
+    for target in ["p1", "cp9"] {
+        let a = create(&objects, &operation("rs1", "reset", None, Some(target)));
+        a.assert_refused_by(&["operation-while-transitioning"]);
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1614,6 +1690,33 @@ fn run_operation_parked_stays_parked_while_even() {
         Some("ClusterTransitioning"),
         &["parked-for-transition"],
     );
+}
+
+/// ADR 0137 §3: "the other pause reasons (operator, lock held, shutdown, failure) are
+/// untouched": a failed operation is not parked (it would resume by itself later).
+#[test]
+fn run_failed_operation_is_not_parked() {
+    let objects = objs(&[
+        &[cluster("c", 3, "true")],
+        &cps(4),
+        &[failure(
+            operation("up1", "upgrade", Some("Failed"), None),
+            "boom",
+        )],
+    ]);
+    reconcile(&objects, "up1").assert_proceed();
+}
+
+#[test]
+fn run_operator_paused_operation_is_left_paused() {
+    for reason in ["Operator", "ClusterLockHeld"] {
+        let objects = objs(&[
+            &[cluster("c", 3, "true")],
+            &cps(4),
+            &[paused(operation("up1", "upgrade", None, None), reason)],
+        ]);
+        reconcile(&objects, "up1").assert_proceed();
+    }
 }
 
 #[test]

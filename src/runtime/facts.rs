@@ -292,16 +292,16 @@ impl<'s> Facts<'s> for SnapshotFacts<'s> {
                     .and_then(|o| o.spec.machine.as_deref())
                     .unwrap_or(""),
             ),
+            // One of the machines `approved` counts: removing it ends an even count.
             Fact::TargetControlPlane => {
                 let target = self.operation().and_then(|o| o.spec.machine.as_deref());
-                Value::Bool(target.is_some_and(|t| {
-                    self.snapshot
-                        .machine(self.ev.namespace, t)
-                        .is_some_and(|m| m.spec.role == Some(Role::ControlPlane))
-                }))
+                Value::Bool(
+                    target.is_some_and(|t| self.control_planes().iter().any(|m| m.name() == t)),
+                )
             }
             Fact::Phase => Value::Str(self.operation().map_or("", |o| o.phase())),
             Fact::Failed => Value::Bool(self.operation().is_some_and(|o| o.failed())),
+            Fact::Paused => Value::Bool(self.operation().is_some_and(|o| o.paused_elsewhere())),
             Fact::UnfinishedExists => Value::Bool(self.unfinished().is_some()),
             Fact::UnfinishedName => Value::Str(self.unfinished().map_or("", |o| o.name())),
             Fact::UnfinishedKind => {

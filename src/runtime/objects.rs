@@ -386,6 +386,20 @@ impl TalosOperation {
         FINISHED_PHASES.contains(&self.phase())
     }
 
+    /// Paused for a reason the rules do not own: by a person (Operator), the lock
+    /// (ClusterLockHeld), a shutdown or a failure. The controller leaves such a pause alone.
+    pub fn paused_elsewhere(&self) -> bool {
+        self.status.as_ref().is_some_and(|s| {
+            find(&s.conditions, "Paused").is_some_and(|c| {
+                c.status == "True"
+                    && !matches!(
+                        c.reason.as_deref(),
+                        Some("ClusterTransitioning" | "Refused")
+                    )
+            })
+        })
+    }
+
     /// Parked by the controller for the even control-plane count: Paused with reason
     /// ClusterTransitioning and no failure. Such an operation holds no lock (ADR 0137).
     pub fn parked(&self) -> bool {

@@ -46,6 +46,10 @@ pub async fn reconcile(
     if events.is_empty() {
         return Ok(Action::await_change());
     }
+    // A failed operation is not parked nor resumed: its failure stands (ADR 0137).
+    if live.failed() {
+        return Ok(Action::await_change());
+    }
     let mut next = live.clone();
     // Paused by someone else: that pause stands, whatever the count.
     let paused = status::find(next.conditions_mut(), "Paused")
