@@ -181,6 +181,58 @@ async fn operations_park_while_even_and_resume_by_themselves_when_odd() {
     );
 }
 
+/// ADR 0010: deleting the TalosCluster is the way to tear it down; it stays, deleting (so
+/// the rules let its machines follow it), until no TalosMachine refers to it.
+#[tokio::test]
+async fn a_deleted_cluster_waits_for_its_machines_then_goes() {
+    let api = ApiServer::start().await;
+    api.insert(cluster("prod", 3));
+    api.insert(machine("w-1", "worker", true, 1));
+    api.insert(machine("p-1", "controlplane", false, 2));
+    let mut other = machine("w-9", "worker", true, 3);
+    other["spec"]["clusterRef"]["name"] = json!("other");
+    api.insert(other);
+    let _c = Running::start(context(&api, "test", None));
+    let finalized = |api: &ApiServer| {
+        get(api, "TalosCluster", "prod").is_some_and(|c| {
+            c["metadata"]["finalizers"]
+                .as_array()
+                .is_some_and(|f| f.iter().any(|x| x == "ichor.maesh.dev/cluster-teardown"))
+        })
+    };
+    wait_for("the teardown finalizer", WAIT, || finalized(&api)).await;
+
+    delete(&api, "TalosCluster", "prod").await;
+    wait_for("Teardown waits for the machines", WAIT, || {
+        cond(&api, "TalosCluster", "prod", "Teardown")
+            == Some(("True".into(), "WaitingForMachines".into()))
+    })
+    .await;
+    let c = get(&api, "TalosCluster", "prod").expect("still there");
+    let msg = condition(&c, "Teardown").expect("Teardown")["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        msg.contains("2 TalosMachine(s)") && msg.contains("p-1, w-1"),
+        "{msg}"
+    );
+    assert!(!msg.contains("w-9"), "{msg}");
+
+    delete(&api, "TalosMachine", "w-1").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        get(&api, "TalosCluster", "prod").is_some(),
+        "p-1 still refers to it"
+    );
+    delete(&api, "TalosMachine", "p-1").await;
+    wait_for("the cluster gone", WAIT, || {
+        get(&api, "TalosCluster", "prod").is_none()
+    })
+    .await;
+    assert!(get(&api, "TalosMachine", "w-9").is_some());
+}
+
 #[tokio::test]
 async fn the_cluster_lock_serializes_work_and_resumes_its_own() {
     let api = ApiServer::start().await;

@@ -161,3 +161,51 @@ fn the_operators_guide_names_every_metric_and_every_granted_resource() {
         );
     }
 }
+
+/// The operator's guide lists exactly the API calls the chart grants (`access::REQUIRED`).
+#[test]
+fn the_operators_guide_lists_exactly_the_granted_calls() {
+    use ichor_rules::runtime::access::REQUIRED;
+    use std::collections::BTreeSet;
+    let text = std::fs::read_to_string("docs/operators.md").expect("docs/operators.md exists");
+    let start = text
+        .find("The ClusterRole grants, and nothing else:")
+        .expect("the grants table");
+    let mut documented = BTreeSet::new();
+    for line in text[start..]
+        .lines()
+        .skip(1)
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .skip(2)
+    {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let group = match cells[1].trim_matches('`') {
+            "core" => "",
+            g => g,
+        };
+        let verbs = cells[3].split(" (").next().unwrap_or("");
+        for resource in cells[2].split(", ") {
+            for verb in verbs.split(", ") {
+                documented.insert((
+                    group.to_string(),
+                    resource.trim_matches('`').to_string(),
+                    verb.to_string(),
+                ));
+            }
+        }
+    }
+    let granted: BTreeSet<_> = REQUIRED
+        .iter()
+        .flat_map(|a| {
+            a.verbs.iter().map(|v| {
+                (
+                    a.api_group.to_string(),
+                    a.resource.to_string(),
+                    v.to_string(),
+                )
+            })
+        })
+        .collect();
+    assert_eq!(documented, granted, "docs/operators.md's grants table");
+}

@@ -1646,6 +1646,28 @@ fn controller_removal_does_not_count_other_deleting_control_planes() {
     reconcile(&objects, "cp4").assert_proceed();
 }
 
+/// ADR 0010 counts the machines: a missing TalosCluster bends neither quorum nor the last
+/// control plane (only deleting the TalosCluster does).
+#[test]
+fn quorum_and_last_control_plane_hold_without_a_cluster() {
+    let two = objs(&[&cps(2)]);
+    delete(&two, &allowed(cp(2))).assert_refused_by(&["quorum"]);
+    let one = objs(&[&cps(1)]);
+    delete(&one, &allowed(cp(1))).assert_refused_by(&["last-control-plane"]);
+    // 3 -> 2 keeps quorum; with no cluster there is no declared count to keep.
+    let three = objs(&[&cps(3)]);
+    delete(&three, &allowed(cp(3))).assert_allowed();
+    let controller = objs(&[&[cp(1)], &[deleting(cp(2))]]);
+    reconcile(&controller, "cp2").assert("refuse", Some("RemovalRefused"), &["quorum"]);
+}
+
+#[test]
+fn last_control_plane_follows_a_deleting_cluster() {
+    let c = deleting(allowed(cluster("c", 3, "true")));
+    let objects = objs(&[&[c], &cps(1)]);
+    delete(&objects, &allowed(cp(1))).assert_allowed();
+}
+
 #[test]
 fn controller_removal_teardown_proceeds() {
     let objects = objs(&[&[deleting(cluster("c", 3, "true"))], &[deleting(cp(1))]]);

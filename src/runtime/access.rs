@@ -45,10 +45,11 @@ pub const REQUIRED: &[Access] = &[
         verbs: &["patch"],
         scope: Scope::Cluster,
     },
+    // The teardown finalizer (a merge patch guarded by the resourceVersion).
     Access {
         api_group: ICHOR,
         resource: "talosclusters",
-        verbs: &["get", "list", "watch"],
+        verbs: &["get", "list", "watch", "patch"],
         scope: Scope::Cluster,
     },
     // The Transitioning condition.

@@ -13,6 +13,9 @@ pub const VERSION: &str = "v1alpha1";
 pub const ALLOW_DELETE_ANNOTATION: &str = "ichor.maesh.dev/allow-delete";
 /// The finalizer the controller keeps on approved control planes until their removal ends.
 pub const REMOVAL_FINALIZER: &str = "ichor.maesh.dev/machine-removal";
+/// Keeps a deleted TalosCluster (deleting, so its machines may follow it) until no
+/// TalosMachine refers to it any more.
+pub const TEARDOWN_FINALIZER: &str = "ichor.maesh.dev/cluster-teardown";
 
 /// The role of a machine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Hash, JsonSchema)]

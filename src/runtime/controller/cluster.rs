@@ -2,12 +2,20 @@
 //! planes (ADR 0010): True/EvenControlPlaneCount while even, False/StableControlPlaneCount
 //! when odd. spec.controlPlane.count is the declared state and never even; the live count
 //! passes through 2 or 4 during a replacement.
+//!
+//! And its teardown (ADR 0010: deleting the TalosCluster is the one way to remove its last
+//! control plane): every TalosCluster carries the finalizer `ichor.maesh.dev/cluster-teardown`,
+//! so a deleted one stays, deleting, while TalosMachines still refer to it. The rules let
+//! those machines follow it (no allow-delete annotation, no quorum or count refusal), and
+//! the finalizer goes once the last of them is gone. Until then the condition `Teardown`
+//! (True, `WaitingForMachines`) names them.
 
+use super::machine::{holds, set_finalizer_of};
 use super::status::{self, Conditions};
 use super::{Context, ReconcileError};
 use crate::runtime::facts::{approved_members, is_transitioning};
 use crate::runtime::live::Reads;
-use crate::runtime::objects::{Role, TalosCluster};
+use crate::runtime::objects::{Role, TEARDOWN_FINALIZER, TalosCluster};
 use kube::runtime::controller::Action;
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,13 +53,49 @@ pub async fn reconcile(c: Arc<TalosCluster>, ctx: Arc<Context>) -> Result<Action
     let approved = approved_members(&snapshot, &ns, &name, Role::ControlPlane, None).len();
     let (on, reason, message) = transitioning(approved);
     let mut next = live.clone();
-    if status::set(next.conditions_mut(), "Transitioning", on, reason, &message) {
+    let mut changed = status::set(next.conditions_mut(), "Transitioning", on, reason, &message);
+    let finalized = holds(&live.metadata, TEARDOWN_FINALIZER);
+    // The machines that still refer to it, being deleted or not, approved or not.
+    let remaining: Vec<&str> = snapshot
+        .machines
+        .iter()
+        .filter(|m| m.namespace() == ns && m.cluster() == name)
+        .map(|m| m.name())
+        .collect();
+    if live.deleting() && finalized && !remaining.is_empty() {
+        let message = format!(
+            "the TalosCluster is being deleted and waits for its {} TalosMachine(s) to be deleted: {}; \
+             delete them (kubectl -n {ns} delete talosmachine {}): the rules let them follow the cluster",
+            remaining.len(),
+            remaining.join(", "),
+            remaining.join(" "),
+        );
+        changed |= status::set(
+            next.conditions_mut(),
+            "Teardown",
+            true,
+            "WaitingForMachines",
+            &message,
+        );
+    }
+    if changed {
         let st = next.status.clone().unwrap_or_default();
         match status::patch_status::<TalosCluster>(&ctx.client, &ns, &name, &st).await {
             Ok(()) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => return Err(e.into()),
         }
+    }
+    if live.deleting() {
+        if finalized && remaining.is_empty() {
+            set_finalizer_of(&ctx, live, TEARDOWN_FINALIZER, false).await?;
+            tracing::info!(cluster = %format!("{ns}/{name}"), "torn down: no TalosMachine refers to it any more");
+        }
+        // Each machine's deletion triggers this through the watch.
+        return Ok(Action::await_change());
+    }
+    if !finalized {
+        set_finalizer_of(&ctx, live, TEARDOWN_FINALIZER, true).await?;
     }
     // Machines' changes trigger this through the watch; the requeue is a safety net.
     Ok(Action::requeue(Duration::from_secs(300)))

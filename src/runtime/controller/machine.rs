@@ -16,10 +16,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub fn has_finalizer(m: &TalosMachine) -> bool {
-    m.metadata
-        .finalizers
+    holds(&m.metadata, REMOVAL_FINALIZER)
+}
+
+/// Whether an object's metadata carries this finalizer.
+pub fn holds(meta: &kube::api::ObjectMeta, finalizer: &str) -> bool {
+    meta.finalizers
         .as_ref()
-        .is_some_and(|f| f.iter().any(|x| x == REMOVAL_FINALIZER))
+        .is_some_and(|f| f.iter().any(|x| x == finalizer))
 }
 
 /// Adds or removes the removal finalizer, guarded by the resourceVersion read.
@@ -28,20 +32,40 @@ pub async fn set_finalizer(
     m: &TalosMachine,
     present: bool,
 ) -> Result<(), kube::Error> {
-    let mut finalizers = m.metadata.finalizers.clone().unwrap_or_default();
-    finalizers.retain(|f| f != REMOVAL_FINALIZER);
+    set_finalizer_of(ctx, m, REMOVAL_FINALIZER, present).await
+}
+
+/// Adds or removes one finalizer of a namespaced object with a merge patch guarded by the
+/// resourceVersion read (a conflict means someone else wrote first: reconcile again).
+pub async fn set_finalizer_of<K>(
+    ctx: &Context,
+    obj: &K,
+    finalizer: &str,
+    present: bool,
+) -> Result<(), kube::Error>
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let meta = obj.meta();
+    let mut finalizers = meta.finalizers.clone().unwrap_or_default();
+    finalizers.retain(|f| f != finalizer);
     if present {
-        finalizers.push(REMOVAL_FINALIZER.into());
+        finalizers.push(finalizer.into());
     }
     let body = serde_json::json!({
         "metadata": {
             "finalizers": finalizers,
-            "resourceVersion": m.metadata.resource_version,
+            "resourceVersion": meta.resource_version,
         }
     });
-    let api: Api<TalosMachine> = Api::namespaced(ctx.client.clone(), m.namespace());
+    let ns = meta.namespace.as_deref().unwrap_or_default();
+    let name = meta.name.as_deref().unwrap_or_default();
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
     match api
-        .patch(m.name(), &PatchParams::default(), &Patch::Merge(&body))
+        .patch(name, &PatchParams::default(), &Patch::Merge(&body))
         .await
     {
         Ok(_) => Ok(()),
