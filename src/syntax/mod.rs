@@ -566,7 +566,7 @@ fn describe(rule: &Rule) -> String {
         Rule::kw_true => "`true`",
         Rule::kw_false => "`false`",
         Rule::keyword => "a keyword",
-        Rule::WHITESPACE | Rule::COMMENT => "whitespace",
+        Rule::WHITESPACE => "whitespace",
         Rule::item => "`let`, `rule`, `allow` or `plan`",
         Rule::word => "a word",
         Rule::prefix | Rule::primary => "an expression",
