@@ -569,6 +569,12 @@ pub const ACTIONS: &[ActionInfo] = &[
         doc: "graceful Talos reset of the node, guarded against a second reset",
     },
     ActionInfo {
+        words: &["talos", "wipe"],
+        argument: None,
+        needs_message: false,
+        doc: "Talos reset of the node without leaving etcd first (not graceful), for a cluster torn down with its etcd; guarded against a second reset",
+    },
+    ActionInfo {
         words: &["event", "warning"],
         argument: Some("event reason"),
         needs_message: true,

@@ -346,6 +346,51 @@ async fn a_dead_member_is_removed_below_count_keeping_quorum() {
     assert_calls_granted(&w.api);
 }
 
+/// ADR 0010: deleting the TalosCluster is the one way to remove the last control plane.
+/// The deleted cluster stays until its machines are gone; they follow it without quorum
+/// or count refusals, without a drain, and their nodes are wiped (no graceful etcd leave:
+/// the last member could not leave).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_cluster_is_torn_down_with_all_its_control_planes() {
+    let w = World::start(&["cp-1", "cp-2", "cp-3"], 3).await;
+    let _c = w.controller();
+    w.finalized(&["cp-1", "cp-2", "cp-3"]).await;
+    wait_for("the teardown finalizer", WAIT, || {
+        get(&w.api, "TalosCluster", "prod").is_some_and(|c| {
+            c["metadata"]["finalizers"]
+                .as_array()
+                .is_some_and(|f| f.iter().any(|x| x == "ichor.maesh.dev/cluster-teardown"))
+        })
+    })
+    .await;
+    delete(&w.api, "TalosCluster", "prod").await;
+    wait_for("the cluster waits for its machines", WAIT, || {
+        cond(&w.api, "TalosCluster", "prod", "Teardown")
+            == Some(("True".into(), "WaitingForMachines".into()))
+    })
+    .await;
+    for n in ["cp-1", "cp-2", "cp-3"] {
+        delete(&w.api, "TalosMachine", n).await;
+    }
+    wait_for("every machine and the cluster gone", WAIT, || {
+        ["cp-1", "cp-2", "cp-3"]
+            .iter()
+            .all(|n| w.machine(n).is_none())
+            && get(&w.api, "TalosCluster", "prod").is_none()
+    })
+    .await;
+    for n in ["cp-1", "cp-2", "cp-3"] {
+        assert_eq!(w.talos.by_name(n).resets(), 1, "{n} wiped exactly once");
+        let node = get(&w.api, "Node", n).expect("node");
+        assert!(node["spec"]["unschedulable"].is_null(), "{n} drained");
+        assert!(
+            events(&w.api, n, "RemovalRefused").is_empty(),
+            "{n} refused"
+        );
+    }
+    assert_calls_granted(&w.api);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_killed_at_each_step_is_resumed_by_a_fresh_one() {
     let mut w = World::start(&["cp-1", "cp-2", "cp-3"], 3).await;

@@ -81,7 +81,7 @@ pub async fn reconcile(c: Arc<TalosCluster>, ctx: Arc<Context>) -> Result<Action
     if changed {
         let st = next.status.clone().unwrap_or_default();
         match status::patch_status::<TalosCluster>(&ctx.client, &ns, &name, &st).await {
-            Ok(()) => {}
+            Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => return Err(e.into()),
         }

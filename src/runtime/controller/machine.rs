@@ -81,15 +81,24 @@ pub async fn write_status(
     before: &TalosMachine,
     after: &TalosMachine,
 ) -> Result<(), ReconcileError> {
+    write_status_version(ctx, before, after).await.map(|_| ())
+}
+
+/// Like [`write_status`]; the machine's resourceVersion after the write, when it wrote.
+pub async fn write_status_version(
+    ctx: &Context,
+    before: &TalosMachine,
+    after: &TalosMachine,
+) -> Result<Option<String>, ReconcileError> {
     if before.status == after.status {
-        return Ok(());
+        return Ok(None);
     }
     let st = after.status.clone().unwrap_or_default();
     match status::patch_status::<TalosMachine>(&ctx.client, after.namespace(), after.name(), &st)
         .await
     {
-        Ok(()) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Ok(version) => Ok(version),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
         Err(e) => Err(e.into()),
     }
 }

@@ -85,7 +85,7 @@ pub async fn reconcile(
     if next.status != live.status {
         let st = next.status.clone().unwrap_or_default();
         match status::patch_status::<TalosOperation>(&ctx.client, &ns, &name, &st).await {
-            Ok(()) => {}
+            Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => return Err(e.into()),
         }

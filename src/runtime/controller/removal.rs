@@ -12,7 +12,7 @@
 use super::disruptive::{self, Refused, Work};
 use super::drain::{self, Drained};
 use super::lock::Renewal;
-use super::machine::{set_finalizer, write_status};
+use super::machine::{set_finalizer, write_status, write_status_version};
 use super::nodes::{self, NodeError};
 use super::status::{self, Conditions};
 use super::{Context, ReconcileError, held};
@@ -241,7 +241,9 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
         };
         status::set(next.conditions_mut(), REMOVAL, true, reason, &message);
         set_progress(&mut next, p.clone());
-        write_status(ctx, live, &next).await?;
+        if let Some(version) = write_status_version(ctx, live, &next).await? {
+            next.metadata.resource_version = Some(version);
+        }
     }
     // What the API server holds of the status now: each write compares with it.
     let mut written = next.clone();
@@ -271,7 +273,7 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
                     "RemovalRefused",
                     &why,
                 );
-                save(ctx, &mut written, &next).await?;
+                save(ctx, &mut written, &mut next).await?;
                 return Ok(Action::requeue(ctx.settings.refused_requeue));
             }
         };
@@ -290,7 +292,7 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
                 p.started = None;
                 p.started_at = None;
                 set_progress(&mut next, p.clone());
-                save(ctx, &mut written, &next).await?;
+                save(ctx, &mut written, &mut next).await?;
             }
             Step::Wait {
                 reason,
@@ -302,7 +304,7 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
                     .is_none_or(|c| c.reason.as_deref() != Some(reason));
                 status::set(next.conditions_mut(), REMOVAL, false, reason, &message);
                 set_progress(&mut next, p.clone());
-                save(ctx, &mut written, &next).await?;
+                save(ctx, &mut written, &mut next).await?;
                 if began && let Some((ev_reason, note)) = event {
                     ctx.event(live, true, ev_reason, note).await;
                 }
@@ -396,13 +398,16 @@ struct Record<'r> {
     p: &'r mut RemovalProgress,
 }
 
-/// Writes the status when it differs from what was written last.
+/// Writes the status when it differs from what was written last, and keeps the
+/// resourceVersion the write made (a later finalizer patch is guarded by it).
 async fn save(
     ctx: &Context,
     written: &mut TalosMachine,
-    next: &TalosMachine,
+    next: &mut TalosMachine,
 ) -> Result<(), ReconcileError> {
-    write_status(ctx, written, next).await?;
+    if let Some(version) = write_status_version(ctx, written, next).await? {
+        next.metadata.resource_version = Some(version);
+    }
     *written = next.clone();
     Ok(())
 }
@@ -538,7 +543,8 @@ async fn execute(
             ctx.event(live, *kind == "warning", &reason, note).await;
             Ok(Step::Done)
         }
-        ["talos", "reset"] => {
+        ["talos", action @ ("reset" | "wipe")] => {
+            let graceful = *action == "reset";
             let c = match nodes::client(ctx, live) {
                 Ok(c) => c,
                 Err(e) => return Ok(talos_wait(ctx, step, e)),
@@ -575,12 +581,15 @@ async fn execute(
             p.started_at = Some(Time(Timestamp::now()));
             set_progress(next, p.clone());
             save(ctx, written, next).await?;
-            if let Err(e) = c.reset(true, true).await {
+            if let Err(e) = c.reset(graceful, true).await {
                 // The node did not take it: it may be sent again.
                 p.started = None;
                 p.started_at = None;
                 return Ok(talos_wait(ctx, step, e.into()));
             }
+            // A wiped node is gone with its etcd: no deciding again (a graceful reset comes
+            // after the leave, which committed already).
+            p.committed = true;
             Ok(Step::Done)
         }
         ["release", "finalizer"] => {
@@ -592,7 +601,7 @@ async fn execute(
                 "the control plane was removed",
             );
             save(ctx, written, next).await?;
-            set_finalizer(ctx, live, false).await?;
+            set_finalizer(ctx, written, false).await?;
             Ok(Step::Done)
         }
         other => Ok(Step::Wait {

@@ -68,7 +68,7 @@ pub async fn patch_status<K>(
     namespace: &str,
     name: &str,
     status: &impl Serialize,
-) -> Result<(), kube::Error>
+) -> Result<Option<String>, kube::Error>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
@@ -79,7 +79,7 @@ where
     let body = serde_json::json!({ "status": status });
     api.patch_status(name, &PatchParams::default(), &Patch::Merge(&body))
         .await
-        .map(|_| ())
+        .map(|o| o.meta().resource_version.clone())
 }
 
 /// The statuses of the three kinds, as the controller writes them.
