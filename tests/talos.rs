@@ -15,7 +15,7 @@ use std::time::Duration;
 use talos::{Pki, TalosApi, VERSION_TAG};
 use tonic::Code;
 
-const SETTLE: Duration = Duration::from_secs(10);
+const SETTLE: Duration = Duration::from_secs(30);
 
 async fn cluster(n: usize) -> TalosApi {
     TalosApi::start(EtcdCluster::start(n).await).await

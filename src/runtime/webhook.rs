@@ -23,6 +23,22 @@ use tracing::Instrument;
 /// The most an AdmissionReview body may be (the API server caps objects near 3 MiB).
 pub const MAX_BODY: usize = 4 * 1024 * 1024;
 
+/// How much of a body over [`MAX_BODY`] is read and dropped before the refusal is sent.
+const DRAIN_LIMIT: u64 = 32 * 1024 * 1024;
+
+/// Reads a body to its end (or past [`DRAIN_LIMIT`]) and drops it.
+async fn drain(body: Body) {
+    use futures::StreamExt;
+    let mut stream = body.into_data_stream();
+    let mut seen = 0u64;
+    while let Some(Ok(chunk)) = stream.next().await {
+        seen += chunk.len() as u64;
+        if seen > DRAIN_LIMIT {
+            break;
+        }
+    }
+}
+
 /// What the handlers share.
 pub struct Webhook {
     pub rules: Arc<Rules>,
@@ -88,6 +104,23 @@ async fn validate(State(state): State<Arc<Webhook>>, headers: HeaderMap, body: B
         return json_error(
             StatusCode::BAD_REQUEST,
             &format!("expected Content-Type application/json, got {content_type:?}"),
+        );
+    }
+    // A declared length over the limit is refused without parsing; the body is read and
+    // dropped first (up to DRAIN_LIMIT), so the client, still writing, gets the answer
+    // instead of a broken connection.
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(n) = declared.filter(|&n| n > MAX_BODY as u64) {
+        state.metrics.bad_request();
+        if n <= DRAIN_LIMIT {
+            drain(body).await;
+        }
+        return json_error(
+            StatusCode::BAD_REQUEST,
+            &format!("the body is larger than {MAX_BODY} bytes ({n} declared)"),
         );
     }
     let bytes: Bytes = match axum::body::to_bytes(body, MAX_BODY).await {

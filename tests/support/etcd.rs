@@ -603,6 +603,9 @@ fn spawn_member(m: &Member, initial_cluster: &str, token: &str, state: &str) -> 
         .args(["--initial-cluster-token", token])
         .args(["--initial-cluster-state", state])
         .arg("--strict-reconfig-check=false")
+        // Twice etcd's defaults (100 ms, 1 s): on 2 shared cores running several clusters
+        // at once, a starved leader misses heartbeats and elections flap.
+        .args(["--heartbeat-interval", "250", "--election-timeout", "2500"])
         .args(["--logger", "zap", "--log-level", "error"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
