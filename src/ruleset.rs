@@ -35,9 +35,18 @@ pub enum LoadError {
     Empty { path: PathBuf },
 }
 
-/// The `.rules` files of each path (a file, or a folder read non-recursively), sorted.
+/// The `.rules` files of each path (a file, or a folder read non-recursively), sorted. A
+/// file named twice (`rules rules/admission.rules`) is read once.
 pub fn read_sources(paths: &[PathBuf]) -> Result<Vec<SourceFile>, LoadError> {
     let mut files = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut read_once = |p: &Path, files: &mut Vec<SourceFile>| -> Result<(), LoadError> {
+        let key = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        if seen.insert(key) {
+            files.push(read_one(p)?);
+        }
+        Ok(())
+    };
     for path in paths {
         let meta = std::fs::metadata(path).map_err(|source| LoadError::Io {
             path: path.clone(),
@@ -57,10 +66,10 @@ pub fn read_sources(paths: &[PathBuf]) -> Result<Vec<SourceFile>, LoadError> {
                 return Err(LoadError::Empty { path: path.clone() });
             }
             for p in found {
-                files.push(read_one(&p)?);
+                read_once(&p, &mut files)?;
             }
         } else {
-            files.push(read_one(path)?);
+            read_once(path, &mut files)?;
         }
     }
     Ok(files)

@@ -1,6 +1,6 @@
 //! `ichor-rules check`: diagnostics for people or for CI.
 
-use super::{EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, Format, colour};
+use super::{EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, Format, colour, emit};
 use crate::diagnostics::{render_human, to_json};
 use crate::ruleset::{build, read_sources};
 use std::path::PathBuf;
@@ -15,7 +15,7 @@ pub fn run(paths: &[PathBuf], format: Format, deny_warnings: bool) -> u8 {
     };
     let set = build(files);
     let (errors, warnings) = (set.errors(), set.warnings());
-    match format {
+    let text = match format {
         Format::Json => {
             let out = serde_json::json!({
                 "files": set.files.iter().map(|f| f.display_path()).collect::<Vec<_>>(),
@@ -23,13 +23,13 @@ pub fn run(paths: &[PathBuf], format: Format, deny_warnings: bool) -> u8 {
                 "warnings": warnings,
                 "diagnostics": to_json(&set.diagnostics, &set.files),
             });
-            println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+            serde_json::to_string_pretty(&out).unwrap_or_default() + "\n"
         }
         Format::Human => {
-            print!("{}", render_human(&set.diagnostics, &set.files, colour()));
             let rows = set.table.as_ref().map_or(0, |t| t.row_count());
-            println!(
-                "checked {} file{}: {errors} error{}, {warnings} warning{}{}",
+            format!(
+                "{}checked {} file{}: {errors} error{}, {warnings} warning{}{}\n",
+                render_human(&set.diagnostics, &set.files, colour()),
                 set.files.len(),
                 plural(set.files.len()),
                 plural(errors),
@@ -39,8 +39,11 @@ pub fn run(paths: &[PathBuf], format: Format, deny_warnings: bool) -> u8 {
                 } else {
                     String::new()
                 }
-            );
+            )
         }
+    };
+    if let Err(code) = emit(&text) {
+        return code;
     }
     if errors > 0 || (deny_warnings && warnings > 0) {
         EXIT_FINDINGS

@@ -1,6 +1,6 @@
 //! `ichor-rules eval` and `explain`: one decision, offline, with the code the operator runs.
 
-use super::{EXIT_BAD_INPUT, EXIT_OK};
+use super::{EXIT_BAD_INPUT, EXIT_OK, emit};
 use crate::diagnostics::render_human;
 use crate::interp::Decision;
 use crate::interp::explain;
@@ -99,14 +99,18 @@ pub fn run(args: &EvalArgs, explain: bool) -> u8 {
             } else {
                 "verdict: refused (every matching refusal is reported)".to_string()
             };
-            print!(
-                "{}",
-                explain::render(table, &header, &traces, &decision, &line)
-            );
+            let text = explain::render(table, &header, &traces, &decision, &line);
+            if let Err(code) = emit(&text) {
+                return code;
+            }
         } else {
             let review = respond(&req, &decision);
             match serde_json::to_string_pretty(&review) {
-                Ok(s) => println!("{s}"),
+                Ok(s) => {
+                    if let Err(code) = emit(&(s + "\n")) {
+                        return code;
+                    }
+                }
                 Err(e) => return bad(format!("cannot write the response: {e}")),
             }
         }
@@ -135,25 +139,27 @@ pub fn run(args: &EvalArgs, explain: bool) -> u8 {
     if explain {
         let header = format!("controller: reconcile {ns}/{name}");
         let line = format!("verdict: {}", verdict_word(&decision));
-        print!(
-            "{}",
-            explain::render(table, &header, &traces, &decision, &line)
-        );
+        let mut text = explain::render(table, &header, &traces, &decision, &line);
         if events
             .iter()
             .any(|e| e.event.1 == crate::vocab::Subject::ControlPlane)
         {
-            println!(
-                "note: offline, `member.dead` is read from the machine's conditions; the controller asks etcd"
+            text.push_str(
+                "note: offline, `member.dead` is read from the machine's conditions; the controller asks etcd\n",
             );
         }
-        return EXIT_OK;
+        return match emit(&text) {
+            Ok(()) => EXIT_OK,
+            Err(code) => code,
+        };
     }
     match serde_json::to_string_pretty(&reconcile_json(&decision)) {
-        Ok(s) => println!("{s}"),
-        Err(e) => return bad(format!("cannot write the decision: {e}")),
+        Ok(s) => match emit(&(s + "\n")) {
+            Ok(()) => EXIT_OK,
+            Err(code) => code,
+        },
+        Err(e) => bad(format!("cannot write the decision: {e}")),
     }
-    EXIT_OK
 }
 
 fn reconcile_events<'s>(
@@ -195,6 +201,5 @@ pub fn reconcile_json(d: &Decision) -> serde_json::Value {
         "reason": deciding.iter().find_map(|f| f.reason.clone()),
         "message": message,
         "rules": deciding.iter().map(|f| f.rule.clone()).collect::<Vec<_>>(),
-        "warnings": d.warnings.iter().map(|f| f.message.clone()).collect::<Vec<_>>(),
     })
 }

@@ -90,6 +90,25 @@ fn default_paths(paths: Vec<PathBuf>) -> Vec<PathBuf> {
     }
 }
 
+/// Writes to standard output. A reader that went away (`| head`) ends the output quietly;
+/// any other failure (a full disk) is one line on stderr and exit 2. Never a panic, which
+/// `print!` would be.
+fn emit(text: &str) -> Result<(), u8> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => {
+            eprintln!("error: cannot write to standard output: {e}");
+            Err(EXIT_BAD_INPUT)
+        }
+    }
+}
+
 /// Whether to colour output written to stdout.
 fn colour() -> bool {
     use std::io::IsTerminal;

@@ -1,6 +1,6 @@
 //! `ichor-rules table`: the compiled decision table, as reviewers read it.
 
-use super::{EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, Format, colour};
+use super::{EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, Format, colour, emit};
 use crate::compile::Table;
 use crate::diagnostics::render_human;
 use crate::ruleset::load;
@@ -21,14 +21,14 @@ pub fn run(paths: &[PathBuf], format: Format) -> u8 {
         eprintln!("error: the rules have errors; no table was built");
         return EXIT_FINDINGS;
     };
-    match format {
-        Format::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&to_json(table)).unwrap_or_default()
-        ),
-        Format::Human => print!("{}", to_text(table, colour())),
+    let text = match format {
+        Format::Json => serde_json::to_string_pretty(&to_json(table)).unwrap_or_default() + "\n",
+        Format::Human => to_text(table, colour()),
+    };
+    match emit(&text) {
+        Ok(()) => EXIT_OK,
+        Err(code) => code,
     }
-    EXIT_OK
 }
 
 /// The table as JSON: groups of rows, plans, and the events `allow` covers.

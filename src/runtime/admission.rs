@@ -59,7 +59,7 @@ pub fn parse_review(body: &[u8]) -> Result<Request, ReviewError> {
         .and_then(|v| v.as_str())
         .unwrap_or("");
     let kind = value.get("kind").and_then(|v| v.as_str()).unwrap_or("");
-    if kind != "AdmissionReview" || !api_version.starts_with("admission.k8s.io/") {
+    if kind != "AdmissionReview" || api_version != "admission.k8s.io/v1" {
         return Err(ReviewError::NotReview(format!(
             "expected apiVersion admission.k8s.io/v1 and kind AdmissionReview, found {:?} {:?}",
             api_version, kind
@@ -90,6 +90,30 @@ pub fn parse_review(body: &[u8]) -> Result<Request, ReviewError> {
     };
     let (mut old, mut new) = (None, None);
     if let Some(kind) = kind {
+        // What the API server always sends: a request without it cannot be decided, and
+        // deciding it as "no change" would let it through.
+        let (needs_old, needs_new) = match inner.operation {
+            Operation::Create => (false, true),
+            Operation::Update => (true, true),
+            Operation::Delete => (true, false),
+            Operation::Connect => (false, false),
+        };
+        for (which, needed, present) in [
+            ("oldObject", needs_old, inner.old_object.is_some()),
+            ("object", needs_new, inner.object.is_some()),
+        ] {
+            if needed && !present {
+                let op = match inner.operation {
+                    Operation::Create => "CREATE",
+                    Operation::Update => "UPDATE",
+                    Operation::Delete => "DELETE",
+                    Operation::Connect => "CONNECT",
+                };
+                return Err(ReviewError::NotReview(format!(
+                    "a {op} of a {kind} carries `request.{which}`, and it is missing"
+                )));
+            }
+        }
         old = typed(kind, "oldObject", inner.old_object.as_ref(), &namespace)?;
         new = typed(kind, "object", inner.object.as_ref(), &namespace)?;
     }
