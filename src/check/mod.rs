@@ -95,10 +95,11 @@ pub fn check_with(files: &[SourceFile], lints: bool) -> CheckResult {
     let mut diags = Vec::new();
     let mut parsed = Vec::new();
     for (i, f) in files.iter().enumerate() {
-        match crate::syntax::parse(i, &f.text) {
-            Ok(ast) => parsed.push((i, ast)),
-            Err(ds) => diags.extend(ds),
-        }
+        // Every syntax error, and the statements that parsed, so their own errors are
+        // found too (no table is built while any error stands).
+        let (ast, ds) = crate::syntax::parse_recovering(i, &f.text);
+        diags.extend(ds);
+        parsed.push((i, ast));
     }
     let mut program = Program::default();
     let mut rule_names: HashMap<String, (usize, Span)> = HashMap::new();
@@ -1016,6 +1017,10 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             return ty;
         }
         let Some(fact) = Fact::lookup(n) else {
+            if self.ast.broken_lets.iter().any(|b| b == n) {
+                // Its `let` has a syntax error, reported already.
+                return Ty::Error;
+            }
             let mut candidates: Vec<&str> = FACTS.iter().map(|f| f.name).collect();
             candidates.extend(self.lets.keys().copied());
             let mut d = Diagnostic::error(

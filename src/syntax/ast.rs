@@ -44,6 +44,9 @@ pub struct Ident {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct File {
     pub items: Vec<Item>,
+    /// Names of `let`s left out because their statement has a syntax error: the checker
+    /// does not report them as unknown where they are used.
+    pub broken_lets: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -18,32 +18,132 @@ struct RulesParser;
 /// Parses one rule file. On a syntax error the file yields no AST and one diagnostic (pest
 /// stops at the first syntax error); lowering problems (an integer too large) are collected.
 pub fn parse(file_id: usize, text: &str) -> Result<File, Vec<Diagnostic>> {
-    if let Some(at) = too_deep(text) {
-        return Err(vec![
-            Diagnostic::error(
-                "ichor::syntax::too_complex",
-                file_id,
-                Span::new(at, at + 1),
-                format!("parentheses nest deeper than {MAX_NESTING} levels"),
-            )
-            .label("too deep")
-            .help("split the condition into `let` definitions"),
-        ]);
-    }
-    let pairs = match RulesParser::parse(Rule::file, text) {
-        Ok(p) => p,
-        Err(e) => return Err(vec![syntax_error(file_id, text, e)]),
-    };
-    let mut lower = Lower {
-        file: file_id,
-        errors: Vec::new(),
-    };
-    let file = lower.file(pairs);
-    if lower.errors.is_empty() {
+    let (file, errors) = parse_recovering(file_id, text);
+    if errors.is_empty() {
         Ok(file)
     } else {
-        Err(lower.errors)
+        Err(errors)
     }
+}
+
+/// The most syntax errors reported for one file.
+const MAX_SYNTAX_ERRORS: usize = 50;
+
+/// Parses one rule file, reporting every syntax error rather than the first: a statement
+/// with an error is reported, then blanked out (same length, newlines kept, so every span
+/// stays true), and the file parsed again. The AST holds the statements that parsed; the
+/// checker can still find their own errors.
+pub fn parse_recovering(file_id: usize, text: &str) -> (File, Vec<Diagnostic>) {
+    let empty = || File {
+        items: Vec::new(),
+        broken_lets: Vec::new(),
+    };
+    if let Some(at) = too_deep(text) {
+        let d = Diagnostic::error(
+            "ichor::syntax::too_complex",
+            file_id,
+            Span::new(at, at + 1),
+            format!("parentheses nest deeper than {MAX_NESTING} levels"),
+        )
+        .label("too deep")
+        .help("split the condition into `let` definitions");
+        return (empty(), vec![d]);
+    }
+    let mut errors = Vec::new();
+    let mut broken_lets = Vec::new();
+    let mut blanked: Option<String> = None;
+    loop {
+        let current = blanked.as_deref().unwrap_or(text);
+        match RulesParser::parse(Rule::file, current) {
+            Ok(pairs) => {
+                let mut lower = Lower {
+                    file: file_id,
+                    errors: Vec::new(),
+                };
+                let mut file = lower.file(pairs);
+                file.broken_lets = broken_lets;
+                errors.extend(lower.errors);
+                return (file, errors);
+            }
+            Err(e) => {
+                let at = match e.location {
+                    pest::error::InputLocation::Pos(p) => p,
+                    pest::error::InputLocation::Span((p, _)) => p,
+                };
+                errors.push(syntax_error(file_id, current, e));
+                let (start, end) = statement_around(current, at);
+                if errors.len() >= MAX_SYNTAX_ERRORS || start >= end {
+                    return (empty(), errors);
+                }
+                if let Some(name) = let_name(&current[start..end]) {
+                    broken_lets.push(name);
+                }
+                let mut bytes = current.as_bytes().to_vec();
+                for b in &mut bytes[start..end] {
+                    if *b != b'\n' {
+                        *b = b' ';
+                    }
+                }
+                // Whole characters were replaced by ASCII spaces: still UTF-8.
+                match String::from_utf8(bytes) {
+                    Ok(s) => blanked = Some(s),
+                    Err(_) => return (empty(), errors),
+                }
+            }
+        }
+    }
+}
+
+/// Where statements start: lines whose first word is `let`, `rule`, `allow` or `plan`.
+fn statement_starts(text: &str) -> Vec<usize> {
+    let mut starts = Vec::new();
+    let mut line = 0;
+    for l in text.split_inclusive('\n') {
+        let indent = l.len() - l.trim_start().len();
+        let word: String = l[indent..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
+            .collect();
+        if matches!(word.as_str(), "let" | "rule" | "allow" | "plan") {
+            starts.push(line + indent);
+        }
+        line += l.len();
+    }
+    starts
+}
+
+/// The statement holding a syntax error at `at`: from the statement start before it to
+/// the next one. An error found at a statement's first word (the one before it ended too
+/// soon) belongs to the statement before.
+fn statement_around(text: &str, at: usize) -> (usize, usize) {
+    let starts = statement_starts(text);
+    if starts.contains(&at) {
+        let start = starts.iter().rev().find(|&&s| s < at).copied().unwrap_or(0);
+        return (start, at);
+    }
+    let start = starts
+        .iter()
+        .rev()
+        .find(|&&s| s <= at)
+        .copied()
+        .unwrap_or(0);
+    let end = starts
+        .iter()
+        .find(|&&s| s > at)
+        .copied()
+        .unwrap_or(text.len());
+    (start, end)
+}
+
+/// The name a broken `let` statement defines, when its first words say it.
+fn let_name(statement: &str) -> Option<String> {
+    let rest = statement.trim_start().strip_prefix("let")?;
+    let name: String = rest
+        .trim_start()
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '.')
+        .collect();
+    (!name.is_empty() && rest.starts_with(char::is_whitespace)).then_some(name)
 }
 
 /// Parses a standalone expression (used by tests and by `--set`-style tools).
@@ -170,7 +270,10 @@ impl Lower {
     fn file(&mut self, mut pairs: Pairs<'_, Rule>) -> File {
         let mut items = Vec::new();
         let Some(file) = pairs.next() else {
-            return File { items };
+            return File {
+                items,
+                broken_lets: Vec::new(),
+            };
         };
         for p in file.into_inner() {
             match p.as_rule() {
@@ -181,7 +284,10 @@ impl Lower {
                 _ => {}
             }
         }
-        File { items }
+        File {
+            items,
+            broken_lets: Vec::new(),
+        }
     }
 
     fn let_def(&mut self, p: Pair<'_, Rule>) -> LetDef {
@@ -737,7 +843,42 @@ fn syntax_help(expected: &[String], rest: &str) -> Option<String> {
     if expected.iter().any(|e| e.starts_with("a verdict")) {
         return Some("a rule reads `rule name refuse|hold|warn <verb> <subject> when ...`".into());
     }
-    None
+    if CLAUSE_KEYWORDS.contains(&word.as_str()) {
+        return Some(format!(
+            "`{word}` starts the next clause or statement, so the one before it is incomplete"
+        ));
+    }
+    if expects("`)`") {
+        return Some("close the `(` opened earlier in this expression".into());
+    }
+    if expects("`\"`") && expected.len() == 1 {
+        return Some("a message is text in double quotes: say \"...\"".into());
+    }
+    if expects("a verb") || expects("a subject") {
+        return Some(format!(
+            "a rule reads `rule name refuse|hold|warn <verb>[, <verb>] <subject> [at webhook|controller] ...`; the verbs are {}",
+            crate::vocab::verb_words().join(", ")
+        ));
+    }
+    if expects("a name") && expects("an integer") {
+        return Some(
+            "an operand goes here: a fact or `let` name, a number, a string, `true`/`false`, `(`, or `not`/`-` before one"
+                .into(),
+        );
+    }
+    if expects("an operator") || expects("an expression") {
+        return Some(
+            "an expression joins facts, `let` names, numbers and strings with operators: `approved - 1 < count and not cluster.deleting`"
+                .into(),
+        );
+    }
+    if rest.is_empty() {
+        return Some("the file ends in the middle of a statement; finish it".into());
+    }
+    Some(
+        "see the rule author's guide (docs/rules.md) for the shape of `let`, `rule`, `allow` and `plan`"
+            .into(),
+    )
 }
 
 fn parse_keyword(word: &str) -> bool {
@@ -753,6 +894,32 @@ mod tests {
             Ok(e) => e.to_string(),
             Err(d) => format!("error: {}", d[0].message),
         }
+    }
+
+    #[test]
+    fn every_syntax_error_has_a_help_line_and_all_are_reported() {
+        for text in [
+            "rule",
+            "rule r refuse remove worker say x",
+            "rule r refuse remove worker when (approved == 1 say \"x\"",
+            "allow leave",
+            "plan",
+            "let a =",
+            "rule r refuse remove worker when approved === 1 say \"x\"",
+            "rule r hold apply controlplane reason say \"x\"",
+            "refuse",
+            "rule r refuse remove worker when approved 1 say \"x\"",
+        ] {
+            let (_, ds) = parse_recovering(0, text);
+            assert!(!ds.is_empty(), "{text}");
+            for d in &ds {
+                assert!(d.help.is_some(), "{text}: {} has no help", d.message);
+            }
+        }
+        let two = "rule a refuse remove worker when say \"x\"\nrule b refuse remove worker when workers << 1 say \"y\"\nrule c refuse remove worker when workers < 1 say \"z\"\n";
+        let (file, ds) = parse_recovering(0, two);
+        assert_eq!(ds.len(), 2, "{ds:#?}");
+        assert_eq!(file.items.len(), 1, "rule c parsed");
     }
 
     #[test]
