@@ -25,6 +25,9 @@ pub(super) fn run(files: &[SourceFile], program: &Program, diags: &mut Vec<Diagn
         .zip(&shapes)
         .map(|(rule, shape)| lint_rule(rule, shape, diags))
         .collect();
+    for rule in &program.rules {
+        lint_placeholders(rule, diags);
+    }
     subsumption(files, program, &shapes, &witnesses, diags);
     coverage(files, program, diags);
 }
@@ -152,6 +155,77 @@ fn outcome<'a>(
         None => false,
     };
     Ok((when, unless, when && !unless))
+}
+
+/// A message's placeholders are evaluated whenever the rule fires: over the facts'
+/// domains, where it fires, none may divide by zero or overflow (it would read
+/// `<division by zero>` in a refusal).
+fn lint_placeholders(rule: &CheckedRule, diags: &mut Vec<Diagnostic>) {
+    let placeholders: Vec<&Expr> = rule
+        .message
+        .parts
+        .iter()
+        .filter_map(|p| match p {
+            crate::syntax::ast::MessagePart::Placeholder(e) => Some(e),
+            crate::syntax::ast::MessagePart::Text(_) => None,
+        })
+        .filter(|e| has_arithmetic(e))
+        .collect();
+    if placeholders.is_empty() {
+        return;
+    }
+    let mut shape = Shape::of(rule);
+    for e in &placeholders {
+        shape.collect(e);
+    }
+    let Some(a) = Assignments::new(&shape.facts, &shape.literals) else {
+        return;
+    };
+    for n in 0..a.total() {
+        if !matches!(outcome(rule, &a, n), Ok((_, _, true))) {
+            continue;
+        }
+        let mut get = |f: Fact| a.value(n, f);
+        for e in &placeholders {
+            if let Err(err @ (EvalError::DivisionByZero | EvalError::Overflow)) = eval(e, &mut get)
+            {
+                let facts: Vec<String> = a
+                    .facts
+                    .iter()
+                    .filter_map(|f| a.value(n, *f).ok().map(|v| format!("{f} = {}", show(v))))
+                    .collect();
+                diags.push(
+                    Diagnostic::error(
+                        "ichor::check::arithmetic",
+                        rule.file,
+                        e.span,
+                        format!("the message of `{}` can fail with {err}", rule.name),
+                    )
+                    .label(if facts.is_empty() {
+                        "always".to_string()
+                    } else {
+                        format!("when {}", facts.join(", "))
+                    })
+                    .help(
+                        "compute it without the division, or guard the rule so it cannot fire then",
+                    ),
+                );
+                return;
+            }
+        }
+    }
+}
+
+/// Whether an expression does integer arithmetic that can fail.
+fn has_arithmetic(e: &Expr) -> bool {
+    match &e.kind {
+        ExprKind::Binary(op, l, r) => {
+            use crate::syntax::ast::BinOp::*;
+            matches!(op, Add | Sub | Mul | Div | Mod) || has_arithmetic(l) || has_arithmetic(r)
+        }
+        ExprKind::Unary(_, i) => has_arithmetic(i),
+        _ => false,
+    }
 }
 
 fn lint_rule<'a>(
