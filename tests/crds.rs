@@ -86,13 +86,9 @@ fn schemas_validate_the_closed_values() {
 
     let machine = schema(crd(&all, "talosmachines"));
     let role = &machine["properties"]["spec"]["properties"]["role"];
-    let roles: Vec<&str> = role["enum"]
-        .as_array()
-        .expect("role is an enum")
-        .iter()
-        .filter_map(|v| v.as_str())
-        .collect();
-    assert_eq!(roles, ["controlplane", "worker"]);
+    // Exactly the two roles: no `null` among them, and not nullable.
+    assert_eq!(role["enum"], serde_json::json!(["controlplane", "worker"]));
+    assert!(role.get("nullable").is_none(), "{role}");
     let spec = &machine["properties"]["spec"]["properties"];
     for field in [
         "clusterRef",

@@ -73,6 +73,15 @@ pub struct ApprovalDecision {
 }
 
 /// A machine (a Talos node) of a cluster: its role and whether it is approved to join.
+/// `spec.role`: exactly `controlplane` or `worker` (the field may be absent, not null).
+fn role_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "enum": ["controlplane", "worker"],
+        "description": "The role of the machine: controlplane or worker."
+    })
+}
+
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "ichor.maesh.dev",
@@ -97,7 +106,9 @@ pub struct ApprovalDecision {
 pub struct MachineSpec {
     #[serde(default)]
     pub cluster_ref: ClusterRef,
+    /// controlplane or worker; absent while a discovered machine has none yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "role_schema")]
     pub role: Option<Role>,
     #[serde(default)]
     pub approved: bool,
