@@ -803,3 +803,42 @@ fn a_file_named_twice_is_read_once() {
         out.stdout
     );
 }
+
+/// What the CRDs' schemas enforce in a cluster is enforced on an objects file too: one
+/// line naming the file and the object, exit 2.
+#[test]
+fn objects_the_crds_would_refuse_are_bad_input() {
+    let dir = scratch("invalid-objects");
+    let cluster = |spec: &str| {
+        format!(
+            "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosCluster\nmetadata: {{name: prod, namespace: infra}}\nspec: {spec}\n"
+        )
+    };
+    for (text, says) in [
+        (cluster("{controlPlane: {count: 2}}"), "must be 1, 3 or 5"),
+        (cluster("{controlPlane: {count: 3}, schedulable: maybe}"), "\"true\" or \"false\""),
+        (
+            cluster("{controlPlane: {count: 3}}").replace("v1alpha1", "v1beta1"),
+            "is not served",
+        ),
+        ("apiVersion: v1\nkind: List\nitems: 3\n".to_string(), "`items` must be a list"),
+        (
+            "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosOperation\nmetadata: {name: o, namespace: infra}\nspec: {clusterRef: {name: prod}, kind: explode}\n".to_string(),
+            "must be one of",
+        ),
+    ] {
+        let objects = dir.join("objects.yaml");
+        std::fs::write(&objects, &text).unwrap();
+        let out = run(&[
+            "eval",
+            "--objects",
+            objects.to_str().unwrap(),
+            "--review",
+            &fixture("review-delete-w1-allowed.json"),
+        ]);
+        assert_eq!(out.code, 2, "{text}: {}", out.stdout);
+        assert!(out.stderr.contains(says), "{text}: {}", out.stderr);
+        assert!(out.stderr.contains("objects.yaml"), "{}", out.stderr);
+        assert_eq!(out.stderr.trim().lines().count(), 1, "{}", out.stderr);
+    }
+}

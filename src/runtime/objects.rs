@@ -8,6 +8,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize};
 
 pub const GROUP: &str = "ichor.maesh.dev";
+/// The one version the CRDs serve.
+pub const API_VERSION: &str = "ichor.maesh.dev/v1alpha1";
 pub const VERSION: &str = "v1alpha1";
 /// The annotation a person sets to say a delete is meant.
 pub const ALLOW_DELETE_ANNOTATION: &str = "ichor.maesh.dev/allow-delete";
@@ -515,6 +517,11 @@ pub fn object_from_value(value: serde_json::Value) -> Result<Option<Object>, Str
     let Some(kind) = our_kind(api_version, kind) else {
         return Ok(None);
     };
+    if api_version != API_VERSION {
+        return Err(format!(
+            "apiVersion {api_version} is not served; the CRDs serve {API_VERSION}"
+        ));
+    }
     typed_object(kind, value).map(Some)
 }
 
@@ -523,12 +530,48 @@ pub fn typed_object(kind: &str, value: serde_json::Value) -> Result<Object, Stri
     fn de<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T, String> {
         serde_json::from_value(v).map_err(|e| e.to_string())
     }
-    match kind {
+    let object = match kind {
         "TalosMachine" => de(value).map(Object::Machine),
         "TalosCluster" => de(value).map(Object::Cluster),
         "TalosOperation" => de(value).map(Object::Operation),
         other => Err(format!("`{other}` is not a kind ichor-rules decides about")),
+    }?;
+    validate(&object)?;
+    Ok(object)
+}
+
+/// What the CRDs' schemas enforce in a cluster, enforced on objects read from files (and
+/// on the objects of a review, which the API server validated before asking).
+fn validate(object: &Object) -> Result<(), String> {
+    match object {
+        Object::Cluster(c) => {
+            let count = c.spec.control_plane.count;
+            if ![1, 3, 5].contains(&count) {
+                return Err(format!(
+                    "spec.controlPlane.count is {count}; it must be 1, 3 or 5"
+                ));
+            }
+            if let Some(s) = c.spec.schedulable.as_deref()
+                && s != "true"
+                && s != "false"
+            {
+                return Err(format!(
+                    "spec.schedulable is {s:?}; it must be \"true\" or \"false\""
+                ));
+            }
+        }
+        Object::Operation(o) => {
+            let kind = o.spec.kind.as_str();
+            if !crate::vocab::OPERATION_KINDS.contains(&kind) {
+                return Err(format!(
+                    "spec.kind is {kind:?}; it must be one of {}",
+                    crate::vocab::OPERATION_KINDS.join(", ")
+                ));
+            }
+        }
+        Object::Machine(_) => {}
     }
+    Ok(())
 }
 
 /// Loads the objects of a YAML stream: several documents, or `kind: List` with `items`.
@@ -559,7 +602,14 @@ pub fn load_snapshot(text: &str) -> Result<Snapshot, LoadError> {
         {
             match json.get("items") {
                 Some(serde_json::Value::Array(items)) => items.clone(),
-                _ => Vec::new(),
+                Some(serde_json::Value::Null) | None => Vec::new(),
+                Some(_) => {
+                    return Err(LoadError::Object {
+                        doc: doc_no,
+                        what: " (List)".into(),
+                        message: "`items` must be a list of objects".into(),
+                    });
+                }
             }
         } else {
             vec![json]
