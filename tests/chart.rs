@@ -1345,3 +1345,51 @@ fn the_notes_list_every_write_refused_while_the_webhook_is_down() {
     assert!(preferred.contains("(2 wanted):"), "{preferred}");
     assert!(!preferred.contains("different nodes"), "{preferred}");
 }
+
+// ---------------------------------------------------------------------------------------
+// What the values and the operator's guide tell.
+
+/// `text` with its line breaks and comment markers folded into single spaces.
+fn flat(text: &str) -> String {
+    text.split_whitespace()
+        .filter(|w| *w != "#")
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn the_values_and_the_guide_explain_shutdown_and_switching_off_cert_manager() {
+    let values = flat(&std::fs::read_to_string(format!("{CHART}/values.yaml")).expect("values"));
+    let guide = flat(&std::fs::read_to_string("docs/operators.md").expect("guide"));
+    for (what, text) in [("values.yaml", &values), ("docs/operators.md", &guide)] {
+        for says in [
+            "preStopSleepSeconds",
+            "terminationGracePeriodSeconds",
+            "Kubernetes 1.30",
+            "delete secret",
+        ] {
+            assert!(text.contains(says), "{what} lacks {says:?}");
+        }
+    }
+    // The commented defaults are the rendered ones.
+    assert!(values.contains("preStopSleepSeconds: 10"));
+    assert!(values.contains("terminationGracePeriodSeconds: 30"));
+    assert!(
+        values.contains("Switching from true to false: first delete the Secret cert-manager wrote, kubectl -n <namespace> delete secret <fullname>-tls"),
+        "values.yaml: certManager.enabled"
+    );
+    assert!(
+        guide.contains("Switching `certManager.enabled` from `true` to `false`**: delete the Secret cert-manager wrote first, `kubectl -n ichor-system delete secret ichor-rules-tls`"),
+        "docs/operators.md: switching cert-manager off"
+    );
+    // The guide names the cluster-scoped objects as the chart renders them.
+    let objs = parse(&template_in("ichor-system", &[]).expect("renders"));
+    let vwc = one(&objs, "ValidatingWebhookConfiguration")["metadata"]["name"]
+        .as_str()
+        .expect("name")
+        .to_string();
+    assert_eq!(vwc, format!("{FULLNAME}-ichor-system"));
+    assert!(guide.contains("validatingwebhookconfiguration ichor-rules-ichor-system"));
+    assert!(!guide.contains("validatingwebhookconfiguration ichor-rules "));
+    assert!(!guide.contains("validatingwebhookconfiguration ichor-rules`"));
+}
