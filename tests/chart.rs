@@ -8,7 +8,7 @@
 //! tests fail, saying how to install it: they never skip.
 
 use ichor_rules::ruleset::{load, read_sources};
-use ichor_rules::runtime::access::{REQUIRED, Scope};
+use ichor_rules::runtime::access::{Access, REQUIRED, Scope, WEBHOOK};
 use ichor_rules::runtime::tls::ReloadingCert;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
@@ -59,8 +59,13 @@ fn helm() -> PathBuf {
 
 /// `helm template` with extra arguments; the output, or helm's error text.
 fn template(args: &[&str]) -> Result<String, String> {
+    template_in(NAMESPACE, args)
+}
+
+/// `helm template` of RELEASE into `namespace`.
+fn template_in(namespace: &str, args: &[&str]) -> Result<String, String> {
     let out = Command::new(helm())
-        .args(["template", RELEASE, CHART, "--namespace", NAMESPACE])
+        .args(["template", RELEASE, CHART, "--namespace", namespace])
         .args(args)
         .output()
         .expect("helm runs");
@@ -256,7 +261,7 @@ fn the_charts_rules_are_a_copy_of_rules() {
 }
 
 // ---------------------------------------------------------------------------------------
-// RBAC: exactly REQUIRED.
+// RBAC: exactly REQUIRED with the controller, exactly WEBHOOK without it.
 
 type Grant = (Scope, String, String, String);
 
@@ -288,8 +293,11 @@ fn grants(rules: &Value, scope: Scope) -> Vec<Grant> {
 }
 
 fn required() -> BTreeSet<Grant> {
-    REQUIRED
-        .iter()
+    grant_set(REQUIRED)
+}
+
+fn grant_set(list: &[Access]) -> BTreeSet<Grant> {
+    list.iter()
         .flat_map(|a| {
             a.verbs.iter().map(move |v| {
                 (
@@ -303,27 +311,50 @@ fn required() -> BTreeSet<Grant> {
         .collect()
 }
 
+/// Whether the rendering runs the controller (no `--no-controller`).
+fn runs_controller(objs: &[Value]) -> bool {
+    !args(objs).iter().any(|a| a == "--no-controller")
+}
+
+/// The ClusterRole's and (if any) the Role's grants; asserts none is granted twice.
+fn granted(name: &str, objs: &[Value]) -> BTreeSet<Grant> {
+    let mut got = grants(&one(objs, "ClusterRole")["rules"], Scope::Cluster);
+    for role in all(objs, "Role") {
+        assert_eq!(role["metadata"]["namespace"], NAMESPACE, "{name}");
+        got.extend(grants(&role["rules"], Scope::LeaseNamespace));
+    }
+    let set: BTreeSet<Grant> = got.iter().cloned().collect();
+    assert_eq!(got.len(), set.len(), "{name}: a verb granted twice");
+    set
+}
+
 #[test]
 fn rbac_grants_exactly_the_required_api_calls() {
-    let want = required();
+    let mut modes = BTreeSet::new();
     for (name, objs) in scenarios() {
-        let cluster_role = one(&objs, "ClusterRole");
-        let role = one(&objs, "Role");
-        assert_eq!(role["metadata"]["namespace"], NAMESPACE, "{name}");
-        let mut got = grants(&cluster_role["rules"], Scope::Cluster);
-        got.extend(grants(&role["rules"], Scope::LeaseNamespace));
-        let got_set: BTreeSet<Grant> = got.iter().cloned().collect();
-        assert_eq!(got.len(), got_set.len(), "{name}: a verb granted twice");
+        let controller = runs_controller(&objs);
+        modes.insert(controller);
+        let (want, list) = if controller {
+            (required(), "REQUIRED")
+        } else {
+            (grant_set(WEBHOOK), "WEBHOOK")
+        };
+        let got_set = granted(&name, &objs);
         let extra: Vec<_> = got_set.difference(&want).collect();
         let missing: Vec<_> = want.difference(&got_set).collect();
         assert!(
             extra.is_empty() && missing.is_empty(),
-            "{name}: the chart's RBAC differs from runtime::access::REQUIRED\n  granted but not required: {extra:?}\n  required but not granted: {missing:?}"
+            "{name}: the chart's RBAC differs from runtime::access::{list}\n  granted but not required: {extra:?}\n  required but not granted: {missing:?}"
         );
 
         // Each role is bound to the pods' ServiceAccount, in the release namespace.
         let sa = one(&objs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"].clone();
-        for (binding, target) in [("ClusterRoleBinding", cluster_role), ("RoleBinding", role)] {
+        let cluster_role = one(&objs, "ClusterRole");
+        let mut pairs = vec![("ClusterRoleBinding", cluster_role)];
+        if controller {
+            pairs.push(("RoleBinding", one(&objs, "Role")));
+        }
+        for (binding, target) in pairs {
             let b = one(&objs, binding);
             assert_eq!(b["roleRef"]["kind"], target["kind"], "{name}");
             assert_eq!(b["roleRef"]["name"], target["metadata"]["name"], "{name}");
@@ -339,14 +370,119 @@ fn rbac_grants_exactly_the_required_api_calls() {
             more => panic!("{name}: {} ServiceAccounts", more.len()),
         }
     }
+    assert_eq!(
+        modes,
+        BTreeSet::from([false, true]),
+        "the value sets render both the controller on and off"
+    );
 }
 
 #[test]
 fn no_other_role_or_binding_is_rendered() {
     for (name, objs) in scenarios() {
-        for kind in ["ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding"] {
+        let controller = runs_controller(&objs);
+        for kind in ["ClusterRole", "ClusterRoleBinding"] {
             assert_eq!(all(&objs, kind).len(), 1, "{name}: {kind}");
         }
+        // The leader-election Role only where a controller campaigns.
+        for kind in ["Role", "RoleBinding"] {
+            assert_eq!(
+                all(&objs, kind).len(),
+                usize::from(controller),
+                "{name}: {kind}"
+            );
+        }
+    }
+}
+
+#[test]
+fn without_the_controller_only_the_webhooks_live_reads_are_granted() {
+    let custom = values("custom");
+    for a in [
+        vec!["--set", "controller.enabled=false"],
+        vec![
+            "--values",
+            custom.as_str(),
+            "--set",
+            "controller.enabled=false",
+        ],
+    ] {
+        let objs = render(&a);
+        assert!(!runs_controller(&objs), "{a:?}");
+        assert!(all(&objs, "Role").is_empty(), "{a:?}: no leader election");
+        assert!(all(&objs, "RoleBinding").is_empty(), "{a:?}");
+        let got = granted("webhook only", &objs);
+        assert_eq!(got, grant_set(WEBHOOK), "{a:?}");
+        // Only reads, and none of the controller's objects.
+        for (_, group, resource, verb) in &got {
+            assert_eq!(group, "ichor.maesh.dev", "{resource}");
+            assert!(
+                ["get", "list"].contains(&verb.as_str()),
+                "{resource} {verb}"
+            );
+        }
+    }
+    // With the controller on, the same release grants every controller call too.
+    let objs = render(&[]);
+    assert!(runs_controller(&objs));
+    assert_eq!(granted("default", &objs), required());
+    assert!(required().is_superset(&grant_set(WEBHOOK)));
+    assert!(required().len() > grant_set(WEBHOOK).len());
+}
+
+// ---------------------------------------------------------------------------------------
+// Cluster-scoped objects carry the namespace in their name.
+
+const CLUSTER_SCOPED: &[&str] = &[
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingWebhookConfiguration",
+];
+
+fn cluster_scoped_names(objs: &[Value]) -> BTreeSet<String> {
+    CLUSTER_SCOPED
+        .iter()
+        .map(|k| {
+            let o = one(objs, k);
+            assert!(
+                o["metadata"]["namespace"].is_null(),
+                "{k} is cluster-scoped"
+            );
+            o["metadata"]["name"].as_str().expect("name").to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn the_same_release_in_two_namespaces_does_not_collide() {
+    let a = parse(&template_in("team-a", &[]).expect("renders"));
+    let b = parse(&template_in("team-b", &[]).expect("renders"));
+    let (na, nb) = (cluster_scoped_names(&a), cluster_scoped_names(&b));
+    assert_eq!(na, BTreeSet::from([format!("{FULLNAME}-team-a")]));
+    assert_eq!(nb, BTreeSet::from([format!("{FULLNAME}-team-b")]));
+    // The binding names the role it binds.
+    for objs in [&a, &b] {
+        assert_eq!(
+            one(objs, "ClusterRoleBinding")["roleRef"]["name"],
+            one(objs, "ClusterRole")["metadata"]["name"]
+        );
+    }
+    // Long names are cut to 63 characters, and stay apart by a hash of the whole name.
+    let long_ns = "a-namespace-with-a-rather-long-name-for-the-platform-team";
+    let override_ = "fullnameOverride=ichor-rules-admission-webhook-for-the-fleet";
+    let l1 = parse(&template_in(long_ns, &["--set", override_]).expect("renders"));
+    let l2 = parse(&template_in(&format!("{long_ns}-2"), &["--set", override_]).expect("renders"));
+    let (n1, n2) = (cluster_scoped_names(&l1), cluster_scoped_names(&l2));
+    assert_eq!(n1.len(), 1);
+    assert_ne!(n1, n2);
+    for n in n1.iter().chain(&n2) {
+        assert!(n.len() <= 63, "{n}: {} characters", n.len());
+        assert!(!n.ends_with('-'), "{n}");
+        assert!(
+            n.bytes()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-'),
+            "{n}"
+        );
     }
 }
 
@@ -428,14 +564,72 @@ fn two_replicas_spread_over_nodes_with_a_disruption_budget() {
 }
 
 #[test]
+fn the_listen_address_follows_the_container_port() {
+    let objs = render(&[]);
+    assert_eq!(flag(&objs, "--listen").as_deref(), Some("0.0.0.0:8443"));
+    assert_eq!(container(&objs)["ports"][0]["containerPort"], 8443);
+    // Another containerPort moves the listen address with it.
+    let objs = render(&["--set", "server.containerPort=9000"]);
+    assert_eq!(flag(&objs, "--listen").as_deref(), Some("0.0.0.0:9000"));
+    assert_eq!(container(&objs)["ports"][0]["containerPort"], 9000);
+    // An explicit address on that port is kept (IPv6 here).
+    let objs = render(&["--set", "server.listen=[::]:8443"]);
+    assert_eq!(flag(&objs, "--listen").as_deref(), Some("[::]:8443"));
+}
+
+#[test]
+fn a_terminating_pod_keeps_serving_before_it_gets_sigterm() {
+    let sleep_of =
+        |objs: &[Value]| container(objs)["lifecycle"]["preStop"]["sleep"]["seconds"].as_u64();
+    let grace_of = |objs: &[Value]| {
+        one(objs, "Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+            .as_u64()
+            .expect("terminationGracePeriodSeconds")
+    };
+    let objs = render(&[]);
+    assert_eq!(sleep_of(&objs), Some(10), "the default preStop sleep");
+    assert!(
+        container(&objs)["lifecycle"]["preStop"]["exec"].is_null(),
+        "the sleep action, no shell needed"
+    );
+    assert_eq!(grace_of(&objs), 30);
+    // Every rendering leaves time after the sleep for the requests in flight.
+    for (name, objs) in scenarios() {
+        let sleep = sleep_of(&objs).unwrap_or(0);
+        assert!(grace_of(&objs) > sleep, "{name}");
+    }
+    let objs = render(&["--set", "preStopSleepSeconds=20"]);
+    assert_eq!(sleep_of(&objs), Some(20));
+    // 0 means no hook at all (a sleep of 0 s is refused before Kubernetes 1.32).
+    let objs = render(&["--set", "preStopSleepSeconds=0"]);
+    assert!(container(&objs)["lifecycle"].is_null());
+    // The sleep action needs Kubernetes 1.30: older clusters are told how to do without.
+    let err = template(&["--kube-version", "1.29.5"]).expect_err("1.29 has no sleep action");
+    assert!(
+        err.contains("needs Kubernetes 1.30 or later") && err.contains("preStopSleepSeconds=0"),
+        "{err}"
+    );
+    let objs = render(&["--kube-version", "1.29.5", "--set", "preStopSleepSeconds=0"]);
+    assert!(container(&objs)["lifecycle"].is_null());
+    render(&["--kube-version", "1.30.0"]);
+}
+
+#[test]
 fn probes_use_the_https_port_the_server_listens_on() {
     for (name, objs) in scenarios() {
         let c = container(&objs);
         let port = &c["ports"][0];
         assert_eq!(port["name"], "https", "{name}");
-        assert_eq!(port["containerPort"], 8443, "{name}");
+        let container_port = port["containerPort"].as_u64().expect("containerPort");
         let listen = flag(&objs, "--listen").expect("--listen");
-        assert!(listen.ends_with(":8443"), "{name}: --listen={listen}");
+        let addr: std::net::SocketAddr = listen
+            .parse()
+            .unwrap_or_else(|e| panic!("{name}: --listen={listen}: {e}"));
+        assert_eq!(
+            u64::from(addr.port()),
+            container_port,
+            "{name}: --listen={listen}"
+        );
         for (probe, path) in [("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")] {
             let get = &c[probe]["httpGet"];
             assert_eq!(get["path"], path, "{name}");
@@ -800,15 +994,30 @@ fn the_generated_certificate_serves_the_service_name_under_the_ca_bundle() {
     handshake(&crt, &key, &other_ca, &svc).expect_err("a CA that did not sign it");
 }
 
+/// The serving Certificate: the one whose Secret the pods mount.
+fn serving_certificate(objs: &[Value]) -> &Value {
+    let secret = &volume(objs, "tls").expect("tls volume")["secret"]["secretName"];
+    let found: Vec<&Value> = all(objs, "Certificate")
+        .into_iter()
+        .filter(|c| &c["spec"]["secretName"] == secret)
+        .collect();
+    assert_eq!(found.len(), 1, "one Certificate writes the mounted Secret");
+    found[0]
+}
+
 #[test]
 fn cert_manager_issues_the_certificate_and_injects_the_ca() {
-    for (values_name, own_issuer) in [("cert-manager", true), ("cert-manager-issuer", false)] {
+    for (values_name, own_issuer) in [
+        ("cert-manager", true),
+        ("cert-manager-issuer", false),
+        ("long-names", true),
+    ] {
         let objs = render(&["--values", &values(values_name)]);
         assert!(
             all(&objs, "Secret").is_empty(),
             "{values_name}: cert-manager writes it"
         );
-        let cert = one(&objs, "Certificate");
+        let cert = serving_certificate(&objs);
         assert_eq!(cert["apiVersion"], "cert-manager.io/v1");
         let cert_name = cert["metadata"]["name"].as_str().expect("name");
         assert_eq!(cert["metadata"]["namespace"], NAMESPACE);
@@ -824,6 +1033,10 @@ fn cert_manager_issues_the_certificate_and_injects_the_ca() {
             .expect("svc")
             .to_string();
         assert!(dns.contains(&format!("{svc}.{NAMESPACE}.svc")), "{dns:?}");
+        // The DNS names carry the names; a commonName (64 bytes at most) would not fit
+        // a long release and namespace.
+        assert!(spec["commonName"].is_null(), "{values_name}: {spec}");
+        assert!(dns.iter().all(|d| d.len() <= 253), "{dns:?}");
         assert!(strings(&spec["usages"]).contains(&"server auth".to_string()));
         // PKCS#8, which rustls reads for every key type.
         assert_eq!(spec["privateKey"]["encoding"], "PKCS8");
@@ -840,19 +1053,79 @@ fn cert_manager_issues_the_certificate_and_injects_the_ca() {
         }
         let issuers = all(&objs, "Issuer");
         if own_issuer {
-            assert_eq!(issuers.len(), 1);
-            assert_eq!(issuers[0]["apiVersion"], "cert-manager.io/v1");
-            assert!(issuers[0]["spec"]["selfSigned"].is_object());
-            assert_eq!(spec["issuerRef"]["name"], issuers[0]["metadata"]["name"]);
-            assert_eq!(spec["issuerRef"]["kind"], "Issuer");
+            assert_own_ca_chain(values_name, &objs, cert);
         } else {
             assert!(issuers.is_empty());
+            assert_eq!(all(&objs, "Certificate").len(), 1, "only the serving one");
+            assert_eq!(spec["privateKey"]["rotationPolicy"], "Always");
             assert_eq!(spec["issuerRef"]["name"], "cluster-ca");
             assert_eq!(spec["issuerRef"]["kind"], "ClusterIssuer");
             assert_eq!(spec["duration"], "2160h");
         }
         assert_eq!(spec["issuerRef"]["group"], "cert-manager.io");
     }
+}
+
+/// With no issuerRef: self-signed Issuer -> CA Certificate (its own Secret, long-lived,
+/// key kept) -> CA Issuer -> serving Certificate. A renewal of the serving certificate
+/// keeps the CA, so the injected caBundle stays valid.
+fn assert_own_ca_chain(name: &str, objs: &[Value], serving: &Value) {
+    let issuer = |n: &Value| -> &Value {
+        let found: Vec<&Value> = all(objs, "Issuer")
+            .into_iter()
+            .filter(|i| &i["metadata"]["name"] == n)
+            .collect();
+        assert_eq!(found.len(), 1, "{name}: Issuer {n}");
+        found[0]
+    };
+    assert_eq!(all(objs, "Issuer").len(), 2, "{name}");
+    assert_eq!(all(objs, "Certificate").len(), 2, "{name}");
+    for o in all(objs, "Issuer")
+        .into_iter()
+        .chain(all(objs, "Certificate"))
+    {
+        assert_eq!(o["apiVersion"], "cert-manager.io/v1", "{name}");
+        assert_eq!(o["metadata"]["namespace"], NAMESPACE, "{name}");
+    }
+    // The serving certificate comes from a CA Issuer, never a self-signed one.
+    let sref = &serving["spec"]["issuerRef"];
+    assert_eq!(sref["kind"], "Issuer", "{name}");
+    let ca_issuer = issuer(&sref["name"]);
+    assert!(ca_issuer["spec"]["selfSigned"].is_null(), "{name}");
+    let ca_secret = &ca_issuer["spec"]["ca"]["secretName"];
+    assert!(ca_secret.is_string(), "{name}: a CA Issuer");
+    assert_ne!(
+        ca_secret, &serving["spec"]["secretName"],
+        "{name}: the CA has its own Secret"
+    );
+    // That Secret is written by the CA Certificate.
+    let ca: Vec<&Value> = all(objs, "Certificate")
+        .into_iter()
+        .filter(|c| &c["spec"]["secretName"] == ca_secret)
+        .collect();
+    assert_eq!(ca.len(), 1, "{name}");
+    let ca = &ca[0]["spec"];
+    assert_eq!(ca["isCA"], true, "{name}");
+    let cn = ca["commonName"].as_str().expect("a CA has a subject");
+    assert!(!cn.is_empty() && cn.len() <= 64, "{name}: {cn}");
+    assert_eq!(ca["privateKey"]["rotationPolicy"], "Never", "{name}");
+    let hours = |d: &Value| -> u64 {
+        d.as_str()
+            .and_then(|d| d.strip_suffix('h'))
+            .and_then(|h| h.parse().ok())
+            .unwrap_or_else(|| panic!("{name}: duration {d}"))
+    };
+    assert!(
+        hours(&ca["duration"]) >= 5 * hours(&serving["spec"]["duration"]),
+        "{name}: the CA outlives many serving certificates"
+    );
+    // ... and the CA Certificate is signed by the self-signed Issuer.
+    assert_eq!(ca["issuerRef"]["kind"], "Issuer", "{name}");
+    let root = issuer(&ca["issuerRef"]["name"]);
+    assert!(root["spec"]["selfSigned"].is_object(), "{name}");
+    assert_ne!(root["metadata"]["name"], ca_issuer["metadata"]["name"]);
+    // The serving key may rotate: the CA does not change with it.
+    assert_eq!(serving["spec"]["privateKey"]["rotationPolicy"], "Always");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -940,8 +1213,183 @@ fn bad_values_fail_the_rendering_with_a_reason() {
             "serviceAccount.create=false",
             "serviceAccount.name must name an existing",
         ),
+        (
+            "webhook.timeoutSeconds=0",
+            "webhook.timeoutSeconds: 0 is outside 1..30",
+        ),
+        (
+            "webhook.timeoutSeconds=31",
+            "webhook.timeoutSeconds: 31 is outside 1..30",
+        ),
+        (
+            "server.readTimeoutMs=10000",
+            "server.readTimeoutMs: 10000 must be below webhook.timeoutSeconds (10 s)",
+        ),
+        (
+            "server.logFormat=yaml",
+            "server.logFormat: \"yaml\" is neither \"text\" nor \"json\"",
+        ),
+        (
+            "server.listen=0.0.0.0:9443",
+            "server.listen: \"0.0.0.0:9443\" must listen on server.containerPort (8443)",
+        ),
+        (
+            "server.containerPort=70000",
+            "server.containerPort: 70000 is not a port",
+        ),
+        (
+            "selfSignedCert.validityDays=0",
+            "selfSignedCert.validityDays: 0 must be at least 1",
+        ),
+        (
+            "preStopSleepSeconds=-1",
+            "preStopSleepSeconds: -1 must be 0 (no preStop hook) or more",
+        ),
+        (
+            "terminationGracePeriodSeconds=10",
+            "terminationGracePeriodSeconds: 10 must be larger than preStopSleepSeconds (10)",
+        ),
     ] {
         let err = template(&["--set", set]).expect_err(set);
         assert!(err.contains(says), "--set {set}: {err}");
     }
+    // The limits themselves are accepted.
+    for set in [
+        "webhook.timeoutSeconds=1,server.readTimeoutMs=500",
+        "webhook.timeoutSeconds=30",
+        "server.logFormat=text",
+        "selfSignedCert.validityDays=1",
+        "server.listen=0.0.0.0:8443",
+    ] {
+        template(&["--set", set]).unwrap_or_else(|e| panic!("--set {set}: {e}"));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// NOTES.txt
+
+/// The notes `helm install` prints, rendered without a cluster.
+fn notes(args: &[&str]) -> String {
+    let out = Command::new(helm())
+        .args([
+            "install",
+            RELEASE,
+            CHART,
+            "--namespace",
+            NAMESPACE,
+            "--dry-run=client",
+        ])
+        .args(args)
+        .output()
+        .expect("helm runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    let start = text.find("NOTES:").expect("helm prints the notes");
+    text[start..].to_string()
+}
+
+#[test]
+fn the_notes_list_every_write_refused_while_the_webhook_is_down() {
+    let default = notes(&[]);
+    let flat = default.split_whitespace().collect::<Vec<_>>().join(" ");
+    for says in [
+        "TalosMachine create, delete, and EVERY update",
+        "TalosCluster delete, and EVERY update",
+        "TalosOperation creation",
+    ] {
+        assert!(flat.contains(says), "the notes lack {says:?}:\n{default}");
+    }
+    // Every operation the webhook configuration registers is named.
+    let objs = render(&[]);
+    for h in one(&objs, "ValidatingWebhookConfiguration")["webhooks"]
+        .as_array()
+        .expect("webhooks")
+    {
+        let kind = match h["rules"][0]["resources"][0].as_str().expect("resource") {
+            "talosmachines" => "TalosMachine",
+            "talosclusters" => "TalosCluster",
+            "talosoperations" => "TalosOperation",
+            other => panic!("{other}"),
+        };
+        for op in strings(&h["rules"][0]["operations"]) {
+            let word = match op.as_str() {
+                "CREATE" if kind == "TalosOperation" => "creation".to_string(),
+                "CREATE" => "create".to_string(),
+                "UPDATE" => "EVERY update".to_string(),
+                _ => "delete".to_string(),
+            };
+            let line = flat
+                .split(" - ")
+                .find(|l| l.starts_with(kind))
+                .unwrap_or_else(|| panic!("no line for {kind}"));
+            assert!(line.contains(&word), "{kind} {op}: {line}");
+        }
+    }
+    // The commands name the objects as rendered.
+    assert!(
+        default.contains(&format!(
+            "kubectl get validatingwebhookconfiguration {FULLNAME}-{NAMESPACE}"
+        )),
+        "{default}"
+    );
+    // "On different nodes" only where the anti-affinity requires it.
+    assert!(
+        default.contains("(2 wanted, on different nodes)"),
+        "{default}"
+    );
+    let preferred = notes(&["--set", "podAntiAffinity=preferred"]);
+    assert!(preferred.contains("(2 wanted):"), "{preferred}");
+    assert!(!preferred.contains("different nodes"), "{preferred}");
+}
+
+// ---------------------------------------------------------------------------------------
+// What the values and the operator's guide tell.
+
+/// `text` with its line breaks and comment markers folded into single spaces.
+fn flat(text: &str) -> String {
+    text.split_whitespace()
+        .filter(|w| *w != "#")
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn the_values_and_the_guide_explain_shutdown_and_switching_off_cert_manager() {
+    let values = flat(&std::fs::read_to_string(format!("{CHART}/values.yaml")).expect("values"));
+    let guide = flat(&std::fs::read_to_string("docs/operators.md").expect("guide"));
+    for (what, text) in [("values.yaml", &values), ("docs/operators.md", &guide)] {
+        for says in [
+            "preStopSleepSeconds",
+            "terminationGracePeriodSeconds",
+            "Kubernetes 1.30",
+            "delete secret",
+        ] {
+            assert!(text.contains(says), "{what} lacks {says:?}");
+        }
+    }
+    // The commented defaults are the rendered ones.
+    assert!(values.contains("preStopSleepSeconds: 10"));
+    assert!(values.contains("terminationGracePeriodSeconds: 30"));
+    assert!(
+        values.contains("Switching from true to false: first delete the Secret cert-manager wrote, kubectl -n <namespace> delete secret <fullname>-tls"),
+        "values.yaml: certManager.enabled"
+    );
+    assert!(
+        guide.contains("Switching `certManager.enabled` from `true` to `false`**: delete the Secret cert-manager wrote first, `kubectl -n ichor-system delete secret ichor-rules-tls`"),
+        "docs/operators.md: switching cert-manager off"
+    );
+    // The guide names the cluster-scoped objects as the chart renders them.
+    let objs = parse(&template_in("ichor-system", &[]).expect("renders"));
+    let vwc = one(&objs, "ValidatingWebhookConfiguration")["metadata"]["name"]
+        .as_str()
+        .expect("name")
+        .to_string();
+    assert_eq!(vwc, format!("{FULLNAME}-ichor-system"));
+    assert!(guide.contains("validatingwebhookconfiguration ichor-rules-ichor-system"));
+    assert!(!guide.contains("validatingwebhookconfiguration ichor-rules "));
+    assert!(!guide.contains("validatingwebhookconfiguration ichor-rules`"));
 }

@@ -8,6 +8,9 @@ mod apiserver;
 #[allow(dead_code)]
 #[path = "support/controller.rs"]
 mod harness;
+#[allow(dead_code)]
+#[path = "support/https.rs"]
+mod https;
 
 use apiserver::ApiServer;
 use harness::*;
@@ -399,4 +402,151 @@ async fn concurrent_approvals_past_the_cap_hold_the_newest_and_never_join_more_t
         "still held after several requeues"
     );
     assert_calls_granted(&api);
+}
+
+/// `serve --no-controller`, as the chart runs it with controller.enabled=false, calls only
+/// what `access::WEBHOOK` grants (the chart's whole RBAC in that mode): its readiness probe
+/// and the live reads of its decisions, and no Lease (no leader election).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_alone_calls_only_the_webhook_grants() {
+    use ichor_rules::runtime::access::{Scope, webhook_allows};
+    let api = ApiServer::start().await;
+    api.insert(cluster("prod", 3));
+    for (i, name) in ["cp-1", "cp-2", "cp-3"].iter().enumerate() {
+        api.insert(control_plane(name, i as u32 + 1));
+    }
+    api.insert(operation("upgrade-1", "upgrade"));
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("webhook-only-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let ca = https::write_cert(&dir);
+    let listen = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _serve = Kill(
+        std::process::Command::new(env!("CARGO_BIN_EXE_ichor-rules"))
+            .args(["serve", "--no-controller", "--listen", &listen.to_string()])
+            .args(["--api-server", &api.url(), "--rules", "rules"])
+            .arg("--tls-cert")
+            .arg(dir.join("tls.crt"))
+            .arg("--tls-key")
+            .arg(dir.join("tls.key"))
+            .args(["--reload-interval-ms", "100"])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("serve starts"),
+    );
+    let call = |method: &'static str, path: &'static str, body: Vec<u8>| {
+        let ca = ca.clone();
+        async move {
+            let (mut send, _) = https::connect(listen, &ca).await;
+            https::request(
+                &mut send,
+                method,
+                path,
+                "application/json",
+                hyper::body::Bytes::from(body),
+            )
+            .await
+        }
+    };
+    let mut ready = false;
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(listen).await.is_ok()
+            && call("GET", "/readyz", Vec::new()).await.0 == 200
+        {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ready, "serve --no-controller became ready");
+    let review = |kind: &str, resource: &str, op: &str, obj: serde_json::Value| {
+        let name = obj["metadata"]["name"].clone();
+        let (old, new) = if op == "DELETE" {
+            (obj, serde_json::Value::Null)
+        } else {
+            (serde_json::Value::Null, obj)
+        };
+        serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": format!("{kind}-{op}"),
+                "kind": {"group": "ichor.maesh.dev", "version": "v1alpha1", "kind": kind},
+                "resource": {"group": "ichor.maesh.dev", "version": "v1alpha1", "resource": resource},
+                "name": name,
+                "namespace": NS, "operation": op, "userInfo": {"username": "admin"},
+                "object": new, "oldObject": old, "dryRun": false
+            }
+        }))
+        .expect("json")
+    };
+    // A control-plane delete (3 -> 2: refused after reading the machines and the
+    // cluster), a new control plane, and an operation.
+    for (path, body) in [
+        (
+            "/validate/talosmachines",
+            review(
+                "TalosMachine",
+                "talosmachines",
+                "DELETE",
+                control_plane("cp-3", 3),
+            ),
+        ),
+        (
+            "/validate/talosmachines",
+            review(
+                "TalosMachine",
+                "talosmachines",
+                "CREATE",
+                control_plane("cp-4", 4),
+            ),
+        ),
+        (
+            "/validate/talosoperations",
+            review(
+                "TalosOperation",
+                "talosoperations",
+                "CREATE",
+                operation("reboot-1", "reboot"),
+            ),
+        ),
+    ] {
+        let (status, bytes) = call("POST", path, body).await;
+        assert_eq!(status, 200, "{path}: {}", String::from_utf8_lossy(&bytes));
+    }
+    // A few more reload rounds: a controller, were one running, would have campaigned.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut seen = std::collections::BTreeSet::new();
+    for r in api.store.faults.take_log() {
+        if r.by_test {
+            continue;
+        }
+        let Some(call) = rbac_of(&r) else { continue };
+        assert!(
+            webhook_allows(&call.0, &call.1, &call.2, Scope::Cluster),
+            "serve --no-controller made a call the webhook-only chart does not grant: {} {} ({call:?})",
+            r.method,
+            r.path
+        );
+        seen.insert(call);
+    }
+    for needed in [("talosclusters", "list"), ("talosmachines", "list")] {
+        assert!(
+            seen.contains(&(
+                "ichor.maesh.dev".to_string(),
+                needed.0.to_string(),
+                needed.1.to_string()
+            )),
+            "{needed:?} not called: {seen:?}"
+        );
+    }
 }

@@ -1,6 +1,11 @@
 //! Every Kubernetes API call the operator makes, as RBAC sees it: the one list the chart's
 //! ClusterRole and Role grant, verb for verb (tests/chart.rs compares them), and that the
 //! controller's recorded calls must stay within.
+//!
+//! It comes in two disjoint parts: [`WEBHOOK`], what a replica serving only the webhook
+//! calls (`serve --no-controller`: the live reads of `live.rs` and the readiness probe of
+//! `serve`), and [`CONTROLLER`], what the controller adds. [`REQUIRED`] is both together;
+//! the chart grants `REQUIRED` with the controller on and `WEBHOOK` alone with it off.
 
 /// Where a grant applies.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -28,14 +33,40 @@ const CORE: &str = "";
 const COORDINATION: &str = "coordination.k8s.io";
 const EVENTS: &str = "events.k8s.io";
 
-/// The API calls of the webhook's live reads and of the controller, and nothing more.
-pub const REQUIRED: &[Access] = &[
-    // Live reads (webhook and controller: one LIST), the watch that drives reconciles,
-    // the removal finalizer (a merge patch guarded by the resourceVersion).
+/// The API calls of the webhook alone (`serve --no-controller`), and nothing more: the live
+/// reads of a decision (`LiveReader::snapshot`: a LIST of the request's namespace's
+/// TalosMachines and TalosOperations, a GET of the TalosCluster) and the readiness probe of
+/// `serve` (a LIST of TalosClusters, `limit=1`, in every namespace).
+pub const WEBHOOK: &[Access] = &[
     Access {
         api_group: ICHOR,
         resource: "talosmachines",
-        verbs: &["list", "watch", "patch"],
+        verbs: &["list"],
+        scope: Scope::Cluster,
+    },
+    Access {
+        api_group: ICHOR,
+        resource: "talosclusters",
+        verbs: &["get", "list"],
+        scope: Scope::Cluster,
+    },
+    Access {
+        api_group: ICHOR,
+        resource: "talosoperations",
+        verbs: &["list"],
+        scope: Scope::Cluster,
+    },
+];
+
+/// What the controller calls beyond [`WEBHOOK`] (its own live reads are the same LIST and
+/// GET), and nothing more.
+pub const CONTROLLER: &[Access] = &[
+    // The watch that drives reconciles, and the removal finalizer (a merge patch guarded
+    // by the resourceVersion).
+    Access {
+        api_group: ICHOR,
+        resource: "talosmachines",
+        verbs: &["watch", "patch"],
         scope: Scope::Cluster,
     },
     // Ready, NodeReachable and Removal conditions, and the removal's progress.
@@ -45,11 +76,11 @@ pub const REQUIRED: &[Access] = &[
         verbs: &["patch"],
         scope: Scope::Cluster,
     },
-    // The teardown finalizer (a merge patch guarded by the resourceVersion).
+    // The watch, and the teardown finalizer (a merge patch guarded by the resourceVersion).
     Access {
         api_group: ICHOR,
         resource: "talosclusters",
-        verbs: &["get", "list", "watch", "patch"],
+        verbs: &["watch", "patch"],
         scope: Scope::Cluster,
     },
     // The Transitioning condition.
@@ -62,7 +93,7 @@ pub const REQUIRED: &[Access] = &[
     Access {
         api_group: ICHOR,
         resource: "talosoperations",
-        verbs: &["list", "watch"],
+        verbs: &["watch"],
         scope: Scope::Cluster,
     },
     // The Paused condition.
@@ -118,10 +149,42 @@ pub const REQUIRED: &[Access] = &[
     },
 ];
 
+const fn concat<const N: usize>(a: &[Access], b: &[Access]) -> [Access; N] {
+    assert!(a.len() + b.len() == N);
+    let mut out = [a[0]; N];
+    let mut i = 0;
+    while i < a.len() {
+        out[i] = a[i];
+        i += 1;
+    }
+    let mut j = 0;
+    while j < b.len() {
+        out[i + j] = b[j];
+        j += 1;
+    }
+    out
+}
+
+const ALL: [Access; WEBHOOK.len() + CONTROLLER.len()] = concat(WEBHOOK, CONTROLLER);
+
+/// The API calls of the webhook's live reads and of the controller, and nothing more:
+/// [`WEBHOOK`] then [`CONTROLLER`].
+pub const REQUIRED: &[Access] = &ALL;
+
 /// Whether `REQUIRED` grants `verb` on `resource` of `api_group` in `scope` (a cluster-wide
 /// grant covers the lease namespace too).
 pub fn allows(api_group: &str, resource: &str, verb: &str, scope: Scope) -> bool {
-    REQUIRED.iter().any(|a| {
+    grants(REQUIRED, api_group, resource, verb, scope)
+}
+
+/// Whether `WEBHOOK` (what the chart grants with the controller off) grants `verb` on
+/// `resource` of `api_group` in `scope`.
+pub fn webhook_allows(api_group: &str, resource: &str, verb: &str, scope: Scope) -> bool {
+    grants(WEBHOOK, api_group, resource, verb, scope)
+}
+
+fn grants(list: &[Access], api_group: &str, resource: &str, verb: &str, scope: Scope) -> bool {
+    list.iter().any(|a| {
         a.api_group == api_group
             && a.resource == resource
             && a.verbs.contains(&verb)
@@ -171,5 +234,49 @@ mod tests {
         assert!(!allows(CORE, "pods", "delete", Scope::Cluster));
         assert!(!allows(CORE, "secrets", "get", Scope::Cluster));
         assert!(!allows(ICHOR, "talosclusters", "update", Scope::Cluster));
+    }
+
+    #[test]
+    fn required_is_the_webhook_then_the_controller() {
+        assert_eq!(REQUIRED.len(), WEBHOOK.len() + CONTROLLER.len());
+        assert_eq!(&REQUIRED[..WEBHOOK.len()], WEBHOOK);
+        assert_eq!(&REQUIRED[WEBHOOK.len()..], CONTROLLER);
+    }
+
+    #[test]
+    fn the_webhook_alone_only_reads_ichor_objects() {
+        for a in WEBHOOK {
+            assert_eq!(a.api_group, ICHOR, "{a:?}");
+            assert_eq!(a.scope, Scope::Cluster, "{a:?}");
+            assert!(!a.resource.contains('/'), "{a:?}");
+            for v in a.verbs {
+                assert!(["get", "list"].contains(v), "{a:?}");
+            }
+        }
+        assert!(webhook_allows(
+            ICHOR,
+            "talosmachines",
+            "list",
+            Scope::Cluster
+        ));
+        assert!(webhook_allows(
+            ICHOR,
+            "talosclusters",
+            "get",
+            Scope::Cluster
+        ));
+        assert!(!webhook_allows(
+            ICHOR,
+            "talosmachines",
+            "watch",
+            Scope::Cluster
+        ));
+        assert!(!webhook_allows(
+            COORDINATION,
+            "leases",
+            "get",
+            Scope::LeaseNamespace
+        ));
+        assert!(allows(ICHOR, "talosmachines", "watch", Scope::Cluster));
     }
 }

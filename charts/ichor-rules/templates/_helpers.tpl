@@ -18,6 +18,65 @@ release name when it already contains the chart name). */}}
 {{- end }}
 {{- end }}
 
+{{/* The name of the cluster-scoped objects (ClusterRole, ClusterRoleBinding,
+ValidatingWebhookConfiguration): <fullname>-<namespace>, so the same release name in two
+namespaces does not collide. Longer than 63 characters, it is cut to 54 and ends in 8 hex
+digits of the sha256 of the whole name (still unique, still a valid label value). */}}
+{{- define "ichor-rules.clusterScopedName" -}}
+{{- $name := printf "%s-%s" (include "ichor-rules.fullname" .) .Release.Namespace }}
+{{- if le (len $name) 63 }}
+{{- $name }}
+{{- else }}
+{{- printf "%s-%s" ($name | trunc 54 | trimSuffix "-") ($name | sha256sum | trunc 8) }}
+{{- end }}
+{{- end }}
+
+{{/* The address `serve --listen` binds: server.listen, whose port must be
+server.containerPort, or 0.0.0.0:<containerPort> when it is empty. */}}
+{{- define "ichor-rules.listen" -}}
+{{- $port := int .Values.server.containerPort }}
+{{- if or (lt $port 1) (gt $port 65535) }}
+{{- fail (printf "server.containerPort: %v is not a port (1 to 65535)" .Values.server.containerPort) }}
+{{- end }}
+{{- with .Values.server.listen }}
+{{- $listenPort := regexFind ":[0-9]+$" . | trimPrefix ":" }}
+{{- if ne $listenPort (toString $port) }}
+{{- fail (printf "server.listen: %q must listen on server.containerPort (%d), the port the probes and the Service use; or leave server.listen empty to listen on 0.0.0.0:%d" . $port $port) }}
+{{- end }}
+{{- . }}
+{{- else }}
+{{- printf "0.0.0.0:%d" $port }}
+{{- end }}
+{{- end }}
+
+{{/* Values the chart refuses at render time, each with the reason. */}}
+{{- define "ichor-rules.validate" -}}
+{{- $timeout := .Values.webhook.timeoutSeconds }}
+{{- if or (lt (int $timeout) 1) (gt (int $timeout) 30) }}
+{{- fail (printf "webhook.timeoutSeconds: %v is outside 1..30 (the range the API server accepts for a webhook's timeoutSeconds)" $timeout) }}
+{{- end }}
+{{- if ge (int .Values.server.readTimeoutMs) (mul (int $timeout) 1000) }}
+{{- fail (printf "server.readTimeoutMs: %v must be below webhook.timeoutSeconds (%v s), so a slow live read is refused with a reason before the API server gives up" .Values.server.readTimeoutMs $timeout) }}
+{{- end }}
+{{- if not (has .Values.server.logFormat (list "text" "json")) }}
+{{- fail (printf "server.logFormat: %q is neither \"text\" nor \"json\"" (toString .Values.server.logFormat)) }}
+{{- end }}
+{{- if lt (int .Values.selfSignedCert.validityDays) 1 }}
+{{- fail (printf "selfSignedCert.validityDays: %v must be at least 1" .Values.selfSignedCert.validityDays) }}
+{{- end }}
+{{- $sleep := int .Values.preStopSleepSeconds }}
+{{- if lt $sleep 0 }}
+{{- fail (printf "preStopSleepSeconds: %v must be 0 (no preStop hook) or more" .Values.preStopSleepSeconds) }}
+{{- end }}
+{{- if le (int .Values.terminationGracePeriodSeconds) $sleep }}
+{{- fail (printf "terminationGracePeriodSeconds: %v must be larger than preStopSleepSeconds (%d), or the pod is killed before it has finished its requests" .Values.terminationGracePeriodSeconds $sleep) }}
+{{- end }}
+{{- if and (gt $sleep 0) (semverCompare "<1.30.0-0" .Capabilities.KubeVersion.Version) }}
+{{- fail (printf "preStopSleepSeconds: the preStop sleep action needs Kubernetes 1.30 or later, and this is %s: set preStopSleepSeconds=0 (a rollout may then refuse writes for a moment)" .Capabilities.KubeVersion.Version) }}
+{{- end }}
+{{- $_ := include "ichor-rules.listen" . }}
+{{- end }}
+
 {{/* Labels on every object. */}}
 {{- define "ichor-rules.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
