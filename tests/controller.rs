@@ -236,6 +236,38 @@ async fn a_deleted_cluster_waits_for_its_machines_then_goes() {
     assert!(get(&api, "TalosMachine", "w-9").is_some());
 }
 
+/// Without Talos API credentials a removal would drain the node and then stop before
+/// etcd: it does not start, and says why.
+#[tokio::test]
+async fn a_removal_without_talos_credentials_does_not_start() {
+    let api = ApiServer::start().await;
+    api.insert(cluster("prod", 3));
+    for (i, n) in ["cp-1", "cp-2", "cp-3", "cp-4"].iter().enumerate() {
+        api.insert(control_plane(n, i as u32));
+    }
+    api.insert(json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": "cp-4"}, "spec": {},
+        "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]}
+    }));
+    let _c = Running::start(context(&api, "test", None));
+    wait_for("finalizers", WAIT, || has_finalizer(&api, "cp-4")).await;
+    delete(&api, "TalosMachine", "cp-4").await;
+    wait_for("the removal says why it waits", WAIT, || {
+        cond(&api, "TalosMachine", "cp-4", "Removal")
+            == Some(("False".into(), "NoTalosCredentials".into()))
+    })
+    .await;
+    let node = get(&api, "Node", "cp-4").expect("node");
+    assert!(node["spec"]["unschedulable"].is_null(), "drained: {node}");
+    assert!(
+        api.objects("Lease", Some(NS))
+            .iter()
+            .all(|l| l["spec"]["holderIdentity"].is_null())
+    );
+    assert_eq!(events(&api, "cp-4", "NoTalosCredentials").len(), 1);
+    assert!(get(&api, "TalosMachine", "cp-4").is_some());
+}
+
 #[tokio::test]
 async fn the_cluster_lock_serializes_work_and_resumes_its_own() {
     let api = ApiServer::start().await;

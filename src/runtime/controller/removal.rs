@@ -130,6 +130,25 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
         return Err(ReconcileError::NoRules);
     };
     let mut next = m.clone();
+    // Every removal needs the Talos API (leave, remove-member, reset or wipe). Without its
+    // credentials it would drain the node and then stop: it does not start.
+    if ctx.talos.is_none() && p.done.is_empty() {
+        let msg = "the controller has no Talos API credentials (`serve --talosconfig`; the chart's \
+                   `talos.configSecret`), so the removal does not start: it would drain the node \
+                   and then stop before etcd";
+        if status::set(
+            next.conditions_mut(),
+            REMOVAL,
+            false,
+            "NoTalosCredentials",
+            msg,
+        ) {
+            ctx.event(m, true, "NoTalosCredentials", msg.to_string())
+                .await;
+        }
+        write_status(ctx, m, &next).await?;
+        return Ok(Action::requeue(ctx.settings.refused_requeue));
+    }
 
     // 1. The cluster lock.
     let work = Work::RemoveControlPlane {
