@@ -35,6 +35,15 @@ pub enum LoadError {
     Empty { path: PathBuf },
 }
 
+impl LoadError {
+    /// The file or folder that could not be read.
+    pub fn path(&self) -> &Path {
+        match self {
+            LoadError::Io { path, .. } | LoadError::Empty { path } => path,
+        }
+    }
+}
+
 /// The `.rules` files of each path (a file, or a folder read non-recursively), sorted. A
 /// file named twice (`rules rules/admission.rules`) is read once.
 pub fn read_sources(paths: &[PathBuf]) -> Result<Vec<SourceFile>, LoadError> {

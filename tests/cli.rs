@@ -632,6 +632,16 @@ fn deny_warnings_with_an_unused_let_exits_1() {
 fn check_missing_path_exits_2() {
     let out = run(&["check", "no/such/rules"]);
     assert_bad_input(&out, "no/such/rules", "");
+    // As JSON, stdout still says what went wrong.
+    let out = run(&["check", "--format", "json", "no/such/rules"]);
+    assert_eq!(out.code, 2);
+    let v = out.json();
+    assert_eq!(v["errors"], 1, "{v}");
+    assert_eq!(
+        v["diagnostics"][0]["code"], "ichor::input::unreadable",
+        "{v}"
+    );
+    assert_eq!(v["diagnostics"][0]["file"], "no/such/rules", "{v}");
 }
 
 #[test]

@@ -10,6 +10,23 @@ pub fn run(paths: &[PathBuf], format: Format, deny_warnings: bool) -> u8 {
         Ok(f) => f,
         Err(e) => {
             eprintln!("error: {e}");
+            if format == Format::Json {
+                // CI reading stdout still gets JSON that says what went wrong.
+                let out = serde_json::json!({
+                    "files": [],
+                    "errors": 1,
+                    "warnings": 0,
+                    "diagnostics": [{
+                        "code": "ichor::input::unreadable",
+                        "severity": "error",
+                        "file": e.path().display().to_string(),
+                        "line": 0,
+                        "column": 0,
+                        "message": e.to_string(),
+                    }],
+                });
+                let _ = emit(&(serde_json::to_string_pretty(&out).unwrap_or_default() + "\n"));
+            }
             return EXIT_BAD_INPUT;
         }
     };
