@@ -131,7 +131,45 @@ impl SourceFile {
 /// A diagnostic joined with its source, so miette can render it.
 struct Rendered<'a> {
     diag: &'a Diagnostic,
-    src: NamedSource<Arc<str>>,
+    src: CharColumns,
+}
+
+/// A named source whose columns count characters, as `--format json` does (miette's own
+/// count bytes, which differ on a line with non-ASCII text).
+struct CharColumns {
+    inner: NamedSource<Arc<str>>,
+    text: Arc<str>,
+}
+
+impl miette::SourceCode for CharColumns {
+    fn read_span<'a>(
+        &'a self,
+        span: &miette::SourceSpan,
+        context_lines_before: usize,
+        context_lines_after: usize,
+    ) -> Result<Box<dyn miette::SpanContents<'a> + 'a>, miette::MietteError> {
+        let contents = self
+            .inner
+            .read_span(span, context_lines_before, context_lines_after)?;
+        let start = contents.span().offset();
+        let line_start = self
+            .text
+            .get(..start)
+            .and_then(|before| before.rfind('\n'))
+            .map_or(0, |i| i + 1);
+        let column = self
+            .text
+            .get(line_start..start)
+            .map_or(contents.column(), |s| s.chars().count());
+        Ok(Box::new(miette::MietteSpanContents::new_named(
+            self.inner.name().to_string(),
+            contents.data(),
+            *contents.span(),
+            contents.line(),
+            column,
+            contents.line_count(),
+        )))
+    }
 }
 
 impl fmt::Debug for Rendered<'_> {
@@ -205,7 +243,10 @@ pub fn render_human(diags: &[Diagnostic], files: &[SourceFile], colour: bool) ->
             continue;
         };
         let (line, col) = file.line_col(d.span.start);
-        let src = NamedSource::new(file.display_path(), file.text.clone());
+        let src = CharColumns {
+            inner: NamedSource::new(file.display_path(), file.text.clone()),
+            text: file.text.clone(),
+        };
         let r = Rendered { diag: d, src };
         if handler.render_report(&mut out, &r).is_err() {
             out.push_str(&format!(

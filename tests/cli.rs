@@ -852,3 +852,28 @@ fn objects_the_crds_would_refuse_are_bad_input() {
         assert_eq!(out.stderr.trim().lines().count(), 1, "{}", out.stderr);
     }
 }
+
+/// Columns count characters in both outputs, on a line with non-ASCII text too.
+#[test]
+fn human_and_json_columns_agree_on_non_ascii_lines() {
+    let dir = scratch("columns");
+    let file = dir.join("uni.rules");
+    std::fs::write(
+        &file,
+        "# «ünïcödé»\nrule r refuse remove worker when «x» say \"y\"\n",
+    )
+    .unwrap();
+    let path = file.to_str().unwrap();
+    let human = run(&["check", path]);
+    let json = run(&["check", "--format", "json", path]);
+    let d = &json.json()["diagnostics"][0];
+    let (line, column) = (d["line"].as_u64().unwrap(), d["column"].as_u64().unwrap());
+    assert_eq!((line, column), (2, 34), "{d}");
+    assert!(
+        human
+            .stdout
+            .contains(&format!("uni.rules:{line}:{column}]")),
+        "{}",
+        human.stdout
+    );
+}
