@@ -394,7 +394,7 @@ facts! {
     TargetControlPlane "target.controlplane" Type::Bool, Cheap,
         "the operation's spec.machine is an approved control plane of the operation's cluster (not being deleted)";
     Phase "phase" Type::Name, Cheap, "status.phase of the TalosOperation";
-    Failed "failed" Type::Bool, Cheap, "the TalosOperation has a status.failureReason";
+    Failed "failed" Type::Bool, Cheap, "the TalosOperation failed: a status.failureReason, or phase Failed";
     Paused "paused" Type::Bool, Cheap,
         "the TalosOperation is Paused for a reason the rules do not own (Operator, ClusterLockHeld, a shutdown, a failure): that pause stands";
     UnfinishedExists "unfinished.exists" Type::Bool, Cheap,

@@ -1217,7 +1217,7 @@ fn operation_start_refused_while_even() {
     a.assert_refused_by(&["operation-while-transitioning"]);
     a.assert_message_contains(
         "operation-while-transitioning",
-        "the cluster has an even number of approved control planes (4): a upgrade now would run without a majority margin, so it would wait. Remove a control plane (to go back down) or approve another one (to go up), then run this again",
+        "the cluster has an even number of approved control planes (4): the upgrade operation would run without a majority margin, so it would wait. Remove a control plane (to go back down) or approve another one (to go up), then run this again",
     );
 }
 
@@ -1432,11 +1432,40 @@ fn reset_of_an_unreachable_control_plane_keeps_the_count_check() {
 fn reset_of_the_last_control_plane_refused() {
     let objects = objs(&[&[cluster("c", 1, "true")], &cps(1)]);
     let a = create(&objects, &operation("rs1", "reset", None, Some("cp1")));
-    a.assert_refused_by(&["reset-below-count", "reset-quorum"]);
+    a.assert_refused_by(&["reset-below-count", "reset-last-control-plane"]);
+    a.assert_message_contains(
+        "reset-last-control-plane",
+        "resetting control plane cp1 would leave no control plane (control planes 1 -> 0)",
+    );
+    // Two control planes: quorum (count 1, so the declared count allows 2 -> 1).
+    let objects = objs(&[&[cluster("c", 1, "true")], &cps(2)]);
+    let a = create(&objects, &operation("rs1", "reset", None, Some("cp1")));
+    a.assert_refused_by(&["reset-control-plane-while-transitioning", "reset-quorum"]);
     a.assert_message_contains(
         "reset-quorum",
-        "resetting control plane cp1: control planes 1 -> 0, below the etcd quorum of 1",
+        "resetting control plane cp1: control planes 2 -> 1, below the etcd quorum of 2",
     );
+}
+
+/// ADR 0106 §4: the dead-member warning speaks of a removal that goes ahead; quorum and
+/// the last control plane never bend, so it is not given with their refusals.
+#[test]
+fn no_dead_member_warning_when_quorum_refuses() {
+    let objects = objs(&[&[cluster("c", 3, "true")], &[cp(1), unreachable(cp(2))]]);
+    let a = delete(&objects, &allowed(unreachable(cp(2))));
+    a.assert_refused_by(&["quorum"]);
+    assert!(a.warnings().is_empty(), "{:?}", a.warnings());
+}
+
+/// A failed operation is one with a failureReason or phase Failed: never parked.
+#[test]
+fn run_operation_in_phase_failed_is_not_parked() {
+    let objects = objs(&[
+        &[cluster("c", 3, "true")],
+        &cps(4),
+        &[operation("up1", "upgrade", Some("Failed"), None)],
+    ]);
+    reconcile(&objects, "up1").assert_proceed();
 }
 
 #[test]

@@ -391,11 +391,13 @@ impl TalosOperation {
             .unwrap_or("Pending")
     }
 
+    /// It failed: a failureReason, or phase Failed.
     pub fn failed(&self) -> bool {
         self.status
             .as_ref()
             .and_then(|s| s.failure_reason.as_deref())
             .is_some_and(|r| !r.is_empty())
+            || self.phase() == "Failed"
     }
 
     pub fn finished(&self) -> bool {
