@@ -441,7 +441,7 @@ async fn concurrent_approvals_past_the_cap_hold_the_newest_and_never_join_more_t
 /// and the live reads of its decisions, and no Lease (no leader election).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_webhook_alone_calls_only_the_webhook_grants() {
-    use ichor_rules::runtime::access::{Scope, webhook_allows};
+    use ichor_rules::runtime::access::webhook_allows;
     let api = ApiServer::start().await;
     api.insert(cluster("prod", 3));
     for (i, name) in ["cp-1", "cp-2", "cp-3"].iter().enumerate() {
@@ -453,17 +453,8 @@ async fn the_webhook_alone_calls_only_the_webhook_grants() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("dir");
     let ca = https::write_cert(&dir);
-    let listen = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port");
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _serve = Kill(
+    let listen = https::free_address();
+    let _serve = https::Killed(
         std::process::Command::new(env!("CARGO_BIN_EXE_ichor-rules"))
             .args(["serve", "--no-controller", "--listen", &listen.to_string()])
             .args(["--api-server", &api.url(), "--rules", "rules"])
@@ -557,20 +548,7 @@ async fn the_webhook_alone_calls_only_the_webhook_grants() {
     }
     // A few more reload rounds: a controller, were one running, would have campaigned.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut seen = std::collections::BTreeSet::new();
-    for r in api.store.faults.take_log() {
-        if r.by_test {
-            continue;
-        }
-        let Some(call) = rbac_of(&r) else { continue };
-        assert!(
-            webhook_allows(&call.0, &call.1, &call.2, Scope::Cluster),
-            "serve --no-controller made a call the webhook-only chart does not grant: {} {} ({call:?})",
-            r.method,
-            r.path
-        );
-        seen.insert(call);
-    }
+    let seen = assert_calls_within(&api, webhook_allows, "the webhook-only chart");
     for needed in [("talosclusters", "list"), ("talosmachines", "list")] {
         assert!(
             seen.contains(&(

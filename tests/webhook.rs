@@ -561,17 +561,8 @@ async fn the_serve_command_reloads_rules_and_keeps_the_last_good_table() {
     {
         api.insert(machine(&format!("cp-{}", i + 1), "controlplane", true, at));
     }
-    let listen = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port");
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _serve = Kill(
+    let listen = https::free_address();
+    let _serve = https::Killed(
         std::process::Command::new(env!("CARGO_BIN_EXE_ichor-rules"))
             .args([
                 "serve",

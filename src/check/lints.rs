@@ -119,6 +119,14 @@ impl<'a> Assignments<'a> {
         self.domains.iter().map(|d| d.len()).product()
     }
 
+    /// Assignment number `n` in words: `fact = value` for each fact.
+    fn describe(&self, n: usize) -> Vec<String> {
+        self.facts
+            .iter()
+            .filter_map(|f| self.value(n, *f).ok().map(|v| format!("{f} = {}", show(v))))
+            .collect()
+    }
+
     /// The value of `fact` in assignment number `n`.
     fn value(&self, n: usize, fact: Fact) -> Result<Value<'a>, EvalError> {
         let mut rest = n;
@@ -189,11 +197,7 @@ fn lint_placeholders(rule: &CheckedRule, diags: &mut Vec<Diagnostic>) {
         for e in &placeholders {
             if let Err(err @ (EvalError::DivisionByZero | EvalError::Overflow)) = eval(e, &mut get)
             {
-                let facts: Vec<String> = a
-                    .facts
-                    .iter()
-                    .filter_map(|f| a.value(n, *f).ok().map(|v| format!("{f} = {}", show(v))))
-                    .collect();
+                let facts = a.describe(n);
                 diags.push(
                     Diagnostic::error(
                         "ichor::check::arithmetic",
@@ -262,11 +266,7 @@ fn lint_rule<'a>(
                 }
             }
             Err((err, span)) => {
-                let facts: Vec<String> = a
-                    .facts
-                    .iter()
-                    .filter_map(|f| a.value(n, *f).ok().map(|v| format!("{f} = {}", show(v))))
-                    .collect();
+                let facts = a.describe(n);
                 diags.push(
                     Diagnostic::error(
                         "ichor::check::arithmetic",

@@ -253,7 +253,18 @@ pub fn rbac_of(r: &super::apiserver::Request) -> Option<(String, String, String)
 pub fn assert_calls_granted(
     api: &ApiServer,
 ) -> std::collections::BTreeSet<(String, String, String)> {
-    use ichor_rules::runtime::access::{Scope, allows};
+    use ichor_rules::runtime::access::allows;
+    assert_calls_within(api, allows, "the chart")
+}
+
+/// Like [`assert_calls_granted`], against the grants `granted` says (`access::allows`, or
+/// `access::webhook_allows` for a webhook-only process); `whose` names them in failures.
+pub fn assert_calls_within(
+    api: &ApiServer,
+    granted: fn(&str, &str, &str, ichor_rules::runtime::access::Scope) -> bool,
+    whose: &str,
+) -> std::collections::BTreeSet<(String, String, String)> {
+    use ichor_rules::runtime::access::Scope;
     let mut seen = std::collections::BTreeSet::new();
     for r in api.store.faults.take_log() {
         if r.by_test {
@@ -261,8 +272,8 @@ pub fn assert_calls_granted(
         }
         let Some(call) = rbac_of(&r) else { continue };
         assert!(
-            allows(&call.0, &call.1, &call.2, Scope::Cluster),
-            "the code made a call the chart does not grant: {} {} ({call:?})",
+            granted(&call.0, &call.1, &call.2, Scope::Cluster),
+            "the code made a call {whose} does not grant: {} {} ({call:?})",
             r.method,
             r.path
         );

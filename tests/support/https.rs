@@ -10,6 +10,24 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 
+/// An address on 127.0.0.1 free right now, for a server started as a process.
+pub fn free_address() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+}
+
+/// A child process (`ichor-rules serve`) killed and reaped when dropped, so a failing test
+/// leaves no server behind.
+pub struct Killed(pub std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// One HTTP/1.1 connection over TLS.
 pub type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 

@@ -204,6 +204,8 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
         return finish_without_rules(ctx, live, &mut next, p, &lock, &holder, renewal).await;
     };
     next = live.clone();
+    // What the API server holds of the status: each write compares with it.
+    let mut written = live.clone();
 
     // 3. Decide, unless the removal is committed (the member already left etcd).
     if !p.committed {
@@ -260,12 +262,8 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
         };
         status::set(next.conditions_mut(), REMOVAL, true, reason, &message);
         set_progress(&mut next, p.clone());
-        if let Some(version) = write_status_version(ctx, live, &next).await? {
-            next.metadata.resource_version = Some(version);
-        }
+        save(ctx, &mut written, &mut next).await?;
     }
-    // What the API server holds of the status now: each write compares with it.
-    let mut written = next.clone();
 
     // 4. The plan.
     let Some(plan) = table.plan(Verb::Remove, crate::vocab::Subject::ControlPlane) else {
