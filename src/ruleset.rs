@@ -33,13 +33,18 @@ pub enum LoadError {
     },
     #[error("{}: no .rules files found", path.display())]
     Empty { path: PathBuf },
+    /// The files together are larger than the reader was allowed to read.
+    #[error("{}: the rule files are larger than {limit} bytes in all", path.display())]
+    TooLarge { path: PathBuf, limit: u64 },
 }
 
 impl LoadError {
     /// The file or folder that could not be read.
     pub fn path(&self) -> &Path {
         match self {
-            LoadError::Io { path, .. } | LoadError::Empty { path } => path,
+            LoadError::Io { path, .. }
+            | LoadError::Empty { path }
+            | LoadError::TooLarge { path, .. } => path,
         }
     }
 }
@@ -47,12 +52,24 @@ impl LoadError {
 /// The `.rules` files of each path (a file, or a folder read non-recursively), sorted. A
 /// file named twice (`rules rules/admission.rules`) is read once.
 pub fn read_sources(paths: &[PathBuf]) -> Result<Vec<SourceFile>, LoadError> {
+    read_sources_within(paths, u64::MAX)
+}
+
+/// Like [`read_sources`], but never reads more than `limit` bytes in all: a larger set is
+/// [`LoadError::TooLarge`] (a server reloading rules bounds its memory with it).
+pub fn read_sources_within(paths: &[PathBuf], limit: u64) -> Result<Vec<SourceFile>, LoadError> {
     let mut files = Vec::new();
     let mut seen = std::collections::HashSet::new();
+    let mut left = limit;
     let mut read_once = |p: &Path, files: &mut Vec<SourceFile>| -> Result<(), LoadError> {
         let key = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
         if seen.insert(key) {
-            files.push(read_one(p)?);
+            let file = read_one(p, left).map_err(|e| match e {
+                LoadError::TooLarge { path, .. } => LoadError::TooLarge { path, limit },
+                e => e,
+            })?;
+            left -= file.text.len() as u64;
+            files.push(file);
         }
         Ok(())
     };
@@ -84,11 +101,25 @@ pub fn read_sources(paths: &[PathBuf]) -> Result<Vec<SourceFile>, LoadError> {
     Ok(files)
 }
 
-fn read_one(path: &Path) -> Result<SourceFile, LoadError> {
-    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Io {
+/// Reads one file of at most `limit` bytes (a file growing while it is read included).
+fn read_one(path: &Path, limit: u64) -> Result<SourceFile, LoadError> {
+    use std::io::Read;
+    let io = |source| LoadError::Io {
         path: path.to_path_buf(),
         source,
-    })?;
+    };
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .map_err(io)?
+        .take(limit.saturating_add(1))
+        .read_to_string(&mut text)
+        .map_err(io)?;
+    if text.len() as u64 > limit {
+        return Err(LoadError::TooLarge {
+            path: path.to_path_buf(),
+            limit,
+        });
+    }
     Ok(SourceFile::new(path, text))
 }
 

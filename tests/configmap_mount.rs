@@ -75,7 +75,8 @@ fn shipped(name: &str) -> String {
     std::fs::read_to_string(Path::new("rules").join(name)).expect("shipped rules")
 }
 
-/// The shipped admission rules without the `cluster-allow-delete` rule.
+/// The shipped admission rules with the `cluster-allow-delete` rule replaced by an
+/// explicit `allow` (dropping it alone leaves `remove cluster` uncovered: refused).
 fn admission_without_cluster_gate() -> String {
     let text = shipped("admission.rules");
     let start = text
@@ -86,8 +87,12 @@ fn admission_without_cluster_gate() -> String {
             .find("\n\n")
             .expect("a blank line ends the rule")
         + 2;
-    format!("{}{}", &text[..start], &text[end..])
+    format!("{}allow remove cluster\n\n{}", &text[..start], &text[end..])
 }
+
+/// Every event the shipped `removal.rules` covers, explicitly allowed.
+const ALLOW_REMOVALS: &str =
+    "allow leave controlplane\nallow apply controlplane\nallow apply worker\nallow run operation\n";
 
 #[test]
 fn a_mounted_configmap_is_read_once_per_key_through_its_links() {
@@ -163,13 +168,24 @@ fn a_swap_of_the_data_link_reloads_and_a_broken_swap_keeps_the_table() {
     assert!(matches!(rules.reload(), Reload::Rejected { .. }));
     assert_eq!(rules.current().expect("still serving").row_count(), fewer);
 
-    // A key removed from the ConfigMap: its link goes, and the set shrinks to one file.
+    // A key removed from the ConfigMap leaves the removal events uncovered: refused.
     volume.publish(&[("admission.rules", &admission)]);
+    match rules.reload() {
+        Reload::Rejected { reason, .. } => {
+            assert!(reason.contains("remove controlplane"), "{reason}")
+        }
+        other => panic!("a set that covers no removal must be refused, got {other:?}"),
+    }
+    assert_eq!(rules.current().expect("still serving").row_count(), fewer);
+
+    // The same key with the removals explicitly allowed: the set shrinks to one file.
+    let together = format!("{admission}\n{ALLOW_REMOVALS}");
+    volume.publish(&[("admission.rules", &together)]);
     let files = read_sources(std::slice::from_ref(&dir)).expect("loads");
     assert_eq!(files.len(), 1);
-    let alone = build(read_sources(&[PathBuf::from("rules/admission.rules")]).expect("loads"))
+    let alone = build(files)
         .table
-        .expect("admission.rules checks on its own")
+        .expect("admission.rules with the allows checks on its own")
         .row_count();
     assert_eq!(rules.reload(), Reload::Replaced { rows: alone });
 }

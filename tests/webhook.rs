@@ -26,6 +26,11 @@ use std::time::Duration;
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
+/// A `removal.rules` that drops every removal rule and allows, explicitly, each event the
+/// shipped one covers (a rule set that leaves a runtime event uncovered is refused).
+const ALLOW_REMOVALS: &str =
+    "allow leave controlplane\nallow apply controlplane\nallow apply worker\nallow run operation\n";
+
 fn scratch(name: &str) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
         "webhook-{name}-{}-{}",
@@ -346,7 +351,7 @@ async fn a_broken_rules_edit_keeps_the_old_table() {
     )
     .expect("break the rules");
     match h.rules.reload() {
-        Reload::Rejected { reason } => assert!(reason.contains("aproved"), "{reason}"),
+        Reload::Rejected { reason, .. } => assert!(reason.contains("aproved"), "{reason}"),
         other => panic!("a broken edit must be rejected, got {other:?}"),
     }
     let cp3 = machine("cp-3", "controlplane", true, "2026-10-03T00:00:00Z");
@@ -359,12 +364,9 @@ async fn a_broken_rules_edit_keeps_the_old_table() {
         r["response"]["allowed"], false,
         "the old table still refuses 3 -> 2"
     );
-    // A good edit replaces it.
-    std::fs::write(
-        h.dir.join("rules").join("removal.rules"),
-        "allow apply worker\n",
-    )
-    .expect("edit");
+    // A good edit replaces it: the removal rules dropped, every event they covered
+    // explicitly allowed (an uncovered event would be refused).
+    std::fs::write(h.dir.join("rules").join("removal.rules"), ALLOW_REMOVALS).expect("edit");
     assert!(matches!(h.rules.reload(), Reload::Replaced { .. }));
     let r = review(
         &h,
@@ -621,7 +623,7 @@ async fn the_serve_command_reloads_rules_and_keeps_the_last_good_table() {
     };
     assert_eq!(ask().await, Some(false), "3 -> 2 is refused");
     // Edit: drop the removal rules. The new table serves within a few reload intervals.
-    std::fs::write(rules_dir.join("removal.rules"), "allow apply worker\n").expect("edit");
+    std::fs::write(rules_dir.join("removal.rules"), ALLOW_REMOVALS).expect("edit");
     let mut reloaded = false;
     for _ in 0..50 {
         if ask().await == Some(true) {

@@ -3,12 +3,15 @@
 use super::{EXIT_BAD_INPUT, EXIT_OK};
 use crate::runtime::controller::{Context, Settings, leader};
 use crate::runtime::live::LiveReader;
+use crate::runtime::logs;
 use crate::runtime::metrics::Metrics;
-use crate::runtime::reload::{Reload, Rules};
+use crate::runtime::reload::{RELOAD_STACK, Reload, Reloader, Rules, on_reload_thread};
+use crate::runtime::server::{Limits, serve_tls_with};
 use crate::runtime::talos::TalosTls;
 use crate::runtime::tls::ReloadingCert;
-use crate::runtime::webhook::{Webhook, router, serve_tls};
+use crate::runtime::webhook::{Webhook, router};
 use clap::{Args, ValueEnum};
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -43,8 +46,30 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 2000)]
     pub read_timeout_ms: u64,
     /// How often the rules and the certificate are checked for changes, in milliseconds.
+    /// Rules are read, checked (lints on) and compiled on a thread of their own (64 MiB
+    /// stack), never on the threads answering requests. A version is applied only when
+    /// `ichor-rules check` accepts it and every event the runtime produces is covered by a
+    /// rule or an `allow`; otherwise the previous table keeps serving, and at startup
+    /// `serve` exits (code 2) printing why.
     #[arg(long, default_value_t = 2000)]
     pub reload_interval_ms: u64,
+    /// The most HTTPS connections open at once; one more is closed as soon as it is
+    /// accepted (the API server keeps a few per replica).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub max_connections: u64,
+    /// Time a TLS handshake may take, in milliseconds.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub tls_handshake_timeout_ms: u64,
+    /// Time a request head may take once its first byte arrived, in milliseconds.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_read_timeout_ms: u64,
+    /// Time a request body may take once its head was read, in milliseconds.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_read_timeout_ms: u64,
+    /// Time an open connection may wait for its next request (after the handshake or
+    /// the previous answer), in milliseconds.
+    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub idle_timeout_ms: u64,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -66,6 +91,30 @@ pub struct ServeArgs {
 
 pub fn run(args: &ServeArgs) -> u8 {
     init_logs(args.log_format);
+    // The first load decides whether to start at all: rules `check` refuses, or that leave
+    // a runtime event uncovered, are never served, not even until a better version comes.
+    let rules = Arc::new(Rules::new(args.rules.clone()));
+    match on_reload_thread(|| rules.reload()) {
+        Ok(Reload::Replaced { rows }) => tracing::info!(rows, "rules loaded"),
+        Ok(Reload::Rejected {
+            reason,
+            diagnostics,
+        }) => {
+            eprintln!("error: the rules are refused: {}", logs::escape(&reason));
+            for d in diagnostics {
+                eprintln!("  {}", logs::escape(&d));
+            }
+            return EXIT_BAD_INPUT;
+        }
+        Ok(Reload::Unchanged) => {
+            eprintln!("error: no rules loaded");
+            return EXIT_BAD_INPUT;
+        }
+        Err(e) => {
+            eprintln!("error: loading the rules: {e}");
+            return EXIT_BAD_INPUT;
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -76,18 +125,24 @@ pub fn run(args: &ServeArgs) -> u8 {
             return EXIT_BAD_INPUT;
         }
     };
-    runtime.block_on(serve(args))
+    runtime.block_on(serve(args, rules))
 }
 
 fn init_logs(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Thread names show where work ran (rules are checked on `ichor-rules-reload`).
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_thread_names(true)
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Json => builder.json().try_init(),
-        LogFormat::Text => builder.try_init(),
+        // Field values are escaped: a name with a newline cannot forge a line.
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .fmt_fields(logs::escaped_fields())
+            .try_init(),
     };
 }
 
@@ -105,16 +160,9 @@ async fn client(args: &ServeArgs) -> Result<kube::Client, String> {
     }
 }
 
-async fn serve(args: &ServeArgs) -> u8 {
-    let rules = Arc::new(Rules::new(args.rules.clone()));
-    match rules.reload() {
-        Reload::Replaced { rows } => tracing::info!(rows, "rules loaded"),
-        Reload::Rejected { reason } => {
-            // Keep serving (refusing everything with a verb) until a good version arrives.
-            tracing::error!(%reason, "the rules do not check; every guarded request is refused until they do");
-        }
-        Reload::Unchanged => {}
-    }
+async fn serve(args: &ServeArgs, rules: Arc<Rules>) -> u8 {
+    let metrics = Arc::new(Metrics::default());
+    metrics.rules_status(&rules.status());
     let cert = match ReloadingCert::new(args.tls_cert.clone(), args.tls_key.clone()) {
         Ok(c) => Arc::new(c),
         Err(e) => {
@@ -136,7 +184,6 @@ async fn serve(args: &ServeArgs) -> u8 {
             return EXIT_BAD_INPUT;
         }
     };
-    let metrics = Arc::new(Metrics::default());
     let state = Arc::new(Webhook {
         rules: rules.clone(),
         reader: LiveReader::new(client.clone(), Duration::from_millis(args.read_timeout_ms)),
@@ -188,40 +235,59 @@ async fn serve(args: &ServeArgs) -> u8 {
         Some((ctx, task))
     };
     let interval = Duration::from_millis(args.reload_interval_ms.max(100));
+    // Rules and certificate are polled on their own thread: parsing, checking and
+    // compiling never run on the workers answering requests.
+    let reloader = {
+        let (rules, cert, metrics) = (rules.clone(), cert.clone(), metrics.clone());
+        Reloader::start(interval, move || {
+            match rules.reload() {
+                Reload::Replaced { rows } => {
+                    metrics.reload(true);
+                    tracing::info!(rows, "rules reloaded");
+                }
+                Reload::Rejected {
+                    reason,
+                    diagnostics,
+                } => {
+                    metrics.reload(false);
+                    tracing::error!(
+                        %reason,
+                        ?diagnostics,
+                        "new rules refused; the previous table keeps serving"
+                    );
+                }
+                Reload::Unchanged => {}
+            }
+            metrics.rules_status(&rules.status());
+            match cert.reload_if_changed() {
+                Ok(true) => tracing::info!("serving certificate reloaded"),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "new certificate rejected; the previous one keeps serving")
+                }
+            }
+        })
+    };
+    let reloader = match reloader {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e} ({RELOAD_STACK} bytes of stack)");
+            return EXIT_BAD_INPUT;
+        }
+    };
     let watcher = {
-        let (rules, cert, state, metrics) =
-            (rules.clone(), cert.clone(), state.clone(), metrics.clone());
+        let state = state.clone();
         tokio::spawn(async move {
-            loop {
-                match rules.reload() {
-                    Reload::Replaced { rows } => {
-                        metrics.reload(true);
-                        tracing::info!(rows, "rules reloaded");
-                    }
-                    Reload::Rejected { reason } => {
-                        metrics.reload(false);
-                        tracing::error!(%reason, "new rules rejected; the previous table keeps serving");
-                    }
-                    Reload::Unchanged => {}
-                }
-                match cert.reload_if_changed() {
-                    Ok(true) => tracing::info!("serving certificate reloaded"),
-                    Ok(false) => {}
-                    Err(e) => {
-                        tracing::error!(error = %e, "new certificate rejected; the previous one keeps serving")
-                    }
-                }
-                if !state.api_ready.load(Ordering::Relaxed) {
-                    let api: kube::Api<crate::runtime::objects::TalosCluster> =
-                        kube::Api::all(state.reader.client().clone());
-                    let probe = tokio::time::timeout(
-                        Duration::from_secs(5),
-                        api.list(&kube::api::ListParams::default().limit(1)),
-                    )
-                    .await;
-                    if matches!(probe, Ok(Ok(_))) {
-                        state.api_ready.store(true, Ordering::Relaxed);
-                    }
+            while !state.api_ready.load(Ordering::Relaxed) {
+                let api: kube::Api<crate::runtime::objects::TalosCluster> =
+                    kube::Api::all(state.reader.client().clone());
+                let probe = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    api.list(&kube::api::ListParams::default().limit(1)),
+                )
+                .await;
+                if matches!(probe, Ok(Ok(_))) {
+                    state.api_ready.store(true, Ordering::Relaxed);
                 }
                 tokio::time::sleep(interval).await;
             }
@@ -243,7 +309,15 @@ async fn serve(args: &ServeArgs) -> u8 {
         }
         tracing::info!("shutting down");
     };
-    serve_tls(listener, tls, router(state), shutdown).await;
+    let limits = Limits {
+        max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
+        handshake_timeout: Duration::from_millis(args.tls_handshake_timeout_ms),
+        header_timeout: Duration::from_millis(args.header_read_timeout_ms),
+        body_timeout: Duration::from_millis(args.body_read_timeout_ms),
+        idle_timeout: Duration::from_millis(args.idle_timeout_ms),
+    };
+    serve_tls_with(listener, tls, router(state), limits, metrics, shutdown).await;
+    drop(reloader);
     watcher.abort();
     if let Some((ctx, task)) = controller {
         task.abort();

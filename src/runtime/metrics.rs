@@ -1,4 +1,8 @@
 //! Prometheus metrics of the webhook, in the text exposition format.
+//!
+//! Every label value comes from a fixed set: nothing a caller sends can add a time series
+//! (a request's kind is one of our three kinds or `other`; rule names come from the loaded
+//! tables and are capped at [`MAX_RULE_SERIES`]).
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -11,12 +15,52 @@ const BUCKETS: [f64; 12] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
 
+/// The kinds a request is counted under; any other kind is counted as `other`.
+pub const KINDS: [&str; 3] = ["TalosMachine", "TalosCluster", "TalosOperation"];
+
+/// The most distinct rule names counted (reloads that rename rules add names); further
+/// names are counted as `other`.
+pub const MAX_RULE_SERIES: usize = 1000;
+
+/// The label of a request's kind: one of [`KINDS`] or `other`.
+pub fn kind_label(kind: &str) -> &'static str {
+    KINDS
+        .iter()
+        .find(|k| **k == kind)
+        .copied()
+        .unwrap_or("other")
+}
+
+/// Why the server closed a connection it had accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Closed {
+    /// The TLS handshake did not finish in time.
+    Handshake,
+    /// A request head did not arrive in time once it began.
+    Header,
+    /// A request body did not arrive in time.
+    Body,
+    /// No request began in time on an open connection.
+    Idle,
+}
+
+impl Closed {
+    pub fn label(self) -> &'static str {
+        match self {
+            Closed::Handshake => "handshake",
+            Closed::Header => "header",
+            Closed::Body => "body",
+            Closed::Idle => "idle",
+        }
+    }
+}
+
 #[derive(Default)]
 pub struct Metrics {
     /// (rule, verdict) -> count of decisions a rule matched in.
     decisions: Mutex<BTreeMap<(String, &'static str), u64>>,
     /// (kind, allowed) -> requests answered.
-    requests: Mutex<BTreeMap<(String, bool), u64>>,
+    requests: Mutex<BTreeMap<(&'static str, bool), u64>>,
     latency_buckets: [AtomicU64; BUCKETS.len()],
     latency_count: AtomicU64,
     latency_sum_micros: AtomicU64,
@@ -29,6 +73,16 @@ pub struct Metrics {
     reconciles: Mutex<BTreeMap<(&'static str, bool), Spent>>,
     /// 1 while this replica leads (reconciles), 0 otherwise.
     leading: AtomicU64,
+    /// The serving rules: Unix time they were built, rows, fingerprint, and 1 when the
+    /// files as they are now were refused.
+    rules_loaded_at: AtomicU64,
+    rules_rows: AtomicU64,
+    rules_fingerprint: AtomicU64,
+    rules_refused: AtomicU64,
+    /// Connections open now; refused over the cap; closed by a timeout, by reason.
+    connections_open: AtomicU64,
+    connections_refused: AtomicU64,
+    connections_timed_out: Mutex<BTreeMap<Closed, u64>>,
 }
 
 /// How many, and how many seconds in all.
@@ -41,12 +95,29 @@ fn bump<K: Ord>(m: &Mutex<BTreeMap<K, u64>>, k: K) {
 }
 
 impl Metrics {
+    /// A rule of the serving table matched (`rule` is its name in the table).
     pub fn decision(&self, rule: &str, verdict: &'static str) {
-        bump(&self.decisions, (rule.to_string(), verdict));
+        let Ok(mut m) = self.decisions.lock() else {
+            return;
+        };
+        let key = (rule.to_string(), verdict);
+        if let Some(n) = m.get_mut(&key) {
+            *n += 1;
+            return;
+        }
+        let mut names: Vec<&str> = m.keys().map(|(r, _)| r.as_str()).collect();
+        names.dedup();
+        let key = if names.len() < MAX_RULE_SERIES || names.contains(&rule) {
+            key
+        } else {
+            ("other".to_string(), verdict)
+        };
+        *m.entry(key).or_insert(0) += 1;
     }
 
+    /// A request answered; `kind` is what the caller sent (counted as [`kind_label`]).
     pub fn request(&self, kind: &str, allowed: bool, took: Duration) {
-        bump(&self.requests, (kind.to_string(), allowed));
+        bump(&self.requests, (kind_label(kind), allowed));
         let secs = took.as_secs_f64();
         for (i, b) in BUCKETS.iter().enumerate() {
             if secs <= *b {
@@ -88,6 +159,41 @@ impl Metrics {
         self.bad_requests.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// What serves now (after a reload or a refused one).
+    pub fn rules_status(&self, status: &super::reload::Status) {
+        let at = status
+            .loaded_at
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs());
+        self.rules_loaded_at.store(at, Ordering::Relaxed);
+        self.rules_rows.store(status.rows as u64, Ordering::Relaxed);
+        self.rules_fingerprint
+            .store(status.serving.unwrap_or(0), Ordering::Relaxed);
+        self.rules_refused
+            .store(u64::from(status.refused), Ordering::Relaxed);
+    }
+
+    /// A connection was accepted (`true`) or closed (`false`).
+    pub fn connection(&self, open: bool) {
+        if open {
+            self.connections_open.fetch_add(1, Ordering::Relaxed);
+        } else {
+            let _ = self
+                .connections_open
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        }
+    }
+
+    /// A connection over the cap was closed as soon as it was accepted.
+    pub fn connection_refused(&self) {
+        self.connections_refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A connection was closed by a timeout.
+    pub fn connection_timed_out(&self, why: Closed) {
+        bump(&self.connections_timed_out, why);
+    }
+
     /// The text exposition format.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -106,14 +212,13 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
-            "# HELP ichor_rules_admission_requests_total Admission requests answered, by kind and outcome.\n# TYPE ichor_rules_admission_requests_total counter"
+            "# HELP ichor_rules_admission_requests_total Admission requests answered, by kind (TalosMachine, TalosCluster, TalosOperation or other) and outcome.\n# TYPE ichor_rules_admission_requests_total counter"
         );
         if let Ok(m) = self.requests.lock() {
             for ((kind, allowed), n) in m.iter() {
                 let _ = writeln!(
                     out,
-                    "ichor_rules_admission_requests_total{{kind=\"{}\",allowed=\"{allowed}\"}} {n}",
-                    escape(kind)
+                    "ichor_rules_admission_requests_total{{kind=\"{kind}\",allowed=\"{allowed}\"}} {n}"
                 );
             }
         }
@@ -152,6 +257,58 @@ impl Metrics {
             self.reloads_ok.load(Ordering::Relaxed),
             self.reloads_failed.load(Ordering::Relaxed)
         );
+        let _ = writeln!(
+            out,
+            "# HELP ichor_rules_rules_loaded_timestamp_seconds When the serving table was built (Unix time; 0: none).\n# TYPE ichor_rules_rules_loaded_timestamp_seconds gauge\nichor_rules_rules_loaded_timestamp_seconds {}",
+            self.rules_loaded_at.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP ichor_rules_rules_rows Rows of the serving table.\n# TYPE ichor_rules_rules_rows gauge\nichor_rules_rules_rows {}",
+            self.rules_rows.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP ichor_rules_rules_info The fingerprint of the rule files the serving table was built from.\n# TYPE ichor_rules_rules_info gauge\nichor_rules_rules_info{{fingerprint=\"{:016x}\"}} 1",
+            self.rules_fingerprint.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP ichor_rules_rules_refused 1 when the rule files as they are now were refused and an older table serves.\n# TYPE ichor_rules_rules_refused gauge\nichor_rules_rules_refused {}",
+            self.rules_refused.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP ichor_rules_connections_open HTTPS connections open now.\n# TYPE ichor_rules_connections_open gauge\nichor_rules_connections_open {}",
+            self.connections_open.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP ichor_rules_connections_refused_total Connections closed on arrival because --max-connections were open.\n# TYPE ichor_rules_connections_refused_total counter\nichor_rules_connections_refused_total {}",
+            self.connections_refused.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP ichor_rules_connections_timed_out_total Connections closed by a timeout, by phase (handshake, header, body, idle).\n# TYPE ichor_rules_connections_timed_out_total counter"
+        );
+        let timed_out = self
+            .connections_timed_out
+            .lock()
+            .map(|m| m.clone())
+            .unwrap_or_default();
+        for why in [
+            Closed::Handshake,
+            Closed::Header,
+            Closed::Body,
+            Closed::Idle,
+        ] {
+            let _ = writeln!(
+                out,
+                "ichor_rules_connections_timed_out_total{{phase=\"{}\"}} {}",
+                why.label(),
+                timed_out.get(&why).copied().unwrap_or(0)
+            );
+        }
         let _ = writeln!(
             out,
             "# HELP ichor_rules_bad_requests_total Requests answered 400 (malformed AdmissionReview, wrong content type, oversized body).\n# TYPE ichor_rules_bad_requests_total counter\nichor_rules_bad_requests_total {}",

@@ -1,18 +1,59 @@
-//! Rules that reload when their files change. A new table replaces the serving one only if
-//! it checks without errors: a broken edit never opens the gate.
+//! Rules that reload when their files change. A new table replaces the serving one only
+//! when `ichor-rules check` accepts the files (no errors, lints on) *and* every event the
+//! runtime produces is covered by a rule or an `allow`: a broken, emptied or weakened edit
+//! never opens the gate. A refused edit keeps the previous table serving and is reported.
+//!
+//! Checking runs on the thread that calls [`Rules::reload`]. `serve` calls it only on its
+//! own thread ([`Reloader`], [`on_reload_thread`]) whose stack is [`RELOAD_STACK`], never on
+//! the async workers that answer admission requests: a slow or deep rule file delays the
+//! reload, not the answers. A panic while checking is caught and refuses the edit; a rule
+//! set larger than [`MAX_RULES_BYTES`] is refused before it is parsed.
 
 use crate::compile::Table;
-use crate::ruleset::{build_with, read_sources};
+use crate::ruleset::{LoadError, build, read_sources_within};
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, mpsc};
+use std::time::{Duration, SystemTime};
+
+/// The stack of the thread that parses, checks and compiles rules (64 MiB). Recursion in
+/// the front end is bounded by its nesting limit; this leaves a wide margin over it, where
+/// a tokio worker (2 MiB) would not.
+pub const RELOAD_STACK: usize = 64 * 1024 * 1024;
+
+/// The most rule text a reload reads, all files together (8 MiB; a ConfigMap holds at
+/// most 1 MiB). A larger set is refused without being parsed.
+pub const MAX_RULES_BYTES: u64 = 8 * 1024 * 1024;
+
+/// The lint that names an event the runtime produces and no rule or `allow` covers. A
+/// warning for `check`; a refusal for a reload (the event would be allowed unguarded).
+pub const UNCOVERED_EVENT: &str = "ichor::lint::uncovered_event";
+
+/// How many diagnostics a refusal lists (the count says how many there were).
+const LISTED: usize = 20;
 
 /// The serving table and where it comes from.
 pub struct Rules {
     paths: Vec<PathBuf>,
     table: RwLock<Option<Arc<Table>>>,
+    /// The fingerprint of the files last looked at, accepted or not.
     fingerprint: Mutex<Option<u64>>,
+    status: Mutex<Status>,
+}
+
+/// What serves, and whether the newest files were refused.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Status {
+    /// The fingerprint of the files the serving table was built from.
+    pub serving: Option<u64>,
+    /// When the serving table was built.
+    pub loaded_at: Option<SystemTime>,
+    /// Rows of the serving table.
+    pub rows: usize,
+    /// The files as they are now were refused: an older table (or none) serves.
+    pub refused: bool,
 }
 
 /// What a reload did.
@@ -22,8 +63,23 @@ pub enum Reload {
     Unchanged,
     /// A new table serves.
     Replaced { rows: usize },
-    /// The files changed but do not check (or cannot be read); the old table keeps serving.
-    Rejected { reason: String },
+    /// The files changed but are refused (they do not check, leave a runtime event
+    /// uncovered, cannot be read, are too large, or checking them panicked); the old table
+    /// keeps serving. `reason` is one line naming the first findings; `diagnostics` lists
+    /// them, one an entry (at most [`LISTED`], then how many more).
+    Rejected {
+        reason: String,
+        diagnostics: Vec<String>,
+    },
+}
+
+impl Reload {
+    fn refused(reason: impl Into<String>, diagnostics: Vec<String>) -> Reload {
+        Reload::Rejected {
+            reason: reason.into(),
+            diagnostics,
+        }
+    }
 }
 
 impl Rules {
@@ -32,6 +88,7 @@ impl Rules {
             paths,
             table: RwLock::new(None),
             fingerprint: Mutex::new(None),
+            status: Mutex::new(Status::default()),
         }
     }
 
@@ -40,65 +97,168 @@ impl Rules {
         self.table.read().ok().and_then(|t| t.clone())
     }
 
-    /// Reads the files; builds and swaps in a new table when they changed and check clean.
+    /// What serves now, for metrics.
+    pub fn status(&self) -> Status {
+        self.status.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Reads the files; builds and swaps in a new table when they changed and are
+    /// accepted (see the module comment). A refused version is remembered by its
+    /// fingerprint, so it is reported once, not at every poll.
     pub fn reload(&self) -> Reload {
-        let files = match read_sources(&self.paths) {
-            Ok(f) => f,
+        let (fp, outcome) = match read_sources_within(&self.paths, MAX_RULES_BYTES) {
+            Ok(files) => {
+                let mut h = DefaultHasher::new();
+                for f in &files {
+                    f.path.hash(&mut h);
+                    f.text.hash(&mut h);
+                }
+                let fp = h.finish();
+                if self.seen(fp) {
+                    return Reload::Unchanged;
+                }
+                (fp, self.accept(fp, files))
+            }
             Err(e) => {
-                return Reload::Rejected {
-                    reason: e.to_string(),
-                };
+                let mut h = DefaultHasher::new();
+                e.to_string().hash(&mut h);
+                let fp = h.finish();
+                if self.seen(fp) {
+                    return Reload::Unchanged;
+                }
+                (fp, refused_to_read(&e))
             }
         };
-        let mut h = DefaultHasher::new();
-        for f in &files {
-            f.path.hash(&mut h);
-            f.text.hash(&mut h);
-        }
-        let fp = h.finish();
-        if let Ok(last) = self.fingerprint.lock()
-            && *last == Some(fp)
-        {
-            return Reload::Unchanged;
-        }
-        let set = build_with(files, false);
-        let outcome = match set.table {
-            Some(table) => {
-                let rows = table.row_count();
-                if let Ok(mut t) = self.table.write() {
-                    *t = Some(Arc::new(table));
-                }
-                Reload::Replaced { rows }
-            }
-            None => {
-                let first: Vec<String> = set
-                    .diagnostics
-                    .iter()
-                    .filter(|d| d.is_error())
-                    .take(3)
-                    .map(|d| {
-                        let (line, col) = set
-                            .files
-                            .get(d.file)
-                            .map(|f| f.line_col(d.span.start))
-                            .unwrap_or((0, 0));
-                        let path = set
-                            .files
-                            .get(d.file)
-                            .map(|f| f.display_path())
-                            .unwrap_or_default();
-                        format!("{path}:{line}:{col}: {}", d.message)
-                    })
-                    .collect();
-                Reload::Rejected {
-                    reason: format!("{} error(s): {}", set.errors(), first.join("; ")),
-                }
-            }
-        };
-        // A rejected version is remembered too, so it is reported once, not every poll.
         if let Ok(mut last) = self.fingerprint.lock() {
             *last = Some(fp);
         }
+        if let Ok(mut s) = self.status.lock() {
+            s.refused = matches!(outcome, Reload::Rejected { .. });
+        }
         outcome
+    }
+
+    fn seen(&self, fp: u64) -> bool {
+        self.fingerprint.lock().is_ok_and(|last| *last == Some(fp))
+    }
+
+    /// Checks (lints on) and compiles; swaps the table in when it is accepted.
+    fn accept(&self, fp: u64, files: Vec<crate::diagnostics::SourceFile>) -> Reload {
+        let set = match catch_unwind(AssertUnwindSafe(|| build(files))) {
+            Ok(set) => set,
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "no message".into());
+                return Reload::refused(
+                    format!("checking the rules panicked ({what}); this is a bug in ichor-rules"),
+                    Vec::new(),
+                );
+            }
+        };
+        let blocking: Vec<&crate::diagnostics::Diagnostic> = set
+            .diagnostics
+            .iter()
+            .filter(|d| d.is_error() || d.code == UNCOVERED_EVENT)
+            .collect();
+        if set.files.is_empty() {
+            return Reload::refused("no rule files", Vec::new());
+        }
+        let table = match set.table {
+            Some(table) if blocking.is_empty() => table,
+            _ => {
+                let errors = set.errors();
+                let uncovered = blocking.len() - errors;
+                let mut listed: Vec<String> = blocking
+                    .iter()
+                    .take(LISTED)
+                    .map(|d| {
+                        let file = set.files.get(d.file);
+                        let path = file.map(|f| f.display_path()).unwrap_or_default();
+                        let (line, col) = file.map(|f| f.line_col(d.span.start)).unwrap_or((0, 0));
+                        if d.code == UNCOVERED_EVENT {
+                            format!("{}: {}", d.code, d.message)
+                        } else {
+                            format!("{path}:{line}:{col}: {}: {}", d.code, d.message)
+                        }
+                    })
+                    .collect();
+                if blocking.len() > LISTED {
+                    listed.push(format!("… and {} more", blocking.len() - LISTED));
+                }
+                let first = listed
+                    .iter()
+                    .take(3)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                let reason = match (errors, uncovered) {
+                    (0, n) => format!(
+                        "{n} runtime event(s) no rule or `allow` covers (they would be allowed unguarded): {first}"
+                    ),
+                    (e, _) => format!("{e} error(s): {first}"),
+                };
+                return Reload::refused(reason, listed);
+            }
+        };
+        let rows = table.row_count();
+        if let Ok(mut t) = self.table.write() {
+            *t = Some(Arc::new(table));
+        }
+        if let Ok(mut s) = self.status.lock() {
+            s.serving = Some(fp);
+            s.loaded_at = Some(SystemTime::now());
+            s.rows = rows;
+        }
+        Reload::Replaced { rows }
+    }
+}
+
+fn refused_to_read(e: &LoadError) -> Reload {
+    Reload::refused(e.to_string(), vec![e.to_string()])
+}
+
+/// Runs `f` on a fresh thread with a [`RELOAD_STACK`] stack and waits for it. `Err` when
+/// the thread cannot be started or `f` panicked.
+pub fn on_reload_thread<T: Send>(f: impl FnOnce() -> T + Send) -> Result<T, String> {
+    std::thread::scope(|scope| {
+        let handle = std::thread::Builder::new()
+            .name("ichor-rules-reload".into())
+            .stack_size(RELOAD_STACK)
+            .spawn_scoped(scope, f)
+            .map_err(|e| format!("cannot start the reload thread: {e}"))?;
+        handle
+            .join()
+            .map_err(|_| "the reload thread panicked".to_string())
+    })
+}
+
+/// A thread that polls the rules (and whatever else `poll` looks at) every `interval`,
+/// on a [`RELOAD_STACK`] stack; it stops when this is dropped (after the poll in
+/// progress, which nothing waits for).
+pub struct Reloader {
+    _stop: mpsc::Sender<()>,
+}
+
+impl Reloader {
+    /// Starts the thread; `poll` runs once per interval, first after one interval.
+    pub fn start(
+        interval: Duration,
+        mut poll: impl FnMut() + Send + 'static,
+    ) -> Result<Reloader, String> {
+        let (stop, stopped) = mpsc::channel::<()>();
+        std::thread::Builder::new()
+            .name("ichor-rules-reload".into())
+            .stack_size(RELOAD_STACK)
+            .spawn(move || {
+                while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(interval) {
+                    // A panic is reported by the panic hook; the next poll tries again.
+                    let _ = catch_unwind(AssertUnwindSafe(&mut poll));
+                }
+            })
+            .map_err(|e| format!("cannot start the reload thread: {e}"))?;
+        Ok(Reloader { _stop: stop })
     }
 }

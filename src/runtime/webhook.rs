@@ -6,6 +6,7 @@ use super::admission::{Request, parse_review, refuse, respond};
 use super::decide::{decide_events, request_events};
 use super::facts::Expensive;
 use super::live::{LiveReader, Reads};
+use super::logs::Clipped;
 use super::metrics::Metrics;
 use super::reload::Rules;
 use crate::vocab::Verdict;
@@ -17,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tracing::Instrument;
 
 /// The most an AdmissionReview body may be (the API server caps objects near 3 MiB).
@@ -144,9 +145,10 @@ async fn validate(State(state): State<Arc<Webhook>>, headers: HeaderMap, body: B
     let started = Instant::now();
     let review = decide_request(&state, &req).await;
     let allowed = review.response.as_ref().is_some_and(|r| r.allowed);
+    // Labelled by our kind (group and kind), never by what the caller wrote.
     state
         .metrics
-        .request(&req.inner.kind.kind, allowed, started.elapsed());
+        .request(req.kind.unwrap_or("other"), allowed, started.elapsed());
     match serde_json::to_vec(&review) {
         Ok(body) => (
             StatusCode::OK,
@@ -165,12 +167,13 @@ pub async fn decide_request(
     req: &Request,
 ) -> kube::core::admission::AdmissionReview<kube::core::DynamicObject> {
     let op = format!("{:?}", req.operation()).to_uppercase();
+    // The caller's values, escaped and clipped: no forged lines, no megabyte fields.
     let span = tracing::info_span!(
         "admission",
-        uid = %req.uid(),
-        kind = %req.inner.kind.kind,
-        namespace = %req.namespace,
-        name = %req.inner.name,
+        uid = %Clipped(req.uid()),
+        kind = %Clipped(&req.inner.kind.kind),
+        namespace = %Clipped(&req.namespace),
+        name = %Clipped(&req.inner.name),
         operation = %op,
     );
     decide_request_inner(state, req).instrument(span).await
@@ -243,49 +246,5 @@ async fn decide_request_inner(
     respond(req, &decision)
 }
 
-/// Serves `app` over TLS on `listener` until `shutdown` resolves.
-pub async fn serve_tls(
-    listener: tokio::net::TcpListener,
-    tls: Arc<rustls::ServerConfig>,
-    app: Router,
-    shutdown: impl Future<Output = ()>,
-) {
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = &mut shutdown => return,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let acceptor = acceptor.clone();
-        let app = app.clone();
-        tokio::spawn(async move {
-            let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream))
-                .await
-            {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => return,
-            };
-            let service = hyper_util::service::TowerToHyperService::new(app);
-            let builder =
-                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
-            if let Err(e) = builder
-                .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
-                .await
-            {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
-        });
-    }
-}
+/// The HTTPS server (TLS, deadlines, the connection cap) lives in [`super::server`].
+pub use super::server::{Limits, serve_tls, serve_tls_with};
