@@ -215,6 +215,9 @@ pub const RUNTIME_EVENTS: &[(Verb, Subject, Site)] = &[
     (Verb::Apply, Subject::Worker, Site::Controller),
     (Verb::Remove, Subject::ControlPlane, Site::Controller),
     (Verb::Run, Subject::Operation, Site::Controller),
+    // The start rules again, before the controller first acts on an operation: admission
+    // may have been bypassed, raced, or (before spec was immutable) edited around.
+    (Verb::Start, Subject::Operation, Site::Controller),
 ];
 
 /// Whether the runtime ever produces this event.

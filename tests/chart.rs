@@ -831,7 +831,7 @@ fn webhooks_match_the_seeds_operations_and_the_servers_routes() {
                     "talosmachines".to_string(),
                     ops(&["CREATE", "DELETE", "UPDATE"])
                 ),
-                ("talosoperations".to_string(), ops(&["CREATE"])),
+                ("talosoperations".to_string(), ops(&["CREATE", "UPDATE"])),
             ],
             "{name}"
         );
@@ -1299,7 +1299,7 @@ fn the_notes_list_every_write_refused_while_the_webhook_is_down() {
     for says in [
         "TalosMachine create, delete, and EVERY update",
         "TalosCluster delete, and EVERY update",
-        "TalosOperation creation",
+        "TalosOperation creation, and EVERY update",
     ] {
         assert!(flat.contains(says), "the notes lack {says:?}:\n{default}");
     }

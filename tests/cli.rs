@@ -427,7 +427,7 @@ fn eval_reconcile_operation_parked() {
 
 #[test]
 fn eval_reconcile_from_a_stream() {
-    // The stream ends in an empty document and carries a ConfigMap: both are skipped.
+    // The stream ends in an empty document: it is skipped.
     for target in ["ns/cp1", "ns/w1", "ns/cp4", "ns/up-old"] {
         let out = eval_reconcile(STREAM, target);
         assert_eq!(out.code, 0, "{target}: {}", out.stderr);
@@ -875,5 +875,181 @@ fn human_and_json_columns_agree_on_non_ascii_lines() {
             .contains(&format!("uni.rules:{line}:{column}]")),
         "{}",
         human.stdout
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// An objects file is read whole or not at all: nothing in it is silently skipped.
+// ---------------------------------------------------------------------------------------
+
+/// A typo'd kind or apiVersion, a namespaced object without its namespace, an object of
+/// another kind, or one listed twice would change what is counted (a refusal would flip to
+/// allowed): each is bad input naming the file and the document.
+#[test]
+fn objects_that_would_be_skipped_are_bad_input() {
+    let stream = std::fs::read_to_string(root().join(STREAM)).expect("fixture");
+    // The fixture's cp1 delete is refused: it is what a skipped object would flip.
+    let out = eval_review(STREAM, "review-delete-cp1-refused.json");
+    assert_eq!(out.json()["response"]["allowed"], false, "{}", out.stdout);
+    let cp2 = "kind: TalosMachine\nmetadata:\n  name: cp2\n  namespace: ns\n";
+    assert!(stream.contains(cp2));
+    let dir = scratch("skipped-objects");
+    for (case, text, says) in [
+        (
+            "typo'd kind",
+            stream.replace(cp2, &cp2.replace("TalosMachine", "TalosMachnie")),
+            "(TalosMachnie ns/cp2): `TalosMachnie` is not a kind ichor-rules reads; did you mean `TalosMachine`?",
+        ),
+        (
+            "typo'd apiVersion",
+            stream.replacen(
+                &format!("apiVersion: ichor.maesh.dev/v1alpha1\n{cp2}"),
+                &format!("apiVersion: ichor.maesh.dev/v1alpah1\n{cp2}"),
+                1,
+            ),
+            "(TalosMachine ns/cp2): apiVersion `ichor.maesh.dev/v1alpah1` is not served",
+        ),
+        (
+            "no namespace",
+            stream.replace(cp2, "kind: TalosMachine\nmetadata:\n  name: cp2\n"),
+            "(TalosMachine cp2): `metadata.namespace` is missing",
+        ),
+        (
+            "another kind",
+            format!(
+                "{stream}---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: x, namespace: ns}}\n"
+            ),
+            "(ConfigMap ns/x): `ConfigMap` is not a kind ichor-rules reads",
+        ),
+        (
+            "listed twice",
+            format!(
+                "{stream}---\napiVersion: ichor.maesh.dev/v1alpha1\n{cp2}spec: {{clusterRef: {{name: c}}, role: controlplane, approved: true}}\n"
+            ),
+            "TalosMachine ns/cp2 appears twice (first in document 3)",
+        ),
+    ] {
+        let f = dir.join("objects.yaml");
+        std::fs::write(&f, &text).unwrap();
+        let f = f.to_str().unwrap();
+        let out = run(&[
+            "eval",
+            "--objects",
+            f,
+            "--review",
+            &fixture("review-delete-cp1-refused.json"),
+        ]);
+        assert_bad_input(&out, f, says);
+        assert!(out.stderr.contains("document "), "{case}: {}", out.stderr);
+    }
+}
+
+/// 60,000 levels of nesting (120 KB) are refused at once, not parsed for seconds.
+#[test]
+fn deeply_nested_input_is_bad_input_at_once() {
+    let dir = scratch("deep");
+    let objects = dir.join("objects.yaml");
+    let review = dir.join("review.json");
+    let cases = [
+        (objects.clone(), "[".repeat(60_000)),
+        (objects.clone(), format!("{}x\n", "- ".repeat(60_000))),
+        (objects.clone(), "{a: ".repeat(30_000)),
+        (review.clone(), "[".repeat(60_000)),
+        (
+            review.clone(),
+            format!(
+                r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{}1{}}}"#,
+                "[".repeat(60_000),
+                "]".repeat(60_000)
+            ),
+        ),
+    ];
+    for (file, text) in cases {
+        std::fs::write(&objects, "").unwrap();
+        std::fs::write(&review, "{}").unwrap();
+        std::fs::write(&file, &text).unwrap();
+        let started = std::time::Instant::now();
+        let out = run(&[
+            "eval",
+            "--objects",
+            objects.to_str().unwrap(),
+            "--review",
+            review.to_str().unwrap(),
+        ]);
+        let took = started.elapsed();
+        assert_bad_input(
+            &out,
+            file.to_str().unwrap(),
+            "nested more than 128 levels deep",
+        );
+        assert!(
+            took < std::time::Duration::from_secs(2),
+            "{}: took {took:?}",
+            file.display()
+        );
+    }
+}
+
+/// As the webhook answers it: a TalosOperation's spec never changes once created.
+#[test]
+fn eval_refuses_an_operations_spec_edit() {
+    let dir = scratch("op-edit");
+    let review = dir.join("review.json");
+    let op = |kind: &str, machine: &str| {
+        serde_json::json!({
+            "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosOperation",
+            "metadata": {"name": "op-1", "namespace": "ns"},
+            "spec": {"clusterRef": {"name": "c"}, "kind": kind, "machine": machine}
+        })
+    };
+    let body = serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-edit",
+            "kind": {"group": "ichor.maesh.dev", "version": "v1alpha1", "kind": "TalosOperation"},
+            "resource": {"group": "ichor.maesh.dev", "version": "v1alpha1", "resource": "talosoperations"},
+            "name": "op-1", "namespace": "ns", "operation": "UPDATE",
+            "userInfo": {"username": "a"},
+            "oldObject": op("etcd-snapshot", "cp1"),
+            "object": op("reset", "cp1")
+        }
+    });
+    std::fs::write(&review, body.to_string()).unwrap();
+    let out = run(&[
+        "eval",
+        "--objects",
+        STREAM,
+        "--review",
+        review.to_str().unwrap(),
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v = out.json();
+    assert_eq!(v["response"]["allowed"], false, "{v}");
+    assert!(
+        v["response"]["status"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("spec.kind `etcd-snapshot` -> `reset`")),
+        "{v}"
+    );
+}
+
+/// As the controller decides it: an operation that has not started has its start rules
+/// decided again (here, a reset of a control plane at the declared count).
+#[test]
+fn eval_reconcile_decides_a_pending_operations_start_again() {
+    let dir = scratch("op-start");
+    let objects = dir.join("objects.yaml");
+    let mut text = std::fs::read_to_string(root().join(STREAM)).expect("fixture");
+    text.push_str("---\napiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosOperation\nmetadata: {name: reset-cp1, namespace: ns}\nspec: {clusterRef: {name: c}, kind: reset, machine: cp1}\n");
+    std::fs::write(&objects, &text).unwrap();
+    let out = eval_reconcile(objects.to_str().unwrap(), "ns/reset-cp1");
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v = out.json();
+    assert_eq!(v["verdict"], "refuse", "{v}");
+    assert!(
+        v["rules"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|r| r == "reset-below-count")),
+        "{v}"
     );
 }

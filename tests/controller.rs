@@ -560,3 +560,82 @@ async fn the_webhook_alone_calls_only_the_webhook_grants() {
         );
     }
 }
+
+/// The start rules are decided again at the controller before it acts on an operation that
+/// has not started (admission may have been bypassed, raced, or edited around): refused, it
+/// is marked Accepted=False (StartRefused) with the rules' messages and a Warning event,
+/// stays Pending, and is decided again until the rules allow it.
+#[tokio::test]
+async fn an_operation_the_start_rules_refuse_is_not_run() {
+    let api = ApiServer::start().await;
+    api.insert(cluster("prod", 3));
+    for (i, n) in ["cp-1", "cp-2", "cp-3"].iter().enumerate() {
+        api.insert(control_plane(n, i as u32));
+    }
+    // A reset of a control plane at the declared count, as if admission never saw it.
+    let mut reset = operation("reset-1", "reset");
+    reset["spec"]["machine"] = json!("cp-1");
+    api.insert(reset);
+    let _c = Running::start(context(&api, "test", None));
+    wait_for("start refused", WAIT, || {
+        cond(&api, "TalosOperation", "reset-1", "Accepted")
+            == Some(("False".into(), "StartRefused".into()))
+    })
+    .await;
+    let op = get(&api, "TalosOperation", "reset-1").expect("op");
+    let msg = condition(&op, "Accepted").expect("Accepted")["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(msg.contains("below the declared count of 3"), "{msg}");
+    assert!(
+        op["status"]["phase"].is_null() || op["status"]["phase"] == "Pending",
+        "{op}"
+    );
+    wait_for("one Warning event", WAIT, || {
+        !events(&api, "reset-1", "StartRefused").is_empty()
+    })
+    .await;
+    // Decided again every parked_requeue, with no new event while nothing changes.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(events(&api, "reset-1", "StartRefused").len(), 1);
+    // Once the rules allow it, the refusal is lifted.
+    patch_spec(
+        &api,
+        "TalosCluster",
+        "prod",
+        json!({"controlPlane": {"count": 1}}),
+    )
+    .await;
+    wait_for("start allowed", WAIT, || {
+        cond(&api, "TalosOperation", "reset-1", "Accepted")
+            == Some(("True".into(), "StartAllowed".into()))
+    })
+    .await;
+}
+
+/// The controller reads through the same reader as the webhook: an answer that
+/// contradicts the request (a machine of another namespace in the list) is a failed read,
+/// and nothing is decided on it until the answers are consistent again.
+#[tokio::test]
+async fn the_controller_decides_nothing_on_a_contradictory_read() {
+    let api = ApiServer::start().await;
+    api.insert(cluster("prod", 3));
+    for (i, n) in ["cp-1", "cp-2", "cp-3", "cp-4"].iter().enumerate() {
+        api.insert(control_plane(n, i as u32));
+    }
+    api.store
+        .faults
+        .rewrite_answers(Some(&format!("namespaces/{NS}/talosmachines")), |v| {
+            v["items"][0]["metadata"]["namespace"] = json!("elsewhere");
+        });
+    let _c = Running::start(context(&api, "test", None));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(cond(&api, "TalosCluster", "prod", "Transitioning"), None);
+    api.store.faults.stop_rewriting();
+    wait_for("even at 4", WAIT, || {
+        cond(&api, "TalosCluster", "prod", "Transitioning")
+            == Some(("True".into(), "EvenControlPlaneCount".into()))
+    })
+    .await;
+}

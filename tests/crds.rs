@@ -152,3 +152,27 @@ fn objects_round_trip_through_the_types() {
         "2026-10-26T12:00:00Z"
     );
 }
+
+/// A TalosOperation's spec never changes once created: the API server refuses the edit
+/// (a CEL transition rule on `spec`), so an admitted operation cannot be edited into one
+/// the rules would refuse. Only the operation's spec: the others' specs change freely.
+#[test]
+fn an_operations_spec_is_immutable() {
+    let all = crds();
+    let rules = |plural: &str| {
+        schema(crd(&all, plural))["properties"]["spec"]["x-kubernetes-validations"].clone()
+    };
+    assert_eq!(
+        rules("talosoperations")[0]["rule"],
+        "self == oldSelf",
+        "{}",
+        rules("talosoperations")
+    );
+    assert!(
+        rules("talosoperations")[0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("spec is immutable")),
+    );
+    assert!(rules("talosmachines").is_null());
+    assert!(rules("talosclusters").is_null());
+}

@@ -5,9 +5,10 @@ use crate::diagnostics::render_human;
 use crate::interp::Decision;
 use crate::interp::explain;
 use crate::ruleset::load;
-use crate::runtime::admission::{parse_review, respond};
+use crate::runtime::admission::{immutable_spec_change, parse_review, refuse, respond};
 use crate::runtime::decide::{
-    decide_events, reconcile_machine_event, reconcile_operation_event, request_events,
+    decide_events, reconcile_machine_event, reconcile_operation_event, reconcile_start_event,
+    request_events,
 };
 use crate::runtime::facts::{EventFacts, Expensive};
 use crate::runtime::objects::{Snapshot, load_snapshot};
@@ -38,8 +39,23 @@ fn bad(msg: impl std::fmt::Display) -> u8 {
     EXIT_BAD_INPUT
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, String> {
-    std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
+/// The largest objects file `eval` reads: far more objects than a namespace holds.
+const MAX_OBJECTS_FILE: u64 = 64 * 1024 * 1024;
+
+/// Reads at most `limit` bytes of `path`; a longer file is bad input, not a long wait.
+fn read(path: &Path, limit: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(limit + 1).read_to_end(&mut out))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if out.len() as u64 > limit {
+        return Err(format!(
+            "{}: larger than {limit} bytes; that is more than ichor-rules reads",
+            path.display()
+        ));
+    }
+    Ok(out)
 }
 
 pub fn run(args: &EvalArgs, explain: bool) -> u8 {
@@ -57,7 +73,7 @@ pub fn run(args: &EvalArgs, explain: bool) -> u8 {
             paths.join(" ")
         ));
     };
-    let objects = match read(&args.objects) {
+    let objects = match read(&args.objects, MAX_OBJECTS_FILE) {
         Ok(b) => b,
         Err(e) => return bad(e),
     };
@@ -69,7 +85,8 @@ pub fn run(args: &EvalArgs, explain: bool) -> u8 {
         Err(e) => return bad(format!("{}: {e}", args.objects.display())),
     };
     if let Some(review) = &args.review {
-        let body = match read(review) {
+        // The webhook reads no more of a body than this either.
+        let body = match read(review, crate::runtime::webhook::MAX_BODY as u64) {
             Ok(b) => b,
             Err(e) => return bad(e),
         };
@@ -77,6 +94,29 @@ pub fn run(args: &EvalArgs, explain: bool) -> u8 {
             Ok(r) => r,
             Err(e) => return bad(format!("{}: {e}", review.display())),
         };
+        let header = format!(
+            "webhook: {} {} {}/{} (uid {})",
+            format!("{:?}", req.operation()).to_uppercase(),
+            req.inner.kind.kind,
+            req.namespace,
+            req.inner.name,
+            req.uid()
+        );
+        // As the webhook: an operation's spec never changes, whatever the rules say.
+        if let Some(message) = immutable_spec_change(&req) {
+            let text = if explain {
+                format!("{header}\nverdict: refused (not by a rule): {message}\n")
+            } else {
+                match serde_json::to_string_pretty(&refuse(&req, message)) {
+                    Ok(s) => s + "\n",
+                    Err(e) => return bad(format!("cannot write the response: {e}")),
+                }
+            };
+            return match emit(&text) {
+                Ok(()) => EXIT_OK,
+                Err(code) => code,
+            };
+        }
         let events = request_events(
             req.operation(),
             &req.namespace,
@@ -86,14 +126,6 @@ pub fn run(args: &EvalArgs, explain: bool) -> u8 {
         let (decision, traces) =
             decide_events(table, &snapshot, &events, Expensive::FromObjects, explain);
         if explain {
-            let header = format!(
-                "webhook: {} {} {}/{} (uid {})",
-                format!("{:?}", req.operation()).to_uppercase(),
-                req.inner.kind.kind,
-                req.namespace,
-                req.inner.name,
-                req.uid()
-            );
             let line = if decision.refusals.is_empty() {
                 "verdict: allowed".to_string()
             } else {
@@ -134,8 +166,21 @@ pub fn run(args: &EvalArgs, explain: bool) -> u8 {
             ));
         }
     };
-    let (decision, traces) =
+    let (mut decision, mut traces) =
         decide_events(table, &snapshot, &events, Expensive::FromObjects, explain);
+    // As the controller: an operation that has not started, and is not held, has its
+    // start rules decided again.
+    if decision.verdict().is_none()
+        && snapshot.machine(ns, name).is_none()
+        && let Some(o) = snapshot.operation(ns, name)
+    {
+        let start: Vec<_> = reconcile_start_event(o).into_iter().collect();
+        let (d, t) = decide_events(table, &snapshot, &start, Expensive::FromObjects, explain);
+        decision.refusals.extend(d.refusals);
+        decision.holds.extend(d.holds);
+        decision.warnings.extend(d.warnings);
+        traces.extend(t);
+    }
     if explain {
         let header = format!("controller: reconcile {ns}/{name}");
         let line = format!("verdict: {}", verdict_word(&decision));

@@ -1,7 +1,7 @@
 //! The AdmissionReview v1 envelope: parse a request, and answer it from a decision. The
 //! deciding itself is in [`super::decide`]; this module only unwraps and wraps.
 
-use super::objects::{Object, typed_object};
+use super::objects::{API_VERSION, MAX_NESTING, Object, typed_object};
 use crate::interp::Decision;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
@@ -19,6 +19,10 @@ pub struct Request {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReviewError {
+    #[error(
+        "line {line}, column {column}: nested more than {MAX_NESTING} levels deep; an AdmissionReview nests far less"
+    )]
+    TooDeep { line: usize, column: usize },
     #[error("not JSON: {0}")]
     Json(#[source] serde_json::Error),
     #[error("not an AdmissionReview v1: {0}")]
@@ -34,7 +38,7 @@ pub enum ReviewError {
 impl ReviewError {
     pub fn metric_label(&self) -> &'static str {
         match self {
-            ReviewError::Json(_) => "json",
+            ReviewError::TooDeep { .. } | ReviewError::Json(_) => "json",
             ReviewError::NotReview(_) => "not_review",
             ReviewError::BadObject { .. } => "bad_object",
         }
@@ -53,6 +57,9 @@ impl Request {
 
 /// Parses an AdmissionReview v1 body.
 pub fn parse_review(body: &[u8]) -> Result<Request, ReviewError> {
+    if let Some((line, column)) = super::nesting::json_too_deep(body, MAX_NESTING) {
+        return Err(ReviewError::TooDeep { line, column });
+    }
     let value: serde_json::Value = serde_json::from_slice(body).map_err(ReviewError::Json)?;
     let api_version = value
         .get("apiVersion")
@@ -133,11 +140,32 @@ fn typed(
     namespace: &str,
 ) -> Result<Option<Object>, ReviewError> {
     let Some(obj) = obj else { return Ok(None) };
-    let mut value = serde_json::to_value(obj).map_err(|e| ReviewError::BadObject {
+    let bad = |message: String| ReviewError::BadObject {
         which,
         kind,
-        message: e.to_string(),
-    })?;
+        message,
+    };
+    // The object must be what the request says it is: a TalosCluster sent as a
+    // TalosMachine would be read with every field defaulted.
+    if let Some(types) = &obj.types
+        && (types.api_version != API_VERSION || types.kind != kind)
+    {
+        return Err(bad(format!(
+            "it is a {} {}, and the request is about a {API_VERSION} {kind}",
+            clip(&types.api_version),
+            clip(&types.kind)
+        )));
+    }
+    if let Some(ns) = obj.metadata.namespace.as_deref()
+        && ns != namespace
+    {
+        return Err(bad(format!(
+            "its metadata.namespace `{}` is not the request's namespace `{}`",
+            clip(ns),
+            clip(namespace)
+        )));
+    }
+    let mut value = serde_json::to_value(obj).map_err(|e| bad(e.to_string()))?;
     // Objects of a namespaced request may omit their namespace; the request says it.
     if let Some(meta) = value.get_mut("metadata").and_then(|m| m.as_object_mut())
         && meta.get("namespace").is_none_or(|n| n.is_null())
@@ -151,6 +179,62 @@ fn typed(
             kind,
             message,
         })
+}
+
+/// The refusal of an UPDATE that changes a TalosOperation's spec, which never changes once
+/// created: the rules decided on the spec as it was created, and an edit (an
+/// `etcd-snapshot` turned into a `reset`) would slip past them. Not a rule: no rules edit
+/// lifts it. Status, labels, annotations and finalizers may change.
+pub fn immutable_spec_change(req: &Request) -> Option<String> {
+    if *req.operation() != Operation::Update {
+        return None;
+    }
+    let (Some(Object::Operation(old)), Some(Object::Operation(new))) = (&req.old, &req.new) else {
+        return None;
+    };
+    let raw = |o: &Option<DynamicObject>| o.as_ref().map(|o| o.data.get("spec").cloned());
+    if old.spec == new.spec && raw(&req.inner.old_object) == raw(&req.inner.object) {
+        return None;
+    }
+    let (o, n) = (&old.spec, &new.spec);
+    let mut changed = Vec::new();
+    if o.kind != n.kind {
+        changed.push(format!(
+            "spec.kind `{}` -> `{}`",
+            clip(&o.kind),
+            clip(&n.kind)
+        ));
+    }
+    if o.machine != n.machine {
+        let m = |m: &Option<String>| m.as_deref().map_or("(none)".to_string(), clip);
+        changed.push(format!(
+            "spec.machine `{}` -> `{}`",
+            m(&o.machine),
+            m(&n.machine)
+        ));
+    }
+    if o.cluster_ref != n.cluster_ref {
+        changed.push(format!(
+            "spec.clusterRef.name `{}` -> `{}`",
+            clip(&o.cluster_ref.name),
+            clip(&n.cluster_ref.name)
+        ));
+    }
+    if changed.is_empty() {
+        changed.push("its fields".into());
+    }
+    Some(format!(
+        "the spec of TalosOperation {}/{} cannot change once it is created ({}): the rules \
+         decided on it as it was created; create a new TalosOperation for other work",
+        clip(&req.namespace),
+        clip(old.name()),
+        changed.join(", ")
+    ))
+}
+
+/// Caller-chosen text in a message: at most 80 characters, control characters escaped.
+fn clip(s: &str) -> String {
+    s.chars().take(80).flat_map(char::escape_debug).collect()
 }
 
 /// The answer to a request: allowed unless a rule refused; every refusal's message, and

@@ -222,6 +222,20 @@ pub fn reconcile_operation_event<'s>(o: &'s TalosOperation) -> Option<EventFacts
     })
 }
 
+/// The start rules again, at the controller, for an operation that has not started yet
+/// (phase Pending, not failed): decided with the spec it has now and the state of now,
+/// before the controller first acts on it. Admission decided them on create, but it can be
+/// bypassed (the webhook down with a lax failure policy, a race between two creates) or,
+/// before spec was immutable, edited around. `None` once the operation started.
+pub fn reconcile_start_event<'s>(o: &'s TalosOperation) -> Option<EventFacts<'s>> {
+    (!o.finished() && !o.failed() && o.phase() == "Pending").then_some(EventFacts {
+        event: (Verb::Start, S::Operation, Site::Controller),
+        namespace: o.namespace(),
+        cluster: o.cluster(),
+        subject: Subject::Operation(o),
+    })
+}
+
 /// Decides a list of events against a snapshot. With `trace`, also returns what each event
 /// considered. An expensive fact that cannot be had here fails closed: a refusal naming it.
 pub fn decide_events(

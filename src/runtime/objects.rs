@@ -343,6 +343,13 @@ impl TalosCluster {
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+// The spec cannot change once created: the rules decided on it when it was created (and
+// the controller decides again before it runs it), so an edit would slip past them. The
+// API server enforces it with this CEL transition rule; the webhook refuses it too.
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "self == oldSelf",
+    "message": "spec is immutable: a TalosOperation's spec cannot change once it is created; create a new TalosOperation instead"
+}]))]
 pub struct OperationSpec {
     #[serde(default)]
     pub cluster_ref: ClusterRef,
@@ -418,6 +425,15 @@ impl TalosOperation {
         })
     }
 
+    /// The controller's `start` rules refused it (Accepted=False, StartRefused): it is not
+    /// run until they allow it.
+    pub fn start_refused(&self) -> bool {
+        self.status.as_ref().is_some_and(|s| {
+            find(&s.conditions, "Accepted")
+                .is_some_and(|c| c.status == "False" && c.reason.as_deref() == Some("StartRefused"))
+        })
+    }
+
     /// Parked by the controller for the even control-plane count: Paused with reason
     /// ClusterTransitioning and no failure. Such an operation holds no lock (ADR 0137).
     pub fn parked(&self) -> bool {
@@ -473,9 +489,18 @@ pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
     Ok(out)
 }
 
+/// The deepest nesting an objects file or an AdmissionReview may have. Kubernetes objects
+/// nest far less; a deeper input is refused before a parser sees it (libyaml's scanner is
+/// quadratic in nesting depth: 60,000 levels took 13 s).
+pub const MAX_NESTING: usize = 128;
+
 /// Why an objects file could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
+    #[error(
+        "line {line}, column {column}: nested more than {MAX_NESTING} levels deep; Kubernetes objects nest far less, so this is not an objects file ichor-rules can read"
+    )]
+    TooDeep { line: usize, column: usize },
     #[error("document {doc}: not valid YAML: {source}")]
     Yaml {
         doc: usize,
@@ -498,33 +523,62 @@ pub enum Object {
     Operation(TalosOperation),
 }
 
-/// The kind an apiVersion/kind pair names, if it is one of ours.
-pub fn our_kind(api_version: &str, kind: &str) -> Option<&'static str> {
-    let group = api_version.split('/').next().unwrap_or("");
-    if group != GROUP {
-        return None;
+impl Object {
+    /// Its kind, as `kind:` spells it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Object::Machine(_) => "TalosMachine",
+            Object::Cluster(_) => "TalosCluster",
+            Object::Operation(_) => "TalosOperation",
+        }
     }
-    ["TalosMachine", "TalosCluster", "TalosOperation"]
-        .into_iter()
-        .find(|k| *k == kind)
+
+    pub fn metadata(&self) -> &ObjectMeta {
+        match self {
+            Object::Machine(m) => &m.metadata,
+            Object::Cluster(c) => &c.metadata,
+            Object::Operation(o) => &o.metadata,
+        }
+    }
 }
 
-/// Turns a JSON/YAML object of one of our kinds into its type; `Ok(None)` for other kinds.
-pub fn object_from_value(value: serde_json::Value) -> Result<Option<Object>, String> {
-    let api_version = value
-        .get("apiVersion")
-        .and_then(|v| v.as_str())
-        .unwrap_or("");
-    let kind = value.get("kind").and_then(|v| v.as_str()).unwrap_or("");
-    let Some(kind) = our_kind(api_version, kind) else {
-        return Ok(None);
+/// Turns a JSON/YAML object into one of our kinds. Any other apiVersion or kind is an
+/// error that says what was found and, for a likely typo, what was meant.
+pub fn object_from_value(value: serde_json::Value) -> Result<Object, String> {
+    let text = |key: &str| value.get(key).and_then(|v| v.as_str()).unwrap_or("");
+    let clip = |s: &str| {
+        s.chars()
+            .take(80)
+            .flat_map(char::escape_debug)
+            .collect::<String>()
+    };
+    let (api_version, kind) = (text("apiVersion"), text("kind"));
+    let Some(known) = KINDS.into_iter().find(|k| *k == kind) else {
+        let hint = match crate::diagnostics::did_you_mean(kind, KINDS) {
+            Some(k) if !kind.is_empty() => format!("did you mean `{k}`? "),
+            _ => String::new(),
+        };
+        let found = if kind.is_empty() {
+            "it has no `kind`".to_string()
+        } else {
+            format!("`{}` is not a kind ichor-rules reads", clip(kind))
+        };
+        return Err(format!(
+            "{found}; {hint}an objects file holds only {API_VERSION} TalosClusters, \
+             TalosMachines and TalosOperations (a stream or a `kind: List`)"
+        ));
     };
     if api_version != API_VERSION {
+        let found = if api_version.is_empty() {
+            "it has no `apiVersion`".to_string()
+        } else {
+            format!("apiVersion `{}` is not served", clip(api_version))
+        };
         return Err(format!(
-            "apiVersion {api_version} is not served; the CRDs serve {API_VERSION}"
+            "{found}; the CRDs serve {known} as apiVersion {API_VERSION}"
         ));
     }
-    typed_object(kind, value).map(Some)
+    typed_object(known, value)
 }
 
 /// Turns a JSON object into the named kind.
@@ -576,10 +630,21 @@ fn validate(object: &Object) -> Result<(), String> {
     Ok(())
 }
 
-/// Loads the objects of a YAML stream: several documents, or `kind: List` with `items`.
-/// Kinds other than ours are ignored.
+/// The kinds an objects file may hold, as `kubectl get -o yaml` prints them.
+const KINDS: [&str; 3] = ["TalosCluster", "TalosMachine", "TalosOperation"];
+
+/// Loads the objects of a YAML stream: several documents, or `kind: List` (or a
+/// `TalosMachineList` and the like) with `items`. Every object must be one of our kinds at
+/// the served version, with a name and a namespace, and appear once: anything else is bad
+/// input, named by its document (and item), never silently skipped: a skipped object
+/// would change what is counted, and so the decision.
 pub fn load_snapshot(text: &str) -> Result<Snapshot, LoadError> {
+    if let Some((line, column)) = super::nesting::yaml_too_deep(text, MAX_NESTING) {
+        return Err(LoadError::TooDeep { line, column });
+    }
     let mut snap = Snapshot::default();
+    let mut seen: std::collections::HashMap<(&'static str, String, String), String> =
+        Default::default();
     for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let doc_no = i + 1;
         let value = serde_yaml::Value::deserialize(doc).map_err(|source| LoadError::Yaml {
@@ -595,49 +660,88 @@ pub fn load_snapshot(text: &str) -> Result<Snapshot, LoadError> {
                 what: String::new(),
                 message: format!("cannot be read as an object: {e}"),
             })?;
-        let items = if json.get("kind").and_then(|k| k.as_str()) == Some("List")
-            || json.get("items").is_some_and(|i| i.is_array())
-                && json
-                    .get("kind")
-                    .and_then(|k| k.as_str())
-                    .is_some_and(|k| k.ends_with("List"))
-        {
+        let doc_kind = json.get("kind").and_then(|k| k.as_str()).unwrap_or("");
+        let is_list = doc_kind == "List"
+            || KINDS
+                .iter()
+                .any(|k| doc_kind.strip_suffix("List") == Some(k));
+        let items: Vec<(String, serde_json::Value)> = if is_list {
             match json.get("items") {
-                Some(serde_json::Value::Array(items)) => items.clone(),
-                Some(serde_json::Value::Null) | None => Vec::new(),
-                Some(_) => {
+                Some(serde_json::Value::Array(items)) => items
+                    .iter()
+                    .enumerate()
+                    .map(|(n, item)| (format!(", item {}", n + 1), item.clone()))
+                    .collect(),
+                _ => {
                     return Err(LoadError::Object {
                         doc: doc_no,
-                        what: " (List)".into(),
+                        what: format!(" ({doc_kind})"),
                         message: "`items` must be a list of objects".into(),
                     });
                 }
             }
+        } else if json.get("items").is_some() {
+            let hint = match crate::diagnostics::did_you_mean(doc_kind, ["List"]) {
+                Some(_) => "did you mean `List`? ",
+                None => "",
+            };
+            return Err(LoadError::Object {
+                doc: doc_no,
+                what: describe(&json),
+                message: format!(
+                    "a document with `items` is a `kind: List` (or a TalosMachineList, \
+                     TalosClusterList or TalosOperationList); {hint}its kind is `{}`",
+                    doc_kind
+                        .chars()
+                        .take(80)
+                        .flat_map(char::escape_debug)
+                        .collect::<String>()
+                ),
+            });
         } else {
-            vec![json]
+            vec![(String::new(), json)]
         };
-        for item in items {
+        for (at, item) in items {
             if !item.is_object() {
                 return Err(LoadError::Object {
                     doc: doc_no,
-                    what: String::new(),
+                    what: at,
                     message: "expected a Kubernetes object (a mapping with apiVersion and kind)"
                         .into(),
                 });
             }
-            let label = describe(&item);
-            match object_from_value(item) {
-                Ok(Some(Object::Machine(m))) => snap.machines.push(m),
-                Ok(Some(Object::Cluster(c))) => snap.clusters.push(c),
-                Ok(Some(Object::Operation(o))) => snap.operations.push(o),
-                Ok(None) => {}
-                Err(message) => {
-                    return Err(LoadError::Object {
-                        doc: doc_no,
-                        what: label,
-                        message,
-                    });
-                }
+            let what = format!("{at}{}", describe(&item));
+            let bad = |message: String| LoadError::Object {
+                doc: doc_no,
+                what: what.clone(),
+                message,
+            };
+            let object = object_from_value(item).map_err(bad)?;
+            let kind = object.kind();
+            let (ns, name) = (
+                object.metadata().namespace.clone(),
+                object.metadata().name.clone(),
+            );
+            let name = name.filter(|n| !n.is_empty()).ok_or_else(|| {
+                bad("`metadata.name` is missing; every object needs its name".into())
+            })?;
+            let ns = ns.filter(|n| !n.is_empty()).ok_or_else(|| {
+                bad(format!(
+                    "`metadata.namespace` is missing; a {kind} is namespaced, and without it \
+                     the object would count in no namespace (`kubectl get -o yaml` prints it)"
+                ))
+            })?;
+            let here = format!("document {doc_no}{at}");
+            if let Some(first) = seen.insert((kind, ns.clone(), name.clone()), here) {
+                return Err(bad(format!(
+                    "{kind} {ns}/{name} appears twice (first in {first}); each object must \
+                     appear once, or it would be counted twice"
+                )));
+            }
+            match object {
+                Object::Machine(m) => snap.machines.push(m),
+                Object::Cluster(c) => snap.clusters.push(c),
+                Object::Operation(o) => snap.operations.push(o),
             }
         }
     }
@@ -645,13 +749,23 @@ pub fn load_snapshot(text: &str) -> Result<Snapshot, LoadError> {
 }
 
 fn describe(v: &serde_json::Value) -> String {
-    let kind = v.get("kind").and_then(|k| k.as_str()).unwrap_or("object");
-    let name = v
-        .get("metadata")
-        .and_then(|m| m.get("name"))
-        .and_then(|n| n.as_str())
-        .unwrap_or("?");
-    format!(" ({kind} {name})")
+    let s = |path: &[&str]| {
+        path.iter()
+            .try_fold(v, |v, k| v.get(k))
+            .and_then(|v| v.as_str())
+            .map(|s| {
+                s.chars()
+                    .take(80)
+                    .flat_map(char::escape_debug)
+                    .collect::<String>()
+            })
+    };
+    let kind = s(&["kind"]).unwrap_or_else(|| "object".into());
+    let name = s(&["metadata", "name"]).unwrap_or_else(|| "?".into());
+    match s(&["metadata", "namespace"]) {
+        Some(ns) => format!(" ({kind} {ns}/{name})"),
+        None => format!(" ({kind} {name})"),
+    }
 }
 
 #[cfg(test)]
@@ -659,7 +773,49 @@ mod tests {
     use super::*;
 
     #[test]
-    fn loads_streams_and_lists_and_ignores_other_kinds() {
+    fn every_object_is_ours_named_namespaced_and_once() {
+        let m = |meta: &str| {
+            format!(
+                "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosMachine\nmetadata: {meta}\nspec: {{role: worker}}\n"
+            )
+        };
+        for (text, says) in [
+            ("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x, namespace: ns}\n".to_string(),
+             "document 1 (ConfigMap ns/x): `ConfigMap` is not a kind ichor-rules reads"),
+            (m("{name: a, namespace: ns}").replace("TalosMachine", "TalosMachin"),
+             "did you mean `TalosMachine`?"),
+            (m("{name: a, namespace: ns}").replace("v1alpha1", "v1alpah1"),
+             "apiVersion `ichor.maesh.dev/v1alpah1` is not served"),
+            (m("{name: a, namespace: ns}").replace("kind: TalosMachine\n", ""),
+             "it has no `kind`"),
+            (m("{name: a}"), "document 1 (TalosMachine a): `metadata.namespace` is missing"),
+            (m("{namespace: ns}"), "`metadata.name` is missing"),
+            (format!("{}---\n{}", m("{name: a, namespace: ns}"), m("{name: a, namespace: ns}")),
+             "document 2 (TalosMachine ns/a): TalosMachine ns/a appears twice (first in document 1)"),
+            ("apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Secret, metadata: {name: s}}\n".to_string(),
+             "document 1, item 1 (Secret s)"),
+            ("apiVersion: v1\nkind: List\nitems: null\n".to_string(), "`items` must be a list"),
+            ("apiVersion: v1\nkind: Lisst\nitems: []\n".to_string(), "did you mean"),
+        ] {
+            let err = load_snapshot(&text).expect_err(&text).to_string();
+            assert!(err.contains(says), "{text}\n{err}");
+        }
+    }
+
+    #[test]
+    fn nesting_is_capped_before_parsing() {
+        let started = std::time::Instant::now();
+        let err = load_snapshot(&"[".repeat(60_000)).expect_err("too deep");
+        assert!(matches!(err, LoadError::TooDeep { line: 1, .. }), "{err}");
+        assert!(
+            err.to_string().contains("nested more than 128 levels"),
+            "{err}"
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+    }
+
+    #[test]
+    fn loads_streams_and_lists() {
         let text = r#"
 apiVersion: ichor.maesh.dev/v1alpha1
 kind: TalosCluster
@@ -673,9 +829,6 @@ items:
   kind: TalosMachine
   metadata: {name: cp1, namespace: ns}
   spec: {clusterRef: {name: c}, role: controlplane, approved: true}
-- apiVersion: v1
-  kind: ConfigMap
-  metadata: {name: x}
 "#;
         let s = load_snapshot(text).expect("loads");
         assert_eq!(s.clusters.len(), 1);

@@ -2,7 +2,7 @@
 //! TalosMachine, TalosCluster and TalosOperation with the rules' decision against live,
 //! uncached state. The handler only unwraps the envelope; deciding is [`super::decide`].
 
-use super::admission::{Request, parse_review, refuse, respond};
+use super::admission::{Request, immutable_spec_change, parse_review, refuse, respond};
 use super::decide::{decide_events, request_events};
 use super::facts::Expensive;
 use super::live::{LiveReader, Reads};
@@ -183,6 +183,10 @@ async fn decide_request_inner(
     state: &Webhook,
     req: &Request,
 ) -> kube::core::admission::AdmissionReview<kube::core::DynamicObject> {
+    if let Some(message) = immutable_spec_change(req) {
+        tracing::info!(verdict = "refuse", "an operation's spec changed: refused");
+        return refuse(req, message);
+    }
     let events = request_events(
         req.operation(),
         &req.namespace,
@@ -218,11 +222,11 @@ async fn decide_request_inner(
             }
             Err(e) => {
                 state.metrics.live_read_error(e.metric_label());
-                tracing::error!(error = %e, "live read failed: refusing");
+                tracing::error!(error = %e.detail(), "live read failed: refusing");
                 return refuse(
                     req,
                     format!(
-                        "the live state could not be read ({e}); ichor-rules refuses rather than deciding on stale or missing data, retry shortly"
+                        "{e}; ichor-rules refuses rather than deciding on missing data, retry shortly"
                     ),
                 );
             }

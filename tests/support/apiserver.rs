@@ -51,7 +51,12 @@
 //!   or the Deployment controlling it, or a StatefulSet; pods without a controller do not
 //!   count, and a controller the server does not hold allows no disruption); healthy pods
 //!   are the Ready ones not being deleted; percentages round up;
-//! - fault injection: added latency, failing requests with 500, dropping open watches.
+//! - fault injection: added latency, failing requests with 500, dropping open watches;
+//!   and, to test that clients refuse them, answers a real API server would never give:
+//!   [`Faults::paginate`] makes every list paginate at a page size the server chooses (a
+//!   real server may answer `limit` with fewer items and a `continue` token), and
+//!   [`Faults::rewrite_answers`] rewrites the JSON of successful GET and list answers
+//!   (`items: null`, an object of another namespace or name, a wrong kind).
 //!
 //! What it leaves out: authentication and authorization, admission webhooks, namespaces as
 //! objects (every namespace exists), server-side apply and strategic merge patch (both
@@ -319,6 +324,9 @@ struct Inner {
     serial: u64,
 }
 
+/// Rewrites the JSON of an answer.
+pub type Rewrite = Arc<dyn Fn(&mut Value) + Send + Sync>;
+
 /// Injected faults.
 #[derive(Default)]
 pub struct Faults {
@@ -327,6 +335,8 @@ pub struct Faults {
     fail_path: Mutex<Option<String>>,
     requests: AtomicU64,
     log: Mutex<Vec<Request>>,
+    page_size: AtomicUsize,
+    rewrite: Mutex<Option<(Option<String>, Rewrite)>>,
 }
 
 /// The header [`ApiServer::test_client`] sends.
@@ -358,6 +368,40 @@ impl Faults {
             *p = path.map(str::to_string);
         }
         self.fail_next.store(n, Ordering::SeqCst);
+    }
+
+    /// Every list answers at most `n` items per page (with a `continue` token for the
+    /// rest), whatever `limit` the client asked for, or none; 0 turns it off.
+    pub fn paginate(&self, n: usize) {
+        self.page_size.store(n, Ordering::SeqCst);
+    }
+
+    /// Every successful GET or list (not watch) whose path contains `path` (any path when
+    /// `None`) has its JSON answer passed through `f` before it is sent.
+    pub fn rewrite_answers(
+        &self,
+        path: Option<&str>,
+        f: impl Fn(&mut Value) + Send + Sync + 'static,
+    ) {
+        if let Ok(mut r) = self.rewrite.lock() {
+            *r = Some((path.map(str::to_string), Arc::new(f)));
+        }
+    }
+
+    /// Stops rewriting answers.
+    pub fn stop_rewriting(&self) {
+        if let Ok(mut r) = self.rewrite.lock() {
+            *r = None;
+        }
+    }
+
+    fn rewriter(&self, path: &str) -> Option<Rewrite> {
+        let r = self.rewrite.lock().ok()?;
+        let (filter, f) = r.as_ref()?;
+        filter
+            .as_deref()
+            .is_none_or(|p| path.contains(p))
+            .then(|| f.clone())
     }
 
     /// How many requests the server has received.
@@ -834,7 +878,14 @@ fn route(
         )),
     };
     match result {
-        Ok((code, v)) => reply(code, &v),
+        Ok((code, mut v)) => {
+            if *method == Method::GET
+                && let Some(f) = store.faults.rewriter(path)
+            {
+                f(&mut v);
+            }
+            reply(code, &v)
+        }
         Err(f) => fail(&f),
     }
 }
@@ -928,6 +979,12 @@ impl Store {
             .get("limit")
             .and_then(|l| l.parse().ok())
             .filter(|l| *l > 0);
+        let forced = self.faults.page_size.load(Ordering::SeqCst);
+        let limit = match (limit, forced) {
+            (l, 0) => l,
+            (Some(l), f) => Some(l.min(f)),
+            (None, f) => Some(f),
+        };
         let after = match q.get("continue").filter(|c| !c.is_empty()) {
             Some(c) => Some(
                 c.split_once('/')

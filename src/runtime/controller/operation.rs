@@ -10,7 +10,7 @@
 
 use super::status::{self, Conditions};
 use super::{Context, ReconcileError, held};
-use crate::runtime::decide::{decide_events, reconcile_operation_event};
+use crate::runtime::decide::{decide_events, reconcile_operation_event, reconcile_start_event};
 use crate::runtime::facts::Expensive;
 use crate::runtime::live::Reads;
 use crate::runtime::objects::TalosOperation;
@@ -23,6 +23,54 @@ fn rule_reason(table: &crate::compile::Table, reason: Option<&str>) -> bool {
     reason.is_some_and(|r| {
         r == "Refused" || table.rules.iter().any(|x| x.reason.as_deref() == Some(r))
     })
+}
+
+/// Before the controller first acts on an operation that has not started, its `start`
+/// rules are decided again at the controller (the same table as admission). Refused (or
+/// held), it is marked `Accepted=False` (reason `StartRefused`, the rules' messages), a
+/// Warning event says why, and it is not run: decided again every `parked_requeue`. Once
+/// they allow it, a former refusal is cleared (`Accepted=True`, `StartAllowed`).
+async fn start_again(
+    ctx: &Context,
+    table: &crate::compile::Table,
+    snapshot: &crate::runtime::objects::Snapshot,
+    next: &mut TalosOperation,
+) -> Action {
+    let events: Vec<_> = reconcile_start_event(next).into_iter().collect();
+    if events.is_empty() {
+        return Action::await_change();
+    }
+    let (decision, _) = decide_events(table, snapshot, &events, Expensive::Deferred, false);
+    let refused = held(ctx, &decision, "StartRefused").map(|(_, message)| message);
+    let was_refused = next.start_refused();
+    match refused {
+        Some(message) => {
+            if status::set(
+                next.conditions_mut(),
+                "Accepted",
+                false,
+                "StartRefused",
+                &message,
+            ) {
+                let operation = format!("{}/{}", next.namespace(), next.name());
+                tracing::warn!(%operation, %message, "start refused at the controller");
+                ctx.event(&*next, true, "StartRefused", message).await;
+            }
+            Action::requeue(ctx.settings.parked_requeue)
+        }
+        None => {
+            if was_refused {
+                status::set(
+                    next.conditions_mut(),
+                    "Accepted",
+                    true,
+                    "StartAllowed",
+                    "the start rules allow the operation now",
+                );
+            }
+            Action::await_change()
+        }
+    }
 }
 
 pub async fn reconcile(
@@ -79,7 +127,7 @@ pub async fn reconcile(
                 next.status.get_or_insert_with(Default::default).phase = Some("Pending".into());
                 tracing::info!(operation = %format!("{ns}/{name}"), "resumed");
             }
-            Action::await_change()
+            start_again(&ctx, &table, &snapshot, &mut next).await
         }
     };
     if next.status != live.status {
