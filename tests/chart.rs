@@ -1242,6 +1242,18 @@ fn bad_values_fail_the_rendering_with_a_reason() {
             "selfSignedCert.validityDays: 0 must be at least 1",
         ),
         (
+            "server.maxConnections=0",
+            "server.maxConnections: 0 is outside 1..65536",
+        ),
+        (
+            "server.idleTimeoutMs=0",
+            "server.idleTimeoutMs: 0 must be at least 1",
+        ),
+        (
+            "server.bodyReadTimeoutMs=0",
+            "server.bodyReadTimeoutMs: 0 must be at least 1",
+        ),
+        (
             "preStopSleepSeconds=-1",
             "preStopSleepSeconds: -1 must be 0 (no preStop hook) or more",
         ),

@@ -61,6 +61,14 @@ server.containerPort, or 0.0.0.0:<containerPort> when it is empty. */}}
 {{- if not (has .Values.server.logFormat (list "text" "json")) }}
 {{- fail (printf "server.logFormat: %q is neither \"text\" nor \"json\"" (toString .Values.server.logFormat)) }}
 {{- end }}
+{{- if or (lt (int .Values.server.maxConnections) 1) (gt (int .Values.server.maxConnections) 65536) }}
+{{- fail (printf "server.maxConnections: %v is outside 1..65536" .Values.server.maxConnections) }}
+{{- end }}
+{{- range $key := list "tlsHandshakeTimeoutMs" "headerReadTimeoutMs" "bodyReadTimeoutMs" "idleTimeoutMs" }}
+{{- if lt (int (index $.Values.server $key)) 1 }}
+{{- fail (printf "server.%s: %v must be at least 1 (milliseconds; a stalled client is held until it passes)" $key (index $.Values.server $key)) }}
+{{- end }}
+{{- end }}
 {{- if lt (int .Values.selfSignedCert.validityDays) 1 }}
 {{- fail (printf "selfSignedCert.validityDays: %v must be at least 1" .Values.selfSignedCert.validityDays) }}
 {{- end }}
