@@ -14,7 +14,14 @@
 //! A connection over a deadline is closed (counted in
 //! `ichor_rules_connections_timed_out_total` by phase). Request heads are capped at
 //! [`MAX_HEAD`] bytes and each connection buffers at most [`MAX_BUFFER`] bytes; the
-//! webhook caps bodies itself ([`super::webhook::MAX_BODY`]).
+//! webhook caps each body itself ([`super::webhook::MAX_BODY`]).
+//!
+//! Request bodies are also bounded all together: the bytes of the bodies being received,
+//! decoded and decided at once never exceed [`BODY_BUDGET`]. A body takes its share of the
+//! budget as its bytes arrive (so a client holds only what it really sent) and gives it
+//! back when its answer is ready (decoding a body costs memory many times its size, so
+//! bodies near [`super::webhook::MAX_BODY`] must not be decoded many at once). A body
+//! waiting for budget waits within its deadline.
 
 use super::metrics::{Closed, Metrics};
 use axum::Router;
@@ -32,6 +39,13 @@ pub const MAX_HEAD: usize = 32 * 1024;
 
 /// The most a connection buffers for reading or writing, in bytes.
 pub const MAX_BUFFER: usize = 64 * 1024;
+
+/// The request body bytes held at once, all connections together: one body of the
+/// largest size the webhook accepts, and 1 MiB for the others meanwhile.
+pub const BODY_BUDGET: usize = super::webhook::MAX_BODY + 1024 * 1024;
+
+/// The budget's unit, in bytes.
+const UNIT: u64 = 1024;
 
 /// Deadlines and the connection cap (`serve`'s flags of the same names).
 #[derive(Clone, Debug)]
@@ -85,6 +99,7 @@ pub async fn serve_tls_with(
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let budget = Arc::new(tokio::sync::Semaphore::new(BODY_BUDGET / UNIT as usize));
     let limits = Arc::new(limits);
     let mut at_cap = false;
     tokio::pin!(shutdown);
@@ -114,15 +129,16 @@ pub async fn serve_tls_with(
         };
         at_cap = false;
         let _ = stream.set_nodelay(true);
-        let (acceptor, app, limits, metrics) = (
+        let (acceptor, app, limits, metrics, budget) = (
             acceptor.clone(),
             app.clone(),
             limits.clone(),
             metrics.clone(),
+            budget.clone(),
         );
         tokio::spawn(async move {
             metrics.connection(true);
-            connection(stream, peer, acceptor, app, &limits, &metrics).await;
+            connection(stream, peer, acceptor, app, &limits, &metrics, budget).await;
             metrics.connection(false);
             drop(slot);
         });
@@ -137,6 +153,7 @@ async fn connection(
     app: Router,
     limits: &Limits,
     metrics: &Arc<Metrics>,
+    budget: Arc<tokio::sync::Semaphore>,
 ) {
     let tls = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(stream)).await {
         Ok(Ok(s)) => s,
@@ -160,16 +177,36 @@ async fn connection(
         let app = hyper_util::service::TowerToHyperService::new(app);
         hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
             activity.set(Phase::Busy);
+            // A body declared longer than the webhook takes is refused, and read only to
+            // be dropped: it is not held, so it takes no budget.
+            let declared = req
+                .headers()
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
+            let held = Arc::new(Mutex::new(Vec::new()));
+            let share = declared
+                .is_none_or(|n| n <= super::webhook::MAX_BODY as u64)
+                .then(|| Share {
+                    budget: budget.clone(),
+                    held: held.clone(),
+                    received: 0,
+                    units: 0,
+                    waiting: None,
+                });
             let req = req.map(|inner| {
                 Body::new(Deadline {
                     inner,
                     sleep: Box::pin(tokio::time::sleep(body_timeout)),
                     activity: activity.clone(),
+                    share,
                 })
             });
             let (answer, activity) = (app.call(req), activity.clone());
             async move {
                 let answer = answer.await;
+                // The body's share of the budget is given back once its answer is ready.
+                drop(held);
                 activity.set(Phase::Idle);
                 answer
             }
@@ -338,11 +375,66 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
 }
 
 /// A request body that must arrive whole before its deadline; past it, reading fails and
-/// the connection is closed.
+/// the connection is closed. Its bytes take their share of the [`BODY_BUDGET`] as they
+/// arrive.
 struct Deadline<B> {
     inner: B,
     sleep: Pin<Box<tokio::time::Sleep>>,
     activity: Arc<Activity>,
+    share: Option<Share>,
+}
+
+type Acquiring = Pin<
+    Box<
+        dyn Future<Output = Result<tokio::sync::OwnedSemaphorePermit, tokio::sync::AcquireError>>
+            + Send,
+    >,
+>;
+
+/// One body's share of the budget: the permits it holds (shared with its request, which
+/// keeps them until the answer is ready), and a frame waiting for more.
+struct Share {
+    budget: Arc<tokio::sync::Semaphore>,
+    held: Arc<Mutex<Vec<tokio::sync::OwnedSemaphorePermit>>>,
+    received: u64,
+    units: u64,
+    waiting: Option<(http_body::Frame<Bytes>, Acquiring)>,
+}
+
+impl Share {
+    /// Takes budget for `frame`: `Some(frame)` when it may pass now; otherwise it waits
+    /// in `waiting`.
+    fn admit(&mut self, frame: http_body::Frame<Bytes>) -> Option<http_body::Frame<Bytes>> {
+        self.received += frame.data_ref().map_or(0, |d| d.len() as u64);
+        let total = (BODY_BUDGET as u64) / UNIT;
+        let need = self
+            .received
+            .div_ceil(UNIT)
+            .min(total)
+            .saturating_sub(self.units);
+        if need == 0 {
+            return Some(frame);
+        }
+        self.units += need;
+        let n = u32::try_from(need).unwrap_or(u32::MAX);
+        match self.budget.clone().try_acquire_many_owned(n) {
+            Ok(permit) => {
+                self.keep(permit);
+                Some(frame)
+            }
+            Err(_) => {
+                let acquiring = Box::pin(self.budget.clone().acquire_many_owned(n));
+                self.waiting = Some((frame, acquiring));
+                None
+            }
+        }
+    }
+
+    fn keep(&self, permit: tokio::sync::OwnedSemaphorePermit) {
+        if let Ok(mut h) = self.held.lock() {
+            h.push(permit);
+        }
+    }
 }
 
 /// The error of a body that did not arrive in time.
@@ -363,8 +455,36 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::BoxError>>> {
         let this = &mut *self;
-        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
-            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        loop {
+            // A frame that waits for budget passes once it has it.
+            if let Some(share) = this.share.as_mut()
+                && let Some((_, acquiring)) = share.waiting.as_mut()
+            {
+                match acquiring.as_mut().poll(cx) {
+                    Poll::Ready(Ok(permit)) => {
+                        share.keep(permit);
+                        if let Some((frame, _)) = share.waiting.take() {
+                            return Poll::Ready(Some(Ok(frame)));
+                        }
+                    }
+                    Poll::Ready(Err(_)) => {
+                        share.waiting = None;
+                        return Poll::Ready(Some(Err(BodyTimedOut.into())));
+                    }
+                    Poll::Pending => break,
+                }
+            }
+            match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match this.share.as_mut() {
+                    None => return Poll::Ready(Some(Ok(frame))),
+                    Some(share) => match share.admit(frame) {
+                        Some(frame) => return Poll::Ready(Some(Ok(frame))),
+                        None => continue,
+                    },
+                },
+                Poll::Ready(other) => return Poll::Ready(other.map(|f| f.map_err(Into::into))),
+                Poll::Pending => break,
+            }
         }
         if this.sleep.as_mut().poll(cx).is_ready() {
             this.activity.set(Phase::Expired(Closed::Body));
