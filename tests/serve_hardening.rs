@@ -555,8 +555,26 @@ async fn a_crafted_name_cannot_forge_a_log_line() {
                 format!("{{\"apiVersion\":\"v1\n{forged}\",\"kind\":\"x\"}}").into_bytes(),
             )
             .await;
+        // Malformed, quoting a megabyte of what it found: the log line stays short.
+        let _ = serve
+            .send(
+                "POST",
+                "/validate",
+                format!(
+                    "{{\"apiVersion\":\"{}\",\"kind\":\"x\"}}",
+                    "A".repeat(1024 * 1024)
+                )
+                .into_bytes(),
+            )
+            .await;
         tokio::time::sleep(Duration::from_millis(300)).await;
         let log = serve.log();
+        assert!(
+            log.contains("AAAA…("),
+            "the long value was logged, clipped: {log}"
+        );
+        let longest = log.lines().map(str::len).max().unwrap_or(0);
+        assert!(longest < 4096, "a log line of {longest} bytes");
         assert!(
             log.contains("FORGED"),
             "the hostile values were logged: {log}"

@@ -50,18 +50,28 @@ pub struct Clipped<'a>(pub &'a str);
 
 impl fmt::Display for Clipped<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0.char_indices().nth(MAX_FIELD_CHARS) {
-            None => write_escaped(f, self.0),
-            Some((cut, _)) => {
-                write_escaped(f, &self.0[..cut])?;
-                write!(f, "…({} more bytes)", self.0.len() - cut)
-            }
+        write_clipped(f, self.0, MAX_FIELD_CHARS)
+    }
+}
+
+/// Writes `s` escaped, cut after `max` characters (saying how many bytes were left out).
+fn write_clipped(out: &mut impl fmt::Write, s: &str, max: usize) -> fmt::Result {
+    match s.char_indices().nth(max) {
+        None => write_escaped(out, s),
+        Some((cut, _)) => {
+            write_escaped(out, &s[..cut])?;
+            write!(out, "…({} more bytes)", s.len() - cut)
         }
     }
 }
 
+/// The most characters of any one field the text format writes (error texts from the
+/// API server, the diagnostics of a refused reload, ...).
+pub const MAX_TEXT_FIELD_CHARS: usize = 16 * 1024;
+
 /// The text format's field formatter: `name=value` separated by spaces (the message
-/// alone), every value escaped. The default formatter writes `%` (Display) values raw.
+/// alone), every value escaped and cut after [`MAX_TEXT_FIELD_CHARS`] characters. The
+/// default formatter writes `%` (Display) values raw.
 pub fn escaped_fields() -> impl for<'w> FormatFields<'w> + Send + Sync + 'static {
     tracing_subscriber::fmt::format::debug_fn(
         |w: &mut Writer<'_>, field: &tracing::field::Field, value: &dyn fmt::Debug| {
@@ -71,7 +81,7 @@ pub fn escaped_fields() -> impl for<'w> FormatFields<'w> + Send + Sync + 'static
                 w.write_str(field.name().trim_start_matches("r#"))?;
                 w.write_char('=')?;
             }
-            write_escaped(w, &text)
+            write_clipped(w, &text, MAX_TEXT_FIELD_CHARS)
         },
     )
     .delimited(" ")

@@ -138,7 +138,8 @@ async fn validate(State(state): State<Arc<Webhook>>, headers: HeaderMap, body: B
         Ok(r) => r,
         Err(e) => {
             state.metrics.bad_request();
-            tracing::warn!(error = %e, reason = e.metric_label(), "malformed admission request");
+            // The error may quote what the caller sent (megabytes of it): clipped.
+            tracing::warn!(error = %Clipped(&e.to_string()), reason = e.metric_label(), "malformed admission request");
             return json_error(StatusCode::BAD_REQUEST, &e.to_string());
         }
     };
