@@ -893,3 +893,46 @@ async fn many_large_bodies_at_once_cost_what_one_costs() {
     );
     assert!(!serve.allowed(&delete_cp3("b-1")).await, "still deciding");
 }
+
+/// Clients that send large requests whose answers quote them (an error naming the
+/// `apiVersion` found) and never read the answers: the answers waiting to be written hold
+/// the requests' budget, so they cost what one costs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_nobody_reads_are_bounded_too() {
+    let api = three_control_planes().await;
+    let dir = scratch("unread");
+    shipped_rules(&dir);
+    let serve = Serve::start(&api, &dir, &[]).await;
+    let quoted = format!(
+        "{{\"apiVersion\":\"{}\",\"kind\":\"x\"}}",
+        "A".repeat(4 * 1024 * 1024 - 100)
+    );
+    let request = format!(
+        "POST /validate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{quoted}",
+        quoted.len()
+    );
+    let before = rss_kib(serve.pid());
+    let mut held = Vec::new();
+    for _ in 0..12 {
+        let mut c = tls(serve.listen, &serve.ca).await.expect("connects");
+        let request = request.clone();
+        held.push(tokio::spawn(async move {
+            // Written (as far as the server takes it), never read.
+            let _ =
+                tokio::time::timeout(Duration::from_secs(8), c.write_all(request.as_bytes())).await;
+            tokio::time::sleep(Duration::from_secs(8)).await;
+            drop(c);
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let during = rss_kib(serve.pid());
+    eprintln!("12 unread 4 MiB answers: RSS {before} KiB before, {during} KiB while they wait");
+    assert!(
+        during < before + 40 * 1024,
+        "RSS grew from {before} KiB to {during} KiB"
+    );
+    for h in held {
+        let _ = h.await;
+    }
+    assert!(!serve.allowed(&delete_cp3("u-1")).await, "still deciding");
+}

@@ -19,7 +19,7 @@
 //! Request bodies are also bounded all together: the bytes of the bodies being received,
 //! decoded and decided at once never exceed [`BODY_BUDGET`]. A body takes its share of the
 //! budget as its bytes arrive (so a client holds only what it really sent) and gives it
-//! back when its answer is ready (decoding a body costs memory many times its size, so
+//! back when its answer is written (decoding a body costs memory many times its size, so
 //! bodies near [`super::webhook::MAX_BODY`] must not be decoded many at once). A body
 //! waiting for budget waits within its deadline.
 
@@ -205,10 +205,10 @@ async fn connection(
             let (answer, activity) = (app.call(req), activity.clone());
             async move {
                 let answer = answer.await;
-                // The body's share of the budget is given back once its answer is ready.
-                drop(held);
                 activity.set(Phase::Idle);
-                answer
+                // The body's share of the budget is given back once its answer is written
+                // (an answer may quote the request: an AdmissionReview's uid, an error).
+                answer.map(|r| r.map(|inner| Body::new(Holding { inner, _held: held })))
             }
         })
     };
@@ -434,6 +434,33 @@ impl Share {
         if let Ok(mut h) = self.held.lock() {
             h.push(permit);
         }
+    }
+}
+
+/// An answer's body, holding its request's share of the budget until it is written or
+/// dropped.
+struct Holding<B> {
+    inner: B,
+    _held: Arc<Mutex<Vec<tokio::sync::OwnedSemaphorePermit>>>,
+}
+
+impl<B: HttpBody + Unpin> HttpBody for Holding<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
