@@ -639,3 +639,38 @@ async fn the_controller_decides_nothing_on_a_contradictory_read() {
     })
     .await;
 }
+
+/// A drain reads every page of the pods on its node: with the API server answering one pod
+/// per page, a first page holding only a DaemonSet pod does not read as "nothing to evict".
+#[tokio::test]
+async fn a_drain_reads_every_page_of_the_pods_on_its_node() {
+    use ichor_rules::runtime::controller::drain::{Drained, drain};
+    let api = ApiServer::start().await;
+    api.insert(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}));
+    let pod = |ns: &str, name: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+               "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x"}]}})
+    };
+    let mut ds = pod("a-system", "agent");
+    ds["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "DaemonSet",
+        "name": "agent", "uid": "u-1", "controller": true}]);
+    api.insert(ds);
+    api.insert(pod("b-apps", "web-1"));
+    api.insert(pod("b-apps", "web-2"));
+    api.store.faults.paginate(1);
+    let client = api.client();
+    let mut outcome = drain(&client, "n1").await.expect("drain");
+    for _ in 0..10 {
+        if matches!(outcome, Drained::Done) {
+            break;
+        }
+        outcome = drain(&client, "n1").await.expect("drain");
+    }
+    assert!(matches!(outcome, Drained::Done), "{outcome:?}");
+    let left: Vec<String> = api
+        .objects("Pod", None)
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(left, ["agent"], "only the DaemonSet pod stays");
+}

@@ -62,3 +62,269 @@ fn reviews_with_wrong_shapes_are_errors() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Objects files and AdmissionReviews: the fixtures, mutated (pieces inserted, ranges cut,
+// slices repeated into deep nesting), through the decoders and the decision, in process
+// and as `ichor-rules eval` runs them. Never a panic, never slow, exit codes 0, 1 or 2.
+// ---------------------------------------------------------------------------------------
+
+mod decoders {
+    use ichor_rules::runtime::admission::{immutable_spec_change, parse_review, respond};
+    use ichor_rules::runtime::decide::{
+        decide_events, reconcile_machine_event, reconcile_operation_event, reconcile_start_event,
+        request_events,
+    };
+    use ichor_rules::runtime::facts::Expensive;
+    use ichor_rules::runtime::objects::load_snapshot;
+    use proptest::prelude::*;
+    use std::path::PathBuf;
+    use std::sync::OnceLock;
+    use std::time::{Duration, Instant};
+
+    const OBJECTS: [&str; 2] = [
+        include_str!("fixtures/objects-stream.yaml"),
+        include_str!("fixtures/objects-list.yaml"),
+    ];
+    const REVIEWS: [&str; 3] = [
+        include_str!("fixtures/review-delete-cp1-refused.json"),
+        include_str!("fixtures/review-approve-cp4-warns.json"),
+        include_str!("fixtures/review-delete-w1-allowed.json"),
+    ];
+    const YAML_PIECES: &[&str] = &[
+        "[",
+        "{",
+        "]",
+        "}",
+        ": ",
+        "- ",
+        "\n",
+        "\n  ",
+        "\n- ",
+        "\"",
+        "'",
+        "#",
+        "| ",
+        "> ",
+        "&a ",
+        "*a",
+        "!!binary ",
+        "!!str ",
+        "---\n",
+        "...\n",
+        "\t",
+        "null",
+        "~",
+        "true",
+        "TalosMachin",
+        "TalosOperation",
+        "v1alpah1",
+        "v1",
+        "List",
+        "namespace: other",
+        "namespace: ns",
+        "name: cp1",
+        "99999999999999999999",
+        "-1",
+        "controlplane",
+        "worker",
+        "approved: true",
+        "approved: false",
+        "deletionTimestamp: \"2026-01-01T00:00:00Z\"",
+        "kind: List\nitems:\n",
+        "items: null",
+        "metadata: {}",
+        "\u{0}",
+        "é",
+        "\r",
+        "\u{feff}",
+    ];
+    const JSON_PIECES: &[&str] = &[
+        "[",
+        "{",
+        "]",
+        "}",
+        ",",
+        ":",
+        "\"",
+        "\\",
+        "\\u0000",
+        "\\ud800",
+        "null",
+        "true",
+        "{}",
+        "[]",
+        "\"TalosCluster\"",
+        "\"TalosOperation\"",
+        "\"DELETE\"",
+        "\"UPDATE\"",
+        "\"CREATE\"",
+        "\"oldObject\":",
+        "\"object\":",
+        "\"namespace\":\"other\",",
+        "1e999",
+        "-0",
+        "18446744073709551616",
+        "\"v1alpha1\"",
+        "\"admission.k8s.io/v1beta1\"",
+        "é",
+    ];
+
+    /// One edit of a text, at a position given as a fraction of its length.
+    #[derive(Clone, Debug)]
+    enum Edit {
+        Cut {
+            at: usize,
+            len: usize,
+        },
+        Insert {
+            at: usize,
+            piece: &'static str,
+        },
+        /// Repeats a slice of the text after itself: deep nesting from `[`, `- ` or `{a: `.
+        Repeat {
+            at: usize,
+            len: usize,
+            times: usize,
+        },
+    }
+
+    fn edit(pieces: &'static [&'static str]) -> impl Strategy<Value = Edit> {
+        prop_oneof![
+            (any::<usize>(), 1..40usize).prop_map(|(at, len)| Edit::Cut { at, len }),
+            (any::<usize>(), proptest::sample::select(pieces))
+                .prop_map(|(at, piece)| Edit::Insert { at, piece }),
+            (any::<usize>(), 1..8usize, 2..600usize).prop_map(|(at, len, times)| Edit::Repeat {
+                at,
+                len,
+                times
+            }),
+        ]
+    }
+
+    fn apply(text: &str, edits: &[Edit]) -> String {
+        let mut chars: Vec<char> = text.chars().collect();
+        for e in edits {
+            let n = chars.len();
+            match *e {
+                Edit::Cut { at, len } => {
+                    let at = at % (n + 1);
+                    chars.drain(at..(at + len).min(n));
+                }
+                Edit::Insert { at, piece } => {
+                    let at = at % (n + 1);
+                    chars.splice(at..at, piece.chars());
+                }
+                Edit::Repeat { at, len, times } => {
+                    let at = at % (n + 1);
+                    let slice: Vec<char> = chars[at..(at + len).min(n)].to_vec();
+                    let repeated: Vec<char> = (0..times).flat_map(|_| slice.clone()).collect();
+                    chars.splice(at..at, repeated);
+                }
+            }
+        }
+        chars.into_iter().collect()
+    }
+
+    fn table() -> &'static ichor_rules::compile::Table {
+        static TABLE: OnceLock<ichor_rules::ruleset::RuleSet> = OnceLock::new();
+        TABLE
+            .get_or_init(|| {
+                ichor_rules::ruleset::load(&[PathBuf::from("rules")]).expect("the shipped rules")
+            })
+            .table
+            .as_ref()
+            .expect("the shipped rules check clean")
+    }
+
+    /// What `eval` does with a review and an objects file, in process.
+    fn decide(objects: &str, review: &[u8]) {
+        let Ok(snapshot) = load_snapshot(objects) else {
+            return;
+        };
+        let table = table();
+        for m in &snapshot.machines {
+            let events: Vec<_> = reconcile_machine_event(m).into_iter().collect();
+            let _ = decide_events(table, &snapshot, &events, Expensive::FromObjects, true);
+        }
+        for o in &snapshot.operations {
+            let events: Vec<_> = reconcile_operation_event(o)
+                .into_iter()
+                .chain(reconcile_start_event(o))
+                .collect();
+            let _ = decide_events(table, &snapshot, &events, Expensive::FromObjects, true);
+        }
+        let Ok(req) = parse_review(review) else {
+            return;
+        };
+        if immutable_spec_change(&req).is_some() {
+            return;
+        }
+        let events = request_events(
+            req.operation(),
+            &req.namespace,
+            req.old.as_ref(),
+            req.new.as_ref(),
+        );
+        let (decision, _) = decide_events(table, &snapshot, &events, Expensive::FromObjects, true);
+        let _ = serde_json::to_vec(&respond(&req, &decision));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(384))]
+
+        #[test]
+        fn mutated_objects_and_reviews_never_panic_nor_stall(
+            o in 0..OBJECTS.len(),
+            r in 0..REVIEWS.len(),
+            object_edits in proptest::collection::vec(edit(YAML_PIECES), 0..6),
+            review_edits in proptest::collection::vec(edit(JSON_PIECES), 0..6),
+        ) {
+            let objects = apply(OBJECTS[o], &object_edits);
+            let review = apply(REVIEWS[r], &review_edits);
+            let started = Instant::now();
+            decide(&objects, review.as_bytes());
+            prop_assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
+        }
+    }
+
+    proptest! {
+        // Each case runs the binary twice: kept small so CI stays fast.
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        #[test]
+        fn eval_exits_0_1_or_2_on_mutated_input(
+            o in 0..OBJECTS.len(),
+            r in 0..REVIEWS.len(),
+            object_edits in proptest::collection::vec(edit(YAML_PIECES), 0..5),
+            review_edits in proptest::collection::vec(edit(JSON_PIECES), 0..5),
+        ) {
+            let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+                .join(format!("robust-eval-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("scratch dir");
+            let objects = dir.join("objects.yaml");
+            let review = dir.join("review.json");
+            std::fs::write(&objects, apply(OBJECTS[o], &object_edits)).expect("write");
+            std::fs::write(&review, apply(REVIEWS[r], &review_edits)).expect("write");
+            for args in [
+                vec!["eval", "--objects", objects.to_str().unwrap_or(""), "--review", review.to_str().unwrap_or("")],
+                vec!["eval", "--objects", objects.to_str().unwrap_or(""), "--reconcile", "ns/cp1"],
+            ] {
+                let started = Instant::now();
+                let out = std::process::Command::new(env!("CARGO_BIN_EXE_ichor-rules"))
+                    .args(&args)
+                    .env("NO_COLOR", "1")
+                    .output()
+                    .expect("runs");
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                prop_assert!(
+                    matches!(out.status.code(), Some(0..=2)),
+                    "{args:?}: exit {:?}\n{stderr}",
+                    out.status.code()
+                );
+                prop_assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+                prop_assert!(started.elapsed() < Duration::from_secs(5), "{args:?}: took {:?}", started.elapsed());
+            }
+        }
+    }
+}

@@ -164,6 +164,44 @@ const MAX_PAGES: usize = 200;
 /// The most bytes one answer of the API server may be.
 const MAX_ANSWER: usize = 32 * 1024 * 1024;
 
+/// Every object a LIST matches, read page by page to its end (`limit`/`continue`), for
+/// reads outside [`LiveReader`] (the pods a drain must move): a first page is never taken
+/// for the whole list. A list that repeats a `continue` token, or has not ended after
+/// [`MAX_PAGES`] pages, is an error.
+pub async fn list_complete<K>(api: &Api<K>, params: &ListParams) -> Result<Vec<K>, kube::Error>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let incomplete = |why: &str| {
+        kube::Error::Api(Box::new(
+            kube::core::Status::failure(&format!("an incomplete list: {why}"), "IncompleteList")
+                .with_code(500),
+        ))
+    };
+    let mut out = Vec::new();
+    let mut token: Option<String> = None;
+    for _ in 0..MAX_PAGES {
+        let mut page_params = params.clone().limit(PAGE);
+        if let Some(t) = &token {
+            page_params = page_params.continue_token(t);
+        }
+        let page = api.list(&page_params).await?;
+        out.extend(page.items);
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            None => return Ok(out),
+            Some(t) if token.as_deref() == Some(t.as_str()) => {
+                return Err(incomplete(
+                    "the API server answered the same `continue` token twice",
+                ));
+            }
+            Some(t) => token = Some(t),
+        }
+    }
+    Err(incomplete(&format!(
+        "the list did not end within {MAX_PAGES} pages of {PAGE}"
+    )))
+}
+
 /// Reads live state for decisions.
 #[derive(Clone)]
 pub struct LiveReader {
@@ -395,7 +433,7 @@ impl LiveReader {
                     ));
                 }
             };
-            let (objects, next) = check_page(kind, namespace, page).map_err(|why| invalid(why))?;
+            let (objects, next) = check_page(kind, namespace, page).map_err(&invalid)?;
             for o in objects {
                 let name = match &o {
                     Object::Machine(m) => m.name().to_string(),

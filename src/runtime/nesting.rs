@@ -161,14 +161,17 @@ pub fn yaml_too_deep(text: &str, max: usize) -> Option<Where> {
                     }
                 }
                 ']' | '}' if flow > 0 => flow -= 1,
-                '|' | '>' if flow == 0 && after_space && value_position(&chars[..pos - 1]) => {
-                    if block_header(&chars[pos..]) {
-                        block = Some(BlockScalar {
-                            parent: indent,
-                            content: None,
-                        });
-                        break;
-                    }
+                '|' | '>'
+                    if flow == 0
+                        && after_space
+                        && value_position(&chars[..pos - 1])
+                        && block_header(&chars[pos..]) =>
+                {
+                    block = Some(BlockScalar {
+                        parent: indent,
+                        content: None,
+                    });
+                    break;
                 }
                 _ => {}
             }

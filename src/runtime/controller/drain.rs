@@ -59,9 +59,10 @@ pub async fn drain(client: &Client, node: &str) -> Result<Drained, kube::Error> 
     }
     let pods: Api<Pod> = Api::all(client.clone());
     let on_node = ListParams::default().fields(&format!("spec.nodeName={node}"));
-    let list = pods.list(&on_node).await?;
+    // Every page: a first page of DaemonSet pods must not read as "nothing to evict".
+    let list = crate::runtime::live::list_complete(&pods, &on_node).await?;
     let mut remaining = 0usize;
-    for p in list.items.iter().filter(|p| evictable(p)) {
+    for p in list.iter().filter(|p| evictable(p)) {
         let (Some(ns), Some(name)) = (p.metadata.namespace.as_deref(), p.metadata.name.as_deref())
         else {
             continue;
@@ -91,10 +92,8 @@ pub async fn drain(client: &Client, node: &str) -> Result<Drained, kube::Error> 
         return Ok(Drained::Done);
     }
     // Look again: an eviction usually deletes at once or within the grace period.
-    let left = pods
-        .list(&on_node)
+    let left = crate::runtime::live::list_complete(&pods, &on_node)
         .await?
-        .items
         .iter()
         .filter(|p| evictable(p) && !finished(p))
         .count();
