@@ -20,7 +20,7 @@ fn hostile(c: char) -> bool {
         || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
-/// Writes `s` with every [`hostile`] character escaped (`\n`, `\r`, `\t`, else `\u{..}`).
+/// Writes `s` with every hostile character escaped (`\n`, `\r`, `\t`, else `\u{..}`).
 pub fn write_escaped(out: &mut impl fmt::Write, s: &str) -> fmt::Result {
     let mut rest = s;
     while let Some(i) = rest.find(hostile) {

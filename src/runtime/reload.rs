@@ -3,11 +3,13 @@
 //! runtime produces is covered by a rule or an `allow`: a broken, emptied or weakened edit
 //! never opens the gate. A refused edit keeps the previous table serving and is reported.
 //!
-//! Checking runs on the thread that calls [`Rules::reload`]. `serve` calls it only on its
-//! own thread ([`Reloader`], [`on_reload_thread`]) whose stack is [`RELOAD_STACK`], never on
-//! the async workers that answer admission requests: a slow or deep rule file delays the
-//! reload, not the answers. A panic while checking is caught and refuses the edit; a rule
-//! set larger than [`MAX_RULES_BYTES`] is refused before it is parsed.
+//! `serve` calls [`Rules::reload`] only on a thread of its own ([`Reloader`],
+//! [`on_reload_thread`]) whose stack is [`RELOAD_STACK`], never on the async workers that
+//! answer admission requests: a slow or deep rule file delays the reload, not the answers.
+//! (The front end itself parses, checks and compiles on a thread with its own known stack,
+//! `ruleset::FRONT_END_STACK`; the reload thread's stack is a margin in case it
+//! ever does not.) A panic while checking is caught and refuses the edit; a rule set
+//! larger than [`MAX_RULES_BYTES`] is refused before it is parsed.
 
 use crate::compile::Table;
 use crate::ruleset::{LoadError, build, read_sources_within};
@@ -18,9 +20,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock, mpsc};
 use std::time::{Duration, SystemTime};
 
-/// The stack of the thread that parses, checks and compiles rules (64 MiB). Recursion in
-/// the front end is bounded by its nesting limit; this leaves a wide margin over it, where
-/// a tokio worker (2 MiB) would not.
+/// The stack of the thread that reloads rules (64 MiB of address space; only the pages
+/// used are committed). Recursion in the front end is bounded by its nesting limit; this
+/// leaves a wide margin over it, where a tokio worker (2 MiB) would not.
 pub const RELOAD_STACK: usize = 64 * 1024 * 1024;
 
 /// The most rule text a reload reads, all files together (8 MiB; a ConfigMap holds at
@@ -66,7 +68,7 @@ pub enum Reload {
     /// The files changed but are refused (they do not check, leave a runtime event
     /// uncovered, cannot be read, are too large, or checking them panicked); the old table
     /// keeps serving. `reason` is one line naming the first findings; `diagnostics` lists
-    /// them, one an entry (at most [`LISTED`], then how many more).
+    /// them, one an entry (at most 20, then how many more).
     Rejected {
         reason: String,
         diagnostics: Vec<String>,
