@@ -936,3 +936,45 @@ async fn answers_nobody_reads_are_bounded_too() {
     }
     assert!(!serve.allowed(&delete_cp3("u-1")).await, "still deciding");
 }
+
+/// A certificate rotation caught halfway (the new certificate written, its key not yet)
+/// keeps the working pair serving; the whole new pair then serves without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_rotated_certificate_keeps_the_working_pair() {
+    let api = three_control_planes().await;
+    let dir = scratch("rotate");
+    shipped_rules(&dir);
+    let serve = Serve::start(&api, &dir, &["--log-format", "text"]).await;
+    let next = dir.join("next");
+    std::fs::create_dir_all(&next).unwrap();
+    let new_ca = write_cert(&next);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    std::fs::copy(next.join("tls.crt"), dir.join("tls.crt")).unwrap();
+    for _ in 0..100 {
+        if serve.log().contains("new certificate rejected") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = serve.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("new certificate rejected") && l.contains("does not belong")),
+        "{log}"
+    );
+    assert_eq!(
+        serve.get("/healthz").await.0,
+        200,
+        "the old pair still serves"
+    );
+    std::fs::copy(next.join("tls.key"), dir.join("tls.key")).unwrap();
+    let mut rotated = false;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if tls(serve.listen, &new_ca).await.is_ok() {
+            rotated = true;
+            break;
+        }
+    }
+    assert!(rotated, "the new pair serves: {}", serve.log());
+}

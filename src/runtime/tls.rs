@@ -44,7 +44,21 @@ pub fn load_pair(cert: &PathBuf, key: &PathBuf) -> Result<CertifiedKey, TlsError
         path: key.clone(),
         message: e.to_string(),
     })?;
-    Ok(CertifiedKey::new(chain, signing))
+    let pair = CertifiedKey::new(chain, signing);
+    // A rotation that has written one file and not yet the other must not serve a
+    // certificate its key cannot sign for (every handshake would fail).
+    match pair.keys_match() {
+        Ok(()) | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {
+            Ok(pair)
+        }
+        Err(e) => Err(TlsError::Key {
+            path: key.clone(),
+            message: format!(
+                "it does not belong to the certificate in {} ({e})",
+                cert.display()
+            ),
+        }),
+    }
 }
 
 /// Serves the current certificate; [`ReloadingCert::reload_if_changed`] swaps it.
