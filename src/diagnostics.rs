@@ -2,7 +2,7 @@
 //! a label and a help line. The source text is attached only when printing.
 
 use crate::syntax::ast::Span;
-use miette::{GraphicalReportHandler, GraphicalTheme, LabeledSpan, NamedSource};
+use miette::{GraphicalReportHandler, GraphicalTheme, LabeledSpan};
 use serde::Serialize;
 use std::fmt;
 use std::path::PathBuf;
@@ -88,6 +88,8 @@ pub struct SourceFile {
     pub text: Arc<str>,
     /// Byte offsets where lines start, for line numbers in O(log n).
     line_starts: Arc<[u32]>,
+    /// Per line, whether it is ASCII (its columns are byte offsets: no counting).
+    line_ascii: Arc<[bool]>,
 }
 
 impl SourceFile {
@@ -100,12 +102,53 @@ impl SourceFile {
                     .filter(|(_, b)| *b == b'\n')
                     .map(|(i, _)| u32::try_from(i + 1).unwrap_or(u32::MAX)),
             )
+            .collect::<Arc<[u32]>>();
+        let line_ascii = line_starts
+            .iter()
+            .enumerate()
+            .map(|(i, start)| {
+                let end = line_starts.get(i + 1).map_or(text.len(), |e| *e as usize);
+                text.as_bytes()
+                    .get(*start as usize..end)
+                    .is_some_and(|l| l.is_ascii())
+            })
             .collect();
         SourceFile {
             path: path.into(),
             text,
             line_starts,
+            line_ascii,
         }
+    }
+
+    /// The 0-based line holding a byte offset.
+    fn line_of(&self, offset: usize) -> usize {
+        let off32 = u32::try_from(offset).unwrap_or(u32::MAX);
+        self.line_starts
+            .partition_point(|s| *s <= off32)
+            .saturating_sub(1)
+    }
+
+    /// Where 0-based line `line` starts, and where it ends (after its newline, if any).
+    fn line_bounds(&self, line: usize) -> (usize, usize) {
+        let start = self.line_starts.get(line).map_or(0, |s| *s as usize);
+        let end = self
+            .line_starts
+            .get(line + 1)
+            .map_or(self.text.len(), |s| *s as usize);
+        (start.min(self.text.len()), end.min(self.text.len()))
+    }
+
+    /// Characters from the start of line `line` to `offset` (in that line).
+    fn chars_before(&self, line: usize, offset: usize) -> usize {
+        let (start, _) = self.line_bounds(line);
+        let offset = offset.max(start);
+        if self.line_ascii.get(line).copied().unwrap_or(false) {
+            return offset - start;
+        }
+        self.text
+            .get(start..offset)
+            .map_or(offset - start, |s| s.chars().count())
     }
 
     pub fn display_path(&self) -> String {
@@ -115,59 +158,94 @@ impl SourceFile {
     /// 1-based line and column (in characters) of a byte offset.
     pub fn line_col(&self, offset: u32) -> (usize, usize) {
         let offset = (offset as usize).min(self.text.len());
-        let off32 = u32::try_from(offset).unwrap_or(u32::MAX);
-        let line = self.line_starts.partition_point(|s| *s <= off32).max(1);
-        let line_start = self.line_starts.get(line - 1).map_or(0, |s| *s as usize);
-        let col = self
-            .text
-            .get(line_start..offset)
-            .map(|s| s.chars().count())
-            .unwrap_or(0)
-            + 1;
-        (line, col)
+        let line = self.line_of(offset);
+        (line + 1, self.chars_before(line, offset) + 1)
     }
 }
 
 /// A diagnostic joined with its source, so miette can render it.
 struct Rendered<'a> {
     diag: &'a Diagnostic,
-    src: CharColumns,
+    src: CharColumns<'a>,
 }
 
-/// A named source whose columns count characters, as `--format json` does (miette's own
-/// count bytes, which differ on a line with non-ASCII text).
-struct CharColumns {
-    inner: NamedSource<Arc<str>>,
-    text: Arc<str>,
+/// The lines longest shown with the source: a longer line is reported without it (miette
+/// cannot lay out columns past 65,535, and nobody reads such a line in a terminal).
+const MAX_SHOWN_LINE: usize = 4096;
+
+/// A rule file for miette, read through its line index: reading the lines around a span
+/// costs what they hold, not the file before them (so rendering many diagnostics stays
+/// linear), and columns count characters, as `--format json` does.
+struct CharColumns<'a> {
+    name: String,
+    file: &'a SourceFile,
 }
 
-impl miette::SourceCode for CharColumns {
+impl CharColumns<'_> {
+    /// The 0-based lines a span and its context cover.
+    fn lines(&self, span: &miette::SourceSpan, context: usize) -> (usize, usize) {
+        let len = self.file.text.len();
+        let start = span.offset().min(len);
+        let end = span.offset().saturating_add(span.len()).min(len);
+        let first = self.file.line_of(start);
+        let last = self.file.line_of(end.saturating_sub(1).max(start));
+        let lines = self.file.line_starts.len();
+        (
+            first.saturating_sub(context),
+            last.saturating_add(context).min(lines.saturating_sub(1)),
+        )
+    }
+
+    /// Whether miette can show the span with `context` lines around it.
+    fn showable(&self, span: &miette::SourceSpan, context: usize) -> bool {
+        let (first, last) = self.lines(span, context);
+        (first..=last).all(|l| {
+            let (s, e) = self.file.line_bounds(l);
+            e - s <= MAX_SHOWN_LINE
+        })
+    }
+}
+
+impl miette::SourceCode for CharColumns<'_> {
     fn read_span<'a>(
         &'a self,
         span: &miette::SourceSpan,
         context_lines_before: usize,
         context_lines_after: usize,
     ) -> Result<Box<dyn miette::SpanContents<'a> + 'a>, miette::MietteError> {
-        let contents = self
-            .inner
-            .read_span(span, context_lines_before, context_lines_after)?;
-        let start = contents.span().offset();
-        let line_start = self
-            .text
-            .get(..start)
-            .and_then(|before| before.rfind('\n'))
-            .map_or(0, |i| i + 1);
-        let column = self
-            .text
-            .get(line_start..start)
-            .map_or(contents.column(), |s| s.chars().count());
+        let text = &self.file.text;
+        let offset = span.offset();
+        if offset > text.len() {
+            return Err(miette::MietteError::OutOfBounds);
+        }
+        let end = offset.saturating_add(span.len()).min(text.len());
+        let first = self.file.line_of(offset);
+        let (window, line) = if context_lines_before == 0 && context_lines_after == 0 {
+            // Just the span: where it starts is what is asked.
+            ((offset, end), first)
+        } else {
+            let from = first.saturating_sub(context_lines_before);
+            let last = self.file.line_of(end.saturating_sub(1).max(offset));
+            let to = last
+                .saturating_add(context_lines_after)
+                .min(self.file.line_starts.len().saturating_sub(1));
+            (
+                (self.file.line_bounds(from).0, self.file.line_bounds(to).1),
+                from,
+            )
+        };
+        let data = text
+            .get(window.0..window.1)
+            .ok_or(miette::MietteError::OutOfBounds)?;
+        let column = self.file.chars_before(line, window.0);
+        let line_count = data.matches('\n').count();
         Ok(Box::new(miette::MietteSpanContents::new_named(
-            self.inner.name().to_string(),
-            contents.data(),
-            *contents.span(),
-            contents.line(),
+            self.name.clone(),
+            data.as_bytes(),
+            (window.0, window.1 - window.0).into(),
+            line,
             column,
-            contents.line_count(),
+            line_count,
         )))
     }
 }
@@ -242,23 +320,59 @@ pub fn render_human(diags: &[Diagnostic], files: &[SourceFile], colour: bool) ->
         let Some(file) = files.get(d.file) else {
             continue;
         };
-        let (line, col) = file.line_col(d.span.start);
         let src = CharColumns {
-            inner: NamedSource::new(file.display_path(), file.text.clone()),
-            text: file.text.clone(),
+            name: file.display_path(),
+            file,
         };
-        let r = Rendered { diag: d, src };
-        if handler.render_report(&mut out, &r).is_err() {
-            out.push_str(&format!(
-                "{}:{line}:{col}: {}: {}\n",
-                file.display_path(),
-                d.code,
-                d.message
-            ));
+        let span = miette::SourceSpan::from((d.span.start as usize, d.span.len()));
+        let mut done = false;
+        if !d.located || src.showable(&span, CONTEXT_LINES) {
+            let r = Rendered { diag: d, src };
+            let mut one = String::new();
+            // miette is not ours: should it panic on some input, show the plain form.
+            let rendered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                handler.render_report(&mut one, &r)
+            }));
+            if let Ok(Ok(())) = rendered {
+                out.push_str(&one);
+                done = true;
+            }
+        }
+        if !done {
+            render_plain(&mut out, d, file);
         }
         out.push('\n');
     }
     out
+}
+
+/// The lines of context miette shows around a span (its default).
+const CONTEXT_LINES: usize = 1;
+
+/// A diagnostic without the source: code, message, place, label and help.
+fn render_plain(out: &mut String, d: &Diagnostic, file: &SourceFile) {
+    let (line, col) = file.line_col(d.span.start);
+    let sign = match d.severity {
+        Severity::Error => "×",
+        Severity::Warning => "⚠",
+    };
+    out.push_str(&format!("{}\n\n  {sign} {}\n", d.code, d.message));
+    if d.located {
+        let (first, _) = file.line_bounds(line - 1);
+        let (_, end) = file.line_bounds(line - 1);
+        let width = file
+            .text
+            .get(first..end)
+            .map_or(0, |l| l.trim_end().chars().count());
+        out.push_str(&format!(
+            "   ╭─[{}:{line}:{col}]\n   │ {} (line {line} is {width} characters long; not shown)\n   ╰────\n",
+            file.display_path(),
+            if d.label.is_empty() { "here" } else { &d.label },
+        ));
+    }
+    if let Some(help) = &d.help {
+        out.push_str(&format!("  help: {help}\n"));
+    }
 }
 
 /// The machine-readable form of one diagnostic, for CI.

@@ -328,3 +328,57 @@ mod decoders {
         }
     }
 }
+
+/// A review whose parts contradict each other is bad input, not decided: the object of
+/// another kind than the request says, of another namespace, or another name, or an
+/// update whose old and new objects are different objects.
+#[test]
+fn reviews_that_contradict_themselves_are_errors() {
+    let machine = |name: &str, ns: &str| {
+        serde_json::json!({"apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosMachine",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"clusterRef": {"name": "c"}, "role": "controlplane", "approved": true}})
+    };
+    let review = |op: &str, name: &str, old: serde_json::Value, new: serde_json::Value| {
+        serde_json::json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u", "name": name, "namespace": "ns", "operation": op,
+                "kind": {"group": "ichor.maesh.dev", "version": "v1alpha1", "kind": "TalosMachine"},
+                "resource": {"group": "ichor.maesh.dev", "version": "v1alpha1", "resource": "talosmachines"},
+                "userInfo": {}, "oldObject": old, "object": new}})
+    };
+    let mut cluster = machine("m", "ns");
+    cluster["kind"] = serde_json::json!("TalosCluster");
+    for (case, body, says) in [
+        (
+            "another kind",
+            review("CREATE", "m", serde_json::Value::Null, cluster),
+            "it is a ichor.maesh.dev/v1alpha1 TalosCluster",
+        ),
+        (
+            "another namespace",
+            review(
+                "CREATE",
+                "m",
+                serde_json::Value::Null,
+                machine("m", "other"),
+            ),
+            "metadata.namespace `other`",
+        ),
+        (
+            "another name",
+            review("DELETE", "m", machine("x", "ns"), serde_json::Value::Null),
+            "`request.name` is `m`",
+        ),
+        (
+            "two objects",
+            review("UPDATE", "", machine("a", "ns"), machine("b", "ns")),
+            "different objects",
+        ),
+    ] {
+        let err = ichor_rules::runtime::admission::parse_review(body.to_string().as_bytes())
+            .err()
+            .unwrap_or_else(|| panic!("{case}: accepted"))
+            .to_string();
+        assert!(err.contains(says), "{case}: {err}");
+    }
+}

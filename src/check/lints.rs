@@ -3,9 +3,14 @@
 //! the same verdict, and runtime events no rule or `allow` covers.
 //!
 //! The domains are explicit (see [`Fact::int_domain`]); a finding holds over every value in
-//! them. A rule whose facts span more than [`MAX_ASSIGNMENTS`] combinations is not linted.
+//! them. A rule whose facts span more than [`MAX_ASSIGNMENTS`] combinations (or whose
+//! enumeration would cost more than [`MAX_WORK`]) is not enumerated: its arithmetic is
+//! decided by ranges instead ([`super::arith`]), and a warning names the rule and the lints
+//! that were not run. Plan steps' guards and messages are checked for arithmetic too.
+//! Nothing is skipped without a word.
 
-use super::{CheckedRule, Event, Program};
+use super::arith::{self, can_fail};
+use super::{CheckedPlan, CheckedRule, Event, Program};
 use crate::diagnostics::{Diagnostic, SourceFile};
 use crate::interp::value::{EvalError, Value, eval};
 use crate::syntax::ast::{Expr, ExprKind, Span};
@@ -13,6 +18,16 @@ use crate::vocab::{Fact, RUNTIME_EVENTS, Type, Verdict};
 
 /// The most fact combinations a lint enumerates for one rule or pair of rules.
 pub const MAX_ASSIGNMENTS: usize = 100_000;
+
+/// The most operand evaluations one enumeration may cost (combinations times the size of
+/// the expressions evaluated under each).
+pub const MAX_WORK: usize = 4_000_000;
+
+/// The operand evaluations all subsumption checks together may cost: a base, plus an
+/// allowance per rule, so `check` stays linear in the number of rules.
+fn subsumption_budget(rules: usize) -> usize {
+    4_000_000 + 5_000 * rules
+}
 
 /// A value no literal in the rules equals, standing for "any other name".
 const OTHER: &str = "\u{1}other";
@@ -27,6 +42,9 @@ pub(super) fn run(files: &[SourceFile], program: &Program, diags: &mut Vec<Diagn
         .collect();
     for rule in &program.rules {
         lint_placeholders(rule, diags);
+    }
+    for plan in &program.plans {
+        lint_plan(plan, diags);
     }
     subsumption(files, program, &shapes, &witnesses, diags);
     coverage(files, program, diags);
@@ -119,6 +137,12 @@ impl<'a> Assignments<'a> {
         self.domains.iter().map(|d| d.len()).product()
     }
 
+    /// The combinations, when evaluating `size` operands under each stays within [`MAX_WORK`].
+    fn within_work(facts: &[Fact], literals: &[&'a str], size: usize) -> Option<Self> {
+        let a = Assignments::new(facts, literals)?;
+        (a.total().saturating_mul(size.max(1)) <= MAX_WORK).then_some(a)
+    }
+
     /// Assignment number `n` in words: `fact = value` for each fact.
     fn describe(&self, n: usize) -> Vec<String> {
         self.facts
@@ -177,7 +201,7 @@ fn lint_placeholders(rule: &CheckedRule, diags: &mut Vec<Diagnostic>) {
             crate::syntax::ast::MessagePart::Placeholder(e) => Some(e),
             crate::syntax::ast::MessagePart::Text(_) => None,
         })
-        .filter(|e| has_arithmetic(e))
+        .filter(|e| can_fail(e))
         .collect();
     if placeholders.is_empty() {
         return;
@@ -186,7 +210,18 @@ fn lint_placeholders(rule: &CheckedRule, diags: &mut Vec<Diagnostic>) {
     for e in &placeholders {
         shape.collect(e);
     }
-    let Some(a) = Assignments::new(&shape.facts, &shape.literals) else {
+    let size = rule_size(rule) + placeholders.iter().map(|e| size_of(e)).sum::<usize>();
+    let Some(a) = Assignments::within_work(&shape.facts, &shape.literals, size) else {
+        // Too many combinations: decide by ranges where the rule fires.
+        let path = fires_path(rule);
+        if let Some(f) = arith::analyse(&path, &placeholders).into_iter().next() {
+            diags.push(range_error(
+                rule.file,
+                &f,
+                format!("the message of `{}` can fail with {}", rule.name, f.error),
+                "compute it without the division, or guard the rule so it cannot fire then",
+            ));
+        }
         return;
     };
     for n in 0..a.total() {
@@ -218,18 +253,152 @@ fn lint_placeholders(rule: &CheckedRule, diags: &mut Vec<Diagnostic>) {
             }
         }
     }
+    // The domains enumerated are small: an overflow needs larger values. Ranges cover them.
+    let path = fires_path(rule);
+    if let Some(f) = arith::analyse(&path, &placeholders)
+        .into_iter()
+        .find(|f| f.error == EvalError::Overflow)
+    {
+        diags.push(range_error(
+            rule.file,
+            &f,
+            format!("the message of `{}` can fail with {}", rule.name, f.error),
+            "compute it with smaller numbers, or guard the rule so it cannot fire then",
+        ));
+    }
 }
 
-/// Whether an expression does integer arithmetic that can fail.
-fn has_arithmetic(e: &Expr) -> bool {
+/// Where a rule's message is evaluated: its `when` holds and its `unless` does not.
+fn fires_path(rule: &CheckedRule) -> Vec<(&Expr, bool)> {
+    rule.when
+        .iter()
+        .map(|e| (e, true))
+        .chain(rule.unless.iter().map(|e| (e, false)))
+        .collect()
+}
+
+/// An arithmetic error found by ranges: the label says which range makes it fail.
+fn range_error(file: usize, f: &arith::Finding, message: String, help: &str) -> Diagnostic {
+    Diagnostic::error("ichor::check::arithmetic", file, f.span, message)
+        .label(f.why.clone())
+        .help(help)
+}
+
+/// The operands and operators of an expression.
+fn size_of(e: &Expr) -> usize {
     match &e.kind {
-        ExprKind::Binary(op, l, r) => {
-            use crate::syntax::ast::BinOp::*;
-            matches!(op, Add | Sub | Mul | Div | Mod) || has_arithmetic(l) || has_arithmetic(r)
-        }
-        ExprKind::Unary(_, i) => has_arithmetic(i),
-        _ => false,
+        ExprKind::Unary(_, i) => size_of(i) + 1,
+        ExprKind::Binary(_, l, r) => size_of(l) + size_of(r) + 1,
+        _ => 1,
     }
+}
+
+fn rule_size(rule: &CheckedRule) -> usize {
+    rule.when
+        .iter()
+        .chain(rule.unless.iter())
+        .map(size_of)
+        .sum()
+}
+
+/// The arithmetic of a rule too large to enumerate, decided by ranges: its `when` anywhere,
+/// its `unless` where the `when` holds (that is the order the table evaluates them in).
+fn lint_rule_by_ranges(rule: &CheckedRule, diags: &mut Vec<Diagnostic>) {
+    let parts: Vec<(Vec<(&Expr, bool)>, &Expr)> = rule
+        .when
+        .iter()
+        .map(|w| (Vec::new(), w))
+        .chain(
+            rule.unless
+                .iter()
+                .map(|u| (rule.when.iter().map(|w| (w, true)).collect(), u)),
+        )
+        .collect();
+    for (path, e) in parts {
+        if let Some(f) = arith::analyse(&path, &[e]).into_iter().next() {
+            diags.push(range_error(
+                rule.file,
+                &f,
+                format!("`{}` can fail with {}", rule.name, f.error),
+                "guard the division, e.g. `count > 0 and approved / count ...`",
+            ));
+            return;
+        }
+    }
+}
+
+/// The conditions an expression is evaluated under, and their truth.
+type PathOf<'e> = Vec<(&'e Expr, bool)>;
+
+/// Plan steps run in the controller: a guard or a message that fails stops the plan. Each
+/// guard is evaluated on its own; the message where the step runs.
+fn lint_plan(plan: &CheckedPlan, diags: &mut Vec<Diagnostic>) {
+    for step in &plan.steps {
+        let guards: Vec<(PathOf<'_>, &Expr, &str)> = step
+            .when
+            .iter()
+            .chain(step.unless.iter())
+            .map(|e| (Vec::new(), e, "guard"))
+            .chain(step.message.iter().flat_map(|m| {
+                m.parts.iter().filter_map(|p| match p {
+                    crate::syntax::ast::MessagePart::Placeholder(e) => Some((
+                        step.when
+                            .iter()
+                            .map(|w| (w, true))
+                            .chain(step.unless.iter().map(|u| (u, false)))
+                            .collect(),
+                        e,
+                        "message",
+                    )),
+                    crate::syntax::ast::MessagePart::Text(_) => None,
+                })
+            }))
+            .filter(|(_, e, _)| can_fail(e))
+            .collect();
+        for (path, e, what) in guards {
+            if let Some(f) = arith::analyse(&path, &[e]).into_iter().next() {
+                diags.push(range_error(
+                    plan.file,
+                    &f,
+                    format!(
+                        "the {what} of step `{}` in `plan {} {}` can fail with {}",
+                        step.text,
+                        plan.verb.name(),
+                        plan.subject.name(),
+                        f.error
+                    ),
+                    "guard the division (`approved > 1 and workers / (approved - 1) ...`), or compute it without one",
+                ));
+                break;
+            }
+        }
+    }
+}
+
+/// Overflows the enumeration cannot see (they need values past the small domains).
+fn lint_rule_by_ranges_overflow(rule: &CheckedRule, diags: &mut Vec<Diagnostic>) {
+    let mut found = Vec::new();
+    lint_rule_by_ranges(rule, &mut found);
+    diags.extend(
+        found
+            .into_iter()
+            .filter(|d| d.message.ends_with(&EvalError::Overflow.to_string())),
+    );
+}
+
+/// The warning for a rule the enumerating lints could not cover.
+fn not_analysed(rule: &CheckedRule, why: String) -> Diagnostic {
+    Diagnostic::warning(
+        "ichor::lint::not_analysed",
+        rule.file,
+        rule.when.as_ref().map_or(rule.span, |w| w.span),
+        format!(
+            "`{}` was not checked for conditions that are always or never true, nor for subsumption: {why}",
+            rule.name
+        ),
+    )
+    .label("not analysed")
+    .help("split the rule, or read fewer facts in one condition; its arithmetic was still checked, by ranges")
 }
 
 fn lint_rule<'a>(
@@ -238,7 +407,20 @@ fn lint_rule<'a>(
     diags: &mut Vec<Diagnostic>,
 ) -> Vec<Witness<'a>> {
     let mut witnesses = Vec::new();
-    let Some(a) = Assignments::new(&shape.facts, &shape.literals) else {
+    let Some(a) = Assignments::within_work(&shape.facts, &shape.literals, rule_size(rule)) else {
+        let why = match Assignments::new(&shape.facts, &shape.literals) {
+            None => format!(
+                "its {} facts take more than {MAX_ASSIGNMENTS} combinations of values",
+                shape.facts.len()
+            ),
+            Some(a) => format!(
+                "its {} combinations of fact values times its {} operands pass {MAX_WORK} evaluations",
+                a.total(),
+                rule_size(rule)
+            ),
+        };
+        diags.push(not_analysed(rule, why));
+        lint_rule_by_ranges(rule, diags);
         return witnesses;
     };
     let mut fires_any = false;
@@ -280,6 +462,11 @@ fn lint_rule<'a>(
                 return Vec::new();
             }
         }
+    }
+    let before = diags.len();
+    lint_rule_by_ranges_overflow(rule, diags);
+    if diags.len() > before {
+        return Vec::new();
     }
     if let (Some(e), 0) = (&rule.when, when_false) {
         diags.push(
@@ -349,11 +536,28 @@ fn subsumption(
 ) {
     let rules = &program.rules;
     let bits: Vec<u64> = rules.iter().map(event_bits).collect();
+    let sizes: Vec<usize> = rules.iter().map(rule_size).collect();
+    let mut budget = subsumption_budget(rules.len());
+    // Rules some comparison was skipped for, once the budget ran out.
+    let mut skipped: Vec<usize> = Vec::new();
     // A rule that never fires implies everything vacuously; `implies` says no for it.
-    let implies = |a: usize, b: usize| {
-        !witnesses[a].is_empty()
-            && !refuted_by_witness(&rules[b], &witnesses[a])
-            && implies(&rules[a], &rules[b], shapes, a, b)
+    let mut implies = |a: usize, b: usize| {
+        if witnesses[a].is_empty() {
+            return false;
+        }
+        let cost = witnesses[a].len() * sizes[b];
+        if budget < cost {
+            skipped.push(a);
+            return false;
+        }
+        budget -= cost;
+        !refuted_by_witness(&rules[b], &witnesses[a])
+            && implies(&rules[a], &rules[b], shapes, a, b, &sizes, &mut budget).unwrap_or_else(
+                || {
+                    skipped.push(a);
+                    false
+                },
+            )
     };
     for (i, a) in rules.iter().enumerate() {
         for (j, b) in rules.iter().enumerate() {
@@ -392,6 +596,37 @@ fn subsumption(
             }
         }
     }
+    skipped.sort_unstable();
+    skipped.dedup();
+    if let Some(&first) = skipped.first() {
+        let mut names: Vec<String> = skipped
+            .iter()
+            .take(5)
+            .map(|&i| format!("`{}`", rules[i].name))
+            .collect();
+        if skipped.len() > 5 {
+            names.push(format!("{} more", skipped.len() - 5));
+        }
+        diags.push(
+            Diagnostic::warning(
+                "ichor::lint::not_analysed",
+                rules[first].file,
+                rules[first].span,
+                format!(
+                    "{} rule{} {} not fully checked for subsumption: {}",
+                    skipped.len(),
+                    if skipped.len() == 1 { "" } else { "s" },
+                    if skipped.len() == 1 { "was" } else { "were" },
+                    names.join(", ")
+                ),
+            )
+            .label("not compared with every rule of its events")
+            .help(format!(
+                "comparing every pair of rules of the same events would cost more than {} evaluations (4,000,000 plus 5,000 per rule); fewer rules per event, or rules reading fewer facts, fit",
+                subsumption_budget(rules.len())
+            )),
+        );
+    }
 }
 
 /// Whether one of `a`'s witnesses shows that `b` does not fire where `a` does. Facts `b`
@@ -423,8 +658,17 @@ fn refuted_by_witness(b: &CheckedRule, witnesses: &[Witness<'_>]) -> bool {
     })
 }
 
-/// Whether rule `a` firing implies rule `b` firing, over the union of their facts.
-fn implies(a: &CheckedRule, b: &CheckedRule, shapes: &[Shape<'_>], ai: usize, bi: usize) -> bool {
+/// Whether rule `a` firing implies rule `b` firing, over the union of their facts; `None`
+/// when that would cost more than is left of the budget (or too many combinations).
+fn implies(
+    a: &CheckedRule,
+    b: &CheckedRule,
+    shapes: &[Shape<'_>],
+    ai: usize,
+    bi: usize,
+    sizes: &[usize],
+    budget: &mut usize,
+) -> Option<bool> {
     let mut facts = shapes[ai].facts.clone();
     for f in &shapes[bi].facts {
         if !facts.contains(f) {
@@ -437,14 +681,19 @@ fn implies(a: &CheckedRule, b: &CheckedRule, shapes: &[Shape<'_>], ai: usize, bi
             literals.push(l);
         }
     }
-    let Some(asg) = Assignments::new(&facts, &literals) else {
-        return false;
-    };
+    let asg = Assignments::new(&facts, &literals)?;
+    let cost = asg.total().saturating_mul(sizes[ai] + sizes[bi]);
+    if cost > *budget {
+        return None;
+    }
     let mut a_fires_somewhere = false;
     for n in 0..asg.total() {
         let fa = match outcome(a, &asg, n) {
             Ok((_, _, f)) => f,
-            Err(_) => return false,
+            Err(_) => {
+                *budget -= (n + 1) * (sizes[ai] + sizes[bi]);
+                return Some(false);
+            }
         };
         if !fa {
             continue;
@@ -452,10 +701,14 @@ fn implies(a: &CheckedRule, b: &CheckedRule, shapes: &[Shape<'_>], ai: usize, bi
         a_fires_somewhere = true;
         match outcome(b, &asg, n) {
             Ok((_, _, true)) => {}
-            _ => return false,
+            _ => {
+                *budget -= (n + 1) * (sizes[ai] + sizes[bi]);
+                return Some(false);
+            }
         }
     }
-    a_fires_somewhere
+    *budget -= cost;
+    Some(a_fires_somewhere)
 }
 
 fn coverage(files: &[SourceFile], program: &Program, diags: &mut Vec<Diagnostic>) {

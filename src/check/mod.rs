@@ -1,7 +1,11 @@
 //! AST -> checked program: names, types, availability of facts per verb and site, the shape
 //! of rules and plans, and the lints. Every finding is collected; nothing stops at the first.
 
+mod arith;
+mod inline;
 mod lints;
+
+pub use arith::can_fail;
 
 use crate::diagnostics::{Diagnostic, SourceFile, did_you_mean};
 use crate::syntax::ast::*;
@@ -166,6 +170,7 @@ pub fn check_with(files: &[SourceFile], lints: bool) -> CheckResult {
             }
         }
         c.report_unused_lets();
+        c.report_inline_errors();
     }
     if lints && !diags.iter().any(|d| d.is_error()) {
         lints::run(files, &program, &mut diags);
@@ -216,6 +221,10 @@ struct FileChecker<'a, 'd> {
     reported_cycles: HashSet<&'a str>,
     /// Set when inlining met a chain of `let`s deeper than [`MAX_LET_DEPTH`].
     inline_too_deep: std::cell::Cell<bool>,
+    /// The written-out size of each `let`, and what inlining used of the file's budget.
+    expansions: std::cell::RefCell<inline::Expansions>,
+    /// See [`inline::budget`].
+    inline_budget: usize,
 }
 
 impl<'a, 'd> FileChecker<'a, 'd> {
@@ -271,6 +280,8 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             visiting: Vec::new(),
             reported_cycles: HashSet::new(),
             inline_too_deep: std::cell::Cell::new(false),
+            expansions: std::cell::RefCell::default(),
+            inline_budget: inline::budget(src.text.len()),
         }
     }
 
@@ -652,16 +663,27 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             }
             return None;
         }
-        if events.len() != 1 {
+        // A group is refused even when only one of its verbs reaches the controller
+        // (`leave controlplane` is `remove` there): a plan names the verb it is for.
+        let group = resolve_verb(&p.verb.name).is_some_and(|vs| vs.len() > 1);
+        if events.len() != 1 || group {
+            let verbs: Vec<&str> = events.iter().map(|(v, _, _)| v.name()).collect();
             self.diags.push(
                 Diagnostic::error(
                     "ichor::check::plan_group",
                     self.file,
                     p.verb.span,
-                    "a plan is for one verb, not a group",
+                    format!("a plan is for one verb, not the group `{}`", p.verb.name),
                 )
                 .label("several verbs")
-                .help("write one plan per verb"),
+                .help(if verbs.len() == 1 {
+                    format!(
+                        "at the controller `{}` is only `{}`: write `plan {} {}`",
+                        p.verb.name, verbs[0], verbs[0], p.subject.name
+                    )
+                } else {
+                    "write one plan per verb".to_string()
+                }),
             );
             return None;
         }
@@ -1122,7 +1144,16 @@ impl<'a, 'd> FileChecker<'a, 'd> {
 
     /// Replaces every `let` name by its definition (checked acyclic before this runs).
     fn inline(&self, e: &Expr) -> Expr {
-        self.inline_depth(e, 0)
+        // Never copy more than the limits allow (an error is reported instead).
+        if !self.may_inline(e) {
+            return Expr {
+                kind: ExprKind::Bool(false),
+                span: e.span,
+            };
+        }
+        let inlined = self.inline_depth(e, 0);
+        self.check_stack(&inlined);
+        inlined
     }
 
     fn inline_depth(&self, e: &Expr, depth: usize) -> Expr {

@@ -4,7 +4,7 @@
 //! flat branch program (see [`flat`]) that the hot path runs, so evaluating a row needs no
 //! string lookups and no allocation.
 
-use crate::check::{CheckedPlan, CheckedRule, Event, Program};
+use crate::check::{CheckedPlan, CheckedRule, Event, Program, can_fail};
 use crate::diagnostics::SourceFile;
 use crate::syntax::ast::{BinOp, Expr, ExprKind, Message, MessagePart, Span, UnOp};
 use crate::vocab::{Cost, Fact, Site, Subject, Type, Verb, Verdict};
@@ -516,7 +516,7 @@ fn fires_expr(when: Option<&Expr>, unless: Option<&Expr>) -> Option<Expr> {
 }
 
 /// The stack depth [`Compiler::code`] needs for `e` (as `emit` counts it).
-fn stack_depth(e: &Expr) -> usize {
+pub(crate) fn stack_depth(e: &Expr) -> usize {
     match &e.kind {
         ExprKind::Unary(_, inner) => stack_depth(inner),
         ExprKind::Binary(BinOp::And | BinOp::Or, l, r) => stack_depth(l).max(stack_depth(r)),
@@ -583,20 +583,6 @@ fn reorder(e: &Expr) -> Expr {
         other => other.clone(),
     };
     Expr { kind, span: e.span }
-}
-
-/// Whether evaluating the expression can fail: integer arithmetic can overflow or divide by
-/// zero; comparisons, logic and values cannot.
-fn can_fail(e: &Expr) -> bool {
-    match &e.kind {
-        ExprKind::Unary(UnOp::Neg, _) => true,
-        ExprKind::Unary(UnOp::Not, i) => can_fail(i),
-        ExprKind::Binary(BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Mod, _, _) => {
-            true
-        }
-        ExprKind::Binary(_, l, r) => can_fail(l) || can_fail(r),
-        _ => false,
-    }
 }
 
 fn is_expensive(e: &Expr) -> bool {

@@ -123,6 +123,28 @@ pub fn parse_review(body: &[u8]) -> Result<Request, ReviewError> {
         }
         old = typed(kind, "oldObject", inner.old_object.as_ref(), &namespace)?;
         new = typed(kind, "object", inner.object.as_ref(), &namespace)?;
+        // One object, as the API server sends it: the request names it (unless a create
+        // generates the name), and an update's old and new are the same object.
+        for (which, obj) in [("oldObject", &old), ("object", &new)] {
+            let found = obj.as_ref().and_then(|o| o.metadata().name.as_deref());
+            if let Some(found) = found
+                && !inner.name.is_empty()
+                && found != inner.name
+            {
+                return Err(ReviewError::NotReview(format!(
+                    "`request.name` is `{}`, and `request.{which}` is `{}`",
+                    clip(&inner.name),
+                    clip(found)
+                )));
+            }
+        }
+        let name = |o: &Option<Object>| o.as_ref().and_then(|o| o.metadata().name.clone());
+        if old.is_some() && new.is_some() && name(&old) != name(&new) {
+            return Err(ReviewError::NotReview(
+                "`request.oldObject` and `request.object` are different objects (their names differ)"
+                    .into(),
+            ));
+        }
     }
     Ok(Request {
         inner,

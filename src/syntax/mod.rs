@@ -3,6 +3,7 @@
 //! say what was expected in words.
 
 pub mod ast;
+pub mod depth;
 
 use crate::diagnostics::Diagnostic;
 use ast::*;
@@ -38,15 +39,15 @@ pub fn parse_recovering(file_id: usize, text: &str) -> (File, Vec<Diagnostic>) {
         items: Vec::new(),
         broken_lets: Vec::new(),
     };
-    if let Some(at) = too_deep(text) {
+    if let Some(deep) = depth::too_deep(text) {
         let d = Diagnostic::error(
             "ichor::syntax::too_complex",
             file_id,
-            Span::new(at, at + 1),
-            format!("parentheses nest deeper than {MAX_NESTING} levels"),
+            Span::new(deep.at, deep.at + deep.len),
+            format!("the expression nests deeper than {MAX_NESTING} levels"),
         )
-        .label("too deep")
-        .help("split the condition into `let` definitions");
+        .label(format!("level {}", MAX_NESTING + 1))
+        .help("parentheses, `{placeholders}`, `not` and unary `-` each nest one level; split the condition into `let` definitions");
         return (empty(), vec![d]);
     }
     let mut errors = Vec::new();
@@ -193,28 +194,13 @@ fn shift_expr(mut e: Expr, by: usize) -> Expr {
     e
 }
 
-/// The deepest parenthesis nesting a file may have (deeper input could exhaust the stack).
-pub const MAX_NESTING: usize = 64;
+pub use depth::MAX_NESTING;
 /// The most operands and operators one expression may have.
 pub const MAX_EXPRESSION_PARTS: usize = 1000;
-
-/// The offset where parentheses first nest deeper than [`MAX_NESTING`], if they do.
-fn too_deep(text: &str) -> Option<usize> {
-    let mut depth = 0usize;
-    for (i, b) in text.bytes().enumerate() {
-        match b {
-            b'(' => {
-                depth += 1;
-                if depth > MAX_NESTING {
-                    return Some(i);
-                }
-            }
-            b')' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-    }
-    None
-}
+/// The deepest expression tree, counted in operators from the root to the deepest operand
+/// (`a + b * c` is 2 deep), before and after `let`s are inlined. Every later stage (checker,
+/// lints, compiler, printing) walks expressions recursively: this bounds their stack.
+pub const MAX_DEPTH: usize = 256;
 
 static PRATT: LazyLock<PrattParser<Rule>> = LazyLock::new(|| {
     PrattParser::new()
@@ -482,28 +468,47 @@ impl Lower {
                 .label("too long")
                 .help("split the condition into `let` definitions"),
             );
-            return Expr {
-                kind: ExprKind::Bool(false),
-                span,
-            };
+            return (
+                Expr {
+                    kind: ExprKind::Bool(false),
+                    span,
+                },
+                1,
+            );
         }
         let errors = std::cell::RefCell::new(Vec::new());
         let file = self.file;
         let out = PRATT
             .map_primary(|primary| self_primary(file, &errors, primary))
-            .map_prefix(|op, rhs| {
+            .map_prefix(|op, (rhs, d): (Expr, usize)| {
                 let span = span_of(&op).to(rhs.span);
                 let op = if op.as_rule() == Rule::op_not {
                     UnOp::Not
                 } else {
                     UnOp::Neg
                 };
-                Expr {
-                    kind: ExprKind::Unary(op, Box::new(rhs)),
-                    span,
-                }
+                node(ExprKind::Unary(op, Box::new(rhs)), span, d + 1)
             })
-            .map_infix(|lhs, op, rhs| {
+            .map_infix(|(lhs, ld): (Expr, usize), op, (rhs, rd): (Expr, usize)| {
+        let (e, depth) = self.expr_depth(p);
+        if depth > MAX_DEPTH {
+            self.errors.push(
+                Diagnostic::error(
+                    "ichor::syntax::too_complex",
+                    self.file,
+                    e.span,
+                    format!("the expression nests more than {MAX_DEPTH} operators deep"),
+                )
+                .label("too deep")
+                .help("split it into `let` definitions, each a few levels deep"),
+            );
+        }
+        e
+    }
+
+    /// An expression and its depth (see [`MAX_DEPTH`]). A subtree deeper than that is
+    /// replaced by `false` as it is built, so no deeper tree ever exists; the caller reports.
+    fn expr_depth(&mut self, p: Pair<'_, Rule>) -> (Expr, usize) {
                 let span = lhs.span.to(rhs.span);
                 let op = match op.as_rule() {
                     Rule::op_or => BinOp::Or,
@@ -520,9 +525,23 @@ impl Lower {
                     Rule::op_div => BinOp::Div,
                     _ => BinOp::Mod,
                 };
-                Expr {
-                    kind: ExprKind::Binary(op, Box::new(lhs), Box::new(rhs)),
+                node(
+                    ExprKind::Binary(op, Box::new(lhs), Box::new(rhs)),
                     span,
+        // A node deeper than the limit stands for its subtree, which is dropped here.
+        let node = |kind: ExprKind, span: Span, depth: usize| {
+            if depth > MAX_DEPTH {
+                (
+                    Expr {
+                        kind: ExprKind::Bool(false),
+                        span,
+                    },
+                    depth,
+                )
+            } else {
+                (Expr { kind, span }, depth)
+            }
+        };
                 }
             })
             .parse(p.into_inner());
@@ -535,7 +554,7 @@ fn self_primary(
     file: usize,
     errors: &std::cell::RefCell<Vec<Diagnostic>>,
     p: Pair<'_, Rule>,
-) -> Expr {
+) -> (Expr, usize) {
     let span = span_of(&p);
     let kind = match p.as_rule() {
         Rule::int => match p.as_str().parse::<i64>() {
@@ -573,7 +592,8 @@ fn self_primary(
                     }),
                     Rule::placeholder => has_placeholder = true,
                     _ => {}
-                }
+                    ld.max(rd) + 1,
+                )
             }
             ExprKind::Str(text, has_placeholder)
         }
@@ -585,17 +605,17 @@ fn self_primary(
                         file,
                         errors: Vec::new(),
                     };
-                    let mut e = l.expr(e);
+                    let (mut e, depth) = l.expr_depth(e);
                     errors.borrow_mut().extend(l.errors);
                     e.span = span;
-                    return e;
+                    return (e, depth);
                 }
                 None => ExprKind::Bool(false),
             }
         }
         _ => ExprKind::Bool(false),
     };
-    Expr { kind, span }
+    (Expr { kind, span }, 0)
 }
 
 fn verb_list(p: Pair<'_, Rule>) -> Vec<Ident> {
