@@ -543,10 +543,16 @@ async fn a_crafted_name_cannot_forge_a_log_line() {
         let mut r = delete_cp3("l-1");
         r["request"]["name"] = json!(format!("cp-3\n{forged}"));
         r["request"]["uid"] = json!(format!("l-1\r\n{forged}"));
-        let _ = serve.allowed(&r).await;
+        // Decided, or refused as malformed (the name is not the object's): logged either way.
+        let post = |v: &Value| serde_json::to_vec(v).expect("json");
+        let _ = serve.send("POST", "/validate", post(&r)).await;
         let mut k = delete_cp3("l-2");
         k["request"]["kind"]["kind"] = json!(format!("TalosMachine\n{forged}\u{1b}[2J"));
-        let _ = serve.allowed(&k).await;
+        let _ = serve.send("POST", "/validate", post(&k)).await;
+        // Decided (so logged inside the request's span, uid and all).
+        let mut u = delete_cp3("l-3");
+        u["request"]["uid"] = json!(format!("l-3\n{forged}"));
+        assert!(!serve.allowed(&u).await);
         // Malformed: the parse error quotes what it found.
         let _ = serve
             .send(
@@ -977,4 +983,61 @@ async fn a_half_rotated_certificate_keeps_the_working_pair() {
         }
     }
     assert!(rotated, "the new pair serves: {}", serve.log());
+}
+
+/// SIGTERM (a rollout, a drain): the answer in progress is still given, idle connections
+/// are closed at once, and serve exits within its drain time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_the_answer_in_progress_and_closes_idle_connections() {
+    let api = three_control_planes().await;
+    let dir = scratch("drain");
+    shipped_rules(&dir);
+    let mut serve = Serve::start(&api, &dir, &[]).await;
+    let idle = tls(serve.listen, &serve.ca).await.expect("connects");
+    api.store.faults.set_latency(Duration::from_millis(1200));
+    let (listen, ca) = (serve.listen, serve.ca.clone());
+    let in_flight = tokio::spawn(async move {
+        let (mut send, _) = https::connect(listen, &ca).await;
+        let body = serde_json::to_vec(&delete_cp3("g-1")).expect("json");
+        https::request(
+            &mut send,
+            "POST",
+            "/validate/talosmachines",
+            "application/json",
+            Bytes::from(body),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let term = Instant::now();
+    let status = Command::new("kill")
+        .args(["-TERM", &serve.pid().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let closed = held(idle, b"", b"", Duration::from_secs(10)).await;
+    let (status, body) = in_flight.await.expect("the request task");
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let review: Value = serde_json::from_slice(&body).expect("a review");
+    assert_eq!(review["response"]["allowed"], false, "{review}");
+    let mut exited = None;
+    for _ in 0..100 {
+        if let Ok(Some(code)) = serve.child.0.try_wait() {
+            exited = Some(code);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let code = exited.expect("serve exits after SIGTERM");
+    eprintln!(
+        "SIGTERM: idle connection closed after {} ms, exit after {} ms",
+        closed.as_millis(),
+        term.elapsed().as_millis()
+    );
+    assert!(code.success(), "{code:?}");
+    assert!(
+        closed < Duration::from_secs(1),
+        "idle closed after {closed:?}"
+    );
+    assert!(term.elapsed() < Duration::from_secs(8));
 }

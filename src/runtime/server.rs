@@ -11,6 +11,9 @@
 //! - at most [`Limits::max_connections`] are open; one more is closed as soon as it is
 //!   accepted (counted in `ichor_rules_connections_refused_total`).
 //!
+//! When the server shuts down (SIGTERM) it stops accepting, closes idle connections and
+//! lets each busy one finish the answer in progress, for at most [`DRAIN`].
+//!
 //! A connection over a deadline is closed (counted in
 //! `ichor_rules_connections_timed_out_total` by phase). Request heads are capped at
 //! [`MAX_HEAD`] bytes and each connection buffers at most [`MAX_BUFFER`] bytes; the
@@ -97,15 +100,29 @@ pub async fn serve_tls_with(
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
-    let budget = Arc::new(tokio::sync::Semaphore::new(BODY_BUDGET / UNIT as usize));
-    let limits = Arc::new(limits);
+    let max_connections = limits.max_connections.max(1);
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let shared = Arc::new(Shared {
+        acceptor: tokio_rustls::TlsAcceptor::from(tls),
+        app,
+        limits,
+        metrics: metrics.clone(),
+        budget: Arc::new(tokio::sync::Semaphore::new(BODY_BUDGET / UNIT as usize)),
+        stopping,
+    });
     let mut at_cap = false;
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
-            _ = &mut shutdown => return,
+            _ = &mut shutdown => {
+                // Stop accepting; let open connections finish the request in progress
+                // (idle ones close now), for at most DRAIN.
+                let _ = stop.send(true);
+                let all = u32::try_from(max_connections).unwrap_or(u32::MAX);
+                let _ = tokio::time::timeout(DRAIN, slots.acquire_many(all)).await;
+                return;
+            }
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
@@ -119,7 +136,7 @@ pub async fn serve_tls_with(
             metrics.connection_refused();
             if !at_cap {
                 tracing::warn!(
-                    max_connections = limits.max_connections,
+                    max_connections,
                     "connection cap reached: new connections are closed until some end"
                 );
                 at_cap = true;
@@ -129,33 +146,37 @@ pub async fn serve_tls_with(
         };
         at_cap = false;
         let _ = stream.set_nodelay(true);
-        let (acceptor, app, limits, metrics, budget) = (
-            acceptor.clone(),
-            app.clone(),
-            limits.clone(),
-            metrics.clone(),
-            budget.clone(),
-        );
+        let shared = shared.clone();
         tokio::spawn(async move {
-            metrics.connection(true);
-            connection(stream, peer, acceptor, app, &limits, &metrics, budget).await;
-            metrics.connection(false);
+            shared.metrics.connection(true);
+            connection(stream, peer, &shared).await;
+            shared.metrics.connection(false);
             drop(slot);
         });
     }
 }
 
-/// One connection, from the handshake to its end or a deadline.
-async fn connection(
-    stream: tokio::net::TcpStream,
-    peer: std::net::SocketAddr,
+/// How long a server shutting down waits for its open connections to finish.
+pub const DRAIN: Duration = Duration::from_secs(5);
+
+/// What every connection of a server shares.
+struct Shared {
     acceptor: tokio_rustls::TlsAcceptor,
     app: Router,
-    limits: &Limits,
-    metrics: &Arc<Metrics>,
+    limits: Limits,
+    metrics: Arc<Metrics>,
     budget: Arc<tokio::sync::Semaphore>,
-) {
-    let tls = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(stream)).await {
+    /// Turns true when the server shuts down.
+    stopping: tokio::sync::watch::Receiver<bool>,
+}
+
+/// One connection, from the handshake to its end or a deadline.
+async fn connection(stream: tokio::net::TcpStream, peer: std::net::SocketAddr, shared: &Shared) {
+    let (limits, metrics) = (&shared.limits, &shared.metrics);
+    let (app, budget) = (shared.app.clone(), shared.budget.clone());
+    let tls = match tokio::time::timeout(limits.handshake_timeout, shared.acceptor.accept(stream))
+        .await
+    {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             tracing::debug!(%peer, error = %e, "TLS handshake failed");
@@ -216,19 +237,35 @@ async fn connection(
         .max_header_size(MAX_HEAD)
         .max_buf_size(MAX_BUFFER)
         .serve_connection(io, service);
-    tokio::select! {
-        ended = conn => {
-            // A body past its deadline may end the connection before the watchdog sees it.
-            if let (Phase::Expired(why), _) = activity.get() {
+    tokio::pin!(conn);
+    let mut stopping = shared.stopping.clone();
+    let mut draining = *stopping.borrow();
+    if draining {
+        conn.as_mut().graceful_shutdown();
+    }
+    loop {
+        tokio::select! {
+            ended = conn.as_mut() => {
+                // A body past its deadline may end the connection before the watchdog
+                // sees it.
+                if let (Phase::Expired(why), _) = activity.get() {
+                    metrics.connection_timed_out(why);
+                }
+                if let Err(e) = ended {
+                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            why = watchdog(&activity, limits) => {
                 metrics.connection_timed_out(why);
+                tracing::debug!(%peer, phase = why.label(), "connection closed: timed out");
+                return;
             }
-            if let Err(e) = ended {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            _ = stopping.changed(), if !draining => {
+                // The answer in progress is finished; no other request is read.
+                draining = true;
+                conn.as_mut().graceful_shutdown();
             }
-        }
-        why = watchdog(&activity, limits) => {
-            metrics.connection_timed_out(why);
-            tracing::debug!(%peer, phase = why.label(), "connection closed: timed out");
         }
     }
 }
