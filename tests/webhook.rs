@@ -1015,3 +1015,36 @@ async fn an_operation_cannot_be_edited_into_what_admission_refuses() {
     assert_eq!(r["response"]["allowed"], true, "{r}");
     assert!(h.api.store.faults.take_log().is_empty());
 }
+
+/// An AdmissionReview nested 60,000 levels deep (120 KB) is a 400 at once, saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deeply_nested_review_is_refused_at_once() {
+    let h = harness("deep", Duration::from_secs(2)).await;
+    let body = format!(
+        r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{}1{}}}"#,
+        "[".repeat(60_000),
+        "]".repeat(60_000)
+    );
+    let started = std::time::Instant::now();
+    let (status, bytes, _) = https(
+        &h,
+        "POST",
+        "/validate/talosoperations",
+        "application/json",
+        body.into_bytes(),
+    )
+    .await;
+    assert_eq!(status, 400, "{}", String::from_utf8_lossy(&bytes));
+    let v: Value = serde_json::from_slice(&bytes).expect("a JSON error");
+    assert!(
+        v["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("nested more than 128 levels deep")),
+        "{v}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+}
