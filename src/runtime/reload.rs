@@ -264,3 +264,47 @@ impl Reloader {
         Ok(Reloader { _stop: stop })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn a_poll_that_panics_does_not_end_the_reloads() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let seen = calls.clone();
+        let reloader = Reloader::start(Duration::from_millis(10), move || {
+            if seen.fetch_add(1, Ordering::SeqCst) == 0 {
+                panic!("the first poll fails");
+            }
+        })
+        .expect("starts");
+        for _ in 0..500 {
+            if calls.load(Ordering::SeqCst) >= 3 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        drop(reloader);
+        assert!(
+            calls.load(Ordering::SeqCst) >= 3,
+            "polls went on after a panic"
+        );
+    }
+
+    #[test]
+    fn the_reload_thread_has_its_stack() {
+        // Deep enough to overflow a 2 MiB tokio worker, well within RELOAD_STACK.
+        fn depth(n: u32) -> u32 {
+            let pad = [n as u8; 4096];
+            if n == 0 {
+                0
+            } else {
+                std::hint::black_box(&pad);
+                1 + depth(n - 1)
+            }
+        }
+        assert_eq!(on_reload_thread(|| depth(4096)), Ok(4096));
+    }
+}
