@@ -456,6 +456,25 @@ impl Lower {
     }
 
     fn expr(&mut self, p: Pair<'_, Rule>) -> Expr {
+        let (e, depth) = self.expr_depth(p);
+        if depth > MAX_DEPTH {
+            self.errors.push(
+                Diagnostic::error(
+                    "ichor::syntax::too_complex",
+                    self.file,
+                    e.span,
+                    format!("the expression nests more than {MAX_DEPTH} operators deep"),
+                )
+                .label("too deep")
+                .help("split it into `let` definitions, each a few levels deep"),
+            );
+        }
+        e
+    }
+
+    /// An expression and its depth (see [`MAX_DEPTH`]). A subtree deeper than that is
+    /// replaced by `false` as it is built, so no deeper tree ever exists; the caller reports.
+    fn expr_depth(&mut self, p: Pair<'_, Rule>) -> (Expr, usize) {
         if p.clone().into_inner().count() > MAX_EXPRESSION_PARTS {
             let span = span_of(&p);
             self.errors.push(
@@ -478,6 +497,20 @@ impl Lower {
         }
         let errors = std::cell::RefCell::new(Vec::new());
         let file = self.file;
+        // A node deeper than the limit stands for its subtree, which is dropped here.
+        let node = |kind: ExprKind, span: Span, depth: usize| {
+            if depth > MAX_DEPTH {
+                (
+                    Expr {
+                        kind: ExprKind::Bool(false),
+                        span,
+                    },
+                    depth,
+                )
+            } else {
+                (Expr { kind, span }, depth)
+            }
+        };
         let out = PRATT
             .map_primary(|primary| self_primary(file, &errors, primary))
             .map_prefix(|op, (rhs, d): (Expr, usize)| {
@@ -490,25 +523,6 @@ impl Lower {
                 node(ExprKind::Unary(op, Box::new(rhs)), span, d + 1)
             })
             .map_infix(|(lhs, ld): (Expr, usize), op, (rhs, rd): (Expr, usize)| {
-        let (e, depth) = self.expr_depth(p);
-        if depth > MAX_DEPTH {
-            self.errors.push(
-                Diagnostic::error(
-                    "ichor::syntax::too_complex",
-                    self.file,
-                    e.span,
-                    format!("the expression nests more than {MAX_DEPTH} operators deep"),
-                )
-                .label("too deep")
-                .help("split it into `let` definitions, each a few levels deep"),
-            );
-        }
-        e
-    }
-
-    /// An expression and its depth (see [`MAX_DEPTH`]). A subtree deeper than that is
-    /// replaced by `false` as it is built, so no deeper tree ever exists; the caller reports.
-    fn expr_depth(&mut self, p: Pair<'_, Rule>) -> (Expr, usize) {
                 let span = lhs.span.to(rhs.span);
                 let op = match op.as_rule() {
                     Rule::op_or => BinOp::Or,
@@ -528,21 +542,8 @@ impl Lower {
                 node(
                     ExprKind::Binary(op, Box::new(lhs), Box::new(rhs)),
                     span,
-        // A node deeper than the limit stands for its subtree, which is dropped here.
-        let node = |kind: ExprKind, span: Span, depth: usize| {
-            if depth > MAX_DEPTH {
-                (
-                    Expr {
-                        kind: ExprKind::Bool(false),
-                        span,
-                    },
-                    depth,
+                    ld.max(rd) + 1,
                 )
-            } else {
-                (Expr { kind, span }, depth)
-            }
-        };
-                }
             })
             .parse(p.into_inner());
         self.errors.extend(errors.into_inner());
@@ -592,8 +593,7 @@ fn self_primary(
                     }),
                     Rule::placeholder => has_placeholder = true,
                     _ => {}
-                    ld.max(rd) + 1,
-                )
+                }
             }
             ExprKind::Str(text, has_placeholder)
         }
