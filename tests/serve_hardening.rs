@@ -106,6 +106,13 @@ struct Serve {
 impl Serve {
     /// Starts `serve` on the rules folder `dir/rules` and waits until it is ready.
     async fn start(api: &ApiServer, dir: &Path, extra: &[&str]) -> Serve {
+        let log = dir.join("serve.log");
+        let stderr = Stdio::from(std::fs::File::create(&log).expect("log file"));
+        Serve::start_with(api, dir, extra, stderr).await
+    }
+
+    /// Like [`Serve::start`], with stderr going to `stderr`.
+    async fn start_with(api: &ApiServer, dir: &Path, extra: &[&str], stderr: Stdio) -> Serve {
         let ca = write_cert(dir);
         let listen = https::free_address();
         let log = dir.join("serve.log");
@@ -121,7 +128,7 @@ impl Serve {
             .args(extra)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
+            .stderr(stderr)
             .spawn()
             .expect("serve starts");
         let serve = Serve {
@@ -1040,4 +1047,45 @@ async fn sigterm_finishes_the_answer_in_progress_and_closes_idle_connections() {
         "idle closed after {closed:?}"
     );
     assert!(term.elapsed() < Duration::from_secs(8));
+}
+
+/// A log collector that stops reading (stderr a full pipe) must not stall the answers:
+/// lines are written by a thread of their own, and dropped when it cannot keep up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_stderr_does_not_stall_the_answers() {
+    let api = three_control_planes().await;
+    let dir = scratch("stderr");
+    shipped_rules(&dir);
+    // stderr is a pipe nobody reads: it is full after 64 KiB.
+    let serve = Serve::start_with(&api, &dir, &[], Stdio::piped()).await;
+    let noisy = format!("{{\"apiVersion\":\"{}\",\"kind\":\"x\"}}", "A".repeat(2000));
+    let (mut send, _) = https::connect(serve.listen, &serve.ca).await;
+    let started = Instant::now();
+    for _ in 0..400 {
+        // Each one logs a warning of about 700 bytes: 400 fill the pipe four times over.
+        let answered = tokio::time::timeout(
+            Duration::from_secs(5),
+            https::request(
+                &mut send,
+                "POST",
+                "/validate",
+                "application/json",
+                Bytes::from(noisy.clone()),
+            ),
+        )
+        .await;
+        assert!(
+            matches!(answered, Ok((400, _))),
+            "a request stalled or failed after {:?}",
+            started.elapsed()
+        );
+    }
+    let decided = tokio::time::timeout(Duration::from_secs(5), serve.allowed(&delete_cp3("p-1")))
+        .await
+        .expect("a decision within 5 s with stderr full");
+    assert!(!decided);
+    eprintln!(
+        "400 logged requests with stderr full: {:?}",
+        started.elapsed()
+    );
 }

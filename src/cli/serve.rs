@@ -90,7 +90,15 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: &ServeArgs) -> u8 {
-    init_logs(args.log_format);
+    let queue = init_logs(args.log_format);
+    let code = start(args);
+    if let Some(q) = queue {
+        q.flush(Duration::from_secs(1));
+    }
+    code
+}
+
+fn start(args: &ServeArgs) -> u8 {
     // The first load decides whether to start at all: rules `check` refuses, or that leave
     // a runtime event uncovered, are never served, not even until a better version comes.
     let rules = Arc::new(Rules::new(args.rules.clone()));
@@ -128,14 +136,21 @@ pub fn run(args: &ServeArgs) -> u8 {
     runtime.block_on(serve(args, rules))
 }
 
-fn init_logs(format: LogFormat) {
+/// Logs to stderr through a [`logs::Queue`] (returned, to be flushed at exit), so a stalled
+/// stderr never stalls the threads answering requests.
+fn init_logs(format: LogFormat) -> Option<logs::Queue> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let queue = logs::Queue::start();
+    let writer = match &queue {
+        Some(q) => tracing_subscriber::fmt::writer::BoxMakeWriter::new(q.clone()),
+        None => tracing_subscriber::fmt::writer::BoxMakeWriter::new(std::io::stderr),
+    };
     // Thread names show where work ran (rules are checked on `ichor-rules-reload`).
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_thread_names(true)
-        .with_writer(std::io::stderr);
+        .with_writer(writer);
     let _ = match format {
         LogFormat::Json => builder.json().try_init(),
         // Field values are escaped: a name with a newline cannot forge a line.
@@ -144,6 +159,7 @@ fn init_logs(format: LogFormat) {
             .fmt_fields(logs::escaped_fields())
             .try_init(),
     };
+    queue
 }
 
 async fn client(args: &ServeArgs) -> Result<kube::Client, String> {

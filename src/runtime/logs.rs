@@ -2,9 +2,13 @@
 //! texts come from AdmissionReviews and API answers: a newline in one would start a line
 //! that looks like ours. The text format writes every field through [`escaped_fields`];
 //! the JSON format is escaped by serde. Values a caller chooses are also logged through
-//! [`Clipped`], so one request cannot write megabytes of log.
+//! [`Clipped`], so one request cannot write megabytes of log. Lines are written by a
+//! thread of their own ([`Queue`]): a stalled stderr drops lines, it never stalls answers.
 
 use std::fmt::{self, Write as _};
+use std::io::Write as _;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
 use tracing_subscriber::field::MakeExt;
 use tracing_subscriber::fmt::FormatFields;
 use tracing_subscriber::fmt::format::Writer;
@@ -85,6 +89,89 @@ pub fn escaped_fields() -> impl for<'w> FormatFields<'w> + Send + Sync + 'static
         },
     )
     .delimited(" ")
+}
+
+/// The most bytes of log lines waiting to be written; past it, lines are dropped (and
+/// counted) rather than making the threads that answer requests wait.
+pub const MAX_QUEUED_BYTES: usize = 8 * 1024 * 1024;
+
+/// Log lines dropped because stderr did not keep up.
+pub static DROPPED: AtomicU64 = AtomicU64::new(0);
+
+enum Queued {
+    Line(Vec<u8>),
+    Flushed(mpsc::Sender<()>),
+}
+
+/// A log writer that never blocks its caller: lines go to a thread of their own that writes
+/// them to stderr. When stderr stalls (a full pipe, a stuck log collector), the queue grows
+/// to [`MAX_QUEUED_BYTES`] and further lines are dropped and counted in [`DROPPED`]; the
+/// webhook keeps answering.
+#[derive(Clone)]
+pub struct Queue {
+    lines: mpsc::SyncSender<Queued>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl Queue {
+    /// Starts the writing thread; `None` if it cannot be started (then write directly).
+    pub fn start() -> Option<Queue> {
+        let (lines, waiting) = mpsc::sync_channel::<Queued>(64 * 1024);
+        let queued = Arc::new(AtomicUsize::new(0));
+        let counted = queued.clone();
+        std::thread::Builder::new()
+            .name("ichor-rules-log".into())
+            .spawn(move || {
+                let mut err = std::io::stderr();
+                for q in waiting {
+                    match q {
+                        Queued::Line(line) => {
+                            let _ = err.write_all(&line);
+                            counted.fetch_sub(line.len(), Ordering::Relaxed);
+                        }
+                        Queued::Flushed(done) => {
+                            let _ = err.flush();
+                            let _ = done.send(());
+                        }
+                    }
+                }
+            })
+            .ok()?;
+        Some(Queue { lines, queued })
+    }
+
+    /// Waits (at most `within`) until the lines queued so far are written.
+    pub fn flush(&self, within: std::time::Duration) {
+        let (done, flushed) = mpsc::channel();
+        if self.lines.try_send(Queued::Flushed(done)).is_ok() {
+            let _ = flushed.recv_timeout(within);
+        }
+    }
+}
+
+impl std::io::Write for Queue {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let queued = self.queued.fetch_add(buf.len(), Ordering::Relaxed);
+        let sent = queued + buf.len() <= MAX_QUEUED_BYTES
+            && self.lines.try_send(Queued::Line(buf.to_vec())).is_ok();
+        if !sent {
+            self.queued.fetch_sub(buf.len(), Ordering::Relaxed);
+            DROPPED.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Queue {
+    type Writer = Queue;
+
+    fn make_writer(&'a self) -> Queue {
+        self.clone()
+    }
 }
 
 #[cfg(test)]

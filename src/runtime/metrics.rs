@@ -311,6 +311,11 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
+            "# HELP ichor_rules_log_lines_dropped_total Log lines dropped because stderr did not keep up (the answers did not wait for it).\n# TYPE ichor_rules_log_lines_dropped_total counter\nichor_rules_log_lines_dropped_total {}",
+            super::logs::DROPPED.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
             "# HELP ichor_rules_bad_requests_total Requests answered 400 (malformed AdmissionReview, wrong content type, oversized body).\n# TYPE ichor_rules_bad_requests_total counter\nichor_rules_bad_requests_total {}",
             self.bad_requests.load(Ordering::Relaxed)
         );
