@@ -434,3 +434,136 @@ fn a_plan_for_a_verb_group_is_an_error() {
         "{diags:#?}"
     );
 }
+
+/// The fastest of three runs, in seconds.
+fn fastest(mut f: impl FnMut()) -> f64 {
+    (0..3)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// Rendering 4 times as many diagnostics of a 4 times larger file takes about 4 times as
+/// long, not 16 (miette used to rescan the file from its start for each one). Ratios of the
+/// fastest of three runs, with a margin a noisy machine cannot cross: linear is 4, the old
+/// quadratic rendering was 16 and more.
+#[test]
+fn rendering_diagnostics_is_linear() {
+    let set = |n: usize| {
+        let text: String = (0..n)
+            .map(|i| format!("let unused{i} = approved + {i}\n"))
+            .collect();
+        ichor_rules::ruleset::build(vec![SourceFile::new("x.rules", text)])
+    };
+    let (small, large) = (set(1_000), set(4_000));
+    assert!(small.warnings() >= 1_000 && large.warnings() >= 4_000);
+    let render = |s: &ichor_rules::ruleset::RuleSet| {
+        std::hint::black_box(ichor_rules::diagnostics::render_human(
+            &s.diagnostics,
+            &s.files,
+            false,
+        ));
+    };
+    let (t1, t4) = (fastest(|| render(&small)), fastest(|| render(&large)));
+    assert!(
+        t4 < 10.0 * t1 + 0.05,
+        "4x the diagnostics took {:.1}x as long ({t1:.3}s -> {t4:.3}s)",
+        t4 / t1
+    );
+}
+
+/// A file that is not UTF-8 is bad input: exit 2, the file named, in both formats.
+#[test]
+fn a_rule_file_that_is_not_utf8_is_bad_input() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("limits-not-utf8");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    std::fs::write(
+        dir.join("x.rules"),
+        b"rule r refuse remove controlplane when approved > 1 say \"x\xff\xfe\"\n",
+    )
+    .expect("write");
+    let d = dir.to_str().unwrap();
+    let out = run(&["check", d]);
+    assert_eq!(out.code, 2, "{}{}", out.stdout, out.stderr);
+    assert!(out.stderr.contains("x.rules"), "{}", out.stderr);
+    assert!(out.stderr.contains("UTF-8"), "{}", out.stderr);
+    let out = run(&["check", d, "--format", "json"]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("json");
+    assert_eq!(v["diagnostics"][0]["code"], "ichor::input::unreadable");
+    assert_eq!(run(&["table", d]).code, 2);
+}
+
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Pieces of hostile rule files: deep nesting of every kind, doubling `let`s, lines
+    /// past 65,535 columns, NUL bytes, invalid UTF-8, and ordinary statements between them.
+    fn piece() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            Just(b"rule r refuse remove controlplane when approved > 1 say \"x {approved}\"\n".to_vec()),
+            Just(b"plan remove controlplane do lock cluster do drain node when workers / (approved - 1) > 0\n".to_vec()),
+            Just(b"let a = approved * 100 / count\n".to_vec()),
+            (1usize..3_000, 0usize..6).prop_map(|(n, kind)| {
+                let (open, close): (&str, &str) = match kind {
+                    0 => ("(", ")"),
+                    1 => ("( \"x)\" == machine or ", " )"),
+                    2 => ("not ", ""),
+                    3 => ("- ", ""),
+                    4 => ("\"{", "}\""),
+                    _ => ("# (", "\n"),
+                };
+                format!("let d = {}true{}\n", open.repeat(n), close.repeat(n)).into_bytes()
+            }),
+            (1usize..40).prop_map(|d| {
+                let mut s = String::from("let a0 = approved > 1\n");
+                for i in 1..d {
+                    s.push_str(&format!("let a{i} = a{} and a{}\n", i - 1, i - 1));
+                }
+                s.push_str(&format!(
+                    "rule big refuse remove controlplane when a{} say \"x\"\n",
+                    d - 1
+                ));
+                s.into_bytes()
+            }),
+            (60_000usize..80_000).prop_map(|n| format!(
+                "rule w refuse remove controlplane when{}aproved > 1 say \"x\"\n",
+                " ".repeat(n)
+            )
+            .into_bytes()),
+            Just(b"rule n\0 refuse remove worker when\0 approved > 1 say \"\0\"\n".to_vec()),
+            Just(vec![0xff, 0xfe, b'\n']),
+            Just(vec![b'"', 0xc3, b'"', b'\n']),
+            proptest::collection::vec(any::<u8>(), 0..64),
+        ]
+    }
+
+    proptest! {
+        // Each case runs the binary twice: few cases, bounded time in CI.
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        #[test]
+        fn hostile_rule_files_exit_0_1_or_2(pieces in proptest::collection::vec(piece(), 1..5)) {
+            let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("limits-fuzz");
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).expect("scratch dir");
+            std::fs::write(dir.join("x.rules"), pieces.concat()).expect("write");
+            let d = dir.to_str().expect("utf-8 path");
+            for args in [vec!["check", d], vec!["check", d, "--format", "json"], vec!["table", d]] {
+                // `run` fails on a panic or a stack overflow in the output.
+                let out = run(&args);
+                prop_assert!(
+                    [0, 1, 2].contains(&out.code),
+                    "{args:?} exited {} (a signal is -1): {}",
+                    out.code,
+                    out.stderr
+                );
+            }
+        }
+    }
+}
