@@ -538,8 +538,9 @@ fn subsumption(
     let bits: Vec<u64> = rules.iter().map(event_bits).collect();
     let sizes: Vec<usize> = rules.iter().map(rule_size).collect();
     let mut budget = subsumption_budget(rules.len());
-    // Rules some comparison was skipped for, once the budget ran out.
-    let mut skipped: Vec<usize> = Vec::new();
+    // Per rule, whether a comparison of it was skipped once the budget ran out (a flag per
+    // rule, not an entry per pair: memory stays linear).
+    let mut skipped_rule = vec![false; rules.len()];
     // A rule that never fires implies everything vacuously; `implies` says no for it.
     let mut implies = |a: usize, b: usize| {
         if witnesses[a].is_empty() {
@@ -547,14 +548,14 @@ fn subsumption(
         }
         let cost = witnesses[a].len() * sizes[b];
         if budget < cost {
-            skipped.push(a);
+            skipped_rule[a] = true;
             return false;
         }
         budget -= cost;
         !refuted_by_witness(&rules[b], &witnesses[a])
             && implies(&rules[a], &rules[b], shapes, a, b, &sizes, &mut budget).unwrap_or_else(
                 || {
-                    skipped.push(a);
+                    skipped_rule[a] = true;
                     false
                 },
             )
@@ -596,8 +597,7 @@ fn subsumption(
             }
         }
     }
-    skipped.sort_unstable();
-    skipped.dedup();
+    let skipped: Vec<usize> = (0..rules.len()).filter(|&i| skipped_rule[i]).collect();
     if let Some(&first) = skipped.first() {
         let mut names: Vec<String> = skipped
             .iter()
