@@ -13,4 +13,5 @@ pub mod interp;
 pub mod ruleset;
 pub mod runtime;
 pub mod syntax;
+pub mod verify;
 pub mod vocab;

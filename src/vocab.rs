@@ -242,6 +242,8 @@ pub fn subjects_of(verb: Verb) -> Vec<Subject> {
 pub enum EnumKind {
     Role,
     OperationKind,
+    /// What `verify`'s model did last (the fact `step`, in invariants).
+    Step,
 }
 
 impl EnumKind {
@@ -249,6 +251,7 @@ impl EnumKind {
         match self {
             EnumKind::Role => "role",
             EnumKind::OperationKind => "operation kind",
+            EnumKind::Step => "model step",
         }
     }
 
@@ -256,6 +259,7 @@ impl EnumKind {
         match self {
             EnumKind::Role => "a role",
             EnumKind::OperationKind => "an operation kind",
+            EnumKind::Step => "a model step",
         }
     }
 
@@ -264,6 +268,7 @@ impl EnumKind {
         match self {
             EnumKind::Role => &["controlplane", "worker"],
             EnumKind::OperationKind => OPERATION_KINDS,
+            EnumKind::Step => MODEL_STEPS,
         }
     }
 }
@@ -342,10 +347,11 @@ pub enum Fact {
     UnfinishedKind,
     UnfinishedPhase,
     UnfinishedParked,
+    HealthyAfter,
 }
 
 /// The number of fact slots.
-pub const FACT_COUNT: usize = 27;
+pub const FACT_COUNT: usize = 28;
 
 /// What the checker and the lints know about a fact.
 pub struct FactInfo {
@@ -408,6 +414,8 @@ facts! {
     UnfinishedPhase "unfinished.phase" Type::Name, Cheap, "status.phase of that operation";
     UnfinishedParked "unfinished.parked" Type::Bool, Cheap,
         "that operation is parked for the even count: Paused with reason ClusterTransitioning and no failure";
+    HealthyAfter "healthy.after" Type::Int, Expensive,
+        "etcd members that stay, and answer, once the subject (a departing control plane, or an operation's target) is gone: the controller asks each member listed by a healthy sibling; admission counts the other approved control planes not being deleted and not Ready=False NodeUnreachable";
 }
 
 impl Fact {
@@ -457,6 +465,7 @@ impl Fact {
             "unfinished.kind" => UnfinishedKind,
             "unfinished.phase" => UnfinishedPhase,
             "unfinished.parked" => UnfinishedParked,
+            "healthy.after" => HealthyAfter,
             _ => return None,
         })
     }
@@ -482,6 +491,14 @@ impl Fact {
             }
             UnfinishedExists | UnfinishedName | UnfinishedKind | UnfinishedPhase
             | UnfinishedParked => subject == Subject::Operation || subject == Subject::ControlPlane,
+            HealthyAfter => {
+                (subject == Subject::Operation && verb == Verb::Start)
+                    || (subject == Subject::ControlPlane
+                        && matches!(
+                            verb,
+                            Verb::Remove | Verb::Unapprove | Verb::Reassign | Verb::Move
+                        ))
+            }
         }
     }
 
@@ -502,6 +519,9 @@ impl Fact {
             }
             UnfinishedExists | UnfinishedName | UnfinishedKind | UnfinishedPhase
             | UnfinishedParked => "rules on `operation` or `controlplane`",
+            HealthyAfter => {
+                "`remove`, `unapprove`, `reassign` and `move` of `controlplane`, and `start operation`"
+            }
         }
     }
 
@@ -511,7 +531,7 @@ impl Fact {
     pub fn int_domain(self) -> &'static [i64] {
         match self {
             Fact::Count => &[0, 1, 3, 5],
-            Fact::Approved | Fact::Rank => &[0, 1, 2, 3, 4, 5, 6, 7, 8],
+            Fact::Approved | Fact::Rank | Fact::HealthyAfter => &[0, 1, 2, 3, 4, 5, 6, 7, 8],
             Fact::Workers => &[0, 1, 2, 3, 4],
             _ => &[0],
         }
@@ -602,6 +622,128 @@ pub fn action_spellings() -> Vec<String> {
     ACTIONS.iter().map(|a| a.words.join(" ")).collect()
 }
 
+/// The steps of `verify`'s model, as the fact `step` names them in invariants.
+pub const MODEL_STEPS: &[&str] = &[
+    "start",
+    "admit",
+    "commit",
+    "conflict",
+    "join",
+    "hold",
+    "release-hold",
+    "probe",
+    "lock",
+    "refused",
+    "drain",
+    "forfeit-leadership",
+    "etcd-leave",
+    "remove-member",
+    "event",
+    "reset",
+    "wipe",
+    "release-finalizer",
+    "operation-park",
+    "operation-resume",
+    "operation-refused",
+    "operation-run",
+    "operation-done",
+    "node-dies",
+    "node-returns",
+    "pdb",
+    "teardown",
+];
+
+/// The facts of `verify`'s model: what an `invariant` may read about one explored state of
+/// a cluster (and about the step that led to it). Rules cannot read them, and invariants
+/// read nothing else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ModelFact {
+    Members,
+    Healthy,
+    MembersBefore,
+    HealthyBefore,
+    Count,
+    Approved,
+    Active,
+    StepRank,
+    Workers,
+    Disruptive,
+    Running,
+    ClusterDeleting,
+    Schedulable,
+    Transitioning,
+    Step,
+    StepKind,
+    StepOurs,
+    RemovedDead,
+    DeadMemberEventMissing,
+    Stuck,
+}
+
+/// What the checker knows about a model fact.
+pub struct ModelFactInfo {
+    pub fact: ModelFact,
+    pub name: &'static str,
+    pub ty: Type,
+    pub doc: &'static str,
+}
+
+macro_rules! model_facts {
+    ($($fact:ident $name:literal $ty:expr, $doc:literal;)*) => {
+        /// Every model fact.
+        pub const MODEL_FACTS: &[ModelFactInfo] = &[
+            $(ModelFactInfo { fact: ModelFact::$fact, name: $name, ty: $ty, doc: $doc },)*
+        ];
+    };
+}
+
+model_facts! {
+    Members "members" Type::Int, "etcd members of the cluster";
+    Healthy "healthy" Type::Int, "etcd members whose node is up";
+    MembersBefore "members.before" Type::Int, "`members` before the step just taken";
+    HealthyBefore "healthy.before" Type::Int, "`healthy` before the step just taken";
+    Count "count" Type::Int, "spec.controlPlane.count";
+    Approved "approved" Type::Int, "approved control planes not being deleted";
+    Active "active" Type::Int,
+        "approved control planes, not being deleted, that the controller let join (not held)";
+    StepRank "step.rank" Type::Int,
+        "for a `join` or `release-hold`: the machine's position among the approved control planes by approval order (as `rank`); 0 otherwise";
+    Workers "workers" Type::Int, "approved workers not being deleted";
+    Disruptive "disruptive" Type::Int,
+        "pieces of disruptive work running: removals holding the cluster lock, and operations running (with or without it)";
+    Running "running" Type::Int, "operations running";
+    ClusterDeleting "cluster.deleting" Type::Bool,
+        "the TalosCluster is being deleted (or its teardown finished)";
+    Schedulable "schedulable" Type::Bool, "spec.schedulable is not \"false\"";
+    Transitioning "transitioning" Type::Bool,
+        "the number of approved control planes is even (and not zero)";
+    Step "step" Type::Enum(EnumKind::Step), "the step just taken (`start` in a starting state)";
+    StepKind "step.kind" Type::Enum(EnumKind::OperationKind),
+        "the kind of the operation the step just taken acted on";
+    StepOurs "step.ours" Type::Bool,
+        "the step just taken is one of ours that changes etcd: etcd leave, remove-member, a reset or a wipe";
+    RemovedDead "removed.dead" Type::Bool,
+        "the step just taken removed an etcd member whose node was down";
+    DeadMemberEventMissing "dead_member_event.missing" Type::Bool,
+        "the step just taken finished removing a dead member below the declared count without a DeadMemberRemoved Warning event";
+    Stuck "stuck" Type::Bool,
+        "a removal or teardown is in progress and no sequence of controller steps, commits and recoveries (nodes coming back, PodDisruptionBudgets lifting) ends it or leaves it refused by a named rule";
+}
+
+impl ModelFact {
+    pub fn info(self) -> &'static ModelFactInfo {
+        &MODEL_FACTS[self as usize]
+    }
+
+    pub fn name(self) -> &'static str {
+        self.info().name
+    }
+
+    pub fn lookup(name: &str) -> Option<ModelFact> {
+        MODEL_FACTS.iter().find(|f| f.name == name).map(|f| f.fact)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -612,6 +754,14 @@ mod tests {
         for (i, info) in FACTS.iter().enumerate() {
             assert_eq!(info.fact as usize, i, "{} is out of order", info.name);
             assert_eq!(Fact::lookup(info.name), Some(info.fact));
+        }
+    }
+
+    #[test]
+    fn model_facts_are_in_order() {
+        for (i, info) in MODEL_FACTS.iter().enumerate() {
+            assert_eq!(info.fact as usize, i, "{} is out of order", info.name);
+            assert_eq!(ModelFact::lookup(info.name), Some(info.fact));
         }
     }
 

@@ -16,9 +16,7 @@ use ichor_rules::diagnostics::{SourceFile, render_human};
 use ichor_rules::interp::value::{EvalError, Value, eval};
 use ichor_rules::interp::{Facts, Interrupt, Lookup, Session};
 use ichor_rules::syntax::ast::Expr;
-use ichor_rules::vocab::{
-    Cost, EnumKind, FACT_COUNT, FACTS, Fact, OPERATION_KINDS, RUNTIME_EVENTS, Type, Verdict,
-};
+use ichor_rules::vocab::{Cost, EnumKind, FACT_COUNT, FACTS, Fact, RUNTIME_EVENTS, Type, Verdict};
 use proptest::prelude::*;
 use proptest::sample::select;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -604,9 +602,9 @@ fn gen_facts() -> impl Strategy<Value = FactValues> {
             Type::Enum(EnumKind::Role) => select(vec!["controlplane", "worker"])
                 .prop_map(Value::Str)
                 .boxed(),
-            Type::Enum(EnumKind::OperationKind) => select(OPERATION_KINDS.to_vec())
-                .prop_map(Value::Str)
-                .boxed(),
+            Type::Enum(kind @ (EnumKind::OperationKind | EnumKind::Step)) => {
+                select(kind.values().to_vec()).prop_map(Value::Str).boxed()
+            }
             Type::Name => select(NAMES.to_vec()).prop_map(Value::Str).boxed(),
         })
         .collect();
@@ -719,9 +717,9 @@ fn shipped_rules_table_agrees_with_reference() {
             Type::Enum(EnumKind::Role) => select(vec!["controlplane", "worker"])
                 .prop_map(Value::Str)
                 .boxed(),
-            Type::Enum(EnumKind::OperationKind) => select(OPERATION_KINDS.to_vec())
-                .prop_map(Value::Str)
-                .boxed(),
+            Type::Enum(kind @ (EnumKind::OperationKind | EnumKind::Step)) => {
+                select(kind.values().to_vec()).prop_map(Value::Str).boxed()
+            }
             Type::Name => select(NAMES.to_vec()).prop_map(Value::Str).boxed(),
         })
         .collect::<Vec<_>>()

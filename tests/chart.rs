@@ -1151,7 +1151,10 @@ fn the_rules_configmap_carries_the_shipped_rules_and_they_check() {
         cm["metadata"]["name"]
     );
     let keys: Vec<&String> = cm["data"].as_object().expect("data").keys().collect();
-    assert_eq!(keys, ["admission.rules", "removal.rules"]);
+    assert_eq!(
+        keys,
+        ["admission.rules", "invariants.rules", "removal.rules"]
+    );
     for k in keys {
         let shipped = std::fs::read_to_string(Path::new("rules").join(k)).expect("rules/");
         assert_eq!(

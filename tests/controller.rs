@@ -599,7 +599,9 @@ async fn an_operation_the_start_rules_refuse_is_not_run() {
     // Decided again every parked_requeue, with no new event while nothing changes.
     tokio::time::sleep(Duration::from_millis(900)).await;
     assert_eq!(events(&api, "reset-1", "StartRefused").len(), 1);
-    // Once the rules allow it, the refusal is lifted.
+    // With the count lowered, the declared count no longer refuses; `healthy.after` is then
+    // asked of etcd, which this controller cannot reach (no Talos credentials): the start
+    // stays refused, now for that, and the reason says so (fails closed).
     patch_spec(
         &api,
         "TalosCluster",
@@ -607,11 +609,20 @@ async fn an_operation_the_start_rules_refuse_is_not_run() {
         json!({"controlPlane": {"count": 1}}),
     )
     .await;
-    wait_for("start allowed", WAIT, || {
-        cond(&api, "TalosOperation", "reset-1", "Accepted")
-            == Some(("True".into(), "StartAllowed".into()))
+    wait_for("refused for the etcd count", WAIT, || {
+        get(&api, "TalosOperation", "reset-1")
+            .and_then(|op| condition(&op, "Accepted"))
+            .and_then(|c| c["message"].as_str().map(str::to_string))
+            .is_some_and(|m| {
+                m.contains("healthy etcd members cannot be counted")
+                    && !m.contains("declared count")
+            })
     })
     .await;
+    assert_eq!(
+        cond(&api, "TalosOperation", "reset-1", "Accepted"),
+        Some(("False".into(), "StartRefused".into()))
+    );
 }
 
 /// The controller reads through the same reader as the webhook: an answer that

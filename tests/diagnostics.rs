@@ -275,5 +275,9 @@ fn shipped_rules_check_clean() {
     );
     let table = set.table.expect("rules/ compiles");
     assert!(table.row_count() > 0);
-    assert_eq!(set.files.len(), 2, "admission.rules and removal.rules");
+    assert_eq!(
+        set.files.len(),
+        3,
+        "admission.rules, invariants.rules and removal.rules"
+    );
 }

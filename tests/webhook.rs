@@ -845,7 +845,9 @@ async fn answers_that_contradict_the_request_refuse() {
             "talosmachines",
             |v| {
                 let first = v["items"][0].clone();
-                v["items"].as_array_mut().map(|i| i.push(first));
+                if let Some(i) = v["items"].as_array_mut() {
+                    i.push(first);
+                }
             },
             "lists TalosMachine `cp-1` twice",
         ),

@@ -10,8 +10,8 @@ pub use arith::can_fail;
 use crate::diagnostics::{Diagnostic, SourceFile, did_you_mean};
 use crate::syntax::ast::*;
 use crate::vocab::{
-    ACTIONS, ActionInfo, EnumKind, FACTS, Fact, Site, Subject, Type, Verb, Verdict,
-    action_spellings, is_runtime_event, resolve_verb, subjects_of, verb_words,
+    ACTIONS, ActionInfo, EnumKind, FACTS, Fact, MODEL_FACTS, ModelFact, Site, Subject, Type, Verb,
+    Verdict, action_spellings, is_runtime_event, resolve_verb, subjects_of, verb_words,
 };
 use std::collections::{HashMap, HashSet};
 
@@ -67,12 +67,31 @@ pub struct CheckedPlan {
     pub steps: Vec<CheckedStep>,
 }
 
-/// What the compiler needs: rules, allowances and plans, all resolved.
+/// An invariant, resolved: its conditions over model facts with every `let` inlined.
+#[derive(Clone, Debug)]
+pub struct CheckedInvariant {
+    pub name: String,
+    pub file: usize,
+    pub span: Span,
+    pub sequential: bool,
+    pub when: Option<Expr>,
+    pub unless: Option<Expr>,
+    pub ensure: Expr,
+    /// The conditions as written, for reviewers.
+    pub when_text: Option<String>,
+    pub unless_text: Option<String>,
+    pub ensure_text: String,
+    pub message: Option<Message>,
+    pub say_text: Option<String>,
+}
+
+/// What the compiler needs: rules, allowances, plans and invariants, all resolved.
 #[derive(Clone, Debug, Default)]
 pub struct Program {
     pub rules: Vec<CheckedRule>,
     pub allowed: Vec<Event>,
     pub plans: Vec<CheckedPlan>,
+    pub invariants: Vec<CheckedInvariant>,
 }
 
 /// The result of checking a rule set.
@@ -139,6 +158,29 @@ pub fn check_with(files: &[SourceFile], lints: bool) -> CheckResult {
                 Item::Allow(a) => {
                     let events = c.events(&a.verbs, &a.subject, a.site.as_ref(), None);
                     program.allowed.extend(events);
+                }
+                Item::Invariant(inv) => {
+                    if let Some((pf, ps)) = rule_names.get(&inv.name.name) {
+                        let (line, _) = files[*pf].line_col(ps.start);
+                        let where_ = format!("at {}:{line}", files[*pf].display_path());
+                        c.diags.push(
+                            Diagnostic::error(
+                                "ichor::check::duplicate_rule",
+                                *file,
+                                inv.name.span,
+                                format!("the name `{}` is defined twice", inv.name.name),
+                            )
+                            .label("second definition")
+                            .help(format!(
+                                "rule and invariant names are unique across the rule set (the first is {where_}); rename one"
+                            )),
+                        );
+                    } else {
+                        rule_names.insert(inv.name.name.clone(), (*file, inv.name.span));
+                    }
+                    if let Some(checked) = c.check_invariant(inv) {
+                        program.invariants.push(checked);
+                    }
                 }
                 Item::Plan(p) => {
                     if let Some(plan) = c.check_plan(p) {
@@ -225,6 +267,8 @@ struct FileChecker<'a, 'd> {
     expansions: std::cell::RefCell<inline::Expansions>,
     /// See [`inline::budget`].
     inline_budget: usize,
+    /// Set while an `invariant` is checked: names are the model's facts.
+    in_invariant: std::cell::Cell<bool>,
 }
 
 impl<'a, 'd> FileChecker<'a, 'd> {
@@ -246,6 +290,24 @@ impl<'a, 'd> FileChecker<'a, 'd> {
                             "the first definition is at {}:{line}; remove or rename one",
                             src.display_path()
                         )),
+                    );
+                    continue;
+                }
+                if let Some(f) = ModelFact::lookup(&l.name.name)
+                    && Fact::lookup(&l.name.name).is_none()
+                {
+                    diags.push(
+                        Diagnostic::error(
+                            "ichor::check::let_shadows_fact",
+                            file,
+                            l.name.span,
+                            format!(
+                                "`{}` is a fact of `verify`'s model; a `let` cannot redefine it",
+                                f.name()
+                            ),
+                        )
+                        .label("already a fact")
+                        .help("choose another name for the definition"),
                     );
                     continue;
                 }
@@ -282,6 +344,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             inline_too_deep: std::cell::Cell::new(false),
             expansions: std::cell::RefCell::default(),
             inline_budget: inline::budget(src.text.len()),
+            in_invariant: std::cell::Cell::new(false),
         }
     }
 
@@ -1038,12 +1101,30 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             }
             return ty;
         }
+        if self.in_invariant.get() || Fact::lookup(n).is_none() {
+            if let Some(mf) = ModelFact::lookup(n) {
+                if let Some(events) = events
+                    && !self.in_invariant.get()
+                {
+                    self.report_model_fact_in_rule(mf, span, events, None);
+                    return Ty::Error;
+                }
+                return Ty::Known(mf.info().ty);
+            }
+            if self.in_invariant.get()
+                && let Some(f) = Fact::lookup(n)
+            {
+                self.report_request_fact_in_invariant(f, span, None);
+                return Ty::Error;
+            }
+        }
         let Some(fact) = Fact::lookup(n) else {
             if self.ast.broken_lets.iter().any(|b| b == n) {
                 // Its `let` has a syntax error, reported already.
                 return Ty::Error;
             }
             let mut candidates: Vec<&str> = FACTS.iter().map(|f| f.name).collect();
+            candidates.extend(MODEL_FACTS.iter().map(|f| f.name));
             candidates.extend(self.lets.keys().copied());
             let mut d = Diagnostic::error(
                 "ichor::check::unknown_name",
@@ -1112,12 +1193,188 @@ impl<'a, 'd> FileChecker<'a, 'd> {
         };
         let mut facts = Vec::new();
         let mut seen = HashSet::new();
+        let mut names = Vec::new();
+        self.collect_names(&info.def.expr, &mut names, &mut HashSet::new());
+        if self.in_invariant.get() {
+            // An invariant reads the model: a request fact has no value there.
+            for n in names {
+                if ModelFact::lookup(n).is_none()
+                    && let Some(f) = Fact::lookup(n)
+                {
+                    self.report_request_fact_in_invariant(f, span, Some(name));
+                    break;
+                }
+            }
+            return;
+        }
+        for n in names {
+            if Fact::lookup(n).is_none()
+                && let Some(mf) = ModelFact::lookup(n)
+            {
+                self.report_model_fact_in_rule(mf, span, events, Some(name));
+                return;
+            }
+        }
         self.collect_facts(&info.def.expr, &mut facts, &mut seen);
         for f in facts {
             if !self.fact_available(f, span, events, Some(name)) {
                 break;
             }
         }
+    }
+
+    /// Every fact name an expression reads, through its `let`s.
+    fn collect_names(&self, e: &'a Expr, out: &mut Vec<&'a str>, seen: &mut HashSet<&'a str>) {
+        match &e.kind {
+            ExprKind::Name(n) => {
+                if let Some(info) = self.lets.get(n.as_str()) {
+                    if seen.insert(n.as_str()) {
+                        self.collect_names(&info.def.expr, out, seen);
+                    }
+                } else if !out.contains(&n.as_str()) {
+                    out.push(n.as_str());
+                }
+            }
+            ExprKind::Unary(_, i) => self.collect_names(i, out, seen),
+            ExprKind::Binary(_, l, r) => {
+                self.collect_names(l, out, seen);
+                self.collect_names(r, out, seen);
+            }
+            _ => {}
+        }
+    }
+
+    fn report_model_fact_in_rule(
+        &mut self,
+        fact: ModelFact,
+        span: Span,
+        events: &[Event],
+        via: Option<&str>,
+    ) {
+        let via = via.map(|l| format!(" (through `{l}`)")).unwrap_or_default();
+        let what = events
+            .first()
+            .map(|(v, s, site)| format!("`{} {}` at the {}", v.name(), s.name(), site.name()))
+            .unwrap_or_else(|| "a rule".into());
+        self.diags.push(
+            Diagnostic::error(
+                "ichor::check::fact_unavailable",
+                self.file,
+                span,
+                format!(
+                    "`{}` is a fact of `verify`'s model, not available for {what}{via}",
+                    fact.name()
+                ),
+            )
+            .label("only invariants read it")
+            .help("model facts are read by `invariant` statements; rules read the facts of a request (docs/rules.md lists both)"),
+        );
+    }
+
+    fn report_request_fact_in_invariant(&mut self, fact: Fact, span: Span, via: Option<&str>) {
+        let via = via.map(|l| format!(" (through `{l}`)")).unwrap_or_default();
+        self.diags.push(
+            Diagnostic::error(
+                "ichor::check::fact_unavailable",
+                self.file,
+                span,
+                format!(
+                    "the fact `{}` belongs to one request; an invariant reads the model's facts{via}",
+                    fact.name()
+                ),
+            )
+            .label("not a fact of the model")
+            .help(format!(
+                "invariants read {}",
+                backticked(&MODEL_FACTS.iter().map(|f| f.name).collect::<Vec<_>>())
+            )),
+        );
+    }
+
+    fn check_invariant(&mut self, inv: &'a InvariantDef) -> Option<CheckedInvariant> {
+        self.in_invariant.set(true);
+        let mut ok = true;
+        let mut cond = |c: &mut Self, e: &'a Option<Expr>, what: &str| {
+            let Some(e) = e else { return };
+            let ty = c.type_in(e, &[]);
+            if ty != Ty::Known(Type::Bool) && ty != Ty::Error {
+                c.diags.push(
+                    Diagnostic::error(
+                        "ichor::check::not_a_condition",
+                        c.file,
+                        e.span,
+                        format!(
+                            "an `{what}` condition must be a bool, this is {}",
+                            ty.describe()
+                        ),
+                    )
+                    .label(ty.describe())
+                    .help("compare it with something, e.g. `healthy * 2 > members`"),
+                );
+                ok = false;
+            } else if ty == Ty::Error {
+                ok = false;
+            }
+        };
+        cond(self, &inv.when, "when");
+        cond(self, &inv.unless, "unless");
+        cond(self, &inv.ensure, "ensure");
+        if let Some(m) = &inv.say {
+            ok &= self.check_message(m, &[]);
+        }
+        self.in_invariant.set(false);
+        if inv.ensure.is_none() {
+            self.diags.push(
+                Diagnostic::error(
+                    "ichor::syntax::expected",
+                    self.file,
+                    inv.name.span,
+                    format!("the invariant `{}` has no `ensure`", inv.name.name),
+                )
+                .label("needs `ensure <condition>`")
+                .help("say what must hold in every state, e.g. `ensure members > 0`"),
+            );
+            ok = false;
+        }
+        if !ok {
+            return None;
+        }
+        let src = |e: &Option<Expr>| e.as_ref().map(|e| e.to_string());
+        self.inline_too_deep.set(false);
+        let when = inv.when.as_ref().map(|e| self.inline(e));
+        let unless = inv.unless.as_ref().map(|e| self.inline(e));
+        let ensure = self.inline(inv.ensure.as_ref()?);
+        let message = inv.say.as_ref().map(|m| self.inline_message(m));
+        if self.inline_too_deep.get() {
+            self.diags.push(
+                Diagnostic::error(
+                    "ichor::syntax::too_complex",
+                    self.file,
+                    inv.name.span,
+                    format!(
+                        "`{}` uses definitions that refer to each other more than {MAX_LET_DEPTH} levels deep",
+                        inv.name.name
+                    ),
+                )
+                .label("too deep")
+                .help("flatten the chain of `let`s"),
+            );
+            return None;
+        }
+        Some(CheckedInvariant {
+            name: inv.name.name.clone(),
+            file: self.file,
+            span: inv.span,
+            sequential: inv.sequential,
+            when_text: src(&inv.when),
+            unless_text: src(&inv.unless),
+            ensure_text: src(&inv.ensure).unwrap_or_default(),
+            when,
+            unless,
+            ensure,
+            message,
+            say_text: inv.say.as_ref().map(|m| m.source_text()),
+        })
     }
 
     fn collect_facts(&self, e: &'a Expr, out: &mut Vec<Fact>, seen: &mut HashSet<&'a str>) {

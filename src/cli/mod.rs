@@ -5,6 +5,7 @@ mod crds;
 mod eval;
 mod serve;
 mod table;
+mod verify;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
@@ -60,6 +61,11 @@ pub enum Command {
     Explain(eval::EvalArgs),
     /// Serve the admission webhook over HTTPS, deciding from live reads of the API server.
     Serve(serve::ServeArgs),
+    /// Prove the rule set's invariants over every small cluster within the bounds (every
+    /// interleaving of requests, controller steps, crashes and failures), or print the
+    /// shortest counterexample. Exit 0: verified; 1: a violation; 2: bad usage or rules
+    /// with errors.
+    Verify(verify::VerifyArgs),
     /// Print the CustomResourceDefinitions of TalosCluster, TalosMachine and TalosOperation
     /// (YAML, one document each).
     Crds,
@@ -77,6 +83,10 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Eval(args) => eval::run(&args, false),
         Command::Explain(args) => eval::run(&args, true),
         Command::Crds => crds::run(),
+        Command::Verify(args) => {
+            let paths = default_paths(args.paths.clone());
+            verify::run(&args, &paths)
+        }
         Command::Serve(args) => serve::run(&args),
     };
     ExitCode::from(code)

@@ -66,7 +66,12 @@ pub fn to_json(table: &Table) -> serde_json::Value {
         .iter()
         .map(|(v, s, site)| format!("{} {} at {}", v.name(), s.name(), site.name()))
         .collect();
-    serde_json::json!({ "groups": groups, "plans": plans, "allowed": allowed })
+    serde_json::json!({
+        "groups": groups,
+        "plans": plans,
+        "allowed": allowed,
+        "invariants": table.invariants,
+    })
 }
 
 /// The table as text, one group after another, rows in evaluation order.
@@ -135,6 +140,28 @@ pub fn to_text(table: &Table, colour: bool) -> String {
             let _ = writeln!(out, "  {}. {}{guard}   -- {doc}", i + 1, s.text);
             if let Some(say) = &s.say {
                 let _ = writeln!(out, "       say {say}");
+            }
+        }
+        out.push('\n');
+    }
+    if !table.invariants.is_empty() {
+        let _ = writeln!(
+            out,
+            "{}",
+            bold("invariants (proved by `ichor-rules verify`)")
+        );
+        for i in &table.invariants {
+            let seq = if i.sequential { " (sequential)" } else { "" };
+            let _ = writeln!(out, "  invariant {}{seq}   ({}:{})", i.name, i.file, i.line);
+            if let Some(w) = &i.when_text {
+                let _ = writeln!(out, "      when   {w}");
+            }
+            if let Some(u) = &i.unless_text {
+                let _ = writeln!(out, "      unless {u}");
+            }
+            let _ = writeln!(out, "      ensure {}", i.ensure_text);
+            if let Some(say) = &i.say {
+                let _ = writeln!(out, "      say    {say}");
             }
         }
         out.push('\n');

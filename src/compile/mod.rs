@@ -170,6 +170,29 @@ pub struct Table {
     pub plans: Vec<Plan>,
     /// Events covered by an `allow` (for reviewers).
     pub allowed: Vec<Event>,
+    /// The `invariant` statements, which `verify` proves and nothing else reads.
+    pub invariants: Vec<InvariantMeta>,
+}
+
+/// An invariant as `verify` and reviewers read it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct InvariantMeta {
+    pub name: String,
+    pub file: String,
+    pub line: usize,
+    pub sequential: bool,
+    #[serde(skip)]
+    pub when: Option<Expr>,
+    #[serde(skip)]
+    pub unless: Option<Expr>,
+    #[serde(skip)]
+    pub ensure: Expr,
+    #[serde(skip)]
+    pub message: Option<Message>,
+    pub when_text: Option<String>,
+    pub unless_text: Option<String>,
+    pub ensure_text: String,
+    pub say: Option<String>,
 }
 
 pub fn group_index(verb: Verb, subject: Subject, site: Site) -> usize {
@@ -291,6 +314,27 @@ pub fn compile(program: &Program, files: &[SourceFile]) -> Table {
         strings: c.strings,
         plans,
         allowed: program.allowed.clone(),
+        invariants: program
+            .invariants
+            .iter()
+            .map(|i| {
+                let src = files.get(i.file);
+                InvariantMeta {
+                    name: i.name.clone(),
+                    file: src.map(|f| f.display_path()).unwrap_or_default(),
+                    line: src.map_or(0, |f| f.line_col(i.span.start).0),
+                    sequential: i.sequential,
+                    when: i.when.clone(),
+                    unless: i.unless.clone(),
+                    ensure: i.ensure.clone(),
+                    message: i.message.clone(),
+                    when_text: i.when_text.clone(),
+                    unless_text: i.unless_text.clone(),
+                    ensure_text: i.ensure_text.clone(),
+                    say: i.say_text.clone(),
+                }
+            })
+            .collect(),
     }
 }
 

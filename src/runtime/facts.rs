@@ -226,6 +226,21 @@ impl<'s> SnapshotFacts<'s> {
         u
     }
 
+    /// What admission can tell of `healthy.after`: the approved control planes that stay
+    /// (not the departing subject, not an operation's target, not being deleted) and do
+    /// not report Ready=False NodeUnreachable.
+    fn healthy_after(&mut self) -> usize {
+        let leaving: Option<&str> = match self.ev.subject {
+            Subject::Machine { name, .. } => Some(name),
+            Subject::Operation(o) => o.spec.machine.as_deref(),
+            Subject::Cluster(_) => None,
+        };
+        self.control_planes()
+            .iter()
+            .filter(|m| Some(m.name()) != leaving && !m.deleting() && !m.node_unreachable())
+            .count()
+    }
+
     fn operation(&self) -> Option<&'s TalosOperation> {
         match self.ev.subject {
             Subject::Operation(o) => Some(o),
@@ -309,6 +324,14 @@ impl<'s> Facts<'s> for SnapshotFacts<'s> {
             }
             Fact::UnfinishedPhase => Value::Str(self.unfinished().map_or("", |o| o.phase())),
             Fact::UnfinishedParked => Value::Bool(self.unfinished().is_some_and(|o| o.parked())),
+            // The controller asks etcd, for a departing control plane and for the target
+            // of an operation alike.
+            Fact::HealthyAfter => match self.expensive {
+                Expensive::Deferred if self.ev.event.2 == Site::Controller => {
+                    return Lookup::Later;
+                }
+                _ => int(self.healthy_after()),
+            },
         };
         Lookup::Value(v)
     }

@@ -55,6 +55,21 @@ pub enum Item {
     Rule(Box<RuleDef>),
     Allow(AllowDef),
     Plan(PlanDef),
+    Invariant(Box<InvariantDef>),
+}
+
+/// `invariant name [sequential] [when e] [unless e] ensure e [say "..."]`: a property
+/// `verify` proves over the model's facts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InvariantDef {
+    pub name: Ident,
+    /// Checked only where requests are admitted and committed one at a time.
+    pub sequential: bool,
+    pub when: Option<Expr>,
+    pub unless: Option<Expr>,
+    pub ensure: Option<Expr>,
+    pub say: Option<Message>,
+    pub span: Span,
 }
 
 /// `let name = expr`.

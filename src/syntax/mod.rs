@@ -105,7 +105,10 @@ fn statement_starts(text: &str) -> Vec<usize> {
             .chars()
             .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
             .collect();
-        if matches!(word.as_str(), "let" | "rule" | "allow" | "plan") {
+        if matches!(
+            word.as_str(),
+            "let" | "rule" | "allow" | "plan" | "invariant"
+        ) {
             starts.push(line + indent);
         }
         line += l.len();
@@ -267,6 +270,7 @@ impl Lower {
                 Rule::rule_def => items.push(Item::Rule(Box::new(self.rule_def(p)))),
                 Rule::allow_def => items.push(Item::Allow(self.allow_def(p))),
                 Rule::plan_def => items.push(Item::Plan(self.plan_def(p))),
+                Rule::invariant_def => items.push(Item::Invariant(Box::new(self.invariant_def(p)))),
                 _ => {}
             }
         }
@@ -338,6 +342,34 @@ impl Lower {
             }
         }
         rule
+    }
+
+    fn invariant_def(&mut self, p: Pair<'_, Rule>) -> InvariantDef {
+        let span = statement_span(&p);
+        let mut inv = InvariantDef {
+            name: Ident {
+                name: String::new(),
+                span,
+            },
+            sequential: false,
+            when: None,
+            unless: None,
+            ensure: None,
+            say: None,
+            span,
+        };
+        for c in p.into_inner() {
+            match c.as_rule() {
+                Rule::rule_name => inv.name = ident(c),
+                Rule::kw_sequential => inv.sequential = true,
+                Rule::when_clause => inv.when = self.clause_expr(c),
+                Rule::unless_clause => inv.unless = self.clause_expr(c),
+                Rule::ensure_clause => inv.ensure = self.clause_expr(c),
+                Rule::say_clause => inv.say = Some(self.say(c)),
+                _ => {}
+            }
+        }
+        inv
     }
 
     fn allow_def(&mut self, p: Pair<'_, Rule>) -> AllowDef {
@@ -635,9 +667,15 @@ fn site(p: Pair<'_, Rule>) -> Option<Ident> {
 fn describe(rule: &Rule) -> String {
     let s: &str = match rule {
         Rule::EOI => "end of file",
-        Rule::file | Rule::let_def | Rule::rule_def | Rule::allow_def | Rule::plan_def => {
-            "`let`, `rule`, `allow` or `plan`"
-        }
+        Rule::file
+        | Rule::let_def
+        | Rule::rule_def
+        | Rule::allow_def
+        | Rule::plan_def
+        | Rule::invariant_def => "`let`, `rule`, `allow`, `plan` or `invariant`",
+        Rule::ensure_clause | Rule::kw_ensure => "`ensure`",
+        Rule::kw_invariant => "`invariant`",
+        Rule::kw_sequential => "`sequential`",
         Rule::step => "a step (`do ...`)",
         Rule::verdict => "a verdict (`refuse`, `hold` or `warn`)",
         Rule::verb_list | Rule::verb => "a verb",

@@ -168,10 +168,19 @@ pub fn held(
     default_reason: &str,
 ) -> Option<(String, String)> {
     let verdict = decision.verdict()?;
-    let deciding = decision.deciding();
-    for f in deciding {
+    for f in decision.deciding() {
         ctx.metrics.decision(&f.rule, verdict.name());
     }
+    hold_of(decision, default_reason)
+}
+
+/// [`held`] without the metrics: no I/O, so `verify`'s model decides with it too.
+pub fn hold_of(
+    decision: &crate::interp::Decision,
+    default_reason: &str,
+) -> Option<(String, String)> {
+    decision.verdict()?;
+    let deciding = decision.deciding();
     let reason = deciding
         .iter()
         .find_map(|f| f.reason.clone())

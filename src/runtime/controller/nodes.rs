@@ -113,10 +113,15 @@ pub async fn healthy_sibling<'s>(
 /// etcd status fails, or it sees no leader. A sibling that cannot be found, a member the
 /// sibling does not list, or a member that answers with a leader: not dead (nothing proves
 /// it, so the declared-count refusal stands).
+///
+/// `marked`: this removal already proceeded as a dead-member removal. A member etcd no
+/// longer lists was then removed by it (a restart between the removal and its record), so
+/// it stays dead; one that answers again is alive, whatever the record says.
 pub async fn member_dead(
     ctx: &Context,
     snapshot: &Snapshot,
     departing: &TalosMachine,
+    marked: bool,
 ) -> (bool, String) {
     let name = node_name(departing);
     let sibling = match healthy_sibling(ctx, snapshot, departing).await {
@@ -129,6 +134,15 @@ pub async fn member_dead(
         }
     };
     if sibling.member(name).is_none() {
+        if marked {
+            return (
+                true,
+                format!(
+                    "etcd (through {}) no longer lists {name}: this dead-member removal removed it",
+                    sibling.machine.name()
+                ),
+            );
+        }
         return (
             false,
             format!(
@@ -152,4 +166,37 @@ pub async fn member_dead(
         }
         Err(e) => (true, format!("its etcd status fails ({e})")),
     }
+}
+
+/// `healthy.after` as the controller reads it (the `targetEtcdClusterHealthy` check of
+/// Cluster API): the members a healthy sibling lists, without the departing one, whose own
+/// etcd answers with a leader. A member no approved machine dials, or that does not answer,
+/// is not healthy. `Err` when no healthy sibling could be asked: the fact cannot be read,
+/// and the removal waits (fails closed).
+pub async fn healthy_after(
+    ctx: &Context,
+    snapshot: &Snapshot,
+    departing: &TalosMachine,
+) -> Result<i64, String> {
+    let sibling = healthy_sibling(ctx, snapshot, departing).await?;
+    let leaving = node_name(departing);
+    let mut healthy = 0i64;
+    for member in &sibling.members {
+        if member.hostname == leaving || member.is_learner {
+            continue;
+        }
+        let machine = snapshot.machines.iter().find(|m| {
+            m.namespace() == departing.namespace()
+                && m.cluster() == departing.cluster()
+                && node_name(m) == member.hostname
+        });
+        let Some(machine) = machine else { continue };
+        let Ok(c) = client(ctx, machine) else {
+            continue;
+        };
+        if matches!(c.etcd_status().await, Ok(s) if s.leader != 0) {
+            healthy += 1;
+        }
+    }
+    Ok(healthy)
 }

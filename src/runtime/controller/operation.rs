@@ -30,17 +30,61 @@ fn rule_reason(table: &crate::compile::Table, reason: Option<&str>) -> bool {
 /// held), it is marked `Accepted=False` (reason `StartRefused`, the rules' messages), a
 /// Warning event says why, and it is not run: decided again every `parked_requeue`. Once
 /// they allow it, a former refusal is cleared (`Accepted=True`, `StartAllowed`).
+fn unreadable(why: &str) -> crate::interp::Decision {
+    let mut d = crate::interp::Decision::default();
+    d.refusals.push(crate::interp::Finding {
+        rule: "(live state)".into(),
+        verdict: crate::vocab::Verdict::Refuse,
+        message: format!("{why}, so the operation waits"),
+        reason: None,
+    });
+    d
+}
+
 async fn start_again(
     ctx: &Context,
     table: &crate::compile::Table,
     snapshot: &crate::runtime::objects::Snapshot,
     next: &mut TalosOperation,
 ) -> Action {
-    let events: Vec<_> = reconcile_start_event(next).into_iter().collect();
-    if events.is_empty() {
+    let Some(ev) = reconcile_start_event(next) else {
         return Action::await_change();
-    }
-    let (decision, _) = decide_events(table, snapshot, &events, Expensive::Deferred, false);
+    };
+    // `healthy.after` is asked of etcd (the members that stay once the target is reset),
+    // as for a removal; what cannot be read refuses.
+    let mut supplied: Vec<(crate::vocab::Fact, i64)> = Vec::new();
+    let decision = loop {
+        match super::removal::decide(table, snapshot, ev, &supplied) {
+            Ok(d) => break d,
+            Err(crate::vocab::Fact::HealthyAfter) if supplied.is_empty() => {
+                let target = next
+                    .spec
+                    .machine
+                    .as_deref()
+                    .and_then(|t| snapshot.machine(next.namespace(), t));
+                let counted = match target {
+                    Some(m) => super::nodes::healthy_after(ctx, snapshot, m).await,
+                    None => Err("the operation's machine is not there".to_string()),
+                };
+                match counted {
+                    Ok(n) => supplied.push((crate::vocab::Fact::HealthyAfter, n)),
+                    Err(why) => {
+                        // Refused; the other rules' reasons as the objects show them.
+                        let (mut d, _) =
+                            decide_events(table, snapshot, &[ev], Expensive::FromObjects, false);
+                        d.refusals.extend(
+                            unreadable(&format!(
+                                "the healthy etcd members cannot be counted ({why})"
+                            ))
+                            .refusals,
+                        );
+                        break d;
+                    }
+                }
+            }
+            Err(f) => break unreadable(&format!("the fact `{f}` could not be read")),
+        }
+    };
     let refused = held(ctx, &decision, "StartRefused").map(|(_, message)| message);
     let was_refused = next.start_refused();
     match refused {

@@ -56,17 +56,16 @@ fn set_progress(m: &mut TalosMachine, p: RemovalProgress) {
     m.status.get_or_insert_with(Default::default).removal = Some(p);
 }
 
-/// Decides the removal; `Err(fact)` when an expensive fact must be fetched first.
-fn decide(
+/// Decides the removal with the facts supplied so far; `Err(fact)` when an expensive fact
+/// must be fetched first. No I/O: `verify`'s model calls it as the controller does.
+pub fn decide(
     table: &Table,
     snapshot: &Snapshot,
     ev: EventFacts<'_>,
-    dead: Option<bool>,
+    supplied: &[(Fact, i64)],
 ) -> Result<Decision, Fact> {
     let mut session = Session::new(table, SnapshotFacts::new(snapshot, ev, Expensive::Deferred));
-    if let Some(d) = dead {
-        session.supply(Fact::MemberDead, Value::Bool(d));
-    }
+    supply(&mut session, supplied);
     let mut decision = Decision::default();
     match decide_into(&mut session, ev.event, &mut decision) {
         Ok(()) => Ok(decision),
@@ -74,17 +73,29 @@ fn decide(
     }
 }
 
-/// Whether a plan step runs: its guards, evaluated with the removal's facts. A guard that
-/// cannot be evaluated stops the removal (fails closed).
-fn applies(
+fn supply<'a, F: crate::interp::Facts<'a>>(session: &mut Session<'a, F>, supplied: &[(Fact, i64)]) {
+    for (fact, v) in supplied {
+        let value = if fact.info().ty == crate::vocab::Type::Bool {
+            Value::Bool(*v != 0)
+        } else {
+            Value::Int(*v)
+        };
+        session.supply(*fact, value);
+    }
+}
+
+/// Whether a plan step runs: its guards, evaluated with the removal's facts (and its
+/// message when it runs). A guard that cannot be evaluated stops the removal (fails
+/// closed). No I/O: `verify`'s model calls it as the controller does.
+pub fn applies(
     table: &Table,
     snapshot: &Snapshot,
     ev: EventFacts<'_>,
-    dead: bool,
+    supplied: &[(Fact, i64)],
     step: &PlanStep,
 ) -> Result<(bool, Option<String>), String> {
     let mut session = Session::new(table, SnapshotFacts::new(snapshot, ev, Expensive::Deferred));
-    session.supply(Fact::MemberDead, Value::Bool(dead));
+    supply(&mut session, supplied);
     let mut eval = |code: &crate::compile::Code| match session.guard(code) {
         Ok(Ok(b)) => Ok(b),
         Ok(Err(e)) => Err(format!(
@@ -210,20 +221,47 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
     // 3. Decide, unless the removal is committed (the member already left etcd).
     if !p.committed {
         let mut dead = None;
+        let mut supplied: Vec<(Fact, i64)> = Vec::new();
         let decision = loop {
-            match decide(&table, &snapshot, ev, dead) {
+            match decide(&table, &snapshot, ev, &supplied) {
                 Ok(d) => break d,
                 Err(Fact::MemberDead) if dead.is_none() => {
-                    let (is_dead, why) = if live.dead_member_removal_marked() || p.member_dead {
-                        (
-                            true,
-                            "a removal already proceeded for a dead member".to_string(),
-                        )
-                    } else {
-                        nodes::member_dead(ctx, &snapshot, live).await
-                    };
+                    // Asked again at every decision until the removal commits: a member
+                    // that answers again is not removed below the count.
+                    let marked = live.dead_member_removal_marked() || p.member_dead;
+                    let (is_dead, why) = nodes::member_dead(ctx, &snapshot, live, marked).await;
                     tracing::info!(machine = %format!("{ns}/{name}"), dead = is_dead, %why, "etcd member checked");
                     dead = Some(is_dead);
+                    supplied.push((Fact::MemberDead, i64::from(is_dead)));
+                }
+                Err(Fact::HealthyAfter)
+                    if !supplied.iter().any(|(f, _)| *f == Fact::HealthyAfter) =>
+                {
+                    match nodes::healthy_after(ctx, &snapshot, live).await {
+                        Ok(n) => {
+                            tracing::info!(machine = %format!("{ns}/{name}"), healthy_after = n, "etcd members counted");
+                            supplied.push((Fact::HealthyAfter, n));
+                        }
+                        Err(why) => {
+                            // Refused; the other rules' reasons as the objects show them.
+                            let (mut d, _) = crate::runtime::decide::decide_events(
+                                &table,
+                                &snapshot,
+                                &[ev],
+                                Expensive::FromObjects,
+                                false,
+                            );
+                            d.refusals.push(crate::interp::Finding {
+                                rule: "(live state)".into(),
+                                verdict: Verdict::Refuse,
+                                message: format!(
+                                    "the healthy etcd members cannot be counted, so the removal waits: {why}"
+                                ),
+                                reason: Some("RemovalRefused".into()),
+                            });
+                            break d;
+                        }
+                    }
                 }
                 Err(f) => {
                     let mut d = Decision::default();
@@ -278,7 +316,8 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
         if p.done.iter().any(|d| d == &step.text) {
             continue;
         }
-        let (runs, message) = match applies(&table, &snapshot, ev, p.member_dead, step) {
+        let guard_facts = [(Fact::MemberDead, i64::from(p.member_dead))];
+        let (runs, message) = match applies(&table, &snapshot, ev, &guard_facts, step) {
             Ok(x) => x,
             Err(why) => {
                 drop(renewal);
@@ -341,10 +380,22 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
 async fn release_if_not_member(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileError> {
     let reads = Reads {
         machines: true,
-        clusters: false,
+        clusters: true,
         operations: false,
     };
-    let snapshot = ctx.reader.snapshot(m.namespace(), &[], reads).await?;
+    let snapshot = ctx
+        .reader
+        .snapshot(m.namespace(), &[m.cluster()], reads)
+        .await?;
+    // A cluster being torn down goes with its etcd: a member left behind there holds
+    // nothing up, and waiting for it would keep the teardown from ending.
+    if snapshot
+        .cluster(m.namespace(), m.cluster())
+        .is_some_and(|c| c.deleting())
+    {
+        set_finalizer(ctx, m, false).await?;
+        return Ok(Action::await_change());
+    }
     let member = nodes::node_name(m);
     let (reason, message) = match nodes::healthy_sibling(ctx, &snapshot, m).await {
         Ok(s) if s.member(member).is_none() => {
@@ -561,6 +612,14 @@ async fn execute(
             Ok(Step::Done)
         }
         ["talos", action @ ("reset" | "wipe")] => {
+            // A node reset (or wiped) by an earlier step of this removal is gone: a second
+            // reset would only wait for it forever (a teardown after a reset).
+            if p.done
+                .iter()
+                .any(|d| d == "talos reset" || d == "talos wipe")
+            {
+                return Ok(Step::Done);
+            }
             let graceful = *action == "reset";
             let c = match nodes::client(ctx, live) {
                 Ok(c) => c,

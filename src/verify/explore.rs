@@ -1,0 +1,571 @@
+//! Breadth-first exploration of the model: canonical states (machines in the same state are
+//! interchangeable), invariants checked on every state and transition, liveness on the
+//! explored graph, and the shortest trace to each violation.
+
+use super::invariant::{Facts, InvariantCheck};
+use super::model::{
+    ClusterState, GONE, Lock, Machine, Model, Move, NONE, Next, Op, OpKind, Pending, Phase, Req,
+    State,
+};
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::time::Instant;
+
+/// A small, fast, non-cryptographic hasher for the visited set (FxHash's multiply-rotate).
+#[derive(Default)]
+pub struct Fx(u64);
+
+impl Hasher for Fx {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(b))
+                .wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        }
+    }
+}
+
+type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<Fx>>;
+
+// ---- canonical form ---------------------------------------------------------------------
+
+/// The canonical representative of a state: approval orders renumbered densely, machines
+/// sorted by their state (names follow them), everything that refers to a machine or an
+/// operation renumbered to match.
+pub fn canonical(s: &State) -> State {
+    let mut t = s.clone();
+    // Approval order matters only among approved control planes, and only as an order.
+    let mut orders: Vec<u8> = t
+        .machines
+        .iter()
+        .filter(|m| m.approved && m.order > 0)
+        .map(|m| m.order)
+        .collect();
+    orders.sort_unstable();
+    for m in &mut t.machines {
+        if !(m.approved && m.order > 0) {
+            m.order = 0;
+        } else if let Ok(p) = orders.binary_search(&m.order) {
+            m.order = u8::try_from(p + 1).unwrap_or(u8::MAX);
+        }
+    }
+    let mut perm: Vec<usize> = (0..t.machines.len()).collect();
+    perm.sort_by(|a, b| t.machines[*a].cmp(&t.machines[*b]).then(a.cmp(b)));
+    let mut inv = vec![0u8; t.machines.len()];
+    for (new, old) in perm.iter().enumerate() {
+        inv[*old] = u8::try_from(new).unwrap_or(NONE);
+    }
+    let map = |x: u8| -> u8 {
+        if x == NONE || x == GONE {
+            x
+        } else {
+            inv.get(usize::from(x)).copied().unwrap_or(x)
+        }
+    };
+    t.machines = perm.iter().map(|i| s_machine(&t, *i)).collect();
+    t.names = perm
+        .iter()
+        .map(|i| s.names.get(*i).copied().unwrap_or(0))
+        .collect();
+    for o in &mut t.ops {
+        o.target = map(o.target);
+    }
+    for p in &mut t.pending {
+        p.req = match p.req {
+            Req::Approve(x) => Req::Approve(map(x)),
+            Req::Unapprove(x) => Req::Unapprove(map(x)),
+            Req::Delete(x) => Req::Delete(map(x)),
+            Req::Collect(x) => Req::Collect(map(x)),
+            Req::CreateOperation(k, x) => Req::CreateOperation(k, map(x)),
+            other => other,
+        };
+    }
+    t.pending.sort();
+    let lock = match t.lock {
+        Lock::Removal(h) => Lock::Removal(map(h)),
+        other => other,
+    };
+    // Operations: interchangeable too (their creation order matters only to name the
+    // unfinished one another waits on, which a canonical order keeps deterministic).
+    let mut operm: Vec<usize> = (0..t.ops.len()).collect();
+    operm.sort_by(|a, b| t.ops[*a].cmp(&t.ops[*b]).then(a.cmp(b)));
+    let mut oinv = vec![0u8; t.ops.len()];
+    for (new, old) in operm.iter().enumerate() {
+        oinv[*old] = u8::try_from(new).unwrap_or(NONE);
+    }
+    t.lock = match lock {
+        Lock::Operation(h) => Lock::Operation(oinv.get(usize::from(h)).copied().unwrap_or(h)),
+        other => other,
+    };
+    let ops = t.ops.clone();
+    t.ops = operm.iter().map(|i| ops[*i]).collect();
+    let names = t.op_names.clone();
+    t.op_names = operm
+        .iter()
+        .map(|i| names.get(*i).copied().unwrap_or(0))
+        .collect();
+    t
+}
+
+fn s_machine(t: &State, i: usize) -> Machine {
+    t.machines[i].clone()
+}
+
+/// The bytes that identify a canonical state (names left out).
+pub fn encode(s: &State, out: &mut Vec<u8>) {
+    out.clear();
+    out.push(s.count);
+    out.push(
+        u8::from(s.schedulable)
+            | (match s.cluster {
+                ClusterState::Live => 0,
+                ClusterState::Deleting => 1,
+                ClusterState::Gone => 2,
+            } << 1)
+            | (u8::from(s.pdb) << 3)
+            | (u8::from(s.concurrent) << 4),
+    );
+    out.push(s.failures);
+    match s.lock {
+        Lock::Free => out.extend([0, 0]),
+        Lock::Removal(h) => out.extend([1, h]),
+        Lock::Operation(h) => out.extend([2, h]),
+    }
+    out.push(u8::try_from(s.machines.len()).unwrap_or(u8::MAX));
+    for m in &s.machines {
+        let bits: u16 = u16::from(m.role == super::model::MRole::Worker)
+            | (u16::from(m.approved) << 1)
+            | (u16::from(m.deleting) << 2)
+            | (u16::from(m.finalizer) << 3)
+            | (u16::from(m.joined) << 4)
+            | (u16::from(m.member) << 5)
+            | (u16::from(m.up) << 6)
+            | (u16::from(m.wiped) << 7)
+            | (u16::from(m.unreachable) << 8)
+            | (u16::from(m.held) << 9)
+            | (u16::from(m.dead) << 10)
+            | (u16::from(m.committed) << 11);
+        out.extend(bits.to_le_bytes());
+        out.push(m.order);
+        out.extend(m.done.to_le_bytes());
+    }
+    out.push(u8::try_from(s.ops.len()).unwrap_or(u8::MAX));
+    for o in &s.ops {
+        out.push(o.kind as u8);
+        out.push(o.target);
+        out.push(o.phase as u8);
+    }
+    out.push(u8::try_from(s.pending.len()).unwrap_or(u8::MAX));
+    for p in &s.pending {
+        let (tag, arg) = match p.req {
+            Req::Approve(x) => (0, x),
+            Req::Unapprove(x) => (1, x),
+            Req::Delete(x) => (2, x),
+            Req::Collect(x) => (3, x),
+            Req::Count(c) => (4, c),
+            Req::Unschedule => (5, 0),
+            Req::Reschedule => (6, 0),
+            Req::DeleteCluster => (7, 0),
+            Req::CreateOperation(k, x) => (8 + k as u8, x),
+        };
+        out.extend([tag, arg, p.base.0, u8::from(p.base.1)]);
+    }
+}
+
+/// The state a key encodes (with default names).
+pub fn decode(b: &[u8]) -> Option<State> {
+    let mut it = b.iter().copied();
+    let mut next = || it.next();
+    let count = next()?;
+    let flags = next()?;
+    let failures = next()?;
+    let lock = match (next()?, next()?) {
+        (1, h) => Lock::Removal(h),
+        (2, h) => Lock::Operation(h),
+        _ => Lock::Free,
+    };
+    let n = next()?;
+    let mut machines = Vec::with_capacity(usize::from(n));
+    for _ in 0..n {
+        let bits = u16::from_le_bytes([next()?, next()?]);
+        let order = next()?;
+        let done = u16::from_le_bytes([next()?, next()?]);
+        let bit = |k: u16| bits & (1 << k) != 0;
+        machines.push(Machine {
+            role: if bit(0) {
+                super::model::MRole::Worker
+            } else {
+                super::model::MRole::ControlPlane
+            },
+            approved: bit(1),
+            order,
+            deleting: bit(2),
+            finalizer: bit(3),
+            joined: bit(4),
+            member: bit(5),
+            up: bit(6),
+            wiped: bit(7),
+            unreachable: bit(8),
+            held: bit(9),
+            dead: bit(10),
+            committed: bit(11),
+            done,
+        });
+    }
+    let nops = next()?;
+    let mut ops = Vec::new();
+    for _ in 0..nops {
+        let kind = match next()? {
+            0 => OpKind::Upgrade,
+            1 => OpKind::Reset,
+            _ => OpKind::Restore,
+        };
+        let target = next()?;
+        let phase = match next()? {
+            0 => Phase::Pending,
+            1 => Phase::Parked,
+            2 => Phase::Running,
+            _ => Phase::Succeeded,
+        };
+        ops.push(Op {
+            kind,
+            target,
+            phase,
+        });
+    }
+    let np = next()?;
+    let mut pending = Vec::new();
+    for _ in 0..np {
+        let (tag, arg, b0, b1) = (next()?, next()?, next()?, next()?);
+        let req = match tag {
+            0 => Req::Approve(arg),
+            1 => Req::Unapprove(arg),
+            2 => Req::Delete(arg),
+            3 => Req::Collect(arg),
+            4 => Req::Count(arg),
+            5 => Req::Unschedule,
+            6 => Req::Reschedule,
+            7 => Req::DeleteCluster,
+            8 => Req::CreateOperation(OpKind::Upgrade, arg),
+            9 => Req::CreateOperation(OpKind::Reset, arg),
+            _ => Req::CreateOperation(OpKind::Restore, arg),
+        };
+        pending.push(Pending {
+            req,
+            base: (b0, b1 != 0),
+        });
+    }
+    let mut names = Vec::new();
+    let (mut cp, mut w) = (0u8, 0u8);
+    for m in &machines {
+        if m.role == super::model::MRole::Worker {
+            w += 1;
+            names.push(w);
+        } else {
+            cp += 1;
+            names.push(cp);
+        }
+    }
+    let op_names = (1..=nops).collect();
+    Some(State {
+        count,
+        schedulable: flags & 1 != 0,
+        cluster: match (flags >> 1) & 3 {
+            0 => ClusterState::Live,
+            1 => ClusterState::Deleting,
+            _ => ClusterState::Gone,
+        },
+        machines,
+        ops,
+        lock,
+        pending,
+        failures,
+        pdb: flags & 8 != 0,
+        concurrent: flags & 16 != 0,
+        names,
+        op_names,
+    })
+}
+
+// ---- exploration ------------------------------------------------------------------------
+
+/// One violation: the invariant, the state it was found in (by id), the transition (when
+/// a transition broke it) and the invariant's message.
+#[derive(Clone, Debug)]
+pub struct Violation {
+    pub invariant: usize,
+    /// The state before the violating transition, or the violating state itself.
+    pub from: u32,
+    /// The key of the state after the violating transition.
+    pub to_key: Option<Vec<u8>>,
+    pub mv: Option<Move>,
+    pub message: String,
+    pub depth: u32,
+}
+
+pub struct Exploration {
+    pub keys: Vec<Box<[u8]>>,
+    pub parent: Vec<u32>,
+    pub depth: Vec<u32>,
+    pub transitions: u64,
+    pub max_depth: u32,
+    /// States left unexpanded because the depth bound was reached.
+    pub cut_at_depth: u64,
+    pub violations: Vec<Violation>,
+    pub fired: super::model::Fired,
+    /// Per invariant: its `when`/`unless` held at least once.
+    pub at_risk: Vec<bool>,
+    pub seconds: f64,
+    pub stuck: u64,
+}
+
+pub const NO_PARENT: u32 = u32::MAX;
+
+/// Explores every state reachable from the starting states within the bounds.
+pub fn explore(model: &Model<'_>, checks: &[InvariantCheck]) -> Exploration {
+    let started = Instant::now();
+    let mut index: FxMap<Box<[u8]>, u32> = FxMap::default();
+    let mut ex = Exploration {
+        keys: Vec::new(),
+        parent: Vec::new(),
+        depth: Vec::new(),
+        transitions: 0,
+        max_depth: 0,
+        cut_at_depth: 0,
+        violations: Vec::new(),
+        fired: Default::default(),
+        at_risk: vec![false; checks.len()],
+        seconds: 0.0,
+        stuck: 0,
+    };
+    let mut violated = vec![false; checks.len()];
+    let mut buf = Vec::new();
+    let mut in_progress: Vec<bool> = Vec::new();
+    let mut goal: Vec<bool> = Vec::new();
+    // Edges that happen without a person: (from, to).
+    let mut alone: Vec<(u32, u32)> = Vec::new();
+    for s in State::initial(&model.bounds) {
+        let c = canonical(&s);
+        encode(&c, &mut buf);
+        if index.contains_key(buf.as_slice()) {
+            continue;
+        }
+        let id = u32::try_from(ex.keys.len()).unwrap_or(u32::MAX);
+        let key: Box<[u8]> = buf.clone().into_boxed_slice();
+        index.insert(key.clone(), id);
+        ex.keys.push(key);
+        ex.parent.push(NO_PARENT);
+        ex.depth.push(0);
+        let f = Facts::of_state(&c);
+        for (k, check) in checks.iter().enumerate() {
+            if check.deferred || violated[k] {
+                continue;
+            }
+            match check.holds(&f, c.concurrent) {
+                super::invariant::Outcome::Holds { at_risk } => ex.at_risk[k] |= at_risk,
+                super::invariant::Outcome::Broken(message) => {
+                    violated[k] = true;
+                    ex.at_risk[k] = true;
+                    ex.violations.push(Violation {
+                        invariant: k,
+                        from: id,
+                        to_key: None,
+                        mv: None,
+                        message,
+                        depth: 0,
+                    });
+                }
+            }
+        }
+    }
+    let mut cursor = 0usize;
+    let mut nexts: Vec<Next> = Vec::new();
+    while cursor < ex.keys.len() {
+        let id = u32::try_from(cursor).unwrap_or(u32::MAX);
+        let d = ex.depth[cursor];
+        ex.max_depth = ex.max_depth.max(d);
+        let Some(s) = decode(&ex.keys[cursor]) else {
+            cursor += 1;
+            continue;
+        };
+        let progress = s.cluster == ClusterState::Deleting
+            || s.machines.iter().any(|m| m.deleting && m.finalizer);
+        if d >= model.bounds.depth {
+            ex.cut_at_depth += 1;
+            in_progress.push(progress);
+            goal.push(!progress);
+            cursor += 1;
+            continue;
+        }
+        let snap = model.objects.snapshot(&s);
+        nexts.clear();
+        let outcomes = model.successors(&s, &snap, &mut ex.fired, &mut nexts);
+        // Settled: every removal in progress waits on something named, and nothing else
+        // of a teardown is left for the controller or the garbage collector.
+        let removals = s
+            .machines
+            .iter()
+            .filter(|m| m.deleting && m.finalizer)
+            .count();
+        let uncollected = s.cluster == ClusterState::Deleting
+            && (s.machines.is_empty() || s.machines.iter().any(|m| !m.deleting));
+        let settled =
+            removals > 0 && usize::from(outcomes.removals_waiting) >= removals && !uncollected;
+        in_progress.push(progress);
+        goal.push(!progress || settled);
+        let before = Facts::of_state(&s);
+        for n in nexts.drain(..) {
+            ex.transitions += 1;
+            let c = canonical(&n.state);
+            encode(&c, &mut buf);
+            let to = match index.get(buf.as_slice()) {
+                Some(&t) => t,
+                None => {
+                    let t = u32::try_from(ex.keys.len()).unwrap_or(u32::MAX);
+                    let key: Box<[u8]> = buf.clone().into_boxed_slice();
+                    index.insert(key.clone(), t);
+                    ex.keys.push(key);
+                    ex.parent.push(id);
+                    ex.depth.push(d + 1);
+                    t
+                }
+            };
+            if n.mv.progresses_alone() {
+                alone.push((id, to));
+            }
+            let f = Facts::of_transition(&before, &c, &n.effect);
+            for (k, check) in checks.iter().enumerate() {
+                if check.deferred || violated[k] {
+                    continue;
+                }
+                match check.holds(&f, c.concurrent) {
+                    super::invariant::Outcome::Holds { at_risk } => ex.at_risk[k] |= at_risk,
+                    super::invariant::Outcome::Broken(message) => {
+                        violated[k] = true;
+                        ex.at_risk[k] = true;
+                        ex.violations.push(Violation {
+                            invariant: k,
+                            from: id,
+                            to_key: Some(buf.clone()),
+                            mv: Some(n.mv),
+                            message,
+                            depth: d + 1,
+                        });
+                    }
+                }
+            }
+        }
+        cursor += 1;
+    }
+    // Liveness: which states reach a goal through moves that need no person.
+    let n = ex.keys.len();
+    let mut reaches = goal.clone();
+    reaches.resize(n, true);
+    let mut rev: Vec<Vec<u32>> = vec![Vec::new(); n];
+    for (a, b) in &alone {
+        if let Some(v) = rev.get_mut(*b as usize) {
+            v.push(*a);
+        }
+    }
+    let mut stack: Vec<u32> = (0..n)
+        .filter(|i| reaches[*i])
+        .map(|i| u32::try_from(i).unwrap_or(u32::MAX))
+        .collect();
+    while let Some(x) = stack.pop() {
+        for &p in &rev[x as usize] {
+            if !reaches[p as usize] {
+                reaches[p as usize] = true;
+                stack.push(p);
+            }
+        }
+    }
+    let deferred: Vec<usize> = (0..checks.len()).filter(|k| checks[*k].deferred).collect();
+    for (i, reached) in reaches.iter().enumerate() {
+        let stuck = in_progress.get(i).copied().unwrap_or(false) && !reached;
+        if stuck {
+            ex.stuck += 1;
+        }
+        if deferred.is_empty() {
+            continue;
+        }
+        let Some(s) = decode(&ex.keys[i]) else {
+            continue;
+        };
+        let mut f = Facts::of_state(&s);
+        f.stuck = stuck;
+        for &k in &deferred {
+            if violated[k] {
+                continue;
+            }
+            match checks[k].holds(&f, s.concurrent) {
+                super::invariant::Outcome::Holds { at_risk } => ex.at_risk[k] |= at_risk,
+                super::invariant::Outcome::Broken(message) => {
+                    violated[k] = true;
+                    ex.at_risk[k] = true;
+                    ex.violations.push(Violation {
+                        invariant: k,
+                        from: u32::try_from(i).unwrap_or(u32::MAX),
+                        to_key: None,
+                        mv: None,
+                        message,
+                        depth: ex.depth[i],
+                    });
+                }
+            }
+        }
+    }
+    ex.violations.sort_by_key(|v| (v.depth, v.invariant));
+    ex.seconds = started.elapsed().as_secs_f64();
+    ex
+}
+
+/// The ids from a starting state to `id`.
+pub fn path_to(ex: &Exploration, id: u32) -> Vec<u32> {
+    let mut path = vec![id];
+    let mut at = id;
+    while let Some(&p) = ex.parent.get(at as usize) {
+        if p == NO_PARENT {
+            break;
+        }
+        path.push(p);
+        at = p;
+    }
+    path.reverse();
+    path
+}
+
+/// The key of a concrete state.
+pub fn key_of(s: &State) -> Vec<u8> {
+    let mut buf = Vec::new();
+    encode(&canonical(s), &mut buf);
+    buf
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verify::model::Bounds;
+
+    #[test]
+    fn encoding_round_trips_and_canonical_form_forgets_names() {
+        for s in State::initial(&Bounds::default()) {
+            let c = canonical(&s);
+            let mut b = Vec::new();
+            encode(&c, &mut b);
+            let d = decode(&b).expect("decodes");
+            let mut b2 = Vec::new();
+            encode(&d, &mut b2);
+            assert_eq!(b, b2);
+            // A permutation of the machines is the same state.
+            let mut p = s.clone();
+            p.machines.reverse();
+            p.names.reverse();
+            assert_eq!(key_of(&p), key_of(&s));
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! Invariants over the model's facts: the values of one state (and of the step that led to
+//! it), and the evaluation of an invariant's checked expressions against them.
+
+use super::model::{Effect, State};
+use crate::compile::InvariantMeta;
+use crate::syntax::ast::{BinOp, Expr, ExprKind, Message, MessagePart, UnOp};
+use crate::vocab::{MODEL_STEPS, ModelFact};
+
+/// The model facts of one state, or of one transition.
+#[derive(Clone, Debug, Default)]
+pub struct Facts {
+    pub members: i64,
+    pub healthy: i64,
+    pub members_before: i64,
+    pub healthy_before: i64,
+    pub count: i64,
+    pub approved: i64,
+    pub active: i64,
+    pub step_rank: i64,
+    pub workers: i64,
+    pub disruptive: i64,
+    pub running: i64,
+    pub cluster_deleting: bool,
+    pub schedulable: bool,
+    pub transitioning: bool,
+    pub step: u8,
+    pub step_kind: Option<super::model::OpKind>,
+    pub step_ours: bool,
+    pub removed_dead: bool,
+    pub event_missing: bool,
+    pub stuck: bool,
+}
+
+fn int(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl Facts {
+    /// A state on its own: every "before" is now, the step is `start`.
+    pub fn of_state(s: &State) -> Facts {
+        let approved = s.approved_cps();
+        let f = Facts {
+            members: int(s.members()),
+            healthy: int(s.healthy()),
+            count: i64::from(s.count),
+            approved: int(approved),
+            active: int(s.active()),
+            workers: int(s.workers()),
+            disruptive: int(s.disruptive()),
+            running: int(s.running()),
+            cluster_deleting: s.cluster != super::model::ClusterState::Live,
+            schedulable: s.schedulable,
+            transitioning: approved > 0 && approved.is_multiple_of(2),
+            ..Facts::default()
+        };
+        Facts {
+            members_before: f.members,
+            healthy_before: f.healthy,
+            ..f
+        }
+    }
+
+    /// The transition from `before` (facts of the state before) to `after` by a step.
+    pub fn of_transition(before: &Facts, after: &State, e: &Effect) -> Facts {
+        let now = Facts::of_state(after);
+        Facts {
+            members_before: before.members,
+            healthy_before: before.healthy,
+            step_rank: i64::from(e.rank),
+            step: e.step,
+            step_kind: e.kind,
+            step_ours: e.ours,
+            removed_dead: e.removed_dead,
+            event_missing: e.event_missing,
+            ..now
+        }
+    }
+
+    fn value(&self, f: ModelFact) -> V<'static> {
+        use ModelFact::*;
+        match f {
+            Members => V::Int(self.members),
+            Healthy => V::Int(self.healthy),
+            MembersBefore => V::Int(self.members_before),
+            HealthyBefore => V::Int(self.healthy_before),
+            Count => V::Int(self.count),
+            Approved => V::Int(self.approved),
+            Active => V::Int(self.active),
+            StepRank => V::Int(self.step_rank),
+            Workers => V::Int(self.workers),
+            Disruptive => V::Int(self.disruptive),
+            Running => V::Int(self.running),
+            ClusterDeleting => V::Bool(self.cluster_deleting),
+            Schedulable => V::Bool(self.schedulable),
+            Transitioning => V::Bool(self.transitioning),
+            Step => V::Str(
+                MODEL_STEPS
+                    .get(usize::from(self.step))
+                    .copied()
+                    .unwrap_or("start"),
+            ),
+            StepKind => V::Str(self.step_kind.map_or("", |k| k.name())),
+            StepOurs => V::Bool(self.step_ours),
+            RemovedDead => V::Bool(self.removed_dead),
+            DeadMemberEventMissing => V::Bool(self.event_missing),
+            Stuck => V::Bool(self.stuck),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum V<'a> {
+    Int(i64),
+    Bool(bool),
+    Str(&'a str),
+}
+
+fn eval<'a>(e: &'a Expr, f: &Facts) -> Result<V<'a>, String> {
+    Ok(match &e.kind {
+        ExprKind::Int(n) => V::Int(*n),
+        ExprKind::Bool(b) => V::Bool(*b),
+        ExprKind::Str(s, _) => V::Str(s.as_str()),
+        ExprKind::Name(n) => match ModelFact::lookup(n) {
+            Some(mf) => f.value(mf),
+            None => return Err(format!("`{n}` is not a fact of the model")),
+        },
+        ExprKind::Unary(op, inner) => match (op, eval(inner, f)?) {
+            (UnOp::Not, V::Bool(b)) => V::Bool(!b),
+            (UnOp::Neg, V::Int(n)) => V::Int(n.checked_neg().ok_or("overflow")?),
+            _ => return Err("a value of the wrong type".into()),
+        },
+        ExprKind::Binary(op, l, r) => {
+            // `and` and `or` short-circuit, as in rules.
+            if matches!(op, BinOp::And | BinOp::Or) {
+                let V::Bool(a) = eval(l, f)? else {
+                    return Err("a value of the wrong type".into());
+                };
+                if (*op == BinOp::And && !a) || (*op == BinOp::Or && a) {
+                    return Ok(V::Bool(a));
+                }
+                let V::Bool(b) = eval(r, f)? else {
+                    return Err("a value of the wrong type".into());
+                };
+                return Ok(V::Bool(b));
+            }
+            let (a, b) = (eval(l, f)?, eval(r, f)?);
+            match (op, a, b) {
+                (BinOp::Eq, a, b) => V::Bool(a == b),
+                (BinOp::Ne, a, b) => V::Bool(a != b),
+                (_, V::Int(x), V::Int(y)) => match op {
+                    BinOp::Lt => V::Bool(x < y),
+                    BinOp::Le => V::Bool(x <= y),
+                    BinOp::Gt => V::Bool(x > y),
+                    BinOp::Ge => V::Bool(x >= y),
+                    BinOp::Add => V::Int(x.checked_add(y).ok_or("overflow")?),
+                    BinOp::Sub => V::Int(x.checked_sub(y).ok_or("overflow")?),
+                    BinOp::Mul => V::Int(x.checked_mul(y).ok_or("overflow")?),
+                    BinOp::Div => V::Int(x.checked_div(y).ok_or("division by zero")?),
+                    BinOp::Mod => V::Int(x.checked_rem(y).ok_or("division by zero")?),
+                    _ => return Err("a value of the wrong type".into()),
+                },
+                _ => return Err("a value of the wrong type".into()),
+            }
+        }
+    })
+}
+
+fn truth(e: &Expr, f: &Facts) -> Result<bool, String> {
+    match eval(e, f)? {
+        V::Bool(b) => Ok(b),
+        _ => Err("not a condition".into()),
+    }
+}
+
+/// An invariant ready to check.
+pub struct InvariantCheck {
+    pub meta: InvariantMeta,
+    /// It reads `stuck`, which is known only once the whole graph is explored.
+    pub deferred: bool,
+}
+
+pub enum Outcome {
+    /// It holds; `at_risk` when its `when`/`unless` let it apply.
+    Holds {
+        at_risk: bool,
+    },
+    Broken(String),
+}
+
+fn reads(e: &Expr, name: &str) -> bool {
+    match &e.kind {
+        ExprKind::Name(n) => n == name,
+        ExprKind::Unary(_, i) => reads(i, name),
+        ExprKind::Binary(_, l, r) => reads(l, name) || reads(r, name),
+        _ => false,
+    }
+}
+
+impl InvariantCheck {
+    pub fn new(meta: &InvariantMeta) -> InvariantCheck {
+        let exprs = meta
+            .when
+            .iter()
+            .chain(meta.unless.iter())
+            .chain(std::iter::once(&meta.ensure));
+        let deferred = exprs.clone().any(|e| reads(e, "stuck"));
+        InvariantCheck {
+            meta: meta.clone(),
+            deferred,
+        }
+    }
+
+    /// Checks the invariant on facts. A `sequential` invariant is not checked where
+    /// requests overlapped.
+    pub fn holds(&self, f: &Facts, concurrent: bool) -> Outcome {
+        if self.meta.sequential && concurrent {
+            return Outcome::Holds { at_risk: false };
+        }
+        let applies = (|| -> Result<bool, String> {
+            let when = match &self.meta.when {
+                Some(w) => truth(w, f)?,
+                None => true,
+            };
+            let unless = match (&self.meta.unless, when) {
+                (Some(u), true) => truth(u, f)?,
+                _ => false,
+            };
+            Ok(when && !unless)
+        })();
+        let applies = match applies {
+            Ok(a) => a,
+            Err(e) => {
+                return Outcome::Broken(format!("its condition could not be evaluated ({e})"));
+            }
+        };
+        if !applies {
+            return Outcome::Holds { at_risk: false };
+        }
+        match truth(&self.meta.ensure, f) {
+            Ok(true) => Outcome::Holds { at_risk: true },
+            Ok(false) => Outcome::Broken(self.render(f)),
+            Err(e) => Outcome::Broken(format!("`ensure` could not be evaluated ({e})")),
+        }
+    }
+
+    fn render(&self, f: &Facts) -> String {
+        let Some(m) = &self.meta.message else {
+            return format!("`{}` does not hold", self.meta.ensure_text);
+        };
+        render_message(m, f)
+    }
+}
+
+fn render_message(m: &Message, f: &Facts) -> String {
+    let mut out = String::new();
+    for p in &m.parts {
+        match p {
+            MessagePart::Text(t) => out.push_str(t),
+            MessagePart::Placeholder(e) => match eval(e, f) {
+                Ok(V::Int(n)) => out.push_str(&n.to_string()),
+                Ok(V::Bool(b)) => out.push_str(if b { "true" } else { "false" }),
+                Ok(V::Str(s)) => out.push_str(s),
+                Err(e) => out.push_str(&format!("<{e}>")),
+            },
+        }
+    }
+    out
+}

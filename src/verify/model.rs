@@ -1,0 +1,1520 @@
+//! The model `verify` explores: one TalosCluster, its machines, operations, etcd membership,
+//! node health, the cluster lock and the requests admitted but not yet committed.
+//!
+//! Every decision goes through the product's own code: a request becomes the objects an
+//! AdmissionReview carries, its events come from [`request_events`] and the webhook's
+//! [`decide_events`]; the controller's steps decide with the same functions the controller
+//! calls ([`removal::decide`], [`removal::applies`], [`reconcile_machine_event`], ...),
+//! against a [`Snapshot`] built from the state. The model supplies only what the runtime
+//! reads through I/O: etcd's membership and health, whether a node answers, whether a
+//! PodDisruptionBudget blocks a drain.
+
+use crate::compile::{PlanStep, Table};
+use crate::interp::Decision;
+use crate::runtime::controller::removal;
+use crate::runtime::decide::{
+    decide_events, reconcile_machine_event, reconcile_operation_event, reconcile_start_event,
+    request_events,
+};
+use crate::runtime::facts::Expensive;
+use crate::runtime::objects::Object;
+use crate::runtime::objects::{
+    ALLOW_DELETE_ANNOTATION, ApprovalDecision, ClusterRef, ClusterSpec, Condition,
+    ControlPlaneSpec, MachineSpec, MachineStatus, OperationSpec, OperationStatus,
+    REMOVAL_FINALIZER, RemovalProgress, Role, Snapshot, TEARDOWN_FINALIZER, TalosCluster,
+    TalosMachine, TalosOperation,
+};
+use crate::vocab::{ACTIONS, Fact, Verb, Verdict};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::core::admission::Operation;
+use std::collections::BTreeMap;
+
+/// The namespace and cluster every model object lives in.
+pub const NAMESPACE: &str = "default";
+pub const CLUSTER: &str = "prod";
+
+/// No machine (an operation without a target, a lock nobody holds).
+pub const NONE: u8 = u8::MAX;
+/// A machine that was there and is gone (an operation's target after its removal).
+pub const GONE: u8 = u8::MAX - 1;
+
+/// The exploration's bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Bounds {
+    pub max_control_planes: u8,
+    pub max_workers: u8,
+    pub max_failures: u8,
+    pub max_operations: u8,
+    /// Requests admitted but not yet committed at one time (K: how many other commits may
+    /// land between a request's decision and its own commit).
+    pub in_flight: u8,
+    pub depth: u32,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Bounds {
+            max_control_planes: 6,
+            max_workers: 2,
+            max_failures: 1,
+            max_operations: 2,
+            in_flight: 1,
+            depth: 64,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MRole {
+    ControlPlane,
+    Worker,
+}
+
+/// One TalosMachine and what stands behind it (its node, its etcd member).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Machine {
+    pub role: MRole,
+    pub approved: bool,
+    /// Approval order among approved control planes (1 = first); 0 otherwise.
+    pub order: u8,
+    pub deleting: bool,
+    pub finalizer: bool,
+    /// The controller applied it: it joined the cluster (a control plane joins etcd).
+    pub joined: bool,
+    pub member: bool,
+    /// Its node answers.
+    pub up: bool,
+    /// Its node was reset or wiped: it never answers again.
+    pub wiped: bool,
+    /// Ready=False NodeUnreachable, as the controller's probe recorded it.
+    pub unreachable: bool,
+    /// Ready=False with a hold reason (over the cap).
+    pub held: bool,
+    /// `status.removal.memberDead`.
+    pub dead: bool,
+    /// `status.removal.committed`.
+    pub committed: bool,
+    /// The plan steps done, by index.
+    pub done: u16,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OpKind {
+    Upgrade,
+    Reset,
+    Restore,
+}
+
+impl OpKind {
+    pub const ALL: [OpKind; 3] = [OpKind::Upgrade, OpKind::Reset, OpKind::Restore];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            OpKind::Upgrade => "upgrade",
+            OpKind::Reset => "reset",
+            OpKind::Restore => "etcd-restore",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Phase {
+    Pending,
+    Parked,
+    Running,
+    Succeeded,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Op {
+    pub kind: OpKind,
+    /// The target machine's index, [`NONE`] or [`GONE`].
+    pub target: u8,
+    pub phase: Phase,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Lock {
+    Free,
+    Removal(u8),
+    Operation(u8),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ClusterState {
+    Live,
+    Deleting,
+    Gone,
+}
+
+/// A request a person (or the garbage collector) sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Req {
+    Approve(u8),
+    Unapprove(u8),
+    /// `kubectl annotate` (allow-delete) then `kubectl delete`.
+    Delete(u8),
+    /// The garbage collector deleting a machine of a deleted cluster.
+    Collect(u8),
+    Count(u8),
+    Unschedule,
+    Reschedule,
+    DeleteCluster,
+    CreateOperation(OpKind, u8),
+}
+
+/// A request admitted and not yet committed, with what it was decided on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Pending {
+    pub req: Req,
+    /// The spec the update was decided on (resourceVersion): `approved` of the machine, or
+    /// the cluster's (count, schedulable).
+    pub base: (u8, bool),
+}
+
+/// One explored state.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct State {
+    pub count: u8,
+    pub schedulable: bool,
+    pub cluster: ClusterState,
+    pub machines: Vec<Machine>,
+    pub ops: Vec<Op>,
+    pub lock: Lock,
+    pub pending: Vec<Pending>,
+    pub failures: u8,
+    pub pdb: bool,
+    /// A request was committed while another was in flight (the state is not one that
+    /// serialized requests reach through this path).
+    pub concurrent: bool,
+    /// Stable names of the machines (not part of the state's identity).
+    pub names: Vec<u8>,
+    /// Stable names of the operations (not part of the state's identity).
+    pub op_names: Vec<u8>,
+}
+
+/// What a transition was, for traces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Move {
+    /// A request decided on this state: committed at once, or left in flight.
+    Admit {
+        req: Req,
+        in_flight: bool,
+    },
+    /// The in-flight request at this index commits (or conflicts).
+    Commit(u8),
+    /// The controller reconciles an approved machine (the over-cap hold, joining).
+    Apply(u8),
+    /// The controller probes a machine's node.
+    Probe(u8),
+    /// The controller reconciles a deleted control plane (one step of its removal).
+    Removal(u8),
+    /// The controller reconciles an operation.
+    Operation(u8),
+    /// The controller lets a deleted TalosCluster go (no machine refers to it).
+    Teardown,
+    NodeDies(u8),
+    NodeReturns(u8),
+    PdbBlocks,
+    PdbLifts,
+}
+
+impl Move {
+    /// Whether the move is one that happens without a person: the controller, the
+    /// garbage collector, commits of what was admitted, and the environment recovering.
+    pub fn progresses_alone(&self) -> bool {
+        match self {
+            Move::Admit { req, .. } => matches!(req, Req::Collect(_)),
+            Move::NodeDies(_) | Move::PdbBlocks => false,
+            _ => true,
+        }
+    }
+}
+
+/// What the step did, as the invariants' transition facts read it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Effect {
+    /// Index into [`crate::vocab::MODEL_STEPS`].
+    pub step: u8,
+    pub kind: Option<OpKind>,
+    /// One of ours that changes etcd: leave, remove-member, reset, wipe.
+    pub ours: bool,
+    pub removed_dead: bool,
+    pub event_missing: bool,
+    /// For a join or a lifted hold: the machine's rank by approval order.
+    pub rank: u8,
+}
+
+fn step_index(name: &str) -> u8 {
+    crate::vocab::MODEL_STEPS
+        .iter()
+        .position(|s| *s == name)
+        .and_then(|i| u8::try_from(i).ok())
+        .unwrap_or(0)
+}
+
+fn effect(name: &str) -> Effect {
+    Effect {
+        step: step_index(name),
+        ..Effect::default()
+    }
+}
+
+/// One successor of a state.
+pub struct Next {
+    pub mv: Move,
+    pub state: State,
+    pub effect: Effect,
+}
+
+/// The rules and plan steps that fired, and the decisions seen (for coverage).
+#[derive(Default)]
+pub struct Fired {
+    pub rules: std::collections::HashSet<String>,
+    pub steps: std::collections::HashSet<usize>,
+}
+
+impl Fired {
+    fn note(&mut self, d: &Decision) {
+        for f in d.refusals.iter().chain(&d.holds).chain(&d.warnings) {
+            if !self.rules.contains(&f.rule) {
+                self.rules.insert(f.rule.clone());
+            }
+        }
+    }
+}
+
+/// The model's view of the world the product reads through I/O.
+impl State {
+    pub fn members(&self) -> usize {
+        self.machines.iter().filter(|m| m.member).count()
+    }
+
+    pub fn healthy(&self) -> usize {
+        self.machines.iter().filter(|m| m.member && m.up).count()
+    }
+
+    /// etcd has a leader: a healthy majority of its members.
+    pub fn has_leader(&self) -> bool {
+        self.healthy() * 2 > self.members()
+    }
+
+    /// A control plane other than `i`, approved, whose etcd answers with a leader.
+    pub fn healthy_sibling(&self, i: usize) -> bool {
+        self.has_leader()
+            && self.machines.iter().enumerate().any(|(j, m)| {
+                j != i && m.role == MRole::ControlPlane && m.approved && m.member && m.up
+            })
+    }
+
+    /// `nodes::member_dead`: a healthy sibling lists the member and its node does not answer.
+    pub fn member_dead(&self, i: usize) -> bool {
+        let m = &self.machines[i];
+        self.healthy_sibling(i) && m.member && !m.up
+    }
+
+    /// `nodes::healthy_after`: the members other than `i` that answer, read through a
+    /// healthy sibling; `None` without one.
+    pub fn healthy_after(&self, i: usize) -> Option<i64> {
+        if !self.healthy_sibling(i) {
+            return None;
+        }
+        let n = self
+            .machines
+            .iter()
+            .enumerate()
+            .filter(|(j, m)| *j != i && m.member && m.up)
+            .count();
+        i64::try_from(n).ok()
+    }
+
+    pub fn approved_cps(&self) -> usize {
+        self.machines
+            .iter()
+            .filter(|m| m.role == MRole::ControlPlane && m.approved && !m.deleting)
+            .count()
+    }
+
+    pub fn active(&self) -> usize {
+        self.machines
+            .iter()
+            .filter(|m| {
+                m.role == MRole::ControlPlane && m.approved && !m.deleting && m.joined && !m.held
+            })
+            .count()
+    }
+
+    pub fn workers(&self) -> usize {
+        self.machines
+            .iter()
+            .filter(|m| m.role == MRole::Worker && m.approved && !m.deleting)
+            .count()
+    }
+
+    pub fn running(&self) -> usize {
+        self.ops
+            .iter()
+            .filter(|o| o.phase == Phase::Running)
+            .count()
+    }
+
+    /// Removals holding the cluster lock, and running operations (which take it).
+    pub fn disruptive(&self) -> usize {
+        let removal = usize::from(matches!(self.lock, Lock::Removal(_)));
+        removal + self.running()
+    }
+
+    pub fn name(&self, i: u8) -> String {
+        match (
+            self.machines.get(usize::from(i)),
+            self.names.get(usize::from(i)),
+        ) {
+            (Some(m), Some(n)) => match m.role {
+                MRole::ControlPlane => format!("cp-{n}"),
+                MRole::Worker => format!("worker-{n}"),
+            },
+            _ => format!("machine-{i}"),
+        }
+    }
+
+    pub fn op_name(&self, i: u8) -> String {
+        format!(
+            "op-{}",
+            self.op_names.get(usize::from(i)).copied().unwrap_or(i)
+        )
+    }
+
+    /// The starting states: a healthy cluster for every declared count within the bounds.
+    pub fn initial(bounds: &Bounds) -> Vec<State> {
+        let mut out = Vec::new();
+        for count in [1u8, 3, 5] {
+            if count > bounds.max_control_planes {
+                continue;
+            }
+            let mut machines = Vec::new();
+            for i in 0..bounds.max_control_planes {
+                let approved = i < count;
+                machines.push(Machine {
+                    role: MRole::ControlPlane,
+                    approved,
+                    order: if approved { i + 1 } else { 0 },
+                    deleting: false,
+                    finalizer: approved,
+                    joined: approved,
+                    member: approved,
+                    up: true,
+                    wiped: false,
+                    unreachable: false,
+                    held: false,
+                    dead: false,
+                    committed: false,
+                    done: 0,
+                });
+            }
+            for _ in 0..bounds.max_workers {
+                machines.push(Machine {
+                    role: MRole::Worker,
+                    approved: true,
+                    order: 0,
+                    deleting: false,
+                    finalizer: false,
+                    joined: true,
+                    member: false,
+                    up: true,
+                    wiped: false,
+                    unreachable: false,
+                    held: false,
+                    dead: false,
+                    committed: false,
+                    done: 0,
+                });
+            }
+            let mut names = Vec::new();
+            let (mut cp, mut w) = (0u8, 0u8);
+            for m in &machines {
+                match m.role {
+                    MRole::ControlPlane => {
+                        cp += 1;
+                        names.push(cp);
+                    }
+                    MRole::Worker => {
+                        w += 1;
+                        names.push(w);
+                    }
+                }
+            }
+            out.push(State {
+                count,
+                schedulable: true,
+                cluster: ClusterState::Live,
+                machines,
+                ops: Vec::new(),
+                lock: Lock::Free,
+                pending: Vec::new(),
+                failures: 0,
+                pdb: false,
+                concurrent: false,
+                names,
+                op_names: Vec::new(),
+            });
+        }
+        out
+    }
+}
+
+// ---- objects ----------------------------------------------------------------------------
+
+fn time(seconds: i64) -> Time {
+    Time(Timestamp::from_second(1_767_225_600 + seconds).unwrap_or(Timestamp::UNIX_EPOCH))
+}
+
+fn condition(type_: &str, status: &str, reason: &str, message: &str) -> Condition {
+    Condition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: Some(reason.into()),
+        message: Some(message.into()),
+        last_transition_time: Some(time(0)),
+    }
+}
+
+/// Builds the objects of a state as the API server would hold them.
+pub struct Objects<'t> {
+    pub plan: Option<&'t [PlanStep]>,
+}
+
+impl Objects<'_> {
+    pub fn machine(&self, s: &State, i: usize) -> TalosMachine {
+        let m = &s.machines[i];
+        let name = s.name(u8::try_from(i).unwrap_or(NONE));
+        let mut meta = ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(NAMESPACE.into()),
+            creation_timestamp: Some(time(0)),
+            ..ObjectMeta::default()
+        };
+        if m.deleting {
+            meta.deletion_timestamp = Some(time(1000));
+            let mut a = BTreeMap::new();
+            a.insert(ALLOW_DELETE_ANNOTATION.to_string(), "true".to_string());
+            meta.annotations = Some(a);
+        }
+        if m.finalizer {
+            meta.finalizers = Some(vec![REMOVAL_FINALIZER.into()]);
+        }
+        let role = match m.role {
+            MRole::ControlPlane => Role::ControlPlane,
+            MRole::Worker => Role::Worker,
+        };
+        let spec = MachineSpec {
+            cluster_ref: ClusterRef {
+                name: CLUSTER.into(),
+            },
+            role: Some(role),
+            approved: m.approved,
+            approval_decision: (m.order > 0).then(|| ApprovalDecision {
+                at: Some(time(i64::from(m.order))),
+            }),
+            endpoint: Some(format!(
+                "10.0.{}.{}:50000",
+                u8::from(m.role == MRole::Worker),
+                i + 1
+            )),
+            hostname: Some(name.clone()),
+        };
+        let mut conditions = Vec::new();
+        if m.unreachable {
+            conditions.push(condition(
+                "Ready",
+                "False",
+                "NodeUnreachable",
+                "the node has not answered",
+            ));
+        } else if m.held {
+            conditions.push(condition(
+                "Ready",
+                "False",
+                "ControlPlaneOverCap",
+                "held past the cap",
+            ));
+        }
+        if m.deleting && m.finalizer && (m.done != 0 || m.dead || m.committed) {
+            let (reason, message) = if m.dead {
+                (
+                    "DeadMemberRemoval",
+                    "removing a control plane whose etcd member is dead",
+                )
+            } else {
+                ("RemovalInProgress", "removing the control plane")
+            };
+            conditions.push(condition("Removal", "True", reason, message));
+        }
+        let removal =
+            (m.deleting && m.finalizer && (m.done != 0 || m.dead || m.committed)).then(|| {
+                RemovalProgress {
+                    member_dead: m.dead,
+                    done: self
+                        .plan
+                        .unwrap_or(&[])
+                        .iter()
+                        .enumerate()
+                        .filter(|(k, _)| m.done & (1 << k) != 0)
+                        .map(|(_, st)| st.text.clone())
+                        .collect(),
+                    started: None,
+                    started_at: None,
+                    committed: m.committed,
+                }
+            });
+        let mut tm = TalosMachine::new(&name, spec);
+        tm.metadata = meta;
+        tm.status = (!conditions.is_empty() || removal.is_some()).then_some(MachineStatus {
+            conditions,
+            removal,
+        });
+        tm
+    }
+
+    pub fn cluster(&self, s: &State) -> Option<TalosCluster> {
+        if s.cluster == ClusterState::Gone {
+            return None;
+        }
+        let mut c = TalosCluster::new(
+            CLUSTER,
+            ClusterSpec {
+                control_plane: ControlPlaneSpec {
+                    count: i64::from(s.count),
+                },
+                schedulable: Some(if s.schedulable { "true" } else { "false" }.into()),
+            },
+        );
+        c.metadata.namespace = Some(NAMESPACE.into());
+        c.metadata.creation_timestamp = Some(time(0));
+        c.metadata.finalizers = Some(vec![TEARDOWN_FINALIZER.into()]);
+        if s.cluster == ClusterState::Deleting {
+            c.metadata.deletion_timestamp = Some(time(1000));
+            let mut a = BTreeMap::new();
+            a.insert(ALLOW_DELETE_ANNOTATION.to_string(), "true".to_string());
+            c.metadata.annotations = Some(a);
+        }
+        Some(c)
+    }
+
+    pub fn operation(&self, s: &State, i: usize) -> TalosOperation {
+        let o = &s.ops[i];
+        let name = s.op_name(u8::try_from(i).unwrap_or(NONE));
+        let target = match o.target {
+            NONE => None,
+            GONE => Some("cp-gone".to_string()),
+            t => Some(s.name(t)),
+        };
+        let mut op = TalosOperation::new(
+            &name,
+            OperationSpec {
+                cluster_ref: ClusterRef {
+                    name: CLUSTER.into(),
+                },
+                kind: o.kind.name().into(),
+                machine: target,
+            },
+        );
+        op.metadata.namespace = Some(NAMESPACE.into());
+        op.metadata.creation_timestamp = Some(time(
+            100 + i64::from(s.op_names.get(i).copied().unwrap_or(0)),
+        ));
+        op.status = match o.phase {
+            Phase::Pending => None,
+            Phase::Parked => Some(OperationStatus {
+                phase: Some("Paused".into()),
+                conditions: vec![condition(
+                    "Paused",
+                    "True",
+                    "ClusterTransitioning",
+                    "waits for an odd count",
+                )],
+                failure_reason: None,
+            }),
+            Phase::Running => Some(OperationStatus {
+                phase: Some("Running".into()),
+                conditions: Vec::new(),
+                failure_reason: None,
+            }),
+            Phase::Succeeded => Some(OperationStatus {
+                phase: Some("Succeeded".into()),
+                conditions: Vec::new(),
+                failure_reason: None,
+            }),
+        };
+        op
+    }
+
+    pub fn snapshot(&self, s: &State) -> Snapshot {
+        Snapshot {
+            machines: (0..s.machines.len()).map(|i| self.machine(s, i)).collect(),
+            clusters: self.cluster(s).into_iter().collect(),
+            operations: (0..s.ops.len()).map(|i| self.operation(s, i)).collect(),
+        }
+    }
+
+    /// The request as the API server sends it to the webhook: operation, old and new object.
+    pub fn request(
+        &self,
+        s: &State,
+        snap: &Snapshot,
+        req: Req,
+    ) -> Option<(Operation, Option<Object>, Option<Object>)> {
+        let machine = |i: u8| snap.machines.get(usize::from(i)).cloned();
+        Some(match req {
+            Req::Approve(i) => {
+                let old = machine(i)?;
+                let mut new = old.clone();
+                new.spec.approved = true;
+                let next = s.machines.iter().map(|m| m.order).max().unwrap_or(0) + 1;
+                new.spec.approval_decision = Some(ApprovalDecision {
+                    at: Some(time(i64::from(next))),
+                });
+                (
+                    Operation::Update,
+                    Some(Object::Machine(old)),
+                    Some(Object::Machine(new)),
+                )
+            }
+            Req::Unapprove(i) => {
+                let old = machine(i)?;
+                let mut new = old.clone();
+                new.spec.approved = false;
+                (
+                    Operation::Update,
+                    Some(Object::Machine(old)),
+                    Some(Object::Machine(new)),
+                )
+            }
+            Req::Delete(i) => {
+                let mut old = machine(i)?;
+                let mut a = old.metadata.annotations.clone().unwrap_or_default();
+                a.insert(ALLOW_DELETE_ANNOTATION.to_string(), "true".to_string());
+                old.metadata.annotations = Some(a);
+                (Operation::Delete, Some(Object::Machine(old)), None)
+            }
+            Req::Collect(i) => (Operation::Delete, Some(Object::Machine(machine(i)?)), None),
+            Req::Count(to) => {
+                let old = self.cluster(s)?;
+                let mut new = old.clone();
+                new.spec.control_plane.count = i64::from(to);
+                (
+                    Operation::Update,
+                    Some(Object::Cluster(old)),
+                    Some(Object::Cluster(new)),
+                )
+            }
+            Req::Unschedule | Req::Reschedule => {
+                let old = self.cluster(s)?;
+                let mut new = old.clone();
+                new.spec.schedulable = Some(
+                    if req == Req::Unschedule {
+                        "false"
+                    } else {
+                        "true"
+                    }
+                    .into(),
+                );
+                (
+                    Operation::Update,
+                    Some(Object::Cluster(old)),
+                    Some(Object::Cluster(new)),
+                )
+            }
+            Req::DeleteCluster => {
+                let mut old = self.cluster(s)?;
+                let mut a = BTreeMap::new();
+                a.insert(ALLOW_DELETE_ANNOTATION.to_string(), "true".to_string());
+                old.metadata.annotations = Some(a);
+                (Operation::Delete, Some(Object::Cluster(old)), None)
+            }
+            Req::CreateOperation(kind, target) => {
+                let mut t = s.clone();
+                t.ops.push(Op {
+                    kind,
+                    target,
+                    phase: Phase::Pending,
+                });
+                t.op_names.push(next_op_name(s));
+                let new = self.operation(&t, t.ops.len() - 1);
+                (Operation::Create, None, Some(Object::Operation(new)))
+            }
+        })
+    }
+}
+
+fn next_op_name(s: &State) -> u8 {
+    s.op_names.iter().copied().max().unwrap_or(0) + 1
+}
+
+// ---- transitions ------------------------------------------------------------------------
+
+/// Explores transitions with one rule set.
+pub struct Model<'t> {
+    pub table: &'t Table,
+    pub bounds: Bounds,
+    pub objects: Objects<'t>,
+}
+
+/// The controller's answer for a removal, for liveness: refused by a rule (a named wait).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Outcomes {
+    /// Removals in progress that wait, in this state, on something named: a rule's
+    /// refusal outside a teardown, a fact that cannot be read, a node that does not
+    /// answer, a PodDisruptionBudget, the lock held by other work, a member left behind.
+    pub removals_waiting: u8,
+}
+
+impl<'t> Model<'t> {
+    pub fn new(table: &'t Table, bounds: Bounds) -> Self {
+        let plan = table
+            .plan(Verb::Remove, crate::vocab::Subject::ControlPlane)
+            .map(|p| p.steps.as_slice());
+        Model {
+            table,
+            bounds,
+            objects: Objects { plan },
+        }
+    }
+
+    fn plan(&self) -> &'t [PlanStep] {
+        self.objects.plan.unwrap_or(&[])
+    }
+
+    /// Decides a request as the webhook does.
+    pub fn admit(&self, s: &State, snap: &Snapshot, req: Req) -> Option<Decision> {
+        let (op, old, new) = self.objects.request(s, snap, req)?;
+        let events = request_events(&op, NAMESPACE, old.as_ref(), new.as_ref());
+        let (decision, _) = decide_events(self.table, snap, &events, Expensive::FromObjects, false);
+        Some(decision)
+    }
+
+    /// Every request a person could send in this state.
+    pub fn requests(&self, s: &State) -> Vec<Req> {
+        let mut out = Vec::new();
+        if s.cluster == ClusterState::Gone {
+            return out;
+        }
+        for (i, m) in s.machines.iter().enumerate() {
+            let i = u8::try_from(i).unwrap_or(NONE);
+            if m.deleting {
+                continue;
+            }
+            if !m.approved && !m.wiped {
+                out.push(Req::Approve(i));
+            }
+            if m.approved {
+                out.push(Req::Delete(i));
+                if m.role == MRole::ControlPlane {
+                    out.push(Req::Unapprove(i));
+                }
+            }
+            if s.cluster == ClusterState::Deleting {
+                out.push(Req::Collect(i));
+            }
+        }
+        if s.cluster == ClusterState::Live {
+            for c in [1u8, 3, 5] {
+                if c != s.count && c <= self.bounds.max_control_planes {
+                    out.push(Req::Count(c));
+                }
+            }
+            out.push(if s.schedulable {
+                Req::Unschedule
+            } else {
+                Req::Reschedule
+            });
+            out.push(Req::DeleteCluster);
+            let made = s.op_names.len()
+                + s.pending
+                    .iter()
+                    .filter(|p| matches!(p.req, Req::CreateOperation(..)))
+                    .count();
+            if made < usize::from(self.bounds.max_operations) {
+                out.push(Req::CreateOperation(OpKind::Upgrade, NONE));
+                out.push(Req::CreateOperation(OpKind::Restore, NONE));
+                for (i, m) in s.machines.iter().enumerate() {
+                    if m.role == MRole::ControlPlane && m.approved && !m.deleting {
+                        out.push(Req::CreateOperation(
+                            OpKind::Reset,
+                            u8::try_from(i).unwrap_or(NONE),
+                        ));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn base(s: &State, req: Req) -> (u8, bool) {
+        match req {
+            Req::Approve(i) | Req::Unapprove(i) => (
+                0,
+                s.machines.get(usize::from(i)).is_some_and(|m| m.approved),
+            ),
+            _ => (s.count, s.schedulable),
+        }
+    }
+
+    /// Applies a committed request. `None`: it conflicts (or its object is gone).
+    fn commit(&self, s: &State, p: Pending) -> Option<State> {
+        let mut t = s.clone();
+        match p.req {
+            Req::Approve(i) | Req::Unapprove(i) => {
+                let next_order = s.machines.iter().map(|m| m.order).max().unwrap_or(0) + 1;
+                let m = t.machines.get_mut(usize::from(i))?;
+                if m.approved != p.base.1 || m.deleting {
+                    return None;
+                }
+                if p.req == Req::Approve(i) {
+                    m.approved = true;
+                    if m.role == MRole::ControlPlane {
+                        m.order = next_order;
+                    }
+                } else {
+                    // No longer applied as a control plane (its etcd member stays until
+                    // someone removes it); approved again, the controller applies it again.
+                    m.approved = false;
+                    m.order = 0;
+                    m.held = false;
+                    m.joined = false;
+                }
+            }
+            Req::Delete(i) | Req::Collect(i) => {
+                let m = t.machines.get(usize::from(i))?;
+                if m.deleting {
+                    return None;
+                }
+                if m.finalizer {
+                    t.machines[usize::from(i)].deleting = true;
+                } else {
+                    remove_machine(&mut t, i);
+                }
+            }
+            Req::Count(to) => {
+                if (t.count, t.schedulable) != p.base || t.cluster != ClusterState::Live {
+                    return None;
+                }
+                t.count = to;
+            }
+            Req::Unschedule | Req::Reschedule => {
+                if (t.count, t.schedulable) != p.base || t.cluster != ClusterState::Live {
+                    return None;
+                }
+                t.schedulable = p.req == Req::Reschedule;
+            }
+            Req::DeleteCluster => {
+                if t.cluster != ClusterState::Live {
+                    return None;
+                }
+                t.cluster = ClusterState::Deleting;
+            }
+            Req::CreateOperation(kind, target) => {
+                if t.cluster == ClusterState::Gone {
+                    return None;
+                }
+                t.op_names.push(next_op_name(&t));
+                t.ops.push(Op {
+                    kind,
+                    target,
+                    phase: Phase::Pending,
+                });
+            }
+        }
+        Some(t)
+    }
+
+    /// Every successor of `s`. `snap` is `s` as objects.
+    pub fn successors(
+        &self,
+        s: &State,
+        snap: &Snapshot,
+        fired: &mut Fired,
+        out: &mut Vec<Next>,
+    ) -> Outcomes {
+        let mut outcomes = Outcomes::default();
+        // People: decided on this state; admitted ones commit at once or stay in flight.
+        for req in self.requests(s) {
+            let Some(decision) = self.admit(s, snap, req) else {
+                continue;
+            };
+            fired.note(&decision);
+            if decision.verdict() == Some(Verdict::Refuse) {
+                continue;
+            }
+            let p = Pending {
+                req,
+                base: Self::base(s, req),
+            };
+            if let Some(mut t) = self.commit(s, p) {
+                if !s.pending.is_empty() {
+                    t.concurrent = true;
+                }
+                out.push(Next {
+                    mv: Move::Admit {
+                        req,
+                        in_flight: false,
+                    },
+                    state: t,
+                    effect: effect("commit"),
+                });
+            }
+            if s.pending.len() < usize::from(self.bounds.in_flight) {
+                let mut t = s.clone();
+                t.pending.push(p);
+                out.push(Next {
+                    mv: Move::Admit {
+                        req,
+                        in_flight: true,
+                    },
+                    state: t,
+                    effect: effect("admit"),
+                });
+            }
+        }
+        for (k, p) in s.pending.iter().enumerate() {
+            let mut rest = s.clone();
+            rest.pending.remove(k);
+            let (t, e) = match self.commit(&rest, *p) {
+                Some(mut t) => {
+                    // Committed while another request is still in flight.
+                    t.concurrent |= !rest.pending.is_empty();
+                    (t, effect("commit"))
+                }
+                None => (rest, effect("conflict")),
+            };
+            out.push(Next {
+                mv: Move::Commit(u8::try_from(k).unwrap_or(NONE)),
+                state: t,
+                effect: e,
+            });
+        }
+        // The controller.
+        if s.cluster != ClusterState::Gone {
+            for i in 0..s.machines.len() {
+                let m = &s.machines[i];
+                let idx = u8::try_from(i).unwrap_or(NONE);
+                if m.deleting {
+                    if m.finalizer {
+                        let (next, refused) = self.removal(s, snap, i, fired);
+                        outcomes.removals_waiting += u8::from(refused);
+                        if let Some((t, e)) = next {
+                            out.push(Next {
+                                mv: Move::Removal(idx),
+                                state: t,
+                                effect: e,
+                            });
+                        }
+                    }
+                    continue;
+                }
+                if m.role == MRole::ControlPlane && m.approved {
+                    if let Some((t, e)) = self.apply(s, snap, i, fired) {
+                        out.push(Next {
+                            mv: Move::Apply(idx),
+                            state: t,
+                            effect: e,
+                        });
+                    }
+                    if m.up == m.unreachable {
+                        let mut t = s.clone();
+                        t.machines[i].unreachable = !m.up;
+                        out.push(Next {
+                            mv: Move::Probe(idx),
+                            state: t,
+                            effect: effect("probe"),
+                        });
+                    }
+                }
+            }
+            for k in 0..s.ops.len() {
+                if let Some((t, e)) = self.operation(s, snap, k, fired) {
+                    out.push(Next {
+                        mv: Move::Operation(u8::try_from(k).unwrap_or(NONE)),
+                        state: t,
+                        effect: e,
+                    });
+                }
+            }
+            if s.cluster == ClusterState::Deleting && s.machines.is_empty() {
+                let mut t = s.clone();
+                t.cluster = ClusterState::Gone;
+                t.ops.clear();
+                t.op_names.clear();
+                t.pending.clear();
+                out.push(Next {
+                    mv: Move::Teardown,
+                    state: t,
+                    effect: effect("teardown"),
+                });
+            }
+        }
+        // The environment.
+        for (i, m) in s.machines.iter().enumerate() {
+            if m.role != MRole::ControlPlane || m.wiped || !(m.approved || m.member) {
+                continue;
+            }
+            let idx = u8::try_from(i).unwrap_or(NONE);
+            if m.up && s.failures < self.bounds.max_failures {
+                let mut t = s.clone();
+                t.machines[i].up = false;
+                t.failures += 1;
+                out.push(Next {
+                    mv: Move::NodeDies(idx),
+                    state: t,
+                    effect: effect("node-dies"),
+                });
+            }
+            if !m.up {
+                let mut t = s.clone();
+                t.machines[i].up = true;
+                out.push(Next {
+                    mv: Move::NodeReturns(idx),
+                    state: t,
+                    effect: effect("node-returns"),
+                });
+            }
+        }
+        let draining = s
+            .machines
+            .iter()
+            .any(|m| m.deleting && m.finalizer && !m.committed);
+        if s.pdb {
+            let mut t = s.clone();
+            t.pdb = false;
+            out.push(Next {
+                mv: Move::PdbLifts,
+                state: t,
+                effect: effect("pdb"),
+            });
+        } else if draining && s.failures < self.bounds.max_failures {
+            let mut t = s.clone();
+            t.pdb = true;
+            t.failures += 1;
+            out.push(Next {
+                mv: Move::PdbBlocks,
+                state: t,
+                effect: effect("pdb"),
+            });
+        }
+        outcomes
+    }
+
+    /// The over-cap hold and joining (`controller/machine.rs`, step 1 and 2).
+    fn apply(
+        &self,
+        s: &State,
+        snap: &Snapshot,
+        i: usize,
+        fired: &mut Fired,
+    ) -> Option<(State, Effect)> {
+        let live = snap.machines.get(i)?;
+        let events: Vec<_> = reconcile_machine_event(live).into_iter().collect();
+        let (decision, _) = decide_events(self.table, snap, &events, Expensive::Deferred, false);
+        fired.note(&decision);
+        let m = &s.machines[i];
+        let rank = s
+            .machines
+            .iter()
+            .filter(|x| {
+                x.role == MRole::ControlPlane && x.approved && !x.deleting && x.order <= m.order
+            })
+            .count();
+        let rank = u8::try_from(rank).unwrap_or(u8::MAX);
+        let mut t = s.clone();
+        if crate::runtime::controller::hold_of(&decision, "Held").is_some() {
+            if m.held {
+                return None;
+            }
+            t.machines[i].held = true;
+            return Some((t, effect("hold")));
+        }
+        if m.held {
+            t.machines[i].held = false;
+            return Some((
+                t,
+                Effect {
+                    rank,
+                    ..effect("release-hold")
+                },
+            ));
+        }
+        if !m.joined && (m.member || (m.up && !m.wiped)) {
+            let tm = &mut t.machines[i];
+            tm.joined = true;
+            tm.member |= tm.up && !tm.wiped;
+            tm.finalizer = true;
+            return Some((
+                t,
+                Effect {
+                    rank,
+                    ..effect("join")
+                },
+            ));
+        }
+        None
+    }
+
+    /// One reconcile of a deleted control plane (`controller/removal.rs::run`): the lock,
+    /// the decision (unless committed), then the next plan step whose guards hold. Returns
+    /// the successor (if anything changed) and whether a rule refused the removal.
+    fn removal(
+        &self,
+        s: &State,
+        snap: &Snapshot,
+        i: usize,
+        fired: &mut Fired,
+    ) -> (Option<(State, Effect)>, bool) {
+        let m = &s.machines[i];
+        let idx = u8::try_from(i).unwrap_or(NONE);
+        let mut t = s.clone();
+        // Not an approved control plane and nothing started: the finalizer goes once etcd
+        // shows it is not a member.
+        let approved_cp = m.role == MRole::ControlPlane && m.approved;
+        if !approved_cp && !m.committed && m.done == 0 {
+            if !m.member || s.cluster != ClusterState::Live {
+                remove_machine(&mut t, idx);
+                return (Some((t, effect("release-finalizer"))), false);
+            }
+            // StillEtcdMember: it says what to do.
+            return (None, true);
+        }
+        let teardown = s.cluster != ClusterState::Live;
+        // 1. The lock.
+        match s.lock {
+            Lock::Free => t.lock = Lock::Removal(idx),
+            Lock::Removal(h) if h == idx => {}
+            _ => return (None, true),
+        }
+        let took = s.lock != t.lock;
+        let Some(live) = snap.machines.get(i) else {
+            return (None, false);
+        };
+        let Some(ev) = reconcile_machine_event(live).filter(|e| e.event.0 == Verb::Remove) else {
+            remove_machine(&mut t, idx);
+            t.lock = release_if(t.lock, Lock::Removal(idx));
+            return (Some((t, effect("release-finalizer"))), false);
+        };
+        let lock_only = |t: State| -> Option<(State, Effect)> { took.then(|| (t, effect("lock"))) };
+        // 2. Decide, unless committed.
+        if !m.committed {
+            let mut supplied: Vec<(Fact, i64)> = Vec::new();
+            let mut dead = None;
+            let decision = loop {
+                match removal::decide(self.table, snap, ev, &supplied) {
+                    Ok(d) => break Some(d),
+                    Err(Fact::MemberDead) if dead.is_none() => {
+                        // `nodes::member_dead`, with this removal's record.
+                        let d = s.member_dead(i) || (m.dead && !m.member && s.healthy_sibling(i));
+                        dead = Some(d);
+                        supplied.push((Fact::MemberDead, i64::from(d)));
+                    }
+                    Err(Fact::HealthyAfter)
+                        if !supplied.iter().any(|(f, _)| *f == Fact::HealthyAfter) =>
+                    {
+                        match s.healthy_after(i) {
+                            Some(n) => supplied.push((Fact::HealthyAfter, n)),
+                            None => break None,
+                        }
+                    }
+                    Err(_) => break None,
+                }
+            };
+            let refused = match &decision {
+                Some(d) => {
+                    fired.note(d);
+                    crate::runtime::controller::hold_of(d, "RemovalRefused").is_some()
+                }
+                None => true,
+            };
+            if refused {
+                // The lock is released; nothing else changes.
+                t.lock = release_if(t.lock, Lock::Removal(idx));
+                // A rule's refusal, or a fact that cannot be read, is a named wait (the
+                // Removal condition says why), except in a teardown, which must end.
+                let changed = t.lock != s.lock;
+                return (changed.then(|| (t, effect("refused"))), !teardown);
+            }
+            if let Some(d) = dead {
+                t.machines[i].dead = d;
+            }
+        }
+        // 3. The plan: the next step whose guards hold.
+        let dead_now = t.machines[i].dead;
+        let guard_facts = [(Fact::MemberDead, i64::from(dead_now))];
+        let plan = self.plan();
+        for (k, step) in plan.iter().enumerate() {
+            if t.machines[i].done & (1 << k) != 0 {
+                continue;
+            }
+            let runs = match removal::applies(self.table, snap, ev, &guard_facts, step) {
+                Ok((runs, _)) => runs,
+                Err(_) => {
+                    t.lock = release_if(t.lock, Lock::Removal(idx));
+                    let changed = t.lock != s.lock || t.machines[i] != s.machines[i];
+                    return (changed.then(|| (t, effect("refused"))), !teardown);
+                }
+            };
+            if !runs {
+                continue;
+            }
+            fired.steps.insert(k);
+            return match self.execute(&mut t, i, k, step) {
+                Some(e) => {
+                    if let Some(mm) = t.machines.get_mut(i)
+                        && e.step != step_index("release-finalizer")
+                    {
+                        mm.done |= 1 << k;
+                    }
+                    (Some((t, e)), false)
+                }
+                // The step waits on something named (a node, etcd, a PDB).
+                None => {
+                    let changed = t.machines[i] != s.machines[i];
+                    if changed {
+                        (Some((t, effect("lock"))), true)
+                    } else {
+                        (lock_only(t), true)
+                    }
+                }
+            };
+        }
+        // Every step done or skipped: the lock is released.
+        t.lock = release_if(t.lock, Lock::Removal(idx));
+        let changed = t.lock != s.lock || t.machines[i] != s.machines[i];
+        (changed.then(|| (t, effect("refused"))), false)
+    }
+
+    /// Runs one plan step on the model; `None` when it must wait.
+    fn execute(&self, t: &mut State, i: usize, k: usize, step: &PlanStep) -> Option<Effect> {
+        let words = ACTIONS.get(step.action).map(|a| a.words).unwrap_or(&[]);
+        let sibling = t.healthy_sibling(i);
+        let leader = t.has_leader();
+        let m = t.machines[i].clone();
+        let idx = u8::try_from(i).unwrap_or(NONE);
+        match words {
+            ["lock", "cluster"] => Some(effect("lock")),
+            ["drain", "node"] => (!t.pdb).then(|| effect("drain")),
+            ["etcd", "forfeit-leadership"] => m.up.then(|| effect("forfeit-leadership")),
+            ["etcd", "leave"] => {
+                if !sibling {
+                    return None;
+                }
+                if m.member {
+                    if !m.up || !leader {
+                        return None;
+                    }
+                    t.machines[i].member = false;
+                }
+                t.machines[i].committed = true;
+                Some(Effect {
+                    ours: m.member,
+                    ..effect("etcd-leave")
+                })
+            }
+            ["etcd", "remove-member"] => {
+                if !sibling {
+                    return None;
+                }
+                t.machines[i].member = false;
+                t.machines[i].committed = true;
+                Some(Effect {
+                    ours: m.member,
+                    removed_dead: m.member && !m.up,
+                    ..effect("remove-member")
+                })
+            }
+            ["event", _] => Some(effect("event")),
+            ["talos", action @ ("reset" | "wipe")] => {
+                let reset_before = self.plan().iter().enumerate().any(|(j, st)| {
+                    m.done & (1 << j) != 0 && (st.text == "talos reset" || st.text == "talos wipe")
+                });
+                if reset_before {
+                    return Some(effect(if *action == "reset" { "reset" } else { "wipe" }));
+                }
+                if !m.up {
+                    return None;
+                }
+                let graceful = *action == "reset";
+                if graceful && m.member {
+                    // A graceful reset leaves etcd first; that needs a leader.
+                    if !leader {
+                        return None;
+                    }
+                    t.machines[i].member = false;
+                }
+                let tm = &mut t.machines[i];
+                tm.up = false;
+                tm.wiped = true;
+                tm.unreachable = false;
+                tm.committed = true;
+                Some(Effect {
+                    ours: m.member,
+                    ..effect(if graceful { "reset" } else { "wipe" })
+                })
+            }
+            ["release", "finalizer"] => {
+                let below = t.count > 0
+                    && t.cluster != ClusterState::Deleting
+                    && m.dead
+                    && t.approved_cps() < usize::from(t.count);
+                let warned = self.plan().iter().enumerate().any(|(j, st)| {
+                    (m.done & (1 << j) != 0 || j == k)
+                        && st.argument.as_deref() == Some("DeadMemberRemoved")
+                });
+                remove_machine(t, idx);
+                t.lock = release_if(t.lock, Lock::Removal(idx));
+                Some(Effect {
+                    event_missing: below && !warned,
+                    ..effect("release-finalizer")
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// One reconcile of an operation: parked or resumed by the `run operation` rules; its
+    /// `start` rules decided again; then it runs under the lock, and finishes.
+    fn operation(
+        &self,
+        s: &State,
+        snap: &Snapshot,
+        k: usize,
+        fired: &mut Fired,
+    ) -> Option<(State, Effect)> {
+        let o = s.ops[k];
+        let live = snap.operations.get(k)?;
+        let kidx = u8::try_from(k).unwrap_or(NONE);
+        let mut t = s.clone();
+        let with_kind = |e: Effect| Effect {
+            kind: Some(o.kind),
+            ..e
+        };
+        match o.phase {
+            Phase::Succeeded => None,
+            Phase::Running => {
+                t.ops[k].phase = Phase::Succeeded;
+                t.lock = release_if(t.lock, Lock::Operation(kidx));
+                Some((t, with_kind(effect("operation-done"))))
+            }
+            Phase::Pending | Phase::Parked => {
+                let events: Vec<_> = reconcile_operation_event(live).into_iter().collect();
+                let (decision, _) =
+                    decide_events(self.table, snap, &events, Expensive::Deferred, false);
+                fired.note(&decision);
+                if crate::runtime::controller::hold_of(&decision, "Refused").is_some() {
+                    if o.phase == Phase::Parked {
+                        return None;
+                    }
+                    t.ops[k].phase = Phase::Parked;
+                    return Some((t, with_kind(effect("operation-park"))));
+                }
+                if o.phase == Phase::Parked {
+                    t.ops[k].phase = Phase::Pending;
+                    return Some((t, with_kind(effect("operation-resume"))));
+                }
+                // `controller/operation.rs::start_again`: the start rules again, with
+                // `healthy.after` asked of etcd.
+                let ev = reconcile_start_event(live)?;
+                let mut supplied: Vec<(Fact, i64)> = Vec::new();
+                let decision = loop {
+                    match removal::decide(self.table, snap, ev, &supplied) {
+                        Ok(d) => break Some(d),
+                        Err(Fact::HealthyAfter) if supplied.is_empty() => {
+                            let n = (o.target != NONE && o.target != GONE)
+                                .then(|| s.healthy_after(usize::from(o.target)))
+                                .flatten();
+                            match n {
+                                Some(n) => supplied.push((Fact::HealthyAfter, n)),
+                                None => break None,
+                            }
+                        }
+                        Err(_) => break None,
+                    }
+                };
+                let decision = decision?;
+                fired.note(&decision);
+                if crate::runtime::controller::hold_of(&decision, "StartRefused").is_some() {
+                    return None;
+                }
+                match s.lock {
+                    Lock::Free => {}
+                    Lock::Operation(h) if h == kidx => {}
+                    _ => return None,
+                }
+                t.lock = Lock::Operation(kidx);
+                t.ops[k].phase = Phase::Running;
+                // A reset acts at once, right after its start rules were decided again: its
+                // node leaves etcd (a graceful reset needs a leader for that) and is wiped.
+                let mut ours = false;
+                if o.kind == OpKind::Reset && o.target != NONE && o.target != GONE {
+                    let target = usize::from(o.target);
+                    let m = t.machines.get(target)?.clone();
+                    if !m.up || (m.member && !t.has_leader()) {
+                        return None;
+                    }
+                    ours = m.member;
+                    let tm = &mut t.machines[target];
+                    tm.member = false;
+                    tm.up = false;
+                    tm.wiped = true;
+                }
+                Some((
+                    t,
+                    with_kind(Effect {
+                        ours,
+                        ..effect("operation-run")
+                    }),
+                ))
+            }
+        }
+    }
+}
+
+fn release_if(lock: Lock, mine: Lock) -> Lock {
+    if lock == mine { Lock::Free } else { lock }
+}
+
+/// Removes machine `i`, renumbering what refers to machines after it.
+pub fn remove_machine(t: &mut State, i: u8) {
+    let iu = usize::from(i);
+    if iu >= t.machines.len() {
+        return;
+    }
+    t.machines.remove(iu);
+    t.names.remove(iu);
+    let shift = |x: u8| -> u8 {
+        if x == NONE || x == GONE {
+            x
+        } else if x == i {
+            GONE
+        } else if x > i {
+            x - 1
+        } else {
+            x
+        }
+    };
+    for o in &mut t.ops {
+        o.target = shift(o.target);
+    }
+    t.lock = match t.lock {
+        Lock::Removal(h) if h == i => Lock::Free,
+        Lock::Removal(h) => Lock::Removal(shift(h)),
+        other => other,
+    };
+    t.pending.retain(|p| !matches!(p.req, Req::Approve(x) | Req::Unapprove(x) | Req::Delete(x) | Req::Collect(x) if x == i));
+    for p in &mut t.pending {
+        p.req = match p.req {
+            Req::Approve(x) => Req::Approve(shift(x)),
+            Req::Unapprove(x) => Req::Unapprove(shift(x)),
+            Req::Delete(x) => Req::Delete(shift(x)),
+            Req::Collect(x) => Req::Collect(shift(x)),
+            Req::CreateOperation(kind, x) => Req::CreateOperation(kind, shift(x)),
+            other => other,
+        };
+    }
+}
