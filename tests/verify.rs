@@ -1,0 +1,383 @@
+//! `ichor-rules verify` as a user runs it: the shipped rules verify; weakened copies of them
+//! (the mutants a reviewer must catch) each yield a counterexample of the right invariant;
+//! every admission step of a counterexample, written with `--emit-fixtures`, is decided by
+//! `ichor-rules eval` exactly as the trace says; bad usage is exit 2.
+//!
+//! Bounds are kept small here (the tests run a debug build); the CLI's defaults and the
+//! figures at larger bounds are in the closing notes and docs/rules.md.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_ichor-rules");
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn run(args: &[&str]) -> Out {
+    let out = Command::new(BIN)
+        .args(args)
+        .current_dir(root())
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("the binary runs");
+    let out = Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    assert!(!out.stderr.contains("panicked"), "panicked: {}", out.stderr);
+    out
+}
+
+/// A copy of rules/ in a fresh folder, with `edit` applied to one file's text.
+fn mutant(name: &str, file: &str, edit: impl Fn(&str) -> String) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ichor-verify-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    for f in ["admission.rules", "removal.rules", "invariants.rules"] {
+        let text = std::fs::read_to_string(root().join("rules").join(f)).expect("rules/");
+        let text = if f == file {
+            let edited = edit(&text);
+            assert_ne!(edited, text, "the edit of {name} changed nothing");
+            edited
+        } else {
+            text
+        };
+        std::fs::write(dir.join(f), text).expect("write");
+    }
+    dir
+}
+
+/// Removes the statement that starts with `head` (up to the next blank line).
+fn without(text: &str, head: &str) -> String {
+    let start = text.find(head).unwrap_or_else(|| panic!("no `{head}`"));
+    let end = text[start..]
+        .find("\n\n")
+        .map_or(text.len(), |e| start + e + 1);
+    format!("{}{}", &text[..start], &text[end..])
+}
+
+fn verify(rules: &Path, cps: &str, extra: &[&str]) -> (Out, Value) {
+    let rules = rules.to_str().expect("utf-8 path");
+    let mut args = vec![
+        "verify",
+        rules,
+        "--max-control-planes",
+        cps,
+        "--format",
+        "json",
+    ];
+    // Small bounds, unless `extra` names the flag.
+    for (flag, value) in [
+        ("--max-workers", "0"),
+        ("--max-failures", "0"),
+        ("--max-operations", "0"),
+        ("--in-flight", "0"),
+    ] {
+        if !extra.contains(&flag) {
+            args.extend([flag, value]);
+        }
+    }
+    args.extend(extra);
+    let out = run(&args);
+    let json: Value = serde_json::from_str(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{}", out.stdout, out.stderr));
+    (out, json)
+}
+
+fn violated(json: &Value) -> Vec<String> {
+    json["violations"]
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .filter_map(|x| x["invariant"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn the_shipped_rules_verify_and_say_what_they_explored() {
+    let (out, json) = verify(&root().join("rules"), "3", &[]);
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    assert_eq!(json["result"], "verified");
+    assert!(
+        json["states"].as_u64().unwrap_or(0) > 10_000,
+        "{}",
+        json["states"]
+    );
+    assert!(json["transitions"].as_u64() > json["states"].as_u64());
+    assert_eq!(json["cut"], Value::Null, "no bound cut exploration short");
+    // Every invariant is reported with the interleavings it was checked under.
+    let inv = json["invariants"].as_array().expect("invariants");
+    assert!(inv.len() >= 8);
+    let worker = inv
+        .iter()
+        .find(|i| i["name"] == "worker-while-unschedulable")
+        .expect("the sequential invariant");
+    assert_eq!(worker["checked_under"], "serialized requests");
+    assert!(json["coverage"]["rules_never_fired"].is_array());
+    // The human report says the same in words.
+    let human = run(&[
+        "verify",
+        "rules",
+        "--max-control-planes",
+        "2",
+        "--max-workers",
+        "0",
+        "--max-failures",
+        "0",
+        "--max-operations",
+        "0",
+        "--in-flight",
+        "0",
+    ]);
+    assert_eq!(human.code, 0, "{}", human.stdout);
+    for needle in [
+        "bounds: 2 control-plane machines",
+        "distinct states and",
+        "transitions in",
+        "rules that never fired:",
+        "verified: every invariant holds",
+    ] {
+        assert!(human.stdout.contains(needle), "{needle}:\n{}", human.stdout);
+    }
+}
+
+#[test]
+fn a_depth_bound_that_cuts_exploration_is_said() {
+    let (out, json) = verify(&root().join("rules"), "2", &["--depth", "3"]);
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    let cut = json["cut"].as_str().expect("the cut is reported");
+    assert!(cut.starts_with("depth 3 reached in "), "{cut}");
+}
+
+#[test]
+fn deleting_the_quorum_rule_loses_a_healthy_majority() {
+    let dir = mutant("quorum", "removal.rules", |t| without(t, "rule quorum\n"));
+    let (out, json) = verify(&dir, "2", &[]);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert_eq!(violated(&json)[0], "healthy-majority", "{}", out.stdout);
+    let steps = json["violations"][0]["steps"].as_array().expect("steps");
+    assert!(
+        steps
+            .iter()
+            .any(|s| s["text"].as_str().unwrap_or("").contains("etcd leave")),
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn weakening_the_declared_count_drops_below_it() {
+    let dir = mutant("count", "removal.rules", |t| {
+        t.replacen(
+            "refuse remove controlplane\n  when after < count\n",
+            "refuse remove controlplane\n  when after < count - 1\n",
+            1,
+        )
+    });
+    let (out, json) = verify(&dir, "3", &[]);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert!(
+        violated(&json).contains(&"count-kept".to_string()),
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn a_last_control_plane_rule_without_the_teardown_exception_never_ends_a_teardown() {
+    let dir = mutant("teardown", "removal.rules", |t| {
+        t.replacen(
+            "  when after == 0\n  unless cluster.deleting\n",
+            "  when after == 0\n",
+            1,
+        )
+    });
+    let (out, json) = verify(&dir, "1", &[]);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert_eq!(violated(&json), ["removals-finish"], "{}", out.stdout);
+}
+
+#[test]
+fn without_the_over_cap_hold_a_control_plane_past_the_cap_joins() {
+    let dir = mutant("overcap", "removal.rules", |t| {
+        without(t, "rule over-cap\n").replacen(
+            "allow apply worker",
+            "allow apply worker\nallow apply controlplane",
+            1,
+        )
+    });
+    let (out, json) = verify(&dir, "3", &[]);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert!(
+        violated(&json).contains(&"cap-kept".to_string()),
+        "{}",
+        out.stdout
+    );
+}
+
+/// The even count is kept from operations twice: the `run operation` hold parks them, and
+/// the start rules, decided again at the controller before it acts, refuse them. Only a
+/// rule set that drops both lets one run (dropping one is not a weakening the product shows).
+#[test]
+fn an_operation_that_is_neither_parked_nor_refused_runs_while_even() {
+    let dir = mutant("even", "removal.rules", |t| {
+        without(t, "rule parked-for-transition\n").replacen(
+            "allow apply worker",
+            "allow apply worker\nallow run operation",
+            1,
+        )
+    });
+    let admission = std::fs::read_to_string(dir.join("admission.rules")).expect("copied");
+    std::fs::write(
+        dir.join("admission.rules"),
+        without(&admission, "rule operation-while-transitioning\n"),
+    )
+    .expect("write");
+    let (out, json) = verify(&dir, "2", &["--max-operations", "1"]);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert!(
+        violated(&json).contains(&"no-operation-while-even".to_string()),
+        "{}",
+        out.stdout
+    );
+}
+
+/// Every admission of a counterexample, written out, is decided by `eval` as the trace
+/// says: allowed, with the same live objects and request.
+#[test]
+fn emitted_fixtures_replay_through_eval() {
+    let dir = mutant("fixtures", "removal.rules", |t| {
+        t.replacen(
+            "refuse remove controlplane\n  when after < count\n",
+            "refuse remove controlplane\n  when after < count - 1\n",
+            1,
+        )
+    });
+    let out_dir = dir.join("fixtures");
+    let rules = dir.to_str().expect("path");
+    let fx = out_dir.to_str().expect("path");
+    let out = run(&[
+        "verify",
+        rules,
+        "--max-control-planes",
+        "3",
+        "--max-workers",
+        "0",
+        "--max-failures",
+        "0",
+        "--max-operations",
+        "0",
+        "--in-flight",
+        "0",
+        "--emit-fixtures",
+        fx,
+    ]);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    let mut steps = Vec::new();
+    let mut stack = vec![out_dir.clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("fixtures written") {
+            let p = e.expect("entry").path();
+            if p.is_dir() {
+                if p.join("review.json").exists() {
+                    steps.push(p.clone());
+                }
+                stack.push(p);
+            }
+        }
+    }
+    assert!(!steps.is_empty(), "no admission step was written");
+    for s in steps {
+        let objects = s.join("objects.yaml");
+        let review = s.join("review.json");
+        let e = run(&[
+            "eval",
+            "--rules",
+            rules,
+            "--objects",
+            objects.to_str().expect("path"),
+            "--review",
+            review.to_str().expect("path"),
+        ]);
+        assert_eq!(e.code, 0, "{}: {}{}", s.display(), e.stdout, e.stderr);
+        let v: Value = serde_json::from_str(&e.stdout).expect("JSON");
+        assert_eq!(
+            v["response"]["allowed"],
+            true,
+            "{}: {}",
+            s.display(),
+            e.stdout
+        );
+    }
+}
+
+#[test]
+fn bad_usage_and_broken_rules_are_exit_2() {
+    // No invariants to prove.
+    let out = run(&["verify", "rules/admission.rules", "rules/removal.rules"]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(out.stderr.contains("no `invariant`"), "{}", out.stderr);
+    // Rules with errors.
+    let dir = mutant("broken", "invariants.rules", |t| {
+        format!("{t}\ninvariant bad\n  ensure machine == \"cp-1\"\n")
+    });
+    let out = run(&["verify", dir.to_str().expect("path")]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("belongs to one request"),
+        "{}",
+        out.stderr
+    );
+    // Bounds out of range.
+    let out = run(&["verify", "rules", "--max-control-planes", "99"]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+}
+
+#[test]
+fn check_and_table_read_invariants() {
+    let out = run(&["check", "rules/"]);
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let out = run(&["table", "rules/"]);
+    assert!(
+        out.stdout.contains("invariant healthy-majority"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout
+            .contains("invariant worker-while-unschedulable (sequential)")
+    );
+    // A model fact in a rule, and a misspelt step, are errors with a span.
+    let dir = mutant("facts", "admission.rules", |t| {
+        format!("{t}\nrule uses-model\n  refuse remove machine\n  when members > 1\n  say \"x\"\n")
+    });
+    let out = run(&["check", dir.to_str().expect("path")]);
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stdout.contains("a fact of `verify`'s model"),
+        "{}",
+        out.stdout
+    );
+    let dir = mutant("step", "invariants.rules", |t| {
+        format!("{t}\ninvariant typo\n  when step == \"etcd-leaf\"\n  ensure members > 0\n")
+    });
+    let out = run(&["check", dir.to_str().expect("path")]);
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stdout.contains("did you mean `\"etcd-leave\"`"),
+        "{}",
+        out.stdout
+    );
+}
