@@ -381,3 +381,34 @@ fn check_and_table_read_invariants() {
         out.stdout
     );
 }
+
+/// The hole the shipped rules had (issue 12): count 1, three members, one dead; deleting a
+/// healthy one was allowed and left a two-member etcd with one live member. Without the
+/// `healthy-quorum` rule that closes it, `verify` finds exactly that story.
+#[test]
+fn without_healthy_quorum_a_dead_member_and_a_delete_lose_the_majority() {
+    let dir = mutant("hole", "removal.rules", |t| {
+        without(t, "rule healthy-quorum\n")
+    });
+    let (out, json) = verify(&dir, "3", &["--max-failures", "1", "--depth", "9"]);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert_eq!(violated(&json)[0], "healthy-majority", "{}", out.stdout);
+    let message = json["violations"][0]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("2 healthy of 3 members to 1 healthy of 2"),
+        "{message}"
+    );
+    let texts: Vec<&str> = json["violations"][0]["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .filter_map(|s| s["text"].as_str())
+        .collect();
+    assert!(texts.iter().any(|t| t.contains("dies")), "{texts:?}");
+    assert!(
+        texts
+            .iter()
+            .any(|t| t.contains("annotate+delete talosmachine")),
+        "{texts:?}"
+    );
+}

@@ -13,22 +13,23 @@ use std::path::{Path, PathBuf};
 pub struct VerifyArgs {
     /// Rule files or folders (default `rules/`); the invariants are among them.
     pub paths: Vec<PathBuf>,
-    /// Control-plane machines in the model (approved or waiting to be).
-    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u8).range(1..=12))]
-    pub max_control_planes: u8,
+    /// Control-plane machines in the model (approved or waiting to be). Without any bound
+    /// flag, `verify` runs its default suite (docs/rules.md, "verify").
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=12))]
+    pub max_control_planes: Option<u8>,
     /// Approved workers in the model.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(0..=6))]
-    pub max_workers: u8,
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=6))]
+    pub max_workers: Option<u8>,
     /// Node failures (and PodDisruptionBudgets blocking a drain) in one run of the model.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=4))]
-    pub max_failures: u8,
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=4))]
+    pub max_failures: Option<u8>,
     /// TalosOperations created in one run of the model.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(0..=4))]
-    pub max_operations: u8,
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=4))]
+    pub max_operations: Option<u8>,
     /// Requests admitted and not yet committed at one time (K: other commits may land
     /// between a request's decision and its own commit).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=3))]
-    pub in_flight: u8,
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
+    pub in_flight: Option<u8>,
     /// Steps from a starting state after which exploration stops (reported when reached).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub depth: u32,
@@ -63,39 +64,100 @@ pub fn run(args: &VerifyArgs, paths: &[PathBuf]) -> u8 {
         );
         return EXIT_BAD_INPUT;
     }
-    let bounds = Bounds {
-        max_control_planes: args.max_control_planes,
-        max_workers: args.max_workers,
-        max_failures: args.max_failures,
-        max_operations: args.max_operations,
-        in_flight: args.in_flight,
-        depth: args.depth,
-    };
-    let report = verify(table, bounds);
+    let runs: Vec<Report> = std::thread::scope(|scope| {
+        let handles: Vec<_> = suite(args)
+            .into_iter()
+            .map(|b| scope.spawn(move || verify(table, b)))
+            .collect();
+        handles.into_iter().filter_map(|h| h.join().ok()).collect()
+    });
+    if runs.is_empty() {
+        eprintln!("error: verify failed internally (a run panicked); nothing was proved");
+        return EXIT_BAD_INPUT;
+    }
     if let Some(dir) = &args.emit_fixtures
-        && let Err(e) = write_fixtures(dir, &report)
+        && let Err(e) = write_fixtures(dir, &runs)
     {
         eprintln!("error: {e}");
         return EXIT_BAD_INPUT;
     }
     let text = match args.format {
         Format::Json => {
-            serde_json::to_string_pretty(&to_json(&report, paths)).unwrap_or_default() + "\n"
+            serde_json::to_string_pretty(&to_json(&runs, paths)).unwrap_or_default() + "\n"
         }
-        Format::Human => to_text(&report, paths),
+        Format::Human => to_text(&runs, paths),
     };
     if let Err(code) = emit(&text) {
         return code;
     }
-    if report.traces.iter().any(|t| t.replay_error.is_some()) {
+    if runs
+        .iter()
+        .flat_map(|r| &r.traces)
+        .any(|t| t.replay_error.is_some())
+    {
         return EXIT_BAD_INPUT;
     }
-    if report.verified() {
+    if runs.iter().all(Report::verified) {
         EXIT_OK
     } else {
         EXIT_FINDINGS
     }
 }
+
+/// The bounds to explore: the ones given (the rest from [`SINGLE`]), or, when no bound is
+/// given, the default suite: one base cluster, and that base with each kind of trouble
+/// (a node failure or blocked drain, a request in flight, an operation) added in turn.
+fn suite(args: &VerifyArgs) -> Vec<Bounds> {
+    let given = [
+        args.max_control_planes,
+        args.max_workers,
+        args.max_failures,
+        args.max_operations,
+        args.in_flight,
+    ];
+    if given.iter().any(Option::is_some) {
+        return vec![Bounds {
+            max_control_planes: args.max_control_planes.unwrap_or(SINGLE.max_control_planes),
+            max_workers: args.max_workers.unwrap_or(SINGLE.max_workers),
+            max_failures: args.max_failures.unwrap_or(SINGLE.max_failures),
+            max_operations: args.max_operations.unwrap_or(SINGLE.max_operations),
+            in_flight: args.in_flight.unwrap_or(SINGLE.in_flight),
+            depth: args.depth,
+        }];
+    }
+    let base = Bounds {
+        depth: args.depth,
+        ..SINGLE
+    };
+    vec![
+        base,
+        Bounds {
+            max_workers: 0,
+            max_failures: 1,
+            ..base
+        },
+        Bounds {
+            max_workers: 0,
+            in_flight: 1,
+            ..base
+        },
+        Bounds {
+            max_workers: 0,
+            max_operations: 1,
+            ..base
+        },
+    ]
+}
+
+/// The bounds of a single run, for the flags not given.
+pub const SINGLE: Bounds = Bounds {
+    max_control_planes: 3,
+    max_workers: 1,
+    max_failures: 0,
+    max_operations: 0,
+    in_flight: 0,
+    depth: 64,
+};
 
 fn slug(name: &str) -> String {
     name.chars()
@@ -109,9 +171,14 @@ fn slug(name: &str) -> String {
         .collect()
 }
 
-fn write_fixtures(dir: &Path, report: &Report) -> Result<(), String> {
-    let many = report.traces.len() > 1;
-    for t in &report.traces {
+fn write_fixtures(dir: &Path, runs: &[Report]) -> Result<(), String> {
+    let traces: Vec<&crate::verify::trace::Trace> = runs.iter().flat_map(|r| &r.traces).collect();
+    let many = traces.len() > 1;
+    let mut seen = std::collections::HashSet::new();
+    for t in traces {
+        if !seen.insert(t.invariant.clone()) {
+            continue;
+        }
         let base = if many {
             dir.join(slug(&t.invariant))
         } else {
@@ -150,19 +217,32 @@ fn cut_text(report: &Report) -> Option<String> {
     })
 }
 
-fn status(report: &Report, k: usize) -> &'static str {
-    if report
-        .exploration
-        .violations
+fn status(runs: &[Report], k: usize) -> &'static str {
+    if runs
         .iter()
-        .any(|v| v.invariant == k)
+        .any(|r| r.exploration.violations.iter().any(|v| v.invariant == k))
     {
         "violated"
-    } else if !report.exploration.at_risk[k] {
+    } else if !runs
+        .iter()
+        .any(|r| r.exploration.at_risk.get(k).copied().unwrap_or(false))
+    {
         "vacuous"
     } else {
         "holds"
     }
+}
+
+/// Rules (or steps) that never fired in any run.
+fn never(lists: Vec<&Vec<String>>) -> Vec<String> {
+    let Some(first) = lists.first() else {
+        return Vec::new();
+    };
+    first
+        .iter()
+        .filter(|x| lists.iter().all(|l| l.contains(x)))
+        .cloned()
+        .collect()
 }
 
 fn interleavings(sequential: bool) -> &'static str {
@@ -173,49 +253,53 @@ fn interleavings(sequential: bool) -> &'static str {
     }
 }
 
-fn to_text(report: &Report, paths: &[PathBuf]) -> String {
-    let ex = &report.exploration;
+fn to_text(runs: &[Report], paths: &[PathBuf]) -> String {
     let mut out = String::new();
     let shown: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
     let _ = writeln!(out, "verify {}", shown.join(" "));
-    let _ = writeln!(out, "bounds: {}", bounds_text(&report.bounds));
-    let rate = if ex.seconds > 0.0 {
-        ex.keys.len() as f64 / ex.seconds
-    } else {
-        0.0
-    };
-    let _ = writeln!(
-        out,
-        "explored {} distinct states and {} transitions in {:.1} s ({:.0} states/s); largest depth {}",
-        ex.keys.len(),
-        ex.transitions,
-        ex.seconds,
-        rate,
-        ex.max_depth
-    );
-    if let Some(c) = cut_text(report) {
-        let _ = writeln!(out, "{c}");
+    for r in runs {
+        let ex = &r.exploration;
+        let rate = if ex.seconds > 0.0 {
+            ex.keys.len() as f64 / ex.seconds
+        } else {
+            0.0
+        };
+        let _ = writeln!(out, "bounds: {}", bounds_text(&r.bounds));
+        let _ = writeln!(
+            out,
+            "  explored {} distinct states and {} transitions in {:.1} s ({:.0} states/s); largest depth {}",
+            ex.keys.len(),
+            ex.transitions,
+            ex.seconds,
+            rate,
+            ex.max_depth
+        );
+        if let Some(c) = cut_text(r) {
+            let _ = writeln!(out, "  {c}");
+        }
     }
+    let Some(first) = runs.first() else {
+        return out;
+    };
     let _ = writeln!(out, "\ninvariants:");
-    for (k, c) in report.checks.iter().enumerate() {
+    for (k, c) in first.checks.iter().enumerate() {
         let _ = writeln!(
             out,
             "  {:<9} {} (checked under {}; {}:{})",
-            status(report, k),
+            status(runs, k),
             c.meta.name,
             interleavings(c.meta.sequential),
             c.meta.file,
             c.meta.line
         );
     }
-    let vacuous: Vec<&str> = report
+    let vacuous: Vec<String> = first
         .checks
         .iter()
         .enumerate()
-        .filter(|(k, _)| status(report, *k) == "vacuous")
-        .map(|(_, c)| c.meta.name.as_str())
+        .filter(|(k, _)| status(runs, *k) == "vacuous")
+        .map(|(_, c)| c.meta.name.clone())
         .collect();
-    let _ = writeln!(out, "\ncoverage:");
     let list = |v: &[String]| {
         if v.is_empty() {
             "none".to_string()
@@ -223,63 +307,67 @@ fn to_text(report: &Report, paths: &[PathBuf]) -> String {
             v.join(", ")
         }
     };
+    let _ = writeln!(out, "\ncoverage:");
     let _ = writeln!(
         out,
         "  rules that never fired: {}",
-        list(&report.rules_never_fired)
+        list(&never(runs.iter().map(|r| &r.rules_never_fired).collect()))
     );
     let _ = writeln!(
         out,
         "  plan steps that never ran: {}",
-        list(&report.steps_never_run)
+        list(&never(runs.iter().map(|r| &r.steps_never_run).collect()))
     );
     let _ = writeln!(
         out,
         "  invariants never at risk (vacuous within the bounds): {}",
-        if vacuous.is_empty() {
-            "none".to_string()
-        } else {
-            vacuous.join(", ")
-        }
+        list(&vacuous)
     );
-    for t in &report.traces {
-        let _ = writeln!(
-            out,
-            "\nVIOLATED: {} (checked under {})\n  {}\ncounterexample ({} steps):\n  0. start: {}",
-            t.invariant,
-            interleavings(t.sequential),
-            t.message,
-            t.steps.len(),
-            t.start
-        );
-        for s in &t.steps {
-            let _ = writeln!(out, "  {}. {}", s.n, s.text);
-            if !s.rules.is_empty() {
-                let _ = writeln!(out, "       decided by: {}", s.rules.join(", "));
-            }
-            let _ = writeln!(out, "       state: {}", s.state);
-        }
-        if let Some(e) = &t.replay_error {
+    let mut violations = 0;
+    for r in runs {
+        for t in &r.traces {
+            violations += 1;
             let _ = writeln!(
                 out,
-                "  error: the counterexample could not be replayed: {e}"
+                "\nVIOLATED: {} (checked under {}; bounds: {})\n  {}\ncounterexample ({} steps):\n  0. start: {}",
+                t.invariant,
+                interleavings(t.sequential),
+                bounds_text(&r.bounds),
+                t.message,
+                t.steps.len(),
+                t.start
             );
+            for s in &t.steps {
+                let _ = writeln!(out, "  {}. {}", s.n, s.text);
+                if !s.rules.is_empty() {
+                    let _ = writeln!(out, "       decided by: {}", s.rules.join(", "));
+                }
+                let _ = writeln!(out, "       state: {}", s.state);
+            }
+            if let Some(e) = &t.replay_error {
+                let _ = writeln!(
+                    out,
+                    "  error: the counterexample could not be replayed: {e}"
+                );
+            }
         }
     }
-    if report.verified() {
+    if violations == 0 {
         let _ = writeln!(
             out,
             "\nverified: every invariant holds in every explored state and transition"
         );
     } else {
-        let _ = writeln!(out, "\n{} invariant(s) violated", report.traces.len());
+        let _ = writeln!(out, "\n{violations} violation(s)");
     }
     out
 }
 
-fn to_json(report: &Report, paths: &[PathBuf]) -> serde_json::Value {
-    let ex = &report.exploration;
-    let invariants: Vec<serde_json::Value> = report
+fn to_json(runs: &[Report], paths: &[PathBuf]) -> serde_json::Value {
+    let Some(first) = runs.first() else {
+        return serde_json::Value::Null;
+    };
+    let invariants: Vec<serde_json::Value> = first
         .checks
         .iter()
         .enumerate()
@@ -290,26 +378,51 @@ fn to_json(report: &Report, paths: &[PathBuf]) -> serde_json::Value {
                 "line": c.meta.line,
                 "sequential": c.meta.sequential,
                 "checked_under": interleavings(c.meta.sequential),
-                "status": status(report, k),
+                "status": status(runs, k),
+            })
+        })
+        .collect();
+    let each: Vec<serde_json::Value> = runs
+        .iter()
+        .map(|r| {
+            let ex = &r.exploration;
+            serde_json::json!({
+                "bounds": r.bounds,
+                "states": ex.keys.len(),
+                "transitions": ex.transitions,
+                "largest_depth": ex.max_depth,
+                "seconds": ex.seconds,
+                "cut": cut_text(r),
+                "result": if r.verified() { "verified" } else { "violated" },
+            })
+        })
+        .collect();
+    let cuts: Vec<String> = runs.iter().filter_map(cut_text).collect();
+    let violations: Vec<serde_json::Value> = runs
+        .iter()
+        .flat_map(|r| {
+            r.traces.iter().map(|t| {
+                let mut v = serde_json::to_value(t).unwrap_or_default();
+                v["bounds"] = serde_json::to_value(r.bounds).unwrap_or_default();
+                v
             })
         })
         .collect();
     serde_json::json!({
-        "result": if report.verified() { "verified" } else { "violated" },
+        "result": if runs.iter().all(Report::verified) { "verified" } else { "violated" },
         "paths": paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
-        "bounds": report.bounds,
-        "states": ex.keys.len(),
-        "transitions": ex.transitions,
-        "largest_depth": ex.max_depth,
-        "seconds": ex.seconds,
-        "cut": cut_text(report),
+        "runs": each,
+        "states": runs.iter().map(|r| r.exploration.keys.len()).sum::<usize>(),
+        "transitions": runs.iter().map(|r| r.exploration.transitions).sum::<u64>(),
+        "seconds": runs.iter().map(|r| r.exploration.seconds).fold(0.0, f64::max),
+        "cut": if cuts.is_empty() { serde_json::Value::Null } else { serde_json::Value::String(cuts.join("; ")) },
         "invariants": invariants,
-        "violations": report.traces,
+        "violations": violations,
         "coverage": {
-            "rules_never_fired": report.rules_never_fired,
-            "plan_steps_never_run": report.steps_never_run,
-            "invariants_never_at_risk": report.checks.iter().enumerate()
-                .filter(|(k, _)| status(report, *k) == "vacuous")
+            "rules_never_fired": never(runs.iter().map(|r| &r.rules_never_fired).collect()),
+            "plan_steps_never_run": never(runs.iter().map(|r| &r.steps_never_run).collect()),
+            "invariants_never_at_risk": first.checks.iter().enumerate()
+                .filter(|(k, _)| status(runs, *k) == "vacuous")
                 .map(|(_, c)| c.meta.name.clone()).collect::<Vec<_>>(),
         },
     })
