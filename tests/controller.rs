@@ -70,6 +70,58 @@ async fn the_newest_approvals_past_the_cap_are_held_and_released_when_count_rise
     .await;
 }
 
+/// A hold's Ready=False goes when the hold lifts, whatever the rule calls its reason: the
+/// controller asks the table which reasons are the rules' (not a literal in Rust).
+#[tokio::test]
+async fn a_hold_with_a_renamed_reason_is_cleared_when_it_lifts() {
+    use ichor_rules::runtime::controller::Context;
+    use ichor_rules::runtime::metrics::Metrics;
+    use ichor_rules::runtime::reload::{Reload, Rules};
+    let dir = std::env::temp_dir().join(format!("ichor-hold-reason-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    for f in ["admission.rules", "removal.rules"] {
+        let text = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("rules")
+                .join(f),
+        )
+        .expect("rules/");
+        let text = text.replace("reason ControlPlaneOverCap", "reason PastTheCap");
+        std::fs::write(dir.join(f), text).expect("write");
+    }
+    let rules = Arc::new(Rules::new(vec![dir]));
+    assert!(matches!(rules.reload(), Reload::Replaced { .. }));
+    let api = ApiServer::start().await;
+    api.insert(cluster("prod", 1));
+    api.insert(control_plane("cp-a", 1));
+    api.insert(control_plane("cp-b", 2));
+    api.insert(control_plane("cp-c", 3));
+    let ctx = Arc::new(Context::new(
+        api.client(),
+        rules,
+        None,
+        fast_settings("test"),
+        Arc::new(Metrics::default()),
+    ));
+    let _c = Running::start(ctx);
+    wait_for("cp-c held", WAIT, || {
+        cond(&api, "TalosMachine", "cp-c", "Ready") == Some(("False".into(), "PastTheCap".into()))
+    })
+    .await;
+    patch_spec(
+        &api,
+        "TalosCluster",
+        "prod",
+        json!({"controlPlane": {"count": 3}}),
+    )
+    .await;
+    wait_for("the hold lifted and its condition gone", WAIT, || {
+        cond(&api, "TalosMachine", "cp-c", "Ready").is_none() && has_finalizer(&api, "cp-c")
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn ties_in_approval_time_are_ordered_by_name_and_creation_time_fills_in() {
     let api = ApiServer::start().await;
@@ -299,31 +351,39 @@ async fn the_cluster_lock_serializes_work_and_resumes_its_own() {
     assert!(matches!(got, Ok(Acquired::Taken)), "{got:?}");
 }
 
+/// The even count is the rules' to decide (`hold run operation`, which exempts an etcd
+/// restore), not the lock's: the lock only serializes, so a rules edit is the one place
+/// the policy changes.
 #[tokio::test]
-async fn the_lock_refuses_other_work_while_the_count_is_even() {
+async fn the_even_count_is_decided_by_the_rules_not_by_the_lock() {
+    use ichor_rules::runtime::decide::{decide_events, reconcile_operation_event};
+    use ichor_rules::runtime::facts::Expensive;
+    use ichor_rules::runtime::objects::{Snapshot, TalosMachine, TalosOperation};
     let api = ApiServer::start().await;
     let ctx = context(&api, "test", None);
+    let mut snapshot = Snapshot::default();
     for (i, n) in ["cp-1", "cp-2", "cp-3", "cp-4"].iter().enumerate() {
         api.insert(control_plane(n, i as u32));
+        let m: TalosMachine =
+            serde_json::from_value(control_plane(n, i as u32)).expect("a machine");
+        snapshot.machines.push(m);
     }
+    let table = ctx.rules.current().expect("rules");
+    for (kind, held) in [("upgrade", true), ("etcd-restore", false)] {
+        let op: TalosOperation = serde_json::from_value(operation("op-1", kind)).expect("op");
+        let events: Vec<_> = reconcile_operation_event(&op).into_iter().collect();
+        let (d, _) = decide_events(&table, &snapshot, &events, Expensive::Deferred, false);
+        assert_eq!(!d.holds.is_empty(), held, "{kind}: {d:?}");
+        if held {
+            assert_eq!(d.holds[0].rule, "parked-for-transition");
+        }
+    }
+    // The lock itself takes no side: the work the rules let through gets it.
     let op = Work::Operation {
         namespace: NS,
-        name: "upgrade-1",
+        name: "restore-1",
     };
-    match disruptive::acquire(&ctx, NS, "prod", op)
-        .await
-        .expect("api")
-    {
-        Err(Refused::Transitioning { approved: 4 }) => {}
-        other => panic!("expected refused for the even count, got {other:?}"),
-    }
-    assert!(api.objects("Lease", Some(NS)).is_empty());
-    // The removal of a control plane ends the even count: it may take the lock.
-    let rm = Work::RemoveControlPlane {
-        namespace: NS,
-        machine: "cp-4",
-    };
-    let got = disruptive::acquire(&ctx, NS, "prod", rm)
+    let got = disruptive::acquire(&ctx, NS, "prod", op)
         .await
         .expect("api");
     assert!(matches!(got, Ok(Acquired::Taken)), "{got:?}");

@@ -250,6 +250,20 @@ impl Table {
         out
     }
 
+    /// The condition reasons the rules' holds and refusals set (and the defaults the
+    /// controller gives a rule without one): a condition with one of these is the rules' to
+    /// set and to clear; any other reason is a person's or another component's.
+    pub fn rule_reasons(&self) -> impl Iterator<Item = &str> {
+        self.rules
+            .iter()
+            .filter_map(|r| r.reason.as_deref())
+            .chain(["Held", "Refused"])
+    }
+
+    pub fn owns_reason(&self, reason: Option<&str>) -> bool {
+        reason.is_some_and(|r| self.rule_reasons().any(|x| x == r))
+    }
+
     pub fn row_count(&self) -> usize {
         self.groups.iter().map(|g| g.len()).sum()
     }

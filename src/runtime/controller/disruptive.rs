@@ -1,15 +1,14 @@
 //! The one way disruptive work takes a cluster's lock (ADR 0010, 0137).
 //!
-//! Every disruptive step goes through [`acquire`]: it recounts the approved control planes
-//! live and refuses while the count is even, unless the work is what completes the
-//! transition (the removal of a control plane). Work that is refused here holds nothing:
-//! an operation parked for the even count never has the lock.
+//! Every disruptive step goes through [`acquire`]. It only serializes: whether the work may
+//! run (the even count, quorum, the declared count) is decided by the rules before it (an
+//! operation's `hold run operation` and `start` rules) or under it (a removal's rules), so
+//! the rules text is the one place that policy lives. Work refused by the rules holds
+//! nothing: an operation parked for the even count never has the lock.
 
 use super::lock::{Acquired, LeaseLock, LockError};
 use super::{Context, ReconcileError};
-use crate::runtime::facts::{approved_members, is_transitioning};
 use crate::runtime::live::Reads;
-use crate::runtime::objects::Role;
 
 /// Disruptive work on a cluster. Its holder identity names the work itself, so a restarted
 /// controller (or a new leader) resumes its own lock, and two different pieces of work are
@@ -34,11 +33,6 @@ impl Work<'_> {
             Work::Operation { namespace, name } => format!("TalosOperation {namespace}/{name}"),
         }
     }
-
-    /// Whether this work completes an even-count transition rather than running inside it.
-    pub fn completes_transition(&self) -> bool {
-        matches!(self, Work::RemoveControlPlane { .. })
-    }
 }
 
 /// The Lease that locks a cluster's disruptive work, in the cluster's namespace.
@@ -55,14 +49,12 @@ pub fn cluster_lock(ctx: &Context, namespace: &str, cluster: &str) -> LeaseLock 
 /// Why the lock was not taken.
 #[derive(Debug)]
 pub enum Refused {
-    /// The live approved control-plane count is even and the work does not end it.
-    Transitioning { approved: usize },
     /// Other work has the lock.
     Held { holder: String },
 }
 
-/// Takes `cluster`'s lock for `work`: refuses while the live count is even unless the work
-/// completes the transition; a lock held by the removal of a machine that is gone is stale
+/// Takes `cluster`'s lock for `work` (the same work resumes its own lock); a lock held by the
+/// removal of a machine that is gone is stale
 /// and taken over.
 pub async fn acquire(
     ctx: &Context,
@@ -70,16 +62,16 @@ pub async fn acquire(
     cluster: &str,
     work: Work<'_>,
 ) -> Result<Result<Acquired, Refused>, ReconcileError> {
+    // Whether the work may run at all (the even count, quorum, the count) is the rules'
+    // to say, decided before this: `hold run operation` and the `start` rules for an
+    // operation, the `remove controlplane` rules under this lock for a removal. The lock
+    // only serializes.
     let reads = Reads {
         machines: true,
         clusters: false,
         operations: false,
     };
     let live = ctx.reader.snapshot(namespace, &[], reads).await?;
-    let approved = approved_members(&live, namespace, cluster, Role::ControlPlane, None).len();
-    if is_transitioning(approved) && !work.completes_transition() {
-        return Ok(Err(Refused::Transitioning { approved }));
-    }
     let lock = cluster_lock(ctx, namespace, cluster);
     let holder = work.holder();
     match lock.acquire(&holder).await {

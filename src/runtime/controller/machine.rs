@@ -137,8 +137,10 @@ pub async fn reconcile(m: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action
         write_status(&ctx, live, &next).await?;
         return Ok(Action::requeue(ctx.settings.over_cap_requeue));
     }
+    // A hold that lifted: the Ready=False it set goes, whatever the rule called its reason
+    // (the table says which reasons are the rules'; NodeUnreachable is the probe's).
     if status::find(next.conditions_mut(), "Ready")
-        .is_some_and(|c| c.reason.as_deref() == Some("ControlPlaneOverCap"))
+        .is_some_and(|c| c.status == "False" && table.owns_reason(c.reason.as_deref()))
     {
         status::remove(next.conditions_mut(), "Ready");
     }

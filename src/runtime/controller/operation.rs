@@ -20,9 +20,7 @@ use std::sync::Arc;
 /// Whether a Paused reason is one the rules set (so the controller may clear it), rather
 /// than a person's or another component's (Operator, ClusterLockHeld, …), which it leaves.
 fn rule_reason(table: &crate::compile::Table, reason: Option<&str>) -> bool {
-    reason.is_some_and(|r| {
-        r == "Refused" || table.rules.iter().any(|x| x.reason.as_deref() == Some(r))
-    })
+    table.owns_reason(reason)
 }
 
 /// Before the controller first acts on an operation that has not started, its `start`

@@ -180,19 +180,6 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
             write_status(ctx, m, &next).await?;
             return Ok(Action::requeue(ctx.settings.lock_retry));
         }
-        Err(Refused::Transitioning { approved }) => {
-            // Not reached for a removal (it completes the transition); kept total.
-            let msg = format!("{approved} approved control planes: waiting for an odd count");
-            status::set(
-                next.conditions_mut(),
-                REMOVAL,
-                false,
-                "ClusterTransitioning",
-                &msg,
-            );
-            write_status(ctx, m, &next).await?;
-            return Ok(Action::requeue(ctx.settings.lock_retry));
-        }
     }
     let lock = disruptive::cluster_lock(ctx, ns, cluster);
     let holder = work.holder();
