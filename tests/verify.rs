@@ -412,3 +412,90 @@ fn without_healthy_quorum_a_dead_member_and_a_delete_lose_the_majority() {
         "{texts:?}"
     );
 }
+
+/// `diff`: edits equal in meaning (a reordered `and`, a `let` written out) are equivalent;
+/// a weakened count is "more permissive" with a witness `eval` reproduces.
+#[test]
+fn diff_tells_equivalent_edits_from_weakenings() {
+    let old = mutant("diff-old", "admission.rules", |t| format!("{t}\n"));
+    let reordered = mutant("diff-reordered", "removal.rules", |t| {
+        t.replacen(
+            "when after > 0 and after < quorum",
+            "when after < quorum and after > 0",
+            1,
+        )
+        .replacen("  when after == 0\n", "  when approved - 1 == 0\n", 1)
+    });
+    let args = |a: &Path, b: &Path, extra: &[&str]| {
+        let mut v = vec![
+            "diff".to_string(),
+            a.display().to_string(),
+            b.display().to_string(),
+            "--max-workers".into(),
+            "0".into(),
+        ];
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    let same = args(&old, &reordered, &[]);
+    let out = run(&same.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    assert!(out.stdout.contains("equivalent"), "{}", out.stdout);
+
+    let weaker = mutant("diff-weaker", "removal.rules", |t| {
+        t.replacen(
+            "refuse remove controlplane\n  when after < count\n",
+            "refuse remove controlplane\n  when after < count - 1\n",
+            1,
+        )
+    });
+    let fx = weaker.join("witness");
+    let diff = args(
+        &old,
+        &weaker,
+        &[
+            "--format",
+            "json",
+            "--emit-fixtures",
+            fx.to_str().expect("path"),
+        ],
+    );
+    let out = run(&diff.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    let json: Value = serde_json::from_str(&out.stdout).expect("JSON");
+    let groups = json["groups"].as_array().expect("groups");
+    assert!(
+        groups
+            .iter()
+            .any(|g| g["direction"] == "more permissive" && g["old"] == "refuse"),
+        "{}",
+        out.stdout
+    );
+    // The admission witness: refused by the old rules, allowed by the new ones.
+    let k = groups
+        .iter()
+        .position(|g| {
+            g["decision"]
+                .as_str()
+                .unwrap_or("")
+                .ends_with("at the webhook")
+        })
+        .expect("an admission group");
+    let d = fx.join(format!("group-{}", k + 1));
+    let eval = |rules: &Path| {
+        let e = run(&[
+            "eval",
+            "--rules",
+            rules.to_str().expect("path"),
+            "--objects",
+            d.join("objects.yaml").to_str().expect("path"),
+            "--review",
+            d.join("review.json").to_str().expect("path"),
+        ]);
+        assert_eq!(e.code, 0, "{}{}", e.stdout, e.stderr);
+        let v: Value = serde_json::from_str(&e.stdout).expect("JSON");
+        v["response"]["allowed"].as_bool().expect("allowed")
+    };
+    assert!(!eval(&old));
+    assert!(eval(&weaker));
+}

@@ -2,6 +2,7 @@
 
 mod check;
 mod crds;
+mod diff;
 mod eval;
 mod serve;
 mod table;
@@ -66,6 +67,9 @@ pub enum Command {
     /// shortest counterexample. Exit 0: verified; 1: a violation; 2: bad usage or rules
     /// with errors.
     Verify(verify::VerifyArgs),
+    /// Compare two rule sets over the states the model reaches: every decision that
+    /// changed, grouped, with a witness. Exit 0: equivalent; 1: different; 2: bad input.
+    Diff(diff::DiffArgs),
     /// Print the CustomResourceDefinitions of TalosCluster, TalosMachine and TalosOperation
     /// (YAML, one document each).
     Crds,
@@ -83,6 +87,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Eval(args) => eval::run(&args, false),
         Command::Explain(args) => eval::run(&args, true),
         Command::Crds => crds::run(),
+        Command::Diff(args) => diff::run(&args),
         Command::Verify(args) => {
             let paths = default_paths(args.paths.clone());
             verify::run(&args, &paths)

@@ -169,6 +169,13 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
     match disruptive::acquire(ctx, ns, cluster, work).await? {
         Ok(_) => {}
         Err(Refused::Held { holder }) => {
+            // A removal the rules refused keeps saying why: the lock held by other work is
+            // not news to the person who has to approve a replacement.
+            if status::find(next.conditions_mut(), REMOVAL)
+                .is_some_and(|c| c.reason.as_deref() == Some("RemovalRefused"))
+            {
+                return Ok(Action::requeue(ctx.settings.lock_retry));
+            }
             let msg = format!("waiting for the cluster lock, held by {holder}");
             status::set(
                 next.conditions_mut(),
