@@ -35,8 +35,9 @@ pub struct VerifyArgs {
     pub depth: u32,
     #[arg(long, value_enum, default_value_t = Format::Human)]
     pub format: Format,
-    /// Write every admission step of each counterexample as DIR/<invariant>/step-N/
-    /// (objects.yaml + review.json) for `ichor-rules eval`.
+    /// Write every admission step of the shortest counterexample as DIR/step-N/
+    /// (objects.yaml + review.json, for `ichor-rules eval`); with several violated
+    /// invariants, each one's also as DIR/<invariant>/step-N/.
     #[arg(long, value_name = "DIR")]
     pub emit_fixtures: Option<PathBuf>,
 }
@@ -173,17 +174,23 @@ fn slug(name: &str) -> String {
 
 fn write_fixtures(dir: &Path, runs: &[Report]) -> Result<(), String> {
     let traces: Vec<&crate::verify::trace::Trace> = runs.iter().flat_map(|r| &r.traces).collect();
+    // The shortest counterexample at DIR/step-N; with several violated invariants, each
+    // one's also at DIR/<invariant>/step-N.
     let many = traces.len() > 1;
+    let shortest = traces.iter().min_by_key(|t| t.steps.len()).copied();
     let mut seen = std::collections::HashSet::new();
-    for t in traces {
-        if !seen.insert(t.invariant.clone()) {
-            continue;
+    let mut targets: Vec<(PathBuf, &crate::verify::trace::Trace)> = Vec::new();
+    if let Some(t) = shortest {
+        targets.push((dir.to_path_buf(), t));
+    }
+    if many {
+        for t in traces {
+            if seen.insert(t.invariant.clone()) {
+                targets.push((dir.join(slug(&t.invariant)), t));
+            }
         }
-        let base = if many {
-            dir.join(slug(&t.invariant))
-        } else {
-            dir.to_path_buf()
-        };
+    }
+    for (base, t) in targets {
         for s in &t.steps {
             let Some((objects, review)) = &s.fixture else {
                 continue;
