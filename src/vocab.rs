@@ -359,62 +359,78 @@ pub struct FactInfo {
     pub name: &'static str,
     pub ty: Type,
     pub cost: Cost,
+    /// The live read it is computed from.
+    pub read: Read,
     pub doc: &'static str,
 }
 
 macro_rules! facts {
-    ($($fact:ident $name:literal $ty:expr, $cost:ident, $doc:literal;)*) => {
+    ($($fact:ident $name:literal $ty:expr, $cost:ident, $read:ident, $doc:literal;)*) => {
         /// Every fact, in slot order.
         pub const FACTS: &[FactInfo] = &[
-            $(FactInfo { fact: Fact::$fact, name: $name, ty: $ty, cost: Cost::$cost, doc: $doc },)*
+            $(FactInfo { fact: Fact::$fact, name: $name, ty: $ty, cost: Cost::$cost, read: Read::$read, doc: $doc },)*
         ];
     };
 }
 
+/// What a fact is computed from, so the live read a decision needs is derived from the
+/// facts its rows read (the webhook reads nothing else, and nothing less).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Read {
+    /// The request's own object (or, at the controller, the object reconciled).
+    Request,
+    /// The LIST of the cluster's TalosMachines.
+    Machines,
+    /// The GET of the TalosCluster.
+    Cluster,
+    /// The LIST of the cluster's TalosOperations.
+    Operations,
+}
+
 facts! {
-    Approved "approved" Type::Int, Cheap,
+    Approved "approved" Type::Int, Cheap, Machines,
         "approved control planes of the subject's cluster (machines being deleted not counted, except the subject)";
-    Workers "workers" Type::Int, Cheap,
+    Workers "workers" Type::Int, Cheap, Machines,
         "approved workers of the subject's cluster (machines being deleted not counted, except the subject)";
-    Count "count" Type::Int, Cheap,
+    Count "count" Type::Int, Cheap, Cluster,
         "spec.controlPlane.count of the cluster (1, 3 or 5; 0 when the cluster does not exist)";
-    Schedulable "schedulable" Type::Bool, Cheap,
+    Schedulable "schedulable" Type::Bool, Cheap, Cluster,
         "spec.schedulable of the cluster is not \"false\" (true when the cluster does not exist)";
-    Cluster "cluster" Type::Name, Cheap, "the name of the subject's TalosCluster";
-    ClusterExists "cluster.exists" Type::Bool, Cheap, "the TalosCluster exists";
-    ClusterDeleting "cluster.deleting" Type::Bool, Cheap,
+    Cluster "cluster" Type::Name, Cheap, Request, "the name of the subject's TalosCluster";
+    ClusterExists "cluster.exists" Type::Bool, Cheap, Cluster, "the TalosCluster exists";
+    ClusterDeleting "cluster.deleting" Type::Bool, Cheap, Cluster,
         "the TalosCluster is being deleted (deletionTimestamp set)";
-    Transitioning "transitioning" Type::Bool, Cheap,
+    Transitioning "transitioning" Type::Bool, Cheap, Machines,
         "the number of approved control planes is even (and not zero)";
-    Machine "machine" Type::Name, Cheap, "the name of the TalosMachine";
-    Role "role" Type::Enum(EnumKind::Role), Cheap, "spec.role of the TalosMachine";
-    Deleting "deleting" Type::Bool, Cheap, "the subject is being deleted (deletionTimestamp set)";
-    AllowDelete "allow_delete" Type::Bool, Cheap,
+    Machine "machine" Type::Name, Cheap, Request, "the name of the TalosMachine";
+    Role "role" Type::Enum(EnumKind::Role), Cheap, Request, "spec.role of the TalosMachine";
+    Deleting "deleting" Type::Bool, Cheap, Request, "the subject is being deleted (deletionTimestamp set)";
+    AllowDelete "allow_delete" Type::Bool, Cheap, Request,
         "the subject carries the annotation ichor.maesh.dev/allow-delete: \"true\"";
-    Rank "rank" Type::Int, Cheap,
+    Rank "rank" Type::Int, Cheap, Machines,
         "position (from 1) among approved control planes ordered by spec.approvalDecision.at, then name (creation time when no decision time)";
-    MemberDead "member.dead" Type::Bool, Expensive,
+    MemberDead "member.dead" Type::Bool, Expensive, Request,
         "its etcd member is listed by a healthy sibling and does not answer, or answers with no leader (admission sees only Ready=False NodeUnreachable)";
-    NodeUnreachable "node.unreachable" Type::Bool, Cheap,
+    NodeUnreachable "node.unreachable" Type::Bool, Cheap, Request,
         "the TalosMachine reports Ready=False with reason NodeUnreachable";
-    Operation "operation" Type::Name, Cheap, "the name of the TalosOperation";
-    Kind "kind" Type::Enum(EnumKind::OperationKind), Cheap, "spec.kind of the TalosOperation";
-    Target "target" Type::Name, Cheap, "spec.machine of the TalosOperation (empty when none)";
-    TargetControlPlane "target.controlplane" Type::Bool, Cheap,
+    Operation "operation" Type::Name, Cheap, Request, "the name of the TalosOperation";
+    Kind "kind" Type::Enum(EnumKind::OperationKind), Cheap, Request, "spec.kind of the TalosOperation";
+    Target "target" Type::Name, Cheap, Request, "spec.machine of the TalosOperation (empty when none)";
+    TargetControlPlane "target.controlplane" Type::Bool, Cheap, Machines,
         "the operation's spec.machine is an approved control plane of the operation's cluster (not being deleted)";
-    Phase "phase" Type::Name, Cheap, "status.phase of the TalosOperation";
-    Failed "failed" Type::Bool, Cheap, "the TalosOperation failed: a status.failureReason, or phase Failed";
-    Paused "paused" Type::Bool, Cheap,
+    Phase "phase" Type::Name, Cheap, Request, "status.phase of the TalosOperation";
+    Failed "failed" Type::Bool, Cheap, Request, "the TalosOperation failed: a status.failureReason, or phase Failed";
+    Paused "paused" Type::Bool, Cheap, Request,
         "the TalosOperation is Paused for a reason the rules do not own (Operator, ClusterLockHeld, a shutdown, a failure): that pause stands";
-    UnfinishedExists "unfinished.exists" Type::Bool, Cheap,
+    UnfinishedExists "unfinished.exists" Type::Bool, Cheap, Operations,
         "another TalosOperation of the cluster is not finished (any phase but Succeeded)";
-    UnfinishedName "unfinished.name" Type::Name, Cheap,
+    UnfinishedName "unfinished.name" Type::Name, Cheap, Operations,
         "the name of that operation (one not parked is preferred, then the oldest)";
-    UnfinishedKind "unfinished.kind" Type::Name, Cheap, "spec.kind of that operation";
-    UnfinishedPhase "unfinished.phase" Type::Name, Cheap, "status.phase of that operation";
-    UnfinishedParked "unfinished.parked" Type::Bool, Cheap,
+    UnfinishedKind "unfinished.kind" Type::Name, Cheap, Operations, "spec.kind of that operation";
+    UnfinishedPhase "unfinished.phase" Type::Name, Cheap, Operations, "status.phase of that operation";
+    UnfinishedParked "unfinished.parked" Type::Bool, Cheap, Operations,
         "that operation is parked for the even count: Paused with reason ClusterTransitioning and no failure";
-    HealthyAfter "healthy.after" Type::Int, Expensive,
+    HealthyAfter "healthy.after" Type::Int, Expensive, Machines,
         "etcd members that stay, and answer, once the subject (a departing control plane, or an operation's target) is gone: the controller asks each member listed by a healthy sibling; admission counts the other approved control planes not being deleted and not Ready=False NodeUnreachable";
 }
 

@@ -10,7 +10,7 @@ use super::objects::{
     API_VERSION, Object, Snapshot, TalosCluster, TalosMachine, TalosOperation, typed_object,
 };
 use crate::compile::Table;
-use crate::vocab::Fact;
+use crate::vocab::{FACTS, Read};
 use kube::api::{GetParams, ListParams};
 use kube::{Api, Client};
 use serde_json::Value;
@@ -28,30 +28,11 @@ pub struct Reads {
     pub operations: bool,
 }
 
-const MACHINE_FACTS: &[Fact] = &[
-    Fact::Approved,
-    Fact::Workers,
-    Fact::Transitioning,
-    Fact::Rank,
-    Fact::TargetControlPlane,
-    Fact::HealthyAfter,
-];
-const CLUSTER_FACTS: &[Fact] = &[
-    Fact::Count,
-    Fact::Schedulable,
-    Fact::ClusterExists,
-    Fact::ClusterDeleting,
-];
-const OPERATION_FACTS: &[Fact] = &[
-    Fact::UnfinishedExists,
-    Fact::UnfinishedName,
-    Fact::UnfinishedKind,
-    Fact::UnfinishedPhase,
-    Fact::UnfinishedParked,
-];
-
-fn any(mask: u32, facts: &[Fact]) -> bool {
-    facts.iter().any(|f| mask & (1 << f.slot()) != 0)
+/// Whether any fact of `mask` is computed from `read` (the one declaration is `FACTS`).
+fn any(mask: u32, read: Read) -> bool {
+    FACTS
+        .iter()
+        .any(|f| f.read == read && mask & (1 << f.fact.slot()) != 0)
 }
 
 impl Reads {
@@ -61,10 +42,10 @@ impl Reads {
         for ev in events {
             let (verb, subject, site) = ev.event;
             let mask = table.facts_read(verb, subject, site);
-            r.machines |= any(mask, MACHINE_FACTS);
+            r.machines |= any(mask, Read::Machines);
             // A request about a TalosCluster carries the cluster itself.
-            r.clusters |= any(mask, CLUSTER_FACTS) && !matches!(ev.subject, Subject::Cluster(_));
-            r.operations |= any(mask, OPERATION_FACTS);
+            r.clusters |= any(mask, Read::Cluster) && !matches!(ev.subject, Subject::Cluster(_));
+            r.operations |= any(mask, Read::Operations);
         }
         r
     }
@@ -580,5 +561,116 @@ impl LiveReader {
             clusters: clusters?,
             operations: operations?,
         })
+    }
+}
+
+#[cfg(test)]
+mod read_declarations {
+    use super::*;
+    use crate::interp::{Facts, Lookup};
+    use crate::runtime::facts::{EventFacts, Expensive, SnapshotFacts};
+    use crate::vocab::{RUNTIME_EVENTS, Site, Subject as S};
+
+    fn snapshot() -> Snapshot {
+        let v = |j: serde_json::Value| j;
+        let machine = |n: &str, minute: u32, unreachable: bool| {
+            let mut m = v(serde_json::json!({
+                "apiVersion": API_VERSION, "kind": "TalosMachine",
+                "metadata": {"name": n, "namespace": "ns"},
+                "spec": {"clusterRef": {"name": "prod"}, "role": "controlplane", "approved": true,
+                         "approvalDecision": {"at": format!("2026-11-01T10:{minute:02}:00Z")}}
+            }));
+            if unreachable {
+                m["status"] = serde_json::json!({"conditions": [
+                    {"type": "Ready", "status": "False", "reason": "NodeUnreachable"}]});
+            }
+            serde_json::from_value::<TalosMachine>(m).expect("machine")
+        };
+        let cluster: TalosCluster = serde_json::from_value(serde_json::json!({
+            "apiVersion": API_VERSION, "kind": "TalosCluster",
+            "metadata": {"name": "prod", "namespace": "ns"},
+            "spec": {"controlPlane": {"count": 3}, "schedulable": "false"}
+        }))
+        .expect("cluster");
+        let op = |n: &str, phase: &str| -> TalosOperation {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": API_VERSION, "kind": "TalosOperation",
+                "metadata": {"name": n, "namespace": "ns"},
+                "spec": {"clusterRef": {"name": "prod"}, "kind": "reset", "machine": "cp-1"},
+                "status": {"phase": phase}
+            }))
+            .expect("operation")
+        };
+        Snapshot {
+            machines: vec![
+                machine("cp-1", 1, false),
+                machine("cp-2", 2, true),
+                machine("cp-3", 3, false),
+                machine("cp-4", 4, false),
+            ],
+            clusters: vec![cluster],
+            operations: vec![op("op-1", "Pending"), op("op-2", "Running")],
+        }
+    }
+
+    /// Every fact, computed from only the reads its declaration names (plus the request's
+    /// own object), is what it is from everything: a fact declared with too few reads
+    /// would decide on an empty list.
+    #[test]
+    fn each_fact_needs_no_read_but_the_one_it_declares() {
+        let full = snapshot();
+        for info in FACTS {
+            let Some(&(verb, subject, site)) = RUNTIME_EVENTS
+                .iter()
+                .find(|(v, s, site)| info.fact.available(*v, *s, *site) && *site == Site::Webhook)
+            else {
+                continue;
+            };
+            let mut part = Snapshot::default();
+            match info.read {
+                Read::Machines => part.machines = full.machines.clone(),
+                Read::Cluster => part.clusters = full.clusters.clone(),
+                Read::Operations => part.operations = full.operations.clone(),
+                Read::Request => {}
+            }
+            let value = |snap: &Snapshot| -> String {
+                let ev = match subject {
+                    S::Operation => EventFacts {
+                        event: (verb, subject, site),
+                        namespace: "ns",
+                        cluster: "prod",
+                        subject: crate::runtime::facts::Subject::Operation(&full.operations[1]),
+                    },
+                    S::Cluster => EventFacts {
+                        event: (verb, subject, site),
+                        namespace: "ns",
+                        cluster: "prod",
+                        subject: crate::runtime::facts::Subject::Cluster(&full.clusters[0]),
+                    },
+                    _ => EventFacts {
+                        event: (verb, subject, site),
+                        namespace: "ns",
+                        cluster: "prod",
+                        subject: crate::runtime::facts::Subject::Machine {
+                            name: "cp-1",
+                            view: &full.machines[0],
+                            counted: Some(&full.machines[0]),
+                        },
+                    },
+                };
+                let mut f = SnapshotFacts::new(snap, ev, Expensive::FromObjects);
+                match f.fact(info.fact) {
+                    Lookup::Value(v) => format!("{v:?}"),
+                    Lookup::Later => "later".into(),
+                }
+            };
+            assert_eq!(
+                value(&part),
+                value(&full),
+                "`{}` is declared as read from {:?}, but needs more",
+                info.name,
+                info.read
+            );
+        }
     }
 }
