@@ -340,6 +340,20 @@ fn bad_usage_and_broken_rules_are_exit_2() {
         "{}",
         out.stderr
     );
+    // A plan longer than the model records: said, not mis-explored.
+    let dir = mutant("long-plan", "removal.rules", |t| {
+        t.replacen(
+            "  do release finalizer\n",
+            &format!(
+                "{}  do release finalizer\n",
+                "  do event normal Step say \"x\"\n".repeat(12)
+            ),
+            1,
+        )
+    });
+    let out = run(&["verify", dir.to_str().expect("path")]);
+    assert_eq!(out.code, 2, "{}{}", out.stdout, out.stderr);
+    assert!(out.stderr.contains("at most 16 steps"), "{}", out.stderr);
     // Bounds out of range.
     let out = run(&["verify", "rules", "--max-control-planes", "99"]);
     assert_eq!(out.code, 2, "{}", out.stderr);

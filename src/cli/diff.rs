@@ -45,7 +45,13 @@ pub fn run(args: &DiffArgs) -> u8 {
             }
         };
         match set.table {
-            Some(t) => tables.push(t),
+            Some(t) => {
+                if let Some(why) = crate::verify::model::unsupported(&t) {
+                    eprintln!("error: {}: {why}", p.display());
+                    return EXIT_BAD_INPUT;
+                }
+                tables.push(t)
+            }
             None => {
                 eprint!("{}", render_human(&set.diagnostics, &set.files, false));
                 eprintln!("error: {}: the rules have errors", p.display());

@@ -58,6 +58,10 @@ pub fn run(args: &VerifyArgs, paths: &[PathBuf]) -> u8 {
         );
         return EXIT_BAD_INPUT;
     };
+    if let Some(why) = crate::verify::model::unsupported(table) {
+        eprintln!("error: {why}");
+        return EXIT_BAD_INPUT;
+    }
     if table.invariants.is_empty() {
         eprintln!(
             "error: the rules have no `invariant`, so there is nothing to verify; add the shipped \

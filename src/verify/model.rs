@@ -30,6 +30,22 @@ use k8s_openapi::jiff::Timestamp;
 use kube::core::admission::Operation;
 use std::collections::BTreeMap;
 
+/// The longest `plan remove controlplane` the model records progress of (one bit a step).
+pub const MAX_PLAN_STEPS: usize = 16;
+
+/// Why a table cannot be explored: its plan is longer than the model can record.
+pub fn unsupported(table: &Table) -> Option<String> {
+    let n = table
+        .plan(Verb::Remove, crate::vocab::Subject::ControlPlane)
+        .map_or(0, |p| p.steps.len());
+    (n > MAX_PLAN_STEPS).then(|| {
+        format!(
+            "`plan remove controlplane` has {n} steps; verify models plans of at most \
+             {MAX_PLAN_STEPS} steps: merge steps, or split the plan's work"
+        )
+    })
+}
+
 /// The namespace and cluster every model object lives in.
 pub const NAMESPACE: &str = "default";
 pub const CLUSTER: &str = "prod";
