@@ -133,23 +133,8 @@ pub fn check_with(files: &[SourceFile], lints: bool) -> CheckResult {
         for item in &ast.items {
             match item {
                 Item::Rule(r) => {
-                    if let Some((pf, ps)) = rule_names.get(&r.name.name) {
-                        let (line, _) = files[*pf].line_col(ps.start);
-                        let where_ = format!("at {}:{line}", files[*pf].display_path());
-                        c.diags.push(
-                            Diagnostic::error(
-                                "ichor::check::duplicate_rule",
-                                *file,
-                                r.name.span,
-                                format!("the rule `{}` is defined twice", r.name.name),
-                            )
-                            .label("second definition")
-                            .help(format!(
-                                "rule names are unique across the rule set (the first is {where_}); rename one"
-                            )),
-                        );
-                    } else {
-                        rule_names.insert(r.name.name.clone(), (*file, r.name.span));
+                    if let Some(d) = claim_name(&mut rule_names, files, *file, &r.name, false) {
+                        c.diags.push(d);
                     }
                     if let Some(rule) = c.check_rule(r) {
                         program.rules.push(rule);
@@ -160,23 +145,8 @@ pub fn check_with(files: &[SourceFile], lints: bool) -> CheckResult {
                     program.allowed.extend(events);
                 }
                 Item::Invariant(inv) => {
-                    if let Some((pf, ps)) = rule_names.get(&inv.name.name) {
-                        let (line, _) = files[*pf].line_col(ps.start);
-                        let where_ = format!("at {}:{line}", files[*pf].display_path());
-                        c.diags.push(
-                            Diagnostic::error(
-                                "ichor::check::duplicate_rule",
-                                *file,
-                                inv.name.span,
-                                format!("the name `{}` is defined twice", inv.name.name),
-                            )
-                            .label("second definition")
-                            .help(format!(
-                                "rule and invariant names are unique across the rule set (the first is {where_}); rename one"
-                            )),
-                        );
-                    } else {
-                        rule_names.insert(inv.name.name.clone(), (*file, inv.name.span));
+                    if let Some(d) = claim_name(&mut rule_names, files, *file, &inv.name, true) {
+                        c.diags.push(d);
                     }
                     if let Some(checked) = c.check_invariant(inv) {
                         program.invariants.push(checked);
@@ -224,6 +194,43 @@ pub fn check_with(files: &[SourceFile], lints: bool) -> CheckResult {
         program,
         diagnostics: diags,
     }
+}
+
+/// Rules and invariants share one namespace across the rule set: the first definition of
+/// a name claims it; a second one is the `duplicate_rule` error naming where the first is.
+fn claim_name(
+    names: &mut HashMap<String, (usize, Span)>,
+    files: &[SourceFile],
+    file: usize,
+    name: &Ident,
+    invariant: bool,
+) -> Option<Diagnostic> {
+    let Some((pf, ps)) = names.get(&name.name) else {
+        names.insert(name.name.clone(), (file, name.span));
+        return None;
+    };
+    let (line, _) = files[*pf].line_col(ps.start);
+    let where_ = format!("at {}:{line}", files[*pf].display_path());
+    let (message, help) = if invariant {
+        (
+            format!("the name `{}` is defined twice", name.name),
+            format!(
+                "rule and invariant names are unique across the rule set (the first is {where_}); rename one"
+            ),
+        )
+    } else {
+        (
+            format!("the rule `{}` is defined twice", name.name),
+            format!(
+                "rule names are unique across the rule set (the first is {where_}); rename one"
+            ),
+        )
+    };
+    Some(
+        Diagnostic::error("ichor::check::duplicate_rule", file, name.span, message)
+            .label("second definition")
+            .help(help),
+    )
 }
 
 /// The type an expression has while checking; string literals stay literals until they
