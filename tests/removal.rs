@@ -228,6 +228,46 @@ async fn removal_below_the_declared_count_is_refused_and_changes_nothing() {
     .await;
 }
 
+/// ADR 0106 §4: what cannot be told leaves the refusal in place. A healthy control plane
+/// whose `spec.endpoint` was cleared cannot be asked, and that is not "dead": removing it
+/// below the declared count stays refused, and the refusal says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_with_no_endpoint_is_not_dead_and_stays_refused_below_count() {
+    let w = World::start(&["cp-1", "cp-2", "cp-3"], 3).await;
+    let _c = w.controller();
+    w.finalized(&["cp-1", "cp-2", "cp-3"]).await;
+    patch_spec(&w.api, "TalosMachine", "cp-2", json!({"endpoint": null})).await;
+    assert!(
+        w.machine("cp-2").expect("cp-2")["spec"]["endpoint"].is_null(),
+        "the endpoint was cleared"
+    );
+    delete(&w.api, "TalosMachine", "cp-2").await;
+    wait_for("refused", WAIT, || {
+        w.removal("cp-2")
+            .is_some_and(|(s, r, _)| s == "False" && r == "RemovalRefused")
+    })
+    .await;
+    let (_, _, msg) = w.removal("cp-2").expect("removal");
+    assert!(
+        msg.contains("node remove: control planes 3 -> 2, below the declared count of 3"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("cannot be told") && msg.contains("has no spec.endpoint"),
+        "the refusal says why the member is not taken as dead: {msg}"
+    );
+    // Still refused a while later: nothing was done to etcd or the node.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (_, reason, _) = w.removal("cp-2").expect("removal");
+    assert_eq!(reason, "RemovalRefused");
+    assert!(has_finalizer(&w.api, "cp-2"));
+    assert_eq!(w.members().await, set(&["cp-1", "cp-2", "cp-3"]));
+    assert_eq!(w.talos.by_name("cp-2").resets(), 0);
+    assert!(events(&w.api, "cp-2", "DeadMemberRemoved").is_empty());
+    let node = get(&w.api, "Node", "cp-2").expect("node");
+    assert!(node["spec"]["unschedulable"].is_null(), "not cordoned");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_control_planes_deleted_at_once_are_serialized_and_never_go_below_count() {
     let mut w = World::start(&["cp-1", "cp-2", "cp-3"], 3).await;

@@ -107,12 +107,39 @@ pub async fn healthy_sibling<'s>(
     Err(why.join("; "))
 }
 
-/// Whether the departing machine's etcd member is dead, and why (for logs and events).
+/// What the controller could tell of a departing member (ADR 0106 §4).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Deadness {
+    /// Proven dead: a healthy sibling lists it and it does not answer, or answers with no
+    /// leader (or this removal already removed it as dead).
+    Dead(String),
+    /// It answers with a leader: alive.
+    Alive(String),
+    /// Nothing proves it either way (no sibling to ask, not listed, no endpoint to dial, no
+    /// credentials): treated as not dead, so the declared-count refusal stays in place.
+    CannotTell(String),
+}
+
+impl Deadness {
+    pub fn is_dead(&self) -> bool {
+        matches!(self, Deadness::Dead(_))
+    }
+
+    pub fn why(&self) -> &str {
+        match self {
+            Deadness::Dead(w) | Deadness::Alive(w) | Deadness::CannotTell(w) => w,
+        }
+    }
+}
+
+/// Whether the departing machine's etcd member is dead, and why (for logs, events and the
+/// refusal's message).
 ///
 /// Dead when a healthy sibling lists the member and the departing node is unreachable, its
 /// etcd status fails, or it sees no leader. A sibling that cannot be found, a member the
-/// sibling does not list, or a member that answers with a leader: not dead (nothing proves
-/// it, so the declared-count refusal stands).
+/// sibling does not list, a machine with no `spec.endpoint` to dial, or missing
+/// credentials: cannot tell, so not dead (nothing proves it, and the declared-count refusal
+/// stands). A member that answers with a leader: alive.
 ///
 /// `marked`: this removal already proceeded as a dead-member removal. A member etcd no
 /// longer lists was then removed by it (a restart between the removal and its record), so
@@ -122,49 +149,47 @@ pub async fn member_dead(
     snapshot: &Snapshot,
     departing: &TalosMachine,
     marked: bool,
-) -> (bool, String) {
+) -> Deadness {
     let name = node_name(departing);
     let sibling = match healthy_sibling(ctx, snapshot, departing).await {
         Ok(s) => s,
         Err(why) => {
-            return (
-                false,
-                format!("no healthy sibling to read etcd through ({why})"),
-            );
+            return Deadness::CannotTell(format!(
+                "there is no healthy sibling to read etcd through ({why})"
+            ));
         }
     };
     if sibling.member(name).is_none() {
         if marked {
-            return (
-                true,
-                format!(
-                    "etcd (through {}) no longer lists {name}: this dead-member removal removed it",
-                    sibling.machine.name()
-                ),
-            );
-        }
-        return (
-            false,
-            format!(
-                "etcd (through {}) does not list a member {name}",
+            return Deadness::Dead(format!(
+                "etcd (through {}) no longer lists {name}: this dead-member removal removed it",
                 sibling.machine.name()
-            ),
-        );
+            ));
+        }
+        return Deadness::CannotTell(format!(
+            "etcd (through {}) does not list a member {name}",
+            sibling.machine.name()
+        ));
     }
     let c = match client(ctx, departing) {
         Ok(c) => c,
+        // No address to dial is not an unreachable node: a cleared endpoint must not turn a
+        // healthy control plane into a removable one.
         Err(NodeError::NoEndpoint(m)) => {
-            return (true, format!("TalosMachine {m} has no endpoint to dial"));
+            return Deadness::CannotTell(format!(
+                "TalosMachine {m} has no spec.endpoint, so its node cannot be asked; set \
+                 spec.endpoint to the node's Talos API address so the controller can tell"
+            ));
         }
-        Err(e) => return (false, e.to_string()),
+        Err(e) => return Deadness::CannotTell(e.to_string()),
     };
     match c.etcd_status().await {
-        Ok(s) if s.leader == 0 => (true, "its etcd member sees no leader".into()),
-        Ok(_) => (false, "its etcd member answers with a leader".into()),
+        Ok(s) if s.leader == 0 => Deadness::Dead("its etcd member sees no leader".into()),
+        Ok(_) => Deadness::Alive("its etcd member answers with a leader".into()),
         Err(e @ TalosError::Unreachable { .. }) => {
-            (true, format!("its etcd member is unreachable ({e})"))
+            Deadness::Dead(format!("its etcd member is unreachable ({e})"))
         }
-        Err(e) => (true, format!("its etcd status fails ({e})")),
+        Err(e) => Deadness::Dead(format!("its etcd status fails ({e})")),
     }
 }
 

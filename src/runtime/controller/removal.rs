@@ -215,6 +215,7 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
     // 3. Decide, unless the removal is committed (the member already left etcd).
     if !p.committed {
         let mut dead = None;
+        let mut deadness: Option<nodes::Deadness> = None;
         let mut supplied: Vec<(Fact, i64)> = Vec::new();
         let decision = loop {
             match decide(&table, &snapshot, ev, &supplied) {
@@ -223,10 +224,12 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
                     // Asked again at every decision until the removal commits: a member
                     // that answers again is not removed below the count.
                     let marked = live.dead_member_removal_marked() || p.member_dead;
-                    let (is_dead, why) = nodes::member_dead(ctx, &snapshot, live, marked).await;
-                    tracing::info!(machine = %format!("{ns}/{name}"), dead = is_dead, %why, "etcd member checked");
+                    let found = nodes::member_dead(ctx, &snapshot, live, marked).await;
+                    let is_dead = found.is_dead();
+                    tracing::info!(machine = %format!("{ns}/{name}"), dead = is_dead, why = %found.why(), "etcd member checked");
                     dead = Some(is_dead);
                     supplied.push((Fact::MemberDead, i64::from(is_dead)));
+                    deadness = Some(found);
                 }
                 Err(Fact::HealthyAfter)
                     if !supplied.iter().any(|(f, _)| *f == Fact::HealthyAfter) =>
@@ -269,7 +272,18 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
                 }
             }
         };
-        if let Some((reason, message)) = held(ctx, &decision, "RemovalRefused") {
+        if let Some((reason, mut message)) = held(ctx, &decision, "RemovalRefused") {
+            // Why `member.dead` did not bend the refusal, when it was asked (ADR 0106 §4:
+            // what cannot be told leaves the refusal in place, and says so).
+            match &deadness {
+                Some(nodes::Deadness::CannotTell(why)) => message.push_str(&format!(
+                    " (whether its etcd member is dead cannot be told, so the refusal stays: {why})"
+                )),
+                Some(nodes::Deadness::Alive(why)) => {
+                    message.push_str(&format!(" (its etcd member is not dead: {why})"))
+                }
+                _ => {}
+            }
             drop(renewal);
             lock.release(&holder).await?;
             let changed = status::set(next.conditions_mut(), REMOVAL, false, &reason, &message);
