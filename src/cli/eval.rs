@@ -1,23 +1,22 @@
 //! `ichor-rules eval` and `explain`: one decision, offline, with the code the operator runs.
 
+use super::outcome::{self, Outcome};
+use super::request::{Form, build_review, now, parse_target, raw_objects, read_apply_file};
 use super::{EXIT_BAD_INPUT, EXIT_OK, emit};
 use crate::diagnostics::render_human;
 use crate::interp::Decision;
 use crate::interp::explain;
 use crate::ruleset::load;
-use crate::runtime::admission::{immutable_spec_change, parse_review, refuse, respond};
-use crate::runtime::decide::{
-    decide_events, reconcile_machine_event, reconcile_operation_event, reconcile_start_event,
-    request_events,
-};
-use crate::runtime::facts::{EventFacts, Expensive};
-use crate::runtime::objects::{Snapshot, load_snapshot};
+use crate::runtime::admission::{refuse, respond};
+use crate::runtime::objects::load_snapshot;
 use crate::vocab::Verdict;
 use clap::Args;
 use std::path::{Path, PathBuf};
 
 #[derive(Args, Debug)]
-#[command(group(clap::ArgGroup::new("what").required(true).args(["review", "reconcile"])))]
+#[command(group(clap::ArgGroup::new("what").required(true).args([
+    "review", "reconcile", "delete", "apply", "approve", "unapprove", "unschedule"
+])))]
 pub struct EvalArgs {
     /// Rule files or folders.
     #[arg(long, default_value = "rules")]
@@ -31,6 +30,27 @@ pub struct EvalArgs {
     /// NAMESPACE/NAME of a TalosMachine (or TalosOperation): decide as the controller does.
     #[arg(long, value_name = "NAMESPACE/NAME")]
     pub reconcile: Option<String>,
+    /// `kubectl delete`: the DELETE review of this live object (from `--objects`), e.g.
+    /// `talosmachine/infra/cp-3`.
+    #[arg(long, value_name = "KIND/NAMESPACE/NAME")]
+    pub delete: Option<String>,
+    /// `kubectl apply -f FILE` (one object): an UPDATE when `--objects` holds the object
+    /// (the file's fields merged onto it), else a CREATE.
+    #[arg(long, value_name = "FILE")]
+    pub apply: Option<PathBuf>,
+    /// Approve a TalosMachine: the UPDATE that sets spec.approved to true and
+    /// spec.approvalDecision.at to now.
+    #[arg(long, value_name = "talosmachine/NAMESPACE/NAME")]
+    pub approve: Option<String>,
+    /// Un-approve a TalosMachine: the UPDATE that sets spec.approved to false.
+    #[arg(long, value_name = "talosmachine/NAMESPACE/NAME")]
+    pub unapprove: Option<String>,
+    /// Make a TalosCluster unschedulable: the UPDATE that sets spec.schedulable to "false".
+    #[arg(long, value_name = "taloscluster/NAMESPACE/NAME")]
+    pub unschedule: Option<String>,
+    /// Print the AdmissionReview the request builds (JSON) instead of deciding it.
+    #[arg(long)]
+    pub print_review: bool,
 }
 
 /// One clear line, exit 2.
@@ -40,10 +60,10 @@ fn bad(msg: impl std::fmt::Display) -> u8 {
 }
 
 /// The largest objects file `eval` reads: far more objects than a namespace holds.
-const MAX_OBJECTS_FILE: u64 = 64 * 1024 * 1024;
+pub(super) const MAX_OBJECTS_FILE: u64 = 64 * 1024 * 1024;
 
 /// Reads at most `limit` bytes of `path`; a longer file is bad input, not a long wait.
-fn read(path: &Path, limit: u64) -> Result<Vec<u8>, String> {
+pub(super) fn read(path: &Path, limit: u64) -> Result<Vec<u8>, String> {
     use std::io::Read;
     let mut out = Vec::new();
     std::fs::File::open(path)
@@ -56,6 +76,31 @@ fn read(path: &Path, limit: u64) -> Result<Vec<u8>, String> {
         ));
     }
     Ok(out)
+}
+
+/// Reads a text file of at most `limit` bytes.
+pub(super) fn read_text(path: &Path, limit: u64) -> Result<String, String> {
+    String::from_utf8(read(path, limit)?).map_err(|_| format!("{}: not UTF-8 text", path.display()))
+}
+
+/// The request form of the arguments, if one is given (`--review` and `--reconcile` are
+/// not forms).
+fn form(args: &EvalArgs) -> Result<Option<Form>, String> {
+    let target = |flag: &str, t: &str| parse_target(t).map_err(|e| format!("{flag} {e}"));
+    Ok(Some(if let Some(t) = &args.delete {
+        Form::Delete(target("--delete", t)?)
+    } else if let Some(t) = &args.approve {
+        Form::Approve(target("--approve", t)?)
+    } else if let Some(t) = &args.unapprove {
+        Form::Unapprove(target("--unapprove", t)?)
+    } else if let Some(t) = &args.unschedule {
+        Form::Unschedule(target("--unschedule", t)?)
+    } else if let Some(path) = &args.apply {
+        let text = read_text(path, crate::runtime::webhook::MAX_BODY as u64)?;
+        Form::Apply(read_apply_file(path, &text)?)
+    } else {
+        return Ok(None);
+    }))
 }
 
 pub fn run(args: &EvalArgs, explain: bool) -> u8 {
@@ -73,83 +118,60 @@ pub fn run(args: &EvalArgs, explain: bool) -> u8 {
             paths.join(" ")
         ));
     };
-    let objects = match read(&args.objects, MAX_OBJECTS_FILE) {
-        Ok(b) => b,
+    let objects_text = match read_text(&args.objects, MAX_OBJECTS_FILE) {
+        Ok(t) => t,
         Err(e) => return bad(e),
-    };
-    let Ok(objects_text) = String::from_utf8(objects) else {
-        return bad(format!("{}: not UTF-8 text", args.objects.display()));
     };
     let snapshot = match load_snapshot(&objects_text) {
         Ok(s) => s,
         Err(e) => return bad(format!("{}: {e}", args.objects.display())),
     };
-    if let Some(review) = &args.review {
-        // The webhook reads no more of a body than this either.
-        let body = match read(review, crate::runtime::webhook::MAX_BODY as u64) {
-            Ok(b) => b,
+    let form = match form(args) {
+        Ok(f) => f,
+        Err(e) => return bad(e),
+    };
+    if args.print_review && form.is_none() {
+        return bad(
+            "--print-review prints the review a request form builds: give --delete, --apply, \
+             --approve, --unapprove or --unschedule",
+        );
+    }
+    let body = if let Some(form) = &form {
+        let review = match build_review(form, &raw_objects(&objects_text), &now()) {
+            Ok(r) => r,
             Err(e) => return bad(e),
         };
-        let req = match parse_review(&body) {
-            Ok(r) => r,
-            Err(e) => return bad(format!("{}: {e}", review.display())),
+        let text = match serde_json::to_string_pretty(&review) {
+            Ok(t) => t,
+            Err(e) => return bad(format!("cannot write the review: {e}")),
         };
-        let header = format!(
-            "webhook: {} {} {}/{} (uid {})",
-            format!("{:?}", req.operation()).to_uppercase(),
-            req.inner.kind.kind,
-            req.namespace,
-            req.inner.name,
-            req.uid()
-        );
-        // As the webhook: an operation's spec never changes, whatever the rules say.
-        if let Some(message) = immutable_spec_change(&req) {
-            let text = if explain {
-                format!("{header}\nverdict: refused (not by a rule): {message}\n")
-            } else {
-                match serde_json::to_string_pretty(&refuse(&req, message)) {
-                    Ok(s) => s + "\n",
-                    Err(e) => return bad(format!("cannot write the response: {e}")),
-                }
-            };
-            return match emit(&text) {
+        if args.print_review {
+            return match emit(&(text + "\n")) {
                 Ok(()) => EXIT_OK,
                 Err(code) => code,
             };
         }
-        let events = request_events(
-            req.operation(),
-            &req.namespace,
-            req.old.as_ref(),
-            req.new.as_ref(),
-        );
-        let (decision, traces) =
-            decide_events(table, &snapshot, &events, Expensive::FromObjects, explain);
-        if explain {
-            let line = if decision.refusals.is_empty() {
-                "verdict: allowed".to_string()
-            } else {
-                "verdict: refused (every matching refusal is reported)".to_string()
-            };
-            let text = explain::render(table, &header, &traces, &decision, &line);
-            if let Err(code) = emit(&text) {
-                return code;
-            }
-        } else {
-            let review = respond(&req, &decision);
-            match serde_json::to_string_pretty(&review) {
-                Ok(s) => {
-                    if let Err(code) = emit(&(s + "\n")) {
-                        return code;
-                    }
-                }
-                Err(e) => return bad(format!("cannot write the response: {e}")),
-            }
+        Some((text.into_bytes(), form.flag().to_string()))
+    } else if let Some(review) = &args.review {
+        // The webhook reads no more of a body than this either.
+        match read(review, crate::runtime::webhook::MAX_BODY as u64) {
+            Ok(b) => Some((b, review.display().to_string())),
+            Err(e) => return bad(e),
         }
-        return EXIT_OK;
+    } else {
+        None
+    };
+    if let Some((body, source)) = body {
+        let outcome = match outcome::admission(table, &snapshot, &body, explain) {
+            Ok(o) => o,
+            Err(e) => return bad(format!("{source}: {e}")),
+        };
+        return answer_admission(table, &outcome, explain);
     }
     let Some(target) = &args.reconcile else {
-        return bad("give --review FILE or --reconcile NAMESPACE/NAME");
+        return bad(
+            "give --review FILE, a request (--delete, --apply, --approve, --unapprove, --unschedule) or --reconcile NAMESPACE/NAME",
+        );
     };
     let Some((ns, name)) = target
         .split_once('/')
@@ -157,67 +179,94 @@ pub fn run(args: &EvalArgs, explain: bool) -> u8 {
     else {
         return bad(format!("--reconcile {target:?}: expected NAMESPACE/NAME"));
     };
-    let events = match reconcile_events(&snapshot, ns, name) {
-        Some(e) => e,
-        None => {
-            return bad(format!(
-                "{}: no TalosMachine or TalosOperation {ns}/{name}",
-                args.objects.display()
-            ));
-        }
+    let outcome = match outcome::reconcile(table, &snapshot, ns, name, explain) {
+        Ok(o) => o,
+        Err(e) => return bad(format!("{}: {e}", args.objects.display())),
     };
-    let (mut decision, mut traces) =
-        decide_events(table, &snapshot, &events, Expensive::FromObjects, explain);
-    // As the controller: an operation that has not started, and is not held, has its
-    // start rules decided again.
-    if decision.verdict().is_none()
-        && snapshot.machine(ns, name).is_none()
-        && let Some(o) = snapshot.operation(ns, name)
-    {
-        let start: Vec<_> = reconcile_start_event(o).into_iter().collect();
-        let (d, t) = decide_events(table, &snapshot, &start, Expensive::FromObjects, explain);
-        decision.refusals.extend(d.refusals);
-        decision.holds.extend(d.holds);
-        decision.warnings.extend(d.warnings);
-        traces.extend(t);
+    answer_reconcile(table, &outcome, explain)
+}
+
+/// `note: ...` lines.
+fn notes_text(outcome: &Outcome) -> String {
+    outcome
+        .notes
+        .iter()
+        .map(|n| format!("note: {n}\n"))
+        .collect()
+}
+
+fn print(text: &str) -> u8 {
+    match emit(text) {
+        Ok(()) => EXIT_OK,
+        Err(code) => code,
+    }
+}
+
+fn answer_admission(table: &crate::compile::Table, outcome: &Outcome, explain: bool) -> u8 {
+    let Some(req) = &outcome.request else {
+        return bad("internal: an admission outcome without its request");
+    };
+    if let Some(message) = &outcome.not_by_rule {
+        let text = if explain {
+            format!(
+                "{}\nverdict: refused (not by a rule): {message}\n",
+                outcome.header
+            )
+        } else {
+            match serde_json::to_string_pretty(&refuse(req, message.clone())) {
+                Ok(s) => s + "\n",
+                Err(e) => return bad(format!("cannot write the response: {e}")),
+            }
+        };
+        return print(&text);
     }
     if explain {
-        let header = format!("controller: reconcile {ns}/{name}");
-        let line = format!("verdict: {}", verdict_word(&decision));
-        let mut text = explain::render(table, &header, &traces, &decision, &line);
-        if events
-            .iter()
-            .any(|e| e.event.1 == crate::vocab::Subject::ControlPlane)
-        {
+        let line = if outcome.decision.refusals.is_empty() {
+            "verdict: allowed".to_string()
+        } else {
+            "verdict: refused (every matching refusal is reported)".to_string()
+        };
+        let mut text = explain::render(
+            table,
+            &outcome.header,
+            &outcome.traces,
+            &outcome.decision,
+            &line,
+        );
+        text.push_str(&notes_text(outcome));
+        return print(&text);
+    }
+    // The response stays an AdmissionReview; notes go to stderr.
+    eprint!("{}", notes_text(outcome));
+    match serde_json::to_string_pretty(&respond(req, &outcome.decision)) {
+        Ok(s) => print(&(s + "\n")),
+        Err(e) => bad(format!("cannot write the response: {e}")),
+    }
+}
+
+fn answer_reconcile(table: &crate::compile::Table, outcome: &Outcome, explain: bool) -> u8 {
+    if explain {
+        let line = format!("verdict: {}", verdict_word(&outcome.decision));
+        let mut text = explain::render(
+            table,
+            &outcome.header,
+            &outcome.traces,
+            &outcome.decision,
+            &line,
+        );
+        if outcome.member_dead_offline {
             text.push_str(
                 "note: offline, `member.dead` is read from the machine's conditions; the controller asks etcd\n",
             );
         }
-        return match emit(&text) {
-            Ok(()) => EXIT_OK,
-            Err(code) => code,
-        };
+        text.push_str(&notes_text(outcome));
+        return print(&text);
     }
-    match serde_json::to_string_pretty(&reconcile_json(&decision)) {
-        Ok(s) => match emit(&(s + "\n")) {
-            Ok(()) => EXIT_OK,
-            Err(code) => code,
-        },
+    eprint!("{}", notes_text(outcome));
+    match serde_json::to_string_pretty(&reconcile_json(&outcome.decision)) {
+        Ok(s) => print(&(s + "\n")),
         Err(e) => bad(format!("cannot write the decision: {e}")),
     }
-}
-
-fn reconcile_events<'s>(
-    snapshot: &'s Snapshot,
-    ns: &str,
-    name: &str,
-) -> Option<Vec<EventFacts<'s>>> {
-    if let Some(m) = snapshot.machine(ns, name) {
-        return Some(reconcile_machine_event(m).into_iter().collect());
-    }
-    snapshot
-        .operation(ns, name)
-        .map(|o| reconcile_operation_event(o).into_iter().collect())
 }
 
 fn verdict_word(d: &Decision) -> &'static str {

@@ -4,6 +4,8 @@ mod check;
 mod crds;
 mod diff;
 mod eval;
+mod outcome;
+mod request;
 mod serve;
 mod table;
 mod verify;

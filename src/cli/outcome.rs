@@ -1,0 +1,163 @@
+//! One decision, offline, as `eval`, `explain` and `test` make it: an AdmissionReview
+//! decided as the webhook answers it, or a reconcile as the controller decides it. The three
+//! commands share this code, so a test case passes only when `eval` decides the same.
+
+use crate::compile::Table;
+use crate::interp::Decision;
+use crate::interp::explain::EventTrace;
+use crate::runtime::admission::{Request, immutable_spec_change, parse_review};
+use crate::runtime::decide::{
+    decide_events, reconcile_machine_event, reconcile_operation_event, reconcile_start_event,
+    request_events,
+};
+use crate::runtime::facts::{EventFacts, Expensive, Subject as FactSubject};
+use crate::runtime::objects::Snapshot;
+
+/// What was decided, and how.
+pub struct Outcome {
+    /// One line naming the request or the reconcile.
+    pub header: String,
+    pub decision: Decision,
+    /// Per event, the rows considered (only when traced).
+    pub traces: Vec<EventTrace>,
+    /// The events the request or reconcile produced (0: an ordinary edit, or nothing for
+    /// the controller to decide).
+    pub events: usize,
+    /// A refusal made by the webhook itself, not by a rule (a TalosOperation's spec edit).
+    pub not_by_rule: Option<String>,
+    /// What the reader should know about the objects (a TalosCluster that is not there).
+    pub notes: Vec<String>,
+    /// A reconcile of a control plane: `member.dead` came from the objects, not from etcd.
+    pub member_dead_offline: bool,
+    /// The parsed request, for the AdmissionReview response (admission only).
+    pub request: Option<Request>,
+}
+
+/// Notes on the events' clusters: a TalosCluster the objects do not hold is read as
+/// missing (`cluster.exists` false, `count` 0), which is a decision the reader should see
+/// was made on purpose, not by a typo in `clusterRef` or a forgotten object.
+fn cluster_notes(snapshot: &Snapshot, events: &[EventFacts<'_>]) -> Vec<String> {
+    let mut notes: Vec<String> = Vec::new();
+    for ev in events {
+        if matches!(ev.subject, FactSubject::Cluster(_)) {
+            continue;
+        }
+        if snapshot.cluster(ev.namespace, ev.cluster).is_none() {
+            let note = format!(
+                "the objects hold no TalosCluster {}/{}: it is read as missing \
+                 (cluster.exists = false, count = 0, schedulable = true); add it to the \
+                 objects file if the cluster exists",
+                ev.namespace, ev.cluster
+            );
+            if !notes.contains(&note) {
+                notes.push(note);
+            }
+        }
+    }
+    notes
+}
+
+/// Decides an AdmissionReview body as the webhook does.
+pub fn admission(
+    table: &Table,
+    snapshot: &Snapshot,
+    body: &[u8],
+    trace: bool,
+) -> Result<Outcome, String> {
+    let req = parse_review(body).map_err(|e| e.to_string())?;
+    let header = format!(
+        "webhook: {} {} {}/{} (uid {})",
+        format!("{:?}", req.operation()).to_uppercase(),
+        req.inner.kind.kind,
+        req.namespace,
+        req.inner.name,
+        req.uid()
+    );
+    // As the webhook: an operation's spec never changes, whatever the rules say.
+    if let Some(message) = immutable_spec_change(&req) {
+        return Ok(Outcome {
+            header,
+            decision: Decision::default(),
+            traces: Vec::new(),
+            events: 0,
+            not_by_rule: Some(message),
+            notes: Vec::new(),
+            member_dead_offline: false,
+            request: Some(req),
+        });
+    }
+    let events = request_events(
+        req.operation(),
+        &req.namespace,
+        req.old.as_ref(),
+        req.new.as_ref(),
+    );
+    let (decision, traces) = decide_events(table, snapshot, &events, Expensive::FromObjects, trace);
+    let notes = cluster_notes(snapshot, &events);
+    let count = events.len();
+    drop(events);
+    Ok(Outcome {
+        header,
+        decision,
+        traces,
+        events: count,
+        not_by_rule: None,
+        notes,
+        member_dead_offline: false,
+        request: Some(req),
+    })
+}
+
+/// Decides a reconcile of the TalosMachine or TalosOperation `ns/name` as the controller
+/// does. `Err` when the objects hold neither.
+pub fn reconcile(
+    table: &Table,
+    snapshot: &Snapshot,
+    ns: &str,
+    name: &str,
+    trace: bool,
+) -> Result<Outcome, String> {
+    let events: Vec<EventFacts<'_>> = if let Some(m) = snapshot.machine(ns, name) {
+        reconcile_machine_event(m).into_iter().collect()
+    } else if let Some(o) = snapshot.operation(ns, name) {
+        reconcile_operation_event(o).into_iter().collect()
+    } else {
+        return Err(format!("no TalosMachine or TalosOperation {ns}/{name}"));
+    };
+    let (mut decision, mut traces) =
+        decide_events(table, snapshot, &events, Expensive::FromObjects, trace);
+    let mut count = events.len();
+    let mut notes = cluster_notes(snapshot, &events);
+    // As the controller: an operation that has not started, and is not held, has its
+    // start rules decided again.
+    if decision.verdict().is_none()
+        && snapshot.machine(ns, name).is_none()
+        && let Some(o) = snapshot.operation(ns, name)
+    {
+        let start: Vec<_> = reconcile_start_event(o).into_iter().collect();
+        let (d, t) = decide_events(table, snapshot, &start, Expensive::FromObjects, trace);
+        decision.refusals.extend(d.refusals);
+        decision.holds.extend(d.holds);
+        decision.warnings.extend(d.warnings);
+        traces.extend(t);
+        count += start.len();
+        for n in cluster_notes(snapshot, &start) {
+            if !notes.contains(&n) {
+                notes.push(n);
+            }
+        }
+    }
+    let member_dead_offline = events
+        .iter()
+        .any(|e| e.event.1 == crate::vocab::Subject::ControlPlane);
+    Ok(Outcome {
+        header: format!("controller: reconcile {ns}/{name}"),
+        decision,
+        traces,
+        events: count,
+        not_by_rule: None,
+        notes,
+        member_dead_offline,
+        request: None,
+    })
+}
