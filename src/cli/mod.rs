@@ -8,6 +8,7 @@ mod outcome;
 mod request;
 mod serve;
 mod table;
+mod test;
 mod verify;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -72,6 +73,10 @@ pub enum Command {
     /// Compare two rule sets over the states the model reaches: every decision that
     /// changed, grouped, with a witness. Exit 0: equivalent; 1: different; 2: bad input.
     Diff(diff::DiffArgs),
+    /// Run the rule tests (YAML cases next to the rules, default `rules/tests`) through the
+    /// same code as `eval`. Exit 0: every case passed; 1: a case failed (or coverage is
+    /// below --fail-under); 2: bad usage, a bad test file, or rules with errors.
+    Test(test::TestArgs),
     /// Print the CustomResourceDefinitions of TalosCluster, TalosMachine and TalosOperation
     /// (YAML, one document each).
     Crds,
@@ -89,6 +94,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Eval(args) => eval::run(&args, false),
         Command::Explain(args) => eval::run(&args, true),
         Command::Crds => crds::run(),
+        Command::Test(args) => test::run(&args),
         Command::Diff(args) => diff::run(&args),
         Command::Verify(args) => {
             let paths = default_paths(args.paths.clone());

@@ -23,6 +23,8 @@ pub struct Outcome {
     /// The events the request or reconcile produced (0: an ordinary edit, or nothing for
     /// the controller to decide).
     pub events: usize,
+    /// The events themselves (verb, subject, site).
+    pub kinds: Vec<crate::check::Event>,
     /// A refusal made by the webhook itself, not by a rule (a TalosOperation's spec edit).
     pub not_by_rule: Option<String>,
     /// What the reader should know about the objects (a TalosCluster that is not there).
@@ -80,6 +82,7 @@ pub fn admission(
             decision: Decision::default(),
             traces: Vec::new(),
             events: 0,
+            kinds: Vec::new(),
             not_by_rule: Some(message),
             notes: Vec::new(),
             member_dead_offline: false,
@@ -95,12 +98,14 @@ pub fn admission(
     let (decision, traces) = decide_events(table, snapshot, &events, Expensive::FromObjects, trace);
     let notes = cluster_notes(snapshot, &events);
     let count = events.len();
+    let kinds = events.iter().map(|e| e.event).collect();
     drop(events);
     Ok(Outcome {
         header,
         decision,
         traces,
         events: count,
+        kinds,
         not_by_rule: None,
         notes,
         member_dead_offline: false,
@@ -127,6 +132,7 @@ pub fn reconcile(
     let (mut decision, mut traces) =
         decide_events(table, snapshot, &events, Expensive::FromObjects, trace);
     let mut count = events.len();
+    let mut kinds: Vec<crate::check::Event> = events.iter().map(|e| e.event).collect();
     let mut notes = cluster_notes(snapshot, &events);
     // As the controller: an operation that has not started, and is not held, has its
     // start rules decided again.
@@ -141,6 +147,7 @@ pub fn reconcile(
         decision.warnings.extend(d.warnings);
         traces.extend(t);
         count += start.len();
+        kinds.extend(start.iter().map(|e| e.event));
         for n in cluster_notes(snapshot, &start) {
             if !notes.contains(&n) {
                 notes.push(n);
@@ -155,6 +162,7 @@ pub fn reconcile(
         decision,
         traces,
         events: count,
+        kinds,
         not_by_rule: None,
         notes,
         member_dead_offline,

@@ -307,6 +307,80 @@ pub fn build_review(form: &Form, objects: &[Value], now: &str) -> Result<Value, 
             }
         }
     };
+    let manager = match form {
+        Form::Apply(_) => "kubectl-client-side-apply",
+        _ => "kubectl-patch",
+    };
+    Ok(envelope(op, &target, old, new, manager, now))
+}
+
+/// An AdmissionReview of `operation` (CREATE, UPDATE or DELETE) with these objects, as the
+/// API server sends it: the form a test case gives as `review: {operation, old, new}`.
+pub fn review_of(operation: &str, old: Option<Value>, new: Option<Value>) -> Result<Value, String> {
+    let op = match operation.to_uppercase().as_str() {
+        "CREATE" => "CREATE",
+        "UPDATE" => "UPDATE",
+        "DELETE" => "DELETE",
+        other => {
+            return Err(format!(
+                "operation {:?}: expected CREATE, UPDATE or DELETE",
+                clip(other)
+            ));
+        }
+    };
+    let (needs_old, needs_new) = match op {
+        "CREATE" => (false, true),
+        "UPDATE" => (true, true),
+        _ => (true, false),
+    };
+    if needs_old != old.is_some() || needs_new != new.is_some() {
+        return Err(format!(
+            "a {op} has {}: give {}",
+            match (old.is_some(), new.is_some()) {
+                (true, true) => "`old` and `new`",
+                (true, false) => "only `old`",
+                (false, true) => "only `new`",
+                (false, false) => "no object",
+            },
+            match op {
+                "CREATE" => "`new` only",
+                "UPDATE" => "`old` and `new`",
+                _ => "`old` only",
+            }
+        ));
+    }
+    let Some(obj) = new.as_ref().or(old.as_ref()) else {
+        return Err(format!("a {op} needs an object"));
+    };
+    object_from_value(obj.clone())?;
+    let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
+    let Some((kind, _, _)) = KINDS.iter().find(|(k, _, _)| *k == kind) else {
+        return Err(format!("`{}` is not a kind ichor-rules decides about", clip(kind)));
+    };
+    let target = Target {
+        kind,
+        namespace: obj
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or("default")
+            .to_string(),
+        name: obj
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+    };
+    Ok(envelope(op, &target, old, new, "kubectl-client-side-apply", ""))
+}
+
+fn envelope(
+    op: &str,
+    target: &Target,
+    old: Option<Value>,
+    new: Option<Value>,
+    manager: &str,
+    now: &str,
+) -> Value {
     let resource = KINDS
         .iter()
         .find(|(k, _, _)| *k == target.kind)
@@ -326,16 +400,12 @@ pub fn build_review(form: &Form, objects: &[Value], now: &str) -> Result<Value, 
         _ => json!({
             "apiVersion": "meta.k8s.io/v1",
             "kind": "UpdateOptions",
-            "fieldManager": if matches!(form, Form::Apply(_)) {
-                "kubectl-client-side-apply"
-            } else {
-                "kubectl-patch"
-            },
+            "fieldManager": manager,
             "fieldValidation": "Strict",
         }),
     };
     let version = API_VERSION.rsplit('/').next().unwrap_or("v1alpha1");
-    Ok(json!({
+    json!({
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
         "request": {
@@ -356,7 +426,7 @@ pub fn build_review(form: &Form, objects: &[Value], now: &str) -> Result<Value, 
             "dryRun": false,
             "options": options,
         }
-    }))
+    })
 }
 
 /// An update by `kubectl apply`: the file's fields merged onto the live object (a JSON
