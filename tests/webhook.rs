@@ -288,7 +288,7 @@ async fn a_failed_live_read_refuses() {
     // the log.
     assert_eq!(
         msg,
-        "the TalosMachines of namespace `infra` could not be read (the API server answered 500 InternalError); ichor-rules refuses rather than deciding on missing data, retry shortly"
+        "the TalosMachines of TalosCluster `infra/prod` could not be read (the API server answered 500 InternalError); ichor-rules refuses rather than deciding on missing data, retry shortly"
     );
     assert!(
         h.metrics
@@ -318,7 +318,7 @@ async fn a_slow_api_server_times_out_and_refuses() {
         r["response"]["status"]["message"]
             .as_str()
             .is_some_and(|m| m.contains(
-                "the TalosMachines of namespace `infra` could not be read (no answer within 100 ms)"
+                "the TalosMachines of TalosCluster `infra/prod` could not be read (no answer within 100 ms)"
             ))
     );
 }

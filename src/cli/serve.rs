@@ -2,7 +2,7 @@
 
 use super::{EXIT_BAD_INPUT, EXIT_OK};
 use crate::runtime::controller::{Context, Settings, leader};
-use crate::runtime::live::LiveReader;
+use crate::runtime::live::{Decode, LiveReader, ReadLimit};
 use crate::runtime::logs;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::reload::{RELOAD_STACK, Reload, Reloader, Rules, on_reload_thread};
@@ -45,6 +45,12 @@ pub struct ServeArgs {
     /// Timeout of each live read, in milliseconds (keep it well below the webhook timeout).
     #[arg(long, default_value_t = 2000)]
     pub read_timeout_ms: u64,
+    /// The most live reads (a LIST to its end, or a GET) the webhook has in flight toward
+    /// the API server at once; more wait for a turn within their read timeout, so a burst
+    /// of admissions cannot become a burst of LISTs. Decisions about one cluster share a
+    /// read sent after they arrived.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub max_inflight_reads: u64,
     /// How often the rules and the certificate are checked for changes, in milliseconds.
     /// Rules are read, checked (lints on) and compiled on a thread of their own (64 MiB
     /// stack), never on the threads answering requests. A version is applied only when
@@ -202,7 +208,11 @@ async fn serve(args: &ServeArgs, rules: Arc<Rules>) -> u8 {
     };
     let state = Arc::new(Webhook {
         rules: rules.clone(),
-        reader: LiveReader::new(client.clone(), Duration::from_millis(args.read_timeout_ms)),
+        reader: LiveReader::new(client.clone(), Duration::from_millis(args.read_timeout_ms))
+            .decoding(Decode::Decisions)
+            .limited(ReadLimit::new(
+                usize::try_from(args.max_inflight_reads).unwrap_or(ReadLimit::DEFAULT),
+            )),
         metrics: metrics.clone(),
         api_ready: Default::default(),
     });

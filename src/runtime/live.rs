@@ -2,29 +2,48 @@
 //! through the kube client (no reflector, no informer cache), each bounded in time and in
 //! size. A read that fails or times out fails the decision closed, and so does an answer
 //! that is partial or contradicts the request: a LIST is read page by page to its end
-//! (`limit`/`continue`), and every object in an answer must be of the kind, namespace and
-//! name asked for, with the fields a decision needs. The decision never sees a partial list.
+//! (`limit`/`continue`), and every object in an answer must be of the kind, namespace,
+//! cluster and name asked for, with the fields a decision needs. The decision never sees a
+//! partial list.
+//!
+//! Reads are proportional to a cluster, not to its namespace: every fact is computed from
+//! the objects of the event's cluster (`FactInfo.read`; the test at the end of this file
+//! computes each from only that cluster's objects beside another cluster's), so a LIST
+//! selects `spec.clusterRef.name` on the API server (a CRD `selectableFields` entry,
+//! Kubernetes >= 1.32) and an answer is decoded straight from its bytes into the fields
+//! decisions read ([`Decode::Decisions`]). Concurrent decisions about one cluster may share
+//! a read sent after they asked, never one sent before; a [`ReadLimit`] bounds the reads in
+//! flight.
 
 use super::facts::{EventFacts, Subject};
 use super::objects::{
-    API_VERSION, Object, Snapshot, TalosCluster, TalosMachine, TalosOperation, typed_object,
+    API_VERSION, ClusterSpec, ClusterStatus, Condition, DECIDED_ANNOTATIONS,
+    MACHINE_CONDITIONS_DECIDED, MachineSpec, MachineStatus, OPERATION_CONDITIONS_DECIDED, Object,
+    OperationSpec, OperationStatus, Snapshot, TalosCluster, TalosMachine, TalosOperation,
+    validate_object,
 };
 use crate::compile::Table;
 use crate::vocab::{FACTS, Read};
+use axum::body::Bytes;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{GetParams, ListParams};
 use kube::{Api, Client};
-use serde_json::Value;
-use std::collections::HashSet;
+use serde::de::{IgnoredAny, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 /// Which kinds a decision must read.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Reads {
-    /// One LIST of the namespace's TalosMachines.
+    /// One LIST of each cluster's TalosMachines (`spec.clusterRef.name` selected).
     pub machines: bool,
     /// One GET of each TalosCluster the events are about.
     pub clusters: bool,
-    /// One LIST of the namespace's TalosOperations.
+    /// One LIST of each cluster's TalosOperations (`spec.clusterRef.name` selected).
     pub operations: bool,
 }
 
@@ -57,7 +76,7 @@ impl Reads {
 
 /// Why a live read failed. `Display` is the one short sentence a refusal carries (what
 /// could not be read, and why in a few words); [`LiveError::detail`] is for the log.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum LiveError {
     #[error("{what} could not be read (no answer within {} ms)", timeout.as_millis())]
     Timeout { what: String, timeout: Duration },
@@ -66,7 +85,7 @@ pub enum LiveError {
     Api {
         what: String,
         #[source]
-        source: kube::Error,
+        source: Arc<kube::Error>,
     },
     /// The API server answered with an error status.
     #[error(
@@ -119,7 +138,7 @@ impl LiveError {
             LiveError::Timeout { .. } | LiveError::Invalid { .. } => self.to_string(),
             LiveError::Api { source, .. } => {
                 let mut out = format!("{self}: {source}");
-                let mut cause = std::error::Error::source(source);
+                let mut cause = std::error::Error::source(source.as_ref());
                 while let Some(c) = cause {
                     out.push_str(&format!(": {c}"));
                     cause = c.source();
@@ -183,13 +202,6 @@ where
     )))
 }
 
-/// Reads live state for decisions.
-#[derive(Clone)]
-pub struct LiveReader {
-    client: Client,
-    timeout: Duration,
-}
-
 /// Whether `s` is a Kubernetes object name (an RFC 1123 subdomain): anything else cannot
 /// name an object, and would not make a sound URL path.
 pub fn valid_name(s: &str) -> bool {
@@ -210,133 +222,746 @@ pub fn valid_namespace(s: &str) -> bool {
     s.len() <= 63 && !s.contains('.') && valid_name(s)
 }
 
-fn str_at<'v>(v: &'v Value, path: &[&str]) -> Option<&'v str> {
-    path.iter().try_fold(v, |v, k| v.get(k))?.as_str()
+/// The field every cluster-scoped LIST selects on: declared `selectableFields` on the
+/// TalosMachine and TalosOperation CRDs (Kubernetes >= 1.32), so the API server filters on
+/// the field the facts compare, `spec.clusterRef.name`, and not on a label a person could
+/// leave out.
+pub const CLUSTER_FIELD: &str = "spec.clusterRef.name";
+
+/// `value` escaped for a field selector (`fields.EscapeValue`: `\`, `,` and `=`), so any
+/// cluster name selects exactly itself.
+pub fn escape_field_value(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        if matches!(c, '\\' | ',' | '=') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
-/// Checks that an object of an answer is what was asked for: one of `kind`, in
-/// `namespace`, named `name` when one was asked for; then types it.
-fn check_object(
+/// The field selector of one cluster's objects.
+pub fn cluster_selector(cluster: &str) -> String {
+    format!("{CLUSTER_FIELD}={}", escape_field_value(cluster))
+}
+
+/// How objects of an answer are decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decode {
+    /// Whole objects: the controller writes back what it reads.
+    Full,
+    /// Only what decisions read: name, namespace, creation and deletion times, the
+    /// annotations the facts read ([`DECIDED_ANNOTATIONS`]), the spec, and of the status
+    /// the phase, failure reason and the conditions the facts read
+    /// ([`MACHINE_CONDITIONS_DECIDED`], [`OPERATION_CONDITIONS_DECIDED`]) without their
+    /// messages. Everything else (managedFields, labels, the last-applied annotation,
+    /// removal progress) is skipped while parsing, never allocated.
+    Decisions,
+}
+
+/// A bound on the reads in flight toward the API server, shared by the readers of one
+/// replica: a burst of admissions waits for a turn instead of becoming a burst of LISTs
+/// (which API priority and fairness would throttle, or the API server would suffer).
+#[derive(Clone, Debug)]
+pub struct ReadLimit {
+    permits: Arc<Semaphore>,
+    max: usize,
+    stats: Arc<LimitStats>,
+}
+
+#[derive(Debug, Default)]
+struct LimitStats {
+    now: AtomicUsize,
+    peak: AtomicUsize,
+    started: AtomicU64,
+}
+
+/// Holds one of a [`ReadLimit`]'s turns.
+struct Turn {
+    _permit: OwnedSemaphorePermit,
+    stats: Arc<LimitStats>,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        self.stats.now.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl ReadLimit {
+    /// Reads in flight at once by default (`serve --max-inflight-reads`).
+    pub const DEFAULT: usize = 16;
+
+    /// At most `max` reads at once (at least one).
+    pub fn new(max: usize) -> ReadLimit {
+        let max = max.max(1);
+        ReadLimit {
+            permits: Arc::new(Semaphore::new(max)),
+            max,
+            stats: Arc::default(),
+        }
+    }
+
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// The most reads that were in flight at once.
+    pub fn peak(&self) -> usize {
+        self.stats.peak.load(Ordering::SeqCst)
+    }
+
+    /// Reads (LISTs to their end, or GETs) sent so far.
+    pub fn reads_started(&self) -> u64 {
+        self.stats.started.load(Ordering::SeqCst)
+    }
+
+    async fn turn(&self) -> Option<Turn> {
+        let permit = self.permits.clone().acquire_owned().await.ok()?;
+        let now = self.stats.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.stats.peak.fetch_max(now, Ordering::SeqCst);
+        self.stats.started.fetch_add(1, Ordering::SeqCst);
+        Some(Turn {
+            _permit: permit,
+            stats: self.stats.clone(),
+        })
+    }
+}
+
+/// One read a decision may share with others.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum ReadKey {
+    /// The TalosMachines of one cluster (`namespace`, `spec.clusterRef.name`).
+    Machines { namespace: String, cluster: String },
+    /// The TalosOperations of one cluster.
+    Operations { namespace: String, cluster: String },
+    /// One TalosCluster.
+    Cluster { namespace: String, name: String },
+    /// One TalosMachine, by name.
+    Machine { namespace: String, name: String },
+}
+
+impl ReadKey {
+    /// What is read, for a refusal: "the TalosMachines of TalosCluster `ns/name`".
+    fn what(&self) -> String {
+        match self {
+            ReadKey::Machines { namespace, cluster } => format!(
+                "the TalosMachines of TalosCluster `{namespace}/{}`",
+                clip(cluster, 64)
+            ),
+            ReadKey::Operations { namespace, cluster } => format!(
+                "the TalosOperations of TalosCluster `{namespace}/{}`",
+                clip(cluster, 64)
+            ),
+            ReadKey::Cluster { namespace, name } => {
+                format!("TalosCluster `{namespace}/{}`", clip(name, 64))
+            }
+            ReadKey::Machine { namespace, name } => {
+                format!("TalosMachine `{namespace}/{}`", clip(name, 64))
+            }
+        }
+    }
+}
+
+/// What a read found; shared by every decision that waited for it.
+#[derive(Clone, Debug)]
+enum Fetched {
+    Machines(Arc<Vec<TalosMachine>>),
+    Operations(Arc<Vec<TalosOperation>>),
+    Cluster(Option<Arc<TalosCluster>>),
+    Machine(Option<Arc<TalosMachine>>),
+}
+
+type Outcome = Option<Result<Fetched, LiveError>>;
+
+/// The reads of one key: one at a time, and the next one, not yet sent, that requests
+/// arriving now wait for.
+struct KeyState {
+    /// Held while a read of this key runs: the next one starts when it ends.
+    running: Arc<tokio::sync::Mutex<()>>,
+    /// The read that has not been sent yet. Joining it is sound: it is sent after the
+    /// request that joins it arrived, so it sees state at least as new as the request.
+    next: Option<watch::Receiver<Outcome>>,
+}
+
+#[derive(Default)]
+struct Flights {
+    keys: Mutex<HashMap<ReadKey, KeyState>>,
+    /// Reads asked for, and how many of them waited for a read another request asked.
+    asked: AtomicU64,
+    joined: AtomicU64,
+}
+
+/// Reads live state for decisions.
+///
+/// Every read is of one cluster: its TalosMachines and TalosOperations are LISTed with
+/// `fieldSelector=spec.clusterRef.name=<cluster>` (the API server filters; the answer is
+/// checked to hold only that cluster's objects), its TalosCluster is a GET. Concurrent
+/// decisions about the same cluster may share a read, but only one sent after they asked
+/// ([`KeyState::next`]): a decision never decides on state older than its request. Reads
+/// in flight are bounded by a [`ReadLimit`].
+#[derive(Clone)]
+pub struct LiveReader {
+    client: Client,
+    timeout: Duration,
+    decode: Decode,
+    limit: ReadLimit,
+    flights: Arc<Flights>,
+}
+
+/// Metadata as decisions read it: everything else is skipped while parsing.
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DecisionMeta {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    creation_timestamp: Option<Time>,
+    #[serde(default)]
+    deletion_timestamp: Option<Time>,
+    #[serde(default, deserialize_with = "decided_annotations")]
+    annotations: Option<BTreeMap<String, String>>,
+}
+
+impl From<DecisionMeta> for ObjectMeta {
+    fn from(m: DecisionMeta) -> ObjectMeta {
+        ObjectMeta {
+            name: m.name,
+            namespace: m.namespace,
+            creation_timestamp: m.creation_timestamp,
+            deletion_timestamp: m.deletion_timestamp,
+            annotations: m.annotations,
+            ..ObjectMeta::default()
+        }
+    }
+}
+
+/// Keeps the annotations of [`DECIDED_ANNOTATIONS`]; the others (a last-applied
+/// configuration of any size) are skipped unread.
+fn decided_annotations<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+    struct Keep;
+    impl<'de> Visitor<'de> for Keep {
+        type Value = Option<BTreeMap<String, String>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a map of annotations")
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_none<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_map(Keep)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some(key) = map.next_key::<Decided>()? {
+                match key.0 {
+                    Some(k) => {
+                        out.insert(k.to_string(), map.next_value::<String>()?);
+                    }
+                    None => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+            }
+            Ok(Some(out))
+        }
+    }
+    d.deserialize_option(Keep)
+}
+
+/// An annotation key: which of [`DECIDED_ANNOTATIONS`] it is, if any (compared as read,
+/// not allocated).
+struct Decided(Option<&'static str>);
+
+impl<'de> Deserialize<'de> for Decided {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Decided, D::Error> {
+        struct Key;
+        impl Visitor<'_> for Key {
+            type Value = Decided;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an annotation key")
+            }
+            fn visit_str<E>(self, s: &str) -> Result<Decided, E> {
+                Ok(Decided(
+                    DECIDED_ANNOTATIONS.iter().copied().find(|k| *k == s),
+                ))
+            }
+        }
+        d.deserialize_str(Key)
+    }
+}
+
+/// A condition as decisions read it: type, status and reason.
+#[derive(Deserialize)]
+struct DecidedCondition {
+    #[serde(rename = "type")]
+    type_: String,
+    #[serde(default)]
+    status: String,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+fn keep_conditions<'de, D: Deserializer<'de>>(
+    d: D,
+    types: &[&str],
+) -> Result<Vec<Condition>, D::Error> {
+    let all: Option<Vec<DecidedCondition>> = Option::deserialize(d)?;
+    Ok(all
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| types.contains(&c.type_.as_str()))
+        .map(|c| Condition {
+            type_: c.type_,
+            status: c.status,
+            reason: c.reason,
+            message: None,
+            last_transition_time: None,
+        })
+        .collect())
+}
+
+fn machine_conditions<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Condition>, D::Error> {
+    keep_conditions(d, MACHINE_CONDITIONS_DECIDED)
+}
+
+fn operation_conditions<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Condition>, D::Error> {
+    keep_conditions(d, OPERATION_CONDITIONS_DECIDED)
+}
+
+#[derive(Deserialize)]
+struct DecisionMachineStatus {
+    #[serde(default, deserialize_with = "machine_conditions")]
+    conditions: Vec<Condition>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DecisionOperationStatus {
+    #[serde(default)]
+    phase: Option<String>,
+    #[serde(default)]
+    failure_reason: Option<String>,
+    #[serde(default, deserialize_with = "operation_conditions")]
+    conditions: Vec<Condition>,
+}
+
+/// One object of an answer, its parts decoded as `M`, `S`, `T` say.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Item<M, S, T> {
+    #[serde(default)]
+    api_version: Option<String>,
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default = "Option::default")]
+    metadata: Option<M>,
+    #[serde(default = "Option::default")]
+    spec: Option<S>,
+    #[serde(default = "Option::default")]
+    status: Option<T>,
+}
+
+/// One page of a LIST answer.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Page<I> {
+    #[serde(default)]
+    api_version: Option<String>,
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default)]
+    metadata: PageMeta,
+    #[serde(default = "Option::default")]
+    items: Option<Vec<I>>,
+}
+
+#[derive(Default, Deserialize)]
+struct PageMeta {
+    #[serde(default, rename = "continue")]
+    continue_: Option<String>,
+}
+
+/// What an answer must hold: objects of `kind` in `namespace`, named `name` when one was
+/// asked for, of `cluster` when a cluster's objects were.
+struct Expect<'a> {
     kind: &'static str,
-    namespace: &str,
-    name: Option<&str>,
-    value: Value,
-) -> Result<Object, String> {
-    let found_kind = (str_at(&value, &["apiVersion"]), str_at(&value, &["kind"]));
-    if found_kind != (Some(API_VERSION), Some(kind)) {
+    namespace: &'a str,
+    name: Option<&'a str>,
+    cluster: Option<&'a str>,
+}
+
+/// The checks every object of an answer passes before it is typed: the kind, namespace
+/// and name asked for.
+fn check_head(
+    e: &Expect<'_>,
+    api_version: Option<&str>,
+    kind: Option<&str>,
+    meta: &ObjectMeta,
+) -> Result<(), String> {
+    if (api_version, kind) != (Some(API_VERSION), Some(e.kind)) {
         return Err(format!(
-            "the answer holds a {} {} where a {API_VERSION} {kind} was asked for",
-            clip(found_kind.0.unwrap_or("(no apiVersion)"), 64),
-            clip(found_kind.1.unwrap_or("(no kind)"), 64),
+            "the answer holds a {} {} where a {API_VERSION} {} was asked for",
+            clip(api_version.unwrap_or("(no apiVersion)"), 64),
+            clip(kind.unwrap_or("(no kind)"), 64),
+            e.kind,
         ));
     }
-    let found_name = str_at(&value, &["metadata", "name"]).unwrap_or("");
+    let found_name = meta.name.as_deref().unwrap_or("");
     if found_name.is_empty() {
-        return Err(format!("the answer holds a {kind} without a name"));
+        return Err(format!("the answer holds a {} without a name", e.kind));
     }
-    if let Some(name) = name
+    if let Some(name) = e.name
         && found_name != name
     {
         return Err(format!(
-            "the answer is {kind} `{}`, not the `{name}` asked for",
+            "the answer is {} `{}`, not the `{name}` asked for",
+            e.kind,
             clip(found_name, 64)
         ));
     }
-    match str_at(&value, &["metadata", "namespace"]) {
-        Some(ns) if ns == namespace => {}
-        Some(ns) => {
-            return Err(format!(
-                "the answer holds {kind} `{}` of namespace `{}`, not of `{namespace}`",
-                clip(found_name, 64),
-                clip(ns, 64)
-            ));
-        }
-        None => {
-            return Err(format!(
-                "the answer holds {kind} `{}` without a namespace",
-                clip(found_name, 64)
-            ));
-        }
+    match meta.namespace.as_deref() {
+        Some(ns) if ns == e.namespace => Ok(()),
+        Some(ns) => Err(format!(
+            "the answer holds {} `{}` of namespace `{}`, not of `{}`",
+            e.kind,
+            clip(found_name, 64),
+            clip(ns, 64),
+            e.namespace
+        )),
+        None => Err(format!(
+            "the answer holds {} `{}` without a namespace",
+            e.kind,
+            clip(found_name, 64)
+        )),
     }
-    let label = clip(found_name, 64);
-    typed_object(kind, value).map_err(|e| {
+}
+
+/// A kind a decision reads, decoded straight from the answer's bytes (never through a
+/// `serde_json::Value`, which costs several times the object's size).
+trait Kind: Sized + Clone {
+    const KIND: &'static str;
+    fn name(&self) -> &str;
+    fn cluster(&self) -> Option<&str>;
+    /// One object from an answer, checked against `e`.
+    fn one(body: &[u8], decode: Decode, e: &Expect<'_>) -> Result<Self, String>;
+    /// One page of a LIST answer, each object checked against `e`, and its `continue`.
+    fn page(
+        body: &[u8],
+        decode: Decode,
+        e: &Expect<'_>,
+    ) -> Result<(Vec<Self>, Option<String>), String>;
+}
+
+/// Decodes an answer (one object, or a page) with the metadata and status types `decode`
+/// asks for, then builds the object with `build`.
+macro_rules! kind_impl {
+    ($ty:ty, $kind:literal, $spec:ty, $status:ty, $decided:ty,
+     $cluster:path, $build:expr, $build_decided:expr) => {
+        impl Kind for $ty {
+            const KIND: &'static str = $kind;
+            fn name(&self) -> &str {
+                <$ty>::name(self)
+            }
+            fn cluster(&self) -> Option<&str> {
+                $cluster(self)
+            }
+            fn one(body: &[u8], decode: Decode, e: &Expect<'_>) -> Result<Self, String> {
+                match decode {
+                    Decode::Full => {
+                        let item: Item<ObjectMeta, $spec, $status> = serde_json::from_slice(body)
+                            .map_err(|err| {
+                            format!("the answer is not a valid {}: {err}", e.kind)
+                        })?;
+                        typed(item, e, $build)
+                    }
+                    Decode::Decisions => {
+                        let item: Item<DecisionMeta, $spec, $decided> =
+                            serde_json::from_slice(body).map_err(|err| {
+                                format!("the answer is not a valid {}: {err}", e.kind)
+                            })?;
+                        typed(into_meta(item), e, $build_decided)
+                    }
+                }
+            }
+            fn page(
+                body: &[u8],
+                decode: Decode,
+                e: &Expect<'_>,
+            ) -> Result<(Vec<Self>, Option<String>), String> {
+                match decode {
+                    Decode::Full => {
+                        let page: Page<Item<ObjectMeta, $spec, $status>> = parse_page(body, e)?;
+                        typed_page(page, e, |i| typed(i, e, $build))
+                    }
+                    Decode::Decisions => {
+                        let page: Page<Item<DecisionMeta, $spec, $decided>> = parse_page(body, e)?;
+                        typed_page(page, e, |i| typed(into_meta(i), e, $build_decided))
+                    }
+                }
+            }
+        }
+    };
+}
+
+fn into_meta<S, T>(i: Item<DecisionMeta, S, T>) -> Item<ObjectMeta, S, T> {
+    Item {
+        api_version: i.api_version,
+        kind: i.kind,
+        metadata: i.metadata.map(ObjectMeta::from),
+        spec: i.spec,
+        status: i.status,
+    }
+}
+
+fn parse_page<I: serde::de::DeserializeOwned>(
+    body: &[u8],
+    e: &Expect<'_>,
+) -> Result<Page<I>, String> {
+    serde_json::from_slice(body).map_err(|err| {
         format!(
-            "{kind} `{label}` of the answer is not valid: {}",
-            clip(&e, 200)
+            "the answer is not a valid {API_VERSION} {}List: {}",
+            e.kind,
+            clip(&err.to_string(), 200)
         )
     })
 }
 
-/// The objects of one page of a LIST of `kind` in `namespace`, and its `continue` token.
-fn check_page(
-    kind: &'static str,
-    namespace: &str,
-    page: Value,
-) -> Result<(Vec<Object>, Option<String>), String> {
-    let Value::Object(mut page) = page else {
-        return Err("the answer is not an object".into());
-    };
-    let list_kind = format!("{kind}List");
-    let found = (
-        page.get("apiVersion").and_then(Value::as_str),
-        page.get("kind").and_then(Value::as_str),
-    );
-    if found != (Some(API_VERSION), Some(list_kind.as_str())) {
+fn typed_page<I, K: Kind>(
+    page: Page<I>,
+    e: &Expect<'_>,
+    each: impl Fn(I) -> Result<K, String>,
+) -> Result<(Vec<K>, Option<String>), String> {
+    let list_kind = format!("{}List", e.kind);
+    if (page.api_version.as_deref(), page.kind.as_deref())
+        != (Some(API_VERSION), Some(list_kind.as_str()))
+    {
         return Err(format!(
             "the answer is a {} {}, not a {API_VERSION} {list_kind}",
-            clip(found.0.unwrap_or("(no apiVersion)"), 64),
-            clip(found.1.unwrap_or("(no kind)"), 64),
+            clip(page.api_version.as_deref().unwrap_or("(no apiVersion)"), 64),
+            clip(page.kind.as_deref().unwrap_or("(no kind)"), 64),
         ));
     }
-    let next = match page.get("metadata").and_then(|m| m.get("continue")) {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) if s.is_empty() => None,
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(_) => return Err("its `metadata.continue` is not a string".into()),
+    let Some(items) = page.items else {
+        return Err("its `items` is missing or null".into());
     };
-    let items = match page.remove("items") {
-        Some(Value::Array(items)) => items,
-        Some(Value::Null) | None => return Err("its `items` is missing or null".into()),
-        Some(_) => return Err("its `items` is not a list".into()),
-    };
-    let objects = items
-        .into_iter()
-        .map(|item| check_object(kind, namespace, None, item))
-        .collect::<Result<Vec<_>, _>>()?;
+    let objects = items.into_iter().map(each).collect::<Result<Vec<_>, _>>()?;
+    let next = page.metadata.continue_.filter(|c| !c.is_empty());
     Ok((objects, next))
+}
+
+/// The checked, typed object of an item; for a cluster's objects, of that cluster (a
+/// server that ignored the field selector would otherwise mix clusters into a count).
+fn typed<S, T, K: Kind>(
+    item: Item<ObjectMeta, S, T>,
+    e: &Expect<'_>,
+    build: impl Fn(ObjectMeta, S, Option<T>) -> K,
+) -> Result<K, String> {
+    let meta = item.metadata.unwrap_or_default();
+    check_head(e, item.api_version.as_deref(), item.kind.as_deref(), &meta)?;
+    let label = clip(meta.name.as_deref().unwrap_or(""), 64);
+    let Some(spec) = item.spec else {
+        return Err(format!("{} `{label}` of the answer has no spec", e.kind));
+    };
+    let object = build(meta, spec, item.status);
+    if let (Some(want), Some(found)) = (e.cluster, object.cluster())
+        && want != found
+    {
+        return Err(format!(
+            "the answer holds {} `{label}` of TalosCluster `{}`, not of `{}` asked for",
+            e.kind,
+            clip(found, 64),
+            clip(want, 64)
+        ));
+    }
+    Ok(object)
+}
+
+fn machine_cluster(m: &TalosMachine) -> Option<&str> {
+    Some(m.cluster())
+}
+
+fn operation_cluster(o: &TalosOperation) -> Option<&str> {
+    Some(o.cluster())
+}
+
+fn no_cluster(_: &TalosCluster) -> Option<&str> {
+    None
+}
+
+kind_impl!(
+    TalosMachine,
+    "TalosMachine",
+    MachineSpec,
+    MachineStatus,
+    DecisionMachineStatus,
+    machine_cluster,
+    |metadata, spec, status| TalosMachine {
+        metadata,
+        spec,
+        status
+    },
+    |metadata, spec, status: Option<DecisionMachineStatus>| TalosMachine {
+        metadata,
+        spec,
+        status: status.map(|s| MachineStatus {
+            conditions: s.conditions,
+            removal: None,
+        }),
+    }
+);
+
+kind_impl!(
+    TalosOperation,
+    "TalosOperation",
+    OperationSpec,
+    OperationStatus,
+    DecisionOperationStatus,
+    operation_cluster,
+    |metadata, spec, status| TalosOperation {
+        metadata,
+        spec,
+        status
+    },
+    |metadata, spec, status: Option<DecisionOperationStatus>| TalosOperation {
+        metadata,
+        spec,
+        status: status.map(|s| OperationStatus {
+            phase: s.phase,
+            conditions: s.conditions,
+            failure_reason: s.failure_reason,
+        }),
+    }
+);
+
+kind_impl!(
+    TalosCluster,
+    "TalosCluster",
+    ClusterSpec,
+    ClusterStatus,
+    IgnoredAny,
+    no_cluster,
+    |metadata, spec, status| TalosCluster {
+        metadata,
+        spec,
+        status
+    },
+    |metadata, spec, _: Option<IgnoredAny>| TalosCluster {
+        metadata,
+        spec,
+        status: None
+    }
+);
+
+/// What the CRDs' schemas enforce (the count, schedulable, the operation kind): an object
+/// that breaks them is an invalid answer.
+fn validated<K: Kind>(
+    o: K,
+    wrap: impl Fn(K) -> Object,
+    unwrap: impl Fn(Object) -> Option<K>,
+) -> Result<K, String> {
+    let label = clip(o.name(), 64);
+    let object = wrap(o);
+    validate_object(&object).map_err(|e| {
+        format!(
+            "{} `{label}` of the answer is not valid: {}",
+            K::KIND,
+            clip(&e, 200)
+        )
+    })?;
+    unwrap(object).ok_or_else(|| format!("the answer is not a {}", K::KIND))
+}
+
+trait Validate: Kind {
+    fn validate(self) -> Result<Self, String>;
+}
+
+impl Validate for TalosMachine {
+    fn validate(self) -> Result<Self, String> {
+        validated(self, Object::Machine, |o| match o {
+            Object::Machine(m) => Some(m),
+            _ => None,
+        })
+    }
+}
+
+impl Validate for TalosOperation {
+    fn validate(self) -> Result<Self, String> {
+        validated(self, Object::Operation, |o| match o {
+            Object::Operation(m) => Some(m),
+            _ => None,
+        })
+    }
+}
+
+impl Validate for TalosCluster {
+    fn validate(self) -> Result<Self, String> {
+        validated(self, Object::Cluster, |o| match o {
+            Object::Cluster(m) => Some(m),
+            _ => None,
+        })
+    }
 }
 
 /// What an answer said.
 enum Answer {
-    Found(Value),
+    Found(Bytes),
     NotFound,
 }
 
 impl LiveReader {
+    /// A reader of whole objects (the controller's), with its own [`ReadLimit`] of
+    /// [`ReadLimit::DEFAULT`] reads in flight.
     pub fn new(client: Client, timeout: Duration) -> LiveReader {
-        LiveReader { client, timeout }
+        LiveReader {
+            client,
+            timeout,
+            decode: Decode::Full,
+            limit: ReadLimit::new(ReadLimit::DEFAULT),
+            flights: Arc::default(),
+        }
+    }
+
+    /// The same reader decoding as `decode` says (with reads of its own to share).
+    pub fn decoding(mut self, decode: Decode) -> LiveReader {
+        self.decode = decode;
+        self.flights = Arc::default();
+        self
+    }
+
+    /// The same reader taking its turns from `limit` (one limit for a replica's readers).
+    pub fn limited(mut self, limit: ReadLimit) -> LiveReader {
+        self.limit = limit;
+        self
+    }
+
+    pub fn limit(&self) -> &ReadLimit {
+        &self.limit
+    }
+
+    /// Reads asked for, and how many of them were answered by a read another decision
+    /// asked for (sent after both asked).
+    pub fn shared_reads(&self) -> (u64, u64) {
+        (
+            self.flights.asked.load(Ordering::SeqCst),
+            self.flights.joined.load(Ordering::SeqCst),
+        )
     }
 
     pub fn client(&self) -> &Client {
         &self.client
     }
 
-    async fn bounded<T>(
-        &self,
-        what: &str,
-        fut: impl Future<Output = Result<T, LiveError>>,
-    ) -> Result<T, LiveError> {
-        match tokio::time::timeout(self.timeout, fut).await {
-            Ok(r) => r,
-            Err(_) => Err(LiveError::Timeout {
-                what: what.to_string(),
-                timeout: self.timeout,
-            }),
-        }
-    }
-
-    /// Sends one request; a 2xx answer must be one JSON value of at most [`MAX_ANSWER`]
-    /// bytes. A 404 is `NotFound`; any other status is an error.
+    /// Sends one request; a 2xx answer must be at most [`MAX_ANSWER`] bytes. A 404 is
+    /// `NotFound`; any other status is an error.
     async fn send(
         &self,
         what: &str,
@@ -353,7 +978,7 @@ impl LiveReader {
             .await
             .map_err(|source| LiveError::Api {
                 what: what.to_string(),
-                source,
+                source: Arc::new(source),
             })?;
         let code = response.status();
         let body = axum::body::to_bytes(axum::body::Body::new(response.into_body()), MAX_ANSWER)
@@ -379,34 +1004,40 @@ impl LiveReader {
                 },
             });
         }
-        serde_json::from_slice(&body)
-            .map(Answer::Found)
-            .map_err(|e| invalid(format!("the answer is not valid JSON: {e}")))
+        Ok(Answer::Found(body))
     }
 
-    /// Every object of `kind` in `namespace`, read page by page to the end.
-    async fn list_all(
+    /// Every object of `K` in `namespace` the field selector `fields` selects, read page
+    /// by page to the end; each must be of `cluster`.
+    async fn list_all<K: Validate>(
         &self,
         what: &str,
-        kind: &'static str,
         url: &str,
         namespace: &str,
-    ) -> Result<Vec<Object>, LiveError> {
+        cluster: &str,
+    ) -> Result<Vec<K>, LiveError> {
         let invalid = |why: String| LiveError::Invalid {
             what: what.to_string(),
             why,
         };
         let request = kube::core::Request::new(url);
-        let mut out = Vec::new();
+        let selector = cluster_selector(cluster);
+        let expect = Expect {
+            kind: K::KIND,
+            namespace,
+            name: None,
+            cluster: Some(cluster),
+        };
+        let mut out: Vec<K> = Vec::new();
         let mut names = HashSet::new();
         let mut token: Option<String> = None;
         for _ in 0..MAX_PAGES {
-            let mut params = ListParams::default().limit(PAGE);
+            let mut params = ListParams::default().fields(&selector).limit(PAGE);
             if let Some(t) = &token {
                 params = params.continue_token(t);
             }
-            let page = match self.send(what, request.list(&params)).await? {
-                Answer::Found(v) => v,
+            let body = match self.send(what, request.list(&params)).await? {
+                Answer::Found(b) => b,
                 Answer::NotFound => {
                     return Err(invalid(
                         "the API server answered 404: is the CustomResourceDefinition installed?"
@@ -414,17 +1045,15 @@ impl LiveReader {
                     ));
                 }
             };
-            let (objects, next) = check_page(kind, namespace, page).map_err(&invalid)?;
+            let (objects, next) = K::page(&body, self.decode, &expect).map_err(&invalid)?;
+            drop(body);
             for o in objects {
-                let name = match &o {
-                    Object::Machine(m) => m.name().to_string(),
-                    Object::Cluster(c) => c.name().to_string(),
-                    Object::Operation(op) => op.name().to_string(),
-                };
-                if !names.insert(name.clone()) {
+                let o = o.validate().map_err(&invalid)?;
+                if !names.insert(o.name().to_string()) {
                     return Err(invalid(format!(
-                        "the answer lists {kind} `{}` twice",
-                        clip(&name, 64)
+                        "the answer lists {} `{}` twice",
+                        K::KIND,
+                        clip(o.name(), 64)
                     )));
                 }
                 out.push(o);
@@ -444,34 +1073,209 @@ impl LiveReader {
         )))
     }
 
-    /// One TalosCluster, or `None` when the API server says it does not exist.
-    async fn get_cluster(
+    /// One object by name, or `None` when the API server says it does not exist.
+    async fn get_one<K: Validate>(
         &self,
         what: &str,
         url: &str,
         namespace: &str,
         name: &str,
-    ) -> Result<Option<TalosCluster>, LiveError> {
+    ) -> Result<Option<K>, LiveError> {
+        if !valid_name(name) {
+            return Err(LiveError::Invalid {
+                what: what.to_string(),
+                why: "that is not a valid object name".into(),
+            });
+        }
         let request = kube::core::Request::new(url).get(name, &GetParams::default());
+        let expect = Expect {
+            kind: K::KIND,
+            namespace,
+            name: Some(name),
+            cluster: None,
+        };
         match self.send(what, request).await? {
             Answer::NotFound => Ok(None),
-            Answer::Found(v) => match check_object("TalosCluster", namespace, Some(name), v) {
-                Ok(Object::Cluster(c)) => Ok(Some(c)),
-                Ok(_) => Err(LiveError::Invalid {
-                    what: what.to_string(),
-                    why: "the answer is not a TalosCluster".into(),
-                }),
-                Err(why) => Err(LiveError::Invalid {
+            Answer::Found(body) => K::one(&body, self.decode, &expect)
+                .and_then(K::validate)
+                .map(Some)
+                .map_err(|why| LiveError::Invalid {
                     what: what.to_string(),
                     why,
                 }),
-            },
         }
     }
 
-    /// Reads what `reads` asks for in `namespace`, concurrently; `clusters` names the
-    /// TalosClusters to GET. A namespace or cluster name that cannot name an object is a
-    /// failed read (it would not make a sound URL either).
+    /// Sends the read `key` names, bounded in time, once it has a turn of the limit.
+    async fn fetch(&self, key: &ReadKey) -> Result<Fetched, LiveError> {
+        let what = key.what();
+        let Some(_turn) = self.limit.turn().await else {
+            return Err(LiveError::Invalid {
+                what,
+                why: "the reader is shutting down".into(),
+            });
+        };
+        let read = async {
+            Ok(match key {
+                ReadKey::Machines { namespace, cluster } => {
+                    let api: Api<TalosMachine> = Api::namespaced(self.client.clone(), namespace);
+                    Fetched::Machines(Arc::new(
+                        self.list_all(&what, api.resource_url(), namespace, cluster)
+                            .await?,
+                    ))
+                }
+                ReadKey::Operations { namespace, cluster } => {
+                    let api: Api<TalosOperation> = Api::namespaced(self.client.clone(), namespace);
+                    Fetched::Operations(Arc::new(
+                        self.list_all(&what, api.resource_url(), namespace, cluster)
+                            .await?,
+                    ))
+                }
+                ReadKey::Cluster { namespace, name } => {
+                    let api: Api<TalosCluster> = Api::namespaced(self.client.clone(), namespace);
+                    Fetched::Cluster(
+                        self.get_one(&what, api.resource_url(), namespace, name)
+                            .await?
+                            .map(Arc::new),
+                    )
+                }
+                ReadKey::Machine { namespace, name } => {
+                    let api: Api<TalosMachine> = Api::namespaced(self.client.clone(), namespace);
+                    Fetched::Machine(
+                        self.get_one(&what, api.resource_url(), namespace, name)
+                            .await?
+                            .map(Arc::new),
+                    )
+                }
+            })
+        };
+        match tokio::time::timeout(self.timeout, read).await {
+            Ok(r) => r,
+            Err(_) => Err(LiveError::Timeout {
+                what,
+                timeout: self.timeout,
+            }),
+        }
+    }
+
+    /// The read `key` names, sent after this call began: the one not yet sent, if another
+    /// decision already asked for it, else a new one (sent once the read of the same key
+    /// that is running, if any, has ended, and the limit gives a turn). Waiting is bounded
+    /// by the read timeout.
+    async fn read(&self, key: ReadKey) -> Result<Fetched, LiveError> {
+        self.flights.asked.fetch_add(1, Ordering::SeqCst);
+        let what = key.what();
+        let rx = {
+            let mut keys = self
+                .flights
+                .keys
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let state = keys.entry(key.clone()).or_insert_with(|| KeyState {
+                running: Arc::default(),
+                next: None,
+            });
+            match &state.next {
+                Some(rx) => {
+                    self.flights.joined.fetch_add(1, Ordering::SeqCst);
+                    rx.clone()
+                }
+                None => {
+                    let (tx, rx) = watch::channel(None);
+                    state.next = Some(rx.clone());
+                    let running = state.running.clone();
+                    let reader = self.clone();
+                    // Its own task: a decision that stops waiting (its client went away)
+                    // does not take the read from the others waiting for it.
+                    tokio::spawn(async move {
+                        let guard = running.lock().await;
+                        // Sent from here on: a request arriving now needs the next read.
+                        reader.started(&key);
+                        let result = reader.fetch(&key).await;
+                        let _ = tx.send(Some(result));
+                        drop(guard);
+                        drop(running);
+                        reader.forget_if_idle(&key);
+                    });
+                    rx
+                }
+            }
+        };
+        let mut rx = rx;
+        let waited = tokio::time::timeout(self.timeout, rx.wait_for(Option::is_some)).await;
+        match waited {
+            Ok(Ok(outcome)) => match &*outcome {
+                Some(r) => r.clone(),
+                None => Err(LiveError::Invalid {
+                    what,
+                    why: "the read ended without an answer".into(),
+                }),
+            },
+            Ok(Err(_)) => Err(LiveError::Invalid {
+                what,
+                why: "the read ended without an answer".into(),
+            }),
+            Err(_) => Err(LiveError::Timeout {
+                what,
+                timeout: self.timeout,
+            }),
+        }
+    }
+
+    fn started(&self, key: &ReadKey) {
+        let mut keys = self
+            .flights
+            .keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(state) = keys.get_mut(key) {
+            state.next = None;
+        }
+    }
+
+    /// Drops the state of a key no read is running or waiting for.
+    fn forget_if_idle(&self, key: &ReadKey) {
+        let mut keys = self
+            .flights
+            .keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if keys
+            .get(key)
+            .is_some_and(|s| s.next.is_none() && Arc::strong_count(&s.running) == 1)
+        {
+            keys.remove(key);
+        }
+    }
+
+    /// One TalosMachine, read live by name; `None` when it does not exist.
+    pub async fn machine(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<TalosMachine>, LiveError> {
+        let key = ReadKey::Machine {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        };
+        if !valid_namespace(namespace) {
+            return Err(LiveError::Invalid {
+                what: key.what(),
+                why: "that is not a valid namespace name".into(),
+            });
+        }
+        match self.read(key).await? {
+            Fetched::Machine(m) => Ok(m.map(|m| (*m).clone())),
+            _ => Ok(None),
+        }
+    }
+
+    /// Reads what `reads` asks for about `clusters` of `namespace`, concurrently: for each
+    /// cluster its TalosMachines and TalosOperations (a LIST each, selected by
+    /// `spec.clusterRef.name`) and its TalosCluster (a GET). Facts are computed per
+    /// cluster (`FactInfo.read`), so these are all a decision needs. A namespace or
+    /// cluster name that cannot name an object is a failed read (it would not make a
+    /// sound URL either).
     pub async fn snapshot(
         &self,
         namespace: &str,
@@ -484,83 +1288,42 @@ impl LiveReader {
                 why: "that is not a valid namespace name".into(),
             });
         }
-        let machines = async {
-            if !reads.machines {
-                return Ok(Vec::new());
+        let mut names: Vec<&str> = clusters.to_vec();
+        names.sort_unstable();
+        names.dedup();
+        let mut keys = Vec::new();
+        for name in &names {
+            let (namespace, cluster) = (namespace.to_string(), name.to_string());
+            if reads.machines {
+                keys.push(ReadKey::Machines {
+                    namespace: namespace.clone(),
+                    cluster: cluster.clone(),
+                });
             }
-            let api: Api<TalosMachine> = Api::namespaced(self.client.clone(), namespace);
-            let what = format!("the TalosMachines of namespace `{namespace}`");
-            let objects = self
-                .bounded(
-                    &what,
-                    self.list_all(&what, "TalosMachine", api.resource_url(), namespace),
-                )
-                .await?;
-            Ok::<_, LiveError>(
-                objects
-                    .into_iter()
-                    .filter_map(|o| match o {
-                        Object::Machine(m) => Some(m),
-                        _ => None,
-                    })
-                    .collect(),
-            )
-        };
-        let operations = async {
-            if !reads.operations {
-                return Ok(Vec::new());
+            if reads.operations {
+                keys.push(ReadKey::Operations {
+                    namespace: namespace.clone(),
+                    cluster: cluster.clone(),
+                });
             }
-            let api: Api<TalosOperation> = Api::namespaced(self.client.clone(), namespace);
-            let what = format!("the TalosOperations of namespace `{namespace}`");
-            let objects = self
-                .bounded(
-                    &what,
-                    self.list_all(&what, "TalosOperation", api.resource_url(), namespace),
-                )
-                .await?;
-            Ok::<_, LiveError>(
-                objects
-                    .into_iter()
-                    .filter_map(|o| match o {
-                        Object::Operation(op) => Some(op),
-                        _ => None,
-                    })
-                    .collect(),
-            )
-        };
-        let cluster_reads = async {
-            let mut out = Vec::new();
-            if !reads.clusters {
-                return Ok(out);
+            if reads.clusters && !name.is_empty() {
+                keys.push(ReadKey::Cluster {
+                    namespace,
+                    name: cluster,
+                });
             }
-            let api: Api<TalosCluster> = Api::namespaced(self.client.clone(), namespace);
-            for name in clusters {
-                if name.is_empty() {
-                    continue;
-                }
-                let what = format!("TalosCluster `{namespace}/{}`", clip(name, 64));
-                if !valid_name(name) {
-                    return Err(LiveError::Invalid {
-                        what,
-                        why: "that is not a valid object name".into(),
-                    });
-                }
-                let got = self
-                    .bounded(
-                        &what,
-                        self.get_cluster(&what, api.resource_url(), namespace, name),
-                    )
-                    .await?;
-                out.extend(got);
+        }
+        let fetched = futures::future::try_join_all(keys.into_iter().map(|k| self.read(k))).await?;
+        let mut snapshot = Snapshot::default();
+        for f in fetched {
+            match f {
+                Fetched::Machines(m) => snapshot.machines.extend(m.iter().cloned()),
+                Fetched::Operations(o) => snapshot.operations.extend(o.iter().cloned()),
+                Fetched::Cluster(c) => snapshot.clusters.extend(c.map(|c| (*c).clone())),
+                Fetched::Machine(m) => snapshot.machines.extend(m.map(|m| (*m).clone())),
             }
-            Ok::<_, LiveError>(out)
-        };
-        let (machines, operations, clusters) = tokio::join!(machines, operations, cluster_reads);
-        Ok(Snapshot {
-            machines: machines?,
-            clusters: clusters?,
-            operations: operations?,
-        })
+        }
+        Ok(snapshot)
     }
 }
 
@@ -613,12 +1376,46 @@ mod read_declarations {
         }
     }
 
+    /// The objects of another cluster in the same namespace: more control planes, an
+    /// unfinished operation. A fact that read them would differ.
+    fn other_cluster() -> (Vec<TalosMachine>, Vec<TalosOperation>) {
+        let machines = (0..5)
+            .map(|i| {
+                serde_json::from_value::<TalosMachine>(serde_json::json!({
+                    "apiVersion": API_VERSION, "kind": "TalosMachine",
+                    "metadata": {"name": format!("x-{i}"), "namespace": "ns"},
+                    "spec": {"clusterRef": {"name": "other"}, "role": "controlplane", "approved": true,
+                             "approvalDecision": {"at": "2026-11-01T09:00:00Z"}}
+                }))
+                .expect("machine")
+            })
+            .collect();
+        let ops = vec![
+            serde_json::from_value::<TalosOperation>(serde_json::json!({
+                "apiVersion": API_VERSION, "kind": "TalosOperation",
+                "metadata": {"name": "op-0", "namespace": "ns", "creationTimestamp": "2026-01-01T00:00:00Z"},
+                "spec": {"clusterRef": {"name": "other"}, "kind": "reboot"},
+                "status": {"phase": "Running"}
+            }))
+            .expect("operation"),
+        ];
+        (machines, ops)
+    }
+
     /// Every fact, computed from only the reads its declaration names (plus the request's
     /// own object), is what it is from everything: a fact declared with too few reads
     /// would decide on an empty list.
     #[test]
     fn each_fact_needs_no_read_but_the_one_it_declares() {
-        let full = snapshot();
+        // The whole namespace: the cluster's objects and another cluster's. A read is
+        // always of one cluster (`spec.clusterRef.name` selected), so a fact that needed
+        // another cluster's objects, or the namespace's, would differ here: such a fact
+        // needs a read of its own before the webhook may use it.
+        let mut full = snapshot();
+        let (machines, ops) = other_cluster();
+        full.machines.extend(machines);
+        full.operations.extend(ops);
+        let cluster_only = snapshot();
         for info in FACTS {
             let Some(&(verb, subject, site)) = RUNTIME_EVENTS
                 .iter()
@@ -628,9 +1425,9 @@ mod read_declarations {
             };
             let mut part = Snapshot::default();
             match info.read {
-                Read::Machines => part.machines = full.machines.clone(),
-                Read::Cluster => part.clusters = full.clusters.clone(),
-                Read::Operations => part.operations = full.operations.clone(),
+                Read::Machines => part.machines = cluster_only.machines.clone(),
+                Read::Cluster => part.clusters = cluster_only.clusters.clone(),
+                Read::Operations => part.operations = cluster_only.operations.clone(),
                 Read::Request => {}
             }
             let value = |snap: &Snapshot| -> String {
@@ -672,5 +1469,177 @@ mod read_declarations {
                 info.read
             );
         }
+    }
+
+    /// Objects as a cluster holds them: managedFields, labels, a last-applied annotation,
+    /// conditions with messages, removal progress.
+    fn rich_objects() -> (serde_json::Value, serde_json::Value, serde_json::Value) {
+        use serde_json::json;
+        let managed = json!([{"manager": "kubectl", "operation": "Apply", "apiVersion": API_VERSION,
+            "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:role": {}, "f:approved": {}}}}]);
+        let meta = |name: &str, extra: serde_json::Value| {
+            let mut m = json!({"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+                "resourceVersion": "42", "generation": 3,
+                "creationTimestamp": "2026-11-01T08:00:00Z",
+                "labels": {"team": "a"}, "managedFields": managed.clone(),
+                "finalizers": ["ichor.maesh.dev/machine-removal"],
+                "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{\"x\": 1}"}});
+            if let (Some(m), serde_json::Value::Object(extra)) = (m.as_object_mut(), extra) {
+                for (k, v) in extra {
+                    m.insert(k, v);
+                }
+            }
+            m
+        };
+        let conds = |ready: &str, reason: &str| {
+            json!([
+            {"type": "Ready", "status": ready, "reason": reason, "message": "long words", "lastTransitionTime": "2026-11-01T08:00:00Z"},
+            {"type": "NodeReachable", "status": "False", "reason": "Timeout", "message": "x"},
+            {"type": "Removal", "status": "True", "reason": "DeadMemberRemoval", "message": "y"}])
+        };
+        let machines = json!({"apiVersion": API_VERSION, "kind": "TalosMachineList", "metadata": {"resourceVersion": "42"},
+            "items": (1..=5).map(|i| json!({"apiVersion": API_VERSION, "kind": "TalosMachine",
+                "metadata": meta(&format!("cp-{i}"), if i == 2 {
+                    json!({"deletionTimestamp": "2026-11-02T00:00:00Z",
+                           "annotations": {"ichor.maesh.dev/allow-delete": "true", "other": "x"}})
+                } else { json!({}) }),
+                "spec": {"clusterRef": {"name": "prod"}, "role": if i == 5 {"worker"} else {"controlplane"}, "approved": i != 4,
+                         "approvalDecision": {"at": format!("2026-11-01T10:0{i}:00Z")}, "endpoint": "10.0.0.1"},
+                "status": {"conditions": conds(if i == 3 {"False"} else {"True"}, if i == 3 {"NodeUnreachable"} else {"Ok"}),
+                           "removal": {"memberDead": true, "done": ["drain node"], "committed": false}}
+            })).collect::<Vec<_>>()});
+        let ops = json!({"apiVersion": API_VERSION, "kind": "TalosOperationList", "metadata": {},
+            "items": [
+                {"apiVersion": API_VERSION, "kind": "TalosOperation", "metadata": meta("op-1", json!({})),
+                 "spec": {"clusterRef": {"name": "prod"}, "kind": "reset", "machine": "cp-1"},
+                 "status": {"phase": "Paused", "conditions": [
+                     {"type": "Paused", "status": "True", "reason": "ClusterTransitioning", "message": "m"},
+                     {"type": "Accepted", "status": "False", "reason": "StartRefused", "message": "m"},
+                     {"type": "Progressing", "status": "True", "reason": "X"}]}},
+                {"apiVersion": API_VERSION, "kind": "TalosOperation", "metadata": meta("op-2", json!({})),
+                 "spec": {"clusterRef": {"name": "prod"}, "kind": "upgrade"},
+                 "status": {"phase": "Running", "failureReason": "boom", "conditions": [
+                     {"type": "Paused", "status": "True", "reason": "Operator"}]}}]});
+        let cluster = json!({"apiVersion": API_VERSION, "kind": "TalosCluster",
+            "metadata": meta("prod", json!({"annotations": {"ichor.maesh.dev/allow-delete": "true"}})),
+            "spec": {"controlPlane": {"count": 3}, "schedulable": "false"},
+            "status": {"conditions": [{"type": "Transitioning", "status": "False", "reason": "StableControlPlaneCount"}]}});
+        (machines, ops, cluster)
+    }
+
+    fn decoded(decode: Decode) -> Snapshot {
+        let (machines, ops, cluster) = rich_objects();
+        let expect = |kind, name, cluster| Expect {
+            kind,
+            namespace: "ns",
+            name,
+            cluster,
+        };
+        let bytes = |v: &serde_json::Value| serde_json::to_vec(v).expect("json");
+        let (machines, _) = TalosMachine::page(
+            &bytes(&machines),
+            decode,
+            &expect("TalosMachine", None, Some("prod")),
+        )
+        .expect("machines");
+        let (operations, _) = TalosOperation::page(
+            &bytes(&ops),
+            decode,
+            &expect("TalosOperation", None, Some("prod")),
+        )
+        .expect("operations");
+        let cluster = TalosCluster::one(
+            &bytes(&cluster),
+            decode,
+            &expect("TalosCluster", Some("prod"), None),
+        )
+        .expect("cluster");
+        Snapshot {
+            machines,
+            clusters: vec![cluster],
+            operations,
+        }
+    }
+
+    /// Decoding for decisions keeps everything a fact reads: every fact of every event,
+    /// for every subject, is the same from whole objects and from what `Decisions` keeps.
+    #[test]
+    fn decoding_for_decisions_keeps_every_fact() {
+        let full = decoded(Decode::Full);
+        let slim = decoded(Decode::Decisions);
+        // Whole objects are whole (as typed_object reads them), the slim ones are not.
+        let (machines, ..) = rich_objects();
+        let whole =
+            crate::runtime::objects::typed_object("TalosMachine", machines["items"][0].clone())
+                .expect("typed");
+        assert_eq!(Object::Machine(full.machines[0].clone()), whole);
+        assert!(slim.machines[0].metadata.managed_fields.is_none());
+        assert!(
+            slim.machines[0]
+                .status
+                .as_ref()
+                .is_some_and(|s| s.removal.is_none() && s.conditions.len() == 2)
+        );
+        assert_eq!(
+            slim.machines[1]
+                .metadata
+                .annotations
+                .as_ref()
+                .map(|a| a.len()),
+            Some(1),
+            "only the annotations a fact reads"
+        );
+        for &(verb, subject, site) in RUNTIME_EVENTS {
+            for pick in 0..5 {
+                let value = |snap: &Snapshot, fact: crate::vocab::Fact| -> String {
+                    let ev = EventFacts {
+                        event: (verb, subject, site),
+                        namespace: "ns",
+                        cluster: "prod",
+                        subject: match subject {
+                            S::Operation => crate::runtime::facts::Subject::Operation(
+                                &snap.operations[pick % 2],
+                            ),
+                            S::Cluster => {
+                                crate::runtime::facts::Subject::Cluster(&snap.clusters[0])
+                            }
+                            _ => crate::runtime::facts::Subject::Machine {
+                                name: snap.machines[pick].name(),
+                                view: &snap.machines[pick],
+                                counted: Some(&snap.machines[pick]),
+                            },
+                        },
+                    };
+                    for expensive in [Expensive::FromObjects, Expensive::Deferred] {
+                        let mut f = SnapshotFacts::new(snap, ev, expensive);
+                        if let Lookup::Value(v) = f.fact(fact) {
+                            return format!("{v:?}");
+                        }
+                    }
+                    "later".into()
+                };
+                for info in FACTS {
+                    if !info.fact.available(verb, subject, site) {
+                        continue;
+                    }
+                    assert_eq!(
+                        value(&slim, info.fact),
+                        value(&full, info.fact),
+                        "{verb:?} {subject:?} {site:?} subject {pick}: `{}`",
+                        info.name
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn field_selector_values_are_escaped() {
+        assert_eq!(cluster_selector("prod"), "spec.clusterRef.name=prod");
+        assert_eq!(cluster_selector(""), "spec.clusterRef.name=");
+        assert_eq!(
+            cluster_selector("a,b=c\\d"),
+            "spec.clusterRef.name=a\\,b\\=c\\\\d"
+        );
     }
 }

@@ -91,6 +91,9 @@ fn role_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     kind = "TalosMachine",
     doc = "A Talos machine (node) of a TalosCluster; approval lets it join.",
     namespaced,
+    // Decisions read a cluster's machines with `fieldSelector=spec.clusterRef.name=<name>`:
+    // the API server filters on the field itself (Kubernetes >= 1.32), never on a label.
+    selectable = ".spec.clusterRef.name",
     status = "MachineStatus",
     shortname = "tm",
     category = "ichor",
@@ -331,6 +334,7 @@ impl TalosCluster {
     kind = "TalosOperation",
     doc = "A one-off, disruptive operation on a TalosCluster.",
     namespaced,
+    selectable = ".spec.clusterRef.name",
     status = "OperationStatus",
     shortname = "top",
     category = "ichor",
@@ -445,6 +449,16 @@ impl TalosOperation {
         self.phase() == "Paused" && paused_for_transition && !self.failed()
     }
 }
+
+/// The annotations the facts read (the accessors above): live reads for decisions keep
+/// these and skip every other annotation unread.
+pub const DECIDED_ANNOTATIONS: &[&str] = &[ALLOW_DELETE_ANNOTATION];
+/// The TalosMachine conditions the facts read (`node_unreachable`,
+/// `dead_member_removal_marked`): type, status and reason; a decision's read keeps no other.
+pub const MACHINE_CONDITIONS_DECIDED: &[&str] = &["Ready", "Removal"];
+/// The TalosOperation conditions the facts read (`paused_elsewhere`, `start_refused`,
+/// `parked`).
+pub const OPERATION_CONDITIONS_DECIDED: &[&str] = &["Paused", "Accepted"];
 
 /// The live objects a decision is made against.
 #[derive(Clone, Debug, Default)]
@@ -592,13 +606,14 @@ pub fn typed_object(kind: &str, value: serde_json::Value) -> Result<Object, Stri
         "TalosOperation" => de(value).map(Object::Operation),
         other => Err(format!("`{other}` is not a kind ichor-rules decides about")),
     }?;
-    validate(&object)?;
+    validate_object(&object)?;
     Ok(object)
 }
 
 /// What the CRDs' schemas enforce in a cluster, enforced on objects read from files (and
-/// on the objects of a review, which the API server validated before asking).
-fn validate(object: &Object) -> Result<(), String> {
+/// on the objects of a review, which the API server validated before asking, and of live
+/// reads).
+pub fn validate_object(object: &Object) -> Result<(), String> {
     match object {
         Object::Cluster(c) => {
             let count = c.spec.control_plane.count;

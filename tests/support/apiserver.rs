@@ -12,7 +12,11 @@
 //!   is a 400), `fieldSelector` (`=`, `==`, `!=`) on `metadata.name`, `metadata.namespace`
 //!   and the fields each kind supports (pods: `spec.nodeName`, `status.phase`, …; nodes:
 //!   `spec.unschedulable`; core events: `involvedObject.*`, `reason`, `source`, `type`, …;
-//!   replica sets: `status.replicas`; any other field is a 400), `limit` and `continue`
+//!   replica sets: `status.replicas`; custom resources: the `selectableFields` their
+//!   CustomResourceDefinition declares, read from the CRDs `ichor-rules crds` prints, an
+//!   absent field selecting as the empty string; any other field is a 400 BadRequest
+//!   `field label not supported: …`; values unescaped as `fields.ParseSelector` does, `\,`,
+//!   `\=` and `\\`), `limit` and `continue`
 //!   (with `remainingItemCount` when there is no selector), items ordered by namespace and
 //!   name; a namespaced kind listed without a namespace spans all of them;
 //! - watch: from a resourceVersion it replays what changed after it, then follows; without
@@ -51,8 +55,10 @@
 //!   or the Deployment controlling it, or a StatefulSet; pods without a controller do not
 //!   count, and a controller the server does not hold allows no disruption); healthy pods
 //!   are the Ready ones not being deleted; percentages round up;
-//! - fault injection: added latency, failing requests with 500, dropping open watches;
-//!   and, to test that clients refuse them, answers a real API server would never give:
+//! - fault injection: added latency, failing requests with 500, dropping open watches,
+//!   answers held back after they were computed ([`Faults::hold_answers`]: a write lands
+//!   while a read is on its way); the most requests handled at once is recorded
+//!   ([`Faults::peak_in_flight`]); and, to test that clients refuse them, answers a real API server would never give:
 //!   [`Faults::paginate`] makes every list paginate at a page size the server chooses (a
 //!   real server may answer `limit` with fewer items and a `continue` token), and
 //!   [`Faults::rewrite_answers`] rewrites the JSON of successful GET and list answers
@@ -337,6 +343,9 @@ pub struct Faults {
     log: Mutex<Vec<Request>>,
     page_size: AtomicUsize,
     rewrite: Mutex<Option<(Option<String>, Rewrite)>>,
+    hold: Mutex<Option<(String, Duration)>>,
+    in_flight: AtomicUsize,
+    peak_in_flight: AtomicUsize,
 }
 
 /// The header [`ApiServer::test_client`] sends.
@@ -351,6 +360,8 @@ pub struct Request {
     pub watch: bool,
     /// Made by the test itself ([`ApiServer::test_client`]), not by the code under test.
     pub by_test: bool,
+    /// The `fieldSelector` query, as sent (empty when none).
+    pub field_selector: String,
 }
 
 impl Faults {
@@ -402,6 +413,32 @@ impl Faults {
             .as_deref()
             .is_none_or(|p| path.contains(p))
             .then(|| f.clone())
+    }
+
+    /// Requests whose path contains `path` are answered `d` late: the answer is computed
+    /// when the request arrives (the state it reads is the state then, as a real server
+    /// reads it) and sent after `d`, so a write can land while a read is on its way back.
+    /// `None` turns it off.
+    pub fn hold_answers(&self, hold: Option<(&str, Duration)>) {
+        if let Ok(mut h) = self.hold.lock() {
+            *h = hold.map(|(p, d)| (p.to_string(), d));
+        }
+    }
+
+    fn held(&self, path: &str) -> Option<Duration> {
+        let h = self.hold.lock().ok()?;
+        let (filter, d) = h.as_ref()?;
+        path.contains(filter.as_str()).then_some(*d)
+    }
+
+    /// The most requests the server was handling at once (latency and held answers
+    /// included), since the start or the last [`Faults::reset_peak`].
+    pub fn peak_in_flight(&self) -> usize {
+        self.peak_in_flight.load(Ordering::SeqCst)
+    }
+
+    pub fn reset_peak(&self) {
+        self.peak_in_flight.store(0, Ordering::SeqCst);
     }
 
     /// How many requests the server has received.
@@ -759,6 +796,15 @@ fn version_info() -> Value {
     })
 }
 
+/// Counts a request in flight while it lives.
+struct InFlight<'a>(&'a Faults);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 async fn handle(
     State(store): State<Arc<Store>>,
     method: Method,
@@ -767,15 +813,20 @@ async fn handle(
     body: Bytes,
 ) -> Response {
     store.faults.requests.fetch_add(1, Ordering::SeqCst);
+    let now = store.faults.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    store.faults.peak_in_flight.fetch_max(now, Ordering::SeqCst);
+    let _in_flight = InFlight(&store.faults);
+    let q = query(&uri);
+    let watching = matches!(q.get("watch").map(String::as_str), Some("true" | "1"));
     if let Ok(mut log) = store.faults.log.lock()
         && log.len() < 100_000
     {
-        let q = query(&uri);
         log.push(Request {
             method: method.to_string(),
             path: uri.path().to_string(),
-            watch: matches!(q.get("watch").map(String::as_str), Some("true" | "1")),
+            watch: watching,
             by_test: headers.contains_key(TEST_ACTOR),
+            field_selector: q.get("fieldSelector").cloned().unwrap_or_default(),
         });
     }
     let latency = store.faults.latency_ms.load(Ordering::SeqCst);
@@ -793,7 +844,11 @@ async fn handle(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("application/json");
-    route(&store, &method, path, &query(&uri), content_type, &body)
+    let answer = route(&store, &method, path, &q, content_type, &body);
+    if !watching && let Some(d) = store.faults.held(path) {
+        tokio::time::sleep(d).await;
+    }
+    answer
 }
 
 fn json_body(body: &[u8]) -> Result<Value, Failure> {
@@ -1925,28 +1980,126 @@ struct FieldRequirement {
     value: String,
 }
 
+/// The field labels a custom resource's CustomResourceDefinition declares selectable
+/// (`spec.versions[].selectableFields[].jsonPath` without its leading dot), as the real
+/// API server takes them from the CRD: from the CRDs `ichor-rules crds` prints, so a field
+/// the CRD does not declare is refused here as it would be in a cluster.
+fn crd_selectable_fields(kind: &str) -> &'static [String] {
+    use ichor_rules::runtime::objects::{TalosCluster, TalosMachine, TalosOperation};
+    use kube::CustomResourceExt;
+    static FIELDS: std::sync::OnceLock<Vec<(&'static str, Vec<String>)>> =
+        std::sync::OnceLock::new();
+    let all = FIELDS.get_or_init(|| {
+        [
+            ("TalosCluster", TalosCluster::crd()),
+            ("TalosMachine", TalosMachine::crd()),
+            ("TalosOperation", TalosOperation::crd()),
+        ]
+        .into_iter()
+        .map(|(kind, crd)| {
+            let fields = crd
+                .spec
+                .versions
+                .iter()
+                .flat_map(|v| v.selectable_fields.iter().flatten())
+                .map(|f| f.json_path.trim_start_matches('.').to_string())
+                .collect();
+            (kind, fields)
+        })
+        .collect()
+    });
+    all.iter()
+        .find(|(k, _)| *k == kind)
+        .map_or(&[], |(_, f)| f.as_slice())
+}
+
+/// Splits `s` at each `sep` not escaped by a backslash.
+fn split_unescaped(s: &str, sep: char) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut start, mut escaped) = (0, false);
+    for (i, c) in s.char_indices() {
+        if escaped {
+            escaped = false;
+        } else if c == '\\' {
+            escaped = true;
+        } else if c == sep {
+            out.push(&s[start..i]);
+            start = i + c.len_utf8();
+        }
+    }
+    out.push(&s[start..]);
+    out
+}
+
+/// A selector value with its escapes (`\\`, `\,`, `\=`) undone; any other escape is an
+/// error, as in `fields.UnescapeValue`.
+fn unescape_field_value(v: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(v.len());
+    let mut chars = v.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some(e @ ('\\' | ',' | '=')) => out.push(e),
+            Some(e) => return Err(format!("invalid escape sequence: \\{e}")),
+            None => return Err("unterminated escape sequence".into()),
+        }
+    }
+    Ok(out)
+}
+
+/// The operator of a term (`!=`, `==` or `=`) at its first unescaped `!` or `=`.
+fn split_term(term: &str) -> Option<(&str, bool, &str)> {
+    let mut escaped = false;
+    for (i, c) in term.char_indices() {
+        if escaped {
+            escaped = false;
+            continue;
+        }
+        match c {
+            '\\' => escaped = true,
+            '!' if term[i..].starts_with("!=") => return Some((&term[..i], false, &term[i + 2..])),
+            '=' if term[i..].starts_with("==") => return Some((&term[..i], true, &term[i + 2..])),
+            '=' => return Some((&term[..i], true, &term[i + 1..])),
+            _ => {}
+        }
+    }
+    None
+}
+
 fn parse_field_selector(r: &Resource, s: &str) -> Result<Vec<FieldRequirement>, Failure> {
     let mut out = Vec::new();
-    for term in s.split(',').map(str::trim).filter(|t| !t.is_empty()) {
-        let (label, equal, value) = if let Some((k, v)) = term.split_once("!=") {
-            (k, false, v)
-        } else if let Some((k, v)) = term.split_once("==").or_else(|| term.split_once('=')) {
-            (k, true, v)
-        } else {
+    let crd_fields = crd_selectable_fields(r.kind);
+    for term in split_unescaped(s, ',')
+        .into_iter()
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+    {
+        let Some((label, equal, value)) = split_term(term) else {
             return Err(Failure::bad_request(format!(
                 "invalid selector: '{s}'; can't understand '{term}'"
             )));
         };
         let label = label.trim();
-        if !matches!(label, "metadata.name" | "metadata.namespace") && !r.fields.contains(&label) {
+        let custom = r.group == CUSTOM.group;
+        let declared = if custom {
+            crd_fields.iter().any(|f| f == label)
+        } else {
+            r.fields.contains(&label)
+        };
+        if !matches!(label, "metadata.name" | "metadata.namespace") && !declared {
             return Err(Failure::bad_request(format!(
                 "field label not supported: {label}"
             )));
         }
+        let value = unescape_field_value(value.trim())
+            .map_err(|e| Failure::bad_request(format!("invalid selector: '{s}'; {e}")))?;
         out.push(FieldRequirement {
             label: label.to_string(),
             equal,
-            value: value.trim().to_string(),
+            value,
         });
     }
     Ok(out)

@@ -8,7 +8,6 @@
 
 use super::lock::{Acquired, LeaseLock, LockError};
 use super::{Context, ReconcileError};
-use crate::runtime::live::Reads;
 
 /// Disruptive work on a cluster. Its holder identity names the work itself, so a restarted
 /// controller (or a new leader) resumes its own lock, and two different pieces of work are
@@ -66,12 +65,6 @@ pub async fn acquire(
     // to say, decided before this: `hold run operation` and the `start` rules for an
     // operation, the `remove controlplane` rules under this lock for a removal. The lock
     // only serializes.
-    let reads = Reads {
-        machines: true,
-        clusters: false,
-        operations: false,
-    };
-    let live = ctx.reader.snapshot(namespace, &[], reads).await?;
     let lock = cluster_lock(ctx, namespace, cluster);
     let holder = work.holder();
     match lock.acquire(&holder).await {
@@ -80,11 +73,17 @@ pub async fn acquire(
             holder: current, ..
         }) => {
             // A removal that finished (its machine is gone) but did not get to release the
-            // lock: nothing is running under it.
-            let stale = current
+            // lock: nothing is running under it. Its machine is read live by name (a GET,
+            // not a LIST of the namespace); a failed read fails the acquire.
+            let stale = match current
                 .strip_prefix("remove TalosMachine ")
                 .and_then(|r| r.split_once('/'))
-                .is_some_and(|(ns, name)| ns == namespace && live.machine(ns, name).is_none());
+            {
+                Some((ns, name)) if ns == namespace => {
+                    ctx.reader.machine(ns, name).await?.is_none()
+                }
+                _ => false,
+            };
             if stale {
                 tracing::info!(lock = %lock.name(), stale = %current, "taking over a lock left by a finished removal");
                 lock.release(&current).await?;

@@ -1,0 +1,367 @@
+//! Fleet scale (issue 15): live reads proportional to a cluster, not to its namespace.
+//! The real kube client against the in-process API server, which filters on the CRDs'
+//! declared `selectableFields` as a real one does.
+
+#[allow(dead_code)]
+#[path = "support/apiserver.rs"]
+mod apiserver;
+
+use apiserver::ApiServer;
+use ichor_rules::interp::{Facts, Lookup};
+use ichor_rules::runtime::facts::{EventFacts, Expensive, SnapshotFacts, Subject};
+use ichor_rules::runtime::live::{Decode, LiveReader, ReadLimit, Reads};
+use ichor_rules::runtime::objects::{Snapshot, TalosMachine};
+use ichor_rules::vocab::{FACTS, RUNTIME_EVENTS, Site, Subject as S};
+use kube::Api;
+use kube::api::ListParams;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+const ALL: Reads = Reads {
+    machines: true,
+    clusters: true,
+    operations: true,
+};
+
+fn cluster(name: &str) -> Value {
+    json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosCluster",
+        "metadata": {"name": name, "namespace": "infra"},
+        "spec": {"controlPlane": {"count": 3}, "schedulable": "true"}
+    })
+}
+
+fn machine(name: &str, cluster: &str, role: &str, minute: u32) -> Value {
+    json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosMachine",
+        "metadata": {"name": name, "namespace": "infra",
+                     "labels": {"ichor.maesh.dev/cluster": "a"},
+                     "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "x".repeat(4000)}},
+        "spec": {"clusterRef": {"name": cluster}, "role": role, "approved": true,
+                 "approvalDecision": {"at": format!("2026-10-01T00:{minute:02}:00Z")}},
+        "status": {"conditions": [
+            {"type": "Ready", "status": "False", "reason": "NodeUnreachable", "message": "gone"},
+            {"type": "NodeReachable", "status": "False", "reason": "Timeout", "message": "no answer"}]}
+    })
+}
+
+fn operation(name: &str, cluster: &str, phase: &str) -> Value {
+    json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosOperation",
+        "metadata": {"name": name, "namespace": "infra"},
+        "spec": {"clusterRef": {"name": cluster}, "kind": "upgrade"},
+        "status": {"phase": phase}
+    })
+}
+
+/// Cluster `a` (3 control planes, a worker, an operation), cluster `b` in the same
+/// namespace with more of everything (its labels even claim cluster `a`), a machine
+/// without a cluster, and cluster `a` in another namespace.
+fn fleet(api: &ApiServer) {
+    api.insert(cluster("a"));
+    api.insert(cluster("b"));
+    for (i, n) in ["a-1", "a-2", "a-3"].iter().enumerate() {
+        api.insert(machine(n, "a", "controlplane", i as u32));
+    }
+    api.insert(machine("a-w", "a", "worker", 9));
+    for i in 0..7 {
+        api.insert(machine(&format!("b-{i}"), "b", "controlplane", i));
+    }
+    api.insert(machine("b-w", "b", "worker", 9));
+    api.insert(machine("loose", "", "worker", 9));
+    api.insert(operation("a-up", "a", "Running"));
+    api.insert(operation("b-up", "b", "Pending"));
+    let mut elsewhere = machine("a-1", "a", "controlplane", 0);
+    elsewhere["metadata"]["namespace"] = json!("other");
+    api.insert(elsewhere);
+}
+
+fn names(s: &Snapshot) -> Vec<String> {
+    let mut n: Vec<String> = s.machines.iter().map(|m| m.name().to_string()).collect();
+    n.sort();
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_server_selects_declared_fields_and_refuses_others() {
+    let api = ApiServer::start().await;
+    fleet(&api);
+    let machines: Api<TalosMachine> = Api::namespaced(api.client(), "infra");
+    let got = machines
+        .list(&ListParams::default().fields("spec.clusterRef.name=a"))
+        .await
+        .expect("a declared selectable field");
+    let mut n: Vec<String> = got.items.iter().map(|m| m.name().to_string()).collect();
+    n.sort();
+    assert_eq!(n, ["a-1", "a-2", "a-3", "a-w"]);
+    // An absent field selects as the empty string.
+    let loose = machines
+        .list(&ListParams::default().fields("spec.clusterRef.name="))
+        .await
+        .expect("empty value");
+    assert_eq!(loose.items.len(), 1);
+    let not_a = machines
+        .list(&ListParams::default().fields("spec.clusterRef.name!=a"))
+        .await
+        .expect("!=");
+    assert_eq!(not_a.items.len(), 9);
+    // A field the CRD does not declare is refused as the real API server refuses it.
+    for (plural, field) in [
+        ("talosmachines", "spec.role"),
+        ("talosmachines", "spec.clusterRef"),
+        ("talosclusters", "spec.clusterRef.name"),
+    ] {
+        let err = match plural {
+            "talosmachines" => machines
+                .list(&ListParams::default().fields(&format!("{field}=a")))
+                .await
+                .map(|_| ())
+                .expect_err(field),
+            _ => Api::<ichor_rules::runtime::objects::TalosCluster>::namespaced(
+                api.client(),
+                "infra",
+            )
+            .list(&ListParams::default().fields(&format!("{field}=a")))
+            .await
+            .map(|_| ())
+            .expect_err(field),
+        };
+        match err {
+            kube::Error::Api(s) => {
+                assert_eq!(s.code, 400, "{field}");
+                assert_eq!(s.reason, "BadRequest", "{field}");
+                assert_eq!(s.message, format!("field label not supported: {field}"));
+            }
+            other => panic!("{field}: {other}"),
+        }
+    }
+    // The declaration is the CRD's: what `ichor-rules crds` prints.
+    use kube::CustomResourceExt;
+    for crd in [
+        ichor_rules::runtime::objects::TalosMachine::crd(),
+        ichor_rules::runtime::objects::TalosOperation::crd(),
+    ] {
+        let fields: Vec<String> = crd.spec.versions[0]
+            .selectable_fields
+            .iter()
+            .flatten()
+            .map(|f| f.json_path.clone())
+            .collect();
+        assert_eq!(fields, [".spec.clusterRef.name"]);
+    }
+}
+
+/// Every fact of every webhook and controller event about cluster `a`, computed from what
+/// the reader reads for `a` alone, is what it is computed from the whole namespace: a
+/// machine or operation of another cluster in the same namespace is never counted, and
+/// one of `a` is never missed (the server paginates at 1, the reader decodes for
+/// decisions).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_read_never_counts_another_cluster_and_never_misses_its_own() {
+    let api = ApiServer::start().await;
+    fleet(&api);
+    api.store.faults.paginate(1);
+    let whole: Snapshot = ichor_rules::runtime::objects::load_snapshot(
+        &api.objects("TalosMachine", Some("infra"))
+            .into_iter()
+            .chain(api.objects("TalosCluster", Some("infra")))
+            .chain(api.objects("TalosOperation", Some("infra")))
+            .map(|v| format!("---\n{}\n", serde_json::to_string(&v).expect("json")))
+            .collect::<String>(),
+    )
+    .expect("the namespace's objects");
+    for decode in [Decode::Decisions, Decode::Full] {
+        let reader = LiveReader::new(api.client(), Duration::from_secs(5)).decoding(decode);
+        api.store.faults.take_log();
+        let part = reader.snapshot("infra", &["a"], ALL).await.expect("reads");
+        assert_eq!(names(&part), ["a-1", "a-2", "a-3", "a-w"], "{decode:?}");
+        assert_eq!(part.operations.len(), 1);
+        assert_eq!(part.clusters.len(), 1);
+        // Every LIST carried the selector: the server filtered.
+        for r in api.store.faults.take_log() {
+            if r.path.ends_with("/talosmachines") || r.path.ends_with("/talosoperations") {
+                assert_eq!(r.field_selector, "spec.clusterRef.name=a", "{r:?}");
+            }
+        }
+        let subject = part.machine("infra", "a-1").expect("a-1");
+        let op = part.operation("infra", "a-up").expect("a-up");
+        for &(verb, subj, site) in RUNTIME_EVENTS {
+            let ev = EventFacts {
+                event: (verb, subj, site),
+                namespace: "infra",
+                cluster: "a",
+                subject: match subj {
+                    S::Operation => Subject::Operation(op),
+                    S::Cluster => Subject::Cluster(&part.clusters[0]),
+                    _ => Subject::Machine {
+                        name: "a-1",
+                        view: subject,
+                        counted: Some(subject),
+                    },
+                },
+            };
+            for info in FACTS {
+                if !info.fact.available(verb, subj, site) {
+                    continue;
+                }
+                let value = |snap: &Snapshot| match SnapshotFacts::new(
+                    snap,
+                    ev,
+                    if site == Site::Controller {
+                        Expensive::Deferred
+                    } else {
+                        Expensive::FromObjects
+                    },
+                )
+                .fact(info.fact)
+                {
+                    Lookup::Value(v) => format!("{v:?}"),
+                    Lookup::Later => "later".into(),
+                };
+                assert_eq!(
+                    value(&part),
+                    value(&whole),
+                    "{decode:?} {verb:?} {subj:?} {site:?}: `{}`",
+                    info.name
+                );
+            }
+        }
+    }
+}
+
+/// A server that ignored the field selector would mix clusters into a count: an answer
+/// holding another cluster's object is a failed read, never a count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_with_another_clusters_object_refuses() {
+    let api = ApiServer::start().await;
+    fleet(&api);
+    api.store
+        .faults
+        .rewrite_answers(Some("talosmachines"), |v| {
+            v["items"][0]["spec"]["clusterRef"]["name"] = json!("b");
+        });
+    let reader = LiveReader::new(api.client(), Duration::from_secs(5)).decoding(Decode::Decisions);
+    let err = reader
+        .snapshot("infra", &["a"], ALL)
+        .await
+        .expect_err("refused");
+    assert_eq!(
+        err.to_string(),
+        "the TalosMachines of TalosCluster `infra/a` could not be read (the answer holds TalosMachine `a-1` of TalosCluster `b`, not of `a` asked for)"
+    );
+}
+
+/// The ordering guarantee of shared reads: a read sent before a request arrived is never
+/// its answer. Request 1's LIST is on its way back (the state it read is the state before
+/// the write) when a machine is written; requests 2 and 3 arrive after the write: they
+/// share one new read, which sees the machine, and request 1 does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_read_is_never_older_than_the_request() {
+    let api = ApiServer::start().await;
+    fleet(&api);
+    let reader = LiveReader::new(api.client(), Duration::from_secs(5)).decoding(Decode::Decisions);
+    let machines_only = Reads {
+        machines: true,
+        clusters: false,
+        operations: false,
+    };
+    api.store
+        .faults
+        .hold_answers(Some(("talosmachines", Duration::from_millis(400))));
+    api.store.faults.take_log();
+    let first = {
+        let r = reader.clone();
+        tokio::spawn(async move { r.snapshot("infra", &["a"], machines_only).await })
+    };
+    // Request 1's LIST has been answered (state read) and is held on its way back.
+    let mut waited = 0;
+    while !api
+        .store
+        .faults
+        .take_log()
+        .iter()
+        .any(|r| r.path.ends_with("/talosmachines"))
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        waited += 1;
+        assert!(waited < 400, "request 1 never read");
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    api.insert(machine("a-4", "a", "controlplane", 4));
+    let second = {
+        let r = reader.clone();
+        tokio::spawn(async move { r.snapshot("infra", &["a"], machines_only).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let third = {
+        let r = reader.clone();
+        tokio::spawn(async move { r.snapshot("infra", &["a"], machines_only).await })
+    };
+    let first = first.await.expect("task").expect("read 1");
+    let second = second.await.expect("task").expect("read 2");
+    let third = third.await.expect("task").expect("read 3");
+    assert_eq!(
+        names(&first),
+        ["a-1", "a-2", "a-3", "a-w"],
+        "read before the write"
+    );
+    for (n, s) in [("2", &second), ("3", &third)] {
+        assert_eq!(
+            names(s),
+            ["a-1", "a-2", "a-3", "a-4", "a-w"],
+            "request {n} arrived after the write and must see it"
+        );
+    }
+    let lists = api
+        .store
+        .faults
+        .take_log()
+        .iter()
+        .filter(|r| r.path.ends_with("/talosmachines"))
+        .count();
+    assert_eq!(
+        lists, 1,
+        "requests 2 and 3 shared one read, sent after both asked"
+    );
+    assert_eq!(reader.shared_reads(), (3, 1));
+}
+
+/// A burst of reads about many clusters never has more than the limit in flight toward
+/// the API server, and every one of them is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_stays_within_the_read_limit() {
+    let api = ApiServer::start().await;
+    for c in 0..48 {
+        let name = format!("c-{c:02}");
+        api.insert(cluster(&name));
+        api.insert(machine(&format!("{name}-m"), &name, "controlplane", 0));
+    }
+    api.store.faults.set_latency(Duration::from_millis(20));
+    let limit = ReadLimit::new(4);
+    let reader = LiveReader::new(api.client(), Duration::from_secs(10))
+        .decoding(Decode::Decisions)
+        .limited(limit.clone());
+    api.store.faults.reset_peak();
+    let tasks: Vec<_> = (0..48)
+        .map(|c| {
+            let r = reader.clone();
+            tokio::spawn(async move {
+                let name = format!("c-{c:02}");
+                r.snapshot("infra", &[name.as_str()], ALL)
+                    .await
+                    .map(|s| s.machines.len())
+            })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.expect("task").expect("read"), 1);
+    }
+    assert_eq!(limit.reads_started(), 48 * 3);
+    assert!(limit.peak() <= 4, "peak {}", limit.peak());
+    assert_eq!(limit.peak(), 4, "the burst did run reads concurrently");
+    let at_server = api.store.faults.peak_in_flight();
+    assert!(
+        (2..=4).contains(&at_server),
+        "the API server saw {at_server} requests at once"
+    );
+}
