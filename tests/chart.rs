@@ -8,7 +8,7 @@
 //! tests fail, saying how to install it: they never skip.
 
 use ichor_rules::ruleset::{load, read_sources};
-use ichor_rules::runtime::access::{Access, REQUIRED, Scope, WEBHOOK};
+use ichor_rules::runtime::access::{self, Access, Scope};
 use ichor_rules::runtime::tls::ReloadingCert;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
@@ -24,14 +24,6 @@ const NAMESPACE: &str = "ichor-system";
 /// The resource name prefix for RELEASE (`<release>-<chart>`).
 const FULLNAME: &str = "guard-ichor-rules";
 
-/// Flags the controller adds to `serve`. The chart passes them already; until the binary
-/// knows every one of them, it must know none (they arrive together).
-const CONTROLLER_FLAGS: &[&str] = &[
-    "--identity",
-    "--lease-namespace",
-    "--talosconfig",
-    "--no-controller",
-];
 
 fn helm() -> PathBuf {
     if let Some(p) = std::env::var_os("ICHOR_HELM") {
@@ -133,8 +125,17 @@ fn strings(v: &Value) -> Vec<String> {
         .collect()
 }
 
-fn container(objs: &[Value]) -> &Value {
-    let d = one(objs, "Deployment");
+/// The Deployment of `component` ("webhook" or "controller"), if rendered.
+fn deployment<'a>(objs: &'a [Value], component: &str) -> Option<&'a Value> {
+    let found: Vec<&Value> = all(objs, "Deployment")
+        .into_iter()
+        .filter(|d| d["metadata"]["labels"]["app.kubernetes.io/component"] == component)
+        .collect();
+    assert!(found.len() <= 1, "at most one {component} Deployment");
+    found.first().copied()
+}
+
+fn container_of(d: &Value) -> &Value {
     let cs = d["spec"]["template"]["spec"]["containers"]
         .as_array()
         .expect("containers");
@@ -142,20 +143,39 @@ fn container(objs: &[Value]) -> &Value {
     &cs[0]
 }
 
-fn args(objs: &[Value]) -> Vec<String> {
-    strings(&container(objs)["args"])
+/// The webhook's container.
+fn container(objs: &[Value]) -> &Value {
+    container_of(deployment(objs, "webhook").expect("a webhook Deployment"))
 }
 
-/// The value of `--flag=value` in the container's arguments.
-fn flag(objs: &[Value], name: &str) -> Option<String> {
+/// The controller's container, if the controller is rendered.
+fn controller_container(objs: &[Value]) -> Option<&Value> {
+    deployment(objs, "controller").map(container_of)
+}
+
+fn args_of(c: &Value) -> Vec<String> {
+    strings(&c["args"])
+}
+
+fn args(objs: &[Value]) -> Vec<String> {
+    args_of(container(objs))
+}
+
+/// The value of `--flag=value` in a container's arguments.
+fn flag_of(c: &Value, name: &str) -> Option<String> {
     let prefix = format!("{name}=");
-    args(objs)
+    args_of(c)
         .iter()
         .find_map(|a| a.strip_prefix(&prefix).map(str::to_string))
 }
 
-fn mount_path(objs: &[Value], volume: &str) -> Option<String> {
-    container(objs)["volumeMounts"]
+/// The value of `--flag=value` in the webhook's arguments.
+fn flag(objs: &[Value], name: &str) -> Option<String> {
+    flag_of(container(objs), name)
+}
+
+fn mount_path_of(c: &Value, volume: &str) -> Option<String> {
+    c["volumeMounts"]
         .as_array()
         .expect("mounts")
         .iter()
@@ -163,12 +183,21 @@ fn mount_path(objs: &[Value], volume: &str) -> Option<String> {
         .map(|m| m["mountPath"].as_str().expect("path").to_string())
 }
 
-fn volume<'a>(objs: &'a [Value], name: &str) -> Option<&'a Value> {
-    one(objs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+fn mount_path(objs: &[Value], volume: &str) -> Option<String> {
+    mount_path_of(container(objs), volume)
+}
+
+fn volume_of<'a>(d: &'a Value, name: &str) -> Option<&'a Value> {
+    d["spec"]["template"]["spec"]["volumes"]
         .as_array()
         .expect("volumes")
         .iter()
         .find(|v| v["name"] == name)
+}
+
+/// A volume of the webhook's pods.
+fn volume<'a>(objs: &'a [Value], name: &str) -> Option<&'a Value> {
+    volume_of(deployment(objs, "webhook").expect("a webhook Deployment"), name)
 }
 
 fn b64(s: &str) -> Vec<u8> {
@@ -261,7 +290,23 @@ fn the_charts_rules_are_a_copy_of_rules() {
 }
 
 // ---------------------------------------------------------------------------------------
-// RBAC: exactly REQUIRED with the controller, exactly WEBHOOK without it.
+// RBAC: each Deployment's ServiceAccount is granted exactly what that role calls.
+
+#[test]
+fn the_charts_access_file_is_generated_from_access_rs() {
+    let path = format!("{CHART}/files/access.yaml");
+    let want = access::chart_access_yaml();
+    if std::env::var_os("ICHOR_BLESS").is_some() {
+        std::fs::write(&path, &want).expect("write");
+    }
+    let got = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        got == want,
+        "{path} drifted from src/runtime/access.rs; regenerate it:\n  \
+         ICHOR_BLESS=1 cargo nextest run --test chart -E 'test(access_file)'\n\
+         (it must read:)\n{want}"
+    );
+}
 
 type Grant = (Scope, String, String, String);
 
@@ -292,10 +337,6 @@ fn grants(rules: &Value, scope: Scope) -> Vec<Grant> {
     out
 }
 
-fn required() -> BTreeSet<Grant> {
-    grant_set(REQUIRED)
-}
-
 fn grant_set(list: &[Access]) -> BTreeSet<Grant> {
     list.iter()
         .flat_map(|a| {
@@ -311,123 +352,179 @@ fn grant_set(list: &[Access]) -> BTreeSet<Grant> {
         .collect()
 }
 
-/// Whether the rendering runs the controller (no `--no-controller`).
+/// Whether the rendering runs the controller (a controller Deployment).
 fn runs_controller(objs: &[Value]) -> bool {
-    !args(objs).iter().any(|a| a == "--no-controller")
+    deployment(objs, "controller").is_some()
 }
 
-/// The ClusterRole's and (if any) the Role's grants; asserts none is granted twice.
-fn granted(name: &str, objs: &[Value]) -> BTreeSet<Grant> {
-    let mut got = grants(&one(objs, "ClusterRole")["rules"], Scope::Cluster);
-    for role in all(objs, "Role") {
-        assert_eq!(role["metadata"]["namespace"], NAMESPACE, "{name}");
-        got.extend(grants(&role["rules"], Scope::LeaseNamespace));
+/// Whether /metrics checks tokens (no `--metrics-insecure`) in `c`.
+fn metrics_authenticated(c: &Value) -> bool {
+    !args_of(c).iter().any(|a| a == "--metrics-insecure")
+}
+
+fn service_account(d: &Value) -> String {
+    d["spec"]["template"]["spec"]["serviceAccountName"]
+        .as_str()
+        .expect("serviceAccountName")
+        .to_string()
+}
+
+/// What the rendered ClusterRoles and Roles grant the ServiceAccount `sa` through the
+/// bindings naming it; asserts none is granted twice and every binding binds one account.
+fn granted_to(name: &str, objs: &[Value], sa: &str) -> BTreeSet<Grant> {
+    let mut got = Vec::new();
+    for (binding, role_kind, scope) in [
+        ("ClusterRoleBinding", "ClusterRole", Scope::Cluster),
+        ("RoleBinding", "Role", Scope::LeaseNamespace),
+    ] {
+        for b in all(objs, binding) {
+            let subjects = b["subjects"].as_array().expect("subjects");
+            assert_eq!(subjects.len(), 1, "{name}: {b}");
+            if subjects[0]["name"] != sa {
+                continue;
+            }
+            assert_eq!(subjects[0]["kind"], "ServiceAccount", "{name}");
+            assert_eq!(subjects[0]["namespace"], NAMESPACE, "{name}");
+            assert_eq!(b["roleRef"]["kind"], role_kind, "{name}");
+            let role: Vec<&Value> = all(objs, role_kind)
+                .into_iter()
+                .filter(|r| r["metadata"]["name"] == b["roleRef"]["name"])
+                .collect();
+            assert_eq!(role.len(), 1, "{name}: {binding} binds one {role_kind}");
+            if scope == Scope::LeaseNamespace {
+                assert_eq!(role[0]["metadata"]["namespace"], NAMESPACE, "{name}");
+                assert_eq!(b["metadata"]["namespace"], NAMESPACE, "{name}");
+            }
+            got.extend(grants(&role[0]["rules"], scope));
+        }
     }
     let set: BTreeSet<Grant> = got.iter().cloned().collect();
-    assert_eq!(got.len(), set.len(), "{name}: a verb granted twice");
+    assert_eq!(got.len(), set.len(), "{name}: a verb granted twice to {sa}");
     set
 }
 
-#[test]
-fn rbac_grants_exactly_the_required_api_calls() {
-    let mut modes = BTreeSet::new();
-    for (name, objs) in scenarios() {
-        let controller = runs_controller(&objs);
-        modes.insert(controller);
-        let (want, list) = if controller {
-            (required(), "REQUIRED")
-        } else {
-            (grant_set(WEBHOOK), "WEBHOOK")
-        };
-        let got_set = granted(&name, &objs);
-        let extra: Vec<_> = got_set.difference(&want).collect();
-        let missing: Vec<_> = want.difference(&got_set).collect();
-        assert!(
-            extra.is_empty() && missing.is_empty(),
-            "{name}: the chart's RBAC differs from runtime::access::{list}\n  granted but not required: {extra:?}\n  required but not granted: {missing:?}"
-        );
-
-        // Each role is bound to the pods' ServiceAccount, in the release namespace.
-        let sa = one(&objs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"].clone();
-        let cluster_role = one(&objs, "ClusterRole");
-        let mut pairs = vec![("ClusterRoleBinding", cluster_role)];
-        if controller {
-            pairs.push(("RoleBinding", one(&objs, "Role")));
-        }
-        for (binding, target) in pairs {
-            let b = one(&objs, binding);
-            assert_eq!(b["roleRef"]["kind"], target["kind"], "{name}");
-            assert_eq!(b["roleRef"]["name"], target["metadata"]["name"], "{name}");
-            let subjects = b["subjects"].as_array().expect("subjects");
-            assert_eq!(subjects.len(), 1, "{name}");
-            assert_eq!(subjects[0]["kind"], "ServiceAccount");
-            assert_eq!(subjects[0]["name"], sa, "{name}");
-            assert_eq!(subjects[0]["namespace"], NAMESPACE, "{name}");
-        }
-        match all(&objs, "ServiceAccount").as_slice() {
-            [] => assert_eq!(sa, "platform-guard", "{name}: an existing ServiceAccount"),
-            [s] => assert_eq!(s["metadata"]["name"], sa, "{name}"),
-            more => panic!("{name}: {} ServiceAccounts", more.len()),
-        }
-    }
-    assert_eq!(
-        modes,
-        BTreeSet::from([false, true]),
-        "the value sets render both the controller on and off"
+fn assert_same(name: &str, who: &str, got: &BTreeSet<Grant>, want: &BTreeSet<Grant>) {
+    let extra: Vec<_> = got.difference(want).collect();
+    let missing: Vec<_> = want.difference(got).collect();
+    assert!(
+        extra.is_empty() && missing.is_empty(),
+        "{name}: the {who}'s RBAC differs from what it calls (src/runtime/access.rs)\n  granted but not called: {extra:?}\n  called but not granted: {missing:?}"
     );
 }
 
 #[test]
-fn no_other_role_or_binding_is_rendered() {
+fn each_deployments_service_account_is_granted_exactly_what_it_calls() {
+    let mut modes = BTreeSet::new();
     for (name, objs) in scenarios() {
-        let controller = runs_controller(&objs);
-        for kind in ["ClusterRole", "ClusterRoleBinding"] {
-            assert_eq!(all(&objs, kind).len(), 1, "{name}: {kind}");
+        let webhook = deployment(&objs, "webhook").expect("the webhook always runs");
+        let auth = metrics_authenticated(container_of(webhook));
+        let wsa = service_account(webhook);
+        assert_same(
+            &name,
+            "webhook",
+            &granted_to(&name, &objs, &wsa),
+            &grant_set(&access::webhook_role(auth)),
+        );
+        modes.insert((runs_controller(&objs), auth));
+        if let Some(controller) = deployment(&objs, "controller") {
+            let csa = service_account(controller);
+            assert_ne!(csa, wsa, "{name}: two ServiceAccounts");
+            assert_eq!(metrics_authenticated(container_of(controller)), auth);
+            assert_same(
+                &name,
+                "controller",
+                &granted_to(&name, &objs, &csa),
+                &grant_set(&access::controller_role(auth)),
+            );
         }
-        // The leader-election Role only where a controller campaigns.
-        for kind in ["Role", "RoleBinding"] {
-            assert_eq!(
-                all(&objs, kind).len(),
-                usize::from(controller),
-                "{name}: {kind}"
+        // Every ServiceAccount rendered is one a Deployment runs as.
+        let sas: BTreeSet<String> = all(&objs, "Deployment")
+            .into_iter()
+            .map(service_account)
+            .collect();
+        for s in all(&objs, "ServiceAccount") {
+            assert!(
+                sas.contains(s["metadata"]["name"].as_str().expect("name")),
+                "{name}: {s}"
             );
         }
     }
+    assert!(modes.contains(&(true, true)) && modes.contains(&(false, true)), "{modes:?}");
 }
 
 #[test]
-fn without_the_controller_only_the_webhooks_live_reads_are_granted() {
+fn the_webhook_only_reads_and_no_lease_is_granted_outside_the_release_namespace() {
     let custom = values("custom");
     for a in [
+        vec![],
         vec!["--set", "controller.enabled=false"],
-        vec![
-            "--values",
-            custom.as_str(),
-            "--set",
-            "controller.enabled=false",
-        ],
+        vec!["--set", "metrics.insecure=true"],
+        vec!["--values", custom.as_str()],
+        vec!["--values", custom.as_str(), "--set", "controller.enabled=true"],
     ] {
         let objs = render(&a);
-        assert!(!runs_controller(&objs), "{a:?}");
-        assert!(all(&objs, "Role").is_empty(), "{a:?}: no leader election");
-        assert!(all(&objs, "RoleBinding").is_empty(), "{a:?}");
-        let got = granted("webhook only", &objs);
-        assert_eq!(got, grant_set(WEBHOOK), "{a:?}");
-        // Only reads, and none of the controller's objects.
-        for (_, group, resource, verb) in &got {
-            assert_eq!(group, "ichor.maesh.dev", "{resource}");
+        let wsa = service_account(deployment(&objs, "webhook").expect("webhook"));
+        for (scope, group, resource, verb) in granted_to("webhook", &objs, &wsa) {
+            assert_eq!(scope, Scope::Cluster, "{a:?}");
             assert!(
-                ["get", "list"].contains(&verb.as_str()),
-                "{resource} {verb}"
+                ["get", "list"].contains(&verb.as_str())
+                    || (resource.ends_with("reviews") && verb == "create"),
+                "{a:?}: the webhook may {verb} {group}/{resource}"
             );
+            assert_ne!(resource, "leases", "{a:?}");
+            assert_ne!(resource, "secrets", "{a:?}");
+        }
+        // No Lease right in any ClusterRole: the locks and the leader Lease are in the
+        // release namespace.
+        for r in all(&objs, "ClusterRole") {
+            for (_, _, resource, verb) in grants(&r["rules"], Scope::Cluster) {
+                assert_ne!(resource, "leases", "{a:?}: cluster-wide {verb} on leases");
+            }
+        }
+        for r in all(&objs, "Role") {
+            assert_eq!(r["metadata"]["namespace"], NAMESPACE, "{a:?}");
         }
     }
-    // With the controller on, the same release grants every controller call too.
-    let objs = render(&[]);
-    assert!(runs_controller(&objs));
-    assert_eq!(granted("default", &objs), required());
-    assert!(required().is_superset(&grant_set(WEBHOOK)));
-    assert!(required().len() > grant_set(WEBHOOK).len());
+    // Without the controller: no controller ServiceAccount, RBAC or Deployment.
+    let objs = render(&["--set", "controller.enabled=false"]);
+    assert!(!runs_controller(&objs));
+    assert_eq!(all(&objs, "Deployment").len(), 1);
+    assert_eq!(all(&objs, "ServiceAccount").len(), 1);
+    assert_eq!(all(&objs, "ClusterRole").len(), 1);
+    assert!(all(&objs, "Role").is_empty(), "no Lease right at all");
+    assert!(all(&objs, "RoleBinding").is_empty());
+}
+
+#[test]
+fn no_role_or_binding_is_left_unbound() {
+    for (name, objs) in scenarios() {
+        let sas: BTreeSet<String> = all(&objs, "Deployment")
+            .into_iter()
+            .map(service_account)
+            .collect();
+        for (binding, role_kind) in [("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")] {
+            let bound: BTreeSet<String> = all(&objs, binding)
+                .into_iter()
+                .map(|b| {
+                    assert!(
+                        sas.contains(b["subjects"][0]["name"].as_str().expect("subject")),
+                        "{name}: {b}"
+                    );
+                    b["roleRef"]["name"].as_str().expect("name").to_string()
+                })
+                .collect();
+            let roles: BTreeSet<String> = all(&objs, role_kind)
+                .into_iter()
+                .map(|r| r["metadata"]["name"].as_str().expect("name").to_string())
+                .collect();
+            assert_eq!(bound, roles, "{name}: every {role_kind} bound once");
+            assert_eq!(all(&objs, binding).len(), roles.len(), "{name}");
+        }
+        let per_controller = usize::from(runs_controller(&objs));
+        assert_eq!(all(&objs, "ClusterRole").len(), 1 + per_controller, "{name}");
+        // The controller's Leases: a Role in the release namespace.
+        assert_eq!(all(&objs, "Role").len(), per_controller, "{name}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -442,12 +539,9 @@ const CLUSTER_SCOPED: &[&str] = &[
 fn cluster_scoped_names(objs: &[Value]) -> BTreeSet<String> {
     CLUSTER_SCOPED
         .iter()
-        .map(|k| {
-            let o = one(objs, k);
-            assert!(
-                o["metadata"]["namespace"].is_null(),
-                "{k} is cluster-scoped"
-            );
+        .flat_map(|k| all(objs, k))
+        .map(|o| {
+            assert!(o["metadata"]["namespace"].is_null(), "{o} is cluster-scoped");
             o["metadata"]["name"].as_str().expect("name").to_string()
         })
         .collect()
@@ -458,14 +552,24 @@ fn the_same_release_in_two_namespaces_does_not_collide() {
     let a = parse(&template_in("team-a", &[]).expect("renders"));
     let b = parse(&template_in("team-b", &[]).expect("renders"));
     let (na, nb) = (cluster_scoped_names(&a), cluster_scoped_names(&b));
-    assert_eq!(na, BTreeSet::from([format!("{FULLNAME}-team-a")]));
-    assert_eq!(nb, BTreeSet::from([format!("{FULLNAME}-team-b")]));
-    // The binding names the role it binds.
+    let names = |ns: &str| {
+        BTreeSet::from([
+            format!("{FULLNAME}-{ns}"),
+            format!("{FULLNAME}-webhook-{ns}"),
+            format!("{FULLNAME}-controller-{ns}"),
+        ])
+    };
+    assert_eq!(na, names("team-a"));
+    assert_eq!(nb, names("team-b"));
+    // Each binding names the role it binds.
     for objs in [&a, &b] {
-        assert_eq!(
-            one(objs, "ClusterRoleBinding")["roleRef"]["name"],
-            one(objs, "ClusterRole")["metadata"]["name"]
-        );
+        let roles: Vec<&Value> = all(objs, "ClusterRole")
+            .into_iter()
+            .map(|r| &r["metadata"]["name"])
+            .collect();
+        for binding in all(objs, "ClusterRoleBinding") {
+            assert!(roles.contains(&&binding["roleRef"]["name"]));
+        }
     }
     // Long names are cut to 63 characters, and stay apart by a hash of the whole name.
     let long_ns = "a-namespace-with-a-rather-long-name-for-the-platform-team";
@@ -473,8 +577,8 @@ fn the_same_release_in_two_namespaces_does_not_collide() {
     let l1 = parse(&template_in(long_ns, &["--set", override_]).expect("renders"));
     let l2 = parse(&template_in(&format!("{long_ns}-2"), &["--set", override_]).expect("renders"));
     let (n1, n2) = (cluster_scoped_names(&l1), cluster_scoped_names(&l2));
-    assert_eq!(n1.len(), 1);
-    assert_ne!(n1, n2);
+    assert_eq!(n1.len(), 3);
+    assert!(n1.is_disjoint(&n2));
     for n in n1.iter().chain(&n2) {
         assert!(n.len() <= 63, "{n}: {} characters", n.len());
         assert!(!n.ends_with('-'), "{n}");
@@ -492,73 +596,102 @@ fn the_same_release_in_two_namespaces_does_not_collide() {
 #[test]
 fn every_rendering_is_hardened() {
     for (name, objs) in scenarios() {
-        let pod = &one(&objs, "Deployment")["spec"]["template"]["spec"];
-        let psc = &pod["securityContext"];
-        assert_eq!(psc["runAsNonRoot"], true, "{name}");
-        assert_eq!(psc["seccompProfile"]["type"], "RuntimeDefault", "{name}");
-        if !psc["runAsUser"].is_null() {
-            assert_ne!(psc["runAsUser"], 0, "{name}");
-        }
-        let c = container(&objs);
-        let sc = &c["securityContext"];
-        assert_eq!(sc["runAsNonRoot"], true, "{name}");
-        assert_eq!(sc["allowPrivilegeEscalation"], false, "{name}");
-        assert_eq!(sc["readOnlyRootFilesystem"], true, "{name}");
-        assert_eq!(sc["privileged"], false, "{name}");
-        assert_eq!(strings(&sc["capabilities"]["drop"]), ["ALL"], "{name}");
-        assert!(sc["capabilities"]["add"].is_null(), "{name}");
-        assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault", "{name}");
-        for key in ["cpu", "memory"] {
+        for d in all(&objs, "Deployment") {
+            let pod = &d["spec"]["template"]["spec"];
+            let psc = &pod["securityContext"];
+            assert_eq!(psc["runAsNonRoot"], true, "{name}");
+            assert_eq!(psc["seccompProfile"]["type"], "RuntimeDefault", "{name}");
+            if !psc["runAsUser"].is_null() {
+                assert_ne!(psc["runAsUser"], 0, "{name}");
+            }
+            let c = container_of(d);
+            let sc = &c["securityContext"];
+            assert_eq!(sc["runAsNonRoot"], true, "{name}");
+            assert_eq!(sc["allowPrivilegeEscalation"], false, "{name}");
+            assert_eq!(sc["readOnlyRootFilesystem"], true, "{name}");
+            assert_eq!(sc["privileged"], false, "{name}");
+            assert_eq!(strings(&sc["capabilities"]["drop"]), ["ALL"], "{name}");
+            assert!(sc["capabilities"]["add"].is_null(), "{name}");
+            assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault", "{name}");
+            for key in ["cpu", "memory"] {
+                assert!(
+                    c["resources"]["requests"][key].is_string(),
+                    "{name}: request {key}"
+                );
+                assert!(
+                    c["resources"]["limits"][key].is_string(),
+                    "{name}: limit {key}"
+                );
+            }
             assert!(
-                c["resources"]["requests"][key].is_string(),
-                "{name}: request {key}"
+                pod["hostNetwork"].is_null() && pod["hostPID"].is_null(),
+                "{name}"
             );
-            assert!(
-                c["resources"]["limits"][key].is_string(),
-                "{name}: limit {key}"
-            );
-        }
-        assert!(
-            pod["hostNetwork"].is_null() && pod["hostPID"].is_null(),
-            "{name}"
-        );
-        // Every volume but the scratch /tmp is mounted read-only.
-        for m in c["volumeMounts"].as_array().expect("mounts") {
-            if m["name"] != "tmp" {
-                assert_eq!(m["readOnly"], true, "{name}: {m}");
+            // Every volume but the scratch /tmp is mounted read-only.
+            for m in c["volumeMounts"].as_array().expect("mounts") {
+                if m["name"] != "tmp" {
+                    assert_eq!(m["readOnly"], true, "{name}: {m}");
+                }
             }
         }
     }
 }
 
-#[test]
-fn two_replicas_spread_over_nodes_with_a_disruption_budget() {
-    let objs = render(&[]);
-    let d = one(&objs, "Deployment");
-    assert_eq!(d["spec"]["replicas"], 2);
+/// The component's Deployment's selector; asserts it selects its pods and only them.
+fn selector_of<'a>(d: &'a Value, component: &str) -> &'a Value {
     let pod_labels = &d["spec"]["template"]["metadata"]["labels"];
     let selector = &d["spec"]["selector"]["matchLabels"];
     for (k, v) in selector.as_object().expect("selector") {
         assert_eq!(&pod_labels[k], v, "the selector selects the pods");
     }
-    let terms = &d["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
-    assert_eq!(terms[0]["topologyKey"], "kubernetes.io/hostname");
-    assert_eq!(&terms[0]["labelSelector"]["matchLabels"], selector);
+    assert_eq!(selector["app.kubernetes.io/component"], component);
+    selector
+}
 
-    let pdb = one(&objs, "PodDisruptionBudget");
-    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
-    assert_eq!(&pdb["spec"]["selector"]["matchLabels"], selector);
-    // The rollout never takes both replicas down.
-    assert_eq!(d["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"], 1);
+#[test]
+fn two_deployments_each_spread_over_nodes_with_a_disruption_budget() {
+    let objs = render(&[]);
+    assert_eq!(all(&objs, "Deployment").len(), 2);
+    assert_eq!(all(&objs, "PodDisruptionBudget").len(), 2);
+    for component in ["webhook", "controller"] {
+        let d = deployment(&objs, component).expect(component);
+        assert_eq!(d["spec"]["replicas"], 2, "{component}");
+        let selector = selector_of(d, component);
+        let terms = &d["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
+        assert_eq!(terms[0]["topologyKey"], "kubernetes.io/hostname");
+        assert_eq!(&terms[0]["labelSelector"]["matchLabels"], selector);
+        let pdbs: Vec<&Value> = all(&objs, "PodDisruptionBudget")
+            .into_iter()
+            .filter(|p| &p["spec"]["selector"]["matchLabels"] == selector)
+            .collect();
+        assert_eq!(pdbs.len(), 1, "{component}: one budget");
+        assert_eq!(pdbs[0]["spec"]["maxUnavailable"], 1);
+        // The rollout never takes both replicas down.
+        assert_eq!(d["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"], 1);
+    }
+    // The two components' pods are told apart: neither selector selects the other's pods.
+    let w = deployment(&objs, "webhook").expect("webhook");
+    let c = deployment(&objs, "controller").expect("controller");
+    assert_ne!(
+        w["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"],
+        c["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+    );
+    // The Service routes to the webhook pods only.
+    assert_eq!(
+        &one(&objs, "Service")["spec"]["selector"],
+        selector_of(w, "webhook")
+    );
 
     let custom = render(&["--values", &values("custom")]);
-    let d = one(&custom, "Deployment");
+    let d = deployment(&custom, "webhook").expect("webhook");
     assert_eq!(d["spec"]["replicas"], 3);
     let pref = &d["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"];
     assert_eq!(
         pref[0]["podAffinityTerm"]["topologyKey"],
         "kubernetes.io/hostname"
     );
+    let objs = render(&["--set", "controller.replicas=3"]);
+    assert_eq!(deployment(&objs, "controller").expect("c")["spec"]["replicas"], 3);
     let existing = render(&["--values", &values("existing")]);
     assert!(all(&existing, "PodDisruptionBudget").is_empty());
 }
@@ -582,7 +715,8 @@ fn a_terminating_pod_keeps_serving_before_it_gets_sigterm() {
     let sleep_of =
         |objs: &[Value]| container(objs)["lifecycle"]["preStop"]["sleep"]["seconds"].as_u64();
     let grace_of = |objs: &[Value]| {
-        one(objs, "Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        deployment(objs, "webhook").expect("webhook")["spec"]["template"]["spec"]
+            ["terminationGracePeriodSeconds"]
             .as_u64()
             .expect("terminationGracePeriodSeconds")
     };
@@ -640,10 +774,94 @@ fn probes_use_the_https_port_the_server_listens_on() {
         assert_eq!(svc["spec"]["ports"][0]["targetPort"], "https", "{name}");
         for (k, v) in svc["spec"]["selector"].as_object().expect("selector") {
             assert_eq!(
-                &one(&objs, "Deployment")["spec"]["template"]["metadata"]["labels"][k],
+                &deployment(&objs, "webhook").expect("webhook")["spec"]["template"]["metadata"]
+                    ["labels"][k],
                 v,
                 "{name}: the Service selects the pods"
             );
+        }
+    }
+}
+
+/// The port a container names `name`, and the address its flag `flag` listens on.
+fn port_and_flag(c: &Value, name: &str, flag: &str) -> (u64, std::net::SocketAddr) {
+    let port = c["ports"]
+        .as_array()
+        .expect("ports")
+        .iter()
+        .find(|p| p["name"] == name)
+        .unwrap_or_else(|| panic!("no port {name}"))["containerPort"]
+        .as_u64()
+        .expect("containerPort");
+    let addr = flag_of(c, flag)
+        .unwrap_or_else(|| panic!("no {flag}"))
+        .parse()
+        .expect("an address");
+    (port, addr)
+}
+
+#[test]
+fn the_controller_listens_only_for_its_probes_and_metrics() {
+    for (name, objs) in scenarios() {
+        let Some(c) = controller_container(&objs) else {
+            continue;
+        };
+        let a = args_of(c);
+        assert!(a.contains(&"--no-webhook".to_string()), "{name}: no webhook listener");
+        assert!(flag_of(c, "--listen").is_none(), "{name}");
+        assert!(flag_of(c, "--tls-cert").is_none(), "{name}: no serving certificate");
+        let names: BTreeSet<&str> = c["ports"]
+            .as_array()
+            .expect("ports")
+            .iter()
+            .map(|p| p["name"].as_str().expect("name"))
+            .collect();
+        assert_eq!(names, BTreeSet::from(["health", "metrics"]), "{name}");
+        let (health, addr) = port_and_flag(c, "health", "--health-listen");
+        assert_eq!(u64::from(addr.port()), health, "{name}");
+        for (probe, path) in [("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")] {
+            let get = &c[probe]["httpGet"];
+            assert_eq!(get["path"], path, "{name}");
+            assert_eq!(get["scheme"], "HTTP", "{name}");
+            assert_eq!(get["port"], "health", "{name}");
+        }
+        // No Service reaches the controller.
+        for svc in all(&objs, "Service") {
+            assert_eq!(
+                svc["spec"]["selector"]["app.kubernetes.io/component"], "webhook",
+                "{name}"
+            );
+        }
+    }
+}
+
+#[test]
+fn metrics_have_a_port_of_their_own_in_both_deployments() {
+    for (name, objs) in scenarios() {
+        for d in all(&objs, "Deployment") {
+            let c = container_of(d);
+            let (port, addr) = port_and_flag(c, "metrics", "--metrics-listen");
+            assert_eq!(u64::from(addr.port()), port, "{name}");
+            if let Some(listen) = flag_of(c, "--listen") {
+                let l: std::net::SocketAddr = listen.parse().expect("addr");
+                assert_ne!(l.port(), addr.port(), "{name}");
+                assert_eq!(l.ip(), addr.ip(), "{name}: the same host");
+            }
+            if name == "default" {
+                assert!(metrics_authenticated(c), "tokens are checked by default");
+            }
+        }
+    }
+    let objs = render(&["--set", "metrics.insecure=true,metrics.port=9100"]);
+    for d in all(&objs, "Deployment") {
+        let c = container_of(d);
+        assert!(!metrics_authenticated(c));
+        assert_eq!(flag_of(c, "--metrics-listen").as_deref(), Some("0.0.0.0:9100"));
+    }
+    // No rights to review tokens when nothing checks them.
+    for r in all(&objs, "ClusterRole") {
+        for (_, _, resource, _) in grants(&r["rules"], Scope::Cluster) {
+            assert!(!resource.ends_with("reviews"), "{resource}");
         }
     }
 }
@@ -666,40 +884,41 @@ fn serve_flags() -> BTreeSet<String> {
 #[test]
 fn the_binary_accepts_every_argument_the_chart_passes() {
     let known = serve_flags();
-    assert!(
-        known.contains("--rules") && known.contains("--tls-cert"),
-        "{known:?}"
-    );
-    let has_controller: Vec<&&str> = CONTROLLER_FLAGS
-        .iter()
-        .filter(|f| known.contains(**f))
-        .collect();
-    let controller_landed = !has_controller.is_empty();
-    if controller_landed {
-        assert_eq!(
-            has_controller.len(),
-            CONTROLLER_FLAGS.len(),
-            "serve knows {has_controller:?} but not all of {CONTROLLER_FLAGS:?}"
-        );
-    } else {
-        eprintln!(
-            "note: `ichor-rules serve` does not have the controller flags {CONTROLLER_FLAGS:?} yet; \
-             the chart passes them already"
-        );
+    for f in [
+        "--rules",
+        "--tls-cert",
+        "--no-webhook",
+        "--no-controller",
+        "--health-listen",
+        "--metrics-listen",
+        "--metrics-insecure",
+    ] {
+        assert!(known.contains(f), "serve has no {f}: {known:?}");
     }
     for (name, objs) in scenarios() {
-        let a = args(&objs);
-        assert_eq!(a[0], "serve", "{name}");
-        for arg in &a[1..] {
-            let flag = arg.split('=').next().expect("flag");
-            assert!(flag.starts_with("--"), "{name}: {arg}");
-            assert!(
-                known.contains(flag) || (!controller_landed && CONTROLLER_FLAGS.contains(&flag)),
-                "{name}: `ichor-rules serve` has no {flag}"
-            );
+        for d in all(&objs, "Deployment") {
+            let a = args_of(container_of(d));
+            assert_eq!(a[0], "serve", "{name}");
+            for arg in &a[1..] {
+                let flag = arg.split('=').next().expect("flag");
+                assert!(flag.starts_with("--"), "{name}: {arg}");
+                assert!(known.contains(flag), "{name}: `ichor-rules serve` has no {flag}");
+            }
+            let once: BTreeSet<&str> =
+                a.iter().map(|x| x.split('=').next().unwrap_or(x)).collect();
+            assert_eq!(once.len(), a.len(), "{name}: a flag given twice");
         }
-        let once: BTreeSet<&str> = a.iter().map(|x| x.split('=').next().unwrap_or(x)).collect();
-        assert_eq!(once.len(), a.len(), "{name}: a flag given twice");
+    }
+}
+
+fn assert_env(name: &str, c: &Value) {
+    let env = c["env"].as_array().expect("env").clone();
+    for (var, field) in [
+        ("POD_NAME", "metadata.name"),
+        ("POD_NAMESPACE", "metadata.namespace"),
+    ] {
+        let e = env.iter().find(|e| e["name"] == var).expect("env var");
+        assert_eq!(e["valueFrom"]["fieldRef"]["fieldPath"], field, "{name}");
     }
 }
 
@@ -723,54 +942,96 @@ fn arguments_point_at_what_is_mounted() {
             Some(format!("{tls}/tls.key")),
             "{name}"
         );
-        assert_eq!(
-            flag(&objs, "--identity").as_deref(),
-            Some("$(POD_NAME)"),
-            "{name}"
-        );
-        assert_eq!(
-            flag(&objs, "--lease-namespace").as_deref(),
-            Some("$(POD_NAMESPACE)"),
-            "{name}"
-        );
-        let env = container(&objs)["env"].as_array().expect("env").clone();
-        for (var, field) in [
-            ("POD_NAME", "metadata.name"),
-            ("POD_NAMESPACE", "metadata.namespace"),
-        ] {
-            let e = env.iter().find(|e| e["name"] == var).expect("env var");
-            assert_eq!(e["valueFrom"]["fieldRef"]["fieldPath"], field, "{name}");
+        assert!(args(&objs).contains(&"--no-controller".to_string()), "{name}");
+        for c in all(&objs, "Deployment").into_iter().map(container_of) {
+            assert_eq!(
+                flag_of(c, "--identity").as_deref(),
+                Some("$(POD_NAME)"),
+                "{name}"
+            );
+            assert_env(&name, c);
+            let log_format = flag_of(c, "--log-format").expect("--log-format");
+            assert!(["json", "text"].contains(&log_format.as_str()), "{name}");
+            for f in ["--read-timeout-ms", "--reload-interval-ms"] {
+                let v = flag_of(c, f).expect("flag");
+                assert!(v.parse::<u64>().is_ok_and(|n| n > 0), "{name}: {f}={v}");
+            }
+            let rules = mount_path_of(c, "rules").expect("rules mounted");
+            assert_eq!(flag_of(c, "--rules").as_deref(), Some(rules.as_str()), "{name}");
         }
-        let log_format = flag(&objs, "--log-format").expect("--log-format");
-        assert!(["json", "text"].contains(&log_format.as_str()), "{name}");
-        for f in ["--read-timeout-ms", "--reload-interval-ms"] {
-            let v = flag(&objs, f).expect("flag");
-            assert!(v.parse::<u64>().is_ok_and(|n| n > 0), "{name}: {f}={v}");
+        if let Some(c) = controller_container(&objs) {
+            assert_eq!(
+                flag_of(c, "--lease-namespace").as_deref(),
+                Some("$(POD_NAMESPACE)"),
+                "{name}: the Leases in the release namespace"
+            );
         }
     }
 }
 
-#[test]
-fn the_controller_switch_and_the_talosconfig() {
-    let default = render(&[]);
-    assert!(!args(&default).contains(&"--no-controller".to_string()));
-    assert_eq!(flag(&default, "--talosconfig"), None);
-    assert!(volume(&default, "talosconfig").is_none());
-    assert!(mount_path(&default, "talosconfig").is_none());
+/// Whether the talosconfig shows up in a Deployment: a volume of the Secret, a mount, or
+/// the flag.
+fn has_talosconfig(d: &Value, secret: &str) -> bool {
+    let c = container_of(d);
+    let volumes = d["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .expect("volumes");
+    volumes.iter().any(|v| v["secret"]["secretName"] == secret || v["name"] == "talosconfig")
+        || mount_path_of(c, "talosconfig").is_some()
+        || flag_of(c, "--talosconfig").is_some()
+}
 
-    let custom = render(&["--values", &values("custom")]);
-    assert!(args(&custom).contains(&"--no-controller".to_string()));
-    let v = volume(&custom, "talosconfig").expect("talosconfig volume");
+#[test]
+fn the_talosconfig_is_never_in_the_webhook_pods() {
+    let custom = values("custom");
+    let with_secret = ["--set", "talos.configSecret=talos-admin"];
+    let mut sets: Vec<Vec<&str>> = vec![
+        with_secret.to_vec(),
+        [&with_secret[..], &["--set", "controller.enabled=false"]].concat(),
+        vec!["--values", custom.as_str()],
+        vec!["--values", custom.as_str(), "--set", "controller.enabled=true"],
+        [&with_secret[..], &["--set", "metrics.insecure=true"]].concat(),
+    ];
+    let scenario_files: Vec<String> = scenarios()
+        .into_iter()
+        .map(|(n, _)| n)
+        .filter(|n| n != "default")
+        .collect();
+    for f in &scenario_files {
+        sets.push(vec!["--values", f.as_str(), "--set", "talos.configSecret=talos-admin"]);
+    }
+    for a in &sets {
+        let objs = render(a);
+        let webhook = deployment(&objs, "webhook").expect("webhook");
+        assert!(!has_talosconfig(webhook, "talos-admin"), "{a:?}");
+        match deployment(&objs, "controller") {
+            // The controller has it, at the path its flag names.
+            Some(controller) => {
+                assert!(has_talosconfig(controller, "talos-admin"), "{a:?}");
+                let c = container_of(controller);
+                let v = volume_of(controller, "talosconfig").expect("volume");
+                let item = v["secret"]["items"][0]["path"].as_str().expect("path");
+                let dir = mount_path_of(c, "talosconfig").expect("mounted");
+                assert_eq!(flag_of(c, "--talosconfig"), Some(format!("{dir}/{item}")));
+            }
+            // controller.enabled=false: no talosconfig anywhere.
+            None => {
+                for d in all(&objs, "Deployment") {
+                    assert!(!has_talosconfig(d, "talos-admin"), "{a:?}");
+                }
+            }
+        }
+    }
+    let custom = render(&["--values", &custom, "--set", "controller.enabled=true"]);
+    let v = volume_of(deployment(&custom, "controller").expect("c"), "talosconfig")
+        .expect("talosconfig volume");
     assert_eq!(v["secret"]["secretName"], "talos-admin");
     assert_eq!(v["secret"]["items"][0]["key"], "config");
-    let item = v["secret"]["items"][0]["path"].as_str().expect("path");
-    let dir = mount_path(&custom, "talosconfig").expect("mounted");
-    assert_eq!(
-        flag(&custom, "--talosconfig"),
-        Some(format!("{dir}/{item}")),
-        "the flag names the mounted file"
-    );
-    assert_eq!(dir, "/etc/ichor-rules/talos");
+    // Without the Secret, nothing is mounted.
+    let default = render(&[]);
+    for d in all(&default, "Deployment") {
+        assert!(!has_talosconfig(d, ""), "{d}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1214,7 +1475,26 @@ fn bad_values_fail_the_rendering_with_a_reason() {
         ),
         (
             "serviceAccount.create=false",
-            "serviceAccount.name must name an existing",
+            "serviceAccount.webhookName must name an existing",
+        ),
+        (
+            "serviceAccount.create=false,serviceAccount.webhookName=a",
+            "serviceAccount.controllerName must name an existing",
+        ),
+        (
+            "serviceAccount.create=false,serviceAccount.webhookName=a,serviceAccount.controllerName=a",
+            "the webhook and the controller must run as different ServiceAccounts",
+        ),
+        (
+            "serviceAccount.name=guard",
+            "serviceAccount.name: \"guard\" is replaced by serviceAccount.webhookName and serviceAccount.controllerName",
+        ),
+        ("metrics.port=8443", "metrics.port: 8443 is server.containerPort too"),
+        ("metrics.port=8081", "metrics.port: 8081 is controller.healthPort too"),
+        ("metrics.port=0", "metrics.port: 0 is not a port"),
+        (
+            "controller.replicas=0",
+            "controller.replicas: 0 must be at least 1",
         ),
         (
             "webhook.timeoutSeconds=0",

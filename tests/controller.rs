@@ -207,9 +207,9 @@ async fn operations_park_while_even_and_resume_by_themselves_when_odd() {
     assert_eq!(op["status"]["phase"], "Paused");
     // Parked holds no lock.
     assert!(
-        api.objects("Lease", Some(NS)).is_empty(),
+        lock_leases(&api).is_empty(),
         "{:?}",
-        api.objects("Lease", Some(NS))
+        lock_leases(&api)
     );
     // A restore is a recovery: never parked.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -312,7 +312,7 @@ async fn a_removal_without_talos_credentials_does_not_start() {
     let node = get(&api, "Node", "cp-4").expect("node");
     assert!(node["spec"]["unschedulable"].is_null(), "drained: {node}");
     assert!(
-        api.objects("Lease", Some(NS))
+        lock_leases(&api)
             .iter()
             .all(|l| l["spec"]["holderIdentity"].is_null())
     );
@@ -744,4 +744,160 @@ async fn a_drain_reads_every_page_of_the_pods_on_its_node() {
         .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
         .collect();
     assert_eq!(left, ["agent"], "only the DaemonSet pod stays");
+}
+
+/// Every Lease the controller uses is in the operator's namespace: the cluster lock is named
+/// after the cluster's namespace and name there, and nothing is written in the cluster's
+/// namespace.
+#[tokio::test]
+async fn cluster_locks_live_in_the_operators_namespace_named_per_cluster() {
+    let api = ApiServer::start().await;
+    for (i, n) in ["cp-1", "cp-2", "cp-3"].iter().enumerate() {
+        api.insert(control_plane(n, i as u32));
+    }
+    let ctx = context(&api, "test", None);
+    let work = Work::Operation {
+        namespace: NS,
+        name: "upgrade-1",
+    };
+    let got = disruptive::acquire(&ctx, NS, "prod", work).await.expect("api");
+    assert!(matches!(got, Ok(Acquired::Taken)), "{got:?}");
+    assert!(api.objects("Lease", Some(NS)).is_empty(), "nothing in {NS}");
+    let locks = lock_leases(&api);
+    assert_eq!(locks.len(), 1, "{locks:?}");
+    assert_eq!(locks[0]["metadata"]["name"], "ichor-lock.infra.prod");
+    assert_eq!(locks[0]["metadata"]["namespace"], OPERATOR_NS);
+    assert_eq!(
+        locks[0]["spec"]["holderIdentity"],
+        "TalosOperation infra/upgrade-1"
+    );
+    // The same cluster name in another namespace has a lock of its own.
+    let other = Work::Operation {
+        namespace: "infra-2",
+        name: "upgrade-1",
+    };
+    let got = disruptive::acquire(&ctx, "infra-2", "prod", other)
+        .await
+        .expect("api");
+    assert!(matches!(got, Ok(Acquired::Taken)), "{got:?}");
+    assert_eq!(lock_leases(&api).len(), 2);
+    // Names are deterministic, never shared, and within a Lease name's 253 characters.
+    assert_eq!(disruptive::lock_name("a-b", "c"), "ichor-lock.a-b.c");
+    assert_ne!(
+        disruptive::lock_name("a-b", "c"),
+        disruptive::lock_name("a", "b-c")
+    );
+    let long = "c".repeat(250);
+    let (l1, l2) = (
+        disruptive::lock_name(NS, &long),
+        disruptive::lock_name(NS, &format!("{long}x")),
+    );
+    assert!(l1.len() <= 253 && l2.len() <= 253, "{l1} {l2}");
+    assert_ne!(l1, l2);
+    assert_eq!(l1, disruptive::lock_name(NS, &long));
+    assert!(l1.starts_with("ichor-lockh.infra."), "{l1}");
+}
+
+/// An upgrade from the version that kept each cluster's lock in the cluster's namespace
+/// (`ichor-lock-<cluster>`, renewed by the old leader until it stopped): the new leader
+/// sees the old leader Lease (no version mark) and starts no disruptive work until such a
+/// lock has expired, without reading or writing anything outside its own namespace. The
+/// next leader (of this version) does not wait.
+#[tokio::test]
+async fn a_lock_the_previous_version_held_is_honoured_until_it_expires() {
+    let api = ApiServer::start().await;
+    api.insert(cluster("prod", 3));
+    for (i, n) in ["cp-1", "cp-2", "cp-3"].iter().enumerate() {
+        api.insert(control_plane(n, i as u32));
+    }
+    let ago = |s: i64| {
+        jiff::Timestamp::now()
+            .checked_sub(jiff::SignedDuration::from_secs(s))
+            .expect("time")
+            .to_string()
+    };
+    // The previous version's leader Lease, expired (its pod is gone), and its lock of
+    // cluster prod, renewed moments before it stopped.
+    api.insert(json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": leader::LEADER_LEASE, "namespace": OPERATOR_NS,
+                     "annotations": {"ichor.maesh.dev/controller": "ichor-rules-old"}},
+        "spec": {"holderIdentity": "ichor-rules-old", "leaseDurationSeconds": 15,
+                 "acquireTime": ago(600), "renewTime": ago(20)}
+    }));
+    let old_lock = api.insert(json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "ichor-lock-prod", "namespace": NS},
+        "spec": {"holderIdentity": "remove TalosMachine infra/cp-1", "leaseDurationSeconds": 6,
+                 "acquireTime": ago(30), "renewTime": ago(0)}
+    }));
+    let ctx = context(&api, "replica-new", None);
+    let lock_duration = ctx.settings.lock_duration;
+    let leading = Arc::new(AtomicBool::new(false));
+    let task = tokio::spawn(leader::run(ctx.clone(), leading.clone()));
+    wait_for("the new replica leads", WAIT, || leading.load(Ordering::Relaxed)).await;
+    let took_over = std::time::Instant::now();
+    let work = Work::Operation {
+        namespace: NS,
+        name: "upgrade-1",
+    };
+    match disruptive::acquire(&ctx, NS, "prod", work).await.expect("api") {
+        Err(Refused::Held { holder }) => {
+            assert!(
+                holder.contains("previous version") && holder.contains("infra/ichor-lock-prod"),
+                "{holder}"
+            );
+        }
+        other => panic!("the old lock is not honoured: {other:?}"),
+    }
+    assert!(lock_leases(&api).is_empty(), "no new lock while the old may be held");
+    // Once it has expired, the work takes the new lock.
+    let mut taken = None;
+    while took_over.elapsed() < lock_duration + Duration::from_secs(5) {
+        if let Ok(a) = disruptive::acquire(&ctx, NS, "prod", work).await.expect("api") {
+            taken = Some(took_over.elapsed());
+            assert_eq!(a, Acquired::Taken);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let after = taken.expect("the work never got the lock");
+    assert!(
+        after + Duration::from_millis(500) >= lock_duration,
+        "taken {after:?} after the takeover, before the old lock could expire ({lock_duration:?})"
+    );
+    // The old lock was only waited out: never written (nor read: no right to).
+    let still = api.objects("Lease", Some(NS));
+    assert_eq!(still.len(), 1);
+    assert_eq!(
+        still[0]["metadata"]["resourceVersion"],
+        old_lock["metadata"]["resourceVersion"]
+    );
+    // The leader Lease now says where this version keeps its locks.
+    let lease = api
+        .objects("Lease", Some(OPERATOR_NS))
+        .into_iter()
+        .find(|l| l["metadata"]["name"] == leader::LEADER_LEASE)
+        .expect("leader lease");
+    assert_eq!(
+        lease["metadata"]["annotations"][leader::LOCKS_ANNOTATION],
+        leader::LOCKS_IN_OPERATOR_NAMESPACE
+    );
+    task.abort();
+    let _ = task.await;
+    leader::step_down(&ctx).await;
+    // The next leader of this version finds the lock at once (held by the work above).
+    let next = context(&api, "replica-next", None);
+    let leading = Arc::new(AtomicBool::new(false));
+    let task = tokio::spawn(leader::run(next.clone(), leading.clone()));
+    wait_for("the next replica leads", WAIT, || leading.load(Ordering::Relaxed)).await;
+    let other = Work::Operation {
+        namespace: NS,
+        name: "upgrade-2",
+    };
+    match disruptive::acquire(&next, NS, "prod", other).await.expect("api") {
+        Err(Refused::Held { holder }) => assert_eq!(holder, "TalosOperation infra/upgrade-1"),
+        got => panic!("{got:?}"),
+    }
+    task.abort();
 }

@@ -157,7 +157,7 @@ async fn replacement_three_to_four_to_three() {
                     &g,
                     &res,
                     &verb,
-                    ichor_rules::runtime::access::Scope::Cluster
+                    harness::scope_of(r)
                 ),
                 "not granted: {r:?}"
             );
@@ -182,7 +182,7 @@ async fn replacement_three_to_four_to_three() {
     })
     .await;
     // The lock was released.
-    let leases = w.api.objects("Lease", Some(NS));
+    let leases = harness::lock_leases(&w.api);
     assert!(
         leases.iter().all(|l| l["spec"]["holderIdentity"].is_null()),
         "{leases:?}"
@@ -220,8 +220,7 @@ async fn removal_below_the_declared_count_is_refused_and_changes_nothing() {
     assert!(node["spec"]["unschedulable"].is_null(), "not cordoned");
     // No lock is kept while refused: each retry takes it only to recount and decide.
     wait_for("the lock free between retries", WAIT, || {
-        w.api
-            .objects("Lease", Some(NS))
+        harness::lock_leases(&w.api)
             .iter()
             .all(|l| l["spec"]["holderIdentity"].is_null())
     })
@@ -322,7 +321,7 @@ async fn two_control_planes_deleted_at_once_are_serialized_and_never_go_below_co
             .map(|n| n.to_string())
             .collect();
         assert!(running.len() <= 1, "two removals ran at once: {running:?}");
-        for l in w.api.objects("Lease", Some(NS)) {
+        for l in harness::lock_leases(&w.api) {
             if let Some(h) = l["spec"]["holderIdentity"].as_str() {
                 holders.insert(h.to_string());
             }

@@ -119,6 +119,8 @@ impl Serve {
         let child = Command::new(BIN)
             .args(["serve", "--no-controller", "--listen", &listen.to_string()])
             .args(["--api-server", &api.url(), "--reload-interval-ms", "100"])
+            // /metrics on the webhook's port, unauthenticated (local use).
+            .arg("--metrics-insecure")
             .arg("--rules")
             .arg(dir.join("rules"))
             .arg("--tls-cert")

@@ -587,6 +587,8 @@ async fn the_serve_command_reloads_rules_and_keeps_the_last_good_table() {
             .arg("--tls-key")
             .arg(dir.join("tls.key"))
             .args(["--reload-interval-ms", "100", "--log-format", "json"])
+            // /metrics on the webhook's port, unauthenticated (local use).
+            .arg("--metrics-insecure")
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("serve starts"),

@@ -5,11 +5,12 @@ use crate::runtime::controller::{Context, Settings, leader};
 use crate::runtime::live::{Decode, LiveReader, ReadLimit};
 use crate::runtime::logs;
 use crate::runtime::metrics::Metrics;
+use crate::runtime::metrics_auth;
 use crate::runtime::reload::{RELOAD_STACK, Reload, Reloader, Rules, on_reload_thread};
 use crate::runtime::server::{Limits, serve_tls_with};
 use crate::runtime::talos::TalosTls;
 use crate::runtime::tls::ReloadingCert;
-use crate::runtime::webhook::{Webhook, router};
+use crate::runtime::webhook::{Webhook, health_router, router, webhook_router};
 use clap::{Args, ValueEnum};
 use std::io::IsTerminal;
 use std::net::SocketAddr;
@@ -29,15 +30,15 @@ pub struct ServeArgs {
     /// Rule files or folders (in the cluster: the mounted ConfigMap), reloaded on change.
     #[arg(long, default_value = "rules")]
     pub rules: Vec<PathBuf>,
-    /// Address to serve HTTPS on.
+    /// Address to serve the webhook on (HTTPS; also /healthz and /readyz).
     #[arg(long, default_value = "0.0.0.0:8443")]
     pub listen: SocketAddr,
-    /// PEM certificate chain (reloaded when it changes).
+    /// PEM certificate chain (reloaded when it changes). Required unless --no-webhook.
     #[arg(long)]
-    pub tls_cert: PathBuf,
-    /// PEM private key (reloaded when it changes).
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key (reloaded when it changes). Required unless --no-webhook.
     #[arg(long)]
-    pub tls_key: PathBuf,
+    pub tls_key: Option<PathBuf>,
     /// The API server URL, without credentials (tests); by default the in-cluster or
     /// kubeconfig configuration.
     #[arg(long)]
@@ -93,6 +94,26 @@ pub struct ServeArgs {
     /// Serve the webhook only; do not run the controller.
     #[arg(long)]
     pub no_controller: bool,
+    /// Run the controller only: no webhook listener (`--listen` is not bound, no
+    /// certificate is needed). Its probes are served by --health-listen.
+    #[arg(long, conflicts_with = "no_controller")]
+    pub no_webhook: bool,
+    /// Serve /healthz and /readyz over plain HTTP on this address too (the controller's
+    /// probes; nothing else is served there).
+    #[arg(long)]
+    pub health_listen: Option<SocketAddr>,
+    /// Serve /metrics over HTTPS on this address, and nowhere else. Each scrape's bearer
+    /// token must be authenticated by the API server (TokenReview) and allowed `get` on the
+    /// non-resource URL /metrics (SubjectAccessReview): 401 without a valid token, 403
+    /// without the permission. The certificate is --tls-cert/--tls-key, or without them one
+    /// generated at start.
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Serve /metrics to anyone (local use): on --metrics-listen without the token check,
+    /// or, without --metrics-listen, on the webhook's port. Without this flag or
+    /// --metrics-listen, /metrics is not served.
+    #[arg(long)]
+    pub metrics_insecure: bool,
 }
 
 pub fn run(args: &ServeArgs) -> u8 {
@@ -182,22 +203,58 @@ async fn client(args: &ServeArgs) -> Result<kube::Client, String> {
     }
 }
 
+/// The serving certificate: `--tls-cert` and `--tls-key` together, or neither.
+fn serving_cert(args: &ServeArgs) -> Result<Option<Arc<ReloadingCert>>, String> {
+    match (&args.tls_cert, &args.tls_key) {
+        (Some(c), Some(k)) => ReloadingCert::new(c.clone(), k.clone())
+            .map(|c| Some(Arc::new(c)))
+            .map_err(|e| e.to_string()),
+        (None, None) if args.no_webhook => Ok(None),
+        (None, None) => Err(
+            "--tls-cert and --tls-key are required to serve the webhook (or --no-webhook to run only the controller)"
+                .into(),
+        ),
+        (Some(_), None) => Err("--tls-cert is given without --tls-key".into()),
+        (None, Some(_)) => Err("--tls-key is given without --tls-cert".into()),
+    }
+}
+
+/// Binds `addr` for `what`, or says why not.
+async fn bind(addr: SocketAddr, what: &str) -> Result<tokio::net::TcpListener, String> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr} ({what}): {e}"))
+}
+
 async fn serve(args: &ServeArgs, rules: Arc<Rules>) -> u8 {
     let metrics = Arc::new(Metrics::default());
     metrics.rules_status(&rules.status());
-    let cert = match ReloadingCert::new(args.tls_cert.clone(), args.tls_key.clone()) {
-        Ok(c) => Arc::new(c),
+    let cert = match serving_cert(args) {
+        Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");
             return EXIT_BAD_INPUT;
         }
     };
-    let tls = match cert.server_config() {
-        Ok(c) => Arc::new(c),
+    let tls = match cert.as_ref().map(|c| c.server_config()).transpose() {
+        Ok(c) => c.map(Arc::new),
         Err(e) => {
             eprintln!("error: TLS configuration: {e}");
             return EXIT_BAD_INPUT;
         }
+    };
+    // The metrics port's TLS: the serving certificate, or one made up for this process
+    // (scrapers of a controller-only process verify its name no better than a Service's).
+    let metrics_tls = match (&args.metrics_listen, &tls) {
+        (None, _) => None,
+        (Some(_), Some(t)) => Some(t.clone()),
+        (Some(_), None) => match crate::runtime::tls::self_signed_config(&args.identity) {
+            Ok(c) => Some(Arc::new(c)),
+            Err(e) => {
+                eprintln!("error: a certificate for --metrics-listen: {e}");
+                return EXIT_BAD_INPUT;
+            }
+        },
     };
     let client = match client(args).await {
         Ok(c) => c,
@@ -216,14 +273,39 @@ async fn serve(args: &ServeArgs, rules: Arc<Rules>) -> u8 {
         metrics: metrics.clone(),
         api_ready: Default::default(),
     });
-    let listener = match tokio::net::TcpListener::bind(args.listen).await {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("error: cannot listen on {}: {e}", args.listen);
-            return EXIT_BAD_INPUT;
-        }
+    let listener = match tls.as_ref() {
+        None => None,
+        Some(_) => match bind(args.listen, "the webhook").await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return EXIT_BAD_INPUT;
+            }
+        },
     };
-    tracing::info!(listen = %args.listen, "serving the admission webhook");
+    let health_listener = match args.health_listen {
+        None => None,
+        Some(a) => match bind(a, "--health-listen").await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return EXIT_BAD_INPUT;
+            }
+        },
+    };
+    let metrics_listener = match args.metrics_listen {
+        None => None,
+        Some(a) => match bind(a, "--metrics-listen").await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return EXIT_BAD_INPUT;
+            }
+        },
+    };
+    if listener.is_some() {
+        tracing::info!(listen = %args.listen, "serving the admission webhook");
+    }
     let controller = if args.no_controller {
         None
     } else {
@@ -285,10 +367,10 @@ async fn serve(args: &ServeArgs, rules: Arc<Rules>) -> u8 {
                 Reload::Unchanged => {}
             }
             metrics.rules_status(&rules.status());
-            match cert.reload_if_changed() {
-                Ok(true) => tracing::info!("serving certificate reloaded"),
-                Ok(false) => {}
-                Err(e) => {
+            match cert.as_ref().map(|c| c.reload_if_changed()) {
+                Some(Ok(true)) => tracing::info!("serving certificate reloaded"),
+                Some(Ok(false)) | None => {}
+                Some(Err(e)) => {
                     tracing::error!(error = %e, "new certificate rejected; the previous one keeps serving")
                 }
             }
@@ -342,7 +424,53 @@ async fn serve(args: &ServeArgs, rules: Arc<Rules>) -> u8 {
         body_timeout: Duration::from_millis(args.body_read_timeout_ms),
         idle_timeout: Duration::from_millis(args.idle_timeout_ms),
     };
-    serve_tls_with(listener, tls, router(state), limits, metrics, shutdown).await;
+    // The side servers (health, metrics) stop with the main one.
+    let (stop_side, side_stopped) = tokio::sync::watch::channel(false);
+    let side_stop = move || {
+        let mut rx = side_stopped.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let mut side = Vec::new();
+    if let Some(l) = health_listener {
+        tracing::info!(listen = %args.health_listen.map(|a| a.to_string()).unwrap_or_default(), "serving /healthz and /readyz over HTTP");
+        let app = health_router(state.clone());
+        let stop = side_stop();
+        side.push(tokio::spawn(async move {
+            let _ = axum::serve(l, app).with_graceful_shutdown(stop).await;
+        }));
+    }
+    if let (Some(l), Some(t)) = (metrics_listener, metrics_tls) {
+        let access = if args.metrics_insecure {
+            tracing::warn!("/metrics is served without authentication (--metrics-insecure)");
+            metrics_auth::Access::Open
+        } else {
+            metrics_auth::Access::Reviewed(metrics_auth::Reviewer::new(client.clone()))
+        };
+        tracing::info!(listen = %args.metrics_listen.map(|a| a.to_string()).unwrap_or_default(), "serving /metrics");
+        let app = metrics_auth::metrics_router(metrics.clone(), access);
+        let (limits, metrics, stop) = (limits.clone(), metrics.clone(), side_stop());
+        side.push(tokio::spawn(async move {
+            serve_tls_with(l, t, app, limits, metrics, stop).await;
+        }));
+    }
+    match (listener, tls) {
+        (Some(l), Some(t)) => {
+            // Without a port of their own, metrics are on the webhook's only when asked.
+            let app = if args.metrics_listen.is_none() && args.metrics_insecure {
+                router(state)
+            } else {
+                webhook_router(state)
+            };
+            serve_tls_with(l, t, app, limits, metrics, shutdown).await;
+        }
+        _ => shutdown.await,
+    }
+    let _ = stop_side.send(true);
+    for s in side {
+        let _ = tokio::time::timeout(crate::runtime::server::DRAIN, s).await;
+    }
     drop(reloader);
     watcher.abort();
     if let Some((ctx, task)) = controller {

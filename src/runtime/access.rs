@@ -2,18 +2,27 @@
 //! ClusterRole and Role grant, verb for verb (tests/chart.rs compares them), and that the
 //! controller's recorded calls must stay within.
 //!
-//! It comes in two disjoint parts: [`WEBHOOK`], what a replica serving only the webhook
-//! calls (`serve --no-controller`: the live reads of `live.rs` and the readiness probe of
-//! `serve`), and [`CONTROLLER`], what the controller adds. [`REQUIRED`] is both together;
-//! the chart grants `REQUIRED` with the controller on and `WEBHOOK` alone with it off.
+//! It comes in disjoint parts: [`WEBHOOK`], what a replica serving only the webhook calls
+//! (`serve --no-controller`: the live reads of `live.rs` and the readiness probe of
+//! `serve`), [`CONTROLLER`], what the controller adds, and [`METRICS_AUTH`], what a process
+//! serving `/metrics` with authentication calls (a TokenReview and a SubjectAccessReview per
+//! scrape). [`REQUIRED`] is the webhook's and the controller's calls together.
+//!
+//! The chart runs two Deployments, each with its own ServiceAccount, and grants each
+//! exactly its role: [`webhook_role`] to the webhook pods (reads only, no Lease, no Talos
+//! credentials), [`controller_role`] to the controller pods. `charts/ichor-rules/files/
+//! access.yaml` is these roles as RBAC rules, generated from this file (tests/chart.rs
+//! fails, printing the new text, when it drifts), and the chart's templates render their
+//! ClusterRoles and Roles from it.
 
 /// Where a grant applies.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Scope {
     /// Every namespace (a ClusterRole): the TalosCluster, TalosMachine and TalosOperation
-    /// objects, nodes, pods and the per-cluster locks live wherever the clusters are.
+    /// objects, nodes and pods live wherever the clusters are.
     Cluster,
-    /// Only the release namespace (a Role): the controller's leader-election Lease.
+    /// Only the operator's own namespace (the release namespace, `--lease-namespace`; a
+    /// Role): the controller's leader-election Lease and the per-cluster lock Leases.
     LeaseNamespace,
 }
 
@@ -32,6 +41,8 @@ const ICHOR: &str = "ichor.maesh.dev";
 const CORE: &str = "";
 const COORDINATION: &str = "coordination.k8s.io";
 const EVENTS: &str = "events.k8s.io";
+const AUTHENTICATION: &str = "authentication.k8s.io";
+const AUTHORIZATION: &str = "authorization.k8s.io";
 
 /// The API calls of the webhook alone (`serve --no-controller`), and nothing more: the live
 /// reads of a decision (`LiveReader::snapshot`: a LIST of the request's namespace's
@@ -132,15 +143,9 @@ pub const CONTROLLER: &[Access] = &[
         verbs: &["create", "patch"],
         scope: Scope::Cluster,
     },
-    // The per-cluster lock of disruptive operations: a Lease in each TalosCluster's
-    // namespace.
-    Access {
-        api_group: COORDINATION,
-        resource: "leases",
-        verbs: &["get", "create", "update"],
-        scope: Scope::Cluster,
-    },
-    // Leader election among the replicas.
+    // Leader election among the replicas, and the per-cluster lock of disruptive
+    // operations: all Leases live in the operator's own namespace, none anywhere else
+    // (`disruptive::lock_name` names a cluster's lock after its namespace and name).
     Access {
         api_group: COORDINATION,
         resource: "leases",
@@ -148,6 +153,108 @@ pub const CONTROLLER: &[Access] = &[
         scope: Scope::LeaseNamespace,
     },
 ];
+
+/// What a process serving `/metrics` with authentication (`--metrics-listen` without
+/// `--metrics-insecure`) calls per scrape: a TokenReview of the bearer token, then a
+/// SubjectAccessReview of `get` on the non-resource URL `/metrics` for its user.
+pub const METRICS_AUTH: &[Access] = &[
+    Access {
+        api_group: AUTHENTICATION,
+        resource: "tokenreviews",
+        verbs: &["create"],
+        scope: Scope::Cluster,
+    },
+    Access {
+        api_group: AUTHORIZATION,
+        resource: "subjectaccessreviews",
+        verbs: &["create"],
+        scope: Scope::Cluster,
+    },
+];
+
+/// What the webhook Deployment's ServiceAccount is granted: [`WEBHOOK`], and with
+/// authenticated metrics [`METRICS_AUTH`].
+pub fn webhook_role(metrics_auth: bool) -> Vec<Access> {
+    let mut out = WEBHOOK.to_vec();
+    if metrics_auth {
+        out.extend_from_slice(METRICS_AUTH);
+    }
+    out
+}
+
+/// What the controller Deployment's ServiceAccount is granted: [`REQUIRED`] (its own live
+/// reads are the webhook's, its readiness probe too), and with authenticated metrics
+/// [`METRICS_AUTH`].
+pub fn controller_role(metrics_auth: bool) -> Vec<Access> {
+    let mut out = REQUIRED.to_vec();
+    if metrics_auth {
+        out.extend_from_slice(METRICS_AUTH);
+    }
+    out
+}
+
+/// `role` as RBAC rules, one per API group and resource with its verbs in order of first
+/// appearance, for `scope`.
+pub fn rules_of(
+    role: &[Access],
+    scope: Scope,
+) -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
+    let mut out: Vec<(&'static str, &'static str, Vec<&'static str>)> = Vec::new();
+    for a in role.iter().filter(|a| a.scope == scope) {
+        match out
+            .iter_mut()
+            .find(|(g, r, _)| *g == a.api_group && *r == a.resource)
+        {
+            Some((_, _, verbs)) => {
+                for v in a.verbs {
+                    if !verbs.contains(v) {
+                        verbs.push(v);
+                    }
+                }
+            }
+            None => out.push((a.api_group, a.resource, a.verbs.to_vec())),
+        }
+    }
+    out
+}
+
+/// The text of `charts/ichor-rules/files/access.yaml`: each role's rules, cluster-wide
+/// (the ClusterRole) and in the operator's namespace (the Role), as the chart renders them.
+pub fn chart_access_yaml() -> String {
+    fn list(out: &mut String, key: &str, rules: &[(&str, &str, Vec<&str>)]) {
+        if rules.is_empty() {
+            out.push_str(&format!("  {key}: []\n"));
+            return;
+        }
+        out.push_str(&format!("  {key}:\n"));
+        for (g, r, verbs) in rules {
+            let verbs: Vec<String> = verbs.iter().map(|v| format!("{v:?}")).collect();
+            out.push_str(&format!(
+                "    - apiGroups: [{g:?}]\n      resources: [{r:?}]\n      verbs: [{}]\n",
+                verbs.join(", ")
+            ));
+        }
+    }
+    let mut out = String::from(
+        "# Generated from src/runtime/access.rs (chart_access_yaml); do not edit. tests/chart.rs\n\
+         # prints the new text when the code's calls change.\n",
+    );
+    let roles: [(&str, Vec<Access>); 3] = [
+        ("webhook", webhook_role(false)),
+        ("controller", controller_role(false)),
+        ("metricsAuth", METRICS_AUTH.to_vec()),
+    ];
+    for (name, role) in &roles {
+        out.push_str(&format!("{name}:\n"));
+        list(&mut out, "cluster", &rules_of(role, Scope::Cluster));
+        list(
+            &mut out,
+            "namespace",
+            &rules_of(role, Scope::LeaseNamespace),
+        );
+    }
+    out
+}
 
 const fn concat<const N: usize>(a: &[Access], b: &[Access]) -> [Access; N] {
     assert!(a.len() + b.len() == N);

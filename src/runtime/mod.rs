@@ -9,6 +9,7 @@ pub mod facts;
 pub mod live;
 pub mod logs;
 pub mod metrics;
+pub mod metrics_auth;
 pub mod nesting;
 pub mod objects;
 pub mod reload;

@@ -132,3 +132,27 @@ impl ResolvesServerCert for ReloadingCert {
         self.current.read().ok().map(|c| c.clone())
     }
 }
+
+/// A TLS configuration serving a certificate made up for this process (a fresh key,
+/// self-signed, for the names `localhost` and `name`): for a port whose clients do not
+/// verify the server's name against a CA of ours (a controller's metrics, scraped with
+/// its bearer token as what authenticates).
+pub fn self_signed_config(name: &str) -> Result<rustls::ServerConfig, String> {
+    let mut names = vec!["localhost".to_string()];
+    if !name.is_empty() && name != "localhost" {
+        names.push(name.to_string());
+    }
+    let made = rcgen::generate_simple_self_signed(names).map_err(|e| e.to_string())?;
+    let cert = CertificateDer::from(made.cert.der().to_vec());
+    let key =
+        PrivateKeyDer::try_from(made.signing_key.serialize_der()).map_err(|e| e.to_string())?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(vec![cert], key)
+        .map_err(|e| e.to_string())?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}

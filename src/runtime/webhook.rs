@@ -50,16 +50,34 @@ pub struct Webhook {
 }
 
 /// The routes: one validation endpoint per kind (any of them accepts any of our kinds),
-/// health, readiness and metrics.
+/// health, readiness and metrics, unauthenticated: what `serve --metrics-insecure` serves
+/// on its one port when there is no `--metrics-listen` (local use, and in-process tests).
 pub fn router(state: Arc<Webhook>) -> Router {
+    webhook_router(state.clone()).merge(
+        Router::new()
+            .route("/metrics", get(metrics))
+            .with_state(state),
+    )
+}
+
+/// The webhook's routes without `/metrics` (which `serve` then serves on its own port,
+/// authenticated; see [`super::metrics_auth`]).
+pub fn webhook_router(state: Arc<Webhook>) -> Router {
     Router::new()
         .route("/validate/talosmachines", post(validate))
         .route("/validate/talosclusters", post(validate))
         .route("/validate/talosoperations", post(validate))
         .route("/validate", post(validate))
+        .with_state(state.clone())
+        .merge(health_router(state))
+}
+
+/// Liveness (`/healthz`) and readiness (`/readyz`: rules loaded and the API server
+/// answered) alone: the controller's health port (`serve --health-listen`).
+pub fn health_router(state: Arc<Webhook>) -> Router {
+    Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
         .with_state(state)
 }
 

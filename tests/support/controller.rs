@@ -15,11 +15,27 @@ use std::time::{Duration, Instant};
 
 pub const NS: &str = "infra";
 
+/// The operator's own namespace (`Settings::lease_namespace`): its Leases live there.
+pub const OPERATOR_NS: &str = "ichor-system";
+
+/// The cluster lock Leases (`disruptive::lock_name`: `ichor-lock.<namespace>.<cluster>`,
+/// in the operator's namespace, next to the leader Lease).
+pub fn lock_leases(api: &ApiServer) -> Vec<Value> {
+    api.objects("Lease", Some(OPERATOR_NS))
+        .into_iter()
+        .filter(|l| {
+            l["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("ichor-lock"))
+        })
+        .collect()
+}
+
 /// Intervals short enough for tests, in the same proportions as the defaults.
 pub fn fast_settings(identity: &str) -> Settings {
     Settings {
         identity: identity.into(),
-        lease_namespace: "ichor-system".into(),
+        lease_namespace: OPERATOR_NS.into(),
         over_cap_requeue: Duration::from_millis(300),
         drain_retry: Duration::from_millis(300),
         refused_requeue: Duration::from_millis(300),
@@ -216,6 +232,17 @@ pub async fn patch_spec(api: &ApiServer, kind: &str, name: &str, spec: Value) {
     }
 }
 
+/// Which grant covers a request: a Role in the operator's own namespace (where
+/// `fast_settings` keeps the Leases) for a call into it, the ClusterRole for any other.
+pub fn scope_of(r: &super::apiserver::Request) -> ichor_rules::runtime::access::Scope {
+    use ichor_rules::runtime::access::Scope;
+    if r.path.contains(&format!("/namespaces/{OPERATOR_NS}/")) {
+        Scope::LeaseNamespace
+    } else {
+        Scope::Cluster
+    }
+}
+
 /// A request as RBAC sees it: (API group, resource[/subresource], verb).
 pub fn rbac_of(r: &super::apiserver::Request) -> Option<(String, String, String)> {
     let parts: Vec<&str> = r.path.trim_matches('/').split('/').collect();
@@ -264,15 +291,15 @@ pub fn assert_calls_within(
     granted: fn(&str, &str, &str, ichor_rules::runtime::access::Scope) -> bool,
     whose: &str,
 ) -> std::collections::BTreeSet<(String, String, String)> {
-    use ichor_rules::runtime::access::Scope;
     let mut seen = std::collections::BTreeSet::new();
     for r in api.store.faults.take_log() {
         if r.by_test {
             continue;
         }
         let Some(call) = rbac_of(&r) else { continue };
+        let scope = scope_of(&r);
         assert!(
-            granted(&call.0, &call.1, &call.2, Scope::Cluster),
+            granted(&call.0, &call.1, &call.2, scope),
             "the code made a call {whose} does not grant: {} {} ({call:?})",
             r.method,
             r.path

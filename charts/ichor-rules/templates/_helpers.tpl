@@ -31,6 +31,34 @@ digits of the sha256 of the whole name (still unique, still a valid label value)
 {{- end }}
 {{- end }}
 
+{{/* The name of a cluster-scoped object of one component: like clusterScopedName, with
+"-<suffix>" before the namespace is added (dict "ctx" . "suffix" "webhook"). */}}
+{{- define "ichor-rules.clusterScopedNameFor" -}}
+{{- $name := printf "%s-%s-%s" (include "ichor-rules.fullname" .ctx) .suffix .ctx.Release.Namespace }}
+{{- if le (len $name) 63 }}
+{{- $name }}
+{{- else }}
+{{- printf "%s-%s" ($name | trunc 54 | trimSuffix "-") ($name | sha256sum | trunc 8) }}
+{{- end }}
+{{- end }}
+
+{{/* The host part of the listen addresses: that of server.listen ("[::]" on an
+IPv6-only cluster), or 0.0.0.0. */}}
+{{- define "ichor-rules.listenHost" -}}
+{{- with .Values.server.listen }}
+{{- regexReplaceAll ":[0-9]+$" . "" }}
+{{- else }}
+{{- "0.0.0.0" }}
+{{- end }}
+{{- end }}
+
+{{/* The roles of src/runtime/access.rs, as files/access.yaml carries them (generated from
+the code; tests/chart.rs checks it): webhook, controller and metricsAuth, each with its
+cluster-wide rules and its rules in the release namespace. */}}
+{{- define "ichor-rules.access" -}}
+{{- .Files.Get "files/access.yaml" }}
+{{- end }}
+
 {{/* The address `serve --listen` binds: server.listen, whose port must be
 server.containerPort, or 0.0.0.0:<containerPort> when it is empty. */}}
 {{- define "ichor-rules.listen" -}}
@@ -83,6 +111,26 @@ server.containerPort, or 0.0.0.0:<containerPort> when it is empty. */}}
 {{- fail (printf "preStopSleepSeconds: the preStop sleep action needs Kubernetes 1.30 or later, and this is %s: set preStopSleepSeconds=0 (a rollout may then refuse writes for a moment)" .Capabilities.KubeVersion.Version) }}
 {{- end }}
 {{- $_ := include "ichor-rules.listen" . }}
+{{- with .Values.serviceAccount.name }}
+{{- fail (printf "serviceAccount.name: %q is replaced by serviceAccount.webhookName and serviceAccount.controllerName (the webhook and the controller run as two ServiceAccounts with different rights; see docs/operators.md, Upgrading to two Deployments)" .) }}
+{{- end }}
+{{- if and .Values.controller.enabled (eq (include "ichor-rules.webhookServiceAccountName" .) (include "ichor-rules.controllerServiceAccountName" .)) }}
+{{- fail (printf "serviceAccount: the webhook and the controller must run as different ServiceAccounts (both are %q): the webhook pods would get the controller's write rights" (include "ichor-rules.webhookServiceAccountName" .)) }}
+{{- end }}
+{{- range $what, $port := dict "server.containerPort" .Values.server.containerPort "metrics.port" .Values.metrics.port "controller.healthPort" .Values.controller.healthPort }}
+{{- if or (lt (int $port) 1) (gt (int $port) 65535) }}
+{{- fail (printf "%s: %v is not a port (1 to 65535)" $what $port) }}
+{{- end }}
+{{- end }}
+{{- if eq (int .Values.metrics.port) (int .Values.server.containerPort) }}
+{{- fail (printf "metrics.port: %v is server.containerPort too; /metrics has a port of its own" .Values.metrics.port) }}
+{{- end }}
+{{- if eq (int .Values.metrics.port) (int .Values.controller.healthPort) }}
+{{- fail (printf "metrics.port: %v is controller.healthPort too; /metrics has a port of its own" .Values.metrics.port) }}
+{{- end }}
+{{- if lt (int .Values.controller.replicas) 1 }}
+{{- fail (printf "controller.replicas: %v must be at least 1 (2 keep a standby leader)" .Values.controller.replicas) }}
+{{- end }}
 {{- end }}
 
 {{/* Labels on every object. */}}
@@ -93,17 +141,33 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
-{{/* Labels that select the pods. */}}
+{{/* Labels that select the release's pods (both components). */}}
 {{- define "ichor-rules.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "ichor-rules.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
-{{- define "ichor-rules.serviceAccountName" -}}
+{{/* Labels that select one component's pods (dict "ctx" . "component" "webhook"). */}}
+{{- define "ichor-rules.componentSelectorLabels" -}}
+{{ include "ichor-rules.selectorLabels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* The webhook pods' ServiceAccount: read-only, no Lease, no Talos credentials. */}}
+{{- define "ichor-rules.webhookServiceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
-{{- default (include "ichor-rules.fullname" .) .Values.serviceAccount.name }}
+{{- default (printf "%s-webhook" (include "ichor-rules.fullname" .)) .Values.serviceAccount.webhookName }}
 {{- else }}
-{{- required "serviceAccount.name must name an existing ServiceAccount when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- required "serviceAccount.webhookName must name an existing ServiceAccount when serviceAccount.create is false" .Values.serviceAccount.webhookName }}
+{{- end }}
+{{- end }}
+
+{{/* The controller pods' ServiceAccount: the write RBAC. */}}
+{{- define "ichor-rules.controllerServiceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (printf "%s-controller" (include "ichor-rules.fullname" .)) .Values.serviceAccount.controllerName }}
+{{- else }}
+{{- required "serviceAccount.controllerName must name an existing ServiceAccount when serviceAccount.create is false (another than serviceAccount.webhookName)" .Values.serviceAccount.controllerName }}
 {{- end }}
 {{- end }}
 
@@ -144,4 +208,85 @@ always excluded. */}}
 {{- $_ := set $sel "matchLabels" . }}
 {{- end }}
 {{- toYaml $sel }}
+{{- end }}
+
+{{/* The pod's securityContext (both components). */}}
+{{- define "ichor-rules.podSecurityContext" -}}
+runAsNonRoot: true
+{{- if not (kindIs "invalid" .Values.runAsUser) }}
+runAsUser: {{ .Values.runAsUser }}
+{{- end }}
+{{- if not (kindIs "invalid" .Values.runAsGroup) }}
+runAsGroup: {{ .Values.runAsGroup }}
+fsGroup: {{ .Values.runAsGroup }}
+{{- end }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* The container's securityContext (both components). */}}
+{{- define "ichor-rules.containerSecurityContext" -}}
+runAsNonRoot: true
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+privileged: false
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* Spreading one component's replicas over nodes (dict "ctx" . "component" "webhook"). */}}
+{{- define "ichor-rules.affinity" -}}
+{{- $podAntiAffinity := .ctx.Values.podAntiAffinity }}
+podAntiAffinity:
+  {{- if eq $podAntiAffinity "required" }}
+  requiredDuringSchedulingIgnoredDuringExecution:
+    - topologyKey: kubernetes.io/hostname
+      labelSelector:
+        matchLabels:
+          {{- include "ichor-rules.componentSelectorLabels" . | nindent 10 }}
+  {{- else if eq $podAntiAffinity "preferred" }}
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- include "ichor-rules.componentSelectorLabels" . | nindent 12 }}
+  {{- else }}
+  {{- fail (printf "podAntiAffinity: %q is neither \"required\" nor \"preferred\"" $podAntiAffinity) }}
+  {{- end }}
+{{- end }}
+
+{{/* The arguments both components pass to `serve`. */}}
+{{- define "ichor-rules.commonArgs" -}}
+- --rules=/etc/ichor-rules/rules
+- --metrics-listen={{ include "ichor-rules.listenHost" . }}:{{ int .Values.metrics.port }}
+{{- if .Values.metrics.insecure }}
+- --metrics-insecure
+{{- end }}
+- --read-timeout-ms={{ int .Values.server.readTimeoutMs }}
+- --reload-interval-ms={{ int .Values.server.reloadIntervalMs }}
+- --log-format={{ .Values.server.logFormat }}
+- --max-connections={{ int .Values.server.maxConnections }}
+- --tls-handshake-timeout-ms={{ int .Values.server.tlsHandshakeTimeoutMs }}
+- --header-read-timeout-ms={{ int .Values.server.headerReadTimeoutMs }}
+- --body-read-timeout-ms={{ int .Values.server.bodyReadTimeoutMs }}
+- --idle-timeout-ms={{ int .Values.server.idleTimeoutMs }}
+- --identity=$(POD_NAME)
+{{- end }}
+
+{{/* The environment both components get. */}}
+{{- define "ichor-rules.env" -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+- name: RUST_LOG
+  value: {{ .Values.server.logLevel | quote }}
 {{- end }}

@@ -34,15 +34,49 @@ impl Work<'_> {
     }
 }
 
-/// The Lease that locks a cluster's disruptive work, in the cluster's namespace.
+/// The longest Lease name (a DNS subdomain).
+const MAX_LEASE_NAME: usize = 253;
+
+/// The name of the Lease that locks the disruptive work of the TalosCluster `cluster` in
+/// `namespace`: `ichor-lock.<namespace>.<cluster>`, deterministic so every replica and a
+/// restarted controller find it. A namespace never contains a dot, so two clusters never
+/// share a name. When that is longer than a Lease name may be (a cluster name near its
+/// own limit of 253), it is `ichor-lockh.<namespace>.<sha256 of "namespace/cluster", 32
+/// hex digits>` instead: the other prefix keeps it apart from any cluster's plain name.
+pub fn lock_name(namespace: &str, cluster: &str) -> String {
+    let plain = format!("ichor-lock.{namespace}.{cluster}");
+    if plain.len() <= MAX_LEASE_NAME {
+        return plain;
+    }
+    let digest = ring::digest::digest(
+        &ring::digest::SHA256,
+        format!("{namespace}/{cluster}").as_bytes(),
+    );
+    let hex: String = digest.as_ref()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("ichor-lockh.{namespace}.{hex}")
+}
+
+/// The Lease that locks a cluster's disruptive work. It lives in the operator's own
+/// namespace (`Settings::lease_namespace`, where the controller's only Lease rights are),
+/// named by [`lock_name`].
 pub fn cluster_lock(ctx: &Context, namespace: &str, cluster: &str) -> LeaseLock {
     LeaseLock::new(
         ctx.client.clone(),
-        namespace,
-        &format!("ichor-lock-{cluster}"),
+        &ctx.settings.lease_namespace,
+        &lock_name(namespace, cluster),
         ctx.settings.lock_duration,
         &ctx.settings.identity,
     )
+}
+
+/// What the previous version called a cluster's lock: `ichor-lock-<cluster>` in the
+/// cluster's own namespace. Only named in messages; it is never read (see
+/// [`Context::legacy_locks_until`]).
+pub fn legacy_lock_name(namespace: &str, cluster: &str) -> String {
+    format!("Lease {namespace}/ichor-lock-{cluster}")
 }
 
 /// Why the lock was not taken.
@@ -65,6 +99,19 @@ pub async fn acquire(
     // to say, decided before this: `hold run operation` and the `start` rules for an
     // operation, the `remove controlplane` rules under this lock for a removal. The lock
     // only serializes.
+    // Right after an upgrade from the version that kept locks in each cluster's namespace,
+    // such a lock may still be held (its work resumes here under the new lock): no work
+    // starts until it has expired, whoever held it.
+    if let Some(left) = ctx.legacy_locks_left() {
+        return Ok(Err(Refused::Held {
+            holder: format!(
+                "the previous version's lock {} if any (locks moved to namespace {}; it expires within {} s)",
+                legacy_lock_name(namespace, cluster),
+                ctx.settings.lease_namespace,
+                left.as_secs().max(1)
+            ),
+        }));
+    }
     let lock = cluster_lock(ctx, namespace, cluster);
     let holder = work.holder();
     match lock.acquire(&holder).await {

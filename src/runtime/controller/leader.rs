@@ -11,6 +11,14 @@ use std::time::{Duration, Instant};
 /// The name of the leader-election Lease (in `Settings::lease_namespace`).
 pub const LEADER_LEASE: &str = "ichor-rules-controller";
 
+/// The annotation a leader of this version writes on the leader Lease: its cluster locks
+/// live in the operator's namespace. A leader Lease without it was last held by a version
+/// that kept them in each cluster's namespace.
+pub const LOCKS_ANNOTATION: &str = "ichor.maesh.dev/cluster-locks";
+
+/// The value of [`LOCKS_ANNOTATION`].
+pub const LOCKS_IN_OPERATOR_NAMESPACE: &str = "operator-namespace";
+
 /// Campaigns for leadership forever; while leader, runs the controllers. `leading` tells
 /// the metrics and readiness whether this replica reconciles.
 pub async fn run(ctx: Arc<Context>, leading: Arc<AtomicBool>) {
@@ -21,11 +29,31 @@ pub async fn run(ctx: Arc<Context>, leading: Arc<AtomicBool>) {
         LEADER_LEASE,
         s.leader_duration,
         &s.identity,
-    );
+    )
+    .annotated(LOCKS_ANNOTATION, LOCKS_IN_OPERATOR_NAMESPACE);
     let retry = (s.leader_duration / 3).max(Duration::from_millis(100));
     loop {
+        // Who led before: a leader of the previous version may have left cluster locks in
+        // the clusters' namespaces, renewed until it stopped leading (before this replica
+        // can take over). They are honoured until they have expired.
+        let legacy = match lock.annotation(LOCKS_ANNOTATION).await {
+            Ok(Some(a)) => a.as_deref() != Some(LOCKS_IN_OPERATOR_NAMESPACE),
+            Ok(None) => false,
+            Err(e) => {
+                tracing::warn!(error = %e, "leader election");
+                tokio::time::sleep(retry).await;
+                continue;
+            }
+        };
         match lock.acquire(&s.identity).await {
             Ok(how) => {
+                if legacy && how == Acquired::Taken {
+                    ctx.hold_for_legacy_locks(Instant::now() + s.lock_duration);
+                    tracing::warn!(
+                        wait_s = s.lock_duration.as_secs(),
+                        "the previous leader kept cluster locks in the clusters' namespaces: no disruptive work starts until they have expired"
+                    );
+                }
                 tracing::info!(identity = %s.identity, resumed = how == Acquired::Resumed, "leading: the controller runs");
                 leading.store(true, Ordering::Relaxed);
                 ctx.metrics.set_leading(true);

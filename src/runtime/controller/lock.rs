@@ -44,6 +44,8 @@ pub struct LeaseLock {
     name: String,
     duration: Duration,
     controller: String,
+    /// Another annotation written with every write (the leader Lease's version mark).
+    extra: Option<(String, String)>,
 }
 
 fn now() -> MicroTime {
@@ -78,7 +80,24 @@ impl LeaseLock {
             name: name.to_string(),
             duration,
             controller: controller.to_string(),
+            extra: None,
         }
+    }
+
+    /// The same lock, writing the annotation `key: value` with every write.
+    pub fn annotated(mut self, key: &str, value: &str) -> LeaseLock {
+        self.extra = Some((key.to_string(), value.to_string()));
+        self
+    }
+
+    /// `None` when the Lease does not exist; else the value of its annotation `key`.
+    pub async fn annotation(&self, key: &str) -> Result<Option<Option<String>>, LockError> {
+        let lease = self
+            .api
+            .get_opt(&self.name)
+            .await
+            .map_err(|e| self.api_err(e))?;
+        Ok(lease.map(|l| l.metadata.annotations.and_then(|mut a| a.remove(key))))
     }
 
     pub fn name(&self) -> String {
@@ -102,6 +121,13 @@ impl LeaseLock {
             .annotations
             .get_or_insert_with(BTreeMap::new)
             .insert(CONTROLLER_ANNOTATION.into(), self.controller.clone());
+        if let Some((k, v)) = &self.extra {
+            lease
+                .metadata
+                .annotations
+                .get_or_insert_with(BTreeMap::new)
+                .insert(k.clone(), v.clone());
+        }
     }
 
     /// The current holder, if the lock is held and not expired.

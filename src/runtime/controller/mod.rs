@@ -106,6 +106,10 @@ pub struct Context {
     pub settings: Settings,
     pub metrics: Arc<Metrics>,
     recorder: Recorder,
+    /// Until when no disruptive work starts: set by [`leader::run`] when this replica
+    /// takes the leader Lease from a version that kept cluster locks in each cluster's
+    /// namespace (one lock duration, the longest such a lock outlives its last renewal).
+    legacy_locks_until: std::sync::Mutex<Option<Instant>>,
 }
 
 impl Context {
@@ -131,7 +135,24 @@ impl Context {
             settings,
             metrics,
             recorder,
+            legacy_locks_until: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Holds disruptive work back until `until` (see [`Context::legacy_locks_left`]).
+    pub fn hold_for_legacy_locks(&self, until: Instant) {
+        if let Ok(mut u) = self.legacy_locks_until.lock() {
+            *u = Some(until);
+        }
+    }
+
+    /// How long locks the previous version may still hold in a cluster's namespace keep
+    /// disruptive work back; `None` once they have all expired (or there were none).
+    pub fn legacy_locks_left(&self) -> Option<Duration> {
+        let until = (*self.legacy_locks_until.lock().ok()?)?;
+        until
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
     }
 
     /// Publishes an event about an object; a failure to publish is logged, never fatal.
