@@ -274,6 +274,7 @@ async fn serve(args: &ServeArgs, rules: Arc<Rules>) -> u8 {
         api_ready: Default::default(),
     });
     let listener = match tls.as_ref() {
+        _ if args.no_webhook => None,
         None => None,
         Some(_) => match bind(args.listen, "the webhook").await {
             Ok(l) => Some(l),

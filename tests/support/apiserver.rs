@@ -64,7 +64,11 @@
 //!   [`Faults::rewrite_answers`] rewrites the JSON of successful GET and list answers
 //!   (`items: null`, an object of another namespace or name, a wrong kind).
 //!
-//! What it leaves out: authentication and authorization, admission webhooks, namespaces as
+//! Reviews: it answers TokenReview and SubjectAccessReview POSTs (201, the review with its
+//! `status`, as the real server does) for the tokens and non-resource URLs a test registers
+//! ([`ApiServer::add_service_account_token`], [`ApiServer::allow_non_resource`]).
+//!
+//! What it leaves out: authentication and authorization of its own callers, admission webhooks, namespaces as
 //! objects (every namespace exists), server-side apply and strategic merge patch (both
 //! answer 415), delete of a collection, subresources other than status and eviction (404),
 //! garbage collection and propagation policies, schema validation and defaulting (a pod
@@ -472,6 +476,8 @@ pub struct Store {
     changes: broadcast::Sender<Change>,
     drop_watches: watch::Sender<u64>,
     pub faults: Faults,
+    /// The tokens it authenticates and the non-resource URLs it authorizes.
+    pub reviews: Reviews,
 }
 
 /// A running server; dropping it stops it and ends its watches.
@@ -506,6 +512,7 @@ impl ApiServer {
             changes,
             drop_watches,
             faults: Faults::default(),
+            reviews: Reviews::default(),
         });
         let app = axum::Router::new()
             .fallback(handle)
@@ -839,6 +846,11 @@ async fn handle(
     }
     if method == Method::GET && path == "/version" {
         return reply(StatusCode::OK, &version_info());
+    }
+    if method == Method::POST
+        && let Some(answer) = store.reviews.answer(path, &body)
+    {
+        return answer;
     }
     let content_type = headers
         .get(header::CONTENT_TYPE)
@@ -2259,5 +2271,134 @@ fn int_or_percent(v: &Value, total: i64) -> Option<i64> {
             Some((pct * total + 99) / 100)
         }
         _ => None,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// TokenReview and SubjectAccessReview, as the API server answers them: a POST of the
+// review object, answered 201 Created with the same object and its `status` filled in.
+
+/// Bearer tokens this server authenticates, and who may `verb` which non-resource URL.
+#[derive(Default)]
+pub struct Reviews {
+    /// token -> the user it authenticates as (`username`, `uid`, `groups`).
+    tokens: Mutex<HashMap<String, Value>>,
+    /// (user or group, verb, non-resource URL) allowed; a URL ending in `*` is a prefix.
+    allowed: Mutex<Vec<(String, String, String)>>,
+}
+
+impl ApiServer {
+    /// Makes `token` authenticate as the ServiceAccount `namespace/name`, with the groups
+    /// the API server gives ServiceAccounts.
+    pub fn add_service_account_token(&self, token: &str, namespace: &str, name: &str) {
+        let user = json!({
+            "username": format!("system:serviceaccount:{namespace}:{name}"),
+            "uid": format!("uid-{namespace}-{name}"),
+            "groups": [
+                "system:serviceaccounts",
+                format!("system:serviceaccounts:{namespace}"),
+                "system:authenticated",
+            ],
+            "extra": {"authentication.kubernetes.io/pod-name": [format!("{name}-0")]},
+        });
+        if let Ok(mut t) = self.store.reviews.tokens.lock() {
+            t.insert(token.to_string(), user);
+        }
+    }
+
+    /// Lets `subject` (a username or a group) `verb` the non-resource URL `url`, as a
+    /// ClusterRole with `nonResourceURLs: [url]` bound to it would.
+    pub fn allow_non_resource(&self, subject: &str, verb: &str, url: &str) {
+        if let Ok(mut a) = self.store.reviews.allowed.lock() {
+            a.push((subject.to_string(), verb.to_string(), url.to_string()));
+        }
+    }
+}
+
+impl Reviews {
+    /// The answer to a POST of `path`, if it is a review.
+    fn answer(&self, path: &str, body: &[u8]) -> Option<Response> {
+        let kind = match path.trim_end_matches('/') {
+            "/apis/authentication.k8s.io/v1/tokenreviews" => "TokenReview",
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews" => "SubjectAccessReview",
+            _ => return None,
+        };
+        let review = match json_body(body) {
+            Ok(v) if v.is_object() => v,
+            Ok(_) => return Some(fail(&Failure::bad_request("the body is not an object"))),
+            Err(f) => return Some(fail(&f)),
+        };
+        Some(match kind {
+            "TokenReview" => self.token_review(review),
+            _ => self.access_review(review),
+        })
+    }
+
+    fn token_review(&self, mut review: Value) -> Response {
+        let token = review["spec"]["token"].as_str().unwrap_or("").to_string();
+        let user = self
+            .tokens
+            .lock()
+            .ok()
+            .and_then(|t| t.get(&token).cloned());
+        review["metadata"] = json!({"creationTimestamp": null});
+        review["status"] = match user {
+            Some(u) => json!({
+                "authenticated": true,
+                "user": u,
+                "audiences": ["https://kubernetes.default.svc.cluster.local"],
+            }),
+            // What the API server answers a token no authenticator accepts.
+            None => json!({
+                "user": {},
+                "error": "[invalid bearer token, token lookup failed]",
+            }),
+        };
+        reply(StatusCode::CREATED, &review)
+    }
+
+    fn access_review(&self, mut review: Value) -> Response {
+        let spec = &review["spec"];
+        let user = spec["user"].as_str().unwrap_or("");
+        let groups: Vec<&str> = spec["groups"]
+            .as_array()
+            .map(|g| g.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let invalid = |field: &str| {
+            fail(&Failure::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Invalid",
+                format!("SubjectAccessReview.authorization.k8s.io \"\" is invalid: {field}"),
+            ))
+        };
+        if user.is_empty() && groups.is_empty() {
+            return invalid("spec.user: Invalid value: \"\": at least one of user or group must be specified");
+        }
+        let (res, non) = (
+            spec["resourceAttributes"].is_object(),
+            spec["nonResourceAttributes"].is_object(),
+        );
+        if res == non {
+            return invalid(
+                "spec.resourceAttributes: Invalid value: \"null\": exactly one of nonResourceAttributes or resourceAttributes must be specified",
+            );
+        }
+        let verb = spec["nonResourceAttributes"]["verb"].as_str().unwrap_or("");
+        let url = spec["nonResourceAttributes"]["path"].as_str().unwrap_or("");
+        let allowed = non
+            && self.allowed.lock().is_ok_and(|a| {
+                a.iter().any(|(who, v, u)| {
+                    (who == user || groups.contains(&who.as_str()))
+                        && (v == verb || v == "*")
+                        && (u == url || u.strip_suffix('*').is_some_and(|p| url.starts_with(p)))
+                })
+            });
+        review["metadata"] = json!({"creationTimestamp": null});
+        review["status"] = if allowed {
+            json!({"allowed": true, "reason": "RBAC: allowed by ClusterRoleBinding \"metrics-reader\" of ClusterRole \"metrics-reader\""})
+        } else {
+            json!({"allowed": false})
+        };
+        reply(StatusCode::CREATED, &review)
     }
 }

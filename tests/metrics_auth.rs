@@ -1,0 +1,367 @@
+//! `/metrics` on a port of its own, for bearer tokens the API server vouches for
+//! (TokenReview) whose user may `get` the non-resource URL `/metrics`
+//! (SubjectAccessReview); and `serve`'s two roles apart: the webhook alone
+//! (`--no-controller`) and the controller alone (`--no-webhook`, its probes on
+//! `--health-listen`). Everything runs as the real `ichor-rules serve` process against the
+//! in-process API server, over real TLS.
+
+#[allow(dead_code)]
+#[path = "support/apiserver.rs"]
+mod apiserver;
+
+#[allow(dead_code)]
+#[path = "support/https.rs"]
+mod https;
+
+use apiserver::ApiServer;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ichor-rules");
+const PROMETHEUS: &str = "system:serviceaccount:monitoring:prometheus";
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("metrics-auth-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    dir
+}
+
+/// Accepts any server certificate: the controller's metrics port serves one made up at
+/// start (scrapers authenticate with their token, not by the server's name).
+#[derive(Debug)]
+struct AnyServer(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyServer {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+fn client_config(ca: Option<&CertificateDer<'static>>) -> Arc<rustls::ClientConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .expect("versions");
+    let config = match ca {
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(ca.clone()).expect("trust");
+            builder.with_root_certificates(roots).with_no_client_auth()
+        }
+        None => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyServer(provider)))
+            .with_no_client_auth(),
+    };
+    Arc::new(config)
+}
+
+/// One `GET path` (with a bearer token if given) over a new connection, TLS when `tls` is
+/// given: the status code and the body.
+async fn get(
+    addr: SocketAddr,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+    path: &str,
+    token: Option<&str>,
+) -> Result<(u16, String), String> {
+    let mut req = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
+    if let Some(t) = token {
+        req.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    }
+    req.push_str("\r\n");
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut text = String::new();
+    match tls {
+        Some(config) => {
+            let mut s = tokio_rustls::TlsConnector::from(config.clone())
+                .connect(ServerName::try_from("127.0.0.1").expect("name"), tcp)
+                .await
+                .map_err(|e| format!("handshake: {e}"))?;
+            s.write_all(req.as_bytes()).await.map_err(|e| e.to_string())?;
+            let _ = s.read_to_string(&mut text).await;
+        }
+        None => {
+            let mut s = tcp;
+            s.write_all(req.as_bytes()).await.map_err(|e| e.to_string())?;
+            let _ = s.read_to_string(&mut text).await;
+        }
+    }
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("no status line in {text:?}"))?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+/// Polls until `GET path` answers `want`.
+async fn wait_status(
+    addr: SocketAddr,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+    path: &str,
+    token: Option<&str>,
+    want: u16,
+) -> String {
+    let mut last = Err("never tried".to_string());
+    for _ in 0..150 {
+        last = get(addr, tls, path, token).await;
+        if let Ok((code, body)) = &last
+            && *code == want
+        {
+            return body.clone();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("GET {path} on {addr} never answered {want}: last {last:?}");
+}
+
+/// The API server with a token for Prometheus (allowed to get /metrics) and one for an
+/// application (not allowed).
+async fn api_with_tokens() -> ApiServer {
+    let api = ApiServer::start().await;
+    api.add_service_account_token("tok-prometheus", "monitoring", "prometheus");
+    api.add_service_account_token("tok-app", "shop", "frontend");
+    api.allow_non_resource(PROMETHEUS, "get", "/metrics");
+    api
+}
+
+fn reviews(api: &ApiServer) -> (usize, usize) {
+    let log = api.store.faults.take_log();
+    let count = |p: &str| {
+        log.iter()
+            .filter(|r| r.method == "POST" && r.path.ends_with(p))
+            .count()
+    };
+    (count("/tokenreviews"), count("/subjectaccessreviews"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_answer_401_without_a_token_403_without_the_permission_and_200_with_it() {
+    let api = api_with_tokens().await;
+    let dir = scratch("webhook");
+    let ca = https::write_cert(&dir);
+    let (listen, metrics) = (https::free_address(), https::free_address());
+    let _serve = https::Killed(
+        Command::new(BIN)
+            .args(["serve", "--no-controller", "--rules", "rules"])
+            .args(["--listen", &listen.to_string()])
+            .args(["--metrics-listen", &metrics.to_string()])
+            .args(["--api-server", &api.url()])
+            .arg("--tls-cert")
+            .arg(dir.join("tls.crt"))
+            .arg("--tls-key")
+            .arg(dir.join("tls.key"))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("serve starts"),
+    );
+    let tls = client_config(Some(&ca));
+    // Health stays open, on the webhook's port.
+    wait_status(listen, Some(&tls), "/healthz", None, 200).await;
+    let _ = api.store.faults.take_log();
+
+    let (code, _) = get(metrics, Some(&tls), "/metrics", None).await.expect("get");
+    assert_eq!(code, 401, "no token");
+    assert_eq!(reviews(&api), (0, 0), "nothing to review without a token");
+    let (code, _) = get(metrics, Some(&tls), "/metrics", Some("not-a-token"))
+        .await
+        .expect("get");
+    assert_eq!(code, 401, "a token the API server does not authenticate");
+    assert_eq!(reviews(&api), (1, 0));
+    let (code, body) = get(metrics, Some(&tls), "/metrics", Some("tok-app"))
+        .await
+        .expect("get");
+    assert_eq!(code, 403, "authenticated, but not allowed to get /metrics: {body}");
+    assert!(body.contains("system:serviceaccount:shop:frontend"), "{body}");
+    assert_eq!(reviews(&api), (1, 1));
+    let (code, body) = get(metrics, Some(&tls), "/metrics", Some("tok-prometheus"))
+        .await
+        .expect("get");
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body.contains("# TYPE ichor_rules_decisions_total counter"),
+        "{body}"
+    );
+    assert_eq!(reviews(&api), (1, 1));
+    // Outcomes are kept a while: the next scrapes cost no review.
+    for token in ["tok-prometheus", "tok-app"] {
+        let _ = get(metrics, Some(&tls), "/metrics", Some(token)).await;
+    }
+    assert_eq!(reviews(&api), (0, 0));
+    // The webhook's port has no /metrics any more.
+    let (code, _) = get(listen, Some(&tls), "/metrics", Some("tok-prometheus"))
+        .await
+        .expect("get");
+    assert_eq!(code, 404);
+    // ... and the metrics port nothing but /metrics.
+    let (code, _) = get(metrics, Some(&tls), "/readyz", Some("tok-prometheus"))
+        .await
+        .expect("get");
+    assert_eq!(code, 404);
+}
+
+/// The controller alone: no webhook listener and no serving certificate; its probes over
+/// plain HTTP on --health-listen, its metrics (with a certificate made up at start) on
+/// --metrics-listen, token checked; and it leads and reconciles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_alone_listens_only_for_its_probes_and_metrics() {
+    let api = api_with_tokens().await;
+    let (listen, health, metrics) = (
+        https::free_address(),
+        https::free_address(),
+        https::free_address(),
+    );
+    let _serve = https::Killed(
+        Command::new(BIN)
+            .args(["serve", "--no-webhook", "--rules", "rules"])
+            .args(["--listen", &listen.to_string()])
+            .args(["--health-listen", &health.to_string()])
+            .args(["--metrics-listen", &metrics.to_string()])
+            .args(["--api-server", &api.url()])
+            .args(["--identity", "controller-0", "--lease-namespace", "ichor-system"])
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("serve starts"),
+    );
+    wait_status(health, None, "/healthz", None, 200).await;
+    wait_status(health, None, "/readyz", None, 200).await;
+    let (code, _) = get(health, None, "/metrics", None).await.expect("get");
+    assert_eq!(code, 404, "the health port serves only the probes");
+    assert!(
+        tokio::net::TcpStream::connect(listen).await.is_err(),
+        "no webhook listener"
+    );
+    let tls = client_config(None);
+    let (code, _) = get(metrics, Some(&tls), "/metrics", None).await.expect("get");
+    assert_eq!(code, 401);
+    let (code, _) = get(metrics, Some(&tls), "/metrics", Some("tok-app"))
+        .await
+        .expect("get");
+    assert_eq!(code, 403);
+    let mut leading = false;
+    for _ in 0..100 {
+        let (code, body) = get(metrics, Some(&tls), "/metrics", Some("tok-prometheus"))
+            .await
+            .expect("get");
+        assert_eq!(code, 200);
+        if body.contains("ichor_rules_leader 1") {
+            leading = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(leading, "the controller leads");
+    let lease = api
+        .objects("Lease", Some("ichor-system"))
+        .into_iter()
+        .find(|l| l["metadata"]["name"] == "ichor-rules-controller")
+        .expect("the leader Lease");
+    assert_eq!(lease["spec"]["holderIdentity"], "controller-0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_insecure_serves_anyone_for_local_use() {
+    let api = ApiServer::start().await;
+    let dir = scratch("insecure");
+    let ca = https::write_cert(&dir);
+    let (listen, metrics) = (https::free_address(), https::free_address());
+    let _serve = https::Killed(
+        Command::new(BIN)
+            .args(["serve", "--no-controller", "--rules", "rules"])
+            .args(["--listen", &listen.to_string()])
+            .args(["--metrics-listen", &metrics.to_string(), "--metrics-insecure"])
+            .args(["--api-server", &api.url()])
+            .arg("--tls-cert")
+            .arg(dir.join("tls.crt"))
+            .arg("--tls-key")
+            .arg(dir.join("tls.key"))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("serve starts"),
+    );
+    let tls = client_config(Some(&ca));
+    let body = wait_status(metrics, Some(&tls), "/metrics", None, 200).await;
+    assert!(body.contains("ichor_rules_"), "{body}");
+    let log = api.store.faults.take_log();
+    assert!(
+        !log.iter().any(|r| r.path.ends_with("reviews")),
+        "no review when insecure"
+    );
+}
+
+#[test]
+fn serve_says_what_is_missing_for_each_role() {
+    let run = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(["serve", "--rules", "rules", "--api-server", "http://127.0.0.1:9"])
+            .args(args)
+            .output()
+            .expect("serve runs");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(&["--listen", "127.0.0.1:0"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--tls-cert and --tls-key are required to serve the webhook (or --no-webhook"),
+        "{err}"
+    );
+    let (code, err) = run(&["--tls-cert", "x.crt"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--tls-cert is given without --tls-key"), "{err}");
+    let (code, err) = run(&["--no-webhook", "--no-controller"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("cannot be used with"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
