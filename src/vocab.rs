@@ -28,10 +28,14 @@ pub enum Verb {
     Apply,
     /// The controller about to run an operation.
     Run,
+    /// A TalosMachine's status changing something a decision reads: Ready=False
+    /// NodeUnreachable set or cleared, the Removal condition's DeadMemberRemoval marker set
+    /// or cleared, or `status.removal` (the controller's record of a removal) changed.
+    Report,
 }
 
 impl Verb {
-    pub const ALL: [Verb; 9] = [
+    pub const ALL: [Verb; 10] = [
         Verb::Approve,
         Verb::Unapprove,
         Verb::Reassign,
@@ -41,6 +45,7 @@ impl Verb {
         Verb::Start,
         Verb::Apply,
         Verb::Run,
+        Verb::Report,
     ];
 
     pub fn name(self) -> &'static str {
@@ -54,6 +59,7 @@ impl Verb {
             Verb::Start => "start",
             Verb::Apply => "apply",
             Verb::Run => "run",
+            Verb::Report => "report",
         }
     }
 
@@ -211,6 +217,8 @@ pub const RUNTIME_EVENTS: &[(Verb, Subject, Site)] = &[
     (Verb::Move, Subject::Worker, Site::Webhook),
     (Verb::Unschedule, Subject::Cluster, Site::Webhook),
     (Verb::Start, Subject::Operation, Site::Webhook),
+    // A status write (talosmachines/status) that changes what decisions read.
+    (Verb::Report, Subject::Machine, Site::Webhook),
     (Verb::Apply, Subject::ControlPlane, Site::Controller),
     (Verb::Apply, Subject::Worker, Site::Controller),
     (Verb::Remove, Subject::ControlPlane, Site::Controller),
@@ -348,10 +356,11 @@ pub enum Fact {
     UnfinishedPhase,
     UnfinishedParked,
     HealthyAfter,
+    RequestByController,
 }
 
 /// The number of fact slots.
-pub const FACT_COUNT: usize = 28;
+pub const FACT_COUNT: usize = 29;
 
 /// What the checker and the lints know about a fact.
 pub struct FactInfo {
@@ -432,6 +441,8 @@ facts! {
         "that operation is parked for the even count: Paused with reason ClusterTransitioning and no failure";
     HealthyAfter "healthy.after" Type::Int, Expensive, Machines,
         "etcd members that stay, and answer, once the subject (a departing control plane, or an operation's target) is gone: the controller asks each member listed by a healthy sibling; admission counts the other approved control planes not being deleted and not Ready=False NodeUnreachable";
+    RequestByController "request.by_controller" Type::Bool, Cheap, Request,
+        "the request was made by the controller's own identity (its userInfo.username is the one `serve --controller-username` names; false when none is named)";
 }
 
 impl Fact {
@@ -482,6 +493,7 @@ impl Fact {
             "unfinished.phase" => UnfinishedPhase,
             "unfinished.parked" => UnfinishedParked,
             "healthy.after" => HealthyAfter,
+            "request.by_controller" => RequestByController,
             _ => return None,
         })
     }
@@ -515,6 +527,7 @@ impl Fact {
                             Verb::Remove | Verb::Unapprove | Verb::Reassign | Verb::Move
                         ))
             }
+            RequestByController => verb == Verb::Report,
         }
     }
 
@@ -538,6 +551,7 @@ impl Fact {
             HealthyAfter => {
                 "`remove`, `unapprove`, `reassign` and `move` of `controlplane`, and `start operation`"
             }
+            RequestByController => "`report` rules (the webhook)",
         }
     }
 

@@ -66,6 +66,87 @@ fn eval_review(objects: &str, review: &str) -> Out {
     ])
 }
 
+/// Issue 13: a status patch that forges Ready=False NodeUnreachable (what admission reads as
+/// `member.dead`) is refused unless it comes from the controller's own identity, and `eval`
+/// decides it as the webhook does.
+#[test]
+fn eval_refuses_a_forged_status_patch_unless_the_controller_made_it() {
+    let review = fixture("review-status-forged-cp3.json");
+    // No controller named: nobody's status write of what the rules read is trusted.
+    let out = run(&[
+        "eval",
+        "--rules",
+        "rules",
+        "--objects",
+        STREAM,
+        "--review",
+        &review,
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let r = &out.json()["response"];
+    assert_eq!(
+        r["uid"],
+        request_uid("review-status-forged-cp3.json").as_str()
+    );
+    assert_eq!(r["allowed"], false);
+    assert_eq!(r["status"]["code"], 403);
+    let message = r["status"]["message"].as_str().expect("a message");
+    assert!(
+        message.starts_with(
+            "only the ichor-rules controller may set or clear what the rules read in the status of TalosMachine cp3"
+        ),
+        "{message}"
+    );
+    // Another username than the writer's: still refused.
+    let out = run(&[
+        "eval",
+        "--rules",
+        "rules",
+        "--objects",
+        STREAM,
+        "--review",
+        &review,
+        "--controller-username",
+        "system:serviceaccount:ichor-system:ichor-rules-controller",
+    ]);
+    assert_eq!(out.json()["response"]["allowed"], false, "{}", out.stdout);
+    // The writer is the controller: allowed.
+    let out = run(&[
+        "eval",
+        "--rules",
+        "rules",
+        "--objects",
+        STREAM,
+        "--review",
+        &review,
+        "--controller-username",
+        "system:serviceaccount:ns:node-watcher",
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.json()["response"]["allowed"], true, "{}", out.stdout);
+    // `explain` names the rule and the fact that decided.
+    let out = run(&[
+        "explain",
+        "--rules",
+        "rules",
+        "--objects",
+        STREAM,
+        "--review",
+        &review,
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stdout.contains("status-only-by-controller"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("request.by_controller"),
+        "{}",
+        out.stdout
+    );
+}
+
 fn eval_reconcile(objects: &str, target: &str) -> Out {
     run(&[
         "eval",

@@ -26,6 +26,9 @@ use std::time::Duration;
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
+/// The controller's username as the harness's webhook is told it (`--controller-username`).
+const CONTROLLER_USER: &str = "system:serviceaccount:ichor-system:ichor-rules-controller";
+
 /// A `removal.rules` that drops every removal rule and allows, explicitly, each event the
 /// shipped one covers (a rule set that leaves a runtime event uncovered is refused).
 const ALLOW_REMOVALS: &str =
@@ -73,6 +76,7 @@ async fn harness(name: &str, read_timeout: Duration) -> Harness {
         reader: LiveReader::new(api.client(), read_timeout),
         metrics: metrics.clone(),
         api_ready: Default::default(),
+        controller_username: Some(CONTROLLER_USER.into()),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -269,6 +273,110 @@ async fn ordinary_edits_read_nothing() {
         before,
         "no live read for an edit without a verb"
     );
+}
+
+/// A status write (`talosmachines/status`) as the API server sends it for review: an UPDATE
+/// with `subResource: status`, by `user`.
+fn status_review(uid: &str, user: &str, old: &Value, new: &Value) -> Value {
+    let mut r = admission(uid, "UPDATE", "TalosMachine", Some(old), Some(new));
+    r["request"]["subResource"] = json!("status");
+    r["request"]["requestSubResource"] = json!("status");
+    r["request"]["userInfo"] = json!({"username": user, "groups": ["system:authenticated"]});
+    r
+}
+
+fn with_ready(m: &Value, status: &str, reason: &str) -> Value {
+    let mut m = m.clone();
+    m["status"] = json!({"conditions": [{
+        "type": "Ready", "status": status, "reason": reason,
+        "message": "the node at 10.0.0.3:50000 has not answered for 3m",
+        "lastTransitionTime": "2026-11-30T10:00:00Z"
+    }]});
+    m
+}
+
+/// Issue 13: admission reads Ready=False NodeUnreachable as `member.dead`, so a forged one
+/// would bend the declared count. Only the controller's own identity may set or clear what
+/// the rules read in a machine's status; other status edits are no event and read nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_status_patch_is_refused_and_the_controllers_own_is_not() {
+    let h = harness("status", Duration::from_secs(2)).await;
+    three_control_planes(&h).await;
+    let cp3 = machine("cp-3", "controlplane", true, "2026-10-03T00:00:00Z");
+    let converged = with_ready(&cp3, "True", "Converged");
+    let forged = with_ready(&cp3, "False", "NodeUnreachable");
+    let before = h.api.store.faults.requests();
+
+    // Someone allowed to patch talosmachines/status marks a healthy control plane dead.
+    for (uid, user) in [
+        ("s-1", "admin"),
+        ("s-2", "system:serviceaccount:ichor-system:default"),
+        ("s-3", "system:serviceaccount:other:ichor-rules-controller"),
+        ("s-4", ""),
+    ] {
+        let r = review(&h, &status_review(uid, user, &converged, &forged)).await;
+        assert_eq!(r["response"]["uid"], uid);
+        assert_eq!(r["response"]["allowed"], false, "{user}: {r}");
+        assert_eq!(r["response"]["status"]["code"], 403);
+        let msg = r["response"]["status"]["message"].as_str().unwrap_or("");
+        assert!(
+            msg.starts_with("only the ichor-rules controller may set or clear what the rules read in the status of TalosMachine cp-3"),
+            "{msg}"
+        );
+    }
+    // Clearing it is refused as well (it would hide a dead member from the quorum count).
+    let r = review(&h, &status_review("s-5", "admin", &forged, &converged)).await;
+    assert_eq!(r["response"]["allowed"], false, "{r}");
+    // The controller's record of a removal is guarded too.
+    let mut record = converged.clone();
+    record["status"]["removal"] = json!({"memberDead": true, "done": [], "committed": true});
+    let r = review(&h, &status_review("s-6", "admin", &converged, &record)).await;
+    assert_eq!(r["response"]["allowed"], false, "{r}");
+    let mut marked = converged.clone();
+    marked["status"]["conditions"] = json!([{"type": "Removal", "status": "True",
+        "reason": "DeadMemberRemoval", "message": "x"}]);
+    let r = review(&h, &status_review("s-7", "admin", &converged, &marked)).await;
+    assert_eq!(r["response"]["allowed"], false, "{r}");
+
+    // The controller itself reports it.
+    let r = review(
+        &h,
+        &status_review("s-8", CONTROLLER_USER, &converged, &forged),
+    )
+    .await;
+    assert_eq!(r["response"]["allowed"], true, "{r}");
+    let r = review(
+        &h,
+        &status_review("s-9", CONTROLLER_USER, &forged, &converged),
+    )
+    .await;
+    assert_eq!(r["response"]["allowed"], true, "{r}");
+    // A status edit that touches nothing the rules read is no event, whoever makes it.
+    let mut other = converged.clone();
+    other["status"]["conditions"][0]["message"] = json!("converged at generation 7");
+    other["status"]["conditions"]
+        .as_array_mut()
+        .expect("conditions")
+        .push(json!({"type": "NodeReachable", "status": "False", "reason": "Timeout"}));
+    let r = review(&h, &status_review("s-10", "admin", &converged, &other)).await;
+    assert_eq!(r["response"]["allowed"], true, "{r}");
+    // Deciding who wrote a status reads nothing live.
+    assert_eq!(h.api.store.faults.requests(), before);
+
+    // The forged status never landed, so the delete below the count is still refused.
+    let r = review(
+        &h,
+        &admission("s-11", "DELETE", "TalosMachine", Some(&converged), None),
+    )
+    .await;
+    assert_eq!(r["response"]["allowed"], false, "{r}");
+    // Had it landed, admission would have let it through: that is what the guard protects.
+    let r = review(
+        &h,
+        &admission("s-12", "DELETE", "TalosMachine", Some(&forged), None),
+    )
+    .await;
+    assert_eq!(r["response"]["allowed"], true, "{r}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -734,9 +842,9 @@ fn serve_refuses_a_talosconfig_it_cannot_use_with_one_clear_line() {
         .arg(dir.join("tls.key"))
         .arg("--talosconfig")
         .arg(dir.join("talosconfig"))
+        .arg("--talosconfig-for-all-clusters")
         .output()
         .expect("serve runs");
-    let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     let line = err
@@ -748,6 +856,39 @@ fn serve_refuses_a_talosconfig_it_cannot_use_with_one_clear_line() {
         "{line}"
     );
     assert!(!err.contains("panicked"), "{err}");
+
+    // One talosconfig for every cluster is an explicit opt-in: without it, serve does not
+    // start, and says how to give each cluster its own.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ichor-rules"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--api-server",
+            "http://127.0.0.1:9",
+        ])
+        .arg("--rules")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/rules"))
+        .arg("--tls-cert")
+        .arg(dir.join("tls.crt"))
+        .arg("--tls-key")
+        .arg(dir.join("tls.key"))
+        .arg("--talosconfig")
+        .arg(dir.join("talosconfig"))
+        .output()
+        .expect("serve runs");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_else(|| panic!("no error line in {err}"));
+    assert!(
+        line.contains("--talosconfig-for-all-clusters")
+            && line.contains("spec.talosConfigSecretRef"),
+        "{line}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------

@@ -51,6 +51,11 @@ pub struct EvalArgs {
     /// Print the AdmissionReview the request builds (JSON) instead of deciding it.
     #[arg(long)]
     pub print_review: bool,
+    /// The controller's username, as `serve --controller-username` names it to the
+    /// webhook: a review whose `userInfo.username` is exactly this has
+    /// `request.by_controller`. Without it, no review is the controller's.
+    #[arg(long, value_name = "USER")]
+    pub controller_username: Option<String>,
 }
 
 /// One clear line, exit 2.
@@ -162,7 +167,15 @@ pub fn run(args: &EvalArgs, explain: bool) -> u8 {
         None
     };
     if let Some((body, source)) = body {
-        let outcome = match outcome::admission(table, &snapshot, &body, explain) {
+        let outcome = match outcome::admission_as(
+            table,
+            &snapshot,
+            &body,
+            explain,
+            args.controller_username
+                .as_deref()
+                .filter(|u| !u.is_empty()),
+        ) {
             Ok(o) => o,
             Err(e) => return bad(format!("{source}: {e}")),
         };

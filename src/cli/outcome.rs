@@ -7,8 +7,8 @@ use crate::interp::Decision;
 use crate::interp::explain::EventTrace;
 use crate::runtime::admission::{Request, immutable_spec_change, parse_review};
 use crate::runtime::decide::{
-    decide_events, reconcile_machine_event, reconcile_operation_event, reconcile_start_event,
-    request_events,
+    decide_events, decide_request_events, reconcile_machine_event, reconcile_operation_event,
+    reconcile_start_event, request_events,
 };
 use crate::runtime::facts::{EventFacts, Expensive, Subject as FactSubject};
 use crate::runtime::objects::Snapshot;
@@ -59,12 +59,25 @@ fn cluster_notes(snapshot: &Snapshot, events: &[EventFacts<'_>]) -> Vec<String> 
     notes
 }
 
-/// Decides an AdmissionReview body as the webhook does.
+/// Decides an AdmissionReview body as the webhook does, with no controller named (no
+/// request is the controller's: `request.by_controller` is false).
 pub fn admission(
     table: &Table,
     snapshot: &Snapshot,
     body: &[u8],
     trace: bool,
+) -> Result<Outcome, String> {
+    admission_as(table, snapshot, body, trace, None)
+}
+
+/// [`admission`] with the controller's username, as `serve --controller-username` names it
+/// to the webhook: a review by that user has `request.by_controller`.
+pub fn admission_as(
+    table: &Table,
+    snapshot: &Snapshot,
+    body: &[u8],
+    trace: bool,
+    controller_username: Option<&str>,
 ) -> Result<Outcome, String> {
     let req = parse_review(body).map_err(|e| e.to_string())?;
     let header = format!(
@@ -95,7 +108,14 @@ pub fn admission(
         req.old.as_ref(),
         req.new.as_ref(),
     );
-    let (decision, traces) = decide_events(table, snapshot, &events, Expensive::FromObjects, trace);
+    let (decision, traces) = decide_request_events(
+        table,
+        snapshot,
+        &events,
+        Expensive::FromObjects,
+        trace,
+        req.by_controller(controller_username),
+    );
     let notes = cluster_notes(snapshot, &events);
     let count = events.len();
     let kinds = events.iter().map(|e| e.event).collect();

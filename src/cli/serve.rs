@@ -86,11 +86,26 @@ pub struct ServeArgs {
     /// The namespace of the leader-election Lease (in a cluster: the operator's namespace).
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     pub lease_namespace: String,
-    /// A talosconfig file (the mounted Secret) whose current context's CA and client
-    /// certificate the controller dials the Talos API with. Without it, nodes are not
-    /// probed and a removal waits at its first Talos step.
+    /// A talosconfig file whose current context's CA and client certificate the controller
+    /// dials the nodes of EVERY TalosCluster without a `spec.talosConfigSecretRef` with.
+    /// Only with --talosconfig-for-all-clusters, which says that is meant: one credential
+    /// for every cluster is a compromise of all of them when it leaks. By default each
+    /// TalosCluster names its own talosconfig Secret (`spec.talosConfigSecretRef`), and a
+    /// cluster without one gets no Talos work (Removal=False NoTalosCredentials).
     #[arg(long)]
     pub talosconfig: Option<PathBuf>,
+    /// Use --talosconfig for every TalosCluster that names no `spec.talosConfigSecretRef`
+    /// (an explicit opt-in; a cluster that names one always uses its own).
+    #[arg(long, requires = "talosconfig")]
+    pub talosconfig_for_all_clusters: bool,
+    /// The controller's own username, as the API server names it in an AdmissionReview's
+    /// `userInfo.username` (in a cluster: `system:serviceaccount:<namespace>:<controller
+    /// ServiceAccount>`; the chart sets it). Only requests by this user may change what the
+    /// rules read in a TalosMachine's status (`request.by_controller`; rule
+    /// `status-only-by-controller`). Without it no request is the controller's, and every
+    /// such status change is refused.
+    #[arg(long, env = "ICHOR_CONTROLLER_USERNAME")]
+    pub controller_username: Option<String>,
     /// Serve the webhook only; do not run the controller.
     #[arg(long)]
     pub no_controller: bool,
@@ -114,6 +129,13 @@ pub struct ServeArgs {
     /// --metrics-listen, /metrics is not served.
     #[arg(long)]
     pub metrics_insecure: bool,
+    /// PEM CA certificate(s): the webhook port completes a TLS handshake only with a client
+    /// presenting a certificate one of them signed (the API server's, when its
+    /// AdmissionConfiguration names a kubeconfig with a client certificate for this
+    /// webhook); anyone else is refused in the handshake. Probes then go to
+    /// --health-listen (a kubelet presents no certificate). Read at start.
+    #[arg(long)]
+    pub client_ca: Option<PathBuf>,
 }
 
 pub fn run(args: &ServeArgs) -> u8 {
@@ -236,7 +258,19 @@ async fn serve(args: &ServeArgs, rules: Arc<Rules>) -> u8 {
             return EXIT_BAD_INPUT;
         }
     };
-    let tls = match cert.as_ref().map(|c| c.server_config()).transpose() {
+    let client_ca = match args.client_ca.as_ref().map(crate::runtime::tls::load_client_ca) {
+        None => None,
+        Some(Ok(roots)) => Some(roots),
+        Some(Err(e)) => {
+            eprintln!("error: --client-ca: {e}");
+            return EXIT_BAD_INPUT;
+        }
+    };
+    let tls = match cert
+        .as_ref()
+        .map(|c| c.server_config_verifying(client_ca.clone()))
+        .transpose()
+    {
         Ok(c) => c.map(Arc::new),
         Err(e) => {
             eprintln!("error: TLS configuration: {e}");
@@ -247,7 +281,13 @@ async fn serve(args: &ServeArgs, rules: Arc<Rules>) -> u8 {
     // (scrapers of a controller-only process verify its name no better than a Service's).
     let metrics_tls = match (&args.metrics_listen, &tls) {
         (None, _) => None,
-        (Some(_), Some(t)) => Some(t.clone()),
+        (Some(_), Some(_)) => match cert.as_ref().map(|c| c.server_config()).transpose() {
+            Ok(c) => c.map(Arc::new),
+            Err(e) => {
+                eprintln!("error: TLS configuration: {e}");
+                return EXIT_BAD_INPUT;
+            }
+        },
         (Some(_), None) => match crate::runtime::tls::self_signed_config(&args.identity) {
             Ok(c) => Some(Arc::new(c)),
             Err(e) => {
@@ -272,6 +312,7 @@ async fn serve(args: &ServeArgs, rules: Arc<Rules>) -> u8 {
             )),
         metrics: metrics.clone(),
         api_ready: Default::default(),
+        controller_username: args.controller_username.clone().filter(|u| !u.is_empty()),
     });
     let listener = match tls.as_ref() {
         _ if args.no_webhook => None,
@@ -312,6 +353,15 @@ async fn serve(args: &ServeArgs, rules: Arc<Rules>) -> u8 {
     } else {
         let talos = match &args.talosconfig {
             None => None,
+            Some(path) if !args.talosconfig_for_all_clusters => {
+                eprintln!(
+                    "error: --talosconfig {} would be used for the nodes of every TalosCluster; \
+                     say that is meant with --talosconfig-for-all-clusters, or drop it and give \
+                     each TalosCluster its own Secret in spec.talosConfigSecretRef",
+                    path.display()
+                );
+                return EXIT_BAD_INPUT;
+            }
             Some(path) => match std::fs::read_to_string(path)
                 .map_err(|e| e.to_string())
                 .and_then(|y| TalosTls::from_talosconfig(&y, None).map_err(|e| e.to_string()))

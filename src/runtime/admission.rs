@@ -53,6 +53,19 @@ impl Request {
     pub fn uid(&self) -> &str {
         &self.inner.uid
     }
+
+    /// Whether the request was made by the controller's own identity: its
+    /// `userInfo.username` is exactly `controller_username` (`request.by_controller`). No
+    /// configured name trusts no one.
+    pub fn by_controller(&self, controller_username: Option<&str>) -> bool {
+        match (
+            controller_username,
+            self.inner.user_info.username.as_deref(),
+        ) {
+            (Some(ours), Some(theirs)) => !ours.is_empty() && ours == theirs,
+            _ => false,
+        }
+    }
 }
 
 /// Parses an AdmissionReview v1 body.

@@ -109,6 +109,52 @@ pub fn machine_events<'s>(
     out
 }
 
+/// What in a TalosMachine's status a decision reads: whether it reports Ready=False
+/// NodeUnreachable (`node.unreachable`, and `member.dead` and `healthy.after` at
+/// admission), whether its Removal condition carries the DeadMemberRemoval marker, and the
+/// controller's record of a removal (`status.removal`), which the controller trusts when it
+/// resumes. Nothing else in the status is read by a decision.
+fn decided_status(
+    m: &TalosMachine,
+) -> (
+    bool,
+    bool,
+    Option<&crate::runtime::objects::RemovalProgress>,
+) {
+    (
+        m.node_unreachable(),
+        m.dead_member_removal_marked(),
+        m.status.as_ref().and_then(|s| s.removal.as_ref()),
+    )
+}
+
+/// The `report machine` event of a TalosMachine request whose status changes what a
+/// decision reads (see [`decided_status`]): an update (through `talosmachines/status` or
+/// otherwise) or a create carrying such a status. Any other status change (a message, a
+/// time, another condition) is no event.
+pub fn status_event<'s>(
+    op: &Operation,
+    namespace: &'s str,
+    old: Option<&'s TalosMachine>,
+    new: Option<&'s TalosMachine>,
+) -> Option<EventFacts<'s>> {
+    let new = match op {
+        Operation::Create | Operation::Update => new?,
+        Operation::Delete | Operation::Connect => return None,
+    };
+    let before = old.map(decided_status).unwrap_or((false, false, None));
+    (before != decided_status(new)).then_some(EventFacts {
+        event: (Verb::Report, S::Machine, Site::Webhook),
+        namespace,
+        cluster: new.cluster(),
+        subject: Subject::Machine {
+            name: new.name(),
+            view: new,
+            counted: old,
+        },
+    })
+}
+
 /// The events of a TalosCluster request: `unschedule` on the transition into "false",
 /// `remove` on delete.
 pub fn cluster_events<'s>(
@@ -170,7 +216,9 @@ pub fn request_events<'s>(
                 Some(Object::Machine(m)) => Some(m),
                 _ => None,
             };
-            machine_events(op, namespace, m(old), m(new))
+            let mut events = machine_events(op, namespace, m(old), m(new));
+            events.extend(status_event(op, namespace, m(old), m(new)));
+            events
         }
         Some(Object::Cluster(_)) => {
             let c = |o: Option<&'s Object>| match o {
@@ -245,10 +293,23 @@ pub fn decide_events(
     expensive: Expensive,
     trace: bool,
 ) -> (Decision, Vec<EventTrace>) {
+    decide_request_events(table, snapshot, events, expensive, trace, false)
+}
+
+/// [`decide_events`] for a request whose requester is known: `by_controller` is the fact
+/// `request.by_controller` (the request was made by the controller's own identity).
+pub fn decide_request_events(
+    table: &Table,
+    snapshot: &Snapshot,
+    events: &[EventFacts<'_>],
+    expensive: Expensive,
+    trace: bool,
+    by_controller: bool,
+) -> (Decision, Vec<EventTrace>) {
     let mut decision = Decision::default();
     let mut traces = Vec::new();
     for ev in events {
-        let facts = SnapshotFacts::new(snapshot, *ev, expensive);
+        let facts = SnapshotFacts::new(snapshot, *ev, expensive).by_controller(by_controller);
         let mut session = Session::new(table, facts);
         if trace {
             session = session.traced();

@@ -137,6 +137,7 @@ pub struct SnapshotFacts<'s> {
     control_planes: Option<Vec<&'s TalosMachine>>,
     workers: Option<usize>,
     unfinished: Option<Option<&'s TalosOperation>>,
+    by_controller: bool,
 }
 
 impl<'s> SnapshotFacts<'s> {
@@ -149,7 +150,16 @@ impl<'s> SnapshotFacts<'s> {
             control_planes: None,
             workers: None,
             unfinished: None,
+            by_controller: false,
         }
+    }
+
+    /// Says the request was made by the controller's own identity (`request.by_controller`).
+    /// Without it the fact is false: for a reconcile, and whenever the requester is not
+    /// known, nothing is trusted as the controller's.
+    pub fn by_controller(mut self, yes: bool) -> Self {
+        self.by_controller = yes;
+        self
     }
 
     pub fn event(&self) -> &EventFacts<'s> {
@@ -332,6 +342,7 @@ impl<'s> Facts<'s> for SnapshotFacts<'s> {
                 }
                 _ => int(self.healthy_after()),
             },
+            Fact::RequestByController => Value::Bool(self.by_controller),
         };
         Lookup::Value(v)
     }

@@ -3,7 +3,7 @@
 //! uncached state. The handler only unwraps the envelope; deciding is [`super::decide`].
 
 use super::admission::{Request, immutable_spec_change, parse_review, refuse, respond};
-use super::decide::{decide_events, request_events};
+use super::decide::{decide_request_events, request_events};
 use super::facts::Expensive;
 use super::live::{LiveReader, Reads};
 use super::logs::Clipped;
@@ -47,6 +47,10 @@ pub struct Webhook {
     pub metrics: Arc<Metrics>,
     /// Set once the API server answered a read.
     pub api_ready: AtomicBool,
+    /// The controller's own username (`serve --controller-username`): a request whose
+    /// `userInfo.username` is exactly this has `request.by_controller`. `None`: no request
+    /// is the controller's, so status changes the rules guard are refused for everyone.
+    pub controller_username: Option<String>,
 }
 
 /// The routes: one validation endpoint per kind (any of them accepts any of our kinds),
@@ -251,7 +255,15 @@ async fn decide_request_inner(
             }
         }
     };
-    let (decision, _) = decide_events(&table, &snapshot, &events, Expensive::FromObjects, false);
+    let ours = req.by_controller(state.controller_username.as_deref());
+    let (decision, _) = decide_request_events(
+        &table,
+        &snapshot,
+        &events,
+        Expensive::FromObjects,
+        false,
+        ours,
+    );
     for f in decision.refusals.iter().chain(&decision.warnings) {
         state.metrics.decision(&f.rule, f.verdict.name());
     }
