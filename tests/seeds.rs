@@ -27,7 +27,14 @@ fn report() -> &'static Value {
     static REPORT: OnceLock<Value> = OnceLock::new();
     REPORT.get_or_init(|| {
         let out = std::process::Command::new(BIN)
-            .args(["test", "rules/tests", "--rules", "rules", "--format", "json"])
+            .args([
+                "test",
+                "rules/tests",
+                "--rules",
+                "rules",
+                "--format",
+                "json",
+            ])
             .current_dir(root())
             .output()
             .expect("the binary runs");
@@ -39,9 +46,11 @@ fn report() -> &'static Value {
             out.status.code(),
             Some(0),
             "every seed case passes; failures: {:#}",
-            json!(report["cases"]
-                .as_array()
-                .map(|c| c.iter().filter(|c| c["status"] != json!("pass")).collect::<Vec<_>>()))
+            json!(report["cases"].as_array().map(|c| {
+                c.iter()
+                    .filter(|c| c["status"] != json!("pass"))
+                    .collect::<Vec<_>>()
+            }))
         );
         report
     })
@@ -60,7 +69,9 @@ fn every_seed_case_passes_through_ichor_rules_test() {
         let verdict = &c["actual"]["verdict"];
         if verdict == &json!("refuse") || verdict == &json!("hold") {
             assert!(
-                c["actual"]["rules"].as_array().is_some_and(|r| !r.is_empty()),
+                c["actual"]["rules"]
+                    .as_array()
+                    .is_some_and(|r| !r.is_empty()),
                 "decided by a rule: {c:#}"
             );
         }

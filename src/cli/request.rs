@@ -155,8 +155,12 @@ pub fn read_apply_file(path: &Path, text: &str) -> Result<Value, String> {
     };
     let value: Value = serde_json::to_value(doc)
         .map_err(|e| format!("{}: cannot be read as an object: {e}", path.display()))?;
-    // The same checks as an objects file: one of our kinds, at the served version.
-    object_from_value(value.clone()).map_err(|e| format!("{}: {e}", path.display()))?;
+    // One of our kinds, at the served version. The fields are checked once merged onto
+    // the live object (an update may give only what changes), as the review is parsed.
+    let text = |key: &str| value.get(key).and_then(Value::as_str).unwrap_or("");
+    if !KINDS.iter().any(|(k, _, _)| *k == text("kind")) || text("apiVersion") != API_VERSION {
+        object_from_value(value.clone()).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
     if value
         .pointer("/metadata/name")
         .and_then(Value::as_str)
@@ -355,7 +359,10 @@ pub fn review_of(operation: &str, old: Option<Value>, new: Option<Value>) -> Res
     object_from_value(obj.clone())?;
     let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
     let Some((kind, _, _)) = KINDS.iter().find(|(k, _, _)| *k == kind) else {
-        return Err(format!("`{}` is not a kind ichor-rules decides about", clip(kind)));
+        return Err(format!(
+            "`{}` is not a kind ichor-rules decides about",
+            clip(kind)
+        ));
     };
     let target = Target {
         kind,
@@ -370,7 +377,14 @@ pub fn review_of(operation: &str, old: Option<Value>, new: Option<Value>) -> Res
             .unwrap_or("")
             .to_string(),
     };
-    Ok(envelope(op, &target, old, new, "kubectl-client-side-apply", ""))
+    Ok(envelope(
+        op,
+        &target,
+        old,
+        new,
+        "kubectl-client-side-apply",
+        "",
+    ))
 }
 
 fn envelope(

@@ -7,7 +7,9 @@
 
 use super::eval::{MAX_OBJECTS_FILE, read, read_text};
 use super::outcome::{self, Outcome};
-use super::request::{Form, build_review, now, parse_target, raw_objects, read_apply_file, review_of};
+use super::request::{
+    Form, build_review, now, parse_target, raw_objects, read_apply_file, review_of,
+};
 use super::{EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, emit};
 use crate::compile::Table;
 use crate::diagnostics::render_human;
@@ -168,14 +170,15 @@ struct BadFile(String);
 
 /// The 1-based line of the case named `name` in `text` (its `name:` line), for messages.
 fn case_line(text: &str, name: &str) -> Option<usize> {
-    text.lines().position(|l| {
-        let t = l.trim_start().trim_start_matches("- ").trim_start();
-        t.strip_prefix("name:").is_some_and(|rest| {
-            let v = rest.trim();
-            v == name || v.trim_matches('"') == name || v.trim_matches('\'') == name
+    text.lines()
+        .position(|l| {
+            let t = l.trim_start().trim_start_matches("- ").trim_start();
+            t.strip_prefix("name:").is_some_and(|rest| {
+                let v = rest.trim();
+                v == name || v.trim_matches('"') == name || v.trim_matches('\'') == name
+            })
         })
-    })
-    .map(|i| i + 1)
+        .map(|i| i + 1)
 }
 
 /// Test files under the given paths, sorted within each folder.
@@ -188,8 +191,7 @@ fn test_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
                     .map_err(|e| format!("{}: {e}", dir.display()))?
                     .filter_map(|e| e.ok().map(|e| e.path()))
                     .filter(|p| {
-                        p.is_file()
-                            && p.extension().is_some_and(|x| x == "yaml" || x == "yml")
+                        p.is_file() && p.extension().is_some_and(|x| x == "yaml" || x == "yml")
                     })
                     .collect();
                 found.sort();
@@ -340,9 +342,18 @@ impl Loader<'_> {
                     Request::Review(read(&path, crate::runtime::webhook::MAX_BODY as u64)?)
                 }
                 ReviewSpec::Inline(r) => {
-                    let old = r.old.as_ref().map(|e| self.one(e, "review.old")).transpose()?;
-                    let new = r.new.as_ref().map(|e| self.one(e, "review.new")).transpose()?;
-                    let review = review_of(&r.operation, old, new).map_err(|e| format!("review: {e}"))?;
+                    let old = r
+                        .old
+                        .as_ref()
+                        .map(|e| self.one(e, "review.old"))
+                        .transpose()?;
+                    let new = r
+                        .new
+                        .as_ref()
+                        .map(|e| self.one(e, "review.new"))
+                        .transpose()?;
+                    let review =
+                        review_of(&r.operation, old, new).map_err(|e| format!("review: {e}"))?;
                     Request::Review(serde_json::to_vec(&review).map_err(|e| e.to_string())?)
                 }
             }
@@ -370,7 +381,9 @@ impl Loader<'_> {
             Request::Form(Form::Apply(value))
         } else {
             let t = spec.reconcile.as_deref().unwrap_or_default();
-            let Some((ns, name)) = t.split_once('/').filter(|(n, m)| !n.is_empty() && !m.is_empty())
+            let Some((ns, name)) = t
+                .split_once('/')
+                .filter(|(n, m)| !n.is_empty() && !m.is_empty())
             else {
                 return Err(format!("reconcile {t:?}: expected NAMESPACE/NAME"));
             };
@@ -497,7 +510,9 @@ fn glob(pattern: &str, text: &str) -> bool {
     if !pattern.contains('*') {
         return text.contains(pattern);
     }
-    let parts: Vec<&str> = pattern.split('*').collect();
+    // Anywhere in the name, as without `*`.
+    let anywhere = format!("*{pattern}*");
+    let parts: Vec<&str> = anywhere.split('*').collect();
     let mut rest = text;
     for (i, p) in parts.iter().enumerate() {
         if i == 0 {
@@ -575,7 +590,11 @@ fn run_case(table: &Table, case: Case, now: &str) -> Ran {
     }
     let deciding = o.decision.deciding();
     let (verdict, mut rules, messages) = if let Some(m) = &o.not_by_rule {
-        (Verdict::Refuse, vec!["(immutable-spec)".to_string()], vec![m.clone()])
+        (
+            Verdict::Refuse,
+            vec!["(immutable-spec)".to_string()],
+            vec![m.clone()],
+        )
     } else {
         let v = match o.decision.verdict() {
             Some(crate::vocab::Verdict::Refuse) => Verdict::Refuse,
@@ -602,7 +621,12 @@ fn run_case(table: &Table, case: Case, now: &str) -> Ran {
         .iter()
         .filter(|k| table.allowed.contains(k))
         .map(|(verb, subject, site)| {
-            format!("allow {} {} at {}", verb.name(), subject.name(), site.name())
+            format!(
+                "allow {} {} at {}",
+                verb.name(),
+                subject.name(),
+                site.name()
+            )
         })
         .collect();
     let actual = Actual {
@@ -611,7 +635,12 @@ fn run_case(table: &Table, case: Case, now: &str) -> Ran {
         rules,
         reason: deciding.iter().find_map(|f| f.reason.clone()),
         messages,
-        warnings: o.decision.warnings.iter().map(|f| f.message.clone()).collect(),
+        warnings: o
+            .decision
+            .warnings
+            .iter()
+            .map(|f| f.message.clone())
+            .collect(),
         events: o.events,
         considered,
         notes: o.notes.clone(),
@@ -648,8 +677,17 @@ fn compare(e: &Expect, a: &Actual) -> Vec<String> {
         want.sort();
         want.dedup();
         if want != a.rules && e.verdict == a.verdict {
-            let missing: Vec<String> = want.iter().filter(|r| !a.rules.contains(r)).cloned().collect();
-            let extra: Vec<String> = a.rules.iter().filter(|r| !want.contains(r)).cloned().collect();
+            let missing: Vec<String> = want
+                .iter()
+                .filter(|r| !a.rules.contains(r))
+                .cloned()
+                .collect();
+            let extra: Vec<String> = a
+                .rules
+                .iter()
+                .filter(|r| !want.contains(r))
+                .cloned()
+                .collect();
             out.push(format!(
                 "rules: expected {}, decided by {} (missing: {}; not expected: {})",
                 list(&want),
@@ -674,7 +712,11 @@ fn compare(e: &Expect, a: &Actual) -> Vec<String> {
                 if a.messages.is_empty() {
                     "(none)".to_string()
                 } else {
-                    a.messages.iter().map(|m| format!("{m:?}")).collect::<Vec<_>>().join(", ")
+                    a.messages
+                        .iter()
+                        .map(|m| format!("{m:?}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 }
             ));
         }
@@ -685,14 +727,21 @@ fn compare(e: &Expect, a: &Actual) -> Vec<String> {
         }
         for f in w {
             if !a.warnings.iter().any(|x| x.contains(f.as_str())) {
-                out.push(format!("warnings: none contains {f:?}; the warnings are {:?}", a.warnings));
+                out.push(format!(
+                    "warnings: none contains {f:?}; the warnings are {:?}",
+                    a.warnings
+                ));
             }
         }
     }
     match e.events {
         Some(n) if n != a.events => out.push(format!(
             "events: expected {n}, the {} produced {}",
-            if a.verdict == Verdict::Proceed || a.verdict == Verdict::Hold { "reconcile" } else { "request" },
+            if a.verdict == Verdict::Proceed || a.verdict == Verdict::Hold {
+                "reconcile"
+            } else {
+                "request"
+            },
             a.events
         )),
         // No vacuous pass: an allow (or proceed) must come from rules that looked at the
@@ -744,9 +793,14 @@ impl RuleCoverage {
     fn items(&self) -> (usize, usize) {
         let mut total = 1;
         let mut hit = usize::from(self.evaluated > 0);
-        for b in [self.when_true, self.when_false, self.unless_true, self.unless_false]
-            .into_iter()
-            .flatten()
+        for b in [
+            self.when_true,
+            self.when_false,
+            self.unless_true,
+            self.unless_false,
+        ]
+        .into_iter()
+        .flatten()
         {
             total += 1;
             hit += usize::from(b);
@@ -820,13 +874,19 @@ fn where_(c: &Case) -> String {
 
 fn decided_by(a: &Actual) -> String {
     match a.verdict {
-        Verdict::Refuse | Verdict::Hold => format!("{} by {}", a.verdict.word(), a.rules.join(", ")),
+        Verdict::Refuse | Verdict::Hold => {
+            format!("{} by {}", a.verdict.word(), a.rules.join(", "))
+        }
         _ if a.events == 0 => format!("{}: no event, no rule looked at it", a.verdict.word()),
         _ if a.considered.is_empty() && !a.allowed_by.is_empty() => {
             format!("{}: by `{}`", a.verdict.word(), a.allowed_by.join("`, `"))
         }
         _ if a.considered.is_empty() => format!("{}: no rule covers its events", a.verdict.word()),
-        _ => format!("{}: none of {} matched", a.verdict.word(), a.considered.join(", ")),
+        _ => format!(
+            "{}: evaluated {}; none refused or held",
+            a.verdict.word(),
+            a.considered.join(", ")
+        ),
     }
 }
 
@@ -858,9 +918,15 @@ fn human(ran: &[Ran], filtered: usize, cov: Option<&[RuleCoverage]>) -> String {
             }
         }
     }
-    let passed = ran.iter().filter(|r| matches!(&r.result, Ok((_, f)) if f.is_empty())).count();
+    let passed = ran
+        .iter()
+        .filter(|r| matches!(&r.result, Ok((_, f)) if f.is_empty()))
+        .count();
     if let Some(cov) = cov {
-        let _ = writeln!(out, "\ncoverage (rule: evaluated/fired in cases; branches seen):");
+        let _ = writeln!(
+            out,
+            "\ncoverage (rule: evaluated/fired in cases; branches seen):"
+        );
         for c in cov {
             let b = |name: &str, v: Option<bool>| match v {
                 Some(true) => format!(" {name} ✓"),
@@ -925,7 +991,10 @@ fn json_report(ran: &[Ran], filtered: usize, cov: Option<&[RuleCoverage]>) -> Va
             })
         })
         .collect();
-    let passed = ran.iter().filter(|r| matches!(&r.result, Ok((_, f)) if f.is_empty())).count();
+    let passed = ran
+        .iter()
+        .filter(|r| matches!(&r.result, Ok((_, f)) if f.is_empty()))
+        .count();
     let mut out = json!({
         "cases": cases,
         "passed": passed,
@@ -956,7 +1025,10 @@ fn junit(ran: &[Ran]) -> String {
     use std::fmt::Write;
     let mut by_file: Vec<(&Path, Vec<&Ran>)> = Vec::new();
     for r in ran {
-        match by_file.iter_mut().find(|(f, _)| *f == r.case.file.as_path()) {
+        match by_file
+            .iter_mut()
+            .find(|(f, _)| *f == r.case.file.as_path())
+        {
             Some((_, v)) => v.push(r),
             None => by_file.push((r.case.file.as_path(), vec![r])),
         }
@@ -978,7 +1050,11 @@ fn junit(ran: &[Ran]) -> String {
             cases.iter().filter(|r| failed(r)).count()
         );
         for r in cases {
-            let _ = write!(out, "    <testcase classname=\"{name}\" name=\"{}\"", xml(&r.case.name));
+            let _ = write!(
+                out,
+                "    <testcase classname=\"{name}\" name=\"{}\"",
+                xml(&r.case.name)
+            );
             match &r.result {
                 Ok((_, f)) if f.is_empty() => {
                     let _ = writeln!(out, "/>");
@@ -1052,19 +1128,27 @@ pub fn run(args: &TestArgs) -> u8 {
     let filtered = total - cases.len();
     if cases.is_empty() {
         return bad(match &args.run {
-            Some(p) => format!("no case matches --run {p:?} ({total} cases in {} files)", files.len()),
+            Some(p) => format!(
+                "no case matches --run {p:?} ({total} cases in {} files)",
+                files.len()
+            ),
             None => "the test files hold no case".to_string(),
         });
     }
     let now = now();
-    let ran: Vec<Ran> = cases.into_iter().map(|c| run_case(table, c, &now)).collect();
+    let ran: Vec<Ran> = cases
+        .into_iter()
+        .map(|c| run_case(table, c, &now))
+        .collect();
     let cov = (args.coverage || args.fail_under.is_some()).then(|| coverage(table, &ran));
     let text = match args.format {
         TestFormat::Human => human(&ran, filtered, cov.as_deref()),
-        TestFormat::Json => match serde_json::to_string_pretty(&json_report(&ran, filtered, cov.as_deref())) {
-            Ok(s) => s + "\n",
-            Err(e) => return bad(format!("cannot write the report: {e}")),
-        },
+        TestFormat::Json => {
+            match serde_json::to_string_pretty(&json_report(&ran, filtered, cov.as_deref())) {
+                Ok(s) => s + "\n",
+                Err(e) => return bad(format!("cannot write the report: {e}")),
+            }
+        }
         TestFormat::Junit => junit(&ran),
     };
     if let Err(code) = emit(&text) {
@@ -1077,7 +1161,9 @@ pub fn run(args: &TestArgs) -> u8 {
         }
         return EXIT_BAD_INPUT;
     }
-    let failed = ran.iter().any(|r| matches!(&r.result, Ok((_, f)) if !f.is_empty()));
+    let failed = ran
+        .iter()
+        .any(|r| matches!(&r.result, Ok((_, f)) if !f.is_empty()));
     if let (Some(p), Some(cov)) = (args.fail_under, &cov) {
         let got = percent(cov);
         if got < p {
