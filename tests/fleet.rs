@@ -365,3 +365,30 @@ async fn a_burst_stays_within_the_read_limit() {
         "the API server saw {at_server} requests at once"
     );
 }
+
+/// One machine by name (the lock takeover's question: is the removal's machine gone?) is
+/// a LIST selecting `metadata.name`, which the controller is granted, not a LIST of the
+/// namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_machine_is_read_by_its_name() {
+    let api = ApiServer::start().await;
+    fleet(&api);
+    let reader = LiveReader::new(api.client(), Duration::from_secs(5));
+    api.store.faults.take_log();
+    let found = reader.machine("infra", "a-2").await.expect("reads");
+    assert_eq!(found.map(|m| m.name().to_string()).as_deref(), Some("a-2"));
+    assert!(
+        reader
+            .machine("infra", "gone")
+            .await
+            .expect("reads")
+            .is_none()
+    );
+    let log = api.store.faults.take_log();
+    assert_eq!(log.len(), 2, "{log:?}");
+    for r in &log {
+        assert_eq!(r.method, "GET");
+        assert!(r.path.ends_with("/namespaces/infra/talosmachines"), "{r:?}");
+        assert!(r.field_selector.starts_with("metadata.name="), "{r:?}");
+    }
+}

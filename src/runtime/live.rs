@@ -1007,32 +1007,32 @@ impl LiveReader {
         Ok(Answer::Found(body))
     }
 
-    /// Every object of `K` in `namespace` the field selector `fields` selects, read page
-    /// by page to the end; each must be of `cluster`.
+    /// Every object of `K` in `namespace` the field selector `selector` selects, read page
+    /// by page to the end; each must be of `cluster` when one is named.
     async fn list_all<K: Validate>(
         &self,
         what: &str,
         url: &str,
         namespace: &str,
-        cluster: &str,
+        selector: &str,
+        cluster: Option<&str>,
     ) -> Result<Vec<K>, LiveError> {
         let invalid = |why: String| LiveError::Invalid {
             what: what.to_string(),
             why,
         };
         let request = kube::core::Request::new(url);
-        let selector = cluster_selector(cluster);
         let expect = Expect {
             kind: K::KIND,
             namespace,
             name: None,
-            cluster: Some(cluster),
+            cluster,
         };
         let mut out: Vec<K> = Vec::new();
         let mut names = HashSet::new();
         let mut token: Option<String> = None;
         for _ in 0..MAX_PAGES {
-            let mut params = ListParams::default().fields(&selector).limit(PAGE);
+            let mut params = ListParams::default().fields(selector).limit(PAGE);
             if let Some(t) = &token {
                 params = params.continue_token(t);
             }
@@ -1120,15 +1120,27 @@ impl LiveReader {
                 ReadKey::Machines { namespace, cluster } => {
                     let api: Api<TalosMachine> = Api::namespaced(self.client.clone(), namespace);
                     Fetched::Machines(Arc::new(
-                        self.list_all(&what, api.resource_url(), namespace, cluster)
-                            .await?,
+                        self.list_all(
+                            &what,
+                            api.resource_url(),
+                            namespace,
+                            &cluster_selector(cluster),
+                            Some(cluster),
+                        )
+                        .await?,
                     ))
                 }
                 ReadKey::Operations { namespace, cluster } => {
                     let api: Api<TalosOperation> = Api::namespaced(self.client.clone(), namespace);
                     Fetched::Operations(Arc::new(
-                        self.list_all(&what, api.resource_url(), namespace, cluster)
-                            .await?,
+                        self.list_all(
+                            &what,
+                            api.resource_url(),
+                            namespace,
+                            &cluster_selector(cluster),
+                            Some(cluster),
+                        )
+                        .await?,
                     ))
                 }
                 ReadKey::Cluster { namespace, name } => {
@@ -1139,13 +1151,20 @@ impl LiveReader {
                             .map(Arc::new),
                     )
                 }
+                // A LIST selecting the name, not a GET: what the controller is granted.
                 ReadKey::Machine { namespace, name } => {
                     let api: Api<TalosMachine> = Api::namespaced(self.client.clone(), namespace);
-                    Fetched::Machine(
-                        self.get_one(&what, api.resource_url(), namespace, name)
-                            .await?
-                            .map(Arc::new),
-                    )
+                    let selector = format!("metadata.name={}", escape_field_value(name));
+                    let found: Vec<TalosMachine> = self
+                        .list_all(&what, api.resource_url(), namespace, &selector, None)
+                        .await?;
+                    if found.iter().any(|m| m.name() != name) {
+                        return Err(LiveError::Invalid {
+                            what: what.clone(),
+                            why: "the answer holds a TalosMachine of another name".into(),
+                        });
+                    }
+                    Fetched::Machine(found.into_iter().next().map(Arc::new))
                 }
             })
         };
@@ -1186,13 +1205,20 @@ impl LiveReader {
                     let running = state.running.clone();
                     let reader = self.clone();
                     // Its own task: a decision that stops waiting (its client went away)
-                    // does not take the read from the others waiting for it.
+                    // does not take the read from the others waiting for it; the read
+                    // ends early only when every one of them stopped waiting.
                     tokio::spawn(async move {
                         let guard = running.lock().await;
                         // Sent from here on: a request arriving now needs the next read.
                         reader.started(&key);
-                        let result = reader.fetch(&key).await;
-                        let _ = tx.send(Some(result));
+                        // Abandoned when no decision waits for it any more (each gave up
+                        // or failed on another read): it would only load the API server.
+                        tokio::select! {
+                            result = reader.fetch(&key) => {
+                                let _ = tx.send(Some(result));
+                            }
+                            () = tx.closed() => {}
+                        }
                         drop(guard);
                         drop(running);
                         reader.forget_if_idle(&key);
@@ -1248,7 +1274,8 @@ impl LiveReader {
         }
     }
 
-    /// One TalosMachine, read live by name; `None` when it does not exist.
+    /// One TalosMachine, read live by name (a LIST selecting `metadata.name`, which the
+    /// controller's grants cover); `None` when it does not exist.
     pub async fn machine(
         &self,
         namespace: &str,

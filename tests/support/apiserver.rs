@@ -294,6 +294,12 @@ pub const RESOURCES: &[Resource] = &[
         create_status: CreateStatus::Drop,
         ..BUILTIN
     },
+    // Each TalosCluster's talosconfig (spec.talosConfigSecretRef): get by name only.
+    Resource {
+        plural: "secrets",
+        kind: "Secret",
+        ..BUILTIN
+    },
     Resource {
         group: "coordination.k8s.io",
         plural: "leases",
@@ -1064,10 +1070,12 @@ impl Store {
         let mut items: Vec<&Value> = Vec::new();
         let mut last: Option<&Key> = None;
         let mut remaining = 0usize;
+        // A namespaced list reads only its namespace's range (as etcd's key prefix does).
+        let from = (res, ns.unwrap_or("").to_string(), String::new());
         for (key, obj) in inner
             .objects
-            .range((res, String::new(), String::new())..)
-            .take_while(|((r, _, _), _)| *r == res)
+            .range(from..)
+            .take_while(|((r, n, _), _)| *r == res && ns.is_none_or(|ns| n == ns))
             .filter(|((_, n, m), _)| {
                 after
                     .as_ref()
@@ -2139,8 +2147,18 @@ fn field_value(obj: &Value, label: &str) -> String {
 }
 
 fn fields_match(reqs: &[FieldRequirement], obj: &Value) -> bool {
-    reqs.iter()
-        .all(|f| (field_value(obj, &f.label) == f.value) == f.equal)
+    reqs.iter().all(|f| {
+        // A string field compares in place; others as the field set renders them.
+        let mut v = obj;
+        for seg in f.label.split('.') {
+            v = &v[seg];
+        }
+        let same = match v {
+            Value::String(s) if f.label != "source" => *s == f.value,
+            _ => field_value(obj, &f.label) == f.value,
+        };
+        same == f.equal
+    })
 }
 
 fn pod_ready(pod: &Value) -> bool {
@@ -2336,11 +2354,7 @@ impl Reviews {
 
     fn token_review(&self, mut review: Value) -> Response {
         let token = review["spec"]["token"].as_str().unwrap_or("").to_string();
-        let user = self
-            .tokens
-            .lock()
-            .ok()
-            .and_then(|t| t.get(&token).cloned());
+        let user = self.tokens.lock().ok().and_then(|t| t.get(&token).cloned());
         review["metadata"] = json!({"creationTimestamp": null});
         review["status"] = match user {
             Some(u) => json!({
@@ -2372,7 +2386,9 @@ impl Reviews {
             ))
         };
         if user.is_empty() && groups.is_empty() {
-            return invalid("spec.user: Invalid value: \"\": at least one of user or group must be specified");
+            return invalid(
+                "spec.user: Invalid value: \"\": at least one of user or group must be specified",
+            );
         }
         let (res, non) = (
             spec["resourceAttributes"].is_object(),
