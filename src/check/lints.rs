@@ -1,44 +1,43 @@
-//! Lints that run on the resolved rules by enumerating the facts' domains: conditions that
-//! are always or never true, divisions that can hit zero, rules subsumed by another rule of
-//! the same verdict, and runtime events no rule or `allow` covers.
+//! Lints on the resolved rules: conditions that are always or never true, exceptions that
+//! never apply, divisions that can hit zero, rules subsumed by another rule of the same
+//! verdict, and runtime events no rule or `allow` covers.
 //!
-//! The domains are explicit (see [`Fact::int_domain`]); a finding holds over every value in
-//! them. A rule whose facts span more than [`MAX_ASSIGNMENTS`] combinations (or whose
-//! enumeration would cost more than [`MAX_WORK`]) is not enumerated: its arithmetic is
-//! decided by ranges instead ([`super::arith`]), and a warning names the rule and the lints
-//! that were not run. Plan steps' guards and messages are checked for arithmetic too.
-//! Nothing is skipped without a word.
+//! Every claim holds for **every** value a real cluster can give the facts: counts have no
+//! upper bound, `count` is one of 0, 1, 3, 5. The claims are decided exactly by
+//! [`super::exact`] (linear integer arithmetic, Pugh's Omega test); a "can fail" claim
+//! carries fact values that make it happen, and those values are checked by evaluating the
+//! rule with the interpreter's own evaluator before the claim is made. A condition outside
+//! what is decided (a product of two facts, a division by a fact other than `count`, a
+//! comparison of two name facts), or too costly to decide, gets an
+//! `ichor::lint::not_analysed` warning that says why, never a guess. Overflow is found by
+//! ranges ([`super::arith`]), with counts up to [`arith::MAX_MACHINES`].
 
 use super::arith::{self, can_fail};
+use super::exact::{self, Budget, Model, OTHER, Part, QUESTION_BUDGET, Undecided, satisfiable};
 use super::{CheckedPlan, CheckedRule, Event, Program};
 use crate::diagnostics::{Diagnostic, SourceFile};
 use crate::interp::value::{EvalError, Value, eval};
-use crate::syntax::ast::{Expr, ExprKind, Span};
+use crate::syntax::ast::{BinOp, Expr, ExprKind, Span};
 use crate::vocab::{Fact, RUNTIME_EVENTS, Type, Verdict};
 
-/// The most fact combinations a lint enumerates for one rule or pair of rules.
+/// The most fact combinations the fallback enumeration tries for one rule, looking for
+/// concrete values that make a division the exact analysis does not decide fail.
 pub const MAX_ASSIGNMENTS: usize = 100_000;
 
-/// The most operand evaluations one enumeration may cost (combinations times the size of
-/// the expressions evaluated under each).
+/// The most operand evaluations one such enumeration may cost.
 pub const MAX_WORK: usize = 4_000_000;
 
-/// The operand evaluations all subsumption checks together may cost: a base, plus an
-/// allowance per rule, so `check` stays linear in the number of rules.
+/// The steps all subsumption questions together may cost: a base, plus an allowance per
+/// rule, so `check` stays linear in the number of rules.
 fn subsumption_budget(rules: usize) -> usize {
     4_000_000 + 5_000 * rules
 }
 
-/// A value no literal in the rules equals, standing for "any other name".
-const OTHER: &str = "\u{1}other";
-
 pub(super) fn run(files: &[SourceFile], program: &Program, diags: &mut Vec<Diagnostic>) {
-    let shapes: Vec<Shape<'_>> = program.rules.iter().map(Shape::of).collect();
-    let witnesses: Vec<Vec<Witness<'_>>> = program
+    let analyses: Vec<Analysis<'_>> = program
         .rules
         .iter()
-        .zip(&shapes)
-        .map(|(rule, shape)| lint_rule(rule, shape, diags))
+        .map(|rule| lint_rule(rule, diags))
         .collect();
     for rule in &program.rules {
         lint_placeholders(rule, diags);
@@ -46,16 +45,245 @@ pub(super) fn run(files: &[SourceFile], program: &Program, diags: &mut Vec<Diagn
     for plan in &program.plans {
         lint_plan(plan, diags);
     }
-    subsumption(files, program, &shapes, &witnesses, diags);
+    subsumption(files, program, &analyses, diags);
     coverage(files, program, diags);
 }
 
-/// Fact values under which a rule fires: the subsumption lint tries them first, since one
-/// of them is nearly always enough to show another rule does not cover it.
-type Witness<'a> = Vec<(Fact, Value<'a>)>;
+/// What the lints learnt of one rule.
+enum Analysis<'a> {
+    /// Decided: fact values under which it fires, or `None` when it never does.
+    Fires(Option<Model<'a>>),
+    /// Not decided: its arithmetic can fail, or it is outside what is decided (a warning
+    /// already says so).
+    Unknown,
+}
 
-/// How many witnesses are kept per rule.
-const WITNESSES: usize = 4;
+/// The value a fact takes where a model does not say (the model's claim does not depend
+/// on it): a real value of the fact's range.
+fn default_value(f: Fact) -> Value<'static> {
+    match f.info().ty {
+        Type::Bool => Value::Bool(false),
+        Type::Int => Value::Int(0),
+        Type::Enum(_) | Type::Name => Value::Str(OTHER),
+    }
+}
+
+/// Evaluates `e` with the facts of `m`.
+fn eval_in<'a>(e: &'a Expr, m: &[(Fact, Value<'a>)]) -> Result<Value<'a>, EvalError> {
+    let mut get = |f: Fact| {
+        Ok(m.iter()
+            .find(|(g, _)| *g == f)
+            .map_or_else(|| default_value(f), |(_, v)| *v))
+    };
+    eval(e, &mut get)
+}
+
+/// Whether a rule with these conditions fires under `m`, evaluated as the table does:
+/// the `when`, then the `unless` where the `when` holds.
+fn fires_in<'a>(
+    when: Option<&'a Expr>,
+    unless: Option<&'a Expr>,
+    m: &[(Fact, Value<'a>)],
+) -> Result<bool, EvalError> {
+    if let Some(w) = when
+        && eval_in(w, m)? != Value::Bool(true)
+    {
+        return Ok(false);
+    }
+    match unless {
+        Some(u) => Ok(eval_in(u, m)? != Value::Bool(true)),
+        None => Ok(true),
+    }
+}
+
+/// The parts saying a rule fires (`true`) or does not.
+fn fires<'a>(rule: &'a CheckedRule, yes: bool) -> Part<'a> {
+    Part::Fires(rule.when.as_ref(), rule.unless.as_ref(), yes)
+}
+
+/// Fact values in words: `workers = 12, count = 0`.
+fn describe(m: &[(Fact, Value<'_>)]) -> String {
+    let mut parts: Vec<String> = m
+        .iter()
+        .map(|(f, v)| format!("{f} = {}", show(*v)))
+        .collect();
+    parts.sort();
+    if parts.is_empty() {
+        "always".to_string()
+    } else {
+        format!("when {}", parts.join(", "))
+    }
+}
+
+/// Why a question was not decided, in words.
+fn undecided_why(u: &Undecided) -> String {
+    match u {
+        Undecided::Outside(what) => {
+            format!("{what}, outside the linear integer arithmetic `check` decides exactly")
+        }
+        Undecided::TooComplex => {
+            format!("deciding it would take more than {QUESTION_BUDGET} steps")
+        }
+    }
+}
+
+/// Every `/` and `%` in `e`, with the conditions under which evaluation reaches it
+/// (`and` and `or` short-circuit, left to right).
+type Reached<'e> = Vec<(Vec<(&'e Expr, bool)>, &'e Expr)>;
+
+fn divisions<'e>(e: &'e Expr, path: &mut Vec<(&'e Expr, bool)>, out: &mut Reached<'e>) {
+    match &e.kind {
+        ExprKind::Binary(op @ (BinOp::And | BinOp::Or), l, r) => {
+            divisions(l, path, out);
+            path.push((l, *op == BinOp::And));
+            divisions(r, path, out);
+            path.pop();
+        }
+        ExprKind::Binary(op, l, r) => {
+            if matches!(op, BinOp::Div | BinOp::Mod) {
+                out.push((path.clone(), e));
+            }
+            divisions(l, path, out);
+            divisions(r, path, out);
+        }
+        ExprKind::Unary(_, i) => divisions(i, path, out),
+        _ => {}
+    }
+}
+
+/// Whether evaluating `e` where every part of `prefix` holds can divide by zero.
+enum DivCheck<'a> {
+    Safe,
+    /// It can: the division, and fact values that make it fail (checked by evaluation).
+    Fails(Span, Model<'a>),
+    /// Not decided: why.
+    Undecided(String),
+}
+
+/// Whether the parts hold under `m`, evaluated.
+fn holds<'a>(prefix: &[Part<'a>], m: &[(Fact, Value<'a>)]) -> bool {
+    prefix.iter().all(|p| match p {
+        Part::Truth(x, t) => eval_in(x, m) == Ok(Value::Bool(*t)),
+        Part::Fires(w, u, f) => fires_in(*w, *u, m) == Ok(*f),
+        Part::Zero(x) => eval_in(x, m) == Ok(Value::Int(0)),
+    })
+}
+
+fn division_by_zero<'a>(prefix: &[Part<'a>], e: &'a Expr, budget: &mut Budget) -> DivCheck<'a> {
+    let mut found = Vec::new();
+    divisions(e, &mut Vec::new(), &mut found);
+    let mut undecided = None;
+    for (path, div) in found {
+        let ExprKind::Binary(_, _, divisor) = &div.kind else {
+            continue;
+        };
+        let mut parts = prefix.to_vec();
+        parts.extend(path.iter().map(|(c, t)| Part::Truth(c, *t)));
+        parts.push(Part::Zero(divisor));
+        match satisfiable(&parts, budget) {
+            Ok(None) => {}
+            Ok(Some(m)) => {
+                if holds(prefix, &m) && eval_in(e, &m) == Err(EvalError::DivisionByZero) {
+                    return DivCheck::Fails(div.span, m);
+                }
+                // Values the evaluator does not confirm (an overflow on the way): no claim.
+                undecided.get_or_insert_with(|| {
+                    format!("whether `{div}` can divide by zero is not decided")
+                });
+            }
+            Err(u) => {
+                // A candidate from a relaxed question, confirmed by evaluation.
+                if let Ok(Some(m)) = exact::candidate(&parts, budget)
+                    && holds(prefix, &m)
+                    && eval_in(e, &m) == Err(EvalError::DivisionByZero)
+                {
+                    return DivCheck::Fails(div.span, m);
+                }
+                // Ranges: sound for "cannot fail".
+                let path_refs: Vec<(&Expr, bool)> = prefix_path(prefix)
+                    .into_iter()
+                    .chain(path.iter().copied())
+                    .collect();
+                if arith::analyse(&path_refs, &[div])
+                    .iter()
+                    .all(|f| f.error != EvalError::DivisionByZero || f.span != div.span)
+                {
+                    continue;
+                }
+                if let Some(m) = enumerate_failure(prefix, e) {
+                    return DivCheck::Fails(div.span, m);
+                }
+                undecided.get_or_insert_with(|| {
+                    format!(
+                        "whether `{div}` can divide by zero is not decided ({})",
+                        undecided_why(&u)
+                    )
+                });
+            }
+        }
+    }
+    match undecided {
+        Some(why) => DivCheck::Undecided(why),
+        None => DivCheck::Safe,
+    }
+}
+
+/// The prefix as conditions and their truth, for the range analysis (`Fires` parts as
+/// their `when` and `unless`).
+fn prefix_path<'a>(prefix: &[Part<'a>]) -> Vec<(&'a Expr, bool)> {
+    let mut out = Vec::new();
+    for p in prefix {
+        match p {
+            Part::Truth(e, t) => out.push((*e, *t)),
+            Part::Fires(w, u, true) => {
+                out.extend(w.iter().map(|w| (*w, true)));
+                out.extend(u.iter().map(|u| (*u, false)));
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Concrete values, from small domains, under which the prefix holds and `e` divides by
+/// zero: a claim backed by an example, for divisions the exact analysis does not decide.
+fn enumerate_failure<'a>(prefix: &[Part<'a>], e: &'a Expr) -> Option<Model<'a>> {
+    let mut shape = Shape {
+        facts: Vec::new(),
+        literals: Vec::new(),
+    };
+    for p in prefix {
+        match p {
+            Part::Truth(x, _) | Part::Zero(x) => shape.collect(x),
+            Part::Fires(w, u, _) => {
+                for x in w.iter().chain(u.iter()) {
+                    shape.collect(x);
+                }
+            }
+        }
+    }
+    shape.collect(e);
+    let a = Assignments::within_work(&shape.facts, &shape.literals, 4 * size_of(e))?;
+    for n in 0..a.total() {
+        let m: Model<'a> = a
+            .facts
+            .iter()
+            .filter_map(|f| a.value(n, *f).ok().map(|v| (*f, v)))
+            .collect();
+        if holds(prefix, &m) && eval_in(e, &m) == Err(EvalError::DivisionByZero) {
+            return Some(m);
+        }
+    }
+    None
+}
+
+/// Fact domains for the fallback enumeration: real values, so what it finds is real.
+fn small_int_domain(f: Fact) -> &'static [i64] {
+    match f {
+        Fact::Count => &exact::COUNT_VALUES,
+        _ => &[0, 1, 2, 3, 4, 5, 6, 7, 8],
+    }
+}
 
 /// The facts a rule reads and the text literals it compares them with.
 struct Shape<'a> {
@@ -64,17 +292,6 @@ struct Shape<'a> {
 }
 
 impl<'a> Shape<'a> {
-    fn of(rule: &'a CheckedRule) -> Shape<'a> {
-        let mut s = Shape {
-            facts: Vec::new(),
-            literals: Vec::new(),
-        };
-        for e in rule.when.iter().chain(rule.unless.iter()) {
-            s.collect(e);
-        }
-        s
-    }
-
     fn collect(&mut self, e: &'a Expr) {
         match &e.kind {
             ExprKind::Name(n) => {
@@ -109,7 +326,10 @@ impl<'a> Assignments<'a> {
         for f in facts {
             let d: Vec<Value<'a>> = match f.info().ty {
                 Type::Bool => vec![Value::Bool(false), Value::Bool(true)],
-                Type::Int => f.int_domain().iter().map(|i| Value::Int(*i)).collect(),
+                Type::Int => small_int_domain(*f)
+                    .iter()
+                    .map(|i| Value::Int(*i))
+                    .collect(),
                 Type::Enum(kind) => kind
                     .values()
                     .iter()
@@ -143,14 +363,6 @@ impl<'a> Assignments<'a> {
         (a.total().saturating_mul(size.max(1)) <= MAX_WORK).then_some(a)
     }
 
-    /// Assignment number `n` in words: `fact = value` for each fact.
-    fn describe(&self, n: usize) -> Vec<String> {
-        self.facts
-            .iter()
-            .filter_map(|f| self.value(n, *f).ok().map(|v| format!("{f} = {}", show(v))))
-            .collect()
-    }
-
     /// The value of `fact` in assignment number `n`.
     fn value(&self, n: usize, fact: Fact) -> Result<Value<'a>, EvalError> {
         let mut rest = n;
@@ -165,33 +377,169 @@ impl<'a> Assignments<'a> {
     }
 }
 
-/// The rule's condition values under one assignment: (when, unless, fires).
-fn outcome<'a>(
-    rule: &'a CheckedRule,
-    a: &Assignments<'a>,
-    n: usize,
-) -> Result<(bool, bool, bool), (EvalError, Span)> {
-    let mut get = |f: Fact| a.value(n, f);
-    let when = match &rule.when {
-        Some(e) => eval(e, &mut get)
-            .map_err(|err| (err, e.span))?
-            .as_bool()
-            .unwrap_or(false),
-        None => true,
-    };
-    let unless = match &rule.unless {
-        Some(e) => eval(e, &mut get)
-            .map_err(|err| (err, e.span))?
-            .as_bool()
-            .unwrap_or(false),
-        None => false,
-    };
-    Ok((when, unless, when && !unless))
+/// The warning for a rule the exact lints could not decide.
+fn not_analysed(rule: &CheckedRule, why: String) -> Diagnostic {
+    Diagnostic::warning(
+        "ichor::lint::not_analysed",
+        rule.file,
+        rule.when.as_ref().map_or(rule.span, |w| w.span),
+        format!(
+            "`{}` was not checked for conditions that are always or never true, nor for subsumption: {why}",
+            rule.name
+        ),
+    )
+    .label("not analysed")
+    .help("write the condition with sums, differences and constant multiples of facts (divide by constants or `count` only), or split the rule; its overflow was still checked, by ranges")
 }
 
-/// A message's placeholders are evaluated whenever the rule fires: over the facts'
-/// domains, where it fires, none may divide by zero or overflow (it would read
-/// `<division by zero>` in a refusal).
+fn lint_rule<'a>(rule: &'a CheckedRule, diags: &mut Vec<Diagnostic>) -> Analysis<'a> {
+    let mut budget = Budget::new(QUESTION_BUDGET);
+    // Arithmetic first: where it can fail, the rule's truth is not a question of values.
+    let mut sites: Vec<(Vec<Part<'a>>, &'a Expr)> = Vec::new();
+    if let Some(w) = &rule.when {
+        sites.push((Vec::new(), w));
+    }
+    if let Some(u) = &rule.unless {
+        sites.push((rule.when.iter().map(|w| Part::Truth(w, true)).collect(), u));
+    }
+    let mut undecided = None;
+    for (prefix, e) in &sites {
+        match division_by_zero(prefix, e, &mut budget) {
+            DivCheck::Safe => {}
+            DivCheck::Fails(span, m) => {
+                diags.push(
+                    Diagnostic::error(
+                        "ichor::check::arithmetic",
+                        rule.file,
+                        span,
+                        format!(
+                            "`{}` can fail with {}",
+                            rule.name,
+                            EvalError::DivisionByZero
+                        ),
+                    )
+                    .label(describe(&m))
+                    .help("guard the division, e.g. `count > 0 and approved / count ...`"),
+                );
+                return Analysis::Unknown;
+            }
+            DivCheck::Undecided(why) => {
+                undecided.get_or_insert(why);
+            }
+        }
+    }
+    let before = diags.len();
+    lint_rule_by_ranges_overflow(rule, diags);
+    if diags.len() > before {
+        return Analysis::Unknown;
+    }
+    if let Some(why) = undecided {
+        diags.push(not_analysed(rule, why));
+        return Analysis::Unknown;
+    }
+    match truth(rule, &mut budget) {
+        Ok(t) => {
+            t.report(rule, diags);
+            Analysis::Fires(t.fires)
+        }
+        Err(u) => {
+            diags.push(not_analysed(rule, undecided_why(&u)));
+            Analysis::Unknown
+        }
+    }
+}
+
+/// The answers the truth lints need, all decided before any is reported.
+struct Truth<'a> {
+    /// Values where the `when` holds (`Some(vec![])` without a `when`).
+    when: Option<Model<'a>>,
+    /// Whether the `when` is always true (false without a `when`).
+    always: bool,
+    /// Values where the rule fires.
+    fires: Option<Model<'a>>,
+    /// Values where the `when` and the `unless` both hold (`None`: never, or no `unless`).
+    unless_bites: Option<bool>,
+}
+
+fn truth<'a>(rule: &'a CheckedRule, budget: &mut Budget) -> Result<Truth<'a>, Undecided> {
+    let when = match &rule.when {
+        Some(w) => satisfiable(&[Part::Truth(w, true)], budget)?,
+        None => Some(Vec::new()),
+    };
+    let always = match &rule.when {
+        Some(w) => satisfiable(&[Part::Truth(w, false)], budget)?.is_none(),
+        None => false,
+    };
+    let fires = match &rule.unless {
+        None => when.clone(),
+        Some(_) if when.is_none() => None,
+        Some(_) => satisfiable(&[fires(rule, true)], budget)?,
+    };
+    let unless_bites = match (&rule.unless, &when) {
+        (Some(u), Some(_)) => {
+            let mut parts: Vec<Part<'a>> = rule.when.iter().map(|w| Part::Truth(w, true)).collect();
+            parts.push(Part::Truth(u, true));
+            Some(satisfiable(&parts, budget)?.is_some())
+        }
+        _ => None,
+    };
+    Ok(Truth {
+        when,
+        always,
+        fires,
+        unless_bites,
+    })
+}
+
+impl Truth<'_> {
+    fn report(&self, rule: &CheckedRule, diags: &mut Vec<Diagnostic>) {
+        if let (Some(e), true) = (&rule.when, self.always) {
+            diags.push(
+                Diagnostic::warning(
+                    "ichor::lint::always_true",
+                    rule.file,
+                    e.span,
+                    format!("the condition of `{}` is always true", rule.name),
+                )
+                .label("true for every value of its facts")
+                .help("drop the `when`, or fix the comparison"),
+            );
+        } else if self.fires.is_none() {
+            let span = rule.when.as_ref().map(|e| e.span).unwrap_or(rule.span);
+            diags.push(
+                Diagnostic::warning(
+                    "ichor::lint::never_true",
+                    rule.file,
+                    span,
+                    format!("`{}` can never {}", rule.name, rule.verdict),
+                )
+                .label(match &self.when {
+                    None => "false for every value of its facts".to_string(),
+                    Some(m) => format!(
+                        "its `unless` holds whenever this does (this holds e.g. {})",
+                        describe(m)
+                    ),
+                })
+                .help("fix the condition, or remove the rule"),
+            );
+        }
+        if let (Some(e), Some(false)) = (&rule.unless, self.unless_bites) {
+            diags.push(
+                Diagnostic::warning(
+                    "ichor::lint::unless_never",
+                    rule.file,
+                    e.span,
+                    format!("the exception of `{}` never applies", rule.name),
+                )
+                .label("never true while the `when` holds")
+                .help("drop the `unless`, or fix it"),
+            );
+        }
+    }
+}
+
+/// A message's placeholders are evaluated whenever the rule fires: where it fires, none
+/// may divide by zero or overflow (it would read `<division by zero>` in a refusal).
 fn lint_placeholders(rule: &CheckedRule, diags: &mut Vec<Diagnostic>) {
     let placeholders: Vec<&Expr> = rule
         .message
@@ -206,54 +554,45 @@ fn lint_placeholders(rule: &CheckedRule, diags: &mut Vec<Diagnostic>) {
     if placeholders.is_empty() {
         return;
     }
-    let mut shape = Shape::of(rule);
+    let mut budget = Budget::new(QUESTION_BUDGET);
+    let prefix = [fires(rule, true)];
     for e in &placeholders {
-        shape.collect(e);
-    }
-    let size = rule_size(rule) + placeholders.iter().map(|e| size_of(e)).sum::<usize>();
-    let Some(a) = Assignments::within_work(&shape.facts, &shape.literals, size) else {
-        // Too many combinations: decide by ranges where the rule fires.
-        let path = fires_path(rule);
-        if let Some(f) = arith::analyse(&path, &placeholders).into_iter().next() {
-            diags.push(range_error(
-                rule.file,
-                &f,
-                format!("the message of `{}` can fail with {}", rule.name, f.error),
-                "compute it without the division, or guard the rule so it cannot fire then",
-            ));
-        }
-        return;
-    };
-    for n in 0..a.total() {
-        if !matches!(outcome(rule, &a, n), Ok((_, _, true))) {
-            continue;
-        }
-        let mut get = |f: Fact| a.value(n, f);
-        for e in &placeholders {
-            if let Err(err @ (EvalError::DivisionByZero | EvalError::Overflow)) = eval(e, &mut get)
-            {
-                let facts = a.describe(n);
+        match division_by_zero(&prefix, e, &mut budget) {
+            DivCheck::Safe => {}
+            DivCheck::Fails(span, m) => {
                 diags.push(
                     Diagnostic::error(
                         "ichor::check::arithmetic",
                         rule.file,
-                        e.span,
-                        format!("the message of `{}` can fail with {err}", rule.name),
+                        span,
+                        format!(
+                            "the message of `{}` can fail with {}",
+                            rule.name,
+                            EvalError::DivisionByZero
+                        ),
                     )
-                    .label(if facts.is_empty() {
-                        "always".to_string()
-                    } else {
-                        format!("when {}", facts.join(", "))
-                    })
+                    .label(describe(&m))
                     .help(
                         "compute it without the division, or guard the rule so it cannot fire then",
                     ),
                 );
                 return;
             }
+            DivCheck::Undecided(why) => {
+                diags.push(
+                    Diagnostic::warning(
+                        "ichor::lint::not_analysed",
+                        rule.file,
+                        e.span,
+                        format!("the message of `{}` was not checked for division by zero: {why}", rule.name),
+                    )
+                    .label("not analysed")
+                    .help("divide by constants or `count` only, or guard the division in the rule's condition"),
+                );
+                return;
+            }
         }
     }
-    // The domains enumerated are small: an overflow needs larger values. Ranges cover them.
     let path = fires_path(rule);
     if let Some(f) = arith::analyse(&path, &placeholders)
         .into_iter()
@@ -386,131 +725,6 @@ fn lint_rule_by_ranges_overflow(rule: &CheckedRule, diags: &mut Vec<Diagnostic>)
     );
 }
 
-/// The warning for a rule the enumerating lints could not cover.
-fn not_analysed(rule: &CheckedRule, why: String) -> Diagnostic {
-    Diagnostic::warning(
-        "ichor::lint::not_analysed",
-        rule.file,
-        rule.when.as_ref().map_or(rule.span, |w| w.span),
-        format!(
-            "`{}` was not checked for conditions that are always or never true, nor for subsumption: {why}",
-            rule.name
-        ),
-    )
-    .label("not analysed")
-    .help("split the rule, or read fewer facts in one condition; its arithmetic was still checked, by ranges")
-}
-
-fn lint_rule<'a>(
-    rule: &'a CheckedRule,
-    shape: &Shape<'a>,
-    diags: &mut Vec<Diagnostic>,
-) -> Vec<Witness<'a>> {
-    let mut witnesses = Vec::new();
-    let Some(a) = Assignments::within_work(&shape.facts, &shape.literals, rule_size(rule)) else {
-        let why = match Assignments::new(&shape.facts, &shape.literals) {
-            None => format!(
-                "its {} facts take more than {MAX_ASSIGNMENTS} combinations of values",
-                shape.facts.len()
-            ),
-            Some(a) => format!(
-                "its {} combinations of fact values times its {} operands pass {MAX_WORK} evaluations",
-                a.total(),
-                rule_size(rule)
-            ),
-        };
-        diags.push(not_analysed(rule, why));
-        lint_rule_by_ranges(rule, diags);
-        return witnesses;
-    };
-    let mut fires_any = false;
-    let (mut when_true, mut when_false) = (0usize, 0usize);
-    let mut unless_bites = 0usize;
-    for n in 0..a.total() {
-        match outcome(rule, &a, n) {
-            Ok((w, u, f)) => {
-                if w {
-                    when_true += 1;
-                } else {
-                    when_false += 1;
-                }
-                if w && u {
-                    unless_bites += 1;
-                }
-                fires_any |= f;
-                if f && witnesses.len() < WITNESSES {
-                    witnesses.push(
-                        a.facts
-                            .iter()
-                            .filter_map(|fact| a.value(n, *fact).ok().map(|v| (*fact, v)))
-                            .collect(),
-                    );
-                }
-            }
-            Err((err, span)) => {
-                let facts = a.describe(n);
-                diags.push(
-                    Diagnostic::error(
-                        "ichor::check::arithmetic",
-                        rule.file,
-                        span,
-                        format!("`{}` can fail with {err}", rule.name),
-                    )
-                    .label(format!("when {}", facts.join(", ")))
-                    .help("guard the division, e.g. `count > 0 and approved / count ...`"),
-                );
-                return Vec::new();
-            }
-        }
-    }
-    let before = diags.len();
-    lint_rule_by_ranges_overflow(rule, diags);
-    if diags.len() > before {
-        return Vec::new();
-    }
-    if let (Some(e), 0) = (&rule.when, when_false) {
-        diags.push(
-            Diagnostic::warning(
-                "ichor::lint::always_true",
-                rule.file,
-                e.span,
-                format!("the condition of `{}` is always true", rule.name),
-            )
-            .label("true for every value of its facts")
-            .help("drop the `when`, or fix the comparison"),
-        );
-    } else if !fires_any {
-        let span = rule.when.as_ref().map(|e| e.span).unwrap_or(rule.span);
-        diags.push(
-            Diagnostic::warning(
-                "ichor::lint::never_true",
-                rule.file,
-                span,
-                format!("`{}` can never {}", rule.name, rule.verdict),
-            )
-            .label(if when_true == 0 {
-                "false for every value of its facts"
-            } else {
-                "its `unless` holds whenever this does"
-            })
-            .help("fix the condition, or remove the rule"),
-        );
-    }
-    if let (Some(e), 0, true) = (&rule.unless, unless_bites, when_true > 0) {
-        diags.push(
-            Diagnostic::warning(
-                "ichor::lint::unless_never",
-                rule.file,
-                e.span,
-                format!("the exception of `{}` never applies", rule.name),
-            )
-            .label("never true while the `when` holds")
-            .help("drop the `unless`, or fix it"),
-        );
-    }
-    witnesses
-}
-
 fn show(v: Value<'_>) -> String {
     match v {
         Value::Str(s) if s == OTHER => "(another name)".into(),
@@ -530,35 +744,43 @@ fn event_bits(rule: &CheckedRule) -> u64 {
 fn subsumption(
     files: &[SourceFile],
     program: &Program,
-    shapes: &[Shape<'_>],
-    witnesses: &[Vec<Witness<'_>>],
+    analyses: &[Analysis<'_>],
     diags: &mut Vec<Diagnostic>,
 ) {
     let rules = &program.rules;
     let bits: Vec<u64> = rules.iter().map(event_bits).collect();
     let sizes: Vec<usize> = rules.iter().map(rule_size).collect();
-    let mut budget = subsumption_budget(rules.len());
-    // Per rule, whether a comparison of it was skipped once the budget ran out (a flag per
-    // rule, not an entry per pair: memory stays linear).
+    let mut budget = Budget::new(subsumption_budget(rules.len()));
+    // Per rule, whether a comparison of it was left undecided (a flag per rule, not an
+    // entry per pair: memory stays linear).
     let mut skipped_rule = vec![false; rules.len()];
-    // A rule that never fires implies everything vacuously; `implies` says no for it.
+    // Whether rule `a` firing implies rule `b` firing, for every value of the facts. A rule
+    // that never fires implies everything vacuously; this says no for it.
     let mut implies = |a: usize, b: usize| {
-        if witnesses[a].is_empty() {
+        let Analysis::Fires(Some(witness)) = &analyses[a] else {
+            return false;
+        };
+        if matches!(analyses[b], Analysis::Unknown) {
             return false;
         }
-        let cost = witnesses[a].len() * sizes[b];
-        if budget < cost {
+        let (ra, rb) = (&rules[a], &rules[b]);
+        // Where `a` is known to fire, `b` does not: not subsumed, at the cost of one evaluation.
+        if budget.left < sizes[b] {
             skipped_rule[a] = true;
             return false;
         }
-        budget -= cost;
-        !refuted_by_witness(&rules[b], &witnesses[a])
-            && implies(&rules[a], &rules[b], shapes, a, b, &sizes, &mut budget).unwrap_or_else(
-                || {
-                    skipped_rule[a] = true;
-                    false
-                },
-            )
+        budget.left -= sizes[b];
+        if fires_in(rb.when.as_ref(), rb.unless.as_ref(), witness) == Ok(false) {
+            return false;
+        }
+        match satisfiable(&[fires(ra, true), fires(rb, false)], &mut budget) {
+            Ok(Some(_)) => false,
+            Ok(None) => true,
+            Err(_) => {
+                skipped_rule[a] = true;
+                false
+            }
+        }
     };
     for (i, a) in rules.iter().enumerate() {
         for (j, b) in rules.iter().enumerate() {
@@ -622,93 +844,11 @@ fn subsumption(
             )
             .label("not compared with every rule of its events")
             .help(format!(
-                "comparing every pair of rules of the same events would cost more than {} evaluations (4,000,000 plus 5,000 per rule); fewer rules per event, or rules reading fewer facts, fit",
+                "comparing every pair of rules of the same events would cost more than {} steps (4,000,000 plus 5,000 per rule); fewer rules per event, or rules reading fewer facts, fit",
                 subsumption_budget(rules.len())
             )),
         );
     }
-}
-
-/// Whether one of `a`'s witnesses shows that `b` does not fire where `a` does. Facts `b`
-/// reads that the witness does not set take a value from their domain.
-fn refuted_by_witness(b: &CheckedRule, witnesses: &[Witness<'_>]) -> bool {
-    witnesses.iter().any(|w| {
-        let mut get = |f: Fact| -> Result<Value<'_>, EvalError> {
-            if let Some((_, v)) = w.iter().find(|(wf, _)| *wf == f) {
-                return Ok(*v);
-            }
-            Ok(match f.info().ty {
-                Type::Bool => Value::Bool(false),
-                Type::Int => Value::Int(f.int_domain().first().copied().unwrap_or(0)),
-                Type::Enum(_) | Type::Name => Value::Str(OTHER),
-            })
-        };
-        let when = match &b.when {
-            Some(e) => eval(e, &mut get),
-            None => Ok(Value::Bool(true)),
-        };
-        let unless = match &b.unless {
-            Some(e) => eval(e, &mut get),
-            None => Ok(Value::Bool(false)),
-        };
-        !matches!(
-            (when, unless),
-            (Ok(Value::Bool(true)), Ok(Value::Bool(false)))
-        )
-    })
-}
-
-/// Whether rule `a` firing implies rule `b` firing, over the union of their facts; `None`
-/// when that would cost more than is left of the budget (or too many combinations).
-fn implies(
-    a: &CheckedRule,
-    b: &CheckedRule,
-    shapes: &[Shape<'_>],
-    ai: usize,
-    bi: usize,
-    sizes: &[usize],
-    budget: &mut usize,
-) -> Option<bool> {
-    let mut facts = shapes[ai].facts.clone();
-    for f in &shapes[bi].facts {
-        if !facts.contains(f) {
-            facts.push(*f);
-        }
-    }
-    let mut literals = shapes[ai].literals.clone();
-    for l in &shapes[bi].literals {
-        if !literals.contains(l) {
-            literals.push(l);
-        }
-    }
-    let asg = Assignments::new(&facts, &literals)?;
-    let cost = asg.total().saturating_mul(sizes[ai] + sizes[bi]);
-    if cost > *budget {
-        return None;
-    }
-    let mut a_fires_somewhere = false;
-    for n in 0..asg.total() {
-        let fa = match outcome(a, &asg, n) {
-            Ok((_, _, f)) => f,
-            Err(_) => {
-                *budget -= (n + 1) * (sizes[ai] + sizes[bi]);
-                return Some(false);
-            }
-        };
-        if !fa {
-            continue;
-        }
-        a_fires_somewhere = true;
-        match outcome(b, &asg, n) {
-            Ok((_, _, true)) => {}
-            _ => {
-                *budget -= (n + 1) * (sizes[ai] + sizes[bi]);
-                return Some(false);
-            }
-        }
-    }
-    *budget -= cost;
-    Some(a_fires_somewhere)
 }
 
 fn coverage(files: &[SourceFile], program: &Program, diags: &mut Vec<Diagnostic>) {

@@ -2,6 +2,7 @@
 //! of rules and plans, and the lints. Every finding is collected; nothing stops at the first.
 
 mod arith;
+mod exact;
 mod inline;
 mod lints;
 
