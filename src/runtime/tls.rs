@@ -117,11 +117,30 @@ impl ReloadingCert {
 
     /// The TLS configuration that serves this certificate.
     pub fn server_config(self: &Arc<Self>) -> Result<rustls::ServerConfig, rustls::Error> {
+        self.server_config_verifying(None)
+    }
+
+    /// The TLS configuration that serves this certificate and, with `client_ca`, completes
+    /// a handshake only with a client presenting a certificate that CA signed (the API
+    /// server's, `serve --client-ca`); any other client is refused in the handshake.
+    pub fn server_config_verifying(
+        self: &Arc<Self>,
+        client_ca: Option<Arc<rustls::RootCertStore>>,
+    ) -> Result<rustls::ServerConfig, rustls::Error> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut config = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()?
-            .with_no_client_auth()
-            .with_cert_resolver(self.clone());
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()?;
+        let builder = match client_ca {
+            None => builder.with_no_client_auth(),
+            Some(roots) => {
+                let verifier =
+                    rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider)
+                        .build()
+                        .map_err(|e| rustls::Error::General(e.to_string()))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let mut config = builder.with_cert_resolver(self.clone());
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(config)
     }
@@ -155,4 +174,30 @@ pub fn self_signed_config(name: &str) -> Result<rustls::ServerConfig, String> {
         .map_err(|e| e.to_string())?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(config)
+}
+
+/// The CA certificates of a PEM file (`serve --client-ca`): the client certificates they
+/// sign are the ones the webhook accepts.
+pub fn load_client_ca(path: &PathBuf) -> Result<Arc<rustls::RootCertStore>, TlsError> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| TlsError::Read {
+            path: path.clone(),
+            message: e.to_string(),
+        })?
+        .collect::<Result<_, _>>()
+        .map_err(|e| TlsError::Read {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::NoCertificate { path: path.clone() });
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    for c in certs {
+        roots.add(c).map_err(|e| TlsError::Key {
+            path: path.clone(),
+            message: format!("not a usable CA certificate: {e}"),
+        })?;
+    }
+    Ok(Arc::new(roots))
 }
