@@ -24,7 +24,6 @@ const NAMESPACE: &str = "ichor-system";
 /// The resource name prefix for RELEASE (`<release>-<chart>`).
 const FULLNAME: &str = "guard-ichor-rules";
 
-
 fn helm() -> PathBuf {
     if let Some(p) = std::env::var_os("ICHOR_HELM") {
         let p = PathBuf::from(p);
@@ -197,7 +196,10 @@ fn volume_of<'a>(d: &'a Value, name: &str) -> Option<&'a Value> {
 
 /// A volume of the webhook's pods.
 fn volume<'a>(objs: &'a [Value], name: &str) -> Option<&'a Value> {
-    volume_of(deployment(objs, "webhook").expect("a webhook Deployment"), name)
+    volume_of(
+        deployment(objs, "webhook").expect("a webhook Deployment"),
+        name,
+    )
 }
 
 fn b64(s: &str) -> Vec<u8> {
@@ -449,7 +451,10 @@ fn each_deployments_service_account_is_granted_exactly_what_it_calls() {
             );
         }
     }
-    assert!(modes.contains(&(true, true)) && modes.contains(&(false, true)), "{modes:?}");
+    assert!(
+        modes.contains(&(true, true)) && modes.contains(&(false, true)),
+        "{modes:?}"
+    );
 }
 
 #[test]
@@ -460,7 +465,12 @@ fn the_webhook_only_reads_and_no_lease_is_granted_outside_the_release_namespace(
         vec!["--set", "controller.enabled=false"],
         vec!["--set", "metrics.insecure=true"],
         vec!["--values", custom.as_str()],
-        vec!["--values", custom.as_str(), "--set", "controller.enabled=true"],
+        vec![
+            "--values",
+            custom.as_str(),
+            "--set",
+            "controller.enabled=true",
+        ],
     ] {
         let objs = render(&a);
         let wsa = service_account(deployment(&objs, "webhook").expect("webhook"));
@@ -502,7 +512,10 @@ fn no_role_or_binding_is_left_unbound() {
             .into_iter()
             .map(service_account)
             .collect();
-        for (binding, role_kind) in [("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")] {
+        for (binding, role_kind) in [
+            ("ClusterRoleBinding", "ClusterRole"),
+            ("RoleBinding", "Role"),
+        ] {
             let bound: BTreeSet<String> = all(&objs, binding)
                 .into_iter()
                 .map(|b| {
@@ -521,7 +534,11 @@ fn no_role_or_binding_is_left_unbound() {
             assert_eq!(all(&objs, binding).len(), roles.len(), "{name}");
         }
         let per_controller = usize::from(runs_controller(&objs));
-        assert_eq!(all(&objs, "ClusterRole").len(), 1 + per_controller, "{name}");
+        assert_eq!(
+            all(&objs, "ClusterRole").len(),
+            1 + per_controller,
+            "{name}"
+        );
         // The controller's Leases: a Role in the release namespace.
         assert_eq!(all(&objs, "Role").len(), per_controller, "{name}");
     }
@@ -541,7 +558,10 @@ fn cluster_scoped_names(objs: &[Value]) -> BTreeSet<String> {
         .iter()
         .flat_map(|k| all(objs, k))
         .map(|o| {
-            assert!(o["metadata"]["namespace"].is_null(), "{o} is cluster-scoped");
+            assert!(
+                o["metadata"]["namespace"].is_null(),
+                "{o} is cluster-scoped"
+            );
             o["metadata"]["name"].as_str().expect("name").to_string()
         })
         .collect()
@@ -691,7 +711,10 @@ fn two_deployments_each_spread_over_nodes_with_a_disruption_budget() {
         "kubernetes.io/hostname"
     );
     let objs = render(&["--set", "controller.replicas=3"]);
-    assert_eq!(deployment(&objs, "controller").expect("c")["spec"]["replicas"], 3);
+    assert_eq!(
+        deployment(&objs, "controller").expect("c")["spec"]["replicas"],
+        3
+    );
     let existing = render(&["--values", &values("existing")]);
     assert!(all(&existing, "PodDisruptionBudget").is_empty());
 }
@@ -764,18 +787,32 @@ fn probes_use_the_https_port_the_server_listens_on() {
             container_port,
             "{name}: --listen={listen}"
         );
+        // With a client CA the kubelet (no client certificate) probes the health port.
+        let client_ca = flag(&objs, "--client-ca");
         for (probe, path) in [("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")] {
             let get = &c[probe]["httpGet"];
             assert_eq!(get["path"], path, "{name}");
-            assert_eq!(get["scheme"], "HTTPS", "{name}");
-            assert_eq!(get["port"], "https", "{name}");
+            if client_ca.is_some() {
+                assert_eq!(get["scheme"], "HTTP", "{name}");
+                assert_eq!(get["port"], "health", "{name}");
+            } else {
+                assert_eq!(get["scheme"], "HTTPS", "{name}");
+                assert_eq!(get["port"], "https", "{name}");
+            }
+        }
+        if let Some(ca) = client_ca {
+            let (health, addr) = port_and_flag(c, "health", "--health-listen");
+            assert_eq!(u64::from(addr.port()), health, "{name}");
+            let dir = mount_path(&objs, "client-ca").expect("the client CA is mounted");
+            assert_eq!(ca, format!("{dir}/ca.crt"), "{name}");
+            assert!(volume(&objs, "client-ca").expect("volume")["configMap"]["name"].is_string());
         }
         let svc = one(&objs, "Service");
         assert_eq!(svc["spec"]["ports"][0]["targetPort"], "https", "{name}");
         for (k, v) in svc["spec"]["selector"].as_object().expect("selector") {
             assert_eq!(
-                &deployment(&objs, "webhook").expect("webhook")["spec"]["template"]["metadata"]
-                    ["labels"][k],
+                &deployment(&objs, "webhook").expect("webhook")["spec"]["template"]["metadata"]["labels"]
+                    [k],
                 v,
                 "{name}: the Service selects the pods"
             );
@@ -807,9 +844,15 @@ fn the_controller_listens_only_for_its_probes_and_metrics() {
             continue;
         };
         let a = args_of(c);
-        assert!(a.contains(&"--no-webhook".to_string()), "{name}: no webhook listener");
+        assert!(
+            a.contains(&"--no-webhook".to_string()),
+            "{name}: no webhook listener"
+        );
         assert!(flag_of(c, "--listen").is_none(), "{name}");
-        assert!(flag_of(c, "--tls-cert").is_none(), "{name}: no serving certificate");
+        assert!(
+            flag_of(c, "--tls-cert").is_none(),
+            "{name}: no serving certificate"
+        );
         let names: BTreeSet<&str> = c["ports"]
             .as_array()
             .expect("ports")
@@ -856,7 +899,10 @@ fn metrics_have_a_port_of_their_own_in_both_deployments() {
     for d in all(&objs, "Deployment") {
         let c = container_of(d);
         assert!(!metrics_authenticated(c));
-        assert_eq!(flag_of(c, "--metrics-listen").as_deref(), Some("0.0.0.0:9100"));
+        assert_eq!(
+            flag_of(c, "--metrics-listen").as_deref(),
+            Some("0.0.0.0:9100")
+        );
     }
     // No rights to review tokens when nothing checks them.
     for r in all(&objs, "ClusterRole") {
@@ -902,10 +948,12 @@ fn the_binary_accepts_every_argument_the_chart_passes() {
             for arg in &a[1..] {
                 let flag = arg.split('=').next().expect("flag");
                 assert!(flag.starts_with("--"), "{name}: {arg}");
-                assert!(known.contains(flag), "{name}: `ichor-rules serve` has no {flag}");
+                assert!(
+                    known.contains(flag),
+                    "{name}: `ichor-rules serve` has no {flag}"
+                );
             }
-            let once: BTreeSet<&str> =
-                a.iter().map(|x| x.split('=').next().unwrap_or(x)).collect();
+            let once: BTreeSet<&str> = a.iter().map(|x| x.split('=').next().unwrap_or(x)).collect();
             assert_eq!(once.len(), a.len(), "{name}: a flag given twice");
         }
     }
@@ -942,7 +990,10 @@ fn arguments_point_at_what_is_mounted() {
             Some(format!("{tls}/tls.key")),
             "{name}"
         );
-        assert!(args(&objs).contains(&"--no-controller".to_string()), "{name}");
+        assert!(
+            args(&objs).contains(&"--no-controller".to_string()),
+            "{name}"
+        );
         for c in all(&objs, "Deployment").into_iter().map(container_of) {
             assert_eq!(
                 flag_of(c, "--identity").as_deref(),
@@ -957,7 +1008,11 @@ fn arguments_point_at_what_is_mounted() {
                 assert!(v.parse::<u64>().is_ok_and(|n| n > 0), "{name}: {f}={v}");
             }
             let rules = mount_path_of(c, "rules").expect("rules mounted");
-            assert_eq!(flag_of(c, "--rules").as_deref(), Some(rules.as_str()), "{name}");
+            assert_eq!(
+                flag_of(c, "--rules").as_deref(),
+                Some(rules.as_str()),
+                "{name}"
+            );
         }
         if let Some(c) = controller_container(&objs) {
             assert_eq!(
@@ -976,7 +1031,9 @@ fn has_talosconfig(d: &Value, secret: &str) -> bool {
     let volumes = d["spec"]["template"]["spec"]["volumes"]
         .as_array()
         .expect("volumes");
-    volumes.iter().any(|v| v["secret"]["secretName"] == secret || v["name"] == "talosconfig")
+    volumes
+        .iter()
+        .any(|v| v["secret"]["secretName"] == secret || v["name"] == "talosconfig")
         || mount_path_of(c, "talosconfig").is_some()
         || flag_of(c, "--talosconfig").is_some()
 }
@@ -989,7 +1046,12 @@ fn the_talosconfig_is_never_in_the_webhook_pods() {
         with_secret.to_vec(),
         [&with_secret[..], &["--set", "controller.enabled=false"]].concat(),
         vec!["--values", custom.as_str()],
-        vec!["--values", custom.as_str(), "--set", "controller.enabled=true"],
+        vec![
+            "--values",
+            custom.as_str(),
+            "--set",
+            "controller.enabled=true",
+        ],
         [&with_secret[..], &["--set", "metrics.insecure=true"]].concat(),
     ];
     let scenario_files: Vec<String> = scenarios()
@@ -998,7 +1060,12 @@ fn the_talosconfig_is_never_in_the_webhook_pods() {
         .filter(|n| n != "default")
         .collect();
     for f in &scenario_files {
-        sets.push(vec!["--values", f.as_str(), "--set", "talos.configSecret=talos-admin"]);
+        sets.push(vec![
+            "--values",
+            f.as_str(),
+            "--set",
+            "talos.configSecret=talos-admin",
+        ]);
     }
     for a in &sets {
         let objs = render(a);
@@ -1032,6 +1099,69 @@ fn the_talosconfig_is_never_in_the_webhook_pods() {
     for d in all(&default, "Deployment") {
         assert!(!has_talosconfig(d, ""), "{d}");
     }
+}
+
+#[test]
+fn network_policies_admit_only_the_webhook_port_by_default() {
+    let objs = render(&[]);
+    let policies = all(&objs, "NetworkPolicy");
+    assert_eq!(policies.len(), 2, "one per Deployment");
+    for p in &policies {
+        assert_eq!(p["metadata"]["namespace"], NAMESPACE);
+        assert_eq!(strings(&p["spec"]["policyTypes"]), ["Ingress"]);
+    }
+    let of = |component: &str| -> &Value {
+        policies
+            .iter()
+            .find(|p| {
+                p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == component
+            })
+            .copied()
+            .unwrap_or_else(|| panic!("no policy for the {component} pods"))
+    };
+    let w = deployment(&objs, "webhook").expect("webhook");
+    assert_eq!(
+        &of("webhook")["spec"]["podSelector"]["matchLabels"],
+        &w["spec"]["selector"]["matchLabels"]
+    );
+    let ingress = of("webhook")["spec"]["ingress"]
+        .as_array()
+        .expect("ingress");
+    assert_eq!(ingress.len(), 1, "the webhook port only");
+    assert_eq!(
+        ingress[0]["ports"],
+        serde_json::json!([{"port": 8443, "protocol": "TCP"}])
+    );
+    assert!(
+        ingress[0]["from"].is_null(),
+        "the API server may come from anywhere"
+    );
+    // The controller's pods admit nothing.
+    assert_eq!(of("controller")["spec"]["ingress"], serde_json::json!([]));
+
+    // Peers for the webhook and metrics ports.
+    let custom = render(&[
+        "--values",
+        &values("custom"),
+        "--set",
+        "controller.enabled=true",
+    ]);
+    for p in all(&custom, "NetworkPolicy") {
+        for rule in p["spec"]["ingress"].as_array().expect("ingress") {
+            assert!(rule["from"].is_array(), "{rule}");
+            let port = &rule["ports"][0]["port"];
+            assert!(port == 8443 || port == 8080, "{rule}");
+        }
+    }
+    // Switched off: none.
+    assert!(
+        all(
+            &render(&["--set", "networkPolicy.enabled=false"]),
+            "NetworkPolicy"
+        )
+        .is_empty()
+    );
+    assert!(all(&render(&["--values", &values("existing")]), "NetworkPolicy").is_empty());
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1100,7 +1230,7 @@ fn webhooks_match_the_seeds_operations_and_the_servers_routes() {
             .iter()
             .map(|h| h["name"].as_str().expect("name"))
             .collect();
-        assert_eq!(names.len(), 3, "{name}: webhook names are unique");
+        assert_eq!(names.len(), 4, "{name}: webhook names are unique");
     }
 }
 
@@ -1489,8 +1619,18 @@ fn bad_values_fail_the_rendering_with_a_reason() {
             "serviceAccount.name=guard",
             "serviceAccount.name: \"guard\" is replaced by serviceAccount.webhookName and serviceAccount.controllerName",
         ),
-        ("metrics.port=8443", "metrics.port: 8443 is server.containerPort too"),
-        ("metrics.port=8081", "metrics.port: 8081 is controller.healthPort too"),
+        (
+            "metrics.port=8443",
+            "metrics.port: 8443 is server.containerPort too",
+        ),
+        (
+            "metrics.port=8081",
+            "metrics.port: 8081 is server.healthPort too",
+        ),
+        (
+            "server.healthPort=8443",
+            "server.healthPort: 8443 is server.containerPort too",
+        ),
         ("metrics.port=0", "metrics.port: 0 is not a port"),
         (
             "controller.replicas=0",

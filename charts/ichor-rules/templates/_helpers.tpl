@@ -117,7 +117,7 @@ server.containerPort, or 0.0.0.0:<containerPort> when it is empty. */}}
 {{- if and .Values.controller.enabled (eq (include "ichor-rules.webhookServiceAccountName" .) (include "ichor-rules.controllerServiceAccountName" .)) }}
 {{- fail (printf "serviceAccount: the webhook and the controller must run as different ServiceAccounts (both are %q): the webhook pods would get the controller's write rights" (include "ichor-rules.webhookServiceAccountName" .)) }}
 {{- end }}
-{{- range $what, $port := dict "server.containerPort" .Values.server.containerPort "metrics.port" .Values.metrics.port "controller.healthPort" .Values.controller.healthPort }}
+{{- range $what, $port := dict "server.containerPort" .Values.server.containerPort "metrics.port" .Values.metrics.port "server.healthPort" .Values.server.healthPort }}
 {{- if or (lt (int $port) 1) (gt (int $port) 65535) }}
 {{- fail (printf "%s: %v is not a port (1 to 65535)" $what $port) }}
 {{- end }}
@@ -125,8 +125,11 @@ server.containerPort, or 0.0.0.0:<containerPort> when it is empty. */}}
 {{- if eq (int .Values.metrics.port) (int .Values.server.containerPort) }}
 {{- fail (printf "metrics.port: %v is server.containerPort too; /metrics has a port of its own" .Values.metrics.port) }}
 {{- end }}
-{{- if eq (int .Values.metrics.port) (int .Values.controller.healthPort) }}
-{{- fail (printf "metrics.port: %v is controller.healthPort too; /metrics has a port of its own" .Values.metrics.port) }}
+{{- if eq (int .Values.server.healthPort) (int .Values.server.containerPort) }}
+{{- fail (printf "server.healthPort: %v is server.containerPort too" .Values.server.healthPort) }}
+{{- end }}
+{{- if eq (int .Values.metrics.port) (int .Values.server.healthPort) }}
+{{- fail (printf "metrics.port: %v is server.healthPort too; /metrics has a port of its own" .Values.metrics.port) }}
 {{- end }}
 {{- if lt (int .Values.controller.replicas) 1 }}
 {{- fail (printf "controller.replicas: %v must be at least 1 (2 keep a standby leader)" .Values.controller.replicas) }}
