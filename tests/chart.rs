@@ -1041,7 +1041,12 @@ fn has_talosconfig(d: &Value, secret: &str) -> bool {
 #[test]
 fn the_talosconfig_is_never_in_the_webhook_pods() {
     let custom = values("custom");
-    let with_secret = ["--set", "talos.configSecret=talos-admin"];
+    let with_secret = [
+        "--set",
+        "talos.configSecret=talos-admin",
+        "--set",
+        "talos.forAllClusters=true",
+    ];
     let mut sets: Vec<Vec<&str>> = vec![
         with_secret.to_vec(),
         [&with_secret[..], &["--set", "controller.enabled=false"]].concat(),
@@ -1065,6 +1070,8 @@ fn the_talosconfig_is_never_in_the_webhook_pods() {
             f.as_str(),
             "--set",
             "talos.configSecret=talos-admin",
+            "--set",
+            "talos.forAllClusters=true",
         ]);
     }
     for a in &sets {
@@ -1221,6 +1228,10 @@ fn webhooks_match_the_seeds_operations_and_the_servers_routes() {
                 (
                     "talosmachines".to_string(),
                     ops(&["CREATE", "DELETE", "UPDATE"])
+                ),
+                (
+                    "talosmachines/status".to_string(),
+                    ops(&["UPDATE"])
                 ),
                 ("talosoperations".to_string(), ops(&["CREATE", "UPDATE"])),
             ],
@@ -1588,6 +1599,51 @@ fn own_rules_inline_or_from_an_existing_configmap() {
     );
 }
 
+/// Issue 13: the webhook trusts exactly the controller's ServiceAccount to change what the
+/// rules read in a TalosMachine's status, and is registered for `talosmachines/status`.
+#[test]
+fn the_webhook_knows_the_controllers_username_and_guards_machine_status() {
+    let flag = |objs: &[Value]| {
+        let webhook = deployment(objs, "webhook").expect("webhook");
+        flag_of(container_of(webhook), "--controller-username")
+    };
+    let objs = render(&[]);
+    let controller = deployment(&objs, "controller").expect("controller");
+    let sa = controller["spec"]["template"]["spec"]["serviceAccountName"]
+        .as_str()
+        .expect("the controller's ServiceAccount");
+    assert_eq!(
+        flag(&objs),
+        Some(format!("system:serviceaccount:{NAMESPACE}:{sa}"))
+    );
+    let custom = render(&["--set", "webhook.controllerUsername=ops:controller"]);
+    assert_eq!(flag(&custom), Some("ops:controller".to_string()));
+    let hook = one(&objs, "ValidatingWebhookConfiguration")["webhooks"]
+        .as_array()
+        .expect("webhooks")
+        .iter()
+        .find(|h| h["name"] == "talosmachines-status.validate.ichor.maesh.dev")
+        .expect("a webhook for talosmachines/status")
+        .clone();
+    assert_eq!(strings(&hook["rules"][0]["resources"]), ["talosmachines/status"]);
+    assert_eq!(strings(&hook["rules"][0]["operations"]), ["UPDATE"]);
+    assert_eq!(hook["failurePolicy"], "Fail");
+    // One talosconfig for every cluster only when asked for.
+    let opted = render(&[
+        "--set",
+        "talos.configSecret=talos-admin",
+        "--set",
+        "talos.forAllClusters=true",
+    ]);
+    let c = container_of(deployment(&opted, "controller").expect("controller"));
+    assert!(
+        strings(&c["args"]).contains(&"--talosconfig-for-all-clusters".to_string()),
+        "{c}"
+    );
+    let c = container_of(deployment(&objs, "controller").expect("controller"));
+    assert!(flag_of(c, "--talosconfig").is_none(), "{c}");
+}
+
 // ---------------------------------------------------------------------------------------
 // Values the chart refuses, with a message that says why.
 
@@ -1632,6 +1688,10 @@ fn bad_values_fail_the_rendering_with_a_reason() {
             "server.healthPort: 8443 is server.containerPort too",
         ),
         ("metrics.port=0", "metrics.port: 0 is not a port"),
+        (
+            "talos.configSecret=talos-admin",
+            "talos.configSecret is one talosconfig for every TalosCluster: set talos.forAllClusters=true",
+        ),
         (
             "controller.replicas=0",
             "controller.replicas: 0 must be at least 1",
@@ -1745,7 +1805,7 @@ fn the_notes_list_every_write_refused_while_the_webhook_is_down() {
         .expect("webhooks")
     {
         let kind = match h["rules"][0]["resources"][0].as_str().expect("resource") {
-            "talosmachines" => "TalosMachine",
+            "talosmachines" | "talosmachines/status" => "TalosMachine",
             "talosclusters" => "TalosCluster",
             "talosoperations" => "TalosOperation",
             other => panic!("{other}"),

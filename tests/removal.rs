@@ -579,10 +579,25 @@ async fn the_calls_made_are_exactly_the_calls_granted() {
     use ichor_rules::runtime::access::REQUIRED;
     use ichor_rules::runtime::controller::leader;
     use std::sync::atomic::AtomicBool;
+    use base64::Engine as _;
     let mut w = World::start(&["cp-1", "cp-2", "cp-3"], 3).await;
     w.add_control_plane("cp-4").await;
     w.api.insert(web_pod_on("cp-4"));
     w.api.insert(operation("upgrade-1", "upgrade"));
+    // The cluster's own talosconfig Secret (the `get` on secrets).
+    w.api.insert(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "prod-talos", "namespace": NS},
+        "data": {"talosconfig": base64::engine::general_purpose::STANDARD
+            .encode(w.talos.talosconfig_yaml())}
+    }));
+    patch_spec(
+        &w.api,
+        "TalosCluster",
+        "prod",
+        json!({"talosConfigSecretRef": {"name": "prod-talos"}}),
+    )
+    .await;
     let ctx = w.ctx("replica-a");
     let leading = Arc::new(AtomicBool::new(false));
     let task = tokio::spawn(leader::run(ctx.clone(), leading.clone()));

@@ -379,6 +379,77 @@ async fn a_forged_status_patch_is_refused_and_the_controllers_own_is_not() {
     assert_eq!(r["response"]["allowed"], true, "{r}");
 }
 
+/// Issue 13: a refusal never names another namespace's objects. Namespace `other` holds a
+/// cluster of the same name, its own control planes and an unfinished operation; decisions
+/// about `infra` neither count them nor name them, whether they refuse or allow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_never_name_another_namespaces_objects() {
+    let h = harness("namespaces", Duration::from_secs(2)).await;
+    three_control_planes(&h).await;
+    let mut elsewhere = cluster("prod", 3);
+    elsewhere["metadata"]["namespace"] = json!("other");
+    h.api.insert(elsewhere);
+    for i in 1..=5 {
+        let mut m = machine(
+            &format!("other-secret-cp-{i}"),
+            "controlplane",
+            true,
+            "2026-09-01T00:00:00Z",
+        );
+        m["metadata"]["namespace"] = json!("other");
+        h.api.insert(m);
+    }
+    let mut op = operation("other-secret-upgrade", "upgrade", Some("other-secret-cp-1"));
+    op["metadata"]["namespace"] = json!("other");
+    op["status"] = json!({"phase": "Running"});
+    h.api.insert(op);
+    let leaks = |r: &Value| {
+        let text = r.to_string();
+        assert!(!text.contains("other-secret"), "{text}");
+        assert!(!text.contains("\"other\""), "{text}");
+    };
+    // Refused below the count: counted from infra alone (3 -> 2), naming only infra's.
+    let cp3 = machine("cp-3", "controlplane", true, "2026-10-03T00:00:00Z");
+    let r = review(
+        &h,
+        &admission("n-1", "DELETE", "TalosMachine", Some(&cp3), None),
+    )
+    .await;
+    assert_eq!(r["response"]["allowed"], false, "{r}");
+    assert!(
+        r["response"]["status"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("control planes 3 -> 2")),
+        "{r}"
+    );
+    leaks(&r);
+    // Approving a fourth in infra: other's five do not count toward infra's cap.
+    let pending = machine("cp-4", "controlplane", false, "2026-10-04T00:00:00Z");
+    let approved = machine("cp-4", "controlplane", true, "2026-10-04T00:00:00Z");
+    let r = review(
+        &h,
+        &admission("n-2", "UPDATE", "TalosMachine", Some(&pending), Some(&approved)),
+    )
+    .await;
+    assert_eq!(r["response"]["allowed"], true, "{r}");
+    leaks(&r);
+    // Starting an operation in infra: other's unfinished one is not "another operation".
+    let mut start = operation("infra-upgrade", "upgrade", None);
+    start["metadata"]["namespace"] = json!("infra");
+    let r = review(
+        &h,
+        &admission("n-3", "CREATE", "TalosOperation", None, Some(&start)),
+    )
+    .await;
+    assert_eq!(r["response"]["allowed"], true, "{r}");
+    leaks(&r);
+    // A refused forged status in infra names infra's machine only.
+    let forged = with_ready(&cp3, "False", "NodeUnreachable");
+    let r = review(&h, &status_review("n-4", "admin", &cp3, &forged)).await;
+    assert_eq!(r["response"]["allowed"], false, "{r}");
+    leaks(&r);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_live_read_refuses() {
     let h = harness("fail", Duration::from_secs(2)).await;

@@ -128,6 +128,16 @@ pub const CONTROLLER: &[Access] = &[
         verbs: &["list"],
         scope: Scope::Cluster,
     },
+    // Each TalosCluster's own talosconfig (spec.talosConfigSecretRef), read live by name
+    // when the controller dials that cluster's nodes (`nodes::Dialer`); never listed or
+    // watched. RBAC cannot narrow this with resourceNames: each cluster names its Secret,
+    // in its own namespace, after the chart is installed.
+    Access {
+        api_group: CORE,
+        resource: "secrets",
+        verbs: &["get"],
+        scope: Scope::Cluster,
+    },
     // Evictions honour PodDisruptionBudgets (never a plain pod delete).
     Access {
         api_group: CORE,
@@ -339,7 +349,12 @@ mod tests {
         ));
         assert!(!allows(ICHOR, "talosmachines", "delete", Scope::Cluster));
         assert!(!allows(CORE, "pods", "delete", Scope::Cluster));
-        assert!(!allows(CORE, "secrets", "get", Scope::Cluster));
+        // A cluster's talosconfig Secret is read by name; Secrets are never listed,
+        // watched or written.
+        assert!(allows(CORE, "secrets", "get", Scope::Cluster));
+        for verb in ["list", "watch", "create", "update", "patch", "delete"] {
+            assert!(!allows(CORE, "secrets", verb, Scope::Cluster), "{verb}");
+        }
         assert!(!allows(ICHOR, "talosclusters", "update", Scope::Cluster));
     }
 

@@ -292,6 +292,38 @@ pub struct ClusterSpec {
     )]
     #[schemars(extend("enum" = ["true", "false"]))]
     pub schedulable: Option<String>,
+    /// The Secret, in this TalosCluster's namespace, holding the talosconfig the controller
+    /// dials this cluster's nodes with (Talos API client certificate and CA). Read live at
+    /// each use, never logged; without it the controller does no Talos work for this
+    /// cluster (Removal=False NoTalosCredentials), unless the operator runs with
+    /// `--talosconfig-for-all-clusters`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub talos_config_secret_ref: Option<SecretKeyRef>,
+}
+
+/// The key of a talosconfig Secret that [`SecretKeyRef`] reads when it names none.
+pub const DEFAULT_TALOSCONFIG_KEY: &str = "talosconfig";
+
+/// A key of a Secret in the referring object's namespace.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// Name of the Secret (in the TalosCluster's namespace).
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The key holding the talosconfig; `talosconfig` when omitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub key: Option<String>,
+}
+
+impl SecretKeyRef {
+    pub fn key(&self) -> &str {
+        self.key
+            .as_deref()
+            .filter(|k| !k.is_empty())
+            .unwrap_or(DEFAULT_TALOSCONFIG_KEY)
+    }
 }
 
 /// What the controller observed of a cluster.
@@ -629,6 +661,23 @@ pub fn validate_object(object: &Object) -> Result<(), String> {
                 return Err(format!(
                     "spec.schedulable is {s:?}; it must be \"true\" or \"false\""
                 ));
+            }
+            if let Some(r) = &c.spec.talos_config_secret_ref {
+                if r.name.is_empty() || r.name.len() > 253 {
+                    return Err(
+                        "spec.talosConfigSecretRef.name must name a Secret (1 to 253 characters)"
+                            .into(),
+                    );
+                }
+                if r.key
+                    .as_ref()
+                    .is_some_and(|k| k.is_empty() || k.len() > 253)
+                {
+                    return Err(
+                        "spec.talosConfigSecretRef.key must be 1 to 253 characters, or omitted (then `talosconfig`)"
+                            .into(),
+                    );
+                }
             }
         }
         Object::Operation(o) => {

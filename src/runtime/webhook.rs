@@ -69,6 +69,8 @@ pub fn router(state: Arc<Webhook>) -> Router {
 pub fn webhook_router(state: Arc<Webhook>) -> Router {
     Router::new()
         .route("/validate/talosmachines", post(validate))
+        // Writes of talosmachines/status (the webhook configuration registers it apart).
+        .route("/validate/talosmachines/status", post(validate))
         .route("/validate/talosclusters", post(validate))
         .route("/validate/talosoperations", post(validate))
         .route("/validate", post(validate))

@@ -603,6 +603,7 @@ impl Objects<'_> {
                     count: i64::from(s.count),
                 },
                 schedulable: Some(if s.schedulable { "true" } else { "false" }.into()),
+                talos_config_secret_ref: None,
             },
         );
         c.metadata.namespace = Some(NAMESPACE.into());

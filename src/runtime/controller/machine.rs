@@ -151,8 +151,16 @@ pub async fn reconcile(m: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action
     }
 
     // 3. Reachability of an approved machine's node.
-    let requeue = if live.approved_role().is_some() && ctx.talos.is_some() {
-        probe(&ctx, live, &mut next).await
+    // With the cluster's own credentials (read live); without any, nothing is probed.
+    let requeue = if live.approved_role().is_some() {
+        let dialer = nodes::Dialer::for_machine(&ctx, live).await;
+        match dialer.missing() {
+            None => probe(&dialer, live, &mut next).await,
+            Some(why) => {
+                tracing::debug!(machine = %live.name(), %why, "not probed: no Talos credentials");
+                ctx.settings.probe_interval
+            }
+        }
     } else {
         ctx.settings.probe_interval
     };
@@ -162,8 +170,13 @@ pub async fn reconcile(m: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action
 
 /// Probes the node through the Talos API and records what it found (ADR 0106 §3). Returns
 /// when to probe again.
-async fn probe(ctx: &Context, live: &TalosMachine, next: &mut TalosMachine) -> Duration {
-    let client = match nodes::client(ctx, live) {
+async fn probe(
+    dialer: &nodes::Dialer<'_>,
+    live: &TalosMachine,
+    next: &mut TalosMachine,
+) -> Duration {
+    let ctx = dialer.ctx;
+    let client = match nodes::client(dialer, live) {
         Ok(c) => c,
         Err(nodes::NodeError::NoEndpoint(_)) => return ctx.settings.probe_interval,
         Err(e) => {

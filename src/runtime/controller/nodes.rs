@@ -3,8 +3,11 @@
 //! (ADR 0106 §4).
 
 use super::Context;
-use crate::runtime::objects::{Role, Snapshot, TalosMachine};
-use crate::runtime::talos::{EtcdMember, TalosClient, TalosError};
+use crate::runtime::objects::{Role, Snapshot, TalosCluster, TalosMachine};
+use crate::runtime::talos::{EtcdMember, TalosClient, TalosError, TalosTls};
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use std::sync::Arc;
 
 /// The Kubernetes Node and etcd member name of a machine: `spec.hostname`, else its name.
 pub fn node_name(m: &TalosMachine) -> &str {
@@ -17,19 +20,161 @@ pub fn node_name(m: &TalosMachine) -> &str {
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
-    #[error(
-        "no Talos client credentials: give `ichor-rules serve --talosconfig` (the chart mounts the talosconfig Secret)"
-    )]
-    NoCredentials,
+    /// Why there are no Talos credentials for the machine's cluster (see [`Dialer`]).
+    #[error("no Talos API credentials: {0}")]
+    NoCredentials(String),
     #[error("TalosMachine {0} has no spec.endpoint to dial")]
     NoEndpoint(String),
     #[error(transparent)]
     Talos(#[from] TalosError),
 }
 
-/// A client for the machine's own node.
-pub fn client(ctx: &Context, m: &TalosMachine) -> Result<TalosClient, NodeError> {
-    let tls = ctx.talos.as_deref().ok_or(NodeError::NoCredentials)?;
+/// The Talos credentials of one cluster, resolved once per reconcile, with the context they
+/// are used in. Every Talos call of a reconcile goes through one: a cluster's nodes are only
+/// ever dialled with that cluster's credentials.
+pub struct Dialer<'c> {
+    pub ctx: &'c Context,
+    tls: Result<Arc<TalosTls>, String>,
+}
+
+impl<'c> Dialer<'c> {
+    /// The credentials for the nodes of TalosCluster `namespace/name` (`cluster`: the object,
+    /// read live by the caller, `None` when it does not exist):
+    ///
+    /// - its `spec.talosConfigSecretRef`, when it names one: that Secret, read now (a GET of
+    ///   that one Secret in the cluster's namespace), never cached and never logged;
+    /// - else the talosconfig given for every cluster (`serve --talosconfig
+    ///   --talosconfig-for-all-clusters`), when the operator opted into it;
+    /// - else none, with why (the Removal condition's NoTalosCredentials message). Never
+    ///   another cluster's.
+    pub async fn for_cluster(
+        ctx: &'c Context,
+        namespace: &str,
+        name: &str,
+        cluster: Option<&TalosCluster>,
+    ) -> Dialer<'c> {
+        let tls = credentials(ctx, namespace, name, cluster).await;
+        Dialer { ctx, tls }
+    }
+
+    /// Reads the machine's TalosCluster live, then [`Dialer::for_cluster`].
+    pub async fn for_machine(ctx: &'c Context, m: &TalosMachine) -> Dialer<'c> {
+        let api: Api<TalosCluster> = Api::namespaced(ctx.client.clone(), m.namespace());
+        let read = tokio::time::timeout(ctx.settings.read_timeout, api.get_opt(m.cluster())).await;
+        let tls = match read {
+            Ok(Ok(cluster)) => credentials(ctx, m.namespace(), m.cluster(), cluster.as_ref()).await,
+            Ok(Err(e)) => Err(format!(
+                "TalosCluster {}/{} could not be read to find its talosConfigSecretRef ({})",
+                m.namespace(),
+                m.cluster(),
+                api_reason(&e)
+            )),
+            Err(_) => Err(format!(
+                "TalosCluster {}/{} could not be read to find its talosConfigSecretRef (timed out)",
+                m.namespace(),
+                m.cluster()
+            )),
+        };
+        Dialer { ctx, tls }
+    }
+
+    /// Why there are no credentials, if there are none.
+    pub fn missing(&self) -> Option<&str> {
+        self.tls.as_ref().err().map(String::as_str)
+    }
+
+    /// The credentials, if there are any (tests compare them).
+    pub fn tls(&self) -> Option<&TalosTls> {
+        self.tls.as_deref().ok()
+    }
+}
+
+/// An API error in a few words, without the server's text (which may quote the request).
+fn api_reason(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("the API server answered {} {}", s.code, s.reason),
+        _ => "the API server could not be reached".into(),
+    }
+}
+
+/// See [`Dialer::for_cluster`]. The error is one sentence saying what is missing and how to
+/// fix it; it never quotes the Secret's content.
+async fn credentials(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+    cluster: Option<&TalosCluster>,
+) -> Result<Arc<TalosTls>, String> {
+    let reference = cluster.and_then(|c| c.spec.talos_config_secret_ref.as_ref());
+    let Some(r) = reference else {
+        if let Some(all) = &ctx.talos {
+            return Ok(all.clone());
+        }
+        return Err(match cluster {
+            None => format!(
+                "TalosCluster {namespace}/{name} does not exist, so no talosConfigSecretRef names                  its credentials (and no talosconfig is given for every cluster)"
+            ),
+            Some(_) => format!(
+                "TalosCluster {namespace}/{name} has no spec.talosConfigSecretRef: create a Secret                  in namespace {namespace} holding this cluster's talosconfig (key `talosconfig`)                  and name it there (the controller uses one talosconfig for every cluster only                  with --talosconfig-for-all-clusters)"
+            ),
+        });
+    };
+    let (secret, key) = (r.name.as_str(), r.key());
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+    let read = tokio::time::timeout(ctx.settings.read_timeout, api.get_opt(secret)).await;
+    let found = match read {
+        Ok(Ok(found)) => found,
+        Ok(Err(e)) => {
+            return Err(format!(
+                "the Secret {namespace}/{secret} (spec.talosConfigSecretRef of TalosCluster                  {name}) could not be read ({})",
+                api_reason(&e)
+            ));
+        }
+        Err(_) => {
+            return Err(format!(
+                "the Secret {namespace}/{secret} (spec.talosConfigSecretRef of TalosCluster                  {name}) could not be read (timed out)"
+            ));
+        }
+    };
+    let Some(found) = found else {
+        return Err(format!(
+            "the Secret {namespace}/{secret} named by spec.talosConfigSecretRef of TalosCluster              {name} does not exist: create it with the cluster's talosconfig under the key `{key}`"
+        ));
+    };
+    let Some(bytes) = found.data.as_ref().and_then(|d| d.get(key)) else {
+        return Err(format!(
+            "the Secret {namespace}/{secret} (spec.talosConfigSecretRef of TalosCluster {name})              has no key `{key}`: put the cluster's talosconfig there, or name its key in              spec.talosConfigSecretRef.key"
+        ));
+    };
+    let text = std::str::from_utf8(&bytes.0).map_err(|_| {
+        format!(
+            "the key `{key}` of Secret {namespace}/{secret} is not UTF-8 text, so it is not a              talosconfig"
+        )
+    })?;
+    TalosTls::from_talosconfig(text, None)
+        .map(Arc::new)
+        .map_err(|e| {
+            // The YAML parser's detail may quote what it could not read: the Secret's
+            // content stays out of conditions and logs.
+            let what = match e {
+                TalosError::Config(m) if m.starts_with("talosconfig is not valid YAML") => {
+                    "it is not YAML of the talosconfig shape".to_string()
+                }
+                other => other.to_string(),
+            };
+            format!(
+                "the key `{key}` of Secret {namespace}/{secret} (spec.talosConfigSecretRef of                  TalosCluster {name}) is not a usable talosconfig: {what}"
+            )
+        })
+}
+
+/// A client for the machine's own node, with its cluster's credentials.
+pub fn client(d: &Dialer<'_>, m: &TalosMachine) -> Result<TalosClient, NodeError> {
+    let ctx = d.ctx;
+    let tls = d
+        .tls
+        .as_deref()
+        .map_err(|why| NodeError::NoCredentials(why.clone()))?;
     let endpoint = m
         .spec
         .endpoint
@@ -55,7 +200,7 @@ impl Sibling<'_> {
 /// The first approved control plane of the cluster other than `departing` whose etcd
 /// answers with a leader (machines not being deleted first). Why none did, otherwise.
 pub async fn healthy_sibling<'s>(
-    ctx: &Context,
+    d: &Dialer<'_>,
     snapshot: &'s Snapshot,
     departing: &TalosMachine,
 ) -> Result<Sibling<'s>, String> {
@@ -72,7 +217,7 @@ pub async fn healthy_sibling<'s>(
     candidates.sort_by_key(|m| (m.deleting(), m.name().to_string()));
     let mut why = Vec::new();
     for m in candidates {
-        let c = match client(ctx, m) {
+        let c = match client(d, m) {
             Ok(c) => c,
             Err(e) => {
                 why.push(format!("{}: {e}", m.name()));
@@ -145,13 +290,13 @@ impl Deadness {
 /// longer lists was then removed by it (a restart between the removal and its record), so
 /// it stays dead; one that answers again is alive, whatever the record says.
 pub async fn member_dead(
-    ctx: &Context,
+    d: &Dialer<'_>,
     snapshot: &Snapshot,
     departing: &TalosMachine,
     marked: bool,
 ) -> Deadness {
     let name = node_name(departing);
-    let sibling = match healthy_sibling(ctx, snapshot, departing).await {
+    let sibling = match healthy_sibling(d, snapshot, departing).await {
         Ok(s) => s,
         Err(why) => {
             return Deadness::CannotTell(format!(
@@ -171,7 +316,7 @@ pub async fn member_dead(
             sibling.machine.name()
         ));
     }
-    let c = match client(ctx, departing) {
+    let c = match client(d, departing) {
         Ok(c) => c,
         // No address to dial is not an unreachable node: a cleared endpoint must not turn a
         // healthy control plane into a removable one.
@@ -199,11 +344,11 @@ pub async fn member_dead(
 /// is not healthy. `Err` when no healthy sibling could be asked: the fact cannot be read,
 /// and the removal waits (fails closed).
 pub async fn healthy_after(
-    ctx: &Context,
+    d: &Dialer<'_>,
     snapshot: &Snapshot,
     departing: &TalosMachine,
 ) -> Result<i64, String> {
-    let sibling = healthy_sibling(ctx, snapshot, departing).await?;
+    let sibling = healthy_sibling(d, snapshot, departing).await?;
     let leaving = node_name(departing);
     let mut healthy = 0i64;
     for member in &sibling.members {
@@ -216,7 +361,7 @@ pub async fn healthy_after(
                 && node_name(m) == member.hostname
         });
         let Some(machine) = machine else { continue };
-        let Ok(c) = client(ctx, machine) else {
+        let Ok(c) = client(d, machine) else {
             continue;
         };
         if matches!(c.etcd_status().await, Ok(s) if s.leader != 0) {

@@ -61,7 +61,17 @@ async fn start_again(
                     .as_deref()
                     .and_then(|t| snapshot.machine(next.namespace(), t));
                 let counted = match target {
-                    Some(m) => super::nodes::healthy_after(ctx, snapshot, m).await,
+                    Some(m) => {
+                        // With the operation's cluster's own credentials (read live).
+                        let dialer = super::nodes::Dialer::for_cluster(
+                            ctx,
+                            next.namespace(),
+                            next.cluster(),
+                            snapshot.cluster(next.namespace(), next.cluster()),
+                        )
+                        .await;
+                        super::nodes::healthy_after(&dialer, snapshot, m).await
+                    }
                     None => Err("the operation's machine is not there".to_string()),
                 };
                 match counted {

@@ -141,21 +141,25 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
         return Err(ReconcileError::NoRules);
     };
     let mut next = m.clone();
-    // Every removal needs the Talos API (leave, remove-member, reset or wipe). Without its
-    // credentials it would drain the node and then stop: it does not start.
-    if ctx.talos.is_none() && p.done.is_empty() {
-        let msg = "the controller has no Talos API credentials (`serve --talosconfig`; the chart's \
-                   `talos.configSecret`), so the removal does not start: it would drain the node \
-                   and then stop before etcd";
+    // Every removal needs the Talos API (leave, remove-member, reset or wipe), with this
+    // cluster's own credentials (read live, once per reconcile). Without them it would
+    // drain the node and then stop: it does not start.
+    let dialer = nodes::Dialer::for_machine(ctx, m).await;
+    if let Some(why) = dialer.missing()
+        && p.done.is_empty()
+    {
+        let msg = format!(
+            "{why}; the removal does not start without them: it would drain the node and then \
+             stop before etcd"
+        );
         if status::set(
             next.conditions_mut(),
             REMOVAL,
             false,
             "NoTalosCredentials",
-            msg,
+            &msg,
         ) {
-            ctx.event(m, true, "NoTalosCredentials", msg.to_string())
-                .await;
+            ctx.event(m, true, "NoTalosCredentials", msg.clone()).await;
         }
         write_status(ctx, m, &next).await?;
         return Ok(Action::requeue(ctx.settings.refused_requeue));
@@ -224,7 +228,7 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
                     // Asked again at every decision until the removal commits: a member
                     // that answers again is not removed below the count.
                     let marked = live.dead_member_removal_marked() || p.member_dead;
-                    let found = nodes::member_dead(ctx, &snapshot, live, marked).await;
+                    let found = nodes::member_dead(&dialer, &snapshot, live, marked).await;
                     let is_dead = found.is_dead();
                     tracing::info!(machine = %format!("{ns}/{name}"), dead = is_dead, why = %found.why(), "etcd member checked");
                     dead = Some(is_dead);
@@ -234,7 +238,7 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
                 Err(Fact::HealthyAfter)
                     if !supplied.iter().any(|(f, _)| *f == Fact::HealthyAfter) =>
                 {
-                    match nodes::healthy_after(ctx, &snapshot, live).await {
+                    match nodes::healthy_after(&dialer, &snapshot, live).await {
                         Ok(n) => {
                             tracing::info!(machine = %format!("{ns}/{name}"), healthy_after = n, "etcd members counted");
                             supplied.push((Fact::HealthyAfter, n));
@@ -349,7 +353,7 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
             next: &mut next,
             p: &mut p,
         };
-        let outcome = execute(ctx, &snapshot, live, &mut rec, step, message).await?;
+        let outcome = execute(&dialer, &snapshot, live, &mut rec, step, message).await?;
         match outcome {
             Step::Done => {
                 p.done.push(step.text.clone());
@@ -405,7 +409,14 @@ async fn release_if_not_member(ctx: &Context, m: &TalosMachine) -> Result<Action
         return Ok(Action::await_change());
     }
     let member = nodes::node_name(m);
-    let (reason, message) = match nodes::healthy_sibling(ctx, &snapshot, m).await {
+    let dialer = nodes::Dialer::for_cluster(
+        ctx,
+        m.namespace(),
+        m.cluster(),
+        snapshot.cluster(m.namespace(), m.cluster()),
+    )
+    .await;
+    let (reason, message) = match nodes::healthy_sibling(&dialer, &snapshot, m).await {
         Ok(s) if s.member(member).is_none() => {
             set_finalizer(ctx, m, false).await?;
             return Ok(Action::await_change());
@@ -495,6 +506,7 @@ fn action_words(step: &PlanStep) -> &'static [&'static str] {
 fn talos_wait(ctx: &Context, step: &PlanStep, e: NodeError) -> Step {
     let reason = match e {
         NodeError::Talos(TalosError::Unreachable { .. }) => "NodeUnreachable",
+        NodeError::NoCredentials(_) => "NoTalosCredentials",
         _ => "TalosFailed",
     };
     Step::Wait {
@@ -507,13 +519,14 @@ fn talos_wait(ctx: &Context, step: &PlanStep, e: NodeError) -> Step {
 
 /// Runs one step. Every step is idempotent: it looks before it acts.
 async fn execute(
-    ctx: &Context,
+    dialer: &nodes::Dialer<'_>,
     snapshot: &Snapshot,
     live: &TalosMachine,
     rec: &mut Record<'_>,
     step: &PlanStep,
     message: Option<String>,
 ) -> Result<Step, ReconcileError> {
+    let ctx = dialer.ctx;
     let Record { written, next, p } = rec;
     let member = nodes::node_name(live).to_string();
     match action_words(step) {
@@ -549,7 +562,7 @@ async fn execute(
             }),
         },
         ["etcd", "forfeit-leadership"] => {
-            let c = match nodes::client(ctx, live) {
+            let c = match nodes::client(dialer, live) {
                 Ok(c) => c,
                 Err(e) => return Ok(talos_wait(ctx, step, e)),
             };
@@ -565,7 +578,7 @@ async fn execute(
             }
         }
         ["etcd", "leave"] => {
-            let sibling = match nodes::healthy_sibling(ctx, snapshot, live).await {
+            let sibling = match nodes::healthy_sibling(dialer, snapshot, live).await {
                 Ok(s) => s,
                 Err(why) => {
                     return Ok(Step::Wait {
@@ -579,7 +592,7 @@ async fn execute(
                 }
             };
             if sibling.member(&member).is_some() {
-                let c = match nodes::client(ctx, live) {
+                let c = match nodes::client(dialer, live) {
                     Ok(c) => c,
                     Err(e) => return Ok(talos_wait(ctx, step, e)),
                 };
@@ -591,7 +604,7 @@ async fn execute(
             Ok(Step::Done)
         }
         ["etcd", "remove-member"] => {
-            let sibling = match nodes::healthy_sibling(ctx, snapshot, live).await {
+            let sibling = match nodes::healthy_sibling(dialer, snapshot, live).await {
                 Ok(s) => s,
                 Err(why) => {
                     return Ok(Step::Wait {
@@ -629,7 +642,7 @@ async fn execute(
                 return Ok(Step::Done);
             }
             let graceful = *action == "reset";
-            let c = match nodes::client(ctx, live) {
+            let c = match nodes::client(dialer, live) {
                 Ok(c) => c,
                 Err(e) => return Ok(talos_wait(ctx, step, e)),
             };
