@@ -43,6 +43,12 @@ cargo fmt --check
 echo "==> cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
 
+# The shipped rules in their canonical layout, and their test suite (rules/tests/); the
+# cargo tests run both too (tests/fmt.rs, tests/seeds.rs), this says it first and plainly.
+echo "==> ichor-rules fmt --check rules/ && ichor-rules test"
+cargo run -q -- fmt --check rules/ charts/ichor-rules/rules/
+cargo run -q -- test rules/tests --rules rules/
+
 # helm and kubernetes-validate (installed once into a cache folder), the chart's lint,
 # rendering and schema checks; tests/chart.rs finds helm through ICHOR_HELM.
 bash scripts/chart-tools.sh install

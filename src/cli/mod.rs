@@ -4,6 +4,7 @@ mod check;
 mod crds;
 mod diff;
 mod eval;
+mod fmt;
 mod outcome;
 mod request;
 mod serve;
@@ -77,6 +78,10 @@ pub enum Command {
     /// same code as `eval`. Exit 0: every case passed; 1: a case failed (or coverage is
     /// below --fail-under); 2: bad usage, a bad test file, or rules with errors.
     Test(test::TestArgs),
+    /// Rewrite rule files in the one canonical layout (comments kept). With --check, change
+    /// nothing: print a diff of each file that is not formatted and exit 1. Exit 2: a file
+    /// that cannot be read or does not parse.
+    Fmt(fmt::FmtArgs),
     /// Print the CustomResourceDefinitions of TalosCluster, TalosMachine and TalosOperation
     /// (YAML, one document each).
     Crds,
@@ -95,6 +100,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Explain(args) => eval::run(&args, true),
         Command::Crds => crds::run(),
         Command::Test(args) => test::run(&args),
+        Command::Fmt(args) => fmt::run(&args),
         Command::Diff(args) => diff::run(&args),
         Command::Verify(args) => {
             let paths = default_paths(args.paths.clone());

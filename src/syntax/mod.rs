@@ -4,6 +4,7 @@
 
 pub mod ast;
 pub mod depth;
+pub mod fmt;
 
 use crate::diagnostics::Diagnostic;
 use ast::*;
