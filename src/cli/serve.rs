@@ -1,6 +1,7 @@
 //! `ichor-rules serve`: the admission webhook over HTTPS, deciding from live reads.
 
 use super::{EXIT_BAD_INPUT, EXIT_OK};
+use crate::runtime::certs;
 use crate::runtime::controller::{Context, Settings, leader};
 use crate::runtime::live::{Decode, LiveReader, ReadLimit};
 use crate::runtime::logs;
@@ -136,6 +137,21 @@ pub struct ServeArgs {
     /// --health-listen (a kubelet presents no certificate). Read at start.
     #[arg(long)]
     pub client_ca: Option<PathBuf>,
+    /// Serve the webhook with certificates the operator manages itself, instead of
+    /// --tls-cert/--tls-key: a CA and a serving certificate for --service-name kept in
+    /// this Secret of --lease-namespace, created (or rotated 30 days before expiry) by
+    /// whichever replica gets there first and read back by the others, held in memory.
+    #[arg(long, conflicts_with_all = ["tls_cert", "tls_key"])]
+    pub tls_secret: Option<String>,
+    /// The Service the API server calls (with --tls-secret): the serving certificate is
+    /// for <name>, <name>.<namespace>, <name>.<namespace>.svc and
+    /// <name>.<namespace>.svc.cluster.local.
+    #[arg(long, requires = "tls_secret")]
+    pub service_name: Option<String>,
+    /// The ValidatingWebhookConfiguration whose webhooks' caBundle is set to the CA of
+    /// --tls-secret (and set again when something else changes it).
+    #[arg(long, requires = "tls_secret")]
+    pub webhook_configuration: Option<String>,
 }
 
 pub fn run(args: &ServeArgs) -> u8 {
@@ -231,13 +247,99 @@ fn serving_cert(args: &ServeArgs) -> Result<Option<Arc<ReloadingCert>>, String> 
         (Some(c), Some(k)) => ReloadingCert::new(c.clone(), k.clone())
             .map(|c| Some(Arc::new(c)))
             .map_err(|e| e.to_string()),
-        (None, None) if args.no_webhook => Ok(None),
+        (None, None) if args.no_webhook || args.tls_secret.is_some() => Ok(None),
         (None, None) => Err(
-            "--tls-cert and --tls-key are required to serve the webhook (or --no-webhook to run only the controller)"
+            "--tls-cert and --tls-key (or --tls-secret) are required to serve the webhook (or --no-webhook to run only the controller)"
                 .into(),
         ),
         (Some(_), None) => Err("--tls-cert is given without --tls-key".into()),
         (None, Some(_)) => Err("--tls-key is given without --tls-cert".into()),
+    }
+}
+
+/// Where `--tls-secret` keeps the certificates, and for which names.
+fn managed_cert_settings(args: &ServeArgs, secret: &str) -> certs::CertSettings {
+    let day = Duration::from_secs(24 * 3600);
+    let service = args
+        .service_name
+        .clone()
+        .unwrap_or_else(|| "ichor-rules".into());
+    certs::CertSettings {
+        namespace: args.lease_namespace.clone(),
+        secret: secret.to_string(),
+        webhook_configuration: args.webhook_configuration.clone(),
+        dns_names: certs::CertSettings::service_names(&service, &args.lease_namespace),
+        validity: day * 365,
+        ca_validity: day * 3650,
+        renew_before: day * 30,
+    }
+}
+
+/// The pair at start: retried for half a minute (the API server may be a moment away),
+/// then given up on (the pod restarts, visibly).
+async fn first_pair(
+    client: &kube::Client,
+    s: &certs::CertSettings,
+) -> Result<certs::Pair, certs::CertError> {
+    let mut tries = 0;
+    loop {
+        match certs::ensure(client, s).await {
+            Ok(p) => return Ok(p),
+            Err(e) if tries < 15 => {
+                tracing::warn!(error = %e, "the webhook's certificate: retrying");
+                tries += 1;
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Keeps the operator's certificates: sets the caBundle, then every `every` reads the
+/// Secret again (rotating it when due) and serves what it holds.
+async fn keep_certificates(
+    client: kube::Client,
+    s: certs::CertSettings,
+    cert: Arc<ReloadingCert>,
+    mut pair: certs::Pair,
+    every: Duration,
+) {
+    let mut bundle_set = false;
+    loop {
+        if let Some(name) = &s.webhook_configuration
+            && !bundle_set
+        {
+            match certs::patch_ca_bundle(&client, name, &pair.ca_pem).await {
+                Ok(_) => bundle_set = true,
+                Err(e) => tracing::warn!(error = %e, "setting the caBundle; retrying"),
+            }
+        }
+        tokio::time::sleep(if bundle_set {
+            every
+        } else {
+            every.min(Duration::from_secs(2))
+        })
+        .await;
+        match certs::ensure(&client, &s).await {
+            Ok(next) if next != pair => {
+                let what = format!("Secret {}/{}", s.namespace, s.secret);
+                match cert.replace(&next.cert_pem, &next.key_pem, &what) {
+                    Ok(()) => tracing::info!("serving the webhook's new certificate"),
+                    Err(e) => {
+                        tracing::error!(error = %e, "the new certificate is unusable; the previous one keeps serving")
+                    }
+                }
+                if next.ca_pem != pair.ca_pem {
+                    bundle_set = false;
+                }
+                pair = next;
+            }
+            Ok(_) => {
+                // Someone (a helm upgrade) may have reset the caBundle: check it again.
+                bundle_set = false;
+            }
+            Err(e) => tracing::warn!(error = %e, "reading the webhook's certificate"),
+        }
     }
 }
 
@@ -258,7 +360,44 @@ async fn serve(args: &ServeArgs, rules: Arc<Rules>) -> u8 {
             return EXIT_BAD_INPUT;
         }
     };
-    let client_ca = match args.client_ca.as_ref().map(crate::runtime::tls::load_client_ca) {
+    // The operator's own certificates: agreed on with the other replicas through the
+    // Secret before anything listens.
+    let managed = match args.tls_secret.as_ref().filter(|_| !args.no_webhook) {
+        None => None,
+        Some(secret) => {
+            let settings = managed_cert_settings(args, secret);
+            let client = match client(args).await {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return EXIT_BAD_INPUT;
+                }
+            };
+            match first_pair(&client, &settings).await {
+                Ok(pair) => match ReloadingCert::from_pem(
+                    &pair.cert_pem,
+                    &pair.key_pem,
+                    &format!("Secret {}/{secret}", settings.namespace),
+                ) {
+                    Ok(c) => Some((Arc::new(c), settings, pair, client)),
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        return EXIT_BAD_INPUT;
+                    }
+                },
+                Err(e) => {
+                    eprintln!("error: --tls-secret: {e}");
+                    return EXIT_BAD_INPUT;
+                }
+            }
+        }
+    };
+    let cert = cert.or_else(|| managed.as_ref().map(|m| m.0.clone()));
+    let client_ca = match args
+        .client_ca
+        .as_ref()
+        .map(crate::runtime::tls::load_client_ca)
+    {
         None => None,
         Some(Ok(roots)) => Some(roots),
         Some(Err(e)) => {
@@ -475,6 +614,17 @@ async fn serve(args: &ServeArgs, rules: Arc<Rules>) -> u8 {
         body_timeout: Duration::from_millis(args.body_read_timeout_ms),
         idle_timeout: Duration::from_millis(args.idle_timeout_ms),
     };
+    let keeper = managed.map(|(cert, settings, pair, client)| {
+        tokio::spawn(keep_certificates(
+            client,
+            settings,
+            cert,
+            pair,
+            // Every five reload intervals (10 s by default): a GET of the Secret and of
+            // the webhook configuration.
+            Duration::from_millis(args.reload_interval_ms.max(100)) * 5,
+        ))
+    });
     // The side servers (health, metrics) stop with the main one.
     let (stop_side, side_stopped) = tokio::sync::watch::channel(false);
     let side_stop = move || {
@@ -517,6 +667,9 @@ async fn serve(args: &ServeArgs, rules: Arc<Rules>) -> u8 {
             serve_tls_with(l, t, app, limits, metrics, shutdown).await;
         }
         _ => shutdown.await,
+    }
+    if let Some(k) = keeper {
+        k.abort();
     }
     let _ = stop_side.send(true);
     for s in side {

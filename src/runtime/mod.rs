@@ -3,6 +3,7 @@
 
 pub mod access;
 pub mod admission;
+pub mod certs;
 pub mod controller;
 pub mod decide;
 pub mod facts;

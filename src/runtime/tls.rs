@@ -61,6 +61,38 @@ pub fn load_pair(cert: &PathBuf, key: &PathBuf) -> Result<CertifiedKey, TlsError
     }
 }
 
+/// A certificate chain and key from PEM text (`what` names where it came from in errors).
+pub fn pair_from_pem(cert: &str, key: &str, what: &str) -> Result<CertifiedKey, TlsError> {
+    let path = PathBuf::from(what);
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert.as_bytes())
+        .collect::<Result<_, _>>()
+        .map_err(|e| TlsError::Read {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+    if chain.is_empty() {
+        return Err(TlsError::NoCertificate { path });
+    }
+    let der = PrivateKeyDer::from_pem_slice(key.as_bytes()).map_err(|e| TlsError::Read {
+        path: path.clone(),
+        message: e.to_string(),
+    })?;
+    let signing = any_supported_type(&der).map_err(|e| TlsError::Key {
+        path: path.clone(),
+        message: e.to_string(),
+    })?;
+    let pair = CertifiedKey::new(chain, signing);
+    match pair.keys_match() {
+        Ok(()) | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {
+            Ok(pair)
+        }
+        Err(e) => Err(TlsError::Key {
+            path,
+            message: format!("the key does not belong to the certificate ({e})"),
+        }),
+    }
+}
+
 /// Serves the current certificate; [`ReloadingCert::reload_if_changed`] swaps it.
 pub struct ReloadingCert {
     cert: PathBuf,
@@ -96,9 +128,33 @@ impl ReloadingCert {
         })
     }
 
+    /// Serves a pair held in memory (the operator's own certificates, `serve
+    /// --tls-secret`); [`ReloadingCert::replace`] swaps it. It has no files to reload.
+    pub fn from_pem(cert: &str, key: &str, what: &str) -> Result<ReloadingCert, TlsError> {
+        let pair = pair_from_pem(cert, key, what)?;
+        Ok(ReloadingCert {
+            cert: PathBuf::new(),
+            key: PathBuf::new(),
+            current: RwLock::new(Arc::new(pair)),
+            stamp: Mutex::new(None),
+        })
+    }
+
+    /// Serves `cert` and `key` from now on; an unusable pair leaves the old one serving.
+    pub fn replace(&self, cert: &str, key: &str, what: &str) -> Result<(), TlsError> {
+        let pair = pair_from_pem(cert, key, what)?;
+        if let Ok(mut c) = self.current.write() {
+            *c = Arc::new(pair);
+        }
+        Ok(())
+    }
+
     /// Reloads when either file's modification time changed. `Ok(true)` when a new pair
     /// now serves; an error leaves the old pair serving.
     pub fn reload_if_changed(&self) -> Result<bool, TlsError> {
+        if self.cert.as_os_str().is_empty() {
+            return Ok(false);
+        }
         let now = mtimes(&self.cert, &self.key);
         let changed = self.stamp.lock().map(|s| *s != now).unwrap_or(true);
         if !changed {

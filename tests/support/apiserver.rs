@@ -300,6 +300,15 @@ pub const RESOURCES: &[Resource] = &[
         kind: "Secret",
         ..BUILTIN
     },
+    // The webhook's own registration: its caBundle is set by `serve --tls-secret`.
+    Resource {
+        group: "admissionregistration.k8s.io",
+        plural: "validatingwebhookconfigurations",
+        kind: "ValidatingWebhookConfiguration",
+        namespaced: false,
+        generation: true,
+        ..BUILTIN
+    },
     Resource {
         group: "coordination.k8s.io",
         plural: "leases",
