@@ -1229,10 +1229,7 @@ fn webhooks_match_the_seeds_operations_and_the_servers_routes() {
                     "talosmachines".to_string(),
                     ops(&["CREATE", "DELETE", "UPDATE"])
                 ),
-                (
-                    "talosmachines/status".to_string(),
-                    ops(&["UPDATE"])
-                ),
+                ("talosmachines/status".to_string(), ops(&["UPDATE"])),
                 ("talosoperations".to_string(), ops(&["CREATE", "UPDATE"])),
             ],
             "{name}"
@@ -1625,7 +1622,10 @@ fn the_webhook_knows_the_controllers_username_and_guards_machine_status() {
         .find(|h| h["name"] == "talosmachines-status.validate.ichor.maesh.dev")
         .expect("a webhook for talosmachines/status")
         .clone();
-    assert_eq!(strings(&hook["rules"][0]["resources"]), ["talosmachines/status"]);
+    assert_eq!(
+        strings(&hook["rules"][0]["resources"]),
+        ["talosmachines/status"]
+    );
     assert_eq!(strings(&hook["rules"][0]["operations"]), ["UPDATE"]);
     assert_eq!(hook["failurePolicy"], "Fail");
     // One talosconfig for every cluster only when asked for.
