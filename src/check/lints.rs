@@ -46,7 +46,79 @@ pub(super) fn run(files: &[SourceFile], program: &Program, diags: &mut Vec<Diagn
         lint_plan(plan, diags);
     }
     subsumption(files, program, &analyses, diags);
+    allow_contradicted(files, program, diags);
     coverage(files, program, diags);
+}
+
+/// An `allow` says on purpose that nothing constrains its events; a rule on one of them
+/// says the opposite. One of the two is wrong. A warning, not an error: the runtime's
+/// behaviour is well defined (the rule is enforced, the `allow` only silences the
+/// coverage lint), and the stricter side is the one in force; `--deny-warnings` fails CI.
+fn allow_contradicted(files: &[SourceFile], program: &Program, diags: &mut Vec<Diagnostic>) {
+    for allow in &program.allows {
+        for rule in &program.rules {
+            let both: Vec<&Event> = allow
+                .events
+                .iter()
+                .filter(|e| rule.events.contains(e))
+                .collect();
+            if both.is_empty() {
+                continue;
+            }
+            let at = files
+                .get(rule.file)
+                .map(|f| format!("{}:{}", f.display_path(), f.line_col(rule.span.start).0))
+                .unwrap_or_default();
+            let events: Vec<String> = both
+                .iter()
+                .map(|(verb, subject, site)| {
+                    format!(
+                        "`{} {}` at the {}",
+                        verb.name(),
+                        subject.name(),
+                        site.name()
+                    )
+                })
+                .collect();
+            let keep: Vec<String> = allow
+                .events
+                .iter()
+                .filter(|e| !rule.events.contains(e))
+                .map(|(verb, subject, site)| {
+                    format!(
+                        "`allow {} {} at {}`",
+                        verb.name(),
+                        subject.name(),
+                        site.name()
+                    )
+                })
+                .collect();
+            diags.push(
+                Diagnostic::warning(
+                    "ichor::lint::allow_contradicted",
+                    allow.file,
+                    allow.span,
+                    format!(
+                        "this `allow` says nothing constrains {}, but rule `{}` (at {at}) does",
+                        events.join(", "),
+                        rule.name
+                    ),
+                )
+                .label(format!("contradicted by `{}`", rule.name))
+                .help(if keep.is_empty() {
+                    format!(
+                        "remove the `allow` if `{}` is meant, or remove the rule",
+                        rule.name
+                    )
+                } else {
+                    format!(
+                        "narrow the `allow` to the events no rule constrains ({}), or remove the rule",
+                        keep.join(", ")
+                    )
+                }),
+            );
+        }
+    }
 }
 
 /// What the lints learnt of one rule.

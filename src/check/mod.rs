@@ -86,11 +86,21 @@ pub struct CheckedInvariant {
     pub say_text: Option<String>,
 }
 
+/// An `allow` statement, resolved.
+#[derive(Clone, Debug)]
+pub struct CheckedAllow {
+    pub file: usize,
+    pub span: Span,
+    pub events: Vec<Event>,
+}
+
 /// What the compiler needs: rules, allowances, plans and invariants, all resolved.
 #[derive(Clone, Debug, Default)]
 pub struct Program {
     pub rules: Vec<CheckedRule>,
     pub allowed: Vec<Event>,
+    /// Each `allow` statement: where it is, and the events it names.
+    pub allows: Vec<CheckedAllow>,
     pub plans: Vec<CheckedPlan>,
     pub invariants: Vec<CheckedInvariant>,
 }
@@ -143,6 +153,11 @@ pub fn check_with(files: &[SourceFile], lints: bool) -> CheckResult {
                 }
                 Item::Allow(a) => {
                     let events = c.events(&a.verbs, &a.subject, a.site.as_ref(), None);
+                    program.allows.push(CheckedAllow {
+                        file: *file,
+                        span: a.span,
+                        events: events.clone(),
+                    });
                     program.allowed.extend(events);
                 }
                 Item::Invariant(inv) => {
