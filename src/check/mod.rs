@@ -537,6 +537,9 @@ impl<'a, 'd> FileChecker<'a, 'd> {
                 )
                 .label("not a verb");
                 d = match did_you_mean(&v.name, words.iter().copied()) {
+                    _ if v.name == "delete" => {
+                        d.help("a delete is `remove`: `refuse remove machine ...`")
+                    }
                     Some(s) => d.help(format!("did you mean `{s}`?")),
                     None => d.help(format!("verbs are {}", backticked(&words))),
                 };
@@ -1032,11 +1035,15 @@ impl<'a, 'd> FileChecker<'a, 'd> {
                                 format!("`{sym}` {what}; `{side}` is {}", t.describe()),
                             )
                             .label(t.describe())
-                            .help(if t == &Ty::Known(Type::Bool) {
-                                "use `==`, `and`, `or` or `not` with bools".to_string()
-                            } else {
-                                "use `==` or `!=` to compare names".to_string()
-                            }),
+                            .help(
+                                if let Some(n) = quoted_integer(side) {
+                                    format!("drop the quotes: {n} is an integer")
+                                } else if t == &Ty::Known(Type::Bool) {
+                                    "use `==`, `and`, `or` or `not` with bools".to_string()
+                                } else {
+                                    "use `==` or `!=` to compare names".to_string()
+                                },
+                            ),
                         );
                         return Ty::Error;
                     }
@@ -1075,7 +1082,12 @@ impl<'a, 'd> FileChecker<'a, 'd> {
                             ),
                         )
                         .label(format!("{} {sym} {}", lt.describe(), rt.describe()))
-                        .help("both sides must be ints, bools, or names"),
+                        .help(
+                            match quoted_integer(l).or_else(|| quoted_integer(r)) {
+                                Some(n) => format!("drop the quotes: {n} is an integer"),
+                                None => "both sides must be ints, bools, or names".to_string(),
+                            },
+                        ),
                     );
                     return Ty::Error;
                 }
@@ -1487,5 +1499,13 @@ fn backticked(words: &[&str]) -> String {
         0 => String::new(),
         1 => quoted[0].clone(),
         n => format!("{} and {}", quoted[..n - 1].join(", "), quoted[n - 1]),
+    }
+}
+
+/// The integer a string literal spells (`"4"`), for the "drop the quotes" help.
+fn quoted_integer(e: &Expr) -> Option<i64> {
+    match &e.kind {
+        ExprKind::Str(s, _) => s.trim().parse().ok(),
+        _ => None,
     }
 }

@@ -878,6 +878,18 @@ fn syntax_help(expected: &[String], rest: &str) -> Option<String> {
         .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
         .collect();
     let expects = |s: &str| expected.iter().any(|e| e.contains(s));
+    if rest.starts_with("&&") {
+        return Some("use `and`: conditions join with `and`, `or` and `not`".into());
+    }
+    if rest.starts_with("||") {
+        return Some("use `or`: conditions join with `and`, `or` and `not`".into());
+    }
+    if rest.starts_with('!') && !rest.starts_with("!=") {
+        return Some("use `not`: `not cluster.deleting`".into());
+    }
+    if rest.starts_with('=') && !rest.starts_with("==") && !expects("`=`") {
+        return Some("did you mean `==`? a single `=` only defines a `let`".into());
+    }
     if expects("an expression") || expects("a name") {
         if expects("an expression") && CLAUSE_KEYWORDS.contains(&word.as_str()) {
             return Some(format!(
