@@ -1091,3 +1091,31 @@ async fn a_stalled_stderr_does_not_stall_the_answers() {
         started.elapsed()
     );
 }
+
+/// A failed live read is logged once per request (not once per retry or per layer), and
+/// a log that is not a terminal carries no ANSI escapes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_live_read_is_logged_once_without_ansi_escapes() {
+    let api = three_control_planes().await;
+    let dir = scratch("failed-read-log");
+    shipped_rules(&dir);
+    let serve = Serve::start(&api, &dir, &[]).await;
+    let before = serve.log();
+    api.store.faults.fail_next(1_000, None);
+    assert!(!serve.allowed(&delete_cp3("failed-read-1")).await);
+    api.store.faults.fail_next(0, None);
+    // Lines are written by a thread of their own: give it a moment.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let log = serve.log();
+    let new = &log[before.len().min(log.len())..];
+    let failures: Vec<&str> = new
+        .lines()
+        .filter(|l| l.contains("500") || l.to_lowercase().contains("fail"))
+        .collect();
+    assert_eq!(failures.len(), 1, "one line for one failed read:\n{new}");
+    assert!(failures[0].contains("live read failed"), "{new}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "ANSI escapes in a log that is a file:\n{log}"
+    );
+}

@@ -206,6 +206,14 @@ fn start(args: &ServeArgs) -> u8 {
 fn init_logs(format: LogFormat) -> Option<logs::Queue> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // The kube client logs every failed request at ERROR on its own; ichor-rules logs each
+    // failed read once, with what it was for ("live read failed: refusing"). Its line is
+    // kept only when RUST_LOG names kube_client itself.
+    let names_kube = std::env::var("RUST_LOG").is_ok_and(|v| v.contains("kube_client"));
+    let filter = match "kube_client::client::builder=off".parse() {
+        Ok(d) if !names_kube => filter.add_directive(d),
+        _ => filter,
+    };
     let queue = logs::Queue::start();
     let writer = match &queue {
         Some(q) => tracing_subscriber::fmt::writer::BoxMakeWriter::new(q.clone()),
@@ -220,7 +228,7 @@ fn init_logs(format: LogFormat) -> Option<logs::Queue> {
         LogFormat::Json => builder.json().try_init(),
         // Field values are escaped: a name with a newline cannot forge a line.
         LogFormat::Text => builder
-            .with_ansi(std::io::stderr().is_terminal())
+            .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
             .fmt_fields(logs::escaped_fields())
             .try_init(),
     };
