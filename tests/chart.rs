@@ -322,9 +322,27 @@ fn grants(rules: &Value, scope: Scope) -> Vec<Grant> {
             .map(String::as_str)
             .collect();
         assert!(
-            keys.is_subset(&BTreeSet::from(["apiGroups", "resources", "verbs"])),
-            "unexpected rule fields {keys:?} (no nonResourceURLs, no resourceNames)"
+            keys.is_subset(&BTreeSet::from([
+                "apiGroups",
+                "resources",
+                "verbs",
+                "resourceNames"
+            ])),
+            "unexpected rule fields {keys:?} (no nonResourceURLs)"
         );
+        // Names narrow only the webhook's own Secret and webhook configuration (which
+        // ones: checked against the rendering), never a create.
+        if !rule["resourceNames"].is_null() {
+            let resources = strings(&rule["resources"]);
+            assert!(
+                resources == ["secrets"] || resources == ["validatingwebhookconfigurations"],
+                "resourceNames on {resources:?}"
+            );
+            assert!(
+                !strings(&rule["verbs"]).contains(&"create".to_string()),
+                "{rule}"
+            );
+        }
         for g in strings(&rule["apiGroups"]) {
             for r in strings(&rule["resources"]) {
                 for v in strings(&rule["verbs"]) {
@@ -425,9 +443,29 @@ fn each_deployments_service_account_is_granted_exactly_what_it_calls() {
             &name,
             "webhook",
             &granted_to(&name, &objs, &wsa),
-            &grant_set(&access::webhook_role(auth)),
+            &grant_set(&access::webhook_role(auth, own_certs(&objs))),
         );
         modes.insert((runs_controller(&objs), auth));
+        // The names that narrow its rights are its own Secret and webhook configuration.
+        for r in all(&objs, "ClusterRole")
+            .into_iter()
+            .chain(all(&objs, "Role"))
+        {
+            for rule in r["rules"].as_array().expect("rules") {
+                if rule["resourceNames"].is_null() {
+                    continue;
+                }
+                let want = if strings(&rule["resources"]) == ["secrets"] {
+                    flag(&objs, "--tls-secret").expect("own certificates")
+                } else {
+                    one(&objs, "ValidatingWebhookConfiguration")["metadata"]["name"]
+                        .as_str()
+                        .expect("name")
+                        .to_string()
+                };
+                assert_eq!(strings(&rule["resourceNames"]), [want], "{name}");
+            }
+        }
         if let Some(controller) = deployment(&objs, "controller") {
             let csa = service_account(controller);
             assert_ne!(csa, wsa, "{name}: two ServiceAccounts");
@@ -475,14 +513,18 @@ fn the_webhook_only_reads_and_no_lease_is_granted_outside_the_release_namespace(
         let objs = render(&a);
         let wsa = service_account(deployment(&objs, "webhook").expect("webhook"));
         for (scope, group, resource, verb) in granted_to("webhook", &objs, &wsa) {
-            assert_eq!(scope, Scope::Cluster, "{a:?}");
+            // Reads; a review per scrape; and its own certificates (its Secret in the
+            // release namespace, the caBundle).
+            let own = (resource == "secrets" && scope == Scope::LeaseNamespace)
+                || resource == "validatingwebhookconfigurations";
             assert!(
                 ["get", "list"].contains(&verb.as_str())
-                    || (resource.ends_with("reviews") && verb == "create"),
+                    || (resource.ends_with("reviews") && verb == "create")
+                    || own,
                 "{a:?}: the webhook may {verb} {group}/{resource}"
             );
+            assert!(scope == Scope::Cluster || own, "{a:?}: {resource}");
             assert_ne!(resource, "leases", "{a:?}");
-            assert_ne!(resource, "secrets", "{a:?}");
         }
         // No Lease right in any ClusterRole: the locks and the leader Lease are in the
         // release namespace.
@@ -501,8 +543,12 @@ fn the_webhook_only_reads_and_no_lease_is_granted_outside_the_release_namespace(
     assert_eq!(all(&objs, "Deployment").len(), 1);
     assert_eq!(all(&objs, "ServiceAccount").len(), 1);
     assert_eq!(all(&objs, "ClusterRole").len(), 1);
-    assert!(all(&objs, "Role").is_empty(), "no Lease right at all");
-    assert!(all(&objs, "RoleBinding").is_empty());
+    // The webhook's Role is for its certificates' Secret only: no Lease right at all.
+    for r in all(&objs, "Role") {
+        for (_, _, resource, _) in grants(&r["rules"], Scope::LeaseNamespace) {
+            assert_eq!(resource, "secrets");
+        }
+    }
 }
 
 #[test]
@@ -539,8 +585,13 @@ fn no_role_or_binding_is_left_unbound() {
             1 + per_controller,
             "{name}"
         );
-        // The controller's Leases: a Role in the release namespace.
-        assert_eq!(all(&objs, "Role").len(), per_controller, "{name}");
+        // The controller's Leases, the webhook's certificates: Roles in the release
+        // namespace.
+        assert_eq!(
+            all(&objs, "Role").len(),
+            per_controller + usize::from(own_certs(&objs)),
+            "{name}"
+        );
     }
 }
 
@@ -975,17 +1026,21 @@ fn arguments_point_at_what_is_mounted() {
             Some(rules.as_str()),
             "{name}"
         );
-        let tls = mount_path(&objs, "tls").expect("tls mounted");
-        assert_eq!(
-            flag(&objs, "--tls-cert"),
-            Some(format!("{tls}/tls.crt")),
-            "{name}"
-        );
-        assert_eq!(
-            flag(&objs, "--tls-key"),
-            Some(format!("{tls}/tls.key")),
-            "{name}"
-        );
+        if own_certs(&objs) {
+            assert!(mount_path(&objs, "tls").is_none(), "{name}");
+        } else {
+            let tls = mount_path(&objs, "tls").expect("tls mounted");
+            assert_eq!(
+                flag(&objs, "--tls-cert"),
+                Some(format!("{tls}/tls.crt")),
+                "{name}"
+            );
+            assert_eq!(
+                flag(&objs, "--tls-key"),
+                Some(format!("{tls}/tls.key")),
+                "{name}"
+            );
+        }
         assert!(
             args(&objs).contains(&"--no-controller".to_string()),
             "{name}"
@@ -1351,7 +1406,7 @@ fn handshake(cert_pem: &[u8], key_pem: &[u8], ca_pem: &[u8], name: &str) -> Resu
 
 #[test]
 fn the_generated_certificate_serves_the_service_name_under_the_ca_bundle() {
-    let objs = render(&[]);
+    let objs = render(&IN_CHART);
     let secret = one(&objs, "Secret");
     assert_eq!(secret["type"], "kubernetes.io/tls");
     let tls_volume = volume(&objs, "tls").expect("tls volume");
@@ -1381,12 +1436,75 @@ fn the_generated_certificate_serves_the_service_name_under_the_ca_bundle() {
     let other = handshake(&crt, &key, &ca, &format!("other.{NAMESPACE}.svc"))
         .expect_err("a name the certificate does not carry");
     assert!(other.contains("client"), "{other}");
-    let fresh = render(&[]);
+    let fresh = render(&IN_CHART);
     let other_ca = b64(one(&fresh, "Secret")["data"]["ca.crt"]
         .as_str()
         .expect("ca"));
     assert_ne!(other_ca, ca, "each install generates its own CA");
     handshake(&crt, &key, &other_ca, &svc).expect_err("a CA that did not sign it");
+}
+
+/// The chart generating the certificates at render time (not the default).
+const IN_CHART: [&str; 2] = ["--set", "selfSignedCert.generateInChart=true"];
+
+/// Whether the webhook pods keep their own certificates (`--tls-secret`).
+fn own_certs(objs: &[Value]) -> bool {
+    flag(objs, "--tls-secret").is_some()
+}
+
+#[test]
+fn by_default_the_webhook_keeps_its_own_certificates_and_every_render_is_the_same() {
+    let objs = render(&[]);
+    assert!(own_certs(&objs));
+    assert_eq!(flag(&objs, "--tls-secret"), Some(format!("{FULLNAME}-tls")));
+    assert_eq!(
+        flag(&objs, "--webhook-configuration"),
+        Some(format!("{FULLNAME}-{NAMESPACE}"))
+    );
+    assert_eq!(
+        flag(&objs, "--service-name").as_deref(),
+        one(&objs, "Service")["metadata"]["name"].as_str()
+    );
+    assert_eq!(
+        flag(&objs, "--lease-namespace").as_deref(),
+        Some("$(POD_NAMESPACE)")
+    );
+    assert!(flag(&objs, "--tls-cert").is_none() && volume(&objs, "tls").is_none());
+    assert!(
+        all(&objs, "Secret").is_empty(),
+        "no Secret rendered: the pods make it"
+    );
+    for h in one(&objs, "ValidatingWebhookConfiguration")["webhooks"]
+        .as_array()
+        .expect("webhooks")
+    {
+        assert!(
+            h["clientConfig"]["caBundle"].is_null(),
+            "set at run time: {h}"
+        );
+    }
+    // The same text at every render, for every value set but the in-chart generation.
+    for args in [vec![]].into_iter().chain(
+        scenarios()
+            .into_iter()
+            .skip(1)
+            .map(|(n, _)| vec!["--values".to_string(), n]),
+    ) {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (one_, two) = (
+            template(&a).expect("renders"),
+            template(&a).expect("renders"),
+        );
+        assert!(one_ == two, "{a:?}: two renders differ");
+    }
+    let (one_, two) = (
+        template(&IN_CHART).expect("r"),
+        template(&IN_CHART).expect("r"),
+    );
+    assert_ne!(
+        one_, two,
+        "the in-chart generation makes new certificates each time"
+    );
 }
 
 /// The serving Certificate: the one whose Secret the pods mount.

@@ -9,8 +9,8 @@
 //! scrape). [`REQUIRED`] is the webhook's and the controller's calls together.
 //!
 //! The chart runs two Deployments, each with its own ServiceAccount, and grants each
-//! exactly its role: [`webhook_role`] to the webhook pods (reads only, no Lease, no Talos
-//! credentials), [`controller_role`] to the controller pods. `charts/ichor-rules/files/
+//! exactly its role: [`webhook_role`] to the webhook pods (reads, and with certificates of
+//! their own [`CERTS`]: their Secret and the caBundle; no Lease, no Talos credentials), [`controller_role`] to the controller pods. `charts/ichor-rules/files/
 //! access.yaml` is these roles as RBAC rules, generated from this file (tests/chart.rs
 //! fails, printing the new text, when it drifts), and the chart's templates render their
 //! ClusterRoles and Roles from it.
@@ -43,6 +43,7 @@ const COORDINATION: &str = "coordination.k8s.io";
 const EVENTS: &str = "events.k8s.io";
 const AUTHENTICATION: &str = "authentication.k8s.io";
 const AUTHORIZATION: &str = "authorization.k8s.io";
+const ADMISSIONREGISTRATION: &str = "admissionregistration.k8s.io";
 
 /// The API calls of the webhook alone (`serve --no-controller`), and nothing more: the live
 /// reads of a decision (`LiveReader::snapshot`: a LIST of the request's namespace's
@@ -182,12 +183,35 @@ pub const METRICS_AUTH: &[Access] = &[
     },
 ];
 
-/// What the webhook Deployment's ServiceAccount is granted: [`WEBHOOK`], and with
-/// authenticated metrics [`METRICS_AUTH`].
-pub fn webhook_role(metrics_auth: bool) -> Vec<Access> {
+/// What a webhook replica managing its own certificates (`serve --tls-secret`, the
+/// chart's default) calls: its Secret in the operator's namespace (read, created by the
+/// first replica, replaced at rotation) and the ValidatingWebhookConfiguration whose
+/// caBundle it sets (read, replaced). The chart narrows the gets and updates to those two
+/// objects by name (`resourceNames`); a create cannot be narrowed so.
+pub const CERTS: &[Access] = &[
+    Access {
+        api_group: CORE,
+        resource: "secrets",
+        verbs: &["get", "create", "update"],
+        scope: Scope::LeaseNamespace,
+    },
+    Access {
+        api_group: ADMISSIONREGISTRATION,
+        resource: "validatingwebhookconfigurations",
+        verbs: &["get", "update"],
+        scope: Scope::Cluster,
+    },
+];
+
+/// What the webhook Deployment's ServiceAccount is granted: [`WEBHOOK`], with
+/// authenticated metrics [`METRICS_AUTH`], and with certificates of its own [`CERTS`].
+pub fn webhook_role(metrics_auth: bool, own_certs: bool) -> Vec<Access> {
     let mut out = WEBHOOK.to_vec();
     if metrics_auth {
         out.extend_from_slice(METRICS_AUTH);
+    }
+    if own_certs {
+        out.extend_from_slice(CERTS);
     }
     out
 }
@@ -249,10 +273,11 @@ pub fn chart_access_yaml() -> String {
         "# Generated from src/runtime/access.rs (chart_access_yaml); do not edit. tests/chart.rs\n\
          # prints the new text when the code's calls change.\n",
     );
-    let roles: [(&str, Vec<Access>); 3] = [
-        ("webhook", webhook_role(false)),
+    let roles: [(&str, Vec<Access>); 4] = [
+        ("webhook", webhook_role(false, false)),
         ("controller", controller_role(false)),
         ("metricsAuth", METRICS_AUTH.to_vec()),
+        ("certs", CERTS.to_vec()),
     ];
     for (name, role) in &roles {
         out.push_str(&format!("{name}:\n"));

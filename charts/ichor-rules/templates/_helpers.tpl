@@ -293,3 +293,9 @@ podAntiAffinity:
 - name: RUST_LOG
   value: {{ .Values.server.logLevel | quote }}
 {{- end }}
+
+{{/* "true" when the webhook pods make and keep their certificates themselves (`serve
+--tls-secret`, the default): neither cert-manager nor selfSignedCert.generateInChart. */}}
+{{- define "ichor-rules.ownCerts" -}}
+{{- if not (or .Values.certManager.enabled .Values.selfSignedCert.generateInChart) }}true{{ end }}
+{{- end }}
