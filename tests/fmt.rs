@@ -66,11 +66,32 @@ fn check_exits_1_with_a_diff_and_fmt_rewrites_keeping_comments() {
     std::fs::write(&file, MESSY).expect("write");
     let out = run(&["fmt", "--check", s(&file)]);
     assert_eq!(out.code, 1, "{}{}", out.stdout, out.stderr);
-    assert!(out.stdout.contains(&format!("--- {}", s(&file))), "{}", out.stdout);
-    assert!(out.stdout.contains("-let   a=approved-1 # left after"), "{}", out.stdout);
-    assert!(out.stdout.contains("+let a      = approved - 1  # left after"), "{}", out.stdout);
-    assert!(out.stdout.contains("1 of 1 files are not formatted"), "{}", out.stdout);
-    assert_eq!(std::fs::read_to_string(&file).expect("read"), MESSY, "--check changes nothing");
+    assert!(
+        out.stdout.contains(&format!("--- {}", s(&file))),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("-let   a=approved-1 # left after"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout
+            .contains("+let a      = approved - 1  # left after"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("1 of 1 files are not formatted"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(
+        std::fs::read_to_string(&file).expect("read"),
+        MESSY,
+        "--check changes nothing"
+    );
     let out = run(&["fmt", s(&file)]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert!(out.stdout.contains("formatted"), "{}", out.stdout);
@@ -91,7 +112,10 @@ fn a_file_that_does_not_parse_is_exit_2_and_left_alone() {
     let out = run(&["fmt", s(&file)]);
     assert_eq!(out.code, 2);
     assert!(out.stderr.contains("does not parse"), "{}", out.stderr);
-    assert_eq!(std::fs::read_to_string(&file).expect("read"), "rule r refuse\n");
+    assert_eq!(
+        std::fs::read_to_string(&file).expect("read"),
+        "rule r refuse\n"
+    );
     let out = run(&["fmt", "no/such/rules"]);
     assert_eq!(out.code, 2);
     assert!(out.stderr.contains("no/such/rules"), "{}", out.stderr);
@@ -137,7 +161,11 @@ fn operand() -> impl Strategy<Value = Vec<Piece>> {
 
 fn comparison() -> impl Strategy<Value = Vec<Piece>> {
     prop_oneof![
-        (operand(), prop::sample::select(vec!["<", "<=", ">", ">=", "==", "!="]), operand())
+        (
+            operand(),
+            prop::sample::select(vec!["<", "<=", ">", ">=", "==", "!="]),
+            operand()
+        )
             .prop_map(|(mut a, op, b)| {
                 a.extend([Piece::Gap, Piece::Tok(op.into()), Piece::Gap]);
                 a.extend(b);
@@ -152,13 +180,16 @@ fn condition() -> impl Strategy<Value = Vec<Piece>> {
     let leaf = comparison();
     leaf.prop_recursive(3, 12, 2, |inner| {
         prop_oneof![
-            (inner.clone(), prop::sample::select(vec!["and", "or"]), inner.clone()).prop_map(
-                |(mut a, op, b)| {
+            (
+                inner.clone(),
+                prop::sample::select(vec!["and", "or"]),
+                inner.clone()
+            )
+                .prop_map(|(mut a, op, b)| {
                     a.extend([Piece::Gap, Piece::Tok(op.into()), Piece::Gap]);
                     a.extend(b);
                     a
-                }
-            ),
+                }),
             inner.clone().prop_map(|a| {
                 let mut v = vec![Piece::Tok("not".into()), Piece::Gap, Piece::Tok("(".into())];
                 v.push(Piece::Gap);
@@ -208,7 +239,11 @@ fn statement(n: usize) -> impl Strategy<Value = Vec<Piece>> {
         message(),
     )
         .prop_map(move |(head, when, unless, reason, say)| {
-            let mut v = vec![Piece::Tok("rule".into()), Piece::Gap, Piece::Tok(name.clone())];
+            let mut v = vec![
+                Piece::Tok("rule".into()),
+                Piece::Gap,
+                Piece::Tok(name.clone()),
+            ];
             for w in head.split(' ') {
                 v.push(Piece::Gap);
                 v.push(Piece::Tok(w.into()));
@@ -272,7 +307,7 @@ fn layout(pieces: &[Piece], choices: &[u8]) -> (String, Vec<String>) {
                 let choice = *c.next().unwrap_or(&0) % 9;
                 // A token followed by no gap (`-1`) is written tight.
                 match choice {
-                    0 | 1 | 2 => out.push(' '),
+                    0..=2 => out.push(' '),
                     3 => out.push_str("   "),
                     4 => out.push('\n'),
                     5 => out.push_str("\n\n  "),
@@ -298,7 +333,12 @@ fn layout(pieces: &[Piece], choices: &[u8]) -> (String, Vec<String>) {
 /// them; nothing else may change).
 fn table(file: &Path) -> Value {
     let out = run(&["table", "--format", "json", s(file)]);
-    assert!(out.code == 0 || out.code == 1, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.code == 0 || out.code == 1,
+        "{}{}",
+        out.stdout,
+        out.stderr
+    );
     let mut v: Value = serde_json::from_str(&out.stdout)
         .unwrap_or_else(|e| panic!("table JSON ({e}): {}{}", out.stdout, out.stderr));
     fn strip(v: &mut Value) {

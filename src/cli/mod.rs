@@ -40,6 +40,8 @@ pub enum Format {
     Json,
 }
 
+// Parsed once per process: the size of its largest variant (serve's many flags) costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Parse, type-check and lint rule files (files or folders; default `rules/`).

@@ -228,7 +228,11 @@ impl Formatter<'_> {
 
     fn blank(&mut self) {
         self.flush();
-        if self.lines.last().is_some_and(|l| !l.code.is_empty() || l.comment.is_some()) {
+        if self
+            .lines
+            .last()
+            .is_some_and(|l| !l.code.is_empty() || l.comment.is_some())
+        {
             self.lines.push(Line {
                 code: String::new(),
                 comment: None,
@@ -376,7 +380,11 @@ impl Formatter<'_> {
             .filter(|(_, t)| {
                 matches!(
                     t.rule,
-                    Rule::kw_let | Rule::kw_rule | Rule::kw_allow | Rule::kw_plan | Rule::kw_invariant
+                    Rule::kw_let
+                        | Rule::kw_rule
+                        | Rule::kw_allow
+                        | Rule::kw_plan
+                        | Rule::kw_invariant
                 )
             })
             .map(|(k, _)| k)
@@ -398,11 +406,11 @@ impl Formatter<'_> {
                     t
                 };
                 for c in trailing {
-                    if self.at_start {
-                        if let Some(last) = self.lines.last_mut().filter(|l| l.comment.is_none()) {
-                            last.comment = Some(c.text);
-                            continue;
-                        }
+                    if self.at_start
+                        && let Some(last) = self.lines.last_mut().filter(|l| l.comment.is_none())
+                    {
+                        last.comment = Some(c.text);
+                        continue;
                     }
                     self.cur_comment = Some(c.text);
                 }
@@ -553,7 +561,12 @@ impl Formatter<'_> {
         self.newline(0, 4);
         // `rule NAME`
         self.run(self.next + 2);
-        let clause_kw = [Rule::kw_when, Rule::kw_unless, Rule::kw_reason, Rule::kw_say];
+        let clause_kw = [
+            Rule::kw_when,
+            Rule::kw_unless,
+            Rule::kw_reason,
+            Rule::kw_say,
+        ];
         let head_end = self.find(self.next, end, &clause_kw);
         // The verdict line.
         self.newline(2, 6);
@@ -564,7 +577,12 @@ impl Formatter<'_> {
 
     fn invariant_def(&mut self, end: usize) {
         self.newline(0, 4);
-        let clause_kw = [Rule::kw_when, Rule::kw_unless, Rule::kw_ensure, Rule::kw_say];
+        let clause_kw = [
+            Rule::kw_when,
+            Rule::kw_unless,
+            Rule::kw_ensure,
+            Rule::kw_say,
+        ];
         let head_end = self.find(self.next, end, &clause_kw);
         self.run(head_end);
         self.clauses(end, head_end);
@@ -648,7 +666,12 @@ impl Formatter<'_> {
                     Some((name.to_string(), expr.to_string()))
                 })
                 .collect();
-            let width = names.iter().flatten().map(|(n, _)| n.len()).max().unwrap_or(0);
+            let width = names
+                .iter()
+                .flatten()
+                .map(|(n, _)| n.len())
+                .max()
+                .unwrap_or(0);
             for (l, n) in self.lines[k..e].iter_mut().zip(&names) {
                 if let Some((name, expr)) = n {
                     l.code = format!("let {name:<width$} = {expr}");
@@ -708,7 +731,10 @@ mod tests {
         let text = "rule r\n  refuse remove controlplane\n  when approved > 1 # why\n    and workers > 0\n  # before the message\n  say \"m\"\n";
         let got = format(text).expect("formats");
         assert!(got.contains("when approved > 1  # why\n"), "{got}");
-        assert!(got.contains("  # before the message\n  say \"m\"\n"), "{got}");
+        assert!(
+            got.contains("  # before the message\n  say \"m\"\n"),
+            "{got}"
+        );
         assert_eq!(format(&got).expect("formats"), got);
     }
 
