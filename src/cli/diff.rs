@@ -27,6 +27,7 @@ pub struct DiffArgs {
     /// TalosOperations created in one run of the model.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=4))]
     pub max_operations: u8,
+    /// Output format: `human` (text) or `json`.
     #[arg(long, value_enum, default_value_t = Format::Human)]
     pub format: Format,
     /// Write each group's witness (objects.yaml + review.json, for `eval`) to DIR/group-N/.

@@ -46,7 +46,11 @@ pub enum Format {
 pub enum Command {
     /// Parse, type-check and lint rule files (files or folders; default `rules/`).
     Check {
+        /// Rule files or folders (a folder means its `.rules` files); default `rules/`.
         paths: Vec<PathBuf>,
+        /// Rule files or folders, as every command takes them (with the paths above).
+        #[arg(long = "rules", value_name = "PATH")]
+        rules: Vec<PathBuf>,
         /// Output format.
         #[arg(long, value_enum, default_value_t = Format::Human)]
         format: Format,
@@ -56,7 +60,11 @@ pub enum Command {
     },
     /// Print the compiled decision table for reviewers.
     Table {
+        /// Rule files or folders (a folder means its `.rules` files); default `rules/`.
         paths: Vec<PathBuf>,
+        /// Rule files or folders, as every command takes them (with the paths above).
+        #[arg(long = "rules", value_name = "PATH")]
+        rules: Vec<PathBuf>,
         /// Output format (`human` is the text table).
         #[arg(long, value_enum, default_value_t = Format::Human)]
         format: Format,
@@ -94,10 +102,19 @@ pub fn run(cli: Cli) -> ExitCode {
     let code = match cli.command {
         Command::Check {
             paths,
+            rules,
             format,
             deny_warnings,
-        } => check::run(&default_paths(paths), format, deny_warnings),
-        Command::Table { paths, format } => table::run(&default_paths(paths), format),
+        } => check::run(
+            &default_paths([paths, rules].concat()),
+            format,
+            deny_warnings,
+        ),
+        Command::Table {
+            paths,
+            rules,
+            format,
+        } => table::run(&default_paths([paths, rules].concat()), format),
         Command::Eval(args) => eval::run(&args, false),
         Command::Explain(args) => eval::run(&args, true),
         Command::Crds => crds::run(),
@@ -105,7 +122,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Fmt(args) => fmt::run(&args),
         Command::Diff(args) => diff::run(&args),
         Command::Verify(args) => {
-            let paths = default_paths(args.paths.clone());
+            let paths = default_paths([args.paths.clone(), args.rules.clone()].concat());
             verify::run(&args, &paths)
         }
         Command::Serve(args) => serve::run(&args),

@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 pub struct VerifyArgs {
     /// Rule files or folders (default `rules/`); the invariants are among them.
     pub paths: Vec<PathBuf>,
+    /// Rule files or folders, as every command takes them (with the paths above).
+    #[arg(long = "rules", value_name = "PATH")]
+    pub rules: Vec<PathBuf>,
     /// Control-plane machines in the model (approved or waiting to be). Without any bound
     /// flag, `verify` runs its default suite (docs/rules.md, "verify").
     #[arg(long, value_parser = clap::value_parser!(u8).range(1..=12))]
@@ -33,6 +36,7 @@ pub struct VerifyArgs {
     /// Steps from a starting state after which exploration stops (reported when reached).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub depth: u32,
+    /// Output format: `human` (text) or `json`.
     #[arg(long, value_enum, default_value_t = Format::Human)]
     pub format: Format,
     /// Write every admission step of the shortest counterexample as DIR/step-N/
