@@ -216,7 +216,8 @@ impl<'a> Facts<'a> for Fixed {
             | Fact::Failed
             | Fact::Paused
             | Fact::UnfinishedExists
-            | Fact::UnfinishedParked => Value::Bool(false),
+            | Fact::UnfinishedParked
+            | Fact::RequestByController => Value::Bool(false),
         })
     }
 }
