@@ -80,3 +80,74 @@ fn check_and_table_take_rules_as_a_flag_or_positionally() {
     let (code, _) = run(&["check", "--rules", "no-such-folder"]);
     assert_eq!(code, 2);
 }
+
+/// `completions bash|zsh|fish` prints a script each shell accepts: bash and zsh parse it
+/// (`-n`), fish when installed; every subcommand is in it.
+#[test]
+fn completions_for_bash_zsh_and_fish() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = Command::new(BIN)
+            .args(["completions", shell])
+            .output()
+            .expect("runs");
+        assert_eq!(out.status.code(), Some(0), "{shell}");
+        let script = String::from_utf8_lossy(&out.stdout).into_owned();
+        for sub in [
+            "check",
+            "table",
+            "eval",
+            "explain",
+            "serve",
+            "verify",
+            "completions",
+        ] {
+            assert!(script.contains(sub), "{shell} script lacks `{sub}`");
+        }
+        let path =
+            std::env::temp_dir().join(format!("ichor-completions-{}-{shell}", std::process::id()));
+        std::fs::write(&path, &script).expect("write");
+        // Syntax check with the shell itself, where it is installed.
+        if let Ok(status) = Command::new(shell).arg("-n").arg(&path).status() {
+            assert!(status.success(), "{shell} -n rejects the script");
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+    let out = Command::new(BIN)
+        .args(["completions", "powershell-nope"])
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(2));
+}
+
+/// The LICENSE file is the license Cargo.toml names.
+#[test]
+fn the_license_file_matches_cargo_toml() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).expect("Cargo.toml");
+    assert!(
+        manifest
+            .lines()
+            .any(|l| l.trim() == "license = \"Apache-2.0\""),
+        "Cargo.toml's license changed: update LICENSE and this test"
+    );
+    let license = std::fs::read_to_string(root.join("LICENSE")).expect("a LICENSE file");
+    assert!(license.trim_start().starts_with("Apache License"));
+    assert!(license.contains("Version 2.0, January 2004"));
+    assert!(license.contains("END OF TERMS AND CONDITIONS"));
+}
+
+/// The README keeps its two commands first and says how to install.
+#[test]
+fn the_readme_says_how_to_install() {
+    let readme =
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+            .expect("README.md");
+    let first = readme
+        .find("cargo run --release -- check rules/")
+        .expect("first command");
+    let second = readme.find("bash scripts/test.sh").expect("second command");
+    let install = readme
+        .find("cargo install --path .")
+        .expect("cargo install");
+    assert!(first < second && second < install);
+}

@@ -95,6 +95,34 @@ pub enum Command {
     /// Print the CustomResourceDefinitions of TalosCluster, TalosMachine and TalosOperation
     /// (YAML, one document each).
     Crds,
+    /// Print a shell completion script: `ichor-rules completions bash > /etc/bash_completion.d/ichor-rules`
+    /// (zsh: a file `_ichor-rules` on `$fpath`; fish: `~/.config/fish/completions/ichor-rules.fish`).
+    Completions {
+        /// The shell to complete in.
+        #[arg(value_enum)]
+        shell: CompletionShell,
+    },
+}
+
+/// The shells `completions` writes scripts for.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CompletionShell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+/// The completion script for `shell`, generated from the command line's own definition.
+pub fn completion_script(shell: CompletionShell) -> Vec<u8> {
+    use clap::CommandFactory;
+    let shell = match shell {
+        CompletionShell::Bash => clap_complete::Shell::Bash,
+        CompletionShell::Zsh => clap_complete::Shell::Zsh,
+        CompletionShell::Fish => clap_complete::Shell::Fish,
+    };
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "ichor-rules", &mut out);
+    out
 }
 
 /// Runs a parsed command line.
@@ -118,6 +146,12 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Eval(args) => eval::run(&args, false),
         Command::Explain(args) => eval::run(&args, true),
         Command::Crds => crds::run(),
+        Command::Completions { shell } => {
+            match emit(&String::from_utf8_lossy(&completion_script(shell))) {
+                Ok(()) => EXIT_OK,
+                Err(code) => code,
+            }
+        }
         Command::Test(args) => test::run(&args),
         Command::Fmt(args) => fmt::run(&args),
         Command::Diff(args) => diff::run(&args),
