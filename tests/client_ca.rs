@@ -13,8 +13,8 @@ mod https;
 
 use apiserver::ApiServer;
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
-    IsCa, Issuer, KeyPair,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair,
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use std::net::SocketAddr;
@@ -80,17 +80,24 @@ fn client_config(server_ca: &Ca, client: Option<&(String, String)>) -> Arc<rustl
         None => builder.with_no_client_auth(),
         Some((cert, key)) => {
             use rustls::pki_types::pem::PemObject;
-            let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert.as_bytes())
-                .collect::<Result<_, _>>()
-                .expect("chain");
+            let chain: Vec<CertificateDer<'static>> =
+                CertificateDer::pem_slice_iter(cert.as_bytes())
+                    .collect::<Result<_, _>>()
+                    .expect("chain");
             let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("key");
-            builder.with_client_auth_cert(chain, key).expect("client cert")
+            builder
+                .with_client_auth_cert(chain, key)
+                .expect("client cert")
         }
     })
 }
 
 /// `GET path` over TLS; the status code, or why there was none.
-async fn get(addr: SocketAddr, config: &Arc<rustls::ClientConfig>, path: &str) -> Result<u16, String> {
+async fn get(
+    addr: SocketAddr,
+    config: &Arc<rustls::ClientConfig>,
+    path: &str,
+) -> Result<u16, String> {
     let tcp = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| e.to_string())?;
@@ -125,7 +132,11 @@ async fn only_a_client_the_client_ca_signed_completes_the_handshake() {
     let api = ApiServer::start().await;
     let dir = scratch("serve");
     let server_ca = ca("webhook CA");
-    let (crt, key) = leaf(&server_ca, &["127.0.0.1"], ExtendedKeyUsagePurpose::ServerAuth);
+    let (crt, key) = leaf(
+        &server_ca,
+        &["127.0.0.1"],
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
     let client_ca = ca("API server client CA");
     let apiserver_cert = leaf(
         &client_ca,
@@ -196,7 +207,14 @@ fn a_client_ca_file_without_a_certificate_is_refused_at_start() {
     write(&dir, "tls.key", &ck.signing_key.serialize_pem());
     let empty = write(&dir, "empty.crt", "not a certificate\n");
     let out = Command::new(BIN)
-        .args(["serve", "--no-controller", "--rules", "rules", "--listen", "127.0.0.1:0"])
+        .args([
+            "serve",
+            "--no-controller",
+            "--rules",
+            "rules",
+            "--listen",
+            "127.0.0.1:0",
+        ])
         .args(["--api-server", "http://127.0.0.1:9"])
         .arg("--tls-cert")
         .arg(dir.join("tls.crt"))

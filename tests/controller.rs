@@ -206,11 +206,7 @@ async fn operations_park_while_even_and_resume_by_themselves_when_odd() {
     let op = get(&api, "TalosOperation", "upgrade-1").expect("op");
     assert_eq!(op["status"]["phase"], "Paused");
     // Parked holds no lock.
-    assert!(
-        lock_leases(&api).is_empty(),
-        "{:?}",
-        lock_leases(&api)
-    );
+    assert!(lock_leases(&api).is_empty(), "{:?}", lock_leases(&api));
     // A restore is a recovery: never parked.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(cond(&api, "TalosOperation", "restore-1", "Paused"), None);
@@ -760,7 +756,9 @@ async fn cluster_locks_live_in_the_operators_namespace_named_per_cluster() {
         namespace: NS,
         name: "upgrade-1",
     };
-    let got = disruptive::acquire(&ctx, NS, "prod", work).await.expect("api");
+    let got = disruptive::acquire(&ctx, NS, "prod", work)
+        .await
+        .expect("api");
     assert!(matches!(got, Ok(Acquired::Taken)), "{got:?}");
     assert!(api.objects("Lease", Some(NS)).is_empty(), "nothing in {NS}");
     let locks = lock_leases(&api);
@@ -835,13 +833,19 @@ async fn a_lock_the_previous_version_held_is_honoured_until_it_expires() {
     let lock_duration = ctx.settings.lock_duration;
     let leading = Arc::new(AtomicBool::new(false));
     let task = tokio::spawn(leader::run(ctx.clone(), leading.clone()));
-    wait_for("the new replica leads", WAIT, || leading.load(Ordering::Relaxed)).await;
+    wait_for("the new replica leads", WAIT, || {
+        leading.load(Ordering::Relaxed)
+    })
+    .await;
     let took_over = std::time::Instant::now();
     let work = Work::Operation {
         namespace: NS,
         name: "upgrade-1",
     };
-    match disruptive::acquire(&ctx, NS, "prod", work).await.expect("api") {
+    match disruptive::acquire(&ctx, NS, "prod", work)
+        .await
+        .expect("api")
+    {
         Err(Refused::Held { holder }) => {
             assert!(
                 holder.contains("previous version") && holder.contains("infra/ichor-lock-prod"),
@@ -850,11 +854,17 @@ async fn a_lock_the_previous_version_held_is_honoured_until_it_expires() {
         }
         other => panic!("the old lock is not honoured: {other:?}"),
     }
-    assert!(lock_leases(&api).is_empty(), "no new lock while the old may be held");
+    assert!(
+        lock_leases(&api).is_empty(),
+        "no new lock while the old may be held"
+    );
     // Once it has expired, the work takes the new lock.
     let mut taken = None;
     while took_over.elapsed() < lock_duration + Duration::from_secs(5) {
-        if let Ok(a) = disruptive::acquire(&ctx, NS, "prod", work).await.expect("api") {
+        if let Ok(a) = disruptive::acquire(&ctx, NS, "prod", work)
+            .await
+            .expect("api")
+        {
             taken = Some(took_over.elapsed());
             assert_eq!(a, Acquired::Taken);
             break;
@@ -890,12 +900,18 @@ async fn a_lock_the_previous_version_held_is_honoured_until_it_expires() {
     let next = context(&api, "replica-next", None);
     let leading = Arc::new(AtomicBool::new(false));
     let task = tokio::spawn(leader::run(next.clone(), leading.clone()));
-    wait_for("the next replica leads", WAIT, || leading.load(Ordering::Relaxed)).await;
+    wait_for("the next replica leads", WAIT, || {
+        leading.load(Ordering::Relaxed)
+    })
+    .await;
     let other = Work::Operation {
         namespace: NS,
         name: "upgrade-2",
     };
-    match disruptive::acquire(&next, NS, "prod", other).await.expect("api") {
+    match disruptive::acquire(&next, NS, "prod", other)
+        .await
+        .expect("api")
+    {
         Err(Refused::Held { holder }) => assert_eq!(holder, "TalosOperation infra/upgrade-1"),
         got => panic!("{got:?}"),
     }

@@ -122,12 +122,16 @@ async fn get(
                 .connect(ServerName::try_from("127.0.0.1").expect("name"), tcp)
                 .await
                 .map_err(|e| format!("handshake: {e}"))?;
-            s.write_all(req.as_bytes()).await.map_err(|e| e.to_string())?;
+            s.write_all(req.as_bytes())
+                .await
+                .map_err(|e| e.to_string())?;
             let _ = s.read_to_string(&mut text).await;
         }
         None => {
             let mut s = tcp;
-            s.write_all(req.as_bytes()).await.map_err(|e| e.to_string())?;
+            s.write_all(req.as_bytes())
+                .await
+                .map_err(|e| e.to_string())?;
             let _ = s.read_to_string(&mut text).await;
         }
     }
@@ -209,7 +213,9 @@ async fn metrics_answer_401_without_a_token_403_without_the_permission_and_200_w
     wait_status(listen, Some(&tls), "/healthz", None, 200).await;
     let _ = api.store.faults.take_log();
 
-    let (code, _) = get(metrics, Some(&tls), "/metrics", None).await.expect("get");
+    let (code, _) = get(metrics, Some(&tls), "/metrics", None)
+        .await
+        .expect("get");
     assert_eq!(code, 401, "no token");
     assert_eq!(reviews(&api), (0, 0), "nothing to review without a token");
     let (code, _) = get(metrics, Some(&tls), "/metrics", Some("not-a-token"))
@@ -220,8 +226,14 @@ async fn metrics_answer_401_without_a_token_403_without_the_permission_and_200_w
     let (code, body) = get(metrics, Some(&tls), "/metrics", Some("tok-app"))
         .await
         .expect("get");
-    assert_eq!(code, 403, "authenticated, but not allowed to get /metrics: {body}");
-    assert!(body.contains("system:serviceaccount:shop:frontend"), "{body}");
+    assert_eq!(
+        code, 403,
+        "authenticated, but not allowed to get /metrics: {body}"
+    );
+    assert!(
+        body.contains("system:serviceaccount:shop:frontend"),
+        "{body}"
+    );
     assert_eq!(reviews(&api), (1, 1));
     let (code, body) = get(metrics, Some(&tls), "/metrics", Some("tok-prometheus"))
         .await
@@ -267,7 +279,12 @@ async fn the_controller_alone_listens_only_for_its_probes_and_metrics() {
             .args(["--health-listen", &health.to_string()])
             .args(["--metrics-listen", &metrics.to_string()])
             .args(["--api-server", &api.url()])
-            .args(["--identity", "controller-0", "--lease-namespace", "ichor-system"])
+            .args([
+                "--identity",
+                "controller-0",
+                "--lease-namespace",
+                "ichor-system",
+            ])
             .stderr(Stdio::null())
             .spawn()
             .expect("serve starts"),
@@ -281,7 +298,9 @@ async fn the_controller_alone_listens_only_for_its_probes_and_metrics() {
         "no webhook listener"
     );
     let tls = client_config(None);
-    let (code, _) = get(metrics, Some(&tls), "/metrics", None).await.expect("get");
+    let (code, _) = get(metrics, Some(&tls), "/metrics", None)
+        .await
+        .expect("get");
     assert_eq!(code, 401);
     let (code, _) = get(metrics, Some(&tls), "/metrics", Some("tok-app"))
         .await
@@ -318,7 +337,11 @@ async fn metrics_insecure_serves_anyone_for_local_use() {
         Command::new(BIN)
             .args(["serve", "--no-controller", "--rules", "rules"])
             .args(["--listen", &listen.to_string()])
-            .args(["--metrics-listen", &metrics.to_string(), "--metrics-insecure"])
+            .args([
+                "--metrics-listen",
+                &metrics.to_string(),
+                "--metrics-insecure",
+            ])
             .args(["--api-server", &api.url()])
             .arg("--tls-cert")
             .arg(dir.join("tls.crt"))
@@ -342,7 +365,13 @@ async fn metrics_insecure_serves_anyone_for_local_use() {
 fn serve_says_what_is_missing_for_each_role() {
     let run = |args: &[&str]| {
         let out = Command::new(BIN)
-            .args(["serve", "--rules", "rules", "--api-server", "http://127.0.0.1:9"])
+            .args([
+                "serve",
+                "--rules",
+                "rules",
+                "--api-server",
+                "http://127.0.0.1:9",
+            ])
             .args(args)
             .output()
             .expect("serve runs");
@@ -359,7 +388,10 @@ fn serve_says_what_is_missing_for_each_role() {
     );
     let (code, err) = run(&["--tls-cert", "x.crt"]);
     assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("--tls-cert is given without --tls-key"), "{err}");
+    assert!(
+        err.contains("--tls-cert is given without --tls-key"),
+        "{err}"
+    );
     let (code, err) = run(&["--no-webhook", "--no-controller"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("cannot be used with"), "{err}");

@@ -153,12 +153,7 @@ async fn replacement_three_to_four_to_three() {
     for r in log.iter().filter(|r| !r.by_test) {
         if let Some((g, res, verb)) = harness::rbac_of(r) {
             assert!(
-                ichor_rules::runtime::access::allows(
-                    &g,
-                    &res,
-                    &verb,
-                    harness::scope_of(r)
-                ),
+                ichor_rules::runtime::access::allows(&g, &res, &verb, harness::scope_of(r)),
                 "not granted: {r:?}"
             );
         }
@@ -576,10 +571,10 @@ async fn an_unreachable_node_says_so_with_the_likely_new_address() {
 /// Transitioning, a parked operation and leader election together use every grant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_calls_made_are_exactly_the_calls_granted() {
+    use base64::Engine as _;
     use ichor_rules::runtime::access::REQUIRED;
     use ichor_rules::runtime::controller::leader;
     use std::sync::atomic::AtomicBool;
-    use base64::Engine as _;
     let mut w = World::start(&["cp-1", "cp-2", "cp-3"], 3).await;
     w.add_control_plane("cp-4").await;
     w.api.insert(web_pod_on("cp-4"));
