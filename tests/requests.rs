@@ -473,3 +473,65 @@ fn bad_request_words_are_exit_2_with_a_clear_line() {
     ]);
     assert_eq!(out.code, 2);
 }
+
+#[test]
+fn status_is_a_write_of_the_status_subresource() {
+    let dir = tmp("status");
+    let objects = write_objects(&dir, &objects_with(None));
+    let file = dir.join("unreachable.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosMachine\nmetadata: {name: cp1, namespace: ns}\nstatus:\n  conditions:\n  - {type: Ready, status: \"False\", reason: NodeUnreachable}\n",
+    )
+    .expect("write");
+    let b = built(&objects, &["--status", file.to_str().expect("utf-8")]);
+    let r = &b["request"];
+    assert_eq!(r["operation"], json!("UPDATE"));
+    assert_eq!(r["subResource"], json!("status"));
+    assert_eq!(r["requestSubResource"], json!("status"));
+    assert_eq!(r["resource"]["resource"], json!("talosmachines"));
+    assert_eq!(
+        r["object"]["spec"], r["oldObject"]["spec"],
+        "only the status changes"
+    );
+    assert_eq!(r["object"]["metadata"], r["oldObject"]["metadata"]);
+    assert_eq!(
+        r["object"]["status"]["conditions"][0]["reason"],
+        json!("NodeUnreachable")
+    );
+    // The shipped rules let only the controller write what decisions read.
+    let out = run(&[
+        "explain",
+        "--objects",
+        &objects,
+        "--status",
+        file.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stdout.contains("report machine at the webhook"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("verdict: refused"), "{}", out.stdout);
+    // A status write needs the live object.
+    let missing = dir.join("missing.yaml");
+    std::fs::write(
+        &missing,
+        "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosMachine\nmetadata: {name: nope, namespace: ns}\nstatus: {}\n",
+    )
+    .expect("write");
+    let out = run(&[
+        "eval",
+        "--objects",
+        &objects,
+        "--status",
+        missing.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(out.code, 2);
+    assert!(
+        out.stderr.contains("holds no TalosMachine ns/nope"),
+        "{}",
+        out.stderr
+    );
+}

@@ -270,11 +270,19 @@ fn files_and_reviews_and_reconciles() {
     objects: objects-stream.yaml
     reconcile: ns/cp1
     expect: {verdict: proceed}
+  - name: a forged NodeUnreachable, as a status write
+    objects: objects-stream.yaml
+    status:
+      apiVersion: ichor.maesh.dev/v1alpha1
+      kind: TalosMachine
+      metadata: {name: cp1, namespace: ns}
+      status: {conditions: [{type: Ready, status: 'False', reason: NodeUnreachable}]}
+    expect: {verdict: refuse, rules: [status-only-by-controller]}
 ",
     );
     let out = run(&["test", &path]);
     assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
-    assert!(out.stdout.contains("3 cases: 3 passed"), "{}", out.stdout);
+    assert!(out.stdout.contains("4 cases: 4 passed"), "{}", out.stdout);
 }
 
 #[test]

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 #[derive(Args, Debug)]
 #[command(group(clap::ArgGroup::new("what").required(true).args([
-    "review", "reconcile", "delete", "apply", "approve", "unapprove", "unschedule"
+    "review", "reconcile", "delete", "apply", "approve", "unapprove", "unschedule", "status"
 ])))]
 pub struct EvalArgs {
     /// Rule files or folders.
@@ -48,6 +48,10 @@ pub struct EvalArgs {
     /// Make a TalosCluster unschedulable: the UPDATE that sets spec.schedulable to "false".
     #[arg(long, value_name = "taloscluster/NAMESPACE/NAME")]
     pub unschedule: Option<String>,
+    /// A write of the status subresource (`kubectl patch --subresource=status`): FILE names
+    /// a live object (kind, metadata) and gives the `status` merged onto its status.
+    #[arg(long, value_name = "FILE")]
+    pub status: Option<PathBuf>,
     /// Print the AdmissionReview the request builds (JSON) instead of deciding it.
     #[arg(long)]
     pub print_review: bool,
@@ -103,6 +107,9 @@ fn form(args: &EvalArgs) -> Result<Option<Form>, String> {
     } else if let Some(path) = &args.apply {
         let text = read_text(path, crate::runtime::webhook::MAX_BODY as u64)?;
         Form::Apply(read_apply_file(path, &text)?)
+    } else if let Some(path) = &args.status {
+        let text = read_text(path, crate::runtime::webhook::MAX_BODY as u64)?;
+        Form::Status(read_apply_file(path, &text)?)
     } else {
         return Ok(None);
     }))
@@ -138,7 +145,7 @@ pub fn run(args: &EvalArgs, explain: bool) -> u8 {
     if args.print_review && form.is_none() {
         return bad(
             "--print-review prints the review a request form builds: give --delete, --apply, \
-             --approve, --unapprove or --unschedule",
+             --approve, --unapprove, --unschedule or --status",
         );
     }
     let body = if let Some(form) = &form {

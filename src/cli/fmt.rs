@@ -2,8 +2,8 @@
 //! (src/syntax/fmt.rs), or with `--check` say which would change, with a diff, for CI.
 
 use super::{EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, emit};
-use crate::diagnostics::render_human;
 use crate::diagnostics::SourceFile;
+use crate::diagnostics::render_human;
 use crate::syntax::fmt::format;
 use clap::Args;
 use std::path::{Path, PathBuf};
@@ -47,7 +47,11 @@ fn files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
 pub fn diff(path: &Path, old: &str, new: &str) -> String {
     let a: Vec<&str> = old.lines().collect();
     let b: Vec<&str> = new.lines().collect();
-    let mut out = format!("--- {}\n+++ {} (formatted)\n", path.display(), path.display());
+    let mut out = format!(
+        "--- {}\n+++ {} (formatted)\n",
+        path.display(),
+        path.display()
+    );
     // Longest common subsequence; rule files are small, and a huge one is shown whole.
     if a.len().saturating_mul(b.len()) > 16_000_000 {
         out.push_str(&format!("@@ -1,{} +1,{} @@\n", a.len(), b.len()));

@@ -81,6 +81,10 @@ pub enum Form {
     /// `kubectl apply -f FILE`: a create when `--objects` does not hold the object, else an
     /// update (the file's fields merged onto the live object).
     Apply(Value),
+    /// `kubectl patch KIND NAME --subresource=status --type merge -p FILE's status`: an
+    /// UPDATE of the status subresource of a live object (the file names it and gives the
+    /// status to merge onto the live one; nothing else of the object changes).
+    Status(Value),
 }
 
 impl Form {
@@ -92,6 +96,7 @@ impl Form {
             Form::Unapprove(_) => "--unapprove",
             Form::Unschedule(_) => "--unschedule",
             Form::Apply(_) => "--apply",
+            Form::Status(_) => "--status",
         }
     }
 }
@@ -269,6 +274,37 @@ pub fn build_review(form: &Form, objects: &[Value], now: &str) -> Result<Value, 
             }
             ("UPDATE", t.clone(), Some(old), Some(new))
         }
+        Form::Status(file) => {
+            let t = Target {
+                kind: KINDS
+                    .iter()
+                    .find(|(k, _, _)| Some(*k) == file.get("kind").and_then(Value::as_str))
+                    .map_or("", |(k, _, _)| *k),
+                namespace: file
+                    .pointer("/metadata/namespace")
+                    .and_then(Value::as_str)
+                    .unwrap_or("default")
+                    .to_string(),
+                name: file
+                    .pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+            };
+            let old = live(&t)?;
+            let Some(status) = file.get("status") else {
+                return Err(format!(
+                    "--status {t}: the file has no `status`; give the status to write"
+                ));
+            };
+            let mut new = old.clone();
+            if let Some(o) = new.as_object_mut() {
+                let mut merged = old.get("status").cloned().unwrap_or(Value::Null);
+                merge(&mut merged, status);
+                o.insert("status".into(), merged);
+            }
+            ("UPDATE", t, Some(old), Some(new))
+        }
         Form::Apply(file) => {
             let kind = file.get("kind").and_then(Value::as_str).unwrap_or("");
             let Some((kind, _, _)) = KINDS.iter().find(|(k, _, _)| *k == kind) else {
@@ -315,7 +351,13 @@ pub fn build_review(form: &Form, objects: &[Value], now: &str) -> Result<Value, 
         Form::Apply(_) => "kubectl-client-side-apply",
         _ => "kubectl-patch",
     };
-    Ok(envelope(op, &target, old, new, manager, now))
+    let mut review = envelope(op, &target, old, new, manager, now);
+    if matches!(form, Form::Status(_)) {
+        // A write of the status subresource, as the API server says it.
+        review["request"]["subResource"] = "status".into();
+        review["request"]["requestSubResource"] = "status".into();
+    }
+    Ok(review)
 }
 
 /// An AdmissionReview of `operation` (CREATE, UPDATE or DELETE) with these objects, as the

@@ -99,6 +99,8 @@ struct CaseSpec {
     #[serde(default)]
     unschedule: Option<String>,
     #[serde(default)]
+    status: Option<Entry>,
+    #[serde(default)]
     reconcile: Option<String>,
     expect: Expect,
 }
@@ -318,6 +320,7 @@ impl Loader<'_> {
             ("approve", spec.approve.is_some()),
             ("unapprove", spec.unapprove.is_some()),
             ("unschedule", spec.unschedule.is_some()),
+            ("status", spec.status.is_some()),
             ("reconcile", spec.reconcile.is_some()),
         ]
         .into_iter()
@@ -326,7 +329,7 @@ impl Loader<'_> {
         if given.len() != 1 {
             return Err(format!(
                 "a case gives exactly one request (review, delete, apply, approve, unapprove, \
-                 unschedule) or reconcile; this one gives {}",
+                 unschedule, status) or reconcile; this one gives {}",
                 if given.is_empty() {
                     "none".to_string()
                 } else {
@@ -365,7 +368,7 @@ impl Loader<'_> {
             Request::Form(Form::Unapprove(target("unapprove", t)?))
         } else if let Some(t) = &spec.unschedule {
             Request::Form(Form::Unschedule(target("unschedule", t)?))
-        } else if let Some(e) = &spec.apply {
+        } else if let Some(e) = spec.apply.as_ref().or(spec.status.as_ref()) {
             let value = match e {
                 Entry::Ref(r) if Self::is_file_ref(r) => {
                     let path = self.resolve(r);
@@ -378,7 +381,11 @@ impl Loader<'_> {
                     read_apply_file(Path::new("apply"), &text)?
                 }
             };
-            Request::Form(Form::Apply(value))
+            if spec.apply.is_some() {
+                Request::Form(Form::Apply(value))
+            } else {
+                Request::Form(Form::Status(value))
+            }
         } else {
             let t = spec.reconcile.as_deref().unwrap_or_default();
             let Some((ns, name)) = t
