@@ -383,7 +383,7 @@ fn serve_says_what_is_missing_for_each_role() {
     let (code, err) = run(&["--listen", "127.0.0.1:0"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(
-        err.contains("--tls-cert and --tls-key are required to serve the webhook (or --no-webhook"),
+        err.contains("--tls-cert and --tls-key (or --tls-secret) are required to serve the webhook (or --no-webhook"),
         "{err}"
     );
     let (code, err) = run(&["--tls-cert", "x.crt"]);
