@@ -372,4 +372,65 @@ async fn two_serve_replicas_create_one_secret_set_the_bundle_and_serve_it() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(again, "the caBundle is set again");
+    // Every call the two replicas made is one the chart grants the webhook with
+    // certificates of its own (access::webhook_role), in the scope it grants it.
+    use ichor_rules::runtime::access::{Scope, webhook_role};
+    let granted = webhook_role(false, true);
+    let mut seen = std::collections::BTreeSet::new();
+    for r in api
+        .store
+        .faults
+        .take_log()
+        .into_iter()
+        .filter(|r| !r.by_test)
+    {
+        let parts: Vec<&str> = r.path.trim_matches('/').split('/').collect();
+        let (group, rest) = match parts.as_slice() {
+            ["api", _, rest @ ..] => ("", rest),
+            ["apis", g, _, rest @ ..] => (*g, rest),
+            _ => continue,
+        };
+        let (scope, rest) = match rest {
+            ["namespaces", ns, rest @ ..] if !rest.is_empty() => (
+                if *ns == NS {
+                    Scope::LeaseNamespace
+                } else {
+                    Scope::Cluster
+                },
+                rest,
+            ),
+            rest => (Scope::Cluster, rest),
+        };
+        let (resource, named) = match rest {
+            [res] => (res.to_string(), false),
+            [res, _] => (res.to_string(), true),
+            [res, _, sub] => (format!("{res}/{sub}"), true),
+            _ => continue,
+        };
+        let verb = match (r.method.as_str(), named) {
+            ("GET", true) => "get",
+            ("GET", false) if r.watch => "watch",
+            ("GET", false) => "list",
+            ("POST", _) => "create",
+            ("PUT", _) => "update",
+            ("PATCH", _) => "patch",
+            _ => "delete",
+        };
+        assert!(
+            granted.iter().any(|a| a.api_group == group
+                && a.resource == resource
+                && a.verbs.contains(&verb)
+                && (a.scope == scope || a.scope == Scope::Cluster)),
+            "the webhook called {} {} ({verb} {group}/{resource}), which it is not granted",
+            r.method,
+            r.path
+        );
+        seen.insert((group.to_string(), resource, verb));
+    }
+    for call in [("", "secrets", "get"), ("", "secrets", "create")] {
+        assert!(
+            seen.contains(&(call.0.to_string(), call.1.to_string(), call.2)),
+            "{call:?} in {seen:?}"
+        );
+    }
 }
