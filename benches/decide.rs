@@ -327,6 +327,19 @@ fn eval_path(c: &mut Criterion) {
             b.iter(|| black_box(eval_once(&table, snap, black_box(&body))))
         });
     }
+    // Issue 13: a forged status write (talosmachines/status setting NodeUnreachable) is the
+    // `report machine` event, decided from the request alone (no live read), against the
+    // same delete of a control plane on five machines.
+    let forged =
+        std::fs::read(PathBuf::from(ROOT).join("tests/fixtures/review-status-forged-cp3.json"))
+            .expect("tests/fixtures/review-status-forged-cp3.json");
+    let snap = snapshot(3, 2);
+    let out: serde_json::Value =
+        serde_json::from_slice(&eval_once(&table, &snap, &forged)).expect("JSON");
+    assert_eq!(out["response"]["allowed"], false, "{out}");
+    g.bench_function("status_forged_refused", |b| {
+        b.iter(|| black_box(eval_once(&table, &snap, black_box(&forged))))
+    });
     g.finish();
 }
 

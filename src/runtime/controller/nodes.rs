@@ -82,11 +82,6 @@ impl<'c> Dialer<'c> {
     pub fn missing(&self) -> Option<&str> {
         self.tls.as_ref().err().map(String::as_str)
     }
-
-    /// The credentials, if there are any (tests compare them).
-    pub fn tls(&self) -> Option<&TalosTls> {
-        self.tls.as_deref().ok()
-    }
 }
 
 /// An API error in a few words, without the server's text (which may quote the request).
