@@ -245,8 +245,8 @@ pub fn diff(old: &Table, new: &Table, bounds: Bounds) -> DiffReport {
     let checks: Vec<InvariantCheck> = Vec::new();
     for m in [&mo, &mn] {
         let ex = explore(m, &checks);
-        for key in &ex.keys {
-            if !seen.insert(key.clone()) {
+        for key in ex.keys.iter() {
+            if !seen.insert(key.into()) {
                 continue;
             }
             let Some(s) = decode(key) else { continue };

@@ -7,8 +7,7 @@ use super::model::{
     ClusterState, GONE, Lock, Machine, Model, Move, NONE, Next, Op, OpKind, Pending, Phase, Req,
     State,
 };
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::Hasher;
 use std::time::Instant;
 
 /// A small, fast, non-cryptographic hasher for the visited set (FxHash's multiply-rotate).
@@ -29,8 +28,6 @@ impl Hasher for Fx {
         }
     }
 }
-
-type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<Fx>>;
 
 // ---- canonical form ---------------------------------------------------------------------
 
@@ -308,8 +305,49 @@ pub struct Violation {
     pub depth: u32,
 }
 
+/// The keys of the explored states, by id, in one buffer (a state's key is stored once:
+/// the visited set holds ids and hashes the keys it points to).
+#[derive(Default)]
+pub struct Keys {
+    bytes: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl Keys {
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    pub fn get(&self, i: usize) -> Option<&[u8]> {
+        let end = *self.ends.get(i)?;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        self.bytes.get(start..end)
+    }
+
+    fn push(&mut self, key: &[u8]) {
+        self.bytes.extend_from_slice(key);
+        self.ends.push(self.bytes.len());
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &[u8]> {
+        (0..self.len()).filter_map(|i| self.get(i))
+    }
+}
+
+impl std::ops::Index<usize> for Keys {
+    type Output = [u8];
+
+    fn index(&self, i: usize) -> &[u8] {
+        self.get(i).unwrap_or(&[])
+    }
+}
+
 pub struct Exploration {
-    pub keys: Vec<Box<[u8]>>,
+    pub keys: Keys,
     pub parent: Vec<u32>,
     pub depth: Vec<u32>,
     pub transitions: u64,
@@ -322,16 +360,206 @@ pub struct Exploration {
     pub at_risk: Vec<bool>,
     pub seconds: f64,
     pub stuck: u64,
+    /// Threads that expanded states.
+    pub threads: usize,
 }
 
 pub const NO_PARENT: u32 = u32::MAX;
 
+fn hash_key(key: &[u8]) -> u64 {
+    let mut h = Fx::default();
+    h.write(key);
+    h.finish()
+}
+
+/// The visited set: ids of states, hashed and compared through their keys.
+struct Visited {
+    table: hashbrown::HashTable<u32>,
+}
+
+impl Visited {
+    /// The id of `key`, adding it (as id `keys.len()`) when new; `true` when it was new.
+    fn intern(&mut self, keys: &mut Keys, key: &[u8]) -> (u32, bool) {
+        let hash = hash_key(key);
+        if let Some(&id) = self.table.find(hash, |&id| keys[id as usize] == *key) {
+            return (id, false);
+        }
+        let id = u32::try_from(keys.len()).unwrap_or(u32::MAX);
+        keys.push(key);
+        let k: &Keys = keys;
+        self.table
+            .insert_unique(hash, id, |&i| hash_key(&k[i as usize]));
+        (id, true)
+    }
+}
+
+/// One successor of an expanded state, as a worker computed it.
+struct Succ {
+    /// Its key's range in the batch's byte buffer.
+    key: std::ops::Range<usize>,
+    mv: Move,
+    alone: bool,
+    /// Invariants the transition broke, with their messages.
+    broken: Vec<(usize, String)>,
+}
+
+/// One state of a batch, expanded.
+struct Expanded {
+    progress: bool,
+    goal: bool,
+    cut: bool,
+    succ: std::ops::Range<usize>,
+}
+
+/// What a worker hands back for its share of a batch.
+#[derive(Default)]
+struct Chunk {
+    states: Vec<Expanded>,
+    succ: Vec<Succ>,
+    bytes: Vec<u8>,
+    fired: super::model::Fired,
+    at_risk: Vec<bool>,
+    transitions: u64,
+}
+
+/// States expanded per batch (their successors are merged, in order, after each batch).
+const BATCH: usize = 4096;
+
+/// Expands the states `ids` (keys in `keys`): their successors, canonical and encoded,
+/// and the invariants each transition breaks (skipping those in `skip`).
+fn expand(
+    model: &Model<'_>,
+    checks: &[InvariantCheck],
+    skip: &[bool],
+    keys: &Keys,
+    depth: &[u32],
+    ids: std::ops::Range<usize>,
+) -> Chunk {
+    let mut out = Chunk {
+        at_risk: vec![false; checks.len()],
+        ..Chunk::default()
+    };
+    let mut nexts: Vec<Next> = Vec::new();
+    let mut buf = Vec::new();
+    for i in ids {
+        let from = out.succ.len();
+        let Some(s) = keys.get(i).and_then(decode) else {
+            out.states.push(Expanded {
+                progress: false,
+                goal: true,
+                cut: false,
+                succ: from..from,
+            });
+            continue;
+        };
+        let progress = s.cluster == ClusterState::Deleting
+            || s.machines.iter().any(|m| m.deleting && m.finalizer);
+        if depth.get(i).copied().unwrap_or(0) >= model.bounds.depth {
+            // Not expanded: nothing can be said of where it leads (counted as a cut).
+            out.states.push(Expanded {
+                progress,
+                goal: true,
+                cut: true,
+                succ: from..from,
+            });
+            continue;
+        }
+        let snap = model.objects.snapshot(&s);
+        nexts.clear();
+        let outcomes = model.successors(&s, &snap, &mut out.fired, &mut nexts);
+        // Settled: every removal in progress waits on something named, and nothing else
+        // of a teardown is left for the controller or the garbage collector.
+        let removals = s
+            .machines
+            .iter()
+            .filter(|m| m.deleting && m.finalizer)
+            .count();
+        let uncollected = s.cluster == ClusterState::Deleting
+            && (s.machines.is_empty() || s.machines.iter().any(|m| !m.deleting));
+        let settled =
+            removals > 0 && usize::from(outcomes.removals_waiting) >= removals && !uncollected;
+        let before = Facts::of_state(&s);
+        for n in nexts.drain(..) {
+            out.transitions += 1;
+            let c = canonical(&n.state);
+            encode(&c, &mut buf);
+            let start = out.bytes.len();
+            out.bytes.extend_from_slice(&buf);
+            let f = Facts::of_transition(&before, &c, &n.effect);
+            let mut broken = Vec::new();
+            for (k, check) in checks.iter().enumerate() {
+                if check.deferred || skip[k] {
+                    continue;
+                }
+                match check.holds(&f, c.concurrent) {
+                    super::invariant::Outcome::Holds { at_risk } => out.at_risk[k] |= at_risk,
+                    super::invariant::Outcome::Broken(message) => {
+                        out.at_risk[k] = true;
+                        broken.push((k, message));
+                    }
+                }
+            }
+            out.succ.push(Succ {
+                key: start..out.bytes.len(),
+                mv: n.mv,
+                alone: n.mv.progresses_alone(),
+                broken,
+            });
+        }
+        out.states.push(Expanded {
+            progress,
+            goal: !progress || settled,
+            cut: false,
+            succ: from..out.succ.len(),
+        });
+    }
+    out
+}
+
+/// How many threads expand states: the machine's parallelism (at most 8), or
+/// `ICHOR_VERIFY_THREADS` when set.
+fn threads() -> usize {
+    std::env::var("ICHOR_VERIFY_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        })
+        .min(8)
+}
+
 /// Explores every state reachable from the starting states within the bounds.
+///
+/// Breadth-first, in batches: the states of a batch are expanded in parallel and their
+/// successors merged in the order a single thread would have found them, so ids, parents,
+/// the shortest traces and every report are the same whatever the number of threads.
 pub fn explore(model: &Model<'_>, checks: &[InvariantCheck]) -> Exploration {
+    explore_with(model, checks, threads())
+}
+
+/// [`explore`] with a given number of threads.
+pub fn explore_with(model: &Model<'_>, checks: &[InvariantCheck], threads: usize) -> Exploration {
+    explore_in(model, checks, threads, BATCH)
+}
+
+/// [`explore_with`] expanding `batch` states per thread at a time.
+fn explore_in(
+    model: &Model<'_>,
+    checks: &[InvariantCheck],
+    threads: usize,
+    batch: usize,
+) -> Exploration {
+    let threads = threads.max(1);
+    let batch = batch.max(1);
     let started = Instant::now();
-    let mut index: FxMap<Box<[u8]>, u32> = FxMap::default();
+    let mut visited = Visited {
+        table: hashbrown::HashTable::new(),
+    };
     let mut ex = Exploration {
-        keys: Vec::new(),
+        keys: Keys::default(),
         parent: Vec::new(),
         depth: Vec::new(),
         transitions: 0,
@@ -342,6 +570,7 @@ pub fn explore(model: &Model<'_>, checks: &[InvariantCheck]) -> Exploration {
         at_risk: vec![false; checks.len()],
         seconds: 0.0,
         stuck: 0,
+        threads,
     };
     let mut violated = vec![false; checks.len()];
     let mut buf = Vec::new();
@@ -352,13 +581,10 @@ pub fn explore(model: &Model<'_>, checks: &[InvariantCheck]) -> Exploration {
     for s in State::initial(&model.bounds) {
         let c = canonical(&s);
         encode(&c, &mut buf);
-        if index.contains_key(buf.as_slice()) {
+        let (id, new) = visited.intern(&mut ex.keys, &buf);
+        if !new {
             continue;
         }
-        let id = u32::try_from(ex.keys.len()).unwrap_or(u32::MAX);
-        let key: Box<[u8]> = buf.clone().into_boxed_slice();
-        index.insert(key.clone(), id);
-        ex.keys.push(key);
         ex.parent.push(NO_PARENT);
         ex.depth.push(0);
         let f = Facts::of_state(&c);
@@ -384,101 +610,113 @@ pub fn explore(model: &Model<'_>, checks: &[InvariantCheck]) -> Exploration {
         }
     }
     let mut cursor = 0usize;
-    let mut nexts: Vec<Next> = Vec::new();
     while cursor < ex.keys.len() {
-        let id = u32::try_from(cursor).unwrap_or(u32::MAX);
-        let d = ex.depth[cursor];
-        ex.max_depth = ex.max_depth.max(d);
-        let Some(s) = decode(&ex.keys[cursor]) else {
-            cursor += 1;
-            continue;
+        let end = ex.keys.len().min(cursor + batch * threads);
+        let skip = violated.clone();
+        let chunks: Vec<Chunk> = if threads == 1 || end - cursor < threads {
+            vec![expand(
+                model,
+                checks,
+                &skip,
+                &ex.keys,
+                &ex.depth,
+                cursor..end,
+            )]
+        } else {
+            let per = (end - cursor).div_ceil(threads);
+            let (keys, depth, skip) = (&ex.keys, &ex.depth, &skip);
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..threads)
+                    .map(|t| {
+                        let a = (cursor + t * per).min(end);
+                        let b = (a + per).min(end);
+                        scope.spawn(move || expand(model, checks, skip, keys, depth, a..b))
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_default())
+                    .collect()
+            })
         };
-        let progress = s.cluster == ClusterState::Deleting
-            || s.machines.iter().any(|m| m.deleting && m.finalizer);
-        if d >= model.bounds.depth {
-            // Not expanded: nothing can be said of where it leads (counted as a cut).
-            ex.cut_at_depth += 1;
-            in_progress.push(progress);
-            goal.push(true);
-            cursor += 1;
-            continue;
-        }
-        let snap = model.objects.snapshot(&s);
-        nexts.clear();
-        let outcomes = model.successors(&s, &snap, &mut ex.fired, &mut nexts);
-        // Settled: every removal in progress waits on something named, and nothing else
-        // of a teardown is left for the controller or the garbage collector.
-        let removals = s
-            .machines
-            .iter()
-            .filter(|m| m.deleting && m.finalizer)
-            .count();
-        let uncollected = s.cluster == ClusterState::Deleting
-            && (s.machines.is_empty() || s.machines.iter().any(|m| !m.deleting));
-        let settled =
-            removals > 0 && usize::from(outcomes.removals_waiting) >= removals && !uncollected;
-        in_progress.push(progress);
-        goal.push(!progress || settled);
-        let before = Facts::of_state(&s);
-        for n in nexts.drain(..) {
-            ex.transitions += 1;
-            let c = canonical(&n.state);
-            encode(&c, &mut buf);
-            let to = match index.get(buf.as_slice()) {
-                Some(&t) => t,
-                None => {
-                    let t = u32::try_from(ex.keys.len()).unwrap_or(u32::MAX);
-                    let key: Box<[u8]> = buf.clone().into_boxed_slice();
-                    index.insert(key.clone(), t);
-                    ex.keys.push(key);
-                    ex.parent.push(id);
-                    ex.depth.push(d + 1);
-                    t
-                }
-            };
-            if n.mv.progresses_alone() {
-                alone.push((id, to));
+        let mut id = cursor;
+        for chunk in chunks {
+            ex.transitions += chunk.transitions;
+            for (k, r) in chunk.at_risk.iter().enumerate() {
+                ex.at_risk[k] |= *r;
             }
-            let f = Facts::of_transition(&before, &c, &n.effect);
-            for (k, check) in checks.iter().enumerate() {
-                if check.deferred || violated[k] {
-                    continue;
+            ex.fired.merge(chunk.fired);
+            for st in &chunk.states {
+                let from = u32::try_from(id).unwrap_or(u32::MAX);
+                let d = ex.depth[id];
+                ex.max_depth = ex.max_depth.max(d);
+                if st.cut {
+                    ex.cut_at_depth += 1;
                 }
-                match check.holds(&f, c.concurrent) {
-                    super::invariant::Outcome::Holds { at_risk } => ex.at_risk[k] |= at_risk,
-                    super::invariant::Outcome::Broken(message) => {
-                        violated[k] = true;
-                        ex.at_risk[k] = true;
+                in_progress.push(st.progress);
+                goal.push(st.goal);
+                for sc in &chunk.succ[st.succ.clone()] {
+                    let key = &chunk.bytes[sc.key.clone()];
+                    let (to, new) = visited.intern(&mut ex.keys, key);
+                    if new {
+                        ex.parent.push(from);
+                        ex.depth.push(d + 1);
+                    }
+                    if sc.alone {
+                        alone.push((from, to));
+                    }
+                    for (k, message) in &sc.broken {
+                        if violated[*k] {
+                            continue;
+                        }
+                        violated[*k] = true;
                         ex.violations.push(Violation {
-                            invariant: k,
-                            from: id,
-                            to_key: Some(buf.clone()),
-                            mv: Some(n.mv),
-                            message,
+                            invariant: *k,
+                            from,
+                            to_key: Some(key.to_vec()),
+                            mv: Some(sc.mv),
+                            message: message.clone(),
                             depth: d + 1,
                         });
                     }
                 }
+                id += 1;
             }
         }
-        cursor += 1;
+        cursor = end;
     }
     // Liveness: which states reach a goal through moves that need no person.
     let n = ex.keys.len();
     let mut reaches = goal.clone();
     reaches.resize(n, true);
-    let mut rev: Vec<Vec<u32>> = vec![Vec::new(); n];
-    for (a, b) in &alone {
-        if let Some(v) = rev.get_mut(*b as usize) {
-            v.push(*a);
+    // The reversed edges, as one compressed adjacency list.
+    let mut start = vec![0u32; n + 1];
+    for (_, b) in &alone {
+        if let Some(c) = start.get_mut(*b as usize + 1) {
+            *c += 1;
         }
     }
+    for i in 0..n {
+        start[i + 1] += start[i];
+    }
+    let mut fill = start.clone();
+    let mut rev = vec![0u32; alone.len()];
+    for (a, b) in &alone {
+        if let Some(slot) = fill.get_mut(*b as usize) {
+            if let Some(r) = rev.get_mut(*slot as usize) {
+                *r = *a;
+            }
+            *slot += 1;
+        }
+    }
+    drop(alone);
     let mut stack: Vec<u32> = (0..n)
         .filter(|i| reaches[*i])
         .map(|i| u32::try_from(i).unwrap_or(u32::MAX))
         .collect();
     while let Some(x) = stack.pop() {
-        for &p in &rev[x as usize] {
+        let x = x as usize;
+        for &p in &rev[start[x] as usize..start[x + 1] as usize] {
             if !reaches[p as usize] {
                 reaches[p as usize] = true;
                 stack.push(p);
@@ -567,6 +805,78 @@ mod tests {
             p.machines.reverse();
             p.names.reverse();
             assert_eq!(key_of(&p), key_of(&s));
+        }
+    }
+}
+
+#[cfg(test)]
+mod parallel {
+    use super::*;
+    use crate::verify::invariant::InvariantCheck;
+    use crate::verify::model::Bounds;
+
+    /// Threads change how fast, never what: the same states under the same ids, the same
+    /// parents (so the same shortest traces), transitions, violations and coverage.
+    #[test]
+    fn threads_explore_exactly_what_one_thread_explores() {
+        let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rules");
+        let table = crate::ruleset::load(std::slice::from_ref(&root))
+            .expect("the shipped rules load")
+            .table
+            .expect("the shipped rules compile");
+        // Without the quorum rule: violations to agree on too.
+        let dir = std::env::temp_dir().join(format!("ichor-threads-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        for f in ["admission.rules", "removal.rules", "invariants.rules"] {
+            let mut text = std::fs::read_to_string(root.join(f)).expect("read");
+            if let Some(i) = text.find("rule quorum\n") {
+                let j = text[i..].find("\n\n").map_or(text.len(), |j| i + j + 2);
+                text.replace_range(i..j, "");
+            }
+            std::fs::write(dir.join(f), text).expect("write");
+        }
+        let weak = crate::ruleset::load(std::slice::from_ref(&dir))
+            .expect("the mutant loads")
+            .table
+            .expect("the mutant compiles");
+        let _ = std::fs::remove_dir_all(&dir);
+        for (t, in_flight) in [(&table, 1), (&weak, 0)] {
+            let model = Model::new(
+                t,
+                Bounds {
+                    max_control_planes: 2,
+                    max_workers: 1,
+                    max_failures: 0,
+                    max_operations: 0,
+                    in_flight,
+                    depth: 64,
+                },
+            );
+            let checks: Vec<InvariantCheck> =
+                t.invariants.iter().map(InvariantCheck::new).collect();
+            let one = explore_with(&model, &checks, 1);
+            for (n, batch) in [(2, 7), (3, 100)] {
+                let many = explore_in(&model, &checks, n, batch);
+                assert_eq!(one.keys.len(), many.keys.len());
+                assert!(one.keys.iter().eq(many.keys.iter()));
+                assert_eq!(one.parent, many.parent);
+                assert_eq!(one.depth, many.depth);
+                assert_eq!(one.transitions, many.transitions);
+                assert_eq!(one.stuck, many.stuck);
+                assert_eq!(one.at_risk, many.at_risk);
+                assert_eq!(one.fired.rules, many.fired.rules);
+                let v = |e: &Exploration| {
+                    e.violations
+                        .iter()
+                        .map(|v| (v.invariant, v.from, v.to_key.clone(), v.depth))
+                        .collect::<Vec<_>>()
+                };
+                assert_eq!(v(&one), v(&many));
+            }
+            assert!(one.keys.len() > 1_000, "{}", one.keys.len());
+            if std::ptr::eq(t, &weak) {
+                assert!(!one.violations.is_empty());
+            }
         }
     }
 }

@@ -299,6 +299,12 @@ impl Fired {
             }
         }
     }
+
+    /// Adds what another explorer thread saw.
+    pub fn merge(&mut self, other: Fired) {
+        self.rules.extend(other.rules);
+        self.steps.extend(other.steps);
+    }
 }
 
 /// The model's view of the world the product reads through I/O.

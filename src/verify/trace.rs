@@ -370,7 +370,7 @@ pub fn build(
     let start_key = &ex.keys[*first as usize];
     let Some(mut s) = State::initial(&model.bounds)
         .into_iter()
-        .find(|c| key_of(c).as_slice() == &**start_key)
+        .find(|c| key_of(c).as_slice() == start_key)
     else {
         trace.replay_error = Some("no starting state matches the trace".into());
         return trace;
