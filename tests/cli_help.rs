@@ -151,3 +151,40 @@ fn the_readme_says_how_to_install() {
         .expect("cargo install");
     assert!(first < second && second < install);
 }
+
+/// `table` shows the `let` definitions its rows use; its JSON gives each message as text.
+#[test]
+fn table_shows_the_lets_and_json_messages_are_text() {
+    let run = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env("NO_COLOR", "1")
+            .output()
+            .expect("runs");
+        assert_eq!(out.status.code(), Some(0));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let text = run(&["table", "rules"]);
+    assert!(text.starts_with("definitions the rows use\n"), "{text}");
+    assert!(
+        text.contains("let quorum   = approved / 2 + 1   (rules/removal.rules:"),
+        "{text}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&run(&["table", "rules", "--format", "json"])).expect("json");
+    let lets = v["lets"].as_array().expect("lets");
+    assert!(
+        lets.iter()
+            .any(|l| l["name"] == "after" && l["definition"] == "approved - 1")
+    );
+    for group in v["groups"].as_array().expect("groups") {
+        for row in group["rows"].as_array().expect("rows") {
+            let say = row["say"].as_str().expect("say");
+            assert!(!say.starts_with('"'), "{say}");
+            assert!(!say.contains("\\\""), "escapes resolved: {say}");
+        }
+    }
+    // A quoted word inside a message is written `\"false\"` in the rules: plain quotes here.
+    assert!(v.to_string().contains(r#"(spec.schedulable \"false\")"#), "{v}");
+}

@@ -21,9 +21,23 @@ pub fn run(paths: &[PathBuf], format: Format) -> u8 {
         eprintln!("error: the rules have errors; no table was built");
         return EXIT_FINDINGS;
     };
+    let lets = used_lets(table, &set.files);
     let text = match format {
-        Format::Json => serde_json::to_string_pretty(&to_json(table)).unwrap_or_default() + "\n",
-        Format::Human => to_text(table, colour()),
+        Format::Json => {
+            let mut v = to_json(table);
+            v["lets"] = serde_json::json!(
+                lets.iter()
+                    .map(|l| serde_json::json!({
+                        "name": l.name,
+                        "definition": l.definition,
+                        "file": l.file,
+                        "line": l.line,
+                    }))
+                    .collect::<Vec<_>>()
+            );
+            serde_json::to_string_pretty(&v).unwrap_or_default() + "\n"
+        }
+        Format::Human => lets_text(&lets) + &to_text(table, colour()),
     };
     match emit(&text) {
         Ok(()) => EXIT_OK,
@@ -41,7 +55,12 @@ pub fn to_json(table: &Table) -> serde_json::Value {
                 "verb": verb.name(),
                 "subject": subject.name(),
                 "site": site.name(),
-                "rows": rows.iter().filter_map(|r| table.rules.get(r.rule as usize)).collect::<Vec<_>>(),
+                "rows": rows.iter().filter_map(|r| table.rules.get(r.rule as usize)).map(|r| {
+                    let mut row = serde_json::json!(r);
+                    // The message's text (placeholders as written), not its quoted source.
+                    row["say"] = serde_json::json!(message_text(&r.say));
+                    row
+                }).collect::<Vec<_>>(),
             })
         })
         .collect();
@@ -56,7 +75,7 @@ pub fn to_json(table: &Table) -> serde_json::Value {
                     "action": s.text,
                     "doc": ACTIONS.get(s.action).map(|a| a.doc),
                     "guard": s.guard_text,
-                    "say": s.say,
+                    "say": s.say.as_deref().map(message_text),
                 })).collect::<Vec<_>>(),
             })
         })
@@ -167,4 +186,160 @@ pub fn to_text(table: &Table, colour: bool) -> String {
         out.push('\n');
     }
     out
+}
+
+/// A `let` definition the table's rows (or plan steps) use, directly or through another.
+#[derive(Debug, PartialEq)]
+pub struct UsedLet {
+    pub name: String,
+    /// The expression as written.
+    pub definition: String,
+    pub file: String,
+    pub line: usize,
+}
+
+/// The words of an expression or message text that could name a `let`.
+fn words(text: &str) -> impl Iterator<Item = &str> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+        .filter(|w| w.chars().next().is_some_and(|c| c.is_ascii_alphabetic()))
+}
+
+/// The `let`s the rows and plan steps read, in the order they are defined.
+pub fn used_lets(table: &Table, files: &[crate::diagnostics::SourceFile]) -> Vec<UsedLet> {
+    let mut defs: Vec<UsedLet> = Vec::new();
+    for (id, f) in files.iter().enumerate() {
+        let (file, _) = crate::syntax::parse_recovering(id, &f.text);
+        for item in file.items {
+            if let crate::syntax::ast::Item::Let(l) = item {
+                let (start, end) = (l.expr.span.start as usize, l.expr.span.end as usize);
+                defs.push(UsedLet {
+                    name: l.name.name.clone(),
+                    definition: f.text.get(start..end).unwrap_or_default().to_string(),
+                    file: f.display_path(),
+                    line: f.line_col(l.span.start).0,
+                });
+            }
+        }
+    }
+    // `let`s are scoped to their file: a row's words name its own file's definitions.
+    // Plans carry no file: their words may name any file's.
+    let mut texts: Vec<(Option<&str>, &str)> = Vec::new();
+    for r in &table.rules {
+        let file = Some(r.file.as_str());
+        texts.extend(r.when_text.as_deref().map(|t| (file, t)));
+        texts.extend(r.unless_text.as_deref().map(|t| (file, t)));
+        texts.push((file, &r.say));
+    }
+    for p in &table.plans {
+        for s in &p.steps {
+            texts.extend(s.guard_text.as_deref().map(|t| (None, t)));
+            texts.extend(s.say.as_deref().map(|t| (None, t)));
+        }
+    }
+    let mut used: Vec<bool> = vec![false; defs.len()];
+    let mut todo: Vec<(Option<String>, String)> = texts
+        .iter()
+        .flat_map(|(f, t)| words(t).map(|w| (f.map(str::to_string), w.to_string())))
+        .collect();
+    while let Some((file, w)) = todo.pop() {
+        for (i, d) in defs.iter().enumerate() {
+            if used[i] || d.name != w || file.as_ref().is_some_and(|f| *f != d.file) {
+                continue;
+            }
+            used[i] = true;
+            todo.extend(words(&d.definition).map(|x| (Some(d.file.clone()), x.to_string())));
+        }
+    }
+    let mut keep = used.into_iter();
+    defs.retain(|_| keep.next().unwrap_or(false));
+    defs
+}
+
+/// The definitions, as a section before the table.
+fn lets_text(lets: &[UsedLet]) -> String {
+    if lets.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("definitions the rows use\n");
+    let width = lets.iter().map(|l| l.name.len()).max().unwrap_or(0);
+    for l in lets {
+        let _ = writeln!(
+            out,
+            "  let {:width$} = {}   ({}:{})",
+            l.name, l.definition, l.file, l.line
+        );
+    }
+    out.push('\n');
+    out
+}
+
+/// The text of a message as written (`"a {x}" "b"`): its strings joined, quotes dropped,
+/// escapes resolved; placeholders and `{{`/`}}` stay as written.
+pub fn message_text(say: &str) -> String {
+    let mut out = String::new();
+    let mut chars = say.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '"' {
+            continue; // between adjacent strings
+        }
+        while let Some(c) = chars.next() {
+            match c {
+                '"' => break,
+                '\\' => match chars.next() {
+                    Some('n') => out.push('\n'),
+                    Some('t') => out.push('\t'),
+                    Some(other) => out.push(other),
+                    None => {}
+                },
+                '{' if chars.peek() == Some(&'{') => {
+                    chars.next();
+                    out.push_str("{{");
+                }
+                '{' => {
+                    // A placeholder, copied as written (it may hold strings of its own).
+                    out.push('{');
+                    let (mut depth, mut in_str) = (1usize, false);
+                    while let Some(c) = chars.next() {
+                        out.push(c);
+                        match c {
+                            '\\' if in_str => {
+                                if let Some(n) = chars.next() {
+                                    out.push(n);
+                                }
+                            }
+                            '"' => in_str = !in_str,
+                            '{' if !in_str => depth += 1,
+                            '}' if !in_str => {
+                                depth -= 1;
+                                if depth == 0 {
+                                    break;
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::message_text;
+
+    #[test]
+    fn message_text_drops_quotes_and_joins() {
+        assert_eq!(message_text(r#""a {x + 1}" "b""#), "a {x + 1}b");
+        assert_eq!(
+            message_text(r#""say \"hi\" {{not}}""#),
+            r#"say "hi" {{not}}"#
+        );
+        assert_eq!(
+            message_text(r#""kind {kind == "reset"} done""#),
+            r#"kind {kind == "reset"} done"#
+        );
+    }
 }
