@@ -428,7 +428,13 @@ async fn refusals_never_name_another_namespaces_objects() {
     let approved = machine("cp-4", "controlplane", true, "2026-10-04T00:00:00Z");
     let r = review(
         &h,
-        &admission("n-2", "UPDATE", "TalosMachine", Some(&pending), Some(&approved)),
+        &admission(
+            "n-2",
+            "UPDATE",
+            "TalosMachine",
+            Some(&pending),
+            Some(&approved),
+        ),
     )
     .await;
     assert_eq!(r["response"]["allowed"], true, "{r}");
