@@ -186,5 +186,8 @@ fn table_shows_the_lets_and_json_messages_are_text() {
         }
     }
     // A quoted word inside a message is written `\"false\"` in the rules: plain quotes here.
-    assert!(v.to_string().contains(r#"(spec.schedulable \"false\")"#), "{v}");
+    assert!(
+        v.to_string().contains(r#"(spec.schedulable \"false\")"#),
+        "{v}"
+    );
 }
