@@ -1,8 +1,16 @@
 //! Webhook round trip: HTTPS request -> live reads from the in-process API server ->
 //! decision -> response, against `ichor-rules serve` running as its own process, with 10,
-//! 100, 1,000 and 10,000 machines in the namespace. Prints p50 and p99 of sequential
-//! requests, requests per second at 32 concurrent clients, the server's peak resident
-//! memory (VmHWM), and the share of the round trip spent evaluating rules.
+//! 100, 1,000 and 10,000 machines in one namespace, ten per cluster (1, 10, 100 and 1,000
+//! TalosClusters). Each request deletes a control plane of one cluster (refused by the
+//! rules: 3 -> 2 below the declared count), the clusters taken in turn. Prints p50 and
+//! p99 of sequential requests, requests per second at 32 concurrent clients, the
+//! requests whose live read failed (a timeout is one), the share of the round trip spent
+//! evaluating rules, the heap allocated per decision (reads and decision, measured in
+//! this process with a counting allocator), and the server's peak resident memory
+//! (VmHWM), which must stay under the chart's container memory limit (asserted).
+//!
+//! The server runs the webhook alone (`--no-controller`, as the chart's webhook replicas
+//! do); `-- --with-controller` runs the controller in the same process too.
 //!
 //! Run: `cargo bench --bench webhook` (`-- --quick` for fewer requests).
 
@@ -15,17 +23,97 @@ mod https;
 
 use apiserver::ApiServer;
 use hyper::body::Bytes;
+use ichor_rules::runtime::live::{Decode, LiveReader, Reads};
 use rustls::pki_types::CertificateDer;
 use serde_json::{Value, json};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-async fn connect(addr: SocketAddr, ca: &CertificateDer<'static>) -> https::Sender {
-    https::connect(addr, ca).await.0
+/// Counts what threads that ask for it allocate (the thread measuring a decision); the
+/// in-process API server's threads are not counted.
+struct Counting;
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+}
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+static ALLOCATED: AtomicU64 = AtomicU64::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.try_with(Cell::get).unwrap_or(false) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+            ALLOCATED.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        }
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
 }
 
-async fn post(send: &mut https::Sender, body: &Bytes) -> Value {
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Machines per cluster.
+const PER_CLUSTER: usize = 10;
+
+fn cluster_name(c: usize) -> String {
+    format!("c-{c:04}")
+}
+
+fn cluster(c: usize) -> Value {
+    json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosCluster",
+        "metadata": {"name": cluster_name(c), "namespace": "infra"},
+        "spec": {"controlPlane": {"count": 3}, "schedulable": "true"}
+    })
+}
+
+/// Machine `i` of the namespace: cluster `i / 10`, its first three control planes.
+fn machine(i: usize) -> Value {
+    let role = if i % PER_CLUSTER < 3 {
+        "controlplane"
+    } else {
+        "worker"
+    };
+    json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosMachine",
+        "metadata": {"name": format!("m-{i:05}"), "namespace": "infra"},
+        "spec": {"clusterRef": {"name": cluster_name(i / PER_CLUSTER)}, "role": role, "approved": true,
+                 "approvalDecision": {"at": "2026-10-01T00:00:00Z"}}
+    })
+}
+
+/// A review deleting the third control plane of cluster `c`.
+fn delete_review(c: usize) -> Bytes {
+    let name = format!("m-{:05}", c * PER_CLUSTER + 2);
+    let old = json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosMachine",
+        "metadata": {"name": name, "namespace": "infra",
+                     "annotations": {"ichor.maesh.dev/allow-delete": "true"}},
+        "spec": {"clusterRef": {"name": cluster_name(c)}, "role": "controlplane", "approved": true}
+    });
+    Bytes::from(
+        json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": "bench", "name": name, "namespace": "infra", "operation": "DELETE",
+                "kind": {"group": "ichor.maesh.dev", "version": "v1alpha1", "kind": "TalosMachine"},
+                "resource": {"group": "ichor.maesh.dev", "version": "v1alpha1", "resource": "talosmachines"},
+                "userInfo": {"username": "bench"}, "object": null, "oldObject": old, "dryRun": false
+            }
+        })
+        .to_string(),
+    )
+}
+
+/// Posts a review; whether its live read failed (a refusal that says so).
+async fn post(send: &mut https::Sender, body: &Bytes) -> Result<bool, String> {
     let (_, bytes) = https::request(
         send,
         "POST",
@@ -34,38 +122,12 @@ async fn post(send: &mut https::Sender, body: &Bytes) -> Value {
         body.clone(),
     )
     .await;
-    serde_json::from_slice(&bytes).expect("json")
-}
-
-fn machine(i: usize) -> Value {
-    let role = if i < 3 { "controlplane" } else { "worker" };
-    json!({
-        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosMachine",
-        "metadata": {"name": format!("m-{i:05}"), "namespace": "infra"},
-        "spec": {"clusterRef": {"name": "prod"}, "role": role, "approved": true,
-                 "approvalDecision": {"at": "2026-10-01T00:00:00Z"}}
-    })
-}
-
-fn delete_review() -> Bytes {
-    let old = json!({
-        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosMachine",
-        "metadata": {"name": "m-00002", "namespace": "infra",
-                     "annotations": {"ichor.maesh.dev/allow-delete": "true"}},
-        "spec": {"clusterRef": {"name": "prod"}, "role": "controlplane", "approved": true}
-    });
-    Bytes::from(
-        json!({
-            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-            "request": {
-                "uid": "bench", "name": "m-00002", "namespace": "infra", "operation": "DELETE",
-                "kind": {"group": "ichor.maesh.dev", "version": "v1alpha1", "kind": "TalosMachine"},
-                "resource": {"group": "ichor.maesh.dev", "version": "v1alpha1", "resource": "talosmachines"},
-                "userInfo": {"username": "bench"}, "object": null, "oldObject": old, "dryRun": false
-            }
-        })
-        .to_string(),
-    )
+    let v: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+    let message = v["response"]["status"]["message"].as_str().unwrap_or("");
+    if v["response"]["allowed"] != false {
+        return Err(format!("allowed: {v}"));
+    }
+    Ok(message.contains("could not be read"))
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -84,7 +146,40 @@ fn vm_hwm_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// Rule evaluation alone (no I/O) for the same request and snapshot.
+/// The smallest container memory limit (`limits: memory:`) the chart's values set, in
+/// MiB; `None` when it sets none (or not in Mi/Gi).
+fn chart_memory_limit_mib() -> Option<u64> {
+    let text = std::fs::read_to_string("charts/ichor-rules/values.yaml").ok()?;
+    let mut in_limits = false;
+    let mut least: Option<u64> = None;
+    for line in text.lines() {
+        let t = line.trim();
+        if t.starts_with("limits:") {
+            in_limits = true;
+            continue;
+        }
+        if in_limits && let Some(v) = t.strip_prefix("memory:") {
+            let v = v.trim().trim_matches('"');
+            let mib = v
+                .strip_suffix("Mi")
+                .and_then(|n| n.parse::<u64>().ok())
+                .or_else(|| {
+                    v.strip_suffix("Gi")
+                        .and_then(|n| n.parse::<u64>().ok())
+                        .map(|g| g * 1024)
+                });
+            if let Some(m) = mib {
+                least = Some(least.map_or(m, |l| l.min(m)));
+            }
+            in_limits = false;
+        } else if in_limits && !t.starts_with("cpu:") && !t.starts_with('#') && !t.is_empty() {
+            in_limits = false;
+        }
+    }
+    least
+}
+
+/// Rule evaluation alone (no I/O) for the same request and its cluster's snapshot.
 fn decide_only(snapshot: &ichor_rules::runtime::objects::Snapshot, body: &Bytes) -> Duration {
     use ichor_rules::runtime::admission::parse_review;
     use ichor_rules::runtime::decide::{decide_events, request_events};
@@ -114,20 +209,84 @@ fn decide_only(snapshot: &ichor_rules::runtime::objects::Snapshot, body: &Bytes)
     start.elapsed() / n
 }
 
+/// Heap allocated by one decision as the webhook makes it (the reads of its cluster,
+/// decoded for decisions, then the rules), on a thread of its own so only its
+/// allocations count: (allocations, bytes, time), the medians of `n`.
+fn allocation_per_decision(api_url: String, body: Bytes, n: usize) -> (u64, u64, Duration) {
+    std::thread::spawn(move || {
+        use ichor_rules::runtime::admission::parse_review;
+        use ichor_rules::runtime::decide::{decide_events, request_events};
+        use ichor_rules::runtime::facts::Expensive;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let config = kube::Config::new(api_url.parse().expect("url"));
+            let client = kube::Client::try_from(config).expect("client");
+            let reader =
+                LiveReader::new(client, Duration::from_secs(10)).decoding(Decode::Decisions);
+            let table = ichor_rules::ruleset::load(&[PathBuf::from("rules")])
+                .expect("rules")
+                .table
+                .expect("table");
+            let mut samples = Vec::new();
+            for round in 0..n + 1 {
+                let t = Instant::now();
+                COUNTING.with(|c| c.set(true));
+                let (a0, b0) = (
+                    ALLOCATIONS.load(Ordering::Relaxed),
+                    ALLOCATED.load(Ordering::Relaxed),
+                );
+                let req = parse_review(&body).expect("review");
+                let events = request_events(
+                    req.operation(),
+                    &req.namespace,
+                    req.old.as_ref(),
+                    req.new.as_ref(),
+                );
+                let reads = Reads::for_events(&table, &events);
+                let clusters: Vec<&str> = events.iter().map(|e| e.cluster).collect();
+                let snapshot = reader
+                    .snapshot(&req.namespace, &clusters, reads)
+                    .await
+                    .expect("reads");
+                let decision =
+                    decide_events(&table, &snapshot, &events, Expensive::FromObjects, false);
+                std::hint::black_box(decision);
+                COUNTING.with(|c| c.set(false));
+                // The first round also opens the connection.
+                if round > 0 {
+                    samples.push((
+                        ALLOCATIONS.load(Ordering::Relaxed) - a0,
+                        ALLOCATED.load(Ordering::Relaxed) - b0,
+                        t.elapsed(),
+                    ));
+                }
+            }
+            samples.sort();
+            let (a, b, _) = samples[samples.len() / 2];
+            let mut times: Vec<Duration> = samples.iter().map(|s| s.2).collect();
+            times.sort();
+            (a, b, times[times.len() / 2])
+        })
+    })
+    .join()
+    .expect("measuring thread")
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
+    // The webhook alone, as the chart's webhook Deployment runs it; `--with-controller`
+    // runs the controller in the same process too (as `serve` does by default).
+    let with_controller = std::env::args().any(|a| a == "--with-controller");
     // `cargo bench` passes `--bench`; any other filter argument is ignored.
     let dir = std::env::temp_dir().join(format!("ichor-webhook-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let ca = https::write_cert(&dir);
 
     let api = ApiServer::start().await;
-    api.insert(json!({
-        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosCluster",
-        "metadata": {"name": "prod", "namespace": "infra"},
-        "spec": {"controlPlane": {"count": 3}, "schedulable": "true"}
-    }));
     let listen = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
         l.local_addr().expect("addr")
@@ -139,6 +298,7 @@ async fn main() {
         .arg(dir.join("tls.crt"))
         .arg("--tls-key")
         .arg(dir.join("tls.key"))
+        .args((!with_controller).then_some("--no-controller"))
         .env("RUST_LOG", "warn")
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -154,79 +314,107 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(ready, "ichor-rules serve did not start");
+    let limit = chart_memory_limit_mib();
 
-    let body = delete_review();
-    let (sequential, seconds) = if quick { (100, 1) } else { (500, 3) };
+    let (sequential, seconds) = if quick { (200, 2) } else { (1000, 5) };
     println!(
-        "machines  p50       p99       rps(32 clients)  decide-only  decide/p50  server VmHWM"
+        "machines clusters  p50       p99       rps(32 clients)  failed reads  decide-only  decide/p50  alloc/decision        reads+decide in-process  server VmHWM"
     );
     let mut inserted = 0;
+    let mut worst_hwm = 0;
     for n in [10usize, 100, 1_000, 10_000] {
         while inserted < n {
+            if inserted % PER_CLUSTER == 0 {
+                api.insert(cluster(inserted / PER_CLUSTER));
+            }
             api.insert(machine(inserted));
             inserted += 1;
         }
+        let clusters = n / PER_CLUSTER;
+        let bodies: Vec<Bytes> = (0..clusters).map(delete_review).collect();
         let mut send = connect(listen, &ca).await;
-        let first = post(&mut send, &body).await;
         assert_eq!(
-            first["response"]["allowed"], false,
-            "3 -> 2 below count 3 is refused"
+            post(&mut send, &bodies[0]).await,
+            Ok(false),
+            "3 -> 2 below count 3 is refused by the rules"
         );
         let mut lat = Vec::with_capacity(sequential);
-        for _ in 0..sequential {
+        let mut failed = 0u64;
+        for i in 0..sequential {
             let t = Instant::now();
-            let _ = post(&mut send, &body).await;
+            failed += u64::from(post(&mut send, &bodies[i * 7 % clusters]).await != Ok(false));
             lat.push(t.elapsed());
         }
         lat.sort();
         let (p50, p99) = (percentile(&lat, 0.5), percentile(&lat, 0.99));
-        // 32 concurrent clients, one keep-alive connection each.
+        // 32 concurrent clients, one keep-alive connection each, each on its own clusters.
         let deadline = Instant::now() + Duration::from_secs(seconds);
         let mut tasks = Vec::new();
-        for _ in 0..32 {
-            let body = body.clone();
+        for k in 0..32usize {
+            let bodies = bodies.clone();
             let ca = ca.clone();
             tasks.push(tokio::spawn(async move {
                 let mut send = connect(listen, &ca).await;
-                let mut done = 0u64;
+                let (mut done, mut failed) = (0u64, 0u64);
                 while Instant::now() < deadline {
-                    let _ = post(&mut send, &body).await;
+                    let body = &bodies[(k * 31 + done as usize * 13) % bodies.len()];
+                    failed += u64::from(post(&mut send, body).await != Ok(false));
                     done += 1;
                 }
-                done
+                (done, failed)
             }));
         }
         let started = Instant::now();
         let mut total = 0;
         for t in tasks {
-            total += t.await.expect("client");
+            let (d, f) = t.await.expect("client");
+            total += d;
+            failed += f;
         }
         let rps = total as f64 / started.elapsed().as_secs_f64();
         let snapshot = ichor_rules::runtime::objects::Snapshot {
             machines: api
                 .objects("TalosMachine", Some("infra"))
                 .into_iter()
+                .filter(|m| m["spec"]["clusterRef"]["name"] == "c-0000")
                 .filter_map(|v| serde_json::from_value(v).ok())
                 .collect(),
-            clusters: api
-                .objects("TalosCluster", Some("infra"))
-                .into_iter()
-                .filter_map(|v| serde_json::from_value(v).ok())
-                .collect(),
+            clusters: vec![serde_json::from_value(cluster(0)).expect("cluster")],
             operations: Vec::new(),
         };
-        let decide = decide_only(&snapshot, &body);
+        let decide = decide_only(&snapshot, &bodies[0]);
+        let (allocs, bytes, in_process) =
+            allocation_per_decision(api.url(), bodies[clusters / 2].clone(), 20);
+        let hwm = vm_hwm_kib(pid) / 1024;
+        worst_hwm = worst_hwm.max(hwm);
         println!(
-            "{n:>8}  {:>7.3}ms {:>7.3}ms {:>10.0}       {:>8.1}µs   {:>6.2}%     {} MiB",
+            "{n:>8} {clusters:>8}  {:>7.3}ms {:>7.3}ms {:>10.0}       {failed:>8}      {:>8.1}µs   {:>6.2}%    {allocs:>5} / {:>6.1} KiB   {:>8.3}ms                {hwm} MiB",
             p50.as_secs_f64() * 1e3,
             p99.as_secs_f64() * 1e3,
             rps,
             decide.as_secs_f64() * 1e6,
             decide.as_secs_f64() / p50.as_secs_f64() * 100.0,
-            vm_hwm_kib(pid) / 1024
+            bytes as f64 / 1024.0,
+            in_process.as_secs_f64() * 1e3,
         );
     }
     let _ = child.kill();
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(&dir);
+    match limit {
+        Some(limit) => {
+            println!("server VmHWM {worst_hwm} MiB; the chart's memory limit is {limit} MiB");
+            assert!(
+                worst_hwm < limit,
+                "the webhook's peak memory ({worst_hwm} MiB) reached the chart's memory limit ({limit} MiB): replicas would be OOM-killed under this load"
+            );
+        }
+        None => {
+            println!("server VmHWM {worst_hwm} MiB; the chart sets no memory limit to compare with")
+        }
+    }
+}
+
+async fn connect(addr: SocketAddr, ca: &CertificateDer<'static>) -> https::Sender {
+    https::connect(addr, ca).await.0
 }
