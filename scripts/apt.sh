@@ -39,6 +39,35 @@ ensure_apt_packages() {
   fi
   echo "==> installing ${missing[*]}"
   "${sudo[@]}" apt-get update
+  # No service a package ships is started by its installation (etcd-server would start a
+  # system etcd on :2379): a policy-rc.d that says "not now" (exit 101) for the length of
+  # the install, removed after unless it was there before.
+  local policy=/usr/sbin/policy-rc.d placed=""
+  if [[ ! -e "$policy" ]]; then
+    printf '#!/bin/sh\n# ichor-rules scripts/apt.sh: no service starts during this install\nexit 101\n' |
+      "${sudo[@]}" tee "$policy" >/dev/null
+    "${sudo[@]}" chmod 0755 "$policy"
+    placed=yes
+  fi
+  local rc=0
   "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
-    apt-get install -y --no-install-recommends "${missing[@]}"
+    apt-get install -y --no-install-recommends "${missing[@]}" || rc=$?
+  [[ -n "$placed" ]] && "${sudo[@]}" rm -f "$policy"
+  return "$rc"
+}
+
+# Stops and disables system services a package installed (on a machine booted with
+# systemd; elsewhere nothing runs them): the tests start their own, on 127.0.0.1 and
+# ports of their own.
+disable_services() {
+  [[ -d /run/systemd/system ]] && command -v systemctl >/dev/null 2>&1 || return 0
+  local sudo=()
+  [[ "$(id -u)" -ne 0 ]] && command -v sudo >/dev/null 2>&1 && sudo=(sudo)
+  local unit
+  for unit in "$@"; do
+    if systemctl is-enabled --quiet "$unit" 2>/dev/null || systemctl is-active --quiet "$unit" 2>/dev/null; then
+      echo "==> systemctl disable --now $unit (the tests run their own)"
+      "${sudo[@]}" systemctl disable --now "$unit" || true
+    fi
+  done
 }

@@ -26,6 +26,8 @@ APT_PACKAGES=(
 # shellcheck source=scripts/apt.sh
 source scripts/apt.sh
 ensure_apt_packages "${APT_PACKAGES[@]}"
+# etcd-server's package enables a system etcd; the tests start their own etcd processes.
+disable_services etcd.service
 
 # rustfmt and clippy are rustup components; a minimal toolchain lacks them.
 # (rustup installs `cargo fmt`/`cargo clippy` proxies either way, so ask them to run.)
@@ -61,4 +63,13 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   echo "==> cargo test"
   cargo test
+fi
+
+# The container image (a static binary in an OCI layout, no daemon): built, unpacked, and
+# its entrypoint run from the unpacked root filesystem (--version, check of the embedded
+# rules). ICHOR_SKIP_IMAGE=1 leaves it out of a local run.
+if [[ "${ICHOR_SKIP_IMAGE:-}" != 1 ]]; then
+  echo "==> scripts/image.sh build && scripts/image.sh smoke"
+  bash scripts/image.sh build
+  bash scripts/image.sh smoke
 fi
