@@ -1,9 +1,7 @@
 //! The in-process Kubernetes API server (tests/support/apiserver.rs), driven through the real
 //! kube client: every test asserts a behaviour the real API server has.
 
-#[path = "support/apiserver.rs"]
-#[allow(dead_code)]
-mod apiserver;
+use crate::support::apiserver;
 
 use apiserver::ApiServer;
 use ichor_rules::runtime::objects::{Role, TalosMachine};

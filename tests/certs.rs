@@ -3,13 +3,9 @@
 //! caBundle of every webhook is set, a pair near its end is rotated under the same CA, and
 //! `serve` serves what the Secret holds, for the Service's name, under the bundle.
 
-#[allow(dead_code)]
-#[path = "support/apiserver.rs"]
-mod apiserver;
+use crate::support::apiserver;
 
-#[allow(dead_code)]
-#[path = "support/https.rs"]
-mod https;
+use crate::support::https;
 
 use apiserver::ApiServer;
 use ichor_rules::runtime::certs::{self, CertSettings};

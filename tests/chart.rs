@@ -305,7 +305,7 @@ fn the_charts_access_file_is_generated_from_access_rs() {
     assert!(
         got == want,
         "{path} drifted from src/runtime/access.rs; regenerate it:\n  \
-         ICHOR_BLESS=1 cargo nextest run --test chart -E 'test(access_file)'\n\
+         ICHOR_BLESS=1 cargo nextest run -E 'test(/^chart::.*access_file/)'\n\
          (it must read:)\n{want}"
     );
 }

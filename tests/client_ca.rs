@@ -3,13 +3,9 @@
 //! AdmissionConfiguration); without one, or with one of another CA, the connection is
 //! refused. Probes move to `--health-listen`. Real certificates, the real `serve` process.
 
-#[allow(dead_code)]
-#[path = "support/apiserver.rs"]
-mod apiserver;
+use crate::support::apiserver;
 
-#[allow(dead_code)]
-#[path = "support/https.rs"]
-mod https;
+use crate::support::https;
 
 use apiserver::ApiServer;
 use rcgen::{

@@ -2,15 +2,9 @@
 //! ControlPlaneOverCap hold, the removal finalizer, Transitioning, parked operations, the
 //! cluster lock and leader election.
 
-#[allow(dead_code)]
-#[path = "support/apiserver.rs"]
-mod apiserver;
-#[allow(dead_code)]
-#[path = "support/controller.rs"]
-mod harness;
-#[allow(dead_code)]
-#[path = "support/https.rs"]
-mod https;
+use crate::support::apiserver;
+use crate::support::controller as harness;
+use crate::support::https;
 
 use apiserver::ApiServer;
 use harness::*;

@@ -5,18 +5,10 @@
 //! behind Talos API stand-ins with their own CA, the controller in-process against the
 //! in-process API server.
 
-#[allow(dead_code)]
-#[path = "support/apiserver.rs"]
-mod apiserver;
-#[allow(dead_code)]
-#[path = "support/etcd.rs"]
-mod etcd;
-#[allow(dead_code)]
-#[path = "support/controller.rs"]
-mod harness;
-#[allow(dead_code)]
-#[path = "support/talos.rs"]
-mod talos;
+use crate::support::apiserver;
+use crate::support::controller as harness;
+use crate::support::etcd;
+use crate::support::talos;
 
 use apiserver::ApiServer;
 use base64::Engine as _;

@@ -9,7 +9,8 @@
 //!
 //! a code, and optionally (in backticks) the exact source text the diagnostic points at.
 //! `each_bad_file_produces_exactly_its_codes` checks those, so the snapshots are not the
-//! only check. Accept new snapshots with `INSTA_UPDATE=always cargo test --test diagnostics`.
+//! only check. Accept new snapshots with
+//! `INSTA_UPDATE=always cargo nextest run -E 'test(/^diagnostics::/)'`.
 
 use ichor_rules::diagnostics::{Diagnostic, SourceFile, render_human};
 use ichor_rules::ruleset::{RuleSet, build, load};

@@ -2,9 +2,7 @@
 //! The real kube client against the in-process API server, which filters on the CRDs'
 //! declared `selectableFields` as a real one does.
 
-#[allow(dead_code)]
-#[path = "support/apiserver.rs"]
-mod apiserver;
+use crate::support::apiserver;
 
 use apiserver::ApiServer;
 use ichor_rules::interp::{Facts, Lookup};

@@ -5,13 +5,9 @@
 //! `--health-listen`). Everything runs as the real `ichor-rules serve` process against the
 //! in-process API server, over real TLS.
 
-#[allow(dead_code)]
-#[path = "support/apiserver.rs"]
-mod apiserver;
+use crate::support::apiserver;
 
-#[allow(dead_code)]
-#[path = "support/https.rs"]
-mod https;
+use crate::support::https;
 
 use apiserver::ApiServer;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};

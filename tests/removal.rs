@@ -3,18 +3,10 @@
 //! (Debian `etcd-server`, on 127.0.0.1). Every scenario asserts etcd's real membership at
 //! the end.
 
-#[allow(dead_code)]
-#[path = "support/apiserver.rs"]
-mod apiserver;
-#[allow(dead_code)]
-#[path = "support/etcd.rs"]
-mod etcd;
-#[allow(dead_code)]
-#[path = "support/controller.rs"]
-mod harness;
-#[allow(dead_code)]
-#[path = "support/talos.rs"]
-mod talos;
+use crate::support::apiserver;
+use crate::support::controller as harness;
+use crate::support::etcd;
+use crate::support::talos;
 
 use apiserver::ApiServer;
 use etcd::EtcdCluster;

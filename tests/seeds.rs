@@ -5,12 +5,8 @@
 //! objects written to the in-process API server (which the webhook reads live): its answer
 //! must equal the one `ichor-rules test` decided offline, byte for byte.
 
-#[allow(dead_code)]
-#[path = "support/apiserver.rs"]
-mod apiserver;
-#[allow(dead_code)]
-#[path = "support/https.rs"]
-mod https;
+use crate::support::apiserver;
+use crate::support::https;
 
 use serde_json::{Value, json};
 use std::path::PathBuf;

@@ -2,12 +2,8 @@
 //! edits that must not be applied (or crash it), callers that try to grow its metrics,
 //! hold its connections or forge its log lines.
 
-#[allow(dead_code)]
-#[path = "support/apiserver.rs"]
-mod apiserver;
-#[allow(dead_code)]
-#[path = "support/https.rs"]
-mod https;
+use crate::support::apiserver;
+use crate::support::https;
 
 use apiserver::ApiServer;
 use https::write_cert;

@@ -2,12 +2,8 @@
 //! 127.0.0.1: reads, leadership, leaving, removing a dead member, reset, per-node errors,
 //! unreachable nodes, mutual TLS and talosconfig parsing.
 
-#[allow(dead_code)]
-#[path = "support/etcd.rs"]
-mod etcd;
-#[allow(dead_code)]
-#[path = "support/talos.rs"]
-mod talos;
+use crate::support::etcd;
+use crate::support::talos;
 
 use etcd::EtcdCluster;
 use ichor_rules::runtime::talos::{TalosClient, TalosContext, TalosError, TalosTls};

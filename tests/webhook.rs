@@ -1,12 +1,8 @@
 //! The admission webhook end to end: real AdmissionReview v1 JSON over HTTPS (rustls, a
 //! certificate made for the test), decided from live reads of the in-process API server.
 
-#[allow(dead_code)]
-#[path = "support/apiserver.rs"]
-mod apiserver;
-#[allow(dead_code)]
-#[path = "support/https.rs"]
-mod https;
+use crate::support::apiserver;
+use crate::support::https;
 
 use apiserver::ApiServer;
 use https::write_cert;

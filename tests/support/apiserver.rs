@@ -86,8 +86,9 @@
 //! default retries of 429, 503 and 504 (up to 15 retries, minutes in all), which would hide
 //! a refused eviction; [`ApiServer::config`] keeps them.
 //!
-//! Include it with `#[path = "support/apiserver.rs"] #[allow(dead_code)] mod apiserver;`:
-//! each test crate uses a different part of it.
+//! The integration tests reach it as `crate::support::apiserver` (tests/support/mod.rs); the
+//! benches include it with `#[path = "../tests/support/apiserver.rs"] mod apiserver;`:
+//! each uses a different part of it.
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;

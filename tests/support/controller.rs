@@ -1,8 +1,7 @@
 //! Running the controller in-process against the in-process API server, with short
 //! intervals, and waiting for what it writes.
 //!
-//! Include with `#[allow(dead_code)] #[path = "support/controller.rs"] mod harness;` next to
-//! `support/apiserver.rs` (as `mod apiserver`).
+//! The tests reach it as `crate::support::controller` (usually `as harness`).
 
 use super::apiserver::ApiServer;
 use ichor_rules::runtime::controller::{self, Context, Settings};

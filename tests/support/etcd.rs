@@ -10,7 +10,7 @@
 //! need neither `etcdctl` nor `protoc`. Dropping the cluster SIGKILLs every member, waits
 //! for the ports to free and removes the data.
 //!
-//! Include it with `#[allow(dead_code)] #[path = "support/etcd.rs"] mod etcd;`.
+//! The tests reach it as `crate::support::etcd`.
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;

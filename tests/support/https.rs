@@ -1,7 +1,8 @@
 //! A small HTTPS client for the webhook tests and benchmarks: a certificate made for
 //! 127.0.0.1, and requests over rustls + hyper on a connection that trusts it.
 //!
-//! Include it with `#[allow(dead_code)] #[path = "support/https.rs"] mod https;`.
+//! The tests reach it as `crate::support::https`; the webhook bench includes it with
+//! `#[path = "../tests/support/https.rs"] mod https;`.
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;

@@ -23,10 +23,10 @@
 //! `node` values are refused with `InvalidArgument`. A direct call's failure is the call's
 //! gRPC status.
 //!
-//! Include it with `#[allow(dead_code)] #[path = "support/talos.rs"] mod talos;` (it needs
-//! `support/etcd.rs` included as `etcd` beside it).
+//! The tests reach it as `crate::support::talos` (it uses `support/etcd.rs` as its sibling
+//! `super::etcd`).
 
-use crate::etcd::{EtcdCluster, EtcdError};
+use super::etcd::{EtcdCluster, EtcdError};
 use ichor_rules::runtime::talos::proto::common::Metadata;
 use ichor_rules::runtime::talos::proto::google::rpc;
 use ichor_rules::runtime::talos::proto::machine as pb;
