@@ -2,6 +2,7 @@
 //! kube client: every test asserts a behaviour the real API server has.
 
 use crate::support::apiserver;
+use crate::support::objects;
 
 use apiserver::ApiServer;
 use ichor_rules::runtime::objects::{Role, TalosMachine};
@@ -26,13 +27,15 @@ fn from_json<T: DeserializeOwned>(v: Value) -> T {
     serde_json::from_value(v).expect("valid object")
 }
 
+/// A pending worker of `prod` in [`NS`] with exactly `labels`.
 fn machine(name: &str, labels: Value) -> TalosMachine {
-    from_json(json!({
-        "apiVersion": "ichor.maesh.dev/v1alpha1",
-        "kind": "TalosMachine",
-        "metadata": {"name": name, "namespace": NS, "labels": labels},
-        "spec": {"clusterRef": {"name": "prod"}, "role": "worker", "approved": false},
-    }))
+    let mut m = objects::machine(name)
+        .namespace(NS)
+        .role("worker")
+        .approved(false)
+        .build();
+    m["metadata"]["labels"] = labels;
+    from_json(m)
 }
 
 /// A pod as the cluster holds it once its kubelet reports it Running and Ready.

@@ -5,6 +5,7 @@
 use crate::support::apiserver;
 use crate::support::controller as harness;
 use crate::support::https;
+use crate::support::objects;
 
 use apiserver::ApiServer;
 use harness::*;
@@ -543,24 +544,22 @@ async fn the_webhook_alone_calls_only_the_webhook_grants() {
     }
     assert!(ready, "serve --no-controller became ready");
     let review = |kind: &str, resource: &str, op: &str, obj: serde_json::Value| {
-        let name = obj["metadata"]["name"].clone();
+        let uid = format!("{kind}-{op}");
         let (old, new) = if op == "DELETE" {
-            (obj, serde_json::Value::Null)
+            (Some(&obj), None)
         } else {
-            (serde_json::Value::Null, obj)
+            (None, Some(&obj))
         };
-        serde_json::to_vec(&json!({
-            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-            "request": {
-                "uid": format!("{kind}-{op}"),
-                "kind": {"group": "ichor.maesh.dev", "version": "v1alpha1", "kind": kind},
-                "resource": {"group": "ichor.maesh.dev", "version": "v1alpha1", "resource": resource},
-                "name": name,
-                "namespace": NS, "operation": op, "userInfo": {"username": "admin"},
-                "object": new, "oldObject": old, "dryRun": false
-            }
-        }))
-        .expect("json")
+        let r = objects::review(&uid, op, old, new).build();
+        assert_eq!(
+            (
+                &r["request"]["kind"]["kind"],
+                &r["request"]["resource"]["resource"]
+            ),
+            (&json!(kind), &json!(resource)),
+            "the review's kind and resource"
+        );
+        serde_json::to_vec(&r).expect("json")
     };
     // A control-plane delete (3 -> 2: refused after reading the machines and the
     // cluster), a new control plane, and an operation.

@@ -8,6 +8,7 @@
 use crate::support::apiserver;
 use crate::support::controller as harness;
 use crate::support::etcd;
+use crate::support::objects;
 use crate::support::talos;
 
 use apiserver::ApiServer;
@@ -32,10 +33,11 @@ fn secret(namespace: &str, name: &str, key: &str, talosconfig: &str) -> Value {
 }
 
 fn cluster_with_secret(namespace: &str, name: &str, count: i64, secret: Value) -> Value {
-    let mut c = cluster(name, count);
-    c["metadata"]["namespace"] = json!(namespace);
-    c["spec"]["talosConfigSecretRef"] = secret;
-    c
+    objects::cluster(name, count)
+        .namespace(namespace)
+        .schedulable("true")
+        .secret(secret)
+        .build()
 }
 
 fn removal(api: &ApiServer, name: &str) -> Option<(String, String, String)> {

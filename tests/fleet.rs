@@ -3,6 +3,7 @@
 //! declared `selectableFields` as a real one does.
 
 use crate::support::apiserver;
+use crate::support::objects;
 
 use apiserver::ApiServer;
 use ichor_rules::interp::{Facts, Lookup};
@@ -21,35 +22,35 @@ const ALL: Reads = Reads {
     operations: true,
 };
 
+/// A schedulable cluster of three control planes in `infra`.
 fn cluster(name: &str) -> Value {
-    json!({
-        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosCluster",
-        "metadata": {"name": name, "namespace": "infra"},
-        "spec": {"controlPlane": {"count": 3}, "schedulable": "true"}
-    })
+    objects::cluster(name, 3).schedulable("true").build()
 }
 
+/// An approved, unreachable machine of `cluster` in `infra`, decided at minute `minute`,
+/// whose label claims cluster `a` and which carries 4,000 bytes of annotation.
 fn machine(name: &str, cluster: &str, role: &str, minute: u32) -> Value {
-    json!({
-        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosMachine",
-        "metadata": {"name": name, "namespace": "infra",
-                     "labels": {"ichor.maesh.dev/cluster": "a"},
-                     "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "x".repeat(4000)}},
-        "spec": {"clusterRef": {"name": cluster}, "role": role, "approved": true,
-                 "approvalDecision": {"at": format!("2026-10-01T00:{minute:02}:00Z")}},
-        "status": {"conditions": [
+    objects::machine(name)
+        .cluster(cluster)
+        .role(role)
+        .label("ichor.maesh.dev/cluster", "a")
+        .annotation(
+            "kubectl.kubernetes.io/last-applied-configuration",
+            &"x".repeat(4000),
+        )
+        .approved_at(&format!("2026-10-01T00:{minute:02}:00Z"))
+        .status(json!({"conditions": [
             {"type": "Ready", "status": "False", "reason": "NodeUnreachable", "message": "gone"},
-            {"type": "NodeReachable", "status": "False", "reason": "Timeout", "message": "no answer"}]}
-    })
+            {"type": "NodeReachable", "status": "False", "reason": "Timeout", "message": "no answer"}]}))
+        .build()
 }
 
+/// An upgrade of `cluster` in `infra` in phase `phase`.
 fn operation(name: &str, cluster: &str, phase: &str) -> Value {
-    json!({
-        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosOperation",
-        "metadata": {"name": name, "namespace": "infra"},
-        "spec": {"clusterRef": {"name": cluster}, "kind": "upgrade"},
-        "status": {"phase": phase}
-    })
+    objects::operation(name, "upgrade")
+        .cluster(cluster)
+        .phase(phase)
+        .build()
 }
 
 /// Cluster `a` (3 control planes, a worker, an operation), cluster `b` in the same

@@ -4,6 +4,7 @@
 
 use crate::support::apiserver;
 use crate::support::https;
+use crate::support::objects;
 
 use apiserver::ApiServer;
 use https::write_cert;
@@ -41,23 +42,16 @@ fn shipped_rules(dir: &Path) -> PathBuf {
     rules
 }
 
-fn cluster(name: &str, count: i64) -> Value {
-    json!({"apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosCluster",
-           "metadata": {"name": name, "namespace": "infra"},
-           "spec": {"controlPlane": {"count": count}}})
-}
-
+/// An approved control plane of `prod` in `infra` (the `support::objects` defaults),
+/// decided at `at`.
 fn machine(name: &str, at: &str) -> Value {
-    json!({"apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosMachine",
-           "metadata": {"name": name, "namespace": "infra"},
-           "spec": {"clusterRef": {"name": "prod"}, "role": "controlplane", "approved": true,
-                    "approvalDecision": {"at": at}}})
+    objects::machine(name).approved_at(at).build()
 }
 
 /// An API server with a cluster `prod` of three approved control planes.
 async fn three_control_planes() -> ApiServer {
     let api = ApiServer::start().await;
-    api.insert(cluster("prod", 3));
+    api.insert(objects::cluster("prod", 3).build());
     for (i, at) in [
         "2026-10-01T00:00:00Z",
         "2026-10-02T00:00:00Z",
@@ -74,21 +68,7 @@ async fn three_control_planes() -> ApiServer {
 /// The AdmissionReview of deleting `cp-3` (3 -> 2 control planes: refused).
 fn delete_cp3(uid: &str) -> Value {
     let old = machine("cp-3", "2026-10-03T00:00:00Z");
-    json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": uid,
-            "kind": {"group": "ichor.maesh.dev", "version": "v1alpha1", "kind": "TalosMachine"},
-            "resource": {"group": "ichor.maesh.dev", "version": "v1alpha1", "resource": "talosmachines"},
-            "name": "cp-3",
-            "namespace": "infra",
-            "operation": "DELETE",
-            "userInfo": {"username": "admin"},
-            "oldObject": old,
-            "dryRun": false
-        }
-    })
+    objects::review(uid, "DELETE", Some(&old), None).build()
 }
 
 /// `serve` as a child process, its stderr in a file.

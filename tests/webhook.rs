@@ -3,6 +3,7 @@
 
 use crate::support::apiserver;
 use crate::support::https;
+use crate::support::objects;
 
 use apiserver::ApiServer;
 use https::write_cert;
@@ -134,43 +135,19 @@ async fn review(h: &Harness, body: &Value) -> Value {
     serde_json::from_slice(&bytes).expect("an AdmissionReview")
 }
 
+/// A schedulable cluster in `infra` (see `support::objects` for the defaults).
 fn cluster(name: &str, count: i64) -> Value {
-    json!({
-        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosCluster",
-        "metadata": {"name": name, "namespace": "infra"},
-        "spec": {"controlPlane": {"count": count}, "schedulable": "true"}
-    })
+    objects::cluster(name, count).schedulable("true").build()
 }
 
+/// A machine of cluster `prod` in `infra` that may be deleted, decided at `at`.
 fn machine(name: &str, role: &str, approved: bool, at: &str) -> Value {
-    json!({
-        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosMachine",
-        "metadata": {"name": name, "namespace": "infra",
-                     "annotations": {"ichor.maesh.dev/allow-delete": "true"}},
-        "spec": {"clusterRef": {"name": "prod"}, "role": role, "approved": approved,
-                 "approvalDecision": {"at": at}}
-    })
-}
-
-fn admission(uid: &str, op: &str, kind: &str, old: Option<&Value>, new: Option<&Value>) -> Value {
-    let obj = new.or(old).expect("an object");
-    json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": uid,
-            "kind": {"group": "ichor.maesh.dev", "version": "v1alpha1", "kind": kind},
-            "resource": {"group": "ichor.maesh.dev", "version": "v1alpha1",
-                         "resource": format!("{}s", kind.to_lowercase())},
-            "name": obj["metadata"]["name"],
-            "namespace": "infra",
-            "operation": op,
-            "userInfo": {"username": "admin"},
-            "object": new,
-            "oldObject": old,
-            "dryRun": false
-        }
-    })
+    objects::machine(name)
+        .role(role)
+        .approved(approved)
+        .allow_delete()
+        .approved_at(at)
+        .build()
 }
 
 async fn three_control_planes(h: &Harness) {
@@ -196,7 +173,7 @@ async fn seed_cases_end_to_end_over_https() {
     let cp3 = machine("cp-3", "controlplane", true, "2026-10-03T00:00:00Z");
     let r = review(
         &h,
-        &admission("u-1", "DELETE", "TalosMachine", Some(&cp3), None),
+        &objects::review("u-1", "DELETE", Some(&cp3), None).build(),
     )
     .await;
     assert_eq!(r["apiVersion"], "admission.k8s.io/v1");
@@ -213,13 +190,7 @@ async fn seed_cases_end_to_end_over_https() {
     let approved = machine("cp-4", "controlplane", true, "2026-10-04T00:00:00Z");
     let r = review(
         &h,
-        &admission(
-            "u-2",
-            "UPDATE",
-            "TalosMachine",
-            Some(&pending),
-            Some(&approved),
-        ),
+        &objects::review("u-2", "UPDATE", Some(&pending), Some(&approved)).build(),
     )
     .await;
     assert_eq!(r["response"]["allowed"], true, "{r}");
@@ -232,7 +203,7 @@ async fn seed_cases_end_to_end_over_https() {
     let fifth = machine("cp-5", "controlplane", true, "2026-10-05T00:00:00Z");
     let r = review(
         &h,
-        &admission("u-3", "CREATE", "TalosMachine", None, Some(&fifth)),
+        &objects::review("u-3", "CREATE", None, Some(&fifth)).build(),
     )
     .await;
     assert_eq!(r["response"]["allowed"], false);
@@ -244,7 +215,7 @@ async fn seed_cases_end_to_end_over_https() {
     // With four, removing one (3 -> 4 -> 3) is allowed.
     let r = review(
         &h,
-        &admission("u-4", "DELETE", "TalosMachine", Some(&cp3), None),
+        &objects::review("u-4", "DELETE", Some(&cp3), None).build(),
     )
     .await;
     assert_eq!(r["response"]["allowed"], true, "{r}");
@@ -260,7 +231,7 @@ async fn ordinary_edits_read_nothing() {
     new["metadata"]["labels"] = json!({"team": "infra"});
     let r = review(
         &h,
-        &admission("u-5", "UPDATE", "TalosMachine", Some(&old), Some(&new)),
+        &objects::review("u-5", "UPDATE", Some(&old), Some(&new)).build(),
     )
     .await;
     assert_eq!(r["response"]["allowed"], true);
@@ -274,11 +245,10 @@ async fn ordinary_edits_read_nothing() {
 /// A status write (`talosmachines/status`) as the API server sends it for review: an UPDATE
 /// with `subResource: status`, by `user`.
 fn status_review(uid: &str, user: &str, old: &Value, new: &Value) -> Value {
-    let mut r = admission(uid, "UPDATE", "TalosMachine", Some(old), Some(new));
-    r["request"]["subResource"] = json!("status");
-    r["request"]["requestSubResource"] = json!("status");
-    r["request"]["userInfo"] = json!({"username": user, "groups": ["system:authenticated"]});
-    r
+    objects::review(uid, "UPDATE", Some(old), Some(new))
+        .status_subresource()
+        .authenticated_user(user)
+        .build()
 }
 
 fn with_ready(m: &Value, status: &str, reason: &str) -> Value {
@@ -362,14 +332,14 @@ async fn a_forged_status_patch_is_refused_and_the_controllers_own_is_not() {
     // The forged status never landed, so the delete below the count is still refused.
     let r = review(
         &h,
-        &admission("s-11", "DELETE", "TalosMachine", Some(&converged), None),
+        &objects::review("s-11", "DELETE", Some(&converged), None).build(),
     )
     .await;
     assert_eq!(r["response"]["allowed"], false, "{r}");
     // Had it landed, admission would have let it through: that is what the guard protects.
     let r = review(
         &h,
-        &admission("s-12", "DELETE", "TalosMachine", Some(&forged), None),
+        &objects::review("s-12", "DELETE", Some(&forged), None).build(),
     )
     .await;
     assert_eq!(r["response"]["allowed"], true, "{r}");
@@ -408,7 +378,7 @@ async fn refusals_never_name_another_namespaces_objects() {
     let cp3 = machine("cp-3", "controlplane", true, "2026-10-03T00:00:00Z");
     let r = review(
         &h,
-        &admission("n-1", "DELETE", "TalosMachine", Some(&cp3), None),
+        &objects::review("n-1", "DELETE", Some(&cp3), None).build(),
     )
     .await;
     assert_eq!(r["response"]["allowed"], false, "{r}");
@@ -424,13 +394,7 @@ async fn refusals_never_name_another_namespaces_objects() {
     let approved = machine("cp-4", "controlplane", true, "2026-10-04T00:00:00Z");
     let r = review(
         &h,
-        &admission(
-            "n-2",
-            "UPDATE",
-            "TalosMachine",
-            Some(&pending),
-            Some(&approved),
-        ),
+        &objects::review("n-2", "UPDATE", Some(&pending), Some(&approved)).build(),
     )
     .await;
     assert_eq!(r["response"]["allowed"], true, "{r}");
@@ -440,7 +404,7 @@ async fn refusals_never_name_another_namespaces_objects() {
     start["metadata"]["namespace"] = json!("infra");
     let r = review(
         &h,
-        &admission("n-3", "CREATE", "TalosOperation", None, Some(&start)),
+        &objects::review("n-3", "CREATE", None, Some(&start)).build(),
     )
     .await;
     assert_eq!(r["response"]["allowed"], true, "{r}");
@@ -460,7 +424,7 @@ async fn a_failed_live_read_refuses() {
     let cp1 = machine("cp-1", "controlplane", true, "2026-10-01T00:00:00Z");
     let r = review(
         &h,
-        &admission("u-6", "DELETE", "TalosMachine", Some(&cp1), None),
+        &objects::review("u-6", "DELETE", Some(&cp1), None).build(),
     )
     .await;
     assert_eq!(r["response"]["allowed"], false);
@@ -487,7 +451,7 @@ async fn a_slow_api_server_times_out_and_refuses() {
     let started = std::time::Instant::now();
     let r = review(
         &h,
-        &admission("u-7", "DELETE", "TalosMachine", Some(&cp1), None),
+        &objects::review("u-7", "DELETE", Some(&cp1), None).build(),
     )
     .await;
     assert!(
@@ -545,7 +509,7 @@ async fn a_broken_rules_edit_keeps_the_old_table() {
     let cp3 = machine("cp-3", "controlplane", true, "2026-10-03T00:00:00Z");
     let r = review(
         &h,
-        &admission("u-8", "DELETE", "TalosMachine", Some(&cp3), None),
+        &objects::review("u-8", "DELETE", Some(&cp3), None).build(),
     )
     .await;
     assert_eq!(
@@ -558,7 +522,7 @@ async fn a_broken_rules_edit_keeps_the_old_table() {
     assert!(matches!(h.rules.reload(), Reload::Replaced { .. }));
     let r = review(
         &h,
-        &admission("u-9", "DELETE", "TalosMachine", Some(&cp3), None),
+        &objects::review("u-9", "DELETE", Some(&cp3), None).build(),
     )
     .await;
     assert_eq!(r["response"]["allowed"], true, "{r}");
@@ -599,7 +563,7 @@ async fn many_concurrent_requests_decide_alike() {
             let uid = format!("c-{i}");
             let r = review(
                 &h,
-                &admission(&uid, "DELETE", "TalosMachine", Some(&cp3), None),
+                &objects::review(&uid, "DELETE", Some(&cp3), None).build(),
             )
             .await;
             (uid, r)
@@ -629,7 +593,7 @@ async fn health_readiness_and_metrics() {
     let cp1 = machine("cp-1", "controlplane", true, "2026-10-01T00:00:00Z");
     let _ = review(
         &h,
-        &admission("u-10", "DELETE", "TalosMachine", Some(&cp1), None),
+        &objects::review("u-10", "DELETE", Some(&cp1), None).build(),
     )
     .await;
     let (status, _, _) = https(&h, "GET", "/readyz", "text/plain", Vec::new()).await;
@@ -717,7 +681,7 @@ async fn dry_run_requests_are_decided_like_any_other() {
     let h = harness("dryrun", Duration::from_secs(2)).await;
     three_control_planes(&h).await;
     let cp3 = machine("cp-3", "controlplane", true, "2026-10-03T00:00:00Z");
-    let mut req = admission("u-11", "DELETE", "TalosMachine", Some(&cp3), None);
+    let mut req = objects::review("u-11", "DELETE", Some(&cp3), None).build();
     req["request"]["dryRun"] = json!(true);
     let r = review(&h, &req).await;
     assert_eq!(r["response"]["allowed"], false);
@@ -789,14 +753,8 @@ async fn the_serve_command_reloads_rules_and_keeps_the_last_good_table() {
     }
     assert!(ready, "serve became ready");
     let cp3 = machine("cp-3", "controlplane", true, "2026-10-03T00:00:00Z");
-    let body = serde_json::to_vec(&admission(
-        "s-1",
-        "DELETE",
-        "TalosMachine",
-        Some(&cp3),
-        None,
-    ))
-    .expect("json");
+    let body = serde_json::to_vec(&objects::review("s-1", "DELETE", Some(&cp3), None).build())
+        .expect("json");
     let ask = || async {
         let (status, bytes, _) = https_trusting(
             listen,
@@ -979,7 +937,7 @@ async fn four_control_planes_and_a_fifth(h: &Harness) -> Value {
         "2026-10-04T00:00:00Z",
     ));
     let fifth = machine("cp-5", "controlplane", true, "2026-10-05T00:00:00Z");
-    admission("u-5th", "CREATE", "TalosMachine", None, Some(&fifth))
+    objects::review("u-5th", "CREATE", None, Some(&fifth)).build()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1138,7 +1096,7 @@ async fn names_that_cannot_name_an_object_are_not_read() {
     sneaky["spec"]["clusterRef"]["name"] = json!("../talosclusters/prod");
     let r = review(
         &h,
-        &admission("u-n1", "CREATE", "TalosMachine", None, Some(&sneaky)),
+        &objects::review("u-n1", "CREATE", None, Some(&sneaky)).build(),
     )
     .await;
     assert_eq!(r["response"]["allowed"], false, "{r}");
@@ -1146,7 +1104,7 @@ async fn names_that_cannot_name_an_object_are_not_read() {
     assert!(msg.contains("not a valid object name"), "{msg}");
     // A namespace that is not one.
     let ok = machine("cp-8", "controlplane", true, "2026-10-08T00:00:00Z");
-    let mut body = admission("u-n2", "CREATE", "TalosMachine", None, Some(&ok));
+    let mut body = objects::review("u-n2", "CREATE", None, Some(&ok)).build();
     body["request"]["namespace"] = json!("infra/talosmachines/x");
     body["request"]["object"]["metadata"]["namespace"] = json!("infra/talosmachines/x");
     let r = review(&h, &body).await;
@@ -1169,11 +1127,7 @@ async fn names_that_cannot_name_an_object_are_not_read() {
 // ---------------------------------------------------------------------------------------
 
 fn operation(name: &str, kind: &str, machine: Option<&str>) -> Value {
-    json!({
-        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosOperation",
-        "metadata": {"name": name, "namespace": "infra"},
-        "spec": {"clusterRef": {"name": "prod"}, "kind": kind, "machine": machine}
-    })
+    objects::operation(name, kind).machine(machine).build()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1184,7 +1138,7 @@ async fn an_operation_cannot_be_edited_into_what_admission_refuses() {
     let snapshot = operation("op-1", "etcd-snapshot", None);
     let r = review(
         &h,
-        &admission("u-i1", "CREATE", "TalosOperation", None, Some(&snapshot)),
+        &objects::review("u-i1", "CREATE", None, Some(&snapshot)).build(),
     )
     .await;
     assert_eq!(r["response"]["allowed"], true, "{r}");
@@ -1193,20 +1147,14 @@ async fn an_operation_cannot_be_edited_into_what_admission_refuses() {
     let reset = operation("op-1", "reset", Some("cp-1"));
     let r = review(
         &h,
-        &admission("u-i2", "CREATE", "TalosOperation", None, Some(&reset)),
+        &objects::review("u-i2", "CREATE", None, Some(&reset)).build(),
     )
     .await;
     assert_eq!(r["response"]["allowed"], false, "{r}");
     // Edited from the snapshot into that reset: refused too, saying why.
     let r = review(
         &h,
-        &admission(
-            "u-i3",
-            "UPDATE",
-            "TalosOperation",
-            Some(&snapshot),
-            Some(&reset),
-        ),
+        &objects::review("u-i3", "UPDATE", Some(&snapshot), Some(&reset)).build(),
     )
     .await;
     assert_eq!(r["response"]["allowed"], false, "{r}");
@@ -1221,13 +1169,7 @@ async fn an_operation_cannot_be_edited_into_what_admission_refuses() {
     h.api.store.faults.take_log();
     let r = review(
         &h,
-        &admission(
-            "u-i4",
-            "UPDATE",
-            "TalosOperation",
-            Some(&snapshot),
-            Some(&labelled),
-        ),
+        &objects::review("u-i4", "UPDATE", Some(&snapshot), Some(&labelled)).build(),
     )
     .await;
     assert_eq!(r["response"]["allowed"], true, "{r}");

@@ -4,6 +4,7 @@
 //! The tests reach it as `crate::support::controller` (usually `as harness`).
 
 use super::apiserver::ApiServer;
+use super::objects;
 use ichor_rules::runtime::controller::{self, Context, Settings};
 use ichor_rules::runtime::metrics::Metrics;
 use ichor_rules::runtime::reload::{Reload, Rules};
@@ -101,12 +102,12 @@ impl Drop for Running {
     }
 }
 
+/// A schedulable cluster in [`NS`] (see `support::objects` for the defaults).
 pub fn cluster(name: &str, count: i64) -> Value {
-    json!({
-        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosCluster",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {"controlPlane": {"count": count}, "schedulable": "true"}
-    })
+    objects::cluster(name, count)
+        .namespace(NS)
+        .schedulable("true")
+        .build()
 }
 
 /// An approved control plane of cluster `prod`, approved at minute `minute`.
@@ -114,23 +115,25 @@ pub fn control_plane(name: &str, minute: u32) -> Value {
     machine(name, "controlplane", true, minute)
 }
 
+/// A machine of cluster `prod` in [`NS`] that may be deleted, its hostname its name,
+/// decided at minute `minute`.
 pub fn machine(name: &str, role: &str, approved: bool, minute: u32) -> Value {
-    json!({
-        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosMachine",
-        "metadata": {"name": name, "namespace": NS,
-                     "annotations": {"ichor.maesh.dev/allow-delete": "true"}},
-        "spec": {"clusterRef": {"name": "prod"}, "role": role, "approved": approved,
-                 "hostname": name,
-                 "approvalDecision": {"at": format!("2026-11-01T10:{minute:02}:00Z")}}
-    })
+    objects::machine(name)
+        .namespace(NS)
+        .cluster("prod")
+        .role(role)
+        .approved(approved)
+        .hostname(name)
+        .allow_delete()
+        .approved_at(&format!("2026-11-01T10:{minute:02}:00Z"))
+        .build()
 }
 
 pub fn operation(name: &str, kind: &str) -> Value {
-    json!({
-        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosOperation",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {"clusterRef": {"name": "prod"}, "kind": kind}
-    })
+    objects::operation(name, kind)
+        .namespace(NS)
+        .cluster("prod")
+        .build()
 }
 
 pub fn get(api: &ApiServer, kind: &str, name: &str) -> Option<Value> {

@@ -6,4 +6,5 @@ pub mod apiserver;
 pub mod controller;
 pub mod etcd;
 pub mod https;
+pub mod objects;
 pub mod talos;
