@@ -1,7 +1,7 @@
 //! Diagnostics: every error and warning the front end finds, with a stable code, a span,
 //! a label and a help line. The source text is attached only when printing.
 
-use crate::syntax::ast::Span;
+use crate::span::Span;
 use miette::{GraphicalReportHandler, GraphicalTheme, LabeledSpan};
 use serde::Serialize;
 use std::fmt;

@@ -774,6 +774,10 @@ impl ModelFact {
     }
 }
 
+/// One event a rule applies to: a verb on a subject, decided at a site. The key of the
+/// decision table's row groups.
+pub type Event = (Verb, Subject, Site);
+
 #[cfg(test)]
 mod tests {
     use super::*;

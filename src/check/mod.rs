@@ -20,7 +20,7 @@ use std::collections::{HashMap, HashSet};
 const MAX_LET_DEPTH: usize = 64;
 
 /// A (verb, subject, site) triple: the key of a row group.
-pub type Event = (Verb, Subject, Site);
+pub use crate::vocab::Event;
 
 /// A rule, resolved: its events, its conditions with every `let` inlined.
 #[derive(Clone, Debug)]

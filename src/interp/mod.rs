@@ -6,9 +6,9 @@
 pub mod explain;
 pub mod value;
 
-use crate::check::Event;
 use crate::compile::flat::{self, VALUES};
 use crate::compile::{Code, FlatProgram, Kind, MAX_STACK, Op, Piece, Row, Table, Text};
+use crate::vocab::Event;
 use crate::vocab::{FACT_COUNT, FACTS, Fact, Type, Verdict};
 use serde::Serialize;
 use std::sync::Arc;

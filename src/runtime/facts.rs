@@ -6,8 +6,8 @@
 //! `transitioning`, `rank` — derives from it.
 
 use super::objects::{Role, Snapshot, TalosCluster, TalosMachine, TalosOperation};
-use crate::check::Event;
 use crate::interp::{Facts, Lookup, Value};
+use crate::vocab::Event;
 use crate::vocab::{Fact, Site};
 use std::cmp::Ordering;
 

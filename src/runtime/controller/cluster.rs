@@ -10,9 +10,8 @@
 //! the finalizer goes once the last of them is gone. Until then the condition `Teardown`
 //! (True, `WaitingForMachines`) names them.
 
-use super::machine::{holds, set_finalizer_of};
 use super::status::{self, Conditions};
-use super::{Context, ReconcileError};
+use super::{Context, ReconcileError, finalizer};
 use crate::runtime::facts::{approved_members, is_transitioning};
 use crate::runtime::live::Reads;
 use crate::runtime::objects::{Role, TEARDOWN_FINALIZER, TalosCluster};
@@ -54,7 +53,7 @@ pub async fn reconcile(c: Arc<TalosCluster>, ctx: Arc<Context>) -> Result<Action
     let (on, reason, message) = transitioning(approved);
     let mut next = live.clone();
     let mut changed = status::set(next.conditions_mut(), "Transitioning", on, reason, &message);
-    let finalized = holds(&live.metadata, TEARDOWN_FINALIZER);
+    let finalized = finalizer::holds(&live.metadata, TEARDOWN_FINALIZER);
     // The machines that still refer to it, being deleted or not, approved or not.
     let remaining: Vec<&str> = snapshot
         .machines
@@ -79,23 +78,18 @@ pub async fn reconcile(c: Arc<TalosCluster>, ctx: Arc<Context>) -> Result<Action
         );
     }
     if changed {
-        let st = next.status.clone().unwrap_or_default();
-        match status::patch_status::<TalosCluster>(&ctx.client, &ns, &name, &st).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(e.into()),
-        }
+        status::write(&ctx.client, live, &next).await?;
     }
     if live.deleting() {
         if finalized && remaining.is_empty() {
-            set_finalizer_of(&ctx, live, TEARDOWN_FINALIZER, false).await?;
+            finalizer::set(&ctx, live, TEARDOWN_FINALIZER, false).await?;
             tracing::info!(cluster = %format!("{ns}/{name}"), "torn down: no TalosMachine refers to it any more");
         }
         // Each machine's deletion triggers this through the watch.
         return Ok(Action::await_change());
     }
     if !finalized {
-        set_finalizer_of(&ctx, live, TEARDOWN_FINALIZER, true).await?;
+        finalizer::set(&ctx, live, TEARDOWN_FINALIZER, true).await?;
     }
     // Machines' changes trigger this through the watch; the requeue is a safety net.
     Ok(Action::requeue(Duration::from_secs(300)))

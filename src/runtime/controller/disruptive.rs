@@ -6,7 +6,7 @@
 //! the rules text is the one place that policy lives. Work refused by the rules holds
 //! nothing: an operation parked for the even count never has the lock.
 
-use super::lock::{Acquired, LeaseLock, LockError};
+use super::lock::{Acquired, LeaseLock, LockError, Renewal};
 use super::{Context, ReconcileError};
 
 /// Disruptive work on a cluster. Its holder identity names the work itself, so a restarted
@@ -86,9 +86,64 @@ pub enum Refused {
     Held { holder: String },
 }
 
+/// A cluster's lock, held by this work and renewed in the background while it is held.
+///
+/// The guard is the only way to the lock, and it ends in one of two ways, each consuming
+/// it: [`Held::release`] gives the lock up (the work is over, or refused), [`Held::keep`]
+/// keeps it for the same work to resume at its next reconcile (a step waits). Dropped any
+/// other way (an error returned with `?`), it stops renewing and keeps the lock, as `keep`
+/// does: the work resumes it, or it expires after the lock duration.
+#[must_use = "a held lock is released or kept"]
+pub struct Held {
+    lock: LeaseLock,
+    holder: String,
+    renewal: Renewal,
+}
+
+impl Held {
+    fn new(ctx: &Context, lock: LeaseLock, holder: String) -> Held {
+        let renewal = Renewal::start(lock.clone(), holder.clone(), ctx.settings.lock_duration / 3);
+        Held {
+            lock,
+            holder,
+            renewal,
+        }
+    }
+
+    /// Gives the lock up (renewing stops first).
+    pub async fn release(self) -> Result<(), LockError> {
+        let Held {
+            lock,
+            holder,
+            renewal,
+        } = self;
+        drop(renewal);
+        lock.release(&holder).await
+    }
+
+    /// Keeps the lock for this work's next reconcile; renewing stops now and that reconcile
+    /// takes it up again.
+    pub fn keep(self) {
+        drop(self.renewal);
+    }
+}
+
+/// Takes `cluster`'s lock for `work` as [`acquire`] does, and holds it: renewed until the
+/// guard is released or kept. The way work takes the lock.
+pub async fn hold(
+    ctx: &Context,
+    namespace: &str,
+    cluster: &str,
+    work: Work<'_>,
+) -> Result<Result<Held, Refused>, ReconcileError> {
+    Ok(acquire(ctx, namespace, cluster, work)
+        .await?
+        .map(|_| Held::new(ctx, cluster_lock(ctx, namespace, cluster), work.holder())))
+}
+
 /// Takes `cluster`'s lock for `work` (the same work resumes its own lock); a lock held by the
-/// removal of a machine that is gone is stale
-/// and taken over.
+/// removal of a machine that is gone is stale and taken over. Nothing renews it: work
+/// takes the lock through [`hold`].
 pub async fn acquire(
     ctx: &Context,
     namespace: &str,

@@ -2,106 +2,18 @@
 //! order) the ControlPlaneOverCap hold, the removal finalizer, and reachability probes.
 
 use super::status::{self, Conditions};
-use super::{Context, ReconcileError, held, nodes, removal};
+use super::{Context, ReconcileError, finalizer, held, nodes, removal};
 use crate::runtime::decide::{decide_events, reconcile_machine_event};
 use crate::runtime::facts::Expensive;
 use crate::runtime::live::Reads;
-use crate::runtime::objects::{REMOVAL_FINALIZER, Role, TalosMachine};
+use crate::runtime::objects::{Role, TalosMachine};
 use crate::runtime::talos::TalosError;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use std::sync::Arc;
 use std::time::Duration;
-
-pub fn has_finalizer(m: &TalosMachine) -> bool {
-    holds(&m.metadata, REMOVAL_FINALIZER)
-}
-
-/// Whether an object's metadata carries this finalizer.
-pub fn holds(meta: &kube::api::ObjectMeta, finalizer: &str) -> bool {
-    meta.finalizers
-        .as_ref()
-        .is_some_and(|f| f.iter().any(|x| x == finalizer))
-}
-
-/// Adds or removes the removal finalizer, guarded by the resourceVersion read.
-pub async fn set_finalizer(
-    ctx: &Context,
-    m: &TalosMachine,
-    present: bool,
-) -> Result<(), kube::Error> {
-    set_finalizer_of(ctx, m, REMOVAL_FINALIZER, present).await
-}
-
-/// Adds or removes one finalizer of a namespaced object with a merge patch guarded by the
-/// resourceVersion read (a conflict means someone else wrote first: reconcile again).
-pub async fn set_finalizer_of<K>(
-    ctx: &Context,
-    obj: &K,
-    finalizer: &str,
-    present: bool,
-) -> Result<(), kube::Error>
-where
-    K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-{
-    let meta = obj.meta();
-    let mut finalizers = meta.finalizers.clone().unwrap_or_default();
-    finalizers.retain(|f| f != finalizer);
-    if present {
-        finalizers.push(finalizer.into());
-    }
-    let body = serde_json::json!({
-        "metadata": {
-            "finalizers": finalizers,
-            "resourceVersion": meta.resource_version,
-        }
-    });
-    let ns = meta.namespace.as_deref().unwrap_or_default();
-    let name = meta.name.as_deref().unwrap_or_default();
-    let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
-    match api
-        .patch(name, &PatchParams::default(), &Patch::Merge(&body))
-        .await
-    {
-        Ok(_) => Ok(()),
-        // Gone already: nothing holds it any more.
-        Err(kube::Error::Api(s)) if s.code == 404 && !present => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-/// Writes the machine's conditions (and removal progress) when they changed.
-pub async fn write_status(
-    ctx: &Context,
-    before: &TalosMachine,
-    after: &TalosMachine,
-) -> Result<(), ReconcileError> {
-    write_status_version(ctx, before, after).await.map(|_| ())
-}
-
-/// Like [`write_status`]; the machine's resourceVersion after the write, when it wrote.
-pub async fn write_status_version(
-    ctx: &Context,
-    before: &TalosMachine,
-    after: &TalosMachine,
-) -> Result<Option<String>, ReconcileError> {
-    if before.status == after.status {
-        return Ok(None);
-    }
-    let st = after.status.clone().unwrap_or_default();
-    match status::patch_status::<TalosMachine>(&ctx.client, after.namespace(), after.name(), &st)
-        .await
-    {
-        Ok(version) => Ok(version),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
-        Err(e) => Err(e.into()),
-    }
-}
 
 pub async fn reconcile(m: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
     let (ns, name) = (m.namespace().to_string(), m.name().to_string());
@@ -117,7 +29,7 @@ pub async fn reconcile(m: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action
         return Ok(Action::await_change());
     };
     if live.deleting() {
-        if has_finalizer(live) {
+        if finalizer::has_removal(live) {
             return removal::run(&ctx, live).await;
         }
         return Ok(Action::await_change());
@@ -134,7 +46,7 @@ pub async fn reconcile(m: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action
         if status::set(next.conditions_mut(), "Ready", false, &reason, &message) {
             tracing::info!(machine = %format!("{ns}/{name}"), %reason, "held");
         }
-        write_status(&ctx, live, &next).await?;
+        status::write(&ctx.client, live, &next).await?;
         return Ok(Action::requeue(ctx.settings.over_cap_requeue));
     }
     // A hold that lifted: the Ready=False it set goes, whatever the rule called its reason
@@ -146,8 +58,8 @@ pub async fn reconcile(m: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action
     }
 
     // 2. The removal finalizer on approved control planes.
-    if live.approved_role() == Some(Role::ControlPlane) && !has_finalizer(live) {
-        set_finalizer(&ctx, live, true).await?;
+    if live.approved_role() == Some(Role::ControlPlane) && !finalizer::has_removal(live) {
+        finalizer::set_removal(&ctx, live, true).await?;
     }
 
     // 3. Reachability of an approved machine's node.
@@ -164,7 +76,7 @@ pub async fn reconcile(m: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action
     } else {
         ctx.settings.probe_interval
     };
-    write_status(&ctx, live, &next).await?;
+    status::write(&ctx.client, live, &next).await?;
     Ok(Action::requeue(requeue))
 }
 

@@ -4,21 +4,28 @@
 //!
 //! - [`machine`]: the ControlPlaneOverCap hold, the removal finalizer, reachability probes;
 //! - [`removal`]: the removal of a control plane under the cluster lock, step by step;
+//! - [`plan`]: the removal's decisions and plan-step guards, without I/O (`verify` calls
+//!   them too); [`finalizer`]: the one place finalizers are added and removed;
+//!   [`status`]: conditions and the one status write;
 //! - [`cluster`]: the Transitioning condition from the live count;
 //! - [`operation`]: parking operations while the count is even, resuming them when odd;
 //! - [`lock`]: Leases as locks; [`disruptive`] is the ONE way disruptive work takes a
-//!   cluster's lock; [`leader`]: one replica reconciles.
+//!   cluster's lock (a [`disruptive::Held`] guard, released or kept exactly once); [`leader`]: one replica reconciles.
 
 pub mod cluster;
 pub mod disruptive;
 pub mod drain;
+pub mod finalizer;
 pub mod leader;
 pub mod lock;
 pub mod machine;
 pub mod nodes;
 pub mod operation;
+pub mod plan;
 pub mod removal;
 pub mod status;
+
+pub use plan::hold_of;
 
 use super::live::{LiveError, LiveReader};
 use super::metrics::Metrics;
@@ -193,25 +200,6 @@ pub fn held(
         ctx.metrics.decision(&f.rule, verdict.name());
     }
     hold_of(decision, default_reason)
-}
-
-/// [`held`] without the metrics: no I/O, so `verify`'s model decides with it too.
-pub fn hold_of(
-    decision: &crate::interp::Decision,
-    default_reason: &str,
-) -> Option<(String, String)> {
-    decision.verdict()?;
-    let deciding = decision.deciding();
-    let reason = deciding
-        .iter()
-        .find_map(|f| f.reason.clone())
-        .unwrap_or_else(|| default_reason.into());
-    let message = deciding
-        .iter()
-        .map(|f| f.message.as_str())
-        .collect::<Vec<_>>()
-        .join("; ");
-    Some((reason, message))
 }
 
 #[derive(Debug, thiserror::Error)]

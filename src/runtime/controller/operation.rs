@@ -52,7 +52,7 @@ async fn start_again(
     // as for a removal; what cannot be read refuses.
     let mut supplied: Vec<(crate::vocab::Fact, i64)> = Vec::new();
     let decision = loop {
-        match super::removal::decide(table, snapshot, ev, &supplied) {
+        match super::plan::decide(table, snapshot, ev, &supplied) {
             Ok(d) => break d,
             Err(crate::vocab::Fact::HealthyAfter) if supplied.is_empty() => {
                 let target = next
@@ -182,13 +182,6 @@ pub async fn reconcile(
             start_again(&ctx, &table, &snapshot, &mut next).await
         }
     };
-    if next.status != live.status {
-        let st = next.status.clone().unwrap_or_default();
-        match status::patch_status::<TalosOperation>(&ctx.client, &ns, &name, &st).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
+    status::write(&ctx.client, live, &next).await?;
     Ok(requeue)
 }

@@ -1,7 +1,7 @@
 //! The removal of an approved control plane (ADR 0010, 0106, 0137).
 //!
 //! On deletion of a machine with the removal finalizer: take the cluster lock through
-//! [`disruptive::acquire`] (the same work resumes its own lock; held by other work -> wait
+//! [`disruptive::hold`] (the same work resumes its own lock; held by other work -> wait
 //! and retry), recount live under the lock, decide the `remove controlplane` rules at the
 //! controller site (asking etcd through a healthy sibling whether the member is dead, only
 //! when a rule needs it), then run the plan's steps in order. Each finished step is
@@ -9,17 +9,15 @@
 //! Once the member has left etcd the removal is committed and finishes without deciding
 //! again. A Talos reset that was started is never sent a second time.
 
-use super::disruptive::{self, Refused, Work};
+use super::disruptive::{self, Held, Refused, Work};
 use super::drain::{self, Drained};
-use super::lock::Renewal;
-use super::machine::{set_finalizer, write_status, write_status_version};
 use super::nodes::{self, NodeError};
 use super::status::{self, Conditions};
-use super::{Context, ReconcileError, held};
-use crate::compile::{PlanStep, Table};
-use crate::interp::{Decision, Interrupt, Session, Value, decide_into};
+use super::{Context, ReconcileError, finalizer, held};
+use crate::compile::PlanStep;
+use crate::interp::Decision;
 use crate::runtime::decide::reconcile_machine_event;
-use crate::runtime::facts::{EventFacts, Expensive, SnapshotFacts};
+use crate::runtime::facts::Expensive;
 use crate::runtime::live::Reads;
 use crate::runtime::objects::{RemovalProgress, Role, Snapshot, TalosMachine};
 use crate::runtime::talos::TalosError;
@@ -56,77 +54,8 @@ fn set_progress(m: &mut TalosMachine, p: RemovalProgress) {
     m.status.get_or_insert_with(Default::default).removal = Some(p);
 }
 
-/// Decides the removal with the facts supplied so far; `Err(fact)` when an expensive fact
-/// must be fetched first. No I/O: `verify`'s model calls it as the controller does.
-pub fn decide(
-    table: &Table,
-    snapshot: &Snapshot,
-    ev: EventFacts<'_>,
-    supplied: &[(Fact, i64)],
-) -> Result<Decision, Fact> {
-    let mut session = Session::new(table, SnapshotFacts::new(snapshot, ev, Expensive::Deferred));
-    supply(&mut session, supplied);
-    let mut decision = Decision::default();
-    match decide_into(&mut session, ev.event, &mut decision) {
-        Ok(()) => Ok(decision),
-        Err(Interrupt::Need(f)) => Err(f),
-    }
-}
-
-fn supply<'a, F: crate::interp::Facts<'a>>(session: &mut Session<'a, F>, supplied: &[(Fact, i64)]) {
-    for (fact, v) in supplied {
-        let value = if fact.info().ty == crate::vocab::Type::Bool {
-            Value::Bool(*v != 0)
-        } else {
-            Value::Int(*v)
-        };
-        session.supply(*fact, value);
-    }
-}
-
-/// Whether a plan step runs: its guards, evaluated with the removal's facts (and its
-/// message when it runs). A guard that cannot be evaluated stops the removal (fails
-/// closed). No I/O: `verify`'s model calls it as the controller does.
-pub fn applies(
-    table: &Table,
-    snapshot: &Snapshot,
-    ev: EventFacts<'_>,
-    supplied: &[(Fact, i64)],
-    step: &PlanStep,
-) -> Result<(bool, Option<String>), String> {
-    let mut session = Session::new(table, SnapshotFacts::new(snapshot, ev, Expensive::Deferred));
-    supply(&mut session, supplied);
-    let mut eval = |code: &crate::compile::Code| match session.guard(code) {
-        Ok(Ok(b)) => Ok(b),
-        Ok(Err(e)) => Err(format!(
-            "the guard of `{}` could not be evaluated ({e})",
-            step.text
-        )),
-        Err(Interrupt::Need(f)) => Err(format!(
-            "the guard of `{}` needs `{f}`, which the controller cannot read",
-            step.text
-        )),
-    };
-    let when = match &step.when {
-        Some(c) => eval(c)?,
-        None => true,
-    };
-    let unless = match &step.unless {
-        Some(c) => eval(c)?,
-        None => false,
-    };
-    let runs = when && !unless;
-    let message = match (&step.message, runs) {
-        (Some(pieces), true) => match session.render_pieces(pieces) {
-            Ok(m) => Some(m),
-            Err(Interrupt::Need(f)) => {
-                return Err(format!("the message of `{}` needs `{f}`", step.text));
-            }
-        },
-        _ => None,
-    };
-    Ok((runs, message))
-}
+/// The removal's decisions without I/O (`verify`'s model calls them as the controller does).
+pub use super::plan::{applies, decide};
 
 pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileError> {
     let (ns, name, cluster) = (m.namespace(), m.name(), m.cluster());
@@ -161,7 +90,7 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
         ) {
             ctx.event(m, true, "NoTalosCredentials", msg.clone()).await;
         }
-        write_status(ctx, m, &next).await?;
+        status::write(&ctx.client, m, &next).await?;
         return Ok(Action::requeue(ctx.settings.refused_requeue));
     }
 
@@ -170,8 +99,8 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
         namespace: ns,
         machine: name,
     };
-    match disruptive::acquire(ctx, ns, cluster, work).await? {
-        Ok(_) => {}
+    let held_lock = match disruptive::hold(ctx, ns, cluster, work).await? {
+        Ok(h) => h,
         Err(Refused::Held { holder }) => {
             // A removal the rules refused keeps saying why: the lock held by other work is
             // not news to the person who has to approve a replacement.
@@ -188,13 +117,10 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
                 "ClusterLockHeld",
                 &msg,
             );
-            write_status(ctx, m, &next).await?;
+            status::write(&ctx.client, m, &next).await?;
             return Ok(Action::requeue(ctx.settings.lock_retry));
         }
-    }
-    let lock = disruptive::cluster_lock(ctx, ns, cluster);
-    let holder = work.holder();
-    let renewal = Renewal::start(lock.clone(), holder.clone(), ctx.settings.lock_duration / 3);
+    };
 
     // 2. Recount live, under the lock.
     let reads = Reads {
@@ -204,13 +130,12 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
     };
     let snapshot = ctx.reader.snapshot(ns, &[cluster], reads).await?;
     let Some(live) = snapshot.machine(ns, name) else {
-        drop(renewal);
-        lock.release(&holder).await?;
+        held_lock.release().await?;
         return Ok(Action::await_change());
     };
     let Some(ev) = reconcile_machine_event(live).filter(|e| e.event.0 == Verb::Remove) else {
         // No longer an approved control plane but the removal had begun: finish it.
-        return finish_without_rules(ctx, live, &mut next, p, &lock, &holder, renewal).await;
+        return finish_without_rules(ctx, live, &mut next, p, held_lock).await;
     };
     next = live.clone();
     // What the API server holds of the status: each write compares with it.
@@ -288,10 +213,9 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
                 }
                 _ => {}
             }
-            drop(renewal);
-            lock.release(&holder).await?;
+            held_lock.release().await?;
             let changed = status::set(next.conditions_mut(), REMOVAL, false, &reason, &message);
-            write_status(ctx, live, &next).await?;
+            status::write(&ctx.client, live, &next).await?;
             if changed {
                 tracing::info!(machine = %format!("{ns}/{name}"), %message, "removal refused");
                 ctx.event(live, true, "RemovalRefused", message).await;
@@ -317,11 +241,10 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
 
     // 4. The plan.
     let Some(plan) = table.plan(Verb::Remove, crate::vocab::Subject::ControlPlane) else {
-        drop(renewal);
-        lock.release(&holder).await?;
+        held_lock.release().await?;
         let msg = "the rules have no `plan remove controlplane`; nothing is removed until they do";
         status::set(next.conditions_mut(), REMOVAL, false, "NoPlan", msg);
-        write_status(ctx, live, &next).await?;
+        status::write(&ctx.client, live, &next).await?;
         return Ok(Action::requeue(ctx.settings.refused_requeue));
     };
     for step in &plan.steps {
@@ -332,8 +255,7 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
         let (runs, message) = match applies(&table, &snapshot, ev, &guard_facts, step) {
             Ok(x) => x,
             Err(why) => {
-                drop(renewal);
-                lock.release(&holder).await?;
+                held_lock.release().await?;
                 status::set(
                     next.conditions_mut(),
                     REMOVAL,
@@ -378,13 +300,12 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
                 }
                 // The lock stays ours (the work resumes it); the renewal stops with this
                 // reconcile, and the next one renews it again.
-                drop(renewal);
+                held_lock.keep();
                 return Ok(Action::requeue(after));
             }
         }
     }
-    drop(renewal);
-    lock.release(&holder).await?;
+    held_lock.release().await?;
     tracing::info!(machine = %format!("{ns}/{name}"), "control plane removed");
     Ok(Action::await_change())
 }
@@ -405,7 +326,7 @@ async fn release_if_not_member(ctx: &Context, m: &TalosMachine) -> Result<Action
         .cluster(m.namespace(), m.cluster())
         .is_some_and(|c| c.deleting())
     {
-        set_finalizer(ctx, m, false).await?;
+        finalizer::set_removal(ctx, m, false).await?;
         return Ok(Action::await_change());
     }
     let member = nodes::node_name(m);
@@ -418,7 +339,7 @@ async fn release_if_not_member(ctx: &Context, m: &TalosMachine) -> Result<Action
     .await;
     let (reason, message) = match nodes::healthy_sibling(&dialer, &snapshot, m).await {
         Ok(s) if s.member(member).is_none() => {
-            set_finalizer(ctx, m, false).await?;
+            finalizer::set_removal(ctx, m, false).await?;
             return Ok(Action::await_change());
         }
         Ok(s) => (
@@ -441,7 +362,7 @@ async fn release_if_not_member(ctx: &Context, m: &TalosMachine) -> Result<Action
     };
     let mut next = m.clone();
     status::set(next.conditions_mut(), REMOVAL, false, reason, &message);
-    write_status(ctx, m, &next).await?;
+    status::write(&ctx.client, m, &next).await?;
     Ok(Action::requeue(ctx.settings.refused_requeue))
 }
 
@@ -452,11 +373,8 @@ async fn finish_without_rules(
     live: &TalosMachine,
     next: &mut TalosMachine,
     p: RemovalProgress,
-    lock: &super::lock::LeaseLock,
-    holder: &str,
-    renewal: Renewal,
+    held_lock: Held,
 ) -> Result<Action, ReconcileError> {
-    drop(renewal);
     let msg = format!(
         "the machine is no longer an approved control plane; the removal stopped after: {}",
         if p.done.is_empty() {
@@ -472,9 +390,9 @@ async fn finish_without_rules(
         "RemovalAbandoned",
         &msg,
     );
-    write_status(ctx, live, next).await?;
-    set_finalizer(ctx, live, false).await?;
-    lock.release(holder).await?;
+    status::write(&ctx.client, live, next).await?;
+    finalizer::set_removal(ctx, live, false).await?;
+    held_lock.release().await?;
     Ok(Action::await_change())
 }
 
@@ -492,7 +410,7 @@ async fn save(
     written: &mut TalosMachine,
     next: &mut TalosMachine,
 ) -> Result<(), ReconcileError> {
-    if let Some(version) = write_status_version(ctx, written, next).await? {
+    if let Some(version) = status::write(&ctx.client, written, next).await? {
         next.metadata.resource_version = Some(version);
     }
     *written = next.clone();
@@ -698,7 +616,7 @@ async fn execute(
                 "the control plane was removed",
             );
             save(ctx, written, next).await?;
-            set_finalizer(ctx, written, false).await?;
+            finalizer::set_removal(ctx, written, false).await?;
             Ok(Step::Done)
         }
         other => Ok(Step::Wait {

@@ -2,7 +2,10 @@
 //! status is written with a merge patch of the fields it owns; a write that would change
 //! nothing is skipped.
 
-use crate::runtime::objects::{Condition, TalosCluster, TalosMachine, TalosOperation};
+use crate::runtime::objects::{
+    ClusterStatus, Condition, MachineStatus, OperationStatus, TalosCluster, TalosMachine,
+    TalosOperation,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
@@ -61,45 +64,72 @@ pub fn find<'c>(conds: &'c [Condition], type_: &str) -> Option<&'c Condition> {
     conds.iter().find(|c| c.type_ == type_)
 }
 
-/// Writes `status` (a JSON object of the fields the controller owns) through the status
-/// subresource.
-pub async fn patch_status<K>(
-    client: &Client,
-    namespace: &str,
-    name: &str,
-    status: &impl Serialize,
-) -> Result<Option<String>, kube::Error>
+/// Writes an object's status through the status subresource (a merge patch of the fields
+/// the controller owns) when `after`'s differs from `before`'s. The one status write of the
+/// controller: an object deleted meanwhile is not an error (`Ok(None)`: nothing to record
+/// on it any more). Returns the resourceVersion the write made, when it wrote (a later
+/// finalizer patch is guarded by it).
+pub async fn write<K>(client: &Client, before: &K, after: &K) -> Result<Option<String>, kube::Error>
 where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+    K: Conditions
+        + Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
         + DeserializeOwned
         + Debug,
 {
+    if after.status() == before.status() {
+        return Ok(None);
+    }
+    let empty = K::Status::default();
+    let status = after.status().unwrap_or(&empty);
+    let meta = after.meta();
+    let namespace = meta.namespace.as_deref().unwrap_or_default();
+    let name = meta.name.as_deref().unwrap_or_default();
     let api: Api<K> = Api::namespaced(client.clone(), namespace);
     let body = serde_json::json!({ "status": status });
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&body))
+    match api
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&body))
         .await
-        .map(|o| o.meta().resource_version.clone())
+    {
+        Ok(o) => Ok(o.meta().resource_version.clone()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// The statuses of the three kinds, as the controller writes them.
 pub trait Conditions {
+    /// The status as the controller writes it.
+    type Status: Serialize + PartialEq + Default;
+    fn status(&self) -> Option<&Self::Status>;
     fn conditions_mut(&mut self) -> &mut Vec<Condition>;
 }
 
 impl Conditions for TalosMachine {
+    type Status = MachineStatus;
+    fn status(&self) -> Option<&MachineStatus> {
+        self.status.as_ref()
+    }
     fn conditions_mut(&mut self) -> &mut Vec<Condition> {
         &mut self.status.get_or_insert_with(Default::default).conditions
     }
 }
 
 impl Conditions for TalosCluster {
+    type Status = ClusterStatus;
+    fn status(&self) -> Option<&ClusterStatus> {
+        self.status.as_ref()
+    }
     fn conditions_mut(&mut self) -> &mut Vec<Condition> {
         &mut self.status.get_or_insert_with(Default::default).conditions
     }
 }
 
 impl Conditions for TalosOperation {
+    type Status = OperationStatus;
+    fn status(&self) -> Option<&OperationStatus> {
+        self.status.as_ref()
+    }
     fn conditions_mut(&mut self) -> &mut Vec<Condition> {
         &mut self.status.get_or_insert_with(Default::default).conditions
     }

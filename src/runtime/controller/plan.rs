@@ -1,0 +1,103 @@
+//! The controller's decisions without I/O: the removal's rules with the expensive facts
+//! supplied so far, a plan step's guards and message, and what a decision holds. The
+//! controller calls them between its reads and writes; `verify`'s model calls the same
+//! functions, so what it explores is what the controller decides.
+
+use crate::compile::{PlanStep, Table};
+use crate::interp::{Decision, Interrupt, Session, Value, decide_into};
+use crate::runtime::facts::{EventFacts, Expensive, SnapshotFacts};
+use crate::runtime::objects::Snapshot;
+use crate::vocab::Fact;
+
+/// Decides the removal with the facts supplied so far; `Err(fact)` when an expensive fact
+/// must be fetched first. No I/O: `verify`'s model calls it as the controller does.
+pub fn decide(
+    table: &Table,
+    snapshot: &Snapshot,
+    ev: EventFacts<'_>,
+    supplied: &[(Fact, i64)],
+) -> Result<Decision, Fact> {
+    let mut session = Session::new(table, SnapshotFacts::new(snapshot, ev, Expensive::Deferred));
+    supply(&mut session, supplied);
+    let mut decision = Decision::default();
+    match decide_into(&mut session, ev.event, &mut decision) {
+        Ok(()) => Ok(decision),
+        Err(Interrupt::Need(f)) => Err(f),
+    }
+}
+
+fn supply<'a, F: crate::interp::Facts<'a>>(session: &mut Session<'a, F>, supplied: &[(Fact, i64)]) {
+    for (fact, v) in supplied {
+        let value = if fact.info().ty == crate::vocab::Type::Bool {
+            Value::Bool(*v != 0)
+        } else {
+            Value::Int(*v)
+        };
+        session.supply(*fact, value);
+    }
+}
+
+/// Whether a plan step runs: its guards, evaluated with the removal's facts (and its
+/// message when it runs). A guard that cannot be evaluated stops the removal (fails
+/// closed). No I/O: `verify`'s model calls it as the controller does.
+pub fn applies(
+    table: &Table,
+    snapshot: &Snapshot,
+    ev: EventFacts<'_>,
+    supplied: &[(Fact, i64)],
+    step: &PlanStep,
+) -> Result<(bool, Option<String>), String> {
+    let mut session = Session::new(table, SnapshotFacts::new(snapshot, ev, Expensive::Deferred));
+    supply(&mut session, supplied);
+    let mut eval = |code: &crate::compile::Code| match session.guard(code) {
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(e)) => Err(format!(
+            "the guard of `{}` could not be evaluated ({e})",
+            step.text
+        )),
+        Err(Interrupt::Need(f)) => Err(format!(
+            "the guard of `{}` needs `{f}`, which the controller cannot read",
+            step.text
+        )),
+    };
+    let when = match &step.when {
+        Some(c) => eval(c)?,
+        None => true,
+    };
+    let unless = match &step.unless {
+        Some(c) => eval(c)?,
+        None => false,
+    };
+    let runs = when && !unless;
+    let message = match (&step.message, runs) {
+        (Some(pieces), true) => match session.render_pieces(pieces) {
+            Ok(m) => Some(m),
+            Err(Interrupt::Need(f)) => {
+                return Err(format!("the message of `{}` needs `{f}`", step.text));
+            }
+        },
+        _ => None,
+    };
+    Ok((runs, message))
+}
+
+/// What held or refused, as a condition's (reason, message): the first reason a deciding
+/// rule gives (else `default_reason`) and every deciding message; `None` when the decision
+/// lets the work proceed. [`super::held`] is this with the metrics.
+pub fn hold_of(
+    decision: &crate::interp::Decision,
+    default_reason: &str,
+) -> Option<(String, String)> {
+    decision.verdict()?;
+    let deciding = decision.deciding();
+    let reason = deciding
+        .iter()
+        .find_map(|f| f.reason.clone())
+        .unwrap_or_else(|| default_reason.into());
+    let message = deciding
+        .iter()
+        .map(|f| f.message.as_str())
+        .collect::<Vec<_>>()
+        .join("; ");
+    Some((reason, message))
+}
