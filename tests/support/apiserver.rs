@@ -89,6 +89,21 @@
 //! The integration tests reach it as `crate::support::apiserver` (tests/support/mod.rs); the
 //! benches include it with `#[path = "../tests/support/apiserver.rs"] mod apiserver;`:
 //! each uses a different part of it.
+//!
+//! Modelled for no product path: `src/` never sends these. They are kept, and marked here,
+//! because the tests of this server (tests/apiserver.rs: `generate_name_and_dry_run`,
+//! `merge_patch_json_patch_and_unsupported_patches`, `label_selectors`, `field_selectors`,
+//! `events_in_both_groups`, `version`, ...) pin them as the real server behaves, so a product
+//! change that starts to rely on one finds it right: JSON patch, `generateName`,
+//! `dryRun=All`, the `labelSelector` list parameter (label selectors themselves are used: a
+//! PodDisruptionBudget's `spec.selector` at eviction), core/v1 Events and their field
+//! selectors, field selectors on pods other than `spec.nodeName` and on nodes and replica
+//! sets, streaming lists (`sendInitialEvents`: kube's watcher lists, then watches), and
+//! `GET /version`. Everything else above is on a product path: the three custom resources
+//! (with their selectable fields, `limit` and `continue`, watches and bookmarks, finalizers,
+//! the status subresource), nodes, pods and their eviction (with the budgets and the
+//! workload controllers a budget's percentage counts), Leases, events.k8s.io Events, merge
+//! patches, and the TokenReview and SubjectAccessReview answers.
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
