@@ -45,6 +45,12 @@ cargo fmt --check
 echo "==> cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
 
+# The checked boundary (ARCHITECTURE.md): the rules language compiles alone, without the
+# runtime feature, so none of its modules can use kube, k8s-openapi, tokio, axum, hyper,
+# tonic, or the runtime and the command line.
+echo "==> cargo check --lib --no-default-features (the rules language alone)"
+cargo check --lib --no-default-features
+
 # The shipped rules in their canonical layout, and their test suite (rules/tests/); the
 # cargo tests run both too (tests/fmt.rs, tests/seeds.rs), this says it first and plainly.
 echo "==> ichor-rules fmt --check rules/ && ichor-rules test"
