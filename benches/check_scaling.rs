@@ -5,6 +5,9 @@
 //!
 //! Run: `cargo bench --bench check_scaling -- --warm-up-time 1 --measurement-time 3`
 
+// Test and benchmark code: a failed setup step is a failed run.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use criterion::{BenchmarkId, Criterion, SamplingMode, criterion_group, criterion_main};
 use ichor_rules::diagnostics::{SourceFile, render_human};
 use ichor_rules::ruleset::build;

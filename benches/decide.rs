@@ -5,6 +5,9 @@
 //!
 //! Run: `cargo bench --bench decide -- --warm-up-time 1 --measurement-time 3`
 
+// Test and benchmark code: a failed setup step is a failed run.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use ichor_rules::check::{CheckResult, check};
 use ichor_rules::compile::{Table, compile};

@@ -2,6 +2,9 @@
 //! cluster of up to three control planes (about 46,000 states), as `verify` explores it.
 //! Report states per second from the median.
 
+// Test and benchmark code: a failed setup step is a failed run.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use criterion::{Criterion, criterion_group, criterion_main};
 use ichor_rules::ruleset::load;
 use ichor_rules::verify::{Bounds, verify};

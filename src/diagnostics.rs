@@ -15,11 +15,112 @@ pub enum Severity {
     Warning,
 }
 
+/// Declares the diagnostic codes: each variant, its stable text, and whether some rule text
+/// can produce it (the others come from reading files or from a bug, not from a rule).
+macro_rules! codes {
+    ($($(#[doc = $doc:literal])* $variant:ident $text:literal $from_rules:literal;)*) => {
+        /// Every diagnostic code the tools report. The text is stable (CI scripts match on it);
+        /// [`Code::ALL`] lets tests check that each is documented and has a snapshot.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Code {
+            $($(#[doc = $doc])* $variant,)*
+        }
+
+        impl Code {
+            /// Every code, in declaration order.
+            pub const ALL: &'static [Code] = &[$(Code::$variant,)*];
+
+            /// The stable text, such as `ichor::check::unknown_fact`.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(Code::$variant => $text,)*
+                }
+            }
+
+            /// Whether a rule file can produce it (so a bad file under `tests/rules/bad`
+            /// must); the others are about reading files, or a bug.
+            pub const fn from_rules(self) -> bool {
+                match self {
+                    $(Code::$variant => $from_rules,)*
+                }
+            }
+        }
+    };
+}
+
+codes! {
+    /// The parser expected something else here.
+    SyntaxExpected "ichor::syntax::expected" true;
+    /// An integer literal does not fit in 64 bits.
+    SyntaxIntTooLarge "ichor::syntax::int_too_large" true;
+    /// An expression nests too deep or has too many parts.
+    SyntaxTooComplex "ichor::syntax::too_complex" true;
+    UnknownName "ichor::check::unknown_name" true;
+    FactUnavailable "ichor::check::fact_unavailable" true;
+    TypeMismatch "ichor::check::type_mismatch" true;
+    NotACondition "ichor::check::not_a_condition" true;
+    UnknownEnumValue "ichor::check::unknown_enum_value" true;
+    PlaceholderOutsideMessage "ichor::check::placeholder_outside_message" true;
+    UnknownVerb "ichor::check::unknown_verb" true;
+    UnknownSubject "ichor::check::unknown_subject" true;
+    UnknownSite "ichor::check::unknown_site" true;
+    ImpossibleEvent "ichor::check::impossible_event" true;
+    HoldAtWebhook "ichor::check::hold_at_webhook" true;
+    HoldNeedsReason "ichor::check::hold_needs_reason" true;
+    BadReason "ichor::check::bad_reason" true;
+    MissingMessage "ichor::check::missing_message" true;
+    DuplicateRule "ichor::check::duplicate_rule" true;
+    DuplicateLet "ichor::check::duplicate_let" true;
+    DuplicatePlan "ichor::check::duplicate_plan" true;
+    LetShadowsFact "ichor::check::let_shadows_fact" true;
+    CyclicLet "ichor::check::cyclic_let" true;
+    UnknownAction "ichor::check::unknown_action" true;
+    PlanNotAtController "ichor::check::plan_not_at_controller" true;
+    PlanGroup "ichor::check::plan_group" true;
+    Arithmetic "ichor::check::arithmetic" true;
+    UnusedLet "ichor::lint::unused_let" true;
+    AlwaysTrue "ichor::lint::always_true" true;
+    NeverTrue "ichor::lint::never_true" true;
+    UnlessNever "ichor::lint::unless_never" true;
+    Subsumed "ichor::lint::subsumed" true;
+    NotAnalysed "ichor::lint::not_analysed" true;
+    AllowContradicted "ichor::lint::allow_contradicted" true;
+    UncoveredEvent "ichor::lint::uncovered_event" true;
+    /// A rule file could not be read.
+    InputUnreadable "ichor::input::unreadable" false;
+    /// A bug: the checker passed what the compiler cannot build.
+    Internal "ichor::internal" false;
+}
+
+impl fmt::Display for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Code {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl PartialEq<str> for Code {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for Code {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
 /// One finding in one file.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Diagnostic {
     /// Stable code, such as `ichor::check::unknown_fact`.
-    pub code: &'static str,
+    pub code: Code,
     pub severity: Severity,
     /// Index into the rule set's source files.
     pub file: usize,
@@ -32,10 +133,22 @@ pub struct Diagnostic {
     pub help: Option<String>,
     /// False for a finding about the rule set as a whole (no place in a file to point at).
     pub located: bool,
+    /// Other places it is about (the first definition of a duplicate, the rule that subsumes
+    /// this one), shown under the primary label: not written into the help text.
+    pub secondary: Vec<Label>,
+}
+
+/// A secondary label: a place in a rule file and what it has to do with the diagnostic.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Label {
+    /// Index into the rule set's source files (may differ from the diagnostic's).
+    pub file: usize,
+    pub span: Span,
+    pub message: String,
 }
 
 impl Diagnostic {
-    pub fn error(code: &'static str, file: usize, span: Span, message: impl Into<String>) -> Self {
+    pub fn error(code: Code, file: usize, span: Span, message: impl Into<String>) -> Self {
         Diagnostic {
             code,
             severity: Severity::Error,
@@ -45,6 +158,7 @@ impl Diagnostic {
             label: String::new(),
             help: None,
             located: true,
+            secondary: Vec::new(),
         }
     }
 
@@ -54,12 +168,7 @@ impl Diagnostic {
         self
     }
 
-    pub fn warning(
-        code: &'static str,
-        file: usize,
-        span: Span,
-        message: impl Into<String>,
-    ) -> Self {
+    pub fn warning(code: Code, file: usize, span: Span, message: impl Into<String>) -> Self {
         Diagnostic {
             severity: Severity::Warning,
             ..Diagnostic::error(code, file, span, message)
@@ -68,6 +177,16 @@ impl Diagnostic {
 
     pub fn label(mut self, label: impl Into<String>) -> Self {
         self.label = label.into();
+        self
+    }
+
+    /// Adds a secondary label: another place, in `file`, the diagnostic is about.
+    pub fn secondary(mut self, file: usize, span: Span, message: impl Into<String>) -> Self {
+        self.secondary.push(Label {
+            file,
+            span,
+            message: message.into(),
+        });
         self
     }
 
@@ -266,7 +385,7 @@ impl std::error::Error for Rendered<'_> {}
 
 impl miette::Diagnostic for Rendered<'_> {
     fn code<'b>(&'b self) -> Option<Box<dyn fmt::Display + 'b>> {
-        Some(Box::new(self.diag.code))
+        Some(Box::new(self.diag.code.as_str()))
     }
 
     fn severity(&self) -> Option<miette::Severity> {
@@ -299,11 +418,17 @@ impl miette::Diagnostic for Rendered<'_> {
         } else {
             Some(self.diag.label.clone())
         };
-        Some(Box::new(std::iter::once(LabeledSpan::new(
-            label,
-            span.start as usize,
-            span.len(),
-        ))))
+        let primary = LabeledSpan::new_primary_with_span(label, (span.start as usize, span.len()));
+        let file = self.diag.file;
+        let secondary = self
+            .diag
+            .secondary
+            .iter()
+            .filter(move |l| l.file == file)
+            .map(|l| {
+                LabeledSpan::new(Some(l.message.clone()), l.span.start as usize, l.span.len())
+            });
+        Some(Box::new(std::iter::once(primary).chain(secondary)))
     }
 }
 
@@ -341,6 +466,17 @@ pub fn render_human(diags: &[Diagnostic], files: &[SourceFile], colour: bool) ->
         if !done {
             render_plain(&mut out, d, file);
         }
+        // Secondary labels in another file than the primary one: a line each, with its place.
+        for l in d.secondary.iter().filter(|l| l.file != d.file) {
+            if let Some(f) = files.get(l.file) {
+                let (line, col) = f.line_col(l.span.start);
+                out.push_str(&format!(
+                    "  note: {}: {}:{line}:{col}\n",
+                    l.message,
+                    f.display_path()
+                ));
+            }
+        }
         out.push('\n');
     }
     out
@@ -370,6 +506,14 @@ fn render_plain(out: &mut String, d: &Diagnostic, file: &SourceFile) {
             if d.label.is_empty() { "here" } else { &d.label },
         ));
     }
+    for l in d.secondary.iter().filter(|l| l.file == d.file) {
+        let (line, col) = file.line_col(l.span.start);
+        out.push_str(&format!(
+            "  note: {}: {}:{line}:{col}\n",
+            l.message,
+            file.display_path()
+        ));
+    }
     if let Some(help) = &d.help {
         out.push_str(&format!("  help: {help}\n"));
     }
@@ -378,7 +522,7 @@ fn render_plain(out: &mut String, d: &Diagnostic, file: &SourceFile) {
 /// The machine-readable form of one diagnostic, for CI.
 #[derive(Serialize)]
 pub struct JsonDiagnostic<'a> {
-    pub code: &'static str,
+    pub code: Code,
     pub severity: Severity,
     pub file: String,
     pub line: usize,
@@ -388,6 +532,20 @@ pub struct JsonDiagnostic<'a> {
     pub message: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub help: Option<&'a str>,
+    /// The secondary labels, each with its own place (absent when there are none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub labels: Vec<JsonLabel<'a>>,
+}
+
+/// A secondary label in the machine-readable form.
+#[derive(Serialize)]
+pub struct JsonLabel<'a> {
+    pub file: String,
+    pub line: usize,
+    pub column: usize,
+    pub end_line: usize,
+    pub end_column: usize,
+    pub message: &'a str,
 }
 
 pub fn to_json<'a>(diags: &'a [Diagnostic], files: &[SourceFile]) -> Vec<JsonDiagnostic<'a>> {
@@ -412,6 +570,23 @@ pub fn to_json<'a>(diags: &'a [Diagnostic], files: &[SourceFile]) -> Vec<JsonDia
                 end_column,
                 message: &d.message,
                 help: d.help.as_deref(),
+                labels: d
+                    .secondary
+                    .iter()
+                    .filter_map(|l| {
+                        let f = files.get(l.file)?;
+                        let (line, column) = f.line_col(l.span.start);
+                        let (end_line, end_column) = f.line_col(l.span.end);
+                        Some(JsonLabel {
+                            file: f.display_path(),
+                            line,
+                            column,
+                            end_line,
+                            end_column,
+                            message: &l.message,
+                        })
+                    })
+                    .collect(),
             }
         })
         .collect()

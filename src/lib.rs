@@ -23,6 +23,8 @@
 //! The `runtime` feature (on by default) adds the operator: `runtime` (webhook,
 //! controller, live reads), `cli` and `verify`.
 
+#![forbid(unsafe_code)]
+
 pub mod check;
 pub mod compile;
 pub mod diagnostics;

@@ -2,7 +2,7 @@
 
 use crate::check::{CheckResult, check_with};
 use crate::compile::{Table, compile};
-use crate::diagnostics::{Diagnostic, SourceFile};
+use crate::diagnostics::{Code, Diagnostic, SourceFile};
 use std::path::{Path, PathBuf};
 
 /// A rule set read from disk: its files, what the checker found, and the table when it
@@ -154,7 +154,7 @@ pub fn build_with(files: Vec<SourceFile>, lints: bool) -> RuleSet {
             Err(_) => RuleSet {
                 diagnostics: vec![
                     Diagnostic::error(
-                        "ichor::internal",
+                        Code::Internal,
                         0,
                         crate::syntax::ast::Span::default(),
                         "the rules could not be checked: the checker failed (a bug in ichor-rules)",

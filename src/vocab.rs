@@ -362,7 +362,9 @@ pub enum Fact {
 /// The number of fact slots.
 pub const FACT_COUNT: usize = 29;
 
-/// What the checker and the lints know about a fact.
+/// What the checker, the lints, the runtime and the guide know about a fact: the one
+/// declaration each of them reads (the facts table of docs/rules.md is generated from it,
+/// by [`facts_table_markdown`]).
 pub struct FactInfo {
     pub fact: Fact,
     pub name: &'static str,
@@ -370,16 +372,186 @@ pub struct FactInfo {
     pub cost: Cost,
     /// The live read it is computed from.
     pub read: Read,
+    /// The events it can be read for, and that in words.
+    pub available: Availability,
+    /// The values the lints reason over.
+    pub domain: Domain,
+    /// What it means, for the guide.
     pub doc: &'static str,
 }
 
 macro_rules! facts {
-    ($($fact:ident $name:literal $ty:expr, $cost:ident, $read:ident, $doc:literal;)*) => {
+    ($($fact:ident $name:literal $ty:expr, $cost:ident, $read:ident, $avail:ident,
+       $(domain $domain:expr,)? $doc:literal;)*) => {
         /// Every fact, in slot order.
         pub const FACTS: &[FactInfo] = &[
-            $(FactInfo { fact: Fact::$fact, name: $name, ty: $ty, cost: Cost::$cost, read: Read::$read, doc: $doc },)*
+            $(FactInfo {
+                fact: Fact::$fact,
+                name: $name,
+                ty: $ty,
+                cost: Cost::$cost,
+                read: Read::$read,
+                available: $avail,
+                domain: domain_or!($ty $(, $domain)?),
+                doc: $doc,
+            },)*
         ];
     };
+}
+
+/// A fact's lint domain: the one declared, or the one of its type.
+macro_rules! domain_or {
+    ($ty:expr) => {
+        Domain::of($ty)
+    };
+    ($ty:expr, $domain:expr) => {
+        $domain
+    };
+}
+
+/// One set of events: those whose verb, subject and site are among these (an empty list
+/// stands for any).
+#[derive(Clone, Copy, Debug)]
+pub struct Events {
+    pub verbs: &'static [Verb],
+    pub subjects: &'static [Subject],
+    pub sites: &'static [Site],
+}
+
+impl Events {
+    fn contains(&self, verb: Verb, subject: Subject, site: Site) -> bool {
+        (self.verbs.is_empty() || self.verbs.contains(&verb))
+            && (self.subjects.is_empty() || self.subjects.contains(&subject))
+            && (self.sites.is_empty() || self.sites.contains(&site))
+    }
+}
+
+/// Where a fact can be read: the events of any of `events`; `text` says so in words (the
+/// "not available" error's help, and the guide's "available in" column).
+#[derive(Clone, Copy, Debug)]
+pub struct Availability {
+    pub events: &'static [Events],
+    pub text: &'static str,
+}
+
+const MACHINE_SUBJECTS: &[Subject] = &[Subject::ControlPlane, Subject::Worker, Subject::Machine];
+const LEAVE_VERBS: &[Verb] = &[Verb::Remove, Verb::Unapprove, Verb::Reassign, Verb::Move];
+
+const EVERY_RULE: Availability = Availability {
+    events: &[Events {
+        verbs: &[],
+        subjects: &[],
+        sites: &[],
+    }],
+    text: "every rule",
+};
+const ON_MACHINES: Availability = Availability {
+    events: &[Events {
+        verbs: &[],
+        subjects: MACHINE_SUBJECTS,
+        sites: &[],
+    }],
+    text: "rules on `controlplane`, `worker` or `machine`",
+};
+const ON_MACHINES_AND_CLUSTERS: Availability = Availability {
+    events: &[Events {
+        verbs: &[],
+        subjects: &[
+            Subject::ControlPlane,
+            Subject::Worker,
+            Subject::Machine,
+            Subject::Cluster,
+        ],
+        sites: &[],
+    }],
+    text: "rules on machines and clusters",
+};
+const ON_APPLY: Availability = Availability {
+    events: &[Events {
+        verbs: &[Verb::Apply],
+        subjects: MACHINE_SUBJECTS,
+        sites: &[],
+    }],
+    text: "`apply` rules (the controller)",
+};
+const ON_LEAVE_CONTROLPLANE: Availability = Availability {
+    events: &[Events {
+        verbs: LEAVE_VERBS,
+        subjects: &[Subject::ControlPlane],
+        sites: &[],
+    }],
+    text: "`remove`, `unapprove`, `reassign` and `move` of `controlplane`",
+};
+const ON_OPERATIONS: Availability = Availability {
+    events: &[Events {
+        verbs: &[],
+        subjects: &[Subject::Operation],
+        sites: &[],
+    }],
+    text: "rules on `operation`",
+};
+const ON_OPERATIONS_AND_CONTROLPLANES: Availability = Availability {
+    events: &[Events {
+        verbs: &[],
+        subjects: &[Subject::Operation, Subject::ControlPlane],
+        sites: &[],
+    }],
+    text: "rules on `operation` or `controlplane`",
+};
+const ON_LEAVE_CONTROLPLANE_AND_START: Availability = Availability {
+    events: &[
+        Events {
+            verbs: LEAVE_VERBS,
+            subjects: &[Subject::ControlPlane],
+            sites: &[],
+        },
+        Events {
+            verbs: &[Verb::Start],
+            subjects: &[Subject::Operation],
+            sites: &[],
+        },
+    ],
+    text: "`remove`, `unapprove`, `reassign` and `move` of `controlplane`, and `start operation`",
+};
+const ON_REPORT: Availability = Availability {
+    events: &[Events {
+        verbs: &[Verb::Report],
+        subjects: &[],
+        sites: &[],
+    }],
+    text: "`report` rules (the webhook)",
+};
+
+/// The control-plane counts a TalosCluster may declare (the CRD's enum for
+/// `spec.controlPlane.count`).
+pub const CONTROL_PLANE_COUNTS: &[i64] = &[1, 3, 5];
+
+/// The values `count` can take: a declared count, or 0 when the cluster does not exist.
+pub const COUNT_VALUES: &[i64] = &[0, 1, 3, 5];
+
+/// The values the lints give a fact.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Domain {
+    /// `true` or `false`.
+    Bool,
+    /// Any text (names and enum facts: the literals a condition compares them with, and one
+    /// value equal to none of them).
+    Text,
+    /// Any count from 0 (a machine count or a position), unbounded.
+    Natural,
+    /// Exactly these integers.
+    Values(&'static [i64]),
+}
+
+impl Domain {
+    /// The domain of a fact of this type (`count` is the one int with values of its own).
+    const fn of(ty: Type) -> Domain {
+        match ty {
+            Type::Bool => Domain::Bool,
+            Type::Name | Type::Enum(_) => Domain::Text,
+            Type::Int => Domain::Natural,
+        }
+    }
 }
 
 /// What a fact is computed from, so the live read a decision needs is derived from the
@@ -397,52 +569,55 @@ pub enum Read {
 }
 
 facts! {
-    Approved "approved" Type::Int, Cheap, Machines,
-        "approved control planes of the subject's cluster (machines being deleted not counted, except the subject)";
-    Workers "workers" Type::Int, Cheap, Machines,
-        "approved workers of the subject's cluster (machines being deleted not counted, except the subject)";
-    Count "count" Type::Int, Cheap, Cluster,
-        "spec.controlPlane.count of the cluster (1, 3 or 5; 0 when the cluster does not exist)";
-    Schedulable "schedulable" Type::Bool, Cheap, Cluster,
-        "spec.schedulable of the cluster is not \"false\" (true when the cluster does not exist)";
-    Cluster "cluster" Type::Name, Cheap, Request, "the name of the subject's TalosCluster";
-    ClusterExists "cluster.exists" Type::Bool, Cheap, Cluster, "the TalosCluster exists";
-    ClusterDeleting "cluster.deleting" Type::Bool, Cheap, Cluster,
-        "the TalosCluster is being deleted (deletionTimestamp set)";
-    Transitioning "transitioning" Type::Bool, Cheap, Machines,
-        "the number of approved control planes is even (and not zero)";
-    Machine "machine" Type::Name, Cheap, Request, "the name of the TalosMachine";
-    Role "role" Type::Enum(EnumKind::Role), Cheap, Request, "spec.role of the TalosMachine";
-    Deleting "deleting" Type::Bool, Cheap, Request, "the subject is being deleted (deletionTimestamp set)";
-    AllowDelete "allow_delete" Type::Bool, Cheap, Request,
-        "the subject carries the annotation ichor.maesh.dev/allow-delete: \"true\"";
-    Rank "rank" Type::Int, Cheap, Machines,
-        "position (from 1) among approved control planes ordered by spec.approvalDecision.at, then name (creation time when no decision time)";
-    MemberDead "member.dead" Type::Bool, Expensive, Request,
-        "its etcd member is listed by a healthy sibling and does not answer, or answers with no leader (admission sees only Ready=False NodeUnreachable)";
-    NodeUnreachable "node.unreachable" Type::Bool, Cheap, Request,
-        "the TalosMachine reports Ready=False with reason NodeUnreachable";
-    Operation "operation" Type::Name, Cheap, Request, "the name of the TalosOperation";
-    Kind "kind" Type::Enum(EnumKind::OperationKind), Cheap, Request, "spec.kind of the TalosOperation";
-    Target "target" Type::Name, Cheap, Request, "spec.machine of the TalosOperation (empty when none)";
-    TargetControlPlane "target.controlplane" Type::Bool, Cheap, Machines,
-        "the operation's spec.machine is an approved control plane of the operation's cluster (not being deleted)";
-    Phase "phase" Type::Name, Cheap, Request, "status.phase of the TalosOperation";
-    Failed "failed" Type::Bool, Cheap, Request, "the TalosOperation failed: a status.failureReason, or phase Failed";
-    Paused "paused" Type::Bool, Cheap, Request,
-        "the TalosOperation is Paused for a reason the rules do not own (Operator, ClusterLockHeld, a shutdown, a failure): that pause stands";
-    UnfinishedExists "unfinished.exists" Type::Bool, Cheap, Operations,
-        "another TalosOperation of the cluster is not finished (any phase but Succeeded)";
-    UnfinishedName "unfinished.name" Type::Name, Cheap, Operations,
-        "the name of that operation (one not parked is preferred, then the oldest)";
-    UnfinishedKind "unfinished.kind" Type::Name, Cheap, Operations, "spec.kind of that operation";
-    UnfinishedPhase "unfinished.phase" Type::Name, Cheap, Operations, "status.phase of that operation";
-    UnfinishedParked "unfinished.parked" Type::Bool, Cheap, Operations,
-        "that operation is parked for the even count: Paused with reason ClusterTransitioning and no failure";
-    HealthyAfter "healthy.after" Type::Int, Expensive, Machines,
-        "etcd members that stay, and answer, once the subject (a departing control plane, or an operation's target) is gone: the controller asks each member listed by a healthy sibling; admission counts the other approved control planes not being deleted and not Ready=False NodeUnreachable";
-    RequestByController "request.by_controller" Type::Bool, Cheap, Request,
-        "the request was made by the controller's own identity (its userInfo.username is the one `serve --controller-username` names; false when none is named)";
+    Approved "approved" Type::Int, Cheap, Machines, EVERY_RULE,
+        "approved control planes of the cluster";
+    Workers "workers" Type::Int, Cheap, Machines, EVERY_RULE,
+        "approved workers of the cluster";
+    Count "count" Type::Int, Cheap, Cluster, EVERY_RULE, domain Domain::Values(COUNT_VALUES),
+        "spec.controlPlane.count (1, 3 or 5; 0 when the cluster does not exist)";
+    Schedulable "schedulable" Type::Bool, Cheap, Cluster, EVERY_RULE,
+        "spec.schedulable is not \"false\" (true when the cluster does not exist)";
+    Cluster "cluster" Type::Name, Cheap, Request, EVERY_RULE, "the TalosCluster's name";
+    ClusterExists "cluster.exists" Type::Bool, Cheap, Cluster, EVERY_RULE, "the TalosCluster exists";
+    ClusterDeleting "cluster.deleting" Type::Bool, Cheap, Cluster, EVERY_RULE,
+        "the TalosCluster is being deleted";
+    Transitioning "transitioning" Type::Bool, Cheap, Machines, EVERY_RULE,
+        "the approved control-plane count is even (and not zero)";
+    Machine "machine" Type::Name, Cheap, Request, ON_MACHINES, "the TalosMachine's name";
+    Role "role" Type::Enum(EnumKind::Role), Cheap, Request, ON_MACHINES, "spec.role";
+    Deleting "deleting" Type::Bool, Cheap, Request, ON_MACHINES, "the subject is being deleted";
+    AllowDelete "allow_delete" Type::Bool, Cheap, Request, ON_MACHINES_AND_CLUSTERS,
+        "annotation `ichor.maesh.dev/allow-delete: \"true\"`";
+    Rank "rank" Type::Int, Cheap, Machines, ON_APPLY,
+        "position from 1 among approved control planes by spec.approvalDecision.at, then name (creation time without a decision time)";
+    MemberDead "member.dead" Type::Bool, Expensive, Request, ON_LEAVE_CONTROLPLANE,
+        "its etcd member is listed by a healthy sibling and does not answer or sees no leader. The webhook sees only Ready=False NodeUnreachable; offline evaluation also accepts a Removal condition with reason DeadMemberRemoval. Expensive: fetched only when needed";
+    NodeUnreachable "node.unreachable" Type::Bool, Cheap, Request, ON_MACHINES,
+        "Ready=False with reason NodeUnreachable";
+    Operation "operation" Type::Name, Cheap, Request, ON_OPERATIONS, "the TalosOperation's name";
+    Kind "kind" Type::Enum(EnumKind::OperationKind), Cheap, Request, ON_OPERATIONS, "spec.kind";
+    Target "target" Type::Name, Cheap, Request, ON_OPERATIONS, "spec.machine (\"\" when none)";
+    TargetControlPlane "target.controlplane" Type::Bool, Cheap, Machines, ON_OPERATIONS,
+        "spec.machine is an approved control plane of the operation's cluster, not being deleted (one `approved` counts)";
+    Phase "phase" Type::Name, Cheap, Request, ON_OPERATIONS, "status.phase";
+    Failed "failed" Type::Bool, Cheap, Request, ON_OPERATIONS,
+        "status.failureReason is set, or status.phase is Failed";
+    Paused "paused" Type::Bool, Cheap, Request, ON_OPERATIONS,
+        "Paused=True for a reason the rules do not own (Operator, ClusterLockHeld, a shutdown, a failure): that pause stands";
+    UnfinishedExists "unfinished.exists" Type::Bool, Cheap, Operations, ON_OPERATIONS_AND_CONTROLPLANES,
+        "another operation of the cluster is not finished (any phase but Succeeded or Completed)";
+    UnfinishedName "unfinished.name" Type::Name, Cheap, Operations, ON_OPERATIONS_AND_CONTROLPLANES,
+        "its name (one not parked preferred, then the oldest)";
+    UnfinishedKind "unfinished.kind" Type::Name, Cheap, Operations, ON_OPERATIONS_AND_CONTROLPLANES,
+        "its spec.kind";
+    UnfinishedPhase "unfinished.phase" Type::Name, Cheap, Operations, ON_OPERATIONS_AND_CONTROLPLANES,
+        "its status.phase";
+    UnfinishedParked "unfinished.parked" Type::Bool, Cheap, Operations, ON_OPERATIONS_AND_CONTROLPLANES,
+        "it is Paused with reason ClusterTransitioning and no failure";
+    HealthyAfter "healthy.after" Type::Int, Expensive, Machines, ON_LEAVE_CONTROLPLANE_AND_START,
+        "etcd members that stay, and answer, once the subject (a departing control plane, or an operation's target) is gone. Expensive: the controller asks each member a healthy sibling lists (fails closed when none answers); admission counts the other approved control planes not being deleted and not Ready=False NodeUnreachable";
+    RequestByController "request.by_controller" Type::Bool, Cheap, Request, ON_REPORT,
+        "the request was made by the controller's own identity: its `userInfo.username` is exactly the one `serve --controller-username` names (the chart: the controller's ServiceAccount, `system:serviceaccount:<release namespace>:<controller ServiceAccount>`). False when none is named: nothing is trusted as the controller's without its name";
 }
 
 impl Fact {
@@ -463,109 +638,43 @@ impl Fact {
     }
 
     pub fn lookup(name: &str) -> Option<Fact> {
-        use Fact::*;
-        Some(match name {
-            "approved" => Approved,
-            "workers" => Workers,
-            "count" => Count,
-            "schedulable" => Schedulable,
-            "cluster" => Cluster,
-            "cluster.exists" => ClusterExists,
-            "cluster.deleting" => ClusterDeleting,
-            "transitioning" => Transitioning,
-            "machine" => Machine,
-            "role" => Role,
-            "deleting" => Deleting,
-            "allow_delete" => AllowDelete,
-            "rank" => Rank,
-            "member.dead" => MemberDead,
-            "node.unreachable" => NodeUnreachable,
-            "operation" => Operation,
-            "kind" => Kind,
-            "target" => Target,
-            "target.controlplane" => TargetControlPlane,
-            "phase" => Phase,
-            "failed" => Failed,
-            "paused" => Paused,
-            "unfinished.exists" => UnfinishedExists,
-            "unfinished.name" => UnfinishedName,
-            "unfinished.kind" => UnfinishedKind,
-            "unfinished.phase" => UnfinishedPhase,
-            "unfinished.parked" => UnfinishedParked,
-            "healthy.after" => HealthyAfter,
-            "request.by_controller" => RequestByController,
-            _ => return None,
-        })
+        FACTS.iter().find(|f| f.name == name).map(|f| f.fact)
     }
 
     /// Whether the runtime can provide this fact for this event.
-    pub fn available(self, verb: Verb, subject: Subject, _site: Site) -> bool {
-        use Fact::*;
-        match self {
-            Approved | Workers | Count | Schedulable | Cluster | ClusterExists
-            | ClusterDeleting | Transitioning => true,
-            Machine | Role | Deleting | NodeUnreachable => subject.is_machine(),
-            AllowDelete => subject.is_machine() || subject == Subject::Cluster,
-            Rank => subject.is_machine() && verb == Verb::Apply,
-            MemberDead => {
-                subject == Subject::ControlPlane
-                    && matches!(
-                        verb,
-                        Verb::Remove | Verb::Unapprove | Verb::Reassign | Verb::Move
-                    )
-            }
-            Operation | Kind | Target | TargetControlPlane | Phase | Failed | Paused => {
-                subject == Subject::Operation
-            }
-            UnfinishedExists | UnfinishedName | UnfinishedKind | UnfinishedPhase
-            | UnfinishedParked => subject == Subject::Operation || subject == Subject::ControlPlane,
-            HealthyAfter => {
-                (subject == Subject::Operation && verb == Verb::Start)
-                    || (subject == Subject::ControlPlane
-                        && matches!(
-                            verb,
-                            Verb::Remove | Verb::Unapprove | Verb::Reassign | Verb::Move
-                        ))
-            }
-            RequestByController => verb == Verb::Report,
-        }
+    pub fn available(self, verb: Verb, subject: Subject, site: Site) -> bool {
+        self.info()
+            .available
+            .events
+            .iter()
+            .any(|e| e.contains(verb, subject, site))
     }
 
     /// Where the fact is available, in words, for the "not available" error.
     pub fn availability_text(self) -> &'static str {
-        use Fact::*;
-        match self {
-            Approved | Workers | Count | Schedulable | Cluster | ClusterExists
-            | ClusterDeleting | Transitioning => "every request",
-            Machine | Role | Deleting | NodeUnreachable => {
-                "rules on `controlplane`, `worker` or `machine`"
-            }
-            AllowDelete => "rules on machines and clusters",
-            Rank => "`apply` rules (the controller)",
-            MemberDead => "`remove`, `unapprove`, `reassign` and `move` of `controlplane`",
-            Operation | Kind | Target | TargetControlPlane | Phase | Failed | Paused => {
-                "rules on `operation`"
-            }
-            UnfinishedExists | UnfinishedName | UnfinishedKind | UnfinishedPhase
-            | UnfinishedParked => "rules on `operation` or `controlplane`",
-            HealthyAfter => {
-                "`remove`, `unapprove`, `reassign` and `move` of `controlplane`, and `start operation`"
-            }
-            RequestByController => "`report` rules (the webhook)",
-        }
+        self.info().available.text
     }
+}
 
-    /// The values the lints enumerate for this fact. Names range over the literals a
-    /// condition compares them with plus one value equal to none of them (added by the
-    /// caller); ints over a bound wide enough for every cluster shape the rules reason about.
-    pub fn int_domain(self) -> &'static [i64] {
-        match self {
-            Fact::Count => &[0, 1, 3, 5],
-            Fact::Approved | Fact::Rank | Fact::HealthyAfter => &[0, 1, 2, 3, 4, 5, 6, 7, 8],
-            Fact::Workers => &[0, 1, 2, 3, 4],
-            _ => &[0],
-        }
+/// The facts table of the rule author's guide (docs/rules.md, under "## Facts"), generated
+/// from [`FACTS`]: a test fails when the guide's copy differs (and rewrites it when
+/// `UPDATE_DOCS=1` is set).
+pub fn facts_table_markdown() -> String {
+    let mut out = String::from("| fact | type | available in | meaning |\n|---|---|---|---|\n");
+    for f in FACTS {
+        let values = match f.ty {
+            Type::Enum(e) => {
+                let quoted: Vec<String> = e.values().iter().map(|v| format!("`\"{v}\"`")).collect();
+                format!(": {}", quoted.join(", "))
+            }
+            _ => String::new(),
+        };
+        out.push_str(&format!(
+            "| `{}` | {} | {} | {}{values} |\n",
+            f.name, f.ty, f.available.text, f.doc
+        ));
     }
+    out
 }
 
 impl fmt::Display for Fact {
@@ -574,9 +683,55 @@ impl fmt::Display for Fact {
     }
 }
 
+/// A built-in plan action. The controller's dispatch is an exhaustive `match` on it, so an
+/// action added here cannot be left without an implementation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Action {
+    LockCluster,
+    DrainNode,
+    EtcdForfeitLeadership,
+    EtcdLeave,
+    EtcdRemoveMember,
+    TalosReset,
+    TalosWipe,
+    EventWarning,
+    EventNormal,
+    ReleaseFinalizer,
+}
+
+impl Action {
+    /// Every action, in the order of [`ACTIONS`].
+    pub const ALL: [Action; 10] = [
+        Action::LockCluster,
+        Action::DrainNode,
+        Action::EtcdForfeitLeadership,
+        Action::EtcdLeave,
+        Action::EtcdRemoveMember,
+        Action::TalosReset,
+        Action::TalosWipe,
+        Action::EventWarning,
+        Action::EventNormal,
+        Action::ReleaseFinalizer,
+    ];
+
+    pub fn info(self) -> &'static ActionInfo {
+        &ACTIONS[self as usize]
+    }
+
+    /// The words that name it in a plan (`etcd leave`).
+    pub fn words(self) -> &'static [&'static str] {
+        self.info().words
+    }
+
+    pub fn doc(self) -> &'static str {
+        self.info().doc
+    }
+}
+
 /// A built-in plan action: the words that name it, whether it takes one free argument
 /// (a reason), and whether it needs a message.
 pub struct ActionInfo {
+    pub action: Action,
     pub words: &'static [&'static str],
     pub argument: Option<&'static str>,
     pub needs_message: bool,
@@ -586,60 +741,70 @@ pub struct ActionInfo {
 /// Every built-in action a plan may name.
 pub const ACTIONS: &[ActionInfo] = &[
     ActionInfo {
+        action: Action::LockCluster,
         words: &["lock", "cluster"],
         argument: None,
         needs_message: false,
         doc: "take the cluster's Lease lock (the same identity resumes its own lock)",
     },
     ActionInfo {
+        action: Action::DrainNode,
         words: &["drain", "node"],
         argument: None,
         needs_message: false,
         doc: "cordon the Kubernetes Node, then evict its pods honouring PodDisruptionBudgets",
     },
     ActionInfo {
+        action: Action::EtcdForfeitLeadership,
         words: &["etcd", "forfeit-leadership"],
         argument: None,
         needs_message: false,
         doc: "make the departing member give up etcd leadership if it leads",
     },
     ActionInfo {
+        action: Action::EtcdLeave,
         words: &["etcd", "leave"],
         argument: None,
         needs_message: false,
         doc: "the departing node leaves the etcd cluster",
     },
     ActionInfo {
+        action: Action::EtcdRemoveMember,
         words: &["etcd", "remove-member"],
         argument: None,
         needs_message: false,
         doc: "remove the departing member by ID through a healthy sibling",
     },
     ActionInfo {
+        action: Action::TalosReset,
         words: &["talos", "reset"],
         argument: None,
         needs_message: false,
         doc: "graceful Talos reset of the node, guarded against a second reset",
     },
     ActionInfo {
+        action: Action::TalosWipe,
         words: &["talos", "wipe"],
         argument: None,
         needs_message: false,
         doc: "Talos reset of the node without leaving etcd first (not graceful), for a cluster torn down with its etcd; guarded against a second reset",
     },
     ActionInfo {
+        action: Action::EventWarning,
         words: &["event", "warning"],
         argument: Some("event reason"),
         needs_message: true,
         doc: "emit a Warning event with this reason and message",
     },
     ActionInfo {
+        action: Action::EventNormal,
         words: &["event", "normal"],
         argument: Some("event reason"),
         needs_message: true,
         doc: "emit a Normal event with this reason and message",
     },
     ActionInfo {
+        action: Action::ReleaseFinalizer,
         words: &["release", "finalizer"],
         argument: None,
         needs_message: false,
@@ -796,6 +961,48 @@ mod tests {
         for (i, info) in MODEL_FACTS.iter().enumerate() {
             assert_eq!(info.fact as usize, i, "{} is out of order", info.name);
             assert_eq!(ModelFact::lookup(info.name), Some(info.fact));
+        }
+    }
+
+    #[test]
+    fn every_fact_is_available_somewhere_and_only_where_declared() {
+        for info in FACTS {
+            assert!(
+                RUNTIME_EVENTS
+                    .iter()
+                    .any(|(v, s, site)| info.fact.available(*v, *s, *site)),
+                "{} is available for no event the runtime produces",
+                info.name
+            );
+        }
+        let (w, c) = (Site::Webhook, Site::Controller);
+        assert!(Fact::Rank.available(Verb::Apply, Subject::ControlPlane, c));
+        assert!(!Fact::Rank.available(Verb::Remove, Subject::ControlPlane, c));
+        assert!(Fact::HealthyAfter.available(Verb::Start, Subject::Operation, w));
+        assert!(Fact::HealthyAfter.available(Verb::Move, Subject::ControlPlane, w));
+        assert!(!Fact::HealthyAfter.available(Verb::Run, Subject::Operation, c));
+        assert!(!Fact::HealthyAfter.available(Verb::Remove, Subject::Worker, w));
+        assert!(Fact::AllowDelete.available(Verb::Remove, Subject::Cluster, w));
+        assert!(!Fact::Machine.available(Verb::Remove, Subject::Cluster, w));
+        assert!(Fact::RequestByController.available(Verb::Report, Subject::Machine, w));
+        assert!(!Fact::RequestByController.available(Verb::Remove, Subject::Machine, w));
+        assert_eq!(Fact::Count.info().domain, Domain::Values(COUNT_VALUES));
+        assert_eq!(Fact::Approved.info().domain, Domain::Natural);
+        assert_eq!(Fact::Kind.info().domain, Domain::Text);
+    }
+
+    #[test]
+    fn the_facts_table_has_a_row_per_fact() {
+        let table = facts_table_markdown();
+        assert_eq!(table.lines().count(), FACTS.len() + 2);
+        assert!(table.contains("| `role` | role | rules on `controlplane`, `worker` or `machine` | spec.role: `\"controlplane\"`, `\"worker\"` |"));
+    }
+
+    #[test]
+    fn actions_are_in_order() {
+        assert_eq!(ACTIONS.len(), Action::ALL.len());
+        for (i, a) in Action::ALL.iter().enumerate() {
+            assert_eq!(ACTIONS[i].action, *a, "{a:?} is out of order");
         }
     }
 

@@ -1006,6 +1006,31 @@ fn the_binary_accepts_every_argument_the_chart_passes() {
     }
 }
 
+/// `server.maxInflightReads` is the webhook's `--max-inflight-reads` (16 by default, as
+/// `serve`'s own default), the controller's reads keep their own bound, and a value `serve`
+/// would refuse is refused by the chart, saying why.
+#[test]
+fn max_inflight_reads_is_the_webhooks_read_limit() {
+    let objs = render(&[]);
+    assert_eq!(flag(&objs, "--max-inflight-reads").as_deref(), Some("16"));
+    if let Some(c) = controller_container(&objs) {
+        assert_eq!(flag_of(c, "--max-inflight-reads"), None);
+    }
+    let objs = render(&["--set", "server.maxInflightReads=64"]);
+    assert_eq!(flag(&objs, "--max-inflight-reads").as_deref(), Some("64"));
+    for v in ["1", "4096"] {
+        let objs = render(&["--set", &format!("server.maxInflightReads={v}")]);
+        assert_eq!(flag(&objs, "--max-inflight-reads").as_deref(), Some(v));
+    }
+    for v in ["0", "4097"] {
+        let err = template(&["--set", &format!("server.maxInflightReads={v}")]).expect_err(v);
+        assert!(
+            err.contains(&format!("server.maxInflightReads: {v} is outside 1..4096")),
+            "{v}: {err}"
+        );
+    }
+}
+
 fn assert_env(name: &str, c: &Value) {
     let env = c["env"].as_array().expect("env").clone();
     for (var, field) in [

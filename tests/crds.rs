@@ -77,6 +77,11 @@ fn schemas_validate_the_closed_values() {
     let cluster = schema(crd(&all, "talosclusters"));
     let count = &cluster["properties"]["spec"]["properties"]["controlPlane"]["properties"]["count"];
     assert_eq!(count["enum"], serde_json::json!([1, 3, 5]));
+    assert_eq!(
+        count["enum"],
+        serde_json::json!(ichor_rules::vocab::CONTROL_PLANE_COUNTS),
+        "the CRD's counts are the vocabulary's"
+    );
     assert!(
         count.get("default").is_none(),
         "a default outside the enum is invalid"
@@ -88,6 +93,11 @@ fn schemas_validate_the_closed_values() {
     let role = &machine["properties"]["spec"]["properties"]["role"];
     // Exactly the two roles: no `null` among them, and not nullable.
     assert_eq!(role["enum"], serde_json::json!(["controlplane", "worker"]));
+    assert_eq!(
+        role["enum"],
+        serde_json::json!(ichor_rules::vocab::EnumKind::Role.values()),
+        "the CRD's roles are the vocabulary's"
+    );
     assert!(role.get("nullable").is_none(), "{role}");
     let spec = &machine["properties"]["spec"]["properties"];
     for field in [

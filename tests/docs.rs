@@ -1,8 +1,8 @@
 //! The rule author's guide stays true: every fact, verb, subject, action and diagnostic code
 //! the code knows is documented in docs/rules.md.
 
+use ichor_rules::diagnostics::Code;
 use ichor_rules::vocab::{ACTIONS, FACTS, Subject, Verb};
-use std::path::Path;
 
 fn guide() -> String {
     std::fs::read_to_string("docs/rules.md").expect("docs/rules.md exists")
@@ -46,34 +46,15 @@ fn every_verb_subject_and_action_is_documented() {
     }
 }
 
-fn codes_in(dir: &Path, out: &mut Vec<String>) {
-    for entry in std::fs::read_dir(dir).expect("readable").flatten() {
-        let p = entry.path();
-        if p.is_dir() {
-            codes_in(&p, out);
-        } else if p.extension().is_some_and(|e| e == "rs") {
-            let text = std::fs::read_to_string(&p).expect("utf-8");
-            for (i, _) in text.match_indices("\"ichor::") {
-                let rest = &text[i + 1..];
-                let end = rest.find('"').unwrap_or(rest.len());
-                out.push(rest[..end].to_string());
-            }
-        }
-    }
-}
-
+/// Every code the tools can report (`Code::ALL`, the one list) has a row in the guide's
+/// table of diagnostic codes.
 #[test]
 fn every_diagnostic_code_is_documented() {
     let g = guide();
-    let mut codes = Vec::new();
-    codes_in(Path::new("src"), &mut codes);
-    codes.sort();
-    codes.dedup();
-    assert!(codes.len() > 20, "found only {codes:?}");
-    for c in codes {
+    for c in Code::ALL {
         assert!(
-            g.contains(&format!("`{c}`")),
-            "docs/rules.md lacks the code `{c}`"
+            g.contains(&format!("| `{c}` |")),
+            "docs/rules.md lacks a row for the code `{c}`"
         );
     }
 }
@@ -125,8 +106,8 @@ fn every_rules_example_in_the_guide_checks() {
         let findings: Vec<&str> = set
             .diagnostics
             .iter()
-            .map(|d| d.code)
-            .filter(|c| *c != "ichor::lint::uncovered_event")
+            .map(|d| d.code.as_str())
+            .filter(|c| *c != Code::UncoveredEvent.as_str())
             .collect();
         assert!(
             findings.is_empty(),
@@ -208,4 +189,44 @@ fn the_operators_guide_lists_exactly_the_granted_calls() {
         })
         .collect();
     assert_eq!(documented, granted, "docs/operators.md's grants table");
+}
+
+/// The guide's facts table is the one `vocab::facts_table_markdown` generates from the
+/// vocabulary (names, types, where each is available, meanings). Regenerate it with
+/// `UPDATE_DOCS=1 cargo nextest run -E 'test(/facts_table/)'`.
+#[test]
+fn the_facts_table_is_the_vocabulary() {
+    let text = guide();
+    let want = ichor_rules::vocab::facts_table_markdown();
+    let header = "| fact | type | available in | meaning |";
+    let start = text
+        .find(header)
+        .expect("docs/rules.md has the facts table");
+    let len: usize = text[start..]
+        .lines()
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| l.len() + 1)
+        .sum();
+    let end = (start + len).min(text.len());
+    let have = &text[start..end];
+    if have == want {
+        return;
+    }
+    if std::env::var("UPDATE_DOCS").is_ok_and(|v| v == "1") {
+        let updated = format!("{}{want}{}", &text[..start], &text[end..]);
+        std::fs::write("docs/rules.md", updated).expect("docs/rules.md is writable");
+        return;
+    }
+    let differ: Vec<String> = have
+        .lines()
+        .zip(want.lines())
+        .filter(|(h, w)| h != w)
+        .map(|(h, w)| format!("docs: {h}\nvocab: {w}"))
+        .collect();
+    panic!(
+        "docs/rules.md's facts table differs from src/vocab.rs (regenerate it with UPDATE_DOCS=1):\n{}\n({} rows in the guide, {} in the vocabulary)",
+        differ.join("\n"),
+        have.lines().count(),
+        want.lines().count()
+    );
 }

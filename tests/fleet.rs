@@ -391,3 +391,242 @@ async fn one_machine_is_read_by_its_name() {
         assert!(r.field_selector.starts_with("metadata.name="), "{r:?}");
     }
 }
+
+/// What a scan of the stored objects finds for `spec.clusterRef.name=<cluster>` in `ns`,
+/// by name.
+fn scanned(api: &ApiServer, kind: &str, ns: &str, cluster: &str) -> Vec<String> {
+    let mut n: Vec<String> = api
+        .objects(kind, Some(ns))
+        .into_iter()
+        .filter(|o| o["spec"]["clusterRef"]["name"].as_str().unwrap_or("") == cluster)
+        .filter_map(|o| o["metadata"]["name"].as_str().map(str::to_string))
+        .collect();
+    n.sort();
+    n
+}
+
+/// What a `spec.clusterRef.name=<cluster>` list of `kind` in `ns` answers, by name.
+async fn listed(api: &ApiServer, kind: &str, ns: &str, cluster: &str) -> Vec<String> {
+    use ichor_rules::runtime::objects::TalosOperation;
+    let params = ListParams::default().fields(&format!("spec.clusterRef.name={cluster}"));
+    let mut n: Vec<String> = if kind == "TalosMachine" {
+        Api::<TalosMachine>::namespaced(api.client(), ns)
+            .list(&params)
+            .await
+            .expect("list machines")
+            .items
+            .iter()
+            .map(|m| m.name().to_string())
+            .collect()
+    } else {
+        Api::<TalosOperation>::namespaced(api.client(), ns)
+            .list(&params)
+            .await
+            .expect("list operations")
+            .items
+            .iter()
+            .map(|o| o.name().to_string())
+            .collect()
+    };
+    n.sort();
+    n
+}
+
+/// The test API server answers a field-selected list from an index by (resource, field,
+/// value), as the real one answers from its watch cache's indexers, so the answer costs
+/// what it holds rather than what the namespace holds. The index must never drift from a
+/// scan: through creates, updates (PUT), merge and JSON patches, status writes, deletes
+/// held by a finalizer and their release, and machines and operations moving between
+/// clusters (and to no cluster), in two namespaces, every selected list (and the drift
+/// check of the whole index) agrees with a scan after every write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_field_index_never_drifts_from_a_scan() {
+    use ichor_rules::runtime::objects::TalosOperation;
+    use kube::api::{DeleteParams, Patch, PatchParams};
+    let api = ApiServer::start().await;
+    let clusters = ["a", "b", "c", ""];
+    let namespaces = ["infra", "other"];
+    // A small deterministic generator (xorshift): the same sequence on every run.
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move |n: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % n as u64) as usize
+    };
+    let check = |api: &ApiServer, step: &str| {
+        let drift = api.index_drift();
+        assert!(drift.is_empty(), "after {step}: {drift:#?}");
+    };
+    let mut moves = 0;
+    for step in 0..200 {
+        let ns = namespaces[next(2)];
+        let i = next(6);
+        let cluster = clusters[next(4)];
+        let (kind, plural, name) = if next(3) == 0 {
+            ("TalosOperation", "talosoperations", format!("op-{i}"))
+        } else {
+            ("TalosMachine", "talosmachines", format!("m-{i}"))
+        };
+        let client = api.client();
+        let raw = |method: http::Method, path: String, ct: &str, body: Vec<u8>| {
+            http::Request::builder()
+                .method(method)
+                .uri(path)
+                .header("content-type", ct)
+                .body(body)
+                .expect("request")
+        };
+        let base = format!("/apis/ichor.maesh.dev/v1alpha1/namespaces/{ns}/{plural}");
+        let current: Option<Value> = client
+            .request::<Value>(raw(
+                http::Method::GET,
+                format!("{base}/{name}"),
+                "application/json",
+                Vec::new(),
+            ))
+            .await
+            .ok();
+        let spec = |cluster: &str| {
+            if kind == "TalosMachine" {
+                json!({"clusterRef": {"name": cluster}, "role": "worker", "approved": false})
+            } else {
+                json!({"clusterRef": {"name": cluster}, "kind": "upgrade"})
+            }
+        };
+        let what = match (current, next(7)) {
+            (None, _) => {
+                let mut obj = json!({
+                    "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": kind,
+                    "metadata": {"name": name, "namespace": ns},
+                    "spec": spec(cluster),
+                });
+                if cluster.is_empty() {
+                    // No clusterRef at all: the field is absent, selected as "".
+                    obj["spec"].as_object_mut().map(|s| s.remove("clusterRef"));
+                }
+                if next(2) == 0 {
+                    obj["metadata"]["finalizers"] = json!(["ichor.maesh.dev/test"]);
+                }
+                let _: Value = client
+                    .request(raw(
+                        http::Method::POST,
+                        base.clone(),
+                        "application/json",
+                        serde_json::to_vec(&obj).expect("json"),
+                    ))
+                    .await
+                    .expect("create");
+                "create"
+            }
+            (Some(mut obj), 0) => {
+                // A PUT moving it to another cluster.
+                moves += usize::from(obj["spec"]["clusterRef"]["name"] != cluster);
+                obj["spec"]["clusterRef"] = json!({"name": cluster});
+                let _: Value = client
+                    .request(raw(
+                        http::Method::PUT,
+                        format!("{base}/{name}"),
+                        "application/json",
+                        serde_json::to_vec(&obj).expect("json"),
+                    ))
+                    .await
+                    .expect("update");
+                "update"
+            }
+            (Some(obj), 1) => {
+                moves += usize::from(obj["spec"]["clusterRef"]["name"] != cluster);
+                let patch = json!({"spec": {"clusterRef": {"name": cluster}}});
+                if kind == "TalosMachine" {
+                    Api::<TalosMachine>::namespaced(client, ns)
+                        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                        .map(|_| ())
+                } else {
+                    Api::<TalosOperation>::namespaced(client, ns)
+                        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                        .map(|_| ())
+                }
+                .expect("merge patch");
+                "merge patch"
+            }
+            (Some(obj), 2) => {
+                // A JSON patch removing clusterRef (to no cluster) or setting it.
+                let ops = if obj["spec"]["clusterRef"].is_object() && cluster.is_empty() {
+                    json!([{"op": "remove", "path": "/spec/clusterRef"}])
+                } else {
+                    json!([{"op": "add", "path": "/spec/clusterRef", "value": {"name": cluster}}])
+                };
+                moves += usize::from(obj["spec"]["clusterRef"]["name"] != cluster);
+                let _: Value = client
+                    .request(raw(
+                        http::Method::PATCH,
+                        format!("{base}/{name}"),
+                        "application/json-patch+json",
+                        serde_json::to_vec(&ops).expect("json"),
+                    ))
+                    .await
+                    .expect("json patch");
+                "json patch"
+            }
+            (Some(_), 3) => {
+                // A status write (which cannot move it: spec is not written through /status).
+                let body =
+                    json!({"status": {"phase": "Running", "spec": {"clusterRef": {"name": "z"}}}});
+                let _ = client
+                    .request::<Value>(raw(
+                        http::Method::PATCH,
+                        format!("{base}/{name}/status"),
+                        "application/merge-patch+json",
+                        serde_json::to_vec(&body).expect("json"),
+                    ))
+                    .await;
+                "status write"
+            }
+            (Some(obj), 4) if obj["metadata"]["deletionTimestamp"].is_string() => {
+                // Release a delete held by the finalizer: the object goes.
+                let patch = json!({"metadata": {"finalizers": null}});
+                let _: Value = client
+                    .request(raw(
+                        http::Method::PATCH,
+                        format!("{base}/{name}"),
+                        "application/merge-patch+json",
+                        serde_json::to_vec(&patch).expect("json"),
+                    ))
+                    .await
+                    .expect("release finalizer");
+                "finalizer released"
+            }
+            (Some(_), _) => {
+                let _ = client
+                    .request::<Value>(raw(
+                        http::Method::DELETE,
+                        format!("{base}/{name}"),
+                        "application/json",
+                        serde_json::to_vec(&DeleteParams::default()).expect("json"),
+                    ))
+                    .await
+                    .expect("delete");
+                "delete"
+            }
+        };
+        let step_name = format!("step {step}: {what} of {kind} {ns}/{name}");
+        check(&api, &step_name);
+        for ns in namespaces {
+            for cluster in clusters {
+                for kind in ["TalosMachine", "TalosOperation"] {
+                    assert_eq!(
+                        listed(&api, kind, ns, cluster).await,
+                        scanned(&api, kind, ns, cluster),
+                        "after {step_name}: {kind} of cluster {cluster:?} in {ns}"
+                    );
+                }
+            }
+        }
+    }
+    assert!(
+        moves >= 25,
+        "the sequence moved objects between clusters {moves} times"
+    );
+}

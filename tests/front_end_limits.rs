@@ -218,7 +218,7 @@ fn build_on_a_small_stack_never_overflows() {
                     set.diagnostics
                         .iter()
                         .filter(|d| d.is_error())
-                        .map(|d| d.code)
+                        .map(|d| d.code.as_str())
                         .collect::<Vec<_>>()
                 })
                 .collect::<Vec<_>>()

@@ -7,6 +7,9 @@
 //! Test names are `x::test_name`; run one file's tests with
 //! `cargo nextest run -E 'test(/^x::/)'` (or `cargo test --test it x::`).
 
+// Test and benchmark code: a failed setup step is a failed run.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 // The shared modules: each test file uses its own part of them.
 #[allow(dead_code)]
 mod support;

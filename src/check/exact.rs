@@ -43,10 +43,10 @@
 
 use crate::interp::value::Value;
 use crate::syntax::ast::{BinOp, Expr, ExprKind, UnOp};
-use crate::vocab::{Fact, Type};
+use crate::vocab::{Domain, Fact, Type};
 
 /// The values `count` can take (1, 3, 5 from the CRD; 0 when the cluster is missing).
-pub const COUNT_VALUES: [i64; 4] = [0, 1, 3, 5];
+pub const COUNT_VALUES: &[i64] = crate::vocab::COUNT_VALUES;
 
 /// A value no literal in the rules equals, standing for "any other name".
 pub const OTHER: &str = "\u{1}other";
@@ -66,7 +66,7 @@ pub const QUESTION_BUDGET: usize = 200_000;
 
 /// The int facts with no upper bound, each a variable of the linear constraints.
 fn is_unbounded_int(f: Fact) -> bool {
-    f.info().ty == Type::Int && f != Fact::Count
+    f.info().domain == Domain::Natural
 }
 
 /// A linear form `k + Σ c·x`, sparse.
@@ -452,7 +452,7 @@ fn solve<'a>(
     // Translate for every value of `count` first: an unsupported condition is said so
     // whatever `count` is.
     let counts: &[i64] = if reads_count(parts) {
-        &COUNT_VALUES
+        COUNT_VALUES
     } else {
         &[0]
     };
@@ -1016,7 +1016,7 @@ mod tests {
                 None => {
                     for a in values() {
                         for w in values() {
-                            for c in COUNT_VALUES {
+                            for &c in COUNT_VALUES {
                                 for s in [false, true] {
                                     prop_assert_ne!(
                                         evaluate(a, w, c, s),

@@ -11,7 +11,7 @@
 
 use super::FileChecker;
 use crate::compile::{MAX_STACK, stack_depth};
-use crate::diagnostics::Diagnostic;
+use crate::diagnostics::{Code, Diagnostic};
 use crate::syntax::MAX_DEPTH;
 use crate::syntax::ast::{Expr, ExprKind, Span};
 use std::collections::HashMap;
@@ -165,7 +165,7 @@ impl<'a> FileChecker<'a, '_> {
             .max_by_key(|(_, _, st)| (st.size, st.depth));
         let d = match biggest {
             Some((name, span, _)) => Diagnostic::error(
-                "ichor::syntax::too_complex",
+                Code::SyntaxTooComplex,
                 self.file,
                 span,
                 format!("`{name}` {problem} {limit} when its definitions are written out"),
@@ -175,7 +175,7 @@ impl<'a> FileChecker<'a, '_> {
                 "every use of a `let` is a copy of its definition, so a definition that uses another twice doubles in size; use each definition once, or write the condition more directly",
             ),
             None => Diagnostic::error(
-                "ichor::syntax::too_complex",
+                Code::SyntaxTooComplex,
                 self.file,
                 e.span,
                 format!("the expression {problem} {limit}"),
@@ -192,7 +192,7 @@ impl<'a> FileChecker<'a, '_> {
         if stack_depth(e) > MAX_STACK {
             self.expansions.borrow_mut().pending.push(
                 Diagnostic::error(
-                    "ichor::syntax::too_complex",
+                    Code::SyntaxTooComplex,
                     self.file,
                     e.span,
                     format!(

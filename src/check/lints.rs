@@ -15,10 +15,10 @@
 use super::arith::{self, can_fail};
 use super::exact::{self, Budget, Model, OTHER, Part, QUESTION_BUDGET, Undecided, satisfiable};
 use super::{CheckedPlan, CheckedRule, Event, Program};
-use crate::diagnostics::{Diagnostic, SourceFile};
+use crate::diagnostics::{Code, Diagnostic, SourceFile};
 use crate::interp::value::{EvalError, Value, eval};
 use crate::syntax::ast::{BinOp, Expr, ExprKind, Span};
-use crate::vocab::{Fact, RUNTIME_EVENTS, Type, Verdict};
+use crate::vocab::{Domain, Fact, RUNTIME_EVENTS, Type, Verdict};
 
 /// The most fact combinations the fallback enumeration tries for one rule, looking for
 /// concrete values that make a division the exact analysis does not decide fail.
@@ -65,10 +65,6 @@ fn allow_contradicted(files: &[SourceFile], program: &Program, diags: &mut Vec<D
             if both.is_empty() {
                 continue;
             }
-            let at = files
-                .get(rule.file)
-                .map(|f| format!("{}:{}", f.display_path(), f.line_col(rule.span.start).0))
-                .unwrap_or_default();
             let events: Vec<String> = both
                 .iter()
                 .map(|(verb, subject, site)| {
@@ -95,16 +91,21 @@ fn allow_contradicted(files: &[SourceFile], program: &Program, diags: &mut Vec<D
                 .collect();
             diags.push(
                 Diagnostic::warning(
-                    "ichor::lint::allow_contradicted",
+                    Code::AllowContradicted,
                     allow.file,
                     allow.span,
                     format!(
-                        "this `allow` says nothing constrains {}, but rule `{}` (at {at}) does",
+                        "this `allow` says nothing constrains {}, but rule `{}` does",
                         events.join(", "),
                         rule.name
                     ),
                 )
                 .label(format!("contradicted by `{}`", rule.name))
+                .secondary(
+                    rule.file,
+                    super::first_line(files, rule.file, rule.span),
+                    format!("`{}` constrains it", rule.name),
+                )
                 .help(if keep.is_empty() {
                     format!(
                         "remove the `allow` if `{}` is meant, or remove the rule",
@@ -349,11 +350,12 @@ fn enumerate_failure<'a>(prefix: &[Part<'a>], e: &'a Expr) -> Option<Model<'a>> 
     None
 }
 
-/// Fact domains for the fallback enumeration: real values, so what it finds is real.
+/// Fact domains for the fallback enumeration: real values (the vocabulary's domain, an
+/// unbounded count cut at 8), so what it finds is real.
 fn small_int_domain(f: Fact) -> &'static [i64] {
-    match f {
-        Fact::Count => &exact::COUNT_VALUES,
-        _ => &[0, 1, 2, 3, 4, 5, 6, 7, 8],
+    match f.info().domain {
+        Domain::Values(values) => values,
+        Domain::Natural | Domain::Bool | Domain::Text => &[0, 1, 2, 3, 4, 5, 6, 7, 8],
     }
 }
 
@@ -452,7 +454,7 @@ impl<'a> Assignments<'a> {
 /// The warning for a rule the exact lints could not decide.
 fn not_analysed(rule: &CheckedRule, why: String) -> Diagnostic {
     Diagnostic::warning(
-        "ichor::lint::not_analysed",
+        Code::NotAnalysed,
         rule.file,
         rule.when.as_ref().map_or(rule.span, |w| w.span),
         format!(
@@ -481,7 +483,7 @@ fn lint_rule<'a>(rule: &'a CheckedRule, diags: &mut Vec<Diagnostic>) -> Analysis
             DivCheck::Fails(span, m) => {
                 diags.push(
                     Diagnostic::error(
-                        "ichor::check::arithmetic",
+                        Code::Arithmetic,
                         rule.file,
                         span,
                         format!(
@@ -568,7 +570,7 @@ impl Truth<'_> {
         if let (Some(e), true) = (&rule.when, self.always) {
             diags.push(
                 Diagnostic::warning(
-                    "ichor::lint::always_true",
+                    Code::AlwaysTrue,
                     rule.file,
                     e.span,
                     format!("the condition of `{}` is always true", rule.name),
@@ -580,7 +582,7 @@ impl Truth<'_> {
             let span = rule.when.as_ref().map(|e| e.span).unwrap_or(rule.span);
             diags.push(
                 Diagnostic::warning(
-                    "ichor::lint::never_true",
+                    Code::NeverTrue,
                     rule.file,
                     span,
                     format!("`{}` can never {}", rule.name, rule.verdict),
@@ -598,7 +600,7 @@ impl Truth<'_> {
         if let (Some(e), Some(false)) = (&rule.unless, self.unless_bites) {
             diags.push(
                 Diagnostic::warning(
-                    "ichor::lint::unless_never",
+                    Code::UnlessNever,
                     rule.file,
                     e.span,
                     format!("the exception of `{}` never applies", rule.name),
@@ -634,7 +636,7 @@ fn lint_placeholders(rule: &CheckedRule, diags: &mut Vec<Diagnostic>) {
             DivCheck::Fails(span, m) => {
                 diags.push(
                     Diagnostic::error(
-                        "ichor::check::arithmetic",
+                        Code::Arithmetic,
                         rule.file,
                         span,
                         format!(
@@ -653,7 +655,7 @@ fn lint_placeholders(rule: &CheckedRule, diags: &mut Vec<Diagnostic>) {
             DivCheck::Undecided(why) => {
                 diags.push(
                     Diagnostic::warning(
-                        "ichor::lint::not_analysed",
+                        Code::NotAnalysed,
                         rule.file,
                         e.span,
                         format!("the message of `{}` was not checked for division by zero: {why}", rule.name),
@@ -690,7 +692,7 @@ fn fires_path(rule: &CheckedRule) -> Vec<(&Expr, bool)> {
 
 /// An arithmetic error found by ranges: the label says which range makes it fail.
 fn range_error(file: usize, f: &arith::Finding, message: String, help: &str) -> Diagnostic {
-    Diagnostic::error("ichor::check::arithmetic", file, f.span, message)
+    Diagnostic::error(Code::Arithmetic, file, f.span, message)
         .label(f.why.clone())
         .help(help)
 }
@@ -868,13 +870,9 @@ fn subsumption(
                 continue;
             }
             if implies(i, j) {
-                let at = files
-                    .get(b.file)
-                    .map(|f| format!("{}:{}", f.display_path(), f.line_col(b.span.start).0))
-                    .unwrap_or_default();
                 diags.push(
                     Diagnostic::warning(
-                        "ichor::lint::subsumed",
+                        Code::Subsumed,
                         a.file,
                         a.span,
                         format!(
@@ -883,8 +881,13 @@ fn subsumption(
                         ),
                     )
                     .label(format!("never decides anything `{}` does not", b.name))
+                    .secondary(
+                        b.file,
+                        super::first_line(files, b.file, b.span),
+                        format!("`{}` decides it already", b.name),
+                    )
                     .help(format!(
-                        "remove `{}`, or narrow `{}` (at {at}) so each rule owns its case",
+                        "remove `{}`, or narrow `{}` so each rule owns its case",
                         a.name, b.name
                     )),
                 );
@@ -903,7 +906,7 @@ fn subsumption(
         }
         diags.push(
             Diagnostic::warning(
-                "ichor::lint::not_analysed",
+                Code::NotAnalysed,
                 rules[first].file,
                 rules[first].span,
                 format!(
@@ -934,7 +937,7 @@ fn coverage(files: &[SourceFile], program: &Program, diags: &mut Vec<Diagnostic>
         if !covered(&(*verb, *subject, *site)) {
             diags.push(
                 Diagnostic::warning(
-                    "ichor::lint::uncovered_event",
+                    Code::UncoveredEvent,
                     0,
                     Span::default(),
                     format!(

@@ -8,11 +8,11 @@ mod lints;
 
 pub use arith::can_fail;
 
-use crate::diagnostics::{Diagnostic, SourceFile, did_you_mean};
+use crate::diagnostics::{Code, Diagnostic, SourceFile, did_you_mean};
 use crate::syntax::ast::*;
 use crate::vocab::{
-    ACTIONS, ActionInfo, EnumKind, FACTS, Fact, MODEL_FACTS, ModelFact, Site, Subject, Type, Verb,
-    Verdict, action_spellings, is_runtime_event, resolve_verb, subjects_of, verb_words,
+    ACTIONS, Action, ActionInfo, EnumKind, FACTS, Fact, MODEL_FACTS, ModelFact, Site, Subject,
+    Type, Verb, Verdict, action_spellings, is_runtime_event, resolve_verb, subjects_of, verb_words,
 };
 use std::collections::{HashMap, HashSet};
 
@@ -41,13 +41,14 @@ pub struct CheckedRule {
     pub message: Message,
     /// The message as written, on one line.
     pub say_text: String,
+    /// The `let`s its conditions and message use, directly or through another `let`.
+    pub lets: Vec<String>,
 }
 
 /// A plan step, resolved.
 #[derive(Clone, Debug)]
 pub struct CheckedStep {
-    /// Index into [`ACTIONS`].
-    pub action: usize,
+    pub action: Action,
     pub argument: Option<String>,
     pub when: Option<Expr>,
     pub unless: Option<Expr>,
@@ -57,6 +58,8 @@ pub struct CheckedStep {
     pub say_text: Option<String>,
     pub message: Option<Message>,
     pub span: Span,
+    /// The `let`s its guard and message use, directly or through another `let`.
+    pub lets: Vec<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -86,6 +89,20 @@ pub struct CheckedInvariant {
     pub say_text: Option<String>,
 }
 
+/// A `let` that a rule or a plan step uses, resolved: for explanations and reviewers
+/// (conditions have every `let` inlined, so nothing else reads these).
+#[derive(Clone, Debug)]
+pub struct CheckedLet {
+    pub name: String,
+    pub file: usize,
+    /// The whole definition (`let name = expr`).
+    pub span: Span,
+    /// The expression as written.
+    pub expr_span: Span,
+    /// The expression with every `let` it uses inlined.
+    pub expr: Expr,
+}
+
 /// An `allow` statement, resolved.
 #[derive(Clone, Debug)]
 pub struct CheckedAllow {
@@ -103,6 +120,8 @@ pub struct Program {
     pub allows: Vec<CheckedAllow>,
     pub plans: Vec<CheckedPlan>,
     pub invariants: Vec<CheckedInvariant>,
+    /// The `let`s the rules and plan steps use, each file's in the order it defines them.
+    pub lets: Vec<CheckedLet>,
 }
 
 /// The result of checking a rule set.
@@ -144,7 +163,7 @@ pub fn check_with(files: &[SourceFile], lints: bool) -> CheckResult {
         for item in &ast.items {
             match item {
                 Item::Rule(r) => {
-                    if let Some(d) = claim_name(&mut rule_names, files, *file, &r.name, false) {
+                    if let Some(d) = claim_name(&mut rule_names, *file, &r.name, false) {
                         c.diags.push(d);
                     }
                     if let Some(rule) = c.check_rule(r) {
@@ -161,7 +180,7 @@ pub fn check_with(files: &[SourceFile], lints: bool) -> CheckResult {
                     program.allowed.extend(events);
                 }
                 Item::Invariant(inv) => {
-                    if let Some(d) = claim_name(&mut rule_names, files, *file, &inv.name, true) {
+                    if let Some(d) = claim_name(&mut rule_names, *file, &inv.name, true) {
                         c.diags.push(d);
                     }
                     if let Some(checked) = c.check_invariant(inv) {
@@ -176,10 +195,10 @@ pub fn check_with(files: &[SourceFile], lints: bool) -> CheckResult {
                         {
                             slot.insert((*file, p.span));
                             program.plans.push(plan);
-                        } else {
+                        } else if let Some((first_file, first_span)) = plan_keys.get(&key) {
                             c.diags.push(
                                 Diagnostic::error(
-                                    "ichor::check::duplicate_plan",
+                                    Code::DuplicatePlan,
                                     *file,
                                     p.verb.span.to(p.subject.span),
                                     format!(
@@ -189,6 +208,11 @@ pub fn check_with(files: &[SourceFile], lints: bool) -> CheckResult {
                                     ),
                                 )
                                 .label("second plan")
+                                .secondary(
+                                    *first_file,
+                                    first_line(files, *first_file, *first_span),
+                                    "the first plan",
+                                )
                                 .help("one plan per verb and subject; merge the steps into one"),
                             );
                         }
@@ -197,6 +221,7 @@ pub fn check_with(files: &[SourceFile], lints: bool) -> CheckResult {
                 Item::Let(_) => {}
             }
         }
+        program.lets.extend(c.used_lets(&program));
         c.report_unused_lets();
         c.report_inline_errors();
     }
@@ -212,11 +237,21 @@ pub fn check_with(files: &[SourceFile], lints: bool) -> CheckResult {
     }
 }
 
+/// The first line of a span (a rule's or a plan's head), for a secondary label that points
+/// at a whole item without drawing all of it.
+pub(crate) fn first_line(files: &[SourceFile], file: usize, span: Span) -> Span {
+    let text = files.get(file).map_or("", |f| &f.text);
+    let from = span.start as usize;
+    let rest = text.get(from..span.end as usize).unwrap_or("");
+    let len = rest.find('\n').unwrap_or(rest.len());
+    let len = rest[..len].trim_end().len();
+    Span::new(from, from + len)
+}
+
 /// Rules and invariants share one namespace across the rule set: the first definition of
-/// a name claims it; a second one is the `duplicate_rule` error naming where the first is.
+/// a name claims it; a second one is a `duplicate_rule` error pointing at the first.
 fn claim_name(
     names: &mut HashMap<String, (usize, Span)>,
-    files: &[SourceFile],
     file: usize,
     name: &Ident,
     invariant: bool,
@@ -225,26 +260,21 @@ fn claim_name(
         names.insert(name.name.clone(), (file, name.span));
         return None;
     };
-    let (line, _) = files[*pf].line_col(ps.start);
-    let where_ = format!("at {}:{line}", files[*pf].display_path());
     let (message, help) = if invariant {
         (
             format!("the name `{}` is defined twice", name.name),
-            format!(
-                "rule and invariant names are unique across the rule set (the first is {where_}); rename one"
-            ),
+            "rule and invariant names are unique across the rule set; rename one",
         )
     } else {
         (
             format!("the rule `{}` is defined twice", name.name),
-            format!(
-                "rule names are unique across the rule set (the first is {where_}); rename one"
-            ),
+            "rule names are unique across the rule set; rename one",
         )
     };
     Some(
-        Diagnostic::error("ichor::check::duplicate_rule", file, name.span, message)
+        Diagnostic::error(Code::DuplicateRule, file, name.span, message)
             .label("second definition")
+            .secondary(*pf, *ps, "first defined here")
             .help(help),
     )
 }
@@ -300,19 +330,16 @@ impl<'a, 'd> FileChecker<'a, 'd> {
         for item in &ast.items {
             if let Item::Let(l) = item {
                 if let Some(prev) = lets.get(l.name.name.as_str()) {
-                    let (line, _) = src.line_col(prev.def.name.span.start);
                     diags.push(
                         Diagnostic::error(
-                            "ichor::check::duplicate_let",
+                            Code::DuplicateLet,
                             file,
                             l.name.span,
                             format!("`{}` is defined twice", l.name.name),
                         )
                         .label("second definition")
-                        .help(format!(
-                            "the first definition is at {}:{line}; remove or rename one",
-                            src.display_path()
-                        )),
+                        .secondary(file, prev.def.name.span, "first defined here")
+                        .help("remove or rename one of the two definitions"),
                     );
                     continue;
                 }
@@ -321,7 +348,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
                 {
                     diags.push(
                         Diagnostic::error(
-                            "ichor::check::let_shadows_fact",
+                            Code::LetShadowsFact,
                             file,
                             l.name.span,
                             format!(
@@ -337,7 +364,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
                 if let Some(f) = Fact::lookup(&l.name.name) {
                     diags.push(
                         Diagnostic::error(
-                            "ichor::check::let_shadows_fact",
+                            Code::LetShadowsFact,
                             file,
                             l.name.span,
                             format!("`{}` is a fact; a `let` cannot redefine it", f.name()),
@@ -401,7 +428,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
                 cycle.push(name);
                 self.diags.push(
                     Diagnostic::error(
-                        "ichor::check::cyclic_let",
+                        Code::CyclicLet,
                         self.file,
                         def.name.span,
                         format!("`{name}` is defined in terms of itself"),
@@ -415,7 +442,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
         if self.visiting.len() >= MAX_LET_DEPTH {
             self.diags.push(
                 Diagnostic::error(
-                    "ichor::syntax::too_complex",
+                    Code::SyntaxTooComplex,
                     self.file,
                     def.name.span,
                     format!(
@@ -443,7 +470,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
         for l in unused {
             self.diags.push(
                 Diagnostic::warning(
-                    "ichor::lint::unused_let",
+                    Code::UnusedLet,
                     self.file,
                     l.def.name.span,
                     format!("`{}` is defined but never used", l.def.name.name),
@@ -469,7 +496,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             None => {
                 let names: Vec<&str> = Subject::ALL.iter().map(|s| s.name()).collect();
                 let mut d = Diagnostic::error(
-                    "ichor::check::unknown_subject",
+                    Code::UnknownSubject,
                     self.file,
                     subject.span,
                     format!("unknown subject `{}`", subject.name),
@@ -494,7 +521,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
                 None => {
                     let names = ["webhook", "controller"];
                     let mut d = Diagnostic::error(
-                        "ichor::check::unknown_site",
+                        Code::UnknownSite,
                         self.file,
                         s.span,
                         format!("unknown site `{}`", s.name),
@@ -514,7 +541,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             if let Some(s) = site {
                 self.diags.push(
                     Diagnostic::error(
-                        "ichor::check::hold_at_webhook",
+                        Code::HoldAtWebhook,
                         self.file,
                         s.span,
                         "`hold` is a controller verdict; the webhook can only refuse or warn",
@@ -530,7 +557,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             let Some(vs) = resolve_verb(&v.name) else {
                 let words = verb_words();
                 let mut d = Diagnostic::error(
-                    "ichor::check::unknown_verb",
+                    Code::UnknownVerb,
                     self.file,
                     v.span,
                     format!("unknown verb `{}`", v.name),
@@ -572,7 +599,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
                 };
                 self.diags.push(
                     Diagnostic::error(
-                        "ichor::check::impossible_event",
+                        Code::ImpossibleEvent,
                         self.file,
                         v.span.to(subject.span),
                         format!("`{} {}` never happens{where_}", v.name, subject.name),
@@ -609,7 +636,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             if ty != Ty::Known(Type::Bool) && ty != Ty::Error {
                 c.diags.push(
                     Diagnostic::error(
-                        "ichor::check::not_a_condition",
+                        Code::NotACondition,
                         c.file,
                         e.span,
                         format!(
@@ -631,7 +658,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             (None, _) => {
                 self.diags.push(
                     Diagnostic::error(
-                        "ichor::check::missing_message",
+                        Code::MissingMessage,
                         self.file,
                         r.name.span,
                         format!("the rule `{}` has no message", r.name.name),
@@ -647,7 +674,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
         if verdict == Verdict::Hold && r.reason.is_none() {
             self.diags.push(
                 Diagnostic::error(
-                    "ichor::check::hold_needs_reason",
+                    Code::HoldNeedsReason,
                     self.file,
                     r.verdict.span,
                     "a `hold` needs a condition reason",
@@ -662,7 +689,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
         {
             self.diags.push(
                 Diagnostic::error(
-                    "ichor::check::bad_reason",
+                    Code::BadReason,
                     self.file,
                     reason.span,
                     format!("`{}` is not a condition reason", reason.name),
@@ -685,7 +712,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
         if self.inline_too_deep.get() {
             self.diags.push(
                 Diagnostic::error(
-                    "ichor::syntax::too_complex",
+                    Code::SyntaxTooComplex,
                     self.file,
                     r.name.span,
                     format!(
@@ -720,6 +747,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             reason: r.reason.as_ref().map(|i| i.name.clone()),
             say_text: r.say.as_ref()?.source_text(),
             message,
+            lets: self.lets_of(r.when.iter().chain(&r.unless), r.say.as_ref()),
         })
     }
 
@@ -738,7 +766,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             if Subject::parse(&p.subject.name).is_some() && resolve_verb(&p.verb.name).is_some() {
                 self.diags.push(
                     Diagnostic::error(
-                        "ichor::check::plan_not_at_controller",
+                        Code::PlanNotAtController,
                         self.file,
                         p.verb.span.to(p.subject.span),
                         format!(
@@ -759,7 +787,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             let verbs: Vec<&str> = events.iter().map(|(v, _, _)| v.name()).collect();
             self.diags.push(
                 Diagnostic::error(
-                    "ichor::check::plan_group",
+                    Code::PlanGroup,
                     self.file,
                     p.verb.span,
                     format!("a plan is for one verb, not the group `{}`", p.verb.name),
@@ -797,7 +825,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
     fn check_step(&mut self, s: &'a Step, events: &[Event]) -> Option<CheckedStep> {
         let words: Vec<&str> = s.words.iter().map(|w| w.name.as_str()).collect();
         let text = words.join(" ");
-        let found = ACTIONS.iter().enumerate().find(|(_, a)| {
+        let found = ACTIONS.iter().find(|a| {
             words.len() >= a.words.len()
                 && words[..a.words.len()] == *a.words
                 && words.len() == a.words.len() + usize::from(a.argument.is_some())
@@ -807,7 +835,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             .last()
             .map(|w| w.span)
             .unwrap_or(s.span));
-        let Some((index, action)) = found else {
+        let Some(action) = found else {
             self.report_unknown_action(&words, span);
             return None;
         };
@@ -819,7 +847,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
                     if ty != Ty::Error {
                         self.diags.push(
                             Diagnostic::error(
-                                "ichor::check::not_a_condition",
+                                Code::NotACondition,
                                 self.file,
                                 e.span,
                                 format!(
@@ -838,7 +866,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
         if action.needs_message && s.say.is_none() {
             self.diags.push(
                 Diagnostic::error(
-                    "ichor::check::missing_message",
+                    Code::MissingMessage,
                     self.file,
                     span,
                     format!("`{text}` needs a message"),
@@ -855,7 +883,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             return None;
         }
         Some(CheckedStep {
-            action: index,
+            action: action.action,
             argument: action
                 .argument
                 .and_then(|_| s.words.last().map(|w| w.name.clone())),
@@ -875,6 +903,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             say_text: s.say.as_ref().map(|m| m.source_text()),
             message: s.say.as_ref().map(|m| self.inline_message(m)),
             span: s.span,
+            lets: self.lets_of(s.when.iter().chain(&s.unless), s.say.as_ref()),
         })
     }
 
@@ -892,7 +921,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             })
             .next();
         let mut d = Diagnostic::error(
-            "ichor::check::unknown_action",
+            Code::UnknownAction,
             self.file,
             span,
             format!("unknown action `{text}`"),
@@ -937,7 +966,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
                 if *placeholders {
                     self.diags.push(
                         Diagnostic::error(
-                            "ichor::check::placeholder_outside_message",
+                            Code::PlaceholderOutsideMessage,
                             self.file,
                             e.span,
                             "`{...}` placeholders only work in messages",
@@ -963,7 +992,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
                     let sym = if *op == UnOp::Not { "not" } else { "-" };
                     self.diags.push(
                         Diagnostic::error(
-                            "ichor::check::type_mismatch",
+                            Code::TypeMismatch,
                             self.file,
                             inner.span,
                             format!("`{sym}` needs a {want}, this is {}", t.describe()),
@@ -998,7 +1027,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
                     if *t != Ty::Known(Type::Bool) {
                         self.diags.push(
                             Diagnostic::error(
-                                "ichor::check::type_mismatch",
+                                Code::TypeMismatch,
                                 self.file,
                                 side.span,
                                 format!("`{sym}` joins conditions, this is {}", t.describe()),
@@ -1029,7 +1058,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
                         };
                         self.diags.push(
                             Diagnostic::error(
-                                "ichor::check::type_mismatch",
+                                Code::TypeMismatch,
                                 self.file,
                                 side.span,
                                 format!("`{sym}` {what}; `{side}` is {}", t.describe()),
@@ -1072,7 +1101,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
                 if !compatible {
                     self.diags.push(
                         Diagnostic::error(
-                            "ichor::check::type_mismatch",
+                            Code::TypeMismatch,
                             self.file,
                             span,
                             format!(
@@ -1108,7 +1137,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
     fn report_enum_value(&mut self, kind: EnumKind, value: &str, span: Span) {
         let values = kind.values();
         let mut d = Diagnostic::error(
-            "ichor::check::unknown_enum_value",
+            Code::UnknownEnumValue,
             self.file,
             span,
             format!("`{value}` is not {}", kind.with_article()),
@@ -1162,7 +1191,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             candidates.extend(MODEL_FACTS.iter().map(|f| f.name));
             candidates.extend(self.lets.keys().copied());
             let mut d = Diagnostic::error(
-                "ichor::check::unknown_name",
+                Code::UnknownName,
                 self.file,
                 span,
                 format!("unknown fact or definition `{n}`"),
@@ -1201,7 +1230,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
         let via = via.map(|l| format!(" (through `{l}`)")).unwrap_or_default();
         self.diags.push(
             Diagnostic::error(
-                "ichor::check::fact_unavailable",
+                Code::FactUnavailable,
                 self.file,
                 span,
                 format!(
@@ -1293,7 +1322,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             .unwrap_or_else(|| "a rule".into());
         self.diags.push(
             Diagnostic::error(
-                "ichor::check::fact_unavailable",
+                Code::FactUnavailable,
                 self.file,
                 span,
                 format!(
@@ -1310,7 +1339,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
         let via = via.map(|l| format!(" (through `{l}`)")).unwrap_or_default();
         self.diags.push(
             Diagnostic::error(
-                "ichor::check::fact_unavailable",
+                Code::FactUnavailable,
                 self.file,
                 span,
                 format!(
@@ -1335,7 +1364,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             if ty != Ty::Known(Type::Bool) && ty != Ty::Error {
                 c.diags.push(
                     Diagnostic::error(
-                        "ichor::check::not_a_condition",
+                        Code::NotACondition,
                         c.file,
                         e.span,
                         format!(
@@ -1361,7 +1390,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
         if inv.ensure.is_none() {
             self.diags.push(
                 Diagnostic::error(
-                    "ichor::syntax::expected",
+                    Code::SyntaxExpected,
                     self.file,
                     inv.name.span,
                     format!("the invariant `{}` has no `ensure`", inv.name.name),
@@ -1383,7 +1412,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
         if self.inline_too_deep.get() {
             self.diags.push(
                 Diagnostic::error(
-                    "ichor::syntax::too_complex",
+                    Code::SyntaxTooComplex,
                     self.file,
                     inv.name.span,
                     format!(
@@ -1432,6 +1461,95 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             }
             _ => {}
         }
+    }
+
+    /// The `let`s these conditions and this message use, directly or through another.
+    fn lets_of<'e>(
+        &self,
+        exprs: impl Iterator<Item = &'e Expr>,
+        message: Option<&'e Message>,
+    ) -> Vec<String> {
+        let mut out = Vec::new();
+        let placeholders = message
+            .into_iter()
+            .flat_map(|m| &m.parts)
+            .filter_map(|p| match p {
+                MessagePart::Placeholder(e) => Some(e),
+                MessagePart::Text(_) => None,
+            });
+        for e in exprs.chain(placeholders) {
+            self.collect_lets(e, &mut out);
+        }
+        out
+    }
+
+    fn collect_lets(&self, e: &Expr, out: &mut Vec<String>) {
+        match &e.kind {
+            ExprKind::Name(n) => {
+                if let Some(info) = self.lets.get(n.as_str())
+                    && !out.contains(n)
+                {
+                    out.push(n.clone());
+                    self.collect_lets(&info.def.expr, out);
+                }
+            }
+            ExprKind::Unary(_, i) => self.collect_lets(i, out),
+            ExprKind::Binary(_, l, r) => {
+                self.collect_lets(l, out);
+                self.collect_lets(r, out);
+            }
+            _ => {}
+        }
+    }
+
+    /// This file's `let`s that its checked rules and plan steps use, in the order the file
+    /// defines them, each with its expression inlined (no larger than the inlined rule that
+    /// uses it, which stayed within the limits, and counted in the file's budget).
+    fn used_lets(&self, program: &Program) -> Vec<CheckedLet> {
+        // With an error no table is built; and a rule over the limits kept no inlining (its
+        // error is still pending: reported after this).
+        if self.diags.iter().any(|d| d.is_error())
+            || !self.expansions.borrow().pending.is_empty()
+            || self.inline_too_deep.get()
+        {
+            return Vec::new();
+        }
+        let rules = program.rules.iter().filter(|r| r.file == self.file);
+        let steps = program
+            .plans
+            .iter()
+            .filter(|p| p.file == self.file)
+            .flat_map(|p| &p.steps);
+        let used: HashSet<&str> = rules
+            .flat_map(|r| &r.lets)
+            .chain(steps.flat_map(|s| &s.lets))
+            .map(String::as_str)
+            .collect();
+        self.ast
+            .items
+            .iter()
+            .filter_map(|i| match i {
+                Item::Let(l) => Some(l),
+                _ => None,
+            })
+            // The definition the file's names resolve to (a second one is an error).
+            .filter(|l| {
+                used.contains(l.name.name.as_str())
+                    && self
+                        .lets
+                        .get(l.name.name.as_str())
+                        .is_some_and(|info| std::ptr::eq(info.def, *l))
+            })
+            .map(|l| CheckedLet {
+                name: l.name.name.clone(),
+                file: self.file,
+                span: l.span,
+                expr_span: l.expr.span,
+                // Written out within the file's budget like every condition: a chain of
+                // `let`s each used once costs its length once per link, not unboundedly.
+                expr: self.inline(&l.expr),
+            })
+            .collect()
     }
 
     /// Replaces every `let` name by its definition (checked acyclic before this runs).

@@ -17,7 +17,7 @@ pub fn run(paths: &[PathBuf], format: Format, deny_warnings: bool) -> u8 {
                     "errors": 1,
                     "warnings": 0,
                     "diagnostics": [{
-                        "code": "ichor::input::unreadable",
+                        "code": crate::diagnostics::Code::InputUnreadable.as_str(),
                         "severity": "error",
                         "file": e.path().display().to_string(),
                         "line": 0,

@@ -2,7 +2,7 @@
 
 use super::outcome::{self, Outcome};
 use super::request::{Form, build_review, now, parse_target, raw_objects, read_apply_file};
-use super::{EXIT_BAD_INPUT, EXIT_OK, emit};
+use super::{EXIT_BAD_INPUT, EXIT_OK, Format, emit};
 use crate::diagnostics::render_human;
 use crate::interp::Decision;
 use crate::interp::explain;
@@ -62,6 +62,24 @@ pub struct EvalArgs {
     pub controller_username: Option<String>,
 }
 
+/// `explain`'s arguments: `eval`'s, and the output format.
+#[derive(Args, Debug)]
+pub struct ExplainArgs {
+    #[command(flatten)]
+    pub eval: EvalArgs,
+    /// Output format: `human` text, or `json` (one document; its shape is in docs/rules.md,
+    /// "explain --format json").
+    #[arg(long, value_enum, default_value_t = Format::Human)]
+    pub format: Format,
+}
+
+/// What to print.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Eval,
+    Explain(Format),
+}
+
 /// One clear line, exit 2.
 fn bad(msg: impl std::fmt::Display) -> u8 {
     eprintln!("error: {msg}");
@@ -116,6 +134,23 @@ fn form(args: &EvalArgs) -> Result<Option<Form>, String> {
 }
 
 pub fn run(args: &EvalArgs, explain: bool) -> u8 {
+    run_as(
+        args,
+        if explain {
+            Mode::Explain(Format::Human)
+        } else {
+            Mode::Eval
+        },
+    )
+}
+
+/// `explain` in the given format.
+pub fn run_explain(args: &EvalArgs, format: Format) -> u8 {
+    run_as(args, Mode::Explain(format))
+}
+
+fn run_as(args: &EvalArgs, mode: Mode) -> u8 {
+    let explain = mode != Mode::Eval;
     let set = match load(&args.rules) {
         Ok(s) => s,
         Err(e) => return bad(e),
@@ -186,7 +221,7 @@ pub fn run(args: &EvalArgs, explain: bool) -> u8 {
             Ok(o) => o,
             Err(e) => return bad(format!("{source}: {e}")),
         };
-        return answer_admission(table, &outcome, explain);
+        return answer_admission(table, &outcome, mode);
     }
     let Some(target) = &args.reconcile else {
         return bad(
@@ -203,7 +238,7 @@ pub fn run(args: &EvalArgs, explain: bool) -> u8 {
         Ok(o) => o,
         Err(e) => return bad(format!("{}: {e}", args.objects.display())),
     };
-    answer_reconcile(table, &outcome, explain)
+    answer_reconcile(table, &outcome, mode)
 }
 
 /// `note: ...` lines.
@@ -222,10 +257,35 @@ fn print(text: &str) -> u8 {
     }
 }
 
-fn answer_admission(table: &crate::compile::Table, outcome: &Outcome, explain: bool) -> u8 {
+/// The JSON explanation, printed.
+fn print_json(value: &serde_json::Value) -> u8 {
+    match serde_json::to_string_pretty(value) {
+        Ok(s) => print(&(s + "\n")),
+        Err(e) => bad(format!("cannot write the explanation: {e}")),
+    }
+}
+
+fn answer_admission(table: &crate::compile::Table, outcome: &Outcome, mode: Mode) -> u8 {
     let Some(req) = &outcome.request else {
         return bad("internal: an admission outcome without its request");
     };
+    if mode == Mode::Explain(Format::Json) {
+        let mut v = explain::to_json(
+            table,
+            &outcome.header,
+            "webhook",
+            match (&outcome.not_by_rule, outcome.decision.refusals.is_empty()) {
+                (None, true) => "allow",
+                _ => "refuse",
+            },
+            &outcome.traces,
+            &outcome.decision,
+            &outcome.notes,
+        );
+        v["refused_not_by_rule"] = serde_json::json!(outcome.not_by_rule);
+        return print_json(&v);
+    }
+    let explain = mode != Mode::Eval;
     if let Some(message) = &outcome.not_by_rule {
         let text = if explain {
             format!(
@@ -264,8 +324,25 @@ fn answer_admission(table: &crate::compile::Table, outcome: &Outcome, explain: b
     }
 }
 
-fn answer_reconcile(table: &crate::compile::Table, outcome: &Outcome, explain: bool) -> u8 {
-    if explain {
+fn answer_reconcile(table: &crate::compile::Table, outcome: &Outcome, mode: Mode) -> u8 {
+    if mode == Mode::Explain(Format::Json) {
+        let mut notes = outcome.notes.clone();
+        if outcome.member_dead_offline {
+            notes.insert(0, MEMBER_DEAD_OFFLINE.to_string());
+        }
+        let mut v = explain::to_json(
+            table,
+            &outcome.header,
+            "controller",
+            verdict_word(&outcome.decision),
+            &outcome.traces,
+            &outcome.decision,
+            &notes,
+        );
+        v["refused_not_by_rule"] = serde_json::Value::Null;
+        return print_json(&v);
+    }
+    if mode != Mode::Eval {
         let line = format!("verdict: {}", verdict_word(&outcome.decision));
         let mut text = explain::render(
             table,
@@ -275,9 +352,7 @@ fn answer_reconcile(table: &crate::compile::Table, outcome: &Outcome, explain: b
             &line,
         );
         if outcome.member_dead_offline {
-            text.push_str(
-                "note: offline, `member.dead` is read from the machine's conditions; the controller asks etcd\n",
-            );
+            text.push_str(&format!("note: {MEMBER_DEAD_OFFLINE}\n"));
         }
         text.push_str(&notes_text(outcome));
         return print(&text);
@@ -288,6 +363,9 @@ fn answer_reconcile(table: &crate::compile::Table, outcome: &Outcome, explain: b
         Err(e) => bad(format!("cannot write the decision: {e}")),
     }
 }
+
+const MEMBER_DEAD_OFFLINE: &str =
+    "offline, `member.dead` is read from the machine's conditions; the controller asks etcd";
 
 fn verdict_word(d: &Decision) -> &'static str {
     match d.verdict() {

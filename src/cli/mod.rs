@@ -72,8 +72,10 @@ pub enum Command {
     /// Decide an AdmissionReview (as the webhook answers) or a reconcile (as the controller
     /// decides) against a file of objects, and print the decision as JSON.
     Eval(eval::EvalArgs),
-    /// Like `eval`, but print every row considered, each condition's value, and the verdict.
-    Explain(eval::EvalArgs),
+    /// Like `eval`, but print every row considered, each condition's value, the facts read,
+    /// each `let` the rows use with its value, and the verdict (`--format json`: the same,
+    /// as one JSON document).
+    Explain(eval::ExplainArgs),
     /// Serve the admission webhook over HTTPS, deciding from live reads of the API server.
     Serve(serve::ServeArgs),
     /// Prove the rule set's invariants over every small cluster within the bounds (every
@@ -144,7 +146,7 @@ pub fn run(cli: Cli) -> ExitCode {
             format,
         } => table::run(&default_paths([paths, rules].concat()), format),
         Command::Eval(args) => eval::run(&args, false),
-        Command::Explain(args) => eval::run(&args, true),
+        Command::Explain(args) => eval::run_explain(&args.eval, args.format),
         Command::Crds => crds::run(),
         Command::Completions { shell } => {
             match emit(&String::from_utf8_lossy(&completion_script(shell))) {

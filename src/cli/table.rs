@@ -1,10 +1,9 @@
 //! `ichor-rules table`: the compiled decision table, as reviewers read it.
 
 use super::{EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, Format, colour, emit};
-use crate::compile::Table;
+use crate::compile::{LetMeta, Table};
 use crate::diagnostics::render_human;
 use crate::ruleset::load;
-use crate::vocab::ACTIONS;
 use std::fmt::Write;
 use std::path::PathBuf;
 
@@ -21,7 +20,8 @@ pub fn run(paths: &[PathBuf], format: Format) -> u8 {
         eprintln!("error: the rules have errors; no table was built");
         return EXIT_FINDINGS;
     };
-    let lets = used_lets(table, &set.files);
+    // The `let`s the rows and plan steps use, in definition order (kept by the compiler).
+    let lets = &table.lets;
     let text = match format {
         Format::Json => {
             let mut v = to_json(table);
@@ -37,7 +37,7 @@ pub fn run(paths: &[PathBuf], format: Format) -> u8 {
             );
             serde_json::to_string_pretty(&v).unwrap_or_default() + "\n"
         }
-        Format::Human => lets_text(&lets) + &to_text(table, colour()),
+        Format::Human => lets_text(lets) + &to_text(table, colour()),
     };
     match emit(&text) {
         Ok(()) => EXIT_OK,
@@ -73,7 +73,7 @@ pub fn to_json(table: &Table) -> serde_json::Value {
                 "subject": p.subject.name(),
                 "steps": p.steps.iter().map(|s| serde_json::json!({
                     "action": s.text,
-                    "doc": ACTIONS.get(s.action).map(|a| a.doc),
+                    "doc": s.action.doc(),
                     "guard": s.guard_text,
                     "say": s.say.as_deref().map(message_text),
                 })).collect::<Vec<_>>(),
@@ -150,7 +150,7 @@ pub fn to_text(table: &Table, colour: bool) -> String {
             ))
         );
         for (i, s) in plan.steps.iter().enumerate() {
-            let doc = ACTIONS.get(s.action).map(|a| a.doc).unwrap_or("");
+            let doc = s.action.doc();
             let guard = s
                 .guard_text
                 .as_ref()
@@ -188,75 +188,8 @@ pub fn to_text(table: &Table, colour: bool) -> String {
     out
 }
 
-/// A `let` definition the table's rows (or plan steps) use, directly or through another.
-#[derive(Debug, PartialEq)]
-pub struct UsedLet {
-    pub name: String,
-    /// The expression as written.
-    pub definition: String,
-    pub file: String,
-    pub line: usize,
-}
-
-/// The words of an expression or message text that could name a `let`.
-fn words(text: &str) -> impl Iterator<Item = &str> {
-    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
-        .filter(|w| w.chars().next().is_some_and(|c| c.is_ascii_alphabetic()))
-}
-
-/// The `let`s the rows and plan steps read, in the order they are defined.
-pub fn used_lets(table: &Table, files: &[crate::diagnostics::SourceFile]) -> Vec<UsedLet> {
-    let mut defs: Vec<UsedLet> = Vec::new();
-    for (id, f) in files.iter().enumerate() {
-        let (file, _) = crate::syntax::parse_recovering(id, &f.text);
-        for item in file.items {
-            if let crate::syntax::ast::Item::Let(l) = item {
-                let (start, end) = (l.expr.span.start as usize, l.expr.span.end as usize);
-                defs.push(UsedLet {
-                    name: l.name.name.clone(),
-                    definition: f.text.get(start..end).unwrap_or_default().to_string(),
-                    file: f.display_path(),
-                    line: f.line_col(l.span.start).0,
-                });
-            }
-        }
-    }
-    // `let`s are scoped to their file: a row's words name its own file's definitions.
-    // Plans carry no file: their words may name any file's.
-    let mut texts: Vec<(Option<&str>, &str)> = Vec::new();
-    for r in &table.rules {
-        let file = Some(r.file.as_str());
-        texts.extend(r.when_text.as_deref().map(|t| (file, t)));
-        texts.extend(r.unless_text.as_deref().map(|t| (file, t)));
-        texts.push((file, &r.say));
-    }
-    for p in &table.plans {
-        for s in &p.steps {
-            texts.extend(s.guard_text.as_deref().map(|t| (None, t)));
-            texts.extend(s.say.as_deref().map(|t| (None, t)));
-        }
-    }
-    let mut used: Vec<bool> = vec![false; defs.len()];
-    let mut todo: Vec<(Option<String>, String)> = texts
-        .iter()
-        .flat_map(|(f, t)| words(t).map(|w| (f.map(str::to_string), w.to_string())))
-        .collect();
-    while let Some((file, w)) = todo.pop() {
-        for (i, d) in defs.iter().enumerate() {
-            if used[i] || d.name != w || file.as_ref().is_some_and(|f| *f != d.file) {
-                continue;
-            }
-            used[i] = true;
-            todo.extend(words(&d.definition).map(|x| (Some(d.file.clone()), x.to_string())));
-        }
-    }
-    let mut keep = used.into_iter();
-    defs.retain(|_| keep.next().unwrap_or(false));
-    defs
-}
-
 /// The definitions, as a section before the table.
-fn lets_text(lets: &[UsedLet]) -> String {
+fn lets_text(lets: &[LetMeta]) -> String {
     if lets.is_empty() {
         return String::new();
     }

@@ -132,12 +132,38 @@ pub struct RuleMeta {
     pub say: String,
     #[serde(skip)]
     pub message: Vec<Piece>,
+    /// The `let`s its conditions and message use (directly or through another), as indices
+    /// into [`Table::lets`], in the order they are defined.
+    #[serde(skip)]
+    pub lets: Vec<u32>,
+}
+
+/// A `let` that rows or plan steps use, as explanations and reviewers show it. Conditions
+/// have their `let`s inlined; this is what is left of the definition, and its value can be
+/// evaluated against a session's facts with [`crate::interp::Session::let_value`].
+#[derive(Clone, Debug, Serialize)]
+pub struct LetMeta {
+    pub name: String,
+    /// The expression as written.
+    pub definition: String,
+    pub file: String,
+    pub line: usize,
+    /// The whole definition in its file (`let name = expr`).
+    #[serde(skip)]
+    pub span: Span,
+    /// The expression, `let`s inlined, compiled as a message placeholder is: a text
+    /// ([`Piece::Name`]) or an int or bool program ([`Piece::Value`]).
+    #[serde(skip)]
+    pub value: Piece,
+    /// The facts it reads, as a bit set of slots.
+    #[serde(skip)]
+    pub reads: u32,
 }
 
 /// A compiled plan step.
 #[derive(Clone, Debug)]
 pub struct PlanStep {
-    pub action: usize,
+    pub action: crate::vocab::Action,
     pub argument: Option<String>,
     pub text: String,
     pub guard_text: Option<String>,
@@ -145,6 +171,8 @@ pub struct PlanStep {
     pub unless: Option<Code>,
     pub message: Option<Vec<Piece>>,
     pub say: Option<String>,
+    /// The `let`s its guard and message use, as indices into [`Table::lets`].
+    pub lets: Vec<u32>,
 }
 
 #[derive(Clone, Debug)]
@@ -172,6 +200,8 @@ pub struct Table {
     pub allowed: Vec<Event>,
     /// The `invariant` statements, which `verify` proves and nothing else reads.
     pub invariants: Vec<InvariantMeta>,
+    /// The `let`s that rows or plan steps use, each file's in the order it defines them.
+    pub lets: Vec<LetMeta>,
 }
 
 /// An invariant as `verify` and reviewers read it.
@@ -267,12 +297,61 @@ impl Table {
     pub fn row_count(&self) -> usize {
         self.groups.iter().map(|g| g.len()).sum()
     }
+
+    /// The `let`s these rules use (indices into [`Table::rules`]), each once, in the order
+    /// they are defined.
+    pub fn lets_of_rules(&self, rules: impl IntoIterator<Item = u32>) -> Vec<(u32, &LetMeta)> {
+        let mut ids: Vec<u32> = rules
+            .into_iter()
+            .filter_map(|r| self.rules.get(r as usize))
+            .flat_map(|r| r.lets.iter().copied())
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.into_iter()
+            .filter_map(|i| Some((i, self.lets.get(i as usize)?)))
+            .collect()
+    }
 }
 
 /// Compiles a checked program. The program must have checked without errors.
 pub fn compile(program: &Program, files: &[SourceFile]) -> Table {
     let mut c = Compiler {
         strings: Vec::new(),
+    };
+    let lets: Vec<LetMeta> = program
+        .lets
+        .iter()
+        .map(|l| {
+            let src = files.get(l.file);
+            LetMeta {
+                name: l.name.clone(),
+                definition: src
+                    .and_then(|f| {
+                        f.text
+                            .get(l.expr_span.start as usize..l.expr_span.end as usize)
+                    })
+                    .unwrap_or_default()
+                    .to_string(),
+                file: src.map(|f| f.display_path()).unwrap_or_default(),
+                line: src.map_or(0, |f| f.line_col(l.span.start).0),
+                span: l.span,
+                value: c.placeholder(&l.expr),
+                reads: fact_mask(&l.expr),
+            }
+        })
+        .collect();
+    // A rule's (or step's) `let` names are its own file's.
+    let let_ids = |file: usize, names: &[String]| -> Vec<u32> {
+        let mut ids: Vec<u32> = program
+            .lets
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.file == file && names.contains(&l.name))
+            .filter_map(|(i, _)| u32::try_from(i).ok())
+            .collect();
+        ids.sort_unstable();
+        ids
     };
     let mut groups: Vec<Vec<Row>> = vec![Vec::new(); GROUPS];
     let mut reads = vec![0u32; GROUPS];
@@ -303,7 +382,9 @@ pub fn compile(program: &Program, files: &[SourceFile]) -> Table {
                 entry: 0,
             });
         }
-        rules.push(c.meta(r, files));
+        let mut meta = c.meta(r, files);
+        meta.lets = let_ids(r.file, &r.lets);
+        rules.push(meta);
     }
     let programs = groups
         .iter_mut()
@@ -319,7 +400,17 @@ pub fn compile(program: &Program, files: &[SourceFile]) -> Table {
             program
         })
         .collect();
-    let plans = program.plans.iter().map(|p| c.plan(p)).collect();
+    let plans = program
+        .plans
+        .iter()
+        .map(|p| {
+            let mut plan = c.plan(p);
+            for (step, checked) in plan.steps.iter_mut().zip(&p.steps) {
+                step.lets = let_ids(p.file, &checked.lets);
+            }
+            plan
+        })
+        .collect();
     Table {
         rules,
         groups,
@@ -328,6 +419,7 @@ pub fn compile(program: &Program, files: &[SourceFile]) -> Table {
         strings: c.strings,
         plans,
         allowed: program.allowed.clone(),
+        lets,
         invariants: program
             .invariants
             .iter()
@@ -374,6 +466,7 @@ impl Compiler {
             reason: r.reason.clone(),
             say: r.say_text.clone(),
             message: self.message(&r.message),
+            lets: Vec::new(),
         }
     }
 
@@ -393,6 +486,7 @@ impl Compiler {
                     unless: s.unless.as_ref().map(|e| self.code(e)),
                     say: s.say_text.clone(),
                     message: s.message.as_ref().map(|m| self.message(m)),
+                    lets: Vec::new(),
                 })
                 .collect(),
         }
@@ -403,12 +497,17 @@ impl Compiler {
             .iter()
             .map(|p| match p {
                 MessagePart::Text(t) => Piece::Text(t.clone()),
-                MessagePart::Placeholder(e) => match self.text(e) {
-                    Some(t) => Piece::Name(t),
-                    None => Piece::Value(self.code(e)),
-                },
+                MessagePart::Placeholder(e) => self.placeholder(e),
             })
             .collect()
+    }
+
+    /// An expression whose value is shown: a text, or an int or bool program.
+    fn placeholder(&mut self, e: &Expr) -> Piece {
+        match self.text(e) {
+            Some(t) => Piece::Name(t),
+            None => Piece::Value(self.code(e)),
+        }
     }
 
     /// Compiles an int or bool expression.

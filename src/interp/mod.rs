@@ -147,12 +147,39 @@ impl From<Hits> for Vec<Hit> {
 pub struct TraceRow {
     pub event: String,
     pub rule: String,
+    /// Index into [`Table::rules`].
+    #[serde(skip)]
+    pub rule_index: u32,
     pub verdict: Verdict,
+    /// The `when`'s value (`None`: no `when`, it could not be computed, or not read).
     pub when: Option<bool>,
+    /// The `unless`'s value (`None` also when the `when` ruled the row out first).
     pub unless: Option<bool>,
+    /// Whether the row fired in the decision.
     pub matched: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// A fact a condition needs that the provider could not give yet (not read).
+    #[serde(skip)]
+    pub unread: Option<Fact>,
+}
+
+/// A condition's value as a trace shows it.
+#[derive(Clone, Copy)]
+enum Shown {
+    Absent,
+    Value(bool),
+    Error(EvalError),
+    Unread(Fact),
+}
+
+impl Shown {
+    fn value(self) -> Option<bool> {
+        match self {
+            Shown::Value(b) => Some(b),
+            _ => None,
+        }
+    }
 }
 
 /// Where each name or enum fact keeps its text in [`FactCache::texts`] (`u8::MAX`: not a
@@ -337,63 +364,102 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
     }
 
     /// The matching rows of one (verb, subject, site), in source order. The hot path: no
-    /// allocation unless something matches.
+    /// allocation unless something matches. A traced session decides with the same code
+    /// (the group's flat program), then records each row's conditions for the explanation.
     pub fn matches(&mut self, event: Event) -> Result<Hits, Interrupt> {
         let (verb, subject, site) = event;
-        let table = self.table;
         let mut hits = Hits::new();
-        if self.trace.is_none() {
-            if let Some((rows, program)) = table.group(verb, subject, site) {
-                self.run_group(rows, program, &mut hits)?;
-            }
-            return Ok(hits);
+        if let Some((rows, program)) = self.table.group(verb, subject, site) {
+            self.run_group(rows, program, &mut hits)?;
         }
-        for row in table.rows(verb, subject, site) {
-            let when = match &row.when {
-                Some(c) => Some(self.condition(c)?),
-                None => None,
-            };
-            let when_ok = match when {
-                None | Some(Ok(true)) => true,
-                Some(Ok(false)) => false,
-                Some(Err(_)) => true,
-            };
-            let unless = match (&row.unless, when_ok) {
-                (Some(c), true) => Some(self.condition(c)?),
-                _ => None,
-            };
-            let error = match (when, unless) {
-                (Some(Err(e)), _) | (_, Some(Err(e))) => Some(e),
-                _ => None,
-            };
-            let matched = match error {
-                Some(_) => row.verdict != Verdict::Warn,
-                None => when_ok && !matches!(unless, Some(Ok(true))),
-            };
-            if let Some(trace) = &mut self.trace {
-                trace.push(TraceRow {
-                    event: format!("{} {} at {}", verb.name(), subject.name(), site.name()),
-                    rule: table
-                        .rules
-                        .get(row.rule as usize)
-                        .map(|r| r.name.clone())
-                        .unwrap_or_default(),
-                    verdict: row.verdict,
-                    when: when.and_then(|r| r.ok()),
-                    unless: unless.and_then(|r| r.ok()),
-                    matched,
-                    error: error.map(|e| e.to_string()),
-                });
-            }
-            if matched {
-                hits.push(Hit {
-                    rule: row.rule,
-                    verdict: row.verdict,
-                    error,
-                });
-            }
+        if self.trace.is_some() {
+            self.trace_rows(event, &hits);
         }
         Ok(hits)
+    }
+
+    /// Records every row of `event` for the explanation: whether it matched (from `hits`,
+    /// what the decision used) and the value of its `when` and `unless` (the `unless` only
+    /// when the `when` did not rule the row out). A condition that needs a fact the provider
+    /// cannot give yet is shown as not read; it never stops the session.
+    #[cold]
+    #[inline(never)]
+    fn trace_rows(&mut self, event: Event, hits: &Hits) {
+        let (verb, subject, site) = event;
+        let table = self.table;
+        let mut next = hits.iter().peekable();
+        let mut out = Vec::new();
+        for row in table.rows(verb, subject, site) {
+            let hit = next
+                .next_if(|h| h.rule == row.rule && h.verdict == row.verdict)
+                .copied();
+            let shown = |s: &mut Self, c: &Option<Code>| match c {
+                None => Shown::Absent,
+                Some(c) => match s.condition(c) {
+                    Ok(Ok(b)) => Shown::Value(b),
+                    Ok(Err(e)) => Shown::Error(e),
+                    Err(Interrupt::Need(f)) => Shown::Unread(f),
+                },
+            };
+            let when = shown(self, &row.when);
+            let unless = match when {
+                Shown::Value(false) | Shown::Unread(_) => Shown::Absent,
+                _ => shown(self, &row.unless),
+            };
+            let unread = match (when, unless) {
+                (Shown::Unread(f), _) | (_, Shown::Unread(f)) => Some(f),
+                _ => None,
+            };
+            let error = hit.and_then(|h| h.error).or(match (when, unless) {
+                (Shown::Error(e), _) | (_, Shown::Error(e)) => Some(e),
+                _ => None,
+            });
+            out.push(TraceRow {
+                event: format!("{} {} at {}", verb.name(), subject.name(), site.name()),
+                rule: table
+                    .rules
+                    .get(row.rule as usize)
+                    .map(|r| r.name.clone())
+                    .unwrap_or_default(),
+                rule_index: row.rule,
+                verdict: row.verdict,
+                when: when.value(),
+                unless: unless.value(),
+                matched: hit.is_some(),
+                error: error.map(|e| e.to_string()),
+                unread,
+            });
+        }
+        if let Some(trace) = &mut self.trace {
+            // A session run again (after supplying a fact) records the event once.
+            if let Some(first) = out.first() {
+                trace.retain(|r| r.event != first.event);
+            }
+            trace.extend(out);
+        }
+    }
+
+    /// The value of the `let` [`Table::lets`]`[index]` against this session's facts: what
+    /// a row that uses it computed (the same interpreter). `Err` when it cannot be computed
+    /// (a division by zero, an overflow); `Interrupt` when a fact it reads cannot be had
+    /// yet.
+    pub fn let_value(&mut self, index: u32) -> Result<Result<Value<'a>, EvalError>, Interrupt> {
+        let table = self.table;
+        let Some(l) = table.lets.get(index as usize) else {
+            return Ok(Err(EvalError::Type));
+        };
+        match &l.value {
+            Piece::Name(t) => match self.cache.text(*t, &table.strings) {
+                Ok(s) => Ok(Ok(Value::Str(s))),
+                Err(Stop::Fail(e)) => Ok(Err(e)),
+                Err(Stop::Need(f)) => Err(Interrupt::Need(f)),
+            },
+            Piece::Value(code) => Ok(self.condition_value(code)?.map(|v| match code.kind {
+                Kind::Int => Value::Int(v),
+                Kind::Bool => Value::Bool(v != 0),
+            })),
+            Piece::Text(_) => Ok(Err(EvalError::Type)),
+        }
     }
 
     /// The message of a matching rule, placeholders filled in.

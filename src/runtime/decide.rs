@@ -4,7 +4,7 @@
 use super::facts::{EventFacts, Expensive, SnapshotFacts, Subject};
 use super::objects::{Object, Role, Snapshot, TalosCluster, TalosMachine, TalosOperation};
 use crate::compile::Table;
-use crate::interp::explain::EventTrace;
+use crate::interp::explain::{EventTrace, trace_event};
 use crate::interp::{Decision, Finding, Interrupt, Session, decide_into};
 use crate::vocab::{Site, Subject as S, Verb, Verdict};
 use kube::core::admission::Operation;
@@ -326,8 +326,10 @@ pub fn decide_request_events(
         }
         if trace {
             let (verb, subject, site) = ev.event;
-            let rows = session.trace.take().unwrap_or_default();
-            traces.push(EventTrace::new(
+            let cluster_missing = !matches!(ev.subject, Subject::Cluster(_))
+                && snapshot.cluster(ev.namespace, ev.cluster).is_none();
+            traces.push(trace_event(
+                &mut session,
                 format!(
                     "{} {} at the {} (cluster {:?})",
                     verb.name(),
@@ -335,8 +337,9 @@ pub fn decide_request_events(
                     site.name(),
                     ev.cluster
                 ),
-                session.asked(),
-                rows,
+                ev.event,
+                format!("{}/{}", ev.namespace, ev.cluster),
+                cluster_missing,
             ));
         }
     }

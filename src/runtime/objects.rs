@@ -79,7 +79,7 @@ pub struct ApprovalDecision {
 fn role_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "type": "string",
-        "enum": ["controlplane", "worker"],
+        "enum": crate::vocab::EnumKind::Role.values(),
         "description": "The role of the machine: controlplane or worker."
     })
 }
@@ -259,7 +259,7 @@ fn schedulable_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>,
 pub struct ControlPlaneSpec {
     /// How many control planes the cluster runs: 1, 3 or 5 (even counts exist only while a
     /// control plane is being replaced).
-    #[schemars(extend("enum" = [1, 3, 5]))]
+    #[schemars(extend("enum" = crate::vocab::CONTROL_PLANE_COUNTS))]
     pub count: i64,
 }
 
@@ -391,7 +391,7 @@ pub struct OperationSpec {
     pub cluster_ref: ClusterRef,
     /// What the operation does.
     #[serde(default)]
-    #[schemars(extend("enum" = ["upgrade", "kubernetes-upgrade", "ichor", "reboot", "reset", "shutdown", "etcd-snapshot", "etcd-restore", "rotate-ca", "rollback"]))]
+    #[schemars(extend("enum" = crate::vocab::OPERATION_KINDS))]
     pub kind: String,
     /// The machine it acts on, when it acts on one.
     #[serde(default, skip_serializing_if = "Option::is_none")]

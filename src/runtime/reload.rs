@@ -31,7 +31,7 @@ pub const MAX_RULES_BYTES: u64 = 8 * 1024 * 1024;
 
 /// The lint that names an event the runtime produces and no rule or `allow` covers. A
 /// warning for `check`; a refusal for a reload (the event would be allowed unguarded).
-pub const UNCOVERED_EVENT: &str = "ichor::lint::uncovered_event";
+pub const UNCOVERED_EVENT: crate::diagnostics::Code = crate::diagnostics::Code::UncoveredEvent;
 
 /// How many diagnostics a refusal lists (the count says how many there were).
 const LISTED: usize = 20;

@@ -6,7 +6,7 @@ pub mod ast;
 pub mod depth;
 pub mod fmt;
 
-use crate::diagnostics::Diagnostic;
+use crate::diagnostics::{Code, Diagnostic};
 use ast::*;
 use pest::Parser;
 use pest::iterators::{Pair, Pairs};
@@ -42,7 +42,7 @@ pub fn parse_recovering(file_id: usize, text: &str) -> (File, Vec<Diagnostic>) {
     };
     if let Some(deep) = depth::too_deep(text) {
         let d = Diagnostic::error(
-            "ichor::syntax::too_complex",
+            Code::SyntaxTooComplex,
             file_id,
             Span::new(deep.at, deep.at + deep.len),
             format!("the expression nests deeper than {MAX_NESTING} levels"),
@@ -168,7 +168,7 @@ pub fn parse_expr(text: &str) -> Result<Expr, Vec<Diagnostic>> {
     match file.items.into_iter().next() {
         Some(Item::Let(l)) => Ok(shift_expr(l.expr, PREFIX.len())),
         _ => Err(vec![Diagnostic::error(
-            "ichor::syntax::expected",
+            Code::SyntaxExpected,
             0,
             Span::default(),
             "expected an expression",
@@ -493,7 +493,7 @@ impl Lower {
         if depth > MAX_DEPTH {
             self.errors.push(
                 Diagnostic::error(
-                    "ichor::syntax::too_complex",
+                    Code::SyntaxTooComplex,
                     self.file,
                     e.span,
                     format!("the expression nests more than {MAX_DEPTH} operators deep"),
@@ -512,7 +512,7 @@ impl Lower {
             let span = span_of(&p);
             self.errors.push(
                 Diagnostic::error(
-                    "ichor::syntax::too_complex",
+                    Code::SyntaxTooComplex,
                     self.file,
                     span,
                     format!("the expression has more than {MAX_EXPRESSION_PARTS} parts"),
@@ -596,7 +596,7 @@ fn self_primary(
             Err(_) => {
                 errors.borrow_mut().push(
                     Diagnostic::error(
-                        "ichor::syntax::int_too_large",
+                        Code::SyntaxIntTooLarge,
                         file,
                         span,
                         format!("integer `{}` is too large", p.as_str()),
@@ -786,7 +786,7 @@ fn syntax_error(file: usize, text: &str, e: pest::error::Error<Rule>) -> Diagnos
                 && inside_string(text, start);
             if in_string {
                 return Diagnostic::error(
-                    "ichor::syntax::expected",
+                    Code::SyntaxExpected,
                     file,
                     span,
                     "unterminated string",
@@ -812,15 +812,14 @@ fn syntax_error(file: usize, text: &str, e: pest::error::Error<Rule>) -> Diagnos
                 format!("unexpected {found}")
             };
             let help = syntax_help(&expected, rest);
-            let mut d =
-                Diagnostic::error("ichor::syntax::expected", file, span, message).label("here");
+            let mut d = Diagnostic::error(Code::SyntaxExpected, file, span, message).label("here");
             if let Some(h) = help {
                 d = d.help(h);
             }
             d
         }
         ErrorVariant::CustomError { message } => {
-            Diagnostic::error("ichor::syntax::expected", file, span, message).label("here")
+            Diagnostic::error(Code::SyntaxExpected, file, span, message).label("here")
         }
     }
 }
@@ -1107,17 +1106,17 @@ plan remove controlplane
     #[test]
     fn huge_integers_are_reported_not_panicked() {
         let err = parse(0, "let x = 99999999999999999999").expect_err("too big");
-        assert_eq!(err[0].code, "ichor::syntax::int_too_large");
+        assert_eq!(err[0].code, Code::SyntaxIntTooLarge);
     }
 
     #[test]
     fn absurd_nesting_and_length_are_errors_not_crashes() {
         let deep = format!("let x = {}1{}", "(".repeat(10_000), ")".repeat(10_000));
         let err = parse(0, &deep).expect_err("too deep");
-        assert_eq!(err[0].code, "ichor::syntax::too_complex");
+        assert_eq!(err[0].code, Code::SyntaxTooComplex);
         let long = format!("let x = 1{}", " + 1".repeat(5_000));
         let err = parse(0, &long).expect_err("too long");
-        assert_eq!(err[0].code, "ichor::syntax::too_complex");
+        assert_eq!(err[0].code, Code::SyntaxTooComplex);
         let nots = format!("let x = {}true", "not ".repeat(5_000));
         assert!(parse(0, &nots).is_err());
     }

@@ -24,7 +24,7 @@ use crate::runtime::objects::{
     REMOVAL_FINALIZER, RemovalProgress, Role, Snapshot, TEARDOWN_FINALIZER, TalosCluster,
     TalosMachine, TalosOperation,
 };
-use crate::vocab::{ACTIONS, Fact, Verb, Verdict};
+use crate::vocab::{Fact, Verb, Verdict};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::core::admission::Operation;
@@ -1314,7 +1314,7 @@ impl<'t> Model<'t> {
 
     /// Runs one plan step on the model; `None` when it must wait.
     fn execute(&self, t: &mut State, i: usize, k: usize, step: &PlanStep) -> Option<Effect> {
-        let words = ACTIONS.get(step.action).map(|a| a.words).unwrap_or(&[]);
+        let words = step.action.words();
         let sibling = t.healthy_sibling(i);
         let leader = t.has_leader();
         let m = t.machines[i].clone();

@@ -16,7 +16,11 @@
 //!   CustomResourceDefinition declares, read from the CRDs `ichor-rules crds` prints, an
 //!   absent field selecting as the empty string; any other field is a 400 BadRequest
 //!   `field label not supported: …`; values unescaped as `fields.ParseSelector` does, `\,`,
-//!   `\=` and `\\`), `limit` and `continue`
+//!   `\=` and `\\`), `limit` and `continue`; a list selecting `metadata.name`, or one of
+//!   the fields above with `=`, reads only the objects with that value (an index by
+//!   resource, field and value kept on every write, as the watch cache's indexers are), so
+//!   its cost is that of its answer, not of the namespace ([`ApiServer::index_drift`]
+//!   compares the index with a scan)
 //!   (with `remainingItemCount` when there is no selector), items ordered by namespace and
 //!   name; a namespaced kind listed without a namespace spans all of them;
 //! - watch: from a resourceVersion it replays what changed after it, then follows; without
@@ -110,7 +114,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -363,6 +367,47 @@ struct Inner {
     /// Changes up to this resourceVersion are no longer in `history`.
     compacted: u64,
     serial: u64,
+    /// The field index: (resource, field label, value) -> (namespace, name) of every stored
+    /// object whose field has that value, for every field a field selector may name
+    /// besides metadata's ([`indexed_fields`]). Kept by [`Store::commit`], the one place
+    /// `objects` changes.
+    index: HashMap<IndexKey, BTreeSet<(String, String)>>,
+}
+
+/// (resource, field label, value) in the field index.
+type IndexKey = (usize, &'static str, String);
+
+/// The fields of a kind a field selector may name besides `metadata.name` and
+/// `metadata.namespace`: the `selectableFields` of a custom resource's CRD, or the fields
+/// a built-in kind supports.
+fn indexed_fields(res: usize) -> Vec<&'static str> {
+    let r = &RESOURCES[res];
+    if r.group == CUSTOM.group {
+        crd_selectable_fields(r.kind)
+            .iter()
+            .map(String::as_str)
+            .collect()
+    } else {
+        r.fields.to_vec()
+    }
+}
+
+type Index = HashMap<(usize, &'static str, String), BTreeSet<(String, String)>>;
+
+/// Adds (or removes) the index entries of the object stored at `key`.
+fn index_object(index: &mut Index, key: &Key, obj: &Value, add: bool) {
+    for label in indexed_fields(key.0) {
+        let entry = (key.0, label, field_value(obj, label));
+        let at = (key.1.clone(), key.2.clone());
+        if add {
+            index.entry(entry).or_default().insert(at);
+        } else if let Some(set) = index.get_mut(&entry) {
+            set.remove(&at);
+            if set.is_empty() {
+                index.remove(&entry);
+            }
+        }
+    }
 }
 
 /// Rewrites the JSON of an answer.
@@ -539,6 +584,7 @@ impl ApiServer {
                 history: VecDeque::new(),
                 compacted: 1000,
                 serial: 0,
+                index: HashMap::new(),
             }),
             changes,
             drop_watches,
@@ -642,6 +688,12 @@ impl ApiServer {
             Ok((_, v)) => v,
             Err(e) => panic!("insert failed: {}", e.message),
         }
+    }
+
+    /// Where the field index of list answers differs from a scan of what is stored (empty
+    /// when exact): see [`Store::index_drift`].
+    pub fn index_drift(&self) -> Vec<String> {
+        self.store.index_drift()
     }
 
     /// Every stored object of a kind in a namespace (all namespaces when `None`).
@@ -1038,10 +1090,16 @@ impl Store {
         object: Value,
         old: Option<Value>,
     ) {
-        if kind == "DELETED" {
-            inner.objects.remove(key);
+        let previous = if kind == "DELETED" {
+            inner.objects.remove(key)
         } else {
-            inner.objects.insert(key.clone(), object.clone());
+            inner.objects.insert(key.clone(), object.clone())
+        };
+        if let Some(p) = &previous {
+            index_object(&mut inner.index, key, p, false);
+        }
+        if kind != "DELETED" {
+            index_object(&mut inner.index, key, &object, true);
         }
         let change = Change {
             rv: inner.rv,
@@ -1095,12 +1153,8 @@ impl Store {
         let mut items: Vec<&Value> = Vec::new();
         let mut last: Option<&Key> = None;
         let mut remaining = 0usize;
-        // A namespaced list reads only its namespace's range (as etcd's key prefix does).
-        let from = (res, ns.unwrap_or("").to_string(), String::new());
-        for (key, obj) in inner
-            .objects
-            .range(from..)
-            .take_while(|((r, n, _), _)| *r == res && ns.is_none_or(|ns| n == ns))
+        for (key, obj) in candidates(&inner, res, ns, &filter)
+            .into_iter()
             .filter(|((_, n, m), _)| {
                 after
                     .as_ref()
@@ -1134,6 +1188,35 @@ impl Store {
                 "items": items,
             }),
         ))
+    }
+
+    /// Where the field index differs from what a scan of the stored objects finds: one line
+    /// per difference (empty when it is exact).
+    pub fn index_drift(&self) -> Vec<String> {
+        let Ok(inner) = self.inner.lock() else {
+            return vec!["the store's lock is poisoned".into()];
+        };
+        let mut scanned = Index::new();
+        for (key, obj) in &inner.objects {
+            index_object(&mut scanned, key, obj, true);
+        }
+        let mut out = Vec::new();
+        for (entry, set) in &scanned {
+            if inner.index.get(entry) != Some(set) {
+                out.push(format!(
+                    "{entry:?}: a scan finds {set:?}, the index holds {:?}",
+                    inner.index.get(entry)
+                ));
+            }
+        }
+        for (entry, set) in &inner.index {
+            if !scanned.contains_key(entry) {
+                out.push(format!(
+                    "{entry:?}: the index holds {set:?}, a scan finds nothing"
+                ));
+            }
+        }
+        out
     }
 
     fn create(&self, res: usize, ns: &str, obj: Value, dry: bool) -> Reply {
@@ -1795,6 +1878,49 @@ impl Follow {
             }
         }
     }
+}
+
+/// The stored objects a list with `filter` must look at, in key order (namespace, name):
+/// the one object a `metadata.name=` selects (in a namespace, or of a cluster-scoped
+/// kind), else those the field index holds for a `field=value` requirement, else the
+/// whole range of the kind (in the namespace, if one is named, as etcd's key prefix
+/// reads). Every candidate still goes through [`Filter::passes`].
+fn candidates<'a>(
+    inner: &'a Inner,
+    res: usize,
+    ns: Option<&str>,
+    filter: &Filter,
+) -> Vec<(&'a Key, &'a Value)> {
+    let namespaced = RESOURCES[res].namespaced;
+    let equal = filter.fields.iter().flatten().filter(|f| f.equal);
+    for f in equal.clone() {
+        if f.label == "metadata.name" && (ns.is_some() || !namespaced) {
+            let key = (res, ns.unwrap_or("").to_string(), f.value.clone());
+            return inner.objects.get_key_value(&key).into_iter().collect();
+        }
+    }
+    let fields = indexed_fields(res);
+    for f in equal {
+        let Some(label) = fields.iter().find(|l| **l == f.label) else {
+            continue;
+        };
+        let Some(set) = inner.index.get(&(res, *label, f.value.clone())) else {
+            return Vec::new();
+        };
+        let from = (ns.unwrap_or("").to_string(), String::new());
+        return set
+            .range(from..)
+            .take_while(|(n, _)| ns.is_none_or(|ns| n == ns))
+            .filter_map(|(n, m)| inner.objects.get_key_value(&(res, n.clone(), m.clone())))
+            .collect();
+    }
+    // A namespaced list reads only its namespace's range (as etcd's key prefix does).
+    let from = (res, ns.unwrap_or("").to_string(), String::new());
+    inner
+        .objects
+        .range(from..)
+        .take_while(|((r, n, _), _)| *r == res && ns.is_none_or(|ns| n == ns))
+        .collect()
 }
 
 /// What a list or watch selects: kind, namespace, label and field selectors.

@@ -89,6 +89,9 @@ server.containerPort, or 0.0.0.0:<containerPort> when it is empty. */}}
 {{- if not (has .Values.server.logFormat (list "text" "json")) }}
 {{- fail (printf "server.logFormat: %q is neither \"text\" nor \"json\"" (toString .Values.server.logFormat)) }}
 {{- end }}
+{{- if or (lt (int .Values.server.maxInflightReads) 1) (gt (int .Values.server.maxInflightReads) 4096) }}
+{{- fail (printf "server.maxInflightReads: %v is outside 1..4096 (the live reads each webhook pod has in flight at once)" .Values.server.maxInflightReads) }}
+{{- end }}
 {{- if or (lt (int .Values.server.maxConnections) 1) (gt (int .Values.server.maxConnections) 65536) }}
 {{- fail (printf "server.maxConnections: %v is outside 1..65536" .Values.server.maxConnections) }}
 {{- end }}

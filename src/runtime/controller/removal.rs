@@ -21,7 +21,7 @@ use crate::runtime::facts::Expensive;
 use crate::runtime::live::Reads;
 use crate::runtime::objects::{RemovalProgress, Role, Snapshot, TalosMachine};
 use crate::runtime::talos::TalosError;
-use crate::vocab::{ACTIONS, Fact, Verb, Verdict};
+use crate::vocab::{Action as BuiltIn, Fact, Verb, Verdict};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
@@ -417,10 +417,6 @@ async fn save(
     Ok(())
 }
 
-fn action_words(step: &PlanStep) -> &'static [&'static str] {
-    ACTIONS.get(step.action).map(|a| a.words).unwrap_or(&[])
-}
-
 fn talos_wait(ctx: &Context, step: &PlanStep, e: NodeError) -> Step {
     let reason = match e {
         NodeError::Talos(TalosError::Unreachable { .. }) => "NodeUnreachable",
@@ -447,9 +443,9 @@ async fn execute(
     let ctx = dialer.ctx;
     let Record { written, next, p } = rec;
     let member = nodes::node_name(live).to_string();
-    match action_words(step) {
-        ["lock", "cluster"] => Ok(Step::Done), // taken above, before the recount
-        ["drain", "node"] => match drain::drain(&ctx.client, &member).await {
+    match step.action {
+        BuiltIn::LockCluster => Ok(Step::Done), // taken above, before the recount
+        BuiltIn::DrainNode => match drain::drain(&ctx.client, &member).await {
             Ok(Drained::Done) => Ok(Step::Done),
             Ok(Drained::Waiting { remaining }) => Ok(Step::Wait {
                 reason: "Draining",
@@ -479,7 +475,7 @@ async fn execute(
                 event: None,
             }),
         },
-        ["etcd", "forfeit-leadership"] => {
+        BuiltIn::EtcdForfeitLeadership => {
             let c = match nodes::client(dialer, live) {
                 Ok(c) => c,
                 Err(e) => return Ok(talos_wait(ctx, step, e)),
@@ -495,7 +491,7 @@ async fn execute(
                 Err(e) => Ok(talos_wait(ctx, step, e.into())),
             }
         }
-        ["etcd", "leave"] => {
+        BuiltIn::EtcdLeave => {
             let sibling = match nodes::healthy_sibling(dialer, snapshot, live).await {
                 Ok(s) => s,
                 Err(why) => {
@@ -521,7 +517,7 @@ async fn execute(
             p.committed = true;
             Ok(Step::Done)
         }
-        ["etcd", "remove-member"] => {
+        BuiltIn::EtcdRemoveMember => {
             let sibling = match nodes::healthy_sibling(dialer, snapshot, live).await {
                 Ok(s) => s,
                 Err(why) => {
@@ -544,13 +540,14 @@ async fn execute(
             p.committed = true;
             Ok(Step::Done)
         }
-        ["event", kind] => {
+        action @ (BuiltIn::EventWarning | BuiltIn::EventNormal) => {
             let reason = step.argument.clone().unwrap_or_else(|| "Removal".into());
             let note = message.unwrap_or_else(|| step.text.clone());
-            ctx.event(live, *kind == "warning", &reason, note).await;
+            ctx.event(live, action == BuiltIn::EventWarning, &reason, note)
+                .await;
             Ok(Step::Done)
         }
-        ["talos", action @ ("reset" | "wipe")] => {
+        action @ (BuiltIn::TalosReset | BuiltIn::TalosWipe) => {
             // A node reset (or wiped) by an earlier step of this removal is gone: a second
             // reset would only wait for it forever (a teardown after a reset).
             if p.done
@@ -559,7 +556,7 @@ async fn execute(
             {
                 return Ok(Step::Done);
             }
-            let graceful = *action == "reset";
+            let graceful = action == BuiltIn::TalosReset;
             let c = match nodes::client(dialer, live) {
                 Ok(c) => c,
                 Err(e) => return Ok(talos_wait(ctx, step, e)),
@@ -607,7 +604,7 @@ async fn execute(
             p.committed = true;
             Ok(Step::Done)
         }
-        ["release", "finalizer"] => {
+        BuiltIn::ReleaseFinalizer => {
             status::set(
                 next.conditions_mut(),
                 REMOVAL,
@@ -619,11 +616,5 @@ async fn execute(
             finalizer::set_removal(ctx, written, false).await?;
             Ok(Step::Done)
         }
-        other => Ok(Step::Wait {
-            reason: "UnknownAction",
-            message: format!("the controller cannot run `{}`", other.join(" ")),
-            after: ctx.settings.refused_requeue,
-            event: None,
-        }),
     }
 }
