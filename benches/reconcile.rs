@@ -121,8 +121,17 @@ async fn scenario(clusters: usize, one_namespace: bool, passes: usize) {
             .await
             .expect("reconcile");
     }
+    // The machines' pass wrote to their clusters: reconcile each cluster as it is now.
     for c in &clusters_objs {
-        cluster::reconcile(c.clone(), ctx.clone())
+        let (ns, name) = (
+            c.metadata.namespace.clone().unwrap_or_default(),
+            c.metadata.name.clone().unwrap_or_default(),
+        );
+        let fresh = Api::<TalosCluster>::namespaced(api.client(), &ns)
+            .get(&name)
+            .await
+            .expect("get");
+        cluster::reconcile(Arc::new(fresh), ctx.clone())
             .await
             .expect("reconcile");
     }

@@ -142,6 +142,46 @@ async fn ties_in_approval_time_are_ordered_by_name_and_creation_time_fills_in() 
     .await;
 }
 
+/// A TalosCluster's first reconcile writes its Transitioning condition and then its
+/// teardown finalizer: the finalizer's patch is guarded by the resourceVersion the status
+/// write produced, so one reconcile does both (it used to conflict, 409, every first time,
+/// and only a retry finished it). The same for a deleted cluster whose finalizer goes.
+#[tokio::test]
+async fn a_new_cluster_gets_its_condition_and_finalizer_in_one_reconcile() {
+    use ichor_rules::runtime::controller::cluster;
+    use ichor_rules::runtime::objects::TalosCluster;
+    let api = ApiServer::start().await;
+    api.insert(cluster("prod", 3));
+    let ctx = context(&api, "test", None);
+    let clusters = kube::Api::<TalosCluster>::namespaced(api.client(), "infra");
+    let fresh = Arc::new(clusters.get("prod").await.expect("get"));
+    cluster::reconcile(fresh, ctx.clone())
+        .await
+        .expect("one reconcile writes the status and the finalizer");
+    let obj = get(&api, "TalosCluster", "prod").expect("prod");
+    assert_eq!(
+        obj["metadata"]["finalizers"],
+        json!([ichor_rules::runtime::objects::TEARDOWN_FINALIZER]),
+        "{obj:#}"
+    );
+    assert!(condition(&obj, "Transitioning").is_some(), "{obj:#}");
+    // Deleted with no machine left: its condition changes (teardown) and the finalizer goes,
+    // in one reconcile again.
+    clusters
+        .delete("prod", &Default::default())
+        .await
+        .expect("delete");
+    let fresh = Arc::new(clusters.get("prod").await.expect("get"));
+    assert!(fresh.metadata.deletion_timestamp.is_some());
+    cluster::reconcile(fresh, ctx)
+        .await
+        .expect("one reconcile of the deleted cluster");
+    assert!(
+        get(&api, "TalosCluster", "prod").is_none(),
+        "the cluster is gone"
+    );
+}
+
 #[tokio::test]
 async fn transitioning_follows_the_live_count() {
     let api = ApiServer::start().await;

@@ -77,19 +77,22 @@ pub async fn reconcile(c: Arc<TalosCluster>, ctx: Arc<Context>) -> Result<Action
             &message,
         );
     }
-    if changed {
-        status::write(&ctx.client, live, &next).await?;
+    // The finalizer patch below is guarded by the resourceVersion: after a status write, the
+    // one that write produced (the one read would conflict, 409, on every first reconcile).
+    let mut current = live.clone();
+    if changed && let Some(version) = status::write(&ctx.client, live, &next).await? {
+        current.metadata.resource_version = Some(version);
     }
     if live.deleting() {
         if finalized && remaining.is_empty() {
-            finalizer::set(&ctx, live, TEARDOWN_FINALIZER, false).await?;
+            finalizer::set(&ctx, &current, TEARDOWN_FINALIZER, false).await?;
             tracing::info!(cluster = %format!("{ns}/{name}"), "torn down: no TalosMachine refers to it any more");
         }
         // Each machine's deletion triggers this through the watch.
         return Ok(Action::await_change());
     }
     if !finalized {
-        finalizer::set(&ctx, live, TEARDOWN_FINALIZER, true).await?;
+        finalizer::set(&ctx, &current, TEARDOWN_FINALIZER, true).await?;
     }
     // Machines' changes trigger this through the watch; the requeue is a safety net.
     Ok(Action::requeue(Duration::from_secs(300)))
