@@ -77,6 +77,8 @@ codes! {
     UnknownAction "ichor::check::unknown_action" true;
     PlanNotAtController "ichor::check::plan_not_at_controller" true;
     PlanGroup "ichor::check::plan_group" true;
+    /// A plan with disruptive steps that does not take the cluster lock first.
+    PlanWithoutLock "ichor::check::plan_without_lock" true;
     Arithmetic "ichor::check::arithmetic" true;
     UnusedLet "ichor::lint::unused_let" true;
     AlwaysTrue "ichor::lint::always_true" true;

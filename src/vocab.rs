@@ -726,6 +726,23 @@ impl Action {
     pub fn doc(self) -> &'static str {
         self.info().doc
     }
+
+    /// Whether it disrupts the cluster (a node drained, an etcd member leaving or removed,
+    /// a node reset): such steps run one at a time per cluster, under its lock.
+    pub const fn disruptive(self) -> bool {
+        match self {
+            Action::DrainNode
+            | Action::EtcdForfeitLeadership
+            | Action::EtcdLeave
+            | Action::EtcdRemoveMember
+            | Action::TalosReset
+            | Action::TalosWipe => true,
+            Action::LockCluster
+            | Action::EventWarning
+            | Action::EventNormal
+            | Action::ReleaseFinalizer => false,
+        }
+    }
 }
 
 /// A built-in plan action: the words that name it, whether it takes one free argument

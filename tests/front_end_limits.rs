@@ -413,7 +413,7 @@ fn plan_steps_are_checked_for_arithmetic() {
     // Guarded: the message runs only where the guard holds.
     let (code, diags) = check_json(
         "step-guarded",
-        "plan remove controlplane\n  do event warning DeadMemberRemoved when approved > 1 say \"{workers / (approved - 1)}\"\n  do drain node unless approved < 2 or workers / (approved - 1) >= 1\n",
+        "plan remove controlplane\n  do lock cluster\n  do event warning DeadMemberRemoved when approved > 1 say \"{workers / (approved - 1)}\"\n  do drain node unless approved < 2 or workers / (approved - 1) >= 1\n",
     );
     assert_eq!(code, 0, "{diags:#?}");
 }

@@ -513,3 +513,26 @@ fn diff_tells_equivalent_edits_from_weakenings() {
     assert!(!eval(&old));
     assert!(eval(&weaker));
 }
+
+/// The controller takes the cluster lock before it recounts and runs a removal, whatever
+/// the plan says; a plan that drops `do lock cluster` would claim less than that, so it is
+/// an error (exit 2, naming the code), never a rule set `verify` reports as verified.
+#[test]
+fn a_removal_plan_without_the_lock_is_an_error_not_verified() {
+    let dir = mutant("nolock", "removal.rules", |t| {
+        let lock = t
+            .find("  do lock cluster\n")
+            .expect("the shipped plan takes the lock");
+        format!("{}{}", &t[..lock], &t[lock + "  do lock cluster\n".len()..])
+    });
+    let rules = dir.to_str().expect("utf-8 path");
+    let out = run(&["verify", rules, "--max-control-planes", "2"]);
+    assert_eq!(out.code, 2, "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("ichor::check::plan_without_lock")
+            || out.stdout.contains("ichor::check::plan_without_lock"),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+}

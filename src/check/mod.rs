@@ -813,6 +813,33 @@ impl<'a, 'd> FileChecker<'a, 'd> {
                 None => ok = false,
             }
         }
+        // The controller recounts and runs disruptive work under the cluster lock, one piece
+        // at a time per cluster (ADR 0010): a plan that disrupts says so by taking it first,
+        // so the text never claims less than the controller does.
+        if ok
+            && let Some(first) = steps.iter().find(|s| s.action.disruptive())
+            && steps.first().map(|s| s.action) != Some(Action::LockCluster)
+        {
+            self.diags.push(
+                Diagnostic::error(
+                    Code::PlanWithoutLock,
+                    self.file,
+                    p.verb.span.to(p.subject.span),
+                    format!(
+                        "`plan {} {}` runs `{}` without taking the cluster lock first",
+                        p.verb.name,
+                        p.subject.name,
+                        first.action.words().join(" ")
+                    ),
+                )
+                .label("no `do lock cluster` first")
+                .secondary(self.file, first.span, "a disruptive step")
+                .help(
+                    "disruptive steps (drain, etcd, talos) run one at a time per cluster, under its lock, after a recount: start the plan with `do lock cluster`",
+                ),
+            );
+            return None;
+        }
         ok.then_some(CheckedPlan {
             verb,
             subject,
