@@ -51,6 +51,21 @@ fn objects(api: &ApiServer, clusters: usize, one_namespace: bool) {
     }
 }
 
+/// Every object of one kind, as a watch delivers them.
+async fn all<K>(api: &ApiServer) -> Vec<Arc<K>>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    Api::<K>::all(api.client())
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .map(Arc::new)
+        .collect()
+}
+
 fn pct(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
@@ -99,22 +114,8 @@ async fn scenario(clusters: usize, one_namespace: bool, passes: usize) {
         Settings::default(),
         Arc::new(Metrics::default()),
     ));
-    let machines: Vec<Arc<TalosMachine>> = Api::<TalosMachine>::all(api.client())
-        .list(&ListParams::default())
-        .await
-        .expect("list")
-        .items
-        .into_iter()
-        .map(Arc::new)
-        .collect();
-    let clusters_objs: Vec<Arc<TalosCluster>> = Api::<TalosCluster>::all(api.client())
-        .list(&ListParams::default())
-        .await
-        .expect("list")
-        .items
-        .into_iter()
-        .map(Arc::new)
-        .collect();
+    let machines: Vec<Arc<TalosMachine>> = all(&api).await;
+    let clusters_objs: Vec<Arc<TalosCluster>> = all(&api).await;
     // First pass: finalizers and conditions are written once.
     for m in &machines {
         machine::reconcile(m.clone(), ctx.clone())
@@ -137,22 +138,8 @@ async fn scenario(clusters: usize, one_namespace: bool, passes: usize) {
     }
     // The objects as a watch delivers them after that pass (finalizers and conditions set,
     // the resourceVersions current): reconciling the stale copies would conflict (409).
-    let machines: Vec<Arc<TalosMachine>> = Api::<TalosMachine>::all(api.client())
-        .list(&ListParams::default())
-        .await
-        .expect("list")
-        .items
-        .into_iter()
-        .map(Arc::new)
-        .collect();
-    let clusters_objs: Vec<Arc<TalosCluster>> = Api::<TalosCluster>::all(api.client())
-        .list(&ListParams::default())
-        .await
-        .expect("list")
-        .items
-        .into_iter()
-        .map(Arc::new)
-        .collect();
+    let machines: Vec<Arc<TalosMachine>> = all(&api).await;
+    let clusters_objs: Vec<Arc<TalosCluster>> = all(&api).await;
     let m = measure(&api, passes, machines.len(), |i| {
         let (m, ctx) = (machines[i].clone(), ctx.clone());
         async move {

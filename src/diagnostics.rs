@@ -471,12 +471,7 @@ pub fn render_human(diags: &[Diagnostic], files: &[SourceFile], colour: bool) ->
         // Secondary labels in another file than the primary one: a line each, with its place.
         for l in d.secondary.iter().filter(|l| l.file != d.file) {
             if let Some(f) = files.get(l.file) {
-                let (line, col) = f.line_col(l.span.start);
-                out.push_str(&format!(
-                    "  note: {}: {}:{line}:{col}\n",
-                    l.message,
-                    f.display_path()
-                ));
+                out.push_str(&note_line(l, f));
             }
         }
         out.push('\n');
@@ -509,16 +504,21 @@ fn render_plain(out: &mut String, d: &Diagnostic, file: &SourceFile) {
         ));
     }
     for l in d.secondary.iter().filter(|l| l.file == d.file) {
-        let (line, col) = file.line_col(l.span.start);
-        out.push_str(&format!(
-            "  note: {}: {}:{line}:{col}\n",
-            l.message,
-            file.display_path()
-        ));
+        out.push_str(&note_line(l, file));
     }
     if let Some(help) = &d.help {
         out.push_str(&format!("  help: {help}\n"));
     }
+}
+
+/// A secondary label as one line of plain text, with its place in `file`.
+fn note_line(l: &Label, file: &SourceFile) -> String {
+    let (line, col) = file.line_col(l.span.start);
+    format!(
+        "  note: {}: {}:{line}:{col}\n",
+        l.message,
+        file.display_path()
+    )
 }
 
 /// The machine-readable form of one diagnostic, for CI.
