@@ -197,7 +197,7 @@ impl<'a> Facts<'a> for Fixed {
             Fact::Approved => Value::Int(self.approved),
             Fact::Workers => Value::Int(2),
             Fact::Count => Value::Int(self.count),
-            Fact::Rank | Fact::HealthyAfter => Value::Int(self.approved),
+            Fact::Rank | Fact::HealthyAfter | Fact::MembersAfter => Value::Int(self.approved),
             Fact::Schedulable | Fact::ClusterExists => Value::Bool(true),
             Fact::Transitioning => Value::Bool(self.approved % 2 == 0),
             Fact::Cluster => Value::Str("prod"),

@@ -21,6 +21,7 @@ fn explore(c: &mut Criterion) {
         max_failures: 0,
         max_operations: 0,
         in_flight: 0,
+        max_requests: None,
         depth: 64,
     };
     let states = verify(&table, bounds).exploration.keys.len();

@@ -217,6 +217,58 @@ async fn removal_below_the_declared_count_is_refused_and_changes_nothing() {
 /// ADR 0106 §4: what cannot be told leaves the refusal in place. A healthy control plane
 /// whose `spec.endpoint` was cleared cannot be asked, and that is not "dead": removing it
 /// below the declared count stays refused, and the refusal says why.
+/// A replacement that is approved but has not joined etcd yet is not a member: the
+/// removal it should make safe waits (RemovalRefused, rule `replacement-not-joined`, with
+/// etcd's own member count) until etcd lists it, then goes on. etcd never has fewer
+/// members than the declared count. (`ichor-rules verify` found this with 6 control-plane
+/// machines: count 5, a sixth approved, one removed before the sixth joined.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removal_waits_for_its_replacement_to_join_etcd() {
+    let mut w = World::start(&["cp-1", "cp-2", "cp-3"], 3).await;
+    let _c = w.controller();
+    w.finalized(&["cp-1", "cp-2", "cp-3"]).await;
+    // cp-4 is approved; its node has not joined etcd (nothing answers at its endpoint).
+    let mut cp4 = control_plane("cp-4", 4);
+    cp4["spec"]["endpoint"] = json!("127.0.0.1:9");
+    w.api.insert(cp4);
+    delete(&w.api, "TalosMachine", "cp-1").await;
+    wait_for("refused until cp-4 joins", WAIT, || {
+        w.removal("cp-1").is_some_and(|(s, r, m)| {
+            s == "False" && r == "RemovalRefused" && m.contains("has not joined etcd yet")
+        })
+    })
+    .await;
+    let (_, _, msg) = w.removal("cp-1").expect("removal");
+    assert!(
+        msg.contains("would leave 2 etcd members, below the declared count of 3"),
+        "{msg}"
+    );
+    assert!(
+        !msg.contains("node remove:"),
+        "declared-count does not refuse: {msg}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(w.members().await, set(&["cp-1", "cp-2", "cp-3"]));
+    assert_eq!(
+        w.talos.by_name("cp-1").resets(),
+        0,
+        "nothing was done to cp-1"
+    );
+    // cp-4 joins etcd: the removal goes on, and ends at 3 members.
+    let i = w.talos.etcd.add_member("cp-4").await;
+    let endpoint = w.talos.add_node(i).await.endpoint();
+    patch_spec(
+        &w.api,
+        "TalosMachine",
+        "cp-4",
+        json!({"endpoint": endpoint}),
+    )
+    .await;
+    wait_for("cp-1 removed", WAIT, || w.machine("cp-1").is_none()).await;
+    assert_eq!(w.members().await, set(&["cp-2", "cp-3", "cp-4"]));
+    healthy(&w, 3).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_machine_with_no_endpoint_is_not_dead_and_stays_refused_below_count() {
     let w = World::start(&["cp-1", "cp-2", "cp-3"], 3).await;

@@ -427,6 +427,45 @@ fn without_healthy_quorum_a_dead_member_and_a_delete_lose_the_majority() {
     );
 }
 
+/// Found by `verify` with 6 control-plane machines: count 5, a sixth approved, and a
+/// member deleted before the sixth joined etcd: the leave took etcd to 4 members. Without
+/// `replacement-not-joined` (the controller counting etcd's own members), `verify` tells
+/// that story; with it, the same bounds verify. The request budget is said as a cut.
+#[test]
+fn without_replacement_not_joined_a_removal_outruns_its_replacement() {
+    let dir = mutant("joined", "removal.rules", |t| {
+        without(t, "rule replacement-not-joined\n")
+    });
+    let bounds = ["--max-requests", "2"];
+    let (out, json) = verify(&dir, "6", &bounds);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert_eq!(violated(&json)[0], "count-kept", "{}", out.stdout);
+    let message = json["violations"][0]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("from 5 to 4 members, below the declared count of 5"),
+        "{message}"
+    );
+    let texts: Vec<&str> = json["violations"][0]["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .filter_map(|s| s["text"].as_str())
+        .collect();
+    assert!(
+        texts.iter().any(|t| t.contains("spec.approved: true")),
+        "{texts:?}"
+    );
+    assert!(texts.iter().any(|t| t.contains("etcd leave")), "{texts:?}");
+    let (out, json) = verify(&root().join("rules"), "6", &bounds);
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    assert_eq!(json["runs"][0]["bounds"]["max_requests"], 2, "{json}");
+    let cut = json["cut"].as_str().unwrap_or("");
+    assert!(
+        cut.contains("the budget of 2 request(s) by people was spent in"),
+        "{cut}"
+    );
+}
+
 /// `diff`: edits equal in meaning (a reordered `and`, a `let` written out) are equivalent;
 /// a weakened count is "more permissive" with a witness `eval` reproduces.
 #[test]

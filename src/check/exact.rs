@@ -4,7 +4,7 @@
 //!
 //! # What is decided, and how
 //!
-//! The facts' ranges: `approved`, `workers`, `rank` and `healthy.after` are any integer
+//! The facts' ranges: `approved`, `workers`, `rank`, `healthy.after` and `members.after` are any integer
 //! from 0 up, with no upper bound; `count` is one of 0, 1, 3, 5 (the CRD allows 1, 3 or 5;
 //! 0 stands for a missing cluster); bools are either; names and enum facts are any text (an
 //! enum fact may also hold a value the rules do not know). Facts are taken as independent

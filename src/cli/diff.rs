@@ -66,6 +66,7 @@ pub fn run(args: &DiffArgs) -> u8 {
         max_failures: args.max_failures,
         max_operations: args.max_operations,
         in_flight: 0,
+        max_requests: None,
         depth: 64,
     };
     let report = diff(&tables[0], &tables[1], bounds);

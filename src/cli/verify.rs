@@ -33,6 +33,11 @@ pub struct VerifyArgs {
     /// between a request's decision and its own commit).
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub in_flight: Option<u8>,
+    /// Requests people send in one run (approve, un-approve, delete, change the count,
+    /// unschedule or reschedule, delete the cluster, create an operation); unbounded when
+    /// not given.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=64))]
+    pub max_requests: Option<u8>,
     /// Steps from a starting state after which exploration stops (reported when reached).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub depth: u32,
@@ -123,6 +128,7 @@ fn suite(args: &VerifyArgs) -> Vec<Bounds> {
         args.max_failures,
         args.max_operations,
         args.in_flight,
+        args.max_requests,
     ];
     if given.iter().any(Option::is_some) {
         return vec![Bounds {
@@ -131,29 +137,57 @@ fn suite(args: &VerifyArgs) -> Vec<Bounds> {
             max_failures: args.max_failures.unwrap_or(SINGLE.max_failures),
             max_operations: args.max_operations.unwrap_or(SINGLE.max_operations),
             in_flight: args.in_flight.unwrap_or(SINGLE.in_flight),
+            max_requests: args.max_requests.or(SINGLE.max_requests),
             depth: args.depth,
         }];
     }
-    let base = Bounds {
-        depth: args.depth,
-        ..SINGLE
+    let depth = args.depth;
+    let small = Bounds { depth, ..SINGLE };
+    // The issue's defaults (6 control-plane machines, 2 workers, a failure, 2 operations,
+    // a request in flight) each with a budget of requests by people.
+    let large = Bounds {
+        max_control_planes: 6,
+        max_workers: 0,
+        max_failures: 0,
+        max_operations: 0,
+        in_flight: 0,
+        max_requests: Some(3),
+        depth,
     };
     vec![
-        base,
+        // A small cluster under any number of requests: alone, with a failure, with a
+        // request in flight.
+        small,
         Bounds {
             max_workers: 0,
             max_failures: 1,
-            ..base
+            ..small
         },
         Bounds {
             max_workers: 0,
             in_flight: 1,
-            ..base
+            ..small
+        },
+        // Six control-plane machines (count 5 and its replacement, count 1 with four
+        // waiting) under a budget of requests: with workers, a failure, operations, a
+        // request in flight.
+        Bounds {
+            max_workers: 2,
+            ..large
         },
         Bounds {
-            max_workers: 0,
-            max_operations: 1,
-            ..base
+            max_failures: 1,
+            max_requests: Some(2),
+            ..large
+        },
+        Bounds {
+            max_operations: 2,
+            ..large
+        },
+        Bounds {
+            in_flight: 1,
+            max_requests: Some(2),
+            ..large
         },
     ]
 }
@@ -165,6 +199,7 @@ pub const SINGLE: Bounds = Bounds {
     max_failures: 0,
     max_operations: 0,
     in_flight: 0,
+    max_requests: None,
     depth: 64,
 };
 
@@ -215,21 +250,38 @@ fn write_fixtures(dir: &Path, runs: &[Report]) -> Result<(), String> {
 }
 
 fn bounds_text(b: &Bounds) -> String {
+    let requests = match b.max_requests {
+        Some(n) => format!("at most {n} request(s) by people"),
+        None => "any number of requests by people".to_string(),
+    };
     format!(
         "{} control-plane machines, {} workers, count 1, 3 or 5 (and every change of it), {} failure(s), \
-         {} operation(s), {} request(s) in flight, depth {}",
+         {} operation(s), {requests}, {} request(s) in flight, depth {}",
         b.max_control_planes, b.max_workers, b.max_failures, b.max_operations, b.in_flight, b.depth
     )
 }
 
+/// The bounds that cut exploration short, in words (never silent).
 fn cut_text(report: &Report) -> Option<String> {
     let ex = &report.exploration;
-    (ex.cut_at_depth > 0).then(|| {
-        format!(
+    let mut cuts = Vec::new();
+    if ex.cut_at_depth > 0 {
+        cuts.push(format!(
             "depth {} reached in {} states: exploration was cut there; raise --depth to go further",
             report.bounds.depth, ex.cut_at_depth
-        )
-    })
+        ));
+    }
+    if let Some(n) = report.bounds.max_requests
+        && ex.cut_by_requests > 0
+    {
+        cuts.push(format!(
+            "the budget of {n} request(s) by people was spent in {} states: no further request \
+             was explored from them (the controller, commits and failures were); raise \
+             --max-requests to go further",
+            ex.cut_by_requests
+        ));
+    }
+    (!cuts.is_empty()).then(|| cuts.join("; "))
 }
 
 fn status(runs: &[Report], k: usize) -> &'static str {
@@ -441,4 +493,46 @@ fn to_json(runs: &[Report], paths: &[PathBuf]) -> serde_json::Value {
                 .map(|(_, c)| c.meta.name.clone()).collect::<Vec<_>>(),
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: VerifyArgs,
+    }
+
+    fn suite_of(argv: &[&str]) -> Vec<Bounds> {
+        let cli = Cli::try_parse_from(std::iter::once("verify").chain(argv.iter().copied()))
+            .expect("parses");
+        suite(&cli.args)
+    }
+
+    /// The default suite reaches every bound `verify` is specified with: 6 control-plane
+    /// machines, 2 workers, a failure, 2 operations, a request in flight; and a small
+    /// cluster under any number of requests.
+    #[test]
+    fn the_default_suite_covers_the_specified_bounds() {
+        let runs = suite_of(&[]);
+        let six: Vec<&Bounds> = runs.iter().filter(|b| b.max_control_planes == 6).collect();
+        assert!(six.iter().any(|b| b.max_workers >= 2));
+        assert!(six.iter().any(|b| b.max_failures >= 1));
+        assert!(six.iter().any(|b| b.max_operations >= 2));
+        assert!(six.iter().any(|b| b.in_flight >= 1));
+        assert!(six.iter().all(|b| b.max_requests.is_some_and(|n| n >= 2)));
+        let unbounded: Vec<&Bounds> = runs.iter().filter(|b| b.max_requests.is_none()).collect();
+        assert!(unbounded.iter().any(|b| b.max_failures >= 1));
+        assert!(unbounded.iter().any(|b| b.in_flight >= 1));
+        assert!(runs.iter().all(|b| b.depth == 64));
+        // Any bound given: one run, the rest from SINGLE.
+        let one = suite_of(&["--max-control-planes", "6", "--max-requests", "4"]);
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].max_requests, Some(4));
+        assert_eq!(one[0].max_workers, SINGLE.max_workers);
+        assert_eq!(suite_of(&["--max-workers", "0"])[0].max_requests, None);
+    }
 }

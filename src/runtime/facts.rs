@@ -236,6 +236,19 @@ impl<'s> SnapshotFacts<'s> {
         u
     }
 
+    /// What admission can tell of `members.after`: the approved control planes that stay
+    /// (not the departing subject, not being deleted).
+    fn members_after(&mut self) -> usize {
+        let leaving: Option<&str> = match self.ev.subject {
+            Subject::Machine { name, .. } => Some(name),
+            _ => None,
+        };
+        self.control_planes()
+            .iter()
+            .filter(|m| Some(m.name()) != leaving && !m.deleting())
+            .count()
+    }
+
     /// What admission can tell of `healthy.after`: the approved control planes that stay
     /// (not the departing subject, not an operation's target, not being deleted) and do
     /// not report Ready=False NodeUnreachable.
@@ -341,6 +354,13 @@ impl<'s> Facts<'s> for SnapshotFacts<'s> {
                     return Lookup::Later;
                 }
                 _ => int(self.healthy_after()),
+            },
+            // The controller reads etcd's member list; admission counts the machines.
+            Fact::MembersAfter => match self.expensive {
+                Expensive::Deferred if self.ev.event.2 == Site::Controller => {
+                    return Lookup::Later;
+                }
+                _ => int(self.members_after()),
             },
             Fact::RequestByController => Value::Bool(self.by_controller),
         };

@@ -114,9 +114,11 @@ fn removal_verdict(
             Err(Fact::MemberDead) if !supplied.iter().any(|(f, _)| *f == Fact::MemberDead) => {
                 supplied.push((Fact::MemberDead, i64::from(s.member_dead(i))));
             }
-            Err(Fact::HealthyAfter) if !supplied.iter().any(|(f, _)| *f == Fact::HealthyAfter) => {
-                match s.healthy_after(i) {
-                    Some(n) => supplied.push((Fact::HealthyAfter, n)),
+            Err(f @ (Fact::HealthyAfter | Fact::MembersAfter))
+                if !supplied.iter().any(|(x, _)| *x == f) =>
+            {
+                match s.etcd_count(f, i) {
+                    Some(n) => supplied.push((f, n)),
                     None => return Some(Some(Verdict::Refuse)),
                 }
             }

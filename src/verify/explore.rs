@@ -128,6 +128,7 @@ pub fn encode(s: &State, out: &mut Vec<u8>) {
             | (u8::from(s.concurrent) << 4),
     );
     out.push(s.failures);
+    out.push(s.requests);
     match s.lock {
         Lock::Free => out.extend([0, 0]),
         Lock::Removal(h) => out.extend([1, h]),
@@ -181,6 +182,7 @@ pub fn decode(b: &[u8]) -> Option<State> {
     let count = next()?;
     let flags = next()?;
     let failures = next()?;
+    let requests = next()?;
     let lock = match (next()?, next()?) {
         (1, h) => Lock::Removal(h),
         (2, h) => Lock::Operation(h),
@@ -282,6 +284,7 @@ pub fn decode(b: &[u8]) -> Option<State> {
         lock,
         pending,
         failures,
+        requests,
         pdb: flags & 8 != 0,
         concurrent: flags & 16 != 0,
         names,
@@ -354,6 +357,9 @@ pub struct Exploration {
     pub max_depth: u32,
     /// States left unexpanded because the depth bound was reached.
     pub cut_at_depth: u64,
+    /// States where people had sent every request `Bounds::max_requests` allows (their
+    /// requests were not explored further).
+    pub cut_by_requests: u64,
     pub violations: Vec<Violation>,
     pub fired: super::model::Fired,
     /// Per invariant: its `when`/`unless` held at least once.
@@ -408,6 +414,8 @@ struct Expanded {
     progress: bool,
     goal: bool,
     cut: bool,
+    /// The request budget is spent here.
+    spent: bool,
     succ: std::ops::Range<usize>,
 }
 
@@ -448,6 +456,7 @@ fn expand(
                 progress: false,
                 goal: true,
                 cut: false,
+                spent: false,
                 succ: from..from,
             });
             continue;
@@ -460,6 +469,7 @@ fn expand(
                 progress,
                 goal: true,
                 cut: true,
+                spent: false,
                 succ: from..from,
             });
             continue;
@@ -510,6 +520,7 @@ fn expand(
             progress,
             goal: !progress || settled,
             cut: false,
+            spent: model.budget_spent(&s),
             succ: from..out.succ.len(),
         });
     }
@@ -565,6 +576,7 @@ fn explore_in(
         transitions: 0,
         max_depth: 0,
         cut_at_depth: 0,
+        cut_by_requests: 0,
         violations: Vec::new(),
         fired: Default::default(),
         at_risk: vec![false; checks.len()],
@@ -652,6 +664,9 @@ fn explore_in(
                 ex.max_depth = ex.max_depth.max(d);
                 if st.cut {
                     ex.cut_at_depth += 1;
+                }
+                if st.spent {
+                    ex.cut_by_requests += 1;
                 }
                 in_progress.push(st.progress);
                 goal.push(st.goal);
@@ -849,6 +864,7 @@ mod parallel {
                     max_failures: 0,
                     max_operations: 0,
                     in_flight,
+                    max_requests: None,
                     depth: 64,
                 },
             );

@@ -3,7 +3,7 @@
 
 use super::model::{Effect, State};
 use crate::compile::InvariantMeta;
-use crate::syntax::ast::{BinOp, Expr, ExprKind, Message, MessagePart, UnOp};
+use crate::syntax::ast::{BinOp, Expr, ExprKind, MessagePart, UnOp};
 use crate::vocab::{MODEL_STEPS, ModelFact};
 
 /// The model facts of one state, or of one transition.
@@ -115,21 +115,51 @@ enum V<'a> {
     Str(&'a str),
 }
 
-fn eval<'a>(e: &'a Expr, f: &Facts) -> Result<V<'a>, String> {
-    Ok(match &e.kind {
-        ExprKind::Int(n) => V::Int(*n),
-        ExprKind::Bool(b) => V::Bool(*b),
-        ExprKind::Str(s, _) => V::Str(s.as_str()),
-        ExprKind::Name(n) => match ModelFact::lookup(n) {
-            Some(mf) => f.value(mf),
-            None => return Err(format!("`{n}` is not a fact of the model")),
-        },
-        ExprKind::Unary(op, inner) => match (op, eval(inner, f)?) {
+/// An invariant's expression with its names looked up once (it is evaluated on every
+/// transition the exploration takes).
+#[derive(Clone, Debug)]
+enum Code {
+    Int(i64),
+    Bool(bool),
+    Str(String),
+    Fact(ModelFact),
+    /// A name that is not a fact of the model (the checker refuses it; kept as an error).
+    Unknown(String),
+    Unary(UnOp, Box<Code>),
+    Binary(BinOp, Box<Code>, Box<Code>),
+}
+
+impl Code {
+    fn of(e: &Expr) -> Code {
+        match &e.kind {
+            ExprKind::Int(n) => Code::Int(*n),
+            ExprKind::Bool(b) => Code::Bool(*b),
+            ExprKind::Str(s, _) => Code::Str(s.clone()),
+            ExprKind::Name(n) => match ModelFact::lookup(n) {
+                Some(mf) => Code::Fact(mf),
+                None => Code::Unknown(n.clone()),
+            },
+            ExprKind::Unary(op, inner) => Code::Unary(*op, Box::new(Code::of(inner))),
+            ExprKind::Binary(op, l, r) => {
+                Code::Binary(*op, Box::new(Code::of(l)), Box::new(Code::of(r)))
+            }
+        }
+    }
+}
+
+fn eval<'a>(e: &'a Code, f: &Facts) -> Result<V<'a>, String> {
+    Ok(match e {
+        Code::Int(n) => V::Int(*n),
+        Code::Bool(b) => V::Bool(*b),
+        Code::Str(s) => V::Str(s.as_str()),
+        Code::Fact(mf) => f.value(*mf),
+        Code::Unknown(n) => return Err(format!("`{n}` is not a fact of the model")),
+        Code::Unary(op, inner) => match (op, eval(inner, f)?) {
             (UnOp::Not, V::Bool(b)) => V::Bool(!b),
             (UnOp::Neg, V::Int(n)) => V::Int(n.checked_neg().ok_or("overflow")?),
             _ => return Err("a value of the wrong type".into()),
         },
-        ExprKind::Binary(op, l, r) => {
+        Code::Binary(op, l, r) => {
             // `and` and `or` short-circuit, as in rules.
             if matches!(op, BinOp::And | BinOp::Or) {
                 let V::Bool(a) = eval(l, f)? else {
@@ -165,7 +195,7 @@ fn eval<'a>(e: &'a Expr, f: &Facts) -> Result<V<'a>, String> {
     })
 }
 
-fn truth(e: &Expr, f: &Facts) -> Result<bool, String> {
+fn truth(e: &Code, f: &Facts) -> Result<bool, String> {
     match eval(e, f)? {
         V::Bool(b) => Ok(b),
         _ => Err("not a condition".into()),
@@ -177,6 +207,11 @@ pub struct InvariantCheck {
     pub meta: InvariantMeta,
     /// It reads `stuck`, which is known only once the whole graph is explored.
     pub deferred: bool,
+    when: Option<Code>,
+    unless: Option<Code>,
+    ensure: Code,
+    /// The message's placeholders, compiled (text parts as `None`).
+    say: Option<Vec<Result<Code, String>>>,
 }
 
 pub enum Outcome {
@@ -207,6 +242,18 @@ impl InvariantCheck {
         InvariantCheck {
             meta: meta.clone(),
             deferred,
+            when: meta.when.as_ref().map(Code::of),
+            unless: meta.unless.as_ref().map(Code::of),
+            ensure: Code::of(&meta.ensure),
+            say: meta.message.as_ref().map(|m| {
+                m.parts
+                    .iter()
+                    .map(|p| match p {
+                        MessagePart::Text(t) => Err(t.clone()),
+                        MessagePart::Placeholder(e) => Ok(Code::of(e)),
+                    })
+                    .collect()
+            }),
         }
     }
 
@@ -217,11 +264,11 @@ impl InvariantCheck {
             return Outcome::Holds { at_risk: false };
         }
         let applies = (|| -> Result<bool, String> {
-            let when = match &self.meta.when {
+            let when = match &self.when {
                 Some(w) => truth(w, f)?,
                 None => true,
             };
-            let unless = match (&self.meta.unless, when) {
+            let unless = match (&self.unless, when) {
                 (Some(u), true) => truth(u, f)?,
                 _ => false,
             };
@@ -236,7 +283,7 @@ impl InvariantCheck {
         if !applies {
             return Outcome::Holds { at_risk: false };
         }
-        match truth(&self.meta.ensure, f) {
+        match truth(&self.ensure, f) {
             Ok(true) => Outcome::Holds { at_risk: true },
             Ok(false) => Outcome::Broken(self.render(f)),
             Err(e) => Outcome::Broken(format!("`ensure` could not be evaluated ({e})")),
@@ -244,19 +291,19 @@ impl InvariantCheck {
     }
 
     fn render(&self, f: &Facts) -> String {
-        let Some(m) = &self.meta.message else {
+        let Some(parts) = &self.say else {
             return format!("`{}` does not hold", self.meta.ensure_text);
         };
-        render_message(m, f)
+        render_message(parts, f)
     }
 }
 
-fn render_message(m: &Message, f: &Facts) -> String {
+fn render_message(parts: &[Result<Code, String>], f: &Facts) -> String {
     let mut out = String::new();
-    for p in &m.parts {
+    for p in parts {
         match p {
-            MessagePart::Text(t) => out.push_str(t),
-            MessagePart::Placeholder(e) => match eval(e, f) {
+            Err(t) => out.push_str(t),
+            Ok(e) => match eval(e, f) {
                 Ok(V::Int(n)) => out.push_str(&n.to_string()),
                 Ok(V::Bool(b)) => out.push_str(if b { "true" } else { "false" }),
                 Ok(V::Str(s)) => out.push_str(s),

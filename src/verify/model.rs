@@ -65,6 +65,10 @@ pub struct Bounds {
     /// Requests admitted but not yet committed at one time (K: how many other commits may
     /// land between a request's decision and its own commit).
     pub in_flight: u8,
+    /// Requests people send in one run (approve, un-approve, delete, count, schedule,
+    /// delete the cluster, create an operation); `None`: unbounded. The garbage
+    /// collector's deletions are not people's.
+    pub max_requests: Option<u8>,
     pub depth: u32,
 }
 
@@ -76,6 +80,7 @@ impl Default for Bounds {
             max_failures: 1,
             max_operations: 2,
             in_flight: 1,
+            max_requests: None,
             depth: 64,
         }
     }
@@ -180,6 +185,14 @@ pub enum Req {
     CreateOperation(OpKind, u8),
 }
 
+impl Req {
+    /// Whether the request counts against `Bounds::max_requests`: every request a person
+    /// sends, not the garbage collector's deletions.
+    pub fn counts(self) -> bool {
+        !matches!(self, Req::Collect(_))
+    }
+}
+
 /// A request admitted and not yet committed, with what it was decided on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Pending {
@@ -200,6 +213,8 @@ pub struct State {
     pub lock: Lock,
     pub pending: Vec<Pending>,
     pub failures: u8,
+    /// People's requests admitted so far (counted against `Bounds::max_requests`).
+    pub requests: u8,
     pub pdb: bool,
     /// A request was committed while another was in flight (the state is not one that
     /// serialized requests reach through this path).
@@ -351,6 +366,31 @@ impl State {
         i64::try_from(n).ok()
     }
 
+    /// `nodes::members_after`: the members other than `i`, answering or not, read through
+    /// a healthy sibling; `None` without one.
+    pub fn members_after(&self, i: usize) -> Option<i64> {
+        if !self.healthy_sibling(i) {
+            return None;
+        }
+        let n = self
+            .machines
+            .iter()
+            .enumerate()
+            .filter(|(j, m)| *j != i && m.member)
+            .count();
+        i64::try_from(n).ok()
+    }
+
+    /// What the controller reads from etcd for an expensive count of a departing
+    /// control plane (`healthy.after`, `members.after`); `None`: it cannot be read.
+    pub fn etcd_count(&self, f: Fact, i: usize) -> Option<i64> {
+        match f {
+            Fact::HealthyAfter => self.healthy_after(i),
+            Fact::MembersAfter => self.members_after(i),
+            _ => None,
+        }
+    }
+
     pub fn approved_cps(&self) -> usize {
         self.machines
             .iter()
@@ -475,6 +515,7 @@ impl State {
                 lock: Lock::Free,
                 pending: Vec::new(),
                 failures: 0,
+                requests: 0,
                 pdb: false,
                 concurrent: false,
                 names,
@@ -819,8 +860,21 @@ impl<'t> Model<'t> {
     /// Every request a person could send in this state.
     pub fn requests(&self, s: &State) -> Vec<Req> {
         let mut out = Vec::new();
+        self.all_requests(s, &mut out);
+        if self.budget_spent(s) {
+            out.retain(|r| !Req::counts(*r));
+        }
+        out
+    }
+
+    /// Whether people have sent every request the bounds allow.
+    pub fn budget_spent(&self, s: &State) -> bool {
+        self.bounds.max_requests.is_some_and(|n| s.requests >= n)
+    }
+
+    fn all_requests(&self, s: &State, out: &mut Vec<Req>) {
         if s.cluster == ClusterState::Gone {
-            return out;
+            return;
         }
         for (i, m) in s.machines.iter().enumerate() {
             let i = u8::try_from(i).unwrap_or(NONE);
@@ -870,7 +924,6 @@ impl<'t> Model<'t> {
                 }
             }
         }
-        out
     }
 
     fn base(s: &State, req: Req) -> (u8, bool) {
@@ -973,7 +1026,15 @@ impl<'t> Model<'t> {
                 req,
                 base: Self::base(s, req),
             };
+            // Counted only under a budget (a count nobody reads would tell equal states
+            // apart).
+            let used = if self.bounds.max_requests.is_some() {
+                s.requests.saturating_add(u8::from(req.counts()))
+            } else {
+                0
+            };
             if let Some(mut t) = self.commit(s, p) {
+                t.requests = used;
                 if !s.pending.is_empty() {
                     t.concurrent = true;
                 }
@@ -988,6 +1049,7 @@ impl<'t> Model<'t> {
             }
             if s.pending.len() < usize::from(self.bounds.in_flight) {
                 let mut t = s.clone();
+                t.requests = used;
                 t.pending.push(p);
                 out.push(Next {
                     mv: Move::Admit {
@@ -1236,11 +1298,11 @@ impl<'t> Model<'t> {
                         dead = Some(d);
                         supplied.push((Fact::MemberDead, i64::from(d)));
                     }
-                    Err(Fact::HealthyAfter)
-                        if !supplied.iter().any(|(f, _)| *f == Fact::HealthyAfter) =>
+                    Err(f @ (Fact::HealthyAfter | Fact::MembersAfter))
+                        if !supplied.iter().any(|(x, _)| *x == f) =>
                     {
-                        match s.healthy_after(i) {
-                            Some(n) => supplied.push((Fact::HealthyAfter, n)),
+                        match s.etcd_count(f, i) {
+                            Some(n) => supplied.push((f, n)),
                             None => break None,
                         }
                     }

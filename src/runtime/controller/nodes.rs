@@ -333,6 +333,25 @@ pub async fn member_dead(
     }
 }
 
+/// `members.after` as the controller reads it: the voting members a healthy sibling lists,
+/// without the departing one, answering or not. A replacement that is approved but has not
+/// joined etcd yet (or is still a learner) is not one. `Err` when no healthy sibling could
+/// be asked: the fact cannot be read, and the removal waits (fails closed).
+pub async fn members_after(
+    d: &Dialer<'_>,
+    snapshot: &Snapshot,
+    departing: &TalosMachine,
+) -> Result<i64, String> {
+    let sibling = healthy_sibling(d, snapshot, departing).await?;
+    let leaving = node_name(departing);
+    let n = sibling
+        .members
+        .iter()
+        .filter(|m| m.hostname != leaving && !m.is_learner)
+        .count();
+    Ok(i64::try_from(n).unwrap_or(i64::MAX))
+}
+
 /// `healthy.after` as the controller reads it (the `targetEtcdClusterHealthy` check of
 /// Cluster API): the members a healthy sibling lists, without the departing one, whose own
 /// etcd answers with a leader. A member no approved machine dials, or that does not answer,

@@ -160,13 +160,18 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
                     supplied.push((Fact::MemberDead, i64::from(is_dead)));
                     deadness = Some(found);
                 }
-                Err(Fact::HealthyAfter)
-                    if !supplied.iter().any(|(f, _)| *f == Fact::HealthyAfter) =>
+                Err(f @ (Fact::HealthyAfter | Fact::MembersAfter))
+                    if !supplied.iter().any(|(s, _)| *s == f) =>
                 {
-                    match nodes::healthy_after(&dialer, &snapshot, live).await {
+                    let counted = if f == Fact::HealthyAfter {
+                        nodes::healthy_after(&dialer, &snapshot, live).await
+                    } else {
+                        nodes::members_after(&dialer, &snapshot, live).await
+                    };
+                    match counted {
                         Ok(n) => {
-                            tracing::info!(machine = %format!("{ns}/{name}"), healthy_after = n, "etcd members counted");
-                            supplied.push((Fact::HealthyAfter, n));
+                            tracing::info!(machine = %format!("{ns}/{name}"), fact = %f, value = n, "etcd members counted");
+                            supplied.push((f, n));
                         }
                         Err(why) => {
                             // Refused; the other rules' reasons as the objects show them.
@@ -181,7 +186,7 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
                                 rule: "(live state)".into(),
                                 verdict: Verdict::Refuse,
                                 message: format!(
-                                    "the healthy etcd members cannot be counted, so the removal waits: {why}"
+                                    "the etcd members cannot be counted (`{f}`), so the removal waits: {why}"
                                 ),
                                 reason: Some("RemovalRefused".into()),
                             });
