@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod metrics_auth;
 pub mod nesting;
 pub mod objects;
+pub mod operator;
 pub mod reload;
 pub mod server;
 pub mod talos;
