@@ -885,6 +885,7 @@ pub enum ModelFact {
     Disruptive,
     Running,
     ClusterDeleting,
+    ClusterExists,
     Schedulable,
     Transitioning,
     Step,
@@ -929,6 +930,8 @@ model_facts! {
     Running "running" Type::Int, "operations running";
     ClusterDeleting "cluster.deleting" Type::Bool,
         "the TalosCluster is being deleted (or its teardown finished)";
+    ClusterExists "cluster.exists" Type::Bool,
+        "the TalosCluster exists (false where machines refer to a TalosCluster that is not there, and after a teardown)";
     Schedulable "schedulable" Type::Bool, "spec.schedulable is not \"false\"";
     Transitioning "transitioning" Type::Bool,
         "the number of approved control planes is even (and not zero)";

@@ -123,6 +123,7 @@ pub fn encode(s: &State, out: &mut Vec<u8>) {
                 ClusterState::Live => 0,
                 ClusterState::Deleting => 1,
                 ClusterState::Gone => 2,
+                ClusterState::Missing => 3,
             } << 1)
             | (u8::from(s.pdb) << 3)
             | (u8::from(s.concurrent) << 4),
@@ -277,7 +278,8 @@ pub fn decode(b: &[u8]) -> Option<State> {
         cluster: match (flags >> 1) & 3 {
             0 => ClusterState::Live,
             1 => ClusterState::Deleting,
-            _ => ClusterState::Gone,
+            2 => ClusterState::Gone,
+            _ => ClusterState::Missing,
         },
         machines,
         ops,

@@ -21,6 +21,7 @@ pub struct Facts {
     pub disruptive: i64,
     pub running: i64,
     pub cluster_deleting: bool,
+    pub cluster_exists: bool,
     pub schedulable: bool,
     pub transitioning: bool,
     pub step: u8,
@@ -48,7 +49,11 @@ impl Facts {
             workers: int(s.workers()),
             disruptive: int(s.disruptive()),
             running: int(s.running()),
-            cluster_deleting: s.cluster != super::model::ClusterState::Live,
+            cluster_deleting: s.cluster.torn_down(),
+            cluster_exists: matches!(
+                s.cluster,
+                super::model::ClusterState::Live | super::model::ClusterState::Deleting
+            ),
             schedulable: s.schedulable,
             transitioning: approved > 0 && approved.is_multiple_of(2),
             ..Facts::default()
@@ -91,6 +96,7 @@ impl Facts {
             Disruptive => V::Int(self.disruptive),
             Running => V::Int(self.running),
             ClusterDeleting => V::Bool(self.cluster_deleting),
+            ClusterExists => V::Bool(self.cluster_exists),
             Schedulable => V::Bool(self.schedulable),
             Transitioning => V::Bool(self.transitioning),
             Step => V::Str(

@@ -166,7 +166,18 @@ pub enum Lock {
 pub enum ClusterState {
     Live,
     Deleting,
+    /// Torn down: every machine gone, the TalosCluster deleted.
     Gone,
+    /// The machines refer to a TalosCluster that is not there (created before it, or
+    /// left when it was deleted with its finalizer forced off): no declared count.
+    Missing,
+}
+
+impl ClusterState {
+    /// Deleted, or being deleted: a teardown (`cluster.deleting`).
+    pub fn torn_down(self) -> bool {
+        matches!(self, ClusterState::Deleting | ClusterState::Gone)
+    }
 }
 
 /// A request a person (or the garbage collector) sends.
@@ -447,16 +458,20 @@ impl State {
         )
     }
 
-    /// The starting states: a healthy cluster for every declared count within the bounds.
+    /// The starting states: a healthy cluster for every declared count within the bounds
+    /// (that many approved control planes, all members and up); and machines whose
+    /// TalosCluster is not there, with 1, 2 or 3 of them approved members.
     pub fn initial(bounds: &Bounds) -> Vec<State> {
         let mut out = Vec::new();
-        for count in [1u8, 3, 5] {
-            if count > bounds.max_control_planes {
+        let live = [1u8, 3, 5].map(|c| (ClusterState::Live, c, c));
+        let missing = [1u8, 2, 3].map(|a| (ClusterState::Missing, 0, a));
+        for (cluster, count, approved_cps) in live.into_iter().chain(missing) {
+            if count > bounds.max_control_planes || approved_cps > bounds.max_control_planes {
                 continue;
             }
             let mut machines = Vec::new();
             for i in 0..bounds.max_control_planes {
-                let approved = i < count;
+                let approved = i < approved_cps;
                 machines.push(Machine {
                     role: MRole::ControlPlane,
                     approved,
@@ -509,7 +524,7 @@ impl State {
             out.push(State {
                 count,
                 schedulable: true,
-                cluster: ClusterState::Live,
+                cluster,
                 machines,
                 ops: Vec::new(),
                 lock: Lock::Free,
@@ -640,7 +655,7 @@ impl Objects<'_> {
     }
 
     pub fn cluster(&self, s: &State) -> Option<TalosCluster> {
-        if s.cluster == ClusterState::Gone {
+        if matches!(s.cluster, ClusterState::Gone | ClusterState::Missing) {
             return None;
         }
         let mut c = TalosCluster::new(
@@ -1261,14 +1276,14 @@ impl<'t> Model<'t> {
         // shows it is not a member.
         let approved_cp = m.role == MRole::ControlPlane && m.approved;
         if !approved_cp && !m.committed && m.done == 0 {
-            if !m.member || s.cluster != ClusterState::Live {
+            if !m.member || s.cluster.torn_down() {
                 remove_machine(&mut t, idx);
                 return (Some((t, effect("release-finalizer"))), false);
             }
             // StillEtcdMember: it says what to do.
             return (None, true);
         }
-        let teardown = s.cluster != ClusterState::Live;
+        let teardown = s.cluster.torn_down();
         // 1. The lock.
         match s.lock {
             Lock::Free => t.lock = Lock::Removal(idx),

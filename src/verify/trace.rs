@@ -50,6 +50,7 @@ pub fn summary(s: &State) -> String {
         ClusterState::Live => "",
         ClusterState::Deleting => ", TalosCluster being deleted",
         ClusterState::Gone => ", TalosCluster gone",
+        ClusterState::Missing => ", no TalosCluster",
     };
     let mut parts = vec![format!(
         "count {}, etcd members {} ({} healthy), approved control planes {} ({} joined and not held), workers {}, schedulable {}, lock {lock}{cluster}",
