@@ -365,21 +365,16 @@ impl State {
     /// `nodes::healthy_after`: the members other than `i` that answer, read through a
     /// healthy sibling; `None` without one.
     pub fn healthy_after(&self, i: usize) -> Option<i64> {
-        if !self.healthy_sibling(i) {
-            return None;
-        }
-        let n = self
-            .machines
-            .iter()
-            .enumerate()
-            .filter(|(j, m)| *j != i && m.member && m.up)
-            .count();
-        i64::try_from(n).ok()
+        self.members_other_than(i, true)
     }
 
     /// `nodes::members_after`: the members other than `i`, answering or not, read through
     /// a healthy sibling; `None` without one.
     pub fn members_after(&self, i: usize) -> Option<i64> {
+        self.members_other_than(i, false)
+    }
+
+    fn members_other_than(&self, i: usize, answering: bool) -> Option<i64> {
         if !self.healthy_sibling(i) {
             return None;
         }
@@ -387,7 +382,7 @@ impl State {
             .machines
             .iter()
             .enumerate()
-            .filter(|(j, m)| *j != i && m.member)
+            .filter(|(j, m)| *j != i && m.member && (m.up || !answering))
             .count();
         i64::try_from(n).ok()
     }

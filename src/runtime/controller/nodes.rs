@@ -343,13 +343,20 @@ pub async fn members_after(
     departing: &TalosMachine,
 ) -> Result<i64, String> {
     let sibling = healthy_sibling(d, snapshot, departing).await?;
+    let n = staying(&sibling, departing).count();
+    Ok(i64::try_from(n).unwrap_or(i64::MAX))
+}
+
+/// The voting members a sibling lists, without the departing one.
+fn staying<'a>(
+    sibling: &'a Sibling<'_>,
+    departing: &TalosMachine,
+) -> impl Iterator<Item = &'a EtcdMember> {
     let leaving = node_name(departing);
-    let n = sibling
+    sibling
         .members
         .iter()
-        .filter(|m| m.hostname != leaving && !m.is_learner)
-        .count();
-    Ok(i64::try_from(n).unwrap_or(i64::MAX))
+        .filter(move |m| m.hostname != leaving && !m.is_learner)
 }
 
 /// `healthy.after` as the controller reads it (the `targetEtcdClusterHealthy` check of
@@ -363,12 +370,8 @@ pub async fn healthy_after(
     departing: &TalosMachine,
 ) -> Result<i64, String> {
     let sibling = healthy_sibling(d, snapshot, departing).await?;
-    let leaving = node_name(departing);
     let mut healthy = 0i64;
-    for member in &sibling.members {
-        if member.hostname == leaving || member.is_learner {
-            continue;
-        }
+    for member in staying(&sibling, departing) {
         let machine = snapshot.machines.iter().find(|m| {
             m.namespace() == departing.namespace()
                 && m.cluster() == departing.cluster()
