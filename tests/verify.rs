@@ -94,6 +94,16 @@ fn verify(rules: &Path, cps: &str, extra: &[&str]) -> (Out, Value) {
     (out, json)
 }
 
+/// The words of each step of the first violation's counterexample.
+fn step_texts(json: &Value) -> Vec<&str> {
+    json["violations"][0]["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .filter_map(|s| s["text"].as_str())
+        .collect()
+}
+
 fn violated(json: &Value) -> Vec<String> {
     json["violations"]
         .as_array()
@@ -415,12 +425,7 @@ fn without_healthy_quorum_a_dead_member_and_a_delete_lose_the_majority() {
         message.contains(" healthy of ") && message.contains("to 1 healthy of"),
         "{message}"
     );
-    let texts: Vec<&str> = json["violations"][0]["steps"]
-        .as_array()
-        .expect("steps")
-        .iter()
-        .filter_map(|s| s["text"].as_str())
-        .collect();
+    let texts = step_texts(&json);
     assert!(texts.iter().any(|t| t.contains("etcd leave")), "{texts:?}");
     assert!(
         texts
@@ -448,12 +453,7 @@ fn without_replacement_not_joined_a_removal_outruns_its_replacement() {
         message.contains("from 5 to 4 members, below the declared count of 5"),
         "{message}"
     );
-    let texts: Vec<&str> = json["violations"][0]["steps"]
-        .as_array()
-        .expect("steps")
-        .iter()
-        .filter_map(|s| s["text"].as_str())
-        .collect();
+    let texts = step_texts(&json);
     assert!(
         texts.iter().any(|t| t.contains("spec.approved: true")),
         "{texts:?}"

@@ -328,30 +328,19 @@ async fn serve(args: &OperatorConfig, rules: Arc<Rules>) -> Result<(), StartErro
     let listener = match tls.as_ref() {
         _ if args.no_webhook => None,
         None => None,
-        Some(_) => match bind(args.listen, "the webhook").await {
-            Ok(l) => Some(l),
-            Err(e) => {
-                return Err(StartError::new(e.to_string()));
-            }
-        },
+        Some(_) => Some(
+            bind(args.listen, "the webhook")
+                .await
+                .map_err(StartError::new)?,
+        ),
     };
     let health_listener = match args.health_listen {
         None => None,
-        Some(a) => match bind(a, "--health-listen").await {
-            Ok(l) => Some(l),
-            Err(e) => {
-                return Err(StartError::new(e.to_string()));
-            }
-        },
+        Some(a) => Some(bind(a, "--health-listen").await.map_err(StartError::new)?),
     };
     let metrics_listener = match args.metrics_listen {
         None => None,
-        Some(a) => match bind(a, "--metrics-listen").await {
-            Ok(l) => Some(l),
-            Err(e) => {
-                return Err(StartError::new(e.to_string()));
-            }
-        },
+        Some(a) => Some(bind(a, "--metrics-listen").await.map_err(StartError::new)?),
     };
     if listener.is_some() {
         tracing::info!(listen = %args.listen, "serving the admission webhook");
