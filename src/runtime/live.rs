@@ -116,6 +116,13 @@ fn short_reason(reason: &str) -> String {
 /// At most `max` characters of `s`, control characters escaped: server-chosen text in a
 /// message stays one short line.
 fn clip(s: &str, max: usize) -> String {
+    // The common case, a name as Kubernetes allows it, is copied as it is.
+    if s.len() <= max
+        && s.bytes()
+            .all(|b| b.is_ascii_graphic() && !matches!(b, b'\\' | b'"' | b'\''))
+    {
+        return s.to_string();
+    }
     let mut out: String = s.chars().take(max).flat_map(char::escape_debug).collect();
     if s.chars().count() > max {
         out.push('…');
@@ -767,17 +774,22 @@ fn typed<S, T, K: Kind>(
 ) -> Result<K, String> {
     let meta = item.metadata.unwrap_or_default();
     check_head(e, item.api_version.as_deref(), item.kind.as_deref(), &meta)?;
-    let label = clip(meta.name.as_deref().unwrap_or(""), 64);
+    let label = |meta: &ObjectMeta| clip(meta.name.as_deref().unwrap_or(""), 64);
     let Some(spec) = item.spec else {
-        return Err(format!("{} `{label}` of the answer has no spec", e.kind));
+        return Err(format!(
+            "{} `{}` of the answer has no spec",
+            e.kind,
+            label(&meta)
+        ));
     };
     let object = build(meta, spec, item.status);
     if let (Some(want), Some(found)) = (e.cluster, object.cluster())
         && want != found
     {
         return Err(format!(
-            "the answer holds {} `{label}` of TalosCluster `{}`, not of `{}` asked for",
+            "the answer holds {} `{}` of TalosCluster `{}`, not of `{}` asked for",
             e.kind,
+            clip(object.name(), 64),
             clip(found, 64),
             clip(want, 64)
         ));
@@ -868,12 +880,12 @@ fn validated<K: Kind>(
     wrap: impl Fn(K) -> Object,
     unwrap: impl Fn(Object) -> Option<K>,
 ) -> Result<K, String> {
-    let label = clip(o.name(), 64);
     let object = wrap(o);
     validate_object(&object).map_err(|e| {
         format!(
-            "{} `{label}` of the answer is not valid: {}",
+            "{} `{}` of the answer is not valid: {}",
             K::KIND,
+            clip(object.metadata().name.as_deref().unwrap_or(""), 64),
             clip(&e, 200)
         )
     })?;
@@ -1668,5 +1680,39 @@ mod read_declarations {
             cluster_selector("a,b=c\\d"),
             "spec.clusterRef.name=a\\,b\\=c\\\\d"
         );
+    }
+}
+
+#[cfg(test)]
+mod clipping {
+    use super::clip;
+
+    /// What `clip` always meant: at most `max` characters, escaped as `escape_debug` does.
+    fn slow(s: &str, max: usize) -> String {
+        let mut out: String = s.chars().take(max).flat_map(char::escape_debug).collect();
+        if s.chars().count() > max {
+            out.push('…');
+        }
+        out
+    }
+
+    #[test]
+    fn the_fast_path_for_plain_names_says_what_the_escaping_one_says() {
+        for s in [
+            "cp-1",
+            "",
+            "a\"b",
+            "it's",
+            "back\\slash",
+            "tab\there",
+            "new\nline",
+            "sp ace",
+            "é",
+            "x".repeat(64).as_str(),
+            "x".repeat(65).as_str(),
+            "\u{202e}rtl",
+        ] {
+            assert_eq!(clip(s, 64), slow(s, 64), "{s:?}");
+        }
     }
 }
