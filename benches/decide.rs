@@ -10,7 +10,7 @@
 
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use ichor_rules::check::{CheckResult, check};
-use ichor_rules::compile::{Table, compile};
+use ichor_rules::compile::{Options, Table, compile, compile_with};
 use ichor_rules::diagnostics::SourceFile;
 use ichor_rules::interp::{Facts, Lookup, Session, Value};
 use ichor_rules::ruleset::{build, read_sources};
@@ -248,12 +248,34 @@ fn decide(c: &mut Criterion) {
     let message = s.render(&hits[0]).expect("renders");
     assert!(message.contains("3 -> 2"), "{message}");
 
+    // The same rules with every row on the stack machine: what the flat form buys.
+    let files = shipped();
+    let checked = check(&files);
+    let stack = compile_with(&checked.program, &files, Options { flat: false });
+    let (rows, on_stack) = stack.rows_on_stack();
+    assert_eq!(rows, on_stack, "every row on the stack machine");
+    for facts in [allow, refuse] {
+        let flat = Session::new(&table, facts)
+            .matches(REMOVE_CP)
+            .expect("no interrupt");
+        let deep = Session::new(&stack, facts)
+            .matches(REMOVE_CP)
+            .expect("no interrupt");
+        assert_eq!(flat.to_vec(), deep.to_vec(), "both forms decide alike");
+    }
+
     let mut g = c.benchmark_group("decide");
     g.bench_function("hot_allow", |b| {
         b.iter(|| black_box(Session::new(&table, black_box(allow)).matches(black_box(REMOVE_CP))))
     });
     g.bench_function("hot_refuse", |b| {
         b.iter(|| black_box(Session::new(&table, black_box(refuse)).matches(black_box(REMOVE_CP))))
+    });
+    g.bench_function("hot_allow_stack_machine", |b| {
+        b.iter(|| black_box(Session::new(&stack, black_box(allow)).matches(black_box(REMOVE_CP))))
+    });
+    g.bench_function("hot_refuse_stack_machine", |b| {
+        b.iter(|| black_box(Session::new(&stack, black_box(refuse)).matches(black_box(REMOVE_CP))))
     });
     g.bench_function("refuse_with_message", |b| {
         b.iter(|| {

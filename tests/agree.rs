@@ -11,7 +11,7 @@
 //! and `warn` rows not.
 
 use ichor_rules::check::{CheckResult, Program, check};
-use ichor_rules::compile::{Table, compile};
+use ichor_rules::compile::{Options, Table, compile, compile_with};
 use ichor_rules::diagnostics::{SourceFile, render_human};
 use ichor_rules::interp::value::{EvalError, Value, eval};
 use ichor_rules::interp::{Facts, Interrupt, Lookup, Session};
@@ -643,9 +643,12 @@ fn generated_rules_table_agrees_with_reference() {
         }
         COMPILED.fetch_add(1, Ordering::Relaxed);
         let table = compile(&result.program, &files);
+        // The same rows with every one on the stack machine (no flat branches).
+        let stack = compile_with(&result.program, &files, Options { flat: false });
         prop_assert_eq!(result.program.rules.len(), file.rules.len(), "{}", src);
         for facts in &fact_sets {
             agree(&result.program, &table, facts, &src)?;
+            agree(&result.program, &stack, facts, &src)?;
         }
         Ok(())
     });
@@ -708,6 +711,17 @@ fn shipped_rules_table_agrees_with_reference() {
         render_human(&result.diagnostics, &files, false)
     );
     let table = compile(&result.program, &files);
+    let stack = compile_with(&result.program, &files, Options { flat: false });
+    let (rows, on_stack) = table.rows_on_stack();
+    assert!(
+        rows > 0 && on_stack == 0,
+        "every shipped row fits the flat form"
+    );
+    assert_eq!(
+        stack.rows_on_stack(),
+        (rows, rows),
+        "`flat: false` puts every row on the stack machine"
+    );
     let program = result.program;
     let facts = FACTS
         .iter()
@@ -729,7 +743,10 @@ fn shipped_rules_table_agrees_with_reference() {
         failure_persistence: None,
         ..Config::default()
     });
-    let result = runner.run(&facts, |facts| agree(&program, &table, &facts, "rules/"));
+    let result = runner.run(&facts, |facts| {
+        agree(&program, &table, &facts, "rules/")?;
+        agree(&program, &stack, &facts, "rules/ (stack machine)")
+    });
     if let Err(e) = result {
         panic!("{e}");
     }

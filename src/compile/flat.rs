@@ -189,6 +189,8 @@ pub(super) struct Flat<'s> {
     compiler: &'s mut super::Compiler,
     /// Where the last label was placed: no instruction before it may be fused.
     placed: u32,
+    /// Rows become branches where they fit (else every row is [`Op::Stack`]).
+    branches: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -198,12 +200,14 @@ struct Label(u32);
 struct TooDeep;
 
 impl<'s> Flat<'s> {
-    pub(super) fn new(compiler: &'s mut super::Compiler) -> Self {
+    /// `branches`: false puts every row on the stack machine ([`Op::Stack`]).
+    pub(super) fn new(compiler: &'s mut super::Compiler, branches: bool) -> Self {
         Flat {
             prog: FlatProgram::default(),
             labels: Vec::new(),
             compiler,
             placed: 0,
+            branches,
         }
     }
 
@@ -231,7 +235,7 @@ impl<'s> Flat<'s> {
         if super::stack_depth(&e) > MAX_STACK {
             // As deep as the stack machine refuses: a type error, failing closed.
             self.prog.ins.push(Ins::op(Op::Invalid));
-        } else if self.cond(&e, t, next, 0).is_ok() {
+        } else if self.branches && self.cond(&e, t, next, 0).is_ok() {
             self.place(t);
             self.prog.ins.push(hit);
             self.place(next);

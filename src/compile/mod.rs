@@ -298,6 +298,14 @@ impl Table {
         self.groups.iter().map(|g| g.len()).sum()
     }
 
+    /// Rows in all (a rule counts once per event it covers) and how many of them run on
+    /// the stack machine rather than as flat branches.
+    pub fn rows_on_stack(&self) -> (usize, usize) {
+        self.programs.iter().fold((0, 0), |(all, stack), p| {
+            (all + p.entries.len(), stack + p.stack_rows.len())
+        })
+    }
+
     /// The `let`s these rules use (indices into [`Table::rules`]), each once, in the order
     /// they are defined.
     pub fn lets_of_rules(&self, rules: impl IntoIterator<Item = u32>) -> Vec<(u32, &LetMeta)> {
@@ -314,8 +322,28 @@ impl Table {
     }
 }
 
+/// How rows are compiled.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// Rows as flat branch programs (`flat.rs`) where they fit; `false` puts every row on
+    /// the stack machine, which `benches/decide.rs` compares against (the flat form is kept
+    /// because it pays: ARCHITECTURE.md, "Why a flat program").
+    pub flat: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { flat: true }
+    }
+}
+
 /// Compiles a checked program. The program must have checked without errors.
 pub fn compile(program: &Program, files: &[SourceFile]) -> Table {
+    compile_with(program, files, Options::default())
+}
+
+/// [`compile`] with [`Options`].
+pub fn compile_with(program: &Program, files: &[SourceFile], options: Options) -> Table {
     let mut c = Compiler {
         strings: Vec::new(),
     };
@@ -389,7 +417,7 @@ pub fn compile(program: &Program, files: &[SourceFile]) -> Table {
     let programs = groups
         .iter_mut()
         .map(|rows| {
-            let mut f = flat::Flat::new(&mut c);
+            let mut f = flat::Flat::new(&mut c, options.flat);
             for row in rows.iter() {
                 f.row(fires.get(row.rule as usize).and_then(|e| e.as_ref()));
             }

@@ -3,15 +3,20 @@
 //! (an expensive fact needing etcd) interrupts the session, and the caller supplies the value
 //! and runs it again.
 
+mod cache;
 pub mod explain;
+mod flat_vm;
+mod hits;
+mod stack_vm;
 pub mod value;
 
-use crate::compile::flat::{self, VALUES};
-use crate::compile::{Code, FlatProgram, Kind, MAX_STACK, Op, Piece, Row, Table, Text};
+use crate::compile::flat::VALUES;
+use crate::compile::{Code, Kind, Piece, Table};
 use crate::vocab::Event;
-use crate::vocab::{FACT_COUNT, FACTS, Fact, Type, Verdict};
+use crate::vocab::{Fact, Verdict};
+use cache::{FactCache, TEXT_FACTS};
+pub use hits::{Hit, Hits};
 use serde::Serialize;
-use std::sync::Arc;
 pub use value::{EvalError, Value};
 
 /// What a fact provider answers.
@@ -27,119 +32,30 @@ pub trait Facts<'a> {
     fn fact(&mut self, fact: Fact) -> Lookup<'a>;
 }
 
+/// What a plan step's guards decided ([`Session::step`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepOutcome {
+    pub runs: bool,
+    /// Its `say`, rendered, when it runs.
+    pub message: Option<String>,
+}
+
+/// Why a plan step's guards could not decide.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepError {
+    /// A guard failed to evaluate (overflow, division by zero).
+    Guard(EvalError),
+    /// A guard needs a fact nobody supplied.
+    Needs(Fact),
+    /// The message needs a fact nobody supplied.
+    MessageNeeds(Fact),
+}
+
 /// Why a session stopped before deciding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Interrupt {
     /// Fetch this fact, [`Session::supply`] it, and run again.
     Need(Fact),
-}
-
-/// One matching row.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Hit {
-    pub rule: u32,
-    pub verdict: Verdict,
-    /// Set when the row could not be evaluated; refuse and hold rows then match (fail closed).
-    pub error: Option<EvalError>,
-}
-
-/// The matching rows of one event, in source order: a slice of [`Hit`]s. The first few are
-/// kept inline, so deciding allocates nothing unless many rows match.
-#[derive(Clone, Debug)]
-pub struct Hits(HitsRepr);
-
-#[derive(Clone, Debug)]
-enum HitsRepr {
-    Inline { len: u8, hits: [Hit; INLINE_HITS] },
-    Heap(Vec<Hit>),
-}
-
-const INLINE_HITS: usize = 6;
-
-const NO_HIT: Hit = Hit {
-    rule: 0,
-    verdict: Verdict::Warn,
-    error: None,
-};
-
-impl Hits {
-    #[inline]
-    pub fn new() -> Self {
-        Hits(HitsRepr::Inline {
-            len: 0,
-            hits: [NO_HIT; INLINE_HITS],
-        })
-    }
-
-    #[inline]
-    pub fn push(&mut self, hit: Hit) {
-        match &mut self.0 {
-            HitsRepr::Inline { len, hits } => match hits.get_mut(usize::from(*len)) {
-                Some(slot) => {
-                    *slot = hit;
-                    *len += 1;
-                }
-                None => {
-                    let mut v = Vec::with_capacity(INLINE_HITS * 2);
-                    v.extend_from_slice(hits);
-                    v.push(hit);
-                    self.0 = HitsRepr::Heap(v);
-                }
-            },
-            HitsRepr::Heap(v) => v.push(hit),
-        }
-    }
-
-    #[inline]
-    pub fn as_slice(&self) -> &[Hit] {
-        match &self.0 {
-            HitsRepr::Inline { len, hits } => hits.get(..usize::from(*len)).unwrap_or(&[]),
-            HitsRepr::Heap(v) => v,
-        }
-    }
-
-    pub fn to_vec(&self) -> Vec<Hit> {
-        self.as_slice().to_vec()
-    }
-}
-
-impl Default for Hits {
-    fn default() -> Self {
-        Hits::new()
-    }
-}
-
-impl std::ops::Deref for Hits {
-    type Target = [Hit];
-    #[inline]
-    fn deref(&self) -> &[Hit] {
-        self.as_slice()
-    }
-}
-
-impl PartialEq for Hits {
-    fn eq(&self, other: &Self) -> bool {
-        self.as_slice() == other.as_slice()
-    }
-}
-
-impl Eq for Hits {}
-
-impl<'h> IntoIterator for &'h Hits {
-    type Item = &'h Hit;
-    type IntoIter = std::slice::Iter<'h, Hit>;
-    fn into_iter(self) -> Self::IntoIter {
-        self.as_slice().iter()
-    }
-}
-
-impl From<Hits> for Vec<Hit> {
-    fn from(h: Hits) -> Vec<Hit> {
-        match h.0 {
-            HitsRepr::Heap(v) => v,
-            inline @ HitsRepr::Inline { .. } => Hits(inline).to_vec(),
-        }
-    }
 }
 
 /// One row as the explanation shows it.
@@ -178,130 +94,6 @@ impl Shown {
         match self {
             Shown::Value(b) => Some(b),
             _ => None,
-        }
-    }
-}
-
-/// Where each name or enum fact keeps its text in [`FactCache::texts`] (`u8::MAX`: not a
-/// text fact).
-const TEXT_SLOT: [u8; FACT_COUNT] = {
-    let mut slots = [u8::MAX; FACT_COUNT];
-    let (mut i, mut n) = (0, 0);
-    while i < FACT_COUNT {
-        if matches!(FACTS[i].ty, Type::Name | Type::Enum(_)) {
-            slots[i] = n;
-            n += 1;
-        }
-        i += 1;
-    }
-    slots
-};
-
-/// The number of name and enum facts.
-const TEXT_FACTS: usize = {
-    let (mut i, mut n) = (0, 0);
-    while i < FACT_COUNT {
-        if matches!(FACTS[i].ty, Type::Name | Type::Enum(_)) {
-            n += 1;
-        }
-        i += 1;
-    }
-    n
-};
-
-/// The facts of a session: asked of the provider at most once, then read from here.
-struct FactCache<'a, F> {
-    facts: F,
-    /// Int and bool facts (bools as 0/1) by slot, valid where `known` has their bit; then
-    /// the registers of the flat programs (see [`flat`]). A power of two long, so an index
-    /// masked into range needs no bounds check.
-    vals: [i64; VALUES],
-    /// Name and enum facts, valid where `known` has their bit.
-    texts: [Option<&'a str>; TEXT_FACTS],
-    known: u32,
-    /// Every fact asked for, in order, with its value (only when tracing).
-    asked: Vec<(Fact, Value<'a>)>,
-    record: bool,
-}
-
-impl<'a, F: Facts<'a>> FactCache<'a, F> {
-    fn store(&mut self, slot: usize, value: Value<'a>) {
-        if slot >= FACT_COUNT {
-            return;
-        }
-        match value {
-            Value::Int(i) => self.vals[slot % VALUES] = i,
-            Value::Bool(b) => self.vals[slot % VALUES] = i64::from(b),
-            Value::Str(s) => {
-                if let Some(t) = self.texts.get_mut(usize::from(TEXT_SLOT[slot])) {
-                    *t = Some(s);
-                }
-            }
-        }
-        self.known |= 1 << slot;
-    }
-
-    /// Makes sure a fact is known: a bit test, or one question to the provider.
-    #[inline(always)]
-    fn ensure(&mut self, slot: usize) -> Result<(), Stop> {
-        if self.known & (1u32 << (slot & 31)) != 0 && slot < FACT_COUNT {
-            return Ok(());
-        }
-        self.fetch(slot)
-    }
-
-    #[inline(never)]
-    fn fetch(&mut self, slot: usize) -> Result<(), Stop> {
-        self.ask(slot)
-    }
-
-    /// Asks the provider for a fact and keeps the answer.
-    #[inline(always)]
-    fn ask(&mut self, slot: usize) -> Result<(), Stop> {
-        let Some(fact) = Fact::from_slot(slot) else {
-            return Err(Stop::Fail(EvalError::Type));
-        };
-        match self.facts.fact(fact) {
-            Lookup::Value(v) => {
-                self.store(slot, v);
-                if self.record {
-                    self.asked.push((fact, v));
-                }
-                Ok(())
-            }
-            Lookup::Later => Err(Stop::Need(fact)),
-        }
-    }
-
-    /// Asks for the facts an instruction reads that are not known yet, left operand first.
-    /// Inlined into the interpreter loop, with the provider.
-    #[inline(always)]
-    fn need(&mut self, ins: &flat::Ins) -> Result<(), Stop> {
-        // `need` has the bits of `a` and `b` when they are fact slots, and no others.
-        let a_bit = 1u32.checked_shl(u32::from(ins.a)).unwrap_or(0) & ins.need;
-        if a_bit & !self.known != 0 {
-            self.ask(usize::from(ins.a))?;
-        }
-        if ins.need & !a_bit & !self.known != 0 {
-            self.ask(usize::from(ins.b))?;
-        }
-        Ok(())
-    }
-
-    fn text(&mut self, t: Text, strings: &'a [Arc<str>]) -> Result<&'a str, Stop> {
-        match t {
-            Text::Const(i) => match strings.get(i as usize) {
-                Some(s) => Ok(&**s),
-                None => Err(Stop::Fail(EvalError::Type)),
-            },
-            Text::Fact(slot) => {
-                let slot = slot as usize;
-                self.ensure(slot)?;
-                let text = TEXT_SLOT
-                    .get(slot)
-                    .and_then(|&t| self.texts.get(usize::from(t)));
-                Ok(text.copied().flatten().unwrap_or(""))
-            }
         }
     }
 }
@@ -515,6 +307,40 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
         self.condition(code)
     }
 
+    /// Supplies a fact as a number, the way the controller records what it found (a
+    /// boolean fact: non-zero is true).
+    pub fn supply_number(&mut self, fact: Fact, value: i64) {
+        let value = if fact.info().ty == crate::vocab::Type::Bool {
+            Value::Bool(value != 0)
+        } else {
+            Value::Int(value)
+        };
+        self.supply(fact, value);
+    }
+
+    /// Whether a plan step runs (`when` holds and `unless` does not), and its message when
+    /// it runs. A guard that cannot be evaluated, or that needs a fact nobody supplied, is
+    /// an error: the plan stops there (fails closed) rather than guess.
+    pub fn step(&mut self, step: &crate::compile::PlanStep) -> Result<StepOutcome, StepError> {
+        let mut holds = |code: &Option<Code>, otherwise: bool| match code {
+            None => Ok(otherwise),
+            Some(code) => match self.guard(code) {
+                Ok(Ok(b)) => Ok(b),
+                Ok(Err(e)) => Err(StepError::Guard(e)),
+                Err(Interrupt::Need(f)) => Err(StepError::Needs(f)),
+            },
+        };
+        let runs = holds(&step.when, true)? && !holds(&step.unless, false)?;
+        let message = match (&step.message, runs) {
+            (Some(pieces), true) => Some(
+                self.render_pieces(pieces)
+                    .map_err(|Interrupt::Need(f)| StepError::MessageNeeds(f))?,
+            ),
+            _ => None,
+        };
+        Ok(StepOutcome { runs, message })
+    }
+
     #[inline]
     fn condition(&mut self, code: &Code) -> Result<Result<bool, EvalError>, Interrupt> {
         Ok(self.condition_value(code)?.map(|v| v != 0))
@@ -526,298 +352,6 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
             Ok(v) => Ok(Ok(v)),
             Err(Stop::Fail(e)) => Ok(Err(e)),
             Err(Stop::Need(f)) => Err(Interrupt::Need(f)),
-        }
-    }
-
-    /// Runs a group's flat program: every row, in order, adding the ones that fire.
-    fn run_group(
-        &mut self,
-        rows: &[Row],
-        program: &FlatProgram,
-        hits: &mut Hits,
-    ) -> Result<(), Interrupt> {
-        let mut pc = 0;
-        loop {
-            let result = match self.exec(rows, program, pc, hits) {
-                Ok(Flow::End) => return Ok(()),
-                // A row too deep for the registers: its `fires` code on the stack machine.
-                Ok(Flow::Stack) => {
-                    let at = program.row_at(self.pc);
-                    match program.stack_code(at) {
-                        Some(code) => self.run(code).map(|v| v != 0),
-                        None => Err(Stop::Fail(EvalError::Type)),
-                    }
-                }
-                Err(e) => Err(e),
-            };
-            let at = program.row_at(self.pc);
-            let error = match result {
-                Ok(false) => None,
-                Ok(true) => None,
-                Err(Stop::Need(f)) => return Err(Interrupt::Need(f)),
-                Err(Stop::Fail(e)) => Some(e),
-            };
-            // A row that could not be evaluated: refuse and hold rows match (fail closed),
-            // warn rows do not.
-            if let Some(row) = rows.get(at)
-                && (result == Ok(true) || (error.is_some() && row.verdict != Verdict::Warn))
-            {
-                hits.push(Hit {
-                    rule: row.rule,
-                    verdict: row.verdict,
-                    error,
-                });
-            }
-            pc = program.next_entry(at);
-        }
-    }
-
-    /// Runs a flat program from `pc` to its end, or to the first error (its `pc` left in
-    /// `self.pc`).
-    #[inline]
-    fn exec(
-        &mut self,
-        rows: &[Row],
-        program: &FlatProgram,
-        mut pc: usize,
-        hits: &mut Hits,
-    ) -> Result<Flow, Stop> {
-        use flat::Op as F;
-        let cache = &mut self.cache;
-        let strings: &'a [Arc<str>] = &self.table.strings;
-        let ins = program.ins.as_slice();
-        const M: usize = VALUES - 1;
-        macro_rules! fail {
-            ($e:expr) => {{
-                self.pc = pc;
-                return Err(Stop::Fail($e));
-            }};
-        }
-        macro_rules! arith {
-            ($i:expr, $a:expr, $f:ident, $b:expr) => {{
-                let (a, b) = ($a, $b);
-                match a.$f(b) {
-                    Some(v) => cache.vals[usize::from($i.x) & M] = v,
-                    None if b == 0 => fail!(EvalError::DivisionByZero),
-                    None => fail!(EvalError::Overflow),
-                }
-                pc += 1;
-            }};
-        }
-        // Every jump goes forward (see `compile::flat`), so this ends.
-        loop {
-            let Some(i) = ins.get(pc) else {
-                fail!(EvalError::Type)
-            };
-            if cache.known & i.need != i.need
-                && let Err(e) = cache.need(i)
-            {
-                self.pc = pc;
-                return Err(e);
-            }
-            let a = cache.vals[usize::from(i.a) & M];
-            macro_rules! b {
-                () => {
-                    cache.vals[usize::from(i.b) & M]
-                };
-            }
-            match i.op {
-                F::CmpK | F::Cmp => {
-                    let Some(a) = a.checked_add(i.d) else {
-                        fail!(EvalError::Overflow)
-                    };
-                    let b = if i.op == F::CmpK {
-                        i.k
-                    } else {
-                        match b!().checked_add(i.k) {
-                            Some(b) => b,
-                            None => fail!(EvalError::Overflow),
-                        }
-                    };
-                    // 0 less, 1 equal, 2 greater
-                    let ord = usize::from(a >= b) + usize::from(a > b);
-                    pc = i.to[ord] as usize;
-                }
-                F::Test => pc = i.to[usize::from(a != 0)] as usize,
-                F::Hit => {
-                    if let Some(row) = rows.get(i.k as usize) {
-                        hits.push(Hit {
-                            rule: row.rule,
-                            verdict: row.verdict,
-                            error: None,
-                        });
-                    }
-                    pc += 1;
-                }
-                F::End => return Ok(Flow::End),
-                F::AddK => arith!(i, a, checked_add, i.k),
-                F::SubK => arith!(i, a, checked_sub, i.k),
-                F::MulK => arith!(i, a, checked_mul, i.k),
-                F::DivK => arith!(i, a, checked_div, i.k),
-                F::ModK => arith!(i, a, checked_rem, i.k),
-                F::Add => arith!(i, a, checked_add, b!()),
-                F::Sub => arith!(i, a, checked_sub, b!()),
-                F::Mul => arith!(i, a, checked_mul, b!()),
-                F::Div => arith!(i, a, checked_div, b!()),
-                F::Mod => arith!(i, a, checked_rem, b!()),
-                F::Neg => match a.checked_neg() {
-                    Some(v) => {
-                        cache.vals[usize::from(i.x) & M] = v;
-                        pc += 1;
-                    }
-                    None => fail!(EvalError::Overflow),
-                },
-                F::Mov => {
-                    cache.vals[usize::from(i.x) & M] = i.k;
-                    pc += 1;
-                }
-                F::Set => {
-                    cache.vals[usize::from(i.x) & M] = i.k;
-                    pc = i.to[0] as usize;
-                }
-                F::Text => {
-                    let Some(&(ta, tb)) = program.texts.get(i.k as usize) else {
-                        fail!(EvalError::Type)
-                    };
-                    let eq = match cache.text(ta, strings) {
-                        Ok(ta) => cache.text(tb, strings).map(|tb| ta == tb),
-                        Err(e) => Err(e),
-                    };
-                    match eq {
-                        Ok(eq) => pc = i.to[usize::from(eq)] as usize,
-                        Err(Stop::Fail(e)) => fail!(e),
-                        Err(e) => return Err(e),
-                    }
-                }
-                F::Jump => pc = i.to[0] as usize,
-                F::Stack => {
-                    self.pc = pc;
-                    return Ok(Flow::Stack);
-                }
-                F::Need => pc += 1,
-                F::Invalid => fail!(EvalError::Type),
-            }
-        }
-    }
-
-    /// The stack machine: integers only.
-    fn run(&mut self, code: &Code) -> Result<i64, Stop> {
-        let strings: &'a [Arc<str>] = &self.table.strings;
-        let cache = &mut self.cache;
-        let mut stack = [0i64; MAX_STACK];
-        let mut sp = 0usize;
-        let mut pc = 0usize;
-        let ops = code.ops.as_slice();
-        macro_rules! push {
-            ($v:expr) => {{
-                let v = $v;
-                match stack.get_mut(sp) {
-                    Some(slot) => *slot = v,
-                    None => return Err(Stop::Fail(EvalError::Overflow)),
-                }
-                sp += 1;
-            }};
-        }
-        macro_rules! pop2 {
-            () => {{
-                if sp < 2 {
-                    return Err(Stop::Fail(EvalError::Type));
-                }
-                sp -= 2;
-                (stack[sp], stack[sp + 1])
-            }};
-        }
-        macro_rules! arith {
-            ($f:ident) => {{
-                let (l, r) = pop2!();
-                match l.$f(r) {
-                    Some(v) => push!(v),
-                    None if r == 0 => return Err(Stop::Fail(EvalError::DivisionByZero)),
-                    None => return Err(Stop::Fail(EvalError::Overflow)),
-                }
-            }};
-        }
-        macro_rules! top_k {
-            ($f:expr) => {{
-                let Some(top) = sp.checked_sub(1) else {
-                    return Err(Stop::Fail(EvalError::Type));
-                };
-                stack[top] = ($f)(stack[top]).map_err(Stop::Fail)?;
-            }};
-        }
-        macro_rules! cmp {
-            ($op:tt) => {{
-                let (l, r) = pop2!();
-                push!(i64::from(l $op r))
-            }};
-        }
-        while let Some(op) = ops.get(pc) {
-            pc += 1;
-            match *op {
-                Op::Fact(slot) => {
-                    let slot = slot as usize;
-                    cache.ensure(slot)?;
-                    push!(cache.vals[slot % VALUES]);
-                }
-                Op::Int(i) => push!(i),
-                Op::Not => match sp.checked_sub(1) {
-                    Some(top) => stack[top] = i64::from(stack[top] == 0),
-                    None => return Err(Stop::Fail(EvalError::Type)),
-                },
-                Op::Neg => match sp.checked_sub(1) {
-                    Some(top) => match stack[top].checked_neg() {
-                        Some(n) => stack[top] = n,
-                        None => return Err(Stop::Fail(EvalError::Overflow)),
-                    },
-                    None => return Err(Stop::Fail(EvalError::Type)),
-                },
-                Op::Add => arith!(checked_add),
-                Op::Sub => arith!(checked_sub),
-                Op::Mul => arith!(checked_mul),
-                Op::Div => arith!(checked_div),
-                Op::Mod => arith!(checked_rem),
-                Op::Eq => cmp!(==),
-                Op::Ne => cmp!(!=),
-                Op::Lt => cmp!(<),
-                Op::Le => cmp!(<=),
-                Op::Gt => cmp!(>),
-                Op::Ge => cmp!(>=),
-                Op::AddK(k) => top_k!(|l: i64| l.checked_add(k).ok_or(EvalError::Overflow)),
-                Op::SubK(k) => top_k!(|l: i64| l.checked_sub(k).ok_or(EvalError::Overflow)),
-                Op::MulK(k) => top_k!(|l: i64| l.checked_mul(k).ok_or(EvalError::Overflow)),
-                Op::DivK(k) => top_k!(|l: i64| match k {
-                    0 => Err(EvalError::DivisionByZero),
-                    _ => l.checked_div(k).ok_or(EvalError::Overflow),
-                }),
-                Op::ModK(k) => top_k!(|l: i64| match k {
-                    0 => Err(EvalError::DivisionByZero),
-                    _ => l.checked_rem(k).ok_or(EvalError::Overflow),
-                }),
-                Op::EqK(k) => top_k!(|l: i64| Ok::<i64, EvalError>(i64::from(l == k))),
-                Op::NeK(k) => top_k!(|l: i64| Ok::<i64, EvalError>(i64::from(l != k))),
-                Op::LtK(k) => top_k!(|l: i64| Ok::<i64, EvalError>(i64::from(l < k))),
-                Op::LeK(k) => top_k!(|l: i64| Ok::<i64, EvalError>(i64::from(l <= k))),
-                Op::GtK(k) => top_k!(|l: i64| Ok::<i64, EvalError>(i64::from(l > k))),
-                Op::GeK(k) => top_k!(|l: i64| Ok::<i64, EvalError>(i64::from(l >= k))),
-                Op::TextEq { a, b, ne } => {
-                    let a = cache.text(a, strings)?;
-                    let b = cache.text(b, strings)?;
-                    push!(i64::from((a == b) != ne));
-                }
-                Op::JumpIfFalse(target) | Op::JumpIfTrue(target) => {
-                    let want = matches!(op, Op::JumpIfTrue(_));
-                    match sp.checked_sub(1) {
-                        Some(top) if (stack[top] != 0) == want => pc = target as usize,
-                        Some(_) => sp -= 1,
-                        None => return Err(Stop::Fail(EvalError::Type)),
-                    }
-                }
-                Op::Invalid => return Err(Stop::Fail(EvalError::Type)),
-            }
-        }
-        match sp {
-            1 => Ok(stack[0]),
-            _ => Err(Stop::Fail(EvalError::Type)),
         }
     }
 }
@@ -920,6 +454,105 @@ fn push_int(out: &mut String, v: i64) {
 #[cfg(test)]
 mod tests {
     use super::push_int;
+
+    mod plan_steps {
+        use crate::diagnostics::SourceFile;
+        use crate::interp::{Facts, Lookup, Session, StepError, StepOutcome, Value};
+        use crate::vocab::{Fact, Verb};
+
+        /// `member.dead` is expensive (answered later); the rest as given.
+        struct Given {
+            approved: i64,
+            count: i64,
+        }
+
+        impl<'a> Facts<'a> for Given {
+            fn fact(&mut self, fact: Fact) -> Lookup<'a> {
+                Lookup::Value(match fact {
+                    Fact::MemberDead => return Lookup::Later,
+                    Fact::Approved => Value::Int(self.approved),
+                    Fact::Count => Value::Int(self.count),
+                    Fact::Machine => Value::Str("cp-2"),
+                    _ => match fact.info().ty {
+                        crate::vocab::Type::Int => Value::Int(0),
+                        crate::vocab::Type::Bool => Value::Bool(false),
+                        _ => Value::Str(""),
+                    },
+                })
+            }
+        }
+
+        #[test]
+        fn a_step_runs_when_its_guards_say_so_and_asks_for_what_it_lacks() {
+            let text = "plan remove controlplane\n  do lock cluster\n  \
+                do event warning Below when member.dead and approved - 1 < count\n    \
+                say \"{machine}: {approved - 1} of {count}\"\n  \
+                do etcd leave unless member.dead\n  do release finalizer\n";
+            let set = crate::ruleset::build(vec![SourceFile::new("p.rules", text)]);
+            let table = set.table.expect("the plan checks");
+            let plan = table
+                .plans
+                .iter()
+                .find(|p| p.verb == Verb::Remove)
+                .expect("the plan");
+            let session = |approved| Session::new(&table, Given { approved, count: 3 });
+
+            // No guard: runs, no message.
+            let mut s = session(3);
+            assert_eq!(
+                s.step(&plan.steps[0]),
+                Ok(StepOutcome {
+                    runs: true,
+                    message: None
+                })
+            );
+            // The guard needs member.dead: the step says so rather than guess.
+            assert_eq!(
+                s.step(&plan.steps[1]),
+                Err(StepError::Needs(Fact::MemberDead))
+            );
+            assert_eq!(
+                s.step(&plan.steps[2]),
+                Err(StepError::Needs(Fact::MemberDead))
+            );
+            // Supplied (as the controller records it, a number): decided, message rendered.
+            s.supply_number(Fact::MemberDead, 1);
+            assert_eq!(
+                s.step(&plan.steps[1]),
+                Ok(StepOutcome {
+                    runs: true,
+                    message: Some("cp-2: 2 of 3".into())
+                })
+            );
+            assert_eq!(
+                s.step(&plan.steps[2]),
+                Ok(StepOutcome {
+                    runs: false,
+                    message: None
+                })
+            );
+            // Not below the count: the event's `when` does not hold.
+            let mut s = session(5);
+            s.supply_number(Fact::MemberDead, 1);
+            assert_eq!(
+                s.step(&plan.steps[1]),
+                Ok(StepOutcome {
+                    runs: false,
+                    message: None
+                })
+            );
+            // Alive: leave runs.
+            let mut s = session(3);
+            s.supply_number(Fact::MemberDead, 0);
+            assert_eq!(
+                s.step(&plan.steps[2]),
+                Ok(StepOutcome {
+                    runs: true,
+                    message: None
+                })
+            );
+        }
+    }
 
     #[test]
     fn push_int_writes_what_display_writes() {

@@ -4,7 +4,7 @@
 //! functions, so what it explores is what the controller decides.
 
 use crate::compile::{PlanStep, Table};
-use crate::interp::{Decision, Interrupt, Session, Value, decide_into};
+use crate::interp::{Decision, Interrupt, Session, StepError, StepOutcome, decide_into};
 use crate::runtime::facts::{EventFacts, Expensive, SnapshotFacts};
 use crate::runtime::objects::Snapshot;
 use crate::vocab::Fact;
@@ -28,18 +28,14 @@ pub fn decide(
 
 fn supply<'a, F: crate::interp::Facts<'a>>(session: &mut Session<'a, F>, supplied: &[(Fact, i64)]) {
     for (fact, v) in supplied {
-        let value = if fact.info().ty == crate::vocab::Type::Bool {
-            Value::Bool(*v != 0)
-        } else {
-            Value::Int(*v)
-        };
-        session.supply(*fact, value);
+        session.supply_number(*fact, *v);
     }
 }
 
 /// Whether a plan step runs: its guards, evaluated with the removal's facts (and its
-/// message when it runs). A guard that cannot be evaluated stops the removal (fails
-/// closed). No I/O: `verify`'s model calls it as the controller does.
+/// message when it runs), by the interpreter's [`Session::step`]. A guard that cannot be
+/// evaluated stops the removal (fails closed). No I/O: `verify`'s model calls it as the
+/// controller does.
 pub fn applies(
     table: &Table,
     snapshot: &Snapshot,
@@ -49,36 +45,20 @@ pub fn applies(
 ) -> Result<(bool, Option<String>), String> {
     let mut session = Session::new(table, SnapshotFacts::new(snapshot, ev, Expensive::Deferred));
     supply(&mut session, supplied);
-    let mut eval = |code: &crate::compile::Code| match session.guard(code) {
-        Ok(Ok(b)) => Ok(b),
-        Ok(Err(e)) => Err(format!(
+    match session.step(step) {
+        Ok(StepOutcome { runs, message }) => Ok((runs, message)),
+        Err(StepError::Guard(e)) => Err(format!(
             "the guard of `{}` could not be evaluated ({e})",
             step.text
         )),
-        Err(Interrupt::Need(f)) => Err(format!(
+        Err(StepError::Needs(f)) => Err(format!(
             "the guard of `{}` needs `{f}`, which the controller cannot read",
             step.text
         )),
-    };
-    let when = match &step.when {
-        Some(c) => eval(c)?,
-        None => true,
-    };
-    let unless = match &step.unless {
-        Some(c) => eval(c)?,
-        None => false,
-    };
-    let runs = when && !unless;
-    let message = match (&step.message, runs) {
-        (Some(pieces), true) => match session.render_pieces(pieces) {
-            Ok(m) => Some(m),
-            Err(Interrupt::Need(f)) => {
-                return Err(format!("the message of `{}` needs `{f}`", step.text));
-            }
-        },
-        _ => None,
-    };
-    Ok((runs, message))
+        Err(StepError::MessageNeeds(f)) => {
+            Err(format!("the message of `{}` needs `{f}`", step.text))
+        }
+    }
 }
 
 /// What held or refused, as a condition's (reason, message): the first reason a deciding

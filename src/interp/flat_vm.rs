@@ -1,0 +1,180 @@
+//! The hot path: a group's flat branch program (see [`crate::compile::flat`]).
+
+use super::{EvalError, Facts, Flow, Hit, Hits, Interrupt, Session, Stop};
+use crate::compile::flat::{self, VALUES};
+use crate::compile::{FlatProgram, Row};
+use crate::vocab::Verdict;
+use std::sync::Arc;
+
+impl<'a, F: Facts<'a>> Session<'a, F> {
+    /// Runs a group's flat program: every row, in order, adding the ones that fire.
+    pub(super) fn run_group(
+        &mut self,
+        rows: &[Row],
+        program: &FlatProgram,
+        hits: &mut Hits,
+    ) -> Result<(), Interrupt> {
+        let mut pc = 0;
+        loop {
+            let result = match self.exec(rows, program, pc, hits) {
+                Ok(Flow::End) => return Ok(()),
+                // A row too deep for the registers: its `fires` code on the stack machine.
+                Ok(Flow::Stack) => {
+                    let at = program.row_at(self.pc);
+                    match program.stack_code(at) {
+                        Some(code) => self.run(code).map(|v| v != 0),
+                        None => Err(Stop::Fail(EvalError::Type)),
+                    }
+                }
+                Err(e) => Err(e),
+            };
+            let at = program.row_at(self.pc);
+            let error = match result {
+                Ok(false) => None,
+                Ok(true) => None,
+                Err(Stop::Need(f)) => return Err(Interrupt::Need(f)),
+                Err(Stop::Fail(e)) => Some(e),
+            };
+            // A row that could not be evaluated: refuse and hold rows match (fail closed),
+            // warn rows do not.
+            if let Some(row) = rows.get(at)
+                && (result == Ok(true) || (error.is_some() && row.verdict != Verdict::Warn))
+            {
+                hits.push(Hit {
+                    rule: row.rule,
+                    verdict: row.verdict,
+                    error,
+                });
+            }
+            pc = program.next_entry(at);
+        }
+    }
+
+    /// Runs a flat program from `pc` to its end, or to the first error (its `pc` left in
+    /// `self.pc`).
+    #[inline]
+    pub(super) fn exec(
+        &mut self,
+        rows: &[Row],
+        program: &FlatProgram,
+        mut pc: usize,
+        hits: &mut Hits,
+    ) -> Result<Flow, Stop> {
+        use flat::Op as F;
+        let cache = &mut self.cache;
+        let strings: &'a [Arc<str>] = &self.table.strings;
+        let ins = program.ins.as_slice();
+        const M: usize = VALUES - 1;
+        macro_rules! fail {
+            ($e:expr) => {{
+                self.pc = pc;
+                return Err(Stop::Fail($e));
+            }};
+        }
+        macro_rules! arith {
+            ($i:expr, $a:expr, $f:ident, $b:expr) => {{
+                let (a, b) = ($a, $b);
+                match a.$f(b) {
+                    Some(v) => cache.vals[usize::from($i.x) & M] = v,
+                    None if b == 0 => fail!(EvalError::DivisionByZero),
+                    None => fail!(EvalError::Overflow),
+                }
+                pc += 1;
+            }};
+        }
+        // Every jump goes forward (see `compile::flat`), so this ends.
+        loop {
+            let Some(i) = ins.get(pc) else {
+                fail!(EvalError::Type)
+            };
+            if cache.known & i.need != i.need
+                && let Err(e) = cache.need(i)
+            {
+                self.pc = pc;
+                return Err(e);
+            }
+            let a = cache.vals[usize::from(i.a) & M];
+            macro_rules! b {
+                () => {
+                    cache.vals[usize::from(i.b) & M]
+                };
+            }
+            match i.op {
+                F::CmpK | F::Cmp => {
+                    let Some(a) = a.checked_add(i.d) else {
+                        fail!(EvalError::Overflow)
+                    };
+                    let b = if i.op == F::CmpK {
+                        i.k
+                    } else {
+                        match b!().checked_add(i.k) {
+                            Some(b) => b,
+                            None => fail!(EvalError::Overflow),
+                        }
+                    };
+                    // 0 less, 1 equal, 2 greater
+                    let ord = usize::from(a >= b) + usize::from(a > b);
+                    pc = i.to[ord] as usize;
+                }
+                F::Test => pc = i.to[usize::from(a != 0)] as usize,
+                F::Hit => {
+                    if let Some(row) = rows.get(i.k as usize) {
+                        hits.push(Hit {
+                            rule: row.rule,
+                            verdict: row.verdict,
+                            error: None,
+                        });
+                    }
+                    pc += 1;
+                }
+                F::End => return Ok(Flow::End),
+                F::AddK => arith!(i, a, checked_add, i.k),
+                F::SubK => arith!(i, a, checked_sub, i.k),
+                F::MulK => arith!(i, a, checked_mul, i.k),
+                F::DivK => arith!(i, a, checked_div, i.k),
+                F::ModK => arith!(i, a, checked_rem, i.k),
+                F::Add => arith!(i, a, checked_add, b!()),
+                F::Sub => arith!(i, a, checked_sub, b!()),
+                F::Mul => arith!(i, a, checked_mul, b!()),
+                F::Div => arith!(i, a, checked_div, b!()),
+                F::Mod => arith!(i, a, checked_rem, b!()),
+                F::Neg => match a.checked_neg() {
+                    Some(v) => {
+                        cache.vals[usize::from(i.x) & M] = v;
+                        pc += 1;
+                    }
+                    None => fail!(EvalError::Overflow),
+                },
+                F::Mov => {
+                    cache.vals[usize::from(i.x) & M] = i.k;
+                    pc += 1;
+                }
+                F::Set => {
+                    cache.vals[usize::from(i.x) & M] = i.k;
+                    pc = i.to[0] as usize;
+                }
+                F::Text => {
+                    let Some(&(ta, tb)) = program.texts.get(i.k as usize) else {
+                        fail!(EvalError::Type)
+                    };
+                    let eq = match cache.text(ta, strings) {
+                        Ok(ta) => cache.text(tb, strings).map(|tb| ta == tb),
+                        Err(e) => Err(e),
+                    };
+                    match eq {
+                        Ok(eq) => pc = i.to[usize::from(eq)] as usize,
+                        Err(Stop::Fail(e)) => fail!(e),
+                        Err(e) => return Err(e),
+                    }
+                }
+                F::Jump => pc = i.to[0] as usize,
+                F::Stack => {
+                    self.pc = pc;
+                    return Ok(Flow::Stack);
+                }
+                F::Need => pc += 1,
+                F::Invalid => fail!(EvalError::Type),
+            }
+        }
+    }
+}

@@ -1,0 +1,31 @@
+//! The live objects of one decision.
+
+use super::{TalosCluster, TalosMachine, TalosOperation};
+
+/// The live objects a decision is made against.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub machines: Vec<TalosMachine>,
+    pub clusters: Vec<TalosCluster>,
+    pub operations: Vec<TalosOperation>,
+}
+
+impl Snapshot {
+    pub fn cluster(&self, namespace: &str, name: &str) -> Option<&TalosCluster> {
+        self.clusters
+            .iter()
+            .find(|c| c.namespace() == namespace && c.name() == name)
+    }
+
+    pub fn machine(&self, namespace: &str, name: &str) -> Option<&TalosMachine> {
+        self.machines
+            .iter()
+            .find(|m| m.namespace() == namespace && m.name() == name)
+    }
+
+    pub fn operation(&self, namespace: &str, name: &str) -> Option<&TalosOperation> {
+        self.operations
+            .iter()
+            .find(|o| o.namespace() == namespace && o.name() == name)
+    }
+}
