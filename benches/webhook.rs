@@ -13,7 +13,8 @@
 //! The server runs the webhook alone (`--no-controller`, as the chart's webhook replicas
 //! do); `-- --with-controller` runs the controller in the same process too.
 //!
-//! Run: `cargo bench --bench webhook` (`-- --quick` for fewer requests).
+//! Run: `cargo bench --bench webhook` (`-- --quick` for fewer requests). Extra `serve` flags
+//! for an experiment go in `BENCH_SERVE_ARGS` (e.g. `--max-inflight-reads 64`).
 
 // Test and benchmark code: a failed setup step is a failed run.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
