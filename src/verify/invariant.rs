@@ -133,6 +133,9 @@ enum Code {
     Unknown(String),
     Unary(UnOp, Box<Code>),
     Binary(BinOp, Box<Code>, Box<Code>),
+    /// `step == "…"` (or `!=` with `negate`), looked up once: per step index (the facts'
+    /// `step`), whether the comparison holds. Every transition evaluates it.
+    StepIs(Box<[bool; 256]>, bool),
 }
 
 impl Code {
@@ -146,6 +149,16 @@ impl Code {
                 None => Code::Unknown(n.clone()),
             },
             ExprKind::Unary(op, inner) => Code::Unary(*op, Box::new(Code::of(inner))),
+            ExprKind::Binary(op @ (BinOp::Eq | BinOp::Ne), l, r)
+                if let Some(text) = step_literal(l, r) =>
+            {
+                let mut table = Box::new([false; 256]);
+                for (i, holds) in table.iter_mut().enumerate() {
+                    // As `Facts::value` names a step: past the list, "start".
+                    *holds = MODEL_STEPS.get(i).copied().unwrap_or("start") == text;
+                }
+                Code::StepIs(table, *op == BinOp::Ne)
+            }
             ExprKind::Binary(op, l, r) => {
                 Code::Binary(*op, Box::new(Code::of(l)), Box::new(Code::of(r)))
             }
@@ -153,8 +166,20 @@ impl Code {
     }
 }
 
+/// The string `step` is compared with, when one side is the fact `step` and the other a
+/// string literal.
+fn step_literal<'e>(l: &'e Expr, r: &'e Expr) -> Option<&'e str> {
+    let is_step = |e: &Expr| matches!(&e.kind, ExprKind::Name(n) if ModelFact::lookup(n) == Some(ModelFact::Step));
+    match (&l.kind, &r.kind) {
+        (_, ExprKind::Str(s, _)) if is_step(l) => Some(s.as_str()),
+        (ExprKind::Str(s, _), _) if is_step(r) => Some(s.as_str()),
+        _ => None,
+    }
+}
+
 fn eval<'a>(e: &'a Code, f: &Facts) -> Result<V<'a>, String> {
     Ok(match e {
+        Code::StepIs(table, negate) => V::Bool(table[usize::from(f.step)] != *negate),
         Code::Int(n) => V::Int(*n),
         Code::Bool(b) => V::Bool(*b),
         Code::Str(s) => V::Str(s.as_str()),
@@ -318,4 +343,37 @@ fn render_message(parts: &[Result<Code, String>], f: &Facts) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `step == "…"` looked up once says what comparing the step's name says, for every
+    /// step index, either way round, with `==` and `!=`, and for a name that is no step.
+    #[test]
+    fn a_step_comparison_looked_up_once_agrees_with_comparing_names() {
+        for text in [
+            "step == \"join\"",
+            "\"release-finalizer\" == step",
+            "step != \"operation-run\"",
+            "step == \"start\"",
+            "step == \"no-such-step\"",
+        ] {
+            let e = crate::syntax::parse_expr(text).expect("parses");
+            let fast = Code::of(&e);
+            assert!(matches!(fast, Code::StepIs(..)), "{text}");
+            let ExprKind::Binary(op, l, r) = &e.kind else {
+                panic!("{text}")
+            };
+            let slow = Code::Binary(*op, Box::new(Code::of(l)), Box::new(Code::of(r)));
+            for step in 0..=u8::MAX {
+                let f = Facts {
+                    step,
+                    ..Facts::default()
+                };
+                assert_eq!(eval(&fast, &f), eval(&slow, &f), "{text} at step {step}");
+            }
+        }
+    }
 }
