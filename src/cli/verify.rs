@@ -189,6 +189,15 @@ fn suite(args: &VerifyArgs) -> Vec<Bounds> {
             max_requests: Some(2),
             ..large
         },
+        // Four machines, a failure and three requests: two removals at once and a node
+        // dying between them (where `healthy-quorum` must count etcd's own members).
+        Bounds {
+            max_control_planes: 4,
+            max_workers: 1,
+            max_failures: 1,
+            max_requests: Some(3),
+            ..large
+        },
     ]
 }
 
@@ -524,6 +533,9 @@ mod tests {
         assert!(six.iter().any(|b| b.max_operations >= 2));
         assert!(six.iter().any(|b| b.in_flight >= 1));
         assert!(six.iter().all(|b| b.max_requests.is_some_and(|n| n >= 2)));
+        assert!(runs.iter().any(|b| b.max_control_planes == 4
+            && b.max_failures >= 1
+            && b.max_requests.is_some_and(|n| n >= 3)));
         let unbounded: Vec<&Bounds> = runs.iter().filter(|b| b.max_requests.is_none()).collect();
         assert!(unbounded.iter().any(|b| b.max_failures >= 1));
         assert!(unbounded.iter().any(|b| b.in_flight >= 1));
