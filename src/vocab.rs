@@ -617,8 +617,8 @@ facts! {
         "it is Paused with reason ClusterTransitioning and no failure";
     HealthyAfter "healthy.after" Type::Int, Expensive, Machines, ON_LEAVE_CONTROLPLANE_AND_START,
         "etcd members that stay, and answer, once the subject (a departing control plane, or an operation's target) is gone. Expensive: the controller asks each member a healthy sibling lists (fails closed when none answers); admission counts the other approved control planes not being deleted and not Ready=False NodeUnreachable";
-    MembersAfter "members.after" Type::Int, Expensive, Machines, ON_LEAVE_CONTROLPLANE,
-        "etcd voting members that stay once the departing control plane is gone, answering or not (a replacement that is approved but has not joined etcd yet is not one). Expensive: the controller reads the member list through a healthy sibling (fails closed when none answers); admission counts the other approved control planes not being deleted";
+    MembersAfter "members.after" Type::Int, Expensive, Machines, ON_LEAVE_CONTROLPLANE_AND_START,
+        "etcd voting members that stay once the subject (a departing control plane, or an operation's target) is gone, answering or not (a replacement that is approved but has not joined etcd yet is not one). Expensive: the controller reads the member list through a healthy sibling (fails closed when none answers); admission counts the other approved control planes not being deleted";
     RequestByController "request.by_controller" Type::Bool, Cheap, Request, ON_REPORT,
         "the request was made by the controller's own identity: its `userInfo.username` is exactly the one `serve --controller-username` names (the chart: the controller's ServiceAccount, `system:serviceaccount:<release namespace>:<controller ServiceAccount>`). False when none is named: nothing is trusted as the controller's without its name";
 }

@@ -475,6 +475,39 @@ fn healthy_quorum_counts_etcds_members_not_the_approved_ones() {
     assert_eq!(out.code, 0, "{}", out.stdout);
 }
 
+/// The same for a reset (found with 4 machines, a failure and an operation): a control plane
+/// being deleted, still an etcd member, dies; a reset of another one was counted against the
+/// approved control planes only and took etcd from 3 healthy of 4 to 2 of 3.
+#[test]
+fn reset_healthy_quorum_counts_etcds_members_too() {
+    let dir = mutant("approved-majority-reset", "admission.rules", |t| {
+        let old = t.replace(
+            "healthy.after < (members.after + 1) / 2 + 1",
+            "healthy.after < approved / 2 + 1",
+        );
+        assert_ne!(old, t, "the shipped rule compares with etcd's membership");
+        old
+    });
+    let bounds = [
+        "--max-failures",
+        "1",
+        "--max-operations",
+        "1",
+        "--max-requests",
+        "4",
+        "--depth",
+        "8",
+    ];
+    let (out, json) = verify(&dir, "4", &bounds);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert_eq!(violated(&json)[0], "healthy-majority", "{}", out.stdout);
+    let texts = step_texts(&json);
+    assert!(texts.iter().any(|t| t.contains("kind reset")), "{texts:?}");
+    assert!(texts.iter().any(|t| t.contains("dies")), "{texts:?}");
+    let (out, _) = verify(&root().join("rules"), "4", &bounds);
+    assert_eq!(out.code, 0, "{}", out.stdout);
+}
+
 /// Found by `verify` with 6 control-plane machines: count 5, a sixth approved, and a
 /// member deleted before the sixth joined etcd: the leave took etcd to 4 members. Without
 /// `replacement-not-joined` (the controller counting etcd's own members), `verify` tells

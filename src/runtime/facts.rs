@@ -237,11 +237,12 @@ impl<'s> SnapshotFacts<'s> {
     }
 
     /// What admission can tell of `members.after`: the approved control planes that stay
-    /// (not the departing subject, not being deleted).
+    /// (not the departing subject, not an operation's target, not being deleted).
     fn members_after(&mut self) -> usize {
         let leaving: Option<&str> = match self.ev.subject {
             Subject::Machine { name, .. } => Some(name),
-            _ => None,
+            Subject::Operation(o) => o.spec.machine.as_deref(),
+            Subject::Cluster(_) => None,
         };
         self.control_planes()
             .iter()

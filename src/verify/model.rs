@@ -1519,12 +1519,14 @@ impl<'t> Model<'t> {
                 let decision = loop {
                     match removal::decide(self.table, snap, ev, &supplied) {
                         Ok(d) => break Some(d),
-                        Err(Fact::HealthyAfter) if supplied.is_empty() => {
+                        Err(f @ (Fact::HealthyAfter | Fact::MembersAfter))
+                            if !supplied.iter().any(|(g, _)| *g == f) =>
+                        {
                             let n = (o.target != NONE && o.target != GONE)
-                                .then(|| s.healthy_after(usize::from(o.target)))
+                                .then(|| s.etcd_count(f, usize::from(o.target)))
                                 .flatten();
                             match n {
-                                Some(n) => supplied.push((Fact::HealthyAfter, n)),
+                                Some(n) => supplied.push((f, n)),
                                 None => break None,
                             }
                         }

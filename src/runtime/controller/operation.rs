@@ -54,7 +54,9 @@ async fn start_again(
     let decision = loop {
         match super::plan::decide(table, snapshot, ev, &supplied) {
             Ok(d) => break d,
-            Err(crate::vocab::Fact::HealthyAfter) if supplied.is_empty() => {
+            Err(f @ (crate::vocab::Fact::HealthyAfter | crate::vocab::Fact::MembersAfter))
+                if !supplied.iter().any(|(g, _)| *g == f) =>
+            {
                 let target = next
                     .spec
                     .machine
@@ -70,12 +72,16 @@ async fn start_again(
                             snapshot.cluster(next.namespace(), next.cluster()),
                         )
                         .await;
-                        super::nodes::healthy_after(&dialer, snapshot, m).await
+                        if f == crate::vocab::Fact::HealthyAfter {
+                            super::nodes::healthy_after(&dialer, snapshot, m).await
+                        } else {
+                            super::nodes::members_after(&dialer, snapshot, m).await
+                        }
                     }
                     None => Err("the operation's machine is not there".to_string()),
                 };
                 match counted {
-                    Ok(n) => supplied.push((crate::vocab::Fact::HealthyAfter, n)),
+                    Ok(n) => supplied.push((f, n)),
                     Err(why) => {
                         // Refused; the other rules' reasons as the objects show them.
                         let (mut d, _) =
