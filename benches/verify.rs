@@ -24,13 +24,17 @@ fn explore(c: &mut Criterion) {
         max_requests: None,
         depth: 64,
     };
-    let states = verify(&table, bounds).exploration.keys.len();
+    let states = verify(&table, bounds)
+        .expect("bounds a model holds")
+        .exploration
+        .keys
+        .len();
     let mut g = c.benchmark_group("verify");
     g.sample_size(10).measurement_time(Duration::from_secs(20));
     g.throughput(criterion::Throughput::Elements(states as u64));
     g.bench_function("shipped rules, 3 control planes", |b| {
         b.iter(|| {
-            let r = verify(&table, bounds);
+            let r = verify(&table, bounds).expect("bounds a model holds");
             assert!(r.verified());
             r.exploration.keys.len()
         })

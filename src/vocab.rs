@@ -892,6 +892,7 @@ pub enum ModelFact {
     StepKind,
     StepOurs,
     RemovedDead,
+    ReleasedMember,
     DeadMemberEventMissing,
     Stuck,
 }
@@ -942,6 +943,8 @@ model_facts! {
         "the step just taken is one of ours that changes etcd: etcd leave, remove-member, a reset or a wipe";
     RemovedDead "removed.dead" Type::Bool,
         "the step just taken removed an etcd member whose node was down";
+    ReleasedMember "released.member" Type::Bool,
+        "the step just taken released a machine's removal finalizer while the machine was still an etcd member (its member left behind in etcd)";
     DeadMemberEventMissing "dead_member_event.missing" Type::Bool,
         "the step just taken finished removing a dead member below the declared count without a DeadMemberRemoved Warning event";
     Stuck "stuck" Type::Bool,

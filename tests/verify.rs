@@ -187,6 +187,27 @@ fn deleting_the_quorum_rule_loses_a_healthy_majority() {
     );
 }
 
+/// A removal that releases its finalizer with the machine still in etcd leaves a member
+/// behind: without `etcd remove-member`, a dead member is never taken out of etcd.
+#[test]
+fn a_removal_that_leaves_its_member_in_etcd_is_refuted() {
+    let dir = mutant("left-behind", "removal.rules", |t| {
+        t.replacen(
+            "  do etcd remove-member      when not cluster.deleting and member.dead\n",
+            "",
+            1,
+        )
+    });
+    let (out, json) = verify(&dir, "3", &["--max-failures", "1"]);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert!(
+        violated(&json).contains(&"no-member-left-behind".to_string()),
+        "{}",
+        out.stdout
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn weakening_the_declared_count_drops_below_it() {
     let dir = mutant("count", "removal.rules", |t| {

@@ -411,14 +411,7 @@ impl Budget {
 }
 
 fn reads_count(parts: &[Part<'_>]) -> bool {
-    fn reads(e: &Expr) -> bool {
-        match &e.kind {
-            ExprKind::Name(n) => n == Fact::Count.name(),
-            ExprKind::Unary(_, i) => reads(i),
-            ExprKind::Binary(_, l, r) => reads(l) || reads(r),
-            _ => false,
-        }
-    }
+    let reads = |e: &Expr| e.reads(Fact::Count.name());
     parts.iter().any(|p| match p {
         Part::Truth(e, _) | Part::Zero(e) => reads(e),
         Part::Fires(w, u, _) => w.iter().chain(u.iter()).any(|e| reads(e)),

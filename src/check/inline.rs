@@ -13,7 +13,7 @@ use super::FileChecker;
 use crate::compile::{MAX_STACK, stack_depth};
 use crate::diagnostics::{Code, Diagnostic};
 use crate::syntax::MAX_DEPTH;
-use crate::syntax::ast::{Expr, ExprKind, Span};
+use crate::syntax::ast::{Expr, ExprKind};
 use std::collections::HashMap;
 
 /// The most operands and operators one condition or placeholder may have once its `let`s
@@ -49,9 +49,7 @@ pub struct Expansions {
 impl<'a> FileChecker<'a, '_> {
     /// The written-out size and depth of `e`, from the `let`s' (computed first).
     pub(super) fn expansion(&self, e: &Expr) -> Stats {
-        let mut names = Vec::new();
-        names_in(e, &mut names);
-        for n in names {
+        for n in names_in(e) {
             self.let_expansion(n);
         }
         self.stats_of(e)
@@ -109,9 +107,7 @@ impl<'a> FileChecker<'a, '_> {
                 continue;
             }
             stack.push((name, true));
-            let mut deps = Vec::new();
-            names_in(&info.def.expr, &mut deps);
-            for d in deps {
+            for d in names_in(&info.def.expr) {
                 if self.lets.contains_key(d) && !self.expansions.borrow().lets.contains_key(d) {
                     stack.push((d, false));
                 }
@@ -154,9 +150,8 @@ impl<'a> FileChecker<'a, '_> {
             return true;
         };
         // Name the definition that contributes most.
-        let mut names = Vec::new();
-        names_with_spans(e, &mut names);
-        let biggest = names
+        let biggest = e
+            .names()
             .into_iter()
             .filter_map(|(n, span)| {
                 let stats = self.expansions.borrow().lets.get(n).copied()?;
@@ -212,27 +207,13 @@ impl<'a> FileChecker<'a, '_> {
     }
 }
 
-/// The names an expression reads directly (not through its `let`s).
-fn names_in<'e>(e: &'e Expr, out: &mut Vec<&'e str>) {
-    match &e.kind {
-        ExprKind::Name(n) if !out.contains(&n.as_str()) => out.push(n),
-        ExprKind::Unary(_, i) => names_in(i, out),
-        ExprKind::Binary(_, l, r) => {
-            names_in(l, out);
-            names_in(r, out);
+/// The names an expression reads directly (not through its `let`s), each once.
+fn names_in(e: &Expr) -> Vec<&str> {
+    let mut out: Vec<&str> = Vec::new();
+    for (n, _) in e.names() {
+        if !out.contains(&n) {
+            out.push(n);
         }
-        _ => {}
     }
-}
-
-fn names_with_spans<'e>(e: &'e Expr, out: &mut Vec<(&'e str, Span)>) {
-    match &e.kind {
-        ExprKind::Name(n) => out.push((n, e.span)),
-        ExprKind::Unary(_, i) => names_with_spans(i, out),
-        ExprKind::Binary(_, l, r) => {
-            names_with_spans(l, out);
-            names_with_spans(r, out);
-        }
-        _ => {}
-    }
+    out
 }

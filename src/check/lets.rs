@@ -144,21 +144,13 @@ impl<'a, 'd> FileChecker<'a, 'd> {
     }
 
     pub(super) fn collect_lets(&self, e: &Expr, out: &mut Vec<String>) {
-        match &e.kind {
-            ExprKind::Name(n) => {
-                if let Some(info) = self.lets.get(n.as_str())
-                    && !out.contains(n)
-                {
-                    out.push(n.clone());
-                    self.collect_lets(&info.def.expr, out);
-                }
+        for (n, _) in e.names() {
+            if let Some(info) = self.lets.get(n)
+                && !out.iter().any(|o| o == n)
+            {
+                out.push(n.to_string());
+                self.collect_lets(&info.def.expr, out);
             }
-            ExprKind::Unary(_, i) => self.collect_lets(i, out),
-            ExprKind::Binary(_, l, r) => {
-                self.collect_lets(l, out);
-                self.collect_lets(r, out);
-            }
-            _ => {}
         }
     }
 

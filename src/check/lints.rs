@@ -367,7 +367,7 @@ struct Shape<'a> {
 
 impl<'a> Shape<'a> {
     fn collect(&mut self, e: &'a Expr) {
-        match &e.kind {
+        e.walk(&mut |e| match &e.kind {
             ExprKind::Name(n) => {
                 if let Some(f) = Fact::lookup(n)
                     && !self.facts.contains(&f)
@@ -378,13 +378,8 @@ impl<'a> Shape<'a> {
             ExprKind::Str(s, _) if !self.literals.contains(&s.as_str()) => {
                 self.literals.push(s);
             }
-            ExprKind::Unary(_, i) => self.collect(i),
-            ExprKind::Binary(_, l, r) => {
-                self.collect(l);
-                self.collect(r);
-            }
             _ => {}
-        }
+        });
     }
 }
 
@@ -699,11 +694,7 @@ fn range_error(file: usize, f: &arith::Finding, message: String, help: &str) -> 
 
 /// The operands and operators of an expression.
 fn size_of(e: &Expr) -> usize {
-    match &e.kind {
-        ExprKind::Unary(_, i) => size_of(i) + 1,
-        ExprKind::Binary(_, l, r) => size_of(l) + size_of(r) + 1,
-        _ => 1,
-    }
+    e.size()
 }
 
 fn rule_size(rule: &CheckedRule) -> usize {

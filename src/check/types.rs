@@ -336,22 +336,14 @@ impl<'a, 'd> FileChecker<'a, 'd> {
         out: &mut Vec<&'a str>,
         seen: &mut HashSet<&'a str>,
     ) {
-        match &e.kind {
-            ExprKind::Name(n) => {
-                if let Some(info) = self.lets.get(n.as_str()) {
-                    if seen.insert(n.as_str()) {
-                        self.collect_names(&info.def.expr, out, seen);
-                    }
-                } else if !out.contains(&n.as_str()) {
-                    out.push(n.as_str());
+        for (n, _) in e.names() {
+            if let Some(info) = self.lets.get(n) {
+                if seen.insert(n) {
+                    self.collect_names(&info.def.expr, out, seen);
                 }
+            } else if !out.contains(&n) {
+                out.push(n);
             }
-            ExprKind::Unary(_, i) => self.collect_names(i, out, seen),
-            ExprKind::Binary(_, l, r) => {
-                self.collect_names(l, out, seen);
-                self.collect_names(r, out, seen);
-            }
-            _ => {}
         }
     }
 
@@ -361,24 +353,16 @@ impl<'a, 'd> FileChecker<'a, 'd> {
         out: &mut Vec<Fact>,
         seen: &mut HashSet<&'a str>,
     ) {
-        match &e.kind {
-            ExprKind::Name(n) => {
-                if let Some(info) = self.lets.get(n.as_str()) {
-                    if seen.insert(n.as_str()) {
-                        self.collect_facts(&info.def.expr, out, seen);
-                    }
-                } else if let Some(f) = Fact::lookup(n)
-                    && !out.contains(&f)
-                {
-                    out.push(f);
+        for (n, _) in e.names() {
+            if let Some(info) = self.lets.get(n) {
+                if seen.insert(n) {
+                    self.collect_facts(&info.def.expr, out, seen);
                 }
+            } else if let Some(f) = Fact::lookup(n)
+                && !out.contains(&f)
+            {
+                out.push(f);
             }
-            ExprKind::Unary(_, i) => self.collect_facts(i, out, seen),
-            ExprKind::Binary(_, l, r) => {
-                self.collect_facts(l, out, seen);
-                self.collect_facts(r, out, seen);
-            }
-            _ => {}
         }
     }
 }

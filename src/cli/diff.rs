@@ -69,7 +69,13 @@ pub fn run(args: &DiffArgs) -> u8 {
         max_requests: None,
         depth: 64,
     };
-    let report = diff(&tables[0], &tables[1], bounds);
+    let report = match diff(&tables[0], &tables[1], bounds) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return EXIT_BAD_INPUT;
+        }
+    };
     if let Some(dir) = &args.emit_fixtures {
         for (k, g) in report.groups.iter().enumerate() {
             let Some((objects, review)) = &g.fixture else {

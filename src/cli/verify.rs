@@ -78,17 +78,38 @@ pub fn run(args: &VerifyArgs, paths: &[PathBuf]) -> u8 {
         );
         return EXIT_BAD_INPUT;
     }
-    let runs: Vec<Report> = std::thread::scope(|scope| {
-        let handles: Vec<_> = suite(args)
-            .into_iter()
-            .map(|b| scope.spawn(move || verify(table, b)))
-            .collect();
-        handles.into_iter().filter_map(|h| h.join().ok()).collect()
-    });
-    if runs.is_empty() {
-        eprintln!("error: verify failed internally (a run panicked); nothing was proved");
+    let bounds = suite(args);
+    if let Some(e) = bounds.iter().find_map(|b| b.check().err()) {
+        eprintln!("error: {e}");
         return EXIT_BAD_INPUT;
     }
+    let outcomes: Vec<std::thread::Result<Result<Report, _>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = bounds
+            .iter()
+            .map(|b| scope.spawn(move || verify(table, *b)))
+            .collect();
+        handles.into_iter().map(|h| h.join()).collect()
+    });
+    // Every run or none: a report of the runs that finished would claim bounds that were
+    // not explored.
+    let runs = match all_finished(outcomes) {
+        Ok(runs) => match runs.into_iter().collect::<Result<Vec<Report>, _>>() {
+            Ok(runs) => runs,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return EXIT_BAD_INPUT;
+            }
+        },
+        Err(k) => {
+            let b = bounds.get(k).map(bounds_text).unwrap_or_default();
+            eprintln!(
+                "error: verify failed internally: the run with bounds {b} stopped with a panic \
+                 (above); \
+                 nothing was proved. Please report it with the rules it ran on"
+            );
+            return EXIT_BAD_INPUT;
+        }
+    };
     if let Some(dir) = &args.emit_fixtures
         && let Err(e) = write_fixtures(dir, &runs)
     {
@@ -111,6 +132,12 @@ pub fn run(args: &VerifyArgs, paths: &[PathBuf]) -> u8 {
     {
         return EXIT_BAD_INPUT;
     }
+    // A run that could not explore its bounds proved nothing (said in its cut above); a
+    // counterexample it found is still one.
+    if result_word(&runs) == "incomplete" {
+        eprintln!("error: an exploration stopped before its bounds; nothing was proved");
+        return EXIT_BAD_INPUT;
+    }
     if runs.iter().all(Report::verified) {
         EXIT_OK
     } else {
@@ -121,6 +148,15 @@ pub fn run(args: &VerifyArgs, paths: &[PathBuf]) -> u8 {
 /// The bounds to explore: the ones given (the rest from [`SINGLE`]), or, when no bound is
 /// given, the default suite: one base cluster, and that base with each kind of trouble
 /// (a node failure or blocked drain, a request in flight, an operation) added in turn.
+/// The reports of every run, or the index of the first run that panicked.
+fn all_finished<T>(outcomes: Vec<std::thread::Result<T>>) -> Result<Vec<T>, usize> {
+    outcomes
+        .into_iter()
+        .enumerate()
+        .map(|(k, r)| r.map_err(|_| k))
+        .collect()
+}
+
 fn suite(args: &VerifyArgs) -> Vec<Bounds> {
     let given = [
         args.max_control_planes,
@@ -274,6 +310,9 @@ fn bounds_text(b: &Bounds) -> String {
 fn cut_text(report: &Report) -> Option<String> {
     let ex = &report.exploration;
     let mut cuts = Vec::new();
+    if let Some(why) = &ex.incomplete {
+        cuts.push(why.clone());
+    }
     if ex.cut_at_depth > 0 {
         cuts.push(format!(
             "depth {} reached in {} states: exploration was cut there; raise --depth to go further",
@@ -428,7 +467,12 @@ fn to_text(runs: &[Report], paths: &[PathBuf]) -> String {
             }
         }
     }
-    if violations == 0 {
+    if runs.iter().any(|r| r.exploration.incomplete.is_some()) {
+        let _ = writeln!(
+            out,
+            "\nnot verified: an exploration stopped before its bounds (see its cut above)"
+        );
+    } else if violations == 0 {
         let _ = writeln!(
             out,
             "\nverified: every invariant holds in every explored state and transition"
@@ -437,6 +481,17 @@ fn to_text(runs: &[Report], paths: &[PathBuf]) -> String {
         let _ = writeln!(out, "\n{violations} violation(s)");
     }
     out
+}
+
+/// `verified`, `violated`, or `incomplete` (an exploration stopped before its bounds).
+fn result_word(runs: &[Report]) -> &'static str {
+    if runs.iter().any(|r| !r.exploration.violations.is_empty()) {
+        "violated"
+    } else if runs.iter().any(|r| r.exploration.incomplete.is_some()) {
+        "incomplete"
+    } else {
+        "verified"
+    }
 }
 
 fn to_json(runs: &[Report], paths: &[PathBuf]) -> serde_json::Value {
@@ -469,7 +524,7 @@ fn to_json(runs: &[Report], paths: &[PathBuf]) -> serde_json::Value {
                 "largest_depth": ex.max_depth,
                 "seconds": ex.seconds,
                 "cut": cut_text(r),
-                "result": if r.verified() { "verified" } else { "violated" },
+                "result": result_word(std::slice::from_ref(r)),
             })
         })
         .collect();
@@ -485,7 +540,7 @@ fn to_json(runs: &[Report], paths: &[PathBuf]) -> serde_json::Value {
         })
         .collect();
     serde_json::json!({
-        "result": if runs.iter().all(Report::verified) { "verified" } else { "violated" },
+        "result": result_word(runs),
         "paths": paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
         "runs": each,
         "states": runs.iter().map(|r| r.exploration.keys.len()).sum::<usize>(),
@@ -513,6 +568,28 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         args: VerifyArgs,
+    }
+
+    /// One run that panicked fails them all: the others' reports are not a proof of the
+    /// bounds that run had.
+    #[test]
+    fn a_run_that_panicked_fails_the_whole_verify() {
+        let outcomes: Vec<std::thread::Result<u32>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..3u32)
+                .map(|k| {
+                    s.spawn(move || {
+                        if k == 1 {
+                            panic!("run {k}");
+                        }
+                        k
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join()).collect()
+        });
+        assert_eq!(all_finished(outcomes), Err(1));
+        let fine: Vec<std::thread::Result<u32>> = vec![Ok(4), Ok(5)];
+        assert_eq!(all_finished(fine), Ok(vec![4, 5]));
     }
 
     fn suite_of(argv: &[&str]) -> Vec<Bounds> {

@@ -714,12 +714,10 @@ pub(crate) fn stack_depth(e: &Expr) -> usize {
 
 /// The facts an expression reads, as a bit set of slots.
 fn fact_mask(e: &Expr) -> u32 {
-    match &e.kind {
-        ExprKind::Name(n) => Fact::lookup(n).map_or(0, |f| 1 << f.slot()),
-        ExprKind::Unary(_, i) => fact_mask(i),
-        ExprKind::Binary(_, l, r) => fact_mask(l) | fact_mask(r),
-        _ => 0,
-    }
+    e.names()
+        .into_iter()
+        .filter_map(|(n, _)| Fact::lookup(n))
+        .fold(0, |mask, f| mask | 1 << f.slot())
 }
 
 /// Whether an expression is text (a name or enum fact, or a string literal).
@@ -771,10 +769,8 @@ fn reorder(e: &Expr) -> Expr {
 }
 
 fn is_expensive(e: &Expr) -> bool {
-    match &e.kind {
-        ExprKind::Name(n) => Fact::lookup(n).is_some_and(|f| f.info().cost == Cost::Expensive),
-        ExprKind::Unary(_, i) => is_expensive(i),
-        ExprKind::Binary(_, l, r) => is_expensive(l) || is_expensive(r),
-        _ => false,
-    }
+    e.any(&mut |e| {
+        matches!(&e.kind, ExprKind::Name(n)
+            if Fact::lookup(n).is_some_and(|f| f.info().cost == Cost::Expensive))
+    })
 }

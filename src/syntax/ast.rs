@@ -145,6 +145,62 @@ pub struct Expr {
     pub span: Span,
 }
 
+/// The one subexpression walker: every analysis that only collects or tests something of
+/// the nodes of an expression (the names, facts and strings it reads, its size, whether an
+/// expensive fact is among them) goes through these, instead of a `match` of its own.
+/// Analyses whose result depends on the shape (types, evaluation, the conditions that
+/// guard a division) keep their `match`. Parsing bounds the nesting (see `depth.rs`), so
+/// the recursion is bounded too.
+impl Expr {
+    /// The direct subexpressions, left to right.
+    pub fn children(&self) -> impl Iterator<Item = &Expr> {
+        let (a, b): (Option<&Expr>, Option<&Expr>) = match &self.kind {
+            ExprKind::Unary(_, i) => (Some(i), None),
+            ExprKind::Binary(_, l, r) => (Some(l), Some(r)),
+            _ => (None, None),
+        };
+        a.into_iter().chain(b)
+    }
+
+    /// Calls `f` on this expression and every subexpression: a node before its children,
+    /// left to right.
+    pub fn walk<'e>(&'e self, f: &mut impl FnMut(&'e Expr)) {
+        f(self);
+        for c in self.children() {
+            c.walk(f);
+        }
+    }
+
+    /// Whether `pred` holds of this expression or any subexpression (stops at the first).
+    pub fn any(&self, pred: &mut impl FnMut(&Expr) -> bool) -> bool {
+        pred(self) || self.children().any(|c| c.any(pred))
+    }
+
+    /// Every name (fact or `let`) the expression reads directly, with its span, in order
+    /// and with repeats.
+    pub fn names(&self) -> Vec<(&str, Span)> {
+        let mut out = Vec::new();
+        self.walk(&mut |e| {
+            if let ExprKind::Name(n) = &e.kind {
+                out.push((n.as_str(), e.span));
+            }
+        });
+        out
+    }
+
+    /// Whether the expression reads the name `name` directly.
+    pub fn reads(&self, name: &str) -> bool {
+        self.any(&mut |e| matches!(&e.kind, ExprKind::Name(n) if n == name))
+    }
+
+    /// The number of operands and operators.
+    pub fn size(&self) -> usize {
+        let mut n = 0usize;
+        self.walk(&mut |_| n = n.saturating_add(1));
+        n
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum ExprKind {
     Int(i64),

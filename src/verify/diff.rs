@@ -8,7 +8,7 @@
 
 use super::explore::{decode, explore};
 use super::invariant::InvariantCheck;
-use super::model::{Bounds, Model, State};
+use super::model::{Bounds, BoundsError, Model, State};
 use super::trace::{describe, objects_yaml, review_json, summary};
 use crate::compile::Table;
 use crate::runtime::controller::{hold_of, removal};
@@ -180,7 +180,7 @@ fn compare(old: &Model<'_>, new: &Model<'_>, s: &State, c: &mut Collector) {
                     removal_verdict(new.table, s, &snap, i),
                 );
                 if let (Some(a), Some(b)) = (a, b) {
-                    let name = s.name(u8::try_from(i).unwrap_or(0));
+                    let name = s.name(i);
                     c.note(
                         "remove controlplane at the controller".into(),
                         a,
@@ -201,7 +201,7 @@ fn compare(old: &Model<'_>, new: &Model<'_>, s: &State, c: &mut Collector) {
                     );
                     hold_of(&d, "Held").map(|_| Verdict::Hold)
                 };
-                let name = s.name(u8::try_from(i).unwrap_or(0));
+                let name = s.name(i);
                 c.note(
                     format!("apply {} at the controller", ev.event.1.name()),
                     d(old.table),
@@ -238,8 +238,8 @@ fn compare(old: &Model<'_>, new: &Model<'_>, s: &State, c: &mut Collector) {
 }
 
 /// Compares two tables over the states either reaches within `bounds`.
-pub fn diff(old: &Table, new: &Table, bounds: Bounds) -> DiffReport {
-    let (mo, mn) = (Model::new(old, bounds), Model::new(new, bounds));
+pub fn diff(old: &Table, new: &Table, bounds: Bounds) -> Result<DiffReport, BoundsError> {
+    let (mo, mn) = (Model::new(old, bounds)?, Model::new(new, bounds)?);
     let mut c = Collector {
         groups: BTreeMap::new(),
     };
@@ -255,9 +255,9 @@ pub fn diff(old: &Table, new: &Table, bounds: Bounds) -> DiffReport {
             compare(&mo, &mn, &s, &mut c);
         }
     }
-    DiffReport {
+    Ok(DiffReport {
         bounds,
         states: seen.len(),
         groups: c.groups.into_values().collect(),
-    }
+    })
 }

@@ -5,7 +5,7 @@
 use super::invariant::{Facts, InvariantCheck};
 use super::model::{
     ClusterState, GONE, Lock, Machine, Model, Move, NONE, Next, Op, OpKind, Pending, Phase, Req,
-    State,
+    State, ix,
 };
 use std::hash::Hasher;
 use std::time::Instant;
@@ -54,8 +54,8 @@ pub fn canonical(s: &State) -> State {
     let mut perm: Vec<usize> = (0..t.machines.len()).collect();
     perm.sort_by(|a, b| t.machines[*a].cmp(&t.machines[*b]).then(a.cmp(b)));
     let mut inv = vec![0u8; t.machines.len()];
-    for (new, old) in perm.iter().enumerate() {
-        inv[*old] = u8::try_from(new).unwrap_or(NONE);
+    for (new, old) in ix(&perm) {
+        inv[*old] = new;
     }
     let map = |x: u8| -> u8 {
         if x == NONE || x == GONE {
@@ -92,8 +92,8 @@ pub fn canonical(s: &State) -> State {
     let mut operm: Vec<usize> = (0..t.ops.len()).collect();
     operm.sort_by(|a, b| t.ops[*a].cmp(&t.ops[*b]).then(a.cmp(b)));
     let mut oinv = vec![0u8; t.ops.len()];
-    for (new, old) in operm.iter().enumerate() {
-        oinv[*old] = u8::try_from(new).unwrap_or(NONE);
+    for (new, old) in ix(&operm) {
+        oinv[*old] = new;
     }
     t.lock = match lock {
         Lock::Operation(h) => Lock::Operation(oinv.get(usize::from(h)).copied().unwrap_or(h)),
@@ -114,6 +114,12 @@ fn s_machine(t: &State, i: usize) -> Machine {
 }
 
 /// The bytes that identify a canonical state (names left out).
+/// The length of a list of a state as a byte (every such list is shorter than 255 items:
+/// `Bounds::check`).
+fn len_byte<T>(items: &[T]) -> u8 {
+    ix(items).last().map_or(0, |(i, _)| i + 1)
+}
+
 pub fn encode(s: &State, out: &mut Vec<u8>) {
     out.clear();
     out.push(s.count);
@@ -135,7 +141,7 @@ pub fn encode(s: &State, out: &mut Vec<u8>) {
         Lock::Removal(h) => out.extend([1, h]),
         Lock::Operation(h) => out.extend([2, h]),
     }
-    out.push(u8::try_from(s.machines.len()).unwrap_or(u8::MAX));
+    out.push(len_byte(&s.machines));
     for m in &s.machines {
         let bits: u16 = u16::from(m.role == super::model::MRole::Worker)
             | (u16::from(m.approved) << 1)
@@ -153,13 +159,13 @@ pub fn encode(s: &State, out: &mut Vec<u8>) {
         out.push(m.order);
         out.extend(m.done.to_le_bytes());
     }
-    out.push(u8::try_from(s.ops.len()).unwrap_or(u8::MAX));
+    out.push(len_byte(&s.ops));
     for o in &s.ops {
         out.push(o.kind as u8);
         out.push(o.target);
         out.push(o.phase as u8);
     }
-    out.push(u8::try_from(s.pending.len()).unwrap_or(u8::MAX));
+    out.push(len_byte(&s.pending));
     for p in &s.pending {
         let (tag, arg) = match p.req {
             Req::Approve(x) => (0, x),
@@ -370,9 +376,16 @@ pub struct Exploration {
     pub stuck: u64,
     /// Threads that expanded states.
     pub threads: usize,
+    /// Why the exploration stopped before its bounds were explored (`None`: it did not).
+    /// Such an exploration proves nothing.
+    pub incomplete: Option<String>,
 }
 
 pub const NO_PARENT: u32 = u32::MAX;
+
+/// Why an exploration stopped before its bounds: more distinct states than it can number.
+const FULL: &str = "more than 4,294,967,294 distinct states: exploration stopped before the \
+     bounds were explored, so nothing was proved; lower the bounds (or --max-requests)";
 
 fn hash_key(key: &[u8]) -> u64 {
     let mut h = Fx::default();
@@ -383,21 +396,26 @@ fn hash_key(key: &[u8]) -> u64 {
 /// The visited set: ids of states, hashed and compared through their keys.
 struct Visited {
     table: hashbrown::HashTable<u32>,
+    /// The first id not handed out: [`NO_PARENT`] (smaller in tests).
+    limit: u32,
 }
 
 impl Visited {
     /// The id of `key`, adding it (as id `keys.len()`) when new; `true` when it was new.
-    fn intern(&mut self, keys: &mut Keys, key: &[u8]) -> (u32, bool) {
+    /// `None` when every id is taken (ids are `u32`, and [`NO_PARENT`] is none of them).
+    fn intern(&mut self, keys: &mut Keys, key: &[u8]) -> Option<(u32, bool)> {
         let hash = hash_key(key);
         if let Some(&id) = self.table.find(hash, |&id| keys[id as usize] == *key) {
-            return (id, false);
+            return Some((id, false));
         }
-        let id = u32::try_from(keys.len()).unwrap_or(u32::MAX);
+        let id = u32::try_from(keys.len())
+            .ok()
+            .filter(|id| *id < self.limit)?;
         keys.push(key);
         let k: &Keys = keys;
         self.table
             .insert_unique(hash, id, |&i| hash_key(&k[i as usize]));
-        (id, true)
+        Some((id, true))
     }
 }
 
@@ -565,11 +583,23 @@ fn explore_in(
     threads: usize,
     batch: usize,
 ) -> Exploration {
+    explore_upto(model, checks, threads, batch, NO_PARENT)
+}
+
+/// [`explore_in`] numbering at most `limit` states.
+fn explore_upto(
+    model: &Model<'_>,
+    checks: &[InvariantCheck],
+    threads: usize,
+    batch: usize,
+    limit: u32,
+) -> Exploration {
     let threads = threads.max(1);
     let batch = batch.max(1);
     let started = Instant::now();
     let mut visited = Visited {
         table: hashbrown::HashTable::new(),
+        limit,
     };
     let mut ex = Exploration {
         keys: Keys::default(),
@@ -585,6 +615,7 @@ fn explore_in(
         seconds: 0.0,
         stuck: 0,
         threads,
+        incomplete: None,
     };
     let mut violated = vec![false; checks.len()];
     let mut buf = Vec::new();
@@ -595,7 +626,10 @@ fn explore_in(
     for s in State::initial(&model.bounds) {
         let c = canonical(&s);
         encode(&c, &mut buf);
-        let (id, new) = visited.intern(&mut ex.keys, &buf);
+        let Some((id, new)) = visited.intern(&mut ex.keys, &buf) else {
+            ex.incomplete = Some(FULL.to_string());
+            break;
+        };
         if !new {
             continue;
         }
@@ -624,7 +658,7 @@ fn explore_in(
         }
     }
     let mut cursor = 0usize;
-    while cursor < ex.keys.len() {
+    'explore: while cursor < ex.keys.len() && ex.incomplete.is_none() {
         let end = ex.keys.len().min(cursor + batch * threads);
         let skip = violated.clone();
         let chunks: Vec<Chunk> = if threads == 1 || end - cursor < threads {
@@ -647,9 +681,12 @@ fn explore_in(
                         scope.spawn(move || expand(model, checks, skip, keys, depth, a..b))
                     })
                     .collect();
+                // A thread that panicked expanded only part of its states: carry on without
+                // them and the exploration would claim what it did not explore (and number
+                // the later states wrong). The run fails instead, and `verify` says so.
                 handles
                     .into_iter()
-                    .map(|h| h.join().unwrap_or_default())
+                    .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
                     .collect()
             })
         };
@@ -661,7 +698,11 @@ fn explore_in(
             }
             ex.fired.merge(chunk.fired);
             for st in &chunk.states {
-                let from = u32::try_from(id).unwrap_or(u32::MAX);
+                // Every id below `keys.len()` was handed out by `intern`, so it fits.
+                let Ok(from) = u32::try_from(id) else {
+                    ex.incomplete = Some(FULL.to_string());
+                    break 'explore;
+                };
                 let d = ex.depth[id];
                 ex.max_depth = ex.max_depth.max(d);
                 if st.cut {
@@ -674,7 +715,10 @@ fn explore_in(
                 goal.push(st.goal);
                 for sc in &chunk.succ[st.succ.clone()] {
                     let key = &chunk.bytes[sc.key.clone()];
-                    let (to, new) = visited.intern(&mut ex.keys, key);
+                    let Some((to, new)) = visited.intern(&mut ex.keys, key) else {
+                        ex.incomplete = Some(FULL.to_string());
+                        break 'explore;
+                    };
                     if new {
                         ex.parent.push(from);
                         ex.depth.push(d + 1);
@@ -832,6 +876,44 @@ mod parallel {
     use crate::verify::invariant::InvariantCheck;
     use crate::verify::model::Bounds;
 
+    /// An exploration that runs out of state ids stops and says so; it proves nothing, and
+    /// `verify` reports it as not verified instead of numbering states wrongly.
+    #[test]
+    fn running_out_of_state_ids_is_said_and_proves_nothing() {
+        let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rules");
+        let table = crate::ruleset::load(std::slice::from_ref(&root))
+            .expect("the shipped rules load")
+            .table
+            .expect("the shipped rules compile");
+        let bounds = Bounds {
+            max_control_planes: 2,
+            max_workers: 0,
+            max_failures: 0,
+            max_operations: 0,
+            in_flight: 0,
+            max_requests: None,
+            depth: 64,
+        };
+        let model = Model::new(&table, bounds).expect("bounds a model holds");
+        let checks: Vec<InvariantCheck> =
+            table.invariants.iter().map(InvariantCheck::new).collect();
+        let whole = explore_with(&model, &checks, 1);
+        assert!(whole.incomplete.is_none());
+        assert!(whole.keys.len() > 100, "{}", whole.keys.len());
+        for (threads, limit) in [(1, 50u32), (2, 50), (1, 1)] {
+            let cut = explore_upto(&model, &checks, threads, 4, limit);
+            let why = cut.incomplete.as_deref().expect("said");
+            assert!(why.contains("nothing was proved"), "{why}");
+            assert!(cut.keys.len() <= limit as usize);
+            assert_eq!(cut.parent.len(), cut.keys.len());
+            assert_eq!(cut.depth.len(), cut.keys.len());
+        }
+        let mut full = crate::verify::verify(&table, bounds).expect("bounds a model holds");
+        assert!(full.verified());
+        full.exploration.incomplete = Some(FULL.to_string());
+        assert!(!full.verified());
+    }
+
     /// Threads change how fast, never what: the same states under the same ids, the same
     /// parents (so the same shortest traces), transitions, violations and coverage.
     #[test]
@@ -869,7 +951,8 @@ mod parallel {
                     max_requests: None,
                     depth: 64,
                 },
-            );
+            )
+            .expect("bounds a model holds");
             let checks: Vec<InvariantCheck> =
                 t.invariants.iter().map(InvariantCheck::new).collect();
             let one = explore_with(&model, &checks, 1);

@@ -28,6 +28,7 @@ pub struct Facts {
     pub step_kind: Option<super::model::OpKind>,
     pub step_ours: bool,
     pub removed_dead: bool,
+    pub left_member: bool,
     pub event_missing: bool,
     pub stuck: bool,
 }
@@ -76,6 +77,7 @@ impl Facts {
             step_kind: e.kind,
             step_ours: e.ours,
             removed_dead: e.removed_dead,
+            left_member: e.left_member,
             event_missing: e.event_missing,
             ..now
         }
@@ -108,6 +110,7 @@ impl Facts {
             StepKind => V::Str(self.step_kind.map_or("", |k| k.name())),
             StepOurs => V::Bool(self.step_ours),
             RemovedDead => V::Bool(self.removed_dead),
+            ReleasedMember => V::Bool(self.left_member),
             DeadMemberEventMissing => V::Bool(self.event_missing),
             Stuck => V::Bool(self.stuck),
         }
@@ -254,12 +257,7 @@ pub enum Outcome {
 }
 
 fn reads(e: &Expr, name: &str) -> bool {
-    match &e.kind {
-        ExprKind::Name(n) => n == name,
-        ExprKind::Unary(_, i) => reads(i, name),
-        ExprKind::Binary(_, l, r) => reads(l, name) || reads(r, name),
-        _ => false,
-    }
+    e.reads(name)
 }
 
 impl InvariantCheck {

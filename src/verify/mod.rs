@@ -16,8 +16,8 @@ pub mod trace;
 use crate::compile::Table;
 use explore::{Exploration, explore};
 use invariant::InvariantCheck;
-pub use model::Bounds;
 use model::Model;
+pub use model::{Bounds, BoundsError};
 
 /// What a run found.
 pub struct Report {
@@ -32,14 +32,16 @@ pub struct Report {
 }
 
 impl Report {
+    /// Every invariant held in every state within the bounds, all of which were explored.
     pub fn verified(&self) -> bool {
-        self.exploration.violations.is_empty()
+        self.exploration.violations.is_empty() && self.exploration.incomplete.is_none()
     }
 }
 
-/// Explores the model with `table` within `bounds` and checks its invariants.
-pub fn verify(table: &Table, bounds: Bounds) -> Report {
-    let model = Model::new(table, bounds);
+/// Explores the model with `table` within `bounds` and checks its invariants; bounds a
+/// model cannot hold are an error.
+pub fn verify(table: &Table, bounds: Bounds) -> Result<Report, BoundsError> {
+    let model = Model::new(table, bounds)?;
     let checks: Vec<InvariantCheck> = table.invariants.iter().map(InvariantCheck::new).collect();
     let ex = explore(&model, &checks);
     let traces = ex
@@ -63,12 +65,12 @@ pub fn verify(table: &Table, bounds: Bounds) -> Report {
         .filter(|(k, _)| !ex.fired.steps.contains(k))
         .map(|(_, s)| s.text.clone())
         .collect();
-    Report {
+    Ok(Report {
         bounds,
         exploration: ex,
         checks,
         traces,
         rules_never_fired,
         steps_never_run,
-    }
+    })
 }

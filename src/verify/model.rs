@@ -52,6 +52,19 @@ pub const CLUSTER: &str = "prod";
 
 /// No machine (an operation without a target, a lock nobody holds).
 pub const NONE: u8 = u8::MAX;
+
+/// The most machines, operations and requests in flight a model holds ([`Bounds::check`]):
+/// their indices are bytes, [`NONE`] is not one of them, and bounds far smaller already
+/// take minutes.
+pub const MAX_MACHINES: usize = 64;
+pub const MAX_OPERATIONS: usize = 16;
+pub const MAX_IN_FLIGHT: usize = 16;
+
+/// Each item with its index as a byte. Every list of a state is far shorter than 255 items
+/// ([`Bounds::check`]), so no index is lost or wraps.
+pub fn ix<T>(items: &[T]) -> impl Iterator<Item = (u8, &T)> {
+    (0..NONE).zip(items)
+}
 /// A machine that was there and is gone (an operation's target after its removal).
 pub const GONE: u8 = u8::MAX - 1;
 
@@ -70,6 +83,53 @@ pub struct Bounds {
     /// collector's deletions are not people's.
     pub max_requests: Option<u8>,
     pub depth: u32,
+}
+
+/// Bounds a model cannot hold: what is wrong, and the most it can.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BoundsError(pub String);
+
+impl std::fmt::Display for BoundsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BoundsError {}
+
+impl Bounds {
+    /// Whether a model can hold these bounds: its indices are bytes.
+    pub fn check(&self) -> Result<(), BoundsError> {
+        let machines = usize::from(self.max_control_planes) + usize::from(self.max_workers);
+        let too_many = |what: &str, n: usize, max: usize| {
+            BoundsError(format!(
+                "{n} {what} is more than a model holds (at most {max}); lower the bound"
+            ))
+        };
+        if self.max_control_planes == 0 {
+            return Err(BoundsError(
+                "a model needs at least 1 control-plane machine".to_string(),
+            ));
+        }
+        if machines > MAX_MACHINES {
+            return Err(too_many("machines", machines, MAX_MACHINES));
+        }
+        if usize::from(self.max_operations) > MAX_OPERATIONS {
+            return Err(too_many(
+                "operations",
+                usize::from(self.max_operations),
+                MAX_OPERATIONS,
+            ));
+        }
+        if usize::from(self.in_flight) > MAX_IN_FLIGHT {
+            return Err(too_many(
+                "requests in flight",
+                usize::from(self.in_flight),
+                MAX_IN_FLIGHT,
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for Bounds {
@@ -283,6 +343,8 @@ pub struct Effect {
     /// One of ours that changes etcd: leave, remove-member, reset, wipe.
     pub ours: bool,
     pub removed_dead: bool,
+    /// A finalizer released while the machine was still an etcd member.
+    pub left_member: bool,
     pub event_missing: bool,
     /// For a join or a lifted hold: the machine's rank by approval order.
     pub rank: u8,
@@ -433,11 +495,9 @@ impl State {
         removal + self.running()
     }
 
-    pub fn name(&self, i: u8) -> String {
-        match (
-            self.machines.get(usize::from(i)),
-            self.names.get(usize::from(i)),
-        ) {
+    pub fn name(&self, i: impl Into<usize>) -> String {
+        let i: usize = i.into();
+        match (self.machines.get(i), self.names.get(i)) {
             (Some(m), Some(n)) => match m.role {
                 MRole::ControlPlane => format!("cp-{n}"),
                 MRole::Worker => format!("worker-{n}"),
@@ -446,11 +506,12 @@ impl State {
         }
     }
 
-    pub fn op_name(&self, i: u8) -> String {
-        format!(
-            "op-{}",
-            self.op_names.get(usize::from(i)).copied().unwrap_or(i)
-        )
+    pub fn op_name(&self, i: impl Into<usize>) -> String {
+        let i: usize = i.into();
+        match self.op_names.get(i) {
+            Some(n) => format!("op-{n}"),
+            None => format!("op-{i}"),
+        }
     }
 
     /// The starting states: a healthy cluster for every declared count within the bounds
@@ -560,7 +621,7 @@ pub struct Objects<'t> {
 impl Objects<'_> {
     pub fn machine(&self, s: &State, i: usize) -> TalosMachine {
         let m = &s.machines[i];
-        let name = s.name(u8::try_from(i).unwrap_or(NONE));
+        let name = s.name(i);
         let mut meta = ObjectMeta {
             name: Some(name.clone()),
             namespace: Some(NAMESPACE.into()),
@@ -677,7 +738,7 @@ impl Objects<'_> {
 
     pub fn operation(&self, s: &State, i: usize) -> TalosOperation {
         let o = &s.ops[i];
-        let name = s.op_name(u8::try_from(i).unwrap_or(NONE));
+        let name = s.op_name(i);
         let target = match o.target {
             NONE => None,
             GONE => Some("cp-gone".to_string()),
@@ -844,15 +905,17 @@ pub struct Outcomes {
 }
 
 impl<'t> Model<'t> {
-    pub fn new(table: &'t Table, bounds: Bounds) -> Self {
+    /// A model of `table` within `bounds`, if a model can hold them ([`Bounds::check`]).
+    pub fn new(table: &'t Table, bounds: Bounds) -> Result<Self, BoundsError> {
+        bounds.check()?;
         let plan = table
             .plan(Verb::Remove, crate::vocab::Subject::ControlPlane)
             .map(|p| p.steps.as_slice());
-        Model {
+        Ok(Model {
             table,
             bounds,
             objects: Objects { plan },
-        }
+        })
     }
 
     fn plan(&self) -> &'t [PlanStep] {
@@ -886,8 +949,7 @@ impl<'t> Model<'t> {
         if s.cluster == ClusterState::Gone {
             return;
         }
-        for (i, m) in s.machines.iter().enumerate() {
-            let i = u8::try_from(i).unwrap_or(NONE);
+        for (i, m) in ix(&s.machines) {
             if m.deleting {
                 continue;
             }
@@ -924,12 +986,9 @@ impl<'t> Model<'t> {
             if made < usize::from(self.bounds.max_operations) {
                 out.push(Req::CreateOperation(OpKind::Upgrade, NONE));
                 out.push(Req::CreateOperation(OpKind::Restore, NONE));
-                for (i, m) in s.machines.iter().enumerate() {
+                for (i, m) in ix(&s.machines) {
                     if m.role == MRole::ControlPlane && m.approved && !m.deleting {
-                        out.push(Req::CreateOperation(
-                            OpKind::Reset,
-                            u8::try_from(i).unwrap_or(NONE),
-                        ));
+                        out.push(Req::CreateOperation(OpKind::Reset, i));
                     }
                 }
             }
@@ -1071,7 +1130,8 @@ impl<'t> Model<'t> {
                 });
             }
         }
-        for (k, p) in s.pending.iter().enumerate() {
+        for (kidx, p) in ix(&s.pending) {
+            let k = usize::from(kidx);
             let mut rest = s.clone();
             rest.pending.remove(k);
             let (t, e) = match self.commit(&rest, *p) {
@@ -1083,19 +1143,18 @@ impl<'t> Model<'t> {
                 None => (rest, effect("conflict")),
             };
             out.push(Next {
-                mv: Move::Commit(u8::try_from(k).unwrap_or(NONE)),
+                mv: Move::Commit(kidx),
                 state: t,
                 effect: e,
             });
         }
         // The controller.
         if s.cluster != ClusterState::Gone {
-            for i in 0..s.machines.len() {
-                let m = &s.machines[i];
-                let idx = u8::try_from(i).unwrap_or(NONE);
+            for (idx, m) in ix(&s.machines) {
+                let i = usize::from(idx);
                 if m.deleting {
                     if m.finalizer {
-                        let (next, refused) = self.removal(s, snap, i, fired);
+                        let (next, refused) = self.removal(s, snap, idx, fired);
                         outcomes.removals_waiting += u8::from(refused);
                         if let Some((t, e)) = next {
                             out.push(Next {
@@ -1126,10 +1185,10 @@ impl<'t> Model<'t> {
                     }
                 }
             }
-            for k in 0..s.ops.len() {
-                if let Some((t, e)) = self.operation(s, snap, k, fired) {
+            for (kidx, _) in ix(&s.ops) {
+                if let Some((t, e)) = self.operation(s, snap, kidx, fired) {
                     out.push(Next {
-                        mv: Move::Operation(u8::try_from(k).unwrap_or(NONE)),
+                        mv: Move::Operation(kidx),
                         state: t,
                         effect: e,
                     });
@@ -1149,11 +1208,11 @@ impl<'t> Model<'t> {
             }
         }
         // The environment.
-        for (i, m) in s.machines.iter().enumerate() {
+        for (idx, m) in ix(&s.machines) {
+            let i = usize::from(idx);
             if m.role != MRole::ControlPlane || m.wiped || !(m.approved || m.member) {
                 continue;
             }
-            let idx = u8::try_from(i).unwrap_or(NONE);
             if m.up && s.failures < self.bounds.max_failures {
                 let mut t = s.clone();
                 t.machines[i].up = false;
@@ -1212,14 +1271,12 @@ impl<'t> Model<'t> {
         let (decision, _) = decide_events(self.table, snap, &events, Expensive::Deferred, false);
         fired.note(&decision);
         let m = &s.machines[i];
-        let rank = s
-            .machines
-            .iter()
-            .filter(|x| {
+        // Counted in a byte: the machines are at most MAX_MACHINES (Bounds::check).
+        let rank = ix(&s.machines)
+            .filter(|(_, x)| {
                 x.role == MRole::ControlPlane && x.approved && !x.deleting && x.order <= m.order
             })
-            .count();
-        let rank = u8::try_from(rank).unwrap_or(u8::MAX);
+            .fold(0u8, |n, _| n.saturating_add(1));
         let mut t = s.clone();
         if crate::runtime::controller::hold_of(&decision, "Held").is_some() {
             if m.held {
@@ -1261,11 +1318,11 @@ impl<'t> Model<'t> {
         &self,
         s: &State,
         snap: &Snapshot,
-        i: usize,
+        idx: u8,
         fired: &mut Fired,
     ) -> (Option<(State, Effect)>, bool) {
+        let i = usize::from(idx);
         let m = &s.machines[i];
-        let idx = u8::try_from(i).unwrap_or(NONE);
         let mut t = s.clone();
         // Not an approved control plane and nothing started: the finalizer goes once etcd
         // shows it is not a member.
@@ -1273,7 +1330,11 @@ impl<'t> Model<'t> {
         if !approved_cp && !m.committed && m.done == 0 {
             if !m.member || s.cluster.torn_down() {
                 remove_machine(&mut t, idx);
-                return (Some((t, effect("release-finalizer"))), false);
+                let e = Effect {
+                    left_member: m.member,
+                    ..effect("release-finalizer")
+                };
+                return (Some((t, e)), false);
             }
             // StillEtcdMember: it says what to do.
             return (None, true);
@@ -1292,7 +1353,11 @@ impl<'t> Model<'t> {
         let Some(ev) = reconcile_machine_event(live).filter(|e| e.event.0 == Verb::Remove) else {
             remove_machine(&mut t, idx);
             t.lock = release_if(t.lock, Lock::Removal(idx));
-            return (Some((t, effect("release-finalizer"))), false);
+            let e = Effect {
+                left_member: m.member,
+                ..effect("release-finalizer")
+            };
+            return (Some((t, e)), false);
         };
         let lock_only = |t: State| -> Option<(State, Effect)> { took.then(|| (t, effect("lock"))) };
         // 2. Decide, unless committed.
@@ -1358,7 +1423,7 @@ impl<'t> Model<'t> {
                 continue;
             }
             fired.steps.insert(k);
-            return match self.execute(&mut t, i, k, step) {
+            return match self.execute(&mut t, idx, k, step) {
                 Some(e) => {
                     if let Some(mm) = t.machines.get_mut(i)
                         && e.step != step_index("release-finalizer")
@@ -1385,12 +1450,12 @@ impl<'t> Model<'t> {
     }
 
     /// Runs one plan step on the model; `None` when it must wait.
-    fn execute(&self, t: &mut State, i: usize, k: usize, step: &PlanStep) -> Option<Effect> {
+    fn execute(&self, t: &mut State, idx: u8, k: usize, step: &PlanStep) -> Option<Effect> {
+        let i = usize::from(idx);
         let words = step.action.words();
         let sibling = t.healthy_sibling(i);
         let leader = t.has_leader();
         let m = t.machines[i].clone();
-        let idx = u8::try_from(i).unwrap_or(NONE);
         match words {
             ["lock", "cluster"] => Some(effect("lock")),
             ["drain", "node"] => (!t.pdb).then(|| effect("drain")),
@@ -1461,10 +1526,12 @@ impl<'t> Model<'t> {
                     (m.done & (1 << j) != 0 || j == k)
                         && st.argument.as_deref() == Some("DeadMemberRemoved")
                 });
+                let left_member = t.machines.get(i).is_some_and(|x| x.member);
                 remove_machine(t, idx);
                 t.lock = release_if(t.lock, Lock::Removal(idx));
                 Some(Effect {
                     event_missing: below && !warned,
+                    left_member,
                     ..effect("release-finalizer")
                 })
             }
@@ -1478,12 +1545,12 @@ impl<'t> Model<'t> {
         &self,
         s: &State,
         snap: &Snapshot,
-        k: usize,
+        kidx: u8,
         fired: &mut Fired,
     ) -> Option<(State, Effect)> {
+        let k = usize::from(kidx);
         let o = s.ops[k];
         let live = snap.operations.get(k)?;
-        let kidx = u8::try_from(k).unwrap_or(NONE);
         let mut t = s.clone();
         let with_kind = |e: Effect| Effect {
             kind: Some(o.kind),
@@ -1613,5 +1680,50 @@ pub fn remove_machine(t: &mut State, i: u8) {
             Req::CreateOperation(kind, x) => Req::CreateOperation(kind, shift(x)),
             other => other,
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bounds a model cannot hold (its indices are bytes) are an error that says the most
+    /// it holds, never indices that wrap or collide with `NONE`.
+    #[test]
+    fn bounds_past_what_a_model_holds_are_refused() {
+        assert_eq!(Bounds::default().check(), Ok(()));
+        let at = |cps: u8, workers: u8| Bounds {
+            max_control_planes: cps,
+            max_workers: workers,
+            ..Bounds::default()
+        };
+        assert_eq!(at(60, 4).check(), Ok(()));
+        let e = at(60, 5).check().expect_err("65 machines");
+        assert!(
+            e.0.contains("65 machines") && e.0.contains("at most 64"),
+            "{e}"
+        );
+        assert!(at(255, 255).check().is_err());
+        assert!(at(0, 1).check().is_err());
+        let ops = Bounds {
+            max_operations: 17,
+            ..Bounds::default()
+        };
+        assert!(ops.check().expect_err("ops").0.contains("operations"));
+        let fly = Bounds {
+            in_flight: 17,
+            ..Bounds::default()
+        };
+        assert!(fly.check().expect_err("in flight").0.contains("in flight"));
+    }
+
+    /// `ix` numbers items from 0 as bytes and never hands out `NONE`.
+    #[test]
+    fn indices_are_bytes_below_none() {
+        let items: Vec<u32> = (0..300).collect();
+        let got: Vec<(u8, u32)> = ix(&items).map(|(i, v)| (i, *v)).collect();
+        assert_eq!(got.len(), usize::from(NONE));
+        assert!(got.iter().all(|(i, v)| u32::from(*i) == *v && *i != NONE));
+        assert_eq!(ix(&items[..MAX_MACHINES]).count(), MAX_MACHINES);
     }
 }

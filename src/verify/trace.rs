@@ -69,7 +69,7 @@ pub fn summary(s: &State) -> String {
         .filter(|(_, m)| {
             !m.up && m.role == MRole::ControlPlane && !m.wiped && (m.approved || m.member)
         })
-        .map(|(i, _)| s.name(u8::try_from(i).unwrap_or(0)))
+        .map(|(i, _)| s.name(i))
         .collect();
     if !down.is_empty() {
         parts.push(format!("down: {}", down.join(", ")));
@@ -79,7 +79,7 @@ pub fn summary(s: &State) -> String {
         .iter()
         .enumerate()
         .filter(|(_, m)| m.deleting)
-        .map(|(i, _)| s.name(u8::try_from(i).unwrap_or(0)))
+        .map(|(i, _)| s.name(i))
         .collect();
     if !deleting.is_empty() {
         parts.push(format!("being deleted: {}", deleting.join(", ")));
@@ -93,14 +93,7 @@ pub fn summary(s: &State) -> String {
             .ops
             .iter()
             .enumerate()
-            .map(|(k, o)| {
-                format!(
-                    "{} {} {:?}",
-                    s.op_name(u8::try_from(k).unwrap_or(0)),
-                    o.kind.name(),
-                    o.phase
-                )
-            })
+            .map(|(k, o)| format!("{} {} {:?}", s.op_name(k), o.kind.name(), o.phase))
             .collect();
         parts.push(format!("operations: {}", o.join(", ")));
     }
