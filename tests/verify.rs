@@ -354,6 +354,62 @@ fn emitted_fixtures_replay_through_eval() {
     }
 }
 
+/// Whoever may patch talosmachines/status could forge the record a removal resumes from
+/// (a committed removal of a dead member) onto a healthy control plane being deleted: the
+/// controller would then take a live member out of etcd. `status-only-by-controller`
+/// refuses it; without the rule verify finds the story, and the forged request, written
+/// out as a status-subresource review, is allowed by the mutant and refused by the
+/// shipped rules.
+#[test]
+fn without_the_status_guard_a_forged_removal_record_loses_a_healthy_member() {
+    let dir = mutant("status-guard", "admission.rules", |t| {
+        without(t, "rule status-only-by-controller\n")
+    });
+    let fx = dir.join("fixtures");
+    let (out, json) = verify(&dir, "3", &["--emit-fixtures", fx.to_str().expect("path")]);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    let texts = step_texts(&json);
+    let forged = texts
+        .iter()
+        .position(|s| s.contains("--subresource=status"))
+        .unwrap_or_else(|| panic!("no forged status in {texts:?}"));
+    assert!(
+        texts[forged..]
+            .iter()
+            .any(|s| s.contains("etcd remove-member")),
+        "{texts:?}"
+    );
+    let step = fx.join(format!("step-{}", forged + 1));
+    let review = step.join("review.json");
+    let text = std::fs::read_to_string(&review).expect("the forged step is written");
+    let v: Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(v["request"]["subResource"], "status", "{text}");
+    let decide = |rules: &Path| -> Value {
+        let e = run(&[
+            "eval",
+            "--rules",
+            rules.to_str().expect("path"),
+            "--objects",
+            step.join("objects.yaml").to_str().expect("path"),
+            "--review",
+            review.to_str().expect("path"),
+        ]);
+        assert_eq!(e.code, 0, "{}{}", e.stdout, e.stderr);
+        serde_json::from_str(&e.stdout).expect("JSON")
+    };
+    assert_eq!(decide(&dir)["response"]["allowed"], true);
+    let shipped = decide(&root().join("rules"));
+    assert_eq!(shipped["response"]["allowed"], false);
+    assert!(
+        shipped["response"]["status"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("only the ichor-rules controller may set or clear"),
+        "{shipped}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn bad_usage_and_broken_rules_are_exit_2() {
     // No invariants to prove.

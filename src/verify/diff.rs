@@ -164,7 +164,7 @@ fn compare(old: &Model<'_>, new: &Model<'_>, s: &State, c: &mut Collector) {
             old.objects.request(s, &snap, req).map(|(op, o, n)| {
                 (
                     objects_yaml(&snap),
-                    review_json(1, &op, o.as_ref(), n.as_ref()),
+                    review_json(1, req, &op, o.as_ref(), n.as_ref()),
                 )
             })
         });

@@ -78,6 +78,7 @@ pub fn canonical(s: &State) -> State {
             Req::Unapprove(x) => Req::Unapprove(map(x)),
             Req::Delete(x) => Req::Delete(map(x)),
             Req::Collect(x) => Req::Collect(map(x)),
+            Req::ForgeStatus(x) => Req::ForgeStatus(map(x)),
             Req::CreateOperation(k, x) => Req::CreateOperation(k, map(x)),
             other => other,
         };
@@ -177,6 +178,7 @@ pub fn encode(s: &State, out: &mut Vec<u8>) {
             Req::Reschedule => (6, 0),
             Req::DeleteCluster => (7, 0),
             Req::CreateOperation(k, x) => (8 + k as u8, x),
+            Req::ForgeStatus(x) => (11, x),
         };
         out.extend([tag, arg, p.base.0, u8::from(p.base.1)]);
     }
@@ -259,7 +261,9 @@ pub fn decode(b: &[u8]) -> Option<State> {
             7 => Req::DeleteCluster,
             8 => Req::CreateOperation(OpKind::Upgrade, arg),
             9 => Req::CreateOperation(OpKind::Reset, arg),
-            _ => Req::CreateOperation(OpKind::Restore, arg),
+            10 => Req::CreateOperation(OpKind::Restore, arg),
+            11 => Req::ForgeStatus(arg),
+            _ => return None,
         };
         pending.push(Pending {
             req,

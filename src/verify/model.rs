@@ -254,6 +254,11 @@ pub enum Req {
     Reschedule,
     DeleteCluster,
     CreateOperation(OpKind, u8),
+    /// Someone who may patch talosmachines/status but is not the controller writes the
+    /// record a removal resumes from onto a control plane being deleted: Ready=False
+    /// NodeUnreachable, the Removal condition's DeadMemberRemoval marker and a committed
+    /// `status.removal` with `memberDead` (what `status-only-by-controller` refuses).
+    ForgeStatus(u8),
 }
 
 impl Req {
@@ -833,6 +838,18 @@ impl Objects<'_> {
                 (Operation::Delete, Some(Object::Machine(old)), None)
             }
             Req::Collect(i) => (Operation::Delete, Some(Object::Machine(machine(i)?)), None),
+            Req::ForgeStatus(i) => {
+                let old = machine(i)?;
+                let mut forged = s.clone();
+                let m = forged.machines.get_mut(usize::from(i))?;
+                (m.unreachable, m.dead, m.committed) = (true, true, true);
+                let new = self.machine(&forged, usize::from(i));
+                (
+                    Operation::Update,
+                    Some(Object::Machine(old)),
+                    Some(Object::Machine(new)),
+                )
+            }
             Req::Count(to) => {
                 let old = self.cluster(s)?;
                 let mut new = old.clone();
@@ -951,6 +968,10 @@ impl<'t> Model<'t> {
         }
         for (i, m) in ix(&s.machines) {
             if m.deleting {
+                let forged = m.unreachable && m.dead && m.committed;
+                if m.finalizer && m.approved && m.role == MRole::ControlPlane && !forged {
+                    out.push(Req::ForgeStatus(i));
+                }
                 continue;
             }
             if !m.approved && !m.wiped {
@@ -1057,6 +1078,16 @@ impl<'t> Model<'t> {
                     return None;
                 }
                 t.cluster = ClusterState::Deleting;
+            }
+            Req::ForgeStatus(i) => {
+                // A merge patch of the status: no resourceVersion to conflict on.
+                let m = t.machines.get_mut(usize::from(i))?;
+                if !m.deleting {
+                    return None;
+                }
+                m.unreachable = true;
+                m.dead = true;
+                m.committed = true;
             }
             Req::CreateOperation(kind, target) => {
                 if t.cluster == ClusterState::Gone {
@@ -1670,13 +1701,14 @@ pub fn remove_machine(t: &mut State, i: u8) {
         Lock::Removal(h) => Lock::Removal(shift(h)),
         other => other,
     };
-    t.pending.retain(|p| !matches!(p.req, Req::Approve(x) | Req::Unapprove(x) | Req::Delete(x) | Req::Collect(x) if x == i));
+    t.pending.retain(|p| !matches!(p.req, Req::Approve(x) | Req::Unapprove(x) | Req::Delete(x) | Req::Collect(x) | Req::ForgeStatus(x) if x == i));
     for p in &mut t.pending {
         p.req = match p.req {
             Req::Approve(x) => Req::Approve(shift(x)),
             Req::Unapprove(x) => Req::Unapprove(shift(x)),
             Req::Delete(x) => Req::Delete(shift(x)),
             Req::Collect(x) => Req::Collect(shift(x)),
+            Req::ForgeStatus(x) => Req::ForgeStatus(shift(x)),
             Req::CreateOperation(kind, x) => Req::CreateOperation(kind, shift(x)),
             other => other,
         };

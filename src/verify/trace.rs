@@ -125,6 +125,12 @@ pub fn describe(s: &State, req: Req) -> String {
             format!("kubectl patch taloscluster {CLUSTER} (spec.schedulable: \"true\")")
         }
         Req::DeleteCluster => format!("kubectl annotate+delete taloscluster {CLUSTER}"),
+        Req::ForgeStatus(i) => format!(
+            "someone other than the controller: kubectl patch talosmachine {} --subresource=status \
+             (Ready=False NodeUnreachable, Removal DeadMemberRemoval, status.removal committed \
+             with memberDead)",
+            s.name(i)
+        ),
         Req::CreateOperation(kind, t) => {
             let target = if t == super::model::NONE {
                 String::new()
@@ -142,6 +148,7 @@ pub fn describe(s: &State, req: Req) -> String {
 /// The AdmissionReview the API server sends for this request.
 pub fn review_json(
     req_no: usize,
+    req: Req,
     op: &Operation,
     old: Option<&Object>,
     new: Option<&Object>,
@@ -166,7 +173,7 @@ pub fn review_json(
         Operation::Delete => "DELETE",
         Operation::Connect => "CONNECT",
     };
-    let review = serde_json::json!({
+    let mut review = serde_json::json!({
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
         "request": {
@@ -184,6 +191,10 @@ pub fn review_json(
             "dryRun": false,
         }
     });
+    if matches!(req, Req::ForgeStatus(_)) {
+        review["request"]["subResource"] = "status".into();
+        review["request"]["requestSubResource"] = "status".into();
+    }
     serde_json::to_string_pretty(&review).unwrap_or_default() + "\n"
 }
 
@@ -414,7 +425,7 @@ pub fn build(
             if let Some((op, old, new)) = model.objects.request(&s, &snap, req) {
                 fixture = Some((
                     objects_yaml(&snap),
-                    review_json(step_no, &op, old.as_ref(), new.as_ref()),
+                    review_json(step_no, req, &op, old.as_ref(), new.as_ref()),
                 ));
             }
         }
