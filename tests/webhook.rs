@@ -1071,7 +1071,11 @@ async fn answers_that_contradict_the_request_refuse() {
     assert_eq!(r["response"]["allowed"], false, "{r}");
     let msg = r["response"]["status"]["message"].as_str().unwrap_or("");
     assert!(msg.contains("did not end within 200 pages"), "{msg}");
-    assert_eq!(n.load(Ordering::SeqCst), 200);
+    // 200 pages were asked for. The HTTP client may send one again on a fresh connection
+    // when the server closed the pooled one just as it was sent (hyper's retry of canceled
+    // requests; seen once under a loaded machine), so the server may answer one or two more.
+    let answered = n.load(Ordering::SeqCst);
+    assert!((200..=202).contains(&answered), "{answered} pages answered");
     assert!(
         h.metrics
             .render()
