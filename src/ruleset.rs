@@ -33,6 +33,18 @@ pub enum LoadError {
     },
     #[error("{}: no .rules files found", path.display())]
     Empty { path: PathBuf },
+    /// A file that is not UTF-8 text, with where its first bad byte is.
+    #[error(
+        "{}: line {line}, column {column} (byte {offset}): not UTF-8 text; rule files are \
+         UTF-8: save it as UTF-8 (a binary or another encoding is not a rule file)",
+        path.display()
+    )]
+    NotUtf8 {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        offset: usize,
+    },
     /// The files together are larger than the reader was allowed to read.
     #[error("{}: the rule files are larger than {limit} bytes in all", path.display())]
     TooLarge { path: PathBuf, limit: u64 },
@@ -44,6 +56,7 @@ impl LoadError {
         match self {
             LoadError::Io { path, .. }
             | LoadError::Empty { path }
+            | LoadError::NotUtf8 { path, .. }
             | LoadError::TooLarge { path, .. } => path,
         }
     }
@@ -108,18 +121,32 @@ fn read_one(path: &Path, limit: u64) -> Result<SourceFile, LoadError> {
         path: path.to_path_buf(),
         source,
     };
-    let mut text = String::new();
+    let mut bytes = Vec::new();
     std::fs::File::open(path)
         .map_err(io)?
         .take(limit.saturating_add(1))
-        .read_to_string(&mut text)
+        .read_to_end(&mut bytes)
         .map_err(io)?;
-    if text.len() as u64 > limit {
+    if bytes.len() as u64 > limit {
         return Err(LoadError::TooLarge {
             path: path.to_path_buf(),
             limit,
         });
     }
+    let text = String::from_utf8(bytes).map_err(|e| {
+        let offset = e.utf8_error().valid_up_to();
+        let good = &e.as_bytes()[..offset];
+        let line = good.iter().filter(|b| **b == b'\n').count() + 1;
+        let start = good.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        // Characters, not bytes, before the bad byte on its line (the prefix is UTF-8).
+        let column = String::from_utf8_lossy(&good[start..]).chars().count() + 1;
+        LoadError::NotUtf8 {
+            path: path.to_path_buf(),
+            line,
+            column,
+            offset,
+        }
+    })?;
     Ok(SourceFile::new(path, text))
 }
 
@@ -192,4 +219,38 @@ fn build_here(files: Vec<SourceFile>, lints: bool) -> RuleSet {
 /// Reads, checks and compiles the rule set at `paths`.
 pub fn load(paths: &[PathBuf]) -> Result<RuleSet, LoadError> {
     Ok(build(read_sources(paths)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file that is not UTF-8 is an error naming where, never a panic or a lossy read.
+    #[test]
+    fn a_file_that_is_not_utf8_says_where() {
+        let dir = std::env::temp_dir().join(format!("ichor-utf8-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let p = dir.join("bad.rules");
+        std::fs::write(&p, b"rule r\n  refuse remove m\xc3\xa4chine \xff\xfe\n").expect("write");
+        let e = read_sources(std::slice::from_ref(&p)).expect_err("not UTF-8");
+        assert!(
+            matches!(
+                e,
+                LoadError::NotUtf8 {
+                    line: 2,
+                    column: 25,
+                    offset: 32,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let text = e.to_string();
+        assert!(
+            text.contains("line 2, column 25") && text.contains("UTF-8"),
+            "{text}"
+        );
+        assert_eq!(e.path(), p.as_path());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
