@@ -880,15 +880,21 @@ mod parallel {
     use crate::verify::invariant::InvariantCheck;
     use crate::verify::model::Bounds;
 
-    /// An exploration that runs out of state ids stops and says so; it proves nothing, and
-    /// `verify` reports it as not verified instead of numbering states wrongly.
-    #[test]
-    fn running_out_of_state_ids_is_said_and_proves_nothing() {
+    /// The shipped rules' folder and table.
+    fn shipped() -> (std::path::PathBuf, crate::compile::Table) {
         let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rules");
         let table = crate::ruleset::load(std::slice::from_ref(&root))
             .expect("the shipped rules load")
             .table
             .expect("the shipped rules compile");
+        (root, table)
+    }
+
+    /// An exploration that runs out of state ids stops and says so; it proves nothing, and
+    /// `verify` reports it as not verified instead of numbering states wrongly.
+    #[test]
+    fn running_out_of_state_ids_is_said_and_proves_nothing() {
+        let (_, table) = shipped();
         let bounds = Bounds {
             max_control_planes: 2,
             max_workers: 0,
@@ -922,11 +928,7 @@ mod parallel {
     /// parents (so the same shortest traces), transitions, violations and coverage.
     #[test]
     fn threads_explore_exactly_what_one_thread_explores() {
-        let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rules");
-        let table = crate::ruleset::load(std::slice::from_ref(&root))
-            .expect("the shipped rules load")
-            .table
-            .expect("the shipped rules compile");
+        let (root, table) = shipped();
         // Without the quorum rule: violations to agree on too.
         let dir = std::env::temp_dir().join(format!("ichor-threads-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
