@@ -879,6 +879,8 @@ pub enum ModelFact {
     HealthyBefore,
     Count,
     Approved,
+    ApprovedAll,
+    ApprovedAllBefore,
     Active,
     StepRank,
     Workers,
@@ -894,6 +896,8 @@ pub enum ModelFact {
     RemovedDead,
     ReleasedMember,
     DeadMemberEventMissing,
+    DeletedUnannotated,
+    LeftDead,
     Stuck,
 }
 
@@ -921,6 +925,9 @@ model_facts! {
     HealthyBefore "healthy.before" Type::Int, "`healthy` before the step just taken";
     Count "count" Type::Int, "spec.controlPlane.count";
     Approved "approved" Type::Int, "approved control planes not being deleted";
+    ApprovedAll "approved.all" Type::Int,
+        "control planes with spec.approved, being deleted or not (a removal leaves them until it ends)";
+    ApprovedAllBefore "approved.all.before" Type::Int, "`approved.all` before the step just taken";
     Active "active" Type::Int,
         "approved control planes, not being deleted, that the controller let join (not held)";
     StepRank "step.rank" Type::Int,
@@ -947,6 +954,10 @@ model_facts! {
         "the step just taken released a machine's removal finalizer while the machine was still an etcd member (its member left behind in etcd)";
     DeadMemberEventMissing "dead_member_event.missing" Type::Bool,
         "the step just taken finished removing a dead member below the declared count without a DeadMemberRemoved Warning event";
+    DeletedUnannotated "deleted.unannotated" Type::Bool,
+        "the step just taken committed the deletion of the TalosCluster, or of a TalosMachine whose TalosCluster is not being deleted, without the ichor.maesh.dev/allow-delete annotation";
+    LeftDead "left.dead" Type::Bool,
+        "the step just taken committed a request about a machine (an un-approval, a delete) that was reported unreachable (Ready=False NodeUnreachable) when the request was decided";
     Stuck "stuck" Type::Bool,
         "a removal or teardown is in progress and no sequence of controller steps, commits and recoveries (nodes coming back, PodDisruptionBudgets lifting) ends it or leaves it refused by a named rule";
 }

@@ -2,7 +2,7 @@
 //! the code knows is documented in docs/rules.md.
 
 use ichor_rules::diagnostics::Code;
-use ichor_rules::vocab::{ACTIONS, FACTS, Subject, Verb};
+use ichor_rules::vocab::{ACTIONS, FACTS, MODEL_FACTS, Subject, Verb};
 
 fn guide() -> String {
     std::fs::read_to_string("docs/rules.md").expect("docs/rules.md exists")
@@ -15,6 +15,29 @@ fn every_fact_is_documented() {
         assert!(
             g.contains(&format!("| `{}` |", f.name)),
             "docs/rules.md lacks the fact `{}`",
+            f.name
+        );
+    }
+}
+
+/// The model's facts table (what invariants read) names every model fact, backticked in a
+/// row's first column.
+#[test]
+fn every_model_fact_is_documented() {
+    let g = guide();
+    let start = g.find("the **model's facts**").expect("the model facts section");
+    let table: Vec<&str> = g[start..]
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .collect();
+    for f in MODEL_FACTS {
+        assert!(
+            table.iter().any(|row| row
+                .split('|')
+                .nth(1)
+                .is_some_and(|names| names.contains(&format!("`{}`", f.name)))),
+            "docs/rules.md's model facts table lacks `{}`",
             f.name
         );
     }

@@ -316,8 +316,15 @@ fn emitted_fixtures_replay_through_eval() {
         fx,
     ]);
     assert_eq!(out.code, 1, "{}", out.stdout);
+    assert!(replay(&dir, &out_dir) > 0, "no admission step was written");
+}
+
+/// Runs every `step-N` fixture under `fixtures` through `eval --rules rules`: each must be
+/// allowed, as the trace says. Returns how many there were, with the reviews' texts.
+fn replay(rules: &Path, fixtures: &Path) -> usize {
+    let rules = rules.to_str().expect("path");
     let mut steps = Vec::new();
-    let mut stack = vec![out_dir.clone()];
+    let mut stack = vec![fixtures.to_path_buf()];
     while let Some(d) = stack.pop() {
         for e in std::fs::read_dir(&d).expect("fixtures written") {
             let p = e.expect("entry").path();
@@ -329,8 +336,7 @@ fn emitted_fixtures_replay_through_eval() {
             }
         }
     }
-    assert!(!steps.is_empty(), "no admission step was written");
-    for s in steps {
+    for s in &steps {
         let objects = s.join("objects.yaml");
         let review = s.join("review.json");
         let e = run(&[
@@ -351,6 +357,83 @@ fn emitted_fixtures_replay_through_eval() {
             s.display(),
             e.stdout
         );
+    }
+    steps.len()
+}
+
+/// Without the allow-delete gates a delete nobody meant (a GitOps prune without the
+/// annotation) goes through; `deletes-meant` refutes both, with the prune in the story and
+/// its review replaying through `eval`. With them, the prune is refused (the gates fire).
+#[test]
+fn without_the_allow_delete_gates_a_prune_deletes() {
+    for (rule, target) in [
+        ("rule machine-allow-delete\n", "talosmachine"),
+        ("rule cluster-allow-delete\n", "taloscluster"),
+    ] {
+        let dir = mutant(&format!("prune-{target}"), "admission.rules", |t| {
+            without(t, rule)
+        });
+        let fixtures = dir.join("fixtures");
+        let fx = fixtures.to_str().expect("path");
+        let (out, json) = verify(&dir, "1", &["--max-workers", "1", "--emit-fixtures", fx]);
+        assert_eq!(out.code, 1, "{}", out.stdout);
+        assert_eq!(violated(&json)[0], "deletes-meant", "{}", out.stdout);
+        let steps = step_texts(&json);
+        assert!(
+            steps
+                .iter()
+                .any(|s| s.contains(&format!("kubectl delete {target} "))
+                    && s.contains("without the allow-delete annotation")),
+            "{steps:?}"
+        );
+        assert!(replay(&dir, &fixtures) > 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let (out, json) = verify(&root().join("rules"), "1", &[]);
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    let never: Vec<&str> = json["coverage"]["rules_never_fired"]
+        .as_array()
+        .map(|v| v.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    for rule in ["machine-allow-delete", "cluster-allow-delete"] {
+        assert!(!never.contains(&rule), "{rule} never fired: {never:?}");
+    }
+}
+
+/// Un-approving a control plane below the declared count leaves its member in etcd with
+/// nothing managing it; without `declared-count-leave` (or with it weakened) verify says so
+/// through `approved-count-kept`, an invariant of serialized requests.
+#[test]
+fn an_unapproval_below_the_declared_count_is_refuted() {
+    let deleted = mutant("unapprove", "removal.rules", |t| {
+        without(t, "rule declared-count-leave\n")
+    });
+    let weakened = mutant("unapprove-weak", "removal.rules", |t| {
+        let i = t.find("rule declared-count-leave").expect("rule");
+        format!(
+            "{}{}",
+            &t[..i],
+            t[i..].replacen("when after < count\n", "when after < count - 1\n", 1)
+        )
+    });
+    for dir in [deleted, weakened] {
+        let (out, json) = verify(&dir, "3", &[]);
+        assert_eq!(out.code, 1, "{}", out.stdout);
+        assert_eq!(violated(&json)[0], "approved-count-kept", "{}", out.stdout);
+        assert!(
+            step_texts(&json)
+                .iter()
+                .any(|s| s.contains("(spec.approved: false)")),
+            "{}",
+            out.stdout
+        );
+        let inv = json["invariants"].as_array().expect("invariants");
+        let kept = inv
+            .iter()
+            .find(|i| i["name"] == "approved-count-kept")
+            .expect("approved-count-kept is reported");
+        assert_eq!(kept["checked_under"], "serialized requests");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 

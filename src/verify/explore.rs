@@ -73,15 +73,7 @@ pub fn canonical(s: &State) -> State {
         o.target = map(o.target);
     }
     for p in &mut t.pending {
-        p.req = match p.req {
-            Req::Approve(x) => Req::Approve(map(x)),
-            Req::Unapprove(x) => Req::Unapprove(map(x)),
-            Req::Delete(x) => Req::Delete(map(x)),
-            Req::Collect(x) => Req::Collect(map(x)),
-            Req::ForgeStatus(x) => Req::ForgeStatus(map(x)),
-            Req::CreateOperation(k, x) => Req::CreateOperation(k, map(x)),
-            other => other,
-        };
+        p.req = p.req.map_machine(map);
     }
     t.pending.sort();
     let lock = match t.lock {
@@ -179,6 +171,8 @@ pub fn encode(s: &State, out: &mut Vec<u8>) {
             Req::DeleteCluster => (7, 0),
             Req::CreateOperation(k, x) => (8 + k as u8, x),
             Req::ForgeStatus(x) => (11, x),
+            Req::Prune(x) => (12, x),
+            Req::PruneCluster => (13, 0),
         };
         out.extend([tag, arg, p.base.0, u8::from(p.base.1)]);
     }
@@ -263,6 +257,8 @@ pub fn decode(b: &[u8]) -> Option<State> {
             9 => Req::CreateOperation(OpKind::Reset, arg),
             10 => Req::CreateOperation(OpKind::Restore, arg),
             11 => Req::ForgeStatus(arg),
+            12 => Req::Prune(arg),
+            13 => Req::PruneCluster,
             _ => return None,
         };
         pending.push(Pending {

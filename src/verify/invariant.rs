@@ -15,6 +15,8 @@ pub struct Facts {
     pub healthy_before: i64,
     pub count: i64,
     pub approved: i64,
+    pub approved_all: i64,
+    pub approved_all_before: i64,
     pub active: i64,
     pub step_rank: i64,
     pub workers: i64,
@@ -30,6 +32,8 @@ pub struct Facts {
     pub removed_dead: bool,
     pub left_member: bool,
     pub event_missing: bool,
+    pub unannotated: bool,
+    pub left_dead: bool,
     pub stuck: bool,
 }
 
@@ -46,6 +50,7 @@ impl Facts {
             healthy: int(s.healthy()),
             count: i64::from(s.count),
             approved: int(approved),
+            approved_all: int(s.approved_all()),
             active: int(s.active()),
             workers: int(s.workers()),
             disruptive: int(s.disruptive()),
@@ -62,6 +67,7 @@ impl Facts {
         Facts {
             members_before: f.members,
             healthy_before: f.healthy,
+            approved_all_before: f.approved_all,
             ..f
         }
     }
@@ -72,6 +78,7 @@ impl Facts {
         Facts {
             members_before: before.members,
             healthy_before: before.healthy,
+            approved_all_before: before.approved_all,
             step_rank: i64::from(e.rank),
             step: e.step,
             step_kind: e.kind,
@@ -79,6 +86,8 @@ impl Facts {
             removed_dead: e.removed_dead,
             left_member: e.left_member,
             event_missing: e.event_missing,
+            unannotated: e.unannotated,
+            left_dead: e.left_dead,
             ..now
         }
     }
@@ -92,6 +101,8 @@ impl Facts {
             HealthyBefore => V::Int(self.healthy_before),
             Count => V::Int(self.count),
             Approved => V::Int(self.approved),
+            ApprovedAll => V::Int(self.approved_all),
+            ApprovedAllBefore => V::Int(self.approved_all_before),
             Active => V::Int(self.active),
             StepRank => V::Int(self.step_rank),
             Workers => V::Int(self.workers),
@@ -112,6 +123,8 @@ impl Facts {
             RemovedDead => V::Bool(self.removed_dead),
             ReleasedMember => V::Bool(self.left_member),
             DeadMemberEventMissing => V::Bool(self.event_missing),
+            DeletedUnannotated => V::Bool(self.unannotated),
+            LeftDead => V::Bool(self.left_dead),
             Stuck => V::Bool(self.stuck),
         }
     }

@@ -247,12 +247,18 @@ pub enum Req {
     Unapprove(u8),
     /// `kubectl annotate` (allow-delete) then `kubectl delete`.
     Delete(u8),
+    /// `kubectl delete` without the allow-delete annotation: a GitOps prune, say (what
+    /// `machine-allow-delete` refuses).
+    Prune(u8),
     /// The garbage collector deleting a machine of a deleted cluster.
     Collect(u8),
     Count(u8),
     Unschedule,
     Reschedule,
     DeleteCluster,
+    /// `kubectl delete taloscluster` without the allow-delete annotation (what
+    /// `cluster-allow-delete` refuses).
+    PruneCluster,
     CreateOperation(OpKind, u8),
     /// Someone who may patch talosmachines/status but is not the controller writes the
     /// record a removal resumes from onto a control plane being deleted: Ready=False
@@ -266,6 +272,42 @@ impl Req {
     /// sends, not the garbage collector's deletions.
     pub fn counts(self) -> bool {
         !matches!(self, Req::Collect(_))
+    }
+
+    /// The machine the request is about, if it is about one.
+    pub fn machine(self) -> Option<u8> {
+        match self {
+            Req::Approve(x)
+            | Req::Unapprove(x)
+            | Req::Delete(x)
+            | Req::Prune(x)
+            | Req::Collect(x)
+            | Req::ForgeStatus(x) => Some(x),
+            Req::Count(_)
+            | Req::Unschedule
+            | Req::Reschedule
+            | Req::DeleteCluster
+            | Req::PruneCluster
+            | Req::CreateOperation(..) => None,
+        }
+    }
+
+    /// The same request about machine `f(x)` (and an operation targeting `f(x)`).
+    pub fn map_machine(self, f: impl Fn(u8) -> u8) -> Req {
+        match self {
+            Req::Approve(x) => Req::Approve(f(x)),
+            Req::Unapprove(x) => Req::Unapprove(f(x)),
+            Req::Delete(x) => Req::Delete(f(x)),
+            Req::Prune(x) => Req::Prune(f(x)),
+            Req::Collect(x) => Req::Collect(f(x)),
+            Req::ForgeStatus(x) => Req::ForgeStatus(f(x)),
+            Req::CreateOperation(k, x) => Req::CreateOperation(k, f(x)),
+            other @ (Req::Count(_)
+            | Req::Unschedule
+            | Req::Reschedule
+            | Req::DeleteCluster
+            | Req::PruneCluster) => other,
+        }
     }
 }
 
@@ -353,6 +395,11 @@ pub struct Effect {
     pub event_missing: bool,
     /// For a join or a lifted hold: the machine's rank by approval order.
     pub rank: u8,
+    /// A committed deletion nobody meant: no allow-delete annotation, and not a machine
+    /// following its deleted TalosCluster.
+    pub unannotated: bool,
+    /// A committed request about a machine reported unreachable when it was decided.
+    pub left_dead: bool,
 }
 
 fn step_index(name: &str) -> u8 {
@@ -367,6 +414,19 @@ fn effect(name: &str) -> Effect {
     Effect {
         step: step_index(name),
         ..Effect::default()
+    }
+}
+
+/// The effect of committing `p` into `t`.
+fn committed(p: Pending, t: &State) -> Effect {
+    Effect {
+        unannotated: match p.req {
+            Req::Prune(_) => t.cluster == ClusterState::Live,
+            Req::PruneCluster => true,
+            _ => false,
+        },
+        left_dead: p.req.machine().is_some() && p.base.0 == 1,
+        ..effect("commit")
     }
 }
 
@@ -462,6 +522,14 @@ impl State {
             Fact::MembersAfter => self.members_after(i),
             _ => None,
         }
+    }
+
+    /// Control planes with `spec.approved`, being deleted or not.
+    pub fn approved_all(&self) -> usize {
+        self.machines
+            .iter()
+            .filter(|m| m.role == MRole::ControlPlane && m.approved)
+            .count()
     }
 
     pub fn approved_cps(&self) -> usize {
@@ -837,7 +905,9 @@ impl Objects<'_> {
                 old.metadata.annotations = Some(a);
                 (Operation::Delete, Some(Object::Machine(old)), None)
             }
-            Req::Collect(i) => (Operation::Delete, Some(Object::Machine(machine(i)?)), None),
+            Req::Collect(i) | Req::Prune(i) => {
+                (Operation::Delete, Some(Object::Machine(machine(i)?)), None)
+            }
             Req::ForgeStatus(i) => {
                 let old = machine(i)?;
                 let mut forged = s.clone();
@@ -884,6 +954,11 @@ impl Objects<'_> {
                 old.metadata.annotations = Some(a);
                 (Operation::Delete, Some(Object::Cluster(old)), None)
             }
+            Req::PruneCluster => (
+                Operation::Delete,
+                Some(Object::Cluster(self.cluster(s)?)),
+                None,
+            ),
             Req::CreateOperation(kind, target) => {
                 let mut t = s.clone();
                 t.ops.push(Op {
@@ -979,6 +1054,11 @@ impl<'t> Model<'t> {
             }
             if m.approved {
                 out.push(Req::Delete(i));
+                // Following a deleted TalosCluster, an unannotated delete is the garbage
+                // collector's (`Collect`).
+                if s.cluster == ClusterState::Live {
+                    out.push(Req::Prune(i));
+                }
                 if m.role == MRole::ControlPlane {
                     out.push(Req::Unapprove(i));
                 }
@@ -999,6 +1079,7 @@ impl<'t> Model<'t> {
                 Req::Reschedule
             });
             out.push(Req::DeleteCluster);
+            out.push(Req::PruneCluster);
             let made = s.op_names.len()
                 + s.pending
                     .iter()
@@ -1018,10 +1099,21 @@ impl<'t> Model<'t> {
 
     fn base(s: &State, req: Req) -> (u8, bool) {
         match req {
-            Req::Approve(i) | Req::Unapprove(i) => (
-                0,
-                s.machines.get(usize::from(i)).is_some_and(|m| m.approved),
-            ),
+            // A request about a machine: whether it was reported unreachable when the
+            // request was decided (`left.dead`), and its `approved` (the resourceVersion an
+            // approval or an un-approval conflicts on).
+            Req::Approve(i)
+            | Req::Unapprove(i)
+            | Req::Delete(i)
+            | Req::Prune(i)
+            | Req::Collect(i)
+            | Req::ForgeStatus(i) => {
+                let m = s.machines.get(usize::from(i));
+                (
+                    u8::from(m.is_some_and(|m| m.unreachable)),
+                    m.is_some_and(|m| m.approved),
+                )
+            }
             _ => (s.count, s.schedulable),
         }
     }
@@ -1050,7 +1142,7 @@ impl<'t> Model<'t> {
                     m.joined = false;
                 }
             }
-            Req::Delete(i) | Req::Collect(i) => {
+            Req::Delete(i) | Req::Prune(i) | Req::Collect(i) => {
                 let m = t.machines.get(usize::from(i))?;
                 if m.deleting {
                     return None;
@@ -1073,7 +1165,7 @@ impl<'t> Model<'t> {
                 }
                 t.schedulable = p.req == Req::Reschedule;
             }
-            Req::DeleteCluster => {
+            Req::DeleteCluster | Req::PruneCluster => {
                 if t.cluster != ClusterState::Live {
                     return None;
                 }
@@ -1143,8 +1235,8 @@ impl<'t> Model<'t> {
                         req,
                         in_flight: false,
                     },
+                    effect: committed(p, &t),
                     state: t,
-                    effect: effect("commit"),
                 });
             }
             if s.pending.len() < usize::from(self.bounds.in_flight) {
@@ -1169,7 +1261,8 @@ impl<'t> Model<'t> {
                 Some(mut t) => {
                     // Committed while another request is still in flight.
                     t.concurrent |= !rest.pending.is_empty();
-                    (t, effect("commit"))
+                    let e = committed(*p, &t);
+                    (t, e)
                 }
                 None => (rest, effect("conflict")),
             };
@@ -1701,17 +1794,9 @@ pub fn remove_machine(t: &mut State, i: u8) {
         Lock::Removal(h) => Lock::Removal(shift(h)),
         other => other,
     };
-    t.pending.retain(|p| !matches!(p.req, Req::Approve(x) | Req::Unapprove(x) | Req::Delete(x) | Req::Collect(x) | Req::ForgeStatus(x) if x == i));
+    t.pending.retain(|p| p.req.machine() != Some(i));
     for p in &mut t.pending {
-        p.req = match p.req {
-            Req::Approve(x) => Req::Approve(shift(x)),
-            Req::Unapprove(x) => Req::Unapprove(shift(x)),
-            Req::Delete(x) => Req::Delete(shift(x)),
-            Req::Collect(x) => Req::Collect(shift(x)),
-            Req::ForgeStatus(x) => Req::ForgeStatus(shift(x)),
-            Req::CreateOperation(kind, x) => Req::CreateOperation(kind, shift(x)),
-            other => other,
-        };
+        p.req = p.req.map_machine(shift);
     }
 }
 

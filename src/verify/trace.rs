@@ -111,6 +111,10 @@ pub fn describe(s: &State, req: Req) -> String {
             s.name(i)
         ),
         Req::Delete(i) => format!("kubectl annotate+delete talosmachine {}", s.name(i)),
+        Req::Prune(i) => format!(
+            "kubectl delete talosmachine {} without the allow-delete annotation (a GitOps prune)",
+            s.name(i)
+        ),
         Req::Collect(i) => format!(
             "the garbage collector deletes talosmachine {} (its TalosCluster is being deleted)",
             s.name(i)
@@ -125,6 +129,9 @@ pub fn describe(s: &State, req: Req) -> String {
             format!("kubectl patch taloscluster {CLUSTER} (spec.schedulable: \"true\")")
         }
         Req::DeleteCluster => format!("kubectl annotate+delete taloscluster {CLUSTER}"),
+        Req::PruneCluster => format!(
+            "kubectl delete taloscluster {CLUSTER} without the allow-delete annotation (a GitOps prune)"
+        ),
         Req::ForgeStatus(i) => format!(
             "someone other than the controller: kubectl patch talosmachine {} --subresource=status \
              (Ready=False NodeUnreachable, Removal DeadMemberRemoval, status.removal committed \
