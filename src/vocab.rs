@@ -886,6 +886,7 @@ pub enum ModelFact {
     Workers,
     Disruptive,
     Running,
+    Unfinished,
     ClusterDeleting,
     ClusterExists,
     Schedulable,
@@ -936,6 +937,7 @@ model_facts! {
     Disruptive "disruptive" Type::Int,
         "pieces of disruptive work running: removals holding the cluster lock, and operations running (with or without it)";
     Running "running" Type::Int, "operations running";
+    Unfinished "operations.unfinished" Type::Int, "operations not finished: pending, parked or running";
     ClusterDeleting "cluster.deleting" Type::Bool,
         "the TalosCluster is being deleted (or its teardown finished)";
     ClusterExists "cluster.exists" Type::Bool,

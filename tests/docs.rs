@@ -25,7 +25,9 @@ fn every_fact_is_documented() {
 #[test]
 fn every_model_fact_is_documented() {
     let g = guide();
-    let start = g.find("the **model's facts**").expect("the model facts section");
+    let start = g
+        .find("the **model's facts**")
+        .expect("the model facts section");
     let table: Vec<&str> = g[start..]
         .lines()
         .skip_while(|l| !l.starts_with('|'))

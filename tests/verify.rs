@@ -831,3 +831,34 @@ fn a_removal_plan_without_the_lock_is_an_error_not_verified() {
         out.stderr
     );
 }
+
+/// One operation at a time: without `another-operation-unfinished` a second operation is
+/// created while the first is unfinished, and without `another-operation-parked` one is
+/// created while another waits parked for the even count; `one-operation` refutes both
+/// (for serialized requests: the lock, not admission, keeps two from running at once).
+#[test]
+fn without_the_unfinished_operation_rules_operations_queue_up() {
+    for (rule, parked) in [
+        ("rule another-operation-unfinished\n", false),
+        ("rule another-operation-parked\n", true),
+    ] {
+        let dir = mutant(&format!("ops-{parked}"), "admission.rules", |t| {
+            without(t, rule)
+        });
+        let (out, json) = verify(&dir, "2", &["--max-operations", "2"]);
+        assert_eq!(out.code, 1, "{}", out.stdout);
+        assert_eq!(violated(&json)[0], "one-operation", "{}", out.stdout);
+        let steps = step_texts(&json);
+        let creates = steps
+            .iter()
+            .filter(|s| s.starts_with("kubectl create talosoperation"))
+            .count();
+        assert_eq!(creates, 2, "{steps:?}");
+        assert_eq!(
+            steps.iter().any(|s| s.contains("parks operation")),
+            parked,
+            "{steps:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

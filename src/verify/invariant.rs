@@ -22,6 +22,7 @@ pub struct Facts {
     pub workers: i64,
     pub disruptive: i64,
     pub running: i64,
+    pub unfinished: i64,
     pub cluster_deleting: bool,
     pub cluster_exists: bool,
     pub schedulable: bool,
@@ -55,6 +56,7 @@ impl Facts {
             workers: int(s.workers()),
             disruptive: int(s.disruptive()),
             running: int(s.running()),
+            unfinished: int(s.unfinished()),
             cluster_deleting: s.cluster.torn_down(),
             cluster_exists: matches!(
                 s.cluster,
@@ -108,6 +110,7 @@ impl Facts {
             Workers => V::Int(self.workers),
             Disruptive => V::Int(self.disruptive),
             Running => V::Int(self.running),
+            Unfinished => V::Int(self.unfinished),
             ClusterDeleting => V::Bool(self.cluster_deleting),
             ClusterExists => V::Bool(self.cluster_exists),
             Schedulable => V::Bool(self.schedulable),

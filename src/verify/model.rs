@@ -562,6 +562,14 @@ impl State {
             .count()
     }
 
+    /// Operations not finished: pending, parked or running.
+    pub fn unfinished(&self) -> usize {
+        self.ops
+            .iter()
+            .filter(|o| o.phase != Phase::Succeeded)
+            .count()
+    }
+
     /// Removals holding the cluster lock, and running operations (which take it).
     pub fn disruptive(&self) -> usize {
         let removal = usize::from(matches!(self.lock, Lock::Removal(_)));
