@@ -894,6 +894,7 @@ pub enum ModelFact {
     Step,
     StepKind,
     StepOurs,
+    StepCreated,
     RemovedDead,
     ReleasedMember,
     DeadMemberEventMissing,
@@ -947,9 +948,11 @@ model_facts! {
         "the number of approved control planes is even (and not zero)";
     Step "step" Type::Enum(EnumKind::Step), "the step just taken (`start` in a starting state)";
     StepKind "step.kind" Type::Enum(EnumKind::OperationKind),
-        "the kind of the operation the step just taken acted on";
+        "the kind of the operation the step just taken acted on (or created)";
     StepOurs "step.ours" Type::Bool,
         "the step just taken is one of ours that changes etcd: etcd leave, remove-member, a reset or a wipe";
+    StepCreated "step.created" Type::Bool,
+        "the step just taken committed the creation of an operation (`step.kind` is its kind)";
     RemovedDead "removed.dead" Type::Bool,
         "the step just taken removed an etcd member whose node was down";
     ReleasedMember "released.member" Type::Bool,

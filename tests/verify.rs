@@ -862,3 +862,49 @@ fn without_the_unfinished_operation_rules_operations_queue_up() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// While the count is even a new operation is refused (ADR 0137 §4), not created to be
+/// parked at once: without `operation-while-transitioning`, or without the control-plane
+/// reset's own rule, `no-new-operation-while-even` refutes it.
+#[test]
+fn without_the_even_count_refusals_operations_are_created_to_wait() {
+    // A control plane's reset below the quorum is refused anyway: it takes four machines
+    // (count 3, a fourth approved) to be allowed but for the even count.
+    for (rule, kind, cps) in [
+        ("rule operation-while-transitioning\n", "upgrade", "2"),
+        (
+            "rule reset-control-plane-while-transitioning\n",
+            "reset",
+            "4",
+        ),
+    ] {
+        let dir = mutant(&format!("even-create-{kind}"), "admission.rules", |t| {
+            without(t, rule)
+        });
+        let (out, json) = verify(&dir, cps, &["--max-operations", "1", "--max-requests", "3"]);
+        assert_eq!(out.code, 1, "{}", out.stdout);
+        let v = violated(&json);
+        assert!(
+            v.contains(&"no-new-operation-while-even".to_string()),
+            "{}",
+            out.stdout
+        );
+        let trace = json["violations"]
+            .as_array()
+            .and_then(|v| {
+                v.iter()
+                    .find(|x| x["invariant"] == "no-new-operation-while-even")
+            })
+            .expect("the violation");
+        let last = trace["steps"]
+            .as_array()
+            .and_then(|s| s.last())
+            .and_then(|s| s["text"].as_str())
+            .unwrap_or_default();
+        assert!(
+            last.starts_with("kubectl create talosoperation") && last.contains(kind),
+            "{last}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -35,6 +35,7 @@ pub struct Facts {
     pub event_missing: bool,
     pub unannotated: bool,
     pub left_dead: bool,
+    pub created: bool,
     pub stuck: bool,
 }
 
@@ -83,13 +84,14 @@ impl Facts {
             approved_all_before: before.approved_all,
             step_rank: i64::from(e.rank),
             step: e.step,
-            step_kind: e.kind,
             step_ours: e.ours,
             removed_dead: e.removed_dead,
             left_member: e.left_member,
             event_missing: e.event_missing,
             unannotated: e.unannotated,
             left_dead: e.left_dead,
+            created: e.created.is_some(),
+            step_kind: e.kind.or(e.created),
             ..now
         }
     }
@@ -128,6 +130,7 @@ impl Facts {
             DeadMemberEventMissing => V::Bool(self.event_missing),
             DeletedUnannotated => V::Bool(self.unannotated),
             LeftDead => V::Bool(self.left_dead),
+            StepCreated => V::Bool(self.created),
             Stuck => V::Bool(self.stuck),
         }
     }

@@ -400,6 +400,8 @@ pub struct Effect {
     pub unannotated: bool,
     /// A committed request about a machine reported unreachable when it was decided.
     pub left_dead: bool,
+    /// A committed creation of an operation, of this kind.
+    pub created: Option<OpKind>,
 }
 
 fn step_index(name: &str) -> u8 {
@@ -426,6 +428,10 @@ fn committed(p: Pending, t: &State) -> Effect {
             _ => false,
         },
         left_dead: p.req.machine().is_some() && p.base.0 == 1,
+        created: match p.req {
+            Req::CreateOperation(kind, _) => Some(kind),
+            _ => None,
+        },
         ..effect("commit")
     }
 }
