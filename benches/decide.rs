@@ -122,7 +122,7 @@ fn generated_checked(distinct: bool) -> (Vec<SourceFile>, CheckResult) {
         "generated rules have errors: {errors:#?}"
     );
     assert_eq!(checked.program.rules.len(), 1000);
-    let table = compile(&checked.program, &files);
+    let table = compile(&checked.program, &files).expect("compiles");
     assert_eq!(table.rules.len(), 1000);
     eprintln!(
         "generated 1,000 rules{}: {} bytes, {} table rows, {} warnings",
@@ -251,7 +251,7 @@ fn decide(c: &mut Criterion) {
     // The same rules with every row on the stack machine: what the flat form buys.
     let files = shipped();
     let checked = check(&files);
-    let stack = compile_with(&checked.program, &files, Options { flat: false });
+    let stack = compile_with(&checked.program, &files, Options { flat: false }).expect("compiles");
     let (rows, on_stack) = stack.rows_on_stack();
     assert_eq!(rows, on_stack, "every row on the stack machine");
     for facts in [allow, refuse] {

@@ -90,6 +90,9 @@ codes! {
     UncoveredEvent "ichor::lint::uncovered_event" true;
     /// A rule file could not be read.
     InputUnreadable "ichor::input::unreadable" false;
+    /// The compiled form would need more entries than its 32-bit indices hold (no rule text
+    /// within the front end's size limits gets there).
+    CompileTooLarge "ichor::compile::too_large" false;
     /// A bug: the checker passed what the compiler cannot build.
     Internal "ichor::internal" false;
 }

@@ -204,10 +204,27 @@ fn build_here(files: Vec<SourceFile>, lints: bool) -> RuleSet {
         program,
         diagnostics,
     } = check_with(&files, lints);
+    let mut diagnostics = diagnostics;
     let table = if diagnostics.iter().any(|d| d.is_error()) {
         None
     } else {
-        Some(compile(&program, &files))
+        match compile(&program, &files) {
+            Ok(table) => Some(table),
+            Err(e) => {
+                diagnostics.push(
+                    Diagnostic::error(
+                        Code::CompileTooLarge,
+                        0,
+                        crate::syntax::ast::Span::default(),
+                        e.to_string(),
+                    )
+                    .unlocated()
+                    .label("too large to compile")
+                    .help("split the rule set, or remove rules; no table was built"),
+                );
+                None
+            }
+        }
     };
     RuleSet {
         files,

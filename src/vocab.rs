@@ -325,8 +325,10 @@ pub enum Cost {
     Expensive,
 }
 
-/// The facts a rule can read. The discriminant is the fact's slot in the fact vector.
+/// The facts a rule can read. The discriminant is the fact's slot in the fact vector (a
+/// byte: a 257th fact does not compile).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
 pub enum Fact {
     Approved,
     Workers,
@@ -633,7 +635,12 @@ impl Fact {
     }
 
     pub fn slot(self) -> usize {
-        self as usize
+        usize::from(self.slot8())
+    }
+
+    /// The slot as the compiled form stores it.
+    pub fn slot8(self) -> u8 {
+        self as u8
     }
 
     pub fn from_slot(slot: usize) -> Option<Fact> {

@@ -642,9 +642,10 @@ fn generated_rules_table_agrees_with_reference() {
             return Ok(());
         }
         COMPILED.fetch_add(1, Ordering::Relaxed);
-        let table = compile(&result.program, &files);
+        let table = compile(&result.program, &files).expect("compiles");
         // The same rows with every one on the stack machine (no flat branches).
-        let stack = compile_with(&result.program, &files, Options { flat: false });
+        let stack =
+            compile_with(&result.program, &files, Options { flat: false }).expect("compiles");
         prop_assert_eq!(result.program.rules.len(), file.rules.len(), "{}", src);
         for facts in &fact_sets {
             agree(&result.program, &table, facts, &src)?;
@@ -710,8 +711,8 @@ fn shipped_rules_table_agrees_with_reference() {
         "{}",
         render_human(&result.diagnostics, &files, false)
     );
-    let table = compile(&result.program, &files);
-    let stack = compile_with(&result.program, &files, Options { flat: false });
+    let table = compile(&result.program, &files).expect("compiles");
+    let stack = compile_with(&result.program, &files, Options { flat: false }).expect("compiles");
     let (rows, on_stack) = table.rows_on_stack();
     assert!(
         rows > 0 && on_stack == 0,
@@ -846,7 +847,7 @@ rule dead-member-ratio
         result.has_errors() && rendered.contains("division by zero"),
         "{rendered}"
     );
-    let table = compile(&result.program, &files);
+    let table = compile(&result.program, &files).expect("compiles");
     let mut values: Vec<Value<'static>> = FACTS
         .iter()
         .map(|info| match info.ty {
@@ -933,7 +934,7 @@ rule texts
         "{}",
         render_human(&result.diagnostics, &files, false)
     );
-    let table = compile(&result.program, &files);
+    let table = compile(&result.program, &files).expect("compiles");
     let event = (
         ichor_rules::vocab::Verb::Remove,
         ichor_rules::vocab::Subject::ControlPlane,
@@ -1233,7 +1234,7 @@ fn explain_decides_as_eval_on_generated_rules() {
             return Ok(());
         }
         COMPILED.fetch_add(1, Ordering::Relaxed);
-        let table = compile(&result.program, &files);
+        let table = compile(&result.program, &files).expect("compiles");
         for facts in &fact_sets {
             explain_agrees(&result.program, &table, facts, &src)?;
             for &(v, s, site) in RUNTIME_EVENTS {
@@ -1280,7 +1281,7 @@ fn explain_decides_as_eval_on_the_shipped_rules() {
     }
     let result = check(&files);
     assert!(!result.has_errors(), "the shipped rules check");
-    let table = compile(&result.program, &files);
+    let table = compile(&result.program, &files).expect("compiles");
     assert!(!table.lets.is_empty(), "the shipped rules use lets");
     let src = "(the shipped rules)";
     let mut runner = TestRunner::new(Config {

@@ -211,16 +211,23 @@ impl<'s> Flat<'s> {
         }
     }
 
-    fn pc(&self) -> u32 {
-        u32::try_from(self.prog.ins.len()).unwrap_or(u32::MAX)
+    /// Whether a label was placed at the end of the program (the last instruction is then a
+    /// jump target, and is not merged into the next).
+    fn at_placed(&self) -> bool {
+        usize::try_from(self.placed).is_ok_and(|p| p == self.prog.ins.len())
+    }
+
+    fn pc(&mut self) -> u32 {
+        self.compiler.index(self.prog.ins.len(), "instructions")
     }
 
     /// Appends the program of the next row (`None`: always fires).
     pub(super) fn row(&mut self, fires: Option<&Expr>) {
-        let row = self.prog.entries.len();
-        self.prog.entries.push(self.pc());
+        let row = self.compiler.index(self.prog.entries.len(), "rows");
+        let pc = self.pc();
+        self.prog.entries.push(pc);
         let hit = Ins {
-            k: row as i64,
+            k: i64::from(row),
             ..Ins::op(Op::Hit)
         };
         let Some(e) = fires else {
@@ -244,11 +251,11 @@ impl<'s> Flat<'s> {
             self.prog.texts.truncate(start_texts);
             self.labels.truncate(start_labels);
             self.prog.ins.push(Ins {
-                k: row as i64,
+                k: i64::from(row),
                 ..Ins::op(Op::Stack)
             });
             self.prog.deep.push(self.compiler.code(&e));
-            self.prog.stack_rows.push(row as u32);
+            self.prog.stack_rows.push(row);
         }
     }
 
@@ -270,7 +277,7 @@ impl<'s> Flat<'s> {
 
     fn label(&mut self) -> Label {
         self.labels.push(u32::MAX);
-        Label(u32::try_from(self.labels.len() - 1).unwrap_or(u32::MAX))
+        Label(self.compiler.index(self.labels.len() - 1, "jump labels"))
     }
 
     fn place(&mut self, l: Label) {
@@ -321,7 +328,7 @@ impl<'s> Flat<'s> {
         let mut left_need = a.need();
         // The right operand's addend (a `Cmp`'s `k`).
         let mut right = (b.index(), b.need(), 0);
-        if let (Src::Reg(_), Some(last), true) = (b, self.prog.ins.last(), self.placed != self.pc())
+        if let (Src::Reg(_), Some(last), true) = (b, self.prog.ins.last(), !self.at_placed())
             && last.x == b.index()
             && let Some(e) = addend(last)
         {
@@ -329,7 +336,7 @@ impl<'s> Flat<'s> {
             self.prog.ins.pop();
         }
         // The left operand's addend (`d`), when its `v + k` comes right before.
-        if let (Src::Reg(_), Some(last), true) = (a, self.prog.ins.last(), self.placed != self.pc())
+        if let (Src::Reg(_), Some(last), true) = (a, self.prog.ins.last(), !self.at_placed())
             && last.x == a.index()
             && let Some(d) = addend(last)
         {
@@ -389,8 +396,11 @@ impl<'s> Flat<'s> {
                 match (self.compiler.text(l), self.compiler.text(r)) {
                     (Some(a), Some(b)) => {
                         self.prog.texts.push((a, b));
+                        let k = self
+                            .compiler
+                            .index(self.prog.texts.len() - 1, "comparisons of text");
                         self.push(Ins {
-                            k: (self.prog.texts.len() - 1) as i64,
+                            k: i64::from(k),
                             to: [f.0, t.0, f.0],
                             ..Ins::op(Op::Text)
                         });
@@ -458,9 +468,7 @@ impl<'s> Flat<'s> {
             ExprKind::Int(i) => Src::K(*i),
             ExprKind::Bool(b) => Src::K(i64::from(*b)),
             ExprKind::Name(n) => match Fact::lookup(n) {
-                Some(f) if matches!(f.info().ty, Type::Int | Type::Bool) => {
-                    Src::Fact(u8::try_from(f.slot()).unwrap_or(u8::MAX))
-                }
+                Some(f) if matches!(f.info().ty, Type::Int | Type::Bool) => Src::Fact(f.slot8()),
                 _ => {
                     self.push(Ins::op(Op::Invalid));
                     Src::K(0)

@@ -337,15 +337,42 @@ impl Default for Options {
     }
 }
 
+/// A rule set whose compiled form would need more entries of one kind than its 32-bit
+/// indices number (rules, strings, `let`s, instructions, jump labels). The front end's
+/// limits keep real rule sets far below; this is the error instead of an index that wraps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TooLarge {
+    /// What there were too many of.
+    pub what: &'static str,
+}
+
+impl std::fmt::Display for TooLarge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the rule set is too large to compile: more {} than {} (split it, or remove rules)",
+            self.what,
+            u32::MAX
+        )
+    }
+}
+
+impl std::error::Error for TooLarge {}
+
 /// Compiles a checked program. The program must have checked without errors.
-pub fn compile(program: &Program, files: &[SourceFile]) -> Table {
+pub fn compile(program: &Program, files: &[SourceFile]) -> Result<Table, TooLarge> {
     compile_with(program, files, Options::default())
 }
 
 /// [`compile`] with [`Options`].
-pub fn compile_with(program: &Program, files: &[SourceFile], options: Options) -> Table {
+pub fn compile_with(
+    program: &Program,
+    files: &[SourceFile],
+    options: Options,
+) -> Result<Table, TooLarge> {
     let mut c = Compiler {
         strings: Vec::new(),
+        too_large: None,
     };
     let lets: Vec<LetMeta> = program
         .lets
@@ -370,6 +397,9 @@ pub fn compile_with(program: &Program, files: &[SourceFile], options: Options) -
         })
         .collect();
     // A rule's (or step's) `let` names are its own file's.
+    if u32::try_from(program.lets.len()).is_err() {
+        return Err(TooLarge { what: "lets" });
+    }
     let let_ids = |file: usize, names: &[String]| -> Vec<u32> {
         let mut ids: Vec<u32> = program
             .lets
@@ -380,6 +410,9 @@ pub fn compile_with(program: &Program, files: &[SourceFile], options: Options) -
             .collect();
         ids.sort_unstable();
         ids
+    };
+    let Ok(_) = u32::try_from(program.rules.len()) else {
+        return Err(TooLarge { what: "rules" });
     };
     let mut groups: Vec<Vec<Row>> = vec![Vec::new(); GROUPS];
     let mut reads = vec![0u32; GROUPS];
@@ -403,7 +436,7 @@ pub fn compile_with(program: &Program, files: &[SourceFile], options: Options) -
         fires.push(fires_expr(r.when.as_ref(), r.unless.as_ref()));
         for (verb, subject, site) in &r.events {
             groups[group_index(*verb, *subject, *site)].push(Row {
-                rule: u32::try_from(i).unwrap_or(u32::MAX),
+                rule: c.index(i, "rules"),
                 verdict: r.verdict,
                 when: when.clone(),
                 unless: unless.clone(),
@@ -439,7 +472,10 @@ pub fn compile_with(program: &Program, files: &[SourceFile], options: Options) -
             plan
         })
         .collect();
-    Table {
+    if let Some(what) = c.too_large {
+        return Err(TooLarge { what });
+    }
+    Ok(Table {
         rules,
         groups,
         programs,
@@ -469,14 +505,25 @@ pub fn compile_with(program: &Program, files: &[SourceFile], options: Options) -
                 }
             })
             .collect(),
-    }
+    })
 }
 
 struct Compiler {
     strings: Vec<Arc<str>>,
+    /// What overflowed a 32-bit index, if anything did ([`TooLarge`]).
+    too_large: Option<&'static str>,
 }
 
 impl Compiler {
+    /// `n` as a 32-bit index of `what`; past the last one, the compile fails with
+    /// [`TooLarge`] (the 0 returned then is never used).
+    fn index(&mut self, n: usize, what: &'static str) -> u32 {
+        u32::try_from(n).unwrap_or_else(|_| {
+            self.too_large.get_or_insert(what);
+            0
+        })
+    }
+
     fn meta(&mut self, r: &CheckedRule, files: &[SourceFile]) -> RuleMeta {
         let (file, line) = match files.get(r.file) {
             Some(f) => (f.display_path(), f.line_col(r.span.start).0),
@@ -559,8 +606,7 @@ impl Compiler {
             ExprKind::Str(s, _) => Some(Text::Const(self.string(s))),
             ExprKind::Name(n) => {
                 let f = Fact::lookup(n)?;
-                matches!(f.info().ty, Type::Name | Type::Enum(_))
-                    .then(|| Text::Fact(u8::try_from(f.slot()).unwrap_or(u8::MAX)))
+                matches!(f.info().ty, Type::Name | Type::Enum(_)).then(|| Text::Fact(f.slot8()))
             }
             _ => None,
         }
@@ -568,10 +614,10 @@ impl Compiler {
 
     fn string(&mut self, s: &str) -> u32 {
         if let Some(i) = self.strings.iter().position(|x| &**x == s) {
-            return u32::try_from(i).unwrap_or(u32::MAX);
+            return self.index(i, "strings");
         }
         self.strings.push(Arc::from(s));
-        u32::try_from(self.strings.len() - 1).unwrap_or(u32::MAX)
+        self.index(self.strings.len() - 1, "strings")
     }
 
     /// Emits `e`; returns the stack depth it needs.
@@ -595,7 +641,7 @@ impl Compiler {
                         if f.info().cost == Cost::Expensive {
                             *expensive = true;
                         }
-                        ops.push(Op::Fact(u8::try_from(f.slot()).unwrap_or(u8::MAX)));
+                        ops.push(Op::Fact(f.slot8()));
                     }
                     // The checker resolved every name and typed every use.
                     _ => ops.push(Op::Invalid),
@@ -615,7 +661,7 @@ impl Compiler {
                 let jump_at = ops.len();
                 ops.push(Op::JumpIfFalse(0));
                 let dr = self.emit(r, ops, expensive);
-                let target = u32::try_from(ops.len()).unwrap_or(u32::MAX);
+                let target = self.index(ops.len(), "instructions");
                 ops[jump_at] = if *op == BinOp::And {
                     Op::JumpIfFalse(target)
                 } else {
@@ -773,4 +819,33 @@ fn is_expensive(e: &Expr) -> bool {
         matches!(&e.kind, ExprKind::Name(n)
             if Fact::lookup(n).is_some_and(|f| f.info().cost == Cost::Expensive))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An index past the last 32-bit one fails the compile with what overflowed, instead of
+    /// wrapping or saturating into an index that exists (a jump to the wrong instruction).
+    #[test]
+    fn an_index_past_32_bits_is_an_error_not_a_sentinel() {
+        let mut c = Compiler {
+            strings: Vec::new(),
+            too_large: None,
+        };
+        assert_eq!(c.index(7, "rules"), 7);
+        assert_eq!(c.too_large, None);
+        let last = usize::try_from(u32::MAX).expect("64-bit usize");
+        assert_eq!(c.index(last, "instructions"), u32::MAX);
+        assert_eq!(c.too_large, None);
+        let _ = c.index(last + 1, "instructions");
+        let _ = c.index(last + 2, "strings");
+        // The first overflow is the one reported.
+        assert_eq!(c.too_large, Some("instructions"));
+        let e = TooLarge {
+            what: "instructions",
+        }
+        .to_string();
+        assert!(e.contains("more instructions than 4294967295"), "{e}");
+    }
 }
