@@ -62,15 +62,22 @@ impl LoadError {
     }
 }
 
+/// The most bytes of rule files read in all: source positions are 32-bit ([`Span`]), so
+/// a larger set is [`LoadError::TooLarge`], not a set whose positions saturate.
+///
+/// [`Span`]: crate::span::Span
+pub const MAX_SOURCE_BYTES: u64 = u32::MAX as u64;
+
 /// The `.rules` files of each path (a file, or a folder read non-recursively), sorted. A
 /// file named twice (`rules rules/admission.rules`) is read once.
 pub fn read_sources(paths: &[PathBuf]) -> Result<Vec<SourceFile>, LoadError> {
-    read_sources_within(paths, u64::MAX)
+    read_sources_within(paths, MAX_SOURCE_BYTES)
 }
 
 /// Like [`read_sources`], but never reads more than `limit` bytes in all: a larger set is
 /// [`LoadError::TooLarge`] (a server reloading rules bounds its memory with it).
 pub fn read_sources_within(paths: &[PathBuf], limit: u64) -> Result<Vec<SourceFile>, LoadError> {
+    let limit = limit.min(MAX_SOURCE_BYTES);
     let mut files = Vec::new();
     let mut seen = std::collections::HashSet::new();
     let mut left = limit;
