@@ -904,9 +904,11 @@ pub enum ModelFact {
     StepCreated,
     RemovedDead,
     ReleasedMember,
+    ReleasedRunning,
     DeadMemberEventMissing,
     DeletedUnannotated,
     LeftDead,
+    ResetUndrained,
     Stuck,
 }
 
@@ -964,12 +966,16 @@ model_facts! {
         "the step just taken removed an etcd member whose node was down";
     ReleasedMember "released.member" Type::Bool,
         "the step just taken released a machine's removal finalizer while the machine was still an etcd member (its member left behind in etcd)";
+    ReleasedRunning "released.running" Type::Bool,
+        "the step just taken released a removal's finalizer while its node was still up, neither reset nor wiped, although the controller could reach it (not found dead, not reported unreachable)";
     DeadMemberEventMissing "dead_member_event.missing" Type::Bool,
         "the step just taken finished removing a dead member below the declared count without a DeadMemberRemoved Warning event";
     DeletedUnannotated "deleted.unannotated" Type::Bool,
         "the step just taken committed the deletion of the TalosCluster, or of a TalosMachine whose TalosCluster is not being deleted, without the ichor.maesh.dev/allow-delete annotation";
     LeftDead "left.dead" Type::Bool,
         "the step just taken committed a request about a machine (an un-approval, a delete) that was reported unreachable (Ready=False NodeUnreachable) when the request was decided";
+    ResetUndrained "reset.undrained" Type::Bool,
+        "the step just taken was a removal's reset or wipe of a node that was up, and the removal had not drained it";
     Stuck "stuck" Type::Bool,
         "a removal or teardown is in progress and no sequence of controller steps, commits and recoveries (nodes coming back, PodDisruptionBudgets lifting) ends it or leaves it refused by a named rule";
 }

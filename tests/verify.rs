@@ -908,3 +908,57 @@ fn without_the_even_count_refusals_operations_are_created_to_wait() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// The line of the removal plan that starts with `step` (after `  do `), removed.
+fn without_step(text: &str, step: &str) -> String {
+    let head = format!("  do {step}");
+    let start = text.find(&head).unwrap_or_else(|| panic!("no `{head}`"));
+    let end = text[start..]
+        .find('\n')
+        .map_or(text.len(), |e| start + e + 1);
+    format!("{}{}", &text[..start], &text[end..])
+}
+
+/// A removal drains its node before resetting it, and ends with its node reset (or, in a
+/// teardown, wiped): without the drain `drained-before-reset` refutes it; without the reset,
+/// or the teardown's wipe, `nodes-reset` does (the TalosMachine would go while its node
+/// runs on, configured).
+#[test]
+fn a_removal_that_skips_the_drain_or_the_reset_is_refuted() {
+    for (step, invariant, cps) in [
+        ("drain node", "drained-before-reset", "3"),
+        ("talos reset", "nodes-reset", "3"),
+        ("talos wipe", "nodes-reset", "1"),
+    ] {
+        let dir = mutant(
+            &format!("skip-{}", step.replace(' ', "-")),
+            "removal.rules",
+            |t| without_step(t, step),
+        );
+        let (out, json) = verify(&dir, cps, &[]);
+        assert_eq!(out.code, 1, "{step}: {}", out.stdout);
+        assert!(
+            violated(&json).contains(&invariant.to_string()),
+            "{step}: {}",
+            out.stdout
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// An etcd restore is a recovery: parking it for the even count (a `parked-for-transition`
+/// without its exemption) is refuted by `restore-not-parked`.
+#[test]
+fn an_etcd_restore_parked_for_the_even_count_is_refuted() {
+    let dir = mutant("restore-parked", "removal.rules", |t| {
+        t.replacen(
+            "  unless kind == \"etcd-restore\" or failed or paused\n",
+            "  unless failed or paused\n",
+            1,
+        )
+    });
+    let (out, json) = verify(&dir, "2", &["--max-operations", "1"]);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert_eq!(violated(&json), ["restore-not-parked"], "{}", out.stdout);
+    let _ = std::fs::remove_dir_all(&dir);
+}

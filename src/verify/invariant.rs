@@ -36,6 +36,8 @@ pub struct Facts {
     pub unannotated: bool,
     pub left_dead: bool,
     pub created: bool,
+    pub undrained: bool,
+    pub left_running: bool,
     pub stuck: bool,
 }
 
@@ -91,6 +93,8 @@ impl Facts {
             unannotated: e.unannotated,
             left_dead: e.left_dead,
             created: e.created.is_some(),
+            undrained: e.undrained,
+            left_running: e.left_running,
             step_kind: e.kind.or(e.created),
             ..now
         }
@@ -131,6 +135,8 @@ impl Facts {
             DeletedUnannotated => V::Bool(self.unannotated),
             LeftDead => V::Bool(self.left_dead),
             StepCreated => V::Bool(self.created),
+            ResetUndrained => V::Bool(self.undrained),
+            ReleasedRunning => V::Bool(self.left_running),
             Stuck => V::Bool(self.stuck),
         }
     }

@@ -402,6 +402,11 @@ pub struct Effect {
     pub left_dead: bool,
     /// A committed creation of an operation, of this kind.
     pub created: Option<OpKind>,
+    /// A removal's reset or wipe of a node that was up, which the removal had not drained.
+    pub undrained: bool,
+    /// A removal that released its finalizer with its node still running (not reset or
+    /// wiped), although the node could be reached.
+    pub left_running: bool,
 }
 
 fn step_index(name: &str) -> u8 {
@@ -1645,6 +1650,9 @@ impl<'t> Model<'t> {
                     }
                     t.machines[i].member = false;
                 }
+                let drained = self.plan().iter().enumerate().any(|(j, st)| {
+                    m.done & (1 << j) != 0 && st.action.words() == ["drain", "node"]
+                });
                 let tm = &mut t.machines[i];
                 tm.up = false;
                 tm.wiped = true;
@@ -1652,6 +1660,7 @@ impl<'t> Model<'t> {
                 tm.committed = true;
                 Some(Effect {
                     ours: m.member,
+                    undrained: !drained,
                     ..effect(if graceful { "reset" } else { "wipe" })
                 })
             }
@@ -1665,11 +1674,18 @@ impl<'t> Model<'t> {
                         && st.argument.as_deref() == Some("DeadMemberRemoved")
                 });
                 let left_member = t.machines.get(i).is_some_and(|x| x.member);
+                // Its node still up, never reset nor wiped (either takes it down), although
+                // the controller could reach it: neither found dead nor reported unreachable.
+                let left_running = t
+                    .machines
+                    .get(i)
+                    .is_some_and(|x| x.up && !x.dead && !x.unreachable);
                 remove_machine(t, idx);
                 t.lock = release_if(t.lock, Lock::Removal(idx));
                 Some(Effect {
                     event_missing: below && !warned,
                     left_member,
+                    left_running,
                     ..effect("release-finalizer")
                 })
             }
