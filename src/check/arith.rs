@@ -207,8 +207,16 @@ impl Analysis {
                 Some((f, Type::Int)) => Abs::Int(fact_range(f)),
                 Some((_, Type::Bool)) => Abs::Bool(true, true),
                 Some(_) => Abs::Text,
-                // Every name is a fact once `let`s are inlined; anything else may be anything.
-                None => Abs::Int(Range::new(i128::from(i64::MIN), i128::from(i64::MAX))),
+                // An invariant's names are the model's facts: its ints are counts (of
+                // machines, members, operations, a rank) within the model's bounds.
+                None => match crate::vocab::ModelFact::lookup(n).map(|f| f.info().ty) {
+                    Some(Type::Int) => Abs::Int(Range::new(0, i128::from(MAX_MACHINES))),
+                    Some(Type::Bool) => Abs::Bool(true, true),
+                    Some(_) => Abs::Text,
+                    // Every name is a fact once `let`s are inlined; anything else may be
+                    // anything.
+                    None => Abs::Int(Range::new(i128::from(i64::MIN), i128::from(i64::MAX))),
+                },
             },
             ExprKind::Unary(UnOp::Not, i) => match self.eval(i, env) {
                 Abs::Bool(t, f) => Abs::Bool(f, t),

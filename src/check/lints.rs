@@ -14,7 +14,7 @@
 
 use super::arith::{self, can_fail};
 use super::exact::{self, Budget, Model, OTHER, Part, QUESTION_BUDGET, Undecided, satisfiable};
-use super::{CheckedPlan, CheckedRule, Event, Program};
+use super::{CheckedInvariant, CheckedPlan, CheckedRule, Event, Program};
 use crate::diagnostics::{Code, Diagnostic, SourceFile};
 use crate::interp::value::{EvalError, Value, eval};
 use crate::syntax::ast::{BinOp, Expr, ExprKind, Span};
@@ -44,6 +44,9 @@ pub(super) fn run(files: &[SourceFile], program: &Program, diags: &mut Vec<Diagn
     }
     for plan in &program.plans {
         lint_plan(plan, diags);
+    }
+    for inv in &program.invariants {
+        lint_invariant(inv, diags);
     }
     subsumption(files, program, &analyses, diags);
     allow_contradicted(files, program, diags);
@@ -775,6 +778,48 @@ fn lint_plan(plan: &CheckedPlan, diags: &mut Vec<Diagnostic>) {
                 ));
                 break;
             }
+        }
+    }
+}
+
+/// An invariant that cannot be evaluated in a state is reported violated there (`verify`
+/// fails closed), which says nothing about the rules: its arithmetic is checked like a
+/// rule's. `when` anywhere, `unless` where `when` holds, `ensure` where `when` holds and
+/// `unless` does not, and the message where `ensure` does not hold either. The model's
+/// facts are counts: a name the analysis does not know ranges over every value.
+fn lint_invariant(inv: &CheckedInvariant, diags: &mut Vec<Diagnostic>) {
+    let when: Vec<(&Expr, bool)> = inv.when.iter().map(|w| (w, true)).collect();
+    let mut scope = when.clone();
+    scope.extend(inv.unless.iter().map(|u| (u, false)));
+    let mut failing = scope.clone();
+    failing.push((&inv.ensure, false));
+    let mut parts: Vec<(&[(&Expr, bool)], &Expr, &str)> = Vec::new();
+    parts.extend(inv.when.iter().map(|w| (&[][..], w, "`when`")));
+    parts.extend(inv.unless.iter().map(|u| (&when[..], u, "`unless`")));
+    parts.push((&scope[..], &inv.ensure, "`ensure`"));
+    for m in &inv.message {
+        for p in &m.parts {
+            if let crate::syntax::ast::MessagePart::Placeholder(e) = p {
+                parts.push((&failing[..], e, "message"));
+            }
+        }
+    }
+    for (path, e, what) in parts {
+        if !can_fail(e) {
+            continue;
+        }
+        if let Some(f) = arith::analyse(path, &[e]).into_iter().next() {
+            diags.push(range_error(
+                inv.file,
+                &f,
+                format!(
+                    "the {what} of invariant `{}` can fail with {}",
+                    inv.name, f.error
+                ),
+                "guard the division (`members > 0 and healthy * 2 / members ...`), or compute it without one: \
+                 an invariant that cannot be evaluated is reported violated",
+            ));
+            return;
         }
     }
 }
