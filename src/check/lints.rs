@@ -12,7 +12,7 @@
 //! `ichor::lint::not_analysed` warning that says why, never a guess. Overflow is found by
 //! ranges ([`super::arith`]), with counts up to [`arith::MAX_MACHINES`].
 
-use super::arith::{self, can_fail};
+use super::arith::{self, Path, can_fail};
 use super::exact::{self, Budget, Model, OTHER, Part, QUESTION_BUDGET, Undecided, satisfiable};
 use super::{CheckedInvariant, CheckedPlan, CheckedRule, Event, Program};
 use crate::diagnostics::{Code, Diagnostic, SourceFile};
@@ -793,11 +793,11 @@ fn lint_invariant(inv: &CheckedInvariant, diags: &mut Vec<Diagnostic>) {
     scope.extend(inv.unless.iter().map(|u| (u, false)));
     let mut failing = scope.clone();
     failing.push((&inv.ensure, false));
-    let mut parts: Vec<(&[(&Expr, bool)], &Expr, &str)> = Vec::new();
+    let mut parts: Vec<(&Path<'_>, &Expr, &str)> = Vec::new();
     parts.extend(inv.when.iter().map(|w| (&[][..], w, "`when`")));
     parts.extend(inv.unless.iter().map(|u| (&when[..], u, "`unless`")));
     parts.push((&scope[..], &inv.ensure, "`ensure`"));
-    for m in &inv.message {
+    if let Some(m) = &inv.message {
         for p in &m.parts {
             if let crate::syntax::ast::MessagePart::Placeholder(e) = p {
                 parts.push((&failing[..], e, "message"));
