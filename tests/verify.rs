@@ -389,6 +389,27 @@ fn without_the_allow_delete_gates_a_prune_deletes() {
         assert!(replay(&dir, &fixtures) > 0);
         let _ = std::fs::remove_dir_all(&dir);
     }
+    // The gate stays where the TalosCluster is missing (a typo in clusterRef must not turn
+    // it off): a `machine-allow-delete` that bends there too is refuted from such a state.
+    let dir = mutant("prune-missing", "admission.rules", |t| {
+        let i = t.find("rule machine-allow-delete").expect("rule");
+        format!(
+            "{}{}",
+            &t[..i],
+            t[i..].replacen(
+                "unless cluster.deleting",
+                "unless not cluster.exists or cluster.deleting",
+                1
+            )
+        )
+    });
+    let (out, json) = verify(&dir, "1", &["--max-workers", "1"]);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert_eq!(violated(&json)[0], "deletes-meant", "{}", out.stdout);
+    let start = json["violations"][0]["start"].as_str().unwrap_or_default();
+    assert!(start.contains("no TalosCluster"), "{start}");
+    let _ = std::fs::remove_dir_all(&dir);
+
     let (out, json) = verify(&root().join("rules"), "1", &[]);
     assert_eq!(out.code, 0, "{}", out.stdout);
     let never: Vec<&str> = json["coverage"]["rules_never_fired"]

@@ -428,7 +428,7 @@ fn effect(name: &str) -> Effect {
 fn committed(p: Pending, t: &State) -> Effect {
     Effect {
         unannotated: match p.req {
-            Req::Prune(_) => t.cluster == ClusterState::Live,
+            Req::Prune(_) => t.cluster != ClusterState::Deleting,
             Req::PruneCluster => true,
             _ => false,
         },
@@ -1074,8 +1074,9 @@ impl<'t> Model<'t> {
             if m.approved {
                 out.push(Req::Delete(i));
                 // Following a deleted TalosCluster, an unannotated delete is the garbage
-                // collector's (`Collect`).
-                if s.cluster == ClusterState::Live {
+                // collector's (`Collect`). A machine whose TalosCluster is missing keeps
+                // the gate (a typo in clusterRef must not turn it off).
+                if s.cluster != ClusterState::Deleting {
                     out.push(Req::Prune(i));
                 }
                 if m.role == MRole::ControlPlane {
