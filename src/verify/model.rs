@@ -1118,23 +1118,18 @@ impl<'t> Model<'t> {
     }
 
     fn base(s: &State, req: Req) -> (u8, bool) {
-        match req {
-            // A request about a machine: whether it was reported unreachable when the
-            // request was decided (`left.dead`), and its `approved` (the resourceVersion an
-            // approval or an un-approval conflicts on).
-            Req::Approve(i)
-            | Req::Unapprove(i)
-            | Req::Delete(i)
-            | Req::Prune(i)
-            | Req::Collect(i)
-            | Req::ForgeStatus(i) => {
+        // A request about a machine: whether it was reported unreachable when the request
+        // was decided (`left.dead`), and its `approved` (the resourceVersion an approval or
+        // an un-approval conflicts on); about the cluster: its spec.
+        match req.machine() {
+            Some(i) => {
                 let m = s.machines.get(usize::from(i));
                 (
                     u8::from(m.is_some_and(|m| m.unreachable)),
                     m.is_some_and(|m| m.approved),
                 )
             }
-            _ => (s.count, s.schedulable),
+            None => (s.count, s.schedulable),
         }
     }
 
