@@ -983,3 +983,45 @@ fn an_etcd_restore_parked_for_the_even_count_is_refuted() {
     assert_eq!(violated(&json), ["restore-not-parked"], "{}", out.stdout);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Found by `verify` with 5 control-plane machines, operations and a request in flight:
+/// two approvals admitted on the same snapshot leave count 3 with five approved control
+/// planes of which three are etcd members; a reset of one of the three, counted against the
+/// approved ones only, took etcd to 2 members. `reset-replacement-not-joined` (the
+/// controller counting etcd's own members before it runs the reset) closes it.
+#[test]
+fn without_reset_replacement_not_joined_a_reset_outruns_two_concurrent_approvals() {
+    let dir = mutant("reset-joined", "admission.rules", |t| {
+        without(t, "rule reset-replacement-not-joined\n")
+    });
+    let bounds = [
+        "--max-operations",
+        "1",
+        "--in-flight",
+        "1",
+        "--max-requests",
+        "3",
+        "--depth",
+        "6",
+    ];
+    let (out, json) = verify(&dir, "5", &bounds);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert_eq!(violated(&json)[0], "count-kept", "{}", out.stdout);
+    let message = json["violations"][0]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("from 3 to 2 members, below the declared count of 3"),
+        "{message}"
+    );
+    let texts = step_texts(&json);
+    assert_eq!(
+        texts
+            .iter()
+            .filter(|t| t.starts_with("kubectl patch") && t.contains("spec.approved: true"))
+            .count(),
+        2,
+        "{texts:?}"
+    );
+    assert!(texts.iter().any(|t| t.contains("kind reset")), "{texts:?}");
+    let (out, _) = verify(&root().join("rules"), "5", &bounds);
+    assert_eq!(out.code, 0, "{}", out.stdout);
+}
