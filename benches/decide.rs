@@ -216,6 +216,7 @@ impl<'a> Facts<'a> for Fixed {
             | Fact::MemberDead
             | Fact::NodeUnreachable
             | Fact::TargetControlPlane
+            | Fact::TargetUncounted
             | Fact::Failed
             | Fact::Paused
             | Fact::UnfinishedExists

@@ -349,6 +349,7 @@ pub enum Fact {
     Kind,
     Target,
     TargetControlPlane,
+    TargetUncounted,
     Phase,
     Failed,
     Paused,
@@ -363,7 +364,7 @@ pub enum Fact {
 }
 
 /// The number of fact slots.
-pub const FACT_COUNT: usize = 30;
+pub const FACT_COUNT: usize = 31;
 
 /// What the checker, the lints, the runtime and the guide know about a fact: the one
 /// declaration each of them reads (the facts table of docs/rules.md is generated from it,
@@ -602,6 +603,8 @@ facts! {
     Target "target" Type::Name, Cheap, Request, ON_OPERATIONS, "spec.machine (\"\" when none)";
     TargetControlPlane "target.controlplane" Type::Bool, Cheap, Machines, ON_OPERATIONS,
         "spec.machine is an approved control plane of the operation's cluster, not being deleted (one `approved` counts)";
+    TargetUncounted "target.uncounted" Type::Bool, Cheap, Machines, ON_OPERATIONS,
+        "spec.machine is a control plane of the operation's cluster (spec.role) that may still be an etcd member, since it holds the removal finalizer, but that `approved` does not count: it is being deleted, or no longer approved";
     Phase "phase" Type::Name, Cheap, Request, ON_OPERATIONS, "status.phase";
     Failed "failed" Type::Bool, Cheap, Request, ON_OPERATIONS,
         "status.failureReason is set, or status.phase is Failed";

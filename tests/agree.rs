@@ -897,8 +897,8 @@ fn printed_string_literals_parse_back_the_same() {
     }
 }
 
-/// Rows whose arithmetic needs more registers than the flat programs have run on the stack
-/// machine; bools compared with `==`, text comparisons and overflow take their own paths.
+/// Deep arithmetic, bools compared with `==`, text comparisons and overflow take their own
+/// paths, flat and on the stack machine.
 /// All of them must still agree with the reference, deferred expensive facts included.
 #[test]
 fn deep_and_unusual_rows_agree_with_reference() {
@@ -934,29 +934,40 @@ rule texts
         "{}",
         render_human(&result.diagnostics, &files, false)
     );
-    let table = compile(&result.program, &files).expect("compiles");
+    // The flat programs have more registers than the language lets an expression need
+    // (`MAX_STACK` intermediate values), so every row runs flat; `flat: false` puts them on
+    // the stack machine. Both must agree with the reference.
+    assert!(ichor_rules::compile::flat::MAX_REGS > ichor_rules::compile::MAX_STACK);
+    let flat = compile(&result.program, &files).expect("compiles");
+    let stack = compile_with(&result.program, &files, Options { flat: false }).expect("compiles");
     let event = (
         ichor_rules::vocab::Verb::Remove,
         ichor_rules::vocab::Subject::ControlPlane,
         ichor_rules::vocab::Site::Webhook,
     );
-    let (_, program) = table.group(event.0, event.1, event.2).expect("a group");
-    assert!(
+    let uses_stack = |table: &Table| {
+        let (_, program) = table.group(event.0, event.1, event.2).expect("a group");
         program
             .ins
             .iter()
-            .any(|i| i.op == ichor_rules::compile::flat::Op::Stack),
-        "the deep rows run on the stack machine"
+            .any(|i| i.op == ichor_rules::compile::flat::Op::Stack)
+    };
+    assert!(!uses_stack(&flat), "the deep rows run flat");
+    assert!(
+        uses_stack(&stack),
+        "`flat: false` runs them on the stack machine"
     );
-    let mut runner = TestRunner::new(Config {
-        cases: 512,
-        failure_persistence: None,
-        ..Config::default()
-    });
     let program = result.program;
-    let result = runner.run(&gen_facts(), |facts| agree(&program, &table, &facts, src));
-    if let Err(e) = result {
-        panic!("{e}");
+    for table in [&flat, &stack] {
+        let mut runner = TestRunner::new(Config {
+            cases: 512,
+            failure_persistence: None,
+            ..Config::default()
+        });
+        let result = runner.run(&gen_facts(), |facts| agree(&program, table, &facts, src));
+        if let Err(e) = result {
+            panic!("{e}");
+        }
     }
 }
 

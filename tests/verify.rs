@@ -1025,3 +1025,44 @@ fn without_reset_replacement_not_joined_a_reset_outruns_two_concurrent_approvals
     let (out, _) = verify(&root().join("rules"), "5", &bounds);
     assert_eq!(out.code, 0, "{}", out.stdout);
 }
+
+/// Found by `verify` with 3 control-plane machines, a failure, operations and a request in
+/// flight: count 1, a delete of cp-1 in flight, a reset of cp-1 admitted, cp-2 un-approved
+/// (all on the same counts), then cp-2's node dies: the reset of cp-1, a control plane
+/// being deleted that no count includes, took etcd from 2 healthy of 3 to 1 of 2.
+/// `reset-uncounted-control-plane` refuses a reset of such a machine.
+#[test]
+fn without_reset_uncounted_control_plane_a_reset_of_a_deleted_member_loses_the_majority() {
+    let dir = mutant("reset-uncounted", "admission.rules", |t| {
+        without(t, "rule reset-uncounted-control-plane\n")
+    });
+    let bounds = [
+        "--max-failures",
+        "1",
+        "--max-operations",
+        "1",
+        "--in-flight",
+        "1",
+        "--max-requests",
+        "4",
+        "--depth",
+        "7",
+    ];
+    let (out, json) = verify(&dir, "3", &bounds);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert_eq!(violated(&json)[0], "healthy-majority", "{}", out.stdout);
+    let texts = step_texts(&json);
+    assert!(
+        texts.iter().any(|t| t.contains("kind reset, machine cp-1")),
+        "{texts:?}"
+    );
+    assert!(
+        texts
+            .iter()
+            .any(|t| t.contains("annotate+delete talosmachine cp-1")),
+        "{texts:?}"
+    );
+    assert!(texts.iter().any(|t| t.contains("dies")), "{texts:?}");
+    let (out, _) = verify(&root().join("rules"), "3", &bounds);
+    assert_eq!(out.code, 0, "{}", out.stdout);
+}

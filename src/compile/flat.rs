@@ -22,7 +22,7 @@ use crate::vocab::{FACT_COUNT, Fact, Type};
 
 /// The length of a session's value array: fact slots, then registers. A power of two, so an
 /// index masked into range needs no bounds check; small, so a session starts cheaply.
-pub const VALUES: usize = 32;
+pub const VALUES: usize = 64;
 /// Where the registers start in the value array (after the fact slots).
 pub const REG_BASE: usize = FACT_COUNT;
 /// The registers a row may use. A row that needs more runs on the stack machine

@@ -338,6 +338,19 @@ impl<'s> Facts<'s> for SnapshotFacts<'s> {
                     target.is_some_and(|t| self.control_planes().iter().any(|m| m.name() == t)),
                 )
             }
+            Fact::TargetUncounted => {
+                let (ns, cluster) = (self.ev.namespace, self.ev.cluster);
+                let target = self
+                    .operation()
+                    .and_then(|o| o.spec.machine.as_deref())
+                    .and_then(|t| self.snapshot.machine(ns, t))
+                    .filter(|m| m.cluster() == cluster);
+                Value::Bool(target.is_some_and(|m| {
+                    m.spec.role == Some(Role::ControlPlane)
+                        && m.holds_removal_finalizer()
+                        && (m.deleting() || m.approved_role() != Some(Role::ControlPlane))
+                }))
+            }
             Fact::Phase => Value::Str(self.operation().map_or("", |o| o.phase())),
             Fact::Failed => Value::Bool(self.operation().is_some_and(|o| o.failed())),
             Fact::Paused => Value::Bool(self.operation().is_some_and(|o| o.paused_elsewhere())),

@@ -431,6 +431,9 @@ struct DecisionMeta {
     deletion_timestamp: Option<Time>,
     #[serde(default, deserialize_with = "decided_annotations")]
     annotations: Option<BTreeMap<String, String>>,
+    /// Only the removal finalizer is read (`target.uncounted`); the others are dropped.
+    #[serde(default, deserialize_with = "decided_finalizers")]
+    finalizers: Option<Vec<String>>,
 }
 
 impl From<DecisionMeta> for ObjectMeta {
@@ -441,6 +444,7 @@ impl From<DecisionMeta> for ObjectMeta {
             creation_timestamp: m.creation_timestamp,
             deletion_timestamp: m.deletion_timestamp,
             annotations: m.annotations,
+            finalizers: m.finalizers,
             ..ObjectMeta::default()
         }
     }
@@ -482,6 +486,16 @@ fn decided_annotations<'de, D: Deserializer<'de>>(
         }
     }
     d.deserialize_option(Keep)
+}
+
+/// Keeps the removal finalizer, the one a fact reads; the others are dropped.
+fn decided_finalizers<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
+    let all: Option<Vec<String>> = Option::deserialize(d)?;
+    Ok(all.map(|f| {
+        f.into_iter()
+            .filter(|x| x == crate::runtime::objects::REMOVAL_FINALIZER)
+            .collect()
+    }))
 }
 
 /// An annotation key: which of [`DECIDED_ANNOTATIONS`] it is, if any (compared as read,

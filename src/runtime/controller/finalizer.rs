@@ -16,7 +16,7 @@ pub fn holds(meta: &ObjectMeta, finalizer: &str) -> bool {
 
 /// Whether a machine carries the removal finalizer.
 pub fn has_removal(m: &TalosMachine) -> bool {
-    holds(&m.metadata, REMOVAL_FINALIZER)
+    m.holds_removal_finalizer()
 }
 
 /// Adds or removes a machine's removal finalizer.

@@ -204,6 +204,15 @@ impl TalosMachine {
         annotation_true(&self.metadata, ALLOW_DELETE_ANNOTATION)
     }
 
+    /// It carries the removal finalizer (the controller adds it to an approved control
+    /// plane, and it stays until the removal, or etcd's member list, lets it go).
+    pub fn holds_removal_finalizer(&self) -> bool {
+        self.metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.iter().any(|x| x == REMOVAL_FINALIZER))
+    }
+
     /// The role it is an approved member with, if approved.
     pub fn approved_role(&self) -> Option<Role> {
         if self.spec.approved {
