@@ -234,6 +234,25 @@ fn suite(args: &VerifyArgs) -> Vec<Bounds> {
             max_requests: Some(3),
             ..large
         },
+        // The bounds in pairs and threes, where they met in a counterexample: an operation
+        // with a request in flight (two approvals on one snapshot, then a reset of a member:
+        // `reset-replacement-not-joined`), and with a failure too (a reset of a control
+        // plane being deleted: `reset-uncounted-control-plane`).
+        Bounds {
+            max_control_planes: 5,
+            max_operations: 1,
+            in_flight: 1,
+            max_requests: Some(3),
+            ..large
+        },
+        Bounds {
+            max_control_planes: 3,
+            max_failures: 1,
+            max_operations: 1,
+            in_flight: 1,
+            max_requests: Some(4),
+            ..large
+        },
     ]
 }
 
