@@ -937,7 +937,7 @@ rule texts
     // The flat programs have more registers than the language lets an expression need
     // (`MAX_STACK` intermediate values), so every row runs flat; `flat: false` puts them on
     // the stack machine. Both must agree with the reference.
-    assert!(ichor_rules::compile::flat::MAX_REGS > ichor_rules::compile::MAX_STACK);
+    const { assert!(ichor_rules::compile::flat::MAX_REGS > ichor_rules::compile::MAX_STACK) };
     let flat = compile(&result.program, &files).expect("compiles");
     let stack = compile_with(&result.program, &files, Options { flat: false }).expect("compiles");
     let event = (
