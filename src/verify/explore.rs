@@ -35,75 +35,100 @@ impl Hasher for Fx {
 /// sorted by their state (names follow them), everything that refers to a machine or an
 /// operation renumbered to match.
 pub fn canonical(s: &State) -> State {
-    let mut t = s.clone();
+    // Every list of a state is at most MAX_MACHINES (machines) or MAX_OPERATIONS long
+    // (`Bounds::check`), so the permutations fit in buffers on the stack.
+    const M: usize = super::model::MAX_MACHINES;
+    const O: usize = super::model::MAX_OPERATIONS;
+    let (n, k) = (s.machines.len().min(M), s.ops.len().min(O));
+    let mut machines: Vec<Machine> = s.machines[..n].to_vec();
+    let machines = machines.as_mut_slice();
     // Approval order matters only among approved control planes, and only as an order.
-    let mut orders: Vec<u8> = t
-        .machines
-        .iter()
-        .filter(|m| m.approved && m.order > 0)
-        .map(|m| m.order)
-        .collect();
+    let mut orders = [0u8; M];
+    let mut counted = 0;
+    for m in machines.iter().filter(|m| m.approved && m.order > 0) {
+        orders[counted] = m.order;
+        counted += 1;
+    }
+    let orders = &mut orders[..counted];
     orders.sort_unstable();
-    for m in &mut t.machines {
+    for m in machines.iter_mut() {
         if !(m.approved && m.order > 0) {
             m.order = 0;
         } else if let Ok(p) = orders.binary_search(&m.order) {
             m.order = u8::try_from(p + 1).unwrap_or(u8::MAX);
         }
     }
-    let mut perm: Vec<usize> = (0..t.machines.len()).collect();
-    perm.sort_by(|a, b| t.machines[*a].cmp(&t.machines[*b]).then(a.cmp(b)));
-    let mut inv = vec![0u8; t.machines.len()];
-    for (new, old) in ix(&perm) {
-        inv[*old] = new;
+    let mut perm = [0u8; M];
+    for (i, _) in ix(machines) {
+        perm[usize::from(i)] = i;
+    }
+    let perm = &mut perm[..n];
+    perm.sort_by(|a, b| {
+        machines[usize::from(*a)]
+            .cmp(&machines[usize::from(*b)])
+            .then(a.cmp(b))
+    });
+    let mut inv = [0u8; M];
+    for (new, old) in ix(perm) {
+        inv[usize::from(*old)] = new;
     }
     let map = |x: u8| -> u8 {
         if x == NONE || x == GONE {
             x
         } else {
-            inv.get(usize::from(x)).copied().unwrap_or(x)
+            inv[..n].get(usize::from(x)).copied().unwrap_or(x)
         }
     };
-    t.machines = perm.iter().map(|i| s_machine(&t, *i)).collect();
-    t.names = perm
-        .iter()
-        .map(|i| s.names.get(*i).copied().unwrap_or(0))
-        .collect();
-    for o in &mut t.ops {
+    let mut ops: Vec<Op> = s.ops[..k].to_vec();
+    let ops = ops.as_mut_slice();
+    for o in ops.iter_mut() {
         o.target = map(o.target);
     }
-    for p in &mut t.pending {
-        p.req = p.req.map_machine(map);
-    }
-    t.pending.sort();
-    let lock = match t.lock {
-        Lock::Removal(h) => Lock::Removal(map(h)),
-        other => other,
-    };
     // Operations: interchangeable too (their creation order matters only to name the
     // unfinished one another waits on, which a canonical order keeps deterministic).
-    let mut operm: Vec<usize> = (0..t.ops.len()).collect();
-    operm.sort_by(|a, b| t.ops[*a].cmp(&t.ops[*b]).then(a.cmp(b)));
-    let mut oinv = vec![0u8; t.ops.len()];
-    for (new, old) in ix(&operm) {
-        oinv[*old] = new;
+    let mut operm = [0u8; O];
+    for (i, _) in ix(ops) {
+        operm[usize::from(i)] = i;
     }
-    t.lock = match lock {
-        Lock::Operation(h) => Lock::Operation(oinv.get(usize::from(h)).copied().unwrap_or(h)),
+    let operm = &mut operm[..k];
+    operm.sort_by(|a, b| {
+        ops[usize::from(*a)]
+            .cmp(&ops[usize::from(*b)])
+            .then(a.cmp(b))
+    });
+    let mut oinv = [0u8; O];
+    for (new, old) in ix(operm) {
+        oinv[usize::from(*old)] = new;
+    }
+    let mut pending: Vec<_> = s
+        .pending
+        .iter()
+        .map(|p| super::model::Pending {
+            req: p.req.map_machine(map),
+            ..*p
+        })
+        .collect();
+    pending.sort();
+    let lock = match s.lock {
+        Lock::Removal(h) => Lock::Removal(map(h)),
+        Lock::Operation(h) => Lock::Operation(oinv[..k].get(usize::from(h)).copied().unwrap_or(h)),
         other => other,
     };
-    let ops = t.ops.clone();
-    t.ops = operm.iter().map(|i| ops[*i]).collect();
-    let names = t.op_names.clone();
-    t.op_names = operm
-        .iter()
-        .map(|i| names.get(*i).copied().unwrap_or(0))
-        .collect();
-    t
-}
-
-fn s_machine(t: &State, i: usize) -> Machine {
-    t.machines[i].clone()
+    State {
+        machines: perm.iter().map(|i| machines[usize::from(*i)]).collect(),
+        names: perm
+            .iter()
+            .map(|i| s.names.get(usize::from(*i)).copied().unwrap_or(0))
+            .collect(),
+        ops: operm.iter().map(|i| ops[usize::from(*i)]).collect(),
+        op_names: operm
+            .iter()
+            .map(|i| s.op_names.get(usize::from(*i)).copied().unwrap_or(0))
+            .collect(),
+        pending,
+        lock,
+        ..*s
+    }
 }
 
 /// The bytes that identify a canonical state (names left out).

@@ -254,6 +254,30 @@ fn eval<'a>(e: &'a Code, f: &Facts) -> Result<V<'a>, String> {
     })
 }
 
+/// The steps at which a condition can be true or fail to evaluate, when its shape says:
+/// `step == "…"` (never fails), `a and b` (false without evaluating `b` where `a` is, so
+/// `a`'s steps), `a or b` (both false without failing outside both's steps). `None`: any.
+fn steps_of(e: &Code) -> Option<Box<[bool; 256]>> {
+    match e {
+        Code::StepIs(table, negate) => {
+            let mut out = Box::new([false; 256]);
+            for (o, t) in out.iter_mut().zip(table.iter()) {
+                *o = *t != *negate;
+            }
+            Some(out)
+        }
+        Code::Binary(BinOp::And, l, _) => steps_of(l),
+        Code::Binary(BinOp::Or, l, r) => {
+            let (mut a, b) = (steps_of(l)?, steps_of(r)?);
+            for (x, y) in a.iter_mut().zip(b.iter()) {
+                *x |= *y;
+            }
+            Some(a)
+        }
+        _ => None,
+    }
+}
+
 fn truth(e: &Code, f: &Facts) -> Result<bool, String> {
     match eval(e, f)? {
         V::Bool(b) => Ok(b),
@@ -267,6 +291,9 @@ pub struct InvariantCheck {
     /// It reads `stuck`, which is known only once the whole graph is explored.
     pub deferred: bool,
     when: Option<Code>,
+    /// The steps at which `when` can be true (or fail): outside them it is false without
+    /// evaluating it. `None`: any step.
+    when_steps: Option<Box<[bool; 256]>>,
     unless: Option<Code>,
     ensure: Code,
     /// The message's placeholders, compiled (text parts as `None`).
@@ -293,10 +320,12 @@ impl InvariantCheck {
             .chain(meta.unless.iter())
             .chain(std::iter::once(&meta.ensure));
         let deferred = exprs.clone().any(|e| reads(e, "stuck"));
+        let when = meta.when.as_ref().map(Code::of);
         InvariantCheck {
             meta: meta.clone(),
             deferred,
-            when: meta.when.as_ref().map(Code::of),
+            when_steps: when.as_ref().and_then(steps_of),
+            when,
             unless: meta.unless.as_ref().map(Code::of),
             ensure: Code::of(&meta.ensure),
             say: meta.message.as_ref().map(|m| {
@@ -315,6 +344,11 @@ impl InvariantCheck {
     /// requests overlapped.
     pub fn holds(&self, f: &Facts, concurrent: bool) -> Outcome {
         if self.meta.sequential && concurrent {
+            return Outcome::Holds { at_risk: false };
+        }
+        if let Some(steps) = &self.when_steps
+            && !steps[usize::from(f.step)]
+        {
             return Outcome::Holds { at_risk: false };
         }
         let applies = (|| -> Result<bool, String> {
@@ -371,6 +405,38 @@ fn render_message(parts: &[Result<Code, String>], f: &Facts) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Skipping a `when` outside its steps gives what evaluating it gives: false, never
+    /// an error, wherever the steps say it cannot hold.
+    #[test]
+    fn a_when_skipped_outside_its_steps_is_false_there() {
+        for text in [
+            "step == \"join\"",
+            "step == \"join\" and 1 / 0 > 0",
+            "step == \"join\" or step != \"commit\" and members < 1 / 0",
+            "(step == \"reset\" or step == \"wipe\") and members > 0",
+            "members > 0 and step == \"join\"",
+            "not (step == \"join\")",
+        ] {
+            let code = Code::of(&crate::syntax::parse_expr(text).expect("parses"));
+            let steps = steps_of(&code);
+            if text.starts_with("members") || text.starts_with("not") {
+                assert!(steps.is_none(), "{text}");
+                continue;
+            }
+            let steps = steps.expect("a step filter");
+            for step in 0..=u8::MAX {
+                let f = Facts {
+                    step,
+                    ..Facts::default()
+                };
+                if !steps[usize::from(step)] {
+                    assert_eq!(truth(&code, &f), Ok(false), "{text} at step {step}");
+                }
+            }
+            assert!(steps.iter().any(|s| *s), "{text}");
+        }
+    }
 
     /// `step == "…"` looked up once says what comparing the step's name says, for every
     /// step index, either way round, with `==` and `!=`, and for a name that is no step.

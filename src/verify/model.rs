@@ -153,7 +153,7 @@ pub enum MRole {
 }
 
 /// One TalosMachine and what stands behind it (its node, its etcd member).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Machine {
     pub role: MRole,
     pub approved: bool,
@@ -591,8 +591,8 @@ impl State {
         let i: usize = i.into();
         match (self.machines.get(i), self.names.get(i)) {
             (Some(m), Some(n)) => match m.role {
-                MRole::ControlPlane => format!("cp-{n}"),
-                MRole::Worker => format!("worker-{n}"),
+                MRole::ControlPlane => text(Text::ControlPlane, *n).to_string(),
+                MRole::Worker => text(Text::Worker, *n).to_string(),
             },
             _ => format!("machine-{i}"),
         }
@@ -601,7 +601,7 @@ impl State {
     pub fn op_name(&self, i: impl Into<usize>) -> String {
         let i: usize = i.into();
         match self.op_names.get(i) {
-            Some(n) => format!("op-{n}"),
+            Some(n) => text(Text::Operation, *n).to_string(),
             None => format!("op-{i}"),
         }
     }
@@ -691,6 +691,34 @@ impl State {
 
 // ---- objects ----------------------------------------------------------------------------
 
+/// The strings a model's objects are named with, numbered by a byte: formatted once (every
+/// state's snapshot names every machine; formatting them each time was a tenth of a run).
+#[derive(Clone, Copy)]
+enum Text {
+    ControlPlane,
+    Worker,
+    Operation,
+    ControlPlaneEndpoint,
+    WorkerEndpoint,
+}
+
+fn text(kind: Text, n: u8) -> &'static str {
+    static TEXTS: std::sync::LazyLock<Vec<Vec<String>>> = std::sync::LazyLock::new(|| {
+        let all = |f: &dyn Fn(u8) -> String| (0..=u8::MAX).map(f).collect::<Vec<_>>();
+        vec![
+            all(&|n| format!("cp-{n}")),
+            all(&|n| format!("worker-{n}")),
+            all(&|n| format!("op-{n}")),
+            all(&|n| format!("10.0.0.{n}:50000")),
+            all(&|n| format!("10.0.1.{n}:50000")),
+        ]
+    });
+    TEXTS
+        .get(kind as usize)
+        .and_then(|t| t.get(usize::from(n)))
+        .map_or("", String::as_str)
+}
+
 fn time(seconds: i64) -> Time {
     Time(Timestamp::from_second(1_767_225_600 + seconds).unwrap_or(Timestamp::UNIX_EPOCH))
 }
@@ -742,11 +770,17 @@ impl Objects<'_> {
             approval_decision: (m.order > 0).then(|| ApprovalDecision {
                 at: Some(time(i64::from(m.order))),
             }),
-            endpoint: Some(format!(
-                "10.0.{}.{}:50000",
-                u8::from(m.role == MRole::Worker),
-                i + 1
-            )),
+            // (i < MAX_MACHINES: Bounds::check)
+            endpoint: Some(
+                text(
+                    match m.role {
+                        MRole::ControlPlane => Text::ControlPlaneEndpoint,
+                        MRole::Worker => Text::WorkerEndpoint,
+                    },
+                    u8::try_from(i + 1).unwrap_or(u8::MAX),
+                )
+                .to_string(),
+            ),
             hostname: Some(name.clone()),
         };
         let mut conditions = Vec::new();
