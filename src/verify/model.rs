@@ -1628,7 +1628,7 @@ impl<'t> Model<'t> {
         let words = step.action.words();
         let sibling = t.healthy_sibling(i);
         let leader = t.has_leader();
-        let m = t.machines[i].clone();
+        let m = t.machines[i];
         match words {
             ["lock", "cluster"] => Some(effect("lock")),
             ["drain", "node"] => (!t.pdb).then(|| effect("drain")),
@@ -1801,7 +1801,7 @@ impl<'t> Model<'t> {
                 let mut ours = false;
                 if o.kind == OpKind::Reset && o.target != NONE && o.target != GONE {
                     let target = usize::from(o.target);
-                    let m = t.machines.get(target)?.clone();
+                    let m = *t.machines.get(target)?;
                     if !m.up || (m.member && !t.has_leader()) {
                         return None;
                     }
