@@ -1614,6 +1614,59 @@ mod read_declarations {
         }
     }
 
+    /// `metadata.finalizers` as an answer may hold it: a list with a non-string entry, or
+    /// not a list, fails the page (the read refuses) in both decodings; `null`, an empty
+    /// list and other finalizers only are no removal finalizer, and a huge list of
+    /// others keeps nothing but the one a fact reads.
+    #[test]
+    fn malformed_finalizers_fail_the_read_and_others_are_dropped() {
+        use crate::runtime::objects::REMOVAL_FINALIZER;
+        use serde_json::json;
+        let page = |finalizers: serde_json::Value, decode: Decode| {
+            let list = json!({"apiVersion": API_VERSION, "kind": "TalosMachineList",
+                "metadata": {"resourceVersion": "1"},
+                "items": [{"apiVersion": API_VERSION, "kind": "TalosMachine",
+                    "metadata": {"name": "cp-1", "namespace": "ns", "finalizers": finalizers},
+                    "spec": {"clusterRef": {"name": "prod"}, "role": "controlplane", "approved": true}}]});
+            let expect = Expect {
+                kind: "TalosMachine",
+                namespace: "ns",
+                name: None,
+                cluster: Some("prod"),
+            };
+            TalosMachine::page(&serde_json::to_vec(&list).expect("json"), decode, &expect)
+                .map(|(items, _)| items)
+        };
+        for decode in [Decode::Full, Decode::Decisions] {
+            for bad in [
+                json!([1]),
+                json!(["a", {"b": 1}]),
+                json!("x"),
+                json!({"a": "b"}),
+            ] {
+                assert!(page(bad.clone(), decode).is_err(), "{bad} decoded");
+            }
+            let mut many: Vec<String> = (0..10_000).map(|i| format!("other/{i}")).collect();
+            many.push(REMOVAL_FINALIZER.to_string());
+            for (finalizers, holds) in [
+                (json!(null), false),
+                (json!([]), false),
+                (json!(["other/x"]), false),
+                (json!(many), true),
+            ] {
+                let items = page(finalizers.clone(), decode).expect("decodes");
+                assert_eq!(items[0].holds_removal_finalizer(), holds, "{finalizers}");
+            }
+        }
+        let items =
+            page(json!(["other/x", REMOVAL_FINALIZER]), Decode::Decisions).expect("decodes");
+        assert_eq!(
+            items[0].metadata.finalizers.as_deref(),
+            Some(&[REMOVAL_FINALIZER.to_string()][..]),
+            "only the removal finalizer is kept"
+        );
+    }
+
     /// Decoding for decisions keeps everything a fact reads: every fact of every event,
     /// for every subject, is the same from whole objects and from what `Decisions` keeps.
     #[test]
