@@ -1,8 +1,9 @@
 //! Can this arithmetic fail? Decided two ways, both here:
 //!
-//! - [`can_fail`]: whether an expression does anything that can fail at all (integer
-//!   arithmetic, negation included). The compiler asks it before it reorders operands; the
-//!   lints ask it to know what to analyse.
+//! - [`can_fail`](super::typed::can_fail): whether an expression does anything that can
+//!   fail at all (integer arithmetic, negation included), one of the annotations of
+//!   [`Typed`](super::typed::Typed). The compiler reads it before it reorders operands;
+//!   the lints read it to know what to analyse.
 //! - [`analyse`]: interval reasoning over the facts' ranges, along the path that reaches
 //!   each operation (`count > 0 and approved / count > 1` divides only where `count` is at
 //!   least 1). It scales to any number of facts, and is sound: an operation it passes can
@@ -12,20 +13,6 @@
 use crate::interp::value::EvalError;
 use crate::syntax::ast::{BinOp, Expr, ExprKind, Span, UnOp};
 use crate::vocab::{Fact, Type};
-
-/// Whether evaluating the expression can fail: integer arithmetic (`+ - * / %` and unary
-/// `-`) can overflow or divide by zero; comparisons, logic and values cannot.
-pub fn can_fail(e: &Expr) -> bool {
-    match &e.kind {
-        ExprKind::Unary(UnOp::Neg, _) => true,
-        ExprKind::Unary(UnOp::Not, i) => can_fail(i),
-        ExprKind::Binary(BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Mod, _, _) => {
-            true
-        }
-        ExprKind::Binary(_, l, r) => can_fail(l) || can_fail(r),
-        _ => false,
-    }
-}
 
 /// The most machines (control planes, workers) a cluster is assumed to have, for the
 /// ranges of the counting facts.
@@ -533,13 +520,5 @@ mod tests {
             [EvalError::Overflow]
         );
         assert_eq!(fails(&[], "-approved"), []);
-    }
-
-    #[test]
-    fn can_fail_counts_negation() {
-        assert!(can_fail(&parse_expr("-approved").expect("parses")));
-        assert!(!can_fail(
-            &parse_expr("not cluster.deleting").expect("parses")
-        ));
     }
 }

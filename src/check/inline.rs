@@ -10,7 +10,7 @@
 //! size, see [`budget`]) is an error naming the definition, never a copy.
 
 use super::FileChecker;
-use crate::compile::{MAX_STACK, stack_depth};
+use crate::compile::MAX_STACK;
 use crate::diagnostics::{Code, Diagnostic};
 use crate::syntax::MAX_DEPTH;
 use crate::syntax::ast::{Expr, ExprKind};
@@ -183,8 +183,8 @@ impl<'a> FileChecker<'a, '_> {
     }
 
     /// After inlining: the compiled form's evaluation stack must suffice.
-    pub(super) fn check_stack(&self, e: &Expr) {
-        if stack_depth(e) > MAX_STACK {
+    pub(super) fn check_stack(&self, e: &Expr, depth: usize) {
+        if depth > MAX_STACK {
             self.expansions.borrow_mut().pending.push(
                 Diagnostic::error(
                     Code::SyntaxTooComplex,

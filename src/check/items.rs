@@ -87,9 +87,9 @@ impl<'a, 'd> FileChecker<'a, 'd> {
         }
         let src = |e: &Option<Expr>| e.as_ref().map(|e| e.to_string());
         self.inline_too_deep.set(false);
-        let when = r.when.as_ref().map(|e| self.inline(e));
-        let unless = r.unless.as_ref().map(|e| self.inline(e));
-        let message = self.inline_message(r.say.as_ref()?);
+        let (when, typed_when) = r.when.as_ref().map(|e| self.inline_typed(e)).unzip();
+        let (unless, typed_unless) = r.unless.as_ref().map(|e| self.inline_typed(e)).unzip();
+        let (message, typed_message) = self.inline_message(r.say.as_ref()?);
         if self.inline_too_deep.get() {
             self.diags.push(
                 Diagnostic::error(
@@ -129,6 +129,11 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             say_text: r.say.as_ref()?.source_text(),
             message,
             lets: self.lets_of(r.when.iter().chain(&r.unless), r.say.as_ref()),
+            typed: Annotated {
+                when: typed_when,
+                unless: typed_unless,
+                message: Some(typed_message),
+            },
         })
     }
 
@@ -290,13 +295,16 @@ impl<'a, 'd> FileChecker<'a, 'd> {
         if !ok {
             return None;
         }
+        let (when, typed_when) = s.when.as_ref().map(|e| self.inline_typed(e)).unzip();
+        let (unless, typed_unless) = s.unless.as_ref().map(|e| self.inline_typed(e)).unzip();
+        let (message, typed_message) = s.say.as_ref().map(|m| self.inline_message(m)).unzip();
         Some(CheckedStep {
             action: action.action,
             argument: action
                 .argument
                 .and_then(|_| s.words.last().map(|w| w.name.clone())),
-            when: s.when.as_ref().map(|e| self.inline(e)),
-            unless: s.unless.as_ref().map(|e| self.inline(e)),
+            when,
+            unless,
             text,
             guard_text: match (&s.when, &s.unless) {
                 (None, None) => None,
@@ -309,9 +317,14 @@ impl<'a, 'd> FileChecker<'a, 'd> {
                 ),
             },
             say_text: s.say.as_ref().map(|m| m.source_text()),
-            message: s.say.as_ref().map(|m| self.inline_message(m)),
+            message,
             span: s.span,
             lets: self.lets_of(s.when.iter().chain(&s.unless), s.say.as_ref()),
+            typed: Annotated {
+                when: typed_when,
+                unless: typed_unless,
+                message: typed_message,
+            },
         })
     }
 
@@ -414,7 +427,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
         let when = inv.when.as_ref().map(|e| self.inline(e));
         let unless = inv.unless.as_ref().map(|e| self.inline(e));
         let ensure = self.inline(inv.ensure.as_ref()?);
-        let message = inv.say.as_ref().map(|m| self.inline_message(m));
+        let message = inv.say.as_ref().map(|m| self.inline_message(m).0);
         if self.inline_too_deep.get() {
             self.diags.push(
                 Diagnostic::error(

@@ -192,30 +192,42 @@ impl<'a, 'd> FileChecker<'a, 'd> {
                         .get(l.name.name.as_str())
                         .is_some_and(|info| std::ptr::eq(info.def, *l))
             })
-            .map(|l| CheckedLet {
-                name: l.name.name.clone(),
-                file: self.file,
-                span: l.span,
-                expr_span: l.expr.span,
+            .map(|l| {
                 // Written out within the file's budget like every condition: a chain of
                 // `let`s each used once costs its length once per link, not unboundedly.
-                expr: self.inline(&l.expr),
+                let (expr, typed) = self.inline_typed(&l.expr);
+                CheckedLet {
+                    name: l.name.name.clone(),
+                    file: self.file,
+                    span: l.span,
+                    expr_span: l.expr.span,
+                    expr,
+                    typed,
+                }
             })
             .collect()
     }
 
     /// Replaces every `let` name by its definition (checked acyclic before this runs).
     pub(super) fn inline(&self, e: &Expr) -> Expr {
+        self.inline_typed(e).0
+    }
+
+    /// [`inline`](Self::inline), and the result annotated ([`Typed`]): once, for the
+    /// stack limit checked here and for everything after the checker.
+    pub(super) fn inline_typed(&self, e: &Expr) -> (Expr, Typed) {
         // Never copy more than the limits allow (an error is reported instead).
-        if !self.may_inline(e) {
-            return Expr {
+        let inlined = if self.may_inline(e) {
+            self.inline_depth(e, 0)
+        } else {
+            Expr {
                 kind: ExprKind::Bool(false),
                 span: e.span,
-            };
-        }
-        let inlined = self.inline_depth(e, 0);
-        self.check_stack(&inlined);
-        inlined
+            }
+        };
+        let typed = Typed::of(&inlined);
+        self.check_stack(&inlined, typed.info.depth);
+        (inlined, typed)
     }
 
     pub(super) fn inline_depth(&self, e: &Expr, depth: usize) -> Expr {
@@ -243,17 +255,29 @@ impl<'a, 'd> FileChecker<'a, 'd> {
         Expr { kind, span: e.span }
     }
 
-    pub(super) fn inline_message(&self, m: &Message) -> Message {
-        Message {
-            parts: m
-                .parts
-                .iter()
-                .map(|p| match p {
-                    MessagePart::Text(t) => MessagePart::Text(t.clone()),
-                    MessagePart::Placeholder(e) => MessagePart::Placeholder(self.inline(e)),
-                })
-                .collect(),
-            span: m.span,
-        }
+    pub(super) fn inline_message(&self, m: &Message) -> (Message, Vec<TypedPart>) {
+        let mut typed = Vec::with_capacity(m.parts.len());
+        let parts = m
+            .parts
+            .iter()
+            .map(|p| match p {
+                MessagePart::Text(t) => {
+                    typed.push(TypedPart::Text(t.clone()));
+                    MessagePart::Text(t.clone())
+                }
+                MessagePart::Placeholder(e) => {
+                    let (e, t) = self.inline_typed(e);
+                    typed.push(TypedPart::Value(t));
+                    MessagePart::Placeholder(e)
+                }
+            })
+            .collect();
+        (
+            Message {
+                parts,
+                span: m.span,
+            },
+            typed,
+        )
     }
 }

@@ -12,11 +12,13 @@
 //! `ichor::lint::not_analysed` warning that says why, never a guess. Overflow is found by
 //! ranges ([`super::arith`]), with counts up to [`arith::MAX_MACHINES`].
 
-use super::arith::{self, Path, can_fail};
+use super::arith::{self, Path};
 use super::exact::{self, Budget, Model, OTHER, Part, QUESTION_BUDGET, Undecided, satisfiable};
+use super::typed::{Typed, TypedPart, can_fail};
 use super::{CheckedInvariant, CheckedPlan, CheckedRule, Event, Program};
 use crate::diagnostics::{Code, Diagnostic, SourceFile};
 use crate::interp::value::{EvalError, Value, eval};
+use crate::syntax::ast::Message;
 use crate::syntax::ast::{BinOp, Expr, ExprKind, Span};
 use crate::vocab::{Domain, Fact, RUNTIME_EVENTS, Type, Verdict};
 
@@ -613,16 +615,7 @@ impl Truth<'_> {
 /// A message's placeholders are evaluated whenever the rule fires: where it fires, none
 /// may divide by zero or overflow (it would read `<division by zero>` in a refusal).
 fn lint_placeholders(rule: &CheckedRule, diags: &mut Vec<Diagnostic>) {
-    let placeholders: Vec<&Expr> = rule
-        .message
-        .parts
-        .iter()
-        .filter_map(|p| match p {
-            crate::syntax::ast::MessagePart::Placeholder(e) => Some(e),
-            crate::syntax::ast::MessagePart::Text(_) => None,
-        })
-        .filter(|e| can_fail(e))
-        .collect();
+    let placeholders = failing_placeholders(&rule.message, rule.typed.message.as_deref());
     if placeholders.is_empty() {
         return;
     }
@@ -741,26 +734,29 @@ type PathOf<'e> = Vec<(&'e Expr, bool)>;
 /// guard is evaluated on its own; the message where the step runs.
 fn lint_plan(plan: &CheckedPlan, diags: &mut Vec<Diagnostic>) {
     for step in &plan.steps {
+        // The guards the checker annotated as able to fail (an unannotated one is analysed).
+        let fails = |e: Option<&Typed>| e.is_none_or(|t| t.info.can_fail);
+        let path: PathOf<'_> = step
+            .when
+            .iter()
+            .map(|w| (w, true))
+            .chain(step.unless.iter().map(|u| (u, false)))
+            .collect();
         let guards: Vec<(PathOf<'_>, &Expr, &str)> = step
             .when
             .iter()
-            .chain(step.unless.iter())
+            .filter(|_| fails(step.typed.when.as_ref()))
+            .chain(
+                step.unless
+                    .iter()
+                    .filter(|_| fails(step.typed.unless.as_ref())),
+            )
             .map(|e| (Vec::new(), e, "guard"))
             .chain(step.message.iter().flat_map(|m| {
-                m.parts.iter().filter_map(|p| match p {
-                    crate::syntax::ast::MessagePart::Placeholder(e) => Some((
-                        step.when
-                            .iter()
-                            .map(|w| (w, true))
-                            .chain(step.unless.iter().map(|u| (u, false)))
-                            .collect(),
-                        e,
-                        "message",
-                    )),
-                    crate::syntax::ast::MessagePart::Text(_) => None,
-                })
+                failing_placeholders(m, step.typed.message.as_deref())
+                    .into_iter()
+                    .map(|e| (path.clone(), e, "message"))
             }))
-            .filter(|(_, e, _)| can_fail(e))
             .collect();
         for (path, e, what) in guards {
             if let Some(f) = arith::analyse(&path, &[e]).into_iter().next() {
@@ -821,6 +817,26 @@ fn lint_invariant(inv: &CheckedInvariant, diags: &mut Vec<Diagnostic>) {
             ));
             return;
         }
+    }
+}
+
+/// A message's placeholders that the checker annotated as able to fail (all of them when
+/// the annotations do not line up with the message, which the checker never produces).
+fn failing_placeholders<'m>(m: &'m Message, typed: Option<&[TypedPart]>) -> Vec<&'m Expr> {
+    let placeholders = m.parts.iter().filter_map(|p| match p {
+        crate::syntax::ast::MessagePart::Placeholder(e) => Some(e),
+        crate::syntax::ast::MessagePart::Text(_) => None,
+    });
+    match typed.filter(|t| t.len() == m.parts.len()) {
+        Some(t) => placeholders
+            .zip(t.iter().filter_map(|p| match p {
+                TypedPart::Value(v) => Some(v),
+                TypedPart::Text(_) => None,
+            }))
+            .filter(|(_, t)| t.info.can_fail)
+            .map(|(e, _)| e)
+            .collect(),
+        None => placeholders.collect(),
     }
 }
 

@@ -8,11 +8,12 @@ mod inline;
 mod items;
 mod lets;
 mod lints;
+mod typed;
 mod types;
 
 use types::Ty;
 
-pub use arith::can_fail;
+pub use typed::{Info, Typed, TypedKind, TypedPart, ValueKind, can_fail};
 
 use crate::diagnostics::{Code, Diagnostic, SourceFile, did_you_mean};
 use crate::syntax::ast::*;
@@ -49,6 +50,17 @@ pub struct CheckedRule {
     pub say_text: String,
     /// The `let`s its conditions and message use, directly or through another `let`.
     pub lets: Vec<String>,
+    /// `when`, `unless` and the message, annotated: what the compiler reads.
+    pub typed: Annotated,
+}
+
+/// A rule's or a plan step's conditions and message, annotated once by the checker
+/// ([`Typed`]): the compiler and the lints read these, never the syntax tree's names.
+#[derive(Clone, Debug, Default)]
+pub struct Annotated {
+    pub when: Option<Typed>,
+    pub unless: Option<Typed>,
+    pub message: Option<Vec<TypedPart>>,
 }
 
 /// A plan step, resolved.
@@ -66,6 +78,8 @@ pub struct CheckedStep {
     pub span: Span,
     /// The `let`s its guard and message use, directly or through another `let`.
     pub lets: Vec<String>,
+    /// The guard and the message, annotated: what the compiler reads.
+    pub typed: Annotated,
 }
 
 #[derive(Clone, Debug)]
@@ -107,6 +121,8 @@ pub struct CheckedLet {
     pub expr_span: Span,
     /// The expression with every `let` it uses inlined.
     pub expr: Expr,
+    /// The same, annotated: what the compiler reads.
+    pub typed: Typed,
 }
 
 /// An `allow` statement, resolved.

@@ -17,8 +17,9 @@
 //! already hold, and an arithmetic error stops the row at the same point.
 
 use super::{MAX_STACK, Text, reorder};
-use crate::syntax::ast::{BinOp, Expr, ExprKind, UnOp};
-use crate::vocab::{FACT_COUNT, Fact, Type};
+use crate::check::{Typed, TypedKind, ValueKind};
+use crate::syntax::ast::{BinOp, UnOp};
+use crate::vocab::FACT_COUNT;
 
 /// The length of a session's value array: fact slots, then registers. A power of two, so an
 /// index masked into range needs no bounds check; small, so a session starts cheaply.
@@ -222,7 +223,7 @@ impl<'s> Flat<'s> {
     }
 
     /// Appends the program of the next row (`None`: always fires).
-    pub(super) fn row(&mut self, fires: Option<&Expr>) {
+    pub(super) fn row(&mut self, fires: Option<&Typed>) {
         let row = self.compiler.index(self.prog.entries.len(), "rows");
         let pc = self.pc();
         self.prog.entries.push(pc);
@@ -239,7 +240,7 @@ impl<'s> Flat<'s> {
         let start_texts = self.prog.texts.len();
         let start_labels = self.labels.len();
         let (t, next) = (self.label(), self.label());
-        if super::stack_depth(&e) > MAX_STACK {
+        if e.info.depth > MAX_STACK {
             // As deep as the stack machine refuses: a type error, failing closed.
             self.prog.ins.push(Ins::op(Op::Invalid));
         } else if self.branches && self.cond(&e, t, next, 0).is_ok() {
@@ -373,23 +374,23 @@ impl<'s> Flat<'s> {
 
     /// Emits a bool expression as jumps to `t` (true) or `f` (false). `free` is the first
     /// register it may use.
-    fn cond(&mut self, e: &Expr, t: Label, f: Label, free: usize) -> Result<(), TooDeep> {
+    fn cond(&mut self, e: &Typed, t: Label, f: Label, free: usize) -> Result<(), TooDeep> {
         match &e.kind {
-            ExprKind::Bool(b) => self.jump(if *b { t } else { f }),
-            ExprKind::Unary(UnOp::Not, inner) => return self.cond(inner, f, t, free),
-            ExprKind::Binary(BinOp::And, l, r) => {
+            TypedKind::Bool(b) => self.jump(if *b { t } else { f }),
+            TypedKind::Unary(UnOp::Not, inner) => return self.cond(inner, f, t, free),
+            TypedKind::Binary(BinOp::And, l, r) => {
                 let mid = self.label();
                 self.cond(l, mid, f, free)?;
                 self.place(mid);
                 return self.cond(r, t, f, free);
             }
-            ExprKind::Binary(BinOp::Or, l, r) => {
+            TypedKind::Binary(BinOp::Or, l, r) => {
                 let mid = self.label();
                 self.cond(l, t, mid, free)?;
                 self.place(mid);
                 return self.cond(r, t, f, free);
             }
-            ExprKind::Binary(op @ (BinOp::Eq | BinOp::Ne), l, r)
+            TypedKind::Binary(op @ (BinOp::Eq | BinOp::Ne), l, r)
                 if super::is_text(l) || super::is_text(r) =>
             {
                 let (t, f) = if *op == BinOp::Ne { (f, t) } else { (t, f) };
@@ -408,7 +409,7 @@ impl<'s> Flat<'s> {
                     _ => self.push(Ins::op(Op::Invalid)),
                 }
             }
-            ExprKind::Binary(
+            TypedKind::Binary(
                 op @ (BinOp::Eq | BinOp::Ne | BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge),
                 l,
                 r,
@@ -424,7 +425,7 @@ impl<'s> Flat<'s> {
                 };
                 self.compare(a, b, mask, t, f);
             }
-            ExprKind::Name(_) => {
+            TypedKind::Fact(_) => {
                 let a = self.value(e, free)?;
                 self.compare(a, Src::K(0), LT | GT, t, f);
             }
@@ -434,10 +435,10 @@ impl<'s> Flat<'s> {
     }
 
     /// Emits the two operands of a binary operator, left first.
-    fn operands(&mut self, l: &Expr, r: &Expr, free: usize) -> Result<(Src, Src), TooDeep> {
+    fn operands(&mut self, l: &Typed, r: &Typed, free: usize) -> Result<(Src, Src), TooDeep> {
         let a = self.value(l, free)?;
         if let Src::Fact(_) = a
-            && !is_operand(r)
+            && !r.is_operand()
         {
             // The stack machine reads the left fact before evaluating the right side.
             self.push(Ins {
@@ -457,7 +458,7 @@ impl<'s> Flat<'s> {
     }
 
     /// Emits an int (or bool) expression; returns where its value is.
-    fn value(&mut self, e: &Expr, free: usize) -> Result<Src, TooDeep> {
+    fn value(&mut self, e: &Typed, free: usize) -> Result<Src, TooDeep> {
         let dst = |free: usize| {
             u8::try_from(free)
                 .ok()
@@ -465,16 +466,14 @@ impl<'s> Flat<'s> {
                 .ok_or(TooDeep)
         };
         Ok(match &e.kind {
-            ExprKind::Int(i) => Src::K(*i),
-            ExprKind::Bool(b) => Src::K(i64::from(*b)),
-            ExprKind::Name(n) => match Fact::lookup(n) {
-                Some(f) if matches!(f.info().ty, Type::Int | Type::Bool) => Src::Fact(f.slot8()),
-                _ => {
-                    self.push(Ins::op(Op::Invalid));
-                    Src::K(0)
-                }
-            },
-            ExprKind::Unary(UnOp::Neg, inner) => {
+            TypedKind::Int(i) => Src::K(*i),
+            TypedKind::Bool(b) => Src::K(i64::from(*b)),
+            TypedKind::Fact(f) if e.info.kind != ValueKind::Text => Src::Fact(f.slot8()),
+            TypedKind::Fact(_) | TypedKind::Unresolved => {
+                self.push(Ins::op(Op::Invalid));
+                Src::K(0)
+            }
+            TypedKind::Unary(UnOp::Neg, inner) => {
                 let a = self.value(inner, free)?;
                 let r = Src::Reg(dst(free)?);
                 let a = self.in_value(a, r);
@@ -486,7 +485,7 @@ impl<'s> Flat<'s> {
                 });
                 r
             }
-            ExprKind::Binary(
+            TypedKind::Binary(
                 op @ (BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Mod),
                 l,
                 r,
@@ -519,7 +518,7 @@ impl<'s> Flat<'s> {
                 });
                 dst
             }
-            ExprKind::Str(..) => {
+            TypedKind::Str(_) => {
                 self.push(Ins::op(Op::Invalid));
                 Src::K(0)
             }
@@ -556,16 +555,5 @@ impl<'s> Flat<'s> {
             }
             _ => a,
         }
-    }
-}
-
-/// Whether an expression is read in place (emits no instruction).
-fn is_operand(e: &Expr) -> bool {
-    match &e.kind {
-        ExprKind::Int(_) | ExprKind::Bool(_) => true,
-        ExprKind::Name(n) => {
-            Fact::lookup(n).is_some_and(|f| matches!(f.info().ty, Type::Int | Type::Bool))
-        }
-        _ => false,
     }
 }

@@ -4,10 +4,12 @@
 //! flat branch program (see [`flat`]) that the hot path runs, so evaluating a row needs no
 //! string lookups and no allocation.
 
-use crate::check::{CheckedPlan, CheckedRule, Event, Program, can_fail};
+use crate::check::{
+    CheckedPlan, CheckedRule, Event, Program, Typed, TypedKind, TypedPart, ValueKind,
+};
 use crate::diagnostics::SourceFile;
-use crate::syntax::ast::{BinOp, Expr, ExprKind, Message, MessagePart, Span, UnOp};
-use crate::vocab::{Cost, Fact, Site, Subject, Type, Verb, Verdict};
+use crate::syntax::ast::{BinOp, Expr, Message, Span, UnOp};
+use crate::vocab::{Site, Subject, Verb, Verdict};
 use serde::Serialize;
 use std::sync::Arc;
 
@@ -391,8 +393,8 @@ pub fn compile_with(
                 file: src.map(|f| f.display_path()).unwrap_or_default(),
                 line: src.map_or(0, |f| f.line_col(l.span.start).0),
                 span: l.span,
-                value: c.placeholder(&l.expr),
-                reads: fact_mask(&l.expr),
+                value: c.placeholder(&l.typed),
+                reads: l.typed.info.reads,
             }
         })
         .collect();
@@ -419,21 +421,22 @@ pub fn compile_with(
     let mut rules = Vec::with_capacity(program.rules.len());
     let mut fires = Vec::with_capacity(program.rules.len());
     for (i, r) in program.rules.iter().enumerate() {
+        let t = &r.typed;
         let mut mask = 0u32;
-        for e in r.when.iter().chain(r.unless.iter()) {
-            mask |= fact_mask(e);
+        for e in t.when.iter().chain(t.unless.iter()) {
+            mask |= e.info.reads;
         }
-        for p in &r.message.parts {
-            if let MessagePart::Placeholder(e) = p {
-                mask |= fact_mask(e);
+        for p in t.message.iter().flatten() {
+            if let TypedPart::Value(e) = p {
+                mask |= e.info.reads;
             }
         }
         for (verb, subject, site) in &r.events {
             reads[group_index(*verb, *subject, *site)] |= mask;
         }
-        let when = r.when.as_ref().map(|e| c.code(e));
-        let unless = r.unless.as_ref().map(|e| c.code(e));
-        fires.push(fires_expr(r.when.as_ref(), r.unless.as_ref()));
+        let when = t.when.as_ref().map(|e| c.code(e));
+        let unless = t.unless.as_ref().map(|e| c.code(e));
+        fires.push(fires_expr(t.when.as_ref(), t.unless.as_ref()));
         for (verb, subject, site) in &r.events {
             groups[group_index(*verb, *subject, *site)].push(Row {
                 rule: c.index(i, "rules"),
@@ -540,7 +543,7 @@ impl Compiler {
             unless_text: r.unless_text.clone(),
             reason: r.reason.clone(),
             say: r.say_text.clone(),
-            message: self.message(&r.message),
+            message: self.message(r.typed.message.as_deref().unwrap_or_default()),
             lets: Vec::new(),
         }
     }
@@ -557,28 +560,27 @@ impl Compiler {
                     argument: s.argument.clone(),
                     text: s.text.clone(),
                     guard_text: s.guard_text.clone(),
-                    when: s.when.as_ref().map(|e| self.code(e)),
-                    unless: s.unless.as_ref().map(|e| self.code(e)),
+                    when: s.typed.when.as_ref().map(|e| self.code(e)),
+                    unless: s.typed.unless.as_ref().map(|e| self.code(e)),
                     say: s.say_text.clone(),
-                    message: s.message.as_ref().map(|m| self.message(m)),
+                    message: s.typed.message.as_deref().map(|m| self.message(m)),
                     lets: Vec::new(),
                 })
                 .collect(),
         }
     }
 
-    fn message(&mut self, m: &Message) -> Vec<Piece> {
-        m.parts
-            .iter()
+    fn message(&mut self, m: &[TypedPart]) -> Vec<Piece> {
+        m.iter()
             .map(|p| match p {
-                MessagePart::Text(t) => Piece::Text(t.clone()),
-                MessagePart::Placeholder(e) => self.placeholder(e),
+                TypedPart::Text(t) => Piece::Text(t.clone()),
+                TypedPart::Value(e) => self.placeholder(e),
             })
             .collect()
     }
 
     /// An expression whose value is shown: a text, or an int or bool program.
-    fn placeholder(&mut self, e: &Expr) -> Piece {
+    fn placeholder(&mut self, e: &Typed) -> Piece {
         match self.text(e) {
             Some(t) => Piece::Name(t),
             None => Piece::Value(self.code(e)),
@@ -586,13 +588,20 @@ impl Compiler {
     }
 
     /// Compiles an int or bool expression.
-    pub fn code(&mut self, e: &Expr) -> Code {
+    pub fn code(&mut self, e: &Typed) -> Code {
         let mut code = Code {
-            kind: if is_bool(e) { Kind::Bool } else { Kind::Int },
+            kind: if e.info.kind == ValueKind::Bool {
+                Kind::Bool
+            } else {
+                Kind::Int
+            },
             ..Code::default()
         };
         let e = reorder(e);
-        let depth = self.emit(&e, &mut code.ops, &mut code.expensive);
+        self.emit(&e, &mut code.ops);
+        // What the checker annotated: whether it reads an expensive fact, the stack it needs.
+        code.expensive = e.info.expensive;
+        let depth = e.info.depth;
         if depth > MAX_STACK {
             code.ops = vec![Op::Invalid];
         }
@@ -601,13 +610,10 @@ impl Compiler {
     }
 
     /// A text operand, when `e` is a name or enum fact or a string literal.
-    fn text(&mut self, e: &Expr) -> Option<Text> {
+    fn text(&mut self, e: &Typed) -> Option<Text> {
         match &e.kind {
-            ExprKind::Str(s, _) => Some(Text::Const(self.string(s))),
-            ExprKind::Name(n) => {
-                let f = Fact::lookup(n)?;
-                matches!(f.info().ty, Type::Name | Type::Enum(_)).then(|| Text::Fact(f.slot8()))
-            }
+            TypedKind::Str(s) => Some(Text::Const(self.string(s))),
+            TypedKind::Fact(f) if e.info.kind == ValueKind::Text => Some(Text::Fact(f.slot8())),
             _ => None,
         }
     }
@@ -620,58 +626,47 @@ impl Compiler {
         self.index(self.strings.len() - 1, "strings")
     }
 
-    /// Emits `e`; returns the stack depth it needs.
-    fn emit(&mut self, e: &Expr, ops: &mut Vec<Op>, expensive: &mut bool) -> usize {
+    /// Emits `e` (the stack it needs, and whether it reads an expensive fact, are its
+    /// annotations).
+    fn emit(&mut self, e: &Typed, ops: &mut Vec<Op>) {
         match &e.kind {
-            ExprKind::Int(i) => {
+            TypedKind::Int(i) => {
                 ops.push(Op::Int(*i));
-                1
             }
-            ExprKind::Bool(b) => {
+            TypedKind::Bool(b) => {
                 ops.push(Op::Int(i64::from(*b)));
-                1
             }
-            ExprKind::Str(..) => {
+            TypedKind::Str(_) | TypedKind::Unresolved => {
                 ops.push(Op::Invalid);
-                1
             }
-            ExprKind::Name(n) => {
-                match Fact::lookup(n) {
-                    Some(f) if matches!(f.info().ty, Type::Int | Type::Bool) => {
-                        if f.info().cost == Cost::Expensive {
-                            *expensive = true;
-                        }
-                        ops.push(Op::Fact(f.slot8()));
-                    }
-                    // The checker resolved every name and typed every use.
-                    _ => ops.push(Op::Invalid),
+            TypedKind::Fact(f) => {
+                if e.info.kind == ValueKind::Text {
+                    // The checker typed every use: a text is only ever compared.
+                    ops.push(Op::Invalid);
+                } else {
+                    ops.push(Op::Fact(f.slot8()));
                 }
-                1
             }
-            ExprKind::Unary(op, inner) => {
-                let d = self.emit(inner, ops, expensive);
+            TypedKind::Unary(op, inner) => {
+                self.emit(inner, ops);
                 ops.push(match op {
                     UnOp::Not => Op::Not,
                     UnOp::Neg => Op::Neg,
                 });
-                d
             }
-            ExprKind::Binary(op @ (BinOp::And | BinOp::Or), l, r) => {
-                let dl = self.emit(l, ops, expensive);
+            TypedKind::Binary(op @ (BinOp::And | BinOp::Or), l, r) => {
+                self.emit(l, ops);
                 let jump_at = ops.len();
                 ops.push(Op::JumpIfFalse(0));
-                let dr = self.emit(r, ops, expensive);
+                self.emit(r, ops);
                 let target = self.index(ops.len(), "instructions");
                 ops[jump_at] = if *op == BinOp::And {
                     Op::JumpIfFalse(target)
                 } else {
                     Op::JumpIfTrue(target)
                 };
-                dl.max(dr)
             }
-            ExprKind::Binary(op @ (BinOp::Eq | BinOp::Ne), l, r) if is_text(l) || is_text(r) => {
-                let expensive_text = [l, r].iter().any(|x| is_expensive(x));
-                *expensive |= expensive_text;
+            TypedKind::Binary(op @ (BinOp::Eq | BinOp::Ne), l, r) if is_text(l) || is_text(r) => {
                 match (self.text(l), self.text(r)) {
                     (Some(a), Some(b)) => ops.push(Op::TextEq {
                         a,
@@ -680,17 +675,13 @@ impl Compiler {
                     }),
                     _ => ops.push(Op::Invalid),
                 }
-                1
             }
-            ExprKind::Binary(op, l, r)
-                if matches!(r.kind, ExprKind::Int(_)) && !matches!(op, BinOp::And | BinOp::Or) =>
-            {
+            TypedKind::Binary(op, l, r) if matches!(r.kind, TypedKind::Int(_)) => {
                 let k = match &r.kind {
-                    ExprKind::Int(k) => k,
-                    _ => &0,
+                    TypedKind::Int(k) => *k,
+                    _ => 0,
                 };
-                let d = self.emit(l, ops, expensive);
-                let k = *k;
+                self.emit(l, ops);
                 ops.push(match op {
                     BinOp::Add => Op::AddK(k),
                     BinOp::Sub => Op::SubK(k),
@@ -705,11 +696,10 @@ impl Compiler {
                     BinOp::Ge => Op::GeK(k),
                     BinOp::And | BinOp::Or => Op::Invalid,
                 });
-                d
             }
-            ExprKind::Binary(op, l, r) => {
-                let dl = self.emit(l, ops, expensive);
-                let dr = self.emit(r, ops, expensive);
+            TypedKind::Binary(op, l, r) => {
+                self.emit(l, ops);
+                self.emit(r, ops);
                 ops.push(match op {
                     BinOp::Eq => Op::Eq,
                     BinOp::Ne => Op::Ne,
@@ -724,101 +714,52 @@ impl Compiler {
                     BinOp::Mod => Op::Mod,
                     BinOp::And | BinOp::Or => Op::Invalid,
                 });
-                dl.max(dr + 1)
             }
         }
     }
 }
 
 /// `when and not unless`, or whichever of them exists; `None` = always.
-fn fires_expr(when: Option<&Expr>, unless: Option<&Expr>) -> Option<Expr> {
-    let not_unless = unless.map(|u| Expr {
-        kind: ExprKind::Unary(UnOp::Not, Box::new(u.clone())),
-        span: u.span,
-    });
+fn fires_expr(when: Option<&Typed>, unless: Option<&Typed>) -> Option<Typed> {
+    let not_unless = unless.map(|u| Typed::negate(u.clone()));
     match (when, not_unless) {
-        (Some(w), Some(nu)) => Some(Expr {
-            span: w.span.to(nu.span),
-            kind: ExprKind::Binary(BinOp::And, Box::new(w.clone()), Box::new(nu)),
-        }),
+        (Some(w), Some(nu)) => Some(Typed::conjoin(w.clone(), nu)),
         (Some(w), None) => Some(w.clone()),
         (None, nu) => nu,
     }
 }
 
-/// The stack depth [`Compiler::code`] needs for `e` (as `emit` counts it).
-pub(crate) fn stack_depth(e: &Expr) -> usize {
-    match &e.kind {
-        ExprKind::Unary(_, inner) => stack_depth(inner),
-        ExprKind::Binary(BinOp::And | BinOp::Or, l, r) => stack_depth(l).max(stack_depth(r)),
-        ExprKind::Binary(BinOp::Eq | BinOp::Ne, l, r) if is_text(l) || is_text(r) => 1,
-        ExprKind::Binary(_, l, r) if matches!(r.kind, ExprKind::Int(_)) => stack_depth(l),
-        ExprKind::Binary(_, l, r) => stack_depth(l).max(stack_depth(r) + 1),
-        _ => 1,
-    }
-}
-
-/// The facts an expression reads, as a bit set of slots.
-fn fact_mask(e: &Expr) -> u32 {
-    e.names()
-        .into_iter()
-        .filter_map(|(n, _)| Fact::lookup(n))
-        .fold(0, |mask, f| mask | 1 << f.slot())
-}
-
-/// Whether an expression is text (a name or enum fact, or a string literal).
-fn is_text(e: &Expr) -> bool {
-    match &e.kind {
-        ExprKind::Str(..) => true,
-        ExprKind::Name(n) => {
-            Fact::lookup(n).is_some_and(|f| matches!(f.info().ty, Type::Name | Type::Enum(_)))
-        }
-        _ => false,
-    }
-}
-
-/// Whether an (int or bool) expression is a bool.
-fn is_bool(e: &Expr) -> bool {
-    match &e.kind {
-        ExprKind::Bool(_) => true,
-        ExprKind::Name(n) => Fact::lookup(n).is_some_and(|f| f.info().ty == Type::Bool),
-        ExprKind::Unary(op, _) => *op == UnOp::Not,
-        ExprKind::Binary(op, _, _) => !matches!(
-            op,
-            BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Mod
-        ),
-        _ => false,
-    }
+/// Whether an operand is text (a name or enum fact, or a string literal).
+fn is_text(e: &Typed) -> bool {
+    e.info.kind == ValueKind::Text
 }
 
 /// Puts the cheap operand of `and`/`or` first, so an expensive fact is fetched only when the
 /// cheap conditions already decided nothing. Conditions are pure, but an operand that can
 /// fail (division by zero, overflow) would change the result if it moved, so only operands
-/// that cannot fail are swapped.
-fn reorder(e: &Expr) -> Expr {
+/// that cannot fail are swapped. (`and`/`or` annotations do not depend on the operands'
+/// order, so they stay true.)
+fn reorder(e: &Typed) -> Typed {
     let kind = match &e.kind {
-        ExprKind::Binary(op @ (BinOp::And | BinOp::Or), l, r) => {
+        TypedKind::Binary(op @ (BinOp::And | BinOp::Or), l, r) => {
             let (l, r) = (reorder(l), reorder(r));
-            if is_expensive(&l) && !is_expensive(&r) && !can_fail(&l) && !can_fail(&r) {
-                ExprKind::Binary(*op, Box::new(r), Box::new(l))
+            if l.info.expensive && !r.info.expensive && !l.info.can_fail && !r.info.can_fail {
+                TypedKind::Binary(*op, Box::new(r), Box::new(l))
             } else {
-                ExprKind::Binary(*op, Box::new(l), Box::new(r))
+                TypedKind::Binary(*op, Box::new(l), Box::new(r))
             }
         }
-        ExprKind::Binary(op, l, r) => {
-            ExprKind::Binary(*op, Box::new(reorder(l)), Box::new(reorder(r)))
+        TypedKind::Binary(op, l, r) => {
+            TypedKind::Binary(*op, Box::new(reorder(l)), Box::new(reorder(r)))
         }
-        ExprKind::Unary(op, i) => ExprKind::Unary(*op, Box::new(reorder(i))),
+        TypedKind::Unary(op, i) => TypedKind::Unary(*op, Box::new(reorder(i))),
         other => other.clone(),
     };
-    Expr { kind, span: e.span }
-}
-
-fn is_expensive(e: &Expr) -> bool {
-    e.any(&mut |e| {
-        matches!(&e.kind, ExprKind::Name(n)
-            if Fact::lookup(n).is_some_and(|f| f.info().cost == Cost::Expensive))
-    })
+    Typed {
+        kind,
+        span: e.span,
+        info: e.info,
+    }
 }
 
 #[cfg(test)]
