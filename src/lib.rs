@@ -32,6 +32,7 @@ pub mod interp;
 pub mod ruleset;
 pub mod span;
 pub mod syntax;
+pub mod value;
 pub mod vocab;
 
 #[cfg(feature = "runtime")]

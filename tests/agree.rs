@@ -1,6 +1,6 @@
 //! The compiled table agrees with the reference evaluator.
 //!
-//! `interp::value::eval` walks the checked AST (lets inlined); the table runs stack-machine
+//! `value::eval` walks the checked AST (lets inlined); the table runs stack-machine
 //! code compiled from the same AST, with the operands of `and`/`or` reordered so cheap facts
 //! go first. For random well-typed rule files and random facts, and for the shipped rules/
 //! on random facts, every runtime event must produce the same hits both ways.
@@ -13,7 +13,7 @@
 use ichor_rules::check::{CheckResult, Program, check};
 use ichor_rules::compile::{Options, Table, compile, compile_with};
 use ichor_rules::diagnostics::{SourceFile, render_human};
-use ichor_rules::interp::value::{EvalError, Value, eval};
+use ichor_rules::value::{EvalError, Value, eval};
 use ichor_rules::interp::{Facts, Interrupt, Lookup, Session};
 use ichor_rules::syntax::ast::Expr;
 use ichor_rules::vocab::{Cost, EnumKind, FACT_COUNT, FACTS, Fact, RUNTIME_EVENTS, Type, Verdict};

@@ -30,6 +30,7 @@ mod docs;
 mod fleet;
 mod fmt;
 mod front_end_limits;
+mod layers;
 mod lints;
 mod metrics_auth;
 mod removal;

@@ -10,8 +10,8 @@
 //!   never fail at run time; one it flags may fail for some values in the facts' ranges
 //!   (the lints confirm those by enumeration where the facts are few enough).
 
-use crate::interp::value::EvalError;
 use crate::syntax::ast::{BinOp, Expr, ExprKind, Span, UnOp};
+use crate::value::EvalError;
 use crate::vocab::{Fact, Type};
 
 /// The most machines (control planes, workers) a cluster is assumed to have, for the

@@ -41,8 +41,8 @@
 //! rule was not analysed instead of claiming anything. The search has a budget
 //! ([`Undecided::TooComplex`]) for the same reason.
 
-use crate::interp::value::Value;
 use crate::syntax::ast::{BinOp, Expr, ExprKind, UnOp};
+use crate::value::Value;
 use crate::vocab::{Domain, Fact, Type};
 
 /// The values `count` can take (1, 3, 5 from the CRD; 0 when the cluster is missing).
@@ -993,7 +993,7 @@ mod tests {
                     Fact::Count => Value::Int(c),
                     _ => Value::Bool(s),
                 });
-                crate::interp::value::eval(e, &mut get)
+                crate::value::eval(e, &mut get)
             };
             match answer {
                 Some(m) => {

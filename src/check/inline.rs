@@ -9,8 +9,7 @@
 //! [`MAX_DEPTH`](crate::syntax::MAX_DEPTH), or take the file past its budget (linear in its
 //! size, see [`budget`]) is an error naming the definition, never a copy.
 
-use super::FileChecker;
-use crate::compile::MAX_STACK;
+use super::{FileChecker, MAX_STACK};
 use crate::diagnostics::{Code, Diagnostic};
 use crate::syntax::MAX_DEPTH;
 use crate::syntax::ast::{Expr, ExprKind};

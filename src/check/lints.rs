@@ -17,9 +17,9 @@ use super::exact::{self, Budget, Model, OTHER, Part, QUESTION_BUDGET, Undecided,
 use super::typed::{Typed, TypedPart, can_fail};
 use super::{CheckedInvariant, CheckedPlan, CheckedRule, Event, Program};
 use crate::diagnostics::{Code, Diagnostic, SourceFile};
-use crate::interp::value::{EvalError, Value, eval};
 use crate::syntax::ast::Message;
 use crate::syntax::ast::{BinOp, Expr, ExprKind, Span};
+use crate::value::{EvalError, Value, eval};
 use crate::vocab::{Domain, Fact, RUNTIME_EVENTS, Type, Verdict};
 
 /// The most fact combinations the fallback enumeration tries for one rule, looking for

@@ -23,6 +23,10 @@ use crate::vocab::{
 };
 use std::collections::{HashMap, HashSet};
 
+/// The deepest evaluation stack a condition may need: more intermediate values at once is
+/// an error of the checker (the compiled form is sized for it).
+pub const MAX_STACK: usize = 32;
+
 /// How deep `let`s may refer to each other (deeper chains could exhaust the stack).
 const MAX_LET_DEPTH: usize = 64;
 

@@ -16,8 +16,9 @@ use std::sync::Arc;
 pub mod flat;
 pub use flat::{FlatProgram, Ins};
 
-/// The deepest evaluation stack a condition may need.
-pub const MAX_STACK: usize = 32;
+/// The deepest evaluation stack a condition may need (a limit of the language, which the
+/// checker reports).
+pub use crate::check::MAX_STACK;
 
 /// A text operand: names only ever meet `==` and `!=`, so they never reach the stack.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,7 +8,8 @@ pub mod explain;
 mod flat_vm;
 mod hits;
 mod stack_vm;
-pub mod value;
+/// Values and the reference evaluator live below the checker (`crate::value`).
+pub use crate::value;
 
 use crate::compile::flat::VALUES;
 use crate::compile::{Code, Kind, Piece, Table};
