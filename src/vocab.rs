@@ -604,7 +604,7 @@ facts! {
     TargetControlPlane "target.controlplane" Type::Bool, Cheap, Machines, ON_OPERATIONS,
         "spec.machine is an approved control plane of the operation's cluster, not being deleted (one `approved` counts)";
     TargetUncounted "target.uncounted" Type::Bool, Cheap, Machines, ON_OPERATIONS,
-        "spec.machine is a control plane of the operation's cluster (spec.role) that may still be an etcd member, since it holds the removal finalizer, but that `approved` does not count: it is being deleted, or no longer approved";
+        "spec.machine is a machine of the operation's cluster that may still be an etcd member, since it holds the removal finalizer (which the controller puts on approved control planes only), but that `approved` does not count: it is being deleted, no longer approved, or re-roled to a worker";
     Phase "phase" Type::Name, Cheap, Request, ON_OPERATIONS, "status.phase";
     Failed "failed" Type::Bool, Cheap, Request, ON_OPERATIONS,
         "status.failureReason is set, or status.phase is Failed";

@@ -345,9 +345,12 @@ impl<'s> Facts<'s> for SnapshotFacts<'s> {
                     .and_then(|o| o.spec.machine.as_deref())
                     .and_then(|t| self.snapshot.machine(ns, t))
                     .filter(|m| m.cluster() == cluster);
+                // The controller puts the removal finalizer on approved control planes only,
+                // and takes it off once etcd shows the machine is no member: a machine that
+                // holds it and that `approved` does not count (being deleted, un-approved,
+                // or re-roled to a worker) may still be a member.
                 Value::Bool(target.is_some_and(|m| {
-                    m.spec.role == Some(Role::ControlPlane)
-                        && m.holds_removal_finalizer()
+                    m.holds_removal_finalizer()
                         && (m.deleting() || m.approved_role() != Some(Role::ControlPlane))
                 }))
             }
