@@ -13,9 +13,9 @@
 use ichor_rules::check::{CheckResult, Program, check};
 use ichor_rules::compile::{Options, Table, compile, compile_with};
 use ichor_rules::diagnostics::{SourceFile, render_human};
-use ichor_rules::value::{EvalError, Value, eval};
 use ichor_rules::interp::{Facts, Interrupt, Lookup, Session};
 use ichor_rules::syntax::ast::Expr;
+use ichor_rules::value::{EvalError, Value, eval};
 use ichor_rules::vocab::{Cost, EnumKind, FACT_COUNT, FACTS, Fact, RUNTIME_EVENTS, Type, Verdict};
 use proptest::prelude::*;
 use proptest::sample::select;

@@ -458,6 +458,37 @@ fn an_unapproval_below_the_declared_count_is_refuted() {
     }
 }
 
+/// A role change takes a control plane out of the approved ones as an un-approval does
+/// (`leave` covers both). With `reassign` dropped from `declared-count-leave`, verify finds
+/// the `spec.role: worker` patch below the count, and its review replays through `eval`.
+#[test]
+fn a_role_change_below_the_declared_count_is_refuted() {
+    let dir = mutant("reassign", "removal.rules", |t| {
+        t.replacen(
+            "refuse unapprove, reassign, move controlplane\n",
+            "refuse unapprove, move controlplane\n",
+            1,
+        )
+    });
+    let fixtures = dir.join("fixtures");
+    let fx = fixtures.to_str().expect("path");
+    let (out, json) = verify(&dir, "3", &["--emit-fixtures", fx]);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert_eq!(violated(&json)[0], "approved-count-kept", "{}", out.stdout);
+    assert!(
+        step_texts(&json)
+            .iter()
+            .any(|s| s.contains("(spec.role: worker)")),
+        "{}",
+        out.stdout
+    );
+    assert!(replay(&dir, &fixtures) > 0, "no admission step was written");
+    // The shipped rule refuses the same patch.
+    let (out, _) = verify(&root().join("rules"), "3", &[]);
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Whoever may patch talosmachines/status could forge the record a removal resumes from
 /// (a committed removal of a dead member) onto a healthy control plane being deleted: the
 /// controller would then take a live member out of etcd. `status-only-by-controller`
@@ -1029,7 +1060,8 @@ fn without_reset_replacement_not_joined_a_reset_outruns_two_concurrent_approvals
 /// Found by `verify` with 3 control-plane machines, a failure, operations and a request in
 /// flight: count 1, a delete of cp-1 in flight, a reset of cp-1 admitted, cp-2 un-approved
 /// (all on the same counts), then cp-2's node dies: the reset of cp-1, a control plane
-/// being deleted that no count includes, took etcd from 2 healthy of 3 to 1 of 2.
+/// being deleted that no count includes, took etcd from 2 healthy of 3 to 1 of 2. (A
+/// control plane re-roled to a worker is uncounted the same way; BFS may find either.)
 /// `reset-uncounted-control-plane` refuses a reset of such a machine.
 #[test]
 fn without_reset_uncounted_control_plane_a_reset_of_a_deleted_member_loses_the_majority() {
@@ -1051,16 +1083,20 @@ fn without_reset_uncounted_control_plane_a_reset_of_a_deleted_member_loses_the_m
     let (out, json) = verify(&dir, "3", &bounds);
     assert_eq!(out.code, 1, "{}", out.stdout);
     assert_eq!(violated(&json)[0], "healthy-majority", "{}", out.stdout);
+    // The reset is of a control plane no count includes: one being deleted, or (since
+    // the model re-roles control planes too) one patched to `spec.role: worker`.
     let texts = step_texts(&json);
+    let reset = texts
+        .iter()
+        .find_map(|t| t.split("kind reset, machine ").nth(1))
+        .and_then(|t| t.split(')').next())
+        .unwrap_or_else(|| panic!("no reset in {texts:?}"));
     assert!(
-        texts.iter().any(|t| t.contains("kind reset, machine cp-1")),
-        "{texts:?}"
-    );
-    assert!(
-        texts
-            .iter()
-            .any(|t| t.contains("annotate+delete talosmachine cp-1")),
-        "{texts:?}"
+        texts.iter().any(|t| {
+            t.contains(&format!("annotate+delete talosmachine {reset} "))
+                || t.contains(&format!("talosmachine {reset} (spec.role: worker)"))
+        }),
+        "{reset} is neither deleted nor re-roled: {texts:?}"
     );
     assert!(texts.iter().any(|t| t.contains("dies")), "{texts:?}");
     let (out, _) = verify(&root().join("rules"), "3", &bounds);

@@ -172,7 +172,8 @@ pub fn encode(s: &State, out: &mut Vec<u8>) {
             | (u16::from(m.unreachable) << 8)
             | (u16::from(m.held) << 9)
             | (u16::from(m.dead) << 10)
-            | (u16::from(m.committed) << 11);
+            | (u16::from(m.committed) << 11)
+            | (u16::from(m.reroled) << 12);
         out.extend(bits.to_le_bytes());
         out.push(m.order);
         out.extend(m.done.to_le_bytes());
@@ -188,6 +189,7 @@ pub fn encode(s: &State, out: &mut Vec<u8>) {
         let (tag, arg) = match p.req {
             Req::Approve(x) => (0, x),
             Req::Unapprove(x) => (1, x),
+            Req::Reassign(x) => (14, x),
             Req::Delete(x) => (2, x),
             Req::Collect(x) => (3, x),
             Req::Count(c) => (4, c),
@@ -241,6 +243,7 @@ pub fn decode(b: &[u8]) -> Option<State> {
             held: bit(9),
             dead: bit(10),
             committed: bit(11),
+            reroled: bit(12),
             done,
         });
     }
@@ -284,6 +287,7 @@ pub fn decode(b: &[u8]) -> Option<State> {
             11 => Req::ForgeStatus(arg),
             12 => Req::Prune(arg),
             13 => Req::PruneCluster,
+            14 => Req::Reassign(arg),
             _ => return None,
         };
         pending.push(Pending {

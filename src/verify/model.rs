@@ -152,6 +152,18 @@ pub enum MRole {
     Worker,
 }
 
+impl Machine {
+    /// Approved as a control plane (`approved_role() == controlplane`), being deleted or not.
+    pub fn approved_cp(&self) -> bool {
+        self.role == MRole::ControlPlane && self.approved && !self.reroled
+    }
+
+    /// Approved as a worker: one of the workers, or a control plane re-roled to a worker.
+    pub fn approved_worker(&self) -> bool {
+        self.approved && (self.role == MRole::Worker || self.reroled)
+    }
+}
+
 /// One TalosMachine and what stands behind it (its node, its etcd member).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Machine {
@@ -176,6 +188,10 @@ pub struct Machine {
     pub dead: bool,
     /// `status.removal.committed`.
     pub committed: bool,
+    /// A control plane re-roled to a worker (`spec.role: worker`, still approved): no
+    /// longer a control plane to the counts and the controller, but its etcd member stays
+    /// (and it keeps the removal finalizer) until something takes it out.
+    pub reroled: bool,
     /// The plan steps done, by index.
     pub done: u16,
 }
@@ -245,6 +261,8 @@ impl ClusterState {
 pub enum Req {
     Approve(u8),
     Unapprove(u8),
+    /// `spec.role` of an approved control plane patched to `worker` (a `reassign`).
+    Reassign(u8),
     /// `kubectl annotate` (allow-delete) then `kubectl delete`.
     Delete(u8),
     /// `kubectl delete` without the allow-delete annotation: a GitOps prune, say (what
@@ -279,6 +297,7 @@ impl Req {
         match self {
             Req::Approve(x)
             | Req::Unapprove(x)
+            | Req::Reassign(x)
             | Req::Delete(x)
             | Req::Prune(x)
             | Req::Collect(x)
@@ -297,6 +316,7 @@ impl Req {
         match self {
             Req::Approve(x) => Req::Approve(f(x)),
             Req::Unapprove(x) => Req::Unapprove(f(x)),
+            Req::Reassign(x) => Req::Reassign(f(x)),
             Req::Delete(x) => Req::Delete(f(x)),
             Req::Prune(x) => Req::Prune(f(x)),
             Req::Collect(x) => Req::Collect(f(x)),
@@ -489,9 +509,11 @@ impl State {
     /// A control plane other than `i`, approved, whose etcd answers with a leader.
     pub fn healthy_sibling(&self, i: usize) -> bool {
         self.has_leader()
-            && self.machines.iter().enumerate().any(|(j, m)| {
-                j != i && m.role == MRole::ControlPlane && m.approved && m.member && m.up
-            })
+            && self
+                .machines
+                .iter()
+                .enumerate()
+                .any(|(j, m)| j != i && m.approved_cp() && m.member && m.up)
     }
 
     /// `nodes::member_dead`: a healthy sibling lists the member and its node does not answer.
@@ -537,32 +559,27 @@ impl State {
 
     /// Control planes with `spec.approved`, being deleted or not.
     pub fn approved_all(&self) -> usize {
-        self.machines
-            .iter()
-            .filter(|m| m.role == MRole::ControlPlane && m.approved)
-            .count()
+        self.machines.iter().filter(|m| m.approved_cp()).count()
     }
 
     pub fn approved_cps(&self) -> usize {
         self.machines
             .iter()
-            .filter(|m| m.role == MRole::ControlPlane && m.approved && !m.deleting)
+            .filter(|m| m.approved_cp() && !m.deleting)
             .count()
     }
 
     pub fn active(&self) -> usize {
         self.machines
             .iter()
-            .filter(|m| {
-                m.role == MRole::ControlPlane && m.approved && !m.deleting && m.joined && !m.held
-            })
+            .filter(|m| m.approved_cp() && !m.deleting && m.joined && !m.held)
             .count()
     }
 
     pub fn workers(&self) -> usize {
         self.machines
             .iter()
-            .filter(|m| m.role == MRole::Worker && m.approved && !m.deleting)
+            .filter(|m| m.approved_worker() && !m.deleting)
             .count()
     }
 
@@ -634,6 +651,7 @@ impl State {
                     held: false,
                     dead: false,
                     committed: false,
+                    reroled: false,
                     done: 0,
                 });
             }
@@ -652,6 +670,7 @@ impl State {
                     held: false,
                     dead: false,
                     committed: false,
+                    reroled: false,
                     done: 0,
                 });
             }
@@ -758,8 +777,8 @@ impl Objects<'_> {
             meta.finalizers = Some(vec![REMOVAL_FINALIZER.into()]);
         }
         let role = match m.role {
-            MRole::ControlPlane => Role::ControlPlane,
-            MRole::Worker => Role::Worker,
+            MRole::ControlPlane if !m.reroled => Role::ControlPlane,
+            _ => Role::Worker,
         };
         let spec = MachineSpec {
             cluster_ref: ClusterRef {
@@ -941,6 +960,16 @@ impl Objects<'_> {
                     Some(Object::Machine(new)),
                 )
             }
+            Req::Reassign(i) => {
+                let old = machine(i)?;
+                let mut new = old.clone();
+                new.spec.role = Some(Role::Worker);
+                (
+                    Operation::Update,
+                    Some(Object::Machine(old)),
+                    Some(Object::Machine(new)),
+                )
+            }
             Req::Unapprove(i) => {
                 let old = machine(i)?;
                 let mut new = old.clone();
@@ -1097,7 +1126,7 @@ impl<'t> Model<'t> {
         for (i, m) in ix(&s.machines) {
             if m.deleting {
                 let forged = m.unreachable && m.dead && m.committed;
-                if m.finalizer && m.approved && m.role == MRole::ControlPlane && !forged {
+                if m.finalizer && m.approved_cp() && !forged {
                     out.push(Req::ForgeStatus(i));
                 }
                 continue;
@@ -1113,8 +1142,9 @@ impl<'t> Model<'t> {
                 if s.cluster != ClusterState::Deleting {
                     out.push(Req::Prune(i));
                 }
-                if m.role == MRole::ControlPlane {
+                if m.approved_cp() {
                     out.push(Req::Unapprove(i));
+                    out.push(Req::Reassign(i));
                 }
             }
             if s.cluster == ClusterState::Deleting {
@@ -1143,6 +1173,7 @@ impl<'t> Model<'t> {
                 out.push(Req::CreateOperation(OpKind::Upgrade, NONE));
                 out.push(Req::CreateOperation(OpKind::Restore, NONE));
                 for (i, m) in ix(&s.machines) {
+                    // A control plane, or one re-roled to a worker (it may still be a member).
                     if m.role == MRole::ControlPlane && m.approved && !m.deleting {
                         out.push(Req::CreateOperation(OpKind::Reset, i));
                     }
@@ -1190,6 +1221,18 @@ impl<'t> Model<'t> {
                     m.held = false;
                     m.joined = false;
                 }
+            }
+            Req::Reassign(i) => {
+                let m = t.machines.get_mut(usize::from(i))?;
+                if m.approved != p.base.1 || m.deleting || m.reroled {
+                    return None;
+                }
+                // No longer applied as a control plane, as for an un-approval; its etcd
+                // member and the removal finalizer stay.
+                m.reroled = true;
+                m.order = 0;
+                m.held = false;
+                m.joined = false;
             }
             Req::Delete(i) | Req::Prune(i) | Req::Collect(i) => {
                 let m = t.machines.get(usize::from(i))?;
@@ -1339,7 +1382,7 @@ impl<'t> Model<'t> {
                     }
                     continue;
                 }
-                if m.role == MRole::ControlPlane && m.approved {
+                if m.approved_cp() {
                     if let Some((t, e)) = self.apply(s, snap, i, fired) {
                         out.push(Next {
                             mv: Move::Apply(idx),
@@ -1446,9 +1489,7 @@ impl<'t> Model<'t> {
         let m = &s.machines[i];
         // Counted in a byte: the machines are at most MAX_MACHINES (Bounds::check).
         let rank = ix(&s.machines)
-            .filter(|(_, x)| {
-                x.role == MRole::ControlPlane && x.approved && !x.deleting && x.order <= m.order
-            })
+            .filter(|(_, x)| x.approved_cp() && !x.deleting && x.order <= m.order)
             .fold(0u8, |n, _| n.saturating_add(1));
         let mut t = s.clone();
         if crate::runtime::controller::hold_of(&decision, "Held").is_some() {
@@ -1499,7 +1540,7 @@ impl<'t> Model<'t> {
         let mut t = s.clone();
         // Not an approved control plane and nothing started: the finalizer goes once etcd
         // shows it is not a member.
-        let approved_cp = m.role == MRole::ControlPlane && m.approved;
+        let approved_cp = m.approved_cp();
         if !approved_cp && !m.committed && m.done == 0 {
             if !m.member || s.cluster.torn_down() {
                 remove_machine(&mut t, idx);

@@ -110,6 +110,10 @@ pub fn describe(s: &State, req: Req) -> String {
             "kubectl patch talosmachine {} (spec.approved: false)",
             s.name(i)
         ),
+        Req::Reassign(i) => format!(
+            "kubectl patch talosmachine {} (spec.role: worker)",
+            s.name(i)
+        ),
         Req::Delete(i) => format!("kubectl annotate+delete talosmachine {}", s.name(i)),
         Req::Prune(i) => format!(
             "kubectl delete talosmachine {} without the allow-delete annotation (a GitOps prune)",
