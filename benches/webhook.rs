@@ -145,6 +145,26 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted.get(i).copied().unwrap_or_default()
 }
 
+/// CPU time (user + system) a process has used so far, from `/proc/PID/stat` (in clock
+/// ticks of 10 ms); `self` for this process (the clients and the API server stand-in).
+fn cpu_time(pid: &str) -> Duration {
+    let ticks = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            // The fields after the command name, which is in parentheses.
+            let rest = s.rsplit_once(')')?.1.to_string();
+            let f: Vec<u64> = rest
+                .split_whitespace()
+                .skip(11)
+                .take(2)
+                .filter_map(|v| v.parse().ok())
+                .collect();
+            Some(f.iter().sum::<u64>())
+        })
+        .unwrap_or(0);
+    Duration::from_millis(ticks * 10)
+}
+
 fn vm_hwm_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
@@ -333,7 +353,7 @@ async fn main() {
 
     let (sequential, seconds) = if quick { (200, 2) } else { (1000, 5) };
     println!(
-        "machines clusters  p50       p99       rps(32 clients)  p50/p99 at 32 clients   failed reads  decide-only  decide/p50  alloc/decision        reads+decide in-process  server VmHWM"
+        "machines clusters  p50       p99       rps(32 clients)  p50/p99 at 32 clients   failed reads  decide-only  decide/p50  alloc/decision        reads+decide in-process  CPU/req server+bench   server VmHWM"
     );
     let mut inserted = 0;
     let mut worst_hwm = 0;
@@ -383,6 +403,7 @@ async fn main() {
             }));
         }
         let started = Instant::now();
+        let (server_cpu0, bench_cpu0) = (cpu_time(&pid.to_string()), cpu_time("self"));
         let mut total = 0;
         let mut loaded = Vec::new();
         for t in tasks {
@@ -392,6 +413,11 @@ async fn main() {
             loaded.extend(l);
         }
         let rps = total as f64 / started.elapsed().as_secs_f64();
+        // Where the two cores went under load: the webhook's process, and this one's
+        // clients and API server stand-in (which a real deployment runs elsewhere).
+        let per_req = |d: Duration| d.as_secs_f64() * 1e6 / total.max(1) as f64;
+        let server_cpu = per_req(cpu_time(&pid.to_string()).saturating_sub(server_cpu0));
+        let bench_cpu = per_req(cpu_time("self").saturating_sub(bench_cpu0));
         loaded.sort();
         let (p50_32, p99_32) = (percentile(&loaded, 0.5), percentile(&loaded, 0.99));
         let snapshot = ichor_rules::runtime::objects::Snapshot {
@@ -410,7 +436,7 @@ async fn main() {
         let hwm = vm_hwm_kib(pid) / 1024;
         worst_hwm = worst_hwm.max(hwm);
         println!(
-            "{n:>8} {clusters:>8}  {:>7.3}ms {:>7.3}ms {:>10.0}       {:>7.2}ms/{:>7.2}ms   {failed:>8}      {:>8.1}µs   {:>6.2}%    {allocs:>5} / {:>6.1} KiB   {:>8.3}ms                {hwm} MiB",
+            "{n:>8} {clusters:>8}  {:>7.3}ms {:>7.3}ms {:>10.0}       {:>7.2}ms/{:>7.2}ms   {failed:>8}      {:>8.1}µs   {:>6.2}%    {allocs:>5} / {:>6.1} KiB   {:>8.3}ms                {server_cpu:>5.0}µs+{bench_cpu:>5.0}µs       {hwm} MiB",
             p50.as_secs_f64() * 1e3,
             p99.as_secs_f64() * 1e3,
             rps,

@@ -889,6 +889,7 @@ pub enum ModelFact {
     HealthyBefore,
     Count,
     Approved,
+    ApprovedBefore,
     ApprovedAll,
     ApprovedAllBefore,
     Active,
@@ -939,6 +940,7 @@ model_facts! {
     HealthyBefore "healthy.before" Type::Int, "`healthy` before the step just taken";
     Count "count" Type::Int, "spec.controlPlane.count";
     Approved "approved" Type::Int, "approved control planes not being deleted";
+    ApprovedBefore "approved.before" Type::Int, "`approved` before the step just taken";
     ApprovedAll "approved.all" Type::Int,
         "control planes with spec.approved, being deleted or not (a removal leaves them until it ends)";
     ApprovedAllBefore "approved.all.before" Type::Int, "`approved.all` before the step just taken";
@@ -976,7 +978,7 @@ model_facts! {
     DeletedUnannotated "deleted.unannotated" Type::Bool,
         "the step just taken committed the deletion of the TalosCluster, or of a TalosMachine whose TalosCluster is not being deleted, without the ichor.maesh.dev/allow-delete annotation";
     LeftDead "left.dead" Type::Bool,
-        "the step just taken committed a request about a machine (an un-approval, a delete) that was reported unreachable (Ready=False NodeUnreachable) when the request was decided";
+        "the step just taken committed a request about a machine (an un-approval, a role change, a delete) that was reported unreachable (Ready=False NodeUnreachable) when the request was decided";
     ResetUndrained "reset.undrained" Type::Bool,
         "the step just taken was a removal's reset or wipe of a node that was up, and the removal had not drained it";
     Stuck "stuck" Type::Bool,

@@ -458,6 +458,37 @@ fn an_unapproval_below_the_declared_count_is_refuted() {
     }
 }
 
+/// The over-cap hold keeps a control plane past count+1 out of etcd, so only
+/// `approval-cap-kept` sees the approval itself go through: deleting `approval-cap`, or
+/// weakening it by one, is refuted with the approval in the story; the shipped rules hold.
+#[test]
+fn an_approval_past_the_cap_is_refuted() {
+    let deleted = mutant("cap-del", "admission.rules", |t| {
+        without(t, "rule approval-cap\n")
+    });
+    let weakened = mutant("cap-weak", "admission.rules", |t| {
+        let i = t.find("rule approval-cap\n").expect("rule");
+        format!(
+            "{}{}",
+            &t[..i],
+            t[i..].replacen("when approved > count\n", "when approved > count + 1\n", 1)
+        )
+    });
+    for dir in [deleted, weakened] {
+        let (out, json) = verify(&dir, "3", &["--max-workers", "1"]);
+        assert_eq!(out.code, 1, "{}", out.stdout);
+        assert_eq!(violated(&json), ["approval-cap-kept"], "{}", out.stdout);
+        let texts = step_texts(&json);
+        assert!(
+            texts
+                .last()
+                .is_some_and(|t| t.contains("(spec.approved: true)")),
+            "{texts:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 /// A role change takes a control plane out of the approved ones as an un-approval does
 /// (`leave` covers both). With `reassign` dropped from `declared-count-leave`, verify finds
 /// the `spec.role: worker` patch below the count, and its review replays through `eval`.

@@ -16,6 +16,7 @@ pub struct Facts {
     pub count: i64,
     pub approved: i64,
     pub approved_all: i64,
+    pub approved_before: i64,
     pub approved_all_before: i64,
     pub active: i64,
     pub step_rank: i64,
@@ -72,6 +73,7 @@ impl Facts {
         Facts {
             members_before: f.members,
             healthy_before: f.healthy,
+            approved_before: f.approved,
             approved_all_before: f.approved_all,
             ..f
         }
@@ -83,6 +85,7 @@ impl Facts {
         Facts {
             members_before: before.members,
             healthy_before: before.healthy,
+            approved_before: before.approved,
             approved_all_before: before.approved_all,
             step_rank: i64::from(e.rank),
             step: e.step,
@@ -110,6 +113,7 @@ impl Facts {
             Count => V::Int(self.count),
             Approved => V::Int(self.approved),
             ApprovedAll => V::Int(self.approved_all),
+            ApprovedBefore => V::Int(self.approved_before),
             ApprovedAllBefore => V::Int(self.approved_all_before),
             Active => V::Int(self.active),
             StepRank => V::Int(self.step_rank),
