@@ -350,6 +350,7 @@ pub enum Fact {
     Target,
     TargetControlPlane,
     TargetUncounted,
+    TargetExists,
     Phase,
     Failed,
     Paused,
@@ -605,6 +606,8 @@ facts! {
         "spec.machine is an approved control plane of the operation's cluster, not being deleted (one `approved` counts)";
     TargetUncounted "target.uncounted" Type::Bool, Cheap, Machines, ON_OPERATIONS,
         "spec.machine is a machine of the operation's cluster that may still be an etcd member, since it holds the removal finalizer (which the controller puts on approved control planes only), but that `approved` does not count: it is being deleted, no longer approved, or re-roled to a worker";
+    TargetExists "target.exists" Type::Bool, Cheap, Machines, ON_OPERATIONS,
+        "spec.machine names a TalosMachine of the operation's cluster (false without spec.machine, and for a machine of another cluster or none at all)";
     Phase "phase" Type::Name, Cheap, Request, ON_OPERATIONS, "status.phase";
     Failed "failed" Type::Bool, Cheap, Request, ON_OPERATIONS,
         "status.failureReason is set, or status.phase is Failed";

@@ -458,6 +458,68 @@ fn an_unapproval_below_the_declared_count_is_refuted() {
     }
 }
 
+/// A move (`spec.clusterRef.name` changed) takes a machine out of the cluster's counts as
+/// an un-approval does, while its etcd member stays: with `move` dropped from
+/// `declared-count-leave`, verify finds the patch below the count, and its review replays.
+#[test]
+fn a_move_below_the_declared_count_is_refuted() {
+    let dir = mutant("move", "removal.rules", |t| {
+        t.replacen(
+            "refuse unapprove, reassign, move controlplane\n",
+            "refuse unapprove, reassign controlplane\n",
+            1,
+        )
+    });
+    let fixtures = dir.join("fixtures");
+    let fx = fixtures.to_str().expect("path");
+    let (out, json) = verify(&dir, "3", &["--emit-fixtures", fx]);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert_eq!(violated(&json)[0], "approved-count-kept", "{}", out.stdout);
+    assert!(
+        step_texts(&json)
+            .iter()
+            .any(|s| s.contains("(spec.clusterRef.name: staging)")),
+        "{}",
+        out.stdout
+    );
+    assert!(replay(&dir, &fixtures) > 0, "no admission step was written");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Found by `verify` once people could move machines: a reset created for cp-2, then cp-2
+/// moved to another cluster; no count of this cluster includes it, but its member is in
+/// this cluster's etcd. `reset-target-not-in-cluster` keeps the reset from starting.
+#[test]
+fn without_reset_target_not_in_cluster_a_reset_of_a_moved_member_loses_the_majority() {
+    let dir = mutant("reset-moved", "admission.rules", |t| {
+        without(t, "rule reset-target-not-in-cluster\n")
+    });
+    let bounds = [
+        "--max-failures",
+        "1",
+        "--max-operations",
+        "1",
+        "--in-flight",
+        "1",
+        "--max-requests",
+        "4",
+        "--depth",
+        "7",
+    ];
+    let (out, json) = verify(&dir, "3", &bounds);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert_eq!(violated(&json)[0], "healthy-majority", "{}", out.stdout);
+    let texts = step_texts(&json);
+    assert!(texts.iter().any(|t| t.contains("kind reset")), "{texts:?}");
+    assert!(
+        texts
+            .iter()
+            .any(|t| t.contains("(spec.clusterRef.name: staging)")),
+        "{texts:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The over-cap hold keeps a control plane past count+1 out of etcd, so only
 /// `approval-cap-kept` sees the approval itself go through: deleting `approval-cap`, or
 /// weakening it by one, is refuted with the approval in the story; the shipped rules hold.

@@ -348,11 +348,21 @@ impl<'s> Facts<'s> for SnapshotFacts<'s> {
                 // The controller puts the removal finalizer on approved control planes only,
                 // and takes it off once etcd shows the machine is no member: a machine that
                 // holds it and that `approved` does not count (being deleted, un-approved,
-                // or re-roled to a worker) may still be a member.
+                // or re-roled to a worker) may still be a member. (One moved to another
+                // cluster is not among this cluster's machines at all: `target.exists`.)
                 Value::Bool(target.is_some_and(|m| {
                     m.holds_removal_finalizer()
                         && (m.deleting() || m.approved_role() != Some(Role::ControlPlane))
                 }))
+            }
+            Fact::TargetExists => {
+                let (ns, cluster) = (self.ev.namespace, self.ev.cluster);
+                let target = self.operation().and_then(|o| o.spec.machine.as_deref());
+                Value::Bool(
+                    target
+                        .and_then(|t| self.snapshot.machine(ns, t))
+                        .is_some_and(|m| m.cluster() == cluster),
+                )
             }
             Fact::Phase => Value::Str(self.operation().map_or("", |o| o.phase())),
             Fact::Failed => Value::Bool(self.operation().is_some_and(|o| o.failed())),

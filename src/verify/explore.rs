@@ -173,7 +173,8 @@ pub fn encode(s: &State, out: &mut Vec<u8>) {
             | (u16::from(m.held) << 9)
             | (u16::from(m.dead) << 10)
             | (u16::from(m.committed) << 11)
-            | (u16::from(m.reroled) << 12);
+            | (u16::from(m.reroled) << 12)
+            | (u16::from(m.moved) << 13);
         out.extend(bits.to_le_bytes());
         out.push(m.order);
         out.extend(m.done.to_le_bytes());
@@ -190,6 +191,7 @@ pub fn encode(s: &State, out: &mut Vec<u8>) {
             Req::Approve(x) => (0, x),
             Req::Unapprove(x) => (1, x),
             Req::Reassign(x) => (14, x),
+            Req::Move(x) => (15, x),
             Req::Delete(x) => (2, x),
             Req::Collect(x) => (3, x),
             Req::Count(c) => (4, c),
@@ -244,6 +246,7 @@ pub fn decode(b: &[u8]) -> Option<State> {
             dead: bit(10),
             committed: bit(11),
             reroled: bit(12),
+            moved: bit(13),
             done,
         });
     }
@@ -288,6 +291,7 @@ pub fn decode(b: &[u8]) -> Option<State> {
             12 => Req::Prune(arg),
             13 => Req::PruneCluster,
             14 => Req::Reassign(arg),
+            15 => Req::Move(arg),
             _ => return None,
         };
         pending.push(Pending {
@@ -534,7 +538,8 @@ fn expand(
             .filter(|m| m.deleting && m.finalizer)
             .count();
         let uncollected = s.cluster == ClusterState::Deleting
-            && (s.machines.is_empty() || s.machines.iter().any(|m| !m.deleting));
+            && (s.machines.iter().all(|m| m.moved)
+                || s.machines.iter().any(|m| !m.deleting && !m.moved));
         let settled =
             removals > 0 && usize::from(outcomes.removals_waiting) >= removals && !uncollected;
         let before = Facts::of_state(&s);

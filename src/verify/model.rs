@@ -49,6 +49,9 @@ pub fn unsupported(table: &Table) -> Option<String> {
 /// The namespace and cluster every model object lives in.
 pub const NAMESPACE: &str = "default";
 pub const CLUSTER: &str = "prod";
+/// The cluster a machine is moved to (`spec.clusterRef.name`), which the model does not
+/// follow: a TalosCluster that is not there.
+pub const OTHER_CLUSTER: &str = "staging";
 
 /// No machine (an operation without a target, a lock nobody holds).
 pub const NONE: u8 = u8::MAX;
@@ -155,12 +158,12 @@ pub enum MRole {
 impl Machine {
     /// Approved as a control plane (`approved_role() == controlplane`), being deleted or not.
     pub fn approved_cp(&self) -> bool {
-        self.role == MRole::ControlPlane && self.approved && !self.reroled
+        self.role == MRole::ControlPlane && self.approved && !self.reroled && !self.moved
     }
 
     /// Approved as a worker: one of the workers, or a control plane re-roled to a worker.
     pub fn approved_worker(&self) -> bool {
-        self.approved && (self.role == MRole::Worker || self.reroled)
+        self.approved && !self.moved && (self.role == MRole::Worker || self.reroled)
     }
 }
 
@@ -192,6 +195,10 @@ pub struct Machine {
     /// longer a control plane to the counts and the controller, but its etcd member stays
     /// (and it keeps the removal finalizer) until something takes it out.
     pub reroled: bool,
+    /// Moved to another cluster (`spec.clusterRef.name` patched to [`OTHER_CLUSTER`]): no
+    /// longer one of this cluster's machines to any count, request or controller step, but
+    /// its etcd member (and its node) stay in this cluster's etcd.
+    pub moved: bool,
     /// The plan steps done, by index.
     pub done: u16,
 }
@@ -263,6 +270,8 @@ pub enum Req {
     Unapprove(u8),
     /// `spec.role` of an approved control plane patched to `worker` (a `reassign`).
     Reassign(u8),
+    /// `spec.clusterRef.name` of an approved machine patched to [`OTHER_CLUSTER`] (a `move`).
+    Move(u8),
     /// `kubectl annotate` (allow-delete) then `kubectl delete`.
     Delete(u8),
     /// `kubectl delete` without the allow-delete annotation: a GitOps prune, say (what
@@ -298,6 +307,7 @@ impl Req {
             Req::Approve(x)
             | Req::Unapprove(x)
             | Req::Reassign(x)
+            | Req::Move(x)
             | Req::Delete(x)
             | Req::Prune(x)
             | Req::Collect(x)
@@ -317,6 +327,7 @@ impl Req {
             Req::Approve(x) => Req::Approve(f(x)),
             Req::Unapprove(x) => Req::Unapprove(f(x)),
             Req::Reassign(x) => Req::Reassign(f(x)),
+            Req::Move(x) => Req::Move(f(x)),
             Req::Delete(x) => Req::Delete(f(x)),
             Req::Prune(x) => Req::Prune(f(x)),
             Req::Collect(x) => Req::Collect(f(x)),
@@ -652,6 +663,7 @@ impl State {
                     dead: false,
                     committed: false,
                     reroled: false,
+                    moved: false,
                     done: 0,
                 });
             }
@@ -671,6 +683,7 @@ impl State {
                     dead: false,
                     committed: false,
                     reroled: false,
+                    moved: false,
                     done: 0,
                 });
             }
@@ -782,7 +795,7 @@ impl Objects<'_> {
         };
         let spec = MachineSpec {
             cluster_ref: ClusterRef {
-                name: CLUSTER.into(),
+                name: if m.moved { OTHER_CLUSTER } else { CLUSTER }.into(),
             },
             role: Some(role),
             approved: m.approved,
@@ -960,6 +973,16 @@ impl Objects<'_> {
                     Some(Object::Machine(new)),
                 )
             }
+            Req::Move(i) => {
+                let old = machine(i)?;
+                let mut new = old.clone();
+                new.spec.cluster_ref.name = OTHER_CLUSTER.into();
+                (
+                    Operation::Update,
+                    Some(Object::Machine(old)),
+                    Some(Object::Machine(new)),
+                )
+            }
             Req::Reassign(i) => {
                 let old = machine(i)?;
                 let mut new = old.clone();
@@ -1124,6 +1147,10 @@ impl<'t> Model<'t> {
             return;
         }
         for (i, m) in ix(&s.machines) {
+            if m.moved {
+                // Another cluster's machine now.
+                continue;
+            }
             if m.deleting {
                 let forged = m.unreachable && m.dead && m.committed;
                 if m.finalizer && m.approved_cp() && !forged {
@@ -1145,6 +1172,9 @@ impl<'t> Model<'t> {
                 if m.approved_cp() {
                     out.push(Req::Unapprove(i));
                     out.push(Req::Reassign(i));
+                }
+                if s.cluster != ClusterState::Deleting {
+                    out.push(Req::Move(i));
                 }
             }
             if s.cluster == ClusterState::Deleting {
@@ -1174,7 +1204,7 @@ impl<'t> Model<'t> {
                 out.push(Req::CreateOperation(OpKind::Restore, NONE));
                 for (i, m) in ix(&s.machines) {
                     // A control plane, or one re-roled to a worker (it may still be a member).
-                    if m.role == MRole::ControlPlane && m.approved && !m.deleting {
+                    if m.role == MRole::ControlPlane && m.approved && !m.deleting && !m.moved {
                         out.push(Req::CreateOperation(OpKind::Reset, i));
                     }
                 }
@@ -1222,9 +1252,21 @@ impl<'t> Model<'t> {
                     m.joined = false;
                 }
             }
+            Req::Move(i) => {
+                let m = t.machines.get_mut(usize::from(i))?;
+                if m.approved != p.base.1 || m.deleting || m.moved {
+                    return None;
+                }
+                // Out of this cluster: nothing here counts, applies or removes it any
+                // more; its etcd member stays.
+                m.moved = true;
+                m.order = 0;
+                m.held = false;
+                m.joined = false;
+            }
             Req::Reassign(i) => {
                 let m = t.machines.get_mut(usize::from(i))?;
-                if m.approved != p.base.1 || m.deleting || m.reroled {
+                if m.approved != p.base.1 || m.deleting || m.reroled || m.moved {
                     return None;
                 }
                 // No longer applied as a control plane, as for an un-approval; its etcd
@@ -1236,7 +1278,11 @@ impl<'t> Model<'t> {
             }
             Req::Delete(i) | Req::Prune(i) | Req::Collect(i) => {
                 let m = t.machines.get(usize::from(i))?;
-                if m.deleting {
+                // The API server runs a delete's validating admission again on the object
+                // as it is when the delete commits: one moved to another cluster in the
+                // meantime is decided there, as that cluster's machine, which the model
+                // does not follow.
+                if m.deleting || m.moved {
                     return None;
                 }
                 if m.finalizer {
@@ -1410,7 +1456,7 @@ impl<'t> Model<'t> {
                     });
                 }
             }
-            if s.cluster == ClusterState::Deleting && s.machines.is_empty() {
+            if s.cluster == ClusterState::Deleting && s.machines.iter().all(|m| m.moved) {
                 let mut t = s.clone();
                 t.cluster = ClusterState::Gone;
                 t.ops.clear();

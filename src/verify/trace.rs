@@ -110,6 +110,11 @@ pub fn describe(s: &State, req: Req) -> String {
             "kubectl patch talosmachine {} (spec.approved: false)",
             s.name(i)
         ),
+        Req::Move(i) => format!(
+            "kubectl patch talosmachine {} (spec.clusterRef.name: {})",
+            s.name(i),
+            super::model::OTHER_CLUSTER
+        ),
         Req::Reassign(i) => format!(
             "kubectl patch talosmachine {} (spec.role: worker)",
             s.name(i)
