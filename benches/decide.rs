@@ -217,6 +217,7 @@ impl<'a> Facts<'a> for Fixed {
             | Fact::NodeUnreachable
             | Fact::TargetControlPlane
             | Fact::TargetUncounted
+            | Fact::TargetExists
             | Fact::Failed
             | Fact::Paused
             | Fact::UnfinishedExists
