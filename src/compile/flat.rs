@@ -23,13 +23,16 @@ use crate::vocab::FACT_COUNT;
 
 /// The length of a session's value array: fact slots, then registers. A power of two, so an
 /// index masked into range needs no bounds check; small, so a session starts cheaply.
-pub const VALUES: usize = 64;
+pub const VALUES: usize = 128;
 /// Where the registers start in the value array (after the fact slots).
 pub const REG_BASE: usize = FACT_COUNT;
 /// The registers a row may use. A row that needs more runs on the stack machine
 /// ([`Op::Stack`]).
 pub const MAX_REGS: usize = VALUES - REG_BASE;
 
+// The checker's and this program's sets of facts read are `u32` masks, one bit per slot
+// (`checked_shl(..).unwrap_or(0)` would drop a 33rd fact from them, and with it the read
+// it needs): a fact past 32 must widen them first.
 const _: () = assert!(FACT_COUNT <= 32 && MAX_REGS >= 2 && VALUES.is_power_of_two());
 
 /// Bits of a comparison mask: which orderings of `a` against `b` make it true.

@@ -4,9 +4,7 @@
 
 use super::explore::{Exploration, Violation, key_of, path_to};
 use super::invariant::{Facts, InvariantCheck, Outcome};
-use super::model::{
-    CLUSTER, ClusterState, Fired, Lock, MRole, Model, Move, NAMESPACE, Next, Req, State,
-};
+use super::model::{CLUSTER, ClusterState, Fired, Lock, Model, Move, NAMESPACE, Next, Req, State};
 use crate::runtime::objects::{Object, Snapshot};
 use crate::vocab::MODEL_STEPS;
 use kube::core::admission::Operation;
@@ -66,9 +64,7 @@ pub fn summary(s: &State) -> String {
         .machines
         .iter()
         .enumerate()
-        .filter(|(_, m)| {
-            !m.up && m.role == MRole::ControlPlane && !m.wiped && (m.approved || m.member)
-        })
+        .filter(|(_, m)| !m.up && m.ever_cp() && !m.wiped && (m.approved || m.member))
         .map(|(i, _)| s.name(i))
         .collect();
     if !down.is_empty() {
@@ -116,8 +112,13 @@ pub fn describe(s: &State, req: Req) -> String {
             super::model::OTHER_CLUSTER
         ),
         Req::Reassign(i) => format!(
-            "kubectl patch talosmachine {} (spec.role: worker)",
-            s.name(i)
+            "kubectl patch talosmachine {} (spec.role: {})",
+            s.name(i),
+            if s.machines.get(usize::from(i)).is_some_and(|m| m.cp()) {
+                "worker"
+            } else {
+                "controlplane"
+            }
         ),
         Req::Delete(i) => format!("kubectl annotate+delete talosmachine {}", s.name(i)),
         Req::Prune(i) => format!(
@@ -314,7 +315,7 @@ fn text_of(
                 .iter()
                 .position(|x| Some(x) == s.names.get(usize::from(i)))
                 .and_then(|j| n.state.machines.get(j))
-                .filter(|m| m.role == MRole::ControlPlane)
+                .filter(|m| m.ever_cp())
                 .map_or(before, |m| m.done);
             let plan = model.objects.plan.unwrap_or(&[]);
             let new_bits = after_done & !before;
