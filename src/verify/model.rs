@@ -970,55 +970,35 @@ impl Objects<'_> {
         req: Req,
     ) -> Option<(Operation, Option<Object>, Option<Object>)> {
         let machine = |i: u8| snap.machines.get(usize::from(i)).cloned();
+        // An update of machine `i`'s spec: the object as it is, and with `edit` applied.
+        let update = |i: u8, edit: &dyn Fn(&mut MachineSpec)| {
+            let old = machine(i)?;
+            let mut new = old.clone();
+            edit(&mut new.spec);
+            Some((
+                Operation::Update,
+                Some(Object::Machine(old)),
+                Some(Object::Machine(new)),
+            ))
+        };
         Some(match req {
             Req::Approve(i) => {
-                let old = machine(i)?;
-                let mut new = old.clone();
-                new.spec.approved = true;
                 let next = s.machines.iter().map(|m| m.order).max().unwrap_or(0) + 1;
-                new.spec.approval_decision = Some(ApprovalDecision {
-                    at: Some(time(i64::from(next))),
-                });
-                (
-                    Operation::Update,
-                    Some(Object::Machine(old)),
-                    Some(Object::Machine(new)),
-                )
+                update(i, &|spec| {
+                    spec.approved = true;
+                    spec.approval_decision = Some(ApprovalDecision {
+                        at: Some(time(i64::from(next))),
+                    });
+                })?
             }
-            Req::Move(i) => {
-                let old = machine(i)?;
-                let mut new = old.clone();
-                new.spec.cluster_ref.name = OTHER_CLUSTER.into();
-                (
-                    Operation::Update,
-                    Some(Object::Machine(old)),
-                    Some(Object::Machine(new)),
-                )
-            }
+            Req::Move(i) => update(i, &|spec| spec.cluster_ref.name = OTHER_CLUSTER.into())?,
             Req::Reassign(i) => {
-                let old = machine(i)?;
-                let mut new = old.clone();
-                new.spec.role = Some(if s.machines.get(usize::from(i)).is_some_and(Machine::cp) {
-                    Role::Worker
-                } else {
-                    Role::ControlPlane
-                });
-                (
-                    Operation::Update,
-                    Some(Object::Machine(old)),
-                    Some(Object::Machine(new)),
-                )
+                let cp = s.machines.get(usize::from(i)).is_some_and(Machine::cp);
+                update(i, &|spec| {
+                    spec.role = Some(if cp { Role::Worker } else { Role::ControlPlane });
+                })?
             }
-            Req::Unapprove(i) => {
-                let old = machine(i)?;
-                let mut new = old.clone();
-                new.spec.approved = false;
-                (
-                    Operation::Update,
-                    Some(Object::Machine(old)),
-                    Some(Object::Machine(new)),
-                )
-            }
+            Req::Unapprove(i) => update(i, &|spec| spec.approved = false)?,
             Req::Delete(i) => {
                 let mut old = machine(i)?;
                 let mut a = old.metadata.annotations.clone().unwrap_or_default();
