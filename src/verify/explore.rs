@@ -4,9 +4,10 @@
 
 use super::invariant::{Facts, InvariantCheck};
 use super::model::{
-    ClusterState, GONE, Lock, Machine, Model, Move, NONE, Next, Op, OpKind, Pending, Phase, Req,
-    State, ix,
+    ClusterState, GONE, Lock, Machine, Memo, Model, Move, NONE, Next, Op, OpKind, Pending, Phase,
+    Req, State, ix, object_key,
 };
+use crate::runtime::objects::Snapshot;
 use std::hash::Hasher;
 use std::time::Instant;
 
@@ -502,10 +503,33 @@ fn expand(
     };
     let mut nexts: Vec<Next> = Vec::new();
     let mut buf = Vec::new();
-    for i in ids {
+    // The states in the order of their objects ([`object_key`]), so that states with the
+    // same objects are expanded one after another and share their snapshot and the
+    // decisions that read only it ([`Memo`]). Each state's successors keep their order and
+    // the states are handed back in id order, so nothing else depends on this order.
+    let ids: Vec<usize> = ids.collect();
+    let states: Vec<Option<State>> = ids.iter().map(|i| keys.get(*i).and_then(decode)).collect();
+    let mut object_keys = Vec::new();
+    let mut ranges = Vec::with_capacity(states.len());
+    for s in &states {
+        let start = object_keys.len();
+        if let Some(s) = s {
+            object_key(s, &mut buf);
+            object_keys.extend_from_slice(&buf);
+        }
+        ranges.push(start..object_keys.len());
+    }
+    let key = |p: usize| &object_keys[ranges[p].clone()];
+    let mut order: Vec<usize> = (0..states.len()).collect();
+    order.sort_by(|a, b| key(*a).cmp(key(*b)));
+    let mut expanded: Vec<Option<Expanded>> = (0..states.len()).map(|_| None).collect();
+    let mut memo = Memo::default();
+    let mut shared: Option<(usize, Snapshot)> = None;
+    for p in order {
+        let i = ids[p];
         let from = out.succ.len();
-        let Some(s) = keys.get(i).and_then(decode) else {
-            out.states.push(Expanded {
+        let Some(s) = &states[p] else {
+            expanded[p] = Some(Expanded {
                 progress: false,
                 goal: true,
                 cut: false,
@@ -518,7 +542,7 @@ fn expand(
             || s.machines.iter().any(|m| m.deleting && m.finalizer);
         if depth.get(i).copied().unwrap_or(0) >= model.bounds.depth {
             // Not expanded: nothing can be said of where it leads (counted as a cut).
-            out.states.push(Expanded {
+            expanded[p] = Some(Expanded {
                 progress,
                 goal: true,
                 cut: true,
@@ -527,9 +551,15 @@ fn expand(
             });
             continue;
         }
-        let snap = model.objects.snapshot(&s);
+        if shared.as_ref().is_none_or(|(q, _)| key(*q) != key(p)) {
+            memo.clear();
+            shared = Some((p, model.objects.snapshot(s)));
+        }
+        let Some((_, snap)) = &shared else {
+            continue;
+        };
         nexts.clear();
-        let outcomes = model.successors(&s, &snap, &mut out.fired, &mut nexts);
+        let outcomes = model.successors(s, snap, &mut memo, &mut out.fired, &mut nexts);
         // Settled: every removal in progress waits on something named, and nothing else
         // of a teardown is left for the controller or the garbage collector.
         let removals = s
@@ -542,7 +572,7 @@ fn expand(
                 || s.machines.iter().any(|m| !m.deleting && !m.moved));
         let settled =
             removals > 0 && usize::from(outcomes.removals_waiting) >= removals && !uncollected;
-        let before = Facts::of_state(&s);
+        let before = Facts::of_state(s);
         for n in nexts.drain(..) {
             out.transitions += 1;
             let c = canonical(&n.state);
@@ -570,14 +600,16 @@ fn expand(
                 broken,
             });
         }
-        out.states.push(Expanded {
+        expanded[p] = Some(Expanded {
             progress,
             goal: !progress || settled,
             cut: false,
-            spent: model.budget_spent(&s),
+            spent: model.budget_spent(s),
             succ: from..out.succ.len(),
         });
     }
+    // (Every position was filled above: each state is expanded once.)
+    out.states = expanded.into_iter().flatten().collect();
     out
 }
 

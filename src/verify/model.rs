@@ -777,6 +777,112 @@ fn condition(type_: &str, status: &str, reason: &str, message: &str) -> Conditio
 }
 
 /// Builds the objects of a state as the API server would hold them.
+/// The bytes of what [`Objects`] reads of a state (into `out`): two states with the same
+/// key have the same objects (the snapshot, and every request's old and new object), so
+/// the webhook decides every request the same in both. What only the controller's I/O
+/// answers (etcd membership, nodes, the lock, the PDB) and the exploration's own
+/// bookkeeping are left out. The patterns name every field, so a field added to the model
+/// must be placed on one side or the other here.
+pub fn object_key(s: &State, out: &mut Vec<u8>) {
+    let State {
+        count,
+        schedulable,
+        cluster,
+        machines,
+        ops,
+        lock: _,
+        pending: _,
+        failures: _,
+        requests: _,
+        pdb: _,
+        concurrent: _,
+        names,
+        op_names,
+    } = s;
+    out.clear();
+    out.extend([*count, u8::from(*schedulable), *cluster as u8]);
+    out.push(len_byte(machines));
+    for (k, m) in machines.iter().enumerate() {
+        let Machine {
+            role,
+            approved,
+            order,
+            deleting,
+            finalizer,
+            joined: _,
+            member: _,
+            up: _,
+            wiped: _,
+            unreachable,
+            held,
+            dead,
+            committed,
+            reroled,
+            moved,
+            done,
+        } = *m;
+        let bits: u16 = u16::from(role == MRole::Worker)
+            | (u16::from(approved) << 1)
+            | (u16::from(deleting) << 2)
+            | (u16::from(finalizer) << 3)
+            | (u16::from(unreachable) << 4)
+            | (u16::from(held) << 5)
+            | (u16::from(dead) << 6)
+            | (u16::from(committed) << 7)
+            | (u16::from(reroled) << 8)
+            | (u16::from(moved) << 9);
+        out.extend(bits.to_le_bytes());
+        out.push(order);
+        out.extend(done.to_le_bytes());
+        // (A machine without a stable name is named by its index.)
+        out.extend(names.get(k).map_or([0, 0], |n| [1, *n]));
+    }
+    out.push(len_byte(ops));
+    for (k, o) in ops.iter().enumerate() {
+        let Op {
+            kind,
+            target,
+            phase,
+        } = *o;
+        out.extend([kind as u8, target, phase as u8]);
+        out.extend(op_names.get(k).map_or([0, 0], |n| [1, *n]));
+    }
+}
+
+/// The length of a list of a state as a byte (every such list is shorter than 255 items:
+/// `Bounds::check`).
+fn len_byte<T>(items: &[T]) -> u8 {
+    ix(items).last().map_or(0, |(i, _)| i + 1)
+}
+
+/// The decisions of one state's expansion that depend on its objects alone (what
+/// [`object_key`] covers): kept while states with the same key are expanded one after the
+/// other, so each is made once. A decision's fired rules are noted when it is made.
+pub struct Memo {
+    /// Each request decided by the webhook: `None` when the request cannot be sent here,
+    /// else its verdict.
+    admissions: Vec<(Req, Option<Option<Verdict>>)>,
+    /// Per machine: whether its reconcile decision holds it (`apply`).
+    held: [Option<bool>; MAX_MACHINES],
+}
+
+impl Default for Memo {
+    fn default() -> Self {
+        Memo {
+            admissions: Vec::new(),
+            held: [None; MAX_MACHINES],
+        }
+    }
+}
+
+impl Memo {
+    /// Forgets every decision (the next state has other objects).
+    pub fn clear(&mut self) {
+        self.admissions.clear();
+        self.held = [None; MAX_MACHINES];
+    }
+}
+
 pub struct Objects<'t> {
     pub plan: Option<&'t [PlanStep]>,
 }
@@ -1365,21 +1471,33 @@ impl<'t> Model<'t> {
     }
 
     /// Every successor of `s`. `snap` is `s` as objects.
+    ///
+    /// `memo` holds the decisions made for another state with the same objects
+    /// ([`object_key`]), or none ([`Memo::clear`]); this state's are added.
     pub fn successors(
         &self,
         s: &State,
         snap: &Snapshot,
+        memo: &mut Memo,
         fired: &mut Fired,
         out: &mut Vec<Next>,
     ) -> Outcomes {
         let mut outcomes = Outcomes::default();
         // People: decided on this state; admitted ones commit at once or stay in flight.
         for req in self.requests(s) {
-            let Some(decision) = self.admit(s, snap, req) else {
+            let known = memo.admissions.iter().find(|(r, _)| *r == req).map(|x| x.1);
+            let verdict = known.unwrap_or_else(|| {
+                let v = self.admit(s, snap, req).map(|d| {
+                    fired.note(&d);
+                    d.verdict()
+                });
+                memo.admissions.push((req, v));
+                v
+            });
+            let Some(verdict) = verdict else {
                 continue;
             };
-            fired.note(&decision);
-            if decision.verdict() == Some(Verdict::Refuse) {
+            if verdict == Some(Verdict::Refuse) {
                 continue;
             }
             let p = Pending {
@@ -1459,7 +1577,7 @@ impl<'t> Model<'t> {
                     continue;
                 }
                 if m.approved_cp() {
-                    if let Some((t, e)) = self.apply(s, snap, i, fired) {
+                    if let Some((t, e)) = self.apply(s, snap, i, memo, fired) {
                         out.push(Next {
                             mv: Move::Apply(idx),
                             state: t,
@@ -1556,19 +1674,31 @@ impl<'t> Model<'t> {
         s: &State,
         snap: &Snapshot,
         i: usize,
+        memo: &mut Memo,
         fired: &mut Fired,
     ) -> Option<(State, Effect)> {
         let live = snap.machines.get(i)?;
-        let events: Vec<_> = reconcile_machine_event(live).into_iter().collect();
-        let (decision, _) = decide_events(self.table, snap, &events, Expensive::Deferred, false);
-        fired.note(&decision);
+        let held = match memo.held.get(i).copied().flatten() {
+            Some(held) => held,
+            None => {
+                let events: Vec<_> = reconcile_machine_event(live).into_iter().collect();
+                let (decision, _) =
+                    decide_events(self.table, snap, &events, Expensive::Deferred, false);
+                fired.note(&decision);
+                let held = crate::runtime::controller::hold_of(&decision, "Held").is_some();
+                if let Some(slot) = memo.held.get_mut(i) {
+                    *slot = Some(held);
+                }
+                held
+            }
+        };
         let m = &s.machines[i];
         // Counted in a byte: the machines are at most MAX_MACHINES (Bounds::check).
         let rank = ix(&s.machines)
             .filter(|(_, x)| x.approved_cp() && !x.deleting && x.order <= m.order)
             .fold(0u8, |n, _| n.saturating_add(1));
         let mut t = s.clone();
-        if crate::runtime::controller::hold_of(&decision, "Held").is_some() {
+        if held {
             if m.held {
                 return None;
             }
@@ -1980,6 +2110,140 @@ pub fn remove_machine(t: &mut State, i: u8) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What `object_key` leaves out is never read by the objects: in every state a small
+    /// model reaches, changing each left-out field gives the same snapshot, the same
+    /// request objects and the same decisions, so the explorer may share them between
+    /// states with one key.
+    #[test]
+    fn states_with_one_object_key_have_the_same_objects() {
+        let table = crate::ruleset::load(&[std::path::PathBuf::from("rules")])
+            .expect("rules")
+            .table
+            .expect("table");
+        let bounds = Bounds {
+            max_control_planes: 3,
+            max_workers: 1,
+            max_failures: 1,
+            max_operations: 1,
+            in_flight: 1,
+            max_requests: Some(2),
+            depth: 64,
+        };
+        let model = Model::new(&table, bounds).expect("model");
+        let mut frontier = State::initial(&bounds);
+        let mut seen = std::collections::HashSet::new();
+        let (mut checked, mut key_a, mut key_b) = (0, Vec::new(), Vec::new());
+        while let Some(s) = frontier.pop() {
+            if !seen.insert(s.clone()) || seen.len() > 3000 {
+                continue;
+            }
+            let mut t = s.clone();
+            for m in &mut t.machines {
+                (m.joined, m.member, m.up, m.wiped) = (!m.joined, !m.member, !m.up, !m.wiped);
+            }
+            t.lock = if t.lock == Lock::Free {
+                Lock::Removal(0)
+            } else {
+                Lock::Free
+            };
+            t.pending = vec![Pending {
+                req: Req::Unschedule,
+                base: (1, true),
+            }];
+            (t.failures, t.requests) = (t.failures + 1, t.requests + 1);
+            (t.pdb, t.concurrent) = (!t.pdb, !t.concurrent);
+            object_key(&s, &mut key_a);
+            object_key(&t, &mut key_b);
+            assert_eq!(key_a, key_b, "only left-out fields were changed");
+            let (sa, sb) = (model.objects.snapshot(&s), model.objects.snapshot(&t));
+            assert_eq!(format!("{sa:?}"), format!("{sb:?}"), "snapshot of {s:?}");
+            for req in model.requests(&s) {
+                let (ra, rb) = (
+                    model.objects.request(&s, &sa, req),
+                    model.objects.request(&t, &sb, req),
+                );
+                assert_eq!(format!("{ra:?}"), format!("{rb:?}"), "{req:?} in {s:?}");
+                let (da, db) = (model.admit(&s, &sa, req), model.admit(&t, &sb, req));
+                assert_eq!(format!("{da:?}"), format!("{db:?}"), "{req:?} in {s:?}");
+                checked += 1;
+            }
+            let mut nexts = Vec::new();
+            model.successors(
+                &s,
+                &sa,
+                &mut Memo::default(),
+                &mut Fired::default(),
+                &mut nexts,
+            );
+            frontier.extend(nexts.into_iter().map(|n| n.state));
+        }
+        assert!(checked > 1000, "only {checked} requests compared");
+    }
+
+    /// Expanding a state with a memo of another state with the same objects gives what
+    /// expanding it afresh gives.
+    #[test]
+    fn a_shared_memo_changes_no_successor() {
+        let table = crate::ruleset::load(&[std::path::PathBuf::from("rules")])
+            .expect("rules")
+            .table
+            .expect("table");
+        let bounds = Bounds {
+            max_control_planes: 3,
+            max_workers: 1,
+            max_failures: 1,
+            max_operations: 1,
+            in_flight: 1,
+            max_requests: Some(2),
+            depth: 64,
+        };
+        let model = Model::new(&table, bounds).expect("model");
+        let mut frontier = State::initial(&bounds);
+        let mut seen = std::collections::HashSet::new();
+        let mut by_key: std::collections::HashMap<Vec<u8>, State> = Default::default();
+        let (mut shared, mut key) = (0, Vec::new());
+        while let Some(s) = frontier.pop() {
+            if !seen.insert(s.clone()) || seen.len() > 3000 {
+                continue;
+            }
+            let snap = model.objects.snapshot(&s);
+            let mut fresh = Vec::new();
+            model.successors(
+                &s,
+                &snap,
+                &mut Memo::default(),
+                &mut Fired::default(),
+                &mut fresh,
+            );
+            object_key(&s, &mut key);
+            if let Some(other) = by_key.get(&key) {
+                let mut memo = Memo::default();
+                let mut scratch = Vec::new();
+                let osnap = model.objects.snapshot(other);
+                model.successors(
+                    other,
+                    &osnap,
+                    &mut memo,
+                    &mut Fired::default(),
+                    &mut scratch,
+                );
+                let mut again = Vec::new();
+                model.successors(&s, &snap, &mut memo, &mut Fired::default(), &mut again);
+                let moves = |v: &[Next]| -> Vec<String> {
+                    v.iter()
+                        .map(|n| format!("{:?} {:?}", n.mv, n.state))
+                        .collect()
+                };
+                assert_eq!(moves(&fresh), moves(&again), "{s:?} after {other:?}");
+                shared += 1;
+            } else {
+                by_key.insert(key.clone(), s.clone());
+            }
+            frontier.extend(fresh.into_iter().map(|n| n.state));
+        }
+        assert!(shared > 100, "only {shared} states shared a key");
+    }
 
     /// Bounds a model cannot hold (its indices are bytes) are an error that says the most
     /// it holds, never indices that wrap or collide with `NONE`.

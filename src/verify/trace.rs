@@ -4,7 +4,9 @@
 
 use super::explore::{Exploration, Violation, key_of, path_to};
 use super::invariant::{Facts, InvariantCheck, Outcome};
-use super::model::{CLUSTER, ClusterState, Fired, Lock, Model, Move, NAMESPACE, Next, Req, State};
+use super::model::{
+    CLUSTER, ClusterState, Fired, Lock, Memo, Model, Move, NAMESPACE, Next, Req, State,
+};
 use crate::runtime::objects::{Object, Snapshot};
 use crate::vocab::MODEL_STEPS;
 use kube::core::admission::Operation;
@@ -411,7 +413,7 @@ pub fn build(
         let step_no = n + 1;
         let snap = model.objects.snapshot(&s);
         nexts.clear();
-        model.successors(&s, &snap, &mut fired, &mut nexts);
+        model.successors(&s, &snap, &mut Memo::default(), &mut fired, &mut nexts);
         let before = Facts::of_state(&s);
         let found = nexts.iter().position(|x| {
             key_of(&x.state) == *want
