@@ -5,7 +5,7 @@
 use super::invariant::{Facts, InvariantCheck};
 use super::model::{
     ClusterState, GONE, Lock, Machine, Memo, Model, Move, NONE, Next, Op, OpKind, Pending, Phase,
-    Req, State, ix, object_key,
+    Req, State, ix, len_byte, object_key,
 };
 use crate::runtime::objects::Snapshot;
 use std::hash::Hasher;
@@ -133,12 +133,6 @@ pub fn canonical(s: &State) -> State {
 }
 
 /// The bytes that identify a canonical state (names left out).
-/// The length of a list of a state as a byte (every such list is shorter than 255 items:
-/// `Bounds::check`).
-fn len_byte<T>(items: &[T]) -> u8 {
-    ix(items).last().map_or(0, |(i, _)| i + 1)
-}
-
 pub fn encode(s: &State, out: &mut Vec<u8>) {
     out.clear();
     out.push(s.count);

@@ -851,7 +851,7 @@ pub fn object_key(s: &State, out: &mut Vec<u8>) {
 
 /// The length of a list of a state as a byte (every such list is shorter than 255 items:
 /// `Bounds::check`).
-fn len_byte<T>(items: &[T]) -> u8 {
+pub fn len_byte<T>(items: &[T]) -> u8 {
     ix(items).last().map_or(0, |(i, _)| i + 1)
 }
 
@@ -2111,12 +2111,9 @@ pub fn remove_machine(t: &mut State, i: u8) {
 mod tests {
     use super::*;
 
-    /// What `object_key` leaves out is never read by the objects: in every state a small
-    /// model reaches, changing each left-out field gives the same snapshot, the same
-    /// request objects and the same decisions, so the explorer may share them between
-    /// states with one key.
-    #[test]
-    fn states_with_one_object_key_have_the_same_objects() {
+    /// The shipped rules, and small bounds with a failure, an operation and a request in
+    /// flight (every kind of field a state has).
+    fn small_model() -> (Table, Bounds) {
         let table = crate::ruleset::load(&[std::path::PathBuf::from("rules")])
             .expect("rules")
             .table
@@ -2130,6 +2127,16 @@ mod tests {
             max_requests: Some(2),
             depth: 64,
         };
+        (table, bounds)
+    }
+
+    /// What `object_key` leaves out is never read by the objects: in every state a small
+    /// model reaches, changing each left-out field gives the same snapshot, the same
+    /// request objects and the same decisions, so the explorer may share them between
+    /// states with one key.
+    #[test]
+    fn states_with_one_object_key_have_the_same_objects() {
+        let (table, bounds) = small_model();
         let model = Model::new(&table, bounds).expect("model");
         let mut frontier = State::initial(&bounds);
         let mut seen = std::collections::HashSet::new();
@@ -2185,19 +2192,7 @@ mod tests {
     /// expanding it afresh gives.
     #[test]
     fn a_shared_memo_changes_no_successor() {
-        let table = crate::ruleset::load(&[std::path::PathBuf::from("rules")])
-            .expect("rules")
-            .table
-            .expect("table");
-        let bounds = Bounds {
-            max_control_planes: 3,
-            max_workers: 1,
-            max_failures: 1,
-            max_operations: 1,
-            in_flight: 1,
-            max_requests: Some(2),
-            depth: 64,
-        };
+        let (table, bounds) = small_model();
         let model = Model::new(&table, bounds).expect("model");
         let mut frontier = State::initial(&bounds);
         let mut seen = std::collections::HashSet::new();
