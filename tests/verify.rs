@@ -571,6 +571,54 @@ fn a_role_change_below_the_declared_count_is_refuted() {
     assert_eq!(out.code, 0, "{}", out.stdout);
 }
 
+/// A worker re-roled to a control plane leaves the workers (`leave worker` covers it):
+/// with `reassign` dropped from `last-worker`, verify finds the `spec.role: controlplane`
+/// patch of the last worker of an unschedulable cluster (under a budget of requests, the
+/// only bounds that re-role workers, as the bounds line says), and its review replays.
+#[test]
+fn a_worker_re_roled_away_from_an_unschedulable_cluster_is_refuted() {
+    let dir = mutant("last-worker-reassign", "admission.rules", |t| {
+        t.replacen(
+            "refuse leave worker at webhook\n",
+            "refuse remove, unapprove, move worker at webhook\n",
+            1,
+        )
+    });
+    let fixtures = dir.join("fixtures");
+    let fx = fixtures.to_str().expect("path");
+    let budget = ["--max-workers", "1", "--max-requests", "2"];
+    let (out, json) = verify(&dir, "2", &[&budget[..], &["--emit-fixtures", fx]].concat());
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert_eq!(violated(&json), ["worker-while-unschedulable"], "{}", out.stdout);
+    let texts = step_texts(&json);
+    assert!(
+        texts
+            .last()
+            .is_some_and(|t| t.contains("(spec.role: controlplane)")),
+        "{texts:?}"
+    );
+    assert!(replay(&dir, &fixtures) > 0, "no admission step was written");
+    // The shipped rule refuses the same patch; without a budget no worker is re-roled,
+    // and the bounds say so.
+    let (out, _) = verify(&root().join("rules"), "2", &budget);
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    let human = run(&[
+        "verify",
+        dir.to_str().expect("path"),
+        "--max-control-planes",
+        "2",
+        "--max-workers",
+        "1",
+    ]);
+    assert_eq!(human.code, 0, "{}", human.stdout);
+    assert!(
+        human.stdout.contains("no worker re-roled to a control plane"),
+        "{}",
+        human.stdout
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Whoever may patch talosmachines/status could forge the record a removal resumes from
 /// (a committed removal of a dead member) onto a healthy control plane being deleted: the
 /// controller would then take a live member out of etcd. `status-only-by-controller`

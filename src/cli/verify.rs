@@ -316,7 +316,11 @@ fn write_fixtures(dir: &Path, runs: &[Report]) -> Result<(), String> {
 fn bounds_text(b: &Bounds) -> String {
     let requests = match b.max_requests {
         Some(n) => format!("at most {n} request(s) by people"),
-        None => "any number of requests by people".to_string(),
+        // The model re-roles a worker to a control plane only under a budget (see
+        // `Model::reroles_workers`): never silent about it.
+        None => "any number of requests by people (but no worker re-roled to a control \
+                 plane: give --max-requests to explore that)"
+            .to_string(),
     };
     format!(
         "{} control-plane machines, {} workers, count 1, 3 or 5 (and every change of it), {} failure(s), \

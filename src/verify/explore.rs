@@ -2,7 +2,7 @@
 //! interchangeable), invariants checked on every state and transition, liveness on the
 //! explored graph, and the shortest trace to each violation.
 
-use super::invariant::{Facts, InvariantCheck};
+use super::invariant::{Facts, InvariantCheck, Verdicts};
 use super::model::{
     ClusterState, GONE, Lock, Machine, Memo, Model, Move, NONE, Next, Op, OpKind, Pending, Phase,
     Req, State, ix, len_byte, object_key,
@@ -518,6 +518,7 @@ fn expand(
     order.sort_by(|a, b| key(*a).cmp(key(*b)));
     let mut expanded: Vec<Option<Expanded>> = (0..states.len()).map(|_| None).collect();
     let mut memo = Memo::default();
+    let mut verdicts = Verdicts::default();
     let mut shared: Option<(usize, Snapshot)> = None;
     for p in order {
         let i = ids[p];
@@ -574,19 +575,13 @@ fn expand(
             let start = out.bytes.len();
             out.bytes.extend_from_slice(&buf);
             let f = Facts::of_transition(&before, &c, &n.effect);
-            let mut broken = Vec::new();
-            for (k, check) in checks.iter().enumerate() {
-                if check.deferred || skip[k] {
-                    continue;
-                }
-                match check.holds(&f, c.concurrent) {
-                    super::invariant::Outcome::Holds { at_risk } => out.at_risk[k] |= at_risk,
-                    super::invariant::Outcome::Broken(message) => {
-                        out.at_risk[k] = true;
-                        broken.push((k, message));
-                    }
+            let checked = verdicts.check(checks, skip, &f, c.concurrent);
+            for k in &checked.at_risk {
+                if let Some(r) = out.at_risk.get_mut(*k) {
+                    *r = true;
                 }
             }
+            let broken = checked.broken.clone();
             out.succ.push(Succ {
                 key: start..out.bytes.len(),
                 mv: n.mv,
@@ -1041,5 +1036,85 @@ mod parallel {
                 assert!(!one.violations.is_empty());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod remembered {
+    use super::*;
+    use crate::verify::invariant::{InvariantCheck, check_all};
+    use crate::verify::model::{Bounds, Fired};
+
+    /// Remembered outcomes are the outcomes: over the transitions of a small model (and
+    /// the same facts with etcd emptied, which breaks invariants, so that messages are
+    /// compared too), with and without overlapping requests and with checks skipped, the
+    /// cache answers what checking afresh answers, the first time and when it is asked
+    /// again.
+    #[test]
+    fn remembered_verdicts_are_the_verdicts() {
+        let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rules");
+        let table = crate::ruleset::load(std::slice::from_ref(&root))
+            .expect("rules")
+            .table
+            .expect("table");
+        let bounds = Bounds {
+            max_control_planes: 3,
+            max_workers: 1,
+            max_failures: 1,
+            max_operations: 1,
+            in_flight: 1,
+            max_requests: Some(2),
+            depth: 64,
+        };
+        let model = Model::new(&table, bounds).expect("model");
+        let checks: Vec<InvariantCheck> =
+            table.invariants.iter().map(InvariantCheck::new).collect();
+        let skips = [
+            vec![false; checks.len()],
+            (0..checks.len()).map(|k| k % 2 == 0).collect::<Vec<_>>(),
+        ];
+        let mut verdicts: Vec<Verdicts> = skips.iter().map(|_| Verdicts::default()).collect();
+        let mut frontier = State::initial(&bounds);
+        let mut seen = std::collections::HashSet::new();
+        let (mut asked, mut broken) = (0usize, 0usize);
+        while let Some(s) = frontier.pop() {
+            if !seen.insert(s.clone()) || seen.len() > 2000 {
+                continue;
+            }
+            let snap = model.objects.snapshot(&s);
+            let mut nexts = Vec::new();
+            model.successors(
+                &s,
+                &snap,
+                &mut Memo::default(),
+                &mut Fired::default(),
+                &mut nexts,
+            );
+            let before = Facts::of_state(&s);
+            for n in nexts {
+                let c = canonical(&n.state);
+                let f = Facts::of_transition(&before, &c, &n.effect);
+                let emptied = Facts {
+                    members: 0,
+                    healthy: 0,
+                    ..f.clone()
+                };
+                for f in [f, emptied] {
+                    for concurrent in [false, true] {
+                        for (skip, cache) in skips.iter().zip(verdicts.iter_mut()) {
+                            let fresh = check_all(&checks, skip, &f, concurrent);
+                            for _ in 0..2 {
+                                assert_eq!(cache.check(&checks, skip, &f, concurrent), &fresh);
+                                asked += 1;
+                            }
+                            broken += fresh.broken.len();
+                        }
+                    }
+                }
+                frontier.push(n.state);
+            }
+        }
+        assert!(asked > 10_000, "{asked}");
+        assert!(broken > 100, "{broken}");
     }
 }

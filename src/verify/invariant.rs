@@ -7,7 +7,7 @@ use crate::syntax::ast::{BinOp, Expr, ExprKind, MessagePart, UnOp};
 use crate::vocab::{MODEL_STEPS, ModelFact};
 
 /// The model facts of one state, or of one transition.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Facts {
     pub members: i64,
     pub healthy: i64,
@@ -388,6 +388,68 @@ impl InvariantCheck {
         };
         render_message(parts, f)
     }
+}
+
+/// What every check said of one set of facts: the checks it put at risk (holding), and
+/// the ones it broke with their messages.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Checked {
+    pub at_risk: Vec<usize>,
+    pub broken: Vec<(usize, String)>,
+}
+
+/// Checks with their outcomes remembered per facts. An outcome reads nothing but the
+/// facts and whether requests overlapped, and many transitions have the same facts, so
+/// each set of facts is checked once. (Bounded: forgotten wholesale past a size.)
+#[derive(Default)]
+pub struct Verdicts {
+    seen: std::collections::HashMap<
+        (Facts, bool),
+        Checked,
+        std::hash::BuildHasherDefault<super::explore::Fx>,
+    >,
+}
+
+impl Verdicts {
+    const MAX: usize = 1 << 16;
+
+    /// The outcomes of the checks not deferred (the whole graph's) nor in `skip`.
+    pub fn check(
+        &mut self,
+        checks: &[InvariantCheck],
+        skip: &[bool],
+        f: &Facts,
+        concurrent: bool,
+    ) -> &Checked {
+        if self.seen.len() >= Self::MAX {
+            self.seen.clear();
+        }
+        self.seen
+            .entry((f.clone(), concurrent))
+            .or_insert_with(|| check_all(checks, skip, f, concurrent))
+    }
+}
+
+/// Every check not deferred nor in `skip`, on facts.
+pub fn check_all(checks: &[InvariantCheck], skip: &[bool], f: &Facts, concurrent: bool) -> Checked {
+    let mut out = Checked::default();
+    for (k, check) in checks.iter().enumerate() {
+        if check.deferred || skip.get(k).copied().unwrap_or(false) {
+            continue;
+        }
+        match check.holds(f, concurrent) {
+            Outcome::Holds { at_risk } => {
+                if at_risk {
+                    out.at_risk.push(k);
+                }
+            }
+            Outcome::Broken(message) => {
+                out.at_risk.push(k);
+                out.broken.push((k, message));
+            }
+        }
+    }
+    out
 }
 
 fn render_message(parts: &[Result<Code, String>], f: &Facts) -> String {

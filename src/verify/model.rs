@@ -1239,6 +1239,12 @@ impl<'t> Model<'t> {
         out
     }
 
+    /// Whether people may re-role a worker to a control plane: only under a budget of
+    /// requests (see `all_requests`).
+    pub fn reroles_workers(&self) -> bool {
+        self.bounds.max_requests.is_some()
+    }
+
     /// Whether people have sent every request the bounds allow.
     pub fn budget_spent(&self, s: &State) -> bool {
         self.bounds.max_requests.is_some_and(|n| s.requests >= n)
@@ -1274,11 +1280,11 @@ impl<'t> Model<'t> {
                 if m.approved_cp() {
                     out.push(Req::Unapprove(i));
                 }
-                // One role change per machine, of a control plane to a worker. (A worker
-                // re-roled to a control plane, which `commit` knows, is not offered: with
-                // any number of requests it multiplies the small cluster's states by
-                // twenty; `reassign` of a worker is a gap of the model, said in the guide.)
-                if !m.reroled && m.role == MRole::ControlPlane {
+                // One role change per machine, of a control plane to a worker; a worker
+                // re-roled to a control plane only under a budget of requests (with any
+                // number of requests it multiplies the small cluster's states by twenty),
+                // which the bounds line of the report says.
+                if !m.reroled && (m.role == MRole::ControlPlane || self.reroles_workers()) {
                     out.push(Req::Reassign(i));
                 }
                 if s.cluster != ClusterState::Deleting {
