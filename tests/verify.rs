@@ -589,7 +589,12 @@ fn a_worker_re_roled_away_from_an_unschedulable_cluster_is_refuted() {
     let budget = ["--max-workers", "1", "--max-requests", "2"];
     let (out, json) = verify(&dir, "2", &[&budget[..], &["--emit-fixtures", fx]].concat());
     assert_eq!(out.code, 1, "{}", out.stdout);
-    assert_eq!(violated(&json), ["worker-while-unschedulable"], "{}", out.stdout);
+    assert_eq!(
+        violated(&json),
+        ["worker-while-unschedulable"],
+        "{}",
+        out.stdout
+    );
     let texts = step_texts(&json);
     assert!(
         texts
@@ -612,7 +617,9 @@ fn a_worker_re_roled_away_from_an_unschedulable_cluster_is_refuted() {
     ]);
     assert_eq!(human.code, 0, "{}", human.stdout);
     assert!(
-        human.stdout.contains("no worker re-roled to a control plane"),
+        human
+            .stdout
+            .contains("no worker re-roled to a control plane"),
         "{}",
         human.stdout
     );

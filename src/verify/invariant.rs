@@ -7,7 +7,7 @@ use crate::syntax::ast::{BinOp, Expr, ExprKind, MessagePart, UnOp};
 use crate::vocab::{MODEL_STEPS, ModelFact};
 
 /// The model facts of one state, or of one transition.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Facts {
     pub members: i64,
     pub healthy: i64,
@@ -413,20 +413,15 @@ pub struct Verdicts {
 impl Verdicts {
     const MAX: usize = 1 << 16;
 
-    /// The outcomes of the checks not deferred (the whole graph's) nor in `skip`.
-    pub fn check(
-        &mut self,
-        checks: &[InvariantCheck],
-        skip: &[bool],
-        f: &Facts,
-        concurrent: bool,
-    ) -> &Checked {
+    /// The outcomes of the checks not deferred (the whole graph's): every time the same,
+    /// for one `checks` (a cache is used with one list of checks).
+    pub fn check(&mut self, checks: &[InvariantCheck], f: &Facts, concurrent: bool) -> &Checked {
         if self.seen.len() >= Self::MAX {
             self.seen.clear();
         }
         self.seen
-            .entry((f.clone(), concurrent))
-            .or_insert_with(|| check_all(checks, skip, f, concurrent))
+            .entry((*f, concurrent))
+            .or_insert_with(|| check_all(checks, &[], f, concurrent))
     }
 }
 
