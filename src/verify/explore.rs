@@ -4,10 +4,9 @@
 
 use super::invariant::{Facts, InvariantCheck, Verdicts};
 use super::model::{
-    ClusterState, GONE, Lock, Machine, Memo, Model, Move, NONE, Next, Op, OpKind, Pending, Phase,
-    Req, State, ix, len_byte, object_key,
+    ClusterState, GONE, Lazy, Lock, Machine, Memo, Model, Move, NONE, Next, Op, OpKind, Pending,
+    Phase, Req, State, ix, len_byte, object_key,
 };
-use crate::runtime::objects::Snapshot;
 use std::hash::Hasher;
 use std::time::Instant;
 
@@ -38,12 +37,51 @@ impl Hasher for Fx {
     }
 
     fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
+        let mut words = bytes.chunks_exact(8);
+        for w in &mut words {
             let mut b = [0u8; 8];
-            b[..chunk.len()].copy_from_slice(chunk);
-            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(b))
-                .wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+            b.copy_from_slice(w);
+            self.write_u64(u64::from_le_bytes(b));
         }
+        let rest = words.remainder();
+        if !rest.is_empty() {
+            let mut b = [0u8; 8];
+            b[..rest.len()].copy_from_slice(rest);
+            self.write_u64(u64::from_le_bytes(b));
+        }
+    }
+}
+
+/// What a thread that expands states keeps from batch to batch.
+#[derive(Default)]
+struct Worker {
+    verdicts: Verdicts,
+    memos: Memos,
+    /// The buffers of its last chunk, merged and handed back.
+    spare: Chunk,
+}
+
+/// The decisions made on objects ([`Memo`]) of the object keys expanded lately, kept from
+/// batch to batch: states with the same objects recur across batches too. (Bounded:
+/// forgotten wholesale past a size.)
+#[derive(Default)]
+pub struct Memos {
+    map: std::collections::HashMap<Vec<u8>, Memo, std::hash::BuildHasherDefault<Fx>>,
+}
+
+impl Memos {
+    const MAX: usize = 1 << 14;
+
+    /// The decisions kept for `key` (none when there are none).
+    fn take(&mut self, key: &[u8]) -> Memo {
+        self.map.remove(key).unwrap_or_default()
+    }
+
+    fn keep(&mut self, key: &[u8], memo: Memo) {
+        if self.map.len() >= Self::MAX {
+            self.map.clear();
+        }
+        self.map.insert(key.to_vec(), memo);
     }
 }
 
@@ -441,6 +479,8 @@ fn hash_key(key: &[u8]) -> u64 {
 /// The visited set: ids of states, hashed and compared through their keys.
 struct Visited {
     table: hashbrown::HashTable<u32>,
+    /// The hash of each id's key (the table grows without hashing every key again).
+    hashes: Vec<u64>,
     /// The first id not handed out: [`NO_PARENT`] (smaller in tests).
     limit: u32,
 }
@@ -449,7 +489,11 @@ impl Visited {
     /// The id of `key`, adding it (as id `keys.len()`) when new; `true` when it was new.
     /// `None` when every id is taken (ids are `u32`, and [`NO_PARENT`] is none of them).
     fn intern(&mut self, keys: &mut Keys, key: &[u8]) -> Option<(u32, bool)> {
-        let hash = hash_key(key);
+        self.intern_hashed(keys, key, hash_key(key))
+    }
+
+    /// [`Visited::intern`] of a key whose [`hash_key`] is `hash`.
+    fn intern_hashed(&mut self, keys: &mut Keys, key: &[u8], hash: u64) -> Option<(u32, bool)> {
         if let Some(&id) = self.table.find(hash, |&id| keys[id as usize] == *key) {
             return Some((id, false));
         }
@@ -457,9 +501,14 @@ impl Visited {
             .ok()
             .filter(|id| *id < self.limit)?;
         keys.push(key);
-        let k: &Keys = keys;
-        self.table
-            .insert_unique(hash, id, |&i| hash_key(&k[i as usize]));
+        self.hashes.push(hash);
+        let (k, hashes): (&Keys, &[u64]) = (keys, &self.hashes);
+        self.table.insert_unique(hash, id, |&i| {
+            hashes
+                .get(i as usize)
+                .copied()
+                .unwrap_or_else(|| hash_key(&k[i as usize]))
+        });
         Some((id, true))
     }
 }
@@ -468,6 +517,8 @@ impl Visited {
 struct Succ {
     /// Its key's range in the batch's byte buffer.
     key: std::ops::Range<usize>,
+    /// Its key's [`hash_key`] (hashed by the worker, not in the serial merge).
+    hash: u64,
     mv: Move,
     alone: bool,
     /// Invariants the transition broke, with their messages.
@@ -507,12 +558,23 @@ fn expand(
     keys: &Keys,
     depth: &[u32],
     ids: std::ops::Range<usize>,
-    verdicts: &mut Verdicts,
+    worker: &mut Worker,
 ) -> Chunk {
-    let mut out = Chunk {
-        at_risk: vec![false; checks.len()],
-        ..Chunk::default()
-    };
+    let Worker {
+        verdicts,
+        memos,
+        spare,
+    } = worker;
+    // The buffers of an earlier batch's chunk, emptied (growing fresh ones every batch
+    // costs the kernel's zeroing of their pages again).
+    let mut out = std::mem::take(spare);
+    out.states.clear();
+    out.succ.clear();
+    out.bytes.clear();
+    out.fired = super::model::Fired::default();
+    out.at_risk.clear();
+    out.at_risk.resize(checks.len(), false);
+    out.transitions = 0;
     let mut nexts: Vec<Next> = Vec::new();
     let mut buf = Vec::new();
     // The states in the order of their objects ([`object_key`]), so that states with the
@@ -536,7 +598,7 @@ fn expand(
     order.sort_by(|a, b| key(*a).cmp(key(*b)));
     let mut expanded: Vec<Option<Expanded>> = (0..states.len()).map(|_| None).collect();
     let mut memo = Memo::default();
-    let mut shared: Option<(usize, Snapshot)> = None;
+    let mut shared: Option<(usize, Lazy<'_>)> = None;
     for p in order {
         let i = ids[p];
         let from = out.succ.len();
@@ -564,8 +626,11 @@ fn expand(
             continue;
         }
         if shared.as_ref().is_none_or(|(q, _)| key(*q) != key(p)) {
-            memo.clear();
-            shared = Some((p, model.objects.snapshot(s)));
+            if let Some((q, _)) = &shared {
+                memos.keep(key(*q), std::mem::take(&mut memo));
+            }
+            memo = memos.take(key(p));
+            shared = Some((p, Lazy::new(&model.objects, s)));
         }
         let Some((_, snap)) = &shared else {
             continue;
@@ -609,6 +674,7 @@ fn expand(
                 .collect();
             out.succ.push(Succ {
                 key: start..out.bytes.len(),
+                hash: hash_key(&buf),
                 mv: n.mv,
                 alone: n.mv.progresses_alone(),
                 broken,
@@ -621,6 +687,9 @@ fn expand(
             spent: model.budget_spent(s),
             succ: from..out.succ.len(),
         });
+    }
+    if let Some((q, _)) = &shared {
+        memos.keep(key(*q), memo);
     }
     // (Every position was filled above: each state is expanded once.)
     out.states = expanded.into_iter().flatten().collect();
@@ -678,9 +747,11 @@ fn explore_upto(
     let batch = batch.max(1);
     let started = Instant::now();
     // One cache of invariant outcomes per thread, kept from batch to batch.
-    let mut verdicts: Vec<Verdicts> = (0..threads).map(|_| Verdicts::default()).collect();
+    // What each thread keeps from batch to batch: its caches and its chunk's buffers.
+    let mut workers: Vec<Worker> = (0..threads).map(|_| Worker::default()).collect();
     let mut visited = Visited {
         table: hashbrown::HashTable::new(),
+        hashes: Vec::new(),
         limit,
     };
     let mut ex = Exploration {
@@ -743,28 +814,28 @@ fn explore_upto(
     'explore: while cursor < ex.keys.len() && ex.incomplete.is_none() {
         let end = ex.keys.len().min(cursor + batch * threads);
         let skip = violated.clone();
-        let chunks: Vec<Chunk> = match verdicts.split_first_mut() {
-            Some((cache, _)) if threads == 1 || end - cursor < threads => vec![expand(
+        let mut chunks: Vec<Chunk> = match workers.split_first_mut() {
+            Some((worker, _)) if threads == 1 || end - cursor < threads => vec![expand(
                 model,
                 checks,
                 &skip,
                 &ex.keys,
                 &ex.depth,
                 cursor..end,
-                cache,
+                worker,
             )],
             _ => {
                 let per = (end - cursor).div_ceil(threads);
                 let (keys, depth, skip) = (&ex.keys, &ex.depth, &skip);
                 std::thread::scope(|scope| {
-                    let handles: Vec<_> = verdicts
+                    let handles: Vec<_> = workers
                         .iter_mut()
                         .enumerate()
-                        .map(|(t, cache)| {
+                        .map(|(t, worker)| {
                             let a = (cursor + t * per).min(end);
                             let b = (a + per).min(end);
                             scope.spawn(move || {
-                                expand(model, checks, skip, keys, depth, a..b, cache)
+                                expand(model, checks, skip, keys, depth, a..b, worker)
                             })
                         })
                         .collect();
@@ -779,12 +850,12 @@ fn explore_upto(
             }
         };
         let mut id = cursor;
-        for chunk in chunks {
+        for chunk in &mut chunks {
             ex.transitions += chunk.transitions;
             for (k, r) in chunk.at_risk.iter().enumerate() {
                 ex.at_risk[k] |= *r;
             }
-            ex.fired.merge(chunk.fired);
+            ex.fired.merge(std::mem::take(&mut chunk.fired));
             for st in &chunk.states {
                 // Every id below `keys.len()` was handed out by `intern`, so it fits.
                 let Ok(from) = u32::try_from(id) else {
@@ -803,7 +874,7 @@ fn explore_upto(
                 goal.push(st.goal);
                 for sc in &chunk.succ[st.succ.clone()] {
                     let key = &chunk.bytes[sc.key.clone()];
-                    let Some((to, new)) = visited.intern(&mut ex.keys, key) else {
+                    let Some((to, new)) = visited.intern_hashed(&mut ex.keys, key, sc.hash) else {
                         ex.incomplete = Some(FULL.to_string());
                         break 'explore;
                     };
@@ -831,6 +902,9 @@ fn explore_upto(
                 }
                 id += 1;
             }
+        }
+        for (worker, chunk) in workers.iter_mut().zip(chunks) {
+            worker.spare = chunk;
         }
         cursor = end;
     }
@@ -1109,11 +1183,10 @@ mod remembered {
             if !seen.insert(s.clone()) || seen.len() > 2000 {
                 continue;
             }
-            let snap = model.objects.snapshot(&s);
             let mut nexts = Vec::new();
             model.successors(
                 &s,
-                &snap,
+                &Lazy::new(&model.objects, &s),
                 &mut Memo::default(),
                 &mut Fired::default(),
                 &mut nexts,

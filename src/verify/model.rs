@@ -887,6 +887,35 @@ pub struct Objects<'t> {
     pub plan: Option<&'t [PlanStep]>,
 }
 
+/// A state's objects, built the first time a decision needs them: a state whose
+/// decisions are all remembered ([`Memo`]) and which has nothing for the controller to
+/// decide needs none.
+pub struct Lazy<'a> {
+    objects: &'a Objects<'a>,
+    state: &'a State,
+    snap: std::cell::OnceCell<Snapshot>,
+}
+
+impl<'a> Lazy<'a> {
+    pub fn new(objects: &'a Objects<'a>, state: &'a State) -> Lazy<'a> {
+        Lazy {
+            objects,
+            state,
+            snap: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// The state as objects.
+    pub fn get(&self) -> &Snapshot {
+        self.snap.get_or_init(|| self.objects.snapshot(self.state))
+    }
+
+    /// Whether the objects were built.
+    pub fn built(&self) -> bool {
+        self.snap.get().is_some()
+    }
+}
+
 impl Objects<'_> {
     pub fn machine(&self, s: &State, i: usize) -> TalosMachine {
         let m = &s.machines[i];
@@ -1476,14 +1505,15 @@ impl<'t> Model<'t> {
         Some(t)
     }
 
-    /// Every successor of `s`. `snap` is `s` as objects.
+    /// Every successor of `s`. `snap` is `s` (or a state with the same [`object_key`]) as
+    /// objects, built when first needed.
     ///
     /// `memo` holds the decisions made for another state with the same objects
     /// ([`object_key`]), or none ([`Memo::clear`]); this state's are added.
     pub fn successors(
         &self,
         s: &State,
-        snap: &Snapshot,
+        snap: &Lazy<'_>,
         memo: &mut Memo,
         fired: &mut Fired,
         out: &mut Vec<Next>,
@@ -1493,7 +1523,7 @@ impl<'t> Model<'t> {
         for req in self.requests(s) {
             let known = memo.admissions.iter().find(|(r, _)| *r == req).map(|x| x.1);
             let verdict = known.unwrap_or_else(|| {
-                let v = self.admit(s, snap, req).map(|d| {
+                let v = self.admit(s, snap.get(), req).map(|d| {
                     fired.note(&d);
                     d.verdict()
                 });
@@ -1570,7 +1600,7 @@ impl<'t> Model<'t> {
                 let i = usize::from(idx);
                 if m.deleting {
                     if m.finalizer {
-                        let (next, refused) = self.removal(s, snap, idx, fired);
+                        let (next, refused) = self.removal(s, snap.get(), idx, fired);
                         outcomes.removals_waiting += u8::from(refused);
                         if let Some((t, e)) = next {
                             out.push(Next {
@@ -1602,7 +1632,7 @@ impl<'t> Model<'t> {
                 }
             }
             for (kidx, _) in ix(&s.ops) {
-                if let Some((t, e)) = self.operation(s, snap, kidx, fired) {
+                if let Some((t, e)) = self.operation(s, snap.get(), kidx, fired) {
                     out.push(Next {
                         mv: Move::Operation(kidx),
                         state: t,
@@ -1678,15 +1708,16 @@ impl<'t> Model<'t> {
     fn apply(
         &self,
         s: &State,
-        snap: &Snapshot,
+        snap: &Lazy<'_>,
         i: usize,
         memo: &mut Memo,
         fired: &mut Fired,
     ) -> Option<(State, Effect)> {
-        let live = snap.machines.get(i)?;
         let held = match memo.held.get(i).copied().flatten() {
             Some(held) => held,
             None => {
+                let snap = snap.get();
+                let live = snap.machines.get(i)?;
                 let events: Vec<_> = reconcile_machine_event(live).into_iter().collect();
                 let (decision, _) =
                     decide_events(self.table, snap, &events, Expensive::Deferred, false);
@@ -2184,7 +2215,7 @@ mod tests {
             let mut nexts = Vec::new();
             model.successors(
                 &s,
-                &sa,
+                &Lazy::new(&model.objects, &s),
                 &mut Memo::default(),
                 &mut Fired::default(),
                 &mut nexts,
@@ -2208,11 +2239,10 @@ mod tests {
             if !seen.insert(s.clone()) || seen.len() > 3000 {
                 continue;
             }
-            let snap = model.objects.snapshot(&s);
             let mut fresh = Vec::new();
             model.successors(
                 &s,
-                &snap,
+                &Lazy::new(&model.objects, &s),
                 &mut Memo::default(),
                 &mut Fired::default(),
                 &mut fresh,
@@ -2221,16 +2251,18 @@ mod tests {
             if let Some(other) = by_key.get(&key) {
                 let mut memo = Memo::default();
                 let mut scratch = Vec::new();
-                let osnap = model.objects.snapshot(other);
+                // As the explorer does: the other state's objects (built when first
+                // needed) and its decisions.
+                let olazy = Lazy::new(&model.objects, other);
                 model.successors(
                     other,
-                    &osnap,
+                    &olazy,
                     &mut memo,
                     &mut Fired::default(),
                     &mut scratch,
                 );
                 let mut again = Vec::new();
-                model.successors(&s, &snap, &mut memo, &mut Fired::default(), &mut again);
+                model.successors(&s, &olazy, &mut memo, &mut Fired::default(), &mut again);
                 let moves = |v: &[Next]| -> Vec<String> {
                     v.iter()
                         .map(|n| format!("{:?} {:?}", n.mv, n.state))

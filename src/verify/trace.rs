@@ -5,7 +5,7 @@
 use super::explore::{Exploration, Violation, key_of, path_to};
 use super::invariant::{Facts, InvariantCheck, Outcome};
 use super::model::{
-    CLUSTER, ClusterState, Fired, Lock, Memo, Model, Move, NAMESPACE, Next, Req, State,
+    CLUSTER, ClusterState, Fired, Lazy, Lock, Memo, Model, Move, NAMESPACE, Next, Req, State,
 };
 use crate::runtime::objects::{Object, Snapshot};
 use crate::vocab::MODEL_STEPS;
@@ -411,9 +411,10 @@ pub fn build(
     }
     for (n, (want, last)) in targets.iter().enumerate() {
         let step_no = n + 1;
-        let snap = model.objects.snapshot(&s);
+        let lazy = Lazy::new(&model.objects, &s);
         nexts.clear();
-        model.successors(&s, &snap, &mut Memo::default(), &mut fired, &mut nexts);
+        model.successors(&s, &lazy, &mut Memo::default(), &mut fired, &mut nexts);
+        let snap = lazy.get();
         let before = Facts::of_state(&s);
         let found = nexts.iter().position(|x| {
             key_of(&x.state) == *want
@@ -431,7 +432,7 @@ pub fn build(
         let mut rules = Vec::new();
         let mut fixture = None;
         if let Move::Admit { req, .. } = next.mv {
-            if let Some(d) = model.admit(&s, &snap, req) {
+            if let Some(d) = model.admit(&s, snap, req) {
                 rules = d
                     .warnings
                     .iter()
@@ -441,9 +442,9 @@ pub fn build(
                     rules.push("no rule refused".into());
                 }
             }
-            if let Some((op, old, new)) = model.objects.request(&s, &snap, req) {
+            if let Some((op, old, new)) = model.objects.request(&s, snap, req) {
                 fixture = Some((
-                    objects_yaml(&snap),
+                    objects_yaml(snap),
                     review_json(step_no, req, &op, old.as_ref(), new.as_ref()),
                 ));
             }
