@@ -49,18 +49,19 @@ fn int(n: usize) -> i64 {
 impl Facts {
     /// A state on its own: every "before" is now, the step is `start`.
     pub fn of_state(s: &State) -> Facts {
-        let approved = s.approved_cps();
+        let t = s.tallies();
+        let approved = t.approved_cps;
         let f = Facts {
-            members: int(s.members()),
-            healthy: int(s.healthy()),
+            members: int(t.members),
+            healthy: int(t.healthy),
             count: i64::from(s.count),
             approved: int(approved),
-            approved_all: int(s.approved_all()),
-            active: int(s.active()),
-            workers: int(s.workers()),
-            disruptive: int(s.disruptive()),
-            running: int(s.running()),
-            unfinished: int(s.unfinished()),
+            approved_all: int(t.approved_all),
+            active: int(t.active),
+            workers: int(t.workers),
+            disruptive: int(t.disruptive),
+            running: int(t.running),
+            unfinished: int(t.unfinished),
             cluster_deleting: s.cluster.torn_down(),
             cluster_exists: matches!(
                 s.cluster,

@@ -362,6 +362,20 @@ pub struct Pending {
     pub base: (u8, bool),
 }
 
+/// The counts of a state the invariants' facts read ([`State::tallies`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tallies {
+    pub members: usize,
+    pub healthy: usize,
+    pub approved_all: usize,
+    pub approved_cps: usize,
+    pub active: usize,
+    pub workers: usize,
+    pub running: usize,
+    pub unfinished: usize,
+    pub disruptive: usize,
+}
+
 /// One explored state.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct State {
@@ -515,6 +529,27 @@ impl Fired {
 
 /// The model's view of the world the product reads through I/O.
 impl State {
+    /// The counts the invariants' facts read, in one pass over the machines and the
+    /// operations (each the same as the method of its name).
+    pub fn tallies(&self) -> Tallies {
+        let mut t = Tallies::default();
+        for m in &self.machines {
+            t.members += usize::from(m.member);
+            t.healthy += usize::from(m.member && m.up);
+            let cp = m.approved_cp();
+            t.approved_all += usize::from(cp);
+            t.approved_cps += usize::from(cp && !m.deleting);
+            t.active += usize::from(cp && !m.deleting && m.joined && !m.held);
+            t.workers += usize::from(m.approved_worker() && !m.deleting);
+        }
+        for o in &self.ops {
+            t.running += usize::from(o.phase == Phase::Running);
+            t.unfinished += usize::from(o.phase != Phase::Succeeded);
+        }
+        t.disruptive = usize::from(matches!(self.lock, Lock::Removal(_))) + t.running;
+        t
+    }
+
     pub fn members(&self) -> usize {
         self.machines.iter().filter(|m| m.member).count()
     }
@@ -2223,6 +2258,43 @@ mod tests {
             frontier.extend(nexts.into_iter().map(|n| n.state));
         }
         assert!(checked > 1000, "only {checked} requests compared");
+    }
+
+    /// The one-pass tallies are the counts of the methods of their names, in every state
+    /// a small model reaches.
+    #[test]
+    fn tallies_are_the_counts() {
+        let (table, bounds) = small_model();
+        let model = Model::new(&table, bounds).expect("model");
+        let mut frontier = State::initial(&bounds);
+        let mut seen = std::collections::HashSet::new();
+        while let Some(s) = frontier.pop() {
+            if !seen.insert(s.clone()) || seen.len() > 3000 {
+                continue;
+            }
+            let want = Tallies {
+                members: s.members(),
+                healthy: s.healthy(),
+                approved_all: s.approved_all(),
+                approved_cps: s.approved_cps(),
+                active: s.active(),
+                workers: s.workers(),
+                running: s.running(),
+                unfinished: s.unfinished(),
+                disruptive: s.disruptive(),
+            };
+            assert_eq!(s.tallies(), want, "{s:?}");
+            let mut nexts = Vec::new();
+            model.successors(
+                &s,
+                &Lazy::new(&model.objects, &s),
+                &mut Memo::default(),
+                &mut Fired::default(),
+                &mut nexts,
+            );
+            frontier.extend(nexts.into_iter().map(|n| n.state));
+        }
+        assert!(seen.len() > 3000);
     }
 
     /// Expanding a state with a memo of another state with the same objects gives what
