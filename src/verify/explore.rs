@@ -492,13 +492,6 @@ impl Visited {
         self.intern_hashed(keys, key, hash_key(key))
     }
 
-    /// The id of `key` (whose [`hash_key`] is `hash`), when it was seen.
-    fn find(&self, keys: &Keys, key: &[u8], hash: u64) -> Option<u32> {
-        self.table
-            .find(hash, |&id| keys[id as usize] == *key)
-            .copied()
-    }
-
     /// [`Visited::intern`] of a key whose [`hash_key`] is `hash`.
     fn intern_hashed(&mut self, keys: &mut Keys, key: &[u8], hash: u64) -> Option<(u32, bool)> {
         if let Some(&id) = self.table.find(hash, |&id| keys[id as usize] == *key) {
@@ -522,11 +515,8 @@ impl Visited {
 
 /// One successor of an expanded state, as a worker computed it.
 struct Succ {
-    /// Its key's range in the batch's byte buffer (empty when `known`).
+    /// Its key's range in the batch's byte buffer.
     key: std::ops::Range<usize>,
-    /// Its id, when it was seen before this batch (looked up by the worker, so that the
-    /// serial merge interns only the states new to the batch).
-    known: Option<u32>,
     /// Its key's [`hash_key`] (hashed by the worker, not in the serial merge).
     hash: u64,
     mv: Move,
@@ -559,30 +549,17 @@ struct Chunk {
 /// States expanded per batch (their successors are merged, in order, after each batch).
 const BATCH: usize = 4096;
 
-/// What the workers read of the states explored before a batch (nothing changes it while
-/// they run).
-#[derive(Clone, Copy)]
-struct Seen<'a> {
-    keys: &'a Keys,
-    depth: &'a [u32],
-    visited: &'a Visited,
-}
-
-/// Expands the states `ids` (keys in `seen`): their successors, canonical and encoded,
+/// Expands the states `ids` (keys in `keys`): their successors, canonical and encoded,
 /// and the invariants each transition breaks (skipping those in `skip`).
 fn expand(
     model: &Model<'_>,
     checks: &[InvariantCheck],
     skip: &[bool],
-    seen: Seen<'_>,
+    keys: &Keys,
+    depth: &[u32],
     ids: std::ops::Range<usize>,
     worker: &mut Worker,
 ) -> Chunk {
-    let Seen {
-        keys,
-        depth,
-        visited,
-    } = seen;
     let Worker {
         verdicts,
         memos,
@@ -677,12 +654,8 @@ fn expand(
             out.transitions += 1;
             let c = canonical(&n.state);
             encode(&c, &mut buf);
-            let hash = hash_key(&buf);
-            let known = visited.find(keys, &buf, hash);
             let start = out.bytes.len();
-            if known.is_none() {
-                out.bytes.extend_from_slice(&buf);
-            }
+            out.bytes.extend_from_slice(&buf);
             let f = Facts::of_transition(&before, &c, &n.effect);
             let checked = verdicts.check(checks, &f, c.concurrent);
             let skipped = |k: usize| skip.get(k).copied().unwrap_or(false);
@@ -701,8 +674,7 @@ fn expand(
                 .collect();
             out.succ.push(Succ {
                 key: start..out.bytes.len(),
-                known,
-                hash,
+                hash: hash_key(&buf),
                 mv: n.mv,
                 alone: n.mv.progresses_alone(),
                 broken,
@@ -847,22 +819,14 @@ fn explore_upto(
                 model,
                 checks,
                 &skip,
-                Seen {
-                    keys: &ex.keys,
-                    depth: &ex.depth,
-                    visited: &visited,
-                },
+                &ex.keys,
+                &ex.depth,
                 cursor..end,
                 worker,
             )],
             _ => {
                 let per = (end - cursor).div_ceil(threads);
-                let skip = &skip;
-                let seen = Seen {
-                    keys: &ex.keys,
-                    depth: &ex.depth,
-                    visited: &visited,
-                };
+                let (keys, depth, skip) = (&ex.keys, &ex.depth, &skip);
                 std::thread::scope(|scope| {
                     let handles: Vec<_> = workers
                         .iter_mut()
@@ -870,7 +834,9 @@ fn explore_upto(
                         .map(|(t, worker)| {
                             let a = (cursor + t * per).min(end);
                             let b = (a + per).min(end);
-                            scope.spawn(move || expand(model, checks, skip, seen, a..b, worker))
+                            scope.spawn(move || {
+                                expand(model, checks, skip, keys, depth, a..b, worker)
+                            })
                         })
                         .collect();
                     // A thread that panicked expanded only part of its states: carry on without
@@ -907,17 +873,10 @@ fn explore_upto(
                 in_progress.push(st.progress);
                 goal.push(st.goal);
                 for sc in &chunk.succ[st.succ.clone()] {
-                    let (to, new) = match sc.known {
-                        Some(id) => (id, false),
-                        None => {
-                            let key = &chunk.bytes[sc.key.clone()];
-                            let Some(interned) = visited.intern_hashed(&mut ex.keys, key, sc.hash)
-                            else {
-                                ex.incomplete = Some(FULL.to_string());
-                                break 'explore;
-                            };
-                            interned
-                        }
+                    let key = &chunk.bytes[sc.key.clone()];
+                    let Some((to, new)) = visited.intern_hashed(&mut ex.keys, key, sc.hash) else {
+                        ex.incomplete = Some(FULL.to_string());
+                        break 'explore;
                     };
                     if new {
                         ex.parent.push(from);
@@ -934,7 +893,7 @@ fn explore_upto(
                         ex.violations.push(Violation {
                             invariant: *k,
                             from,
-                            to_key: Some(ex.keys[to as usize].to_vec()),
+                            to_key: Some(key.to_vec()),
                             mv: Some(sc.mv),
                             message: message.clone(),
                             depth: d + 1,
