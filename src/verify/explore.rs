@@ -1150,7 +1150,6 @@ mod parallel {
 mod remembered {
     use super::*;
     use crate::verify::invariant::{InvariantCheck, check_all};
-    use crate::verify::model::{Bounds, Fired};
 
     /// Remembered outcomes are the outcomes: over the transitions of a small model (and
     /// the same facts with etcd emptied, which breaks invariants, so that messages are
@@ -1158,40 +1157,14 @@ mod remembered {
     /// checking afresh answers, the first time and when it is asked again.
     #[test]
     fn remembered_verdicts_are_the_verdicts() {
-        let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rules");
-        let table = crate::ruleset::load(std::slice::from_ref(&root))
-            .expect("rules")
-            .table
-            .expect("table");
-        let bounds = Bounds {
-            max_control_planes: 3,
-            max_workers: 1,
-            max_failures: 1,
-            max_operations: 1,
-            in_flight: 1,
-            max_requests: Some(2),
-            depth: 64,
-        };
+        let (table, bounds) = crate::verify::model::tests::small_model();
         let model = Model::new(&table, bounds).expect("model");
         let checks: Vec<InvariantCheck> =
             table.invariants.iter().map(InvariantCheck::new).collect();
         let mut cache = Verdicts::default();
-        let mut frontier = State::initial(&bounds);
-        let mut seen = std::collections::HashSet::new();
         let (mut asked, mut broken) = (0usize, 0usize);
-        while let Some(s) = frontier.pop() {
-            if !seen.insert(s.clone()) || seen.len() > 2000 {
-                continue;
-            }
-            let mut nexts = Vec::new();
-            model.successors(
-                &s,
-                &Lazy::new(&model.objects, &s),
-                &mut Memo::default(),
-                &mut Fired::default(),
-                &mut nexts,
-            );
-            let before = Facts::of_state(&s);
+        crate::verify::model::tests::walk(&model, &bounds, 2000, |s, nexts| {
+            let before = Facts::of_state(s);
             for n in nexts {
                 let c = canonical(&n.state);
                 let f = Facts::of_transition(&before, &c, &n.effect);
@@ -1210,9 +1183,8 @@ mod remembered {
                         broken += fresh.broken.len();
                     }
                 }
-                frontier.push(n.state);
             }
-        }
+        });
         assert!(asked > 10_000, "{asked}");
         assert!(broken > 100, "{broken}");
     }

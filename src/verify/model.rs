@@ -2180,12 +2180,12 @@ pub fn remove_machine(t: &mut State, i: u8) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// The shipped rules, and small bounds with a failure, an operation and a request in
     /// flight (every kind of field a state has).
-    fn small_model() -> (Table, Bounds) {
+    pub(crate) fn small_model() -> (Table, Bounds) {
         let table = crate::ruleset::load(&[std::path::PathBuf::from("rules")])
             .expect("rules")
             .table
@@ -2200,6 +2200,34 @@ mod tests {
             depth: 64,
         };
         (table, bounds)
+    }
+
+    /// Visits the states `model` reaches from its starting states, depth first, at most
+    /// `limit` of them, each with its successors (expanded afresh). The number visited.
+    pub(crate) fn walk(
+        model: &Model<'_>,
+        bounds: &Bounds,
+        limit: usize,
+        mut visit: impl FnMut(&State, &[Next]),
+    ) -> usize {
+        let mut frontier = State::initial(bounds);
+        let mut seen = std::collections::HashSet::new();
+        while let Some(s) = frontier.pop() {
+            if seen.len() >= limit || !seen.insert(s.clone()) {
+                continue;
+            }
+            let mut nexts = Vec::new();
+            model.successors(
+                &s,
+                &Lazy::new(&model.objects, &s),
+                &mut Memo::default(),
+                &mut Fired::default(),
+                &mut nexts,
+            );
+            visit(&s, &nexts);
+            frontier.extend(nexts.into_iter().map(|n| n.state));
+        }
+        seen.len()
     }
 
     /// What `object_key` leaves out is never read by the objects: in every state a small
@@ -2266,12 +2294,7 @@ mod tests {
     fn tallies_are_the_counts() {
         let (table, bounds) = small_model();
         let model = Model::new(&table, bounds).expect("model");
-        let mut frontier = State::initial(&bounds);
-        let mut seen = std::collections::HashSet::new();
-        while let Some(s) = frontier.pop() {
-            if !seen.insert(s.clone()) || seen.len() > 3000 {
-                continue;
-            }
+        let visited = walk(&model, &bounds, 3000, |s, _| {
             let want = Tallies {
                 members: s.members(),
                 healthy: s.healthy(),
@@ -2284,17 +2307,8 @@ mod tests {
                 disruptive: s.disruptive(),
             };
             assert_eq!(s.tallies(), want, "{s:?}");
-            let mut nexts = Vec::new();
-            model.successors(
-                &s,
-                &Lazy::new(&model.objects, &s),
-                &mut Memo::default(),
-                &mut Fired::default(),
-                &mut nexts,
-            );
-            frontier.extend(nexts.into_iter().map(|n| n.state));
-        }
-        assert!(seen.len() > 3000);
+        });
+        assert_eq!(visited, 3000);
     }
 
     /// Expanding a state with a memo of another state with the same objects gives what
@@ -2303,23 +2317,10 @@ mod tests {
     fn a_shared_memo_changes_no_successor() {
         let (table, bounds) = small_model();
         let model = Model::new(&table, bounds).expect("model");
-        let mut frontier = State::initial(&bounds);
-        let mut seen = std::collections::HashSet::new();
         let mut by_key: std::collections::HashMap<Vec<u8>, State> = Default::default();
         let (mut shared, mut key) = (0, Vec::new());
-        while let Some(s) = frontier.pop() {
-            if !seen.insert(s.clone()) || seen.len() > 3000 {
-                continue;
-            }
-            let mut fresh = Vec::new();
-            model.successors(
-                &s,
-                &Lazy::new(&model.objects, &s),
-                &mut Memo::default(),
-                &mut Fired::default(),
-                &mut fresh,
-            );
-            object_key(&s, &mut key);
+        walk(&model, &bounds, 3000, |s, fresh| {
+            object_key(s, &mut key);
             if let Some(other) = by_key.get(&key) {
                 let mut memo = Memo::default();
                 let mut scratch = Vec::new();
@@ -2334,19 +2335,18 @@ mod tests {
                     &mut scratch,
                 );
                 let mut again = Vec::new();
-                model.successors(&s, &olazy, &mut memo, &mut Fired::default(), &mut again);
+                model.successors(s, &olazy, &mut memo, &mut Fired::default(), &mut again);
                 let moves = |v: &[Next]| -> Vec<String> {
                     v.iter()
                         .map(|n| format!("{:?} {:?}", n.mv, n.state))
                         .collect()
                 };
-                assert_eq!(moves(&fresh), moves(&again), "{s:?} after {other:?}");
+                assert_eq!(moves(fresh), moves(&again), "{s:?} after {other:?}");
                 shared += 1;
             } else {
                 by_key.insert(key.clone(), s.clone());
             }
-            frontier.extend(fresh.into_iter().map(|n| n.state));
-        }
+        });
         assert!(shared > 100, "only {shared} states shared a key");
     }
 
