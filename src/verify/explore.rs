@@ -91,12 +91,29 @@ impl Memos {
 /// sorted by their state (names follow them), everything that refers to a machine or an
 /// operation renumbered to match.
 pub fn canonical(s: &State) -> State {
+    let mut out = s.clone();
+    canonical_into(s, &mut out, &mut Scratch::default());
+    out
+}
+
+/// What [`canonical_into`] works in (kept by a caller that canonicalises many states, so
+/// that it allocates nothing once warm).
+#[derive(Default)]
+pub struct Scratch {
+    machines: Vec<Machine>,
+    ops: Vec<Op>,
+}
+
+/// [`canonical`] of `s`, written into `out` (whose lists keep their allocations).
+pub fn canonical_into(s: &State, out: &mut State, scratch: &mut Scratch) {
     // Every list of a state is at most MAX_MACHINES (machines) or MAX_OPERATIONS long
     // (`Bounds::check`), so the permutations fit in buffers on the stack.
     const M: usize = super::model::MAX_MACHINES;
     const O: usize = super::model::MAX_OPERATIONS;
     let (n, k) = (s.machines.len().min(M), s.ops.len().min(O));
-    let mut machines: Vec<Machine> = s.machines[..n].to_vec();
+    let Scratch { machines, ops } = scratch;
+    machines.clear();
+    machines.extend_from_slice(&s.machines[..n]);
     let machines = machines.as_mut_slice();
     // Approval order matters only among approved control planes, and only as an order.
     let mut orders = [0u8; M];
@@ -135,7 +152,8 @@ pub fn canonical(s: &State) -> State {
             inv[..n].get(usize::from(x)).copied().unwrap_or(x)
         }
     };
-    let mut ops: Vec<Op> = s.ops[..k].to_vec();
+    ops.clear();
+    ops.extend_from_slice(&s.ops[..k]);
     let ops = ops.as_mut_slice();
     for o in ops.iter_mut() {
         o.target = map(o.target);
@@ -156,35 +174,57 @@ pub fn canonical(s: &State) -> State {
     for (new, old) in ix(operm) {
         oinv[usize::from(*old)] = new;
     }
-    let mut pending: Vec<_> = s
-        .pending
-        .iter()
-        .map(|p| super::model::Pending {
+    out.pending.clear();
+    out.pending
+        .extend(s.pending.iter().map(|p| super::model::Pending {
             req: p.req.map_machine(map),
             ..*p
-        })
-        .collect();
-    pending.sort();
-    let lock = match s.lock {
+        }));
+    out.pending.sort();
+    out.lock = match s.lock {
         Lock::Removal(h) => Lock::Removal(map(h)),
         Lock::Operation(h) => Lock::Operation(oinv[..k].get(usize::from(h)).copied().unwrap_or(h)),
         other => other,
     };
-    State {
-        machines: perm.iter().map(|i| machines[usize::from(*i)]).collect(),
-        names: perm
+    out.machines.clear();
+    out.machines
+        .extend(perm.iter().map(|i| machines[usize::from(*i)]));
+    out.names.clear();
+    out.names.extend(
+        perm.iter()
+            .map(|i| s.names.get(usize::from(*i)).copied().unwrap_or(0)),
+    );
+    out.ops.clear();
+    out.ops.extend(operm.iter().map(|i| ops[usize::from(*i)]));
+    out.op_names.clear();
+    out.op_names.extend(
+        operm
             .iter()
-            .map(|i| s.names.get(usize::from(*i)).copied().unwrap_or(0))
-            .collect(),
-        ops: operm.iter().map(|i| ops[usize::from(*i)]).collect(),
-        op_names: operm
-            .iter()
-            .map(|i| s.op_names.get(usize::from(*i)).copied().unwrap_or(0))
-            .collect(),
-        pending,
-        lock,
-        ..*s
-    }
+            .map(|i| s.op_names.get(usize::from(*i)).copied().unwrap_or(0)),
+    );
+    // Every field named: one added to the state must be carried over here too.
+    let State {
+        count,
+        schedulable,
+        cluster,
+        machines: _,
+        ops: _,
+        lock: _,
+        pending: _,
+        failures,
+        requests,
+        pdb,
+        concurrent,
+        names: _,
+        op_names: _,
+    } = s;
+    out.count = *count;
+    out.schedulable = *schedulable;
+    out.cluster = *cluster;
+    out.failures = *failures;
+    out.requests = *requests;
+    out.pdb = *pdb;
+    out.concurrent = *concurrent;
 }
 
 /// The bytes that identify a canonical state (names left out).
@@ -577,6 +617,9 @@ fn expand(
     out.transitions = 0;
     let mut nexts: Vec<Next> = Vec::new();
     let mut buf = Vec::new();
+    let mut scratch = Scratch::default();
+    // The canonical successor, written over (its lists keep their allocations).
+    let mut canon: Option<State> = None;
     // The states in the order of their objects ([`object_key`]), so that states with the
     // same objects are expanded one after another and share their snapshot and the
     // decisions that read only it ([`Memo`]). Each state's successors keep their order and
@@ -652,11 +695,12 @@ fn expand(
         let before = Facts::of_state(s);
         for n in nexts.drain(..) {
             out.transitions += 1;
-            let c = canonical(&n.state);
-            encode(&c, &mut buf);
+            let c = canon.get_or_insert_with(|| n.state.clone());
+            canonical_into(&n.state, c, &mut scratch);
+            encode(c, &mut buf);
             let start = out.bytes.len();
             out.bytes.extend_from_slice(&buf);
-            let f = Facts::of_transition(&before, &c, &n.effect);
+            let f = Facts::of_transition(&before, c, &n.effect);
             let checked = verdicts.check(checks, &f, c.concurrent);
             let skipped = |k: usize| skip.get(k).copied().unwrap_or(false);
             for &k in &checked.at_risk {
@@ -679,6 +723,7 @@ fn expand(
                 alone: n.mv.progresses_alone(),
                 broken,
             });
+            n.state.recycle();
         }
         expanded[p] = Some(Expanded {
             progress,
@@ -1173,7 +1218,13 @@ mod remembered {
                     healthy: 0,
                     ..f
                 };
-                for f in [f, emptied] {
+                // Counts past a byte are not packed: checked afresh, with the same outcome.
+                let past = Facts {
+                    members: 300,
+                    members_before: 300,
+                    ..f
+                };
+                for f in [f, emptied, past] {
                     for concurrent in [false, true] {
                         let fresh = check_all(&checks, &[], &f, concurrent);
                         for _ in 0..2 {

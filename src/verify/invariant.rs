@@ -405,10 +405,110 @@ pub struct Checked {
 #[derive(Default)]
 pub struct Verdicts {
     seen: std::collections::HashMap<
-        (Facts, bool),
+        Packed,
         Checked,
         std::hash::BuildHasherDefault<super::explore::Fx>,
     >,
+    /// For facts that do not pack (a count past 255): checked afresh each time.
+    fresh: Checked,
+}
+
+/// Facts and whether requests overlapped, packed a byte per count and a bit per flag
+/// (a shorter key to hash and compare than the facts).
+type Packed = [u64; 3];
+
+/// The packed form of facts, when every count fits in a byte.
+fn pack(f: &Facts, concurrent: bool) -> Option<Packed> {
+    // Every field named: one added to the facts must be packed too.
+    let Facts {
+        members,
+        healthy,
+        members_before,
+        healthy_before,
+        count,
+        approved,
+        approved_all,
+        approved_before,
+        approved_all_before,
+        active,
+        step_rank,
+        workers,
+        disruptive,
+        running,
+        unfinished,
+        cluster_deleting,
+        cluster_exists,
+        schedulable,
+        transitioning,
+        step,
+        step_kind,
+        step_ours,
+        removed_dead,
+        left_member,
+        event_missing,
+        unannotated,
+        left_dead,
+        created,
+        undrained,
+        left_running,
+        stuck,
+    } = *f;
+    let mut bytes = [0u8; 24];
+    let ints = [
+        members,
+        healthy,
+        members_before,
+        healthy_before,
+        count,
+        approved,
+        approved_all,
+        approved_before,
+        approved_all_before,
+        active,
+        step_rank,
+        workers,
+        disruptive,
+        running,
+        unfinished,
+    ];
+    for (b, n) in bytes.iter_mut().zip(ints) {
+        *b = u8::try_from(n).ok()?;
+    }
+    let flags = [
+        cluster_deleting,
+        cluster_exists,
+        schedulable,
+        transitioning,
+        step_ours,
+        removed_dead,
+        left_member,
+        event_missing,
+        unannotated,
+        left_dead,
+        created,
+        undrained,
+        left_running,
+        stuck,
+        concurrent,
+    ];
+    let bits = flags
+        .iter()
+        .enumerate()
+        .fold(0u16, |acc, (k, on)| acc | (u16::from(*on) << k));
+    bytes[15..17].copy_from_slice(&bits.to_le_bytes());
+    bytes[17] = step;
+    bytes[18] = match step_kind {
+        None => 0,
+        Some(super::model::OpKind::Upgrade) => 1,
+        Some(super::model::OpKind::Reset) => 2,
+        Some(super::model::OpKind::Restore) => 3,
+    };
+    let word = |k: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&bytes[k * 8..k * 8 + 8]);
+        u64::from_le_bytes(w)
+    };
+    Some([word(0), word(1), word(2)])
 }
 
 impl Verdicts {
@@ -417,11 +517,15 @@ impl Verdicts {
     /// The outcomes of the checks not deferred (the whole graph's): every time the same,
     /// for one `checks` (a cache is used with one list of checks).
     pub fn check(&mut self, checks: &[InvariantCheck], f: &Facts, concurrent: bool) -> &Checked {
+        let Some(key) = pack(f, concurrent) else {
+            self.fresh = check_all(checks, &[], f, concurrent);
+            return &self.fresh;
+        };
         if self.seen.len() >= Self::MAX {
             self.seen.clear();
         }
         self.seen
-            .entry((*f, concurrent))
+            .entry(key)
             .or_insert_with(|| check_all(checks, &[], f, concurrent))
     }
 }
@@ -467,6 +571,94 @@ fn render_message(parts: &[Result<Code, String>], f: &Facts) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Packed facts tell apart every two sets of facts that differ in one field (any
+    /// count, any flag, the step and its kind), and counts past a byte are not packed.
+    #[test]
+    fn packed_facts_differ_where_the_facts_do() {
+        let base = Facts {
+            members: 3,
+            healthy: 2,
+            count: 3,
+            step: 4,
+            ..Facts::default()
+        };
+        let mut variants: Vec<(Facts, bool)> = vec![(base, false), (base, true)];
+        let ints: [fn(&mut Facts) -> &mut i64; 15] = [
+            |f| &mut f.members,
+            |f| &mut f.healthy,
+            |f| &mut f.members_before,
+            |f| &mut f.healthy_before,
+            |f| &mut f.count,
+            |f| &mut f.approved,
+            |f| &mut f.approved_all,
+            |f| &mut f.approved_before,
+            |f| &mut f.approved_all_before,
+            |f| &mut f.active,
+            |f| &mut f.step_rank,
+            |f| &mut f.workers,
+            |f| &mut f.disruptive,
+            |f| &mut f.running,
+            |f| &mut f.unfinished,
+        ];
+        for field in ints {
+            for n in [1, 255] {
+                let mut f = base;
+                *field(&mut f) += n;
+                if f != base && *field(&mut f) <= 255 {
+                    variants.push((f, false));
+                }
+            }
+            let mut past = base;
+            *field(&mut past) = 256;
+            assert_eq!(pack(&past, false), None);
+            *field(&mut past) = -1;
+            assert_eq!(pack(&past, false), None);
+        }
+        let flags: [fn(&mut Facts) -> &mut bool; 14] = [
+            |f| &mut f.cluster_deleting,
+            |f| &mut f.cluster_exists,
+            |f| &mut f.schedulable,
+            |f| &mut f.transitioning,
+            |f| &mut f.step_ours,
+            |f| &mut f.removed_dead,
+            |f| &mut f.left_member,
+            |f| &mut f.event_missing,
+            |f| &mut f.unannotated,
+            |f| &mut f.left_dead,
+            |f| &mut f.created,
+            |f| &mut f.undrained,
+            |f| &mut f.left_running,
+            |f| &mut f.stuck,
+        ];
+        for flag in flags {
+            let mut f = base;
+            *flag(&mut f) = true;
+            variants.push((f, false));
+        }
+        for step in [0, 1, 255] {
+            variants.push((Facts { step, ..base }, false));
+        }
+        for kind in crate::verify::model::OpKind::ALL {
+            variants.push((
+                Facts {
+                    step_kind: Some(kind),
+                    ..base
+                },
+                false,
+            ));
+        }
+        let keys: Vec<Packed> = variants
+            .iter()
+            .map(|(f, c)| pack(f, *c).expect("every count fits a byte"))
+            .collect();
+        for (a, ka) in variants.iter().zip(&keys) {
+            for (b, kb) in variants.iter().zip(&keys) {
+                assert_eq!(a == b, ka == kb, "{a:?} / {b:?}");
+            }
+        }
+        assert!(variants.len() > 40, "{}", variants.len());
+    }
 
     /// Skipping a `when` outside its steps gives what evaluating it gives: false, never
     /// an error, wherever the steps say it cannot hold.

@@ -399,6 +399,69 @@ pub struct State {
     pub op_names: Vec<u8>,
 }
 
+thread_local! {
+    /// States handed back by the explorer ([`State::recycle`]): their lists' allocations
+    /// are reused by [`State::fork`] (a successor is a copy of the state it came from).
+    static SPARE: std::cell::RefCell<Vec<State>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl State {
+    /// A copy of this state, in the allocations of a recycled state when there is one.
+    pub fn fork(&self) -> State {
+        match SPARE.with(|p| p.borrow_mut().pop()) {
+            Some(mut t) => {
+                t.copy_from(self);
+                t
+            }
+            None => self.clone(),
+        }
+    }
+
+    /// Hands a state that is done with back to [`State::fork`] (on this thread; a few
+    /// are kept).
+    pub fn recycle(self) {
+        SPARE.with(|p| {
+            let mut p = p.borrow_mut();
+            if p.len() < 64 {
+                p.push(self);
+            }
+        });
+    }
+
+    /// Makes this state equal to `s`, keeping its lists' allocations.
+    pub fn copy_from(&mut self, s: &State) {
+        // Every field named: one added to the state must be copied here too.
+        let State {
+            count,
+            schedulable,
+            cluster,
+            machines,
+            ops,
+            lock,
+            pending,
+            failures,
+            requests,
+            pdb,
+            concurrent,
+            names,
+            op_names,
+        } = s;
+        self.count = *count;
+        self.schedulable = *schedulable;
+        self.cluster = *cluster;
+        self.machines.clone_from(machines);
+        self.ops.clone_from(ops);
+        self.lock = *lock;
+        self.pending.clone_from(pending);
+        self.failures = *failures;
+        self.requests = *requests;
+        self.pdb = *pdb;
+        self.concurrent = *concurrent;
+        self.names.clone_from(names);
+        self.op_names.clone_from(op_names);
+    }
+}
+
 /// What a transition was, for traces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Move {
@@ -893,12 +956,28 @@ pub fn len_byte<T>(items: &[T]) -> u8 {
 /// The decisions of one state's expansion that depend on its objects alone (what
 /// [`object_key`] covers): kept while states with the same key are expanded one after the
 /// other, so each is made once. A decision's fired rules are noted when it is made.
+/// A removal decision, remembered: whether a rule refused it, or the fact it needs next
+/// (`None`: the machine's reconcile is not a removal).
+type RemovalAnswer = Result<bool, Option<Fact>>;
+
+/// Facts the model supplies to a controller decision, with their values.
+type Supplied = Vec<(Fact, i64)>;
+
 pub struct Memo {
     /// Each request decided by the webhook: `None` when the request cannot be sent here,
     /// else its verdict.
     admissions: Vec<(Req, Option<Option<Verdict>>)>,
     /// Per machine: whether its reconcile decision holds it (`apply`).
     held: [Option<bool>; MAX_MACHINES],
+    /// Per machine: whether its reconcile is a removal (`removal`).
+    removes: [Option<bool>; MAX_MACHINES],
+    /// Removal decisions (`removal`): the machine and the facts supplied, and whether a
+    /// rule refused it (`Ok`) or which fact the decision needs next (`Err`; `None`: one
+    /// it cannot be given).
+    removals: Vec<(u8, Supplied, RemovalAnswer)>,
+    /// Plan-step guards (`removal`): the machine, the step, `member.dead`, and whether
+    /// the step runs (`None`: its guard could not be evaluated).
+    guards: Vec<(u8, u8, bool, Option<bool>)>,
 }
 
 impl Default for Memo {
@@ -906,6 +985,9 @@ impl Default for Memo {
         Memo {
             admissions: Vec::new(),
             held: [None; MAX_MACHINES],
+            removes: [None; MAX_MACHINES],
+            removals: Vec::new(),
+            guards: Vec::new(),
         }
     }
 }
@@ -913,8 +995,18 @@ impl Default for Memo {
 impl Memo {
     /// Forgets every decision (the next state has other objects).
     pub fn clear(&mut self) {
-        self.admissions.clear();
-        self.held = [None; MAX_MACHINES];
+        let Memo {
+            admissions,
+            held,
+            removes,
+            removals,
+            guards,
+        } = self;
+        admissions.clear();
+        *held = [None; MAX_MACHINES];
+        *removes = [None; MAX_MACHINES];
+        removals.clear();
+        guards.clear();
     }
 }
 
@@ -1181,7 +1273,7 @@ impl Objects<'_> {
             }
             Req::ForgeStatus(i) => {
                 let old = machine(i)?;
-                let mut forged = s.clone();
+                let mut forged = s.fork();
                 let m = forged.machines.get_mut(usize::from(i))?;
                 (m.unreachable, m.dead, m.committed) = (true, true, true);
                 let new = self.machine(&forged, usize::from(i));
@@ -1231,7 +1323,7 @@ impl Objects<'_> {
                 None,
             ),
             Req::CreateOperation(kind, target) => {
-                let mut t = s.clone();
+                let mut t = s.fork();
                 t.ops.push(Op {
                     kind,
                     target,
@@ -1408,7 +1500,7 @@ impl<'t> Model<'t> {
 
     /// Applies a committed request. `None`: it conflicts (or its object is gone).
     fn commit(&self, s: &State, p: Pending) -> Option<State> {
-        let mut t = s.clone();
+        let mut t = s.fork();
         match p.req {
             Req::Approve(i) | Req::Unapprove(i) => {
                 let next_order = s.machines.iter().map(|m| m.order).max().unwrap_or(0) + 1;
@@ -1597,7 +1689,7 @@ impl<'t> Model<'t> {
                 });
             }
             if s.pending.len() < usize::from(self.bounds.in_flight) {
-                let mut t = s.clone();
+                let mut t = s.fork();
                 t.requests = used;
                 t.pending.push(p);
                 out.push(Next {
@@ -1612,7 +1704,7 @@ impl<'t> Model<'t> {
         }
         for (kidx, p) in ix(&s.pending) {
             let k = usize::from(kidx);
-            let mut rest = s.clone();
+            let mut rest = s.fork();
             rest.pending.remove(k);
             let (t, e) = match self.commit(&rest, *p) {
                 Some(mut t) => {
@@ -1635,7 +1727,7 @@ impl<'t> Model<'t> {
                 let i = usize::from(idx);
                 if m.deleting {
                     if m.finalizer {
-                        let (next, refused) = self.removal(s, snap.get(), idx, fired);
+                        let (next, refused) = self.removal(s, snap, idx, memo, fired);
                         outcomes.removals_waiting += u8::from(refused);
                         if let Some((t, e)) = next {
                             out.push(Next {
@@ -1656,7 +1748,7 @@ impl<'t> Model<'t> {
                         });
                     }
                     if m.up == m.unreachable {
-                        let mut t = s.clone();
+                        let mut t = s.fork();
                         t.machines[i].unreachable = !m.up;
                         out.push(Next {
                             mv: Move::Probe(idx),
@@ -1676,7 +1768,7 @@ impl<'t> Model<'t> {
                 }
             }
             if s.cluster == ClusterState::Deleting && s.machines.iter().all(|m| m.moved) {
-                let mut t = s.clone();
+                let mut t = s.fork();
                 t.cluster = ClusterState::Gone;
                 t.ops.clear();
                 t.op_names.clear();
@@ -1695,7 +1787,7 @@ impl<'t> Model<'t> {
                 continue;
             }
             if m.up && s.failures < self.bounds.max_failures {
-                let mut t = s.clone();
+                let mut t = s.fork();
                 t.machines[i].up = false;
                 t.failures += 1;
                 out.push(Next {
@@ -1705,7 +1797,7 @@ impl<'t> Model<'t> {
                 });
             }
             if !m.up {
-                let mut t = s.clone();
+                let mut t = s.fork();
                 t.machines[i].up = true;
                 out.push(Next {
                     mv: Move::NodeReturns(idx),
@@ -1719,7 +1811,7 @@ impl<'t> Model<'t> {
             .iter()
             .any(|m| m.deleting && m.finalizer && !m.committed);
         if s.pdb {
-            let mut t = s.clone();
+            let mut t = s.fork();
             t.pdb = false;
             out.push(Next {
                 mv: Move::PdbLifts,
@@ -1727,7 +1819,7 @@ impl<'t> Model<'t> {
                 effect: effect("pdb"),
             });
         } else if draining && s.failures < self.bounds.max_failures {
-            let mut t = s.clone();
+            let mut t = s.fork();
             t.pdb = true;
             t.failures += 1;
             out.push(Next {
@@ -1769,7 +1861,7 @@ impl<'t> Model<'t> {
         let rank = ix(&s.machines)
             .filter(|(_, x)| x.approved_cp() && !x.deleting && x.order <= m.order)
             .fold(0u8, |n, _| n.saturating_add(1));
-        let mut t = s.clone();
+        let mut t = s.fork();
         if held {
             if m.held {
                 return None;
@@ -1809,13 +1901,14 @@ impl<'t> Model<'t> {
     fn removal(
         &self,
         s: &State,
-        snap: &Snapshot,
+        snap: &Lazy<'_>,
         idx: u8,
+        memo: &mut Memo,
         fired: &mut Fired,
     ) -> (Option<(State, Effect)>, bool) {
         let i = usize::from(idx);
         let m = &s.machines[i];
-        let mut t = s.clone();
+        let mut t = s.fork();
         // Not an approved control plane and nothing started: the finalizer goes once etcd
         // shows it is not a member.
         let approved_cp = m.approved_cp();
@@ -1839,10 +1932,22 @@ impl<'t> Model<'t> {
             _ => return (None, true),
         }
         let took = s.lock != t.lock;
-        let Some(live) = snap.machines.get(i) else {
-            return (None, false);
+        // The reconcile's event, read from the objects (which the memo's answers are
+        // answers about: every decision below is remembered per object key).
+        fn event(snap: &Snapshot, i: usize) -> Option<crate::runtime::facts::EventFacts<'_>> {
+            reconcile_machine_event(snap.machines.get(i)?).filter(|e| e.event.0 == Verb::Remove)
+        }
+        let removes = match memo.removes.get(i).copied().flatten() {
+            Some(r) => r,
+            None => {
+                let r = event(snap.get(), i).is_some();
+                if let Some(slot) = memo.removes.get_mut(i) {
+                    *slot = Some(r);
+                }
+                r
+            }
         };
-        let Some(ev) = reconcile_machine_event(live).filter(|e| e.event.0 == Verb::Remove) else {
+        if !removes {
             remove_machine(&mut t, idx);
             t.lock = release_if(t.lock, Lock::Removal(idx));
             let e = Effect {
@@ -1857,15 +1962,36 @@ impl<'t> Model<'t> {
             let mut supplied: Vec<(Fact, i64)> = Vec::new();
             let mut dead = None;
             let decision = loop {
-                match removal::decide(self.table, snap, ev, &supplied) {
-                    Ok(d) => break Some(d),
-                    Err(Fact::MemberDead) if dead.is_none() => {
+                let known = memo
+                    .removals
+                    .iter()
+                    .find(|(x, given, _)| *x == idx && *given == supplied)
+                    .map(|r| r.2);
+                let answer = known.unwrap_or_else(|| {
+                    let snap = snap.get();
+                    let answer = match event(snap, i) {
+                        Some(ev) => match removal::decide(self.table, snap, ev, &supplied) {
+                            Ok(d) => {
+                                fired.note(&d);
+                                Ok(crate::runtime::controller::hold_of(&d, "RemovalRefused")
+                                    .is_some())
+                            }
+                            Err(f) => Err(Some(f)),
+                        },
+                        None => Err(None),
+                    };
+                    memo.removals.push((idx, supplied.clone(), answer));
+                    answer
+                });
+                match answer {
+                    Ok(refused) => break Some(refused),
+                    Err(Some(Fact::MemberDead)) if dead.is_none() => {
                         // `nodes::member_dead`, with this removal's record.
                         let d = s.member_dead(i) || (m.dead && !m.member && s.healthy_sibling(i));
                         dead = Some(d);
                         supplied.push((Fact::MemberDead, i64::from(d)));
                     }
-                    Err(f @ (Fact::HealthyAfter | Fact::MembersAfter))
+                    Err(Some(f @ (Fact::HealthyAfter | Fact::MembersAfter)))
                         if !supplied.iter().any(|(x, _)| *x == f) =>
                     {
                         match s.etcd_count(f, i) {
@@ -1876,13 +2002,8 @@ impl<'t> Model<'t> {
                     Err(_) => break None,
                 }
             };
-            let refused = match &decision {
-                Some(d) => {
-                    fired.note(d);
-                    crate::runtime::controller::hold_of(d, "RemovalRefused").is_some()
-                }
-                None => true,
-            };
+            // A decision that cannot be made refuses.
+            let refused = decision.unwrap_or(true);
             if refused {
                 // The lock is released; nothing else changes.
                 t.lock = release_if(t.lock, Lock::Removal(idx));
@@ -1903,9 +2024,25 @@ impl<'t> Model<'t> {
             if t.machines[i].done & (1 << k) != 0 {
                 continue;
             }
-            let runs = match removal::applies(self.table, snap, ev, &guard_facts, step) {
-                Ok((runs, _)) => runs,
-                Err(_) => {
+            let k8 = u8::try_from(k).unwrap_or(u8::MAX);
+            let known = memo
+                .guards
+                .iter()
+                .find(|g| g.0 == idx && g.1 == k8 && g.2 == dead_now)
+                .map(|g| g.3);
+            let runs = known.unwrap_or_else(|| {
+                let snap = snap.get();
+                let runs = event(snap, i).and_then(|ev| {
+                    removal::applies(self.table, snap, ev, &guard_facts, step)
+                        .ok()
+                        .map(|(runs, _)| runs)
+                });
+                memo.guards.push((idx, k8, dead_now, runs));
+                runs
+            });
+            let runs = match runs {
+                Some(runs) => runs,
+                None => {
                     t.lock = release_if(t.lock, Lock::Removal(idx));
                     let changed = t.lock != s.lock || t.machines[i] != s.machines[i];
                     return (changed.then(|| (t, effect("refused"))), !teardown);
@@ -2054,7 +2191,7 @@ impl<'t> Model<'t> {
         let k = usize::from(kidx);
         let o = s.ops[k];
         let live = snap.operations.get(k)?;
-        let mut t = s.clone();
+        let mut t = s.fork();
         let with_kind = |e: Effect| Effect {
             kind: Some(o.kind),
             ..e
@@ -2319,6 +2456,7 @@ pub(crate) mod tests {
         let model = Model::new(&table, bounds).expect("model");
         let mut by_key: std::collections::HashMap<Vec<u8>, State> = Default::default();
         let (mut shared, mut key) = (0, Vec::new());
+        let (mut removals, mut guards) = (0usize, 0usize);
         walk(&model, &bounds, 3000, |s, fresh| {
             object_key(s, &mut key);
             if let Some(other) = by_key.get(&key) {
@@ -2334,11 +2472,13 @@ pub(crate) mod tests {
                     &mut Fired::default(),
                     &mut scratch,
                 );
+                removals += usize::from(!memo.removals.is_empty());
+                guards += usize::from(!memo.guards.is_empty());
                 let mut again = Vec::new();
                 model.successors(s, &olazy, &mut memo, &mut Fired::default(), &mut again);
                 let moves = |v: &[Next]| -> Vec<String> {
                     v.iter()
-                        .map(|n| format!("{:?} {:?}", n.mv, n.state))
+                        .map(|n| format!("{:?} {:?} {:?}", n.mv, n.state, n.effect))
                         .collect()
                 };
                 assert_eq!(moves(fresh), moves(&again), "{s:?} after {other:?}");
@@ -2348,6 +2488,11 @@ pub(crate) mod tests {
             }
         });
         assert!(shared > 100, "only {shared} states shared a key");
+        // Removal decisions and plan-step guards were among the remembered answers.
+        assert!(
+            removals > 10 && guards > 10,
+            "remembered removals {removals}, guards {guards}"
+        );
     }
 
     /// Bounds a model cannot hold (its indices are bytes) are an error that says the most
