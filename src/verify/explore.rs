@@ -62,24 +62,29 @@ struct Worker {
 }
 
 /// The decisions made on objects ([`Memo`]) of the object keys expanded lately, kept from
-/// batch to batch: states with the same objects recur across batches too. (Bounded:
-/// forgotten wholesale past a size.)
+/// batch to batch: states with the same objects recur across batches too, often many
+/// depths apart. Bounded, in two generations: when the newer one is full, the older one
+/// is forgotten and the newer one becomes the older (what is used again is taken back
+/// into the newer one, so a key in use is never forgotten all at once).
 #[derive(Default)]
 pub struct Memos {
     map: std::collections::HashMap<Vec<u8>, Memo, std::hash::BuildHasherDefault<Fx>>,
+    old: std::collections::HashMap<Vec<u8>, Memo, std::hash::BuildHasherDefault<Fx>>,
 }
 
 impl Memos {
-    const MAX: usize = 1 << 14;
+    /// Object keys kept, both generations together (about 650 bytes each).
+    const MAX: usize = 1 << 16;
 
     /// The decisions kept for `key` (none when there are none).
     fn take(&mut self, key: &[u8]) -> Memo {
-        self.map.remove(key).unwrap_or_default()
+        let r = self.map.remove(key).or_else(|| self.old.remove(key));
+        r.unwrap_or_default()
     }
 
     fn keep(&mut self, key: &[u8], memo: Memo) {
-        if self.map.len() >= Self::MAX {
-            self.map.clear();
+        if self.map.len() >= Self::MAX / 2 {
+            self.old = std::mem::take(&mut self.map);
         }
         self.map.insert(key.to_vec(), memo);
     }
@@ -1194,6 +1199,34 @@ mod parallel {
 #[cfg(test)]
 mod remembered {
     use super::*;
+
+    /// The kept decisions are bounded, and a key in use survives the generations turning
+    /// over while one unused for two generations is forgotten.
+    #[test]
+    fn memos_keep_what_is_used_and_stay_bounded() {
+        let mut memos = Memos::default();
+        let marked = |n: u8| {
+            let mut m = Memo::default();
+            m.mark_held(0, n % 2 == 0);
+            m
+        };
+        memos.keep(b"used", marked(0));
+        for i in 0..(Memos::MAX as u32 * 2) {
+            memos.keep(&i.to_le_bytes(), marked(1));
+            if i % 1000 == 0 {
+                let m = memos.take(b"used");
+                assert_eq!(m.held_of(0), Some(true), "lost at {i}");
+                memos.keep(b"used", m);
+            }
+            assert!(memos.map.len() + memos.old.len() <= Memos::MAX + 1);
+        }
+        assert_eq!(memos.take(b"used").held_of(0), Some(true));
+        // Unused for two generations: forgotten (a fresh memo).
+        assert_eq!(memos.take(&0u32.to_le_bytes()).held_of(0), None);
+        // The last ones kept are still there.
+        let last = Memos::MAX as u32 * 2 - 1;
+        assert_eq!(memos.take(&last.to_le_bytes()).held_of(0), Some(false));
+    }
     use crate::verify::invariant::{InvariantCheck, check_all};
 
     /// Remembered outcomes are the outcomes: over the transitions of a small model (and

@@ -993,6 +993,20 @@ impl Default for Memo {
 }
 
 impl Memo {
+    /// Remembers whether machine `i`'s reconcile decision holds it (for tests).
+    #[cfg(test)]
+    pub fn mark_held(&mut self, i: usize, held: bool) {
+        if let Some(slot) = self.held.get_mut(i) {
+            *slot = Some(held);
+        }
+    }
+
+    /// Whether machine `i`'s reconcile decision holds it, when remembered.
+    #[cfg(test)]
+    pub fn held_of(&self, i: usize) -> Option<bool> {
+        self.held.get(i).copied().flatten()
+    }
+
     /// Forgets every decision (the next state has other objects).
     pub fn clear(&mut self) {
         let Memo {
