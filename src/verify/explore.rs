@@ -1207,13 +1207,13 @@ mod remembered {
         let mut memos = Memos::default();
         let marked = |n: u8| {
             let mut m = Memo::default();
-            m.mark_held(0, n % 2 == 0);
+            m.mark_held(0, n.is_multiple_of(2));
             m
         };
         memos.keep(b"used", marked(0));
         for i in 0..(Memos::MAX as u32 * 2) {
             memos.keep(&i.to_le_bytes(), marked(1));
-            if i % 1000 == 0 {
+            if i.is_multiple_of(1000) {
                 let m = memos.take(b"used");
                 assert_eq!(m.held_of(0), Some(true), "lost at {i}");
                 memos.keep(b"used", m);
