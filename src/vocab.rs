@@ -917,7 +917,9 @@ pub enum ModelFact {
     DeletedUnannotated,
     LeftDead,
     ResetUndrained,
+    StepWarned,
     Stuck,
+    CureBlocked,
 }
 
 /// What the checker knows about a model fact.
@@ -985,8 +987,12 @@ model_facts! {
         "the step just taken committed a request about a machine (an un-approval, a role change, a delete) that was reported unreachable (Ready=False NodeUnreachable) when the request was decided";
     ResetUndrained "reset.undrained" Type::Bool,
         "the step just taken was a removal's reset or wipe of a node that was up, and the removal had not drained it";
+    StepWarned "step.warned" Type::Bool,
+        "the step just taken committed a request that admission let through with a warning";
     Stuck "stuck" Type::Bool,
         "a removal or teardown is in progress and no sequence of controller steps, commits and recoveries (nodes coming back, PodDisruptionBudgets lifting) ends it or leaves it refused by a named rule";
+    CureBlocked "cure.blocked" Type::Bool,
+        "the control-plane count is even, an operation waits for it to be odd (not started, not an etcd restore, the controller leaves it so), and deleting an approved control plane, which would end the even count, is refused although without the waiting operations it would be allowed";
 }
 
 impl ModelFact {

@@ -1239,3 +1239,95 @@ fn without_reset_uncounted_control_plane_a_reset_of_a_deleted_member_loses_the_m
     let (out, _) = verify(&root().join("rules"), "3", &bounds);
     assert_eq!(out.code, 0, "{}", out.stdout);
 }
+
+/// ADR 0137's own bug: an operation waiting for the even count blocked the removal that
+/// ends it. Without the `run operation` hold the controller refuses to start the operation
+/// instead of parking it (it still does not run), and the webhook then refuses every
+/// control plane's removal because of it; keeping the hold but dropping the parked
+/// exemption from `unfinished-operation-blocks-removal` does the same.
+/// `waiting-operation-not-blocking` refutes both, and the shipped rules keep it.
+#[test]
+fn an_operation_waiting_for_the_even_count_never_blocks_its_cure() {
+    let unparked = mutant("cure-unparked", "removal.rules", |t| {
+        without(t, "rule parked-for-transition\n")
+    });
+    let unexempt = mutant("cure-unexempt", "removal.rules", |t| {
+        t.replacen(
+            "when unfinished.exists and not unfinished.parked\n  unless teardown",
+            "when unfinished.exists\n  unless teardown",
+            1,
+        )
+    });
+    for dir in [&unparked, &unexempt] {
+        let (out, json) = verify(dir, "4", &["--max-operations", "1", "--max-requests", "3"]);
+        assert_eq!(out.code, 1, "{}", out.stdout);
+        assert_eq!(
+            violated(&json),
+            vec!["waiting-operation-not-blocking".to_string()],
+            "{}",
+            out.stdout
+        );
+        let steps = step_texts(&json);
+        assert!(
+            steps
+                .iter()
+                .any(|s| s.starts_with("kubectl create talosoperation")),
+            "{steps:?}"
+        );
+        assert!(
+            steps.iter().any(|s| s.contains("spec.approved: true")),
+            "{steps:?}"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    let (out, _) = verify(
+        &root().join("rules"),
+        "4",
+        &["--max-operations", "1", "--max-requests", "3"],
+    );
+    assert_eq!(out.code, 0, "{}", out.stdout);
+}
+
+/// The warnings are part of what the rules promise: approving past the declared count says
+/// the cluster is now transitioning (ADR 0054), and deleting an unreachable control plane
+/// below the count says so (ADR 0106 §4). Without the warning rule, the invariant that
+/// asks for it refutes the rules, with the approval (or the delete) as the last step.
+#[test]
+fn dropping_a_warning_the_adrs_ask_for_is_refuted() {
+    for (file, rule, invariant, cps, failures, last) in [
+        (
+            "admission.rules",
+            "rule approval-makes-even\n",
+            "approval-past-count-said",
+            "2",
+            "0",
+            "spec.approved: true",
+        ),
+        (
+            "removal.rules",
+            "rule dead-member-below-count\n",
+            "dead-delete-said",
+            "3",
+            "1",
+            "delete talosmachine",
+        ),
+    ] {
+        let dir = mutant(invariant, file, |t| without(t, rule));
+        let (out, json) = verify(&dir, cps, &["--max-failures", failures]);
+        assert_eq!(out.code, 1, "{}", out.stdout);
+        assert_eq!(
+            violated(&json),
+            vec![invariant.to_string()],
+            "{}",
+            out.stdout
+        );
+        let steps = step_texts(&json);
+        assert!(steps.last().is_some_and(|s| s.contains(last)), "{steps:?}");
+        let listed = json["invariants"]
+            .as_array()
+            .and_then(|v| v.iter().find(|i| i["name"] == invariant))
+            .map(|i| i["checked_under"].clone());
+        assert_eq!(listed, Some("serialized requests".into()), "{}", out.stdout);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -244,7 +244,7 @@ pub(super) fn syntax_help(expected: &[String], rest: &str) -> Option<String> {
     }
     if expects("`let`") && expects("`rule`") {
         return Some(
-            "a rule file holds `let name = expr`, `rule name ...`, `allow verb subject` and `plan verb subject` statements"
+            "a rule file holds `let name = expr`, `rule name ...`, `allow verb subject`, `plan verb subject` and `invariant name ...` statements"
                 .into(),
         );
     }

@@ -298,7 +298,12 @@ pub fn encode(s: &State, out: &mut Vec<u8>) {
             Req::Prune(x) => (12, x),
             Req::PruneCluster => (13, 0),
         };
-        out.extend([tag, arg, p.base.0, u8::from(p.base.1)]);
+        out.extend([
+            tag,
+            arg,
+            p.base.0,
+            u8::from(p.base.1) | (u8::from(p.warned) << 1),
+        ]);
     }
 }
 
@@ -389,9 +394,13 @@ pub fn decode(b: &[u8]) -> Option<State> {
             15 => Req::Move(arg),
             _ => return None,
         };
+        if b1 > 3 {
+            return None;
+        }
         pending.push(Pending {
             req,
-            base: (b0, b1 != 0),
+            base: (b0, b1 & 1 != 0),
+            warned: b1 & 2 != 0,
         });
     }
     let mut names = Vec::new();
@@ -577,6 +586,8 @@ struct Expanded {
     cut: bool,
     /// The request budget is spent here.
     spent: bool,
+    /// [`super::model::Outcomes::cure_blocked`].
+    cure_blocked: bool,
     succ: std::ops::Range<usize>,
 }
 
@@ -656,6 +667,7 @@ fn expand(
                 goal: true,
                 cut: false,
                 spent: false,
+                cure_blocked: false,
                 succ: from..from,
             });
             continue;
@@ -669,6 +681,7 @@ fn expand(
                 goal: true,
                 cut: true,
                 spent: false,
+                cure_blocked: false,
                 succ: from..from,
             });
             continue;
@@ -735,6 +748,7 @@ fn expand(
             goal: !progress || settled,
             cut: false,
             spent: model.budget_spent(s),
+            cure_blocked: outcomes.cure_blocked,
             succ: from..out.succ.len(),
         });
     }
@@ -824,6 +838,7 @@ fn explore_upto(
     let mut buf = Vec::new();
     let mut in_progress: Vec<bool> = Vec::new();
     let mut goal: Vec<bool> = Vec::new();
+    let mut blocked: Vec<bool> = Vec::new();
     // Edges that happen without a person: (from, to).
     let mut alone: Vec<(u32, u32)> = Vec::new();
     for s in State::initial(&model.bounds) {
@@ -922,6 +937,7 @@ fn explore_upto(
                 }
                 in_progress.push(st.progress);
                 goal.push(st.goal);
+                blocked.push(st.cure_blocked);
                 for sc in &chunk.succ[st.succ.clone()] {
                     let key = &chunk.bytes[sc.key.clone()];
                     let Some((to, new)) = visited.intern_hashed(&mut ex.keys, key, sc.hash) else {
@@ -1010,6 +1026,7 @@ fn explore_upto(
         };
         let mut f = Facts::of_state(&s);
         f.stuck = stuck;
+        f.cure_blocked = blocked.get(i).copied().unwrap_or(false);
         for &k in &deferred {
             if violated[k] {
                 continue;

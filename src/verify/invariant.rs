@@ -39,7 +39,9 @@ pub struct Facts {
     pub created: bool,
     pub undrained: bool,
     pub left_running: bool,
+    pub warned: bool,
     pub stuck: bool,
+    pub cure_blocked: bool,
 }
 
 fn int(n: usize) -> i64 {
@@ -99,6 +101,7 @@ impl Facts {
             created: e.created.is_some(),
             undrained: e.undrained,
             left_running: e.left_running,
+            warned: e.warned,
             step_kind: e.kind.or(e.created),
             ..now
         }
@@ -142,7 +145,9 @@ impl Facts {
             StepCreated => V::Bool(self.created),
             ResetUndrained => V::Bool(self.undrained),
             ReleasedRunning => V::Bool(self.left_running),
+            StepWarned => V::Bool(self.warned),
             Stuck => V::Bool(self.stuck),
+            CureBlocked => V::Bool(self.cure_blocked),
         }
     }
 }
@@ -293,7 +298,8 @@ fn truth(e: &Code, f: &Facts) -> Result<bool, String> {
 /// An invariant ready to check.
 pub struct InvariantCheck {
     pub meta: InvariantMeta,
-    /// It reads `stuck`, which is known only once the whole graph is explored.
+    /// It reads `stuck`, which is known only once the whole graph is explored, or
+    /// `cure.blocked`, known once the state is expanded: checked on states, at the end.
     pub deferred: bool,
     when: Option<Code>,
     /// The steps at which `when` can be true (or fail): outside them it is false without
@@ -324,7 +330,9 @@ impl InvariantCheck {
             .iter()
             .chain(meta.unless.iter())
             .chain(std::iter::once(&meta.ensure));
-        let deferred = exprs.clone().any(|e| reads(e, "stuck"));
+        let deferred = exprs
+            .clone()
+            .any(|e| reads(e, "stuck") || reads(e, "cure.blocked"));
         let when = meta.when.as_ref().map(Code::of);
         InvariantCheck {
             meta: meta.clone(),
@@ -451,7 +459,9 @@ fn pack(f: &Facts, concurrent: bool) -> Option<Packed> {
         created,
         undrained,
         left_running,
+        warned,
         stuck,
+        cure_blocked,
     } = *f;
     let mut bytes = [0u8; 24];
     let ints = [
@@ -488,16 +498,18 @@ fn pack(f: &Facts, concurrent: bool) -> Option<Packed> {
         created,
         undrained,
         left_running,
+        warned,
         stuck,
+        cure_blocked,
         concurrent,
     ];
     let bits = flags
         .iter()
         .enumerate()
-        .fold(0u16, |acc, (k, on)| acc | (u16::from(*on) << k));
-    bytes[15..17].copy_from_slice(&bits.to_le_bytes());
-    bytes[17] = step;
-    bytes[18] = match step_kind {
+        .fold(0u32, |acc, (k, on)| acc | (u32::from(*on) << k));
+    bytes[15..19].copy_from_slice(&bits.to_le_bytes());
+    bytes[19] = step;
+    bytes[20] = match step_kind {
         None => 0,
         Some(super::model::OpKind::Upgrade) => 1,
         Some(super::model::OpKind::Reset) => 2,
@@ -615,7 +627,7 @@ mod tests {
             *field(&mut past) = -1;
             assert_eq!(pack(&past, false), None);
         }
-        let flags: [fn(&mut Facts) -> &mut bool; 14] = [
+        let flags: [fn(&mut Facts) -> &mut bool; 16] = [
             |f| &mut f.cluster_deleting,
             |f| &mut f.cluster_exists,
             |f| &mut f.schedulable,
@@ -629,7 +641,9 @@ mod tests {
             |f| &mut f.created,
             |f| &mut f.undrained,
             |f| &mut f.left_running,
+            |f| &mut f.warned,
             |f| &mut f.stuck,
+            |f| &mut f.cure_blocked,
         ];
         for flag in flags {
             let mut f = base;

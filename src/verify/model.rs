@@ -360,6 +360,8 @@ pub struct Pending {
     /// The spec the update was decided on (resourceVersion): `approved` of the machine, or
     /// the cluster's (count, schedulable).
     pub base: (u8, bool),
+    /// Admitted with a warning (`step.warned` when it commits).
+    pub warned: bool,
 }
 
 /// The counts of a state the invariants' facts read ([`State::tallies`]).
@@ -526,6 +528,8 @@ pub struct Effect {
     /// A removal that released its finalizer with its node still running (not reset or
     /// wiped), although the node could be reached.
     pub left_running: bool,
+    /// A committed request that admission let through with a warning.
+    pub warned: bool,
 }
 
 fn step_index(name: &str) -> u8 {
@@ -556,6 +560,7 @@ fn committed(p: Pending, t: &State) -> Effect {
             Req::CreateOperation(kind, _) => Some(kind),
             _ => None,
         },
+        warned: p.warned,
         ..effect("commit")
     }
 }
@@ -1371,6 +1376,10 @@ pub struct Outcomes {
     /// refusal outside a teardown, a fact that cannot be read, a node that does not
     /// answer, a PodDisruptionBudget, the lock held by other work, a member left behind.
     pub removals_waiting: u8,
+    /// ADR 0137: the count is even, an operation waits for it to be odd, and removing a
+    /// control plane (which would end the even count) is refused although it would be
+    /// allowed without the waiting operations: they block their own cure.
+    pub cure_blocked: bool,
 }
 
 impl<'t> Model<'t> {
@@ -1397,6 +1406,27 @@ impl<'t> Model<'t> {
         let events = request_events(&op, NAMESPACE, old.as_ref(), new.as_ref());
         let (decision, _) = decide_events(self.table, snap, &events, Expensive::FromObjects, false);
         Some(decision)
+    }
+
+    /// [`Model::admit`]'s outcome ([`outcome`]), remembered in `memo` (it reads only the
+    /// objects); `None` when the request cannot be made here.
+    fn admitted(
+        &self,
+        s: &State,
+        snap: &Lazy<'_>,
+        memo: &mut Memo,
+        fired: &mut Fired,
+        req: Req,
+    ) -> Option<Option<Verdict>> {
+        if let Some((_, v)) = memo.admissions.iter().find(|(r, _)| *r == req) {
+            return *v;
+        }
+        let v = self.admit(s, snap.get(), req).map(|d| {
+            fired.note(&d);
+            outcome(&d)
+        });
+        memo.admissions.push((req, v));
+        v
     }
 
     /// Every request a person could send in this state.
@@ -1662,15 +1692,7 @@ impl<'t> Model<'t> {
         let mut outcomes = Outcomes::default();
         // People: decided on this state; admitted ones commit at once or stay in flight.
         for req in self.requests(s) {
-            let known = memo.admissions.iter().find(|(r, _)| *r == req).map(|x| x.1);
-            let verdict = known.unwrap_or_else(|| {
-                let v = self.admit(s, snap.get(), req).map(|d| {
-                    fired.note(&d);
-                    d.verdict()
-                });
-                memo.admissions.push((req, v));
-                v
-            });
+            let verdict = self.admitted(s, snap, memo, fired, req);
             let Some(verdict) = verdict else {
                 continue;
             };
@@ -1680,6 +1702,7 @@ impl<'t> Model<'t> {
             let p = Pending {
                 req,
                 base: Self::base(s, req),
+                warned: verdict == Some(Verdict::Warn),
             };
             // Counted only under a budget (a count nobody reads would tell equal states
             // apart).
@@ -1772,14 +1795,29 @@ impl<'t> Model<'t> {
                     }
                 }
             }
-            for (kidx, _) in ix(&s.ops) {
-                if let Some((t, e)) = self.operation(s, snap.get(), kidx, fired) {
-                    out.push(Next {
+            // Operations the controller leaves waiting here while the count is even: not
+            // an etcd restore, not started, not holding the lock (ADR 0137).
+            let mut waiting: u64 = 0;
+            for (kidx, o) in ix(&s.ops) {
+                match self.operation(s, snap.get(), kidx, fired) {
+                    Some((t, e)) => out.push(Next {
                         mv: Move::Operation(kidx),
                         state: t,
                         effect: e,
-                    });
+                    }),
+                    None => {
+                        if o.kind != OpKind::Restore
+                            && matches!(o.phase, Phase::Pending | Phase::Parked)
+                            && s.lock != Lock::Operation(kidx)
+                            && kidx < 64
+                        {
+                            waiting |= 1 << kidx;
+                        }
+                    }
                 }
+            }
+            if waiting != 0 {
+                outcomes.cure_blocked = self.cure_blocked(s, snap, memo, fired, waiting);
             }
             if s.cluster == ClusterState::Deleting && s.machines.iter().all(|m| m.moved) {
                 let mut t = s.fork();
@@ -1843,6 +1881,59 @@ impl<'t> Model<'t> {
             });
         }
         outcomes
+    }
+
+    /// [`Outcomes::cure_blocked`] for the operations in the bit set `waiting`: whether an
+    /// annotated delete of some approved control plane is refused here, and allowed on
+    /// the same state without those operations.
+    fn cure_blocked(
+        &self,
+        s: &State,
+        snap: &Lazy<'_>,
+        memo: &mut Memo,
+        fired: &mut Fired,
+        waiting: u64,
+    ) -> bool {
+        let approved = s.approved_cps();
+        if s.cluster != ClusterState::Live || approved == 0 || !approved.is_multiple_of(2) {
+            return false;
+        }
+        let mut without: Option<(State, Snapshot)> = None;
+        for (i, m) in ix(&s.machines) {
+            if !m.approved_cp() || m.deleting || m.moved {
+                continue;
+            }
+            let req = Req::Delete(i);
+            let verdict = self.admitted(s, snap, memo, fired, req);
+            if verdict != Some(Some(Verdict::Refuse)) {
+                continue;
+            }
+            let (u, usnap) = without.get_or_insert_with(|| {
+                let mut u = s.fork();
+                let mut k = u.ops.len();
+                while k > 0 {
+                    k -= 1;
+                    if waiting & (1 << k) != 0 {
+                        u.ops.remove(k);
+                        if k < u.op_names.len() {
+                            u.op_names.remove(k);
+                        }
+                        if let Lock::Operation(h) = u.lock
+                            && usize::from(h) > k
+                        {
+                            u.lock = Lock::Operation(h - 1);
+                        }
+                    }
+                }
+                let usnap = self.objects.snapshot(&u);
+                (u, usnap)
+            });
+            let alone = self.admit(u, usnap, req).map(|d| outcome(&d));
+            if matches!(alone, Some(v) if v != Some(Verdict::Refuse)) {
+                return true;
+            }
+        }
+        false
     }
 
     /// The over-cap hold and joining (`controller/machine.rs`, step 1 and 2).
@@ -2297,6 +2388,12 @@ fn release_if(lock: Lock, mine: Lock) -> Lock {
     if lock == mine { Lock::Free } else { lock }
 }
 
+/// An admission's outcome: refused, or let through with a warning (`Warn`), or not.
+fn outcome(d: &Decision) -> Option<Verdict> {
+    d.verdict()
+        .or_else(|| (!d.warnings.is_empty()).then_some(Verdict::Warn))
+}
+
 /// Removes machine `i`, renumbering what refers to machines after it.
 pub fn remove_machine(t: &mut State, i: u8) {
     let iu = usize::from(i);
@@ -2408,6 +2505,7 @@ pub(crate) mod tests {
             t.pending = vec![Pending {
                 req: Req::Unschedule,
                 base: (1, true),
+                warned: true,
             }];
             (t.failures, t.requests) = (t.failures + 1, t.requests + 1);
             (t.pdb, t.concurrent) = (!t.pdb, !t.concurrent);
