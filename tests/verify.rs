@@ -1278,6 +1278,14 @@ fn an_operation_waiting_for_the_even_count_never_blocks_its_cure() {
             steps.iter().any(|s| s.contains("spec.approved: true")),
             "{steps:?}"
         );
+        // The last state's refused removal is named, with the rule and the operation.
+        let blocked = json["violations"][0]["blocked"].as_str().unwrap_or("");
+        assert!(
+            blocked.starts_with("kubectl annotate+delete talosmachine cp-")
+                && blocked.contains("refused here by unfinished-operation-blocks-removal")
+                && blocked.ends_with("without op-1 it would be allowed"),
+            "{blocked}"
+        );
         let _ = std::fs::remove_dir_all(dir);
     }
     let (out, _) = verify(

@@ -482,6 +482,9 @@ fn to_text(runs: &[Report], paths: &[PathBuf]) -> String {
                 }
                 let _ = writeln!(out, "       state: {}", s.state);
             }
+            if let Some(b) = &t.blocked {
+                let _ = writeln!(out, "  in the last state: {b}");
+            }
             if let Some(e) = &t.replay_error {
                 let _ = writeln!(
                     out,

@@ -748,7 +748,7 @@ fn expand(
             goal: !progress || settled,
             cut: false,
             spent: model.budget_spent(s),
-            cure_blocked: outcomes.cure_blocked,
+            cure_blocked: outcomes.cure_blocked.is_some(),
             succ: from..out.succ.len(),
         });
     }

@@ -1379,7 +1379,9 @@ pub struct Outcomes {
     /// ADR 0137: the count is even, an operation waits for it to be odd, and removing a
     /// control plane (which would end the even count) is refused although it would be
     /// allowed without the waiting operations: they block their own cure.
-    pub cure_blocked: bool,
+    /// The control plane whose delete is so refused, and the waiting operations (a bit
+    /// set of their indices).
+    pub cure_blocked: Option<(u8, u64)>,
 }
 
 impl<'t> Model<'t> {
@@ -1817,7 +1819,9 @@ impl<'t> Model<'t> {
                 }
             }
             if waiting != 0 {
-                outcomes.cure_blocked = self.cure_blocked(s, snap, memo, fired, waiting);
+                outcomes.cure_blocked = self
+                    .cure_blocked(s, snap, memo, fired, waiting)
+                    .map(|i| (i, waiting));
             }
             if s.cluster == ClusterState::Deleting && s.machines.iter().all(|m| m.moved) {
                 let mut t = s.fork();
@@ -1883,9 +1887,9 @@ impl<'t> Model<'t> {
         outcomes
     }
 
-    /// [`Outcomes::cure_blocked`] for the operations in the bit set `waiting`: whether an
-    /// annotated delete of some approved control plane is refused here, and allowed on
-    /// the same state without those operations.
+    /// [`Outcomes::cure_blocked`] for the operations in the bit set `waiting`: an approved
+    /// control plane whose annotated delete is refused here, and allowed on the same state
+    /// without those operations.
     fn cure_blocked(
         &self,
         s: &State,
@@ -1893,10 +1897,10 @@ impl<'t> Model<'t> {
         memo: &mut Memo,
         fired: &mut Fired,
         waiting: u64,
-    ) -> bool {
+    ) -> Option<u8> {
         let approved = s.approved_cps();
         if s.cluster != ClusterState::Live || approved == 0 || !approved.is_multiple_of(2) {
-            return false;
+            return None;
         }
         let mut without: Option<(State, Snapshot)> = None;
         for (i, m) in ix(&s.machines) {
@@ -1930,10 +1934,10 @@ impl<'t> Model<'t> {
             });
             let alone = self.admit(u, usnap, req).map(|d| outcome(&d));
             if matches!(alone, Some(v) if v != Some(Verdict::Refuse)) {
-                return true;
+                return Some(i);
             }
         }
-        false
+        None
     }
 
     /// The over-cap hold and joining (`controller/machine.rs`, step 1 and 2).

@@ -38,6 +38,11 @@ pub struct Trace {
     /// reported, never hidden).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub replay_error: Option<String>,
+    /// For a violation in a state where a waiting operation blocks the removal that would
+    /// end the even count (`cure.blocked`): that removal, the rules that refuse it, and
+    /// the operations without which it would be allowed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blocked: Option<String>,
 }
 
 pub fn summary(s: &State) -> String {
@@ -386,6 +391,7 @@ pub fn build(
         start: String::new(),
         steps: Vec::new(),
         replay_error: None,
+        blocked: None,
     };
     let path = path_to(ex, v.from);
     let Some(first) = path.first() else {
@@ -459,5 +465,37 @@ pub fn build(
             fixture,
         });
     }
+    if v.to_key.is_none() {
+        trace.blocked = blocked(model, &s);
+    }
     trace
+}
+
+/// In words, the removal that operations waiting for the even count block in `s`, if any.
+fn blocked(model: &Model<'_>, s: &State) -> Option<String> {
+    let lazy = Lazy::new(&model.objects, s);
+    let mut nexts = Vec::new();
+    let outcomes = model.successors(
+        s,
+        &lazy,
+        &mut Memo::default(),
+        &mut Fired::default(),
+        &mut nexts,
+    );
+    let (i, waiting) = outcomes.cure_blocked?;
+    let req = Req::Delete(i);
+    let rules: Vec<String> = model
+        .admit(s, lazy.get(), req)
+        .map(|d| d.refusals.iter().map(|f| f.rule.clone()).collect())
+        .unwrap_or_default();
+    let ops: Vec<String> = (0..s.ops.len())
+        .filter(|k| *k < 64 && waiting & (1 << k) != 0)
+        .map(|k| s.op_name(k))
+        .collect();
+    Some(format!(
+        "{} is refused here by {}; without {} it would be allowed",
+        describe(s, req),
+        rules.join(", "),
+        ops.join(", ")
+    ))
 }
