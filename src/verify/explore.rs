@@ -57,8 +57,6 @@ impl Hasher for Fx {
 struct Worker {
     verdicts: Verdicts,
     memos: Memos,
-    /// The buffers of its last chunk, merged and handed back.
-    spare: Chunk,
 }
 
 /// The decisions made on objects ([`Memo`]) of the object keys expanded lately, kept from
@@ -602,28 +600,35 @@ struct Chunk {
     transitions: u64,
 }
 
+/// Pieces each worker's share of a batch is cut into (taken by whichever worker is free).
+const PIECES_PER_THREAD: usize = 4;
+
 /// States expanded per batch (their successors are merged, in order, after each batch).
 const BATCH: usize = 4096;
 
-/// Expands the states `ids` (keys in `keys`): their successors, canonical and encoded,
+/// The states of a batch, copied for the workers: their keys and depths (index 0 is the
+/// batch's first state).
+#[derive(Default)]
+struct Batch {
+    keys: Keys,
+    depth: Vec<u32>,
+}
+
+/// Expands the states `ids` of `batch`: their successors, canonical and encoded,
 /// and the invariants each transition breaks (skipping those in `skip`).
 fn expand(
     model: &Model<'_>,
     checks: &[InvariantCheck],
     skip: &[bool],
-    keys: &Keys,
-    depth: &[u32],
+    batch: &Batch,
     ids: std::ops::Range<usize>,
     worker: &mut Worker,
+    spare: Option<Chunk>,
 ) -> Chunk {
-    let Worker {
-        verdicts,
-        memos,
-        spare,
-    } = worker;
+    let Worker { verdicts, memos } = worker;
     // The buffers of an earlier batch's chunk, emptied (growing fresh ones every batch
     // costs the kernel's zeroing of their pages again).
-    let mut out = std::mem::take(spare);
+    let mut out = spare.unwrap_or_default();
     out.states.clear();
     out.succ.clear();
     out.bytes.clear();
@@ -641,7 +646,10 @@ fn expand(
     // decisions that read only it ([`Memo`]). Each state's successors keep their order and
     // the states are handed back in id order, so nothing else depends on this order.
     let ids: Vec<usize> = ids.collect();
-    let states: Vec<Option<State>> = ids.iter().map(|i| keys.get(*i).and_then(decode)).collect();
+    let states: Vec<Option<State>> = ids
+        .iter()
+        .map(|i| batch.keys.get(*i).and_then(decode))
+        .collect();
     let mut object_keys = Vec::new();
     let mut ranges = Vec::with_capacity(states.len());
     for s in &states {
@@ -674,7 +682,7 @@ fn expand(
         };
         let progress = s.cluster == ClusterState::Deleting
             || s.machines.iter().any(|m| m.deleting && m.finalizer);
-        if depth.get(i).copied().unwrap_or(0) >= model.bounds.depth {
+        if batch.depth.get(i).copied().unwrap_or(0) >= model.bounds.depth {
             // Not expanded: nothing can be said of where it leads (counted as a cut).
             expanded[p] = Some(Expanded {
                 progress,
@@ -836,11 +844,6 @@ fn explore_upto(
     };
     let mut violated = vec![false; checks.len()];
     let mut buf = Vec::new();
-    let mut in_progress: Vec<bool> = Vec::new();
-    let mut goal: Vec<bool> = Vec::new();
-    let mut blocked: Vec<bool> = Vec::new();
-    // Edges that happen without a person: (from, to).
-    let mut alone: Vec<(u32, u32)> = Vec::new();
     for s in State::initial(&model.bounds) {
         let c = canonical(&s);
         encode(&c, &mut buf);
@@ -875,105 +878,139 @@ fn explore_upto(
             }
         }
     }
+    // The batches are pipelined: while the workers expand one batch (from copies of its
+    // keys), this thread merges the batch before it, whenever the states already numbered
+    // reach that far (a breadth-first frontier almost always does). Merging stays serial
+    // and in batch order, so ids, parents, traces and reports are what one thread finds.
     let mut cursor = 0usize;
-    'explore: while cursor < ex.keys.len() && ex.incomplete.is_none() {
+    let mut graph = Graph::default();
+    let mut copied = Batch::default();
+    // The expanded batch not merged yet: its first id, and its chunks in id order.
+    let mut unmerged: Option<(usize, Vec<Chunk>)> = None;
+    // Merged chunks, whose buffers the next batch's pieces are written into (growing fresh
+    // ones every batch costs the kernel's zeroing of their pages again).
+    let mut spares: Vec<Chunk> = Vec::new();
+    while ex.incomplete.is_none() {
+        if cursor >= ex.keys.len() {
+            // Nothing numbered is left to expand before the last batch is merged.
+            match unmerged.take() {
+                Some((first, mut chunks)) => {
+                    merge(
+                        &mut ex,
+                        &mut visited,
+                        &mut violated,
+                        &mut graph,
+                        first,
+                        &mut chunks,
+                    );
+                    spares.extend(chunks);
+                    continue;
+                }
+                None => break,
+            }
+        }
         let end = ex.keys.len().min(cursor + batch * threads);
+        // What the workers read, copied: the merge appends to the keys meanwhile.
+        copied.keys.bytes.clear();
+        copied.keys.ends.clear();
+        for i in cursor..end {
+            copied.keys.push(&ex.keys[i]);
+        }
+        copied.depth.clear();
+        copied.depth.extend_from_slice(&ex.depth[cursor..end]);
+        // Invariants already violated are not checked again (one being violated in the
+        // merge running alongside is checked, and its outcome dropped there).
         let skip = violated.clone();
-        let mut chunks: Vec<Chunk> = match workers.split_first_mut() {
-            Some((worker, _)) if threads == 1 || end - cursor < threads => vec![expand(
-                model,
-                checks,
-                &skip,
-                &ex.keys,
-                &ex.depth,
-                cursor..end,
-                worker,
-            )],
-            _ => {
-                let per = (end - cursor).div_ceil(threads);
-                let (keys, depth, skip) = (&ex.keys, &ex.depth, &skip);
-                std::thread::scope(|scope| {
-                    let handles: Vec<_> = workers
-                        .iter_mut()
-                        .enumerate()
-                        .map(|(t, worker)| {
-                            let a = (cursor + t * per).min(end);
-                            let b = (a + per).min(end);
-                            scope.spawn(move || {
-                                expand(model, checks, skip, keys, depth, a..b, worker)
-                            })
+        let n = end - cursor;
+        let (copied, skip) = (&copied, &skip);
+        let mut merged: Option<Vec<Chunk>> = None;
+        let chunks: Vec<Chunk> = if threads == 1 || n < threads {
+            if let Some((first, mut chunks)) = unmerged.take() {
+                merge(
+                    &mut ex,
+                    &mut visited,
+                    &mut violated,
+                    &mut graph,
+                    first,
+                    &mut chunks,
+                );
+                merged = Some(chunks);
+            }
+            match workers.split_first_mut() {
+                Some((worker, _)) => {
+                    vec![expand(
+                        model,
+                        checks,
+                        skip,
+                        copied,
+                        0..n,
+                        worker,
+                        spares.pop(),
+                    )]
+                }
+                None => Vec::new(),
+            }
+        } else {
+            // The batch in pieces, taken by whichever worker is free (states differ in
+            // cost, so halves would leave one core waiting for the other).
+            let size = n.div_ceil(threads * PIECES_PER_THREAD);
+            let next = std::sync::atomic::AtomicUsize::new(0);
+            let next = &next;
+            let pooled = std::sync::Mutex::new(std::mem::take(&mut spares));
+            let pool = &pooled;
+            let spare = |pool: &std::sync::Mutex<Vec<Chunk>>| pool.lock().ok()?.pop();
+            let previous = unmerged.take();
+            let (ex, visited, violated, graph) = (&mut ex, &mut visited, &mut violated, &mut graph);
+            let chunks = std::thread::scope(|scope| {
+                let handles: Vec<_> = workers
+                    .iter_mut()
+                    .map(|worker| {
+                        scope.spawn(move || {
+                            let mut done = Vec::new();
+                            loop {
+                                let p = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                let a = p.saturating_mul(size).min(n);
+                                if a >= n {
+                                    break done;
+                                }
+                                let b = (a + size).min(n);
+                                done.push((
+                                    p,
+                                    expand(model, checks, skip, copied, a..b, worker, spare(pool)),
+                                ));
+                            }
                         })
-                        .collect();
-                    // A thread that panicked expanded only part of its states: carry on without
-                    // them and the exploration would claim what it did not explore (and number
-                    // the later states wrong). The run fails instead, and `verify` says so.
-                    handles
-                        .into_iter()
-                        .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-                        .collect()
-                })
-            }
+                    })
+                    .collect();
+                if let Some((first, mut chunks)) = previous {
+                    merge(ex, visited, violated, graph, first, &mut chunks);
+                    merged = Some(chunks);
+                }
+                // A thread that panicked expanded only part of its states: carry on without
+                // them and the exploration would claim what it did not explore (and number
+                // the later states wrong). The run fails instead, and `verify` says so.
+                let mut pieces: Vec<(usize, Chunk)> = handles
+                    .into_iter()
+                    .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                    .collect();
+                pieces.sort_by_key(|(p, _)| *p);
+                pieces.into_iter().map(|(_, c)| c).collect()
+            });
+            // The buffers no piece took.
+            spares = pooled.into_inner().unwrap_or_default();
+            chunks
         };
-        let mut id = cursor;
-        for chunk in &mut chunks {
-            ex.transitions += chunk.transitions;
-            for (k, r) in chunk.at_risk.iter().enumerate() {
-                ex.at_risk[k] |= *r;
-            }
-            ex.fired.merge(std::mem::take(&mut chunk.fired));
-            for st in &chunk.states {
-                // Every id below `keys.len()` was handed out by `intern`, so it fits.
-                let Ok(from) = u32::try_from(id) else {
-                    ex.incomplete = Some(FULL.to_string());
-                    break 'explore;
-                };
-                let d = ex.depth[id];
-                ex.max_depth = ex.max_depth.max(d);
-                if st.cut {
-                    ex.cut_at_depth += 1;
-                }
-                if st.spent {
-                    ex.cut_by_requests += 1;
-                }
-                in_progress.push(st.progress);
-                goal.push(st.goal);
-                blocked.push(st.cure_blocked);
-                for sc in &chunk.succ[st.succ.clone()] {
-                    let key = &chunk.bytes[sc.key.clone()];
-                    let Some((to, new)) = visited.intern_hashed(&mut ex.keys, key, sc.hash) else {
-                        ex.incomplete = Some(FULL.to_string());
-                        break 'explore;
-                    };
-                    if new {
-                        ex.parent.push(from);
-                        ex.depth.push(d + 1);
-                    }
-                    if sc.alone {
-                        alone.push((from, to));
-                    }
-                    for (k, message) in &sc.broken {
-                        if violated[*k] {
-                            continue;
-                        }
-                        violated[*k] = true;
-                        ex.violations.push(Violation {
-                            invariant: *k,
-                            from,
-                            to_key: Some(key.to_vec()),
-                            mv: Some(sc.mv),
-                            message: message.clone(),
-                            depth: d + 1,
-                        });
-                    }
-                }
-                id += 1;
-            }
-        }
-        for (worker, chunk) in workers.iter_mut().zip(chunks) {
-            worker.spare = chunk;
-        }
+        // The merged chunks' buffers are used again for the next batch.
+        spares.extend(merged.into_iter().flatten());
+        unmerged = Some((cursor, chunks));
         cursor = end;
     }
+    let Graph {
+        in_progress,
+        goal,
+        blocked,
+        alone,
+    } = graph;
     // Liveness: which states reach a goal through moves that need no person.
     let n = ex.keys.len();
     let mut reaches = goal.clone();
@@ -1051,6 +1088,86 @@ fn explore_upto(
     ex.violations.sort_by_key(|v| (v.depth, v.invariant));
     ex.seconds = started.elapsed().as_secs_f64();
     ex
+}
+
+/// What the merge records per state for the liveness check after the exploration.
+#[derive(Default)]
+struct Graph {
+    in_progress: Vec<bool>,
+    goal: Vec<bool>,
+    blocked: Vec<bool>,
+    /// Edges that happen without a person: (from, to).
+    alone: Vec<(u32, u32)>,
+}
+
+/// Merges an expanded batch whose first state is `first`, in id order: numbers its new
+/// successors, records parents, depths, the liveness graph and the first violation of each
+/// invariant. Sets `ex.incomplete` (and stops) when the ids run out.
+fn merge(
+    ex: &mut Exploration,
+    visited: &mut Visited,
+    violated: &mut [bool],
+    graph: &mut Graph,
+    first: usize,
+    chunks: &mut [Chunk],
+) {
+    let mut id = first;
+    for chunk in chunks.iter_mut() {
+        ex.transitions += chunk.transitions;
+        for (k, r) in chunk.at_risk.iter().enumerate() {
+            if let Some(a) = ex.at_risk.get_mut(k) {
+                *a |= *r;
+            }
+        }
+        ex.fired.merge(std::mem::take(&mut chunk.fired));
+        for st in &chunk.states {
+            // Every id below `keys.len()` was handed out by `intern`, so it fits.
+            let Ok(from) = u32::try_from(id) else {
+                ex.incomplete = Some(FULL.to_string());
+                return;
+            };
+            let d = ex.depth.get(id).copied().unwrap_or(0);
+            ex.max_depth = ex.max_depth.max(d);
+            if st.cut {
+                ex.cut_at_depth += 1;
+            }
+            if st.spent {
+                ex.cut_by_requests += 1;
+            }
+            graph.in_progress.push(st.progress);
+            graph.goal.push(st.goal);
+            graph.blocked.push(st.cure_blocked);
+            for sc in &chunk.succ[st.succ.clone()] {
+                let key = &chunk.bytes[sc.key.clone()];
+                let Some((to, new)) = visited.intern_hashed(&mut ex.keys, key, sc.hash) else {
+                    ex.incomplete = Some(FULL.to_string());
+                    return;
+                };
+                if new {
+                    ex.parent.push(from);
+                    ex.depth.push(d + 1);
+                }
+                if sc.alone {
+                    graph.alone.push((from, to));
+                }
+                for (k, message) in &sc.broken {
+                    if violated.get(*k).copied().unwrap_or(true) {
+                        continue;
+                    }
+                    violated[*k] = true;
+                    ex.violations.push(Violation {
+                        invariant: *k,
+                        from,
+                        to_key: Some(key.to_vec()),
+                        mv: Some(sc.mv),
+                        message: message.clone(),
+                        depth: d + 1,
+                    });
+                }
+            }
+            id += 1;
+        }
+    }
 }
 
 /// The ids from a starting state to `id`.
@@ -1151,6 +1268,9 @@ mod parallel {
 
     /// Threads change how fast, never what: the same states under the same ids, the same
     /// parents (so the same shortest traces), transitions, violations and coverage.
+    /// Small batches (7 states a thread) put every part of the pipeline to work: the merge
+    /// of one batch beside the expansion of the next, and pieces of one or two states taken
+    /// by whichever thread is free, merged back in id order.
     #[test]
     fn threads_explore_exactly_what_one_thread_explores() {
         let (root, table) = shipped();
