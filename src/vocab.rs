@@ -32,10 +32,14 @@ pub enum Verb {
     /// NodeUnreachable set or cleared, the Removal condition's DeadMemberRemoval marker set
     /// or cleared, or `status.removal` (the controller's record of a removal) changed.
     Report,
+    /// An approved machine staying approved with its role in its cluster, whose
+    /// `spec.endpoint` or `spec.hostname` changes: how the controller finds its node (drain,
+    /// probes, reset) and its etcd member.
+    Readdress,
 }
 
 impl Verb {
-    pub const ALL: [Verb; 10] = [
+    pub const ALL: [Verb; 11] = [
         Verb::Approve,
         Verb::Unapprove,
         Verb::Reassign,
@@ -46,6 +50,7 @@ impl Verb {
         Verb::Apply,
         Verb::Run,
         Verb::Report,
+        Verb::Readdress,
     ];
 
     pub fn name(self) -> &'static str {
@@ -60,6 +65,7 @@ impl Verb {
             Verb::Apply => "apply",
             Verb::Run => "run",
             Verb::Report => "report",
+            Verb::Readdress => "readdress",
         }
     }
 
@@ -219,6 +225,9 @@ pub const RUNTIME_EVENTS: &[(Verb, Subject, Site)] = &[
     (Verb::Start, Subject::Operation, Site::Webhook),
     // A status write (talosmachines/status) that changes what decisions read.
     (Verb::Report, Subject::Machine, Site::Webhook),
+    // spec.endpoint or spec.hostname of an approved machine changing.
+    (Verb::Readdress, Subject::ControlPlane, Site::Webhook),
+    (Verb::Readdress, Subject::Worker, Site::Webhook),
     (Verb::Apply, Subject::ControlPlane, Site::Controller),
     (Verb::Apply, Subject::Worker, Site::Controller),
     (Verb::Remove, Subject::ControlPlane, Site::Controller),

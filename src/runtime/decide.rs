@@ -70,6 +70,23 @@ pub fn machine_events<'s>(
             };
             let (mo, mn) = (member(old), member(new));
             if mo == mn {
+                // Still the same approved member: a change of how the controller finds its
+                // node and etcd member is the one edit the rules see.
+                if let Some(r) = old.approved_role()
+                    && (old.spec.endpoint != new.spec.endpoint
+                        || old.spec.hostname != new.spec.hostname)
+                {
+                    out.push(EventFacts {
+                        event: (Verb::Readdress, role_subject(r), Site::Webhook),
+                        namespace,
+                        cluster: old.cluster(),
+                        subject: Subject::Machine {
+                            name: old.name(),
+                            view: old,
+                            counted: Some(old),
+                        },
+                    });
+                }
                 return out;
             }
             if let Some(r) = old.approved_role() {
@@ -109,29 +126,12 @@ pub fn machine_events<'s>(
     out
 }
 
-/// What in a TalosMachine's status a decision reads: whether it reports Ready=False
-/// NodeUnreachable (`node.unreachable`, and `member.dead` and `healthy.after` at
-/// admission), whether its Removal condition carries the DeadMemberRemoval marker, and the
-/// controller's record of a removal (`status.removal`), which the controller trusts when it
-/// resumes. Nothing else in the status is read by a decision.
-fn decided_status(
-    m: &TalosMachine,
-) -> (
-    bool,
-    bool,
-    Option<&crate::runtime::objects::RemovalProgress>,
-) {
-    (
-        m.node_unreachable(),
-        m.dead_member_removal_marked(),
-        m.status.as_ref().and_then(|s| s.removal.as_ref()),
-    )
-}
-
-/// The `report machine` event of a TalosMachine request whose status changes what a
-/// decision reads (see [`decided_status`]): an update (through `talosmachines/status` or
-/// otherwise) or a create carrying such a status. Any other status change (a message, a
-/// time, another condition) is no event.
+/// The `report machine` event of a TalosMachine request whose status changes what the
+/// controller or a decision reads ([`TalosMachine::status_reads`]: Ready's status and
+/// reason, NodeReachable and the time it turned False, the Removal condition's reason,
+/// `status.removal`): an update (through `talosmachines/status` or otherwise) or a create
+/// carrying such a status. Any other status change (a message, another condition) is no
+/// event.
 pub fn status_event<'s>(
     op: &Operation,
     namespace: &'s str,
@@ -142,8 +142,8 @@ pub fn status_event<'s>(
         Operation::Create | Operation::Update => new?,
         Operation::Delete | Operation::Connect => return None,
     };
-    let before = old.map(decided_status).unwrap_or((false, false, None));
-    (before != decided_status(new)).then_some(EventFacts {
+    let before = old.map_or_else(|| TalosMachine::default().status_reads(), TalosMachine::status_reads);
+    (before != new.status_reads()).then_some(EventFacts {
         event: (Verb::Report, S::Machine, Site::Webhook),
         namespace,
         cluster: new.cluster(),

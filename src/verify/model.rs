@@ -1150,6 +1150,8 @@ impl Objects<'_> {
                     started: None,
                     started_at: None,
                     committed: m.committed,
+                    cluster: None,
+                    member: None,
                 }
             });
         let mut tm = TalosMachine::new(&name, spec);

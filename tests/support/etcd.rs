@@ -77,6 +77,8 @@ struct Member {
     name: String,
     client_port: u16,
     peer_port: u16,
+    /// The member's index, which gives its peer host ([`peer_host`]).
+    index: usize,
     data_dir: PathBuf,
     log: PathBuf,
     child: Option<Child>,
@@ -104,6 +106,18 @@ fn port_free(port: u16) -> bool {
 
 fn url(port: u16) -> String {
     format!("http://127.0.0.1:{port}")
+}
+
+/// The loopback address member `index` serves its peers on (127.0.0.2, 127.0.0.3, ...):
+/// as on real nodes, each member's peer URL names a host of its own, which is where the
+/// Talos API stand-ins proxy `node: <host>` (the controller asks a member through a
+/// sibling at the address etcd lists for it). Loopback only, like everything else here.
+pub fn peer_host(index: usize) -> String {
+    format!("127.0.0.{}", 2 + (index % 250))
+}
+
+fn peer_url(index: usize, port: u16) -> String {
+    format!("http://{}:{port}", peer_host(index))
 }
 
 fn u64_field(v: &Value, key: &str) -> u64 {
@@ -226,10 +240,12 @@ impl EtcdCluster {
         std::fs::create_dir_all(&root).expect("etcd temp dir");
         let mut members: Vec<Member> = names
             .iter()
-            .map(|name| Member {
+            .enumerate()
+            .map(|(index, name)| Member {
                 name: name.to_string(),
                 client_port: free_port(),
                 peer_port: free_port(),
+                index,
                 data_dir: root.join(format!("{name}.etcd")),
                 log: root.join(format!("{name}.log")),
                 child: None,
@@ -237,7 +253,7 @@ impl EtcdCluster {
             .collect();
         let initial: Vec<String> = members
             .iter()
-            .map(|m| format!("{}={}", m.name, url(m.peer_port)))
+            .map(|m| format!("{}={}", m.name, peer_url(m.index, m.peer_port)))
             .collect();
         let initial = initial.join(",");
         for m in &mut members {
@@ -359,7 +375,8 @@ impl EtcdCluster {
 
     /// Member `i`'s peer URL.
     pub fn peer_url(&self, i: usize) -> String {
-        url(self.members.lock().expect("members")[i].peer_port)
+        let members = self.members.lock().expect("members");
+        peer_url(members[i].index, members[i].peer_port)
     }
 
     /// Whether member `i`'s process is running.
@@ -398,6 +415,7 @@ impl EtcdCluster {
     pub async fn add_member(&self, name: &str) -> usize {
         let peer_port = free_port();
         let client_port = free_port();
+        let index = self.members.lock().expect("members").len();
         let via = *self
             .running()
             .first()
@@ -405,7 +423,7 @@ impl EtcdCluster {
         let resp = post(
             self.client_port(via),
             "/v3/cluster/member/add",
-            json!({ "peerURLs": [url(peer_port)] }),
+            json!({ "peerURLs": [peer_url(index, peer_port)] }),
         )
         .await
         .unwrap_or_else(|e| panic!("member add {name}: {e}"));
@@ -431,6 +449,7 @@ impl EtcdCluster {
             name: name.to_string(),
             client_port,
             peer_port,
+            index,
             data_dir: self.root.join(format!("{name}.etcd")),
             log: self.root.join(format!("{name}.log")),
             child: None,
@@ -597,8 +616,8 @@ fn spawn_member(m: &Member, initial_cluster: &str, token: &str, state: &str) -> 
         .arg(&m.data_dir)
         .args(["--listen-client-urls", &url(m.client_port)])
         .args(["--advertise-client-urls", &url(m.client_port)])
-        .args(["--listen-peer-urls", &url(m.peer_port)])
-        .args(["--initial-advertise-peer-urls", &url(m.peer_port)])
+        .args(["--listen-peer-urls", &peer_url(m.index, m.peer_port)])
+        .args(["--initial-advertise-peer-urls", &peer_url(m.index, m.peer_port)])
         .args(["--initial-cluster", initial_cluster])
         .args(["--initial-cluster-token", token])
         .args(["--initial-cluster-state", state])

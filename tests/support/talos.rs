@@ -16,12 +16,17 @@
 //!   answers `Unavailable` like a rebooting node (until [`TalosNode::start_again`]).
 //! - `Version`: a fixed tag, [`VERSION_TAG`].
 //!
-//! Node targeting: a request carrying the metadata `node: X` (X a node name or its
-//! `127.0.0.1:port`) is answered as node X, as apid proxies it. The target's failure comes
+//! Node targeting: a request carrying the metadata `node: X` (X a node name, its
+//! `127.0.0.1:port`, or the host of its etcd member's peer URL, `etcd::peer_host`, as a
+//! Talos node's address is) is answered as node X, as apid proxies it. The target's failure comes
 //! back as a per-node error in `messages[0].metadata` with an OK call, as apid reports
 //! failed nodes; a stopped or unknown target is reported `Unavailable` the same way. Several
 //! `node` values are refused with `InvalidArgument`. A direct call's failure is the call's
 //! gRPC status.
+//!
+//! Every call is kept in a record ([`TalosApi::calls`]): the RPC, the node dialled and the
+//! node it was answered as, so scenarios assert what the controller did from the stand-in's
+//! own side.
 //!
 //! The tests reach it as `crate::support::talos` (it uses `support/etcd.rs` as its sibling
 //! `super::etcd`).
@@ -175,6 +180,20 @@ impl Pki {
 }
 
 type Registry = Arc<Mutex<HashMap<String, Arc<Node>>>>;
+
+/// One call a stand-in received, as its record keeps it: the RPC, the node dialled, and
+/// the node it was answered as (the `node` metadata's target, or the dialled node).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Call {
+    pub rpc: &'static str,
+    /// The stand-in the client dialled (its node name).
+    pub via: String,
+    /// The node the call was for (a node name when it is one of the stand-ins, else the
+    /// `node` value as sent).
+    pub node: String,
+}
+
+type Log = Arc<Mutex<Vec<Call>>>;
 
 /// One node's state, shared by its server and the registry.
 struct Node {
@@ -425,6 +444,7 @@ impl Node {
 struct Service {
     node: Arc<Node>,
     registry: Registry,
+    log: Log,
 }
 
 enum Target {
@@ -441,7 +461,11 @@ impl Service {
             .collect();
         match values.as_slice() {
             [] => Ok(Target::Here),
-            [one] if *one == self.node.name || *one == self.node.addr.to_string() => {
+            [one]
+                if *one == self.node.name
+                    || *one == self.node.addr.to_string()
+                    || *one == super::etcd::peer_host(self.node.index) =>
+            {
                 Ok(Target::Here)
             }
             [one] => {
@@ -457,6 +481,7 @@ impl Service {
     /// Answers here, or as the targeted node with its failure in the entry's metadata.
     async fn answer<T, F, Fut>(
         &self,
+        rpc: &'static str,
         meta: &tonic::metadata::MetadataMap,
         call: F,
         failed: fn(Option<Metadata>) -> T,
@@ -466,7 +491,17 @@ impl Service {
         Fut: Future<Output = Result<T, Status>>,
     {
         self.node.check_up()?;
-        let (name, result) = match self.target(meta)? {
+        let target = self.target(meta)?;
+        self.log.lock().expect("log").push(Call {
+            rpc,
+            via: self.node.name.clone(),
+            node: match &target {
+                Target::Here => self.node.name.clone(),
+                Target::Node(_, Some(n)) => n.name.clone(),
+                Target::Node(name, None) => name.clone(),
+            },
+        });
+        let (name, result) = match target {
             Target::Here => return call(self.node.clone()).await.map(|t| vec![t]),
             Target::Node(name, None) => (
                 name.clone(),
@@ -509,7 +544,7 @@ impl MachineService for Service {
         request: Request<pb::EtcdMemberListRequest>,
     ) -> Result<Response<pb::EtcdMemberListResponse>, Status> {
         let messages = self
-            .answer(request.metadata(), Node::member_list, |metadata| {
+            .answer("EtcdMemberList", request.metadata(), Node::member_list, |metadata| {
                 pb::EtcdMembers {
                     metadata,
                     ..Default::default()
@@ -526,6 +561,7 @@ impl MachineService for Service {
         let id = request.get_ref().member_id;
         let messages = self
             .answer(
+                "EtcdRemoveMemberByID",
                 request.metadata(),
                 move |node| node.remove_member_by_id(id),
                 |metadata| pb::EtcdRemoveMemberById { metadata },
@@ -539,7 +575,7 @@ impl MachineService for Service {
         request: Request<pb::EtcdLeaveClusterRequest>,
     ) -> Result<Response<pb::EtcdLeaveClusterResponse>, Status> {
         let messages = self
-            .answer(request.metadata(), Node::leave_cluster, |metadata| {
+            .answer("EtcdLeaveCluster", request.metadata(), Node::leave_cluster, |metadata| {
                 pb::EtcdLeaveCluster { metadata }
             })
             .await?;
@@ -551,7 +587,7 @@ impl MachineService for Service {
         request: Request<pb::EtcdForfeitLeadershipRequest>,
     ) -> Result<Response<pb::EtcdForfeitLeadershipResponse>, Status> {
         let messages = self
-            .answer(request.metadata(), Node::forfeit_leadership, |metadata| {
+            .answer("EtcdForfeitLeadership", request.metadata(), Node::forfeit_leadership, |metadata| {
                 pb::EtcdForfeitLeadership {
                     metadata,
                     ..Default::default()
@@ -568,7 +604,7 @@ impl MachineService for Service {
         request: Request<()>,
     ) -> Result<Response<pb::EtcdStatusResponse>, Status> {
         let messages = self
-            .answer(request.metadata(), Node::status, |metadata| {
+            .answer("EtcdStatus", request.metadata(), Node::status, |metadata| {
                 pb::EtcdStatus {
                     metadata,
                     ..Default::default()
@@ -585,6 +621,7 @@ impl MachineService for Service {
         let graceful = request.get_ref().graceful;
         let messages = self
             .answer(
+                "Reset",
                 request.metadata(),
                 move |node| node.reset(graceful),
                 |metadata| pb::Reset {
@@ -598,7 +635,7 @@ impl MachineService for Service {
 
     async fn version(&self, request: Request<()>) -> Result<Response<pb::VersionResponse>, Status> {
         let messages = self
-            .answer(request.metadata(), Node::version, |metadata| pb::Version {
+            .answer("Version", request.metadata(), Node::version, |metadata| pb::Version {
                 metadata,
                 ..Default::default()
             })
@@ -616,6 +653,7 @@ struct Running {
 pub struct TalosNode {
     node: Arc<Node>,
     registry: Registry,
+    log: Log,
     tls: ServerTlsConfig,
     running: Mutex<Option<Running>>,
 }
@@ -682,6 +720,7 @@ impl TalosNode {
         let service = Service {
             node: self.node.clone(),
             registry: self.registry.clone(),
+            log: self.log.clone(),
         };
         let (shutdown, rx) = oneshot::channel::<()>();
         let server = Server::builder()
@@ -720,6 +759,7 @@ pub struct TalosApi {
     pub etcd: Arc<EtcdCluster>,
     pki: Pki,
     registry: Registry,
+    log: Log,
     nodes: Vec<TalosNode>,
 }
 
@@ -735,6 +775,7 @@ impl TalosApi {
             etcd: etcd.clone(),
             pki,
             registry: Arc::default(),
+            log: Arc::default(),
             nodes: Vec::new(),
         };
         for i in 0..etcd.len() {
@@ -762,6 +803,7 @@ impl TalosApi {
             let mut registry = self.registry.lock().expect("registry");
             registry.insert(node.name.clone(), node.clone());
             registry.insert(addr.to_string(), node.clone());
+            registry.insert(super::etcd::peer_host(index), node.clone());
         }
         let tls = ServerTlsConfig::new()
             .identity(Identity::from_pem(
@@ -772,6 +814,7 @@ impl TalosApi {
         let talos = TalosNode {
             node,
             registry: self.registry.clone(),
+            log: self.log.clone(),
             tls,
             running: Mutex::new(None),
         };
@@ -791,6 +834,19 @@ impl TalosApi {
             .iter()
             .find(|n| n.name() == name)
             .unwrap_or_else(|| panic!("no stand-in named {name}"))
+    }
+
+    /// Every call the stand-ins received so far, in order (their own record).
+    pub fn calls(&self) -> Vec<Call> {
+        self.log.lock().expect("log").clone()
+    }
+
+    /// The calls of `rpc` answered as node `node`.
+    pub fn calls_to(&self, rpc: &str, node: &str) -> usize {
+        self.calls()
+            .iter()
+            .filter(|c| c.rpc == rpc && c.node == node)
+            .count()
     }
 
     /// The number of stand-ins.

@@ -51,8 +51,9 @@ pub async fn reconcile(m: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action
     }
     // A hold that lifted: the Ready=False it set goes, whatever the rule called its reason
     // (the table says which reasons are the rules'; NodeUnreachable is the probe's).
-    if status::find(next.conditions_mut(), "Ready")
-        .is_some_and(|c| c.status == "False" && table.owns_reason(c.reason.as_deref()))
+    if next
+        .ready_state()
+        .is_some_and(|(status, reason)| status == "False" && table.owns_reason(reason))
     {
         status::remove(next.conditions_mut(), "Ready");
     }
@@ -99,8 +100,9 @@ async fn probe(
     match client.version().await {
         Ok(_) => {
             status::remove(next.conditions_mut(), "NodeReachable");
-            if status::find(next.conditions_mut(), "Ready")
-                .is_some_and(|c| c.reason.as_deref() == Some("NodeUnreachable"))
+            if next
+                .ready_state()
+                .is_some_and(|(_, reason)| reason == Some("NodeUnreachable"))
             {
                 status::remove(next.conditions_mut(), "Ready");
             }
@@ -112,19 +114,19 @@ async fn probe(
                 TalosError::Unreachable { detail, .. } => detail.clone(),
                 other => other.to_string(),
             };
-            let conds = next.conditions_mut();
-            let already = status::find(conds, "NodeReachable").is_some_and(|c| c.status == "False");
+            let already = next.unreachable_since().is_some();
             if !already {
                 status::set(
-                    conds,
+                    next.conditions_mut(),
                     "NodeReachable",
                     false,
                     "ProbeFailed",
                     &format!("the node at {endpoint} did not answer: {detail}"),
                 );
             }
-            let since = status::find(conds, "NodeReachable")
-                .and_then(|c| c.last_transition_time.as_ref())
+            let since = next
+                .unreachable_since()
+                .flatten()
                 .map(|t| t.0)
                 .unwrap_or_else(Timestamp::now);
             let down_for = Timestamp::now().duration_since(since);
@@ -137,7 +139,7 @@ async fn probe(
                 if let Some(hint) = new_address(ctx, live, &endpoint).await {
                     message.push_str(&format!("; spec.endpoint may need updating to {hint}"));
                 }
-                status::set(conds, "Ready", false, "NodeUnreachable", &message);
+                status::set(next.conditions_mut(), "Ready", false, "NodeUnreachable", &message);
                 ctx.settings.probe_interval
             } else {
                 // Look again when the grace period ends.

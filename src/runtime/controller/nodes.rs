@@ -4,7 +4,7 @@
 
 use super::Context;
 use crate::runtime::objects::{Role, Snapshot, TalosCluster, TalosMachine};
-use crate::runtime::talos::{EtcdMember, TalosClient, TalosError, TalosTls};
+use crate::runtime::talos::{EtcdMember, EtcdStatus, TalosClient, TalosError, TalosTls};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use std::sync::Arc;
@@ -250,13 +250,15 @@ pub async fn healthy_sibling<'s>(
 /// What the controller could tell of a departing member (ADR 0106 §4).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Deadness {
-    /// Proven dead: a healthy sibling lists it and it does not answer, or answers with no
-    /// leader (or this removal already removed it as dead).
+    /// Proven dead: a healthy sibling lists it, and asked through that sibling at the
+    /// address etcd lists for it, it does not answer, its etcd fails, or it sees no leader
+    /// (or this removal already removed it as dead).
     Dead(String),
-    /// It answers with a leader: alive.
+    /// It answers as itself: alive.
     Alive(String),
-    /// Nothing proves it either way (no sibling to ask, not listed, no endpoint to dial, no
-    /// credentials): treated as not dead, so the declared-count refusal stays in place.
+    /// Nothing proves it either way (no sibling to ask, not listed, no address in etcd's
+    /// membership, an answer that is no proof): treated as not dead, so the declared-count
+    /// refusal stays in place.
     CannotTell(String),
 }
 
@@ -272,14 +274,109 @@ impl Deadness {
     }
 }
 
+/// The host etcd knows a member by: the host of its first peer URL (Talos advertises the
+/// node's own address there). `None` when etcd lists no peer URL with a host.
+///
+/// This is where the controller reaches a member's node for evidence about the member:
+/// through a healthy sibling's Talos API (`node: <host>`), from etcd's own membership.
+/// Never `spec.endpoint`, which a person can edit: pointing it at an address nothing
+/// answers on must not make a healthy member look dead (issue 33), nor pointing a dead
+/// member's at a healthy node make it look alive.
+pub fn peer_host(member: &EtcdMember) -> Option<String> {
+    let url = member.peer_urls.first()?;
+    let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split_once(']')?.0,
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    (!host.is_empty() && !host.contains(char::is_whitespace)).then(|| host.to_string())
+}
+
+/// What one etcd member is, judged from what was asked of it (pure: the controller and
+/// `verify` judge the same answers alike).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MemberHealth {
+    /// It answered as this member, sees a leader, and reports no errors or alarms.
+    Healthy,
+    /// It answered as this member with a leader, but reports errors or alarms: alive (not
+    /// dead), and not counted healthy.
+    Impaired(String),
+    /// It does not answer through a sibling that still answers, its etcd fails, or it sees
+    /// no leader.
+    Dead(String),
+    /// The answer proves nothing (no address, another member answered, a refusal).
+    CannotTell(String),
+}
+
+/// Judges a member from the answer to `EtcdStatus` sent through a healthy sibling to the
+/// member's address in etcd (`answer`), and whether the sibling itself still answered with
+/// a leader afterwards (`sibling_answers`: an unanswered proxied call proves nothing when
+/// the proxy itself went away).
+pub fn judge_member(
+    member: &EtcdMember,
+    answer: &Result<EtcdStatus, TalosError>,
+    sibling_answers: bool,
+) -> MemberHealth {
+    let name = &member.hostname;
+    match answer {
+        Ok(s) if s.member_id != member.id => MemberHealth::CannotTell(format!(
+            "the address etcd lists for member {name} answers as member {:x}, not {:x}",
+            s.member_id, member.id
+        )),
+        Ok(s) if s.leader == 0 => {
+            MemberHealth::Dead(format!("its etcd member {name} sees no leader"))
+        }
+        Ok(s) if !s.errors.is_empty() => MemberHealth::Impaired(format!(
+            "its etcd member {name} answers with a leader but reports: {}",
+            s.errors.join("; ")
+        )),
+        Ok(_) => MemberHealth::Healthy,
+        Err(e @ TalosError::Unreachable { .. }) if sibling_answers => MemberHealth::Dead(format!(
+            "its etcd member {name} does not answer at the address etcd lists for it ({e})"
+        )),
+        Err(e @ TalosError::Unreachable { .. }) => MemberHealth::CannotTell(format!(
+            "asking member {name} through the sibling failed and the sibling itself stopped answering ({e})"
+        )),
+        Err(e @ TalosError::Failed { code, .. })
+            if matches!(code, tonic::Code::Unknown | tonic::Code::Internal) =>
+        {
+            MemberHealth::Dead(format!("its etcd member {name} fails ({e})"))
+        }
+        Err(e) => MemberHealth::CannotTell(format!("asking member {name} failed ({e})")),
+    }
+}
+
+/// Asks one member of `sibling`'s list for its etcd status through the sibling's Talos
+/// API, at the address etcd lists for it, and judges the answer ([`judge_member`]).
+pub async fn ask_member(sibling: &Sibling<'_>, member: &EtcdMember) -> MemberHealth {
+    let Some(host) = peer_host(member) else {
+        return MemberHealth::CannotTell(format!(
+            "etcd lists no peer address for member {}",
+            member.hostname
+        ));
+    };
+    let answer = sibling.client.with_node(&host).etcd_status().await;
+    let sibling_answers = match &answer {
+        Err(TalosError::Unreachable { .. }) => {
+            matches!(sibling.client.etcd_status().await, Ok(s) if s.leader != 0)
+        }
+        _ => true,
+    };
+    judge_member(member, &answer, sibling_answers)
+}
+
 /// Whether the departing machine's etcd member is dead, and why (for logs, events and the
 /// refusal's message).
 ///
-/// Dead when a healthy sibling lists the member and the departing node is unreachable, its
-/// etcd status fails, or it sees no leader. A sibling that cannot be found, a member the
-/// sibling does not list, a machine with no `spec.endpoint` to dial, or missing
-/// credentials: cannot tell, so not dead (nothing proves it, and the declared-count refusal
-/// stands). A member that answers with a leader: alive.
+/// The member is the one a healthy sibling lists under the machine's node name; it is asked
+/// through that sibling at the address etcd lists for it ([`ask_member`]), never at
+/// `spec.endpoint`. Dead when it does not answer there while the sibling does, when its
+/// etcd fails, or when it sees no leader. A sibling that cannot be found, a member the
+/// sibling does not list, an answer from another member: cannot tell, so not dead (nothing
+/// proves it, and the declared-count refusal stands). A member that answers with a leader:
+/// alive.
 ///
 /// `marked`: this removal already proceeded as a dead-member removal. A member etcd no
 /// longer lists was then removed by it (a restart between the removal and its record), so
@@ -299,7 +396,7 @@ pub async fn member_dead(
             ));
         }
     };
-    if sibling.member(name).is_none() {
+    let Some(member) = sibling.member(name) else {
         if marked {
             return Deadness::Dead(format!(
                 "etcd (through {}) no longer lists {name}: this dead-member removal removed it",
@@ -310,26 +407,15 @@ pub async fn member_dead(
             "etcd (through {}) does not list a member {name}",
             sibling.machine.name()
         ));
-    }
-    let c = match client(d, departing) {
-        Ok(c) => c,
-        // No address to dial is not an unreachable node: a cleared endpoint must not turn a
-        // healthy control plane into a removable one.
-        Err(NodeError::NoEndpoint(m)) => {
-            return Deadness::CannotTell(format!(
-                "TalosMachine {m} has no spec.endpoint, so its node cannot be asked; set \
-                 spec.endpoint to the node's Talos API address so the controller can tell"
-            ));
-        }
-        Err(e) => return Deadness::CannotTell(e.to_string()),
     };
-    match c.etcd_status().await {
-        Ok(s) if s.leader == 0 => Deadness::Dead("its etcd member sees no leader".into()),
-        Ok(_) => Deadness::Alive("its etcd member answers with a leader".into()),
-        Err(e @ TalosError::Unreachable { .. }) => {
-            Deadness::Dead(format!("its etcd member is unreachable ({e})"))
-        }
-        Err(e) => Deadness::Dead(format!("its etcd status fails ({e})")),
+    let through = sibling.machine.name();
+    match ask_member(&sibling, member).await {
+        MemberHealth::Healthy => Deadness::Alive(format!(
+            "its etcd member answers with a leader (asked through {through} at the address etcd lists for it)"
+        )),
+        MemberHealth::Impaired(why) => Deadness::Alive(format!("{why} (asked through {through})")),
+        MemberHealth::Dead(why) => Deadness::Dead(format!("{why} (asked through {through})")),
+        MemberHealth::CannotTell(why) => Deadness::CannotTell(why),
     }
 }
 
@@ -360,10 +446,11 @@ fn staying<'a>(
 }
 
 /// `healthy.after` as the controller reads it (the `targetEtcdClusterHealthy` check of
-/// Cluster API): the members a healthy sibling lists, without the departing one, whose own
-/// etcd answers with a leader. A member no approved machine dials, or that does not answer,
-/// is not healthy. `Err` when no healthy sibling could be asked: the fact cannot be read,
-/// and the removal waits (fails closed).
+/// Cluster API): the voting members a healthy sibling lists, without the departing one,
+/// that answer as themselves with a leader and no errors when asked through that sibling at
+/// the address etcd lists for them ([`ask_member`]; not at any `spec.endpoint`, which a
+/// person can edit). `Err` when no healthy sibling could be asked: the fact cannot be
+/// read, and the removal waits (fails closed).
 pub async fn healthy_after(
     d: &Dialer<'_>,
     snapshot: &Snapshot,
@@ -372,18 +459,120 @@ pub async fn healthy_after(
     let sibling = healthy_sibling(d, snapshot, departing).await?;
     let mut healthy = 0i64;
     for member in staying(&sibling, departing) {
-        let machine = snapshot.machines.iter().find(|m| {
-            m.namespace() == departing.namespace()
-                && m.cluster() == departing.cluster()
-                && node_name(m) == member.hostname
-        });
-        let Some(machine) = machine else { continue };
-        let Ok(c) = client(d, machine) else {
-            continue;
-        };
-        if matches!(c.etcd_status().await, Ok(s) if s.leader != 0) {
+        if ask_member(&sibling, member).await == MemberHealth::Healthy {
             healthy += 1;
         }
     }
     Ok(healthy)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(id: u64, peer: &str) -> EtcdMember {
+        EtcdMember {
+            id,
+            hostname: "cp-2".into(),
+            peer_urls: vec![peer.into()],
+            client_urls: vec![],
+            is_learner: false,
+        }
+    }
+
+    fn status(member_id: u64, leader: u64, errors: &[&str]) -> EtcdStatus {
+        EtcdStatus {
+            member_id,
+            leader,
+            protocol_version: "3.5".into(),
+            db_size: 0,
+            db_size_in_use: 0,
+            raft_index: 0,
+            raft_term: 0,
+            raft_applied_index: 0,
+            errors: errors.iter().map(|e| e.to_string()).collect(),
+            is_learner: false,
+        }
+    }
+
+    fn unreachable() -> TalosError {
+        TalosError::Unreachable {
+            endpoint: "127.0.0.1:50000".into(),
+            node: Some("10.0.0.2".into()),
+            detail: "connection refused".into(),
+        }
+    }
+
+    fn failed(code: tonic::Code) -> TalosError {
+        TalosError::Failed {
+            endpoint: "127.0.0.1:50000".into(),
+            node: Some("10.0.0.2".into()),
+            code,
+            message: "no".into(),
+        }
+    }
+
+    #[test]
+    fn the_peer_host_is_the_host_of_the_first_peer_url() {
+        let host = |u: &str| peer_host(&member(1, u));
+        assert_eq!(host("https://10.0.0.2:2380").as_deref(), Some("10.0.0.2"));
+        assert_eq!(host("http://127.0.0.3:41000/").as_deref(), Some("127.0.0.3"));
+        assert_eq!(host("https://[fd00::2]:2380").as_deref(), Some("fd00::2"));
+        assert_eq!(host("https://cp-2.example:2380").as_deref(), Some("cp-2.example"));
+        assert_eq!(host("https://user@10.0.0.2:2380").as_deref(), Some("10.0.0.2"));
+        assert_eq!(host("10.0.0.2:2380").as_deref(), Some("10.0.0.2"));
+        assert_eq!(host("https://:2380"), None);
+        assert_eq!(host("https://[fd00::2"), None);
+        assert_eq!(host(""), None);
+        let none = EtcdMember {
+            peer_urls: vec![],
+            ..member(1, "")
+        };
+        assert_eq!(peer_host(&none), None);
+    }
+
+    #[test]
+    fn a_member_is_judged_by_what_it_answers_as_itself() {
+        let m = member(7, "https://10.0.0.2:2380");
+        let judge = |a: Result<EtcdStatus, TalosError>, s: bool| judge_member(&m, &a, s);
+        assert_eq!(judge(Ok(status(7, 3, &[])), true), MemberHealth::Healthy);
+        assert!(matches!(judge(Ok(status(7, 0, &[])), true), MemberHealth::Dead(_)));
+        assert!(matches!(
+            judge(Ok(status(7, 3, &["NOSPACE"])), true),
+            MemberHealth::Impaired(w) if w.contains("NOSPACE")
+        ));
+        // Another member answering at the address proves nothing about this one.
+        assert!(matches!(
+            judge(Ok(status(8, 3, &[])), true),
+            MemberHealth::CannotTell(_)
+        ));
+        assert!(matches!(
+            judge(Ok(status(8, 0, &[])), true),
+            MemberHealth::CannotTell(_)
+        ));
+        // No answer through a sibling that still answers: dead; if the sibling went away
+        // too, nothing is proven.
+        assert!(matches!(judge(Err(unreachable()), true), MemberHealth::Dead(_)));
+        assert!(matches!(
+            judge(Err(unreachable()), false),
+            MemberHealth::CannotTell(_)
+        ));
+        // The node answered, its etcd failed: dead. A refusal is no proof.
+        assert!(matches!(
+            judge(Err(failed(tonic::Code::Unknown)), true),
+            MemberHealth::Dead(_)
+        ));
+        for code in [
+            tonic::Code::PermissionDenied,
+            tonic::Code::Unauthenticated,
+            tonic::Code::InvalidArgument,
+            tonic::Code::Unimplemented,
+            tonic::Code::FailedPrecondition,
+        ] {
+            assert!(
+                matches!(judge(Err(failed(code)), true), MemberHealth::CannotTell(_)),
+                "{code:?}"
+            );
+        }
+    }
 }

@@ -44,10 +44,7 @@ enum Step {
 }
 
 fn progress(m: &TalosMachine) -> RemovalProgress {
-    m.status
-        .as_ref()
-        .and_then(|s| s.removal.clone())
-        .unwrap_or_default()
+    m.removal_progress().cloned().unwrap_or_default()
 }
 
 fn set_progress(m: &mut TalosMachine, p: RemovalProgress) {
@@ -60,6 +57,17 @@ pub use super::plan::{applies, decide};
 pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileError> {
     let (ns, name, cluster) = (m.namespace(), m.name(), m.cluster());
     let mut p = progress(m);
+    // Moved to another cluster after its removal began (past admission): its member is in
+    // the etcd of the cluster the removal recorded, and the finalizer goes only once that
+    // etcd no longer lists it.
+    if p.cluster.as_deref().is_some_and(|c| c != cluster) {
+        let stopped = format!(
+            "the removal stopped after: {}, because the machine was moved from TalosCluster {} to {cluster}",
+            if p.done.is_empty() { "nothing".to_string() } else { p.done.join(", ") },
+            p.cluster.as_deref().unwrap_or_default()
+        );
+        return release_if_not_member_after(ctx, m, Some(&stopped)).await;
+    }
     // Not an approved control plane any more (un-approved or re-roled after it got the
     // finalizer), and no removal started: the finalizer goes once etcd shows it is not a
     // member. A member left behind would stay in etcd's quorum while nothing counts it.
@@ -104,9 +112,7 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
         Err(Refused::Held { holder }) => {
             // A removal the rules refused keeps saying why: the lock held by other work is
             // not news to the person who has to approve a replacement.
-            if status::find(next.conditions_mut(), REMOVAL)
-                .is_some_and(|c| c.reason.as_deref() == Some("RemovalRefused"))
-            {
+            if next.removal_reason() == Some("RemovalRefused") {
                 return Ok(Action::requeue(ctx.settings.lock_retry));
             }
             let msg = format!("waiting for the cluster lock, held by {holder}");
@@ -135,7 +141,7 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
     };
     let Some(ev) = reconcile_machine_event(live).filter(|e| e.event.0 == Verb::Remove) else {
         // No longer an approved control plane but the removal had begun: finish it.
-        return finish_without_rules(ctx, live, &mut next, p, held_lock).await;
+        return finish_without_rules(ctx, live, p, held_lock).await;
     };
     next = live.clone();
     // What the API server holds of the status: each write compares with it.
@@ -228,6 +234,11 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
             return Ok(Action::requeue(ctx.settings.refused_requeue));
         }
         p.member_dead = dead.unwrap_or(p.member_dead);
+        // Whose etcd, and which member: recorded once, so later edits of the machine's
+        // spec cannot point the rest of the removal elsewhere.
+        p.cluster.get_or_insert_with(|| cluster.to_string());
+        p.member
+            .get_or_insert_with(|| nodes::node_name(live).to_string());
         let (reason, message) = if p.member_dead {
             (
                 "DeadMemberRemoval",
@@ -295,8 +306,7 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
                 after,
                 event,
             } => {
-                let began = status::find(next.conditions_mut(), REMOVAL)
-                    .is_none_or(|c| c.reason.as_deref() != Some(reason));
+                let began = next.removal_reason() != Some(reason);
                 status::set(next.conditions_mut(), REMOVAL, false, reason, &message);
                 set_progress(&mut next, p.clone());
                 save(ctx, &mut written, &mut next).await?;
@@ -316,6 +326,21 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
 }
 
 async fn release_if_not_member(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileError> {
+    release_if_not_member_after(ctx, m, None).await
+}
+
+/// Releases the removal finalizer of a machine that is not an approved control plane only
+/// when etcd, read through a healthy sibling, does not list its member (or its cluster is
+/// being torn down). `stopped`: what a removal that had begun did before it stopped, said
+/// in the condition while the finalizer stays.
+async fn release_if_not_member_after(
+    ctx: &Context,
+    m: &TalosMachine,
+    stopped: Option<&str>,
+) -> Result<Action, ReconcileError> {
+    // The cluster and member a begun removal recorded, not what the spec says now: the
+    // machine may have been moved or renamed after its removal began.
+    let asked = as_recorded(m);
     let reads = Reads {
         machines: true,
         clusters: true,
@@ -323,26 +348,26 @@ async fn release_if_not_member(ctx: &Context, m: &TalosMachine) -> Result<Action
     };
     let snapshot = ctx
         .reader
-        .snapshot(m.namespace(), &[m.cluster()], reads)
+        .snapshot(asked.namespace(), &[asked.cluster()], reads)
         .await?;
     // A cluster being torn down goes with its etcd: a member left behind there holds
     // nothing up, and waiting for it would keep the teardown from ending.
     if snapshot
-        .cluster(m.namespace(), m.cluster())
+        .cluster(asked.namespace(), asked.cluster())
         .is_some_and(|c| c.deleting())
     {
         finalizer::set_removal(ctx, m, false).await?;
         return Ok(Action::await_change());
     }
-    let member = nodes::node_name(m);
+    let member = nodes::node_name(&asked);
     let dialer = nodes::Dialer::for_cluster(
         ctx,
-        m.namespace(),
-        m.cluster(),
-        snapshot.cluster(m.namespace(), m.cluster()),
+        asked.namespace(),
+        asked.cluster(),
+        snapshot.cluster(asked.namespace(), asked.cluster()),
     )
     .await;
-    let (reason, message) = match nodes::healthy_sibling(&dialer, &snapshot, m).await {
+    let (reason, message) = match nodes::healthy_sibling(&dialer, &snapshot, &asked).await {
         Ok(s) if s.member(member).is_none() => {
             finalizer::set_removal(ctx, m, false).await?;
             return Ok(Action::await_change());
@@ -365,40 +390,51 @@ async fn release_if_not_member(ctx: &Context, m: &TalosMachine) -> Result<Action
             ),
         ),
     };
+    let message = match stopped {
+        Some(stopped) => format!("{stopped}; {message}"),
+        None => message,
+    };
     let mut next = m.clone();
     status::set(next.conditions_mut(), REMOVAL, false, reason, &message);
     status::write(&ctx.client, m, &next).await?;
     Ok(Action::requeue(ctx.settings.refused_requeue))
 }
 
-/// The machine stopped being an approved control plane mid-removal (someone edited it): the
-/// member may already be gone, so the finalizer goes once nothing irreversible is pending.
+/// The machine as its removal recorded it (the cluster and the member name, when a removal
+/// began): whom to ask etcd about.
+fn as_recorded(m: &TalosMachine) -> TalosMachine {
+    let mut out = m.clone();
+    if let Some(p) = m.removal_progress() {
+        if let Some(c) = &p.cluster {
+            out.spec.cluster_ref.name = c.clone();
+        }
+        if let Some(member) = &p.member {
+            out.spec.hostname = Some(member.clone());
+        }
+    }
+    out
+}
+
+/// The machine stopped being an approved control plane mid-removal (someone edited it past
+/// admission, or the rules let it): its finalizer goes only once etcd says the member is
+/// gone ([`release_if_not_member`]), never on the edit alone. Until then it stays, with a
+/// condition saying what was done and what to do.
 async fn finish_without_rules(
     ctx: &Context,
     live: &TalosMachine,
-    next: &mut TalosMachine,
     p: RemovalProgress,
     held_lock: Held,
 ) -> Result<Action, ReconcileError> {
-    let msg = format!(
-        "the machine is no longer an approved control plane; the removal stopped after: {}",
-        if p.done.is_empty() {
-            "nothing".to_string()
-        } else {
-            p.done.join(", ")
-        }
-    );
-    status::set(
-        next.conditions_mut(),
-        REMOVAL,
-        false,
-        "RemovalAbandoned",
-        &msg,
-    );
-    status::write(&ctx.client, live, next).await?;
-    finalizer::set_removal(ctx, live, false).await?;
     held_lock.release().await?;
-    Ok(Action::await_change())
+    let done = if p.done.is_empty() {
+        "nothing".to_string()
+    } else {
+        p.done.join(", ")
+    };
+    let stopped = format!(
+        "the removal stopped after: {done}, because the machine is no longer an approved control plane"
+    );
+    release_if_not_member_after(ctx, live, Some(&stopped)).await
 }
 
 /// The status as last written, the status being built, and the removal's progress.
@@ -447,7 +483,10 @@ async fn execute(
 ) -> Result<Step, ReconcileError> {
     let ctx = dialer.ctx;
     let Record { written, next, p } = rec;
-    let member = nodes::node_name(live).to_string();
+    let member = p
+        .member
+        .clone()
+        .unwrap_or_else(|| nodes::node_name(live).to_string());
     match step.action {
         BuiltIn::LockCluster => Ok(Step::Done), // taken above, before the recount
         BuiltIn::DrainNode => match drain::drain(&ctx.client, &member).await {

@@ -166,6 +166,15 @@ pub struct RemovalProgress {
     /// finishes without deciding again.
     #[serde(default)]
     pub committed: bool,
+    /// The TalosCluster whose etcd the member belongs to, recorded when the removal began:
+    /// an edit of `spec.clusterRef` afterwards does not make the controller ask another
+    /// cluster's etcd whether the member is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
+    /// The etcd member's name (the node name), recorded when the removal began: an edit of
+    /// `spec.hostname` afterwards does not lose the member.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member: Option<String>,
 }
 
 fn name_of(m: &ObjectMeta) -> &str {
@@ -233,18 +242,6 @@ impl TalosMachine {
         find(self.conditions(), type_)
     }
 
-    /// Ready=False with reason NodeUnreachable.
-    pub fn node_unreachable(&self) -> bool {
-        self.condition("Ready")
-            .is_some_and(|c| c.status == "False" && c.reason.as_deref() == Some("NodeUnreachable"))
-    }
-
-    /// The Removal condition says a removal already proceeded for a dead member.
-    pub fn dead_member_removal_marked(&self) -> bool {
-        self.condition("Removal")
-            .is_some_and(|c| c.reason.as_deref() == Some("DeadMemberRemoval"))
-    }
-
     /// The time that orders approvals: the decision time, else the creation time.
     pub fn approval_time(&self) -> Option<&Time> {
         self.spec
@@ -252,6 +249,84 @@ impl TalosMachine {
             .as_ref()
             .and_then(|d| d.at.as_ref())
             .or(self.metadata.creation_timestamp.as_ref())
+    }
+}
+
+/// Declares every read of a TalosMachine's status that the controller or a decision makes,
+/// as accessor methods, and [`TalosMachine::status_reads`], which lists them all: the
+/// status guard (the `report machine` event: only the controller may change them) compares
+/// that list before and after a write, so a read added here is guarded by construction.
+/// Nothing outside this module reads a machine's status any other way
+/// (`status_reads_are_the_only_reads` in `tests/layers.rs` fails on one that does).
+macro_rules! status_reads {
+    ($(
+        $(#[$doc:meta])*
+        fn $name:ident(&$self:ident) -> $ty:ty $body:block
+    )*) => {
+        impl TalosMachine {
+            $(
+                $(#[$doc])*
+                pub fn $name(&$self) -> $ty $body
+            )*
+
+            /// Every status read of [`status_reads!`], by name, with its value (`Debug`): what
+            /// the status guard compares.
+            pub fn status_reads(&self) -> Vec<(&'static str, String)> {
+                vec![$((stringify!($name), format!("{:?}", self.$name()))),*]
+            }
+        }
+
+        /// The names of the status reads, for the test that every read goes through them.
+        pub const STATUS_READS: &[&str] = &[$(stringify!($name)),*];
+    };
+}
+
+/// The condition types of a TalosMachine's status that the reads below look at.
+pub const MACHINE_CONDITIONS_READ: &[&str] = &["Ready", "NodeReachable", "Removal"];
+
+status_reads! {
+    /// Ready=False with reason NodeUnreachable (`node.unreachable`, and `member.dead` and
+    /// `healthy.after` at admission).
+    fn node_unreachable(&self) -> bool {
+        self.ready_state()
+            .is_some_and(|(status, reason)| status == "False" && reason == Some("NodeUnreachable"))
+    }
+
+    /// The Ready condition's status and reason: the controller lifts a hold whose reason the
+    /// rules own, and a NodeUnreachable its probe set.
+    fn ready_state(&self) -> Option<(&str, Option<&str>)> {
+        self.condition("Ready")
+            .map(|c| (c.status.as_str(), c.reason.as_deref()))
+    }
+
+    /// When the node stopped answering its probes: the NodeReachable=False condition's
+    /// lastTransitionTime, which times the grace before Ready=False NodeUnreachable (ADR
+    /// 0106 §3). `Some(None)` for a NodeReachable=False without a time.
+    fn unreachable_since(&self) -> Option<Option<&Time>> {
+        self.condition("NodeReachable")
+            .filter(|c| c.status == "False")
+            .map(|c| c.last_transition_time.as_ref())
+    }
+
+    /// The NodeReachable condition's status (present while probes fail).
+    fn reachable_state(&self) -> Option<&str> {
+        self.condition("NodeReachable").map(|c| c.status.as_str())
+    }
+
+    /// The Removal condition's reason (the DeadMemberRemoval marker; RemovalRefused, which
+    /// a waiting removal keeps saying).
+    fn removal_reason(&self) -> Option<&str> {
+        self.condition("Removal").and_then(|c| c.reason.as_deref())
+    }
+
+    /// The Removal condition says a removal already proceeded for a dead member.
+    fn dead_member_removal_marked(&self) -> bool {
+        self.removal_reason() == Some("DeadMemberRemoval")
+    }
+
+    /// The controller's record of a removal (`status.removal`), which it resumes from.
+    fn removal_progress(&self) -> Option<&RemovalProgress> {
+        self.status.as_ref().and_then(|s| s.removal.as_ref())
     }
 }
 
