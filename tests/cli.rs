@@ -93,7 +93,7 @@ fn eval_refuses_a_forged_status_patch_unless_the_controller_made_it() {
     let message = r["status"]["message"].as_str().expect("a message");
     assert!(
         message.starts_with(
-            "only the ichor-rules controller may set or clear what the rules read in the status of TalosMachine cp3"
+            "only the ichor-rules controller may set or clear what it and the rules read in the status of TalosMachine cp3"
         ),
         "{message}"
     );

@@ -108,3 +108,99 @@ fn the_layer_check_sees_imports() {
         ["vocab"]
     );
 }
+
+/// The reads of a TalosMachine's status outside `src/runtime/objects/mod.rs` in `text`
+/// (outside comments and unit tests): a condition looked up by a type the machine's reads
+/// cover, or `status.removal` read. `status_reads!` declares every read the controller and
+/// the decisions make, and the status guard compares exactly those; a read written anywhere
+/// else would be one the guard does not cover.
+fn direct_status_reads(text: &str) -> Vec<String> {
+    // Unit test modules (whatever their name) are not the library.
+    let code = text.split("#[cfg(test)]\nmod ").next().unwrap_or_default();
+    let types: Vec<String> = ichor_rules::runtime::objects::MACHINE_CONDITIONS_READ
+        .iter()
+        .map(|t| format!("\"{t}\""))
+        .chain(["REMOVAL".to_string()])
+        .collect();
+    let mut out = Vec::new();
+    for (n, line) in code.lines().enumerate() {
+        let t = line.trim_start();
+        if t.starts_with("//") {
+            continue;
+        }
+        let lookup = ["status::find(", ".condition(", "find(", ".conditions()"]
+            .iter()
+            .any(|f| t.contains(f));
+        let removal_read = t.match_indices(".removal").any(|(i, m)| {
+            let rest = &t[i + m.len()..];
+            !rest.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+                && !rest.trim_start().starts_with('=')
+        });
+        let timer = t.contains(".last_transition_time");
+        if (lookup && types.iter().any(|ty| t.contains(ty.as_str()))) || removal_read || timer {
+            out.push(format!("line {}: {}", n + 1, t));
+        }
+    }
+    out
+}
+
+#[test]
+fn status_reads_are_the_only_reads() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    // The module that declares the reads, and the generic condition writer (which sets
+    // lastTransitionTime when a condition changes), are where status is handled as such.
+    let allowed = [
+        src.join("runtime/objects/mod.rs"),
+        src.join("runtime/controller/status.rs"),
+    ];
+    let mut files = Vec::new();
+    let mut dirs = vec![src.join("runtime"), src.join("cli")];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).expect("folder") {
+            let p = e.expect("entry").path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") && !allowed.contains(&p) {
+                files.push(p);
+            }
+        }
+    }
+    assert!(files.len() > 20, "{files:?}");
+    let mut wrong = Vec::new();
+    for f in &files {
+        for r in direct_status_reads(&std::fs::read_to_string(f).expect("read")) {
+            wrong.push(format!("{}: {r}", f.display()));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "read these through an accessor of `status_reads!` (src/runtime/objects/mod.rs), so \
+         that the status guard covers them:\n{}",
+        wrong.join("\n")
+    );
+    // The guard compares every declared read.
+    let reads = ichor_rules::runtime::objects::TalosMachine::default().status_reads();
+    let names: Vec<&str> = reads.iter().map(|(n, _)| *n).collect();
+    assert_eq!(names, ichor_rules::runtime::objects::STATUS_READS);
+    for must in ["node_unreachable", "unreachable_since", "removal_progress", "removal_reason"] {
+        assert!(names.contains(&must), "{names:?}");
+    }
+}
+
+/// The check above sees the reads it is about, and leaves writes and other kinds alone.
+#[test]
+fn the_status_read_check_sees_reads() {
+    let seen = |s: &str| !direct_status_reads(s).is_empty();
+    assert!(seen("let since = status::find(conds, \"NodeReachable\");"));
+    assert!(seen("if status::find(next.conditions_mut(), REMOVAL).is_some() {}"));
+    assert!(seen("let r = m.condition(\"Ready\");"));
+    assert!(seen("let p = m.status.as_ref().and_then(|s| s.removal.clone());"));
+    assert!(seen("let t = c.last_transition_time.as_ref();"));
+    assert!(!seen("status::set(next.conditions_mut(), REMOVAL, false, r, &m);"));
+    assert!(!seen("m.status.get_or_insert_with(Default::default).removal = Some(p);"));
+    assert!(!seen("let paused = status::find(next.conditions_mut(), \"Paused\");"));
+    assert!(!seen("// status::find(conds, \"Ready\") in a comment"));
+    assert!(!seen("let p = m.removal_progress();"));
+    assert!(!seen("Condition { last_transition_time: None, ..c }"));
+    assert!(!seen("#[cfg(test)]\nmod clipping {\n let r = m.condition(\"Ready\");\n}"));
+}

@@ -286,7 +286,7 @@ async fn a_forged_status_patch_is_refused_and_the_controllers_own_is_not() {
         assert_eq!(r["response"]["status"]["code"], 403);
         let msg = r["response"]["status"]["message"].as_str().unwrap_or("");
         assert!(
-            msg.starts_with("only the ichor-rules controller may set or clear what the rules read in the status of TalosMachine cp-3"),
+            msg.starts_with("only the ichor-rules controller may set or clear what it and the rules read in the status of TalosMachine cp-3"),
             "{msg}"
         );
     }
