@@ -606,7 +606,7 @@ facts! {
     Rank "rank" Type::Int, Cheap, Machines, ON_APPLY,
         "position from 1 among approved control planes by spec.approvalDecision.at, then name (creation time without a decision time)";
     MemberDead "member.dead" Type::Bool, Expensive, Request, ON_LEAVE_CONTROLPLANE,
-        "its etcd member is listed by a healthy sibling and does not answer or sees no leader. The webhook sees only Ready=False NodeUnreachable; offline evaluation also accepts a Removal condition with reason DeadMemberRemoval. Expensive: fetched only when needed";
+        "its etcd member is listed by a healthy sibling and, asked through that sibling at the address etcd lists for it (never `spec.endpoint`, which a person can edit), does not answer, fails, or sees no leader. The webhook sees only Ready=False NodeUnreachable; offline evaluation also accepts a Removal condition with reason DeadMemberRemoval. Expensive: fetched only when needed";
     NodeUnreachable "node.unreachable" Type::Bool, Cheap, Request, ON_MACHINES,
         "Ready=False with reason NodeUnreachable";
     Operation "operation" Type::Name, Cheap, Request, ON_OPERATIONS, "the TalosOperation's name";
@@ -634,7 +634,7 @@ facts! {
     UnfinishedParked "unfinished.parked" Type::Bool, Cheap, Operations, ON_OPERATIONS_AND_CONTROLPLANES,
         "it is Paused with reason ClusterTransitioning and no failure";
     HealthyAfter "healthy.after" Type::Int, Expensive, Machines, ON_LEAVE_CONTROLPLANE_AND_START,
-        "etcd members that stay, and answer, once the subject (a departing control plane, or an operation's target) is gone. Expensive: the controller asks each member a healthy sibling lists (fails closed when none answers); admission counts the other approved control planes not being deleted and not Ready=False NodeUnreachable";
+        "etcd members that stay, and answer, once the subject (a departing control plane, or an operation's target) is gone. Expensive: the controller asks each voting member a healthy sibling lists, through that sibling at the address etcd lists for it, and counts those answering as themselves with a leader and no errors (fails closed when no sibling answers); admission counts the other approved control planes not being deleted and not Ready=False NodeUnreachable";
     MembersAfter "members.after" Type::Int, Expensive, Machines, ON_LEAVE_CONTROLPLANE_AND_START,
         "etcd voting members that stay once the subject (a departing control plane, or an operation's target) is gone, answering or not (a replacement that is approved but has not joined etcd yet is not one). Expensive: the controller reads the member list through a healthy sibling (fails closed when none answers); admission counts the other approved control planes not being deleted";
     RequestByController "request.by_controller" Type::Bool, Cheap, Request, ON_REPORT,

@@ -269,6 +269,107 @@ async fn a_removal_waits_for_its_replacement_to_join_etcd() {
     healthy(&w, 3).await;
 }
 
+/// Issue 33, item 1: a healthy control plane whose `spec.endpoint` was pointed at an address
+/// nothing answers on (past admission, which now refuses it) is not "dead". The controller
+/// reports it NodeUnreachable after the grace, and a delete below the declared count follows;
+/// the controller asks its member through a healthy sibling, at the address etcd lists for
+/// it, finds it answering, and refuses: nothing is removed, reset or left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_edit_does_not_make_a_healthy_member_dead() {
+    let w = World::start(&["cp-1", "cp-2", "cp-3"], 3).await;
+    let _c = w.controller();
+    w.finalized(&["cp-1", "cp-2", "cp-3"]).await;
+    patch_spec(
+        &w.api,
+        "TalosMachine",
+        "cp-2",
+        json!({"endpoint": "127.0.0.1:9"}),
+    )
+    .await;
+    wait_for("cp-2 reported NodeUnreachable", WAIT, || {
+        w.machine("cp-2")
+            .and_then(|m| condition(&m, "Ready"))
+            .is_some_and(|c| c["reason"] == "NodeUnreachable")
+    })
+    .await;
+    delete(&w.api, "TalosMachine", "cp-2").await;
+    wait_for("refused", WAIT, || {
+        w.removal("cp-2")
+            .is_some_and(|(s, r, _)| s == "False" && r == "RemovalRefused")
+    })
+    .await;
+    let (_, _, msg) = w.removal("cp-2").expect("removal");
+    assert!(
+        msg.contains("node remove: control planes 3 -> 2, below the declared count of 3"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("its etcd member is not dead") && msg.contains("answers with a leader"),
+        "the refusal says the member answers: {msg}"
+    );
+    // Still refused a while later; etcd and the node untouched, by the stand-ins' own record.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(w.removal("cp-2").expect("removal").1, "RemovalRefused");
+    assert!(has_finalizer(&w.api, "cp-2"));
+    assert_eq!(w.members().await, set(&["cp-1", "cp-2", "cp-3"]));
+    healthy(&w, 3).await;
+    for rpc in [
+        "EtcdRemoveMemberByID",
+        "EtcdLeaveCluster",
+        "Reset",
+        "EtcdForfeitLeadership",
+    ] {
+        let calls: Vec<_> = w.talos.calls().into_iter().filter(|c| c.rpc == rpc).collect();
+        assert!(calls.is_empty(), "{rpc} was called: {calls:?}");
+    }
+    // The member was asked through a sibling, as itself (not at the edited address).
+    assert!(
+        w.talos
+            .calls()
+            .iter()
+            .any(|c| c.rpc == "EtcdStatus" && c.node == "cp-2" && c.via != "cp-2"),
+        "{:?}",
+        w.talos.calls()
+    );
+    assert!(events(&w.api, "cp-2", "DeadMemberRemoved").is_empty());
+    let node = get(&w.api, "Node", "cp-2").expect("node");
+    assert!(node["spec"]["unschedulable"].is_null(), "not cordoned");
+}
+
+/// ADR 0106 §4 with the same evidence: a member whose node is really gone is dead when
+/// asked through a sibling, whatever its `spec.endpoint` says (here: pointed at a healthy
+/// sibling's stand-in, which answers as another member).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_member_pointed_at_a_live_node_is_still_dead() {
+    let w = World::start(&["cp-1", "cp-2", "cp-3"], 3).await;
+    let _c = w.controller();
+    w.finalized(&["cp-1", "cp-2", "cp-3"]).await;
+    w.talos.etcd.kill(w.talos.by_name("cp-3").index());
+    w.talos.by_name("cp-3").stop().await;
+    patch_spec(
+        &w.api,
+        "TalosMachine",
+        "cp-3",
+        json!({"endpoint": w.talos.by_name("cp-1").endpoint()}),
+    )
+    .await;
+    delete(&w.api, "TalosMachine", "cp-3").await;
+    wait_for("cp-3 removed", WAIT, || w.machine("cp-3").is_none()).await;
+    assert_eq!(w.members().await, set(&["cp-1", "cp-2"]));
+    healthy(&w, 2).await;
+    // Removed by ID through a sibling; nothing was reset (not cp-1, which its endpoint named).
+    assert_eq!(w.talos.by_name("cp-1").resets(), 0);
+    assert_eq!(w.talos.calls().iter().filter(|c| c.rpc == "Reset").count(), 0);
+    assert_eq!(
+        w.talos
+            .calls()
+            .iter()
+            .filter(|c| c.rpc == "EtcdRemoveMemberByID")
+            .count(),
+        1
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_machine_with_no_endpoint_is_not_dead_and_stays_refused_below_count() {
     let w = World::start(&["cp-1", "cp-2", "cp-3"], 3).await;
@@ -291,7 +392,7 @@ async fn a_machine_with_no_endpoint_is_not_dead_and_stays_refused_below_count() 
         "{msg}"
     );
     assert!(
-        msg.contains("cannot be told") && msg.contains("has no spec.endpoint"),
+        msg.contains("its etcd member is not dead"),
         "the refusal says why the member is not taken as dead: {msg}"
     );
     // Still refused a while later: nothing was done to etcd or the node.
@@ -304,6 +405,88 @@ async fn a_machine_with_no_endpoint_is_not_dead_and_stays_refused_below_count() 
     assert!(events(&w.api, "cp-2", "DeadMemberRemoved").is_empty());
     let node = get(&w.api, "Node", "cp-2").expect("node");
     assert!(node["spec"]["unschedulable"].is_null(), "not cordoned");
+}
+
+/// Issue 33, item 2: a control plane whose removal has begun (here: waiting on a drain
+/// blocked by a budget) is un-approved, then moved to another cluster, past admission
+/// (which now refuses both). The controller never releases its finalizer while etcd (of the
+/// cluster the removal recorded) lists its member, and says what to do; approved again in
+/// its cluster, the removal runs to the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_mid_removal_keeps_the_finalizer_while_etcd_lists_the_member() {
+    let mut w = World::start(&["cp-1", "cp-2", "cp-3"], 3).await;
+    w.add_control_plane("cp-4").await;
+    w.api.insert(web_pod_on("cp-4"));
+    w.api.insert(json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "web", "namespace": "apps"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}
+    }));
+    let _c = w.controller();
+    w.finalized(&["cp-1", "cp-2", "cp-3", "cp-4"]).await;
+    delete(&w.api, "TalosMachine", "cp-4").await;
+    wait_for("the removal began (drain blocked)", WAIT, || {
+        w.removal("cp-4")
+            .is_some_and(|(_, r, _)| r == "DrainFailed")
+    })
+    .await;
+    assert!(w.done_steps("cp-4") >= 1, "a step is recorded");
+    let recorded = w.machine("cp-4").expect("cp-4")["status"]["removal"].clone();
+    assert_eq!(recorded["cluster"], "prod", "{recorded}");
+    assert_eq!(recorded["member"], "cp-4", "{recorded}");
+
+    patch_spec(&w.api, "TalosMachine", "cp-4", json!({"approved": false})).await;
+    wait_for("kept, saying why", WAIT, || {
+        w.removal("cp-4")
+            .is_some_and(|(s, r, _)| s == "False" && r == "StillEtcdMember")
+    })
+    .await;
+    let (_, _, msg) = w.removal("cp-4").expect("removal");
+    assert!(
+        msg.contains("the removal stopped after") && msg.contains("still lists its member cp-4"),
+        "{msg}"
+    );
+    // Moved away too: the controller still asks the etcd of prod, which lists it.
+    patch_spec(
+        &w.api,
+        "TalosMachine",
+        "cp-4",
+        json!({"clusterRef": {"name": "elsewhere"}}),
+    )
+    .await;
+    wait_for("kept after the move", WAIT, || {
+        w.removal("cp-4")
+            .is_some_and(|(_, r, m)| r == "StillEtcdMember" && m.contains("moved from TalosCluster prod"))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(has_finalizer(&w.api, "cp-4"));
+    assert_eq!(w.members().await, set(&["cp-1", "cp-2", "cp-3", "cp-4"]));
+    assert_eq!(w.talos.by_name("cp-4").resets(), 0);
+
+    // Back in prod and approved: the removal resumes and ends (the budget lifted).
+    patch_spec(
+        &w.api,
+        "TalosMachine",
+        "cp-4",
+        json!({"clusterRef": {"name": "prod"}, "approved": true}),
+    )
+    .await;
+    let mut pdb = get(&w.api, "PodDisruptionBudget", "web").expect("pdb");
+    pdb["spec"]["minAvailable"] = json!(0);
+    {
+        use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+        use kube::api::{Api, PostParams};
+        let api: Api<PodDisruptionBudget> = Api::namespaced(w.api.test_client(), "apps");
+        let pdb: PodDisruptionBudget = serde_json::from_value(pdb).expect("pdb");
+        api.replace("web", &PostParams::default(), &pdb)
+            .await
+            .expect("replace pdb");
+    }
+    wait_for("cp-4 removed", WAIT, || w.machine("cp-4").is_none()).await;
+    assert_eq!(w.members().await, set(&["cp-1", "cp-2", "cp-3"]));
+    assert_eq!(w.talos.by_name("cp-4").resets(), 1);
+    healthy(&w, 3).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
