@@ -317,14 +317,27 @@ async fn a_forged_status_patch_is_refused_and_the_controllers_own_is_not() {
     )
     .await;
     assert_eq!(r["response"]["allowed"], true, "{r}");
-    // A status edit that touches nothing the rules read is no event, whoever makes it.
+    // A status edit that touches nothing the controller or the rules read is no event,
+    // whoever makes it.
     let mut other = converged.clone();
     other["status"]["conditions"][0]["message"] = json!("converged at generation 7");
-    other["status"]["conditions"]
+    let r = review(&h, &status_review("s-10", "admin", &converged, &other)).await;
+    assert_eq!(r["response"]["allowed"], true, "{r}");
+    // Issue 33: the grace timer is read too. A NodeReachable=False with an old time would
+    // make the next failed probe report NodeUnreachable at once: refused.
+    let mut timer = converged.clone();
+    timer["status"]["conditions"]
         .as_array_mut()
         .expect("conditions")
-        .push(json!({"type": "NodeReachable", "status": "False", "reason": "Timeout"}));
-    let r = review(&h, &status_review("s-10", "admin", &converged, &other)).await;
+        .push(json!({"type": "NodeReachable", "status": "False", "reason": "Timeout",
+            "lastTransitionTime": "2020-01-01T00:00:00Z"}));
+    let r = review(&h, &status_review("s-10b", "admin", &converged, &timer)).await;
+    assert_eq!(r["response"]["allowed"], false, "{r}");
+    let r = review(
+        &h,
+        &status_review("s-10c", CONTROLLER_USER, &converged, &timer),
+    )
+    .await;
     assert_eq!(r["response"]["allowed"], true, "{r}");
     // Deciding who wrote a status reads nothing live.
     assert_eq!(h.api.store.faults.requests(), before);
