@@ -182,7 +182,12 @@ fn status_reads_are_the_only_reads() {
     let reads = ichor_rules::runtime::objects::TalosMachine::default().status_reads();
     let names: Vec<&str> = reads.iter().map(|(n, _)| *n).collect();
     assert_eq!(names, ichor_rules::runtime::objects::STATUS_READS);
-    for must in ["node_unreachable", "unreachable_since", "removal_progress", "removal_reason"] {
+    for must in [
+        "node_unreachable",
+        "unreachable_since",
+        "removal_progress",
+        "removal_reason",
+    ] {
         assert!(names.contains(&must), "{names:?}");
     }
 }
@@ -192,15 +197,27 @@ fn status_reads_are_the_only_reads() {
 fn the_status_read_check_sees_reads() {
     let seen = |s: &str| !direct_status_reads(s).is_empty();
     assert!(seen("let since = status::find(conds, \"NodeReachable\");"));
-    assert!(seen("if status::find(next.conditions_mut(), REMOVAL).is_some() {}"));
+    assert!(seen(
+        "if status::find(next.conditions_mut(), REMOVAL).is_some() {}"
+    ));
     assert!(seen("let r = m.condition(\"Ready\");"));
-    assert!(seen("let p = m.status.as_ref().and_then(|s| s.removal.clone());"));
+    assert!(seen(
+        "let p = m.status.as_ref().and_then(|s| s.removal.clone());"
+    ));
     assert!(seen("let t = c.last_transition_time.as_ref();"));
-    assert!(!seen("status::set(next.conditions_mut(), REMOVAL, false, r, &m);"));
-    assert!(!seen("m.status.get_or_insert_with(Default::default).removal = Some(p);"));
-    assert!(!seen("let paused = status::find(next.conditions_mut(), \"Paused\");"));
+    assert!(!seen(
+        "status::set(next.conditions_mut(), REMOVAL, false, r, &m);"
+    ));
+    assert!(!seen(
+        "m.status.get_or_insert_with(Default::default).removal = Some(p);"
+    ));
+    assert!(!seen(
+        "let paused = status::find(next.conditions_mut(), \"Paused\");"
+    ));
     assert!(!seen("// status::find(conds, \"Ready\") in a comment"));
     assert!(!seen("let p = m.removal_progress();"));
     assert!(!seen("Condition { last_transition_time: None, ..c }"));
-    assert!(!seen("#[cfg(test)]\nmod clipping {\n let r = m.condition(\"Ready\");\n}"));
+    assert!(!seen(
+        "#[cfg(test)]\nmod clipping {\n let r = m.condition(\"Ready\");\n}"
+    ));
 }

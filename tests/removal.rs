@@ -319,7 +319,12 @@ async fn an_endpoint_edit_does_not_make_a_healthy_member_dead() {
         "Reset",
         "EtcdForfeitLeadership",
     ] {
-        let calls: Vec<_> = w.talos.calls().into_iter().filter(|c| c.rpc == rpc).collect();
+        let calls: Vec<_> = w
+            .talos
+            .calls()
+            .into_iter()
+            .filter(|c| c.rpc == rpc)
+            .collect();
         assert!(calls.is_empty(), "{rpc} was called: {calls:?}");
     }
     // The member was asked through a sibling, as itself (not at the edited address).
@@ -359,7 +364,10 @@ async fn a_dead_member_pointed_at_a_live_node_is_still_dead() {
     healthy(&w, 2).await;
     // Removed by ID through a sibling; nothing was reset (not cp-1, which its endpoint named).
     assert_eq!(w.talos.by_name("cp-1").resets(), 0);
-    assert_eq!(w.talos.calls().iter().filter(|c| c.rpc == "Reset").count(), 0);
+    assert_eq!(
+        w.talos.calls().iter().filter(|c| c.rpc == "Reset").count(),
+        0
+    );
     assert_eq!(
         w.talos
             .calls()
@@ -455,8 +463,9 @@ async fn an_edit_mid_removal_keeps_the_finalizer_while_etcd_lists_the_member() {
     )
     .await;
     wait_for("kept after the move", WAIT, || {
-        w.removal("cp-4")
-            .is_some_and(|(_, r, m)| r == "StillEtcdMember" && m.contains("moved from TalosCluster prod"))
+        w.removal("cp-4").is_some_and(|(_, r, m)| {
+            r == "StillEtcdMember" && m.contains("moved from TalosCluster prod")
+        })
     })
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -329,8 +329,10 @@ async fn a_forged_status_patch_is_refused_and_the_controllers_own_is_not() {
     timer["status"]["conditions"]
         .as_array_mut()
         .expect("conditions")
-        .push(json!({"type": "NodeReachable", "status": "False", "reason": "Timeout",
-            "lastTransitionTime": "2020-01-01T00:00:00Z"}));
+        .push(
+            json!({"type": "NodeReachable", "status": "False", "reason": "Timeout",
+            "lastTransitionTime": "2020-01-01T00:00:00Z"}),
+        );
     let r = review(&h, &status_review("s-10b", "admin", &converged, &timer)).await;
     assert_eq!(r["response"]["allowed"], false, "{r}");
     let r = review(

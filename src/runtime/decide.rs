@@ -142,7 +142,10 @@ pub fn status_event<'s>(
         Operation::Create | Operation::Update => new?,
         Operation::Delete | Operation::Connect => return None,
     };
-    let before = old.map_or_else(|| TalosMachine::default().status_reads(), TalosMachine::status_reads);
+    let before = old.map_or_else(
+        || TalosMachine::default().status_reads(),
+        TalosMachine::status_reads,
+    );
     (before != new.status_reads()).then_some(EventFacts {
         event: (Verb::Report, S::Machine, Site::Webhook),
         namespace,

@@ -617,7 +617,10 @@ fn spawn_member(m: &Member, initial_cluster: &str, token: &str, state: &str) -> 
         .args(["--listen-client-urls", &url(m.client_port)])
         .args(["--advertise-client-urls", &url(m.client_port)])
         .args(["--listen-peer-urls", &peer_url(m.index, m.peer_port)])
-        .args(["--initial-advertise-peer-urls", &peer_url(m.index, m.peer_port)])
+        .args([
+            "--initial-advertise-peer-urls",
+            &peer_url(m.index, m.peer_port),
+        ])
         .args(["--initial-cluster", initial_cluster])
         .args(["--initial-cluster-token", token])
         .args(["--initial-cluster-state", state])

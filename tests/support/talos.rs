@@ -544,12 +544,15 @@ impl MachineService for Service {
         request: Request<pb::EtcdMemberListRequest>,
     ) -> Result<Response<pb::EtcdMemberListResponse>, Status> {
         let messages = self
-            .answer("EtcdMemberList", request.metadata(), Node::member_list, |metadata| {
-                pb::EtcdMembers {
+            .answer(
+                "EtcdMemberList",
+                request.metadata(),
+                Node::member_list,
+                |metadata| pb::EtcdMembers {
                     metadata,
                     ..Default::default()
-                }
-            })
+                },
+            )
             .await?;
         Ok(Response::new(pb::EtcdMemberListResponse { messages }))
     }
@@ -575,9 +578,12 @@ impl MachineService for Service {
         request: Request<pb::EtcdLeaveClusterRequest>,
     ) -> Result<Response<pb::EtcdLeaveClusterResponse>, Status> {
         let messages = self
-            .answer("EtcdLeaveCluster", request.metadata(), Node::leave_cluster, |metadata| {
-                pb::EtcdLeaveCluster { metadata }
-            })
+            .answer(
+                "EtcdLeaveCluster",
+                request.metadata(),
+                Node::leave_cluster,
+                |metadata| pb::EtcdLeaveCluster { metadata },
+            )
             .await?;
         Ok(Response::new(pb::EtcdLeaveClusterResponse { messages }))
     }
@@ -587,12 +593,15 @@ impl MachineService for Service {
         request: Request<pb::EtcdForfeitLeadershipRequest>,
     ) -> Result<Response<pb::EtcdForfeitLeadershipResponse>, Status> {
         let messages = self
-            .answer("EtcdForfeitLeadership", request.metadata(), Node::forfeit_leadership, |metadata| {
-                pb::EtcdForfeitLeadership {
+            .answer(
+                "EtcdForfeitLeadership",
+                request.metadata(),
+                Node::forfeit_leadership,
+                |metadata| pb::EtcdForfeitLeadership {
                     metadata,
                     ..Default::default()
-                }
-            })
+                },
+            )
             .await?;
         Ok(Response::new(pb::EtcdForfeitLeadershipResponse {
             messages,
@@ -635,9 +644,11 @@ impl MachineService for Service {
 
     async fn version(&self, request: Request<()>) -> Result<Response<pb::VersionResponse>, Status> {
         let messages = self
-            .answer("Version", request.metadata(), Node::version, |metadata| pb::Version {
-                metadata,
-                ..Default::default()
+            .answer("Version", request.metadata(), Node::version, |metadata| {
+                pb::Version {
+                    metadata,
+                    ..Default::default()
+                }
             })
             .await?;
         Ok(Response::new(pb::VersionResponse { messages }))

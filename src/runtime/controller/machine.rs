@@ -139,7 +139,13 @@ async fn probe(
                 if let Some(hint) = new_address(ctx, live, &endpoint).await {
                     message.push_str(&format!("; spec.endpoint may need updating to {hint}"));
                 }
-                status::set(next.conditions_mut(), "Ready", false, "NodeUnreachable", &message);
+                status::set(
+                    next.conditions_mut(),
+                    "Ready",
+                    false,
+                    "NodeUnreachable",
+                    &message,
+                );
                 ctx.settings.probe_interval
             } else {
                 // Look again when the grace period ends.

@@ -339,11 +339,12 @@ pub fn judge_member(
         Err(e @ TalosError::Unreachable { .. }) => MemberHealth::CannotTell(format!(
             "asking member {name} through the sibling failed and the sibling itself stopped answering ({e})"
         )),
-        Err(e @ TalosError::Failed { code, .. })
-            if matches!(code, tonic::Code::Unknown | tonic::Code::Internal) =>
-        {
-            MemberHealth::Dead(format!("its etcd member {name} fails ({e})"))
-        }
+        Err(
+            e @ TalosError::Failed {
+                code: tonic::Code::Unknown | tonic::Code::Internal,
+                ..
+            },
+        ) => MemberHealth::Dead(format!("its etcd member {name} fails ({e})")),
         Err(e) => MemberHealth::CannotTell(format!("asking member {name} failed ({e})")),
     }
 }
@@ -516,10 +517,19 @@ mod tests {
     fn the_peer_host_is_the_host_of_the_first_peer_url() {
         let host = |u: &str| peer_host(&member(1, u));
         assert_eq!(host("https://10.0.0.2:2380").as_deref(), Some("10.0.0.2"));
-        assert_eq!(host("http://127.0.0.3:41000/").as_deref(), Some("127.0.0.3"));
+        assert_eq!(
+            host("http://127.0.0.3:41000/").as_deref(),
+            Some("127.0.0.3")
+        );
         assert_eq!(host("https://[fd00::2]:2380").as_deref(), Some("fd00::2"));
-        assert_eq!(host("https://cp-2.example:2380").as_deref(), Some("cp-2.example"));
-        assert_eq!(host("https://user@10.0.0.2:2380").as_deref(), Some("10.0.0.2"));
+        assert_eq!(
+            host("https://cp-2.example:2380").as_deref(),
+            Some("cp-2.example")
+        );
+        assert_eq!(
+            host("https://user@10.0.0.2:2380").as_deref(),
+            Some("10.0.0.2")
+        );
         assert_eq!(host("10.0.0.2:2380").as_deref(), Some("10.0.0.2"));
         assert_eq!(host("https://:2380"), None);
         assert_eq!(host("https://[fd00::2"), None);
@@ -536,7 +546,10 @@ mod tests {
         let m = member(7, "https://10.0.0.2:2380");
         let judge = |a: Result<EtcdStatus, TalosError>, s: bool| judge_member(&m, &a, s);
         assert_eq!(judge(Ok(status(7, 3, &[])), true), MemberHealth::Healthy);
-        assert!(matches!(judge(Ok(status(7, 0, &[])), true), MemberHealth::Dead(_)));
+        assert!(matches!(
+            judge(Ok(status(7, 0, &[])), true),
+            MemberHealth::Dead(_)
+        ));
         assert!(matches!(
             judge(Ok(status(7, 3, &["NOSPACE"])), true),
             MemberHealth::Impaired(w) if w.contains("NOSPACE")
@@ -552,7 +565,10 @@ mod tests {
         ));
         // No answer through a sibling that still answers: dead; if the sibling went away
         // too, nothing is proven.
-        assert!(matches!(judge(Err(unreachable()), true), MemberHealth::Dead(_)));
+        assert!(matches!(
+            judge(Err(unreachable()), true),
+            MemberHealth::Dead(_)
+        ));
         assert!(matches!(
             judge(Err(unreachable()), false),
             MemberHealth::CannotTell(_)

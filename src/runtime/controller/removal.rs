@@ -63,7 +63,11 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
     if p.cluster.as_deref().is_some_and(|c| c != cluster) {
         let stopped = format!(
             "the removal stopped after: {}, because the machine was moved from TalosCluster {} to {cluster}",
-            if p.done.is_empty() { "nothing".to_string() } else { p.done.join(", ") },
+            if p.done.is_empty() {
+                "nothing".to_string()
+            } else {
+                p.done.join(", ")
+            },
             p.cluster.as_deref().unwrap_or_default()
         );
         return release_if_not_member_after(ctx, m, Some(&stopped)).await;
