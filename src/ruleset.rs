@@ -245,6 +245,17 @@ pub fn load(paths: &[PathBuf]) -> Result<RuleSet, LoadError> {
     Ok(build(read_sources(paths)?))
 }
 
+/// The shipped rules' table, for the unit tests of modules that decide with one.
+#[cfg(test)]
+#[allow(clippy::expect_used)]
+pub(crate) fn shipped_table() -> crate::compile::Table {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rules");
+    load(std::slice::from_ref(&root))
+        .expect("the shipped rules load")
+        .table
+        .expect("the shipped rules compile")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

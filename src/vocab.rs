@@ -622,7 +622,7 @@ facts! {
     Failed "failed" Type::Bool, Cheap, Request, ON_OPERATIONS,
         "status.failureReason is set, or status.phase is Failed";
     Paused "paused" Type::Bool, Cheap, Request, ON_OPERATIONS,
-        "Paused=True for a reason the rules do not own (Operator, ClusterLockHeld, a shutdown, a failure): that pause stands";
+        "Paused=True for a reason no `hold run operation` rule sets (Operator, ClusterLockHeld, a shutdown, a failure): that pause stands";
     UnfinishedExists "unfinished.exists" Type::Bool, Cheap, Operations, ON_OPERATIONS_AND_CONTROLPLANES,
         "another operation of the cluster is not finished (any phase but Succeeded or Completed)";
     UnfinishedName "unfinished.name" Type::Name, Cheap, Operations, ON_OPERATIONS_AND_CONTROLPLANES,
@@ -632,7 +632,7 @@ facts! {
     UnfinishedPhase "unfinished.phase" Type::Name, Cheap, Operations, ON_OPERATIONS_AND_CONTROLPLANES,
         "its status.phase";
     UnfinishedParked "unfinished.parked" Type::Bool, Cheap, Operations, ON_OPERATIONS_AND_CONTROLPLANES,
-        "it is Paused with reason ClusterTransitioning and no failure";
+        "it is parked by the rules: phase Paused, Paused=True with a reason a `hold run operation` rule sets (read from the rules: the shipped rules say ClusterTransitioning), and no failure";
     HealthyAfter "healthy.after" Type::Int, Expensive, Machines, ON_LEAVE_CONTROLPLANE_AND_START,
         "etcd members that stay, and answer, once the subject (a departing control plane, or an operation's target) is gone. Expensive: the controller asks each voting member a healthy sibling lists, through that sibling at the address etcd lists for it, and counts those answering as themselves with a leader and no errors (fails closed when no sibling answers); admission counts the other approved control planes not being deleted and not Ready=False NodeUnreachable";
     MembersAfter "members.after" Type::Int, Expensive, Machines, ON_LEAVE_CONTROLPLANE_AND_START,

@@ -184,6 +184,9 @@ async fn a_cluster_read_never_counts_another_cluster_and_never_misses_its_own() 
         }
         let subject = part.machine("infra", "a-1").expect("a-1");
         let op = part.operation("infra", "a-up").expect("a-up");
+        let table = crate::support::controller::rules()
+            .current()
+            .expect("the shipped rules");
         for &(verb, subj, site) in RUNTIME_EVENTS {
             let ev = EventFacts {
                 event: (verb, subj, site),
@@ -204,6 +207,7 @@ async fn a_cluster_read_never_counts_another_cluster_and_never_misses_its_own() 
                     continue;
                 }
                 let value = |snap: &Snapshot| match SnapshotFacts::new(
+                    &table,
                     snap,
                     ev,
                     if site == Site::Controller {

@@ -1339,3 +1339,98 @@ fn dropping_a_warning_the_adrs_ask_for_is_refuted() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// The rule-owned reasons of the shipped rules (`reason X`), each with a renamed twin.
+fn renamed_reasons() -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for f in ["admission.rules", "removal.rules"] {
+        let text = std::fs::read_to_string(root().join("rules").join(f)).expect("rules/");
+        for line in text.lines() {
+            if let Some(r) = line.trim().strip_prefix("reason ")
+                && !out.iter().any(|(o, _)| o == r.trim())
+            {
+                out.push((r.trim().to_string(), format!("Renamed{}", r.trim())));
+            }
+        }
+    }
+    assert!(
+        out.iter().any(|(o, _)| o == "ClusterTransitioning"),
+        "{out:?}"
+    );
+    out
+}
+
+/// Replaces each whole word `old` of `text` by its twin.
+fn rename_words(text: &str, names: &[(String, String)]) -> String {
+    let mut out = text.to_string();
+    for (old, new) in names {
+        let mut next = String::with_capacity(out.len());
+        let mut rest = out.as_str();
+        while let Some(i) = rest.find(old.as_str()) {
+            let before = rest[..i].chars().next_back();
+            let after = rest[i + old.len()..].chars().next();
+            let word = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+            next.push_str(&rest[..i]);
+            next.push_str(if word(before) || word(after) {
+                old
+            } else {
+                new
+            });
+            rest = &rest[i + old.len()..];
+        }
+        next.push_str(rest);
+        out = next;
+    }
+    out
+}
+
+/// Issue 34: the rules own their words. Every reason the shipped rules set is renamed, in
+/// the rules and in the shipped suite's objects and expectations alike: every case decides
+/// as before, and `verify` explores exactly the same states and verifies (a parked
+/// operation is recognised by the reason the rules park it with, not by a copy of the word
+/// `ClusterTransitioning`: with that copy, the renamed `parked-for-transition` brought back
+/// ADR 0137's own bug, an operation waiting for the even count blocking the removal that
+/// ends it).
+#[test]
+fn renaming_every_rule_owned_reason_changes_no_behaviour() {
+    let names = renamed_reasons();
+    let dir = std::env::temp_dir().join(format!("ichor-renamed-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("rules/tests")).expect("temp dir");
+    for f in ["admission.rules", "removal.rules", "invariants.rules"] {
+        let text = std::fs::read_to_string(root().join("rules").join(f)).expect("rules/");
+        std::fs::write(dir.join("rules").join(f), rename_words(&text, &names)).expect("write");
+    }
+    for e in std::fs::read_dir(root().join("rules/tests")).expect("rules/tests") {
+        let p = e.expect("entry").path();
+        let text = std::fs::read_to_string(&p).expect("test file");
+        let name = p.file_name().expect("name");
+        std::fs::write(
+            dir.join("rules/tests").join(name),
+            rename_words(&text, &names),
+        )
+        .expect("write");
+    }
+    let renamed = dir.join("rules");
+    let suite = run(&[
+        "test",
+        renamed.join("tests").to_str().expect("utf-8"),
+        "--rules",
+        renamed.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(suite.code, 0, "{}\n{}", suite.stdout, suite.stderr);
+    assert!(suite.stdout.contains(" 0 failed"), "{}", suite.stdout);
+    // The parked operation of ADR 0137 is parked by its renamed reason.
+    let parked = std::fs::read_to_string(renamed.join("tests/adr-0137-parked-operations.yaml"))
+        .expect("renamed test file");
+    assert!(parked.contains("RenamedClusterTransitioning"), "{parked}");
+
+    let bounds = ["--max-operations", "1", "--max-requests", "3"];
+    let (out, json) = verify(&renamed, "4", &bounds);
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    let (original, json0) = verify(&root().join("rules"), "4", &bounds);
+    assert_eq!(original.code, 0, "{}", original.stdout);
+    assert_eq!(json["states"], json0["states"]);
+    assert_eq!(json["transitions"], json0["transitions"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

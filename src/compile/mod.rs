@@ -205,6 +205,8 @@ pub struct Table {
     pub invariants: Vec<InvariantMeta>,
     /// The `let`s that rows or plan steps use, each file's in the order it defines them.
     pub lets: Vec<LetMeta>,
+    /// [`Table::parking_reasons`], computed once.
+    parking: Vec<String>,
 }
 
 /// An invariant as `verify` and reviewers read it.
@@ -295,6 +297,39 @@ impl Table {
 
     pub fn owns_reason(&self, reason: Option<&str>) -> bool {
         reason.is_some_and(|r| self.rule_reasons().any(|x| x == r))
+    }
+
+    /// The reason the controller parks an operation with when the rows of `run operation`
+    /// hold it: each holding rule's `reason`, or the controller's default `Refused` for a
+    /// rule without one (deduplicated, in rule order).
+    pub fn parking_reasons(&self) -> &[String] {
+        &self.parking
+    }
+
+    fn parking_reasons_of_rows(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
+        for row in self.rows(Verb::Run, Subject::Operation, Site::Controller) {
+            if row.verdict != Verdict::Hold {
+                continue;
+            }
+            let reason = self
+                .rules
+                .get(row.rule as usize)
+                .and_then(|r| r.reason.as_deref())
+                .unwrap_or("Refused");
+            if !out.contains(&reason) {
+                out.push(reason);
+            }
+        }
+        out
+    }
+
+    /// Whether an operation's Paused reason is one the rules park it with
+    /// ([`Table::parking_reasons`]): parked by the rules, it holds no lock and resumes by
+    /// itself; any other reason is a person's or another component's pause, which stands.
+    /// Derived from the rules, so renaming a rule's reason changes no behaviour.
+    pub fn parks(&self, reason: Option<&str>) -> bool {
+        reason.is_some_and(|r| self.parking.iter().any(|p| p == r))
     }
 
     pub fn row_count(&self) -> usize {
@@ -479,7 +514,7 @@ pub fn compile_with(
     if let Some(what) = c.too_large {
         return Err(TooLarge { what });
     }
-    Ok(Table {
+    let mut table = Table {
         rules,
         groups,
         programs,
@@ -509,7 +544,14 @@ pub fn compile_with(
                 }
             })
             .collect(),
-    })
+        parking: Vec::new(),
+    };
+    table.parking = table
+        .parking_reasons_of_rows()
+        .into_iter()
+        .map(str::to_string)
+        .collect();
+    Ok(table)
 }
 
 struct Compiler {

@@ -312,7 +312,8 @@ pub fn decide_request_events(
     let mut decision = Decision::default();
     let mut traces = Vec::new();
     for ev in events {
-        let facts = SnapshotFacts::new(snapshot, *ev, expensive).by_controller(by_controller);
+        let facts =
+            SnapshotFacts::new(table, snapshot, *ev, expensive).by_controller(by_controller);
         let mut session = Session::new(table, facts);
         if trace {
             session = session.traced();

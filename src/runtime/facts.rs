@@ -6,6 +6,7 @@
 //! `transitioning`, `rank` — derives from it.
 
 use super::objects::{Role, Snapshot, TalosCluster, TalosMachine, TalosOperation};
+use crate::compile::Table;
 use crate::interp::{Facts, Lookup, Value};
 use crate::vocab::Event;
 use crate::vocab::{Fact, Site};
@@ -102,6 +103,7 @@ pub fn is_transitioning(approved: usize) -> bool {
 /// The unfinished operation another one would wait on: not finished, not `exclude`;
 /// one that is not parked is preferred, then the oldest, then by name.
 pub fn unfinished_operation<'s>(
+    table: &Table,
     snapshot: &'s Snapshot,
     namespace: &str,
     cluster: &str,
@@ -117,8 +119,8 @@ pub fn unfinished_operation<'s>(
                 && Some(o.name()) != exclude
         })
         .min_by(|a, b| {
-            a.parked()
-                .cmp(&b.parked())
+            a.parked(table)
+                .cmp(&b.parked(table))
                 .then_with(|| {
                     a.metadata
                         .creation_timestamp
@@ -130,6 +132,9 @@ pub fn unfinished_operation<'s>(
 
 /// Answers facts for one event from a snapshot.
 pub struct SnapshotFacts<'s> {
+    /// The rules deciding: what they own (the reasons they park operations with) is read
+    /// from them, never copied.
+    table: &'s Table,
     snapshot: &'s Snapshot,
     ev: EventFacts<'s>,
     expensive: Expensive,
@@ -141,8 +146,14 @@ pub struct SnapshotFacts<'s> {
 }
 
 impl<'s> SnapshotFacts<'s> {
-    pub fn new(snapshot: &'s Snapshot, ev: EventFacts<'s>, expensive: Expensive) -> Self {
+    pub fn new(
+        table: &'s Table,
+        snapshot: &'s Snapshot,
+        ev: EventFacts<'s>,
+        expensive: Expensive,
+    ) -> Self {
         SnapshotFacts {
+            table,
             snapshot,
             ev,
             expensive,
@@ -231,7 +242,13 @@ impl<'s> SnapshotFacts<'s> {
             Subject::Operation(o) => Some(o.name()),
             _ => None,
         };
-        let u = unfinished_operation(self.snapshot, self.ev.namespace, self.ev.cluster, exclude);
+        let u = unfinished_operation(
+            self.table,
+            self.snapshot,
+            self.ev.namespace,
+            self.ev.cluster,
+            exclude,
+        );
         self.unfinished = Some(u);
         u
     }
@@ -366,14 +383,20 @@ impl<'s> Facts<'s> for SnapshotFacts<'s> {
             }
             Fact::Phase => Value::Str(self.operation().map_or("", |o| o.phase())),
             Fact::Failed => Value::Bool(self.operation().is_some_and(|o| o.failed())),
-            Fact::Paused => Value::Bool(self.operation().is_some_and(|o| o.paused_elsewhere())),
+            Fact::Paused => {
+                let table = self.table;
+                Value::Bool(self.operation().is_some_and(|o| o.paused_elsewhere(table)))
+            }
             Fact::UnfinishedExists => Value::Bool(self.unfinished().is_some()),
             Fact::UnfinishedName => Value::Str(self.unfinished().map_or("", |o| o.name())),
             Fact::UnfinishedKind => {
                 Value::Str(self.unfinished().map_or("", |o| o.spec.kind.as_str()))
             }
             Fact::UnfinishedPhase => Value::Str(self.unfinished().map_or("", |o| o.phase())),
-            Fact::UnfinishedParked => Value::Bool(self.unfinished().is_some_and(|o| o.parked())),
+            Fact::UnfinishedParked => {
+                let table = self.table;
+                Value::Bool(self.unfinished().is_some_and(|o| o.parked(table)))
+            }
             // The controller asks etcd, for a departing control plane and for the target
             // of an operation alike.
             Fact::HealthyAfter => match self.expensive {

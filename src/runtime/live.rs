@@ -1460,6 +1460,7 @@ mod read_declarations {
     /// would decide on an empty list.
     #[test]
     fn each_fact_needs_no_read_but_the_one_it_declares() {
+        let table = crate::ruleset::shipped_table();
         // The whole namespace: the cluster's objects and another cluster's. A read is
         // always of one cluster (`spec.clusterRef.name` selected), so a fact that needed
         // another cluster's objects, or the namespace's, would differ here: such a fact
@@ -1508,7 +1509,7 @@ mod read_declarations {
                         },
                     },
                 };
-                let mut f = SnapshotFacts::new(snap, ev, Expensive::FromObjects);
+                let mut f = SnapshotFacts::new(&table, snap, ev, Expensive::FromObjects);
                 match f.fact(info.fact) {
                     Lookup::Value(v) => format!("{v:?}"),
                     Lookup::Later => "later".into(),
@@ -1671,6 +1672,7 @@ mod read_declarations {
     /// for every subject, is the same from whole objects and from what `Decisions` keeps.
     #[test]
     fn decoding_for_decisions_keeps_every_fact() {
+        let table = crate::ruleset::shipped_table();
         let full = decoded(Decode::Full);
         let slim = decoded(Decode::Decisions);
         // Whole objects are whole (as typed_object reads them), the slim ones are not.
@@ -1717,7 +1719,7 @@ mod read_declarations {
                         },
                     };
                     for expensive in [Expensive::FromObjects, Expensive::Deferred] {
-                        let mut f = SnapshotFacts::new(snap, ev, expensive);
+                        let mut f = SnapshotFacts::new(&table, snap, ev, expensive);
                         if let Lookup::Value(v) = f.fact(fact) {
                             return format!("{v:?}");
                         }

@@ -1031,6 +1031,9 @@ impl Memo {
 
 pub struct Objects<'t> {
     pub plan: Option<&'t [PlanStep]>,
+    /// The reason the controller parks an operation with: the rules' own word
+    /// ([`Table::parking_reasons`]), never a copy of it.
+    pub parking_reason: &'t str,
 }
 
 /// A state's objects, built the first time a decision needs them: a state whose
@@ -1218,7 +1221,7 @@ impl Objects<'_> {
                 conditions: vec![condition(
                     "Paused",
                     "True",
-                    "ClusterTransitioning",
+                    self.parking_reason,
                     "waits for an odd count",
                 )],
                 failure_reason: None,
@@ -1396,7 +1399,13 @@ impl<'t> Model<'t> {
         Ok(Model {
             table,
             bounds,
-            objects: Objects { plan },
+            objects: Objects {
+                plan,
+                parking_reason: table
+                    .parking_reasons()
+                    .first()
+                    .map_or("Refused", String::as_str),
+            },
         })
     }
 

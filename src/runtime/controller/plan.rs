@@ -17,7 +17,10 @@ pub fn decide(
     ev: EventFacts<'_>,
     supplied: &[(Fact, i64)],
 ) -> Result<Decision, Fact> {
-    let mut session = Session::new(table, SnapshotFacts::new(snapshot, ev, Expensive::Deferred));
+    let mut session = Session::new(
+        table,
+        SnapshotFacts::new(table, snapshot, ev, Expensive::Deferred),
+    );
     supply(&mut session, supplied);
     let mut decision = Decision::default();
     match decide_into(&mut session, ev.event, &mut decision) {
@@ -43,7 +46,10 @@ pub fn applies(
     supplied: &[(Fact, i64)],
     step: &PlanStep,
 ) -> Result<(bool, Option<String>), String> {
-    let mut session = Session::new(table, SnapshotFacts::new(snapshot, ev, Expensive::Deferred));
+    let mut session = Session::new(
+        table,
+        SnapshotFacts::new(table, snapshot, ev, Expensive::Deferred),
+    );
     supply(&mut session, supplied);
     match session.step(step) {
         Ok(StepOutcome { runs, message }) => Ok((runs, message)),

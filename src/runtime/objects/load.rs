@@ -388,10 +388,10 @@ items:
                 {"type": "Paused", "status": "True", "reason": "ClusterTransitioning"}]}
         }))
         .expect("valid");
-        assert!(op.parked());
+        assert!(op.parked(&crate::ruleset::shipped_table()));
         if let Some(s) = op.status.as_mut() {
             s.failure_reason = Some("boom".into());
         }
-        assert!(!op.parked());
+        assert!(!op.parked(&crate::ruleset::shipped_table()));
     }
 }

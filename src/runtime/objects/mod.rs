@@ -2,6 +2,7 @@
 //! from which `ichor-rules crds` prints the CustomResourceDefinitions — and loading them
 //! from YAML as `kubectl get -o yaml` prints them (a multi-document stream or a `kind: List`).
 
+use crate::compile::Table;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -538,17 +539,13 @@ impl TalosOperation {
         FINISHED_PHASES.contains(&self.phase())
     }
 
-    /// Paused for a reason the rules do not own: by a person (Operator), the lock
-    /// (ClusterLockHeld), a shutdown or a failure. The controller leaves such a pause alone.
-    pub fn paused_elsewhere(&self) -> bool {
+    /// Paused for a reason the rules do not park with ([`Table::parks`]): by a person
+    /// (Operator), the lock (ClusterLockHeld), a shutdown or a failure. The controller
+    /// leaves such a pause alone.
+    pub fn paused_elsewhere(&self, table: &Table) -> bool {
         self.status.as_ref().is_some_and(|s| {
-            find(&s.conditions, "Paused").is_some_and(|c| {
-                c.status == "True"
-                    && !matches!(
-                        c.reason.as_deref(),
-                        Some("ClusterTransitioning" | "Refused")
-                    )
-            })
+            find(&s.conditions, "Paused")
+                .is_some_and(|c| c.status == "True" && !table.parks(c.reason.as_deref()))
         })
     }
 
@@ -561,15 +558,16 @@ impl TalosOperation {
         })
     }
 
-    /// Parked by the controller for the even control-plane count: Paused with reason
-    /// ClusterTransitioning and no failure. Such an operation holds no lock (ADR 0137).
-    pub fn parked(&self) -> bool {
-        let paused_for_transition = self.status.as_ref().is_some_and(|s| {
-            find(&s.conditions, "Paused").is_some_and(|c| {
-                c.status == "True" && c.reason.as_deref() == Some("ClusterTransitioning")
-            })
+    /// Parked by the controller because a `hold run operation` rule held it (the shipped
+    /// rules: for the even control-plane count): phase Paused, Paused=True with a reason
+    /// the rules park with ([`Table::parks`], read from the rules, never a copy of their
+    /// word), and no failure. Such an operation holds no lock (ADR 0137).
+    pub fn parked(&self, table: &Table) -> bool {
+        let paused_by_rules = self.status.as_ref().is_some_and(|s| {
+            find(&s.conditions, "Paused")
+                .is_some_and(|c| c.status == "True" && table.parks(c.reason.as_deref()))
         });
-        self.phase() == "Paused" && paused_for_transition && !self.failed()
+        self.phase() == "Paused" && paused_by_rules && !self.failed()
     }
 }
 
