@@ -423,7 +423,14 @@ async fn the_even_count_is_decided_by_the_rules_not_by_the_lock() {
 #[tokio::test]
 async fn an_expired_lease_is_taken_over_and_a_lost_one_is_reported() {
     let api = ApiServer::start().await;
-    let short = LeaseLock::new(api.client(), NS, "l", Duration::from_secs(1), "a");
+    let short = LeaseLock::new(
+        api.client(),
+        NS,
+        "l",
+        Duration::from_secs(1),
+        "a",
+        Arc::default(),
+    );
     assert_eq!(short.acquire("a").await.expect("a"), Acquired::Taken);
     assert!(matches!(
         short.acquire("b").await,
@@ -439,6 +446,62 @@ async fn an_expired_lease_is_taken_over_and_a_lost_one_is_reported() {
     assert_eq!(short.holder().await.expect("h"), Some("b".into()));
     short.release("b").await.expect("release");
     assert_eq!(short.holder().await.expect("h"), None);
+}
+
+/// Issue 34: two leaders from clock skew. The holder keeps renewing a Lease, but its clock
+/// runs an hour behind the other replica's, so every `renewTime` it writes looks an hour old
+/// there. Expiry is measured on the reader's own clock from the record it saw: a Lease that
+/// keeps being renewed is never taken, whatever the timestamps say; once the renewals stop,
+/// it is taken after one whole duration.
+#[tokio::test]
+async fn clock_skew_never_makes_two_holders() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::{Api, PostParams};
+    let api = ApiServer::start().await;
+    let hour_ago = || {
+        jiff::Timestamp::now()
+            .checked_sub(jiff::SignedDuration::from_secs(3600))
+            .expect("time")
+            .to_string()
+    };
+    api.insert(json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "skewed", "namespace": NS},
+        "spec": {"holderIdentity": "a", "leaseDurationSeconds": 1,
+                 "acquireTime": hour_ago(), "renewTime": hour_ago()}
+    }));
+    let leases: Api<Lease> = Api::namespaced(api.client(), NS);
+    let b = LeaseLock::new(
+        api.client(),
+        NS,
+        "skewed",
+        Duration::from_secs(1),
+        "replica-b",
+        Arc::default(),
+    );
+    // "a" renews every 300 ms, with its clock an hour behind.
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        assert!(
+            matches!(b.acquire("b").await, Err(LockError::Held { .. })),
+            "taken while renewed"
+        );
+        assert_eq!(b.holder().await.expect("h"), Some("a".into()));
+        let mut lease = leases.get("skewed").await.expect("lease");
+        let spec = lease.spec.as_mut().expect("spec");
+        spec.renew_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+            hour_ago().parse().expect("time"),
+        ));
+        leases
+            .replace("skewed", &PostParams::default(), &lease)
+            .await
+            .expect("renew");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // The renewals stop: taken after one whole duration of the same record.
+    assert!(matches!(b.acquire("b").await, Err(LockError::Held { .. })));
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(b.acquire("b").await.expect("b"), Acquired::Taken);
 }
 
 #[tokio::test]
@@ -847,13 +910,14 @@ async fn a_lock_the_previous_version_held_is_honoured_until_it_expires() {
             .expect("time")
             .to_string()
     };
-    // The previous version's leader Lease, expired (its pod is gone), and its lock of
+    // The previous version's leader Lease, no longer renewed (its pod is gone: the new
+    // replica takes it once it has seen it unrenewed for its duration), and its lock of
     // cluster prod, renewed moments before it stopped.
     api.insert(json!({
         "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
         "metadata": {"name": leader::LEADER_LEASE, "namespace": OPERATOR_NS,
                      "annotations": {"ichor.maesh.dev/controller": "ichor-rules-old"}},
-        "spec": {"holderIdentity": "ichor-rules-old", "leaseDurationSeconds": 15,
+        "spec": {"holderIdentity": "ichor-rules-old", "leaseDurationSeconds": 2,
                  "acquireTime": ago(600), "renewTime": ago(20)}
     }));
     let old_lock = api.insert(json!({

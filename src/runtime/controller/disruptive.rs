@@ -69,6 +69,7 @@ pub fn cluster_lock(ctx: &Context, namespace: &str, cluster: &str) -> LeaseLock 
         &lock_name(namespace, cluster),
         ctx.settings.lock_duration,
         &ctx.settings.identity,
+        ctx.leases.clone(),
     )
 }
 

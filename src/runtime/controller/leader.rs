@@ -29,6 +29,7 @@ pub async fn run(ctx: Arc<Context>, leading: Arc<AtomicBool>) {
         LEADER_LEASE,
         s.leader_duration,
         &s.identity,
+        ctx.leases.clone(),
     )
     .annotated(LOCKS_ANNOTATION, LOCKS_IN_OPERATOR_NAMESPACE);
     let retry = (s.leader_duration / 3).max(Duration::from_millis(100));
@@ -105,6 +106,7 @@ pub async fn step_down(ctx: &Context) {
         LEADER_LEASE,
         s.leader_duration,
         CONTROLLER_NAME,
+        ctx.leases.clone(),
     );
     if let Err(e) = lock.release(&s.identity).await {
         tracing::warn!(error = %e, "releasing the leader lease");

@@ -7,8 +7,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, PostParams};
-use std::collections::BTreeMap;
-use std::time::Duration;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// The annotation naming the controller instance that last wrote a lock.
 pub const CONTROLLER_ANNOTATION: &str = "ichor.maesh.dev/controller";
@@ -46,22 +47,78 @@ pub struct LeaseLock {
     controller: String,
     /// Another annotation written with every write (the leader Lease's version mark).
     extra: Option<(String, String)>,
+    /// What this replica has seen of its Leases ([`Observations`]), shared by every lock
+    /// it makes.
+    seen: Arc<Observations>,
 }
 
 fn now() -> MicroTime {
     MicroTime(Timestamp::now())
 }
 
-fn expired(spec: &LeaseSpec, fallback: Duration) -> bool {
-    let secs = spec
-        .lease_duration_seconds
-        .map(|s| u64::try_from(s).unwrap_or(0))
-        .unwrap_or(fallback.as_secs());
-    let Some(renewed) = spec.renew_time.as_ref().or(spec.acquire_time.as_ref()) else {
-        return true;
-    };
-    let age = Timestamp::now().duration_since(renewed.0);
-    age.as_secs() >= i64::try_from(secs).unwrap_or(i64::MAX)
+/// What one replica has seen of each Lease: its record, and when (on this replica's own
+/// monotonic clock) that record was first seen. A Lease held by someone else has expired
+/// once this replica has seen the same record, unrenewed, for the Lease's whole duration,
+/// as client-go's leader election decides: never by comparing this replica's clock with a
+/// `renewTime` another replica wrote, so a clock skew between replicas cannot make two
+/// holders (a replica whose clock runs ahead would otherwise take a Lease that is still
+/// being renewed). A replica that has just started waits one duration before taking a
+/// Lease someone holds.
+#[derive(Default)]
+pub struct Observations {
+    seen: std::sync::Mutex<HashMap<String, (Record, Instant)>>,
+}
+
+/// The parts of a Lease that change when it is written: any write is a renewal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Record {
+    holder: String,
+    renew: Option<String>,
+    acquire: Option<String>,
+    transitions: Option<i32>,
+    version: Option<String>,
+}
+
+impl Record {
+    fn of(lease: &Lease) -> Record {
+        let spec = lease.spec.as_ref();
+        Record {
+            holder: spec
+                .and_then(|s| s.holder_identity.clone())
+                .unwrap_or_default(),
+            renew: spec.and_then(|s| s.renew_time.as_ref().map(|t| t.0.to_string())),
+            acquire: spec.and_then(|s| s.acquire_time.as_ref().map(|t| t.0.to_string())),
+            transitions: spec.and_then(|s| s.lease_transitions),
+            version: lease.metadata.resource_version.clone(),
+        }
+    }
+}
+
+impl Observations {
+    /// Whether the Lease `key`, read now as `record` with `duration`, has gone unrenewed
+    /// for its whole duration as this replica has watched it. Pure but for the map: `now`
+    /// is the caller's.
+    fn expired(&self, key: &str, record: Record, duration: Duration, now: Instant) -> bool {
+        let Ok(mut seen) = self.seen.lock() else {
+            // A poisoned map: nothing proves the Lease expired.
+            return false;
+        };
+        // Bounded: a replica watches its leader Lease and one lock per cluster it works on.
+        if seen.len() > 10_000 {
+            seen.clear();
+        }
+        let entry = seen.entry(key.to_string()).or_insert((record.clone(), now));
+        if entry.0 != record {
+            *entry = (record, now);
+        }
+        now.saturating_duration_since(entry.1) >= duration
+    }
+}
+
+fn lease_duration(spec: &LeaseSpec, fallback: Duration) -> Duration {
+    spec.lease_duration_seconds
+        .and_then(|s| u64::try_from(s).ok())
+        .map_or(fallback, Duration::from_secs)
 }
 
 impl LeaseLock {
@@ -73,6 +130,7 @@ impl LeaseLock {
         name: &str,
         duration: Duration,
         controller: &str,
+        seen: Arc<Observations>,
     ) -> LeaseLock {
         LeaseLock {
             api: Api::namespaced(client, namespace),
@@ -81,7 +139,23 @@ impl LeaseLock {
             duration,
             controller: controller.to_string(),
             extra: None,
+            seen,
         }
+    }
+
+    /// Whether `lease`, held by someone, has gone unrenewed for its duration as this
+    /// replica has watched it ([`Observations`]).
+    fn expired(&self, lease: &Lease) -> bool {
+        let duration = lease
+            .spec
+            .as_ref()
+            .map_or(self.duration, |s| lease_duration(s, self.duration));
+        self.seen.expired(
+            &format!("{}/{}", self.namespace, self.name),
+            Record::of(lease),
+            duration,
+            Instant::now(),
+        )
     }
 
     /// The same lock, writing the annotation `key: value` with every write.
@@ -138,9 +212,13 @@ impl LeaseLock {
             .await
             .map_err(|e| self.api_err(e))?;
         Ok(lease.and_then(|l| {
-            let spec = l.spec?;
-            let holder = spec.holder_identity.clone().filter(|h| !h.is_empty())?;
-            (!expired(&spec, self.duration)).then_some(holder)
+            let holder = l
+                .spec
+                .as_ref()?
+                .holder_identity
+                .clone()
+                .filter(|h| !h.is_empty())?;
+            (!self.expired(&l)).then_some(holder)
         }))
     }
 
@@ -178,11 +256,12 @@ impl LeaseLock {
                 Err(e) => Err(self.api_err(e)),
             };
         };
+        let expired = self.expired(&lease);
         let spec = lease.spec.get_or_insert_with(Default::default);
         let current = spec.holder_identity.clone().unwrap_or_default();
         let outcome = if current == holder {
             Acquired::Resumed
-        } else if current.is_empty() || expired(spec, self.duration) {
+        } else if current.is_empty() || expired {
             spec.holder_identity = Some(holder.to_string());
             spec.acquire_time = Some(now());
             spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
@@ -275,5 +354,42 @@ impl Renewal {
 impl Drop for Renewal {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(holder: &str, version: &str, renew: &str) -> Record {
+        Record {
+            holder: holder.into(),
+            renew: Some(renew.into()),
+            acquire: None,
+            transitions: Some(0),
+            version: Some(version.into()),
+        }
+    }
+
+    /// Expiry is measured on the reader's own clock from when it first saw a record: the
+    /// writer's `renewTime` (here: a year before the reader's clock, as a skewed clock
+    /// would make it) does not make a Lease that is still renewed look expired.
+    #[test]
+    fn a_lease_expires_only_after_a_whole_duration_unrenewed_on_the_readers_clock() {
+        let seen = Observations::default();
+        let d = Duration::from_secs(15);
+        let t0 = Instant::now();
+        let old = "2025-12-04T00:00:00Z";
+        assert!(!seen.expired("ns/l", record("a", "1", old), d, t0));
+        assert!(!seen.expired("ns/l", record("a", "1", old), d, t0 + d / 2));
+        // Renewed (a new resourceVersion): the wait starts again.
+        assert!(!seen.expired("ns/l", record("a", "2", old), d, t0 + d));
+        assert!(!seen.expired("ns/l", record("a", "2", old), d, t0 + d + d / 2));
+        assert!(seen.expired("ns/l", record("a", "2", old), d, t0 + d * 2));
+        // Another Lease is watched apart.
+        assert!(!seen.expired("ns/m", record("a", "2", old), d, t0 + d * 2));
+        // A new holder is a new record.
+        assert!(!seen.expired("ns/l", record("b", "3", old), d, t0 + d * 3));
+        assert!(seen.expired("ns/l", record("b", "3", old), d, t0 + d * 4));
     }
 }

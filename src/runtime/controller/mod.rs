@@ -117,6 +117,9 @@ pub struct Context {
     /// takes the leader Lease from a version that kept cluster locks in each cluster's
     /// namespace (one lock duration, the longest such a lock outlives its last renewal).
     legacy_locks_until: std::sync::Mutex<Option<Instant>>,
+    /// What this replica has seen of the Leases it locks with, and when, on its own clock
+    /// (`lock::Observations`): expiry never compares clocks of two replicas.
+    pub leases: Arc<lock::Observations>,
 }
 
 impl Context {
@@ -143,6 +146,7 @@ impl Context {
             metrics,
             recorder,
             legacy_locks_until: std::sync::Mutex::new(None),
+            leases: Arc::default(),
         }
     }
 
