@@ -165,10 +165,19 @@ fn the_shipped_rules_verify_and_say_what_they_explored() {
 
 #[test]
 fn a_depth_bound_that_cuts_exploration_is_said() {
+    // Issue 34: a run the depth bound cut is incomplete (exit 2), never "verified": the
+    // states beyond it, and where the cut-off ones lead (liveness), are unproved.
     let (out, json) = verify(&root().join("rules"), "2", &["--depth", "3"]);
-    assert_eq!(out.code, 0, "{}", out.stdout);
+    assert_eq!(out.code, 2, "{}", out.stdout);
+    assert_eq!(json["result"], "incomplete", "{json}");
     let cut = json["cut"].as_str().expect("the cut is reported");
     assert!(cut.starts_with("depth 3 reached in "), "{cut}");
+    assert!(out.stderr.contains("nothing was proved"), "{}", out.stderr);
+    // With room enough, the same bounds verify.
+    let (out, json) = verify(&root().join("rules"), "2", &[]);
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    assert_eq!(json["result"], "verified", "{json}");
+    assert!(json["cut"].is_null(), "{json}");
 }
 
 #[test]

@@ -336,12 +336,7 @@ fn cut_text(report: &Report) -> Option<String> {
     if let Some(why) = &ex.incomplete {
         cuts.push(why.clone());
     }
-    if ex.cut_at_depth > 0 {
-        cuts.push(format!(
-            "depth {} reached in {} states: exploration was cut there; raise --depth to go further",
-            report.bounds.depth, ex.cut_at_depth
-        ));
-    }
+    // A depth cut is said by `incomplete` (the explorer makes it one).
     if let Some(n) = report.bounds.max_requests
         && ex.cut_by_requests > 0
     {

@@ -1086,6 +1086,16 @@ fn explore_upto(
         }
     }
     ex.violations.sort_by_key(|v| (v.depth, v.invariant));
+    // States the depth bound left unexpanded prove nothing about where they lead (the
+    // liveness check even took them as finished, so that it reports no false "stuck"):
+    // such a run is incomplete, never "verified".
+    if ex.cut_at_depth > 0 && ex.incomplete.is_none() {
+        ex.incomplete = Some(format!(
+            "depth {} reached in {} state(s): exploration was cut there, and what lies beyond \
+             (liveness included) is unproved; raise --depth to go further",
+            model.bounds.depth, ex.cut_at_depth
+        ));
+    }
     ex.seconds = started.elapsed().as_secs_f64();
     ex
 }

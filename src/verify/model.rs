@@ -1155,6 +1155,7 @@ impl Objects<'_> {
                     committed: m.committed,
                     cluster: None,
                     member: None,
+                    member_id: None,
                 }
             });
         let mut tm = TalosMachine::new(&name, spec);
@@ -2201,15 +2202,17 @@ impl<'t> Model<'t> {
     /// Runs one plan step on the model; `None` when it must wait.
     fn execute(&self, t: &mut State, idx: u8, k: usize, step: &PlanStep) -> Option<Effect> {
         let i = usize::from(idx);
-        let words = step.action.words();
+        use crate::vocab::Action as BuiltIn;
         let sibling = t.healthy_sibling(i);
         let leader = t.has_leader();
         let m = t.machines[i];
-        match words {
-            ["lock", "cluster"] => Some(effect("lock")),
-            ["drain", "node"] => (!t.pdb).then(|| effect("drain")),
-            ["etcd", "forfeit-leadership"] => m.up.then(|| effect("forfeit-leadership")),
-            ["etcd", "leave"] => {
+        // Exhaustive over the built-in actions, as the controller's `execute` is: an action
+        // added to the vocabulary does not compile until the model says what it does.
+        match step.action {
+            BuiltIn::LockCluster => Some(effect("lock")),
+            BuiltIn::DrainNode => (!t.pdb).then(|| effect("drain")),
+            BuiltIn::EtcdForfeitLeadership => m.up.then(|| effect("forfeit-leadership")),
+            BuiltIn::EtcdLeave => {
                 if !sibling {
                     return None;
                 }
@@ -2225,7 +2228,7 @@ impl<'t> Model<'t> {
                     ..effect("etcd-leave")
                 })
             }
-            ["etcd", "remove-member"] => {
+            BuiltIn::EtcdRemoveMember => {
                 if !sibling {
                     return None;
                 }
@@ -2237,18 +2240,18 @@ impl<'t> Model<'t> {
                     ..effect("remove-member")
                 })
             }
-            ["event", _] => Some(effect("event")),
-            ["talos", action @ ("reset" | "wipe")] => {
+            BuiltIn::EventWarning | BuiltIn::EventNormal => Some(effect("event")),
+            action @ (BuiltIn::TalosReset | BuiltIn::TalosWipe) => {
+                let graceful = action == BuiltIn::TalosReset;
                 let reset_before = self.plan().iter().enumerate().any(|(j, st)| {
                     m.done & (1 << j) != 0 && (st.text == "talos reset" || st.text == "talos wipe")
                 });
                 if reset_before {
-                    return Some(effect(if *action == "reset" { "reset" } else { "wipe" }));
+                    return Some(effect(if graceful { "reset" } else { "wipe" }));
                 }
                 if !m.up {
                     return None;
                 }
-                let graceful = *action == "reset";
                 if graceful && m.member {
                     // A graceful reset leaves etcd first; that needs a leader.
                     if !leader {
@@ -2256,9 +2259,11 @@ impl<'t> Model<'t> {
                     }
                     t.machines[i].member = false;
                 }
-                let drained = self.plan().iter().enumerate().any(|(j, st)| {
-                    m.done & (1 << j) != 0 && st.action.words() == ["drain", "node"]
-                });
+                let drained = self
+                    .plan()
+                    .iter()
+                    .enumerate()
+                    .any(|(j, st)| m.done & (1 << j) != 0 && st.action == BuiltIn::DrainNode);
                 let tm = &mut t.machines[i];
                 tm.up = false;
                 tm.wiped = true;
@@ -2270,7 +2275,7 @@ impl<'t> Model<'t> {
                     ..effect(if graceful { "reset" } else { "wipe" })
                 })
             }
-            ["release", "finalizer"] => {
+            BuiltIn::ReleaseFinalizer => {
                 let below = t.count > 0
                     && t.cluster != ClusterState::Deleting
                     && m.dead
@@ -2295,7 +2300,6 @@ impl<'t> Model<'t> {
                     ..effect("release-finalizer")
                 })
             }
-            _ => None,
         }
     }
 

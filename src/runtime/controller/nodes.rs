@@ -190,6 +190,11 @@ impl Sibling<'_> {
     pub fn member(&self, name: &str) -> Option<&EtcdMember> {
         self.members.iter().find(|m| m.hostname == name)
     }
+
+    /// The member with etcd ID `id`, if listed.
+    pub fn member_by_id(&self, id: u64) -> Option<&EtcdMember> {
+        self.members.iter().find(|m| m.id == id)
+    }
 }
 
 /// The first approved control plane of the cluster other than `departing` whose etcd
@@ -388,36 +393,58 @@ pub async fn member_dead(
     departing: &TalosMachine,
     marked: bool,
 ) -> Deadness {
+    member_dead_with_id(d, snapshot, departing, marked).await.0
+}
+
+/// [`member_dead`], with the etcd ID of the member it judged (when a sibling listed it):
+/// the removal records it, so its etcd steps act on that member and no other.
+pub async fn member_dead_with_id(
+    d: &Dialer<'_>,
+    snapshot: &Snapshot,
+    departing: &TalosMachine,
+    marked: bool,
+) -> (Deadness, Option<u64>) {
     let name = node_name(departing);
     let sibling = match healthy_sibling(d, snapshot, departing).await {
         Ok(s) => s,
         Err(why) => {
-            return Deadness::CannotTell(format!(
-                "there is no healthy sibling to read etcd through ({why})"
-            ));
+            return (
+                Deadness::CannotTell(format!(
+                    "there is no healthy sibling to read etcd through ({why})"
+                )),
+                None,
+            );
         }
     };
     let Some(member) = sibling.member(name) else {
         if marked {
-            return Deadness::Dead(format!(
-                "etcd (through {}) no longer lists {name}: this dead-member removal removed it",
-                sibling.machine.name()
-            ));
+            return (
+                Deadness::Dead(format!(
+                    "etcd (through {}) no longer lists {name}: this dead-member removal removed it",
+                    sibling.machine.name()
+                )),
+                None,
+            );
         }
-        return Deadness::CannotTell(format!(
-            "etcd (through {}) does not list a member {name}",
-            sibling.machine.name()
-        ));
+        return (
+            Deadness::CannotTell(format!(
+                "etcd (through {}) does not list a member {name}",
+                sibling.machine.name()
+            )),
+            None,
+        );
     };
     let through = sibling.machine.name();
-    match ask_member(&sibling, member).await {
+    let id = Some(member.id);
+    let deadness = match ask_member(&sibling, member).await {
         MemberHealth::Healthy => Deadness::Alive(format!(
             "its etcd member answers with a leader (asked through {through} at the address etcd lists for it)"
         )),
         MemberHealth::Impaired(why) => Deadness::Alive(format!("{why} (asked through {through})")),
         MemberHealth::Dead(why) => Deadness::Dead(format!("{why} (asked through {through})")),
         MemberHealth::CannotTell(why) => Deadness::CannotTell(why),
-    }
+    };
+    (deadness, id)
 }
 
 /// `members.after` as the controller reads it: the voting members a healthy sibling lists,

@@ -163,7 +163,11 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
                     // Asked again at every decision until the removal commits: a member
                     // that answers again is not removed below the count.
                     let marked = live.dead_member_removal_marked() || p.member_dead;
-                    let found = nodes::member_dead(&dialer, &snapshot, live, marked).await;
+                    let (found, id) =
+                        nodes::member_dead_with_id(&dialer, &snapshot, live, marked).await;
+                    if found.is_dead() && p.member_id.is_none() {
+                        p.member_id = id;
+                    }
                     let is_dead = found.is_dead();
                     tracing::info!(machine = %format!("{ns}/{name}"), dead = is_dead, why = %found.why(), "etcd member checked");
                     dead = Some(is_dead);
@@ -371,8 +375,15 @@ async fn release_if_not_member_after(
         snapshot.cluster(asked.namespace(), asked.cluster()),
     )
     .await;
+    // The member as this removal recorded it (its etcd ID), else by its node name.
+    let recorded_id = m.removal_progress().and_then(|p| p.member_id);
     let (reason, message) = match nodes::healthy_sibling(&dialer, &snapshot, &asked).await {
-        Ok(s) if s.member(member).is_none() => {
+        Ok(s)
+            if recorded_id.map_or_else(
+                || s.member(member).is_none(),
+                |id| s.member_by_id(id).is_none(),
+            ) =>
+        {
             finalizer::set_removal(ctx, m, false).await?;
             return Ok(Action::await_change());
         }
@@ -460,6 +471,113 @@ async fn save(
     }
     *written = next.clone();
     Ok(())
+}
+
+/// The removal's member in a sibling's list.
+enum Found<'s> {
+    /// Listed: by the ID this removal recorded, else by the machine's node name.
+    Listed(&'s crate::runtime::talos::EtcdMember),
+    /// Not listed, and this removal knows it was a member (its recorded ID, or a step that
+    /// already committed): gone.
+    Gone,
+    /// Neither listed nor known: whether it left cannot be told, so nothing is skipped.
+    Unknown(String),
+}
+
+/// Finds the removal's member: by the ID it recorded, else by the node name. A member not
+/// listed is gone only when the removal knows it was one; a name that matches nothing is
+/// never taken for "already left" (a hostname that differs from the member's name would
+/// otherwise skip the step and leave the member behind).
+fn find_member<'s>(
+    sibling: &'s nodes::Sibling<'_>,
+    p: &RemovalProgress,
+    member: &str,
+) -> Found<'s> {
+    if let Some(id) = p.member_id {
+        return match sibling.member_by_id(id) {
+            Some(m) => Found::Listed(m),
+            None => Found::Gone,
+        };
+    }
+    if let Some(m) = sibling.member(member) {
+        return Found::Listed(m);
+    }
+    if p.committed {
+        return Found::Gone;
+    }
+    let listed: Vec<&str> = sibling
+        .members
+        .iter()
+        .map(|m| m.hostname.as_str())
+        .collect();
+    Found::Unknown(format!(
+        "etcd (through {}) lists no member named {member} (its members: {}), and this removal \
+         has not seen it as one, so whether it left cannot be told; if the node's etcd member \
+         has another name, set spec.hostname to it",
+        sibling.machine.name(),
+        listed.join(", ")
+    ))
+}
+
+/// The removal's member when etcd lists none by the machine's node name, told by the node
+/// at spec.endpoint itself (`status`: its own etcd's answer): not a member (its etcd does
+/// not run, or its ID is not listed) is gone; a listed member that no other machine of the
+/// cluster is named as is this machine's, under another name; anything else cannot be told.
+fn by_node<'s>(
+    status: &Result<crate::runtime::talos::EtcdStatus, crate::runtime::talos::TalosError>,
+    sibling: &'s nodes::Sibling<'_>,
+    snapshot: &Snapshot,
+    live: &TalosMachine,
+    why: String,
+) -> Found<'s> {
+    match status {
+        Ok(s) => match sibling.member_by_id(s.member_id) {
+            None => Found::Gone,
+            Some(m) => {
+                let claimed = snapshot.machines.iter().any(|o| {
+                    o.namespace() == live.namespace()
+                        && o.cluster() == live.cluster()
+                        && o.name() != live.name()
+                        && nodes::node_name(o) == m.hostname
+                });
+                if claimed {
+                    Found::Unknown(format!(
+                        "{why}; the node at spec.endpoint answers as member {}, which is another \
+                         machine's",
+                        m.hostname
+                    ))
+                } else {
+                    Found::Listed(m)
+                }
+            }
+        },
+        // The node answers but its etcd does not: not a running member.
+        Err(crate::runtime::talos::TalosError::Failed { .. }) => Found::Gone,
+        Err(_) => Found::Unknown(why),
+    }
+}
+
+/// The node at spec.endpoint answers as another etcd member than the removal's: nothing
+/// is sent to it.
+fn identity_wait(
+    ctx: &Context,
+    member: &str,
+    want: u64,
+    got: u64,
+    sibling: &nodes::Sibling<'_>,
+) -> Step {
+    let other = sibling
+        .member_by_id(got)
+        .map_or_else(|| format!("{got:x}"), |m| m.hostname.clone());
+    Step::Wait {
+        reason: "EndpointIdentityMismatch",
+        message: format!(
+            "etcd leave: the node at spec.endpoint answers as etcd member {other}, not {member} \
+             ({want:x}); nothing is sent to it. Point spec.endpoint at {member}'s node"
+        ),
+        after: ctx.settings.refused_requeue,
+        event: None,
+    }
 }
 
 fn talos_wait(ctx: &Context, step: &PlanStep, e: NodeError) -> Step {
@@ -553,13 +671,48 @@ async fn execute(
                     });
                 }
             };
-            if sibling.member(&member).is_some() {
-                let c = match nodes::client(dialer, live) {
-                    Ok(c) => c,
-                    Err(e) => return Ok(talos_wait(ctx, step, e)),
-                };
-                if let Err(e) = c.etcd_leave_cluster().await {
-                    return Ok(talos_wait(ctx, step, e.into()));
+            let found = match find_member(&sibling, p, &member) {
+                // A node name etcd does not know: the node itself says which member it is.
+                Found::Unknown(why) => match nodes::client(dialer, live) {
+                    Ok(c) => by_node(&c.etcd_status().await, &sibling, snapshot, live, why),
+                    Err(_) => Found::Unknown(why),
+                },
+                other => other,
+            };
+            match found {
+                Found::Listed(m) => {
+                    // Recorded before the call: a leave that lands but whose answer is lost
+                    // is recognised by this ID's absence when the removal resumes.
+                    if p.member_id != Some(m.id) {
+                        p.member_id = Some(m.id);
+                        set_progress(next, p.clone());
+                        save(ctx, written, next).await?;
+                    }
+                    let c = match nodes::client(dialer, live) {
+                        Ok(c) => c,
+                        Err(e) => return Ok(talos_wait(ctx, step, e)),
+                    };
+                    // The node at spec.endpoint must be this member: another node would
+                    // leave in its place.
+                    match c.etcd_status().await {
+                        Ok(s) if s.member_id == m.id => {}
+                        Ok(s) => {
+                            return Ok(identity_wait(ctx, &member, m.id, s.member_id, &sibling));
+                        }
+                        Err(e) => return Ok(talos_wait(ctx, step, e.into())),
+                    }
+                    if let Err(e) = c.etcd_leave_cluster().await {
+                        return Ok(talos_wait(ctx, step, e.into()));
+                    }
+                }
+                Found::Gone => {}
+                Found::Unknown(message) => {
+                    return Ok(Step::Wait {
+                        reason: "EtcdMemberNotFound",
+                        message: format!("etcd leave: {message}"),
+                        after: ctx.settings.refused_requeue,
+                        event: None,
+                    });
                 }
             }
             p.committed = true;
@@ -579,10 +732,26 @@ async fn execute(
                     });
                 }
             };
-            if let Some(m) = sibling.member(&member) {
-                let id = m.id;
-                if let Err(e) = sibling.client.etcd_remove_member_by_id(id).await {
-                    return Ok(talos_wait(ctx, step, e.into()));
+            match find_member(&sibling, p, &member) {
+                Found::Listed(m) => {
+                    let id = m.id;
+                    if p.member_id != Some(id) {
+                        p.member_id = Some(id);
+                        set_progress(next, p.clone());
+                        save(ctx, written, next).await?;
+                    }
+                    if let Err(e) = sibling.client.etcd_remove_member_by_id(id).await {
+                        return Ok(talos_wait(ctx, step, e.into()));
+                    }
+                }
+                Found::Gone => {}
+                Found::Unknown(message) => {
+                    return Ok(Step::Wait {
+                        reason: "EtcdMemberNotFound",
+                        message: format!("etcd remove-member: {message}"),
+                        after: ctx.settings.refused_requeue,
+                        event: None,
+                    });
                 }
             }
             p.committed = true;

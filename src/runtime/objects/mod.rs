@@ -176,6 +176,11 @@ pub struct RemovalProgress {
     /// `spec.hostname` afterwards does not lose the member.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub member: Option<String>,
+    /// The etcd ID of the member, once etcd listed it for this removal (a dead member when
+    /// the removal was decided, a live one before it left): the etcd steps act on that
+    /// member and no other, and its absence from etcd's list is what says it is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member_id: Option<u64>,
 }
 
 fn name_of(m: &ObjectMeta) -> &str {
