@@ -12,10 +12,9 @@
 //! while the replicas pick the new serving pair up; only a CA near its own expiry is
 //! replaced, with the bundle.
 
+use crate::runtime::secrets::{self, Contents, RawSecret, SecretError};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
-use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::tz::TimeZone;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, PostParams};
@@ -23,7 +22,6 @@ use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose,
 };
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// When the serving certificate in the Secret stops being valid (RFC 3339).
@@ -84,7 +82,7 @@ pub enum CertError {
         namespace: String,
         name: String,
         #[source]
-        source: kube::Error,
+        source: SecretError,
     },
     #[error("ValidatingWebhookConfiguration {name}: {source}")]
     Webhook {
@@ -180,24 +178,16 @@ fn new_serving(
     Ok((cert.pem(), key.serialize_pem(), not_after))
 }
 
-fn field(secret: &Secret, key: &str) -> Option<String> {
-    let bytes = secret.data.as_ref()?.get(key)?;
-    String::from_utf8(bytes.0.clone())
-        .ok()
-        .filter(|s| !s.is_empty())
+fn field(secret: &RawSecret, key: &str) -> Option<String> {
+    secret.text(key)
 }
 
-fn annotation<'a>(secret: &'a Secret, key: &str) -> Option<&'a str> {
-    secret
-        .metadata
-        .annotations
-        .as_ref()?
-        .get(key)
-        .map(String::as_str)
+fn annotation<'a>(secret: &'a RawSecret, key: &str) -> Option<&'a str> {
+    secret.annotations.get(key).map(String::as_str)
 }
 
 /// Whether the time in annotation `key` is more than `margin` away (false when unreadable).
-fn lasts(secret: &Secret, key: &str, margin: Duration) -> bool {
+fn lasts(secret: &RawSecret, key: &str, margin: Duration) -> bool {
     let Some(t) = annotation(secret, key).and_then(|a| a.parse::<Timestamp>().ok()) else {
         return false;
     };
@@ -205,7 +195,7 @@ fn lasts(secret: &Secret, key: &str, margin: Duration) -> bool {
 }
 
 /// What the Secret holds, if it is a complete pair for these names that lasts.
-fn usable(secret: &Secret, s: &CertSettings) -> Option<Pair> {
+fn usable(secret: &RawSecret, s: &CertSettings) -> Option<Pair> {
     let names = s.dns_names.join(",");
     if annotation(secret, DNS_NAMES) != Some(names.as_str())
         || !lasts(secret, NOT_AFTER, s.renew_before)
@@ -217,16 +207,12 @@ fn usable(secret: &Secret, s: &CertSettings) -> Option<Pair> {
         ca_pem: field(secret, "ca.crt")?,
         cert_pem: field(secret, "tls.crt")?,
         key_pem: field(secret, "tls.key")?,
-        version: secret.metadata.resource_version.clone().unwrap_or_default(),
+        version: secret.resource_version.clone(),
     })
 }
 
 /// The Secret's content for a new serving pair (and a new CA unless `ca` is kept).
-fn fill(
-    secret: &mut Secret,
-    s: &CertSettings,
-    ca: Option<(String, String, String)>,
-) -> Result<(), CertError> {
+fn fill(s: &CertSettings, ca: Option<(String, String, String)>) -> Result<Contents, CertError> {
     let (ca_pem, ca_key, ca_not_after) = match ca {
         Some(kept) => kept,
         None => {
@@ -235,39 +221,42 @@ fn fill(
         }
     };
     let (cert, key, not_after) = new_serving(s, &ca_key)?;
-    let mut data = BTreeMap::new();
+    let mut contents = Contents {
+        type_: "kubernetes.io/tls".into(),
+        ..Contents::default()
+    };
     for (k, v) in [
-        ("ca.crt", &ca_pem),
-        ("ca.key", &ca_key),
-        ("tls.crt", &cert),
-        ("tls.key", &key),
+        ("ca.crt", ca_pem),
+        ("ca.key", ca_key),
+        ("tls.crt", cert),
+        ("tls.key", key),
     ] {
-        data.insert(k.to_string(), ByteString(v.as_bytes().to_vec()));
+        contents.data.insert(k.to_string(), v.into_bytes());
     }
-    secret.data = Some(data);
-    secret.type_ = Some("kubernetes.io/tls".into());
-    let a = secret
-        .metadata
-        .annotations
-        .get_or_insert_with(BTreeMap::new);
-    a.insert(NOT_AFTER.into(), not_after.to_string());
-    a.insert(CA_NOT_AFTER.into(), ca_not_after);
-    a.insert(DNS_NAMES.into(), s.dns_names.join(","));
-    Ok(())
+    for (k, v) in [
+        (NOT_AFTER, not_after.to_string()),
+        (CA_NOT_AFTER, ca_not_after),
+        (DNS_NAMES, s.dns_names.join(",")),
+    ] {
+        contents.annotations.insert(k.to_string(), v);
+    }
+    Ok(contents)
 }
 
 /// Reads the pair from the Secret, creating or rotating it first when it is missing,
 /// incomplete, for other names, or near its end. Every replica may call this at once: one
-/// write wins, and the others read it back.
+/// write wins, and the others read it back. The Secret is read and written through
+/// [`secrets`], so its contents reach no log, not even when it cannot be decoded.
 pub async fn ensure(client: &kube::Client, s: &CertSettings) -> Result<Pair, CertError> {
-    let api: Api<Secret> = Api::namespaced(client.clone(), &s.namespace);
     let err = |source| CertError::Secret {
         namespace: s.namespace.clone(),
         name: s.secret.clone(),
         source,
     };
     for _ in 0..5 {
-        let existing = api.get_opt(&s.secret).await.map_err(err)?;
+        let existing = secrets::get(client, &s.namespace, &s.secret)
+            .await
+            .map_err(err)?;
         let written = match existing {
             Some(secret) => {
                 if let Some(pair) = usable(&secret, s) {
@@ -283,23 +272,14 @@ pub async fn ensure(client: &kube::Client, s: &CertSettings) -> Result<Pair, Cer
                         ))
                     })
                     .flatten();
-                let mut next = secret.clone();
-                fill(&mut next, s, keep_ca)?;
+                let next = fill(s, keep_ca)?;
                 tracing::info!(secret = %s.secret, "rotating the webhook's serving certificate");
-                api.replace(&s.secret, &PostParams::default(), &next).await
+                secrets::replace(client, &s.namespace, &s.secret, &secret, &next).await
             }
             None => {
-                let mut secret = Secret {
-                    metadata: ObjectMeta {
-                        name: Some(s.secret.clone()),
-                        namespace: Some(s.namespace.clone()),
-                        ..Default::default()
-                    },
-                    ..Default::default()
-                };
-                fill(&mut secret, s, None)?;
+                let secret = fill(s, None)?;
                 tracing::info!(secret = %s.secret, "creating the webhook's CA and serving certificate");
-                api.create(&PostParams::default(), &secret).await
+                secrets::create(client, &s.namespace, &s.secret, &secret).await
             }
         };
         match written {
@@ -309,7 +289,7 @@ pub async fn ensure(client: &kube::Client, s: &CertSettings) -> Result<Pair, Cer
                 }
             }
             // Another replica wrote first: read what it wrote.
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) if e.is_conflict() => {}
             Err(e) => return Err(err(e)),
         }
     }
