@@ -507,7 +507,7 @@ async fn serve(args: &OperatorConfig, rules: Arc<Rules>) -> Result<(), StartErro
             tracing::warn!("/metrics is served without authentication (--metrics-insecure)");
             metrics_auth::Access::Open
         } else {
-            metrics_auth::Access::Reviewed(metrics_auth::Reviewer::new(client.clone()))
+            metrics_auth::Access::Reviewed(Box::new(metrics_auth::Reviewer::new(client.clone())))
         };
         tracing::info!(listen = %args.metrics_listen.map(|a| a.to_string()).unwrap_or_default(), "serving /metrics");
         let app = metrics_auth::metrics_router(metrics.clone(), access);
