@@ -19,6 +19,8 @@ use std::collections::BTreeMap;
 pub struct RawSecret {
     /// `metadata.resourceVersion` (empty when the answer has none).
     pub resource_version: String,
+    /// `metadata.uid` (empty when the answer has none).
+    pub uid: String,
     /// `metadata.annotations` whose values are strings (others are left out).
     pub annotations: BTreeMap<String, String>,
     /// `data`, undecoded.
@@ -99,6 +101,11 @@ impl RawSecret {
             Some(Value::String(s)) => s.clone(),
             Some(_) => return Err(SecretError::Malformed("a resourceVersion that is not text")),
         };
+        let uid = metadata
+            .get("uid")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
         let annotations = match metadata.get("annotations") {
             Some(Value::Object(a)) => a
                 .iter()
@@ -113,6 +120,7 @@ impl RawSecret {
         };
         Ok(RawSecret {
             resource_version,
+            uid,
             annotations,
             data,
             metadata,
