@@ -286,11 +286,9 @@ async fn a_pair_near_its_end_is_rotated_under_the_same_ca() {
         kube::Api::namespaced(api.test_client(), NS);
     store(&api, &[("tls.crt", &cert), ("tls.key", &key)]).await;
     let rotated = certs::ensure(&client, &s, None).await.expect("rotated");
-    assert_ne!(
-        rotated.cert_pem, first.cert_pem,
-        "a new serving certificate"
-    );
-    assert_ne!(rotated.key_pem, first.key_pem, "and key");
+    assert_ne!(rotated.cert_pem, cert, "a new serving certificate");
+    assert_ne!(rotated.cert_pem, first.cert_pem);
+    assert_ne!(rotated.key_pem, key, "and key");
     assert_eq!(
         rotated.ca_pem, first.ca_pem,
         "the same CA: the caBundle stays valid"
@@ -345,6 +343,50 @@ async fn a_pair_near_its_end_is_rotated_under_the_same_ca() {
         "guard-ichor-rules.ichor-system.svc",
     )
     .expect("a working pair again");
+}
+
+/// A CA near its own end is replaced with the serving pair; the old CA stays in the bundle
+/// beside the new one for the overlap, then leaves it.
+#[tokio::test]
+async fn a_ca_near_its_end_is_replaced_and_published_beside_the_old_for_the_overlap() {
+    let api = ApiServer::start().await;
+    let s = settings();
+    let client = api.client();
+    let names = CertSettings::service_names("guard-ichor-rules", NS);
+    let old = new_ca("an old CA", days(-3000), days(10));
+    let pair = issue(&old, &names, days(-1), days(9));
+    api.insert(tls_secret(&[
+        ("ca.crt", &old.0),
+        ("ca.key", &old.1),
+        ("tls.crt", &pair.0),
+        ("tls.key", &pair.1),
+    ]));
+    let rotated = certs::ensure(&client, &s, None).await.expect("rotated");
+    assert_ne!(ders(&rotated.ca_pem), ders(&old.0), "a new CA");
+    let mut both = ders(&rotated.ca_pem);
+    both.extend(ders(&old.0));
+    assert_eq!(ders(&rotated.bundle_pem), both, "new and old CA published");
+    handshake(
+        &rotated.cert_pem,
+        &rotated.key_pem,
+        &rotated.ca_pem,
+        "guard-ichor-rules.ichor-system.svc",
+    )
+    .expect("the new pair under the new CA");
+    let notes = secret_events(&api, "CertificateRotated");
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("the CA ends within the renewal margin")),
+        "{notes:?}"
+    );
+    // Past the overlap: the new CA alone, and nothing is written again.
+    let version = secret(&api)["metadata"]["resourceVersion"].clone();
+    tokio::time::sleep(s.overlap + Duration::from_millis(200)).await;
+    let later = certs::ensure(&client, &s, None).await.expect("later");
+    assert_eq!(ders(&later.bundle_pem), ders(&rotated.ca_pem));
+    assert_eq!(later.cert_pem, rotated.cert_pem);
+    assert_eq!(secret(&api)["metadata"]["resourceVersion"], version);
 }
 
 /// `serve --tls-secret`: two webhook replicas start against an empty namespace; they
