@@ -303,7 +303,7 @@ fn key_matches(
         .map_err(|_| repair(format!("{key_name} does not belong to {cert_name}")))
 }
 
-/// The time `t` is within `margin` of `end`.
+/// Whether `end` comes within `margin` of `now` (or is past).
 fn ends_within(end: Timestamp, now: Timestamp, margin: Duration) -> bool {
     later(now, margin).map_or(true, |m| end <= m)
 }
