@@ -32,6 +32,8 @@ fn settings() -> CertSettings {
         validity: DAY * 365,
         ca_validity: DAY * 3650,
         renew_before: DAY * 30,
+        overlap: Duration::from_secs(6),
+        identity: "test-replica".into(),
     }
 }
 
@@ -69,6 +71,85 @@ fn secret(api: &ApiServer) -> Value {
 
 fn data(secret: &Value, key: &str) -> String {
     String::from_utf8(b64decode(secret["data"][key].as_str().expect(key))).expect("utf-8")
+}
+
+/// The time `n` days from now (before it when negative).
+fn days(n: i64) -> jiff::Timestamp {
+    jiff::Timestamp::now()
+        .checked_add(jiff::SignedDuration::from_hours(24 * n))
+        .expect("time")
+}
+
+/// A certificate valid from the day of `from` to the day of `to` (UTC midnights).
+fn valid(p: &mut rcgen::CertificateParams, from: jiff::Timestamp, to: jiff::Timestamp) {
+    let ymd = |t: jiff::Timestamp| {
+        let d = t.to_zoned(jiff::tz::TimeZone::UTC).date();
+        rcgen::date_time_ymd(
+            i32::from(d.year()),
+            u8::try_from(d.month()).expect("month"),
+            u8::try_from(d.day()).expect("day"),
+        )
+    };
+    p.not_before = ymd(from);
+    p.not_after = ymd(to);
+}
+
+/// A self-signed CA valid from `from` to `to`: (certificate PEM, key PEM).
+fn new_ca(name: &str, from: jiff::Timestamp, to: jiff::Timestamp) -> (String, String) {
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    p.distinguished_name
+        .push(rcgen::DnType::CommonName, name.to_string());
+    p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    p.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    valid(&mut p, from, to);
+    let cert = p.self_signed(&key).expect("CA");
+    (cert.pem(), key.serialize_pem())
+}
+
+/// A serving certificate for `names` issued by `ca` (certificate PEM, key PEM), valid
+/// from `from` to `to`.
+fn issue(
+    ca: &(String, String),
+    names: &[String],
+    from: jiff::Timestamp,
+    to: jiff::Timestamp,
+) -> (String, String) {
+    let ca_key = rcgen::KeyPair::from_pem(&ca.1).expect("CA key");
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&ca.0, ca_key).expect("issuer");
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut p = rcgen::CertificateParams::new(names.to_vec()).expect("params");
+    p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    valid(&mut p, from, to);
+    let cert = p.signed_by(&key, &issuer).expect("certificate");
+    (cert.pem(), key.serialize_pem())
+}
+
+/// Sets these keys of the Secret's data (a person's `kubectl edit`), the rest kept.
+async fn store(api: &ApiServer, keys: &[(&str, &str)]) {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::{Api, Patch, PatchParams};
+    let data: serde_json::Map<String, Value> = keys
+        .iter()
+        .map(|(k, v)| {
+            use base64::Engine;
+            (
+                k.to_string(),
+                json!(base64::engine::general_purpose::STANDARD.encode(v)),
+            )
+        })
+        .collect();
+    Api::<Secret>::namespaced(api.test_client(), NS)
+        .patch(
+            SECRET,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "data": data })),
+        )
+        .await
+        .expect("store");
 }
 
 /// A TLS handshake, in memory, between the pair and a client trusting `ca_pem` that dials
@@ -132,9 +213,9 @@ async fn replicas_racing_agree_on_one_secret_and_the_ca_bundle_is_set() {
     // Three replicas start at once.
     let (c1, c2, c3) = (api.client(), api.client(), api.client());
     let (a, b, c) = tokio::join!(
-        certs::ensure(&c1, &s),
-        certs::ensure(&c2, &s),
-        certs::ensure(&c3, &s)
+        certs::ensure(&c1, &s, None),
+        certs::ensure(&c2, &s, None),
+        certs::ensure(&c3, &s, None)
     );
     let (a, b, c) = (a.expect("a"), b.expect("b"), c.expect("c"));
     assert_eq!(a, b, "the replicas serve the same pair");
@@ -152,7 +233,7 @@ async fn replicas_racing_agree_on_one_secret_and_the_ca_bundle_is_set() {
     handshake(&a.cert_pem, &a.key_pem, &a.ca_pem, "other.ichor-system.svc")
         .expect_err("a name it does not carry");
     // Asked again: nothing new.
-    let again = certs::ensure(&c1, &s).await.expect("again");
+    let again = certs::ensure(&c1, &s, None).await.expect("again");
     assert_eq!(again, a);
     assert_eq!(
         secret(&api)["metadata"]["resourceVersion"],
@@ -194,27 +275,20 @@ async fn a_pair_near_its_end_is_rotated_under_the_same_ca() {
     let api = ApiServer::start().await;
     let s = settings();
     let client = api.client();
-    let first = certs::ensure(&client, &s).await.expect("first");
-    // Ten days left, and thirty is when it is renewed.
-    let soon = jiff::Timestamp::now()
-        .checked_add(jiff::SignedDuration::from_hours(240))
-        .expect("time")
-        .to_string();
-    let mut stored = secret(&api);
-    stored["metadata"]["annotations"][certs::NOT_AFTER] = json!(soon);
+    let first = certs::ensure(&client, &s, None).await.expect("first");
+    // A serving certificate of the same CA with ten days left (thirty is when it is
+    // renewed); the annotations, which are for people, still say a year.
+    let stored = secret(&api);
+    let ca = (first.ca_pem.clone(), data(&stored, "ca.key"));
+    let names = CertSettings::service_names("guard-ichor-rules", NS);
+    let (cert, key) = issue(&ca, &names, days(-1), days(10));
     let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
         kube::Api::namespaced(api.test_client(), NS);
-    let typed: k8s_openapi::api::core::v1::Secret = serde_json::from_value(stored).expect("secret");
-    secrets
-        .replace(SECRET, &Default::default(), &typed)
-        .await
-        .expect("age the Secret");
-    let rotated = certs::ensure(&client, &s).await.expect("rotated");
-    assert_ne!(
-        rotated.cert_pem, first.cert_pem,
-        "a new serving certificate"
-    );
-    assert_ne!(rotated.key_pem, first.key_pem, "and key");
+    store(&api, &[("tls.crt", &cert), ("tls.key", &key)]).await;
+    let rotated = certs::ensure(&client, &s, None).await.expect("rotated");
+    assert_ne!(rotated.cert_pem, cert, "a new serving certificate");
+    assert_ne!(rotated.cert_pem, first.cert_pem);
+    assert_ne!(rotated.key_pem, key, "and key");
     assert_eq!(
         rotated.ca_pem, first.ca_pem,
         "the same CA: the caBundle stays valid"
@@ -242,7 +316,9 @@ async fn a_pair_near_its_end_is_rotated_under_the_same_ca() {
         dns_names: CertSettings::service_names("guard", NS),
         ..s.clone()
     };
-    let other = certs::ensure(&client, &renamed).await.expect("renamed");
+    let other = certs::ensure(&client, &renamed, None)
+        .await
+        .expect("renamed");
     assert_eq!(other.ca_pem, first.ca_pem);
     handshake(
         &other.cert_pem,
@@ -259,7 +335,7 @@ async fn a_pair_near_its_end_is_rotated_under_the_same_ca() {
         .replace(SECRET, &Default::default(), &typed)
         .await
         .expect("empty it");
-    let refilled = certs::ensure(&client, &s).await.expect("refilled");
+    let refilled = certs::ensure(&client, &s, None).await.expect("refilled");
     handshake(
         &refilled.cert_pem,
         &refilled.key_pem,
@@ -267,6 +343,50 @@ async fn a_pair_near_its_end_is_rotated_under_the_same_ca() {
         "guard-ichor-rules.ichor-system.svc",
     )
     .expect("a working pair again");
+}
+
+/// A CA near its own end is replaced with the serving pair; the old CA stays in the bundle
+/// beside the new one for the overlap, then leaves it.
+#[tokio::test]
+async fn a_ca_near_its_end_is_replaced_and_published_beside_the_old_for_the_overlap() {
+    let api = ApiServer::start().await;
+    let s = settings();
+    let client = api.client();
+    let names = CertSettings::service_names("guard-ichor-rules", NS);
+    let old = new_ca("an old CA", days(-3000), days(10));
+    let pair = issue(&old, &names, days(-1), days(9));
+    api.insert(tls_secret(&[
+        ("ca.crt", &old.0),
+        ("ca.key", &old.1),
+        ("tls.crt", &pair.0),
+        ("tls.key", &pair.1),
+    ]));
+    let rotated = certs::ensure(&client, &s, None).await.expect("rotated");
+    assert_ne!(ders(&rotated.ca_pem), ders(&old.0), "a new CA");
+    let mut both = ders(&rotated.ca_pem);
+    both.extend(ders(&old.0));
+    assert_eq!(ders(&rotated.bundle_pem), both, "new and old CA published");
+    handshake(
+        &rotated.cert_pem,
+        &rotated.key_pem,
+        &rotated.ca_pem,
+        "guard-ichor-rules.ichor-system.svc",
+    )
+    .expect("the new pair under the new CA");
+    let notes = secret_events(&api, "CertificateRotated");
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("the CA ends within the renewal margin")),
+        "{notes:?}"
+    );
+    // Past the overlap: the new CA alone, and nothing is written again.
+    let version = secret(&api)["metadata"]["resourceVersion"].clone();
+    tokio::time::sleep(s.overlap + Duration::from_millis(200)).await;
+    let later = certs::ensure(&client, &s, None).await.expect("later");
+    assert_eq!(ders(&later.bundle_pem), ders(&rotated.ca_pem));
+    assert_eq!(later.cert_pem, rotated.cert_pem);
+    assert_eq!(secret(&api)["metadata"]["resourceVersion"], version);
 }
 
 /// `serve --tls-secret`: two webhook replicas start against an empty namespace; they
@@ -429,4 +549,401 @@ async fn two_serve_replicas_create_one_secret_set_the_bundle_and_serve_it() {
             "{call:?} in {seen:?}"
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 33, item 4: what the Secret holds is checked before it is served or published,
+// repaired when wrong, and a change of CA never leaves a replica unverifiable.
+
+/// `serve --tls-secret` (one webhook replica), its stderr in `log`.
+fn replica(api: &ApiServer, listen: std::net::SocketAddr, log: &std::path::Path) -> https::Killed {
+    https::Killed(
+        Command::new(env!("CARGO_BIN_EXE_ichor-rules"))
+            .args(["serve", "--no-controller", "--rules", "rules"])
+            .args(["--listen", &listen.to_string(), "--api-server", &api.url()])
+            .args([
+                "--tls-secret",
+                SECRET,
+                "--service-name",
+                "guard-ichor-rules",
+            ])
+            .args(["--webhook-configuration", VWC, "--lease-namespace", NS])
+            .args(["--reload-interval-ms", "100", "--identity", "replica"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(log).expect("log file")))
+            .spawn()
+            .expect("serve starts"),
+    )
+}
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("certs-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// The caBundle every webhook of the configuration holds (the same in each), if set.
+fn bundle(api: &ApiServer) -> Option<String> {
+    let vwc = api.objects("ValidatingWebhookConfiguration", None);
+    let hooks = vwc[0]["webhooks"].as_array().expect("webhooks").clone();
+    let all: Vec<Option<String>> = hooks
+        .iter()
+        .map(|h| {
+            h["clientConfig"]["caBundle"]
+                .as_str()
+                .map(|b| String::from_utf8(b64decode(b)).expect("pem"))
+        })
+        .collect();
+    assert!(all.windows(2).all(|w| w[0] == w[1]), "one bundle: {all:?}");
+    all[0].clone()
+}
+
+/// The DER of each certificate of PEM text.
+fn ders(pem: &str) -> Vec<Vec<u8>> {
+    CertificateDer::pem_slice_iter(pem.as_bytes())
+        .map(|c| c.expect("a certificate").to_vec())
+        .collect()
+}
+
+/// What the replica at `listen` serves, if it verifies under `bundle` for the Service's
+/// name (the API server's handshake); the served certificate's DER.
+async fn served(listen: std::net::SocketAddr, bundle: &str) -> Result<Vec<u8>, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(bundle.as_bytes()) {
+        roots
+            .add(c.map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    }
+    let config = Arc::new(
+        rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth(),
+    );
+    let tcp = tokio::net::TcpStream::connect(listen)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let name = ServerName::try_from("guard-ichor-rules.ichor-system.svc").expect("name");
+    let s = tokio_rustls::TlsConnector::from(config)
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    let leaf = s
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .ok_or("no certificate")?;
+    Ok(leaf.to_vec())
+}
+
+/// Waits until the replica at `listen` serves a certificate the published bundle verifies;
+/// (bundle, served DER).
+async fn verified(
+    api: &ApiServer,
+    listen: std::net::SocketAddr,
+    child: &mut https::Killed,
+    log: &std::path::Path,
+) -> (String, Vec<u8>) {
+    let mut last = String::new();
+    for _ in 0..200 {
+        assert!(
+            matches!(child.0.try_wait(), Ok(None)),
+            "serve exited: {:?}\n{}",
+            child.0.try_wait(),
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        if let Some(b) = bundle(api) {
+            match served(listen, &b).await {
+                Ok(der) => return (b, der),
+                Err(e) => last = e,
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "{listen} never served what the bundle verifies: {last}\n{}",
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
+}
+
+/// The notes of the Events of `reason` about the Secret.
+fn secret_events(api: &ApiServer, reason: &str) -> Vec<String> {
+    api.objects("Event", Some(NS))
+        .into_iter()
+        .filter(|e| e["reason"] == reason && e["regarding"]["name"] == SECRET)
+        .map(|e| {
+            assert_eq!(e["regarding"]["kind"], "Secret", "{e}");
+            e["note"].as_str().unwrap_or_default().to_string()
+        })
+        .collect()
+}
+
+fn tls_secret(data: &[(&str, &str)]) -> Value {
+    use base64::Engine;
+    let far = "2099-01-01T00:00:00Z";
+    let names = CertSettings::service_names("guard-ichor-rules", NS).join(",");
+    let data: serde_json::Map<String, Value> = data
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.to_string(),
+                json!(base64::engine::general_purpose::STANDARD.encode(v)),
+            )
+        })
+        .collect();
+    // Annotations that say all is well: they are for people, and not believed.
+    json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": SECRET, "namespace": NS, "annotations": {
+            certs::NOT_AFTER: far, certs::CA_NOT_AFTER: far, certs::DNS_NAMES: names,
+        }},
+        "type": "kubernetes.io/tls",
+        "data": data
+    })
+}
+
+/// `serve` finds its Secret holding a bundle that cannot work, in each way (behind
+/// annotations that say all is well), and starts anyway: it repairs the Secret (a new
+/// serving pair under the CA when the CA is sound, else a new CA too), says why in an
+/// Event about the Secret, and serves and publishes only what verifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_repairs_a_bundle_that_cannot_verify_before_serving_or_publishing_it() {
+    let names = CertSettings::service_names("guard-ichor-rules", NS);
+    let a = new_ca("a person's CA", days(-10), days(3000));
+    let b = new_ca("another CA", days(-10), days(3000));
+    let good = issue(&a, &names, days(-1), days(300));
+    let by_b = issue(&b, &names, days(-1), days(300));
+    let other_key = issue(&a, &names, days(-1), days(300)).1;
+    let expired = issue(&a, &names, days(-20), days(-2));
+    let elsewhere = issue(
+        &a,
+        &CertSettings::service_names("other", NS),
+        days(-1),
+        days(300),
+    );
+    let old_ca = new_ca("an expired CA", days(-400), days(-1));
+    let under_old = issue(&old_ca, &names, days(-2), days(-1));
+    // (what is wrong, the Secret, why it is repaired, whether the CA is kept)
+    let cases: Vec<(&str, Value, &str, bool)> = vec![
+        (
+            "another CA signed the certificate",
+            tls_secret(&[
+                ("ca.crt", &a.0),
+                ("ca.key", &a.1),
+                ("tls.crt", &by_b.0),
+                ("tls.key", &by_b.1),
+            ]),
+            "tls.crt was not signed by ca.crt",
+            true,
+        ),
+        (
+            "the key is not the certificate's",
+            tls_secret(&[
+                ("ca.crt", &a.0),
+                ("ca.key", &a.1),
+                ("tls.crt", &good.0),
+                ("tls.key", &other_key),
+            ]),
+            "tls.key does not belong to tls.crt",
+            true,
+        ),
+        (
+            "the certificate expired",
+            tls_secret(&[
+                ("ca.crt", &a.0),
+                ("ca.key", &a.1),
+                ("tls.crt", &expired.0),
+                ("tls.key", &expired.1),
+            ]),
+            "tls.crt has expired",
+            true,
+        ),
+        (
+            "the certificate names other Service names",
+            tls_secret(&[
+                ("ca.crt", &a.0),
+                ("ca.key", &a.1),
+                ("tls.crt", &elsewhere.0),
+                ("tls.key", &elsewhere.1),
+            ]),
+            "tls.crt does not name guard-ichor-rules",
+            true,
+        ),
+        (
+            "the CA key is not the CA's",
+            tls_secret(&[
+                ("ca.crt", &a.0),
+                ("ca.key", &b.1),
+                ("tls.crt", &good.0),
+                ("tls.key", &good.1),
+            ]),
+            "ca.key does not belong to ca.crt",
+            false,
+        ),
+        (
+            "the CA expired",
+            tls_secret(&[
+                ("ca.crt", &old_ca.0),
+                ("ca.key", &old_ca.1),
+                ("tls.crt", &under_old.0),
+                ("tls.key", &under_old.1),
+            ]),
+            "ca.crt has expired",
+            false,
+        ),
+    ];
+    let dir = scratch("repair");
+    for (n, (what, stored, why, kept)) in cases.into_iter().enumerate() {
+        let api = ApiServer::start().await;
+        api.insert(webhook_configuration());
+        let stored_ca =
+            String::from_utf8(b64decode(stored["data"]["ca.crt"].as_str().expect("ca")))
+                .expect("pem");
+        let stored_crt = ders(
+            &String::from_utf8(b64decode(stored["data"]["tls.crt"].as_str().expect("crt")))
+                .expect("pem"),
+        );
+        api.insert(stored);
+        let log = dir.join(format!("{n}.log"));
+        let listen = https::free_address();
+        let mut child = replica(&api, listen, &log);
+        let (published, leaf) = verified(&api, listen, &mut child, &log).await;
+        assert_ne!(
+            Some(&leaf),
+            stored_crt.first(),
+            "{what}: not the stored certificate"
+        );
+        let now = secret(&api);
+        let ca_now = data(&now, "ca.crt");
+        if kept {
+            assert_eq!(ders(&ca_now), ders(&stored_ca), "{what}: the CA is kept");
+            assert_eq!(
+                ders(&published),
+                ders(&stored_ca),
+                "{what}: the bundle is that CA"
+            );
+        } else {
+            assert_ne!(ders(&ca_now), ders(&stored_ca), "{what}: a new CA");
+            // The CA trusted until now is published beside the new one for a while.
+            let mut both = ders(&ca_now);
+            both.extend(ders(&stored_ca));
+            assert_eq!(ders(&published), both, "{what}: new and old CA published");
+        }
+        let notes = secret_events(&api, "CertificateRepaired");
+        assert!(
+            notes.iter().any(|n| n.contains(why)),
+            "{what}: an Event says {why:?}: {notes:?}"
+        );
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(text.contains(why), "{what}: the log says why:\n{text}");
+        assert!(!text.contains("panicked"), "{text}");
+        drop(child);
+    }
+}
+
+/// Two replicas serve; a person replaces the Secret with a new CA and a pair that cannot
+/// be loaded. A replica repairs it (a new pair under the new CA) and records the CA they
+/// served until then; the caBundle holds both CAs until both replicas serve the new pair,
+/// then the new one only. Sampled all along, each replica serves what the published bundle
+/// verifies; and a replica started afterwards starts and serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_ca_is_published_beside_the_old_until_every_replica_serves_the_new_pair() {
+    let api = ApiServer::start().await;
+    api.insert(webhook_configuration());
+    let dir = scratch("rotation");
+    let (l1, l2) = (https::free_address(), https::free_address());
+    let (log1, log2) = (dir.join("1.log"), dir.join("2.log"));
+    let mut r1 = replica(&api, l1, &log1);
+    let mut r2 = replica(&api, l2, &log2);
+    let (first, _) = verified(&api, l1, &mut r1, &log1).await;
+    verified(&api, l2, &mut r2, &log2).await;
+    let old = ders(&first);
+    assert_eq!(old.len(), 1, "one CA published");
+    let new = new_ca("a person's new CA", days(-1), days(3000));
+    store(
+        &api,
+        &[
+            ("ca.crt", &new.0),
+            ("ca.key", &new.1),
+            ("tls.crt", "not a certificate"),
+        ],
+    )
+    .await;
+    let new_der = ders(&new.0);
+
+    let (mut saw_both, mut done) = (false, false);
+    let started = std::time::Instant::now();
+    while !done {
+        assert!(
+            started.elapsed() < Duration::from_secs(40),
+            "the rotation did not finish (bundle held both: {saw_both})\n{}\n{}",
+            std::fs::read_to_string(&log1).unwrap_or_default(),
+            std::fs::read_to_string(&log2).unwrap_or_default()
+        );
+        let before = bundle(&api).expect("a bundle");
+        let mut leaves = Vec::new();
+        for (listen, log) in [(l1, &log1), (l2, &log2)] {
+            let leaf = match served(listen, &before).await {
+                Ok(leaf) => leaf,
+                // The bundle may have changed between reading it and the handshake.
+                Err(e) => {
+                    let after = bundle(&api).expect("a bundle");
+                    served(listen, &after).await.unwrap_or_else(|e2| {
+                        panic!(
+                            "{listen} serves what the published bundle does not verify: {e} / {e2}\n{}",
+                            std::fs::read_to_string(log).unwrap_or_default()
+                        )
+                    })
+                }
+            };
+            leaves.push(leaf);
+        }
+        let published = ders(&before);
+        if published.contains(&old[0]) && published.contains(&new_der[0]) {
+            saw_both = true;
+        }
+        // Done: the new CA alone, and both replicas verify under it.
+        if published == new_der {
+            assert!(
+                saw_both,
+                "the old CA left the bundle before the new one came"
+            );
+            for listen in [l1, l2] {
+                served(listen, &before)
+                    .await
+                    .expect("the new pair, under the new CA");
+            }
+            done = true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stored = secret(&api);
+    assert_eq!(
+        ders(&data(&stored, "ca.crt")),
+        new_der,
+        "the person's CA is kept"
+    );
+    assert_eq!(
+        ders(&data(&stored, certs::PREVIOUS_CA)),
+        old,
+        "the CA served before"
+    );
+    let notes = secret_events(&api, "CertificateRepaired");
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("tls.crt holds no certificate")),
+        "{notes:?}"
+    );
+    // A replica starting now starts (it used to exit 2 on a pair it could not load).
+    let (l3, log3) = (https::free_address(), dir.join("3.log"));
+    let mut r3 = replica(&api, l3, &log3);
+    let (b, _) = verified(&api, l3, &mut r3, &log3).await;
+    assert_eq!(ders(&b), new_der);
 }

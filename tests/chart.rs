@@ -514,8 +514,9 @@ fn the_webhook_only_reads_and_no_lease_is_granted_outside_the_release_namespace(
         let wsa = service_account(deployment(&objs, "webhook").expect("webhook"));
         for (scope, group, resource, verb) in granted_to("webhook", &objs, &wsa) {
             // Reads; a review per scrape; and its own certificates (its Secret in the
-            // release namespace, the caBundle).
-            let own = (resource == "secrets" && scope == Scope::LeaseNamespace)
+            // release namespace and the Events saying why it was written, the caBundle).
+            let own = ((resource == "secrets" || resource == "events")
+                && scope == Scope::LeaseNamespace)
                 || resource == "validatingwebhookconfigurations";
             assert!(
                 ["get", "list"].contains(&verb.as_str())
@@ -543,10 +544,14 @@ fn the_webhook_only_reads_and_no_lease_is_granted_outside_the_release_namespace(
     assert_eq!(all(&objs, "Deployment").len(), 1);
     assert_eq!(all(&objs, "ServiceAccount").len(), 1);
     assert_eq!(all(&objs, "ClusterRole").len(), 1);
-    // The webhook's Role is for its certificates' Secret only: no Lease right at all.
+    // The webhook's Role is for its certificates' Secret (and the Events about it) only:
+    // no Lease right at all.
     for r in all(&objs, "Role") {
-        for (_, _, resource, _) in grants(&r["rules"], Scope::LeaseNamespace) {
-            assert_eq!(resource, "secrets");
+        for (_, group, resource, _) in grants(&r["rules"], Scope::LeaseNamespace) {
+            assert!(
+                resource == "secrets" || (group == "events.k8s.io" && resource == "events"),
+                "{resource}"
+            );
         }
     }
 }

@@ -37,6 +37,7 @@ mod removal;
 mod requests;
 mod robust;
 mod rule_tests;
+mod secret_logs;
 mod seeds;
 mod serve_hardening;
 mod talos;

@@ -393,3 +393,115 @@ fn serve_says_what_is_missing_for_each_role() {
     assert!(err.contains("cannot be used with"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// A flood of distinct bad tokens on `/metrics` (issue 33, item 6): each token never seen
+/// before needs a review permit, so the API server reviews at most the permits' burst and
+/// refill however many tokens come (the rest are answered 429, try again); a scraper let
+/// in before the flood keeps its metrics without a review; and a good token that arrives
+/// while the permits are out gets 429, never 401, and its metrics once a permit is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_bad_tokens_costs_few_reviews_and_locks_no_scraper_out() {
+    use ichor_rules::runtime::metrics_auth::{UNKNOWN_REVIEW_BURST, UNKNOWN_REVIEWS_PER_SECOND};
+    let api = api_with_tokens().await;
+    let late: Vec<String> = (0..5).map(|i| format!("tok-late-{i}")).collect();
+    for t in &late {
+        api.add_service_account_token(t, "monitoring", "prometheus");
+    }
+    let dir = scratch("flood");
+    let ca = https::write_cert(&dir);
+    let (listen, metrics) = (https::free_address(), https::free_address());
+    let _serve = https::Killed(
+        Command::new(BIN)
+            .args(["serve", "--no-controller", "--rules", "rules"])
+            .args(["--listen", &listen.to_string()])
+            .args(["--metrics-listen", &metrics.to_string()])
+            .args(["--api-server", &api.url()])
+            .arg("--tls-cert")
+            .arg(dir.join("tls.crt"))
+            .arg("--tls-key")
+            .arg(dir.join("tls.key"))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("serve starts"),
+    );
+    let tls = client_config(Some(&ca));
+    wait_status(listen, Some(&tls), "/healthz", None, 200).await;
+    wait_status(metrics, Some(&tls), "/metrics", Some("tok-prometheus"), 200).await;
+    let _ = reviews(&api);
+
+    let started = std::time::Instant::now();
+    let flood = |tokens: Vec<String>| {
+        let tls = tls.clone();
+        async move {
+            let mut set = tokio::task::JoinSet::new();
+            for t in tokens {
+                let tls = tls.clone();
+                set.spawn(async move {
+                    get(metrics, Some(&tls), "/metrics", Some(&t))
+                        .await
+                        .expect("get")
+                        .0
+                });
+            }
+            let mut codes = std::collections::BTreeMap::new();
+            while let Some(code) = set.join_next().await {
+                *codes.entry(code.expect("joined")).or_insert(0usize) += 1;
+            }
+            codes
+        }
+    };
+    let mut codes = std::collections::BTreeMap::new();
+    for wave in 0..30 {
+        let tokens = (0..10).map(|i| format!("bad-{wave}-{i}")).collect();
+        for (c, n) in flood(tokens).await {
+            *codes.entry(c).or_insert(0) += n;
+        }
+    }
+    assert!(
+        codes.keys().all(|c| *c == 401 || *c == 429),
+        "only 401 and 429: {codes:?}"
+    );
+    assert!(codes.get(&429).is_some_and(|n| *n > 0), "{codes:?}");
+    // Prometheus, let in before the flood, is not locked out, and costs no review.
+    let (code, body) = get(metrics, Some(&tls), "/metrics", Some("tok-prometheus"))
+        .await
+        .expect("get");
+    assert_eq!(code, 200, "{body}");
+    let (token_reviews, _) = reviews(&api);
+    let bound = UNKNOWN_REVIEW_BURST as usize
+        + UNKNOWN_REVIEWS_PER_SECOND as usize * (started.elapsed().as_secs() as usize + 1);
+    assert!(
+        token_reviews <= bound,
+        "300 bad tokens cost {token_reviews} TokenReviews, more than the permits ({bound}) in {:?}",
+        started.elapsed()
+    );
+
+    // A good token never seen before, right after the permits are used up: 429, not 401.
+    let mut limited = None;
+    for (n, t) in late.iter().enumerate() {
+        let _ = flood((0..15).map(|i| format!("more-bad-{n}-{i}")).collect()).await;
+        let (code, body) = get(metrics, Some(&tls), "/metrics", Some(t))
+            .await
+            .expect("get");
+        assert!(code == 429 || code == 200, "{t}: {code} {body}");
+        if code == 429 {
+            limited = Some(t.clone());
+            break;
+        }
+    }
+    let limited = limited.expect("a good token arriving with no permit left is answered 429");
+    // ... and its metrics once a permit is back: never a cached refusal.
+    let mut answered = Vec::new();
+    for _ in 0..50 {
+        let (code, _) = get(metrics, Some(&tls), "/metrics", Some(&limited))
+            .await
+            .expect("get");
+        answered.push(code);
+        if code == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(answered.last(), Some(&200), "{answered:?}");
+    assert!(!answered.contains(&401), "{answered:?}");
+}

@@ -128,8 +128,10 @@ pub struct ServeArgs {
     pub client_ca: Option<PathBuf>,
     /// Serve the webhook with certificates the operator manages itself, instead of
     /// --tls-cert/--tls-key: a CA and a serving certificate for --service-name kept in
-    /// this Secret of --lease-namespace, created (or rotated 30 days before expiry) by
-    /// whichever replica gets there first and read back by the others, held in memory.
+    /// this Secret of --lease-namespace, created, rotated 30 days before expiry or repaired
+    /// (when the CA did not sign the certificate, a key is not its certificate's, or a
+    /// certificate expired or lacks a name) by whichever replica gets there first and
+    /// checked by the others, held in memory.
     #[arg(long, conflicts_with_all = ["tls_cert", "tls_key"])]
     pub tls_secret: Option<String>,
     /// The Service the API server calls (with --tls-secret): the serving certificate is
@@ -138,7 +140,8 @@ pub struct ServeArgs {
     #[arg(long, requires = "tls_secret")]
     pub service_name: Option<String>,
     /// The ValidatingWebhookConfiguration whose webhooks' caBundle is set to the CA of
-    /// --tls-secret (and set again when something else changes it).
+    /// --tls-secret, with the previous CA for a while after a change of CA (and set again
+    /// when something else changes it).
     #[arg(long, requires = "tls_secret")]
     pub webhook_configuration: Option<String>,
 }

@@ -185,14 +185,24 @@ pub const METRICS_AUTH: &[Access] = &[
 
 /// What a webhook replica managing its own certificates (`serve --tls-secret`, the
 /// chart's default) calls: its Secret in the operator's namespace (read, created by the
-/// first replica, replaced at rotation) and the ValidatingWebhookConfiguration whose
-/// caBundle it sets (read, replaced). The chart narrows the gets and updates to those two
-/// objects by name (`resourceNames`); a create cannot be narrowed so.
+/// first replica, replaced at rotation or repair), the Events saying why it was written
+/// (about the Secret, in its namespace), and the ValidatingWebhookConfiguration whose
+/// caBundle it sets (read, replaced). The chart narrows the Secret's gets and updates and
+/// the configuration's to those two objects by name (`resourceNames`); a create cannot be
+/// narrowed so.
 pub const CERTS: &[Access] = &[
     Access {
         api_group: CORE,
         resource: "secrets",
         verbs: &["get", "create", "update"],
+        scope: Scope::LeaseNamespace,
+    },
+    // CertificateCreated, CertificateRotated, CertificateRepaired (events.k8s.io/v1; a
+    // repeated event is a patch of its series).
+    Access {
+        api_group: EVENTS,
+        resource: "events",
+        verbs: &["create", "patch"],
         scope: Scope::LeaseNamespace,
     },
     Access {

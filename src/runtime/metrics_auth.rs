@@ -14,9 +14,15 @@
 //!     verbs: ["get"]
 //! ```
 //!
-//! Outcomes are kept for [`CACHE_FOR`] per token (by its SHA-256, never the token itself),
-//! so a scrape every few seconds costs two API calls at most every [`CACHE_FOR`], and a
-//! flood of bad tokens at most [`CACHE_SIZE`] entries of memory.
+//! Outcomes are kept per token, by its SHA-256 (never the token itself): an authenticated
+//! token's for [`CACHE_FOR`], so a scrape every few seconds costs two API calls at most
+//! every [`CACHE_FOR`]; a refused token's for [`REFUSED_FOR`]. A flood of bad tokens costs
+//! the API server little: a token never authenticated before is reviewed only with a
+//! permit from a bucket of [`UNKNOWN_REVIEW_BURST`] refilled at
+//! [`UNKNOWN_REVIEWS_PER_SECOND`], and without one the scrape is answered 429 "try again"
+//! (never 401: the token may be good). A token the API server did authenticate is
+//! reviewed again without a permit, so a flood cannot lock out a scraper that was already
+//! let in. Memory stays within [`CACHE_SIZE`] entries of each kind.
 
 use super::metrics::Metrics;
 use axum::Router;
@@ -33,10 +39,19 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// How long an outcome is kept for a token.
+/// How long the outcome of an authenticated token (allowed or forbidden) is kept.
 pub const CACHE_FOR: Duration = Duration::from_secs(30);
-/// The most tokens kept at once (the cache is emptied when full).
+/// How long a token the API server did not authenticate is refused without asking again.
+pub const REFUSED_FOR: Duration = Duration::from_secs(10);
+/// A token authenticated this long ago (or longer) is no longer known: it needs a permit
+/// to be reviewed again, as a new one does.
+pub const KNOWN_FOR: Duration = Duration::from_secs(600);
+/// The most tokens kept at once, of each kind (authenticated, refused).
 pub const CACHE_SIZE: usize = 1024;
+/// Reviews of tokens never authenticated before that may be made at once...
+pub const UNKNOWN_REVIEW_BURST: u32 = 10;
+/// ... and how many more each second.
+pub const UNKNOWN_REVIEWS_PER_SECOND: u32 = 2;
 /// The most a review may take.
 const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -51,6 +66,8 @@ pub enum Verdict {
     Forbidden(String),
     /// 503: the API server did not answer a review (not kept).
     Unavailable(String),
+    /// 429: a token never authenticated before, and no review permit left: try again.
+    Limited,
 }
 
 /// How scrapes are let in.
@@ -58,16 +75,88 @@ pub enum Access {
     /// Anyone reaching the port (`--metrics-insecure`, local use).
     Open,
     /// TokenReview + SubjectAccessReview against this API server.
-    Reviewed(Reviewer),
+    Reviewed(Box<Reviewer>),
 }
 
 /// Reviews bearer tokens with the API server.
 pub struct Reviewer {
     client: kube::Client,
-    cache: Mutex<HashMap<[u8; 32], (Instant, Verdict)>>,
+    cache: Mutex<Cache>,
+    permits: Mutex<Bucket>,
 }
 
-fn token_key(token: &str) -> [u8; 32] {
+type Key = [u8; 32];
+
+/// What is known of tokens, by their SHA-256.
+#[derive(Default)]
+struct Cache {
+    /// Tokens the API server authenticated: when, and the verdict (allowed or forbidden).
+    /// Kept past [`CACHE_FOR`] (until [`KNOWN_FOR`]) so that a review again needs no
+    /// permit.
+    known: HashMap<Key, (Instant, Verdict)>,
+    /// Tokens the API server did not authenticate, and when.
+    refused: HashMap<Key, Instant>,
+}
+
+impl Cache {
+    fn remember(&mut self, key: Key, verdict: &Verdict) {
+        let now = Instant::now();
+        match verdict {
+            Verdict::Allowed | Verdict::Forbidden(_) => {
+                self.refused.remove(&key);
+                if self.known.len() >= CACHE_SIZE && !self.known.contains_key(&key) {
+                    self.known.retain(|_, (at, _)| at.elapsed() < KNOWN_FOR);
+                    if self.known.len() >= CACHE_SIZE
+                        && let Some(oldest) = self
+                            .known
+                            .iter()
+                            .min_by_key(|(_, (at, _))| *at)
+                            .map(|(k, _)| *k)
+                    {
+                        self.known.remove(&oldest);
+                    }
+                }
+                self.known.insert(key, (now, verdict.clone()));
+            }
+            Verdict::Unauthenticated(_) => {
+                self.known.remove(&key);
+                if self.refused.len() >= CACHE_SIZE && !self.refused.contains_key(&key) {
+                    self.refused.retain(|_, at| at.elapsed() < REFUSED_FOR);
+                    if self.refused.len() >= CACHE_SIZE {
+                        // Forgetting refusals costs reviews, which the permits bound.
+                        self.refused.clear();
+                    }
+                }
+                self.refused.insert(key, now);
+            }
+            Verdict::Unavailable(_) | Verdict::Limited => {}
+        }
+    }
+}
+
+/// Permits to review tokens never authenticated before: a token bucket.
+struct Bucket {
+    permits: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn take(&mut self) -> bool {
+        let now = Instant::now();
+        let refill =
+            now.duration_since(self.at).as_secs_f64() * f64::from(UNKNOWN_REVIEWS_PER_SECOND);
+        self.permits = (self.permits + refill).min(f64::from(UNKNOWN_REVIEW_BURST));
+        self.at = now;
+        if self.permits >= 1.0 {
+            self.permits -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+fn token_key(token: &str) -> Key {
     let d = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
     let mut key = [0u8; 32];
     key.copy_from_slice(d.as_ref());
@@ -86,27 +175,41 @@ impl Reviewer {
     pub fn new(client: kube::Client) -> Reviewer {
         Reviewer {
             client,
-            cache: Mutex::new(HashMap::new()),
+            cache: Mutex::new(Cache::default()),
+            permits: Mutex::new(Bucket {
+                permits: f64::from(UNKNOWN_REVIEW_BURST),
+                at: Instant::now(),
+            }),
         }
     }
 
     /// Whether the holder of `token` may read `/metrics`.
     pub async fn review(&self, token: &str) -> Verdict {
         let key = token_key(token);
-        if let Ok(cache) = self.cache.lock()
-            && let Some((at, v)) = cache.get(&key)
-            && at.elapsed() < CACHE_FOR
-        {
-            return v.clone();
+        let mut known = false;
+        if let Ok(cache) = self.cache.lock() {
+            if let Some((at, v)) = cache.known.get(&key) {
+                if at.elapsed() < CACHE_FOR {
+                    return v.clone();
+                }
+                known = at.elapsed() < KNOWN_FOR;
+            }
+            if cache
+                .refused
+                .get(&key)
+                .is_some_and(|at| at.elapsed() < REFUSED_FOR)
+            {
+                return Verdict::Unauthenticated("the token was refused a moment ago".into());
+            }
+        }
+        // A token never authenticated (or long ago) needs a permit; a flood of new bad
+        // tokens exhausts them and is answered 429 without costing the API server.
+        if !known && !self.permits.lock().is_ok_and(|mut b| b.take()) {
+            return Verdict::Limited;
         }
         let verdict = self.ask(token).await;
-        if !matches!(verdict, Verdict::Unavailable(_))
-            && let Ok(mut cache) = self.cache.lock()
-        {
-            if cache.len() >= CACHE_SIZE {
-                cache.clear();
-            }
-            cache.insert(key, (Instant::now(), verdict.clone()));
+        if let Ok(mut cache) = self.cache.lock() {
+            cache.remember(key, &verdict);
         }
         verdict
     }
@@ -222,6 +325,18 @@ async fn serve_metrics(State(state): State<Arc<MetricsState>>, headers: HeaderMa
                 tracing::debug!(%why, "metrics scrape refused: 403");
                 return text(StatusCode::FORBIDDEN, &format!("Forbidden: {why}"));
             }
+            Verdict::Limited => {
+                tracing::debug!("metrics scrape refused: 429, no review permit left");
+                return (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    [
+                        (header::RETRY_AFTER, "1"),
+                        (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+                    ],
+                    "too many tokens to review at the moment; retry shortly\n",
+                )
+                    .into_response();
+            }
             Verdict::Unavailable(why) => {
                 tracing::warn!(%why, "metrics scrape refused: the API server did not review it");
                 return text(
@@ -241,6 +356,41 @@ async fn serve_metrics(State(state): State<Arc<MetricsState>>, headers: HeaderMa
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusals_never_push_out_the_tokens_let_in_and_the_permits_run_out() {
+        let mut cache = Cache::default();
+        cache.remember([1; 32], &Verdict::Allowed);
+        for i in 0..(CACHE_SIZE + 10) {
+            let mut key = [0u8; 32];
+            key[..8].copy_from_slice(&(i as u64).to_le_bytes());
+            key[31] = 2;
+            cache.remember(key, &Verdict::Unauthenticated(String::new()));
+        }
+        assert!(cache.refused.len() <= CACHE_SIZE);
+        assert_eq!(
+            cache.known.get(&[1; 32]).map(|(_, v)| v),
+            Some(&Verdict::Allowed)
+        );
+        // A full cache of authenticated tokens drops its oldest.
+        for i in 0..CACHE_SIZE {
+            let mut key = [3u8; 32];
+            key[..8].copy_from_slice(&(i as u64).to_le_bytes());
+            cache.remember(key, &Verdict::Forbidden(String::new()));
+        }
+        assert_eq!(cache.known.len(), CACHE_SIZE);
+        assert!(!cache.known.contains_key(&[1; 32]), "the oldest went");
+        let mut bucket = Bucket {
+            permits: f64::from(UNKNOWN_REVIEW_BURST),
+            at: Instant::now(),
+        };
+        let taken = (0..UNKNOWN_REVIEW_BURST * 3)
+            .filter(|_| bucket.take())
+            .count();
+        assert!(
+            taken >= UNKNOWN_REVIEW_BURST as usize && taken <= UNKNOWN_REVIEW_BURST as usize + 1
+        );
+    }
 
     #[test]
     fn bearer_tokens_are_taken_only_from_a_bearer_header() {

@@ -15,6 +15,7 @@ pub mod nesting;
 pub mod objects;
 pub mod operator;
 pub mod reload;
+pub mod secrets;
 pub mod server;
 pub mod talos;
 pub mod tls;

@@ -151,7 +151,18 @@ fn managed_cert_settings(args: &OperatorConfig, secret: &str) -> certs::CertSett
         validity: day * 365,
         ca_validity: day * 3650,
         renew_before: day * 30,
+        // Every replica reads the Secret every `keeper_interval`: twelve of them (two
+        // minutes by default) for all to serve a new pair before the old CA leaves the
+        // caBundle.
+        overlap: keeper_interval(args) * 12,
+        identity: args.identity.clone(),
     }
+}
+
+/// How often a replica reads its certificates' Secret again: every five reload intervals
+/// (10 s by default), a GET of the Secret and of the webhook configuration.
+fn keeper_interval(args: &OperatorConfig) -> Duration {
+    Duration::from_millis(args.reload_interval_ms.max(100)) * 5
 }
 
 /// The pair at start: retried for half a minute (the API server may be a moment away),
@@ -162,7 +173,7 @@ async fn first_pair(
 ) -> Result<certs::Pair, certs::CertError> {
     let mut tries = 0;
     loop {
-        match certs::ensure(client, s).await {
+        match certs::ensure(client, s, None).await {
             Ok(p) => return Ok(p),
             Err(e) if tries < 15 => {
                 tracing::warn!(error = %e, "the webhook's certificate: retrying");
@@ -174,48 +185,51 @@ async fn first_pair(
     }
 }
 
-/// Keeps the operator's certificates: sets the caBundle, then every `every` reads the
-/// Secret again (rotating it when due) and serves what it holds.
+/// Keeps the operator's certificates: every `every` reads the Secret again (it is
+/// rotated or repaired there when due), publishes the bundle it says to trust (again each
+/// time: an upgrade or a GitOps sync may have emptied it), and serves a new pair only once
+/// a bundle that trusts it is published, so this replica is never unverifiable.
 async fn keep_certificates(
     client: kube::Client,
     s: certs::CertSettings,
     cert: Arc<ReloadingCert>,
-    mut pair: certs::Pair,
+    mut serving: certs::Pair,
     every: Duration,
 ) {
-    let mut bundle_set = false;
+    let what = format!("Secret {}/{}", s.namespace, s.secret);
+    let mut latest = serving.clone();
+    let mut published = s.webhook_configuration.is_none();
     loop {
         if let Some(name) = &s.webhook_configuration
-            && !bundle_set
+            && !published
         {
-            match certs::patch_ca_bundle(&client, name, &pair.ca_pem).await {
-                Ok(_) => bundle_set = true,
+            match certs::patch_ca_bundle(&client, name, &latest.bundle_pem).await {
+                Ok(_) => published = true,
                 Err(e) => tracing::warn!(error = %e, "setting the caBundle; retrying"),
             }
         }
-        tokio::time::sleep(if bundle_set {
+        let new_pair = latest.cert_pem != serving.cert_pem || latest.key_pem != serving.key_pem;
+        if new_pair && published {
+            match cert.replace(&latest.cert_pem, &latest.key_pem, &what) {
+                Ok(()) => {
+                    tracing::info!("serving the webhook's new certificate");
+                    serving = latest.clone();
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "the new certificate is unusable; the previous one keeps serving")
+                }
+            }
+        }
+        tokio::time::sleep(if published {
             every
         } else {
             every.min(Duration::from_secs(2))
         })
         .await;
-        match certs::ensure(&client, &s).await {
-            Ok(next) if next != pair => {
-                let what = format!("Secret {}/{}", s.namespace, s.secret);
-                match cert.replace(&next.cert_pem, &next.key_pem, &what) {
-                    Ok(()) => tracing::info!("serving the webhook's new certificate"),
-                    Err(e) => {
-                        tracing::error!(error = %e, "the new certificate is unusable; the previous one keeps serving")
-                    }
-                }
-                if next.ca_pem != pair.ca_pem {
-                    bundle_set = false;
-                }
-                pair = next;
-            }
-            Ok(_) => {
-                // Someone (a helm upgrade) may have reset the caBundle: check it again.
-                bundle_set = false;
+        match certs::ensure(&client, &s, Some(&serving.ca_pem)).await {
+            Ok(next) => {
+                latest = next;
+                published = s.webhook_configuration.is_none();
             }
             Err(e) => tracing::warn!(error = %e, "reading the webhook's certificate"),
         }
@@ -480,9 +494,7 @@ async fn serve(args: &OperatorConfig, rules: Arc<Rules>) -> Result<(), StartErro
             settings,
             cert,
             pair,
-            // Every five reload intervals (10 s by default): a GET of the Secret and of
-            // the webhook configuration.
-            Duration::from_millis(args.reload_interval_ms.max(100)) * 5,
+            keeper_interval(args),
         ))
     });
     // The side servers (health, metrics) stop with the main one.
@@ -507,7 +519,7 @@ async fn serve(args: &OperatorConfig, rules: Arc<Rules>) -> Result<(), StartErro
             tracing::warn!("/metrics is served without authentication (--metrics-insecure)");
             metrics_auth::Access::Open
         } else {
-            metrics_auth::Access::Reviewed(metrics_auth::Reviewer::new(client.clone()))
+            metrics_auth::Access::Reviewed(Box::new(metrics_auth::Reviewer::new(client.clone())))
         };
         tracing::info!(listen = %args.metrics_listen.map(|a| a.to_string()).unwrap_or_default(), "serving /metrics");
         let app = metrics_auth::metrics_router(metrics.clone(), access);

@@ -138,7 +138,10 @@ impl TalosTls {
             let mut n = 0;
             for cert in CertificateDer::pem_slice_iter(pem) {
                 cert.map_err(|e| {
-                    TalosError::Config(format!("{what}: not a PEM certificate: {e}"))
+                    TalosError::Config(format!(
+                        "{what}: not a PEM certificate ({})",
+                        crate::runtime::tls::pem_problem(&e)
+                    ))
                 })?;
                 n += 1;
             }
@@ -152,8 +155,12 @@ impl TalosTls {
         certs("ca", ca)?;
         certs("crt", crt)?;
         let key = normalize_key_label(key);
-        PrivateKeyDer::from_pem_slice(&key)
-            .map_err(|e| TalosError::Config(format!("key: not a PEM private key: {e}")))?;
+        PrivateKeyDer::from_pem_slice(&key).map_err(|e| {
+            TalosError::Config(format!(
+                "key: not a PEM private key ({})",
+                crate::runtime::tls::pem_problem(&e)
+            ))
+        })?;
         Ok(TalosTls {
             ca: ca.to_vec(),
             crt: crt.to_vec(),
@@ -208,70 +215,151 @@ struct RawContext {
     key: Option<String>,
 }
 
+/// What is wrong with a talosconfig. [`ConfigProblem::detail`] names contexts and the
+/// parser's detail (for the operator's own file, `serve --talosconfig`);
+/// [`ConfigProblem::without_content`] quotes nothing of the talosconfig, not even a
+/// context's name (for one read from a Secret, whose content is never shown).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConfigProblem {
+    /// Not YAML of the talosconfig shape (the parser's words, which may quote the text).
+    NotYaml(String),
+    NoCurrentContext,
+    NoSuchContext {
+        name: String,
+        known: Vec<String>,
+    },
+    EmptyContext(String),
+    Missing {
+        context: String,
+        field: &'static str,
+    },
+    NotBase64 {
+        context: String,
+        field: &'static str,
+    },
+    /// The TLS material (`ca: no PEM certificate found`, ...): words of ours, no content.
+    Tls {
+        context: String,
+        what: String,
+    },
+}
+
+impl ConfigProblem {
+    /// The problem, naming the contexts and with the YAML parser's detail.
+    pub fn detail(&self) -> String {
+        match self {
+            ConfigProblem::NotYaml(e) => {
+                format!("talosconfig is not valid YAML of the expected shape: {e}")
+            }
+            ConfigProblem::NoCurrentContext => {
+                "talosconfig names no current context (`context:`)".into()
+            }
+            ConfigProblem::NoSuchContext { name, known } => format!(
+                "talosconfig has no context `{name}` (contexts: {})",
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known
+                        .iter()
+                        .map(|k| format!("`{k}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            ),
+            ConfigProblem::EmptyContext(name) => format!("talosconfig context `{name}` is empty"),
+            ConfigProblem::Missing { context, field } => {
+                format!("talosconfig context `{context}` has no `{field}`")
+            }
+            ConfigProblem::NotBase64 { context, field } => {
+                format!("talosconfig context `{context}`: `{field}` is not base64")
+            }
+            ConfigProblem::Tls { context, what } => {
+                format!("talosconfig context `{context}`: {what}")
+            }
+        }
+    }
+
+    /// The problem in words that quote nothing of the talosconfig.
+    pub fn without_content(&self) -> String {
+        match self {
+            ConfigProblem::NotYaml(_) => "it is not YAML of the talosconfig shape".into(),
+            ConfigProblem::NoCurrentContext => "it names no current context (`context:`)".into(),
+            ConfigProblem::NoSuchContext { .. } => {
+                "it has no context of the name its `context:` gives".into()
+            }
+            ConfigProblem::EmptyContext(_) => "its current context is empty".into(),
+            ConfigProblem::Missing { field, .. } => {
+                format!("its current context has no `{field}`")
+            }
+            ConfigProblem::NotBase64 { field, .. } => {
+                format!("the `{field}` of its current context is not base64")
+            }
+            ConfigProblem::Tls { what, .. } => format!("its current context's {what}"),
+        }
+    }
+}
+
+impl From<ConfigProblem> for TalosError {
+    fn from(p: ConfigProblem) -> TalosError {
+        TalosError::Config(p.detail())
+    }
+}
+
 impl TalosContext {
     /// Reads a talosconfig (`context: <current>`, `contexts: {<name>: {endpoints, nodes,
     /// ca, crt, key}}` with base64 PEM) and returns the current context, or the named one.
     pub fn from_talosconfig(yaml: &str, context: Option<&str>) -> Result<TalosContext, TalosError> {
-        let raw: RawConfig = serde_yaml::from_str(yaml).map_err(|e| {
-            TalosError::Config(format!(
-                "talosconfig is not valid YAML of the expected shape: {e}"
-            ))
-        })?;
+        TalosContext::parse(yaml, context).map_err(TalosError::from)
+    }
+
+    /// [`TalosContext::from_talosconfig`], saying what is wrong as a [`ConfigProblem`].
+    pub fn parse(yaml: &str, context: Option<&str>) -> Result<TalosContext, ConfigProblem> {
+        let raw: RawConfig =
+            serde_yaml::from_str(yaml).map_err(|e| ConfigProblem::NotYaml(e.to_string()))?;
         let name = match context {
             Some(name) => name.to_string(),
-            None => raw.context.filter(|c| !c.is_empty()).ok_or_else(|| {
-                TalosError::Config("talosconfig names no current context (`context:`)".into())
-            })?,
-        };
-        let known = || {
-            raw.contexts
-                .keys()
-                .map(|k| format!("`{k}`"))
-                .collect::<Vec<_>>()
-                .join(", ")
+            None => raw
+                .context
+                .filter(|c| !c.is_empty())
+                .ok_or(ConfigProblem::NoCurrentContext)?,
         };
         let ctx = match raw.contexts.get(&name) {
             Some(Some(ctx)) => ctx,
-            Some(None) => {
-                return Err(TalosError::Config(format!(
-                    "talosconfig context `{name}` is empty"
-                )));
-            }
+            Some(None) => return Err(ConfigProblem::EmptyContext(name)),
             None => {
-                return Err(TalosError::Config(format!(
-                    "talosconfig has no context `{name}` (contexts: {})",
-                    if raw.contexts.is_empty() {
-                        "none".to_string()
-                    } else {
-                        known()
-                    }
-                )));
+                return Err(ConfigProblem::NoSuchContext {
+                    name,
+                    known: raw.contexts.keys().cloned().collect(),
+                });
             }
         };
-        let field = |what: &str, value: &Option<String>| -> Result<Vec<u8>, TalosError> {
-            let value = value
-                .as_deref()
-                .filter(|v| !v.trim().is_empty())
-                .ok_or_else(|| {
-                    TalosError::Config(format!("talosconfig context `{name}` has no `{what}`"))
-                })?;
-            let compact: String = value.chars().filter(|c| !c.is_whitespace()).collect();
-            base64::engine::general_purpose::STANDARD
-                .decode(compact.as_bytes())
-                .map_err(|e| {
-                    TalosError::Config(format!(
-                        "talosconfig context `{name}`: `{what}` is not base64: {e}"
-                    ))
-                })
-        };
+        let field =
+            |what: &'static str, value: &Option<String>| -> Result<Vec<u8>, ConfigProblem> {
+                let value = value
+                    .as_deref()
+                    .filter(|v| !v.trim().is_empty())
+                    .ok_or_else(|| ConfigProblem::Missing {
+                        context: name.clone(),
+                        field: what,
+                    })?;
+                let compact: String = value.chars().filter(|c| !c.is_whitespace()).collect();
+                // The decoder's error names the offending byte: not shown.
+                base64::engine::general_purpose::STANDARD
+                    .decode(compact.as_bytes())
+                    .map_err(|_| ConfigProblem::NotBase64 {
+                        context: name.clone(),
+                        field: what,
+                    })
+            };
         let ca = field("ca", &ctx.ca)?;
         let crt = field("crt", &ctx.crt)?;
         let key = field("key", &ctx.key)?;
-        let tls = TalosTls::from_pem(&ca, &crt, &key).map_err(|e| match e {
-            TalosError::Config(m) => {
-                TalosError::Config(format!("talosconfig context `{name}`: {m}"))
-            }
-            other => other,
+        let tls = TalosTls::from_pem(&ca, &crt, &key).map_err(|e| ConfigProblem::Tls {
+            context: name.clone(),
+            what: match e {
+                TalosError::Config(m) => m,
+                other => other.to_string(),
+            },
         })?;
         Ok(TalosContext {
             name,

@@ -21,6 +21,21 @@ pub enum TlsError {
     Key { path: PathBuf, message: String },
 }
 
+/// What is wrong with PEM text, in words that quote none of it (the parser's own error
+/// may carry a line of the text, or a byte of a key).
+pub fn pem_problem(e: &rustls::pki_types::pem::Error) -> &'static str {
+    use rustls::pki_types::pem::Error;
+    match e {
+        Error::MissingSectionEnd { .. } => "a section has no END line",
+        Error::IllegalSectionStart { .. } => "a BEGIN line is malformed",
+        Error::Base64Decode(_) => "a section's base64 is malformed",
+        Error::Io(_) => "it cannot be read",
+        Error::NoItemsFound => "it holds no PEM section of the kind wanted",
+        Error::SectionTooLarge => "a section is too large",
+        _ => "it is not PEM",
+    }
+}
+
 /// Reads a PEM certificate chain and private key.
 pub fn load_pair(cert: &PathBuf, key: &PathBuf) -> Result<CertifiedKey, TlsError> {
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
@@ -61,25 +76,26 @@ pub fn load_pair(cert: &PathBuf, key: &PathBuf) -> Result<CertifiedKey, TlsError
     }
 }
 
-/// A certificate chain and key from PEM text (`what` names where it came from in errors).
+/// A certificate chain and key from PEM text (`what` names where it came from in errors,
+/// which quote nothing of the text: it may be a Secret's).
 pub fn pair_from_pem(cert: &str, key: &str, what: &str) -> Result<CertifiedKey, TlsError> {
     let path = PathBuf::from(what);
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert.as_bytes())
         .collect::<Result<_, _>>()
         .map_err(|e| TlsError::Read {
             path: path.clone(),
-            message: e.to_string(),
+            message: format!("the certificate is not PEM: {}", pem_problem(&e)),
         })?;
     if chain.is_empty() {
         return Err(TlsError::NoCertificate { path });
     }
     let der = PrivateKeyDer::from_pem_slice(key.as_bytes()).map_err(|e| TlsError::Read {
         path: path.clone(),
-        message: e.to_string(),
+        message: format!("the key is not a PEM private key: {}", pem_problem(&e)),
     })?;
-    let signing = any_supported_type(&der).map_err(|e| TlsError::Key {
+    let signing = any_supported_type(&der).map_err(|_| TlsError::Key {
         path: path.clone(),
-        message: e.to_string(),
+        message: "not a private key of a supported kind".into(),
     })?;
     let pair = CertifiedKey::new(chain, signing);
     match pair.keys_match() {

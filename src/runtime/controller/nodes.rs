@@ -4,8 +4,10 @@
 
 use super::Context;
 use crate::runtime::objects::{Role, Snapshot, TalosCluster, TalosMachine};
-use crate::runtime::talos::{EtcdMember, EtcdStatus, TalosClient, TalosError, TalosTls};
-use k8s_openapi::api::core::v1::Secret;
+use crate::runtime::secrets;
+use crate::runtime::talos::{
+    EtcdMember, EtcdStatus, TalosClient, TalosContext, TalosError, TalosTls,
+};
 use kube::Api;
 use std::sync::Arc;
 
@@ -107,58 +109,76 @@ async fn credentials(
         }
         return Err(match cluster {
             None => format!(
-                "TalosCluster {namespace}/{name} does not exist, so no talosConfigSecretRef names                  its credentials (and no talosconfig is given for every cluster)"
+                "TalosCluster {namespace}/{name} does not exist, so no talosConfigSecretRef names \
+                 its credentials (and no talosconfig is given for every cluster)"
             ),
             Some(_) => format!(
-                "TalosCluster {namespace}/{name} has no spec.talosConfigSecretRef: create a Secret                  in namespace {namespace} holding this cluster's talosconfig (key `talosconfig`)                  and name it there (the controller uses one talosconfig for every cluster only                  with --talosconfig-for-all-clusters)"
+                "TalosCluster {namespace}/{name} has no spec.talosConfigSecretRef: create a Secret \
+                 in namespace {namespace} holding this cluster's talosconfig (key `talosconfig`) \
+                 and name it there (the controller uses one talosconfig for every cluster only \
+                 with --talosconfig-for-all-clusters)"
             ),
         });
     };
     let (secret, key) = (r.name.as_str(), r.key());
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
-    let read = tokio::time::timeout(ctx.settings.read_timeout, api.get_opt(secret)).await;
+    // Read as raw JSON and decoded here (`runtime::secrets`): the kube client would log
+    // an answer it cannot decode, credentials and all.
+    let read = tokio::time::timeout(
+        ctx.settings.read_timeout,
+        secrets::get(&ctx.client, namespace, secret),
+    )
+    .await;
     let found = match read {
         Ok(Ok(found)) => found,
         Ok(Err(e)) => {
             return Err(format!(
-                "the Secret {namespace}/{secret} (spec.talosConfigSecretRef of TalosCluster                  {name}) could not be read ({})",
-                api_reason(&e)
+                "the Secret {namespace}/{secret} (spec.talosConfigSecretRef of TalosCluster \
+                 {name}) could not be read ({e})"
             ));
         }
         Err(_) => {
             return Err(format!(
-                "the Secret {namespace}/{secret} (spec.talosConfigSecretRef of TalosCluster                  {name}) could not be read (timed out)"
+                "the Secret {namespace}/{secret} (spec.talosConfigSecretRef of TalosCluster \
+                 {name}) could not be read (timed out)"
             ));
         }
     };
     let Some(found) = found else {
         return Err(format!(
-            "the Secret {namespace}/{secret} named by spec.talosConfigSecretRef of TalosCluster              {name} does not exist: create it with the cluster's talosconfig under the key `{key}`"
+            "the Secret {namespace}/{secret} named by spec.talosConfigSecretRef of TalosCluster \
+             {name} does not exist: create it with the cluster's talosconfig under the key `{key}`"
         ));
     };
-    let Some(bytes) = found.data.as_ref().and_then(|d| d.get(key)) else {
-        return Err(format!(
-            "the Secret {namespace}/{secret} (spec.talosConfigSecretRef of TalosCluster {name})              has no key `{key}`: put the cluster's talosconfig there, or name its key in              spec.talosConfigSecretRef.key"
-        ));
+    let bytes = match found.value(key) {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => {
+            return Err(format!(
+                "the Secret {namespace}/{secret} (spec.talosConfigSecretRef of TalosCluster {name}) \
+                 has no key `{key}`: put the cluster's talosconfig there, or name its key in \
+                 spec.talosConfigSecretRef.key"
+            ));
+        }
+        Err(why) => {
+            return Err(format!(
+                "the key `{key}` of Secret {namespace}/{secret} (spec.talosConfigSecretRef of \
+                 TalosCluster {name}) {why}, so it is not a talosconfig"
+            ));
+        }
     };
-    let text = std::str::from_utf8(&bytes.0).map_err(|_| {
+    let text = std::str::from_utf8(&bytes).map_err(|_| {
         format!(
-            "the key `{key}` of Secret {namespace}/{secret} is not UTF-8 text, so it is not a              talosconfig"
+            "the key `{key}` of Secret {namespace}/{secret} is not UTF-8 text, so it is not a \
+             talosconfig"
         )
     })?;
-    TalosTls::from_talosconfig(text, None)
-        .map(Arc::new)
-        .map_err(|e| {
-            // The YAML parser's detail may quote what it could not read: the Secret's
-            // content stays out of conditions and logs.
-            let what = match e {
-                TalosError::Config(m) if m.starts_with("talosconfig is not valid YAML") => {
-                    "it is not YAML of the talosconfig shape".to_string()
-                }
-                other => other.to_string(),
-            };
+    // Said without the talosconfig's content: no parser detail, no context's name.
+    TalosContext::parse(text, None)
+        .map(|c| Arc::new(c.tls))
+        .map_err(|p| {
             format!(
-                "the key `{key}` of Secret {namespace}/{secret} (spec.talosConfigSecretRef of                  TalosCluster {name}) is not a usable talosconfig: {what}"
+                "the key `{key}` of Secret {namespace}/{secret} (spec.talosConfigSecretRef of \
+                 TalosCluster {name}) is not a usable talosconfig: {}",
+                p.without_content()
             )
         })
 }
