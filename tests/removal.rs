@@ -898,3 +898,32 @@ async fn an_unapproved_former_control_plane_keeps_its_finalizer_while_etcd_lists
     healthy(&w, 3).await;
     assert_calls_granted(&w.api);
 }
+
+/// Issue 34: a control plane whose spec.hostname is not its etcd member's name. etcd lists
+/// no member by that name, and that is never taken for "already left": the node at its
+/// endpoint says which member it is (one no other machine is named as), the removal records
+/// that member's ID and makes that node leave, by the stand-ins' own record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostname_that_is_not_the_members_name_does_not_skip_the_leave() {
+    let mut w = World::start(&["cp-1", "cp-2", "cp-3"], 3).await;
+    w.add_control_plane("cp-4").await;
+    patch_spec(
+        &w.api,
+        "TalosMachine",
+        "cp-4",
+        json!({"hostname": "cp-4.example"}),
+    )
+    .await;
+    let _c = w.controller();
+    w.finalized(&["cp-1", "cp-2", "cp-3", "cp-4"]).await;
+    delete(&w.api, "TalosMachine", "cp-4").await;
+    wait_for("cp-4 removed", WAIT, || w.machine("cp-4").is_none()).await;
+    assert_eq!(w.members().await, set(&["cp-1", "cp-2", "cp-3"]));
+    healthy(&w, 3).await;
+    assert_eq!(w.talos.calls_to("EtcdLeaveCluster", "cp-4"), 1);
+    assert_eq!(w.talos.by_name("cp-4").resets(), 1);
+    for other in ["cp-1", "cp-2", "cp-3"] {
+        assert_eq!(w.talos.calls_to("EtcdLeaveCluster", other), 0, "{other}");
+        assert_eq!(w.talos.by_name(other).resets(), 0, "{other}");
+    }
+}
