@@ -411,3 +411,234 @@ cases:
     let out = run(&["test", &path, "--fail-under", "120"]);
     assert_eq!(out.code, 2);
 }
+
+// ---------------------------------------------------------------------------------------
+// JUnit is XML 1.0.
+// ---------------------------------------------------------------------------------------
+
+/// An element of a parsed XML document: its name and its attributes (values decoded).
+type Element = (String, Vec<(String, String)>);
+
+/// Whether XML 1.0 allows `c` in a document (production [2] Char).
+fn xml_char(c: char) -> bool {
+    matches!(c, '\t' | '\n' | '\r' | '\u{20}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}' | '\u{10000}'..)
+}
+
+/// A careful check that `text` is a well-formed XML 1.0 document of the shape a JUnit
+/// report has (a declaration, elements, attributes, text, references; no DTD, comments or
+/// CDATA): every character allowed, every reference known and to an allowed character,
+/// every attribute quoted and once per element, every element closed by its own name, one
+/// root. Returns the elements, in document order.
+fn parse_xml(text: &str) -> Result<Vec<Element>, String> {
+    if let Some((at, c)) = text.char_indices().find(|(_, c)| !xml_char(*c)) {
+        return Err(format!("byte {at}: {c:?} is not an XML 1.0 character"));
+    }
+    let mut rest = text;
+    if let Some(r) = rest.strip_prefix("<?xml ") {
+        let end = r.find("?>").ok_or("an unclosed XML declaration")?;
+        rest = &r[end + 2..];
+    }
+    let name_char = |c: char| c.is_alphanumeric() || matches!(c, '_' | '-' | '.' | ':');
+    let reference = |r: &str| -> Result<(char, usize), String> {
+        let end = r
+            .find(';')
+            .ok_or_else(|| format!("an unterminated reference at {r:.20?}"))?;
+        let body = &r[1..end];
+        let c = match body {
+            "amp" => '&',
+            "lt" => '<',
+            "gt" => '>',
+            "quot" => '"',
+            "apos" => '\'',
+            _ => {
+                let n = if let Some(h) = body.strip_prefix("#x") {
+                    u32::from_str_radix(h, 16)
+                } else if let Some(d) = body.strip_prefix('#') {
+                    d.parse()
+                } else {
+                    return Err(format!("an unknown entity &{body};"));
+                };
+                let c = n.ok().and_then(char::from_u32);
+                c.filter(|c| xml_char(*c))
+                    .ok_or_else(|| format!("&{body}; refers to no XML character"))?
+            }
+        };
+        Ok((c, end + 1))
+    };
+    let mut elements = Vec::new();
+    let mut open: Vec<String> = Vec::new();
+    let mut roots = 0;
+    loop {
+        // Text up to the next tag.
+        let lt = rest.find('<').unwrap_or(rest.len());
+        let text_part = &rest[..lt];
+        if open.is_empty() && !text_part.trim().is_empty() {
+            return Err(format!("text outside the root: {text_part:.40?}"));
+        }
+        if text_part.contains("]]>") {
+            return Err("`]]>` in text".into());
+        }
+        let mut t = text_part;
+        while let Some(amp) = t.find('&') {
+            let (_, n) = reference(&t[amp..])?;
+            t = &t[amp + n..];
+        }
+        rest = &rest[lt..];
+        if rest.is_empty() {
+            break;
+        }
+        if let Some(r) = rest.strip_prefix("</") {
+            let n = r.find(|c| !name_char(c)).unwrap_or(r.len());
+            let name = &r[..n];
+            let r = r[n..].trim_start();
+            let r = r.strip_prefix('>').ok_or("a closing tag without `>`")?;
+            match open.pop() {
+                Some(o) if o == name => {}
+                o => return Err(format!("</{name}> closes {o:?}")),
+            }
+            rest = r;
+            continue;
+        }
+        let r = &rest[1..];
+        let n = r.find(|c| !name_char(c)).unwrap_or(r.len());
+        if n == 0 {
+            return Err(format!("a tag without a name at {rest:.20?}"));
+        }
+        let name = r[..n].to_string();
+        let mut r = &r[n..];
+        let mut attrs: Vec<(String, String)> = Vec::new();
+        let closed = loop {
+            let spaced = r.starts_with([' ', '\t', '\n', '\r']);
+            r = r.trim_start_matches([' ', '\t', '\n', '\r']);
+            if let Some(x) = r.strip_prefix("/>") {
+                r = x;
+                break true;
+            }
+            if let Some(x) = r.strip_prefix('>') {
+                r = x;
+                break false;
+            }
+            if !spaced {
+                return Err(format!(
+                    "<{name}>: no space before an attribute at {r:.20?}"
+                ));
+            }
+            let an = r.find(|c| !name_char(c)).unwrap_or(r.len());
+            if an == 0 {
+                return Err(format!("<{name}>: a bad attribute at {r:.20?}"));
+            }
+            let attr = r[..an].to_string();
+            let x = r[an..]
+                .trim_start()
+                .strip_prefix('=')
+                .ok_or("an attribute without `=`")?;
+            let x = x.trim_start();
+            let quote = x
+                .chars()
+                .next()
+                .filter(|q| *q == '"' || *q == '\'')
+                .ok_or("an unquoted attribute")?;
+            let x = &x[1..];
+            let end = x.find(quote).ok_or("an unterminated attribute")?;
+            let raw = &x[..end];
+            if raw.contains('<') {
+                return Err(format!("<{name} {attr}>: `<` in an attribute value"));
+            }
+            let mut value = String::new();
+            let mut v = raw;
+            while let Some(amp) = v.find('&') {
+                value.push_str(&v[..amp]);
+                let (c, n) = reference(&v[amp..])?;
+                value.push(c);
+                v = &v[amp + n..];
+            }
+            value.push_str(v);
+            if attrs.iter().any(|(a, _)| *a == attr) {
+                return Err(format!("<{name}>: attribute {attr} twice"));
+            }
+            attrs.push((attr, value));
+            r = &x[end + 1..];
+        };
+        if open.is_empty() {
+            roots += 1;
+        }
+        elements.push((name.clone(), attrs));
+        if !closed {
+            open.push(name);
+        }
+        rest = r;
+    }
+    if let Some(o) = open.last() {
+        return Err(format!("<{o}> is never closed"));
+    }
+    if roots != 1 {
+        return Err(format!("{roots} root elements"));
+    }
+    Ok(elements)
+}
+
+#[test]
+fn the_xml_check_refuses_what_xml_forbids() {
+    assert!(
+        parse_xml("<?xml version=\"1.0\"?>\n<a x=\"1\"><b y='&lt;&#10;'/>t&amp;</a>\n").is_ok()
+    );
+    for bad in [
+        "<a>\u{FFFE}</a>",
+        "<a x=\"\u{1}\"/>",
+        "<a>&#xFFFF;</a>",
+        "<a>&#1;</a>",
+        "<a><b></a></b>",
+        "<a x=\"1\" x=\"2\"/>",
+        "<a>&nbsp;</a>",
+        "<a x=\"<\"/>",
+        "<a/><b/>",
+        "<a>",
+    ] {
+        assert!(parse_xml(bad).is_err(), "{bad:?} passed");
+    }
+}
+
+/// Issue 33: case names holding U+FFFE, U+FFFF or a C0 control were written into the
+/// JUnit report as they were, which no XML parser reads.
+#[test]
+fn junit_is_well_formed_xml_whatever_the_case_names_hold() {
+    let path = test_file(
+        "junit-chars",
+        &format!(
+            "{OBJECTS}
+cases:
+  - name: \"odd \\uFFFE \\uFFFF \\x01 <&'\\\"> \\t tab\"
+    objects: [c, cps]
+    delete: talosmachine/ns/cp3
+    expect: {{verdict: refuse, rules: [declared-count]}}
+  - name: \"fails \\uFFFF\\r\\n\\x1B\"
+    objects: [c, cps]
+    delete: talosmachine/ns/cp3
+    expect: {{verdict: allow}}
+"
+        ),
+    );
+    let out = run(&["test", &path, "--format", "junit"]);
+    assert_eq!(out.code, 1, "{}{}", out.stdout, out.stderr);
+    let elements = parse_xml(&out.stdout).unwrap_or_else(|e| panic!("{e}:\n{}", out.stdout));
+    let names: Vec<&str> = elements
+        .iter()
+        .filter(|(e, _)| e == "testcase")
+        .filter_map(|(_, a)| a.iter().find(|(k, _)| k == "name").map(|(_, v)| v.as_str()))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "odd \\u{fffe} \\u{ffff} \\u{1} <&'\"> \t tab",
+            "fails \\u{ffff}\r\n\\u{1b}"
+        ],
+        "{}",
+        out.stdout
+    );
+    assert_eq!(
+        elements.iter().filter(|(e, _)| e == "failure").count(),
+        1,
+        "{}",
+        out.stdout
+    );
+}

@@ -1014,18 +1014,31 @@ fn json_report(ran: &[Ran], filtered: usize, cov: Option<&[RuleCoverage]>) -> Va
     out
 }
 
-fn xml(s: &str) -> String {
-    s.chars()
-        .filter(|c| !c.is_control() || *c == '\n' || *c == '\t')
-        .map(|c| match c {
-            '&' => "&amp;".to_string(),
-            '<' => "&lt;".to_string(),
-            '>' => "&gt;".to_string(),
-            '"' => "&quot;".to_string(),
-            '\'' => "&apos;".to_string(),
-            c => c.to_string(),
-        })
-        .collect()
+/// `s` as XML 1.0 text or attribute value: markup characters escaped, and every character
+/// XML 1.0 forbids (anything outside #x9 | #xA | #xD | [#x20-#xD7FF] | [#xE000-#xFFFD] |
+/// [#x10000-#x10FFFF]; a reference to one is not well-formed either) written as its Rust
+/// escape (`\u{fffe}`), as are the other control characters, so the report parses and the
+/// name stays recognisable. A `\r` is a character reference (a parser would turn it into
+/// `\n`), and so are tabs and line breaks in an attribute (`attr`; they would become
+/// spaces).
+fn xml(s: &str, attr: bool) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            '\t' | '\n' if !attr => out.push(c),
+            '\t' | '\n' | '\r' => out.push_str(&format!("&#{};", u32::from(c))),
+            c if c.is_control() || c == '\u{FFFE}' || c == '\u{FFFF}' => {
+                out.extend(c.escape_unicode());
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 fn junit(ran: &[Ran]) -> String {
@@ -1049,7 +1062,7 @@ fn junit(ran: &[Ran]) -> String {
         ran.iter().filter(|r| failed(r)).count()
     );
     for (file, cases) in by_file {
-        let name = xml(&file.display().to_string());
+        let name = xml(&file.display().to_string(), true);
         let _ = writeln!(
             out,
             "  <testsuite name=\"{name}\" tests=\"{}\" failures=\"{}\">",
@@ -1060,7 +1073,7 @@ fn junit(ran: &[Ran]) -> String {
             let _ = write!(
                 out,
                 "    <testcase classname=\"{name}\" name=\"{}\"",
-                xml(&r.case.name)
+                xml(&r.case.name, true)
             );
             match &r.result {
                 Ok((_, f)) if f.is_empty() => {
@@ -1070,16 +1083,16 @@ fn junit(ran: &[Ran]) -> String {
                     let _ = writeln!(
                         out,
                         ">\n      <failure message=\"{}\">{}\ndecided: {}</failure>\n    </testcase>",
-                        xml(&f[0]),
-                        xml(&f.join("\n")),
-                        xml(&decided_by(a))
+                        xml(&f[0], true),
+                        xml(&f.join("\n"), false),
+                        xml(&decided_by(a), false)
                     );
                 }
                 Err(e) => {
                     let _ = writeln!(
                         out,
                         ">\n      <error message=\"{}\"/>\n    </testcase>",
-                        xml(e)
+                        xml(e, true)
                     );
                 }
             }
