@@ -642,3 +642,96 @@ cases:
         out.stdout
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// Size.
+// ---------------------------------------------------------------------------------------
+
+/// Runs the binary, killing it (and failing) if it has not finished within `limit`: a
+/// generous bound, to tell linear from quadratic, never a measurement.
+fn run_within(args: &[&str], limit: std::time::Duration) -> Out {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "rule-tests-{}-out-{}",
+        std::process::id(),
+        args.len()
+    ));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let (so, se) = (dir.join("stdout"), dir.join("stderr"));
+    let mut child = Command::new(BIN)
+        .args(args)
+        .current_dir(root())
+        .env("NO_COLOR", "1")
+        .stdout(std::fs::File::create(&so).expect("stdout file"))
+        .stderr(std::fs::File::create(&se).expect("stderr file"))
+        .spawn()
+        .expect("the binary runs");
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "`ichor-rules {}` did not finish within {limit:?}",
+                args.join(" ")
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let out = Out {
+        code: status.code().unwrap_or(-1),
+        stdout: std::fs::read_to_string(&so).expect("stdout"),
+        stderr: std::fs::read_to_string(&se).expect("stderr"),
+    };
+    assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
+    out
+}
+
+/// Issue 33: loading a test file searched the whole text for each case's line, so the
+/// cases of one file took quadratic time (10,000 cases: 249 s in a debug build; 20,000:
+/// about four times that). Every case is loaded and checked whether `--run` selects it or
+/// not, so 20,000 cases of which one runs measure the loading: now about a second.
+#[test]
+fn twenty_thousand_cases_load_in_linear_time() {
+    let mut text = format!("{OBJECTS}\ncases:\n");
+    for i in 0..20_000 {
+        text.push_str(&format!(
+            "  - name: case {i}\n    objects: [c, cps]\n    delete: talosmachine/ns/cp3\n    expect: {{verdict: refuse, rules: [declared-count]}}\n"
+        ));
+    }
+    let path = test_file("twenty-thousand", &text);
+    let out = run_within(
+        &["test", &path, "--run", "case 19999"],
+        std::time::Duration::from_secs(120),
+    );
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stdout
+            .contains("1 cases: 1 passed, 0 failed, 19999 filtered out"),
+        "{}",
+        out.stdout
+    );
+    // A bad case among them is still found, with its line.
+    let bad = text.replacen(
+        "  - name: case 15000\n    objects: [c, cps]\n    delete: talosmachine/ns/cp3\n    expect: {verdict: refuse, rules: [declared-count]}\n",
+        "  - name: case 15000\n    objects: [c, cps]\n    delete: talosmachine/ns/cp3\n    expect: {verdict: refuse}\n",
+        1,
+    );
+    assert_ne!(bad, text);
+    let path = test_file("twenty-thousand-bad", &bad);
+    let out = run_within(
+        &["test", &path, "--run", "case 19999"],
+        std::time::Duration::from_secs(120),
+    );
+    assert_eq!(out.code, 2, "{}{}", out.stdout, out.stderr);
+    let at = bad.find("  - name: case 15000\n").expect("the case");
+    let line = 1 + bad[..at].matches('\n').count();
+    assert!(
+        out.stderr
+            .contains(&format!("{path}:{line}: case \"case 15000\"")),
+        "{}",
+        out.stderr
+    );
+}

@@ -170,17 +170,31 @@ struct Expect {
 /// A bad test file: exit 2.
 struct BadFile(String);
 
-/// The 1-based line of the case named `name` in `text` (its `name:` line), for messages.
-fn case_line(text: &str, name: &str) -> Option<usize> {
-    text.lines()
-        .position(|l| {
+/// The 1-based lines of the `name:` lines of a test file, by the name they give (each
+/// name's first line), for messages: read once per file, so finding a case's line costs
+/// nothing per case (a search of the text per case made loading quadratic in the cases).
+struct CaseLines(std::collections::HashMap<String, usize>);
+
+impl CaseLines {
+    fn of(text: &str) -> CaseLines {
+        let mut lines = std::collections::HashMap::new();
+        for (i, l) in text.lines().enumerate() {
             let t = l.trim_start().trim_start_matches("- ").trim_start();
-            t.strip_prefix("name:").is_some_and(|rest| {
-                let v = rest.trim();
-                v == name || v.trim_matches('"') == name || v.trim_matches('\'') == name
-            })
-        })
-        .map(|i| i + 1)
+            let Some(rest) = t.strip_prefix("name:") else {
+                continue;
+            };
+            let v = rest.trim();
+            for v in [v, v.trim_matches('"'), v.trim_matches('\'')] {
+                lines.entry(v.to_string()).or_insert(i + 1);
+            }
+        }
+        CaseLines(lines)
+    }
+
+    /// The line of the case named `name` (its `name:` line).
+    fn of_case(&self, name: &str) -> Option<usize> {
+        self.0.get(name).copied()
+    }
 }
 
 /// Test files under the given paths, sorted within each folder.
@@ -239,13 +253,13 @@ enum Request {
 
 struct Loader<'a> {
     file: &'a Path,
-    text: &'a str,
+    lines: CaseLines,
     sets: &'a BTreeMap<String, OneOrMany>,
 }
 
 impl Loader<'_> {
     fn at(&self, name: &str) -> String {
-        match case_line(self.text, name) {
+        match self.lines.of_case(name) {
             Some(l) => format!("{}:{l}", self.file.display()),
             None => self.file.display().to_string(),
         }
@@ -437,7 +451,7 @@ impl Loader<'_> {
         }
         Ok(Case {
             file: self.file.to_path_buf(),
-            line: case_line(self.text, &spec.name),
+            line: self.lines.of_case(&spec.name),
             name: spec.name,
             objects,
             request,
@@ -459,7 +473,7 @@ fn load_file(path: &Path) -> Result<Vec<Case>, BadFile> {
     })?;
     let loader = Loader {
         file: path,
-        text: &text,
+        lines: CaseLines::of(&text),
         sets: &file.objects,
     };
     let mut names = std::collections::HashSet::new();
@@ -1043,14 +1057,18 @@ fn xml(s: &str, attr: bool) -> String {
 
 fn junit(ran: &[Ran]) -> String {
     use std::fmt::Write;
+    // One suite per file, in the order of first appearance (looked up, not searched: many
+    // files of few cases stay linear).
     let mut by_file: Vec<(&Path, Vec<&Ran>)> = Vec::new();
+    let mut index: std::collections::HashMap<&Path, usize> = Default::default();
     for r in ran {
-        match by_file
-            .iter_mut()
-            .find(|(f, _)| *f == r.case.file.as_path())
-        {
-            Some((_, v)) => v.push(r),
-            None => by_file.push((r.case.file.as_path(), vec![r])),
+        let file = r.case.file.as_path();
+        let i = *index.entry(file).or_insert_with(|| {
+            by_file.push((file, Vec::new()));
+            by_file.len() - 1
+        });
+        if let Some((_, cases)) = by_file.get_mut(i) {
+            cases.push(r);
         }
     }
     let failed = |r: &Ran| !matches!(&r.result, Ok((_, f)) if f.is_empty());
