@@ -647,43 +647,19 @@ cases:
 // Size.
 // ---------------------------------------------------------------------------------------
 
-/// Runs the binary, killing it (and failing) if it has not finished within `limit`: a
-/// generous bound, to tell linear from quadratic, never a measurement.
+/// Runs the binary as [`run`] does, failing if it has not finished within `limit`.
 fn run_within(args: &[&str], limit: std::time::Duration) -> Out {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "rule-tests-{}-out-{}",
-        std::process::id(),
-        args.len()
-    ));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let (so, se) = (dir.join("stdout"), dir.join("stderr"));
-    let mut child = Command::new(BIN)
-        .args(args)
-        .current_dir(root())
-        .env("NO_COLOR", "1")
-        .stdout(std::fs::File::create(&so).expect("stdout file"))
-        .stderr(std::fs::File::create(&se).expect("stderr file"))
-        .spawn()
-        .expect("the binary runs");
-    let started = std::time::Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if started.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "`ichor-rules {}` did not finish within {limit:?}",
-                args.join(" ")
-            );
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
+    let out = crate::support::process::output_within(
+        Command::new(BIN)
+            .args(args)
+            .current_dir(root())
+            .env("NO_COLOR", "1"),
+        limit,
+    );
     let out = Out {
-        code: status.code().unwrap_or(-1),
-        stdout: std::fs::read_to_string(&so).expect("stdout"),
-        stderr: std::fs::read_to_string(&se).expect("stderr"),
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     };
     assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
     out
@@ -734,4 +710,86 @@ fn twenty_thousand_cases_load_in_linear_time() {
         "{}",
         out.stderr
     );
+}
+
+/// Issue 33: the nesting check guarded `--objects` only; a deeply nested test file, or an
+/// `apply:`/`status:` file one names, went to the YAML parser as it was (500 KB: 75-85 s in
+/// a release build, over 200 s in a debug one, to fail). Every input now goes through the
+/// one bounded loader, and is refused at once, naming the file, line and column.
+#[test]
+fn a_deeply_nested_test_file_or_file_it_names_is_refused_at_once() {
+    let deep = 250_000;
+    let flow = format!("{}{}", "[".repeat(deep), "]".repeat(deep));
+    let object = format!(
+        "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosMachine\nmetadata: {{name: cp1, namespace: ns, labels: {flow}}}\n"
+    );
+    let limit = std::time::Duration::from_secs(30);
+    // The test file itself: flow, block, and an inline object nested too deep.
+    for (name, text, at) in [
+        ("deep-flow", format!("cases: {flow}\n"), ":1:134:"),
+        (
+            "deep-block",
+            format!("cases:\n{}x\n", "- ".repeat(deep)),
+            ":2:",
+        ),
+        (
+            "deep-inline",
+            format!(
+                "cases:\n  - name: inline\n    objects: objects-stream.yaml\n    apply: {{apiVersion: ichor.maesh.dev/v1alpha1, kind: TalosMachine, metadata: {{name: cp1, namespace: ns, labels: {flow}}}}}\n    expect: {{verdict: allow}}\n"
+            ),
+            ":4:",
+        ),
+    ] {
+        let path = test_file(name, &text);
+        let out = run_within(&["test", &path], limit);
+        assert_eq!(out.code, 2, "{name}: {}{}", out.stdout, out.stderr);
+        assert!(
+            out.stderr.contains(&format!("{path}{at}"))
+                && out.stderr.contains("nested more than 128 levels deep")
+                && out.stderr.contains("a test file nests far less"),
+            "{name}: {}",
+            out.stderr
+        );
+    }
+    // The files a case names: its request (apply, status) and its objects.
+    for (key, file) in [
+        ("apply", "deep-apply.yaml"),
+        ("status", "deep-status.yaml"),
+        ("objects", "deep-objects.yaml"),
+    ] {
+        let verdict = if key == "status" {
+            "refuse, rules: [x]"
+        } else {
+            "allow"
+        };
+        let request = if key == "objects" {
+            "delete: talosmachine/ns/cp1".to_string()
+        } else {
+            format!("{key}: {file}")
+        };
+        let objects = if key == "objects" {
+            file
+        } else {
+            "objects-stream.yaml"
+        };
+        let path = test_file(
+            &format!("names-{key}"),
+            &format!(
+                "cases:\n  - name: names a deep file\n    objects: {objects}\n    {request}\n    expect: {{verdict: {verdict}}}\n"
+            ),
+        );
+        let dir = std::path::Path::new(&path).parent().expect("dir");
+        std::fs::write(dir.join(file), &object).expect("write");
+        let out = run_within(&["test", &path], limit);
+        assert_eq!(out.code, 2, "{key}: {}{}", out.stdout, out.stderr);
+        assert!(
+            out.stderr
+                .contains(&format!("{path}:2: case \"names a deep file\": "))
+                && out.stderr.contains(file)
+                && out.stderr.contains("line 3, column ")
+                && out.stderr.contains("nested more than 128 levels deep"),
+            "{key}: {}",
+            out.stderr
+        );
+    }
 }

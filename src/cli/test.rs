@@ -462,7 +462,17 @@ impl Loader<'_> {
 
 fn load_file(path: &Path) -> Result<Vec<Case>, BadFile> {
     let text = read_text(path, MAX_OBJECTS_FILE).map_err(BadFile)?;
-    let file: TestFile = serde_yaml::from_str(&text).map_err(|e| {
+    let yaml = crate::runtime::nesting::yaml(&text).map_err(|e| {
+        BadFile(format!(
+            "{}:{}:{}: nested more than {} levels deep; a test file nests far less (cases, \
+             their objects and requests), so it is refused before it is parsed",
+            path.display(),
+            e.line,
+            e.column,
+            crate::runtime::nesting::MAX_NESTING
+        ))
+    })?;
+    let file = TestFile::deserialize(yaml).map_err(|e| {
         let at = match e.location() {
             Some(l) => format!("{}:{}:{}", path.display(), l.line(), l.column()),
             None => path.display().to_string(),
@@ -576,7 +586,7 @@ fn run_case(table: &Table, case: Case, now: &str) -> Ran {
     };
     let decided: Result<Outcome, String> = match &ran.case.request {
         Request::Review(body) => {
-            ran.review = serde_json::from_slice(body).ok();
+            ran.review = crate::runtime::nesting::json(body).ok();
             outcome::admission(table, &snapshot, body, true)
         }
         Request::Form(form) => match build_review(form, &ran.case.objects, now) {

@@ -212,11 +212,18 @@ impl TalosContext {
     /// Reads a talosconfig (`context: <current>`, `contexts: {<name>: {endpoints, nodes,
     /// ca, crt, key}}` with base64 PEM) and returns the current context, or the named one.
     pub fn from_talosconfig(yaml: &str, context: Option<&str>) -> Result<TalosContext, TalosError> {
-        let raw: RawConfig = serde_yaml::from_str(yaml).map_err(|e| {
-            TalosError::Config(format!(
-                "talosconfig is not valid YAML of the expected shape: {e}"
-            ))
-        })?;
+        use serde::Deserialize;
+        let raw = super::nesting::yaml(yaml)
+            .map_err(|e| {
+                TalosError::Config(format!("talosconfig: {e}; a talosconfig nests far less"))
+            })
+            .and_then(|de| {
+                RawConfig::deserialize(de).map_err(|e| {
+                    TalosError::Config(format!(
+                        "talosconfig is not valid YAML of the expected shape: {e}"
+                    ))
+                })
+            })?;
         let name = match context {
             Some(name) => name.to_string(),
             None => raw.context.filter(|c| !c.is_empty()).ok_or_else(|| {
