@@ -793,3 +793,90 @@ fn a_deeply_nested_test_file_or_file_it_names_is_refused_at_once() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// A missing TalosCluster.
+// ---------------------------------------------------------------------------------------
+
+/// Issue 33: a case whose TalosCluster was missing (here: in another namespace) passed
+/// silently, the cluster read as missing. It fails now unless it says `clusterMissing:
+/// true`, and the report says the cluster is missing either way.
+#[test]
+fn a_missing_cluster_fails_the_case_unless_it_is_declared() {
+    let case = |declared: &str, cluster_ns: &str| {
+        format!(
+            "objects:
+  c:
+    apiVersion: ichor.maesh.dev/v1alpha1
+    kind: TalosCluster
+    metadata: {{name: c, namespace: {cluster_ns}}}
+    spec: {{controlPlane: {{count: 3}}, schedulable: \"true\"}}
+  w1:
+    apiVersion: ichor.maesh.dev/v1alpha1
+    kind: TalosMachine
+    metadata: {{name: w1, namespace: ns, annotations: {{ichor.maesh.dev/allow-delete: 'true'}}}}
+    spec: {{clusterRef: {{name: c}}, role: worker, approved: true}}
+cases:
+  - name: deleting a worker
+    objects: [c, w1]{declared}
+    delete: talosmachine/ns/w1
+    expect: {{verdict: allow}}
+"
+        )
+    };
+    // The cluster is in another namespace: read as missing, and not declared.
+    let path = test_file("cluster-elsewhere", &case("", "other"));
+    let out = run(&["test", &path]);
+    assert_eq!(out.code, 1, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stdout
+            .contains(&format!("FAIL  deleting a worker ({path}:")),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains(
+            "- cluster: the objects hold no TalosCluster ns/c, so it was read as missing"
+        ) && out.stdout.contains("write `clusterMissing: true`"),
+        "{}",
+        out.stdout
+    );
+    let json = run(&["test", &path, "--format", "json"]);
+    let v: Value = serde_json::from_str(&json.stdout).expect("json");
+    assert_eq!(v["cases"][0]["status"], json!("fail"));
+    assert_eq!(v["cases"][0]["actual"]["missing_clusters"], json!(["ns/c"]));
+    // Declared: it passes, and the human report still says the cluster is missing.
+    let path = test_file(
+        "cluster-declared-missing",
+        &case("\n    clusterMissing: true", "other"),
+    );
+    let out = run(&["test", &path]);
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stdout.contains("ok    deleting a worker")
+            && out
+                .stdout
+                .contains("note: the objects hold no TalosCluster ns/c: it is read as missing")
+            && out.stdout.contains("(`clusterMissing: true`)"),
+        "{}",
+        out.stdout
+    );
+    // Declared, but the cluster is there: the declaration is wrong.
+    let path = test_file(
+        "cluster-declared-present",
+        &case("\n    clusterMissing: true", "ns"),
+    );
+    let out = run(&["test", &path]);
+    assert_eq!(out.code, 1, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stdout
+            .contains("- cluster: the case says `clusterMissing: true`, and the objects hold every TalosCluster"),
+        "{}",
+        out.stdout
+    );
+    // Present and not declared: an ordinary pass, no note.
+    let path = test_file("cluster-present", &case("", "ns"));
+    let out = run(&["test", &path]);
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(!out.stdout.contains("note:"), "{}", out.stdout);
+}

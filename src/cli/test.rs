@@ -102,6 +102,12 @@ struct CaseSpec {
     status: Option<Entry>,
     #[serde(default)]
     reconcile: Option<String>,
+    /// The TalosCluster the request or reconcile names is meant to be missing from the
+    /// objects (it is read as missing: `cluster.exists` false, `count` 0). Without it, a
+    /// case whose cluster is missing fails: a typo in `clusterRef`, a cluster in another
+    /// namespace or a forgotten object would otherwise pass silently.
+    #[serde(default, rename = "clusterMissing")]
+    cluster_missing: bool,
     expect: Expect,
 }
 
@@ -240,6 +246,8 @@ struct Case {
     name: String,
     objects: Vec<Value>,
     request: Request,
+    /// `clusterMissing: true`: the case means its TalosCluster to be missing.
+    cluster_missing: bool,
     expect: Expect,
 }
 
@@ -455,6 +463,7 @@ impl Loader<'_> {
             name: spec.name,
             objects,
             request,
+            cluster_missing: spec.cluster_missing,
             expect: spec.expect,
         })
     }
@@ -525,6 +534,8 @@ struct Actual {
     /// The `allow` statements that cover the events no rule looked at.
     allowed_by: Vec<String>,
     notes: Vec<String>,
+    /// The TalosClusters the events name that the objects do not hold (`namespace/name`).
+    missing_clusters: Vec<String>,
 }
 
 struct Ran {
@@ -675,14 +686,16 @@ fn run_case(table: &Table, case: Case, now: &str) -> Ran {
         events: o.events,
         considered,
         notes: o.notes.clone(),
+        missing_clusters: o.missing_clusters.clone(),
     };
-    let failures = compare(&ran.case.expect, &actual);
+    let failures = compare(&ran.case.expect, ran.case.cluster_missing, &actual);
     ran.result = Ok((actual, failures));
     ran
 }
 
-/// Every way `actual` differs from `expect`, one line each; empty when the case passes.
-fn compare(e: &Expect, a: &Actual) -> Vec<String> {
+/// Every way `actual` differs from `expect` (and from `clusterMissing`), one line each;
+/// empty when the case passes.
+fn compare(e: &Expect, cluster_missing: bool, a: &Actual) -> Vec<String> {
     let mut out = Vec::new();
     let list = |v: &[String]| {
         if v.is_empty() {
@@ -792,6 +805,22 @@ fn compare(e: &Expect, a: &Actual) -> Vec<String> {
                     .to_string()
             });
         }
+        _ => {}
+    }
+    // A cluster read as missing is said, and is what the case meant or a failure.
+    match (cluster_missing, a.missing_clusters.is_empty()) {
+        (false, false) => out.push(format!(
+            "cluster: the objects hold no TalosCluster {}, so it was read as missing \
+             (cluster.exists = false, count = 0); add it to the case's objects (in the \
+             namespace of the machine), or write `clusterMissing: true` if the case tests a \
+             missing cluster",
+            a.missing_clusters.join(", ")
+        )),
+        (true, true) if a.events > 0 => out.push(
+            "cluster: the case says `clusterMissing: true`, and the objects hold every \
+             TalosCluster its events name; drop `clusterMissing`, or leave the cluster out"
+                .to_string(),
+        ),
         _ => {}
     }
     out
@@ -933,6 +962,15 @@ fn human(ran: &[Ran], filtered: usize, cov: Option<&[RuleCoverage]>) -> String {
         match &r.result {
             Ok((a, f)) if f.is_empty() => {
                 let _ = writeln!(out, "  ok    {} ({})", r.case.name, decided_by(a));
+                for n in &a.notes {
+                    let _ = writeln!(out, "        note: {n}");
+                }
+                if r.case.cluster_missing {
+                    let _ = writeln!(
+                        out,
+                        "        note: the case declares its TalosCluster missing (`clusterMissing: true`)"
+                    );
+                }
             }
             Ok((a, f)) => {
                 let _ = writeln!(out, "  FAIL  {} ({})", r.case.name, where_(&r.case));
@@ -1009,6 +1047,7 @@ fn json_report(ran: &[Ran], filtered: usize, cov: Option<&[RuleCoverage]>) -> Va
                 "name": r.case.name,
                 "status": status,
                 "expected": r.case.expect,
+                "clusterMissing": r.case.cluster_missing,
                 "actual": actual,
                 "failures": failures,
                 "error": error,
