@@ -1071,6 +1071,55 @@ fn deeply_nested_input_is_bad_input_at_once() {
     }
 }
 
+/// Issue 33: `--apply` and `--status` files went to the YAML parser unchecked (500 KB
+/// nested: 75-85 s in a release build to fail, while `--objects` refused the same at
+/// once). They go through the one bounded loader now.
+#[test]
+fn a_deeply_nested_apply_or_status_file_is_bad_input_at_once() {
+    let dir = scratch("deep-apply");
+    let deep = 250_000;
+    let file = dir.join("deep.yaml");
+    for (shape, text) in [
+        (
+            "flow",
+            format!(
+                "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosMachine\nmetadata: {{name: cp1, namespace: ns, labels: {}{}}}\n",
+                "[".repeat(deep),
+                "]".repeat(deep)
+            ),
+        ),
+        ("block", format!("{}x\n", "- ".repeat(deep))),
+    ] {
+        std::fs::write(&file, &text).unwrap();
+        let f = file.to_str().unwrap();
+        for (command, flag) in [
+            ("eval", "--apply"),
+            ("eval", "--status"),
+            ("explain", "--apply"),
+            ("explain", "--status"),
+        ] {
+            let out = crate::support::process::output_within(
+                Command::new(BIN)
+                    .args([command, "--objects", STREAM, flag, f])
+                    .current_dir(root())
+                    .env("NO_COLOR", "1"),
+                std::time::Duration::from_secs(30),
+            );
+            let out = Out {
+                code: out.status.code().unwrap_or(-1),
+                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            };
+            assert_bad_input(&out, f, "nested more than 128 levels deep");
+            assert!(
+                out.stderr.contains("a Kubernetes object nests far less"),
+                "{shape} {command} {flag}: {}",
+                out.stderr
+            );
+        }
+    }
+}
+
 /// As the webhook answers it: a TalosOperation's spec never changes once created.
 #[test]
 fn eval_refuses_an_operations_spec_edit() {

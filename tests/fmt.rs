@@ -397,3 +397,91 @@ proptest! {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Line endings and bare comments.
+// ---------------------------------------------------------------------------------------
+
+/// Issue 33: a bare `#` line between two statements of a CRLF file was kept hugging the
+/// next statement, which, read back with LF endings, counted as a blank line: the second
+/// `fmt` changed the file again, so `fmt` then `fmt --check` exited 1.
+#[test]
+fn a_crlf_file_with_a_bare_comment_line_formats_once_and_for_all() {
+    let d = dir("crlf-bare");
+    let rules = "rule a\r\n  refuse remove machine\r\n  when true\r\n#\r\nrule b\r\n  refuse remove machine\r\n  when true\r\n";
+    for (name, text) in [
+        ("bare.rules", rules.to_string()),
+        ("spaces.rules", rules.replace("#\r\n", "#   \r\n")),
+        ("lf.rules", rules.replace("\r\n", "\n")),
+    ] {
+        let file = d.join(name);
+        std::fs::write(&file, &text).expect("write");
+        let out = run(&["fmt", s(&file)]);
+        assert_eq!(out.code, 0, "{name}: {}", out.stderr);
+        let once = std::fs::read_to_string(&file).expect("read");
+        assert_eq!(
+            once,
+            "rule a\n  refuse remove machine\n  when true\n#\nrule b\n  refuse remove machine\n  when true\n",
+            "{name}"
+        );
+        let again = run(&["fmt", "--check", s(&file)]);
+        assert_eq!(again.code, 0, "{name}: not idempotent:\n{}", again.stdout);
+    }
+}
+
+/// Lays the pieces out with comments that are only `#` (maybe followed by spaces), comment
+/// blocks holding a bare `#` line, blank lines around them, and LF or CRLF endings.
+fn layout_bare(pieces: &[Piece], choices: &[u8], crlf: bool) -> String {
+    let mut out = String::new();
+    let mut c = choices.iter().cycle();
+    for (i, p) in pieces.iter().enumerate() {
+        match p {
+            Piece::Tok(t) => out.push_str(t),
+            Piece::Gap => out.push_str(&match *c.next().unwrap_or(&0) % 12 {
+                0 => " ".to_string(),
+                1 => "\n".to_string(),
+                2 => "\n\n".to_string(),
+                3 => " #\n".to_string(),
+                4 => "\n#\n".to_string(),
+                5 => "\n#   \n".to_string(),
+                6 => "\n\n#\n\n".to_string(),
+                7 => format!(" # c{i}\n"),
+                8 => format!("\n# c{i}\n#\n# d{i}\n"),
+                9 => format!("\n\n# c{i}\n\n"),
+                10 => "\n#\n\n".to_string(),
+                _ => " #   \n".to_string(),
+            }),
+        }
+    }
+    if crlf {
+        out = out.replace('\n', "\r\n");
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// fmt(fmt(x)) == fmt(x) with bare comments anywhere, and a CRLF file formats as the
+    /// same file with LF endings does.
+    #[test]
+    fn formatting_bare_comments_and_crlf_is_idempotent(
+        pieces in rule_set(),
+        choices in prop::collection::vec(any::<u8>(), 1..64),
+    ) {
+        let d = dir("prop-bare");
+        let mut formatted = Vec::new();
+        for crlf in [false, true] {
+            let text = layout_bare(&pieces, &choices, crlf);
+            let file = d.join(if crlf { "crlf.rules" } else { "lf.rules" });
+            std::fs::write(&file, &text).expect("write");
+            let out = run(&["fmt", s(&file)]);
+            prop_assert_eq!(out.code, 0, "{:?}\n{}", text, out.stderr);
+            let once = std::fs::read_to_string(&file).expect("read");
+            let again = run(&["fmt", "--check", s(&file)]);
+            prop_assert_eq!(again.code, 0, "not idempotent:\n{:?}\n---\n{}\n{}", text, once, again.stdout);
+            formatted.push(once);
+        }
+        prop_assert_eq!(&formatted[0], &formatted[1], "CRLF formats as LF does");
+    }
+}

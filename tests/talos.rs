@@ -493,6 +493,9 @@ fn talosconfig_good_named_and_malformed() {
     assert!(m.contains("not valid YAML of the expected shape"), "{m}");
     let m = config_error(":: not yaml\n\t- [", None);
     assert!(m.contains("YAML"), "{m}");
+    // Nested too deep: refused by the one bounded loader, before the YAML parser.
+    let m = config_error(&"[".repeat(60_000), None);
+    assert!(m.contains("nested more than 128 levels deep"), "{m}");
     let m = config_error("context: a\ncontexts:\n  a:\n", None);
     assert!(m.contains("context `a` is empty"), "{m}");
     let m = config_error("context: a\ncontexts:\n  a:\n    endpoints: [x]\n", None);

@@ -29,34 +29,41 @@ pub struct Outcome {
     pub not_by_rule: Option<String>,
     /// What the reader should know about the objects (a TalosCluster that is not there).
     pub notes: Vec<String>,
+    /// The TalosClusters (`namespace/name`) the events name and the objects do not hold:
+    /// read as missing. `test` fails a case with one unless it says the cluster is missing.
+    pub missing_clusters: Vec<String>,
     /// A reconcile of a control plane: `member.dead` came from the objects, not from etcd.
     pub member_dead_offline: bool,
     /// The parsed request, for the AdmissionReview response (admission only).
     pub request: Option<Request>,
 }
 
-/// Notes on the events' clusters: a TalosCluster the objects do not hold is read as
-/// missing (`cluster.exists` false, `count` 0), which is a decision the reader should see
-/// was made on purpose, not by a typo in `clusterRef` or a forgotten object.
-fn cluster_notes(snapshot: &Snapshot, events: &[EventFacts<'_>]) -> Vec<String> {
-    let mut notes: Vec<String> = Vec::new();
+/// The events' clusters the objects do not hold (`namespace/name`, each once), and a note
+/// on each: a TalosCluster the objects do not hold is read as missing (`cluster.exists`
+/// false, `count` 0), which is a decision the reader should see was made on purpose, not by
+/// a typo in `clusterRef` or a forgotten object.
+fn missing_clusters(snapshot: &Snapshot, events: &[EventFacts<'_>], out: &mut Missing) {
     for ev in events {
         if matches!(ev.subject, FactSubject::Cluster(_)) {
             continue;
         }
-        if snapshot.cluster(ev.namespace, ev.cluster).is_none() {
-            let note = format!(
-                "the objects hold no TalosCluster {}/{}: it is read as missing \
+        let name = format!("{}/{}", ev.namespace, ev.cluster);
+        if snapshot.cluster(ev.namespace, ev.cluster).is_none() && !out.clusters.contains(&name) {
+            out.notes.push(format!(
+                "the objects hold no TalosCluster {name}: it is read as missing \
                  (cluster.exists = false, count = 0, schedulable = true); add it to the \
-                 objects file if the cluster exists",
-                ev.namespace, ev.cluster
-            );
-            if !notes.contains(&note) {
-                notes.push(note);
-            }
+                 objects file if the cluster exists"
+            ));
+            out.clusters.push(name);
         }
     }
-    notes
+}
+
+/// Missing clusters and their notes.
+#[derive(Default)]
+struct Missing {
+    clusters: Vec<String>,
+    notes: Vec<String>,
 }
 
 /// Decides an AdmissionReview body as the webhook does, with no controller named (no
@@ -98,6 +105,7 @@ pub fn admission_as(
             kinds: Vec::new(),
             not_by_rule: Some(message),
             notes: Vec::new(),
+            missing_clusters: Vec::new(),
             member_dead_offline: false,
             request: Some(req),
         });
@@ -116,7 +124,8 @@ pub fn admission_as(
         trace,
         req.by_controller(controller_username),
     );
-    let notes = cluster_notes(snapshot, &events);
+    let mut missing = Missing::default();
+    missing_clusters(snapshot, &events, &mut missing);
     let count = events.len();
     let kinds = events.iter().map(|e| e.event).collect();
     drop(events);
@@ -127,7 +136,8 @@ pub fn admission_as(
         events: count,
         kinds,
         not_by_rule: None,
-        notes,
+        notes: missing.notes,
+        missing_clusters: missing.clusters,
         member_dead_offline: false,
         request: Some(req),
     })
@@ -153,7 +163,8 @@ pub fn reconcile(
         decide_events(table, snapshot, &events, Expensive::FromObjects, trace);
     let mut count = events.len();
     let mut kinds: Vec<crate::check::Event> = events.iter().map(|e| e.event).collect();
-    let mut notes = cluster_notes(snapshot, &events);
+    let mut missing = Missing::default();
+    missing_clusters(snapshot, &events, &mut missing);
     // As the controller: an operation that has not started, and is not held, has its
     // start rules decided again.
     if decision.verdict().is_none()
@@ -168,11 +179,7 @@ pub fn reconcile(
         traces.extend(t);
         count += start.len();
         kinds.extend(start.iter().map(|e| e.event));
-        for n in cluster_notes(snapshot, &start) {
-            if !notes.contains(&n) {
-                notes.push(n);
-            }
-        }
+        missing_clusters(snapshot, &start, &mut missing);
     }
     let member_dead_offline = events
         .iter()
@@ -184,7 +191,8 @@ pub fn reconcile(
         events: count,
         kinds,
         not_by_rule: None,
-        notes,
+        notes: missing.notes,
+        missing_clusters: missing.clusters,
         member_dead_offline,
         request: None,
     })

@@ -143,7 +143,13 @@ pub fn parse_target(text: &str) -> Result<Target, String> {
 pub fn read_apply_file(path: &Path, text: &str) -> Result<Value, String> {
     use serde::Deserialize;
     let mut docs = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(text) {
+    let stream = crate::runtime::nesting::yaml(text).map_err(|e| {
+        format!(
+            "{}: {e}; a Kubernetes object nests far less, so this is not an object ichor-rules reads",
+            path.display()
+        )
+    })?;
+    for doc in stream {
         let v = serde_yaml::Value::deserialize(doc)
             .map_err(|e| format!("{}: not valid YAML: {e}", path.display()))?;
         if !v.is_null() {
@@ -181,11 +187,16 @@ pub fn read_apply_file(path: &Path, text: &str) -> Result<Value, String> {
 }
 
 /// The live objects of an objects file as written (not as typed), so a review carries
-/// every field the file has, as the API server sends the stored object.
+/// every field the file has, as the API server sends the stored object. The text is one
+/// [`load_snapshot`](crate::runtime::objects::load_snapshot) accepted (nothing of a text
+/// nested too deep is read).
 pub fn raw_objects(text: &str) -> Vec<Value> {
     use serde::Deserialize;
     let mut out = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(text) {
+    let Ok(stream) = crate::runtime::nesting::yaml(text) else {
+        return out;
+    };
+    for doc in stream {
         let Ok(v) = serde_yaml::Value::deserialize(doc) else {
             continue;
         };

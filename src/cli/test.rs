@@ -102,6 +102,12 @@ struct CaseSpec {
     status: Option<Entry>,
     #[serde(default)]
     reconcile: Option<String>,
+    /// The TalosCluster the request or reconcile names is meant to be missing from the
+    /// objects (it is read as missing: `cluster.exists` false, `count` 0). Without it, a
+    /// case whose cluster is missing fails: a typo in `clusterRef`, a cluster in another
+    /// namespace or a forgotten object would otherwise pass silently.
+    #[serde(default, rename = "clusterMissing")]
+    cluster_missing: bool,
     expect: Expect,
 }
 
@@ -170,17 +176,31 @@ struct Expect {
 /// A bad test file: exit 2.
 struct BadFile(String);
 
-/// The 1-based line of the case named `name` in `text` (its `name:` line), for messages.
-fn case_line(text: &str, name: &str) -> Option<usize> {
-    text.lines()
-        .position(|l| {
+/// The 1-based lines of the `name:` lines of a test file, by the name they give (each
+/// name's first line), for messages: read once per file, so finding a case's line costs
+/// nothing per case (a search of the text per case made loading quadratic in the cases).
+struct CaseLines(std::collections::HashMap<String, usize>);
+
+impl CaseLines {
+    fn of(text: &str) -> CaseLines {
+        let mut lines = std::collections::HashMap::new();
+        for (i, l) in text.lines().enumerate() {
             let t = l.trim_start().trim_start_matches("- ").trim_start();
-            t.strip_prefix("name:").is_some_and(|rest| {
-                let v = rest.trim();
-                v == name || v.trim_matches('"') == name || v.trim_matches('\'') == name
-            })
-        })
-        .map(|i| i + 1)
+            let Some(rest) = t.strip_prefix("name:") else {
+                continue;
+            };
+            let v = rest.trim();
+            for v in [v, v.trim_matches('"'), v.trim_matches('\'')] {
+                lines.entry(v.to_string()).or_insert(i + 1);
+            }
+        }
+        CaseLines(lines)
+    }
+
+    /// The line of the case named `name` (its `name:` line).
+    fn of_case(&self, name: &str) -> Option<usize> {
+        self.0.get(name).copied()
+    }
 }
 
 /// Test files under the given paths, sorted within each folder.
@@ -226,6 +246,8 @@ struct Case {
     name: String,
     objects: Vec<Value>,
     request: Request,
+    /// `clusterMissing: true`: the case means its TalosCluster to be missing.
+    cluster_missing: bool,
     expect: Expect,
 }
 
@@ -239,13 +261,13 @@ enum Request {
 
 struct Loader<'a> {
     file: &'a Path,
-    text: &'a str,
+    lines: CaseLines,
     sets: &'a BTreeMap<String, OneOrMany>,
 }
 
 impl Loader<'_> {
     fn at(&self, name: &str) -> String {
-        match case_line(self.text, name) {
+        match self.lines.of_case(name) {
             Some(l) => format!("{}:{l}", self.file.display()),
             None => self.file.display().to_string(),
         }
@@ -437,10 +459,11 @@ impl Loader<'_> {
         }
         Ok(Case {
             file: self.file.to_path_buf(),
-            line: case_line(self.text, &spec.name),
+            line: self.lines.of_case(&spec.name),
             name: spec.name,
             objects,
             request,
+            cluster_missing: spec.cluster_missing,
             expect: spec.expect,
         })
     }
@@ -448,7 +471,17 @@ impl Loader<'_> {
 
 fn load_file(path: &Path) -> Result<Vec<Case>, BadFile> {
     let text = read_text(path, MAX_OBJECTS_FILE).map_err(BadFile)?;
-    let file: TestFile = serde_yaml::from_str(&text).map_err(|e| {
+    let yaml = crate::runtime::nesting::yaml(&text).map_err(|e| {
+        BadFile(format!(
+            "{}:{}:{}: nested more than {} levels deep; a test file nests far less (cases, \
+             their objects and requests), so it is refused before it is parsed",
+            path.display(),
+            e.line,
+            e.column,
+            crate::runtime::nesting::MAX_NESTING
+        ))
+    })?;
+    let file = TestFile::deserialize(yaml).map_err(|e| {
         let at = match e.location() {
             Some(l) => format!("{}:{}:{}", path.display(), l.line(), l.column()),
             None => path.display().to_string(),
@@ -459,7 +492,7 @@ fn load_file(path: &Path) -> Result<Vec<Case>, BadFile> {
     })?;
     let loader = Loader {
         file: path,
-        text: &text,
+        lines: CaseLines::of(&text),
         sets: &file.objects,
     };
     let mut names = std::collections::HashSet::new();
@@ -501,6 +534,8 @@ struct Actual {
     /// The `allow` statements that cover the events no rule looked at.
     allowed_by: Vec<String>,
     notes: Vec<String>,
+    /// The TalosClusters the events name that the objects do not hold (`namespace/name`).
+    missing_clusters: Vec<String>,
 }
 
 struct Ran {
@@ -562,7 +597,7 @@ fn run_case(table: &Table, case: Case, now: &str) -> Ran {
     };
     let decided: Result<Outcome, String> = match &ran.case.request {
         Request::Review(body) => {
-            ran.review = serde_json::from_slice(body).ok();
+            ran.review = crate::runtime::nesting::json(body).ok();
             outcome::admission(table, &snapshot, body, true)
         }
         Request::Form(form) => match build_review(form, &ran.case.objects, now) {
@@ -651,14 +686,16 @@ fn run_case(table: &Table, case: Case, now: &str) -> Ran {
         events: o.events,
         considered,
         notes: o.notes.clone(),
+        missing_clusters: o.missing_clusters.clone(),
     };
-    let failures = compare(&ran.case.expect, &actual);
+    let failures = compare(&ran.case.expect, ran.case.cluster_missing, &actual);
     ran.result = Ok((actual, failures));
     ran
 }
 
-/// Every way `actual` differs from `expect`, one line each; empty when the case passes.
-fn compare(e: &Expect, a: &Actual) -> Vec<String> {
+/// Every way `actual` differs from `expect` (and from `clusterMissing`), one line each;
+/// empty when the case passes.
+fn compare(e: &Expect, cluster_missing: bool, a: &Actual) -> Vec<String> {
     let mut out = Vec::new();
     let list = |v: &[String]| {
         if v.is_empty() {
@@ -768,6 +805,22 @@ fn compare(e: &Expect, a: &Actual) -> Vec<String> {
                     .to_string()
             });
         }
+        _ => {}
+    }
+    // A cluster read as missing is said, and is what the case meant or a failure.
+    match (cluster_missing, a.missing_clusters.is_empty()) {
+        (false, false) => out.push(format!(
+            "cluster: the objects hold no TalosCluster {}, so it was read as missing \
+             (cluster.exists = false, count = 0); add it to the case's objects (in the \
+             namespace of the machine), or write `clusterMissing: true` if the case tests a \
+             missing cluster",
+            a.missing_clusters.join(", ")
+        )),
+        (true, true) if a.events > 0 => out.push(
+            "cluster: the case says `clusterMissing: true`, and the objects hold every \
+             TalosCluster its events name; drop `clusterMissing`, or leave the cluster out"
+                .to_string(),
+        ),
         _ => {}
     }
     out
@@ -909,6 +962,15 @@ fn human(ran: &[Ran], filtered: usize, cov: Option<&[RuleCoverage]>) -> String {
         match &r.result {
             Ok((a, f)) if f.is_empty() => {
                 let _ = writeln!(out, "  ok    {} ({})", r.case.name, decided_by(a));
+                for n in &a.notes {
+                    let _ = writeln!(out, "        note: {n}");
+                }
+                if r.case.cluster_missing {
+                    let _ = writeln!(
+                        out,
+                        "        note: the case declares its TalosCluster missing (`clusterMissing: true`)"
+                    );
+                }
             }
             Ok((a, f)) => {
                 let _ = writeln!(out, "  FAIL  {} ({})", r.case.name, where_(&r.case));
@@ -985,6 +1047,7 @@ fn json_report(ran: &[Ran], filtered: usize, cov: Option<&[RuleCoverage]>) -> Va
                 "name": r.case.name,
                 "status": status,
                 "expected": r.case.expect,
+                "clusterMissing": r.case.cluster_missing,
                 "actual": actual,
                 "failures": failures,
                 "error": error,
@@ -1014,30 +1077,47 @@ fn json_report(ran: &[Ran], filtered: usize, cov: Option<&[RuleCoverage]>) -> Va
     out
 }
 
-fn xml(s: &str) -> String {
-    s.chars()
-        .filter(|c| !c.is_control() || *c == '\n' || *c == '\t')
-        .map(|c| match c {
-            '&' => "&amp;".to_string(),
-            '<' => "&lt;".to_string(),
-            '>' => "&gt;".to_string(),
-            '"' => "&quot;".to_string(),
-            '\'' => "&apos;".to_string(),
-            c => c.to_string(),
-        })
-        .collect()
+/// `s` as XML 1.0 text or attribute value: markup characters escaped, and every character
+/// XML 1.0 forbids (anything outside #x9 | #xA | #xD | [#x20-#xD7FF] | [#xE000-#xFFFD] |
+/// [#x10000-#x10FFFF]; a reference to one is not well-formed either) written as its Rust
+/// escape (`\u{fffe}`), as are the other control characters, so the report parses and the
+/// name stays recognisable. A `\r` is a character reference (a parser would turn it into
+/// `\n`), and so are tabs and line breaks in an attribute (`attr`; they would become
+/// spaces).
+fn xml(s: &str, attr: bool) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            '\t' | '\n' if !attr => out.push(c),
+            '\t' | '\n' | '\r' => out.push_str(&format!("&#{};", u32::from(c))),
+            c if c.is_control() || c == '\u{FFFE}' || c == '\u{FFFF}' => {
+                out.extend(c.escape_unicode());
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 fn junit(ran: &[Ran]) -> String {
     use std::fmt::Write;
+    // One suite per file, in the order of first appearance (looked up, not searched: many
+    // files of few cases stay linear).
     let mut by_file: Vec<(&Path, Vec<&Ran>)> = Vec::new();
+    let mut index: std::collections::HashMap<&Path, usize> = Default::default();
     for r in ran {
-        match by_file
-            .iter_mut()
-            .find(|(f, _)| *f == r.case.file.as_path())
-        {
-            Some((_, v)) => v.push(r),
-            None => by_file.push((r.case.file.as_path(), vec![r])),
+        let file = r.case.file.as_path();
+        let i = *index.entry(file).or_insert_with(|| {
+            by_file.push((file, Vec::new()));
+            by_file.len() - 1
+        });
+        if let Some((_, cases)) = by_file.get_mut(i) {
+            cases.push(r);
         }
     }
     let failed = |r: &Ran| !matches!(&r.result, Ok((_, f)) if f.is_empty());
@@ -1049,7 +1129,7 @@ fn junit(ran: &[Ran]) -> String {
         ran.iter().filter(|r| failed(r)).count()
     );
     for (file, cases) in by_file {
-        let name = xml(&file.display().to_string());
+        let name = xml(&file.display().to_string(), true);
         let _ = writeln!(
             out,
             "  <testsuite name=\"{name}\" tests=\"{}\" failures=\"{}\">",
@@ -1060,7 +1140,7 @@ fn junit(ran: &[Ran]) -> String {
             let _ = write!(
                 out,
                 "    <testcase classname=\"{name}\" name=\"{}\"",
-                xml(&r.case.name)
+                xml(&r.case.name, true)
             );
             match &r.result {
                 Ok((_, f)) if f.is_empty() => {
@@ -1070,16 +1150,16 @@ fn junit(ran: &[Ran]) -> String {
                     let _ = writeln!(
                         out,
                         ">\n      <failure message=\"{}\">{}\ndecided: {}</failure>\n    </testcase>",
-                        xml(&f[0]),
-                        xml(&f.join("\n")),
-                        xml(&decided_by(a))
+                        xml(&f[0], true),
+                        xml(&f.join("\n"), false),
+                        xml(&decided_by(a), false)
                     );
                 }
                 Err(e) => {
                     let _ = writeln!(
                         out,
                         ">\n      <error message=\"{}\"/>\n    </testcase>",
-                        xml(e)
+                        xml(e, true)
                     );
                 }
             }

@@ -4,7 +4,8 @@
 use super::{EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, Format, emit};
 use crate::diagnostics::render_human;
 use crate::ruleset::load;
-use crate::verify::{Bounds, Report, verify};
+use crate::verify::memory::{Budget, default_limit};
+use crate::verify::{Bounds, Report, verify_within};
 use clap::Args;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
@@ -41,6 +42,12 @@ pub struct VerifyArgs {
     /// Steps from a starting state after which exploration stops (reported when reached).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub depth: u32,
+    /// Memory the whole `verify` may use (all its runs together), such as `512M` or `4G`:
+    /// an exploration that would pass it stops first, saying how far it got (exit 2,
+    /// nothing proved). Default: three quarters of the memory available when it starts
+    /// (MemAvailable in /proc/meminfo); no limit where that cannot be read.
+    #[arg(long, value_name = "SIZE", value_parser = crate::verify::memory::parse_size)]
+    pub max_memory: Option<u64>,
     /// Output format: `human` (text) or `json`.
     #[arg(long, value_enum, default_value_t = Format::Human)]
     pub format: Format,
@@ -83,10 +90,12 @@ pub fn run(args: &VerifyArgs, paths: &[PathBuf]) -> u8 {
         eprintln!("error: {e}");
         return EXIT_BAD_INPUT;
     }
+    let budget = Budget::new(args.max_memory.or_else(default_limit).unwrap_or(u64::MAX));
+    let budget = &budget;
     let outcomes: Vec<std::thread::Result<Result<Report, _>>> = std::thread::scope(|scope| {
         let handles: Vec<_> = bounds
             .iter()
-            .map(|b| scope.spawn(move || verify(table, *b)))
+            .map(|b| scope.spawn(move || verify_within(table, *b, budget)))
             .collect();
         handles.into_iter().map(|h| h.join()).collect()
     });

@@ -70,10 +70,12 @@ impl Request {
 
 /// Parses an AdmissionReview v1 body.
 pub fn parse_review(body: &[u8]) -> Result<Request, ReviewError> {
-    if let Some((line, column)) = super::nesting::json_too_deep(body, MAX_NESTING) {
-        return Err(ReviewError::TooDeep { line, column });
-    }
-    let value: serde_json::Value = serde_json::from_slice(body).map_err(ReviewError::Json)?;
+    let value: serde_json::Value = super::nesting::json(body).map_err(|e| match e {
+        super::nesting::JsonError::TooDeep(super::nesting::TooDeep { line, column }) => {
+            ReviewError::TooDeep { line, column }
+        }
+        super::nesting::JsonError::Json(e) => ReviewError::Json(e),
+    })?;
     let api_version = value
         .get("apiVersion")
         .and_then(|v| v.as_str())

@@ -698,15 +698,15 @@ macro_rules! kind_impl {
             fn one(body: &[u8], decode: Decode, e: &Expect<'_>) -> Result<Self, String> {
                 match decode {
                     Decode::Full => {
-                        let item: Item<ObjectMeta, $spec, $status> = serde_json::from_slice(body)
+                        let item: Item<ObjectMeta, $spec, $status> = super::nesting::json(body)
                             .map_err(|err| {
-                            format!("the answer is not a valid {}: {err}", e.kind)
-                        })?;
+                                format!("the answer is not a valid {}: {err}", e.kind)
+                            })?;
                         typed(item, e, $build)
                     }
                     Decode::Decisions => {
-                        let item: Item<DecisionMeta, $spec, $decided> =
-                            serde_json::from_slice(body).map_err(|err| {
+                        let item: Item<DecisionMeta, $spec, $decided> = super::nesting::json(body)
+                            .map_err(|err| {
                                 format!("the answer is not a valid {}: {err}", e.kind)
                             })?;
                         typed(into_meta(item), e, $build_decided)
@@ -747,7 +747,7 @@ fn parse_page<I: serde::de::DeserializeOwned>(
     body: &[u8],
     e: &Expect<'_>,
 ) -> Result<Page<I>, String> {
-    serde_json::from_slice(body).map_err(|err| {
+    super::nesting::json(body).map_err(|err| {
         format!(
             "the answer is not a valid {API_VERSION} {}List: {}",
             e.kind,
@@ -1018,7 +1018,7 @@ impl LiveReader {
             return Ok(Answer::NotFound);
         }
         if !code.is_success() {
-            let status: kube::core::Status = serde_json::from_slice(&body).unwrap_or_default();
+            let status: kube::core::Status = super::nesting::json(&body).unwrap_or_default();
             return Err(LiveError::Status {
                 what: what.to_string(),
                 code: code.as_u16(),

@@ -314,8 +314,13 @@ impl TalosContext {
 
     /// [`TalosContext::from_talosconfig`], saying what is wrong as a [`ConfigProblem`].
     pub fn parse(yaml: &str, context: Option<&str>) -> Result<TalosContext, ConfigProblem> {
-        let raw: RawConfig =
-            serde_yaml::from_str(yaml).map_err(|e| ConfigProblem::NotYaml(e.to_string()))?;
+        use serde::Deserialize;
+        // The one bounded loader: nesting checked before the parser sees it.
+        let raw = super::nesting::yaml(yaml)
+            .map_err(|e| ConfigProblem::NotYaml(format!("{e}; a talosconfig nests far less")))
+            .and_then(|de| {
+                RawConfig::deserialize(de).map_err(|e| ConfigProblem::NotYaml(e.to_string()))
+            })?;
         let name = match context {
             Some(name) => name.to_string(),
             None => raw

@@ -160,13 +160,19 @@ fn comments(gap: &str, file_start: bool) -> Vec<Comment> {
     out
 }
 
-/// How many newlines a gap holds (outside its comments).
+/// Whether a gap holds an empty line: two newlines with only spaces (`\r` too) between
+/// them. A comment line is not empty, however short: a bare `#` ends a run of newlines as
+/// `# text` does (else `\n#\n` would count as a blank line and `\r\n#\r\n` would not,
+/// and formatting a CRLF file would not be idempotent).
 fn blank_line_in(gap: &str) -> bool {
     let mut newlines = 0;
     let mut in_comment = false;
     for c in gap.chars() {
         match c {
-            '#' => in_comment = true,
+            '#' => {
+                in_comment = true;
+                newlines = 0;
+            }
             '\n' => {
                 in_comment = false;
                 newlines += 1;

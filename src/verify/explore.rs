@@ -3,6 +3,7 @@
 //! explored graph, and the shortest trace to each violation.
 
 use super::invariant::{Facts, InvariantCheck, Verdicts};
+use super::memory::{Budget, Over, show};
 use super::model::{
     ClusterState, GONE, Lazy, Lock, Machine, Memo, Model, Move, NONE, Next, Op, OpKind, Pending,
     Phase, Req, State, ix, len_byte, object_key,
@@ -73,6 +74,14 @@ pub struct Memos {
 impl Memos {
     /// Object keys kept, both generations together (about 650 bytes each).
     const MAX: usize = 1 << 16;
+    /// The bytes of one key and its decisions, about.
+    const BYTES: u64 = 650;
+
+    /// The memory the memos may still take before they are full (then they forget as
+    /// much as they keep).
+    fn headroom(&self) -> u64 {
+        Self::MAX.saturating_sub(self.map.len() + self.old.len()) as u64 * Self::BYTES
+    }
 
     /// The decisions kept for `key` (none when there are none).
     fn take(&mut self, key: &[u8]) -> Memo {
@@ -573,8 +582,18 @@ struct Succ {
     hash: u64,
     mv: Move,
     alone: bool,
-    /// Invariants the transition broke, with their messages.
-    broken: Vec<(usize, String)>,
+}
+
+/// The first transition of a chunk, in id order, that broke an invariant: all the merge
+/// can report of that invariant from the chunk (the first violation in id order is the
+/// one reported), so a chunk holds at most one message per invariant, however many of its
+/// transitions break it.
+struct FirstBroken {
+    /// The state's position in the chunk (in id order).
+    state: usize,
+    /// The transition's index in the chunk's `succ`.
+    succ: usize,
+    message: String,
 }
 
 /// One state of a batch, expanded.
@@ -597,6 +616,8 @@ struct Chunk {
     bytes: Vec<u8>,
     fired: super::model::Fired,
     at_risk: Vec<bool>,
+    /// Per invariant, the first transition that broke it.
+    broken: Vec<Option<FirstBroken>>,
     transitions: u64,
 }
 
@@ -635,6 +656,8 @@ fn expand(
     out.fired = super::model::Fired::default();
     out.at_risk.clear();
     out.at_risk.resize(checks.len(), false);
+    out.broken.clear();
+    out.broken.resize_with(checks.len(), || None);
     out.transitions = 0;
     let mut nexts: Vec<Next> = Vec::new();
     let mut buf = Vec::new();
@@ -727,27 +750,37 @@ fn expand(
             let start = out.bytes.len();
             out.bytes.extend_from_slice(&buf);
             let f = Facts::of_transition(&before, c, &n.effect);
-            let checked = verdicts.check(checks, &f, c.concurrent);
+            let checked = verdicts.check(checks, skip, &f, c.concurrent);
             let skipped = |k: usize| skip.get(k).copied().unwrap_or(false);
-            for &k in &checked.at_risk {
+            for k in checked.at_risk.iter() {
                 if let Some(r) = out.at_risk.get_mut(k)
                     && !skipped(k)
                 {
                     *r = true;
                 }
             }
-            let broken: Vec<(usize, String)> = checked
-                .broken
-                .iter()
-                .filter(|(k, _)| !skipped(*k))
-                .cloned()
-                .collect();
+            // Only the first breaking transition in id order (states earlier in the
+            // chunk first; within a state, its transitions in order) keeps its message.
+            for k in checked.broken.iter().filter(|k| !skipped(*k)) {
+                let (Some(slot), Some(check)) = (out.broken.get_mut(k), checks.get(k)) else {
+                    continue;
+                };
+                if slot.as_ref().is_some_and(|b| b.state <= p) {
+                    continue;
+                }
+                if let super::invariant::Outcome::Broken(message) = check.holds(&f, c.concurrent) {
+                    *slot = Some(FirstBroken {
+                        state: p,
+                        succ: out.succ.len(),
+                        message,
+                    });
+                }
+            }
             out.succ.push(Succ {
                 key: start..out.bytes.len(),
                 hash: hash_key(&buf),
                 mv: n.mv,
                 alone: n.mv.progresses_alone(),
-                broken,
             });
             n.state.recycle();
         }
@@ -789,7 +822,17 @@ fn threads() -> usize {
 /// successors merged in the order a single thread would have found them, so ids, parents,
 /// the shortest traces and every report are the same whatever the number of threads.
 pub fn explore(model: &Model<'_>, checks: &[InvariantCheck]) -> Exploration {
-    explore_with(model, checks, threads())
+    explore_within(model, checks, &Budget::unlimited())
+}
+
+/// [`explore`] within a memory budget: an exploration that would pass it stops before it
+/// does, and says how far it got (it proves nothing then).
+pub fn explore_within(
+    model: &Model<'_>,
+    checks: &[InvariantCheck],
+    budget: &Budget,
+) -> Exploration {
+    explore_upto(model, checks, threads(), BATCH, NO_PARENT, budget)
 }
 
 /// [`explore`] with a given number of threads.
@@ -804,20 +847,110 @@ fn explore_in(
     threads: usize,
     batch: usize,
 ) -> Exploration {
-    explore_upto(model, checks, threads, batch, NO_PARENT)
+    explore_upto(
+        model,
+        checks,
+        threads,
+        batch,
+        NO_PARENT,
+        &Budget::unlimited(),
+    )
 }
 
-/// [`explore_in`] numbering at most `limit` states.
+/// The bytes of a vector's buffer.
+fn held<T>(v: &Vec<T>) -> u64 {
+    (v.capacity() * std::mem::size_of::<T>()) as u64
+}
+
+/// The buffer a vector allocates if `more` elements are pushed (its old one is held until
+/// they are copied), or 0 when they fit.
+fn growth<T>(v: &Vec<T>, more: usize) -> u64 {
+    if v.len() + more <= v.capacity() {
+        return 0;
+    }
+    ((v.len() + more).max(2 * v.capacity()) * std::mem::size_of::<T>()) as u64
+}
+
+/// A hash table's bytes per entry it has room for (a `u32` and a control byte per bucket,
+/// buckets 8/7 of the room, rounded up to a power of two: at most 2 x 8/7 x 5 bytes).
+const TABLE_BYTES: u64 = 12;
+
+/// How much memory the exploration holds (its big structures), and how much more it may
+/// need before it finishes: the next growth of each structure, if `states`, `edges` and
+/// `bytes` more are numbered, and the liveness check after the exploration (which
+/// reverses the edges).
+fn memory(
+    ex: &Exploration,
+    visited: &Visited,
+    graph: &Graph,
+    states: usize,
+    edges: usize,
+    bytes: usize,
+) -> (u64, u64) {
+    let held = held(&ex.keys.bytes)
+        + held(&ex.keys.ends)
+        + held(&ex.parent)
+        + held(&ex.depth)
+        + held(&visited.hashes)
+        + visited.table.capacity() as u64 * TABLE_BYTES / 2
+        + held(&graph.in_progress)
+        + held(&graph.goal)
+        + held(&graph.blocked)
+        + held(&graph.alone);
+    let table = if visited.table.len() + states > visited.table.capacity() {
+        (visited.table.len() + states).max(visited.table.capacity()) as u64 * TABLE_BYTES
+    } else {
+        0
+    };
+    let next = growth(&ex.keys.bytes, bytes)
+        + growth(&ex.keys.ends, states)
+        + growth(&ex.parent, states)
+        + growth(&ex.depth, states)
+        + growth(&visited.hashes, states)
+        + table
+        + growth(&graph.in_progress, states)
+        + growth(&graph.goal, states)
+        + growth(&graph.blocked, states)
+        + growth(&graph.alone, edges);
+    // The liveness check: `reaches` (a byte a state), the reversed edges' starts and fill
+    // pointers (4 bytes a state each), the edges themselves (4 bytes each), the stack.
+    let (n, e) = (
+        (ex.keys.len() + states) as u64,
+        (graph.alone.len() + edges) as u64,
+    );
+    let liveness = 13 * n + 4 * e;
+    (held, next + liveness)
+}
+
+/// Why an exploration stopped at its memory budget, with how far it got.
+fn over_budget(ex: &Exploration, over: Over) -> String {
+    format!(
+        "the memory budget of {} (--max-memory) would be passed: {} in use and {} more needed \
+         to go on and finish, with {} distinct states numbered (to depth {}): exploration \
+         stopped before the bounds were explored, so nothing was proved; lower the bounds \
+         (--max-control-planes, --max-workers, --max-failures, --max-operations, --in-flight, \
+         --max-requests) or --depth, or raise --max-memory",
+        show(over.limit),
+        show(over.used),
+        show(over.reserved),
+        ex.keys.len(),
+        ex.depth.last().copied().unwrap_or(0),
+    )
+}
+
+/// [`explore_in`] numbering at most `limit` states, within `budget`.
 fn explore_upto(
     model: &Model<'_>,
     checks: &[InvariantCheck],
     threads: usize,
     batch: usize,
     limit: u32,
+    budget: &Budget,
 ) -> Exploration {
     let threads = threads.max(1);
     let batch = batch.max(1);
     let started = Instant::now();
+    let mut share = budget.share();
     // One cache of invariant outcomes per thread, kept from batch to batch.
     // What each thread keeps from batch to batch: its caches and its chunk's buffers.
     let mut workers: Vec<Worker> = (0..threads).map(|_| Worker::default()).collect();
@@ -890,7 +1023,33 @@ fn explore_upto(
     // Merged chunks, whose buffers the next batch's pieces are written into (growing fresh
     // ones every batch costs the kernel's zeroing of their pages again).
     let mut spares: Vec<Chunk> = Vec::new();
+    // What the last merge added (states, edges, key bytes): what the next ones may add is
+    // reserved, twice over.
+    let mut numbered = (ex.keys.len(), 0usize, ex.keys.bytes.len());
     while ex.incomplete.is_none() {
+        let added = (
+            ex.keys.len() - numbered.0,
+            graph.alone.len() - numbered.1,
+            ex.keys.bytes.len() - numbered.2,
+        );
+        numbered = (ex.keys.len(), graph.alone.len(), ex.keys.bytes.len());
+        let (held, more) = memory(
+            &ex,
+            &visited,
+            &graph,
+            2 * added.0 + 2 * batch * threads,
+            2 * added.1,
+            2 * added.2,
+        );
+        // The workers' caches are bounded; what they may still take is reserved too.
+        let caches: u64 = workers
+            .iter()
+            .map(|w| w.memos.headroom() + w.verdicts.headroom())
+            .sum();
+        if let Err(over) = share.check(held, more + caches) {
+            ex.incomplete = Some(over_budget(&ex, over));
+            break;
+        }
         if cursor >= ex.keys.len() {
             // Nothing numbered is left to expand before the last batch is merged.
             match unmerged.take() {
@@ -1005,6 +1164,8 @@ fn explore_upto(
         unmerged = Some((cursor, chunks));
         cursor = end;
     }
+    // The visited set is not needed any more: its memory goes to the liveness check.
+    drop(visited);
     let Graph {
         in_progress,
         goal,
@@ -1123,6 +1284,7 @@ fn merge(
 ) {
     let mut id = first;
     for chunk in chunks.iter_mut() {
+        let chunk_first = id;
         ex.transitions += chunk.transitions;
         for (k, r) in chunk.at_risk.iter().enumerate() {
             if let Some(a) = ex.at_risk.get_mut(k) {
@@ -1160,22 +1322,30 @@ fn merge(
                 if sc.alone {
                     graph.alone.push((from, to));
                 }
-                for (k, message) in &sc.broken {
-                    if violated.get(*k).copied().unwrap_or(true) {
-                        continue;
-                    }
-                    violated[*k] = true;
-                    ex.violations.push(Violation {
-                        invariant: *k,
-                        from,
-                        to_key: Some(key.to_vec()),
-                        mv: Some(sc.mv),
-                        message: message.clone(),
-                        depth: d + 1,
-                    });
-                }
             }
             id += 1;
+        }
+        // The first violation of each invariant, in id order (chunks are in id order).
+        for (k, b) in chunk.broken.iter_mut().enumerate() {
+            let Some(b) = b.take() else {
+                continue;
+            };
+            let (Some(false), Some(sc)) = (violated.get(k).copied(), chunk.succ.get(b.succ)) else {
+                continue;
+            };
+            let at = chunk_first + b.state;
+            let (Ok(from), Some(d)) = (u32::try_from(at), ex.depth.get(at).copied()) else {
+                continue;
+            };
+            violated[k] = true;
+            ex.violations.push(Violation {
+                invariant: k,
+                from,
+                to_key: chunk.bytes.get(sc.key.clone()).map(<[u8]>::to_vec),
+                mv: Some(sc.mv),
+                message: b.message,
+                depth: d + 1,
+            });
         }
     }
 }
@@ -1263,7 +1433,7 @@ mod parallel {
         assert!(whole.incomplete.is_none());
         assert!(whole.keys.len() > 100, "{}", whole.keys.len());
         for (threads, limit) in [(1, 50u32), (2, 50), (1, 1)] {
-            let cut = explore_upto(&model, &checks, threads, 4, limit);
+            let cut = explore_upto(&model, &checks, threads, 4, limit, &Budget::unlimited());
             let why = cut.incomplete.as_deref().expect("said");
             assert!(why.contains("nothing was proved"), "{why}");
             assert!(cut.keys.len() <= limit as usize);
@@ -1377,9 +1547,10 @@ mod remembered {
     use crate::verify::invariant::{InvariantCheck, check_all};
 
     /// Remembered outcomes are the outcomes: over the transitions of a small model (and
-    /// the same facts with etcd emptied, which breaks invariants, so that messages are
-    /// compared too), with and without overlapping requests, the cache answers what
-    /// checking afresh answers, the first time and when it is asked again.
+    /// the same facts with etcd emptied, which breaks invariants), with and without
+    /// overlapping requests, the cache answers what checking afresh answers, the first
+    /// time and when it is asked again; and with invariants skipped, it answers the
+    /// others alike.
     #[test]
     fn remembered_verdicts_are_the_verdicts() {
         let (table, bounds) = crate::verify::model::tests::small_model();
@@ -1408,10 +1579,23 @@ mod remembered {
                     for concurrent in [false, true] {
                         let fresh = check_all(&checks, &[], &f, concurrent);
                         for _ in 0..2 {
-                            assert_eq!(cache.check(&checks, &f, concurrent), &fresh);
+                            assert_eq!(cache.check(&checks, &[], &f, concurrent), &fresh);
                             asked += 1;
                         }
                         broken += fresh.broken.len();
+                        // Skipping some: the others' outcomes are the same.
+                        let skip: Vec<bool> = (0..checks.len()).map(|k| k % 2 == 0).collect();
+                        let partial = check_all(&checks, &skip, &f, concurrent);
+                        for k in 0..checks.len() {
+                            if k % 2 == 1 {
+                                assert_eq!(partial.broken.contains(k), fresh.broken.contains(k));
+                                assert_eq!(partial.at_risk.contains(k), fresh.at_risk.contains(k));
+                            } else {
+                                assert!(
+                                    !partial.broken.contains(k) && !partial.at_risk.contains(k)
+                                );
+                            }
+                        }
                     }
                 }
             }

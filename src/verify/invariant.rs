@@ -319,6 +319,22 @@ pub enum Outcome {
     Broken(String),
 }
 
+/// [`Outcome`] without the message (rendered only when it is wanted).
+enum Judged {
+    Holds { at_risk: bool },
+    Broken(Why),
+}
+
+/// Why an invariant is broken.
+enum Why {
+    /// Its `when` or `unless` could not be evaluated.
+    Condition(String),
+    /// Its `ensure` could not be evaluated.
+    Ensure(String),
+    /// Its `ensure` is false.
+    False,
+}
+
 fn reads(e: &Expr, name: &str) -> bool {
     e.reads(name)
 }
@@ -356,13 +372,27 @@ impl InvariantCheck {
     /// Checks the invariant on facts. A `sequential` invariant is not checked where
     /// requests overlapped.
     pub fn holds(&self, f: &Facts, concurrent: bool) -> Outcome {
+        match self.judge(f, concurrent) {
+            Judged::Holds { at_risk } => Outcome::Holds { at_risk },
+            Judged::Broken(Why::Condition(e)) => {
+                Outcome::Broken(format!("its condition could not be evaluated ({e})"))
+            }
+            Judged::Broken(Why::Ensure(e)) => {
+                Outcome::Broken(format!("`ensure` could not be evaluated ({e})"))
+            }
+            Judged::Broken(Why::False) => Outcome::Broken(self.render(f)),
+        }
+    }
+
+    /// [`InvariantCheck::holds`] without rendering a message.
+    fn judge(&self, f: &Facts, concurrent: bool) -> Judged {
         if self.meta.sequential && concurrent {
-            return Outcome::Holds { at_risk: false };
+            return Judged::Holds { at_risk: false };
         }
         if let Some(steps) = &self.when_steps
             && !steps[usize::from(f.step)]
         {
-            return Outcome::Holds { at_risk: false };
+            return Judged::Holds { at_risk: false };
         }
         let applies = (|| -> Result<bool, String> {
             let when = match &self.when {
@@ -377,17 +407,15 @@ impl InvariantCheck {
         })();
         let applies = match applies {
             Ok(a) => a,
-            Err(e) => {
-                return Outcome::Broken(format!("its condition could not be evaluated ({e})"));
-            }
+            Err(e) => return Judged::Broken(Why::Condition(e)),
         };
         if !applies {
-            return Outcome::Holds { at_risk: false };
+            return Judged::Holds { at_risk: false };
         }
         match truth(&self.ensure, f) {
-            Ok(true) => Outcome::Holds { at_risk: true },
-            Ok(false) => Outcome::Broken(self.render(f)),
-            Err(e) => Outcome::Broken(format!("`ensure` could not be evaluated ({e})")),
+            Ok(true) => Judged::Holds { at_risk: true },
+            Ok(false) => Judged::Broken(Why::False),
+            Err(e) => Judged::Broken(Why::Ensure(e)),
         }
     }
 
@@ -399,12 +427,57 @@ impl InvariantCheck {
     }
 }
 
-/// What every check said of one set of facts: the checks it put at risk (holding), and
-/// the ones it broke with their messages.
+/// A set of invariants, by index: a bit each (1,000 invariants in 128 bytes).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Set(Vec<u64>);
+
+impl Set {
+    fn insert(&mut self, k: usize) {
+        let (word, bit) = (k / 64, k % 64);
+        if self.0.len() <= word {
+            self.0.resize(word + 1, 0);
+        }
+        if let Some(w) = self.0.get_mut(word) {
+            *w |= 1 << bit;
+        }
+    }
+
+    pub fn contains(&self, k: usize) -> bool {
+        self.0.get(k / 64).is_some_and(|w| w & (1 << (k % 64)) != 0)
+    }
+
+    /// The indices in the set, in order.
+    pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        self.0.iter().enumerate().flat_map(|(i, &w)| {
+            (0..64)
+                .filter(move |b| w & (1 << b) != 0)
+                .map(move |b| i * 64 + b)
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.iter().map(|w| w.count_ones() as usize).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(|w| *w == 0)
+    }
+
+    /// The bytes it holds.
+    fn bytes(&self) -> usize {
+        self.0.capacity() * 8
+    }
+}
+
+/// What every check said of one set of facts: the checks it put at risk (holding or not),
+/// and the ones it broke. No message: a message is rendered
+/// ([`InvariantCheck::holds`]) only for a violation that will be reported, so remembering
+/// outcomes costs two bits per invariant, not a message (with 1,000 invariants broken
+/// everywhere, remembered messages took gigabytes).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Checked {
-    pub at_risk: Vec<usize>,
-    pub broken: Vec<(usize, String)>,
+    pub at_risk: Set,
+    pub broken: Set,
 }
 
 /// Checks with their outcomes remembered per facts. An outcome reads nothing but the
@@ -417,6 +490,8 @@ pub struct Verdicts {
         Checked,
         std::hash::BuildHasherDefault<super::explore::Fx>,
     >,
+    /// The bytes the remembered outcomes hold.
+    bytes: usize,
     /// For facts that do not pack (a count past 255): checked afresh each time.
     fresh: Checked,
 }
@@ -524,21 +599,41 @@ fn pack(f: &Facts, concurrent: bool) -> Option<Packed> {
 }
 
 impl Verdicts {
+    /// Outcomes remembered at most.
     const MAX: usize = 1 << 16;
+    /// Bytes of remembered outcomes at most (many invariants make each one larger).
+    const MAX_BYTES: usize = 16 << 20;
 
-    /// The outcomes of the checks not deferred (the whole graph's): every time the same,
-    /// for one `checks` (a cache is used with one list of checks).
-    pub fn check(&mut self, checks: &[InvariantCheck], f: &Facts, concurrent: bool) -> &Checked {
+    /// The memory the remembered outcomes may still take before they are forgotten.
+    pub fn headroom(&self) -> u64 {
+        Self::MAX_BYTES.saturating_sub(self.bytes) as u64
+    }
+
+    /// The outcomes of the checks not deferred (the whole graph's) nor in `skip`. `skip`
+    /// may only grow from call to call (the invariants already violated): an outcome
+    /// remembered under a smaller `skip` holds more, which the caller skips too.
+    pub fn check(
+        &mut self,
+        checks: &[InvariantCheck],
+        skip: &[bool],
+        f: &Facts,
+        concurrent: bool,
+    ) -> &Checked {
         let Some(key) = pack(f, concurrent) else {
-            self.fresh = check_all(checks, &[], f, concurrent);
+            self.fresh = check_all(checks, skip, f, concurrent);
             return &self.fresh;
         };
-        if self.seen.len() >= Self::MAX {
+        if self.seen.len() >= Self::MAX || self.bytes >= Self::MAX_BYTES {
             self.seen.clear();
+            self.bytes = 0;
         }
-        self.seen
-            .entry(key)
-            .or_insert_with(|| check_all(checks, &[], f, concurrent))
+        let bytes = &mut self.bytes;
+        self.seen.entry(key).or_insert_with(|| {
+            let c = check_all(checks, skip, f, concurrent);
+            *bytes +=
+                std::mem::size_of::<(Packed, Checked)>() + c.at_risk.bytes() + c.broken.bytes();
+            c
+        })
     }
 }
 
@@ -549,15 +644,15 @@ pub fn check_all(checks: &[InvariantCheck], skip: &[bool], f: &Facts, concurrent
         if check.deferred || skip.get(k).copied().unwrap_or(false) {
             continue;
         }
-        match check.holds(f, concurrent) {
-            Outcome::Holds { at_risk } => {
+        match check.judge(f, concurrent) {
+            Judged::Holds { at_risk } => {
                 if at_risk {
-                    out.at_risk.push(k);
+                    out.at_risk.insert(k);
                 }
             }
-            Outcome::Broken(message) => {
-                out.at_risk.push(k);
-                out.broken.push((k, message));
+            Judged::Broken(_) => {
+                out.at_risk.insert(k);
+                out.broken.insert(k);
             }
         }
     }

@@ -10,12 +10,14 @@
 pub mod diff;
 pub mod explore;
 pub mod invariant;
+pub mod memory;
 pub mod model;
 pub mod trace;
 
 use crate::compile::Table;
-use explore::{Exploration, explore};
+use explore::{Exploration, explore_within};
 use invariant::InvariantCheck;
+use memory::Budget;
 use model::Model;
 pub use model::{Bounds, BoundsError};
 
@@ -41,9 +43,19 @@ impl Report {
 /// Explores the model with `table` within `bounds` and checks its invariants; bounds a
 /// model cannot hold are an error.
 pub fn verify(table: &Table, bounds: Bounds) -> Result<Report, BoundsError> {
+    verify_within(table, bounds, &Budget::unlimited())
+}
+
+/// [`verify`] within a memory budget (shared by the runs given the same one): a run that
+/// would pass it stops first, incomplete, saying how far it got.
+pub fn verify_within(
+    table: &Table,
+    bounds: Bounds,
+    budget: &Budget,
+) -> Result<Report, BoundsError> {
     let model = Model::new(table, bounds)?;
     let checks: Vec<InvariantCheck> = table.invariants.iter().map(InvariantCheck::new).collect();
-    let ex = explore(&model, &checks);
+    let ex = explore_within(&model, &checks, budget);
     let traces = ex
         .violations
         .iter()

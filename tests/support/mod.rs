@@ -7,4 +7,5 @@ pub mod controller;
 pub mod etcd;
 pub mod https;
 pub mod objects;
+pub mod process;
 pub mod talos;

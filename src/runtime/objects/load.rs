@@ -4,10 +4,7 @@
 use super::{API_VERSION, ObjectMeta, Snapshot, TalosCluster, TalosMachine, TalosOperation};
 use serde::Deserialize;
 
-/// The deepest nesting an objects file or an AdmissionReview may have. Kubernetes objects
-/// nest far less; a deeper input is refused before a parser sees it (libyaml's scanner is
-/// quadratic in nesting depth: 60,000 levels took 13 s).
-pub const MAX_NESTING: usize = 128;
+pub use crate::runtime::nesting::MAX_NESTING;
 
 /// Why an objects file could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -172,13 +169,13 @@ const KINDS: [&str; 3] = ["TalosCluster", "TalosMachine", "TalosOperation"];
 /// input, named by its document (and item), never silently skipped: a skipped object
 /// would change what is counted, and so the decision.
 pub fn load_snapshot(text: &str) -> Result<Snapshot, LoadError> {
-    if let Some((line, column)) = crate::runtime::nesting::yaml_too_deep(text, MAX_NESTING) {
-        return Err(LoadError::TooDeep { line, column });
-    }
+    let docs = crate::runtime::nesting::yaml(text).map_err(
+        |crate::runtime::nesting::TooDeep { line, column }| LoadError::TooDeep { line, column },
+    )?;
     let mut snap = Snapshot::default();
     let mut seen: std::collections::HashMap<(&'static str, String, String), String> =
         Default::default();
-    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+    for (i, doc) in docs.enumerate() {
         let doc_no = i + 1;
         let value = serde_yaml::Value::deserialize(doc).map_err(|source| LoadError::Yaml {
             doc: doc_no,
