@@ -109,6 +109,19 @@ fn web_pod_on(node: &str) -> Value {
     })
 }
 
+/// The PodDisruptionBudget `apps/web` lets the pod go now (minAvailable 0).
+async fn lift_budget(w: &World) {
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use kube::api::{Api, PostParams};
+    let mut pdb = get(&w.api, "PodDisruptionBudget", "web").expect("pdb");
+    pdb["spec"]["minAvailable"] = json!(0);
+    let api: Api<PodDisruptionBudget> = Api::namespaced(w.api.test_client(), "apps");
+    let pdb: PodDisruptionBudget = serde_json::from_value(pdb).expect("pdb");
+    api.replace("web", &PostParams::default(), &pdb)
+        .await
+        .expect("replace pdb");
+}
+
 fn set(names: &[&str]) -> BTreeSet<String> {
     names.iter().map(|s| s.to_string()).collect()
 }
@@ -484,17 +497,7 @@ async fn an_edit_mid_removal_keeps_the_finalizer_while_etcd_lists_the_member() {
         json!({"clusterRef": {"name": "prod"}, "approved": true}),
     )
     .await;
-    let mut pdb = get(&w.api, "PodDisruptionBudget", "web").expect("pdb");
-    pdb["spec"]["minAvailable"] = json!(0);
-    {
-        use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-        use kube::api::{Api, PostParams};
-        let api: Api<PodDisruptionBudget> = Api::namespaced(w.api.test_client(), "apps");
-        let pdb: PodDisruptionBudget = serde_json::from_value(pdb).expect("pdb");
-        api.replace("web", &PostParams::default(), &pdb)
-            .await
-            .expect("replace pdb");
-    }
+    lift_budget(&w).await;
     wait_for("cp-4 removed", WAIT, || w.machine("cp-4").is_none()).await;
     assert_eq!(w.members().await, set(&["cp-1", "cp-2", "cp-3"]));
     assert_eq!(w.talos.by_name("cp-4").resets(), 1);
@@ -731,17 +734,7 @@ async fn a_drain_blocked_by_a_budget_waits_then_completes() {
     assert_eq!(node["spec"]["unschedulable"], true, "cordoned first");
 
     // The budget allows it now: the removal goes on by itself.
-    let mut pdb = get(&w.api, "PodDisruptionBudget", "web").expect("pdb");
-    pdb["spec"]["minAvailable"] = json!(0);
-    {
-        use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-        use kube::api::{Api, PostParams};
-        let api: Api<PodDisruptionBudget> = Api::namespaced(w.api.test_client(), "apps");
-        let pdb: PodDisruptionBudget = serde_json::from_value(pdb).expect("pdb");
-        api.replace("web", &PostParams::default(), &pdb)
-            .await
-            .expect("replace pdb");
-    }
+    lift_budget(&w).await;
     wait_for("cp-4 removed", WAIT, || w.machine("cp-4").is_none()).await;
     assert!(get(&w.api, "Pod", "web-1").is_none(), "evicted");
     assert_eq!(w.members().await, set(&["cp-1", "cp-2", "cp-3"]));

@@ -69,6 +69,17 @@ pub fn machine_events<'s>(
                 return out;
             };
             let (mo, mn) = (member(old), member(new));
+            // An event about the machine as it is (its old self, counted as it is).
+            let of_old = |verb: Verb, r: Role| EventFacts {
+                event: (verb, role_subject(r), Site::Webhook),
+                namespace,
+                cluster: old.cluster(),
+                subject: Subject::Machine {
+                    name: old.name(),
+                    view: old,
+                    counted: Some(old),
+                },
+            };
             if mo == mn {
                 // Still the same approved member: a change of how the controller finds its
                 // node and etcd member is the one edit the rules see.
@@ -76,16 +87,7 @@ pub fn machine_events<'s>(
                     && (old.spec.endpoint != new.spec.endpoint
                         || old.spec.hostname != new.spec.hostname)
                 {
-                    out.push(EventFacts {
-                        event: (Verb::Readdress, role_subject(r), Site::Webhook),
-                        namespace,
-                        cluster: old.cluster(),
-                        subject: Subject::Machine {
-                            name: old.name(),
-                            view: old,
-                            counted: Some(old),
-                        },
-                    });
+                    out.push(of_old(Verb::Readdress, r));
                 }
                 return out;
             }
@@ -97,16 +99,7 @@ pub fn machine_events<'s>(
                 } else {
                     Verb::Move
                 };
-                out.push(EventFacts {
-                    event: (verb, role_subject(r), Site::Webhook),
-                    namespace,
-                    cluster: old.cluster(),
-                    subject: Subject::Machine {
-                        name: old.name(),
-                        view: old,
-                        counted: Some(old),
-                    },
-                });
+                out.push(of_old(verb, r));
             }
             if let Some(r) = new.approved_role() {
                 out.push(EventFacts {
