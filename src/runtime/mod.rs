@@ -6,6 +6,7 @@ pub mod admission;
 pub mod certs;
 pub mod controller;
 pub mod decide;
+pub mod exec;
 pub mod facts;
 pub mod live;
 pub mod logs;

@@ -6,16 +6,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
 use kube::api::{Api, EvictParams, ListParams, Patch, PatchParams};
 
-/// Where a drain stands.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Drained {
-    /// Cordoned and no pod left to evict (or there is no such Node).
-    Done,
-    /// Evictions were accepted; pods are still terminating.
-    Waiting { remaining: usize },
-    /// An eviction was refused (a PodDisruptionBudget, or an API error on that pod).
-    Blocked { pod: String, message: String },
-}
+pub use crate::runtime::exec::Drained;
 
 fn daemon_set_pod(p: &Pod) -> bool {
     p.metadata.owner_references.as_ref().is_some_and(|o| {

@@ -21,9 +21,10 @@ pub mod lock;
 pub mod machine;
 pub mod nodes;
 pub mod operation;
-pub mod plan;
+pub use crate::runtime::exec::rules as plan;
 pub mod removal;
 pub mod status;
+pub mod world;
 
 pub use plan::hold_of;
 

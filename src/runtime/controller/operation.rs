@@ -49,55 +49,31 @@ async fn start_again(
         return Action::await_change();
     };
     // `healthy.after` is asked of etcd (the members that stay once the target is reset),
-    // as for a removal; what cannot be read refuses.
-    let mut supplied: Vec<(crate::vocab::Fact, i64)> = Vec::new();
-    let decision = loop {
-        match super::plan::decide(table, snapshot, ev, &supplied) {
-            Ok(d) => break d,
-            Err(f @ (crate::vocab::Fact::HealthyAfter | crate::vocab::Fact::MembersAfter))
-                if !supplied.iter().any(|(g, _)| *g == f) =>
-            {
-                let target = next
-                    .spec
-                    .machine
-                    .as_deref()
-                    .and_then(|t| snapshot.machine(next.namespace(), t));
-                let counted = match target {
-                    Some(m) => {
-                        // With the operation's cluster's own credentials (read live).
-                        let dialer = super::nodes::Dialer::for_cluster(
-                            ctx,
-                            next.namespace(),
-                            next.cluster(),
-                            snapshot.cluster(next.namespace(), next.cluster()),
-                        )
-                        .await;
-                        if f == crate::vocab::Fact::HealthyAfter {
-                            super::nodes::healthy_after(&dialer, snapshot, m).await
-                        } else {
-                            super::nodes::members_after(&dialer, snapshot, m).await
-                        }
-                    }
-                    None => Err("the operation's machine is not there".to_string()),
-                };
-                match counted {
-                    Ok(n) => supplied.push((f, n)),
-                    Err(why) => {
-                        // Refused; the other rules' reasons as the objects show them.
-                        let (mut d, _) =
-                            decide_events(table, snapshot, &[ev], Expensive::FromObjects, false);
-                        d.refusals.extend(
-                            unreadable(&format!(
-                                "the healthy etcd members cannot be counted ({why})"
-                            ))
-                            .refusals,
-                        );
-                        break d;
-                    }
-                }
-            }
-            Err(f) => break unreadable(&format!("the fact `{f}` could not be read")),
-        }
+    // as for a removal, through the one loop that asks for expensive facts; what cannot be
+    // read refuses.
+    let target = next
+        .spec
+        .machine
+        .as_deref()
+        .and_then(|t| snapshot.machine(next.namespace(), t));
+    let cannot = |f: crate::vocab::Fact, why: &str| crate::interp::Finding {
+        rule: "(live state)".into(),
+        verdict: crate::vocab::Verdict::Refuse,
+        message: if why.is_empty() {
+            format!("the fact `{f}` could not be read, so the operation waits")
+        } else {
+            format!("the healthy etcd members cannot be counted ({why}), so the operation waits")
+        },
+        reason: None,
+    };
+    let mut world = super::world::Live::new(ctx, next.namespace(), None);
+    let asked = crate::runtime::exec::rules::decide_asking(
+        &mut world, table, snapshot, ev, target, false, &cannot,
+    )
+    .await;
+    let decision = match asked {
+        Ok(a) => a.decision,
+        Err(e) => unreadable(&format!("etcd could not be asked ({e})")),
     };
     let refused = held(ctx, &decision, "StartRefused").map(|(_, message)| message);
     let was_refused = next.start_refused();

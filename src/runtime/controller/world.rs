@@ -1,0 +1,187 @@
+//! The controller's world: what the executor's procedures ([`crate::runtime::exec`]) do,
+//! done with real I/O: the API server, the cluster lock's Lease, drains, and Talos with
+//! each cluster's own credentials (read live, once per reconcile).
+
+use super::disruptive::{self, Held, Refused, Work};
+use super::nodes::{self, Dialer};
+use super::{Context, ReconcileError};
+use crate::runtime::exec::{Call, Drained, LockOp, Node, NodeError, Note, Reply, World};
+use crate::runtime::live::Reads;
+use crate::runtime::objects::{Snapshot, TalosMachine};
+use k8s_openapi::jiff::Timestamp;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// The controller's world of one reconcile in `namespace`.
+pub struct Live<'c> {
+    ctx: &'c Context,
+    namespace: String,
+    /// The machine whose removal is the work that takes the cluster lock (none: this
+    /// reconcile takes no lock).
+    machine: Option<String>,
+    /// Each cluster's credentials, read once per reconcile.
+    dialers: HashMap<String, Dialer<'c>>,
+    held: Option<Held>,
+}
+
+impl<'c> Live<'c> {
+    pub fn new(ctx: &'c Context, namespace: &str, removing: Option<&str>) -> Live<'c> {
+        Live {
+            ctx,
+            namespace: namespace.to_string(),
+            machine: removing.map(str::to_string),
+            dialers: HashMap::new(),
+            held: None,
+        }
+    }
+
+    /// Keeps a lock still held (an error ended the reconcile): the work resumes it, or it
+    /// expires after the lock duration.
+    pub fn keep_lock(&mut self) {
+        if let Some(h) = self.held.take() {
+            h.keep();
+        }
+    }
+
+    async fn dialer(&mut self, cluster: &str) -> &Dialer<'c> {
+        if !self.dialers.contains_key(cluster) {
+            let d = Dialer::for_named(self.ctx, &self.namespace, cluster).await;
+            self.dialers.insert(cluster.to_string(), d);
+        }
+        // (inserted above)
+        #[allow(clippy::expect_used)]
+        self.dialers.get(cluster).expect("inserted above")
+    }
+}
+
+impl World for Live<'_> {
+    type Error = ReconcileError;
+
+    fn now(&self) -> Timestamp {
+        Timestamp::now()
+    }
+
+    async fn credentials(&mut self, cluster: &str) -> Result<(), String> {
+        match self.dialer(cluster).await.missing() {
+            Some(why) => Err(why.to_string()),
+            None => Ok(()),
+        }
+    }
+
+    async fn talos(
+        &mut self,
+        cluster: &str,
+        node: Node<'_>,
+        call: Call,
+    ) -> Result<Result<Reply, NodeError>, ReconcileError> {
+        let d = self.dialer(cluster).await;
+        let client = match node {
+            Node::Endpoint(m) => nodes::client(d, m),
+            Node::Via(m, host) => nodes::client(d, m).map(|c| c.with_node(host)),
+        };
+        let c = match client {
+            Ok(c) => c,
+            Err(e) => return Ok(Err(e)),
+        };
+        let answer = match call {
+            Call::Version => c.version().await.map(Reply::Version),
+            Call::EtcdMemberList => c.etcd_member_list().await.map(Reply::Members),
+            Call::EtcdStatus => c.etcd_status().await.map(Reply::Status),
+            Call::EtcdForfeitLeadership => c.etcd_forfeit_leadership().await.map(|_| Reply::Done),
+            Call::EtcdLeaveCluster => c.etcd_leave_cluster().await.map(|_| Reply::Done),
+            Call::EtcdRemoveMemberById(id) => {
+                c.etcd_remove_member_by_id(id).await.map(|_| Reply::Done)
+            }
+            Call::Reset { graceful } => c.reset(graceful, true).await.map(|_| Reply::Done),
+        };
+        Ok(answer.map_err(NodeError::from))
+    }
+
+    async fn lock(
+        &mut self,
+        cluster: &str,
+        op: LockOp,
+    ) -> Result<Result<(), String>, ReconcileError> {
+        match op {
+            LockOp::Take => {
+                let Some(machine) = &self.machine else {
+                    return Ok(Err("(no work of this reconcile takes the lock)".into()));
+                };
+                let work = Work::RemoveControlPlane {
+                    namespace: &self.namespace,
+                    machine,
+                };
+                match disruptive::hold(self.ctx, &self.namespace, cluster, work).await? {
+                    Ok(h) => {
+                        if let Some(old) = self.held.replace(h) {
+                            old.keep();
+                        }
+                        Ok(Ok(()))
+                    }
+                    Err(Refused::Held { holder }) => Ok(Err(holder)),
+                }
+            }
+            LockOp::Release => {
+                if let Some(h) = self.held.take() {
+                    h.release().await?;
+                }
+                Ok(Ok(()))
+            }
+            LockOp::Keep => {
+                if let Some(h) = self.held.take() {
+                    h.keep();
+                }
+                Ok(Ok(()))
+            }
+        }
+    }
+
+    async fn read(&mut self, cluster: &str, reads: Reads) -> Result<Arc<Snapshot>, ReconcileError> {
+        Ok(Arc::new(
+            self.ctx
+                .reader
+                .snapshot(&self.namespace, &[cluster], reads)
+                .await?,
+        ))
+    }
+
+    async fn drain(&mut self, node: &str) -> Result<Result<Drained, String>, ReconcileError> {
+        Ok(super::drain::drain(&self.ctx.client, node)
+            .await
+            .map_err(|e| e.to_string()))
+    }
+
+    async fn write_status(
+        &mut self,
+        before: &TalosMachine,
+        after: &TalosMachine,
+    ) -> Result<Option<String>, ReconcileError> {
+        Ok(super::status::write(&self.ctx.client, before, after).await?)
+    }
+
+    async fn release_finalizer(&mut self, m: &TalosMachine) -> Result<(), ReconcileError> {
+        Ok(super::finalizer::set_removal(self.ctx, m, false).await?)
+    }
+
+    async fn event(&mut self, on: &TalosMachine, warning: bool, reason: &str, note: String) {
+        self.ctx.event(on, warning, reason, note).await;
+    }
+
+    fn note(&mut self, on: &TalosMachine, note: Note<'_>) {
+        let machine = format!("{}/{}", on.namespace(), on.name());
+        match note {
+            Note::Decided(d) => {
+                if let Some(verdict) = d.verdict() {
+                    for f in d.deciding() {
+                        self.ctx.metrics.decision(&f.rule, verdict.name());
+                    }
+                }
+            }
+            Note::Fact { fact, value, why } => {
+                tracing::info!(%machine, %fact, value, %why, "etcd asked");
+            }
+            Note::Info(text) => tracing::info!(%machine, "{text}"),
+            Note::Warn(text) => tracing::warn!(%machine, "{text}"),
+        }
+    }
+}

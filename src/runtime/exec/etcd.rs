@@ -1,0 +1,485 @@
+//! The etcd measurements of a removal (ADR 0106 §4), as procedures over a [`World`]: a
+//! healthy sibling to read etcd through, whether a departing member is dead, and the
+//! members that stay (`healthy.after`, `members.after`). Each asks Talos calls of the world
+//! and judges the answers with the pure functions here ([`judge_member`], [`peer_host`]), so
+//! the controller and `verify`'s model measure alike.
+
+use super::{Node, NodeError, World, calls};
+use crate::runtime::objects::{Role, Snapshot, TalosMachine};
+use crate::runtime::talos::{EtcdMember, EtcdStatus, TalosError};
+
+/// The Kubernetes Node and etcd member name of a machine: `spec.hostname`, else its name.
+pub fn node_name(m: &TalosMachine) -> &str {
+    m.spec
+        .hostname
+        .as_deref()
+        .filter(|h| !h.is_empty())
+        .unwrap_or(m.name())
+}
+
+/// A sibling control plane whose etcd answers with a leader, with the member list it sees.
+/// Calls through it go to `Node::Endpoint(sibling.machine)`.
+pub struct Sibling<'s> {
+    pub machine: &'s TalosMachine,
+    pub members: Vec<EtcdMember>,
+}
+
+impl Sibling<'_> {
+    pub fn member(&self, name: &str) -> Option<&EtcdMember> {
+        self.members.iter().find(|m| m.hostname == name)
+    }
+
+    /// The member with etcd ID `id`, if listed.
+    pub fn member_by_id(&self, id: u64) -> Option<&EtcdMember> {
+        self.members.iter().find(|m| m.id == id)
+    }
+
+    /// Where calls through the sibling go.
+    pub fn node(&self) -> Node<'_> {
+        Node::Endpoint(self.machine)
+    }
+}
+
+/// The first approved control plane of the departing machine's cluster other than it
+/// whose etcd answers with a leader (machines not being deleted first). Why none did,
+/// otherwise.
+pub async fn healthy_sibling<'s, W: World>(
+    w: &mut W,
+    snapshot: &'s Snapshot,
+    departing: &TalosMachine,
+) -> Result<Result<Sibling<'s>, String>, W::Error> {
+    let cluster = departing.cluster();
+    let mut candidates: Vec<&TalosMachine> = snapshot
+        .machines
+        .iter()
+        .filter(|m| {
+            m.namespace() == departing.namespace()
+                && m.cluster() == cluster
+                && m.name() != departing.name()
+                && m.approved_role() == Some(Role::ControlPlane)
+        })
+        .collect();
+    candidates.sort_by_key(|m| (m.deleting(), m.name().to_string()));
+    let mut why = Vec::new();
+    for m in candidates {
+        match calls::status(w, cluster, Node::Endpoint(m)).await? {
+            Ok(s) if s.leader != 0 => {}
+            Ok(_) => {
+                why.push(format!("{}: its etcd sees no leader", m.name()));
+                continue;
+            }
+            Err(e) => {
+                why.push(format!("{}: {e}", m.name()));
+                continue;
+            }
+        }
+        match calls::members(w, cluster, Node::Endpoint(m)).await? {
+            Ok(members) => {
+                return Ok(Ok(Sibling {
+                    machine: m,
+                    members,
+                }));
+            }
+            Err(e) => why.push(format!("{}: {e}", m.name())),
+        }
+    }
+    if why.is_empty() {
+        why.push("no other approved control plane".into());
+    }
+    Ok(Err(why.join("; ")))
+}
+
+/// What the controller could tell of a departing member (ADR 0106 §4).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Deadness {
+    /// Proven dead: a healthy sibling lists it, and asked through that sibling at the
+    /// address etcd lists for it, it does not answer, its etcd fails, or it sees no leader
+    /// (or this removal already removed it as dead).
+    Dead(String),
+    /// It answers as itself: alive.
+    Alive(String),
+    /// Nothing proves it either way (no sibling to ask, not listed, no address in etcd's
+    /// membership, an answer that is no proof): treated as not dead, so the declared-count
+    /// refusal stays in place.
+    CannotTell(String),
+}
+
+impl Deadness {
+    pub fn is_dead(&self) -> bool {
+        matches!(self, Deadness::Dead(_))
+    }
+
+    pub fn why(&self) -> &str {
+        match self {
+            Deadness::Dead(w) | Deadness::Alive(w) | Deadness::CannotTell(w) => w,
+        }
+    }
+}
+
+/// The host etcd knows a member by: the host of its first peer URL (Talos advertises the
+/// node's own address there). `None` when etcd lists no peer URL with a host.
+///
+/// This is where the controller reaches a member's node for evidence about the member:
+/// through a healthy sibling's Talos API (`node: <host>`), from etcd's own membership.
+/// Never `spec.endpoint`, which a person can edit: pointing it at an address nothing
+/// answers on must not make a healthy member look dead (issue 33), nor pointing a dead
+/// member's at a healthy node make it look alive.
+pub fn peer_host(member: &EtcdMember) -> Option<String> {
+    let url = member.peer_urls.first()?;
+    let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split_once(']')?.0,
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    (!host.is_empty() && !host.contains(char::is_whitespace)).then(|| host.to_string())
+}
+
+/// What one etcd member is, judged from what was asked of it (pure: the controller and
+/// `verify` judge the same answers alike).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MemberHealth {
+    /// It answered as this member, sees a leader, and reports no errors or alarms.
+    Healthy,
+    /// It answered as this member with a leader, but reports errors or alarms: alive (not
+    /// dead), and not counted healthy.
+    Impaired(String),
+    /// It does not answer through a sibling that still answers, its etcd fails, or it sees
+    /// no leader.
+    Dead(String),
+    /// The answer proves nothing (no address, another member answered, a refusal).
+    CannotTell(String),
+}
+
+/// Judges a member from the answer to `EtcdStatus` sent through a healthy sibling to the
+/// member's address in etcd (`answer`), and whether the sibling itself still answered with
+/// a leader afterwards (`sibling_answers`: an unanswered proxied call proves nothing when
+/// the proxy itself went away).
+pub fn judge_member(
+    member: &EtcdMember,
+    answer: &Result<EtcdStatus, TalosError>,
+    sibling_answers: bool,
+) -> MemberHealth {
+    let name = &member.hostname;
+    match answer {
+        Ok(s) if s.member_id != member.id => MemberHealth::CannotTell(format!(
+            "the address etcd lists for member {name} answers as member {:x}, not {:x}",
+            s.member_id, member.id
+        )),
+        Ok(s) if s.leader == 0 => {
+            MemberHealth::Dead(format!("its etcd member {name} sees no leader"))
+        }
+        Ok(s) if !s.errors.is_empty() => MemberHealth::Impaired(format!(
+            "its etcd member {name} answers with a leader but reports: {}",
+            s.errors.join("; ")
+        )),
+        Ok(_) => MemberHealth::Healthy,
+        Err(e @ TalosError::Unreachable { .. }) if sibling_answers => MemberHealth::Dead(format!(
+            "its etcd member {name} does not answer at the address etcd lists for it ({e})"
+        )),
+        Err(e @ TalosError::Unreachable { .. }) => MemberHealth::CannotTell(format!(
+            "asking member {name} through the sibling failed and the sibling itself stopped answering ({e})"
+        )),
+        Err(
+            e @ TalosError::Failed {
+                code: tonic::Code::Unknown | tonic::Code::Internal,
+                ..
+            },
+        ) => MemberHealth::Dead(format!("its etcd member {name} fails ({e})")),
+        Err(e) => MemberHealth::CannotTell(format!("asking member {name} failed ({e})")),
+    }
+}
+
+/// Asks one member of `sibling`'s list for its etcd status through the sibling's Talos
+/// API, at the address etcd lists for it, and judges the answer ([`judge_member`]).
+pub async fn ask_member<W: World>(
+    w: &mut W,
+    cluster: &str,
+    sibling: &Sibling<'_>,
+    member: &EtcdMember,
+) -> Result<MemberHealth, W::Error> {
+    let Some(host) = peer_host(member) else {
+        return Ok(MemberHealth::CannotTell(format!(
+            "etcd lists no peer address for member {}",
+            member.hostname
+        )));
+    };
+    let answer = calls::status(w, cluster, Node::Via(sibling.machine, &host)).await?;
+    let answer = match answer {
+        Ok(s) => Ok(s),
+        Err(NodeError::Talos(e)) => Err(e),
+        Err(e) => {
+            return Ok(MemberHealth::CannotTell(format!(
+                "asking member {} failed ({e})",
+                member.hostname
+            )));
+        }
+    };
+    let sibling_answers = match &answer {
+        Err(TalosError::Unreachable { .. }) => matches!(
+            calls::status(w, cluster, sibling.node()).await?,
+            Ok(s) if s.leader != 0
+        ),
+        _ => true,
+    };
+    Ok(judge_member(member, &answer, sibling_answers))
+}
+
+/// Whether the departing machine's etcd member is dead, and why (for logs, events and the
+/// refusal's message), with the etcd ID of the member it judged (when a sibling listed it):
+/// the removal records it, so its etcd steps act on that member and no other.
+///
+/// The member is the one a healthy sibling lists under the machine's node name; it is asked
+/// through that sibling at the address etcd lists for it ([`ask_member`]), never at
+/// `spec.endpoint`. Dead when it does not answer there while the sibling does, when its
+/// etcd fails, or when it sees no leader. A sibling that cannot be found, a member the
+/// sibling does not list, an answer from another member: cannot tell, so not dead (nothing
+/// proves it, and the declared-count refusal stands). A member that answers with a leader:
+/// alive.
+///
+/// `marked`: this removal already proceeded as a dead-member removal. A member etcd no
+/// longer lists was then removed by it (a restart between the removal and its record), so
+/// it stays dead; one that answers again is alive, whatever the record says.
+pub async fn member_dead<W: World>(
+    w: &mut W,
+    snapshot: &Snapshot,
+    departing: &TalosMachine,
+    marked: bool,
+) -> Result<(Deadness, Option<u64>), W::Error> {
+    let name = node_name(departing);
+    let sibling = match healthy_sibling(w, snapshot, departing).await? {
+        Ok(s) => s,
+        Err(why) => {
+            return Ok((
+                Deadness::CannotTell(format!(
+                    "there is no healthy sibling to read etcd through ({why})"
+                )),
+                None,
+            ));
+        }
+    };
+    let Some(member) = sibling.member(name) else {
+        if marked {
+            return Ok((
+                Deadness::Dead(format!(
+                    "etcd (through {}) no longer lists {name}: this dead-member removal removed it",
+                    sibling.machine.name()
+                )),
+                None,
+            ));
+        }
+        return Ok((
+            Deadness::CannotTell(format!(
+                "etcd (through {}) does not list a member {name}",
+                sibling.machine.name()
+            )),
+            None,
+        ));
+    };
+    let through = sibling.machine.name();
+    let id = Some(member.id);
+    let deadness = match ask_member(w, departing.cluster(), &sibling, member).await? {
+        MemberHealth::Healthy => Deadness::Alive(format!(
+            "its etcd member answers with a leader (asked through {through} at the address etcd lists for it)"
+        )),
+        MemberHealth::Impaired(why) => Deadness::Alive(format!("{why} (asked through {through})")),
+        MemberHealth::Dead(why) => Deadness::Dead(format!("{why} (asked through {through})")),
+        MemberHealth::CannotTell(why) => Deadness::CannotTell(why),
+    };
+    Ok((deadness, id))
+}
+
+/// `members.after` as the controller reads it: the voting members a healthy sibling lists,
+/// without the departing one, answering or not. A replacement that is approved but has not
+/// joined etcd yet (or is still a learner) is not one. `Err` when no healthy sibling could
+/// be asked: the fact cannot be read, and the removal waits (fails closed).
+pub async fn members_after<W: World>(
+    w: &mut W,
+    snapshot: &Snapshot,
+    departing: &TalosMachine,
+) -> Result<Result<i64, String>, W::Error> {
+    let sibling = match healthy_sibling(w, snapshot, departing).await? {
+        Ok(s) => s,
+        Err(why) => return Ok(Err(why)),
+    };
+    let n = staying(&sibling, departing).count();
+    Ok(Ok(i64::try_from(n).unwrap_or(i64::MAX)))
+}
+
+/// The voting members a sibling lists, without the departing one.
+fn staying<'a>(
+    sibling: &'a Sibling<'_>,
+    departing: &TalosMachine,
+) -> impl Iterator<Item = &'a EtcdMember> {
+    let leaving = node_name(departing);
+    sibling
+        .members
+        .iter()
+        .filter(move |m| m.hostname != leaving && !m.is_learner)
+}
+
+/// `healthy.after` as the controller reads it (the `targetEtcdClusterHealthy` check of
+/// Cluster API): the voting members a healthy sibling lists, without the departing one,
+/// that answer as themselves with a leader and no errors when asked through that sibling at
+/// the address etcd lists for them ([`ask_member`]; not at any `spec.endpoint`, which a
+/// person can edit). `Err` when no healthy sibling could be asked: the fact cannot be
+/// read, and the removal waits (fails closed).
+pub async fn healthy_after<W: World>(
+    w: &mut W,
+    snapshot: &Snapshot,
+    departing: &TalosMachine,
+) -> Result<Result<i64, String>, W::Error> {
+    let sibling = match healthy_sibling(w, snapshot, departing).await? {
+        Ok(s) => s,
+        Err(why) => return Ok(Err(why)),
+    };
+    let mut healthy = 0i64;
+    let staying: Vec<&EtcdMember> = staying(&sibling, departing).collect();
+    for member in staying {
+        if ask_member(w, departing.cluster(), &sibling, member).await? == MemberHealth::Healthy {
+            healthy += 1;
+        }
+    }
+    Ok(Ok(healthy))
+}
+
+/// An expensive count of the departing machine's cluster, as the rules name it.
+pub async fn count<W: World>(
+    w: &mut W,
+    fact: crate::vocab::Fact,
+    snapshot: &Snapshot,
+    departing: &TalosMachine,
+) -> Result<Result<i64, String>, W::Error> {
+    match fact {
+        crate::vocab::Fact::HealthyAfter => healthy_after(w, snapshot, departing).await,
+        crate::vocab::Fact::MembersAfter => members_after(w, snapshot, departing).await,
+        other => Ok(Err(format!("`{other}` is not read from etcd"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(id: u64, peer: &str) -> EtcdMember {
+        EtcdMember {
+            id,
+            hostname: "cp-2".into(),
+            peer_urls: vec![peer.into()],
+            client_urls: vec![],
+            is_learner: false,
+        }
+    }
+
+    fn status(member_id: u64, leader: u64, errors: &[&str]) -> EtcdStatus {
+        EtcdStatus {
+            member_id,
+            leader,
+            protocol_version: "3.5".into(),
+            db_size: 0,
+            db_size_in_use: 0,
+            raft_index: 0,
+            raft_term: 0,
+            raft_applied_index: 0,
+            errors: errors.iter().map(|e| e.to_string()).collect(),
+            is_learner: false,
+        }
+    }
+
+    fn unreachable() -> TalosError {
+        TalosError::Unreachable {
+            endpoint: "127.0.0.1:50000".into(),
+            node: Some("10.0.0.2".into()),
+            detail: "connection refused".into(),
+        }
+    }
+
+    fn failed(code: tonic::Code) -> TalosError {
+        TalosError::Failed {
+            endpoint: "127.0.0.1:50000".into(),
+            node: Some("10.0.0.2".into()),
+            code,
+            message: "no".into(),
+        }
+    }
+
+    #[test]
+    fn the_peer_host_is_the_host_of_the_first_peer_url() {
+        let host = |u: &str| peer_host(&member(1, u));
+        assert_eq!(host("https://10.0.0.2:2380").as_deref(), Some("10.0.0.2"));
+        assert_eq!(
+            host("http://127.0.0.3:41000/").as_deref(),
+            Some("127.0.0.3")
+        );
+        assert_eq!(host("https://[fd00::2]:2380").as_deref(), Some("fd00::2"));
+        assert_eq!(
+            host("https://cp-2.example:2380").as_deref(),
+            Some("cp-2.example")
+        );
+        assert_eq!(
+            host("https://user@10.0.0.2:2380").as_deref(),
+            Some("10.0.0.2")
+        );
+        assert_eq!(host("10.0.0.2:2380").as_deref(), Some("10.0.0.2"));
+        assert_eq!(host("https://:2380"), None);
+        assert_eq!(host("https://[fd00::2"), None);
+        assert_eq!(host(""), None);
+        let none = EtcdMember {
+            peer_urls: vec![],
+            ..member(1, "")
+        };
+        assert_eq!(peer_host(&none), None);
+    }
+
+    #[test]
+    fn a_member_is_judged_by_what_it_answers_as_itself() {
+        let m = member(7, "https://10.0.0.2:2380");
+        let judge = |a: Result<EtcdStatus, TalosError>, s: bool| judge_member(&m, &a, s);
+        assert_eq!(judge(Ok(status(7, 3, &[])), true), MemberHealth::Healthy);
+        assert!(matches!(
+            judge(Ok(status(7, 0, &[])), true),
+            MemberHealth::Dead(_)
+        ));
+        assert!(matches!(
+            judge(Ok(status(7, 3, &["NOSPACE"])), true),
+            MemberHealth::Impaired(w) if w.contains("NOSPACE")
+        ));
+        // Another member answering at the address proves nothing about this one.
+        assert!(matches!(
+            judge(Ok(status(8, 3, &[])), true),
+            MemberHealth::CannotTell(_)
+        ));
+        assert!(matches!(
+            judge(Ok(status(8, 0, &[])), true),
+            MemberHealth::CannotTell(_)
+        ));
+        // No answer through a sibling that still answers: dead; if the sibling went away
+        // too, nothing is proven.
+        assert!(matches!(
+            judge(Err(unreachable()), true),
+            MemberHealth::Dead(_)
+        ));
+        assert!(matches!(
+            judge(Err(unreachable()), false),
+            MemberHealth::CannotTell(_)
+        ));
+        // The node answered, its etcd failed: dead. A refusal is no proof.
+        assert!(matches!(
+            judge(Err(failed(tonic::Code::Unknown)), true),
+            MemberHealth::Dead(_)
+        ));
+        for code in [
+            tonic::Code::PermissionDenied,
+            tonic::Code::Unauthenticated,
+            tonic::Code::InvalidArgument,
+            tonic::Code::Unimplemented,
+            tonic::Code::FailedPrecondition,
+        ] {
+            assert!(
+                matches!(judge(Err(failed(code)), true), MemberHealth::CannotTell(_)),
+                "{code:?}"
+            );
+        }
+    }
+}
