@@ -276,10 +276,12 @@ pub fn encode(s: &State, out: &mut Vec<u8>) {
             | (u16::from(m.dead) << 10)
             | (u16::from(m.committed) << 11)
             | (u16::from(m.reroled) << 12)
-            | (u16::from(m.moved) << 13);
+            | (u16::from(m.moved) << 13)
+            | (u16::from(m.recorded) << 14);
         out.extend(bits.to_le_bytes());
         out.push(m.order);
         out.extend(m.done.to_le_bytes());
+        out.push(m.started);
     }
     out.push(len_byte(&s.ops));
     for o in &s.ops {
@@ -333,6 +335,7 @@ pub fn decode(b: &[u8]) -> Option<State> {
         let bits = u16::from_le_bytes([next()?, next()?]);
         let order = next()?;
         let done = u16::from_le_bytes([next()?, next()?]);
+        let started = next()?;
         let bit = |k: u16| bits & (1 << k) != 0;
         machines.push(Machine {
             role: if bit(0) {
@@ -355,6 +358,8 @@ pub fn decode(b: &[u8]) -> Option<State> {
             reroled: bit(12),
             moved: bit(13),
             done,
+            recorded: bit(14),
+            started,
         });
     }
     let nops = next()?;

@@ -13,6 +13,7 @@ pub mod invariant;
 pub mod memory;
 pub mod model;
 pub mod trace;
+pub mod world;
 
 use crate::compile::Table;
 use explore::{Exploration, explore_within};

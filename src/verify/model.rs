@@ -9,6 +9,7 @@
 //! reads through I/O: etcd's membership and health, whether a node answers, whether a
 //! PodDisruptionBudget blocks a drain.
 
+use super::world::{Faults, ModelWorld};
 use crate::compile::{PlanStep, Table};
 use crate::interp::Decision;
 use crate::runtime::controller::removal;
@@ -16,6 +17,7 @@ use crate::runtime::decide::{
     decide_events, reconcile_machine_event, reconcile_operation_event, reconcile_start_event,
     request_events,
 };
+use crate::runtime::exec::{self, Outcome, Timing, Wait, run_now};
 use crate::runtime::facts::Expensive;
 use crate::runtime::objects::Object;
 use crate::runtime::objects::{
@@ -212,6 +214,11 @@ pub struct Machine {
     pub moved: bool,
     /// The plan steps done, by index.
     pub done: u16,
+    /// `status.removal.memberId` is recorded (the machine's own member).
+    pub recorded: bool,
+    /// `status.removal.started`: the plan step (index + 1) sent and not yet confirmed
+    /// (a reset), 0 for none.
+    pub started: u8,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -478,8 +485,13 @@ pub enum Move {
     Apply(u8),
     /// The controller probes a machine's node.
     Probe(u8),
-    /// The controller reconciles a deleted control plane (one step of its removal).
+    /// The controller reconciles a deleted control plane's removal (the reconcile ends, or
+    /// stops after a status write).
     Removal(u8),
+    /// That reconcile, where a call that acted lost its answer.
+    RemovalLost(u8),
+    /// That reconcile, where the controller crashed right after a call that acted.
+    RemovalCrash(u8),
     /// The controller reconciles an operation.
     Operation(u8),
     /// The controller lets a deleted TalosCluster go (no machine refers to it).
@@ -496,7 +508,9 @@ impl Move {
     pub fn progresses_alone(&self) -> bool {
         match self {
             Move::Admit { req, .. } => matches!(req, Req::Collect(_)),
-            Move::NodeDies(_) | Move::PdbBlocks => false,
+            Move::NodeDies(_) | Move::PdbBlocks | Move::RemovalLost(_) | Move::RemovalCrash(_) => {
+                false
+            }
             _ => true,
         }
     }
@@ -532,7 +546,7 @@ pub struct Effect {
     pub warned: bool,
 }
 
-fn step_index(name: &str) -> u8 {
+pub fn step_index(name: &str) -> u8 {
     crate::vocab::MODEL_STEPS
         .iter()
         .position(|s| *s == name)
@@ -580,7 +594,7 @@ pub struct Fired {
 }
 
 impl Fired {
-    fn note(&mut self, d: &Decision) {
+    pub fn note(&mut self, d: &Decision) {
         for f in d.refusals.iter().chain(&d.holds).chain(&d.warnings) {
             if !self.rules.contains(&f.rule) {
                 self.rules.insert(f.rule.clone());
@@ -779,6 +793,8 @@ impl State {
                     reroled: false,
                     moved: false,
                     done: 0,
+                    recorded: false,
+                    started: 0,
                 });
             }
             for _ in 0..bounds.max_workers {
@@ -799,6 +815,8 @@ impl State {
                     reroled: false,
                     moved: false,
                     done: 0,
+                    recorded: false,
+                    started: 0,
                 });
             }
             let mut names = Vec::new();
@@ -923,6 +941,8 @@ pub fn object_key(s: &State, out: &mut Vec<u8>) {
             reroled,
             moved,
             done,
+            recorded,
+            started,
         } = *m;
         let bits: u16 = u16::from(role == MRole::Worker)
             | (u16::from(approved) << 1)
@@ -933,10 +953,12 @@ pub fn object_key(s: &State, out: &mut Vec<u8>) {
             | (u16::from(dead) << 6)
             | (u16::from(committed) << 7)
             | (u16::from(reroled) << 8)
-            | (u16::from(moved) << 9);
+            | (u16::from(moved) << 9)
+            | (u16::from(recorded) << 10);
         out.extend(bits.to_le_bytes());
         out.push(order);
         out.extend(done.to_le_bytes());
+        out.push(started);
         // (A machine without a stable name is named by its index.)
         out.extend(names.get(k).map_or([0, 0], |n| [1, *n]));
     }
@@ -1042,7 +1064,7 @@ pub struct Objects<'t> {
 pub struct Lazy<'a> {
     objects: &'a Objects<'a>,
     state: &'a State,
-    snap: std::cell::OnceCell<Snapshot>,
+    snap: std::cell::OnceCell<std::sync::Arc<Snapshot>>,
 }
 
 impl<'a> Lazy<'a> {
@@ -1056,7 +1078,17 @@ impl<'a> Lazy<'a> {
 
     /// The state as objects.
     pub fn get(&self) -> &Snapshot {
-        self.snap.get_or_init(|| self.objects.snapshot(self.state))
+        self.arc_ref()
+    }
+
+    fn arc_ref(&self) -> &std::sync::Arc<Snapshot> {
+        self.snap
+            .get_or_init(|| std::sync::Arc::new(self.objects.snapshot(self.state)))
+    }
+
+    /// The state as objects, shared (what a controller's read answers).
+    pub fn arc(&self) -> std::sync::Arc<Snapshot> {
+        self.arc_ref().clone()
     }
 
     /// Whether the objects were built.
@@ -1127,7 +1159,10 @@ impl Objects<'_> {
                 "held past the cap",
             ));
         }
-        if m.deleting && m.finalizer && (m.done != 0 || m.dead || m.committed) {
+        let in_removal = m.deleting
+            && m.finalizer
+            && (m.done != 0 || m.dead || m.committed || m.recorded || m.started != 0);
+        if in_removal {
             let (reason, message) = if m.dead {
                 (
                     "DeadMemberRemoval",
@@ -1138,26 +1173,28 @@ impl Objects<'_> {
             };
             conditions.push(condition("Removal", "True", reason, message));
         }
-        let removal =
-            (m.deleting && m.finalizer && (m.done != 0 || m.dead || m.committed)).then(|| {
-                RemovalProgress {
-                    member_dead: m.dead,
-                    done: self
-                        .plan
-                        .unwrap_or(&[])
-                        .iter()
-                        .enumerate()
-                        .filter(|(k, _)| m.done & (1 << k) != 0)
-                        .map(|(_, st)| st.text.clone())
-                        .collect(),
-                    started: None,
-                    started_at: None,
-                    committed: m.committed,
-                    cluster: None,
-                    member: None,
-                    member_id: None,
-                }
-            });
+        let plan = self.plan.unwrap_or(&[]);
+        let removal = in_removal.then(|| RemovalProgress {
+            member_dead: m.dead,
+            done: plan
+                .iter()
+                .enumerate()
+                .filter(|(k, _)| m.done & (1 << k) != 0)
+                .map(|(_, st)| st.text.clone())
+                .collect(),
+            started: usize::from(m.started)
+                .checked_sub(1)
+                .and_then(|k| plan.get(k))
+                .map(|st| st.text.clone()),
+            started_at: (m.started != 0).then(|| time(0)),
+            committed: m.committed,
+            // (Recorded once the rules let the removal through; the model keeps no record
+            // of that moment alone: a machine being deleted is never moved nor renamed, as
+            // admission refuses both, so the record only repeats the spec.)
+            cluster: Some(CLUSTER.to_string()),
+            member: Some(name.clone()),
+            member_id: m.recorded.then(|| super::world::member_id(s, i)),
+        });
         let mut tm = TalosMachine::new(&name, spec);
         tm.metadata = meta;
         tm.status = (!conditions.is_empty() || removal.is_some()).then_some(MachineStatus {
@@ -1607,6 +1644,8 @@ impl<'t> Model<'t> {
                         reroled: false,
                         moved: true,
                         done: 0,
+                        recorded: false,
+                        started: 0,
                     };
                 } else {
                     remove_machine(&mut t, i);
@@ -1778,15 +1817,8 @@ impl<'t> Model<'t> {
                 let i = usize::from(idx);
                 if m.deleting {
                     if m.finalizer {
-                        let (next, refused) = self.removal(s, snap, idx, memo, fired);
-                        outcomes.removals_waiting += u8::from(refused);
-                        if let Some((t, e)) = next {
-                            out.push(Next {
-                                mv: Move::Removal(idx),
-                                state: t,
-                                effect: e,
-                            });
-                        }
+                        let named = self.removal(s, snap, idx, fired, out);
+                        outcomes.removals_waiting += u8::from(named);
                     }
                     continue;
                 }
@@ -2016,291 +2048,112 @@ impl<'t> Model<'t> {
         None
     }
 
-    /// One reconcile of a deleted control plane (`controller/removal.rs::run`): the lock,
-    /// the decision (unless committed), then the next plan step whose guards hold. Returns
-    /// the successor (if anything changed) and whether a rule refused the removal.
+    /// One reconcile of a deleted control plane's removal: the executor's procedure
+    /// ([`exec::removal::reconcile`]), run against this state's world. Its successors, in
+    /// `out`: the state where the reconcile ended, each state after a status write that
+    /// changed it (a controller may stop there and a new one resume), and, within the
+    /// failure budget, for each call that acted, the state where its answer was lost or the
+    /// controller crashed right after it. Returns whether the removal waits on something
+    /// named (a refusal outside a teardown, a node, etcd, a PDB, the lock held by other
+    /// work, a member left behind).
     fn removal(
         &self,
         s: &State,
         snap: &Lazy<'_>,
         idx: u8,
-        memo: &mut Memo,
         fired: &mut Fired,
-    ) -> (Option<(State, Effect)>, bool) {
+        out: &mut Vec<Next>,
+    ) -> bool {
         let i = usize::from(idx);
-        let m = &s.machines[i];
-        let mut t = s.fork();
-        // Not an approved control plane and nothing started: the finalizer goes once etcd
-        // shows it is not a member.
-        let approved_cp = m.approved_cp();
-        if !approved_cp && !m.committed && m.done == 0 {
-            if !m.member || s.cluster.torn_down() {
-                remove_machine(&mut t, idx);
-                let e = Effect {
-                    left_member: m.member,
-                    ..effect("release-finalizer")
-                };
-                return (Some((t, e)), false);
-            }
-            // StillEtcdMember: it says what to do.
-            return (None, true);
-        }
         let teardown = s.cluster.torn_down();
-        // 1. The lock.
-        match s.lock {
-            Lock::Free => t.lock = Lock::Removal(idx),
-            Lock::Removal(h) if h == idx => {}
-            _ => return (None, true),
-        }
-        let took = s.lock != t.lock;
-        // The reconcile's event, read from the objects (which the memo's answers are
-        // answers about: every decision below is remembered per object key).
-        fn event(snap: &Snapshot, i: usize) -> Option<crate::runtime::facts::EventFacts<'_>> {
-            reconcile_machine_event(snap.machines.get(i)?).filter(|e| e.event.0 == Verb::Remove)
-        }
-        let removes = match memo.removes.get(i).copied().flatten() {
-            Some(r) => r,
-            None => {
-                let r = event(snap.get(), i).is_some();
-                if let Some(slot) = memo.removes.get_mut(i) {
-                    *slot = Some(r);
-                }
-                r
-            }
+        let arc = snap.arc();
+        let Some(live) = arc.machines.get(i) else {
+            return false;
         };
-        if !removes {
-            remove_machine(&mut t, idx);
-            t.lock = release_if(t.lock, Lock::Removal(idx));
-            let e = Effect {
-                left_member: m.member,
-                ..effect("release-finalizer")
-            };
-            return (Some((t, e)), false);
+        let timing = Timing {
+            refused_requeue: std::time::Duration::from_secs(30),
+            lock_retry: std::time::Duration::from_secs(5),
+            drain_retry: std::time::Duration::from_secs(15),
+            reset_settle: std::time::Duration::from_secs(60),
         };
-        let lock_only = |t: State| -> Option<(State, Effect)> { took.then(|| (t, effect("lock"))) };
-        // 2. Decide, unless committed.
-        if !m.committed {
-            let mut supplied: Vec<(Fact, i64)> = Vec::new();
-            let mut dead = None;
-            let decision = loop {
-                let known = memo
-                    .removals
-                    .iter()
-                    .find(|(x, given, _)| *x == idx && *given == supplied)
-                    .map(|r| r.2);
-                let answer = known.unwrap_or_else(|| {
-                    let snap = snap.get();
-                    let answer = match event(snap, i) {
-                        Some(ev) => match removal::decide(self.table, snap, ev, &supplied) {
-                            Ok(d) => {
-                                fired.note(&d);
-                                Ok(crate::runtime::controller::hold_of(&d, "RemovalRefused")
-                                    .is_some())
-                            }
-                            Err(f) => Err(Some(f)),
-                        },
-                        None => Err(None),
-                    };
-                    memo.removals.push((idx, supplied.clone(), answer));
-                    answer
+        let run = |faults: Faults, fired: &mut Fired| {
+            let mut w = ModelWorld::new(s.fork(), idx, arc.clone(), self.plan(), faults, fired);
+            let outcome = run_now(exec::removal::reconcile(&mut w, self.table, &timing, live));
+            let ModelWorld {
+                t,
+                acts,
+                effect,
+                stops,
+                ..
+            } = w;
+            (t, acts, effect, stops, outcome)
+        };
+        let label = |t: &State, mut e: Effect| {
+            if e.step == 0 {
+                e.step = step_index(if t.lock == Lock::Removal(idx) {
+                    "lock"
+                } else {
+                    "refused"
                 });
-                match answer {
-                    Ok(refused) => break Some(refused),
-                    Err(Some(Fact::MemberDead)) if dead.is_none() => {
-                        // `nodes::member_dead`, with this removal's record.
-                        let d = s.member_dead(i) || (m.dead && !m.member && s.healthy_sibling(i));
-                        dead = Some(d);
-                        supplied.push((Fact::MemberDead, i64::from(d)));
-                    }
-                    Err(Some(f @ (Fact::HealthyAfter | Fact::MembersAfter)))
-                        if !supplied.iter().any(|(x, _)| *x == f) =>
-                    {
-                        match s.etcd_count(f, i) {
-                            Some(n) => supplied.push((f, n)),
-                            None => break None,
-                        }
-                    }
-                    Err(_) => break None,
-                }
-            };
-            // A decision that cannot be made refuses.
-            let refused = decision.unwrap_or(true);
-            if refused {
-                // The lock is released; nothing else changes.
-                t.lock = release_if(t.lock, Lock::Removal(idx));
-                // A rule's refusal, or a fact that cannot be read, is a named wait (the
-                // Removal condition says why), except in a teardown, which must end.
-                let changed = t.lock != s.lock;
-                return (changed.then(|| (t, effect("refused"))), !teardown);
             }
-            if let Some(d) = dead {
-                t.machines[i].dead = d;
+            e
+        };
+        let (t, acts, effect, stops, outcome) = run(Faults::default(), fired);
+        let named = match &outcome {
+            Some(Ok(Outcome::Requeue {
+                wait: Wait::On(_), ..
+            })) => true,
+            Some(Ok(Outcome::Requeue {
+                wait: Wait::Refused,
+                ..
+            })) => !teardown,
+            _ => false,
+        };
+        for (u, e) in stops {
+            if u != *s && u != t {
+                out.push(Next {
+                    mv: Move::Removal(idx),
+                    effect: label(&u, e),
+                    state: u,
+                });
             }
         }
-        // 3. The plan: the next step whose guards hold.
-        let dead_now = t.machines[i].dead;
-        let guard_facts = [(Fact::MemberDead, i64::from(dead_now))];
-        let plan = self.plan();
-        for (k, step) in plan.iter().enumerate() {
-            if t.machines[i].done & (1 << k) != 0 {
-                continue;
-            }
-            let k8 = u8::try_from(k).unwrap_or(u8::MAX);
-            let known = memo
-                .guards
-                .iter()
-                .find(|g| g.0 == idx && g.1 == k8 && g.2 == dead_now)
-                .map(|g| g.3);
-            let runs = known.unwrap_or_else(|| {
-                let snap = snap.get();
-                let runs = event(snap, i).and_then(|ev| {
-                    removal::applies(self.table, snap, ev, &guard_facts, step)
-                        .ok()
-                        .map(|(runs, _)| runs)
-                });
-                memo.guards.push((idx, k8, dead_now, runs));
-                runs
+        if t != *s {
+            out.push(Next {
+                mv: Move::Removal(idx),
+                effect: label(&t, effect),
+                state: t,
             });
-            let runs = match runs {
-                Some(runs) => runs,
-                None => {
-                    t.lock = release_if(t.lock, Lock::Removal(idx));
-                    let changed = t.lock != s.lock || t.machines[i] != s.machines[i];
-                    return (changed.then(|| (t, effect("refused"))), !teardown);
-                }
-            };
-            if !runs {
-                continue;
-            }
-            fired.steps.insert(k);
-            return match self.execute(&mut t, idx, k, step) {
-                Some(e) => {
-                    if let Some(mm) = t.machines.get_mut(i)
-                        && e.step != step_index("release-finalizer")
-                    {
-                        mm.done |= 1 << k;
-                    }
-                    (Some((t, e)), false)
-                }
-                // The step waits on something named (a node, etcd, a PDB).
-                None => {
-                    let changed = t.machines[i] != s.machines[i];
-                    if changed {
-                        (Some((t, effect("lock"))), true)
-                    } else {
-                        (lock_only(t), true)
-                    }
-                }
-            };
         }
-        // Every step done or skipped: the lock is released.
-        t.lock = release_if(t.lock, Lock::Removal(idx));
-        let changed = t.lock != s.lock || t.machines[i] != s.machines[i];
-        (changed.then(|| (t, effect("refused"))), false)
-    }
-
-    /// Runs one plan step on the model; `None` when it must wait.
-    fn execute(&self, t: &mut State, idx: u8, k: usize, step: &PlanStep) -> Option<Effect> {
-        let i = usize::from(idx);
-        use crate::vocab::Action as BuiltIn;
-        let sibling = t.healthy_sibling(i);
-        let leader = t.has_leader();
-        let m = t.machines[i];
-        // Exhaustive over the built-in actions, as the controller's `execute` is: an action
-        // added to the vocabulary does not compile until the model says what it does.
-        match step.action {
-            BuiltIn::LockCluster => Some(effect("lock")),
-            BuiltIn::DrainNode => (!t.pdb).then(|| effect("drain")),
-            BuiltIn::EtcdForfeitLeadership => m.up.then(|| effect("forfeit-leadership")),
-            BuiltIn::EtcdLeave => {
-                if !sibling {
-                    return None;
+        if s.failures < self.bounds.max_failures {
+            for k in 0..acts {
+                for (faults, mv) in [
+                    (
+                        Faults {
+                            lose: Some(k),
+                            crash: None,
+                        },
+                        Move::RemovalLost(idx),
+                    ),
+                    (
+                        Faults {
+                            lose: None,
+                            crash: Some(k),
+                        },
+                        Move::RemovalCrash(idx),
+                    ),
+                ] {
+                    let (mut u, _, e, _, _) = run(faults, fired);
+                    u.failures += 1;
+                    out.push(Next {
+                        mv,
+                        effect: label(&u, e),
+                        state: u,
+                    });
                 }
-                if m.member {
-                    if !m.up || !leader {
-                        return None;
-                    }
-                    t.machines[i].member = false;
-                }
-                t.machines[i].committed = true;
-                Some(Effect {
-                    ours: m.member,
-                    ..effect("etcd-leave")
-                })
-            }
-            BuiltIn::EtcdRemoveMember => {
-                if !sibling {
-                    return None;
-                }
-                t.machines[i].member = false;
-                t.machines[i].committed = true;
-                Some(Effect {
-                    ours: m.member,
-                    removed_dead: m.member && !m.up,
-                    ..effect("remove-member")
-                })
-            }
-            BuiltIn::EventWarning | BuiltIn::EventNormal => Some(effect("event")),
-            action @ (BuiltIn::TalosReset | BuiltIn::TalosWipe) => {
-                let graceful = action == BuiltIn::TalosReset;
-                let reset_before = self.plan().iter().enumerate().any(|(j, st)| {
-                    m.done & (1 << j) != 0 && (st.text == "talos reset" || st.text == "talos wipe")
-                });
-                if reset_before {
-                    return Some(effect(if graceful { "reset" } else { "wipe" }));
-                }
-                if !m.up {
-                    return None;
-                }
-                if graceful && m.member {
-                    // A graceful reset leaves etcd first; that needs a leader.
-                    if !leader {
-                        return None;
-                    }
-                    t.machines[i].member = false;
-                }
-                let drained = self
-                    .plan()
-                    .iter()
-                    .enumerate()
-                    .any(|(j, st)| m.done & (1 << j) != 0 && st.action == BuiltIn::DrainNode);
-                let tm = &mut t.machines[i];
-                tm.up = false;
-                tm.wiped = true;
-                tm.unreachable = false;
-                tm.committed = true;
-                Some(Effect {
-                    ours: m.member,
-                    undrained: !drained,
-                    ..effect(if graceful { "reset" } else { "wipe" })
-                })
-            }
-            BuiltIn::ReleaseFinalizer => {
-                let below = t.count > 0
-                    && t.cluster != ClusterState::Deleting
-                    && m.dead
-                    && t.approved_cps() < usize::from(t.count);
-                let warned = self.plan().iter().enumerate().any(|(j, st)| {
-                    (m.done & (1 << j) != 0 || j == k)
-                        && st.argument.as_deref() == Some("DeadMemberRemoved")
-                });
-                let left_member = t.machines.get(i).is_some_and(|x| x.member);
-                // Its node still up, never reset nor wiped (either takes it down), although
-                // the controller could reach it: neither found dead nor reported unreachable.
-                let left_running = t
-                    .machines
-                    .get(i)
-                    .is_some_and(|x| x.up && !x.dead && !x.unreachable);
-                remove_machine(t, idx);
-                t.lock = release_if(t.lock, Lock::Removal(idx));
-                Some(Effect {
-                    event_missing: below && !warned,
-                    left_member,
-                    left_running,
-                    ..effect("release-finalizer")
-                })
             }
         }
+        named
     }
 
     /// One reconcile of an operation: parked or resumed by the `run operation` rules; its

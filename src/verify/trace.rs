@@ -313,7 +313,7 @@ fn text_of(
             };
             ("controller", t)
         }
-        Move::Removal(i) => {
+        Move::Removal(i) | Move::RemovalLost(i) | Move::RemovalCrash(i) => {
             let name = s.name(i);
             let before = s.machines.get(usize::from(i)).map_or(0, |m| m.done);
             let after_done = n
@@ -326,24 +326,38 @@ fn text_of(
                 .map_or(before, |m| m.done);
             let plan = model.objects.plan.unwrap_or(&[]);
             let new_bits = after_done & !before;
-            let text = plan
+            let texts: Vec<&str> = plan
                 .iter()
                 .enumerate()
-                .find(|(k, _)| new_bits & (1 << k) != 0)
-                .map(|(_, st)| st.text.clone());
-            let t = match (step, text) {
+                .filter(|(k, _)| new_bits & (1 << k) != 0)
+                .map(|(_, st)| st.text.as_str())
+                .collect();
+            let done = texts.join(", ");
+            let mut t = match (step, texts.is_empty()) {
                 ("refused", _) => format!(
                     "controller: the removal of {name} is refused or waits; the lock is released"
                 ),
-                ("release-finalizer", _) => {
+                ("release-finalizer", true) => {
                     format!("controller: release finalizer of {name}: the TalosMachine is gone")
                 }
-                ("lock", None) => format!(
+                ("release-finalizer", false) => format!(
+                    "controller: removes {name} ({done}, release finalizer): the TalosMachine is gone"
+                ),
+                ("lock", true) => format!(
                     "controller: takes the cluster lock for the removal of {name} (the next step waits)"
                 ),
-                (_, Some(t)) => format!("controller: {t} {name}"),
-                (other, None) => format!("controller: {other} {name}"),
+                (_, false) => format!("controller: removes {name}: {done} (then stops or waits)"),
+                (other, true) => format!("controller: {other} {name} (then stops or waits)"),
             };
+            match n.mv {
+                Move::RemovalLost(_) => t.push_str(
+                    "; a Talos call that acted lost its answer (the controller saw no answer)",
+                ),
+                Move::RemovalCrash(_) => {
+                    t.push_str("; the controller crashed right after a Talos call that acted")
+                }
+                _ => {}
+            }
             ("controller", t)
         }
         Move::Operation(k) => {

@@ -92,7 +92,6 @@ pub async fn reconcile<W: World>(
     if m.approved_role() != Some(Role::ControlPlane) && !p.committed && p.done.is_empty() {
         return release_if_not_member(w, timing, m, None).await;
     }
-    let mut next = m.clone();
     // Every removal needs the Talos API (leave, remove-member, reset or wipe), with this
     // cluster's own credentials (read live, once per reconcile). Without them it would
     // drain the node and then stop: it does not start.
@@ -103,6 +102,7 @@ pub async fn reconcile<W: World>(
             "{why}; the removal does not start without them: it would drain the node and then \
              stop before etcd"
         );
+        let mut next = m.clone();
         if status::set(
             next.conditions_mut(),
             REMOVAL,
@@ -120,9 +120,10 @@ pub async fn reconcile<W: World>(
     if let Err(holder) = w.lock(cluster, LockOp::Take).await? {
         // A removal the rules refused keeps saying why: the lock held by other work is not
         // news to the person who has to approve a replacement.
-        if next.removal_reason() == Some("RemovalRefused") {
+        if m.removal_reason() == Some("RemovalRefused") {
             return Ok(requeue(timing.lock_retry, on("ClusterLockHeld")));
         }
+        let mut next = m.clone();
         let msg = format!("waiting for the cluster lock, held by {holder}");
         status::set(
             next.conditions_mut(),
@@ -156,7 +157,7 @@ pub async fn reconcile<W: World>(
         );
         return release_if_not_member(w, timing, live, Some(&stopped)).await;
     };
-    next = live.clone();
+    let mut next = live.clone();
     // What the API server holds of the status: each write compares with it.
     let mut written = live.clone();
 
@@ -236,6 +237,7 @@ pub async fn reconcile<W: World>(
         w.write_status(live, &next).await?;
         return Ok(requeue(timing.refused_requeue, on("NoPlan")));
     };
+    let mut reset_confirmed = false;
     for step in &plan.steps {
         if p.done.iter().any(|d| d == &step.text) {
             continue;
@@ -263,8 +265,10 @@ pub async fn reconcile<W: World>(
             written: &mut written,
             next: &mut next,
             p: &mut p,
+            reset_confirmed,
         };
         let outcome = execute(w, timing, &snapshot, live, &mut rec, step, message).await?;
+        reset_confirmed = rec.reset_confirmed;
         match outcome {
             Step::Done => {
                 p.done.push(step.text.clone());
@@ -395,6 +399,8 @@ struct Record<'r> {
     written: &'r mut TalosMachine,
     next: &'r mut TalosMachine,
     p: &'r mut RemovalProgress,
+    /// A reset (or wipe) was answered as taken in this reconcile.
+    reset_confirmed: bool,
 }
 
 /// Writes the status when it differs from what was written last, and keeps the
@@ -407,7 +413,12 @@ async fn save<W: World>(
     if let Some(version) = w.write_status(written, next).await? {
         next.metadata.resource_version = Some(version);
     }
-    *written = next.clone();
+    // Only the status and the resourceVersion change between writes.
+    written.status.clone_from(&next.status);
+    written
+        .metadata
+        .resource_version
+        .clone_from(&next.metadata.resource_version);
     Ok(())
 }
 
@@ -547,7 +558,12 @@ async fn execute<W: World>(
     step: &PlanStep,
     message: Option<String>,
 ) -> Result<Step, W::Error> {
-    let Record { written, next, p } = rec;
+    let Record {
+        written,
+        next,
+        p,
+        reset_confirmed,
+    } = rec;
     let member = p
         .member
         .clone()
@@ -729,11 +745,19 @@ async fn execute<W: World>(
             p.started_at = Some(Time(w.now()));
             set_progress(next, p.clone());
             save(w, written, next).await?;
-            if let Err(e) = calls::done(w, cluster, here, Call::Reset { graceful }).await? {
-                // The node did not take it: it may be sent again.
-                p.started = None;
-                p.started_at = None;
-                return Ok(talos_wait(timing, step, e));
+            match calls::done(w, cluster, here, Call::Reset { graceful }).await? {
+                Ok(()) => *reset_confirmed = true,
+                // No answer: it may have taken (the node goes down as it resets). The
+                // record of it stays, so the next reconcile looks before sending it again.
+                Err(e @ NodeError::Talos(TalosError::Unreachable { .. })) => {
+                    return Ok(talos_wait(timing, step, e));
+                }
+                Err(e) => {
+                    // The node answered that it did not take it: it may be sent again.
+                    p.started = None;
+                    p.started_at = None;
+                    return Ok(talos_wait(timing, step, e));
+                }
             }
             // A wiped node is gone with its etcd: no deciding again (a graceful reset comes
             // after the leave, which committed already).
@@ -741,6 +765,28 @@ async fn execute<W: World>(
             Ok(Step::Done)
         }
         BuiltIn::ReleaseFinalizer => {
+            // A reset this removal only inferred (its node stopped answering after it may
+            // have been sent, in an earlier reconcile) is checked once more: a node that
+            // answers as its configured self now was down for another reason, and is
+            // reset before its machine goes.
+            let resets = |d: &String| d == "talos reset" || d == "talos wipe";
+            if !*reset_confirmed
+                && p.done.iter().any(resets)
+                && calls::version(w, cluster, here).await?.is_ok()
+            {
+                p.done.retain(|d| !resets(d));
+                p.started = None;
+                p.started_at = None;
+                return Ok(Step::Wait {
+                    reason: "ResetDidNotTake",
+                    message: format!(
+                        "{member} answers as a configured node although its reset was taken as \
+                         done (it had stopped answering): it is reset again before its machine goes"
+                    ),
+                    after: Duration::from_millis(500),
+                    event: None,
+                });
+            }
             status::set(
                 next.conditions_mut(),
                 REMOVAL,

@@ -1,0 +1,451 @@
+//! The model's world: what the executor's procedures ([`crate::runtime::exec`]) ask of the
+//! world, answered from a model [`State`]: etcd's membership and leader, which nodes
+//! answer, the cluster lock, the PodDisruptionBudget, the API server's objects. It holds
+//! no copy of what the controller does: the controller's procedure runs here as it runs in
+//! the cluster, and this only says what each call finds and what it changes.
+//!
+//! Faults are the world's too: a Talos call that acts (etcd leave, remove-member, a reset)
+//! may land and then lose its answer (the caller sees no answer), or land and the
+//! controller crash right after it (nothing after it happens; what was recorded stays).
+
+use super::model::{Effect, Fired, MRole, State, remove_machine, step_index};
+use crate::compile::PlanStep;
+use crate::runtime::exec::{Call, Drained, LockOp, Node, NodeError, Note, Reply, World};
+use crate::runtime::live::Reads;
+use crate::runtime::objects::{Snapshot, TalosMachine};
+use crate::runtime::talos::{EtcdMember, EtcdStatus, TalosError};
+use k8s_openapi::jiff::Timestamp;
+use std::sync::Arc;
+
+/// The model's clock: later than any time its objects record (a reset started at time 0
+/// has had every settle time to take).
+pub fn now() -> Timestamp {
+    Timestamp::from_second(1_767_225_600 + 100_000).unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+/// The controller crashed: the reconcile ends here.
+#[derive(Debug)]
+pub struct Crash;
+
+/// Which acting call (counted from 0 in one reconcile) fails, and how.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// It lands, and its answer is lost.
+    pub lose: Option<u8>,
+    /// It lands, and the controller crashes right after.
+    pub crash: Option<u8>,
+}
+
+/// The etcd member ID of machine `i` of `t`: stable for the machine (from its stable name).
+pub fn member_id(t: &State, i: usize) -> u64 {
+    let role = t
+        .machines
+        .get(i)
+        .map_or(0, |m| u64::from(m.role == MRole::Worker));
+    let n = t.names.get(i).map_or(200 + i as u64, |n| u64::from(*n));
+    1 + (role << 8) + n
+}
+
+/// The host part of an endpoint (`host:port`).
+fn host(endpoint: &str) -> &str {
+    endpoint.rsplit_once(':').map_or(endpoint, |(h, _)| h)
+}
+
+/// One reconcile's world: a state being changed.
+pub struct ModelWorld<'a> {
+    /// The world, as it is now.
+    pub t: State,
+    /// The machine whose removal is reconciled (its lock).
+    idx: u8,
+    /// The objects as the API server holds them when the reconcile reads them.
+    snap: Arc<Snapshot>,
+    /// The plan, to record progress by step.
+    plan: &'a [PlanStep],
+    faults: Faults,
+    /// Acting calls made so far.
+    pub acts: u8,
+    /// What happened, as the invariants read it.
+    pub effect: Effect,
+    /// The state after each status write that changed it: a controller may stop there.
+    pub stops: Vec<(State, Effect)>,
+    /// Warning events published, by reason.
+    events: Vec<String>,
+    /// The snapshot's index of the machine whose finalizer was released.
+    released: Option<usize>,
+    fired: &'a mut Fired,
+}
+
+impl<'a> ModelWorld<'a> {
+    pub fn new(
+        t: State,
+        idx: u8,
+        snap: Arc<Snapshot>,
+        plan: &'a [PlanStep],
+        faults: Faults,
+        fired: &'a mut Fired,
+    ) -> ModelWorld<'a> {
+        ModelWorld {
+            t,
+            idx,
+            snap,
+            plan,
+            faults,
+            acts: 0,
+            effect: Effect::default(),
+            stops: Vec::new(),
+            events: Vec::new(),
+            released: None,
+            fired,
+        }
+    }
+
+    /// The machine `m` names: its index in the state (the snapshot's machines are the
+    /// state's, in order, until a finalizer release ends the reconcile).
+    fn index(&self, m: &TalosMachine) -> Option<usize> {
+        let n = self.snap.machines.len();
+        let k = (0..n)
+            .find(|&i| std::ptr::eq(&self.snap.machines[i], m))
+            .or_else(|| (0..n).find(|&i| self.snap.machines[i].name() == m.name()))?;
+        self.shifted(k)
+    }
+
+    /// The state's index of the snapshot's machine `k` (none once its finalizer went).
+    fn shifted(&self, k: usize) -> Option<usize> {
+        match self.released {
+            Some(r) if k == r => None,
+            Some(r) if k > r => Some(k - 1),
+            _ => Some(k),
+        }
+    }
+
+    /// The machine whose node listens at `h` (its spec.endpoint's host).
+    fn at_host(&self, h: &str) -> Option<usize> {
+        let k = (0..self.snap.machines.len()).find(|&i| {
+            self.snap.machines[i]
+                .spec
+                .endpoint
+                .as_deref()
+                .is_some_and(|e| host(e) == h)
+        })?;
+        self.shifted(k)
+    }
+
+    fn step(&mut self, name: &str) {
+        self.effect.step = step_index(name);
+    }
+
+    fn unreachable(&self, i: usize) -> NodeError {
+        NodeError::Talos(TalosError::Unreachable {
+            endpoint: format!("{}:50000", self.t.name(i)),
+            node: None,
+            detail: "the node does not answer".into(),
+        })
+    }
+
+    fn failed(&self, i: usize, code: tonic::Code, why: &str) -> NodeError {
+        NodeError::Talos(TalosError::Failed {
+            endpoint: format!("{}:50000", self.t.name(i)),
+            node: None,
+            code,
+            message: why.into(),
+        })
+    }
+
+    fn leader(&self) -> u64 {
+        if !self.t.has_leader() {
+            return 0;
+        }
+        (0..self.t.machines.len())
+            .find(|&i| self.t.machines[i].member && self.t.machines[i].up)
+            .map_or(0, |i| member_id(&self.t, i))
+    }
+
+    fn members(&self) -> Vec<EtcdMember> {
+        (0..self.t.machines.len())
+            .filter(|&i| self.t.machines[i].member)
+            .map(|i| {
+                let m = self.snap.machines.get(i);
+                let endpoint = m.and_then(|m| m.spec.endpoint.as_deref()).unwrap_or("");
+                EtcdMember {
+                    id: member_id(&self.t, i),
+                    hostname: m.map_or_else(|| self.t.name(i), |m| m.name().to_string()),
+                    peer_urls: vec![format!("https://{}:2380", host(endpoint))],
+                    client_urls: Vec::new(),
+                    is_learner: false,
+                }
+            })
+            .collect()
+    }
+
+    /// What a call to the node of machine `j` answers, and what it changes.
+    fn call(&mut self, j: usize, call: Call) -> Result<Reply, NodeError> {
+        let m = self.t.machines[j];
+        if !m.up {
+            return Err(self.unreachable(j));
+        }
+        let not_member =
+            |w: &Self| w.failed(j, tonic::Code::FailedPrecondition, "etcd is not running");
+        match call {
+            Call::Version => Ok(Reply::Version("v1.12.0".into())),
+            Call::EtcdStatus => {
+                if !m.member {
+                    return Err(not_member(self));
+                }
+                Ok(Reply::Status(EtcdStatus {
+                    member_id: member_id(&self.t, j),
+                    leader: self.leader(),
+                    protocol_version: "3.5.0".into(),
+                    db_size: 0,
+                    db_size_in_use: 0,
+                    raft_index: 0,
+                    raft_term: 0,
+                    raft_applied_index: 0,
+                    errors: Vec::new(),
+                    is_learner: false,
+                }))
+            }
+            Call::EtcdMemberList => {
+                if !m.member {
+                    return Err(not_member(self));
+                }
+                if !self.t.has_leader() {
+                    return Err(self.failed(j, tonic::Code::DeadlineExceeded, "no leader"));
+                }
+                Ok(Reply::Members(self.members()))
+            }
+            Call::EtcdForfeitLeadership => {
+                if !m.member {
+                    return Err(not_member(self));
+                }
+                self.step("forfeit-leadership");
+                Ok(Reply::Done)
+            }
+            Call::EtcdLeaveCluster => {
+                if !m.member {
+                    return Err(not_member(self));
+                }
+                if !self.t.has_leader() {
+                    return Err(self.failed(j, tonic::Code::DeadlineExceeded, "no leader"));
+                }
+                self.t.machines[j].member = false;
+                self.effect.ours = true;
+                self.step("etcd-leave");
+                Ok(Reply::Done)
+            }
+            Call::EtcdRemoveMemberById(id) => {
+                if !m.member {
+                    return Err(not_member(self));
+                }
+                if !self.t.has_leader() {
+                    return Err(self.failed(j, tonic::Code::DeadlineExceeded, "no leader"));
+                }
+                let Some(k) = (0..self.t.machines.len())
+                    .find(|&k| self.t.machines[k].member && member_id(&self.t, k) == id)
+                else {
+                    return Err(self.failed(j, tonic::Code::NotFound, "member not found"));
+                };
+                self.effect.removed_dead |= !self.t.machines[k].up;
+                self.t.machines[k].member = false;
+                self.effect.ours = true;
+                self.step("remove-member");
+                Ok(Reply::Done)
+            }
+            Call::Reset { graceful } => {
+                if graceful && m.member {
+                    // A graceful reset leaves etcd first; that needs a leader.
+                    if !self.t.has_leader() {
+                        return Err(self.failed(j, tonic::Code::DeadlineExceeded, "no leader"));
+                    }
+                    self.t.machines[j].member = false;
+                }
+                let drained = self.plan.iter().enumerate().any(|(k, st)| {
+                    m.done & (1 << k) != 0 && st.action == crate::vocab::Action::DrainNode
+                });
+                let tm = &mut self.t.machines[j];
+                tm.up = false;
+                tm.wiped = true;
+                tm.unreachable = false;
+                self.effect.ours |= m.member;
+                self.effect.undrained |= usize::from(self.idx) == j && !drained;
+                self.step(if graceful { "reset" } else { "wipe" });
+                Ok(Reply::Done)
+            }
+        }
+    }
+
+    /// Records a status written for machine `i`: its removal's progress.
+    fn record(&mut self, i: usize, after: &TalosMachine) {
+        let Some(p) = after.removal_progress() else {
+            return;
+        };
+        let mut done = 0u16;
+        for (k, st) in self.plan.iter().enumerate() {
+            if p.done.iter().any(|d| d == &st.text) && k < 16 {
+                done |= 1 << k;
+                self.fired.steps.insert(k);
+            }
+        }
+        let started = self
+            .plan
+            .iter()
+            .position(|st| p.started.as_deref() == Some(st.text.as_str()))
+            .and_then(|k| u8::try_from(k + 1).ok())
+            .unwrap_or(0);
+        let m = &mut self.t.machines[i];
+        m.done = done;
+        m.committed = p.committed;
+        m.dead = p.member_dead;
+        m.recorded = p.member_id.is_some();
+        m.started = started;
+    }
+}
+
+impl World for ModelWorld<'_> {
+    type Error = Crash;
+
+    fn now(&self) -> Timestamp {
+        now()
+    }
+
+    async fn credentials(&mut self, _cluster: &str) -> Result<(), String> {
+        Ok(())
+    }
+
+    async fn talos(
+        &mut self,
+        _cluster: &str,
+        node: Node<'_>,
+        call: Call,
+    ) -> Result<Result<Reply, NodeError>, Crash> {
+        let j = match node {
+            Node::Endpoint(m) => self.index(m),
+            Node::Via(via, h) => match self.index(via) {
+                Some(v) if !self.t.machines[v].up => return Ok(Err(self.unreachable(v))),
+                Some(_) => self.at_host(h),
+                None => None,
+            },
+        };
+        let Some(j) = j else {
+            return Ok(Err(NodeError::Talos(TalosError::Unreachable {
+                endpoint: "nowhere".into(),
+                node: None,
+                detail: "no node answers there".into(),
+            })));
+        };
+        let answer = self.call(j, call);
+        if call.acts() && answer.is_ok() {
+            let n = self.acts;
+            self.acts = self.acts.saturating_add(1);
+            if self.faults.crash == Some(n) {
+                return Err(Crash);
+            }
+            if self.faults.lose == Some(n) {
+                return Ok(Err(self.unreachable(j)));
+            }
+        }
+        Ok(answer)
+    }
+
+    async fn lock(&mut self, _cluster: &str, op: LockOp) -> Result<Result<(), String>, Crash> {
+        use super::model::Lock;
+        let mine = Lock::Removal(self.idx);
+        match op {
+            LockOp::Take => match self.t.lock {
+                Lock::Free => {
+                    self.t.lock = mine;
+                    self.step("lock");
+                    Ok(Ok(()))
+                }
+                l if l == mine => Ok(Ok(())),
+                Lock::Removal(h) => Ok(Err(format!("remove TalosMachine {}", self.t.name(h)))),
+                Lock::Operation(k) => Ok(Err(format!("TalosOperation {}", self.t.op_name(k)))),
+            },
+            LockOp::Release => {
+                if self.t.lock == mine {
+                    self.t.lock = Lock::Free;
+                }
+                Ok(Ok(()))
+            }
+            LockOp::Keep => Ok(Ok(())),
+        }
+    }
+
+    async fn read(&mut self, _cluster: &str, _reads: Reads) -> Result<Arc<Snapshot>, Crash> {
+        Ok(self.snap.clone())
+    }
+
+    async fn drain(&mut self, _node: &str) -> Result<Result<Drained, String>, Crash> {
+        if self.t.pdb {
+            return Ok(Ok(Drained::Blocked {
+                pod: "default/app-0".into(),
+                message: "Cannot evict pod as it would violate the pod's disruption budget.".into(),
+            }));
+        }
+        self.step("drain");
+        Ok(Ok(Drained::Done))
+    }
+
+    async fn write_status(
+        &mut self,
+        _before: &TalosMachine,
+        after: &TalosMachine,
+    ) -> Result<Option<String>, Crash> {
+        if let Some(i) = self.index(after) {
+            let was = self.t.machines[i];
+            self.record(i, after);
+            if self.t.machines[i] != was {
+                self.stops.push((self.t.clone(), self.effect));
+            }
+        }
+        Ok(None)
+    }
+
+    async fn release_finalizer(&mut self, m: &TalosMachine) -> Result<(), Crash> {
+        let Some(i) = self.index(m) else {
+            return Ok(());
+        };
+        let x = self.t.machines[i];
+        let below = self.t.count > 0
+            && self.t.cluster != super::model::ClusterState::Deleting
+            && x.dead
+            && self.t.approved_cps() < usize::from(self.t.count);
+        let warned = self.events.iter().any(|r| r == "DeadMemberRemoved")
+            || self.plan.iter().enumerate().any(|(k, st)| {
+                x.done & (1 << k) != 0 && st.argument.as_deref() == Some("DeadMemberRemoved")
+            });
+        // The plan's own release (the machine is still an approved control plane: its
+        // removal ran), or the release of one that no longer is (nothing of the plan ran).
+        let by_plan = x.approved_cp();
+        self.effect.event_missing = by_plan && below && !warned;
+        self.effect.left_member = x.member;
+        // Its node still up, never reset nor wiped (either takes it down), although the
+        // controller could reach it: neither found dead nor reported unreachable.
+        self.effect.left_running = by_plan && x.up && !x.dead && !x.unreachable;
+        if by_plan
+            && let Some(k) = self
+                .plan
+                .iter()
+                .position(|st| st.action == crate::vocab::Action::ReleaseFinalizer)
+        {
+            self.fired.steps.insert(k);
+        }
+        self.step("release-finalizer");
+        if let Ok(k) = u8::try_from(i) {
+            remove_machine(&mut self.t, k);
+            self.released = Some(i);
+        }
+        Ok(())
+    }
+
+    async fn event(&mut self, _on: &TalosMachine, warning: bool, reason: &str, _note: String) {
+        if warning {
+            self.events.push(reason.to_string());
+        }
+    }
+
+    fn note(&mut self, _on: &TalosMachine, note: Note<'_>) {
+        if let Note::Decided(d) = note {
+            self.fired.note(d);
+        }
+    }
+}
