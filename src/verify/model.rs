@@ -983,10 +983,6 @@ pub fn len_byte<T>(items: &[T]) -> u8 {
 /// The decisions of one state's expansion that depend on its objects alone (what
 /// [`object_key`] covers): kept while states with the same key are expanded one after the
 /// other, so each is made once. A decision's fired rules are noted when it is made.
-/// A removal decision, remembered: whether a rule refused it, or the fact it needs next
-/// (`None`: the machine's reconcile is not a removal).
-type RemovalAnswer = Result<bool, Option<Fact>>;
-
 /// Facts the model supplies to a controller decision, with their values.
 type Supplied = Vec<(Fact, i64)>;
 
@@ -996,15 +992,12 @@ pub struct Memo {
     admissions: Vec<(Req, Option<Option<Verdict>>)>,
     /// Per machine: whether its reconcile decision holds it (`apply`).
     held: [Option<bool>; MAX_MACHINES],
-    /// Per machine: whether its reconcile is a removal (`removal`).
-    removes: [Option<bool>; MAX_MACHINES],
-    /// Removal decisions (`removal`): the machine and the facts supplied, and whether a
-    /// rule refused it (`Ok`) or which fact the decision needs next (`Err`; `None`: one
-    /// it cannot be given).
-    removals: Vec<(u8, Supplied, RemovalAnswer)>,
-    /// Plan-step guards (`removal`): the machine, the step, `member.dead`, and whether
-    /// the step runs (`None`: its guard could not be evaluated).
-    guards: Vec<(u8, u8, bool, Option<bool>)>,
+    /// Removal decisions (the executor's, through [`ModelWorld`]): the machine and the
+    /// facts supplied, and the decision (or the fact it needs next).
+    pub removals: Vec<(u8, Supplied, Result<Decision, Fact>)>,
+    /// Plan-step guards: the machine, the step, the facts supplied, and whether the step
+    /// runs with its message (or why its guard could not be evaluated).
+    pub guards: Vec<(u8, u8, Supplied, Result<(bool, Option<String>), String>)>,
 }
 
 impl Default for Memo {
@@ -1012,7 +1005,6 @@ impl Default for Memo {
         Memo {
             admissions: Vec::new(),
             held: [None; MAX_MACHINES],
-            removes: [None; MAX_MACHINES],
             removals: Vec::new(),
             guards: Vec::new(),
         }
@@ -1039,13 +1031,11 @@ impl Memo {
         let Memo {
             admissions,
             held,
-            removes,
             removals,
             guards,
         } = self;
         admissions.clear();
         *held = [None; MAX_MACHINES];
-        *removes = [None; MAX_MACHINES];
         removals.clear();
         guards.clear();
     }
@@ -1817,7 +1807,7 @@ impl<'t> Model<'t> {
                 let i = usize::from(idx);
                 if m.deleting {
                     if m.finalizer {
-                        let named = self.removal(s, snap, idx, fired, out);
+                        let named = self.removal(s, snap, idx, memo, fired, out);
                         outcomes.removals_waiting += u8::from(named);
                     }
                     continue;
@@ -2061,6 +2051,7 @@ impl<'t> Model<'t> {
         s: &State,
         snap: &Lazy<'_>,
         idx: u8,
+        memo: &mut Memo,
         fired: &mut Fired,
         out: &mut Vec<Next>,
     ) -> bool {
@@ -2076,8 +2067,9 @@ impl<'t> Model<'t> {
             drain_retry: std::time::Duration::from_secs(15),
             reset_settle: std::time::Duration::from_secs(60),
         };
-        let run = |faults: Faults, fired: &mut Fired| {
-            let mut w = ModelWorld::new(s.fork(), idx, arc.clone(), self.plan(), faults, fired);
+        let run = |faults: Faults, fired: &mut Fired, memo: &mut Memo| {
+            let mut w =
+                ModelWorld::new(s.fork(), idx, arc.clone(), self.plan(), faults, fired, memo);
             let outcome = run_now(exec::removal::reconcile(&mut w, self.table, &timing, live));
             let ModelWorld {
                 t,
@@ -2098,7 +2090,7 @@ impl<'t> Model<'t> {
             }
             e
         };
-        let (t, acts, effect, stops, outcome) = run(Faults::default(), fired);
+        let (t, acts, effect, stops, outcome) = run(Faults::default(), fired, memo);
         let named = match &outcome {
             Some(Ok(Outcome::Requeue {
                 wait: Wait::On(_), ..
@@ -2143,7 +2135,7 @@ impl<'t> Model<'t> {
                         Move::RemovalCrash(idx),
                     ),
                 ] {
-                    let (mut u, _, e, _, _) = run(faults, fired);
+                    let (mut u, _, e, _, _) = run(faults, fired, memo);
                     u.failures += 1;
                     out.push(Next {
                         mv,

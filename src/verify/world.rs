@@ -8,7 +8,7 @@
 //! may land and then lose its answer (the caller sees no answer), or land and the
 //! controller crash right after it (nothing after it happens; what was recorded stays).
 
-use super::model::{Effect, Fired, MRole, State, remove_machine, step_index};
+use super::model::{Effect, Fired, MRole, Memo, State, remove_machine, step_index};
 use crate::compile::PlanStep;
 use crate::runtime::exec::{Call, Drained, LockOp, Node, NodeError, Note, Reply, World};
 use crate::runtime::live::Reads;
@@ -73,6 +73,8 @@ pub struct ModelWorld<'a> {
     /// The snapshot's index of the machine whose finalizer was released.
     released: Option<usize>,
     fired: &'a mut Fired,
+    /// Decisions already made on these objects.
+    memo: &'a mut Memo,
 }
 
 impl<'a> ModelWorld<'a> {
@@ -83,6 +85,7 @@ impl<'a> ModelWorld<'a> {
         plan: &'a [PlanStep],
         faults: Faults,
         fired: &'a mut Fired,
+        memo: &'a mut Memo,
     ) -> ModelWorld<'a> {
         ModelWorld {
             t,
@@ -96,6 +99,7 @@ impl<'a> ModelWorld<'a> {
             events: Vec::new(),
             released: None,
             fired,
+            memo,
         }
     }
 
@@ -447,5 +451,54 @@ impl World for ModelWorld<'_> {
         if let Note::Decided(d) = note {
             self.fired.note(d);
         }
+    }
+
+    // Decisions depend on the objects alone (and the facts supplied): remembered for the
+    // states that share this one's objects ([`super::model::object_key`]). Only the
+    // reconciled machine's removal is decided here.
+    fn decide(
+        &mut self,
+        table: &crate::compile::Table,
+        snapshot: &Snapshot,
+        ev: crate::runtime::facts::EventFacts<'_>,
+        supplied: &[(crate::vocab::Fact, i64)],
+    ) -> Result<crate::interp::Decision, crate::vocab::Fact> {
+        let idx = self.idx;
+        if let Some((_, _, d)) = self
+            .memo
+            .removals
+            .iter()
+            .find(|(i, s, _)| *i == idx && s.as_slice() == supplied)
+        {
+            return d.clone();
+        }
+        let d = crate::runtime::exec::rules::decide(table, snapshot, ev, supplied);
+        self.memo.removals.push((idx, supplied.to_vec(), d.clone()));
+        d
+    }
+
+    fn applies(
+        &mut self,
+        table: &crate::compile::Table,
+        snapshot: &Snapshot,
+        ev: crate::runtime::facts::EventFacts<'_>,
+        supplied: &[(crate::vocab::Fact, i64)],
+        k: usize,
+        step: &PlanStep,
+    ) -> Result<(bool, Option<String>), String> {
+        let (idx, k8) = (self.idx, u8::try_from(k).unwrap_or(u8::MAX));
+        if let Some((_, _, _, r)) = self
+            .memo
+            .guards
+            .iter()
+            .find(|(i, j, s, _)| *i == idx && *j == k8 && s.as_slice() == supplied)
+        {
+            return r.clone();
+        }
+        let r = crate::runtime::exec::rules::applies(table, snapshot, ev, supplied, step);
+        self.memo
+            .guards
+            .push((idx, k8, supplied.to_vec(), r.clone()));
+        r
     }
 }

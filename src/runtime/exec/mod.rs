@@ -181,6 +181,34 @@ pub trait World {
 
     /// A log line or a metric.
     fn note(&mut self, on: &TalosMachine, note: Note<'_>);
+
+    /// Decides `ev` with the facts supplied so far ([`rules::decide`]). A world may
+    /// remember decisions it was asked before on the same objects (`verify`'s model does);
+    /// it never decides otherwise.
+    fn decide(
+        &mut self,
+        table: &crate::compile::Table,
+        snapshot: &Snapshot,
+        ev: crate::runtime::facts::EventFacts<'_>,
+        supplied: &[(crate::vocab::Fact, i64)],
+    ) -> Result<Decision, crate::vocab::Fact> {
+        rules::decide(table, snapshot, ev, supplied)
+    }
+
+    /// Whether plan step `k` runs, and its message ([`rules::applies`]); remembered like
+    /// [`World::decide`].
+    fn applies(
+        &mut self,
+        table: &crate::compile::Table,
+        snapshot: &Snapshot,
+        ev: crate::runtime::facts::EventFacts<'_>,
+        supplied: &[(crate::vocab::Fact, i64)],
+        k: usize,
+        step: &crate::compile::PlanStep,
+    ) -> Result<(bool, Option<String>), String> {
+        let _ = k;
+        rules::applies(table, snapshot, ev, supplied, step)
+    }
 }
 
 /// How a reconcile ended.

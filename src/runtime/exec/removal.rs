@@ -11,7 +11,7 @@
 //! is never sent a second time while the node may still be going down.
 
 use super::etcd::{self, Deadness, Sibling, node_name};
-use super::rules::{Asked, applies, decide_asking, hold_of};
+use super::rules::{Asked, decide_asking, hold_of};
 use super::{
     Call, Drained, LockOp, Node, NodeError, Note, Outcome, Timing, Wait, World, calls, unlock,
 };
@@ -238,12 +238,12 @@ pub async fn reconcile<W: World>(
         return Ok(requeue(timing.refused_requeue, on("NoPlan")));
     };
     let mut reset_confirmed = false;
-    for step in &plan.steps {
+    for (k, step) in plan.steps.iter().enumerate() {
         if p.done.iter().any(|d| d == &step.text) {
             continue;
         }
         let guard_facts = [(Fact::MemberDead, i64::from(p.member_dead))];
-        let (runs, message) = match applies(table, &snapshot, ev, &guard_facts, step) {
+        let (runs, message) = match w.applies(table, &snapshot, ev, &guard_facts, k, step) {
             Ok(x) => x,
             Err(why) => {
                 unlock(w, cluster, LockOp::Release).await?;

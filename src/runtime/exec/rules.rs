@@ -120,7 +120,7 @@ pub async fn decide_asking<W: super::World>(
         member_id: None,
     };
     loop {
-        let need = match decide(table, snapshot, ev, &supplied) {
+        let need = match w.decide(table, snapshot, ev, &supplied) {
             Ok(d) => {
                 asked.decision = d;
                 return Ok(asked);
