@@ -986,6 +986,9 @@ pub fn len_byte<T>(items: &[T]) -> u8 {
 /// Facts the model supplies to a controller decision, with their values.
 type Supplied = Vec<(Fact, i64)>;
 
+/// Whether a plan step runs, with its message (or why its guard could not be evaluated).
+type Guard = Result<(bool, Option<String>), String>;
+
 pub struct Memo {
     /// Each request decided by the webhook: `None` when the request cannot be sent here,
     /// else its verdict.
@@ -997,7 +1000,7 @@ pub struct Memo {
     pub removals: Vec<(u8, Supplied, Result<Decision, Fact>)>,
     /// Plan-step guards: the machine, the step, the facts supplied, and whether the step
     /// runs with its message (or why its guard could not be evaluated).
-    pub guards: Vec<(u8, u8, Supplied, Result<(bool, Option<String>), String>)>,
+    pub guards: Vec<(u8, u8, Supplied, Guard)>,
 }
 
 impl Default for Memo {
