@@ -11,9 +11,9 @@ use super::invariant::InvariantCheck;
 use super::model::{Bounds, BoundsError, Model, State};
 use super::trace::{describe, objects_yaml, review_json, summary};
 use crate::compile::Table;
-use crate::runtime::controller::{hold_of, removal};
+use crate::runtime::controller::hold_of;
 use crate::runtime::decide::{reconcile_machine_event, reconcile_operation_event};
-use crate::vocab::{Fact, Verb, Verdict};
+use crate::vocab::{Verb, Verdict};
 use std::collections::{BTreeMap, HashSet};
 
 /// One group of differences.
@@ -107,24 +107,15 @@ fn removal_verdict(
 ) -> Option<Option<Verdict>> {
     let live = snap.machines.get(i)?;
     let ev = reconcile_machine_event(live).filter(|e| e.event.0 == Verb::Remove)?;
-    let mut supplied: Vec<(Fact, i64)> = Vec::new();
-    loop {
-        match removal::decide(table, snap, ev, &supplied) {
-            Ok(d) => return Some(d.verdict()),
-            Err(Fact::MemberDead) if !supplied.iter().any(|(f, _)| *f == Fact::MemberDead) => {
-                supplied.push((Fact::MemberDead, i64::from(s.member_dead(i))));
-            }
-            Err(f @ (Fact::HealthyAfter | Fact::MembersAfter))
-                if !supplied.iter().any(|(x, _)| *x == f) =>
-            {
-                match s.etcd_count(f, i) {
-                    Some(n) => supplied.push((f, n)),
-                    None => return Some(Some(Verdict::Refuse)),
-                }
-            }
-            Err(_) => return Some(Some(Verdict::Refuse)),
-        }
-    }
+    let d = super::world::ask_and_decide(
+        table,
+        s,
+        snap,
+        ev,
+        Some(live),
+        &mut super::model::Fired::default(),
+    );
+    Some(d.verdict())
 }
 
 fn compare(old: &Model<'_>, new: &Model<'_>, s: &State, c: &mut Collector) {

@@ -3,16 +3,15 @@
 //!
 //! Every decision goes through the product's own code: a request becomes the objects an
 //! AdmissionReview carries, its events come from [`request_events`] and the webhook's
-//! [`decide_events`]; the controller's steps decide with the same functions the controller
-//! calls ([`removal::decide`], [`removal::applies`], [`reconcile_machine_event`], ...),
-//! against a [`Snapshot`] built from the state. The model supplies only what the runtime
-//! reads through I/O: etcd's membership and health, whether a node answers, whether a
-//! PodDisruptionBudget blocks a drain.
+//! [`decide_events`]. The removal is not modelled at all: the executor's procedure
+//! ([`exec::removal::reconcile`], the controller's own code) runs against the model's world
+//! ([`super::world`]), which answers what the runtime reads through I/O (etcd's membership
+//! and leader, whether a node answers, the lock, whether a PodDisruptionBudget blocks a
+//! drain) and applies what it changes.
 
 use super::world::{Faults, ModelWorld};
 use crate::compile::{PlanStep, Table};
 use crate::interp::Decision;
-use crate::runtime::controller::removal;
 use crate::runtime::decide::{
     decide_events, reconcile_machine_event, reconcile_operation_event, reconcile_start_event,
     request_events,
@@ -643,57 +642,6 @@ impl State {
     /// etcd has a leader: a healthy majority of its members.
     pub fn has_leader(&self) -> bool {
         self.healthy() * 2 > self.members()
-    }
-
-    /// A control plane other than `i`, approved, whose etcd answers with a leader.
-    pub fn healthy_sibling(&self, i: usize) -> bool {
-        self.has_leader()
-            && self
-                .machines
-                .iter()
-                .enumerate()
-                .any(|(j, m)| j != i && m.approved_cp() && m.member && m.up)
-    }
-
-    /// `nodes::member_dead`: a healthy sibling lists the member and its node does not answer.
-    pub fn member_dead(&self, i: usize) -> bool {
-        let m = &self.machines[i];
-        self.healthy_sibling(i) && m.member && !m.up
-    }
-
-    /// `nodes::healthy_after`: the members other than `i` that answer, read through a
-    /// healthy sibling; `None` without one.
-    pub fn healthy_after(&self, i: usize) -> Option<i64> {
-        self.members_other_than(i, true)
-    }
-
-    /// `nodes::members_after`: the members other than `i`, answering or not, read through
-    /// a healthy sibling; `None` without one.
-    pub fn members_after(&self, i: usize) -> Option<i64> {
-        self.members_other_than(i, false)
-    }
-
-    fn members_other_than(&self, i: usize, answering: bool) -> Option<i64> {
-        if !self.healthy_sibling(i) {
-            return None;
-        }
-        let n = self
-            .machines
-            .iter()
-            .enumerate()
-            .filter(|(j, m)| *j != i && m.member && (m.up || !answering))
-            .count();
-        i64::try_from(n).ok()
-    }
-
-    /// What the controller reads from etcd for an expensive count of a departing
-    /// control plane (`healthy.after`, `members.after`); `None`: it cannot be read.
-    pub fn etcd_count(&self, f: Fact, i: usize) -> Option<i64> {
-        match f {
-            Fact::HealthyAfter => self.healthy_after(i),
-            Fact::MembersAfter => self.members_after(i),
-            _ => None,
-        }
     }
 
     /// Control planes with `spec.approved`, being deleted or not.
@@ -2071,8 +2019,16 @@ impl<'t> Model<'t> {
             reset_settle: std::time::Duration::from_secs(60),
         };
         let run = |faults: Faults, fired: &mut Fired, memo: &mut Memo| {
-            let mut w =
-                ModelWorld::new(s.fork(), idx, arc.clone(), self.plan(), faults, fired, memo);
+            let mut w = ModelWorld::new(
+                s.fork(),
+                idx,
+                &arc,
+                Some(arc.clone()),
+                self.plan(),
+                fired,
+                memo,
+            )
+            .with_faults(faults);
             let outcome = run_now(exec::removal::reconcile(&mut w, self.table, &timing, live));
             let ModelWorld {
                 t,
@@ -2194,24 +2150,12 @@ impl<'t> Model<'t> {
                 // `controller/operation.rs::start_again`: the start rules again, with
                 // `healthy.after` asked of etcd.
                 let ev = reconcile_start_event(live)?;
-                let mut supplied: Vec<(Fact, i64)> = Vec::new();
-                let decision = loop {
-                    match removal::decide(self.table, snap, ev, &supplied) {
-                        Ok(d) => break Some(d),
-                        Err(f @ (Fact::HealthyAfter | Fact::MembersAfter))
-                            if !supplied.iter().any(|(g, _)| *g == f) =>
-                        {
-                            let n = (o.target != NONE && o.target != GONE)
-                                .then(|| s.etcd_count(f, usize::from(o.target)))
-                                .flatten();
-                            match n {
-                                Some(n) => supplied.push((f, n)),
-                                None => break None,
-                            }
-                        }
-                        Err(_) => break None,
-                    }
-                };
+                let target = (o.target != NONE && o.target != GONE)
+                    .then(|| snap.machines.get(usize::from(o.target)))
+                    .flatten();
+                let decision = Some(super::world::ask_and_decide(
+                    self.table, s, snap, ev, target, fired,
+                ));
                 let decision = decision?;
                 fired.note(&decision);
                 if crate::runtime::controller::hold_of(&decision, "StartRefused").is_some() {

@@ -58,7 +58,9 @@ pub struct ModelWorld<'a> {
     /// The machine whose removal is reconciled (its lock).
     idx: u8,
     /// The objects as the API server holds them when the reconcile reads them.
-    snap: Arc<Snapshot>,
+    snap: &'a Snapshot,
+    /// The same, shared, for the reconcile's read (none: this world is not read).
+    shared: Option<Arc<Snapshot>>,
     /// The plan, to record progress by step.
     plan: &'a [PlanStep],
     faults: Faults,
@@ -81,9 +83,9 @@ impl<'a> ModelWorld<'a> {
     pub fn new(
         t: State,
         idx: u8,
-        snap: Arc<Snapshot>,
+        snap: &'a Snapshot,
+        shared: Option<Arc<Snapshot>>,
         plan: &'a [PlanStep],
-        faults: Faults,
         fired: &'a mut Fired,
         memo: &'a mut Memo,
     ) -> ModelWorld<'a> {
@@ -91,8 +93,9 @@ impl<'a> ModelWorld<'a> {
             t,
             idx,
             snap,
+            shared,
             plan,
-            faults,
+            faults: Faults::default(),
             acts: 0,
             effect: Effect::default(),
             stops: Vec::new(),
@@ -105,6 +108,11 @@ impl<'a> ModelWorld<'a> {
 
     /// The machine `m` names: its index in the state (the snapshot's machines are the
     /// state's, in order, until a finalizer release ends the reconcile).
+    /// This world with these faults.
+    pub fn with_faults(self, faults: Faults) -> ModelWorld<'a> {
+        ModelWorld { faults, ..self }
+    }
+
     fn index(&self, m: &TalosMachine) -> Option<usize> {
         let n = self.snap.machines.len();
         let k = (0..n)
@@ -375,7 +383,7 @@ impl World for ModelWorld<'_> {
     }
 
     async fn read(&mut self, _cluster: &str, _reads: Reads) -> Result<Arc<Snapshot>, Crash> {
-        Ok(self.snap.clone())
+        self.shared.clone().ok_or(Crash)
     }
 
     async fn drain(&mut self, _node: &str) -> Result<Result<Drained, String>, Crash> {
@@ -500,5 +508,50 @@ impl World for ModelWorld<'_> {
             .guards
             .push((idx, k8, supplied.to_vec(), r.clone()));
         r
+    }
+}
+
+/// A decision with the expensive facts it needs asked of this state's world, through the
+/// executor's one loop ([`crate::runtime::exec::rules::decide_asking`]): what the
+/// controller decides on this state (`departing`: the machine whose etcd is asked about).
+/// A fact that cannot be read refuses.
+pub fn ask_and_decide(
+    table: &crate::compile::Table,
+    s: &State,
+    snap: &Snapshot,
+    ev: crate::runtime::facts::EventFacts<'_>,
+    departing: Option<&TalosMachine>,
+    fired: &mut Fired,
+) -> crate::interp::Decision {
+    let mut memo = Memo::default();
+    let mut w = ModelWorld::new(
+        s.fork(),
+        super::model::NONE,
+        snap,
+        None,
+        &[],
+        fired,
+        &mut memo,
+    );
+    let marked = departing.is_some_and(|m| {
+        m.dead_member_removal_marked() || m.removal_progress().is_some_and(|p| p.member_dead)
+    });
+    let refuse = |f: crate::vocab::Fact, why: &str| crate::interp::Finding {
+        rule: "(live state)".into(),
+        verdict: crate::vocab::Verdict::Refuse,
+        message: format!("`{f}` could not be read {why}"),
+        reason: None,
+    };
+    let asked = crate::runtime::exec::run_now(crate::runtime::exec::rules::decide_asking(
+        &mut w, table, snap, ev, departing, marked, &refuse,
+    ));
+    match asked {
+        Some(Ok(a)) => a.decision,
+        _ => {
+            let mut d = crate::interp::Decision::default();
+            d.refusals
+                .push(refuse(crate::vocab::Fact::MemberDead, "(no answer)"));
+            d
+        }
     }
 }
