@@ -221,3 +221,60 @@ fn the_status_read_check_sees_reads() {
         "#[cfg(test)]\nmod clipping {\n let r = m.condition(\"Ready\");\n}"
     ));
 }
+
+/// What in `text` (outside comments and unit tests) says what a controller step does: a
+/// plan step's built-in action looked at, or the controller's own procedures and checks
+/// called by name. `verify`'s model holds only the world; the steps are the executor's
+/// (`runtime::exec`), run against that world.
+fn controller_steps_named(text: &str) -> Vec<String> {
+    let code = text.split("#[cfg(test)]\nmod ").next().unwrap_or_default();
+    let forbidden = [
+        "Action::",
+        ".action",
+        "removal::decide",
+        "removal::applies",
+        "controller::nodes",
+        "nodes::",
+        "healthy_sibling(",
+        "member_dead(",
+        "judge_member(",
+        "find_member(",
+        "\"talos reset\"",
+        "\"talos wipe\"",
+        "\"etcd leave\"",
+    ];
+    let mut out = Vec::new();
+    for (n, line) in code.lines().enumerate() {
+        let t = line.trim_start();
+        if t.starts_with("//") {
+            continue;
+        }
+        if let Some(f) = forbidden.iter().find(|f| t.contains(*f)) {
+            out.push(format!("line {}: `{f}` in {t}", n + 1));
+        }
+    }
+    out
+}
+
+#[test]
+fn verify_holds_the_world_and_names_no_controller_step() {
+    let mut wrong = Vec::new();
+    for f in files_of("verify") {
+        for r in controller_steps_named(&std::fs::read_to_string(&f).expect("read")) {
+            wrong.push(format!("{}: {r}", f.display()));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "src/verify/ says what a controller step does; run the executor's procedure \
+         (runtime::exec) against the model's world (src/verify/world.rs) instead:\n{}",
+        wrong.join("\n")
+    );
+    // The check sees a step written by hand.
+    let seen = |s: &str| !controller_steps_named(s).is_empty();
+    assert!(seen("match step.action {\n    BuiltIn::EtcdLeave => {}\n}"));
+    assert!(seen("let d = removal::decide(table, snap, ev, &supplied);"));
+    assert!(seen("if m.done.iter().any(|d| d == \"talos reset\") {}"));
+    assert!(!seen("// match step.action"));
+    assert!(!seen("let e = effect(\"etcd-leave\");"));
+}

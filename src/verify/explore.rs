@@ -277,7 +277,8 @@ pub fn encode(s: &State, out: &mut Vec<u8>) {
             | (u16::from(m.committed) << 11)
             | (u16::from(m.reroled) << 12)
             | (u16::from(m.moved) << 13)
-            | (u16::from(m.recorded) << 14);
+            | (u16::from(m.recorded) << 14)
+            | (u16::from(m.cordoned) << 15);
         out.extend(bits.to_le_bytes());
         out.push(m.order);
         out.extend(m.done.to_le_bytes());
@@ -359,6 +360,7 @@ pub fn decode(b: &[u8]) -> Option<State> {
             moved: bit(13),
             done,
             recorded: bit(14),
+            cordoned: bit(15),
             started,
         });
     }

@@ -215,6 +215,8 @@ pub struct Machine {
     pub done: u16,
     /// `status.removal.memberId` is recorded (the machine's own member).
     pub recorded: bool,
+    /// Its Kubernetes Node was drained (cordoned and emptied): the world's, not a record.
+    pub cordoned: bool,
     /// `status.removal.started`: the plan step (index + 1) sent and not yet confirmed
     /// (a reset), 0 for none.
     pub started: u8,
@@ -742,6 +744,7 @@ impl State {
                     moved: false,
                     done: 0,
                     recorded: false,
+                    cordoned: false,
                     started: 0,
                 });
             }
@@ -764,6 +767,7 @@ impl State {
                     moved: false,
                     done: 0,
                     recorded: false,
+                    cordoned: false,
                     started: 0,
                 });
             }
@@ -890,6 +894,7 @@ pub fn object_key(s: &State, out: &mut Vec<u8>) {
             moved,
             done,
             recorded,
+            cordoned: _,
             started,
         } = *m;
         let bits: u16 = u16::from(role == MRole::Worker)
@@ -1586,6 +1591,7 @@ impl<'t> Model<'t> {
                         moved: true,
                         done: 0,
                         recorded: false,
+                        cordoned: false,
                         started: 0,
                     };
                 } else {
@@ -2306,7 +2312,8 @@ pub(crate) mod tests {
             }
             let mut t = s.clone();
             for m in &mut t.machines {
-                (m.joined, m.member, m.up, m.wiped) = (!m.joined, !m.member, !m.up, !m.wiped);
+                (m.joined, m.member, m.up, m.wiped, m.cordoned) =
+                    (!m.joined, !m.member, !m.up, !m.wiped, !m.cordoned);
             }
             t.lock = if t.lock == Lock::Free {
                 Lock::Removal(0)

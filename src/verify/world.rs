@@ -270,9 +270,7 @@ impl<'a> ModelWorld<'a> {
                     }
                     self.t.machines[j].member = false;
                 }
-                let drained = self.plan.iter().enumerate().any(|(k, st)| {
-                    m.done & (1 << k) != 0 && st.action == crate::vocab::Action::DrainNode
-                });
+                let drained = m.cordoned;
                 let tm = &mut self.t.machines[j];
                 tm.up = false;
                 tm.wiped = true;
@@ -294,7 +292,6 @@ impl<'a> ModelWorld<'a> {
         for (k, st) in self.plan.iter().enumerate() {
             if p.done.iter().any(|d| d == &st.text) && k < 16 {
                 done |= 1 << k;
-                self.fired.steps.insert(k);
             }
         }
         let started = self
@@ -386,12 +383,19 @@ impl World for ModelWorld<'_> {
         self.shared.clone().ok_or(Crash)
     }
 
-    async fn drain(&mut self, _node: &str) -> Result<Result<Drained, String>, Crash> {
+    async fn drain(&mut self, node: &str) -> Result<Result<Drained, String>, Crash> {
         if self.t.pdb {
             return Ok(Ok(Drained::Blocked {
                 pod: "default/app-0".into(),
                 message: "Cannot evict pod as it would violate the pod's disruption budget.".into(),
             }));
+        }
+        // The Kubernetes Node of that name is cordoned and empty.
+        if let Some(j) = (0..self.snap.machines.len())
+            .find(|&k| crate::runtime::exec::etcd::node_name(&self.snap.machines[k]) == node)
+            .and_then(|k| self.shifted(k))
+        {
+            self.t.machines[j].cordoned = true;
         }
         self.step("drain");
         Ok(Ok(Drained::Done))
@@ -433,14 +437,6 @@ impl World for ModelWorld<'_> {
         // Its node still up, never reset nor wiped (either takes it down), although the
         // controller could reach it: neither found dead nor reported unreachable.
         self.effect.left_running = by_plan && x.up && !x.dead && !x.unreachable;
-        if by_plan
-            && let Some(k) = self
-                .plan
-                .iter()
-                .position(|st| st.action == crate::vocab::Action::ReleaseFinalizer)
-        {
-            self.fired.steps.insert(k);
-        }
         self.step("release-finalizer");
         if let Ok(k) = u8::try_from(i) {
             remove_machine(&mut self.t, k);
@@ -456,8 +452,12 @@ impl World for ModelWorld<'_> {
     }
 
     fn note(&mut self, _on: &TalosMachine, note: Note<'_>) {
-        if let Note::Decided(d) = note {
-            self.fired.note(d);
+        match note {
+            Note::Decided(d) => self.fired.note(d),
+            Note::Step(k, _) => {
+                self.fired.steps.insert(k);
+            }
+            _ => {}
         }
     }
 

@@ -180,6 +180,7 @@ impl World for Live<'_> {
             Note::Fact { fact, value, why } => {
                 tracing::info!(%machine, %fact, value, %why, "etcd asked");
             }
+            Note::Step(_, text) => tracing::debug!(%machine, step = %text, "plan step"),
             Note::Info(text) => tracing::info!(%machine, "{text}"),
             Note::Warn(text) => tracing::warn!(%machine, "{text}"),
         }

@@ -128,6 +128,8 @@ pub enum Note<'a> {
         value: i64,
         why: &'a str,
     },
+    /// Plan step `k` runs (its guards hold).
+    Step(usize, &'a str),
     /// Something worth a log line.
     Info(&'a str),
     Warn(&'a str),

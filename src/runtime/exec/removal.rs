@@ -261,6 +261,7 @@ pub async fn reconcile<W: World>(
         if !runs {
             continue;
         }
+        w.note(live, Note::Step(k, &step.text));
         let mut rec = Record {
             written: &mut written,
             next: &mut next,
