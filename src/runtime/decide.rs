@@ -135,11 +135,11 @@ pub fn status_event<'s>(
         Operation::Create | Operation::Update => new?,
         Operation::Delete | Operation::Connect => return None,
     };
-    let before = old.map_or_else(
-        || TalosMachine::default().status_reads(),
-        TalosMachine::status_reads,
-    );
-    (before != new.status_reads()).then_some(EventFacts {
+    let changed = match old {
+        Some(old) => !old.same_status_reads(new),
+        None => !TalosMachine::default().same_status_reads(new),
+    };
+    changed.then_some(EventFacts {
         event: (Verb::Report, S::Machine, Site::Webhook),
         namespace,
         cluster: new.cluster(),

@@ -280,6 +280,12 @@ macro_rules! status_reads {
             pub fn status_reads(&self) -> Vec<(&'static str, String)> {
                 vec![$((stringify!($name), format!("{:?}", self.$name()))),*]
             }
+
+            /// Whether every status read of [`status_reads!`] reads the same in `other`
+            /// (what the status guard compares, without formatting a value).
+            pub fn same_status_reads(&self, other: &TalosMachine) -> bool {
+                true $(&& self.$name() == other.$name())*
+            }
         }
 
         /// The names of the status reads, for the test that every read goes through them.
