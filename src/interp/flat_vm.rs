@@ -132,6 +132,14 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                 F::SubK => arith!(i, a, checked_sub, i.k),
                 F::MulK => arith!(i, a, checked_mul, i.k),
                 F::DivK => arith!(i, a, checked_div, i.k),
+                F::DivP2 => {
+                    // Truncated towards zero, as `/`: a negative value is biased first (the
+                    // bias makes it no larger, so this cannot overflow).
+                    let n = (i.k & 63) as u32;
+                    let bias = (a >> 63) & ((1i64 << n) - 1);
+                    cache.vals[usize::from(i.x) & M] = (a + bias) >> n;
+                    pc += 1;
+                }
                 F::ModK => arith!(i, a, checked_rem, i.k),
                 F::Add => arith!(i, a, checked_add, b!()),
                 F::Sub => arith!(i, a, checked_sub, b!()),

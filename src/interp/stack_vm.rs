@@ -2,7 +2,6 @@
 //! placeholders.
 
 use super::{EvalError, Facts, Session, Stop};
-use crate::compile::flat::VALUES;
 use crate::compile::{Code, MAX_STACK, Op};
 use std::sync::Arc;
 
@@ -64,7 +63,7 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                 Op::Fact(slot) => {
                     let slot = slot as usize;
                     cache.ensure(slot)?;
-                    push!(cache.vals[slot % VALUES]);
+                    push!(cache.value(slot));
                 }
                 Op::Int(i) => push!(i),
                 Op::Not => match sp.checked_sub(1) {
