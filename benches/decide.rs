@@ -12,24 +12,20 @@ use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use ichor_rules::check::{CheckResult, check};
 use ichor_rules::compile::{Options, Table, compile, compile_with};
 use ichor_rules::diagnostics::SourceFile;
-use ichor_rules::interp::{Facts, Lookup, Session, Value};
-use ichor_rules::ruleset::{build, read_sources};
+use ichor_rules::interp::Session;
+use ichor_rules::ruleset::build;
 use ichor_rules::runtime::admission::{parse_review, respond};
 use ichor_rules::runtime::decide::{decide_events, request_events};
 use ichor_rules::runtime::facts::Expensive;
 use ichor_rules::runtime::objects::{Snapshot, load_snapshot};
-use ichor_rules::vocab::{Fact, Site, Subject, Verb};
 use std::cell::OnceCell;
 use std::fmt::Write as _;
 use std::hint::black_box;
 use std::path::PathBuf;
 
-const ROOT: &str = env!("CARGO_MANIFEST_DIR");
-
-/// The shipped rules, read once.
-fn shipped() -> Vec<SourceFile> {
-    read_sources(&[PathBuf::from(ROOT).join("rules")]).expect("rules/ is readable")
-}
+#[path = "support/fixed.rs"]
+mod fixed;
+use fixed::{APPROVE_CP, FIVE_OF_THREE, REMOVE_CP, ROOT, THREE_OF_THREE, shipped, two_rules};
 
 fn shipped_table() -> Table {
     let set = build(shipped());
@@ -143,6 +139,22 @@ fn front_end(c: &mut Criterion) {
     g.bench_function("check_only", |b| {
         b.iter(|| black_box(check(black_box(&files))))
     });
+    // What `serve` does on a load or reload: parse, check (errors and the coverage it
+    // refuses on, no other lints) and compile.
+    g.bench_function("shipped_serving", |b| {
+        b.iter(|| {
+            black_box(ichor_rules::ruleset::build_serving(black_box(
+                files.clone(),
+            )))
+        })
+    });
+    let two = two_rules();
+    g.bench_function("two_rules", |b| {
+        b.iter(|| black_box(build(black_box(two.clone()))))
+    });
+    g.bench_function("two_rules_serving", |b| {
+        b.iter(|| black_box(ichor_rules::ruleset::build_serving(black_box(two.clone()))))
+    });
     let checked = check(&files);
     assert!(!checked.has_errors());
     g.bench_function("compile_only", |b| {
@@ -184,61 +196,9 @@ fn front_end(c: &mut Criterion) {
     g.finish();
 }
 
-/// Facts at hand: fixed values, as if already read.
-#[derive(Clone, Copy)]
-struct Fixed {
-    approved: i64,
-    count: i64,
-}
-
-impl<'a> Facts<'a> for Fixed {
-    fn fact(&mut self, fact: Fact) -> Lookup<'a> {
-        Lookup::Value(match fact {
-            Fact::Approved => Value::Int(self.approved),
-            Fact::Workers => Value::Int(2),
-            Fact::Count => Value::Int(self.count),
-            Fact::Rank | Fact::HealthyAfter | Fact::MembersAfter => Value::Int(self.approved),
-            Fact::Schedulable | Fact::ClusterExists => Value::Bool(true),
-            Fact::Transitioning => Value::Bool(self.approved % 2 == 0),
-            Fact::Cluster => Value::Str("prod"),
-            Fact::Machine => Value::Str("cp-3"),
-            Fact::Role => Value::Str("controlplane"),
-            Fact::Operation
-            | Fact::Kind
-            | Fact::Target
-            | Fact::Phase
-            | Fact::UnfinishedName
-            | Fact::UnfinishedKind
-            | Fact::UnfinishedPhase => Value::Str(""),
-            Fact::ClusterDeleting
-            | Fact::Deleting
-            | Fact::AllowDelete
-            | Fact::MemberDead
-            | Fact::NodeUnreachable
-            | Fact::TargetControlPlane
-            | Fact::TargetUncounted
-            | Fact::TargetExists
-            | Fact::Failed
-            | Fact::Paused
-            | Fact::UnfinishedExists
-            | Fact::UnfinishedParked
-            | Fact::RequestByController => Value::Bool(false),
-        })
-    }
-}
-
-const REMOVE_CP: (Verb, Subject, Site) = (Verb::Remove, Subject::ControlPlane, Site::Webhook);
-
 fn decide(c: &mut Criterion) {
     let table = shipped_table();
-    let allow = Fixed {
-        approved: 5,
-        count: 3,
-    };
-    let refuse = Fixed {
-        approved: 3,
-        count: 3,
-    };
+    let (allow, refuse) = (FIVE_OF_THREE, THREE_OF_THREE);
     // The cases decide what they say they decide.
     let hits = Session::new(&table, allow)
         .matches(REMOVE_CP)
@@ -288,6 +248,23 @@ fn decide(c: &mut Criterion) {
             black_box(messages)
         })
     });
+    // The two-rule file (the approval cap, and the removal's count and quorum): what the
+    // comparison with other policy engines decides.
+    let two = fixed::table(&two_rules(), true);
+    for (name, facts, event, fires) in [
+        ("two_approve_allow", THREE_OF_THREE, APPROVE_CP, 0),
+        ("two_approve_refuse", FIVE_OF_THREE, APPROVE_CP, 1),
+        ("two_remove_allow", FIVE_OF_THREE, REMOVE_CP, 0),
+        ("two_remove_refuse", THREE_OF_THREE, REMOVE_CP, 1),
+    ] {
+        let hits = Session::new(&two, facts)
+            .matches(event)
+            .expect("no interrupt");
+        assert_eq!(hits.len(), fires, "{name}");
+        g.bench_function(name, |b| {
+            b.iter(|| black_box(Session::new(&two, black_box(facts)).matches(black_box(event))))
+        });
+    }
     g.finish();
 }
 

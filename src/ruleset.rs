@@ -1,6 +1,6 @@
 //! Loading a rule set from files and folders, and turning it into a table.
 
-use crate::check::{CheckResult, check_with};
+use crate::check::{CheckResult, Lints, check_linting};
 use crate::compile::{Table, compile};
 use crate::diagnostics::{Code, Diagnostic, SourceFile};
 use std::path::{Path, PathBuf};
@@ -171,12 +171,23 @@ pub fn build(files: Vec<SourceFile>) -> RuleSet {
 /// used are ever committed.
 pub const FRONT_END_STACK: usize = 16 << 20;
 
+/// What `serve` builds on a load or a reload: like [`build`], with only the lints that
+/// decide whether a table may serve ([`Lints::Serving`]: arithmetic errors and the coverage
+/// of the runtime's events), not the exact analyses that only warn (`check` runs those).
+pub fn build_serving(files: Vec<SourceFile>) -> RuleSet {
+    build_linting(files, Some(Lints::Serving))
+}
+
 /// Like [`build`]; without lints when `lints` is false (errors still stop the table).
 ///
 /// Runs on a thread of its own with a known stack ([`FRONT_END_STACK`]), so the caller's
 /// stack size does not matter, and a bug that panics becomes an error diagnostic (no table)
 /// instead of taking the caller down.
 pub fn build_with(files: Vec<SourceFile>, lints: bool) -> RuleSet {
+    build_linting(files, lints.then_some(Lints::All))
+}
+
+fn build_linting(files: Vec<SourceFile>, lints: Option<Lints>) -> RuleSet {
     let kept = files.clone();
     let worker = std::thread::Builder::new()
         .name("ichor-rules-check".into())
@@ -206,11 +217,11 @@ pub fn build_with(files: Vec<SourceFile>, lints: bool) -> RuleSet {
     }
 }
 
-fn build_here(files: Vec<SourceFile>, lints: bool) -> RuleSet {
+fn build_here(files: Vec<SourceFile>, lints: Option<Lints>) -> RuleSet {
     let CheckResult {
         program,
         diagnostics,
-    } = check_with(&files, lints);
+    } = check_linting(&files, lints);
     let mut diagnostics = diagnostics;
     let table = if diagnostics.iter().any(|d| d.is_error()) {
         None
