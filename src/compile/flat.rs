@@ -129,13 +129,14 @@ pub enum Op {
     Hit,
     /// The last row is done.
     End,
-    /// Row `k` runs its `fires` code on the stack machine; then the next row.
+    /// Row `k` runs its `fires` code (`FlatProgram::deep[d]`) on the stack machine; then
+    /// the next row.
     Stack,
     /// An expression the checker should have rejected; evaluates to a type error.
     Invalid,
 }
 
-/// One instruction: 40 bytes, one format.
+/// One instruction: 32 bytes, one format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ins {
     pub op: Op,
@@ -149,8 +150,9 @@ pub struct Ins {
     pub need: u32,
     /// The constant operand; for `Cmp`, what it adds to its right operand first.
     pub k: i64,
-    /// What a comparison adds to its left operand first.
-    pub d: i64,
+    /// What a comparison adds to its left operand first; for `Stack`, the index of its
+    /// code in [`FlatProgram::deep`]. 32 bits, so an instruction is 32 bytes.
+    pub d: i32,
     /// Jump targets (see [`Op`]).
     pub to: [u32; 3],
 }
@@ -308,6 +310,7 @@ impl<'s> Flat<'s> {
             self.labels.truncate(start_labels);
             self.prog.ins.push(Ins {
                 k: i64::from(row),
+                d: i32::try_from(self.prog.deep.len()).unwrap_or(i32::MAX),
                 ..Ins::op(Op::Stack)
             });
             self.prog.deep.push(self.compiler.code(&e));
@@ -397,7 +400,7 @@ impl<'s> Flat<'s> {
         if let Src::Reg(_) = a
             && let Some(at) = self.left_addend(a.index())
             && let Some(last) = self.prog.ins.get(at).copied()
-            && let Some(d) = addend(&last)
+            && let Some(d) = addend(&last).and_then(|d| i32::try_from(d).ok())
         {
             left_need = last.need;
             ins.a = last.a;

@@ -21,6 +21,18 @@ pub(super) const TEXT_SLOT: [u8; FACT_COUNT] = {
     slots
 };
 
+/// The fact of each slot (what [`Fact::from_slot`] answers, without its lookup in the
+/// vocabulary's table of descriptions).
+const FACT_OF_SLOT: [Fact; FACT_COUNT] = {
+    let mut facts = [Fact::Approved; FACT_COUNT];
+    let mut i = 0;
+    while i < FACT_COUNT {
+        facts[i] = FACTS[i].fact;
+        i += 1;
+    }
+    facts
+};
+
 /// The number of name and enum facts.
 pub(super) const TEXT_FACTS: usize = {
     let (mut i, mut n) = (0, 0);
@@ -92,7 +104,7 @@ impl<'a, F: Facts<'a>> FactCache<'a, F> {
     /// Asks the provider for a fact and keeps the answer.
     #[inline(always)]
     pub(super) fn ask(&mut self, slot: usize) -> Result<(), Stop> {
-        let Some(fact) = Fact::from_slot(slot) else {
+        let Some(&fact) = FACT_OF_SLOT.get(slot) else {
             return Err(Stop::Fail(EvalError::Type));
         };
         match self.facts.fact(fact) {

@@ -16,19 +16,25 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
     ) -> Result<(), Interrupt> {
         let mut pc = 0;
         loop {
-            let result = match self.exec(rows, program, pc, hits) {
+            let (result, at) = match self.exec(rows, program, pc, hits) {
                 Ok(Flow::End) => return Ok(()),
-                // A row too deep for the registers: its `fires` code on the stack machine.
-                Ok(Flow::Stack) => {
-                    let at = program.row_at(self.pc);
-                    match program.stack_code(at) {
-                        Some(code) => self.run(code).map(|v| v != 0),
-                        None => Err(Stop::Fail(EvalError::Type)),
+                // A row on the stack machine: its `fires` code, found from the instruction.
+                Ok(Flow::Stack) => match program.ins.get(self.pc) {
+                    Some(i) => {
+                        let code = usize::try_from(i.d).ok().and_then(|d| program.deep.get(d));
+                        let result = match code {
+                            Some(code) => self.run(code).map(|v| v != 0),
+                            None => Err(Stop::Fail(EvalError::Type)),
+                        };
+                        (
+                            result,
+                            usize::try_from(i.k).unwrap_or_else(|_| program.row_at(self.pc)),
+                        )
                     }
-                }
-                Err(e) => Err(e),
+                    None => (Err(Stop::Fail(EvalError::Type)), program.row_at(self.pc)),
+                },
+                Err(e) => (Err(e), program.row_at(self.pc)),
             };
-            let at = program.row_at(self.pc);
             let error = match result {
                 Ok(false) => None,
                 Ok(true) => None,
@@ -101,7 +107,7 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
             }
             match i.op {
                 F::CmpK | F::Cmp => {
-                    let Some(a) = a.checked_add(i.d) else {
+                    let Some(a) = a.checked_add(i64::from(i.d)) else {
                         fail!(EvalError::Overflow)
                     };
                     let b = if i.op == F::CmpK {

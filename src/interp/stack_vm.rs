@@ -5,12 +5,25 @@ use super::{EvalError, Facts, Session, Stop};
 use crate::compile::{Code, MAX_STACK, Op};
 use std::sync::Arc;
 
+/// The stack of code that needs no more (most conditions need 2 to 4).
+const SMALL_STACK: usize = 8;
+
 impl<'a, F: Facts<'a>> Session<'a, F> {
-    /// The stack machine: integers only.
+    /// The stack machine: integers only. A stack as deep as the code needs (the checker's
+    /// depth, [`Code::depth`]): a small one for the usual conditions, which costs less to
+    /// set up for every row.
     pub(super) fn run(&mut self, code: &Code) -> Result<i64, Stop> {
+        if usize::from(code.depth) <= SMALL_STACK {
+            self.run_in::<SMALL_STACK>(code)
+        } else {
+            self.run_in::<MAX_STACK>(code)
+        }
+    }
+
+    fn run_in<const N: usize>(&mut self, code: &Code) -> Result<i64, Stop> {
         let strings: &'a [Arc<str>] = &self.table.strings;
         let cache = &mut self.cache;
-        let mut stack = [0i64; MAX_STACK];
+        let mut stack = [0i64; N];
         let mut sp = 0usize;
         let mut pc = 0usize;
         let ops = code.ops.as_slice();
