@@ -75,7 +75,7 @@ if [[ -n "$update" ]]; then
     printf '%s\n' "${lines[@]}"
   } >"$BUDGETS"
   # The table in ARCHITECTURE.md, between its markers.
-  table=$(printf '| %s | %s |\n' "${lines[@]/ / | }" | sed 's/| \([^|]*\) | \([^|]*\) | |/| \1 | \2 |/')
+  table=$(for l in "${lines[@]}"; do printf '| `%s` | %s |\n' "${l% *}" "${l#* }"; done)
   awk -v table="$table" '
     /<!-- counts:begin -->/ { print; print "| case | instructions per decision |"; print "|---|---|"; print table; skip = 1; next }
     /<!-- counts:end -->/ { skip = 0 }
