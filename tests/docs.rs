@@ -263,8 +263,12 @@ fn the_facts_table_is_the_vocabulary() {
 fn architecture_counts_are_the_budgets() {
     let arch = std::fs::read_to_string("ARCHITECTURE.md").expect("ARCHITECTURE.md");
     let budgets = std::fs::read_to_string("benches/counts/budgets.txt").expect("budgets");
-    let start = arch.find("<!-- counts:begin -->").expect("the counts table's markers");
-    let end = arch.find("<!-- counts:end -->").expect("the counts table's markers");
+    let start = arch
+        .find("<!-- counts:begin -->")
+        .expect("the counts table's markers");
+    let end = arch
+        .find("<!-- counts:end -->")
+        .expect("the counts table's markers");
     let rows: Vec<(String, String)> = arch[start..end]
         .lines()
         .filter(|l| l.starts_with("| `"))

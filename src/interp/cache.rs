@@ -57,7 +57,7 @@ pub(super) struct FactCache<'a, F> {
     pub(super) known: u32,
     /// Every fact asked for, in order, with its value (only when tracing: `None` costs a
     /// decision nothing to start or to drop).
-    pub(super) asked: Option<Box<Vec<(Fact, Value<'a>)>>>,
+    pub(super) asked: Option<Vec<(Fact, Value<'a>)>>,
 }
 
 impl<'a, F: Facts<'a>> FactCache<'a, F> {

@@ -141,13 +141,13 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
     /// Records every row considered and every fact asked for.
     pub fn traced(mut self) -> Self {
         self.trace = Some(Vec::new());
-        self.cache.asked = Some(Box::default());
+        self.cache.asked = Some(Vec::new());
         self
     }
 
     /// Every fact asked for, in order, with its value (when traced).
     pub fn asked(&self) -> &[(Fact, Value<'a>)] {
-        self.cache.asked.as_deref().map_or(&[], |a| a.as_slice())
+        self.cache.asked.as_deref().unwrap_or(&[])
     }
 
     /// Supplies a fact the provider answered [`Lookup::Later`] for.
