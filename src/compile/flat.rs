@@ -94,6 +94,9 @@ pub enum Op {
     CmpK,
     /// The same against `v[b] + k` (checked).
     Cmp,
+    /// The same against `v[b] / 2^x + k` (the division as [`Op::DivP2`], the addition
+    /// checked): `after < quorum` is one instruction.
+    CmpDiv,
     /// Jump to `to[1]` when `v[a]` is not 0 (a bool fact holds), else to `to[0]`.
     Test,
     /// `v[x] = v[a] op k`, checked: overflow and division by zero stop the row.
@@ -326,7 +329,7 @@ impl<'s> Flat<'s> {
         for ins in &mut self.prog.ins {
             if matches!(
                 ins.op,
-                Op::CmpK | Op::Cmp | Op::Test | Op::Text | Op::Set | Op::Jump
+                Op::CmpK | Op::Cmp | Op::CmpDiv | Op::Test | Op::Text | Op::Set | Op::Jump
             ) {
                 ins.to = ins.to.map(at);
             }
@@ -394,6 +397,18 @@ impl<'s> Flat<'s> {
             right = (last.a, last.need, e);
             self.prog.ins.pop();
         }
+        // The right operand's division by a power of two (`approved / 2`), right before.
+        let mut shift = None;
+        if usize::from(right.0) >= REG_BASE
+            && let (Some(last), true) = (self.prog.ins.last(), !self.at_placed())
+            && last.op == Op::DivP2
+            && last.x == right.0
+            && let Ok(n) = u8::try_from(last.k)
+        {
+            right = (last.a, last.need, right.2);
+            shift = Some(n);
+            self.prog.ins.pop();
+        }
         // The left operand's addend (`d`), when its `v + k` comes before, with nothing in
         // between that could fail, ask for another fact, or touch its register (`after <
         // quorum`: `approved - 1` then `approved / 2`), and no jump target after it.
@@ -425,8 +440,9 @@ impl<'s> Flat<'s> {
             }),
             (_, Src::K(k)) => self.push(Ins { k, ..ins }),
             _ => self.push(Ins {
-                op: Op::Cmp,
+                op: if shift.is_some() { Op::CmpDiv } else { Op::Cmp },
                 b: right.0,
+                x: shift.unwrap_or(0),
                 k: right.2,
                 ..ins
             }),

@@ -122,6 +122,16 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                     let ord = usize::from(a >= b) + usize::from(a > b);
                     pc = i.to[ord] as usize;
                 }
+                F::CmpDiv => {
+                    let Some(a) = a.checked_add(i64::from(i.d)) else {
+                        fail!(EvalError::Overflow)
+                    };
+                    let Some(b) = div_p2(b!(), i.x).checked_add(i.k) else {
+                        fail!(EvalError::Overflow)
+                    };
+                    let ord = usize::from(a >= b) + usize::from(a > b);
+                    pc = i.to[ord] as usize;
+                }
                 F::Test => pc = i.to[usize::from(a != 0)] as usize,
                 F::Hit => {
                     if let Some(row) = rows.get(i.k as usize) {
@@ -139,11 +149,7 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                 F::MulK => arith!(i, a, checked_mul, i.k),
                 F::DivK => arith!(i, a, checked_div, i.k),
                 F::DivP2 => {
-                    // Truncated towards zero, as `/`: a negative value is biased first (the
-                    // bias makes it no larger, so this cannot overflow).
-                    let n = (i.k & 63) as u32;
-                    let bias = (a >> 63) & ((1i64 << n) - 1);
-                    cache.vals[usize::from(i.x) & M] = (a + bias) >> n;
+                    cache.vals[usize::from(i.x) & M] = div_p2(a, (i.k & 63) as u8);
                     pc += 1;
                 }
                 F::ModK => arith!(i, a, checked_rem, i.k),
@@ -188,6 +194,44 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                 }
                 F::Need => pc += 1,
                 F::Invalid => fail!(EvalError::Type),
+            }
+        }
+    }
+}
+
+/// `a / 2^n` for `n` in 1..=62, truncated towards zero as `/` truncates: a negative value is
+/// biased first (the bias makes it no larger, so this cannot overflow). No hardware division.
+#[inline(always)]
+fn div_p2(a: i64, n: u8) -> i64 {
+    let n = u32::from(n & 63);
+    let bias = (a >> 63) & ((1i64 << n) - 1);
+    (a + bias) >> n
+}
+
+#[cfg(test)]
+mod tests {
+    /// A shift divides as `/` does, negative values and the extremes included.
+    #[test]
+    fn div_p2_is_division() {
+        for a in [
+            0,
+            1,
+            -1,
+            2,
+            -2,
+            3,
+            -3,
+            7,
+            -7,
+            1023,
+            -1025,
+            i64::MAX,
+            i64::MIN,
+            i64::MIN + 1,
+            i64::MAX - 1,
+        ] {
+            for n in 1..=62u8 {
+                assert_eq!(super::div_p2(a, n), a / (1i64 << n), "{a} / 2^{n}");
             }
         }
     }
