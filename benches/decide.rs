@@ -153,7 +153,14 @@ fn front_end(c: &mut Criterion) {
         b.iter(|| black_box(build(black_box(two.clone()))))
     });
     g.bench_function("two_rules_serving", |b| {
-        b.iter(|| black_box(ichor_rules::ruleset::build_serving(black_box(two.clone()))))
+        b.iter(|| {
+            black_box(ichor_rules::ruleset::build_serving_here(black_box(
+                two.clone(),
+            )))
+        })
+    });
+    g.bench_function("two_rules_check_only", |b| {
+        b.iter(|| black_box(check(black_box(&two))))
     });
     let checked = check(&files);
     assert!(!checked.has_errors());
@@ -183,14 +190,26 @@ fn front_end(c: &mut Criterion) {
         let (files, checked) = overlapping.get_or_init(|| generated_checked(false));
         b.iter(|| black_box(compile(black_box(&checked.program), files)))
     });
-    // What a server does on a rules reload: parse, check (no lints) and compile.
-    g.bench_function("generated_1000_parse_check_compile_no_lints", |b| {
+    // What a server does on a load or reload (on its reload thread): parse, check (errors
+    // and coverage) and compile; and the check alone, as serving runs it.
+    g.bench_function("generated_1000_serving", |b| {
         let (files, _) = overlapping.get_or_init(|| generated_checked(false));
         b.iter(|| {
-            black_box(ichor_rules::ruleset::build_with(
-                black_box(files.clone()),
-                false,
-            ))
+            black_box(ichor_rules::ruleset::build_serving_here(black_box(
+                files.clone(),
+            )))
+        })
+    });
+    g.bench_function("generated_1000_check_serving", |b| {
+        let (files, _) = overlapping.get_or_init(|| generated_checked(false));
+        b.iter(|| black_box(ichor_rules::check::check_serving(black_box(files))))
+    });
+    g.bench_function("generated_1000_distinct_serving", |b| {
+        let files = get(&distinct, true);
+        b.iter(|| {
+            black_box(ichor_rules::ruleset::build_serving_here(black_box(
+                files.clone(),
+            )))
         })
     });
     g.finish();

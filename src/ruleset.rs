@@ -178,6 +178,12 @@ pub fn build_serving(files: Vec<SourceFile>) -> RuleSet {
     build_linting(files, Some(Lints::Serving))
 }
 
+/// [`build_serving`] on the calling thread, which must have [`FRONT_END_STACK`] of stack
+/// (`serve`'s reload thread has more): no thread started for it.
+pub fn build_serving_here(files: Vec<SourceFile>) -> RuleSet {
+    build_here(files, Some(Lints::Serving))
+}
+
 /// Like [`build`]; without lints when `lints` is false (errors still stop the table).
 ///
 /// Runs on a thread of its own with a known stack ([`FRONT_END_STACK`]), so the caller's

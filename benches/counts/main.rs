@@ -115,6 +115,22 @@ fn main() {
         }
         return;
     }
+    // `decide-counts build <file> <n>`: builds a rule file as `serve` does, `n` times (to
+    // profile the front end: `valgrind --tool=callgrind decide-counts build ...`).
+    if args.first().map(String::as_str) == Some("build") {
+        let (Some(path), Some(n)) = (args.get(1), args.get(2).and_then(|n| n.parse::<u64>().ok()))
+        else {
+            eprintln!("usage: decide-counts build <file> <n>");
+            std::process::exit(2);
+        };
+        let files = ichor_rules::ruleset::read_sources(&[path.into()]).expect("readable");
+        for _ in 0..n {
+            black_box(ichor_rules::ruleset::build_serving_here(black_box(
+                files.clone(),
+            )));
+        }
+        return;
+    }
     let (Some(name), Some(n)) = (
         args.first(),
         args.get(1).and_then(|n| n.parse::<u64>().ok()),
