@@ -123,14 +123,15 @@ impl<'a, F: Facts<'a>> FactCache<'a, F> {
     /// inlined into the interpreter loop, with the provider.
     #[inline(always)]
     pub(super) fn need(&mut self, ins: &flat::Ins) -> Result<(), Stop> {
-        // `need` has the bits of `a` and `b` when they are facts, and no others.
-        let slot = |v: u8| usize::from(SLOT_OF_VALUE[usize::from(v) % VALUES]);
-        let a_bit = 1u32.checked_shl(slot(ins.a) as u32).unwrap_or(0) & ins.need;
-        if a_bit & !self.known != 0 {
-            self.ask(slot(ins.a))?;
+        // `need` has the bits of `a` and `b` when they are facts, and no others. Both
+        // unknown: the left operand's first; then whichever is still unknown.
+        let missing = ins.need & !self.known;
+        if missing & missing.wrapping_sub(1) != 0 {
+            self.ask(usize::from(SLOT_OF_VALUE[usize::from(ins.a) % VALUES]))?;
         }
-        if ins.need & !a_bit & !self.known != 0 {
-            self.ask(slot(ins.b))?;
+        let rest = ins.need & !self.known;
+        if rest != 0 {
+            self.ask(rest.trailing_zeros() as usize)?;
         }
         Ok(())
     }

@@ -16,44 +16,96 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
     ) -> Result<(), Interrupt> {
         let mut pc = 0;
         loop {
-            let (result, at) = match self.exec(rows, program, pc, hits) {
+            match self.exec(rows, program, pc, hits) {
                 Ok(Flow::End) => return Ok(()),
-                // A row on the stack machine: its `fires` code, found from the instruction.
-                Ok(Flow::Stack) => match program.ins.get(self.pc) {
-                    Some(i) => {
-                        let code = usize::try_from(i.d).ok().and_then(|d| program.deep.get(d));
-                        let result = match code {
-                            Some(code) => self.run(code).map(|v| v != 0),
-                            None => Err(Stop::Fail(EvalError::Type)),
-                        };
-                        (
-                            result,
-                            usize::try_from(i.k).unwrap_or_else(|_| program.row_at(self.pc)),
-                        )
-                    }
-                    None => (Err(Stop::Fail(EvalError::Type)), program.row_at(self.pc)),
-                },
-                Err(e) => (Err(e), program.row_at(self.pc)),
-            };
-            let error = match result {
-                Ok(false) => None,
-                Ok(true) => None,
-                Err(Stop::Need(f)) => return Err(Interrupt::Need(f)),
-                Err(Stop::Fail(e)) => Some(e),
-            };
-            // A row that could not be evaluated: refuse and hold rows match (fail closed),
-            // warn rows do not.
-            if let Some(row) = rows.get(at)
-                && (result == Ok(true) || (error.is_some() && row.verdict != Verdict::Warn))
-            {
-                hits.push(Hit {
-                    rule: row.rule,
-                    verdict: row.verdict,
-                    error,
-                });
+                // A row on the stack machine: the usual case of `flat: false`.
+                Ok(Flow::Stack) => pc = self.stack_row(rows, program, hits)?,
+                stopped => pc = self.resume(rows, program, stopped, hits)?,
             }
-            pc = program.next_entry(at);
         }
+    }
+
+    /// Runs the row whose `Stack` instruction is at `self.pc` on the stack machine; where
+    /// the program goes on.
+    #[inline(always)]
+    fn stack_row(
+        &mut self,
+        rows: &[Row],
+        program: &FlatProgram,
+        hits: &mut Hits,
+    ) -> Result<usize, Interrupt> {
+        let stack = program.ins.get(self.pc).and_then(|i| {
+            let code = program.deep.get(usize::try_from(i.d).ok()?)?;
+            Some((code, usize::try_from(i.k).ok()?))
+        });
+        let Some((code, at)) = stack else {
+            return self.resume(rows, program, Ok(Flow::Stack), hits);
+        };
+        match self.run(code) {
+            Ok(fires) => {
+                if fires != 0
+                    && let Some(row) = rows.get(at)
+                {
+                    hits.push(Hit {
+                        rule: row.rule,
+                        verdict: row.verdict,
+                        error: None,
+                    });
+                }
+                Ok(program.next_entry(at))
+            }
+            Err(e) => self.resume(rows, program, Err(e), hits),
+        }
+    }
+
+    /// Where the program goes on after it stopped before its end, at `self.pc`: a row on
+    /// the stack machine (run there), or a row that could not be evaluated. Out of the hot
+    /// loop: the usual decision never stops.
+    #[inline(never)]
+    fn resume(
+        &mut self,
+        rows: &[Row],
+        program: &FlatProgram,
+        stopped: Result<Flow, Stop>,
+        hits: &mut Hits,
+    ) -> Result<usize, Interrupt> {
+        let (result, at) = match stopped {
+            // (Not stopped: `run_group` ends there.) The program's last instruction, `End`.
+            Ok(Flow::End) => return Ok(program.ins.len().saturating_sub(1)),
+            // A row on the stack machine: its `fires` code, found from the instruction.
+            Ok(Flow::Stack) => match program.ins.get(self.pc) {
+                Some(i) => {
+                    let code = usize::try_from(i.d).ok().and_then(|d| program.deep.get(d));
+                    let result = match code {
+                        Some(code) => self.run(code).map(|v| v != 0),
+                        None => Err(Stop::Fail(EvalError::Type)),
+                    };
+                    (
+                        result,
+                        usize::try_from(i.k).unwrap_or_else(|_| program.row_at(self.pc)),
+                    )
+                }
+                None => (Err(Stop::Fail(EvalError::Type)), program.row_at(self.pc)),
+            },
+            Err(e) => (Err(e), program.row_at(self.pc)),
+        };
+        let error = match result {
+            Ok(_) => None,
+            Err(Stop::Need(f)) => return Err(Interrupt::Need(f)),
+            Err(Stop::Fail(e)) => Some(e),
+        };
+        // A row that could not be evaluated: refuse and hold rows match (fail closed),
+        // warn rows do not.
+        if let Some(row) = rows.get(at)
+            && (result == Ok(true) || (error.is_some() && row.verdict != Verdict::Warn))
+        {
+            hits.push(Hit {
+                rule: row.rule,
+                verdict: row.verdict,
+                error,
+            });
+        }
+        Ok(program.next_entry(at))
     }
 
     /// Runs a flat program from `pc` to its end, or to the first error (its `pc` left in

@@ -11,7 +11,8 @@ const SMALL_STACK: usize = 8;
 impl<'a, F: Facts<'a>> Session<'a, F> {
     /// The stack machine: integers only. A stack as deep as the code needs (the checker's
     /// depth, [`Code::depth`]): a small one for the usual conditions, which costs less to
-    /// set up for every row.
+    /// set up for every row. Not inlined: the flat program's loop stays small.
+    #[inline(never)]
     pub(super) fn run(&mut self, code: &Code) -> Result<i64, Stop> {
         if usize::from(code.depth) <= SMALL_STACK {
             self.run_in::<SMALL_STACK>(code)
