@@ -11,6 +11,8 @@
 
 #[path = "../support/fixed.rs"]
 mod fixed;
+#[path = "../support/generated.rs"]
+mod generated;
 
 use fixed::{APPROVE_CP, FIVE_OF_THREE, Fixed, REMOVE_CP, THREE_OF_THREE};
 use ichor_rules::compile::Table;
@@ -123,7 +125,14 @@ fn main() {
             eprintln!("usage: decide-counts build <file> <n>");
             std::process::exit(2);
         };
-        let files = ichor_rules::ruleset::read_sources(&[path.into()]).expect("readable");
+        let files = match path.strip_prefix("generated:") {
+            // `generated:1000`: the front end bench's generated file of 1,000 rules.
+            Some(rules) => vec![generated::generated(
+                rules.parse().expect("a number"),
+                false,
+            )],
+            None => ichor_rules::ruleset::read_sources(&[path.into()]).expect("readable"),
+        };
         for _ in 0..n {
             black_box(ichor_rules::ruleset::build_serving_here(black_box(
                 files.clone(),
