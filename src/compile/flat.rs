@@ -88,8 +88,7 @@ pub const GT: u8 = 4;
 
 /// What an instruction does. `a`, `b` and `x` are fields of [`Ins`]. The comparisons come
 /// first: the interpreter tells them apart from the rest with one `<=` (`Op::CmpDiv` is the
-/// last of them), and chooses their right operand rather than jumping to code for each (a
-/// bool fact is tested as `v[a]` against 0).
+/// last of them), and chooses their right operand rather than jumping to code for each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Op {
     /// Jump to `to[0]`, `to[1]` or `to[2]` as `v[a] + d` is less than, equal to or greater
@@ -100,6 +99,8 @@ pub enum Op {
     /// The same against `v[b] / 2^x + k` (the division as [`Op::DivP2`], the addition
     /// checked): `after < quorum` is one instruction.
     CmpDiv,
+    /// Jump to `to[1]` when `v[a]` is not 0 (a bool fact holds), else to `to[0]`.
+    Test,
     /// `v[x] = v[a] op k`, checked: overflow and division by zero stop the row.
     AddK,
     SubK,
@@ -330,7 +331,7 @@ impl<'s> Flat<'s> {
         for ins in &mut self.prog.ins {
             if matches!(
                 ins.op,
-                Op::CmpK | Op::Cmp | Op::CmpDiv | Op::Text | Op::Set | Op::Jump
+                Op::CmpK | Op::Cmp | Op::CmpDiv | Op::Test | Op::Text | Op::Set | Op::Jump
             ) {
                 ins.to = ins.to.map(at);
             }
@@ -433,6 +434,12 @@ impl<'s> Flat<'s> {
                 };
                 self.jump(if mask & ord != 0 { t } else { f });
             }
+            // `fact != 0` and `fact == 0`: a bool test.
+            (Src::Fact(_), Src::K(0)) if ins.d == 0 && ins.to[0] == ins.to[2] => self.push(Ins {
+                op: Op::Test,
+                to: [ins.to[1], ins.to[0], ins.to[0]],
+                ..ins
+            }),
             (_, Src::K(k)) => self.push(Ins { k, ..ins }),
             _ => self.push(Ins {
                 op: if shift.is_some() { Op::CmpDiv } else { Op::Cmp },

@@ -176,6 +176,7 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
             match i.op {
                 // Handled above.
                 F::CmpK | F::Cmp | F::CmpDiv => fail!(EvalError::Type),
+                F::Test => pc = i.to[usize::from(a != 0)] as usize,
                 F::Hit => {
                     if let Some(row) = rows.get(i.k as usize) {
                         hits.push(Hit {
