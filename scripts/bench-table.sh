@@ -4,13 +4,14 @@
 #
 #   cargo bench --bench decide -- decide/ && bash scripts/bench-table.sh
 #
-# Reads the medians of target/criterion/decide/<bench>/new/estimates.json (the last run)
-# and replaces the table between `<!-- bench:decide:begin -->` and `<!-- bench:decide:end -->`.
+# Reads the medians of <target>/criterion/decide/<bench>/new/estimates.json (the last run;
+# CRITERION_DIR=<dir> reads another criterion folder) and replaces the table between
+# `<!-- bench:decide:begin -->` and `<!-- bench:decide:end -->`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 target_dir=${CARGO_TARGET_DIR:-$(cargo metadata --format-version 1 --no-deps |
   sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')}
-dir="$target_dir/criterion/decide"
+dir="${CRITERION_DIR:-$target_dir/criterion}/decide"
 
 median() { # nanoseconds, one decimal
   local f="$dir/$1/new/estimates.json"
@@ -22,10 +23,14 @@ median() { # nanoseconds, one decimal
 }
 ratio() { python3 -c 'import sys; print("%.1fx" % (float(sys.argv[2]) / float(sys.argv[1])))' "$1" "$2"; }
 
-a=$(median hot_allow) r=$(median hot_refuse)
-as=$(median hot_allow_stack_machine) rs=$(median hot_refuse_stack_machine)
-ta=$(median two_approve_allow) tr=$(median two_approve_refuse)
-ra=$(median two_remove_allow) rr=$(median two_remove_refuse)
+a=$(median hot_allow)
+r=$(median hot_refuse)
+as=$(median hot_allow_stack_machine)
+rs=$(median hot_refuse_stack_machine)
+ta=$(median two_approve_allow)
+tr=$(median two_approve_refuse)
+ra=$(median two_remove_allow)
+rr=$(median two_remove_refuse)
 table="| decision | flat | stack machine only | ratio |
 |---|---|---|---|
 | shipped rules, allowed (5 approved, count 3) | $a ns | $as ns | $(ratio "$a" "$as") |
