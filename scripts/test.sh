@@ -19,6 +19,7 @@ APT_PACKAGES=(
   "gcc:cc"           # the linker rustc calls (absent when Rust came from rustup alone)
   "libc6-dev"        # crt files and libc for linking
   "etcd-server:etcd" # a real etcd for the Talos API stand-ins (tests/talos.rs)
+  "valgrind:valgrind" # the decision core's instruction counts (scripts/counts.sh)
 )
 # ---------------------------------------------------------------------------------------
 
@@ -42,8 +43,8 @@ done
 echo "==> cargo fmt --check"
 cargo fmt --check
 
-echo "==> cargo clippy --all-targets -- -D warnings"
-cargo clippy --all-targets -- -D warnings
+echo "==> cargo clippy --all-targets --features counts -- -D warnings"
+cargo clippy --all-targets --features counts -- -D warnings
 
 # The checked boundary (ARCHITECTURE.md): the rules language compiles alone, without the
 # runtime feature, so none of its modules can use kube, k8s-openapi, tokio, axum, hyper,
@@ -70,6 +71,11 @@ else
   echo "==> cargo test"
   cargo test
 fi
+
+# The decision core's speed, independent of the machine's load: instructions per decision
+# (callgrind) against the budgets in benches/counts/budgets.txt (fails >10% over one).
+echo "==> scripts/counts.sh (instructions per decision against their budgets)"
+bash scripts/counts.sh
 
 # The container image (a static binary in an OCI layout, no daemon): built, unpacked, and
 # its entrypoint run from the unpacked root filesystem (--version, check of the embedded

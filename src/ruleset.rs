@@ -1,6 +1,6 @@
 //! Loading a rule set from files and folders, and turning it into a table.
 
-use crate::check::{CheckResult, check_with};
+use crate::check::{CheckResult, Lints, check_linting};
 use crate::compile::{Table, compile};
 use crate::diagnostics::{Code, Diagnostic, SourceFile};
 use std::path::{Path, PathBuf};
@@ -171,46 +171,75 @@ pub fn build(files: Vec<SourceFile>) -> RuleSet {
 /// used are ever committed.
 pub const FRONT_END_STACK: usize = 16 << 20;
 
+/// What `serve` builds on a load or a reload: like [`build`], with only the lints that
+/// decide whether a table may serve ([`Lints::Serving`]: arithmetic errors and the coverage
+/// of the runtime's events), not the exact analyses that only warn (`check` runs those).
+pub fn build_serving(files: Vec<SourceFile>) -> RuleSet {
+    build_linting(files, Some(Lints::Serving))
+}
+
+/// [`build_serving`] on the calling thread, which must have [`FRONT_END_STACK`] of stack
+/// (`serve`'s reload thread has more): no thread started for it.
+pub fn build_serving_here(files: Vec<SourceFile>) -> RuleSet {
+    build_here(files, Some(Lints::Serving))
+}
+
 /// Like [`build`]; without lints when `lints` is false (errors still stop the table).
 ///
-/// Runs on a thread of its own with a known stack ([`FRONT_END_STACK`]), so the caller's
-/// stack size does not matter, and a bug that panics becomes an error diagnostic (no table)
-/// instead of taking the caller down.
+/// Runs where the stack is known to be enough: on the calling thread when it has
+/// [`FRONT_END_HERE`] of stack left (a program's main thread), else on a thread of its own
+/// with [`FRONT_END_STACK`] (starting one costs more than checking a small file), so the
+/// caller's stack size does not matter. Either way a bug that panics becomes an error
+/// diagnostic (no table) instead of taking the caller down.
 pub fn build_with(files: Vec<SourceFile>, lints: bool) -> RuleSet {
+    build_linting(files, lints.then_some(Lints::All))
+}
+
+/// The stack left on the calling thread that lets [`build_with`] run there: ten times what
+/// the deepest accepted input needs in a debug build (see [`FRONT_END_STACK`]).
+pub const FRONT_END_HERE: usize = 4 << 20;
+
+fn build_linting(files: Vec<SourceFile>, lints: Option<Lints>) -> RuleSet {
     let kept = files.clone();
+    if stacker::remaining_stack().is_some_and(|left| left >= FRONT_END_HERE) {
+        return std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| build_here(files, lints)))
+            .unwrap_or_else(|_| internal_error(kept));
+    }
     let worker = std::thread::Builder::new()
         .name("ichor-rules-check".into())
         .stack_size(FRONT_END_STACK)
         .spawn(move || build_here(files, lints));
     match worker {
-        Ok(handle) => match handle.join() {
-            Ok(set) => set,
-            Err(_) => RuleSet {
-                diagnostics: vec![
-                    Diagnostic::error(
-                        Code::Internal,
-                        0,
-                        crate::syntax::ast::Span::default(),
-                        "the rules could not be checked: the checker failed (a bug in ichor-rules)",
-                    )
-                    .unlocated()
-                    .label("internal error")
-                    .help("please report it with the rule files; no table was built"),
-                ],
-                files: kept,
-                table: None,
-            },
-        },
+        Ok(handle) => handle.join().unwrap_or_else(|_| internal_error(kept)),
         // No thread to be had: the stages are bounded, so run here.
         Err(_) => build_here(kept, lints),
     }
 }
 
-fn build_here(files: Vec<SourceFile>, lints: bool) -> RuleSet {
+/// What a front end that panicked (a bug) answers: an error, and no table.
+fn internal_error(files: Vec<SourceFile>) -> RuleSet {
+    RuleSet {
+        diagnostics: vec![
+            Diagnostic::error(
+                Code::Internal,
+                0,
+                crate::syntax::ast::Span::default(),
+                "the rules could not be checked: the checker failed (a bug in ichor-rules)",
+            )
+            .unlocated()
+            .label("internal error")
+            .help("please report it with the rule files; no table was built"),
+        ],
+        files,
+        table: None,
+    }
+}
+
+fn build_here(files: Vec<SourceFile>, lints: Option<Lints>) -> RuleSet {
     let CheckResult {
         program,
         diagnostics,
-    } = check_with(&files, lints);
+    } = check_linting(&files, lints);
     let mut diagnostics = diagnostics;
     let table = if diagnostics.iter().any(|d| d.is_error()) {
         None

@@ -255,3 +255,40 @@ fn the_facts_table_is_the_vocabulary() {
         want.lines().count()
     );
 }
+
+/// ARCHITECTURE.md's table of instructions per decision is the committed budgets
+/// (benches/counts/budgets.txt), as `scripts/counts.sh --update` writes both: never typed
+/// by hand, never out of date.
+#[test]
+fn architecture_counts_are_the_budgets() {
+    let arch = std::fs::read_to_string("ARCHITECTURE.md").expect("ARCHITECTURE.md");
+    let budgets = std::fs::read_to_string("benches/counts/budgets.txt").expect("budgets");
+    let start = arch
+        .find("<!-- counts:begin -->")
+        .expect("the counts table's markers");
+    let end = arch
+        .find("<!-- counts:end -->")
+        .expect("the counts table's markers");
+    let rows: Vec<(String, String)> = arch[start..end]
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            (cells[1].trim_matches('`').to_string(), cells[2].to_string())
+        })
+        .collect();
+    let wanted: Vec<(String, String)> = budgets
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let (name, count) = l.split_once(' ').expect("`name count`");
+            (name.to_string(), count.trim().to_string())
+        })
+        .collect();
+    assert!(!wanted.is_empty(), "budgets.txt has budgets");
+    assert_eq!(
+        rows, wanted,
+        "ARCHITECTURE.md's instruction counts differ from benches/counts/budgets.txt: run \
+         `bash scripts/counts.sh --update` (it writes both)"
+    );
+}

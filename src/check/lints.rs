@@ -35,11 +35,28 @@ fn subsumption_budget(rules: usize) -> usize {
     400_000 + 500 * rules
 }
 
-pub(super) fn run(files: &[SourceFile], program: &Program, diags: &mut Vec<Diagnostic>) {
+/// Which lints run.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Lints {
+    /// Every lint: what `check` reports.
+    All,
+    /// What a server needs to decide whether a table may serve: the arithmetic that can
+    /// fail (an error) and the coverage of the runtime's events (a reload refuses an
+    /// uncovered one). The exact analyses that only warn (a rule that never fires, one that
+    /// subsumes another, an `allow` a rule contradicts) are `check`'s.
+    Serving,
+}
+
+pub(super) fn run(
+    files: &[SourceFile],
+    program: &Program,
+    diags: &mut Vec<Diagnostic>,
+    which: Lints,
+) {
     let analyses: Vec<Analysis<'_>> = program
         .rules
         .iter()
-        .map(|rule| lint_rule(rule, diags))
+        .map(|rule| lint_rule(rule, diags, which))
         .collect();
     for rule in &program.rules {
         lint_placeholders(rule, diags);
@@ -50,8 +67,10 @@ pub(super) fn run(files: &[SourceFile], program: &Program, diags: &mut Vec<Diagn
     for inv in &program.invariants {
         lint_invariant(inv, diags);
     }
-    subsumption(files, program, &analyses, diags);
-    allow_contradicted(files, program, diags);
+    if which == Lints::All {
+        subsumption(files, program, &analyses, diags);
+        allow_contradicted(files, program, diags);
+    }
     coverage(files, program, diags);
 }
 
@@ -218,7 +237,11 @@ fn divisions<'e>(e: &'e Expr, path: &mut Vec<(&'e Expr, bool)>, out: &mut Reache
             path.pop();
         }
         ExprKind::Binary(op, l, r) => {
-            if matches!(op, BinOp::Div | BinOp::Mod) {
+            // A division by a constant other than 0 (`approved / 2`) cannot divide by zero:
+            // no question to ask of the solver.
+            if matches!(op, BinOp::Div | BinOp::Mod)
+                && !matches!(r.kind, ExprKind::Int(k) if k != 0)
+            {
                 out.push((path.clone(), e));
             }
             divisions(l, path, out);
@@ -466,7 +489,7 @@ fn not_analysed(rule: &CheckedRule, why: String) -> Diagnostic {
     .help("write the condition with sums, differences and constant multiples of facts (divide by constants or `count` only), or split the rule; its overflow was still checked, by ranges")
 }
 
-fn lint_rule<'a>(rule: &'a CheckedRule, diags: &mut Vec<Diagnostic>) -> Analysis<'a> {
+fn lint_rule<'a>(rule: &'a CheckedRule, diags: &mut Vec<Diagnostic>, which: Lints) -> Analysis<'a> {
     let mut budget = Budget::new(QUESTION_BUDGET);
     // Arithmetic first: where it can fail, the rule's truth is not a question of values.
     let mut sites: Vec<(Vec<Part<'a>>, &'a Expr)> = Vec::new();
@@ -509,6 +532,9 @@ fn lint_rule<'a>(rule: &'a CheckedRule, diags: &mut Vec<Diagnostic>) -> Analysis
     }
     if let Some(why) = undecided {
         diags.push(not_analysed(rule, why));
+        return Analysis::Unknown;
+    }
+    if which == Lints::Serving {
         return Analysis::Unknown;
     }
     match truth(rule, &mut budget) {

@@ -13,6 +13,7 @@ mod types;
 
 use types::Ty;
 
+pub use lints::Lints;
 pub use typed::{Info, Typed, TypedKind, TypedPart, ValueKind, can_fail};
 
 use crate::diagnostics::{Code, Diagnostic, SourceFile, did_you_mean};
@@ -168,9 +169,19 @@ pub fn check(files: &[SourceFile]) -> CheckResult {
     check_with(files, true)
 }
 
-/// Parses and checks a rule set; `lints: false` skips the lints (warnings only), as a
-/// server reloading rules does: only errors decide whether a table may serve.
+/// Parses and checks a rule set; `lints: false` skips the lints.
 pub fn check_with(files: &[SourceFile], lints: bool) -> CheckResult {
+    check_linting(files, lints.then_some(Lints::All))
+}
+
+/// Parses and checks a rule set as a server loading it does: errors, the lints that are
+/// errors (arithmetic that can fail) and the coverage of the runtime's events, which decide
+/// whether the table may serve; not the exact analyses that only warn (`check` runs them).
+pub fn check_serving(files: &[SourceFile]) -> CheckResult {
+    check_linting(files, Some(Lints::Serving))
+}
+
+pub(crate) fn check_linting(files: &[SourceFile], lints: Option<Lints>) -> CheckResult {
     let mut diags = Vec::new();
     let mut parsed = Vec::new();
     for (i, f) in files.iter().enumerate() {
@@ -251,8 +262,10 @@ pub fn check_with(files: &[SourceFile], lints: bool) -> CheckResult {
         c.report_unused_lets();
         c.report_inline_errors();
     }
-    if lints && !diags.iter().any(|d| d.is_error()) {
-        lints::run(files, &program, &mut diags);
+    if let Some(which) = lints
+        && !diags.iter().any(|d| d.is_error())
+    {
+        lints::run(files, &program, &mut diags, which);
     }
     diags.sort_by(|a, b| {
         (a.file, a.span.start, a.severity).cmp(&(b.file, b.span.start, b.severity))

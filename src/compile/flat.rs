@@ -19,35 +19,86 @@
 use super::{MAX_STACK, Text, reorder};
 use crate::check::{Typed, TypedKind, ValueKind};
 use crate::syntax::ast::{BinOp, UnOp};
-use crate::vocab::FACT_COUNT;
+use crate::vocab::{FACT_COUNT, FACTS, Type};
 
-/// The length of a session's value array: fact slots, then registers. A power of two, so an
-/// index masked into range needs no bounds check; small, so a session starts cheaply.
-pub const VALUES: usize = 128;
-/// Where the registers start in the value array (after the fact slots).
-pub const REG_BASE: usize = FACT_COUNT;
+/// The length of a session's value array: the int and bool facts, then registers. A power
+/// of two, so an index masked into range needs no bounds check; small, so a session starts
+/// cheaply (it is zeroed for every decision: 512 bytes, where one slot per fact and 128
+/// values took a kilobyte).
+pub const VALUES: usize = 64;
+
+/// The int and bool facts: the ones that have a place in the value array (name and enum
+/// facts keep their text apart).
+pub const VALUE_FACTS: usize = {
+    let (mut i, mut n) = (0, 0);
+    while i < FACT_COUNT {
+        if !matches!(FACTS[i].ty, Type::Name | Type::Enum(_)) {
+            n += 1;
+        }
+        i += 1;
+    }
+    n
+};
+
+/// Where each fact slot keeps its value in the value array (`u8::MAX`: a name or enum
+/// fact, which has none): the int and bool facts in slot order.
+pub const VALUE_OF_SLOT: [u8; FACT_COUNT] = {
+    let mut at = [u8::MAX; FACT_COUNT];
+    let (mut i, mut n) = (0, 0);
+    while i < FACT_COUNT {
+        if !matches!(FACTS[i].ty, Type::Name | Type::Enum(_)) {
+            at[i] = n;
+            n += 1;
+        }
+        i += 1;
+    }
+    at
+};
+
+/// The fact slot of each value index (`u8::MAX`: a register).
+pub const SLOT_OF_VALUE: [u8; VALUES] = {
+    let mut slots = [u8::MAX; VALUES];
+    let mut i = 0;
+    while i < FACT_COUNT {
+        if VALUE_OF_SLOT[i] != u8::MAX {
+            slots[VALUE_OF_SLOT[i] as usize] = i as u8;
+        }
+        i += 1;
+    }
+    slots
+};
+
+/// Where the registers start in the value array (after the int and bool facts).
+pub const REG_BASE: usize = VALUE_FACTS;
 /// The registers a row may use. A row that needs more runs on the stack machine
 /// ([`Op::Stack`]).
 pub const MAX_REGS: usize = VALUES - REG_BASE;
 
 // The checker's and this program's sets of facts read are `u32` masks, one bit per slot
 // (`checked_shl(..).unwrap_or(0)` would drop a 33rd fact from them, and with it the read
-// it needs): a fact past 32 must widen them first.
-const _: () = assert!(FACT_COUNT <= 32 && MAX_REGS >= 2 && VALUES.is_power_of_two());
+// it needs): a fact past 32 must widen them first. Every row the checker accepts fits the
+// registers (more than `MAX_STACK`), so every accepted row runs flat.
+const _: () =
+    assert!(FACT_COUNT <= 32 && MAX_REGS > MAX_STACK && VALUES.is_power_of_two() && VALUES <= 256);
 
 /// Bits of a comparison mask: which orderings of `a` against `b` make it true.
 pub const LT: u8 = 1;
 pub const EQ: u8 = 2;
 pub const GT: u8 = 4;
 
-/// What an instruction does. `a`, `b` and `x` are fields of [`Ins`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What an instruction does. `a`, `b` and `x` are fields of [`Ins`]. The comparisons come
+/// first: the interpreter tells them apart from the rest with one `<=` (`Op::CmpDiv` is the
+/// last of them), and chooses their right operand rather than jumping to code for each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Op {
     /// Jump to `to[0]`, `to[1]` or `to[2]` as `v[a] + d` is less than, equal to or greater
     /// than `k`. The addition is checked: `(approved - 1) == 0` is one instruction.
     CmpK,
     /// The same against `v[b] + k` (checked).
     Cmp,
+    /// The same against `v[b] / 2^x + k` (the division as [`Op::DivP2`], the addition
+    /// checked): `after < quorum` is one instruction.
+    CmpDiv,
     /// Jump to `to[1]` when `v[a]` is not 0 (a bool fact holds), else to `to[0]`.
     Test,
     /// `v[x] = v[a] op k`, checked: overflow and division by zero stop the row.
@@ -55,6 +106,9 @@ pub enum Op {
     SubK,
     MulK,
     DivK,
+    /// `v[x] = v[a] / 2^k` (a division by a constant power of two, 2 or more, truncated as
+    /// `/` truncates): it cannot fail, and needs no hardware division.
+    DivP2,
     ModK,
     /// `v[x] = v[a] op v[b]`, checked.
     Add,
@@ -80,13 +134,14 @@ pub enum Op {
     Hit,
     /// The last row is done.
     End,
-    /// Row `k` runs its `fires` code on the stack machine; then the next row.
+    /// Row `k` runs its `fires` code (`FlatProgram::deep[d]`) on the stack machine; then
+    /// the next row.
     Stack,
     /// An expression the checker should have rejected; evaluates to a type error.
     Invalid,
 }
 
-/// One instruction: 40 bytes, one format.
+/// One instruction: 32 bytes, one format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ins {
     pub op: Op,
@@ -100,8 +155,9 @@ pub struct Ins {
     pub need: u32,
     /// The constant operand; for `Cmp`, what it adds to its right operand first.
     pub k: i64,
-    /// What a comparison adds to its left operand first.
-    pub d: i64,
+    /// What a comparison adds to its left operand first; for `Stack`, the index of its
+    /// code in [`FlatProgram::deep`]. 32 bits, so an instruction is 32 bytes.
+    pub d: i32,
     /// Jump targets (see [`Op`]).
     pub to: [u32; 3],
 }
@@ -169,7 +225,10 @@ enum Src {
 impl Src {
     fn index(self) -> u8 {
         match self {
-            Src::Fact(s) => s,
+            Src::Fact(s) => VALUE_OF_SLOT
+                .get(usize::from(s))
+                .copied()
+                .unwrap_or(u8::MAX),
             // Registers are below MAX_REGS, so this stays below VALUES.
             Src::Reg(r) => r.saturating_add(REG_BASE as u8),
             Src::K(_) => 0,
@@ -256,6 +315,7 @@ impl<'s> Flat<'s> {
             self.labels.truncate(start_labels);
             self.prog.ins.push(Ins {
                 k: i64::from(row),
+                d: i32::try_from(self.prog.deep.len()).unwrap_or(i32::MAX),
                 ..Ins::op(Op::Stack)
             });
             self.prog.deep.push(self.compiler.code(&e));
@@ -271,7 +331,7 @@ impl<'s> Flat<'s> {
         for ins in &mut self.prog.ins {
             if matches!(
                 ins.op,
-                Op::CmpK | Op::Cmp | Op::Test | Op::Text | Op::Set | Op::Jump
+                Op::CmpK | Op::Cmp | Op::CmpDiv | Op::Test | Op::Text | Op::Set | Op::Jump
             ) {
                 ins.to = ins.to.map(at);
             }
@@ -339,15 +399,30 @@ impl<'s> Flat<'s> {
             right = (last.a, last.need, e);
             self.prog.ins.pop();
         }
-        // The left operand's addend (`d`), when its `v + k` comes right before.
-        if let (Src::Reg(_), Some(last), true) = (a, self.prog.ins.last(), !self.at_placed())
-            && last.x == a.index()
-            && let Some(d) = addend(last)
+        // The right operand's division by a power of two (`approved / 2`), right before.
+        let mut shift = None;
+        if usize::from(right.0) >= REG_BASE
+            && let (Some(last), true) = (self.prog.ins.last(), !self.at_placed())
+            && last.op == Op::DivP2
+            && last.x == right.0
+            && let Ok(n) = u8::try_from(last.k)
+        {
+            right = (last.a, last.need, right.2);
+            shift = Some(n);
+            self.prog.ins.pop();
+        }
+        // The left operand's addend (`d`), when its `v + k` comes before, with nothing in
+        // between that could fail, ask for another fact, or touch its register (`after <
+        // quorum`: `approved - 1` then `approved / 2`), and no jump target after it.
+        if let Src::Reg(_) = a
+            && let Some(at) = self.left_addend(a.index())
+            && let Some(last) = self.prog.ins.get(at).copied()
+            && let Some(d) = addend(&last).and_then(|d| i32::try_from(d).ok())
         {
             left_need = last.need;
             ins.a = last.a;
             ins.d = d;
-            self.prog.ins.pop();
+            self.prog.ins.remove(at);
         }
         ins.need = left_need | right.1;
         match (a, b) {
@@ -367,12 +442,35 @@ impl<'s> Flat<'s> {
             }),
             (_, Src::K(k)) => self.push(Ins { k, ..ins }),
             _ => self.push(Ins {
-                op: Op::Cmp,
+                op: if shift.is_some() { Op::CmpDiv } else { Op::Cmp },
                 b: right.0,
+                x: shift.unwrap_or(0),
                 k: right.2,
                 ..ins
             }),
         }
+    }
+
+    /// Where the `v + k` or `v - k` that computed register `reg` is, when the comparison
+    /// about to be emitted may do it instead: no label placed after it, and every
+    /// instruction after it one that cannot fail, reads no other fact and does not touch
+    /// `reg` (so moving the addition, and its overflow, to the comparison changes nothing
+    /// but the work).
+    fn left_addend(&self, reg: u8) -> Option<usize> {
+        let ins = &self.prog.ins;
+        let at = ins.iter().rposition(|i| i.x == reg && i.op != Op::Hit)?;
+        let found = ins.get(at)?;
+        if !matches!(found.op, Op::AddK | Op::SubK) || (at as u64) < u64::from(self.placed) {
+            return None;
+        }
+        let quiet = |i: &Ins| {
+            i.op == Op::DivP2
+                && i.x != reg
+                && i.x != found.a
+                && i.a != reg
+                && i.need & !found.need == 0
+        };
+        ins.get(at + 1..)?.iter().all(quiet).then_some(at)
     }
 
     /// Emits a bool expression as jumps to `t` (true) or `f` (false). `free` is the first
@@ -502,6 +600,9 @@ impl<'s> Flat<'s> {
                     (BinOp::Add, Src::K(k)) => (Op::AddK, k),
                     (BinOp::Sub, Src::K(k)) => (Op::SubK, k),
                     (BinOp::Mul, Src::K(k)) => (Op::MulK, k),
+                    (BinOp::Div, Src::K(k)) if k > 1 && k.count_ones() == 1 => {
+                        (Op::DivP2, i64::from(k.trailing_zeros()))
+                    }
                     (BinOp::Div, Src::K(k)) => (Op::DivK, k),
                     (BinOp::Mod, Src::K(k)) => (Op::ModK, k),
                     (BinOp::Add, _) => (Op::Add, 0),

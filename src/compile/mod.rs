@@ -809,6 +809,26 @@ fn reorder(e: &Typed) -> Typed {
 mod tests {
     use super::*;
 
+    /// `after < quorum` (`approved - 1 < approved / 2 + 1`) is one comparison: the left
+    /// operand's `- 1`, the right's `/ 2` (a shift) and `+ 1` done by the comparison itself.
+    #[test]
+    fn a_count_against_a_quorum_is_one_instruction() {
+        let files = vec![SourceFile::new(
+            "q.rules",
+            "rule q\n  refuse remove controlplane\n  when approved - 1 < approved / 2 + 1\n  say \"q\"\n",
+        )];
+        let checked = crate::check::check_with(&files, false);
+        assert!(!checked.has_errors(), "{:?}", checked.diagnostics);
+        let table = compile(&checked.program, &files).expect("compiles");
+        let (_, program) = table
+            .group(Verb::Remove, Subject::ControlPlane, Site::Webhook)
+            .expect("the group");
+        let ops: Vec<flat::Op> = program.ins.iter().map(|i| i.op).collect();
+        assert_eq!(ops, [flat::Op::CmpDiv, flat::Op::Hit, flat::Op::End]);
+        let cmp = program.ins[0];
+        assert_eq!((cmp.d, cmp.x, cmp.k), (-1, 1, 1), "{cmp:?}");
+    }
+
     /// An index past the last 32-bit one fails the compile with what overflowed, instead of
     /// wrapping or saturating into an index that exists (a jump to the wrong instruction).
     #[test]

@@ -2,7 +2,7 @@
 
 use super::{EvalError, Facts, Lookup, Stop, Value};
 use crate::compile::Text;
-use crate::compile::flat::{self, VALUES};
+use crate::compile::flat::{self, SLOT_OF_VALUE, VALUE_OF_SLOT, VALUES};
 use crate::vocab::{FACT_COUNT, FACTS, Fact, Type};
 use std::sync::Arc;
 
@@ -21,6 +21,18 @@ pub(super) const TEXT_SLOT: [u8; FACT_COUNT] = {
     slots
 };
 
+/// The fact of each slot (what [`Fact::from_slot`] answers, without its lookup in the
+/// vocabulary's table of descriptions).
+const FACT_OF_SLOT: [Fact; FACT_COUNT] = {
+    let mut facts = [Fact::Approved; FACT_COUNT];
+    let mut i = 0;
+    while i < FACT_COUNT {
+        facts[i] = FACTS[i].fact;
+        i += 1;
+    }
+    facts
+};
+
 /// The number of name and enum facts.
 pub(super) const TEXT_FACTS: usize = {
     let (mut i, mut n) = (0, 0);
@@ -36,16 +48,16 @@ pub(super) const TEXT_FACTS: usize = {
 /// The facts of a session: asked of the provider at most once, then read from here.
 pub(super) struct FactCache<'a, F> {
     pub(super) facts: F,
-    /// Int and bool facts (bools as 0/1) by slot, valid where `known` has their bit; then
-    /// the registers of the flat programs (see [`flat`]). A power of two long, so an index
+    /// Int and bool facts (bools as 0/1) at [`VALUE_OF_SLOT`], valid where `known` has
+    /// their bit; then the registers of the flat programs (see [`flat`]). A power of two long, so an index
     /// masked into range needs no bounds check.
     pub(super) vals: [i64; VALUES],
     /// Name and enum facts, valid where `known` has their bit.
     pub(super) texts: [Option<&'a str>; TEXT_FACTS],
     pub(super) known: u32,
-    /// Every fact asked for, in order, with its value (only when tracing).
-    pub(super) asked: Vec<(Fact, Value<'a>)>,
-    pub(super) record: bool,
+    /// Every fact asked for, in order, with its value (only when tracing: `None` costs a
+    /// decision nothing to start or to drop).
+    pub(super) asked: Option<Vec<(Fact, Value<'a>)>>,
 }
 
 impl<'a, F: Facts<'a>> FactCache<'a, F> {
@@ -53,9 +65,10 @@ impl<'a, F: Facts<'a>> FactCache<'a, F> {
         if slot >= FACT_COUNT {
             return;
         }
+        let at = usize::from(VALUE_OF_SLOT[slot]) % VALUES;
         match value {
-            Value::Int(i) => self.vals[slot % VALUES] = i,
-            Value::Bool(b) => self.vals[slot % VALUES] = i64::from(b),
+            Value::Int(i) => self.vals[at] = i,
+            Value::Bool(b) => self.vals[at] = i64::from(b),
             Value::Str(s) => {
                 if let Some(t) = self.texts.get_mut(usize::from(TEXT_SLOT[slot])) {
                     *t = Some(s);
@@ -79,17 +92,26 @@ impl<'a, F: Facts<'a>> FactCache<'a, F> {
         self.ask(slot)
     }
 
+    /// The value of an int or bool fact, once [`Self::ensure`]d.
+    #[inline(always)]
+    pub(super) fn value(&self, slot: usize) -> i64 {
+        let at = VALUE_OF_SLOT
+            .get(slot)
+            .map_or(VALUES - 1, |&v| usize::from(v));
+        self.vals[at % VALUES]
+    }
+
     /// Asks the provider for a fact and keeps the answer.
     #[inline(always)]
     pub(super) fn ask(&mut self, slot: usize) -> Result<(), Stop> {
-        let Some(fact) = Fact::from_slot(slot) else {
+        let Some(&fact) = FACT_OF_SLOT.get(slot) else {
             return Err(Stop::Fail(EvalError::Type));
         };
         match self.facts.fact(fact) {
             Lookup::Value(v) => {
                 self.store(slot, v);
-                if self.record {
-                    self.asked.push((fact, v));
+                if let Some(asked) = &mut self.asked {
+                    asked.push((fact, v));
                 }
                 Ok(())
             }
@@ -97,17 +119,19 @@ impl<'a, F: Facts<'a>> FactCache<'a, F> {
         }
     }
 
-    /// Asks for the facts an instruction reads that are not known yet, left operand first.
-    /// Inlined into the interpreter loop, with the provider.
+    /// Asks for the facts an instruction reads that are not known yet, left operand first:
+    /// inlined into the interpreter loop, with the provider.
     #[inline(always)]
     pub(super) fn need(&mut self, ins: &flat::Ins) -> Result<(), Stop> {
-        // `need` has the bits of `a` and `b` when they are fact slots, and no others.
-        let a_bit = 1u32.checked_shl(u32::from(ins.a)).unwrap_or(0) & ins.need;
-        if a_bit & !self.known != 0 {
-            self.ask(usize::from(ins.a))?;
+        // `need` has the bits of `a` and `b` when they are facts, and no others. Both
+        // unknown: the left operand's first; then whichever is still unknown.
+        let missing = ins.need & !self.known;
+        if missing & missing.wrapping_sub(1) != 0 {
+            self.ask(usize::from(SLOT_OF_VALUE[usize::from(ins.a) % VALUES]))?;
         }
-        if ins.need & !a_bit & !self.known != 0 {
-            self.ask(usize::from(ins.b))?;
+        let rest = ins.need & !self.known;
+        if rest != 0 {
+            self.ask(rest.trailing_zeros() as usize)?;
         }
         Ok(())
     }

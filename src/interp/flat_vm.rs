@@ -16,38 +16,96 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
     ) -> Result<(), Interrupt> {
         let mut pc = 0;
         loop {
-            let result = match self.exec(rows, program, pc, hits) {
+            match self.exec(rows, program, pc, hits) {
                 Ok(Flow::End) => return Ok(()),
-                // A row too deep for the registers: its `fires` code on the stack machine.
-                Ok(Flow::Stack) => {
-                    let at = program.row_at(self.pc);
-                    match program.stack_code(at) {
+                // A row on the stack machine: the usual case of `flat: false`.
+                Ok(Flow::Stack) => pc = self.stack_row(rows, program, hits)?,
+                stopped => pc = self.resume(rows, program, stopped, hits)?,
+            }
+        }
+    }
+
+    /// Runs the row whose `Stack` instruction is at `self.pc` on the stack machine; where
+    /// the program goes on.
+    #[inline(always)]
+    fn stack_row(
+        &mut self,
+        rows: &[Row],
+        program: &FlatProgram,
+        hits: &mut Hits,
+    ) -> Result<usize, Interrupt> {
+        let stack = program.ins.get(self.pc).and_then(|i| {
+            let code = program.deep.get(usize::try_from(i.d).ok()?)?;
+            Some((code, usize::try_from(i.k).ok()?))
+        });
+        let Some((code, at)) = stack else {
+            return self.resume(rows, program, Ok(Flow::Stack), hits);
+        };
+        match self.run(code) {
+            Ok(fires) => {
+                if fires != 0
+                    && let Some(row) = rows.get(at)
+                {
+                    hits.push(Hit {
+                        rule: row.rule,
+                        verdict: row.verdict,
+                        error: None,
+                    });
+                }
+                Ok(program.next_entry(at))
+            }
+            Err(e) => self.resume(rows, program, Err(e), hits),
+        }
+    }
+
+    /// Where the program goes on after it stopped before its end, at `self.pc`: a row on
+    /// the stack machine (run there), or a row that could not be evaluated. Out of the hot
+    /// loop: the usual decision never stops.
+    #[inline(never)]
+    fn resume(
+        &mut self,
+        rows: &[Row],
+        program: &FlatProgram,
+        stopped: Result<Flow, Stop>,
+        hits: &mut Hits,
+    ) -> Result<usize, Interrupt> {
+        let (result, at) = match stopped {
+            // (Not stopped: `run_group` ends there.) The program's last instruction, `End`.
+            Ok(Flow::End) => return Ok(program.ins.len().saturating_sub(1)),
+            // A row on the stack machine: its `fires` code, found from the instruction.
+            Ok(Flow::Stack) => match program.ins.get(self.pc) {
+                Some(i) => {
+                    let code = usize::try_from(i.d).ok().and_then(|d| program.deep.get(d));
+                    let result = match code {
                         Some(code) => self.run(code).map(|v| v != 0),
                         None => Err(Stop::Fail(EvalError::Type)),
-                    }
+                    };
+                    (
+                        result,
+                        usize::try_from(i.k).unwrap_or_else(|_| program.row_at(self.pc)),
+                    )
                 }
-                Err(e) => Err(e),
-            };
-            let at = program.row_at(self.pc);
-            let error = match result {
-                Ok(false) => None,
-                Ok(true) => None,
-                Err(Stop::Need(f)) => return Err(Interrupt::Need(f)),
-                Err(Stop::Fail(e)) => Some(e),
-            };
-            // A row that could not be evaluated: refuse and hold rows match (fail closed),
-            // warn rows do not.
-            if let Some(row) = rows.get(at)
-                && (result == Ok(true) || (error.is_some() && row.verdict != Verdict::Warn))
-            {
-                hits.push(Hit {
-                    rule: row.rule,
-                    verdict: row.verdict,
-                    error,
-                });
-            }
-            pc = program.next_entry(at);
+                None => (Err(Stop::Fail(EvalError::Type)), program.row_at(self.pc)),
+            },
+            Err(e) => (Err(e), program.row_at(self.pc)),
+        };
+        let error = match result {
+            Ok(_) => None,
+            Err(Stop::Need(f)) => return Err(Interrupt::Need(f)),
+            Err(Stop::Fail(e)) => Some(e),
+        };
+        // A row that could not be evaluated: refuse and hold rows match (fail closed),
+        // warn rows do not.
+        if let Some(row) = rows.get(at)
+            && (result == Ok(true) || (error.is_some() && row.verdict != Verdict::Warn))
+        {
+            hits.push(Hit {
+                rule: row.rule,
+                verdict: row.verdict,
+                error,
+            });
         }
+        Ok(program.next_entry(at))
     }
 
     /// Runs a flat program from `pc` to its end, or to the first error (its `pc` left in
@@ -99,23 +157,25 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                     cache.vals[usize::from(i.b) & M]
                 };
             }
+            // The comparisons, most of what a program runs, without a jump through the table
+            // of operations: their right operands are chosen, not branched to.
+            if i.op <= F::CmpDiv {
+                let Some(a) = a.checked_add(i64::from(i.d)) else {
+                    fail!(EvalError::Overflow)
+                };
+                let v = if i.op == F::CmpK { 0 } else { b!() };
+                let v = if i.op == F::CmpDiv { div_p2(v, i.x) } else { v };
+                let Some(b) = v.checked_add(i.k) else {
+                    fail!(EvalError::Overflow)
+                };
+                // 0 less, 1 equal, 2 greater
+                let ord = usize::from(a >= b) + usize::from(a > b);
+                pc = i.to[ord] as usize;
+                continue;
+            }
             match i.op {
-                F::CmpK | F::Cmp => {
-                    let Some(a) = a.checked_add(i.d) else {
-                        fail!(EvalError::Overflow)
-                    };
-                    let b = if i.op == F::CmpK {
-                        i.k
-                    } else {
-                        match b!().checked_add(i.k) {
-                            Some(b) => b,
-                            None => fail!(EvalError::Overflow),
-                        }
-                    };
-                    // 0 less, 1 equal, 2 greater
-                    let ord = usize::from(a >= b) + usize::from(a > b);
-                    pc = i.to[ord] as usize;
-                }
+                // Handled above.
+                F::CmpK | F::Cmp | F::CmpDiv => fail!(EvalError::Type),
                 F::Test => pc = i.to[usize::from(a != 0)] as usize,
                 F::Hit => {
                     if let Some(row) = rows.get(i.k as usize) {
@@ -132,6 +192,10 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                 F::SubK => arith!(i, a, checked_sub, i.k),
                 F::MulK => arith!(i, a, checked_mul, i.k),
                 F::DivK => arith!(i, a, checked_div, i.k),
+                F::DivP2 => {
+                    cache.vals[usize::from(i.x) & M] = div_p2(a, (i.k & 63) as u8);
+                    pc += 1;
+                }
                 F::ModK => arith!(i, a, checked_rem, i.k),
                 F::Add => arith!(i, a, checked_add, b!()),
                 F::Sub => arith!(i, a, checked_sub, b!()),
@@ -174,6 +238,44 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                 }
                 F::Need => pc += 1,
                 F::Invalid => fail!(EvalError::Type),
+            }
+        }
+    }
+}
+
+/// `a / 2^n` for `n` in 1..=62, truncated towards zero as `/` truncates: a negative value is
+/// biased first (the bias makes it no larger, so this cannot overflow). No hardware division.
+#[inline(always)]
+fn div_p2(a: i64, n: u8) -> i64 {
+    let n = u32::from(n & 63);
+    let bias = (a >> 63) & ((1i64 << n) - 1);
+    (a + bias) >> n
+}
+
+#[cfg(test)]
+mod tests {
+    /// A shift divides as `/` does, negative values and the extremes included.
+    #[test]
+    fn div_p2_is_division() {
+        for a in [
+            0,
+            1,
+            -1,
+            2,
+            -2,
+            3,
+            -3,
+            7,
+            -7,
+            1023,
+            -1025,
+            i64::MAX,
+            i64::MIN,
+            i64::MIN + 1,
+            i64::MAX - 1,
+        ] {
+            for n in 1..=62u8 {
+                assert_eq!(super::div_p2(a, n), a / (1i64 << n), "{a} / 2^{n}");
             }
         }
     }

@@ -131,8 +131,7 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                 vals: [0; VALUES],
                 texts: [None; TEXT_FACTS],
                 known: 0,
-                asked: Vec::new(),
-                record: false,
+                asked: None,
             },
             trace: None,
             pc: 0,
@@ -142,13 +141,13 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
     /// Records every row considered and every fact asked for.
     pub fn traced(mut self) -> Self {
         self.trace = Some(Vec::new());
-        self.cache.record = true;
+        self.cache.asked = Some(Vec::new());
         self
     }
 
     /// Every fact asked for, in order, with its value (when traced).
     pub fn asked(&self) -> &[(Fact, Value<'a>)] {
-        &self.cache.asked
+        self.cache.asked.as_deref().unwrap_or(&[])
     }
 
     /// Supplies a fact the provider answered [`Lookup::Later`] for.

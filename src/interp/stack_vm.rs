@@ -2,16 +2,29 @@
 //! placeholders.
 
 use super::{EvalError, Facts, Session, Stop};
-use crate::compile::flat::VALUES;
 use crate::compile::{Code, MAX_STACK, Op};
 use std::sync::Arc;
 
+/// The stack of code that needs no more (most conditions need 2 to 4).
+const SMALL_STACK: usize = 8;
+
 impl<'a, F: Facts<'a>> Session<'a, F> {
-    /// The stack machine: integers only.
+    /// The stack machine: integers only. A stack as deep as the code needs (the checker's
+    /// depth, [`Code::depth`]): a small one for the usual conditions, which costs less to
+    /// set up for every row. Not inlined: the flat program's loop stays small.
+    #[inline(never)]
     pub(super) fn run(&mut self, code: &Code) -> Result<i64, Stop> {
+        if usize::from(code.depth) <= SMALL_STACK {
+            self.run_in::<SMALL_STACK>(code)
+        } else {
+            self.run_in::<MAX_STACK>(code)
+        }
+    }
+
+    fn run_in<const N: usize>(&mut self, code: &Code) -> Result<i64, Stop> {
         let strings: &'a [Arc<str>] = &self.table.strings;
         let cache = &mut self.cache;
-        let mut stack = [0i64; MAX_STACK];
+        let mut stack = [0i64; N];
         let mut sp = 0usize;
         let mut pc = 0usize;
         let ops = code.ops.as_slice();
@@ -64,7 +77,7 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                 Op::Fact(slot) => {
                     let slot = slot as usize;
                     cache.ensure(slot)?;
-                    push!(cache.vals[slot % VALUES]);
+                    push!(cache.value(slot));
                 }
                 Op::Int(i) => push!(i),
                 Op::Not => match sp.checked_sub(1) {

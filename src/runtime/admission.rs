@@ -1,7 +1,7 @@
 //! The AdmissionReview v1 envelope: parse a request, and answer it from a decision. The
 //! deciding itself is in [`super::decide`]; this module only unwraps and wraps.
 
-use super::objects::{API_VERSION, MAX_NESTING, Object, typed_object};
+use super::objects::{API_VERSION, MAX_NESTING, Object, typed_object_text};
 use crate::interp::Decision;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
@@ -68,30 +68,58 @@ impl Request {
     }
 }
 
-/// Parses an AdmissionReview v1 body.
+/// The envelope of a review, read without building a tree of it: its type, and the text of
+/// its request (parsed typed once, below).
+#[derive(serde::Deserialize)]
+struct Envelope<'a> {
+    #[serde(rename = "apiVersion", default)]
+    api_version: Option<serde_json::Value>,
+    #[serde(default)]
+    kind: Option<serde_json::Value>,
+    #[serde(borrow, default)]
+    request: Option<&'a serde_json::value::RawValue>,
+}
+
+/// The texts of a request's objects, typed once each (as our kind, in [`typed`]).
+#[derive(serde::Deserialize)]
+struct ObjectTexts<'a> {
+    #[serde(borrow, default)]
+    object: Option<&'a serde_json::value::RawValue>,
+    #[serde(rename = "oldObject", borrow, default)]
+    old_object: Option<&'a serde_json::value::RawValue>,
+}
+
+/// Parses an AdmissionReview v1 body: the nesting check, the envelope (no value tree), the
+/// request typed, and each of its objects typed as our kind straight from its text.
 pub fn parse_review(body: &[u8]) -> Result<Request, ReviewError> {
-    let value: serde_json::Value = super::nesting::json(body).map_err(|e| match e {
+    let envelope: Envelope<'_> = super::nesting::json_borrowed(body).map_err(|e| match e {
         super::nesting::JsonError::TooDeep(super::nesting::TooDeep { line, column }) => {
             ReviewError::TooDeep { line, column }
         }
         super::nesting::JsonError::Json(e) => ReviewError::Json(e),
     })?;
-    let api_version = value
-        .get("apiVersion")
-        .and_then(|v| v.as_str())
-        .unwrap_or("");
-    let kind = value.get("kind").and_then(|v| v.as_str()).unwrap_or("");
+    let text = |v: &Option<serde_json::Value>| {
+        v.as_ref()
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
+            .to_string()
+    };
+    let (api_version, kind) = (text(&envelope.api_version), text(&envelope.kind));
     if kind != "AdmissionReview" || api_version != "admission.k8s.io/v1" {
         return Err(ReviewError::NotReview(format!(
             "expected apiVersion admission.k8s.io/v1 and kind AdmissionReview, found {:?} {:?}",
             api_version, kind
         )));
     }
-    let review: AdmissionReview<DynamicObject> =
-        serde_json::from_value(value).map_err(|e| ReviewError::NotReview(e.to_string()))?;
-    let inner: AdmissionRequest<DynamicObject> = review
-        .try_into()
-        .map_err(|_| ReviewError::NotReview("it has no `request`".into()))?;
+    let Some(request) = envelope.request.filter(|r| r.get() != "null") else {
+        return Err(ReviewError::NotReview("it has no `request`".into()));
+    };
+    let mut inner: AdmissionRequest<DynamicObject> =
+        serde_json::from_str(request.get()).map_err(|e| ReviewError::NotReview(e.to_string()))?;
+    // What the review's own conversion to its request does: the answer echoes the type.
+    inner.types = kube::core::TypeMeta { api_version, kind };
+    let texts: ObjectTexts<'_> =
+        serde_json::from_str(request.get()).map_err(|e| ReviewError::NotReview(e.to_string()))?;
     let namespace = inner
         .namespace
         .clone()
@@ -136,8 +164,20 @@ pub fn parse_review(body: &[u8]) -> Result<Request, ReviewError> {
                 )));
             }
         }
-        old = typed(kind, "oldObject", inner.old_object.as_ref(), &namespace)?;
-        new = typed(kind, "object", inner.object.as_ref(), &namespace)?;
+        old = typed(
+            kind,
+            "oldObject",
+            inner.old_object.as_ref(),
+            texts.old_object,
+            &namespace,
+        )?;
+        new = typed(
+            kind,
+            "object",
+            inner.object.as_ref(),
+            texts.object,
+            &namespace,
+        )?;
         // One object, as the API server sends it: the request names it (unless a create
         // generates the name), and an update's old and new are the same object.
         for (which, obj) in [("oldObject", &old), ("object", &new)] {
@@ -174,9 +214,12 @@ fn typed(
     kind: &'static str,
     which: &'static str,
     obj: Option<&DynamicObject>,
+    text: Option<&serde_json::value::RawValue>,
     namespace: &str,
 ) -> Result<Option<Object>, ReviewError> {
-    let Some(obj) = obj else { return Ok(None) };
+    let (Some(obj), Some(text)) = (obj, text) else {
+        return Ok(None);
+    };
     let bad = |message: String| ReviewError::BadObject {
         which,
         kind,
@@ -202,14 +245,8 @@ fn typed(
             clip(namespace)
         )));
     }
-    let mut value = serde_json::to_value(obj).map_err(|e| bad(e.to_string()))?;
     // Objects of a namespaced request may omit their namespace; the request says it.
-    if let Some(meta) = value.get_mut("metadata").and_then(|m| m.as_object_mut())
-        && meta.get("namespace").is_none_or(|n| n.is_null())
-    {
-        meta.insert("namespace".into(), namespace.into());
-    }
-    typed_object(kind, value)
+    typed_object_text(kind, text.get(), Some(namespace))
         .map(Some)
         .map_err(|message| ReviewError::BadObject {
             which,

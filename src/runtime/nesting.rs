@@ -58,6 +58,14 @@ pub fn json<T: DeserializeOwned>(text: &[u8]) -> Result<T, JsonError> {
     Ok(serde_json::from_slice(text)?)
 }
 
+/// Like [`json`], for a type that borrows from the text (raw parts kept as text).
+pub fn json_borrowed<'a, T: serde::Deserialize<'a>>(text: &'a [u8]) -> Result<T, JsonError> {
+    if let Some((line, column)) = json_too_deep(text, MAX_NESTING) {
+        return Err(TooDeep { line, column }.into());
+    }
+    Ok(serde_json::from_slice(text)?)
+}
+
 /// Where a text first nests deeper than `max`: (line, column), both from 1.
 pub type Where = (usize, usize);
 

@@ -12,7 +12,7 @@
 //! larger than [`MAX_RULES_BYTES`] is refused before it is parsed.
 
 use crate::compile::Table;
-use crate::ruleset::{LoadError, build, read_sources_within};
+use crate::ruleset::{LoadError, build_serving_here, read_sources_within};
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -144,9 +144,11 @@ impl Rules {
         self.fingerprint.lock().is_ok_and(|last| *last == Some(fp))
     }
 
-    /// Checks (lints on) and compiles; swaps the table in when it is accepted.
+    /// Checks (the lints serving needs: `ruleset::build_serving_here`, on this thread,
+    /// which is the reload thread with its [`RELOAD_STACK`]) and compiles; swaps the table
+    /// in when it is accepted.
     fn accept(&self, fp: u64, files: Vec<crate::diagnostics::SourceFile>) -> Reload {
-        let set = match catch_unwind(AssertUnwindSafe(|| build(files))) {
+        let set = match catch_unwind(AssertUnwindSafe(|| build_serving_here(files))) {
             Ok(set) => set,
             Err(panic) => {
                 let what = panic

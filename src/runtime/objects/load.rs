@@ -108,6 +108,38 @@ pub fn typed_object(kind: &str, value: serde_json::Value) -> Result<Object, Stri
     Ok(object)
 }
 
+/// Turns the JSON text of an object into the named kind, as [`typed_object`] turns a value,
+/// in one typed parse (no value tree first). `namespace` fills in a namespace the object
+/// omits (or leaves null), before the object is validated: what a namespaced request's
+/// objects may do.
+pub fn typed_object_text(
+    kind: &str,
+    text: &str,
+    namespace: Option<&str>,
+) -> Result<Object, String> {
+    fn de<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String> {
+        serde_json::from_str(text).map_err(|e| e.to_string())
+    }
+    let mut object = match kind {
+        "TalosMachine" => de(text).map(Object::Machine),
+        "TalosCluster" => de(text).map(Object::Cluster),
+        "TalosOperation" => de(text).map(Object::Operation),
+        other => Err(format!("`{other}` is not a kind ichor-rules decides about")),
+    }?;
+    if let Some(namespace) = namespace {
+        let meta = match &mut object {
+            Object::Machine(m) => &mut m.metadata,
+            Object::Cluster(c) => &mut c.metadata,
+            Object::Operation(o) => &mut o.metadata,
+        };
+        if meta.namespace.is_none() {
+            meta.namespace = Some(namespace.to_string());
+        }
+    }
+    validate_object(&object)?;
+    Ok(object)
+}
+
 /// What the CRDs' schemas enforce in a cluster, enforced on objects read from files (and
 /// on the objects of a review, which the API server validated before asking, and of live
 /// reads).

@@ -11,7 +11,8 @@ use serde::{Deserialize, Deserializer, Serialize};
 mod load;
 mod snapshot;
 pub use load::{
-    LoadError, MAX_NESTING, Object, load_snapshot, object_from_value, typed_object, validate_object,
+    LoadError, MAX_NESTING, Object, load_snapshot, object_from_value, typed_object,
+    typed_object_text, validate_object,
 };
 pub use snapshot::Snapshot;
 
