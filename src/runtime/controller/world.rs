@@ -22,6 +22,8 @@ pub struct Live<'c> {
     /// Each cluster's credentials, read once per reconcile.
     dialers: HashMap<String, Dialer<'c>>,
     held: Option<Held>,
+    /// What this reconcile last wrote of the machine's status (each write compares with it).
+    written: Option<TalosMachine>,
 }
 
 impl<'c> Live<'c> {
@@ -32,6 +34,7 @@ impl<'c> Live<'c> {
             machine: removing.map(str::to_string),
             dialers: HashMap::new(),
             held: None,
+            written: None,
         }
     }
 
@@ -156,7 +159,17 @@ impl World for Live<'_> {
         before: &TalosMachine,
         after: &TalosMachine,
     ) -> Result<Option<String>, ReconcileError> {
-        Ok(super::status::write(&self.ctx.client, before, after).await?)
+        let base = match &self.written {
+            Some(w) if w.name() == after.name() => w,
+            _ => before,
+        };
+        let version = super::status::write(&self.ctx.client, base, after).await?;
+        let mut wrote = after.clone();
+        if let Some(v) = &version {
+            wrote.metadata.resource_version = Some(v.clone());
+        }
+        self.written = Some(wrote);
+        Ok(version)
     }
 
     async fn release_finalizer(&mut self, m: &TalosMachine) -> Result<(), ReconcileError> {

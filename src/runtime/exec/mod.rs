@@ -167,8 +167,9 @@ pub trait World {
     /// One pass of draining the Kubernetes Node `node`.
     async fn drain(&mut self, node: &str) -> Result<Result<Drained, String>, Self::Error>;
 
-    /// Writes `after`'s status when it differs from `before`'s; the resourceVersion the
-    /// write made, when it wrote.
+    /// Writes `after`'s status when it differs from what this world last wrote of the
+    /// object in this reconcile (else from `before`, the object as read); the
+    /// resourceVersion the write made, when it wrote.
     async fn write_status(
         &mut self,
         before: &TalosMachine,

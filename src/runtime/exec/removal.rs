@@ -157,9 +157,9 @@ pub async fn reconcile<W: World>(
         );
         return release_if_not_member(w, timing, live, Some(&stopped)).await;
     };
+    // The status being built; the world compares each write with what it wrote last (or
+    // with `live`, the object as read).
     let mut next = live.clone();
-    // What the API server holds of the status: each write compares with it.
-    let mut written = live.clone();
 
     // 3. Decide, unless the removal is committed (the member already left etcd).
     if !p.committed {
@@ -226,7 +226,7 @@ pub async fn reconcile<W: World>(
         };
         status::set(next.conditions_mut(), REMOVAL, true, reason, message);
         set_progress(&mut next, p.clone());
-        save(w, &mut written, &mut next).await?;
+        save(w, live, &mut next).await?;
     }
 
     // 4. The plan.
@@ -254,7 +254,7 @@ pub async fn reconcile<W: World>(
                     "RemovalRefused",
                     &why,
                 );
-                save(w, &mut written, &mut next).await?;
+                save(w, live, &mut next).await?;
                 return Ok(requeue(timing.refused_requeue, Wait::Refused));
             }
         };
@@ -263,7 +263,7 @@ pub async fn reconcile<W: World>(
         }
         w.note(live, Note::Step(k, &step.text));
         let mut rec = Record {
-            written: &mut written,
+            live,
             next: &mut next,
             p: &mut p,
             reset_confirmed,
@@ -276,7 +276,7 @@ pub async fn reconcile<W: World>(
                 p.started = None;
                 p.started_at = None;
                 set_progress(&mut next, p.clone());
-                save(w, &mut written, &mut next).await?;
+                save(w, live, &mut next).await?;
             }
             Step::Wait {
                 reason,
@@ -287,7 +287,7 @@ pub async fn reconcile<W: World>(
                 let began = next.removal_reason() != Some(reason);
                 status::set(next.conditions_mut(), REMOVAL, false, reason, &message);
                 set_progress(&mut next, p.clone());
-                save(w, &mut written, &mut next).await?;
+                save(w, live, &mut next).await?;
                 if began && let Some((ev_reason, note)) = event {
                     w.event(live, true, ev_reason, note).await;
                 }
@@ -395,31 +395,26 @@ pub fn as_recorded(m: &TalosMachine) -> TalosMachine {
     out
 }
 
-/// The status as last written, the status being built, and the removal's progress.
+/// The object as read, the status being built, and the removal's progress.
 struct Record<'r> {
-    written: &'r mut TalosMachine,
+    live: &'r TalosMachine,
     next: &'r mut TalosMachine,
     p: &'r mut RemovalProgress,
     /// A reset (or wipe) was answered as taken in this reconcile.
     reset_confirmed: bool,
 }
 
-/// Writes the status when it differs from what was written last, and keeps the
-/// resourceVersion the write made (a later finalizer patch is guarded by it).
+/// Writes the status when it differs from what was written last (the world remembers;
+/// `read`: the object as read, before any write), and keeps the resourceVersion the write
+/// made (a later finalizer patch is guarded by it).
 async fn save<W: World>(
     w: &mut W,
-    written: &mut TalosMachine,
+    read: &TalosMachine,
     next: &mut TalosMachine,
 ) -> Result<(), W::Error> {
-    if let Some(version) = w.write_status(written, next).await? {
+    if let Some(version) = w.write_status(read, next).await? {
         next.metadata.resource_version = Some(version);
     }
-    // Only the status and the resourceVersion change between writes.
-    written.status.clone_from(&next.status);
-    written
-        .metadata
-        .resource_version
-        .clone_from(&next.metadata.resource_version);
     Ok(())
 }
 
@@ -560,7 +555,7 @@ async fn execute<W: World>(
     message: Option<String>,
 ) -> Result<Step, W::Error> {
     let Record {
-        written,
+        live: read,
         next,
         p,
         reset_confirmed,
@@ -635,7 +630,7 @@ async fn execute<W: World>(
                     if p.member_id != Some(m.id) {
                         p.member_id = Some(m.id);
                         set_progress(next, p.clone());
-                        save(w, written, next).await?;
+                        save(w, read, next).await?;
                     }
                     // The node at spec.endpoint must be this member: another node would
                     // leave in its place.
@@ -674,7 +669,7 @@ async fn execute<W: World>(
                     if p.member_id != Some(id) {
                         p.member_id = Some(id);
                         set_progress(next, p.clone());
-                        save(w, written, next).await?;
+                        save(w, read, next).await?;
                     }
                     let call = Call::EtcdRemoveMemberById(id);
                     if let Err(e) = calls::done(w, cluster, sibling.node(), call).await? {
@@ -745,7 +740,7 @@ async fn execute<W: World>(
             p.started = Some(step.text.clone());
             p.started_at = Some(Time(w.now()));
             set_progress(next, p.clone());
-            save(w, written, next).await?;
+            save(w, read, next).await?;
             match calls::done(w, cluster, here, Call::Reset { graceful }).await? {
                 Ok(()) => *reset_confirmed = true,
                 // No answer: it may have taken (the node goes down as it resets). The
@@ -795,8 +790,8 @@ async fn execute<W: World>(
                 "RemovalComplete",
                 "the control plane was removed",
             );
-            save(w, written, next).await?;
-            w.release_finalizer(written).await?;
+            save(w, read, next).await?;
+            w.release_finalizer(next).await?;
             Ok(Step::Done)
         }
     }
