@@ -22,6 +22,7 @@ mod cli;
 mod cli_help;
 mod client_ca;
 mod configmap_mount;
+mod conformance;
 mod controller;
 mod crds;
 mod credentials;

@@ -285,28 +285,49 @@ impl<'a> ModelWorld<'a> {
 
     /// Records a status written for machine `i`: its removal's progress.
     fn record(&mut self, i: usize, after: &TalosMachine) {
-        let Some(p) = after.removal_progress() else {
+        let Some(p) = progress(self.plan, after) else {
             return;
         };
-        let mut done = 0u16;
-        for (k, st) in self.plan.iter().enumerate() {
-            if p.done.iter().any(|d| d == &st.text) && k < 16 {
-                done |= 1 << k;
-            }
-        }
-        let started = self
-            .plan
-            .iter()
-            .position(|st| p.started.as_deref() == Some(st.text.as_str()))
-            .and_then(|k| u8::try_from(k + 1).ok())
-            .unwrap_or(0);
         let m = &mut self.t.machines[i];
-        m.done = done;
-        m.committed = p.committed;
-        m.dead = p.member_dead;
-        m.recorded = p.member_id.is_some();
-        m.started = started;
+        (m.done, m.started, m.committed, m.dead, m.recorded) =
+            (p.done, p.started, p.committed, p.dead, p.recorded);
     }
+}
+
+/// A removal's progress as the model keeps it: the plan steps done (bits by index), the
+/// step started (index + 1; 0 for none), committed, memberDead, and whether a member ID
+/// is recorded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    pub done: u16,
+    pub started: u8,
+    pub committed: bool,
+    pub dead: bool,
+    pub recorded: bool,
+}
+
+/// What `m`'s `status.removal` records, in the model's terms (`None`: no record); the
+/// conformance replay reads the API server's objects with it too.
+pub fn progress(plan: &[PlanStep], m: &TalosMachine) -> Option<Progress> {
+    let p = m.removal_progress()?;
+    let mut done = 0u16;
+    for (k, st) in plan.iter().enumerate() {
+        if p.done.iter().any(|d| d == &st.text) && k < 16 {
+            done |= 1 << k;
+        }
+    }
+    let started = plan
+        .iter()
+        .position(|st| p.started.as_deref() == Some(st.text.as_str()))
+        .and_then(|k| u8::try_from(k + 1).ok())
+        .unwrap_or(0);
+    Some(Progress {
+        done,
+        started,
+        committed: p.committed,
+        dead: p.member_dead,
+        recorded: p.member_id.is_some(),
+    })
 }
 
 impl World for ModelWorld<'_> {
