@@ -24,19 +24,26 @@ use ichor_rules::runtime::controller::Context;
 use ichor_rules::runtime::live::LiveReader;
 use ichor_rules::runtime::metrics::Metrics;
 use ichor_rules::runtime::objects::{Object, TalosCluster, TalosMachine};
+use ichor_rules::runtime::reload::{Reload, Rules};
 use ichor_rules::runtime::webhook::{Webhook, decide_request};
 use ichor_rules::verify::conform::{self, View};
-use ichor_rules::verify::model::{Bounds, Model, Move, NAMESPACE, Req, State};
+use ichor_rules::verify::invariant::{Facts, InvariantCheck, Outcome};
+use ichor_rules::verify::model::{Bounds, Model, Move, NAMESPACE, Next, Req, State};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const MOVES: usize = 18;
 
-fn table() -> Table {
-    ichor_rules::ruleset::load(&[concat!(env!("CARGO_MANIFEST_DIR"), "/rules").into()])
-        .expect("the shipped rules load")
+fn shipped() -> PathBuf {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/rules").into()
+}
+
+fn table_of(rules: &Path) -> Table {
+    ichor_rules::ruleset::load(&[rules.to_path_buf()])
+        .expect("the rules load")
         .table
         .expect("a table")
 }
@@ -65,7 +72,15 @@ impl Real {
     /// The real world of the model state `s`: its objects as the model builds them (each
     /// endpoint the stand-in of its node), an etcd member and a Talos stand-in per
     /// machine, a Kubernetes Node each.
-    async fn of(model: &Model<'_>, s: &State) -> Real {
+    async fn of(model: &Model<'_>, s: &State, rules: &Path) -> Real {
+        let load = || {
+            let r = Arc::new(Rules::new(vec![rules.to_path_buf()]));
+            assert!(
+                matches!(r.reload(), Reload::Replaced { .. }),
+                "the rules load"
+            );
+            r
+        };
         let names: Vec<String> = (0..s.machines.len()).map(|i| s.name(i)).collect();
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
         let etcd = EtcdCluster::start_named(&refs).await;
@@ -90,13 +105,13 @@ impl Real {
         settings.lock_duration = Duration::from_secs(600);
         let ctx = Arc::new(Context::new(
             api.client(),
-            harness::rules(),
+            load(),
             Some(Arc::new(talos.tls())),
             settings,
             Arc::new(Metrics::default()),
         ));
         let webhook = Webhook {
-            rules: harness::rules(),
+            rules: load(),
             reader: LiveReader::new(api.client(), Duration::from_secs(5)),
             metrics: Arc::new(Metrics::default()),
             api_ready: Default::default(),
@@ -265,19 +280,29 @@ impl Real {
         allowed
     }
 
-    /// The controller's reconcile of one machine, as its watch would run it.
-    async fn reconcile(&self, name: &str) {
+    /// The controller's reconcile of one machine, as its watch would run it: whether it
+    /// ended without an error (an error ends it where it was, as a crash would).
+    async fn reconcile(&self, name: &str) -> bool {
         let Some(m) = self.machine(name) else {
-            return;
+            return true;
         };
         // The model's clock has let every reset settle; the real one waits it out.
         if m["status"]["removal"]["startedAt"].is_string() {
             tokio::time::sleep(self.ctx.settings.reset_settle + Duration::from_millis(200)).await;
         }
         let tm: TalosMachine = serde_json::from_value(m).expect("a TalosMachine");
-        let _ =
+        let result =
             ichor_rules::runtime::controller::machine::reconcile(Arc::new(tm), self.ctx.clone())
                 .await;
+        if std::env::var_os("ICHOR_CONFORMANCE_VERBOSE").is_some() {
+            eprintln!(
+                "reconcile {name}: {result:?}; status {}",
+                self.machine(name)
+                    .map(|m| m["status"].to_string())
+                    .unwrap_or_default()
+            );
+        }
+        result.is_ok()
     }
 
     async fn node_dies(&self, name: &str) {
@@ -287,54 +312,156 @@ impl Real {
     }
 }
 
+/// Replays move `mv` of the model in the real world and matches it: the model state the
+/// real step reached (`Err` with both sides when none of the model's successors by that
+/// move is what the real run did).
+async fn step(
+    model: &Model<'_>,
+    real: &Real,
+    s: &State,
+    mv: Move,
+    trail: &mut Vec<String>,
+) -> Result<Next, String> {
+    let plan = model.objects.plan.unwrap_or(&[]);
+    let nexts = conform::successors(model, s);
+    let said = conform::describe(s, &mv);
+    // A reconcile that ended without an error ran to its end: the model's whole run, not
+    // one stopped after a status write.
+    let mut whole = false;
+    match mv {
+        Move::Admit { req, .. } => {
+            if !real.request(model, s, req, true).await {
+                return Err(format!(
+                    "after\n  {}\nthe webhook refuses `{said}`, which the model allows",
+                    trail.join("\n  ")
+                ));
+            }
+        }
+        Move::Removal(i) => whole = real.reconcile(&s.name(i)).await,
+        Move::NodeDies(i) => real.node_dies(&s.name(i)).await,
+        other => unreachable!("{other:?} is not replayed"),
+    }
+    trail.push(said.clone());
+    let seen = real.view(plan).await;
+    if std::env::var_os("ICHOR_CONFORMANCE_VERBOSE").is_some() {
+        eprintln!("{said}: {seen:#?}");
+    }
+    let mut matched = conform::matching(model, &nexts, mv, &seen);
+    if whole {
+        let last = nexts.iter().rposition(|n| n.mv == mv);
+        matched.retain(|n| last.is_some_and(|k| std::ptr::eq(*n, &nexts[k])));
+    }
+    // A Talos call that acted but whose answer was lost (a timeout: the node or etcd went
+    // away while it answered) is the model's RemovalLost, and one refused (etcd refusing a
+    // reconfiguration it judges unsafe) its RemovalRefused: the same reconcile with that
+    // failure, whatever the failures spent so far.
+    let lost = match mv {
+        Move::Removal(i) if matched.is_empty() => {
+            let mut t = s.clone();
+            t.failures = 0;
+            let mut lost = conform::successors(model, &t);
+            lost.retain(|n| {
+                n.mv == Move::RemovalLost(i)
+                    || n.mv == Move::RemovalCrash(i)
+                    || n.mv == Move::RemovalRefused(i)
+            });
+            lost
+        }
+        _ => Vec::new(),
+    };
+    if !lost.is_empty() {
+        matched = lost
+            .iter()
+            .filter(|n| conform::model_view(model, &n.state) == seen)
+            .collect();
+        if let Some(n) = matched.last() {
+            trail.push(format!("  (the model's {:?})", n.mv));
+        }
+    }
+    let Some(next) = matched.last() else {
+        let expected: Vec<String> = nexts
+            .iter()
+            .filter(|n| n.mv == mv)
+            .map(|n| conform::differences(&conform::model_view(model, &n.state), &seen))
+            .map(|d| d.join("\n    "))
+            .collect();
+        return Err(format!(
+            "the real run left the model at `{said}`, after\n  {}\n\
+             the model's successors by that move differ from the real state:\n    {}",
+            trail.join("\n  "),
+            expected.join("\n  or\n    ")
+        ));
+    };
+    let mut next = Next {
+        mv: next.mv,
+        state: next.state.clone(),
+        effect: next.effect,
+    };
+    next.state.failures = next.state.failures.max(s.failures);
+    Ok(next)
+}
+
+/// The checks every state of a walk gets before its move: the real start is the model's,
+/// every request the model refuses the webhook refuses, and a reconcile the model says
+/// changes nothing changes nothing real.
+async fn check_state(
+    model: &Model<'_>,
+    real: &Real,
+    s: &State,
+    trail: &[String],
+) -> Result<(), String> {
+    let plan = model.objects.plan.unwrap_or(&[]);
+    let here = real.view(plan).await;
+    let expected = conform::model_view(model, s);
+    if here != expected {
+        return Err(format!(
+            "after\n  {}\nthe real state is not the model's:\n    {}",
+            trail.join("\n  "),
+            conform::differences(&expected, &here).join("\n    ")
+        ));
+    }
+    for req in conform::refused(model, s) {
+        let mv = Move::Admit {
+            req,
+            in_flight: false,
+        };
+        if real.request(model, s, req, false).await {
+            return Err(format!(
+                "after\n  {}\nthe webhook allows `{}`, which the model refuses",
+                trail.join("\n  "),
+                conform::describe(s, &mv)
+            ));
+        }
+    }
+    let nexts = conform::successors(model, s);
+    for i in conform::waiting_removals(s, &nexts) {
+        real.reconcile(&s.name(i)).await;
+        let after = real.view(plan).await;
+        if after != here {
+            return Err(format!(
+                "after\n  {}\nthe controller's reconcile of {} changed the real state where \
+                 the model's waits:\n    {}",
+                trail.join("\n  "),
+                s.name(i),
+                conform::differences(&here, &after).join("\n    ")
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// One seeded walk; `Err` with both traces when the real run leaves the model.
 async fn walk(table: &Table, seed: u64) -> Result<usize, String> {
     let model = Model::new(table, bounds()).expect("model");
-    let plan = model.objects.plan.unwrap_or(&[]);
     let mut s = conform::start(&model, 3).expect("a starting state");
-    let real = Real::of(&model, &s).await;
+    let real = Real::of(&model, &s, &shipped()).await;
     let mut rng = conform::Rng::new(seed);
     let mut trail: Vec<String> = Vec::new();
-    let first = real.view(plan).await;
-    let start = conform::model_view(&model, &s);
-    if first != start {
-        return Err(format!(
-            "seed {seed}: the real start is not the model's:\n{}",
-            conform::differences(&start, &first).join("\n")
-        ));
-    }
     for _ in 0..MOVES {
-        // What the model refuses here, the webhook refuses.
-        for req in conform::refused(&model, &s) {
-            let mv = Move::Admit {
-                req,
-                in_flight: false,
-            };
-            if real.request(&model, &s, req, false).await {
-                return Err(format!(
-                    "seed {seed}: after\n  {}\nthe webhook allows `{}`, which the model refuses",
-                    trail.join("\n  "),
-                    conform::describe(&s, &mv)
-                ));
-            }
-        }
-        let nexts = conform::successors(&model, &s);
-        // A reconcile the model says changes nothing changes nothing real either.
-        for i in conform::waiting_removals(&s, &nexts) {
-            let before = real.view(plan).await;
-            real.reconcile(&s.name(i)).await;
-            let after = real.view(plan).await;
-            if before != after {
-                return Err(format!(
-                    "seed {seed}: after\n  {}\nthe controller's reconcile of {} changed the real \
-                     state where the model's waits:\n    {}",
-                    trail.join("\n  "),
-                    s.name(i),
-                    conform::differences(&before, &after).join("\n    ")
-                ));
-            }
-        }
-        let mut choices: Vec<Move> = nexts
+        check_state(&model, &real, &s, &trail)
+            .await
+            .map_err(|e| format!("seed {seed}: {e}"))?;
+        let mut choices: Vec<Move> = conform::successors(&model, &s)
             .iter()
             .map(|n| n.mv)
             .filter(conform::replayable)
@@ -347,7 +474,9 @@ async fn walk(table: &Table, seed: u64) -> Result<usize, String> {
         // the declared count and failures, so walks go deep into removals.
         let weight = |m: &Move| match m {
             Move::Removal(_) => 12,
-            Move::Admit { req, .. } if matches!(req, Req::Count(_)) => 4,
+            Move::Admit {
+                req: Req::Count(_), ..
+            } => 4,
             Move::Admit { .. } => 6,
             _ => 1,
         };
@@ -361,41 +490,10 @@ async fn walk(table: &Table, seed: u64) -> Result<usize, String> {
             }
             at -= weight(m);
         }
-        let said = conform::describe(&s, &mv);
-        match mv {
-            Move::Admit { req, .. } => {
-                if !real.request(&model, &s, req, true).await {
-                    return Err(format!(
-                        "seed {seed}: after\n  {}\nthe webhook refuses `{said}`, which the model allows",
-                        trail.join("\n  ")
-                    ));
-                }
-            }
-            Move::Removal(i) => real.reconcile(&s.name(i)).await,
-            Move::NodeDies(i) => real.node_dies(&s.name(i)).await,
-            other => unreachable!("{other:?} is not replayed"),
-        }
-        trail.push(said.clone());
-        let seen = real.view(plan).await;
-        let matched = conform::matching(&model, &nexts, mv, &seen);
-        let Some(next) = matched.last() else {
-            let expected: Vec<String> = nexts
-                .iter()
-                .filter(|n| n.mv == mv)
-                .map(|n| conform::differences(&conform::model_view(&model, &n.state), &seen))
-                .map(|d| d.join("\n    "))
-                .collect();
-            return Err(format!(
-                "seed {seed}: the real run left the model at `{said}`, after\n  {}\n\
-                 the model's successors by that move differ from the real state:\n    {}",
-                trail.join("\n  "),
-                expected.join("\n  or\n    ")
-            ));
-        };
-        if std::env::var_os("ICHOR_CONFORMANCE_VERBOSE").is_some() {
-            eprintln!("{said}: {seen:#?}");
-        }
-        s = next.state.clone();
+        s = step(&model, &real, &s, mv, &mut trail)
+            .await
+            .map_err(|e| format!("seed {seed}: {e}"))?
+            .state;
     }
     eprintln!("seed {seed}:\n  {}", trail.join("\n  "));
     Ok(trail.len())
@@ -403,7 +501,7 @@ async fn walk(table: &Table, seed: u64) -> Result<usize, String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_walks_of_the_model_are_runs_of_the_real_controller() {
-    let table = table();
+    let table = table_of(&shipped());
     let walks: u64 = std::env::var("ICHOR_CONFORMANCE_WALKS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -432,4 +530,124 @@ async fn random_walks_of_the_model_are_runs_of_the_real_controller() {
     );
     assert!(done >= 1, "no walk ran within the budget");
     assert!(moves >= done, "the walks took {moves} moves");
+}
+
+/// A copy of the shipped rules with the statement starting `head` removed from `file`.
+fn weakened(name: &str, file: &str, head: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("conformance-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    for entry in std::fs::read_dir(shipped()).expect("rules/") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_none_or(|e| e != "rules") {
+            continue;
+        }
+        let mut text = std::fs::read_to_string(&path).expect("read");
+        if path.file_name().is_some_and(|f| f == file) {
+            let start = text.find(head).unwrap_or_else(|| panic!("no `{head}`"));
+            let end = text[start..]
+                .find("\n\n")
+                .map_or(text.len(), |e| start + e + 1);
+            text = format!("{}{}", &text[..start], &text[end..]);
+        }
+        std::fs::write(dir.join(path.file_name().expect("name")), text).expect("write");
+    }
+    dir
+}
+
+/// A counterexample of `verify` is a real story: without the `healthy-quorum` rule, the
+/// shortest replayable counterexample (a control plane's node dies, a healthy one is
+/// deleted and removed) is replayed step by step with the weakened rules in the webhook
+/// and the controller, every real step is the model's, and at its end the real etcd has
+/// lost its healthy majority as the model said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counterexample_of_verify_replays_as_a_real_loss_of_the_majority() {
+    let rules = weakened("healthy-quorum", "removal.rules", "rule healthy-quorum\n");
+    let table = table_of(&rules);
+    let model = Model::new(&table, bounds()).expect("model");
+    let checks: Vec<InvariantCheck> = table.invariants.iter().map(InvariantCheck::new).collect();
+    let start = conform::start(&model, 3).expect("a starting state");
+    let cx = conform::counterexample(&model, &checks, &start, 6)
+        .expect("verify refutes the rules without healthy-quorum");
+    assert_eq!(cx.invariant, "healthy-majority", "{}", cx.message);
+    {
+        let mut at = start.clone();
+        for (mv, next) in &cx.path {
+            eprintln!(
+                "cx: {} -> {:?}",
+                conform::describe(&at, mv),
+                conform::model_view(&model, next)
+            );
+            at = next.clone();
+        }
+    }
+    let real = Real::of(&model, &start, &rules).await;
+    let mut s = start;
+    let mut trail = Vec::new();
+    let mut broken = false;
+    for (mv, _) in &cx.path {
+        check_state(&model, &real, &s, &trail)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let next = step(&model, &real, &s, *mv, &mut trail)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        // The step the real run took is one the model calls a violation too.
+        let facts = Facts::of_transition(&Facts::of_state(&s), &next.state, &next.effect);
+        broken |= checks.iter().any(|c| {
+            c.meta.name == "healthy-majority"
+                && matches!(c.holds(&facts, next.state.concurrent), Outcome::Broken(_))
+        });
+        s = next.state;
+    }
+    if !broken {
+        // etcd itself refused the reconfiguration (its strict reconfiguration check, once
+        // it has seen the dead member go): the run is the model's refused call, and the
+        // majority held in both.
+        assert!(
+            trail.iter().any(|t| t.contains("RemovalRefused")),
+            "after\n  {}\nthe model's majority held along the real run, and no call was refused",
+            trail.join("\n  ")
+        );
+        eprintln!(
+            "replayed; etcd refused the leave:\n  {}",
+            trail.join("\n  ")
+        );
+        return;
+    }
+    // …and the real etcd cannot serve a linearizable read through any member that runs:
+    // its healthy majority is gone.
+    let etcd = &real.talos.etcd;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let serving = loop {
+        let mut serving = Vec::new();
+        for i in etcd.running() {
+            let port: u16 = etcd
+                .client_url(i)
+                .rsplit(':')
+                .next()
+                .and_then(|p| p.parse().ok())
+                .expect("a port");
+            let read = tokio::time::timeout(
+                Duration::from_secs(2),
+                crate::support::etcd::post(port, "/v3/kv/range", json!({"key": "YQ=="})),
+            )
+            .await;
+            if matches!(read, Ok(Ok(_))) {
+                serving.push(etcd.name(i));
+            }
+        }
+        if serving.is_empty() || Instant::now() > deadline {
+            break serving;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        serving.is_empty(),
+        "after\n  {}\nthe real etcd still serves reads through {serving:?} ({})",
+        trail.join("\n  "),
+        cx.message
+    );
+    eprintln!("replayed:\n  {}\n{}", trail.join("\n  "), cx.message);
 }

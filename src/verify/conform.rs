@@ -114,10 +114,7 @@ pub fn model_view(model: &Model<'_>, s: &State) -> View {
     };
     View {
         machines,
-        count: model
-            .objects
-            .cluster(s)
-            .map(|c| c.spec.control_plane.count),
+        count: model.objects.cluster(s).map(|c| c.spec.control_plane.count),
         members,
         lock,
     }
@@ -202,6 +199,65 @@ pub fn waiting_removals(s: &State, nexts: &[Next]) -> Vec<u8> {
         .collect()
 }
 
+/// A violated invariant: its name, its message, and the moves from the start to it (each
+/// with the state it led to).
+pub struct Counterexample {
+    pub invariant: String,
+    pub message: String,
+    pub path: Vec<(Move, State)>,
+}
+
+/// The shortest story from `start` that breaks one of `checks`, through replayable moves
+/// only, at most `depth` moves long: the counterexamples a real run can replay (the
+/// explorer's own may start elsewhere or take moves a real run here cannot).
+pub fn counterexample(
+    model: &Model<'_>,
+    checks: &[super::invariant::InvariantCheck],
+    start: &State,
+    depth: usize,
+) -> Option<Counterexample> {
+    use super::invariant::{Facts, Outcome};
+    let broken = |f: &Facts, concurrent: bool| {
+        checks.iter().find_map(|c| match c.holds(f, concurrent) {
+            Outcome::Broken(m) => Some((c.meta.name.clone(), m)),
+            Outcome::Holds { .. } => None,
+        })
+    };
+    let mut seen = std::collections::HashSet::new();
+    let mut layer: Vec<(State, Vec<(Move, State)>)> = vec![(start.clone(), Vec::new())];
+    seen.insert(start.clone());
+    for _ in 0..depth {
+        let mut next_layer = Vec::new();
+        for (s, path) in &layer {
+            let before = Facts::of_state(s);
+            for n in successors(model, s) {
+                if !replayable(&n.mv) {
+                    continue;
+                }
+                let mut p = path.clone();
+                p.push((n.mv, n.state.clone()));
+                let found = broken(
+                    &Facts::of_transition(&before, &n.state, &n.effect),
+                    n.state.concurrent,
+                )
+                .or_else(|| broken(&Facts::of_state(&n.state), n.state.concurrent));
+                if let Some((invariant, message)) = found {
+                    return Some(Counterexample {
+                        invariant,
+                        message,
+                        path: p,
+                    });
+                }
+                if seen.insert(n.state.clone()) {
+                    next_layer.push((n.state, p));
+                }
+            }
+        }
+        layer = next_layer;
+    }
+    None
+}
+
 /// A move in words, with the machines' names.
 pub fn describe(s: &State, mv: &Move) -> String {
     let name = |i: &u8| s.name(*i);
@@ -236,14 +292,21 @@ pub fn differences(model: &View, real: &View) -> Vec<String> {
         ));
     }
     if model.lock != real.lock {
-        out.push(format!("lock: model {:?}, real {:?}", model.lock, real.lock));
+        out.push(format!(
+            "lock: model {:?}, real {:?}",
+            model.lock, real.lock
+        ));
     }
     let names: std::collections::BTreeSet<&String> =
         model.machines.keys().chain(real.machines.keys()).collect();
     for n in names {
         match (model.machines.get(n), real.machines.get(n)) {
             (Some(a), Some(b)) if a != b => {
-                out.push(format!("{n}: model {a:?}\n{:>w$}real  {b:?}", "", w = n.len() + 2));
+                out.push(format!(
+                    "{n}: model {a:?}\n{:>w$}real  {b:?}",
+                    "",
+                    w = n.len() + 2
+                ));
             }
             (Some(_), None) => out.push(format!("{n}: in the model only")),
             (None, Some(_)) => out.push(format!("{n}: in the real run only")),

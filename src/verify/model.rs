@@ -493,6 +493,8 @@ pub enum Move {
     RemovalLost(u8),
     /// That reconcile, where the controller crashed right after a call that acted.
     RemovalCrash(u8),
+    /// That reconcile, where a call that would act was refused (nothing changed).
+    RemovalRefused(u8),
     /// The controller reconciles an operation.
     Operation(u8),
     /// The controller lets a deleted TalosCluster go (no machine refers to it).
@@ -509,9 +511,11 @@ impl Move {
     pub fn progresses_alone(&self) -> bool {
         match self {
             Move::Admit { req, .. } => matches!(req, Req::Collect(_)),
-            Move::NodeDies(_) | Move::PdbBlocks | Move::RemovalLost(_) | Move::RemovalCrash(_) => {
-                false
-            }
+            Move::NodeDies(_)
+            | Move::PdbBlocks
+            | Move::RemovalLost(_)
+            | Move::RemovalCrash(_)
+            | Move::RemovalRefused(_) => false,
             _ => true,
         }
     }
@@ -2088,16 +2092,23 @@ impl<'t> Model<'t> {
                     (
                         Faults {
                             lose: Some(k),
-                            crash: None,
+                            ..Faults::default()
                         },
                         Move::RemovalLost(idx),
                     ),
                     (
                         Faults {
-                            lose: None,
                             crash: Some(k),
+                            ..Faults::default()
                         },
                         Move::RemovalCrash(idx),
+                    ),
+                    (
+                        Faults {
+                            refuse: Some(k),
+                            ..Faults::default()
+                        },
+                        Move::RemovalRefused(idx),
                     ),
                 ] {
                     let (mut u, _, e, _, _) = run(faults, fired, memo);

@@ -313,7 +313,10 @@ fn text_of(
             };
             ("controller", t)
         }
-        Move::Removal(i) | Move::RemovalLost(i) | Move::RemovalCrash(i) => {
+        Move::Removal(i)
+        | Move::RemovalLost(i)
+        | Move::RemovalCrash(i)
+        | Move::RemovalRefused(i) => {
             let name = s.name(i);
             let before = s.machines.get(usize::from(i)).map_or(0, |m| m.done);
             let after_done = n
@@ -356,6 +359,9 @@ fn text_of(
                 Move::RemovalCrash(_) => {
                     t.push_str("; the controller crashed right after a Talos call that acted")
                 }
+                Move::RemovalRefused(_) => t.push_str(
+                    "; a Talos call that would have acted was refused, and nothing changed",
+                ),
                 _ => {}
             }
             ("controller", t)

@@ -34,6 +34,9 @@ pub struct Faults {
     pub lose: Option<u8>,
     /// It lands, and the controller crashes right after.
     pub crash: Option<u8>,
+    /// It does not land: the node (or etcd, refusing a reconfiguration it judges unsafe)
+    /// answers with an error, and nothing changed.
+    pub refuse: Option<u8>,
 }
 
 /// The etcd member ID of machine `i` of `t`: stable for the machine (from its stable name).
@@ -362,10 +365,20 @@ impl World for ModelWorld<'_> {
                 detail: "no node answers there".into(),
             })));
         };
+        let refusing = call.acts() && self.faults.refuse == Some(self.acts);
+        let undo = refusing.then(|| (self.t.clone(), self.effect));
         let answer = self.call(j, call);
         if call.acts() && answer.is_ok() {
             let n = self.acts;
             self.acts = self.acts.saturating_add(1);
+            if let Some((t, effect)) = undo {
+                (self.t, self.effect) = (t, effect);
+                return Ok(Err(self.failed(
+                    j,
+                    tonic::Code::FailedPrecondition,
+                    "refused: nothing changed",
+                )));
+            }
             if self.faults.crash == Some(n) {
                 return Err(Crash);
             }
