@@ -25,6 +25,20 @@ const WAIT: Duration = Duration::from_secs(40);
 struct World {
     api: ApiServer,
     talos: TalosApi,
+    /// Each controller's step log (`serve --step-log`): checked against the model
+    /// (`verify --check-trace`) when the scenario ends without a failure.
+    logs: std::sync::Mutex<Vec<std::path::PathBuf>>,
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        for log in self.logs.lock().expect("logs").iter() {
+            assert_step_log_checks(log);
+        }
+    }
 }
 
 impl World {
@@ -33,7 +47,11 @@ impl World {
         let talos = TalosApi::start(etcd).await;
         let api = ApiServer::start().await;
         api.insert(cluster("prod", count));
-        let w = World { api, talos };
+        let w = World {
+            api,
+            talos,
+            logs: Default::default(),
+        };
         for (i, n) in names.iter().enumerate() {
             w.add_objects(n, i);
         }
@@ -64,7 +82,9 @@ impl World {
     }
 
     fn ctx(&self, identity: &str) -> Arc<ichor_rules::runtime::controller::Context> {
-        context(&self.api, identity, Some(Arc::new(self.talos.tls())))
+        let log = step_log_path(identity);
+        self.logs.lock().expect("logs").push(log.clone());
+        context_logged(&self.api, identity, Some(Arc::new(self.talos.tls())), &log)
     }
 
     async fn members(&self) -> BTreeSet<String> {
@@ -922,4 +942,122 @@ async fn a_hostname_that_is_not_the_members_name_does_not_skip_the_leave() {
         assert_eq!(w.talos.calls_to("EtcdLeaveCluster", other), 0, "{other}");
         assert_eq!(w.talos.by_name(other).resets(), 0, "{other}");
     }
+}
+
+/// `verify --check-trace` on the controller's own step log of a removal: the log as written
+/// is a behaviour of the model; the same log with one recorded answer changed (etcd listing
+/// the departing member's leave as not done), one decision changed, or cut in the middle of
+/// a reconcile is judged as such; a line that is not a step-log line is bad input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controllers_step_log_is_checked_against_the_model() {
+    let mut w = World::start(&["cp-1", "cp-2", "cp-3"], 3).await;
+    let log = step_log_path("traced");
+    let c = Running::start(context_logged(
+        &w.api,
+        "traced",
+        Some(Arc::new(w.talos.tls())),
+        &log,
+    ));
+    w.finalized(&["cp-1", "cp-2", "cp-3"]).await;
+    w.add_control_plane("cp-4").await;
+    w.finalized(&["cp-4"]).await;
+    delete(&w.api, "TalosMachine", "cp-1").await;
+    wait_for("cp-1 removed", WAIT, || w.machine("cp-1").is_none()).await;
+    // The release is logged once its answer is in.
+    wait_for("the release logged", WAIT, || {
+        std::fs::read_to_string(&log).is_ok_and(|t| t.contains("\"op\":\"release_finalizer\""))
+    })
+    .await;
+    c.kill().await;
+    let text = std::fs::read_to_string(&log).expect("the step log");
+    let check = |name: &str, text: &str| {
+        let path = step_log_path(name);
+        std::fs::write(&path, text).expect("write");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ichor-rules"))
+            .args(["verify", "rules", "--check-trace"])
+            .arg(&path)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("runs");
+        (
+            out.status.code(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let (code, said) = check("as-written", &text);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("a behaviour of the model"), "{said}");
+    for op in [
+        "\"op\":\"release_finalizer\"",
+        "\"call\":\"EtcdLeaveCluster\"",
+        "\"op\":\"drain\"",
+    ] {
+        assert!(text.contains(op), "the log records {op}");
+    }
+
+    // A decision recorded otherwise than the rules decide it.
+    let decided = text
+        .lines()
+        .position(|l| l.contains("\"op\":\"decided\"") && l.contains("\"verdict\":\"allow\""))
+        .expect("an allowed decision");
+    let tampered: Vec<String> = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| {
+            if i == decided {
+                l.replace("\"verdict\":\"allow\"", "\"verdict\":\"refuse\"")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    let (code, said) = check("decision", &(tampered.join("\n") + "\n"));
+    assert_eq!(code, Some(1), "{said}");
+    assert!(
+        said.contains(&format!("line {}:", decided + 1)) && said.contains("decided"),
+        "{said}"
+    );
+
+    // etcd answering that the departing member is a learner's ID elsewhere: the executor
+    // then asks otherwise than the run did.
+    let listed = text
+        .lines()
+        .position(|l| {
+            l.contains("\"call\":\"EtcdMemberList\"") && l.contains("\"hostname\":\"cp-1\"")
+        })
+        .expect("a member list naming cp-1");
+    let tampered: Vec<String> = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| {
+            if i == listed {
+                l.replace("\"hostname\":\"cp-1\"", "\"hostname\":\"cp-9\"")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    let (code, said) = check("answer", &(tampered.join("\n") + "\n"));
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("not a behaviour of the model"), "{said}");
+
+    // Cut in the middle of the reconcile that released the finalizer: a controller stopped
+    // there, which the model explores.
+    let release = text
+        .lines()
+        .position(|l| l.contains("\"op\":\"release_finalizer\""))
+        .expect("a release");
+    let cut: Vec<&str> = text.lines().take(release).collect();
+    let (code, said) = check("cut", &(cut.join("\n") + "\n"));
+    assert_eq!(code, Some(0), "{said}");
+    assert!(!said.contains(" 0 cut short"), "{said}");
+
+    // Not a step log.
+    let (code, said) = check("garbage", &format!("{}\n{{\"nonsense\": 1}}\n", cut[0]));
+    assert_eq!(code, Some(2), "{said}");
+    assert!(said.contains("line 2"), "{said}");
 }

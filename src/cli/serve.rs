@@ -84,6 +84,12 @@ pub struct ServeArgs {
     /// cluster without one gets no Talos work (Removal=False NoTalosCredentials).
     #[arg(long)]
     pub talosconfig: Option<PathBuf>,
+    /// Append every removal reconcile's steps to this file, one JSON object per line: the
+    /// state read, each Talos call and its answer, the decision, each effect and the
+    /// outcome (`ichor-rules verify RULES --check-trace FILE` checks such a log against the
+    /// model). Objects read are written as read (status, spec; never a Secret).
+    #[arg(long, value_name = "FILE")]
+    pub step_log: Option<PathBuf>,
     /// Use --talosconfig for every TalosCluster that names no `spec.talosConfigSecretRef`
     /// (an explicit opt-in; a cluster that names one always uses its own).
     #[arg(long, requires = "talosconfig")]
@@ -217,6 +223,7 @@ fn config(a: &ServeArgs) -> OperatorConfig {
         identity: a.identity.clone(),
         lease_namespace: a.lease_namespace.clone(),
         talosconfig: a.talosconfig.clone(),
+        step_log: a.step_log.clone(),
         talosconfig_for_all_clusters: a.talosconfig_for_all_clusters,
         controller_username: a.controller_username.clone(),
         no_controller: a.no_controller,

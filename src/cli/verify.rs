@@ -56,6 +56,63 @@ pub struct VerifyArgs {
     /// invariants, each one's also as DIR/<invariant>/step-N/.
     #[arg(long, value_name = "DIR")]
     pub emit_fixtures: Option<PathBuf>,
+    /// Instead of exploring: check a step log the controller wrote (`serve --step-log`)
+    /// against the model's controller with these rules. Every reconcile is replayed through
+    /// the executor in a world that answers what the log recorded; exit 0 when the executor
+    /// asks, decides and does the same at every line, 1 at the first line where it does
+    /// not, 2 when the log cannot be read.
+    #[arg(long, value_name = "FILE")]
+    pub check_trace: Option<PathBuf>,
+}
+
+/// `verify --check-trace FILE`.
+fn check_trace(args: &VerifyArgs, table: &crate::compile::Table, file: &std::path::Path) -> u8 {
+    use crate::runtime::exec::trace::{NotABehaviour, check};
+    let text = match std::fs::read_to_string(file) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: --check-trace {}: {e}", file.display());
+            return EXIT_BAD_INPUT;
+        }
+    };
+    let json = matches!(args.format, Format::Json);
+    match check(table, &text) {
+        Ok(c) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "behaviour": true,
+                        "reconciles": c.reconciles,
+                        "cut": c.cut,
+                        "lines": c.lines,
+                    })
+                );
+            } else {
+                println!(
+                    "a behaviour of the model: {} reconcile(s) replayed to their end, {} cut short \
+                     (a controller stopped there), {} line(s)",
+                    c.reconciles, c.cut, c.lines
+                );
+            }
+            EXIT_OK
+        }
+        Err(NotABehaviour::Differs(why)) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"behaviour": false, "difference": why})
+                );
+            } else {
+                println!("not a behaviour of the model: {why}");
+            }
+            EXIT_FINDINGS
+        }
+        Err(NotABehaviour::Unreadable(why)) => {
+            eprintln!("error: --check-trace {}: {why}", file.display());
+            EXIT_BAD_INPUT
+        }
+    }
 }
 
 pub fn run(args: &VerifyArgs, paths: &[PathBuf]) -> u8 {
@@ -74,6 +131,9 @@ pub fn run(args: &VerifyArgs, paths: &[PathBuf]) -> u8 {
         );
         return EXIT_BAD_INPUT;
     };
+    if let Some(file) = &args.check_trace {
+        return check_trace(args, table, file);
+    }
     if let Some(why) = crate::verify::model::unsupported(table) {
         eprintln!("error: {why}");
         return EXIT_BAD_INPUT;

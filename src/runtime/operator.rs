@@ -41,6 +41,8 @@ pub struct OperatorConfig {
     pub identity: String,
     pub lease_namespace: String,
     pub talosconfig: Option<PathBuf>,
+    /// `serve --step-log`.
+    pub step_log: Option<PathBuf>,
     pub talosconfig_for_all_clusters: bool,
     pub controller_username: Option<String>,
     pub no_controller: bool,
@@ -391,13 +393,25 @@ async fn serve(args: &OperatorConfig, rules: Arc<Rules>) -> Result<(), StartErro
             read_timeout: Duration::from_millis(args.read_timeout_ms),
             ..Settings::default()
         };
-        let ctx = Arc::new(Context::new(
+        let mut ctx = Context::new(
             client.clone(),
             rules.clone(),
             talos,
             settings,
             metrics.clone(),
-        ));
+        );
+        if let Some(path) = &args.step_log {
+            match crate::runtime::exec::trace::StepLog::open(path) {
+                Ok(log) => ctx = ctx.with_step_log(Arc::new(log)),
+                Err(e) => {
+                    return Err(StartError::new(format!(
+                        "--step-log {}: {e}; give a file this process may append to",
+                        path.display()
+                    )));
+                }
+            }
+        }
+        let ctx = Arc::new(ctx);
         let leading = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let task = {
             let (ctx, leading) = (ctx.clone(), leading.clone());

@@ -376,7 +376,7 @@ impl TalosContext {
 }
 
 /// An etcd member as a Talos node lists it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct EtcdMember {
     /// The etcd member ID.
     pub id: u64,
@@ -391,7 +391,7 @@ pub struct EtcdMember {
 }
 
 /// The status of one node's etcd member.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct EtcdStatus {
     /// This member's ID.
     pub member_id: u64,

@@ -60,6 +60,61 @@ pub fn rules() -> Arc<Rules> {
     rules
 }
 
+/// A new step-log file for a controller of this test (`serve --step-log`), empty.
+pub fn step_log_path(identity: &str) -> std::path::PathBuf {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "steps-{identity}-{}-{}.ndjson",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    ));
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
+/// `ichor-rules verify rules/ --check-trace <log>`: the controller's own step log is a
+/// behaviour of the model (a failure quotes the checker's words and the log's path).
+pub fn assert_step_log_checks(log: &std::path::Path) {
+    // A controller that never reconciled a removal wrote nothing.
+    if std::fs::metadata(log).map_or(true, |m| m.len() == 0) {
+        return;
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ichor-rules"))
+        .args(["verify", "rules", "--check-trace"])
+        .arg(log)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("the binary runs");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "the step log {} is not a behaviour of the model:\n{}{}",
+        log.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// [`context`], logging every removal step to `log` (`serve --step-log`).
+pub fn context_logged(
+    api: &ApiServer,
+    identity: &str,
+    talos: Option<Arc<TalosTls>>,
+    log: &std::path::Path,
+) -> Arc<Context> {
+    let steps = ichor_rules::runtime::exec::trace::StepLog::open(log).expect("a step log");
+    Arc::new(
+        Context::new(
+            api.client(),
+            rules(),
+            talos,
+            fast_settings(identity),
+            Arc::new(Metrics::default()),
+        )
+        .with_step_log(Arc::new(steps)),
+    )
+}
+
 pub fn context(api: &ApiServer, identity: &str, talos: Option<Arc<TalosTls>>) -> Arc<Context> {
     Arc::new(Context::new(
         api.client(),

@@ -121,6 +121,9 @@ pub struct Context {
     /// What this replica has seen of the Leases it locks with, and when, on its own clock
     /// (`lock::Observations`): expiry never compares clocks of two replicas.
     pub leases: Arc<lock::Observations>,
+    /// Where each reconcile's steps are logged (`serve --step-log`), for
+    /// `verify --check-trace`.
+    pub steps: Option<Arc<crate::runtime::exec::trace::StepLog>>,
 }
 
 impl Context {
@@ -148,7 +151,14 @@ impl Context {
             recorder,
             legacy_locks_until: std::sync::Mutex::new(None),
             leases: Arc::default(),
+            steps: None,
         }
+    }
+
+    /// Logs every reconcile's steps to `log` ([`crate::runtime::exec::trace`]).
+    pub fn with_step_log(mut self, log: Arc<crate::runtime::exec::trace::StepLog>) -> Context {
+        self.steps = Some(log);
+        self
     }
 
     /// Holds disruptive work back until `until` (see [`Context::legacy_locks_left`]).

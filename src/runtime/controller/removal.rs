@@ -5,6 +5,7 @@
 
 use super::world::Live;
 use super::{Context, ReconcileError};
+use crate::runtime::exec::trace::Traced;
 use crate::runtime::exec::{self, Outcome, Timing};
 use crate::runtime::objects::TalosMachine;
 use kube::runtime::controller::Action;
@@ -27,8 +28,23 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
     let Some(table) = ctx.rules.current() else {
         return Err(ReconcileError::NoRules);
     };
-    let mut world = Live::new(ctx, m.namespace(), Some(m.name()));
-    let outcome = exec::removal::reconcile(&mut world, &table, &timing(ctx), m).await;
+    let world = Live::new(ctx, m.namespace(), Some(m.name()));
+    let timing = timing(ctx);
+    let (outcome, mut world) = match &ctx.steps {
+        // Every step logged, for `verify --check-trace`.
+        Some(log) => {
+            let id = log.begin("removal", m, &timing);
+            let mut traced = Traced::new(world, log, id);
+            let outcome = exec::removal::reconcile(&mut traced, &table, &timing, m).await;
+            log.end(id, &outcome);
+            (outcome, traced.inner)
+        }
+        None => {
+            let mut world = world;
+            let outcome = exec::removal::reconcile(&mut world, &table, &timing, m).await;
+            (outcome, world)
+        }
+    };
     // A lock still held here (an error ended the reconcile) is kept: the work resumes it,
     // or it expires after the lock duration.
     world.keep_lock();

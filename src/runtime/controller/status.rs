@@ -23,6 +23,18 @@ pub fn set(
     reason: &str,
     message: &str,
 ) -> bool {
+    set_at(Timestamp::now(), conds, type_, status, reason, message)
+}
+
+/// [`set`] at the time `at` (a procedure's world's clock: `exec::World::now`).
+pub fn set_at(
+    at: Timestamp,
+    conds: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+) -> bool {
     let status = if status { "True" } else { "False" };
     match conds.iter_mut().find(|c| c.type_ == type_) {
         Some(c) => {
@@ -33,7 +45,7 @@ pub fn set(
                 return false;
             }
             if c.status != status {
-                c.last_transition_time = Some(Time(Timestamp::now()));
+                c.last_transition_time = Some(Time(at));
             }
             c.status = status.into();
             c.reason = Some(reason.into());
@@ -46,7 +58,7 @@ pub fn set(
                 status: status.into(),
                 reason: Some(reason.into()),
                 message: Some(message.into()),
-                last_transition_time: Some(Time(Timestamp::now())),
+                last_transition_time: Some(Time(at)),
             });
             true
         }

@@ -16,6 +16,7 @@
 pub mod etcd;
 pub mod removal;
 pub mod rules;
+pub mod trace;
 
 use crate::interp::Decision;
 use crate::runtime::live::Reads;
@@ -38,7 +39,7 @@ pub enum NodeError {
 }
 
 /// Where a drain stands.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Drained {
     /// Cordoned and no pod left to evict (or there is no such Node).
     Done,
@@ -59,7 +60,7 @@ pub enum Node<'a> {
 }
 
 /// A Talos machine-API call (the names are Talos' own: `../shared/TALOS-API.md`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Call {
     Version,
     EtcdMemberList,
@@ -97,7 +98,7 @@ impl Call {
 }
 
 /// What a Talos call answered.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Reply {
     Version(String),
     Members(Vec<EtcdMember>),
@@ -106,7 +107,7 @@ pub enum Reply {
 }
 
 /// A lock operation on the cluster lock, for the work being reconciled.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum LockOp {
     /// Take it (the same work resumes its own lock).
     Take,

@@ -103,7 +103,8 @@ pub async fn reconcile<W: World>(
              stop before etcd"
         );
         let mut next = m.clone();
-        if status::set(
+        if status::set_at(
+            w.now(),
             next.conditions_mut(),
             REMOVAL,
             false,
@@ -125,7 +126,8 @@ pub async fn reconcile<W: World>(
         }
         let mut next = m.clone();
         let msg = format!("waiting for the cluster lock, held by {holder}");
-        status::set(
+        status::set_at(
+            w.now(),
             next.conditions_mut(),
             REMOVAL,
             false,
@@ -195,7 +197,14 @@ pub async fn reconcile<W: World>(
                 _ => {}
             }
             unlock(w, cluster, LockOp::Release).await?;
-            let changed = status::set(next.conditions_mut(), REMOVAL, false, &reason, &message);
+            let changed = status::set_at(
+                w.now(),
+                next.conditions_mut(),
+                REMOVAL,
+                false,
+                &reason,
+                &message,
+            );
             w.write_status(live, &next).await?;
             if changed {
                 w.note(live, Note::Info(&format!("removal refused: {message}")));
@@ -224,7 +233,14 @@ pub async fn reconcile<W: World>(
                 "removing the control plane: the removal rules let it through",
             )
         };
-        status::set(next.conditions_mut(), REMOVAL, true, reason, message);
+        status::set_at(
+            w.now(),
+            next.conditions_mut(),
+            REMOVAL,
+            true,
+            reason,
+            message,
+        );
         set_progress(&mut next, p.clone());
         save(w, live, &mut next).await?;
     }
@@ -233,7 +249,14 @@ pub async fn reconcile<W: World>(
     let Some(plan) = table.plan(Verb::Remove, Subject::ControlPlane) else {
         unlock(w, cluster, LockOp::Release).await?;
         let msg = "the rules have no `plan remove controlplane`; nothing is removed until they do";
-        status::set(next.conditions_mut(), REMOVAL, false, "NoPlan", msg);
+        status::set_at(
+            w.now(),
+            next.conditions_mut(),
+            REMOVAL,
+            false,
+            "NoPlan",
+            msg,
+        );
         w.write_status(live, &next).await?;
         return Ok(requeue(timing.refused_requeue, on("NoPlan")));
     };
@@ -247,7 +270,8 @@ pub async fn reconcile<W: World>(
             Ok(x) => x,
             Err(why) => {
                 unlock(w, cluster, LockOp::Release).await?;
-                status::set(
+                status::set_at(
+                    w.now(),
                     next.conditions_mut(),
                     REMOVAL,
                     false,
@@ -285,7 +309,14 @@ pub async fn reconcile<W: World>(
                 event,
             } => {
                 let began = next.removal_reason() != Some(reason);
-                status::set(next.conditions_mut(), REMOVAL, false, reason, &message);
+                status::set_at(
+                    w.now(),
+                    next.conditions_mut(),
+                    REMOVAL,
+                    false,
+                    reason,
+                    &message,
+                );
                 set_progress(&mut next, p.clone());
                 save(w, live, &mut next).await?;
                 if began && let Some((ev_reason, note)) = event {
@@ -375,7 +406,14 @@ async fn release_if_not_member<W: World>(
         None => message,
     };
     let mut next = m.clone();
-    status::set(next.conditions_mut(), REMOVAL, false, reason, &message);
+    status::set_at(
+        w.now(),
+        next.conditions_mut(),
+        REMOVAL,
+        false,
+        reason,
+        &message,
+    );
     w.write_status(m, &next).await?;
     Ok(requeue(timing.refused_requeue, on(reason)))
 }
@@ -783,7 +821,8 @@ async fn execute<W: World>(
                     event: None,
                 });
             }
-            status::set(
+            status::set_at(
+                w.now(),
                 next.conditions_mut(),
                 REMOVAL,
                 true,

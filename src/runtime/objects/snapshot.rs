@@ -3,7 +3,7 @@
 use super::{TalosCluster, TalosMachine, TalosOperation};
 
 /// The live objects a decision is made against.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Snapshot {
     pub machines: Vec<TalosMachine>,
     pub clusters: Vec<TalosCluster>,

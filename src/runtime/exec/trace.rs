@@ -1,0 +1,887 @@
+//! Step logs: everything a procedure asked of its world and everything the world answered,
+//! one JSON object per line (NDJSON), and the replay that checks such a log against the
+//! executor.
+//!
+//! The controller writes one when `serve --step-log FILE` is given ([`Traced`] wraps its
+//! world): each reconcile's lines carry its number (reconciles of different objects
+//! interleave), from `begin` (the procedure, the object as the watch gave it, the timing)
+//! through every read (the state read, with the objects), Talos call and answer, lock,
+//! drain, status write, finalizer release, event, decision (its verdict and deciding rules)
+//! and plan step, to `end` (the outcome). A reconcile cut short (the process killed) has no
+//! `end`.
+//!
+//! [`check`] (`ichor-rules verify RULES --check-trace FILE`) replays every reconcile of a
+//! log through the executor with the given rules, in a world that answers exactly what the
+//! log recorded ([`Replay`]): the run is a behaviour of the model's controller when the
+//! executor asks for the same things in the same order, decides the same, takes the same
+//! steps and ends the same. The first difference is reported with its line. A reconcile
+//! whose log ends early is a controller stopped there, which the model explores too. What
+//! the world answered is taken as recorded: that the model's world answers the same is
+//! what the conformance replay checks (`tests/conformance.rs`).
+
+use super::{Call, Drained, LockOp, Node, NodeError, Note, Outcome, Reply, Timing, World, removal};
+use crate::runtime::live::Reads;
+use crate::runtime::objects::{Snapshot, TalosMachine};
+use crate::runtime::talos::TalosError;
+use k8s_openapi::jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// One line of a step log.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Line {
+    /// The reconcile it belongs to.
+    pub reconcile: u64,
+    #[serde(flatten)]
+    pub entry: Entry,
+}
+
+/// What a line records. `answer` is what the world answered: `Err` is the world's own
+/// failure (an API error), which ends the reconcile.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Entry {
+    Begin {
+        procedure: String,
+        object: Value,
+        timing: TimingRec,
+    },
+    Now {
+        at: String,
+    },
+    Credentials {
+        cluster: String,
+        answer: Result<(), String>,
+    },
+    Talos {
+        cluster: String,
+        node: NodeRec,
+        call: Call,
+        answer: Result<Result<Reply, NodeErrorRec>, String>,
+    },
+    Lock {
+        cluster: String,
+        lock: LockOp,
+        answer: Result<Result<(), String>, String>,
+    },
+    Read {
+        cluster: String,
+        reads: ReadsRec,
+        answer: Result<Value, String>,
+    },
+    Drain {
+        node: String,
+        answer: Result<Result<Drained, String>, String>,
+    },
+    WriteStatus {
+        machine: String,
+        status: Value,
+        answer: Result<Option<String>, String>,
+    },
+    ReleaseFinalizer {
+        machine: String,
+        answer: Result<(), String>,
+    },
+    Event {
+        machine: String,
+        warning: bool,
+        reason: String,
+        note: String,
+    },
+    Decided {
+        verdict: String,
+        rules: Vec<String>,
+    },
+    Fact {
+        fact: String,
+        value: i64,
+    },
+    Step {
+        k: usize,
+        text: String,
+    },
+    End {
+        outcome: String,
+    },
+}
+
+impl Entry {
+    fn op(&self) -> &'static str {
+        match self {
+            Entry::Begin { .. } => "begin",
+            Entry::Now { .. } => "now",
+            Entry::Credentials { .. } => "credentials",
+            Entry::Talos { .. } => "talos",
+            Entry::Lock { .. } => "lock",
+            Entry::Read { .. } => "read",
+            Entry::Drain { .. } => "drain",
+            Entry::WriteStatus { .. } => "write_status",
+            Entry::ReleaseFinalizer { .. } => "release_finalizer",
+            Entry::Event { .. } => "event",
+            Entry::Decided { .. } => "decided",
+            Entry::Fact { .. } => "fact",
+            Entry::Step { .. } => "step",
+            Entry::End { .. } => "end",
+        }
+    }
+}
+
+/// Which node a call went to: the machine's own endpoint, or a host through a machine.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeRec {
+    Endpoint { machine: String },
+    Via { machine: String, host: String },
+}
+
+impl NodeRec {
+    fn of(node: Node<'_>) -> NodeRec {
+        match node {
+            Node::Endpoint(m) => NodeRec::Endpoint { machine: key(m) },
+            Node::Via(m, host) => NodeRec::Via {
+                machine: key(m),
+                host: host.to_string(),
+            },
+        }
+    }
+}
+
+/// `namespace/name` of a machine.
+fn key(m: &TalosMachine) -> String {
+    format!("{}/{}", m.namespace(), m.name())
+}
+
+/// A failed Talos call, as recorded.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeErrorRec {
+    NoCredentials(String),
+    NoEndpoint(String),
+    Config(String),
+    Unreachable {
+        endpoint: String,
+        node: Option<String>,
+        detail: String,
+    },
+    Failed {
+        endpoint: String,
+        node: Option<String>,
+        code: i32,
+        message: String,
+    },
+}
+
+impl NodeErrorRec {
+    fn of(e: &NodeError) -> NodeErrorRec {
+        match e {
+            NodeError::NoCredentials(w) => NodeErrorRec::NoCredentials(w.clone()),
+            NodeError::NoEndpoint(w) => NodeErrorRec::NoEndpoint(w.clone()),
+            NodeError::Talos(TalosError::Config(w)) => NodeErrorRec::Config(w.clone()),
+            NodeError::Talos(TalosError::Unreachable {
+                endpoint,
+                node,
+                detail,
+            }) => NodeErrorRec::Unreachable {
+                endpoint: endpoint.clone(),
+                node: node.clone(),
+                detail: detail.clone(),
+            },
+            NodeError::Talos(TalosError::Failed {
+                endpoint,
+                node,
+                code,
+                message,
+            }) => NodeErrorRec::Failed {
+                endpoint: endpoint.clone(),
+                node: node.clone(),
+                code: *code as i32,
+                message: message.clone(),
+            },
+        }
+    }
+
+    fn error(&self) -> NodeError {
+        match self.clone() {
+            NodeErrorRec::NoCredentials(w) => NodeError::NoCredentials(w),
+            NodeErrorRec::NoEndpoint(w) => NodeError::NoEndpoint(w),
+            NodeErrorRec::Config(w) => NodeError::Talos(TalosError::Config(w)),
+            NodeErrorRec::Unreachable {
+                endpoint,
+                node,
+                detail,
+            } => NodeError::Talos(TalosError::Unreachable {
+                endpoint,
+                node,
+                detail,
+            }),
+            NodeErrorRec::Failed {
+                endpoint,
+                node,
+                code,
+                message,
+            } => NodeError::Talos(TalosError::Failed {
+                endpoint,
+                node,
+                code: tonic::Code::from(code),
+                message,
+            }),
+        }
+    }
+}
+
+/// The kinds a read read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadsRec {
+    pub machines: bool,
+    pub clusters: bool,
+    pub operations: bool,
+}
+
+impl From<Reads> for ReadsRec {
+    fn from(r: Reads) -> ReadsRec {
+        ReadsRec {
+            machines: r.machines,
+            clusters: r.clusters,
+            operations: r.operations,
+        }
+    }
+}
+
+/// A procedure's intervals, in milliseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimingRec {
+    pub refused_requeue_ms: u64,
+    pub lock_retry_ms: u64,
+    pub drain_retry_ms: u64,
+    pub reset_settle_ms: u64,
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl From<&Timing> for TimingRec {
+    fn from(t: &Timing) -> TimingRec {
+        TimingRec {
+            refused_requeue_ms: ms(t.refused_requeue),
+            lock_retry_ms: ms(t.lock_retry),
+            drain_retry_ms: ms(t.drain_retry),
+            reset_settle_ms: ms(t.reset_settle),
+        }
+    }
+}
+
+impl From<TimingRec> for Timing {
+    fn from(t: TimingRec) -> Timing {
+        Timing {
+            refused_requeue: Duration::from_millis(t.refused_requeue_ms),
+            lock_retry: Duration::from_millis(t.lock_retry_ms),
+            drain_retry: Duration::from_millis(t.drain_retry_ms),
+            reset_settle: Duration::from_millis(t.reset_settle_ms),
+        }
+    }
+}
+
+/// How a reconcile ended, in the words both the log and its replay use.
+pub fn outcome_text<E>(o: &Result<Outcome, E>) -> String {
+    match o {
+        Ok(Outcome::Requeue { after, wait }) => format!("requeue after {}ms: {wait:?}", ms(*after)),
+        Ok(Outcome::AwaitChange) => "await change".into(),
+        Err(_) => "error".into(),
+    }
+}
+
+/// Where step logs go: one line per write, whole lines only.
+pub struct StepLog {
+    out: std::sync::Mutex<Box<dyn Write + Send>>,
+    next: AtomicU64,
+}
+
+impl StepLog {
+    pub fn new(out: Box<dyn Write + Send>) -> StepLog {
+        StepLog {
+            out: std::sync::Mutex::new(out),
+            next: AtomicU64::new(1),
+        }
+    }
+
+    /// Appends to `path` (created when missing).
+    pub fn open(path: &std::path::Path) -> std::io::Result<StepLog> {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        Ok(StepLog::new(Box::new(f)))
+    }
+
+    fn write(&self, reconcile: u64, entry: Entry) {
+        let line = Line { reconcile, entry };
+        let Ok(mut text) = serde_json::to_vec(&line) else {
+            return;
+        };
+        text.push(b'\n');
+        if let Ok(mut out) = self.out.lock() {
+            // A log that cannot be written never stops the controller; it says so once
+            // per failed write.
+            if let Err(e) = out.write_all(&text).and_then(|()| out.flush()) {
+                tracing::warn!(error = %e, "the step log could not be written");
+            }
+        }
+    }
+
+    /// A new reconcile of `object` by `procedure`: its number.
+    pub fn begin(&self, procedure: &str, object: &TalosMachine, timing: &Timing) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.write(
+            id,
+            Entry::Begin {
+                procedure: procedure.into(),
+                object: serde_json::to_value(object).unwrap_or(Value::Null),
+                timing: timing.into(),
+            },
+        );
+        id
+    }
+
+    pub fn end<E>(&self, id: u64, outcome: &Result<Outcome, E>) {
+        self.write(
+            id,
+            Entry::End {
+                outcome: outcome_text(outcome),
+            },
+        );
+    }
+}
+
+/// A world that logs everything it is asked and answers.
+pub struct Traced<'l, W> {
+    pub inner: W,
+    log: &'l StepLog,
+    id: u64,
+}
+
+impl<'l, W> Traced<'l, W> {
+    pub fn new(inner: W, log: &'l StepLog, id: u64) -> Traced<'l, W> {
+        Traced { inner, log, id }
+    }
+}
+
+fn err_text<E: std::fmt::Display>(e: &E) -> String {
+    e.to_string()
+}
+
+impl<W: World> World for Traced<'_, W>
+where
+    W::Error: std::fmt::Display,
+{
+    type Error = W::Error;
+
+    fn now(&self) -> Timestamp {
+        let at = self.inner.now();
+        self.log.write(self.id, Entry::Now { at: at.to_string() });
+        at
+    }
+
+    async fn credentials(&mut self, cluster: &str) -> Result<(), String> {
+        let answer = self.inner.credentials(cluster).await;
+        self.log.write(
+            self.id,
+            Entry::Credentials {
+                cluster: cluster.into(),
+                answer: answer.clone(),
+            },
+        );
+        answer
+    }
+
+    async fn talos(
+        &mut self,
+        cluster: &str,
+        node: Node<'_>,
+        call: Call,
+    ) -> Result<Result<Reply, NodeError>, Self::Error> {
+        let answer = self.inner.talos(cluster, node, call).await;
+        self.log.write(
+            self.id,
+            Entry::Talos {
+                cluster: cluster.into(),
+                node: NodeRec::of(node),
+                call,
+                answer: match &answer {
+                    Ok(Ok(r)) => Ok(Ok(r.clone())),
+                    Ok(Err(e)) => Ok(Err(NodeErrorRec::of(e))),
+                    Err(e) => Err(err_text(e)),
+                },
+            },
+        );
+        answer
+    }
+
+    async fn lock(&mut self, cluster: &str, op: LockOp) -> Result<Result<(), String>, Self::Error> {
+        let answer = self.inner.lock(cluster, op).await;
+        self.log.write(
+            self.id,
+            Entry::Lock {
+                cluster: cluster.into(),
+                lock: op,
+                answer: answer.as_ref().map(Clone::clone).map_err(err_text),
+            },
+        );
+        answer
+    }
+
+    async fn read(&mut self, cluster: &str, reads: Reads) -> Result<Arc<Snapshot>, Self::Error> {
+        let answer = self.inner.read(cluster, reads).await;
+        self.log.write(
+            self.id,
+            Entry::Read {
+                cluster: cluster.into(),
+                reads: reads.into(),
+                answer: match &answer {
+                    Ok(s) => Ok(serde_json::to_value(&**s).unwrap_or(Value::Null)),
+                    Err(e) => Err(err_text(e)),
+                },
+            },
+        );
+        answer
+    }
+
+    async fn drain(&mut self, node: &str) -> Result<Result<Drained, String>, Self::Error> {
+        let answer = self.inner.drain(node).await;
+        self.log.write(
+            self.id,
+            Entry::Drain {
+                node: node.into(),
+                answer: answer.as_ref().map(Clone::clone).map_err(err_text),
+            },
+        );
+        answer
+    }
+
+    async fn write_status(
+        &mut self,
+        before: &TalosMachine,
+        after: &TalosMachine,
+    ) -> Result<Option<String>, Self::Error> {
+        let answer = self.inner.write_status(before, after).await;
+        self.log.write(
+            self.id,
+            Entry::WriteStatus {
+                machine: key(after),
+                status: serde_json::to_value(&after.status).unwrap_or(Value::Null),
+                answer: answer.as_ref().map(Clone::clone).map_err(err_text),
+            },
+        );
+        answer
+    }
+
+    async fn release_finalizer(&mut self, m: &TalosMachine) -> Result<(), Self::Error> {
+        let answer = self.inner.release_finalizer(m).await;
+        self.log.write(
+            self.id,
+            Entry::ReleaseFinalizer {
+                machine: key(m),
+                answer: answer.as_ref().map(|_| ()).map_err(err_text),
+            },
+        );
+        answer
+    }
+
+    async fn event(&mut self, on: &TalosMachine, warning: bool, reason: &str, note: String) {
+        self.log.write(
+            self.id,
+            Entry::Event {
+                machine: key(on),
+                warning,
+                reason: reason.into(),
+                note: note.clone(),
+            },
+        );
+        self.inner.event(on, warning, reason, note).await;
+    }
+
+    fn note(&mut self, on: &TalosMachine, note: Note<'_>) {
+        if let Some(entry) = note_entry(&note) {
+            self.log.write(self.id, entry);
+        }
+        self.inner.note(on, note);
+    }
+}
+
+/// The notes a log keeps (decisions, facts, steps); log lines of the controller's own are
+/// not part of a run.
+fn note_entry(note: &Note<'_>) -> Option<Entry> {
+    match note {
+        Note::Decided(d) => Some(Entry::Decided {
+            verdict: match d.verdict() {
+                Some(v) => v.name().to_string(),
+                None => "allow".to_string(),
+            },
+            rules: d
+                .refusals
+                .iter()
+                .chain(&d.holds)
+                .chain(&d.warnings)
+                .map(|f| f.rule.clone())
+                .collect(),
+        }),
+        Note::Fact { fact, value, .. } => Some(Entry::Fact {
+            fact: fact.to_string(),
+            value: *value,
+        }),
+        Note::Step(k, text) => Some(Entry::Step {
+            k: *k,
+            text: (*text).to_string(),
+        }),
+        Note::Info(_) | Note::Warn(_) => None,
+    }
+}
+
+/// The replay stopped: the log ended, recorded a failure of the world, or differs.
+#[derive(Debug)]
+pub struct Stop;
+
+/// A world answering exactly what a log recorded, in order; the first thing asked that
+/// the log did not record is the divergence.
+pub struct Replay<'a> {
+    lines: &'a [(usize, Entry)],
+    at: std::cell::Cell<usize>,
+    /// The first difference: its line and what differed.
+    pub diverged: std::cell::RefCell<Option<String>>,
+    /// The log ended before the executor did: a controller stopped there.
+    pub cut: std::cell::Cell<bool>,
+}
+
+impl<'a> Replay<'a> {
+    pub fn new(lines: &'a [(usize, Entry)]) -> Replay<'a> {
+        Replay {
+            lines,
+            at: std::cell::Cell::new(0),
+            diverged: std::cell::RefCell::new(None),
+            cut: std::cell::Cell::new(false),
+        }
+    }
+
+    /// The entries not yet replayed.
+    pub fn rest(&self) -> &'a [(usize, Entry)] {
+        self.lines.get(self.at.get()..).unwrap_or(&[])
+    }
+
+    fn differ(&self, line: usize, text: String) {
+        let mut d = self.diverged.borrow_mut();
+        if d.is_none() {
+            *d = Some(format!("line {line}: {text}"));
+        }
+    }
+
+    /// The next entry, which must be `want`'s kind and satisfy `same`.
+    fn take(&self, want: &str, same: impl Fn(&Entry) -> Option<String>) -> Result<&'a Entry, Stop> {
+        if self.diverged.borrow().is_some() {
+            return Err(Stop);
+        }
+        let Some((line, entry)) = self.lines.get(self.at.get()) else {
+            self.cut.set(true);
+            return Err(Stop);
+        };
+        self.at.set(self.at.get() + 1);
+        if entry.op() != want {
+            self.differ(
+                *line,
+                format!(
+                    "the run recorded `{}`, where the executor asks for `{want}`",
+                    entry.op()
+                ),
+            );
+            return Err(Stop);
+        }
+        if let Some(why) = same(entry) {
+            self.differ(*line, why);
+            return Err(Stop);
+        }
+        Ok(entry)
+    }
+}
+
+fn differs<T: std::fmt::Debug + PartialEq>(what: &str, recorded: &T, asked: &T) -> Option<String> {
+    (recorded != asked)
+        .then(|| format!("the run's {what} was {recorded:?}, where the executor's is {asked:?}"))
+}
+
+impl World for Replay<'_> {
+    type Error = Stop;
+
+    fn now(&self) -> Timestamp {
+        match self.take("now", |_| None) {
+            Ok(Entry::Now { at }) => at.parse().unwrap_or(Timestamp::UNIX_EPOCH),
+            _ => Timestamp::UNIX_EPOCH,
+        }
+    }
+
+    async fn credentials(&mut self, cluster: &str) -> Result<(), String> {
+        match self.take("credentials", |e| match e {
+            Entry::Credentials { cluster: c, .. } => differs("cluster", c, &cluster.to_string()),
+            _ => None,
+        }) {
+            Ok(Entry::Credentials { answer, .. }) => answer.clone(),
+            _ => Err("the step log ends here".into()),
+        }
+    }
+
+    async fn talos(
+        &mut self,
+        cluster: &str,
+        node: Node<'_>,
+        call: Call,
+    ) -> Result<Result<Reply, NodeError>, Stop> {
+        let asked = NodeRec::of(node);
+        let entry = self.take("talos", |e| match e {
+            Entry::Talos {
+                cluster: c,
+                node: n,
+                call: k,
+                ..
+            } => differs("cluster", c, &cluster.to_string())
+                .or_else(|| differs("Talos call", k, &call))
+                .or_else(|| differs("node called", n, &asked)),
+            _ => None,
+        })?;
+        match entry {
+            Entry::Talos { answer, .. } => match answer {
+                Ok(Ok(r)) => Ok(Ok(r.clone())),
+                Ok(Err(e)) => Ok(Err(e.error())),
+                Err(_) => Err(Stop),
+            },
+            _ => Err(Stop),
+        }
+    }
+
+    async fn lock(&mut self, cluster: &str, op: LockOp) -> Result<Result<(), String>, Stop> {
+        let entry = self.take("lock", |e| match e {
+            Entry::Lock {
+                cluster: c,
+                lock: o,
+                ..
+            } => differs("cluster", c, &cluster.to_string()).or_else(|| differs("lock", o, &op)),
+            _ => None,
+        })?;
+        match entry {
+            Entry::Lock { answer: Ok(a), .. } => Ok(a.clone()),
+            _ => Err(Stop),
+        }
+    }
+
+    async fn read(&mut self, cluster: &str, reads: Reads) -> Result<Arc<Snapshot>, Stop> {
+        let asked = ReadsRec::from(reads);
+        let entry = self.take("read", |e| match e {
+            Entry::Read {
+                cluster: c,
+                reads: r,
+                ..
+            } => differs("cluster", c, &cluster.to_string()).or_else(|| differs("read", r, &asked)),
+            _ => None,
+        })?;
+        let line = self
+            .lines
+            .get(self.at.get().saturating_sub(1))
+            .map_or(0, |(l, _)| *l);
+        match entry {
+            Entry::Read { answer: Ok(v), .. } => match serde_json::from_value(v.clone()) {
+                Ok(s) => Ok(Arc::new(s)),
+                Err(e) => {
+                    self.differ(line, format!("the objects read cannot be read back: {e}"));
+                    Err(Stop)
+                }
+            },
+            _ => Err(Stop),
+        }
+    }
+
+    async fn drain(&mut self, node: &str) -> Result<Result<Drained, String>, Stop> {
+        let entry = self.take("drain", |e| match e {
+            Entry::Drain { node: n, .. } => differs("node drained", n, &node.to_string()),
+            _ => None,
+        })?;
+        match entry {
+            Entry::Drain { answer: Ok(a), .. } => Ok(a.clone()),
+            _ => Err(Stop),
+        }
+    }
+
+    async fn write_status(
+        &mut self,
+        _before: &TalosMachine,
+        after: &TalosMachine,
+    ) -> Result<Option<String>, Stop> {
+        let status = serde_json::to_value(&after.status).unwrap_or(Value::Null);
+        let entry = self.take("write_status", |e| match e {
+            Entry::WriteStatus {
+                machine, status: s, ..
+            } => differs("status written of", machine, &key(after))
+                .or_else(|| differs("status written", s, &status)),
+            _ => None,
+        })?;
+        match entry {
+            Entry::WriteStatus { answer: Ok(a), .. } => Ok(a.clone()),
+            _ => Err(Stop),
+        }
+    }
+
+    async fn release_finalizer(&mut self, m: &TalosMachine) -> Result<(), Stop> {
+        let entry = self.take("release_finalizer", |e| match e {
+            Entry::ReleaseFinalizer { machine, .. } => {
+                differs("finalizer released of", machine, &key(m))
+            }
+            _ => None,
+        })?;
+        match entry {
+            Entry::ReleaseFinalizer { answer: Ok(()), .. } => Ok(()),
+            _ => Err(Stop),
+        }
+    }
+
+    async fn event(&mut self, on: &TalosMachine, warning: bool, reason: &str, note: String) {
+        let _ = self.take("event", |e| match e {
+            Entry::Event {
+                machine,
+                warning: w,
+                reason: r,
+                note: n,
+            } => differs("event on", machine, &key(on))
+                .or_else(|| differs("event's warning", w, &warning))
+                .or_else(|| differs("event's reason", r, &reason.to_string()))
+                .or_else(|| differs("event's note", n, &note)),
+            _ => None,
+        });
+    }
+
+    fn note(&mut self, _on: &TalosMachine, note: Note<'_>) {
+        let Some(asked) = note_entry(&note) else {
+            return;
+        };
+        let what = format!("`{}` record", asked.op());
+        let _ = self.take(asked.op(), |e| differs(&what, e, &asked));
+    }
+}
+
+/// What [`check`] found.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Checked {
+    /// Reconciles replayed to their end.
+    pub reconciles: usize,
+    /// Reconciles whose log ends early (a controller stopped there).
+    pub cut: usize,
+    /// Lines replayed.
+    pub lines: usize,
+}
+
+/// Why a log is not a behaviour of the model, or cannot be checked.
+#[derive(Debug, PartialEq, Eq)]
+pub enum NotABehaviour {
+    /// The log cannot be read: bad input (line and why).
+    Unreadable(String),
+    /// The executor, given what the world answered, does otherwise: the reconcile, its
+    /// object and the first difference.
+    Differs(String),
+}
+
+/// Checks a step log against the executor with `table` ([`Replay`]).
+pub fn check(table: &crate::compile::Table, text: &str) -> Result<Checked, NotABehaviour> {
+    let mut order: Vec<u64> = Vec::new();
+    let mut by: std::collections::HashMap<u64, Vec<(usize, Entry)>> = Default::default();
+    for (i, raw) in text.lines().enumerate() {
+        let n = i + 1;
+        if raw.trim().is_empty() {
+            continue;
+        }
+        let line: Line = serde_json::from_str(raw).map_err(|e| {
+            NotABehaviour::Unreadable(format!(
+                "line {n} is not a step-log line ({e}); a step log is what `serve --step-log` writes"
+            ))
+        })?;
+        let list = by.entry(line.reconcile).or_insert_with(|| {
+            order.push(line.reconcile);
+            Vec::new()
+        });
+        list.push((n, line.entry));
+    }
+    if order.is_empty() {
+        return Err(NotABehaviour::Unreadable(
+            "the step log has no line; give the file `serve --step-log` wrote".into(),
+        ));
+    }
+    let mut checked = Checked::default();
+    for id in order {
+        let lines = by.remove(&id).unwrap_or_default();
+        let Some((
+            (
+                first,
+                Entry::Begin {
+                    procedure,
+                    object,
+                    timing,
+                },
+            ),
+            body,
+        )) = lines.split_first()
+        else {
+            let at = lines.first().map_or(0, |(n, _)| *n);
+            return Err(NotABehaviour::Unreadable(format!(
+                "line {at}: reconcile {id} does not start with `begin` (the log was cut at its start?)"
+            )));
+        };
+        if procedure != "removal" {
+            return Err(NotABehaviour::Unreadable(format!(
+                "line {first}: procedure `{procedure}` is not one this version replays (removal)"
+            )));
+        }
+        let object: TalosMachine = serde_json::from_value(object.clone()).map_err(|e| {
+            NotABehaviour::Unreadable(format!(
+                "line {first}: the object is not a TalosMachine ({e})"
+            ))
+        })?;
+        let mut w = Replay::new(body);
+        let timing = Timing::from(*timing);
+        let Some(outcome) = super::run_now(removal::reconcile(&mut w, table, &timing, &object))
+        else {
+            return Err(NotABehaviour::Unreadable(format!(
+                "line {first}: the replay of reconcile {id} did not finish"
+            )));
+        };
+        let who = format!(
+            "reconcile {id} of TalosMachine {} (line {first})",
+            key(&object)
+        );
+        if let Some(d) = w.diverged.borrow().clone() {
+            return Err(NotABehaviour::Differs(format!("{who}: {d}")));
+        }
+        checked.lines += body.len() - w.rest().len() + 1;
+        if w.cut.get() {
+            checked.cut += 1;
+            continue;
+        }
+        let ended = outcome_text(&outcome);
+        match w.rest() {
+            [(n, Entry::End { outcome: recorded })] => {
+                if recorded != &ended {
+                    return Err(NotABehaviour::Differs(format!(
+                        "{who}: line {n}: the run ended `{recorded}`, where the executor ends `{ended}`"
+                    )));
+                }
+                checked.lines += 1;
+                checked.reconciles += 1;
+            }
+            [] => checked.cut += 1,
+            [(n, e), ..] => {
+                return Err(NotABehaviour::Differs(format!(
+                    "{who}: line {n}: the run went on (`{}`) where the executor ended `{ended}`",
+                    e.op()
+                )));
+            }
+        }
+    }
+    Ok(checked)
+}
