@@ -310,7 +310,19 @@ async fn talos_credentials_never_reach_the_logs() {
         "data": {"talosconfig": b64(format!("{MARKER}: [\n"))}
     }));
     let log = dir.join("controller.log");
-    let child = serve(&api, &log, &["--no-webhook", "--identity", "controller-0"]);
+    let steps = dir.join("steps.ndjson");
+    let steps_arg = steps.to_str().expect("utf-8 path").to_string();
+    let child = serve(
+        &api,
+        &log,
+        &[
+            "--no-webhook",
+            "--identity",
+            "controller-0",
+            "--step-log",
+            &steps_arg,
+        ],
+    );
     wait_for("the finalizer", WAIT, || has_finalizer(&api, "cp-4")).await;
     delete(&api, "TalosMachine", "cp-4").await;
     wait_said(&api, &log, "is not YAML of the talosconfig shape").await;
@@ -383,4 +395,9 @@ async fn talos_credentials_never_reach_the_logs() {
         "{text}"
     );
     assert_no_marker("the controller's log", &text);
+    // The step log (`serve --step-log`) recorded the removal's credential failures, and
+    // none of the Secret's content.
+    let steps = std::fs::read_to_string(&steps).expect("the step log");
+    assert!(steps.contains("\"op\":\"credentials\""), "{steps}");
+    assert_no_marker("the step log", &steps);
 }
