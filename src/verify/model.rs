@@ -1465,6 +1465,15 @@ impl<'t> Model<'t> {
                 if m.finalizer && m.approved_cp() && !forged {
                     out.push(Req::ForgeStatus(i));
                 }
+                // Edits of a control plane whose removal is in flight: un-approved, or
+                // re-roled to a worker (what `leave-while-removed` refuses). (Moved to
+                // another cluster mid-removal is not sent: the model follows one cluster.)
+                if m.finalizer && m.approved_cp() {
+                    out.push(Req::Unapprove(i));
+                    if !m.reroled {
+                        out.push(Req::Reassign(i));
+                    }
+                }
                 continue;
             }
             if !m.approved && !m.wiped {
@@ -1550,7 +1559,9 @@ impl<'t> Model<'t> {
             Req::Approve(i) | Req::Unapprove(i) => {
                 let next_order = s.machines.iter().map(|m| m.order).max().unwrap_or(0) + 1;
                 let m = t.machines.get_mut(usize::from(i))?;
-                if m.approved != p.base.1 || m.deleting {
+                // An approval of a machine being deleted is not sent; an un-approval is
+                // (an edit mid-removal), and commits like any other.
+                if m.approved != p.base.1 || (m.deleting && p.req == Req::Approve(i)) {
                     return None;
                 }
                 if p.req == Req::Approve(i) {
@@ -1605,7 +1616,7 @@ impl<'t> Model<'t> {
             Req::Reassign(i) => {
                 let next_order = s.machines.iter().map(|m| m.order).max().unwrap_or(0) + 1;
                 let m = t.machines.get_mut(usize::from(i))?;
-                if m.approved != p.base.1 || m.deleting || m.reroled || m.moved {
+                if m.approved != p.base.1 || m.reroled || m.moved {
                     return None;
                 }
                 m.held = false;
