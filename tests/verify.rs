@@ -1632,3 +1632,28 @@ fn a_thousand_broken_invariants_fit_in_the_memory_of_none() {
         "{first}"
     );
 }
+
+/// ADR 0106 §4: a dead member removed below the declared count is said with a Warning
+/// event. Without the plan's `event warning` step `dead-member-event` is refuted; with the
+/// event's reason renamed it holds (the word is the rules', the model reads none).
+#[test]
+fn the_dead_member_event_is_the_plans_whatever_its_name() {
+    let step = "  do event warning DeadMemberRemoved when not cluster.deleting and member.dead and after < count\n";
+    let dir = mutant("no-dead-event", "removal.rules", |t| t.replace(step, ""));
+    let bounds = ["--max-failures", "1", "--max-requests", "2"];
+    let (out, json) = verify(&dir, "3", &bounds);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert!(
+        violated(&json).iter().any(|v| v == "dead-member-event"),
+        "{}",
+        out.stdout
+    );
+    let dir = mutant("renamed-dead-event", "removal.rules", |t| {
+        t.replace(
+            "event warning DeadMemberRemoved",
+            "event warning DeadMemberGone",
+        )
+    });
+    let (out, _) = verify(&dir, "3", &bounds);
+    assert_eq!(out.code, 0, "{}", out.stdout);
+}

@@ -459,9 +459,11 @@ impl World for ModelWorld<'_> {
             && self.t.cluster != super::model::ClusterState::Deleting
             && x.dead
             && self.t.approved_cps() < usize::from(self.t.count);
-        let warned = self.events.iter().any(|r| r == "DeadMemberRemoved")
+        // Said: a Warning event of the plan's published in this reconcile or an earlier one
+        // (whatever the rules call its reason: the word is theirs).
+        let warned = !self.events.is_empty()
             || self.plan.iter().enumerate().any(|(k, st)| {
-                x.done & (1 << k) != 0 && st.argument.as_deref() == Some("DeadMemberRemoved")
+                x.done & (1 << k) != 0 && st.action == crate::vocab::Action::EventWarning
             });
         // The plan's own release (the machine is still an approved control plane: its
         // removal ran), or the release of one that no longer is (nothing of the plan ran).
