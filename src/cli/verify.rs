@@ -294,6 +294,14 @@ fn suite(args: &VerifyArgs) -> Vec<Bounds> {
             max_requests: Some(2),
             ..large
         },
+        // Five control planes (count 5) and two failures, as many as five members
+        // tolerate, under two requests: nodes dying before, between and during removals.
+        Bounds {
+            max_control_planes: 5,
+            max_failures: 2,
+            max_requests: Some(2),
+            ..large
+        },
         // Four machines, a failure and three requests: two removals at once and a node
         // dying between them (where `healthy-quorum` must count etcd's own members).
         Bounds {
@@ -700,6 +708,11 @@ mod tests {
         assert!(six.iter().any(|b| b.max_operations >= 2));
         assert!(six.iter().any(|b| b.in_flight >= 1));
         assert!(six.iter().all(|b| b.max_requests.is_some_and(|n| n >= 2)));
+        // Count 5 with the two failures five members tolerate.
+        assert!(
+            runs.iter()
+                .any(|b| b.max_control_planes >= 5 && b.max_failures >= 2)
+        );
         assert!(runs.iter().any(|b| b.max_control_planes == 4
             && b.max_failures >= 1
             && b.max_requests.is_some_and(|n| n >= 3)));
