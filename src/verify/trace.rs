@@ -450,7 +450,14 @@ pub fn build(
                 })
         });
         let Some(pos) = found else {
-            trace.replay_error = Some(format!("step {step_no} could not be replayed"));
+            trace.replay_error = Some(if *last {
+                format!(
+                    "step {step_no} ({:?}, breaking the invariant) could not be replayed",
+                    v.mv
+                )
+            } else {
+                format!("step {step_no} could not be replayed")
+            });
             return trace;
         };
         let next = nexts.swap_remove(pos);
