@@ -1657,3 +1657,32 @@ fn the_dead_member_event_is_the_plans_whatever_its_name() {
     let (out, _) = verify(&dir, "3", &bounds);
     assert_eq!(out.code, 0, "{}", out.stdout);
 }
+
+/// A worker re-roled to a control plane is named among the control planes (`cp-N`, a
+/// number none has): with the worker's own number it was a second `cp-1`, and the
+/// counterexample through it could not be replayed (exit 2 where the rules are refuted).
+#[test]
+fn a_counterexample_through_a_re_roled_worker_replays() {
+    let dir = mutant("rerole-replay", "removal.rules", |t| {
+        without(t, "rule replacement-not-joined\n")
+    });
+    let (out, json) = verify(&dir, "3", &["--max-workers", "1", "--max-requests", "2"]);
+    assert_eq!(out.code, 1, "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        !out.stderr.contains("could not be replayed"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        violated(&json).iter().any(|v| v == "count-kept"),
+        "{}",
+        out.stdout
+    );
+    let texts = step_texts(&json);
+    assert!(
+        texts
+            .iter()
+            .any(|t| t.contains("worker-1 (spec.role: controlplane)")),
+        "{texts:?}"
+    );
+}

@@ -1631,6 +1631,23 @@ impl<'t> Model<'t> {
                     // an approval makes one.
                     m.role = MRole::ControlPlane;
                     m.order = next_order;
+                    // Named among the control planes from now on, by a number none of them
+                    // has (the model's names follow the role, as a decoded state's do: kept,
+                    // the worker's number would name a second `cp-N`).
+                    let taken = |n: u8| {
+                        t.machines
+                            .iter()
+                            .zip(&t.names)
+                            .enumerate()
+                            .any(|(j, (o, x))| {
+                                j != usize::from(i) && o.role == MRole::ControlPlane && *x == n
+                            })
+                    };
+                    if let Some(n) = (1..=u8::MAX).find(|n| !taken(*n))
+                        && let Some(x) = t.names.get_mut(usize::from(i))
+                    {
+                        *x = n;
+                    }
                 }
             }
             Req::Delete(i) | Req::Prune(i) | Req::Collect(i) => {
