@@ -782,20 +782,48 @@ fn is_text(e: &Typed) -> bool {
 /// fail (division by zero, overflow) would change the result if it moved, so only operands
 /// that cannot fail are swapped. (`and`/`or` annotations do not depend on the operands'
 /// order, so they stay true.)
-fn reorder(e: &Typed) -> Typed {
+fn reorder(e: &Typed) -> std::borrow::Cow<'_, Typed> {
+    if needs_reorder(e) {
+        std::borrow::Cow::Owned(reorder_owned(e))
+    } else {
+        // Most conditions are already in order: no copy.
+        std::borrow::Cow::Borrowed(e)
+    }
+}
+
+/// Whether [`reorder`] swaps anything in `e`.
+fn needs_reorder(e: &Typed) -> bool {
+    match &e.kind {
+        TypedKind::Binary(op, l, r) => {
+            (matches!(op, BinOp::And | BinOp::Or) && swaps(l, r))
+                || needs_reorder(l)
+                || needs_reorder(r)
+        }
+        TypedKind::Unary(_, i) => needs_reorder(i),
+        _ => false,
+    }
+}
+
+/// Whether the operands of an `and`/`or` change places (annotations do not change when
+/// operands are reordered, so this reads the same before and after).
+fn swaps(l: &Typed, r: &Typed) -> bool {
+    l.info.expensive && !r.info.expensive && !l.info.can_fail && !r.info.can_fail
+}
+
+fn reorder_owned(e: &Typed) -> Typed {
     let kind = match &e.kind {
         TypedKind::Binary(op @ (BinOp::And | BinOp::Or), l, r) => {
-            let (l, r) = (reorder(l), reorder(r));
-            if l.info.expensive && !r.info.expensive && !l.info.can_fail && !r.info.can_fail {
+            let (l, r) = (reorder_owned(l), reorder_owned(r));
+            if swaps(&l, &r) {
                 TypedKind::Binary(*op, Box::new(r), Box::new(l))
             } else {
                 TypedKind::Binary(*op, Box::new(l), Box::new(r))
             }
         }
         TypedKind::Binary(op, l, r) => {
-            TypedKind::Binary(*op, Box::new(reorder(l)), Box::new(reorder(r)))
+            TypedKind::Binary(*op, Box::new(reorder_owned(l)), Box::new(reorder_owned(r)))
         }
-        TypedKind::Unary(op, i) => TypedKind::Unary(*op, Box::new(reorder(i))),
+        TypedKind::Unary(op, i) => TypedKind::Unary(*op, Box::new(reorder_owned(i))),
         other => other.clone(),
     };
     Typed {
