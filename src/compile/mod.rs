@@ -857,6 +857,40 @@ mod tests {
         assert_eq!((cmp.d, cmp.x, cmp.k), (-1, 1, 1), "{cmp:?}");
     }
 
+    /// A row that starts with the comparison the row before made does not make it again:
+    /// the first row's branch jumps past it, to where its outcome leads.
+    #[test]
+    fn a_comparison_already_made_is_not_made_again() {
+        let files = vec![SourceFile::new(
+            "t.rules",
+            "rule last\n  refuse remove controlplane\n  when approved - 1 == 0 and not cluster.deleting\n  say \"a\"\n\n\
+             rule quorum\n  refuse remove controlplane\n  when approved - 1 > 0 and approved - 1 < approved / 2 + 1\n  say \"b\"\n",
+        )];
+        let checked = crate::check::check_with(&files, false);
+        assert!(!checked.has_errors(), "{:?}", checked.diagnostics);
+        let table = compile(&checked.program, &files).expect("compiles");
+        let (_, program) = table
+            .group(Verb::Remove, Subject::ControlPlane, Site::Webhook)
+            .expect("the group");
+        let second = program.entries[1] as usize;
+        let (first, again) = (program.ins[0], program.ins[second]);
+        assert_eq!((first.op, first.a, first.d), (again.op, again.a, again.d));
+        // less: the second row's `> 0` fails too; greater: straight to its second branch.
+        assert_eq!(
+            first.to[0] as usize, again.to[0] as usize,
+            "{:?}",
+            program.ins
+        );
+        assert_eq!(
+            first.to[2] as usize, again.to[2] as usize,
+            "{:?}",
+            program.ins
+        );
+        // The second row's own entry still decides (the session resumes there after an
+        // error in the first row).
+        assert!(again.to.iter().all(|&t| t as usize > second));
+    }
+
     /// An index past the last 32-bit one fails the compile with what overflowed, instead of
     /// wrapping or saturating into an index that exists (a jump to the wrong instruction).
     #[test]

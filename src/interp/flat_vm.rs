@@ -140,16 +140,19 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                 pc += 1;
             }};
         }
+        // The facts known, kept in a register (updated where facts are asked).
+        let mut known = cache.known;
         // Every jump goes forward (see `compile::flat`), so this ends.
         loop {
             let Some(i) = ins.get(pc) else {
                 fail!(EvalError::Type)
             };
-            if cache.known & i.need != i.need
-                && let Err(e) = cache.need(i)
-            {
-                self.pc = pc;
-                return Err(e);
+            if known & i.need != i.need {
+                if let Err(e) = cache.need(i) {
+                    self.pc = pc;
+                    return Err(e);
+                }
+                known = cache.known;
             }
             let a = cache.vals[usize::from(i.a) & M];
             macro_rules! b {
@@ -225,6 +228,7 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                         Ok(ta) => cache.text(tb, strings).map(|tb| ta == tb),
                         Err(e) => Err(e),
                     };
+                    known = cache.known;
                     match eq {
                         Ok(eq) => pc = i.to[usize::from(eq)] as usize,
                         Err(Stop::Fail(e)) => fail!(e),
