@@ -796,7 +796,7 @@ fn thread_jumps(prog: &mut FlatProgram) {
                     |(_, w)| w,
                 );
                 let mut to = i.to;
-                for way in 0..ways {
+                for (way, slot) in to.iter_mut().enumerate().take(ways) {
                     let target = i.to[way];
                     // Each way on its own: where two lead to one place, each may be
                     // threaded further than both could.
@@ -825,7 +825,7 @@ fn thread_jumps(prog: &mut FlatProgram) {
                             _ => break,
                         }
                     }
-                    to[way] = u32::try_from(t).unwrap_or(target);
+                    *slot = u32::try_from(t).unwrap_or(target);
                     meet(&mut known, t, &edge);
                 }
                 prog.ins[pc].to = to;
