@@ -27,6 +27,12 @@ use crate::vocab::{FACT_COUNT, FACTS, Type};
 /// values took a kilobyte).
 pub const VALUES: usize = 64;
 
+/// The value array a session keeps: the int and bool facts, then the registers of the
+/// programs whose indexes all fall below it (nearly all: ten registers). Half of
+/// [`VALUES`], so starting a session zeroes half as much; a program that reaches further
+/// ([`FlatProgram::wide`]) runs on an array of [`VALUES`] of its own.
+pub const SESSION_VALUES: usize = 32;
+
 /// The int and bool facts: the ones that have a place in the value array (name and enum
 /// facts keep their text apart).
 pub const VALUE_FACTS: usize = {
@@ -78,8 +84,15 @@ pub const MAX_REGS: usize = VALUES - REG_BASE;
 // (`checked_shl(..).unwrap_or(0)` would drop a 33rd fact from them, and with it the read
 // it needs): a fact past 32 must widen them first. Every row the checker accepts fits the
 // registers (more than `MAX_STACK`), so every accepted row runs flat.
-const _: () =
-    assert!(FACT_COUNT <= 32 && MAX_REGS > MAX_STACK && VALUES.is_power_of_two() && VALUES <= 256);
+const _: () = assert!(
+    FACT_COUNT <= 32
+        && MAX_REGS > MAX_STACK
+        && VALUES.is_power_of_two()
+        && VALUES <= 256
+        && SESSION_VALUES.is_power_of_two()
+        && REG_BASE < SESSION_VALUES
+        && SESSION_VALUES <= VALUES
+);
 
 /// Bits of a comparison mask: which orderings of `a` against `b` make it true.
 pub const LT: u8 = 1;
@@ -188,6 +201,9 @@ pub struct FlatProgram {
     /// The rows that run on the stack machine, with their `fires` code.
     pub stack_rows: Vec<u32>,
     pub deep: Vec<super::Code>,
+    /// Whether an instruction reads or writes an index at or past [`SESSION_VALUES`]: the
+    /// program then runs on a value array of [`VALUES`] of its own.
+    pub wide: bool,
 }
 
 impl FlatProgram {
@@ -337,6 +353,11 @@ impl<'s> Flat<'s> {
             }
         }
         thread_jumps(&mut self.prog);
+        self.prog.wide = self.prog.ins.iter().any(|i| {
+            [i.a, i.b, i.x]
+                .iter()
+                .any(|&v| usize::from(v) >= SESSION_VALUES)
+        });
         self.prog
     }
 
