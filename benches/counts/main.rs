@@ -117,6 +117,13 @@ fn main() {
         }
         return;
     }
+    // `decide-counts text <rules>`: prints the generated file of `<rules>` rules (to time
+    // `ichor-rules check` on it).
+    if args.first().map(String::as_str) == Some("text") {
+        let rules = args.get(1).and_then(|n| n.parse().ok()).unwrap_or(1000);
+        print!("{}", generated::generated(rules, false).text);
+        return;
+    }
     // `decide-counts build <file> <n>`: builds a rule file as `serve` does, `n` times (to
     // profile the front end: `valgrind --tool=callgrind decide-counts build ...`).
     if args.first().map(String::as_str) == Some("build") {
