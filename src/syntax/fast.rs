@@ -887,6 +887,204 @@ mod tests {
         });
     }
 
+    /// Whole files built from the grammar (every statement and clause, expressions of every
+    /// operator, prefix and operand, strings with escapes and placeholders, comments and
+    /// odd trivia between any two tokens): nearly all parse, so the fast parser answers,
+    /// and its tree must be pest's, spans included.
+    #[test]
+    fn agrees_with_pest_on_generated_files() {
+        use proptest::prelude::*;
+        use proptest::sample::select;
+        fn expr() -> BoxedStrategy<String> {
+            let leaf = prop_oneof![
+                select(
+                    &[
+                        "approved",
+                        "count",
+                        "member.dead",
+                        "cluster.exists",
+                        "a_b",
+                        "x1.y2.z3",
+                        "nothing",
+                        "notx",
+                        "order",
+                        "android",
+                        "true",
+                        "false",
+                        "true-x"
+                    ][..]
+                )
+                .prop_map(str::to_string),
+                (0i64..1_000_000).prop_map(|i| i.to_string()),
+                select(
+                    &[
+                        "\"s\"",
+                        "\"\"",
+                        "\"a\\\"b\\\\c\\nd\\te\"",
+                        "\"{{x}} é ü\"",
+                        "\"v {approved + 1}\""
+                    ][..]
+                )
+                .prop_map(str::to_string),
+            ];
+            leaf.prop_recursive(4, 24, 3, |inner| {
+                prop_oneof![
+                    (
+                        inner.clone(),
+                        select(
+                            &[
+                                "or", "and", "==", "!=", "<=", ">=", "<", ">", "+", "-", "*", "/",
+                                "%"
+                            ][..]
+                        ),
+                        inner.clone(),
+                        select(&[" ", "", "  ", "\n "][..])
+                    )
+                        .prop_map(|(l, op, r, ws)| {
+                            let ws = if op.chars().all(char::is_alphabetic) && ws.is_empty() {
+                                " "
+                            } else {
+                                ws
+                            };
+                            format!("{l}{ws}{op}{ws}{r}")
+                        }),
+                    (select(&["not ", "- ", "-", "not("][..]), inner.clone()).prop_map(|(p, e)| {
+                        if p == "not(" {
+                            format!("not({e})")
+                        } else {
+                            format!("{p}{e}")
+                        }
+                    }),
+                    inner.prop_map(|e| format!("( {e})")),
+                ]
+            })
+            .boxed()
+        }
+        let pick = |xs: &'static [&'static str]| select(xs).prop_map(str::to_string).boxed();
+        let trivia = pick(&[" ", "\n", "\t", " # comment\n", "\r\n", "  \n\n  "]);
+        let words = pick(&["remove", "approve", "leave", "unapprove", "apply", "start"]);
+        let subject = pick(&["controlplane", "worker", "machine", "cluster", "operation"]);
+        let message = (expr(), pick(&["", " \"more\"", "\"tail {count}\""]))
+            .prop_map(|(e, more)| format!("\"m {{{e}}} {{{{lit}}}}\"{more}"))
+            .boxed();
+        let rule = (
+            (
+                pick(&["r", "r-1", "r_x", "when-x", "sequential"]),
+                pick(&["refuse", "hold", "warn"]),
+            ),
+            (
+                words.clone(),
+                proptest::option::of(words.clone()),
+                subject.clone(),
+            ),
+            (
+                proptest::option::of(pick(&["webhook", "controller"])),
+                proptest::option::of(expr()),
+                proptest::option::of(expr()),
+            ),
+            (
+                proptest::option::of(pick(&["Reason", "R-x_1"])),
+                proptest::option::of(message.clone()),
+            ),
+            trivia.clone(),
+        )
+            .prop_map(
+                |((name, verdict), (v1, v2, subj), (site, when, unless), (reason, say), t)| {
+                    let mut s = format!("rule{t}{name}{t}{verdict} {v1}");
+                    if let Some(v2) = v2 {
+                        s += &format!("{t},{t}{v2}");
+                    }
+                    s += &format!(" {subj}");
+                    if let Some(site) = site {
+                        s += &format!("{t}at {site}");
+                    }
+                    if let Some(w) = when {
+                        s += &format!("{t}when {w}");
+                    }
+                    if let Some(u) = unless {
+                        s += &format!("{t}unless{t}{u}");
+                    }
+                    if let Some(r) = reason {
+                        s += &format!(" reason {r}");
+                    }
+                    if let Some(m) = say {
+                        s += &format!("{t}say {m}");
+                    }
+                    s
+                },
+            );
+        let item = prop_oneof![
+            rule,
+            (pick(&["a", "b.c", "after"]), expr(), trivia.clone())
+                .prop_map(|(n, e, t)| format!("let {n}{t}={t}{e}")),
+            (
+                words.clone(),
+                subject.clone(),
+                proptest::option::of(pick(&["webhook", "controller"]))
+            )
+                .prop_map(|(v, s, site)| match site {
+                    Some(site) => format!("allow {v}, leave {s} at {site}"),
+                    None => format!("allow {v} {s}"),
+                }),
+            (
+                words,
+                subject,
+                proptest::collection::vec(
+                    (
+                        proptest::option::of(expr()),
+                        proptest::option::of(message.clone())
+                    ),
+                    0..3
+                )
+            )
+                .prop_map(|(v, s, steps)| {
+                    let mut out = format!("plan {v} {s}");
+                    for (i, (when, say)) in steps.into_iter().enumerate() {
+                        out += &format!("\n  do lock cluster-{i} x");
+                        if let Some(w) = when {
+                            out += &format!(" when {w}");
+                        }
+                        if let Some(m) = say {
+                            out += &format!(" say {m}");
+                        }
+                    }
+                    out
+                }),
+            (
+                proptest::bool::ANY,
+                proptest::option::of(expr()),
+                expr(),
+                proptest::option::of(message)
+            )
+                .prop_map(|(seq, when, ensure, say)| {
+                    let mut s = format!("invariant inv{}", if seq { " sequential" } else { "" });
+                    if let Some(w) = when {
+                        s += &format!(" when {w}");
+                    }
+                    s += &format!(" ensure {ensure}");
+                    if let Some(m) = say {
+                        s += &format!(" say {m}");
+                    }
+                    s
+                }),
+        ];
+        let file = (proptest::collection::vec((item, trivia), 0..6)).prop_map(|items| {
+            items
+                .into_iter()
+                .map(|(i, t)| format!("{i}{t}"))
+                .collect::<String>()
+        });
+        let answered = std::cell::Cell::new(0u32);
+        proptest!(ProptestConfig::with_cases(3000), |(text in file)| {
+            if parse(&text).is_some() {
+                answered.set(answered.get() + 1);
+            }
+            agrees(&text, false);
+        });
+        // Most generated files parse: the comparison is of trees, not of refusals.
+        assert!(answered.get() > 1500, "{} of 3000 answered", answered.get());
+    }
+
     /// The keyword list above is the grammar's.
     #[test]
     fn keywords_are_the_grammars() {
