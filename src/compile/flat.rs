@@ -204,6 +204,9 @@ pub struct FlatProgram {
     /// Whether an instruction reads or writes an index at or past [`SESSION_VALUES`]: the
     /// program then runs on a value array of [`VALUES`] of its own.
     pub wide: bool,
+    /// Whether every row runs on the stack machine (`compile::Options { flat: false }`):
+    /// the session then runs them one after the other, without the flat loop.
+    pub stack_only: bool,
 }
 
 impl FlatProgram {
@@ -353,6 +356,8 @@ impl<'s> Flat<'s> {
             }
         }
         thread_jumps(&mut self.prog);
+        self.prog.stack_only =
+            !self.prog.entries.is_empty() && self.prog.stack_rows.len() == self.prog.entries.len();
         self.prog.wide = self.prog.ins.iter().any(|i| {
             [i.a, i.b, i.x]
                 .iter()

@@ -15,12 +15,44 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
         program: &FlatProgram,
         hits: &mut Hits,
     ) -> Result<(), Interrupt> {
-        if program.wide {
-            let mut wide = Wide([0; VALUES]);
-            self.run_on(rows, program, hits, &mut wide)
-        } else {
-            self.run_on(rows, program, hits, &mut Narrow)
+        if program.wide | program.stack_only {
+            return self.run_group_apart(rows, program, hits);
         }
+        self.run_on(rows, program, hits, &mut Narrow)
+    }
+
+    /// A program of rows all on the stack machine (each row's `fires` code, in order: what
+    /// the flat loop would do, each row's `Stack` instruction at a time), or a wide one.
+    #[inline(never)]
+    fn run_group_apart(
+        &mut self,
+        rows: &[Row],
+        program: &FlatProgram,
+        hits: &mut Hits,
+    ) -> Result<(), Interrupt> {
+        if !program.stack_only {
+            let mut wide = Wide([0; VALUES]);
+            return self.run_on(rows, program, hits, &mut wide);
+        }
+        for (code, &at) in program.deep.iter().zip(&program.stack_rows) {
+            let result = self.run(code).map(|v| v != 0);
+            let error = match result {
+                Ok(_) => None,
+                Err(Stop::Need(f)) => return Err(Interrupt::Need(f)),
+                Err(Stop::Fail(e)) => Some(e),
+            };
+            // As `resume` does: a row that could not be evaluated matches unless it warns.
+            if let Some(row) = rows.get(at as usize)
+                && (result == Ok(true) || (error.is_some() && row.verdict != Verdict::Warn))
+            {
+                hits.push(Hit {
+                    rule: row.rule,
+                    verdict: row.verdict,
+                    error,
+                });
+            }
+        }
+        Ok(())
     }
 
     #[inline(always)]
