@@ -15,25 +15,26 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
         program: &FlatProgram,
         hits: &mut Hits,
     ) -> Result<(), Interrupt> {
-        if program.wide | program.stack_only {
-            return self.run_group_apart(rows, program, hits);
+        if program.stack_only {
+            return self.run_stack_rows(rows, program, hits);
         }
-        self.run_on(rows, program, hits, &mut Narrow)
+        if program.wide {
+            let mut wide = Wide([0; VALUES]);
+            self.run_on(rows, program, hits, &mut wide)
+        } else {
+            self.run_on(rows, program, hits, &mut Narrow)
+        }
     }
 
     /// A program of rows all on the stack machine (each row's `fires` code, in order: what
-    /// the flat loop would do, each row's `Stack` instruction at a time), or a wide one.
+    /// the flat loop would do, each row's `Stack` instruction at a time).
     #[inline(never)]
-    fn run_group_apart(
+    fn run_stack_rows(
         &mut self,
         rows: &[Row],
         program: &FlatProgram,
         hits: &mut Hits,
     ) -> Result<(), Interrupt> {
-        if !program.stack_only {
-            let mut wide = Wide([0; VALUES]);
-            return self.run_on(rows, program, hits, &mut wide);
-        }
         for (code, &at) in program.deep.iter().zip(&program.stack_rows) {
             let result = self.run(code).map(|v| v != 0);
             let error = match result {
