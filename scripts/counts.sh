@@ -65,7 +65,9 @@ for case in $("$bin" list); do
     continue
   fi
   change=$(((count - b) * 1000 / b))
-  printf '%-22s %10d %10d %+7d.%d%%\n' "$case" "$count" "$b" $((change / 10)) $(((change < 0 ? -change : change) % 10))
+  sign=+
+  ((change < 0)) && sign=- && change=$((-change))
+  printf '%-22s %10d %10d %7s\n' "$case" "$count" "$b" "$sign$((change / 10)).$((change % 10))%"
   if ((count * 100 > b * (100 + TOLERANCE))); then
     echo "    $case: $count instructions per decision, more than ${TOLERANCE}% over its budget of $b" >&2
     failed=1

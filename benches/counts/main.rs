@@ -117,6 +117,13 @@ fn main() {
         }
         return;
     }
+    // `decide-counts text <rules>`: prints the generated file of `<rules>` rules (to time
+    // `ichor-rules check` on it).
+    if args.first().map(String::as_str) == Some("text") {
+        let rules = args.get(1).and_then(|n| n.parse().ok()).unwrap_or(1000);
+        print!("{}", generated::generated(rules, false).text);
+        return;
+    }
     // `decide-counts build <file> <n>`: builds a rule file as `serve` does, `n` times (to
     // profile the front end: `valgrind --tool=callgrind decide-counts build ...`).
     if args.first().map(String::as_str) == Some("build") {
@@ -142,7 +149,13 @@ fn main() {
     }
     let (Some(name), Some(n)) = (
         args.first(),
-        args.get(1).and_then(|n| n.parse::<u64>().ok()),
+        args.get(1).and_then(|n| {
+            if n == "dump" {
+                Some(0)
+            } else {
+                n.parse::<u64>().ok()
+            }
+        }),
     ) else {
         eprintln!("usage: decide-counts list | decide-counts <case> <n>");
         std::process::exit(2);
@@ -152,6 +165,16 @@ fn main() {
         std::process::exit(2);
     };
     let table = fixed::table(&rules(), flat);
+    // `decide-counts <case> dump`: the group's flat program, one instruction a line.
+    if args.get(1).map(String::as_str) == Some("dump") {
+        if let Some((rows, program)) = table.group(event.0, event.1, event.2) {
+            println!("{} rows, entries {:?}", rows.len(), program.entries);
+            for (pc, i) in program.ins.iter().enumerate() {
+                println!("{pc:3} {i:?}");
+            }
+        }
+        return;
+    }
     let (rows, on_stack) = table.rows_on_stack();
     assert_eq!(
         on_stack,

@@ -27,6 +27,12 @@ use crate::vocab::{FACT_COUNT, FACTS, Type};
 /// values took a kilobyte).
 pub const VALUES: usize = 64;
 
+/// The value array a session keeps: the int and bool facts, then the registers of the
+/// programs whose indexes all fall below it (nearly all: ten registers). Half of
+/// [`VALUES`], so starting a session zeroes half as much; a program that reaches further
+/// ([`FlatProgram::wide`]) runs on an array of [`VALUES`] of its own.
+pub const SESSION_VALUES: usize = 32;
+
 /// The int and bool facts: the ones that have a place in the value array (name and enum
 /// facts keep their text apart).
 pub const VALUE_FACTS: usize = {
@@ -78,8 +84,15 @@ pub const MAX_REGS: usize = VALUES - REG_BASE;
 // (`checked_shl(..).unwrap_or(0)` would drop a 33rd fact from them, and with it the read
 // it needs): a fact past 32 must widen them first. Every row the checker accepts fits the
 // registers (more than `MAX_STACK`), so every accepted row runs flat.
-const _: () =
-    assert!(FACT_COUNT <= 32 && MAX_REGS > MAX_STACK && VALUES.is_power_of_two() && VALUES <= 256);
+const _: () = assert!(
+    FACT_COUNT <= 32
+        && MAX_REGS > MAX_STACK
+        && VALUES.is_power_of_two()
+        && VALUES <= 256
+        && SESSION_VALUES.is_power_of_two()
+        && REG_BASE < SESSION_VALUES
+        && SESSION_VALUES <= VALUES
+);
 
 /// Bits of a comparison mask: which orderings of `a` against `b` make it true.
 pub const LT: u8 = 1;
@@ -188,6 +201,12 @@ pub struct FlatProgram {
     /// The rows that run on the stack machine, with their `fires` code.
     pub stack_rows: Vec<u32>,
     pub deep: Vec<super::Code>,
+    /// Whether an instruction reads or writes an index at or past [`SESSION_VALUES`]: the
+    /// program then runs on a value array of [`VALUES`] of its own.
+    pub wide: bool,
+    /// Whether every row runs on the stack machine (`compile::Options { flat: false }`):
+    /// the session then runs them one after the other, without the flat loop.
+    pub stack_only: bool,
 }
 
 impl FlatProgram {
@@ -336,6 +355,14 @@ impl<'s> Flat<'s> {
                 ins.to = ins.to.map(at);
             }
         }
+        thread_jumps(&mut self.prog);
+        self.prog.stack_only =
+            !self.prog.entries.is_empty() && self.prog.stack_rows.len() == self.prog.entries.len();
+        self.prog.wide = self.prog.ins.iter().any(|i| {
+            [i.a, i.b, i.x]
+                .iter()
+                .any(|&v| usize::from(v) >= SESSION_VALUES)
+        });
         self.prog
     }
 
@@ -658,6 +685,180 @@ impl<'s> Flat<'s> {
                 r
             }
             _ => a,
+        }
+    }
+}
+
+/// What a branch decides on, when it reads facts only (their values do not change during a
+/// session, so the same branch met again goes the same way): the instruction without its
+/// targets. Branches on registers, which later instructions overwrite, have none.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Key {
+    Cmp {
+        op: Op,
+        a: u8,
+        b: u8,
+        x: u8,
+        d: i32,
+        k: i64,
+    },
+    Test(u8),
+    Text(Text, Text),
+}
+
+fn is_fact(index: u8) -> bool {
+    usize::from(index) < REG_BASE
+}
+
+/// The key of a branch, and how many ways it goes (`to[..ways]`).
+fn branch_key(prog: &FlatProgram, i: &Ins) -> Option<(Key, usize)> {
+    match i.op {
+        Op::CmpK if is_fact(i.a) => Some((
+            Key::Cmp {
+                op: i.op,
+                a: i.a,
+                b: 0,
+                x: 0,
+                d: i.d,
+                k: i.k,
+            },
+            3,
+        )),
+        Op::Cmp | Op::CmpDiv if is_fact(i.a) && is_fact(i.b) => Some((
+            Key::Cmp {
+                op: i.op,
+                a: i.a,
+                b: i.b,
+                x: if i.op == Op::CmpDiv { i.x } else { 0 },
+                d: i.d,
+                k: i.k,
+            },
+            3,
+        )),
+        Op::Test if is_fact(i.a) => Some((Key::Test(i.a), 2)),
+        Op::Text => {
+            let &(a, b) = prog.texts.get(usize::try_from(i.k).ok()?)?;
+            Some((Key::Text(a, b), 2))
+        }
+        _ => None,
+    }
+}
+
+/// Whether an instruction can stop its row with an error (the session then goes on at the
+/// next row's entry: `Session::resume`), or hands its row to the stack machine (which
+/// also goes on there).
+fn can_stop(i: &Ins) -> bool {
+    match i.op {
+        // `v[a] + d` is checked; the constant side `0 + k` cannot overflow.
+        Op::CmpK => i.d != 0,
+        Op::Cmp | Op::CmpDiv => i.d != 0 || i.k != 0,
+        Op::Test | Op::Jump | Op::Hit | Op::End | Op::Mov | Op::Set | Op::DivP2 | Op::Need => false,
+        _ => true,
+    }
+}
+
+/// What is known on arriving at an instruction: branches already taken on every path that
+/// arrives there, each with the set of ways (a bit each) it may have gone.
+type Known = Vec<(Key, u8)>;
+
+/// Adds what arrives by one more path: only what both know stays known.
+fn meet(known: &mut [Option<Known>], at: usize, arriving: &Known) {
+    let Some(slot) = known.get_mut(at) else {
+        return;
+    };
+    match slot {
+        None => *slot = Some(arriving.clone()),
+        Some(k) => k.retain_mut(
+            |(key, ways)| match arriving.iter().find(|(a, _)| a == key) {
+                Some((_, more)) => {
+                    *ways |= more;
+                    true
+                }
+                None => false,
+            },
+        ),
+    }
+}
+
+/// Jump threading: a branch that leads to a branch on the same facts, whose way is then
+/// already decided, jumps past it (rows often start with the comparison the row before
+/// made: `approved - 1 == 0` in one, `approved - 1 > 0 and ...` in the next). The skipped
+/// branch reads only facts already read on every path through the edge, and cannot fail
+/// where it did not fail before, so the decision, the facts asked and their order, and
+/// the errors stay the same; only fewer instructions run.
+///
+/// One pass in program order (every jump goes forward): what is known at an instruction is
+/// what every path that arrives there knows: its predecessors' edges, the program's start
+/// (nothing), and, for a row's entry, the instructions of the row before that can stop it
+/// (the session resumes there after an error, knowing what was known there).
+fn thread_jumps(prog: &mut FlatProgram) {
+    let n = prog.ins.len();
+    let mut known: Vec<Option<Known>> = vec![None; n];
+    if n == 0 {
+        return;
+    }
+    known[0] = Some(Vec::new());
+    for pc in 0..n {
+        let Some(k) = known[pc].take() else {
+            // Not reachable.
+            continue;
+        };
+        let i = prog.ins[pc];
+        if can_stop(&i) {
+            let e = prog.next_entry(prog.row_at(pc));
+            if e > pc {
+                meet(&mut known, e, &k);
+            }
+        }
+        match i.op {
+            Op::CmpK | Op::Cmp | Op::CmpDiv | Op::Test | Op::Text => {
+                let key = branch_key(prog, &i);
+                let ways = key.map_or(
+                    if i.op == Op::Test || i.op == Op::Text {
+                        2
+                    } else {
+                        3
+                    },
+                    |(_, w)| w,
+                );
+                let mut to = i.to;
+                for (way, slot) in to.iter_mut().enumerate().take(ways) {
+                    let target = i.to[way];
+                    // Each way on its own: where two lead to one place, each may be
+                    // threaded further than both could.
+                    let mask = 1u8 << way;
+                    let mut edge = k.clone();
+                    if let Some((key, _)) = key {
+                        match edge.iter_mut().find(|(e, _)| *e == key) {
+                            Some((_, m)) => *m &= mask,
+                            None => edge.push((key, mask)),
+                        }
+                    }
+                    let mut t = target as usize;
+                    while let Some(ti) = prog.ins.get(t) {
+                        let next = match ti.op {
+                            Op::Jump => Some(ti.to[0]),
+                            _ => branch_key(prog, ti).and_then(|(tk, tw)| {
+                                let (_, m) = edge.iter().find(|(e, _)| *e == tk)?;
+                                let mut goes =
+                                    (0..tw).filter(|w| m & (1 << w) != 0).map(|w| ti.to[w]);
+                                let first = goes.next()?;
+                                goes.all(|g| g == first).then_some(first)
+                            }),
+                        };
+                        match next {
+                            Some(next) if next as usize > t => t = next as usize,
+                            _ => break,
+                        }
+                    }
+                    *slot = u32::try_from(t).unwrap_or(target);
+                    meet(&mut known, t, &edge);
+                }
+                prog.ins[pc].to = to;
+            }
+            Op::Jump | Op::Set => meet(&mut known, i.to[0] as usize, &k),
+            Op::End | Op::Stack | Op::Invalid => {}
+            _ => meet(&mut known, pc + 1, &k),
         }
     }
 }

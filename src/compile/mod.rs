@@ -782,20 +782,48 @@ fn is_text(e: &Typed) -> bool {
 /// fail (division by zero, overflow) would change the result if it moved, so only operands
 /// that cannot fail are swapped. (`and`/`or` annotations do not depend on the operands'
 /// order, so they stay true.)
-fn reorder(e: &Typed) -> Typed {
+fn reorder(e: &Typed) -> std::borrow::Cow<'_, Typed> {
+    if needs_reorder(e) {
+        std::borrow::Cow::Owned(reorder_owned(e))
+    } else {
+        // Most conditions are already in order: no copy.
+        std::borrow::Cow::Borrowed(e)
+    }
+}
+
+/// Whether [`reorder`] swaps anything in `e`.
+fn needs_reorder(e: &Typed) -> bool {
+    match &e.kind {
+        TypedKind::Binary(op, l, r) => {
+            (matches!(op, BinOp::And | BinOp::Or) && swaps(l, r))
+                || needs_reorder(l)
+                || needs_reorder(r)
+        }
+        TypedKind::Unary(_, i) => needs_reorder(i),
+        _ => false,
+    }
+}
+
+/// Whether the operands of an `and`/`or` change places (annotations do not change when
+/// operands are reordered, so this reads the same before and after).
+fn swaps(l: &Typed, r: &Typed) -> bool {
+    l.info.expensive && !r.info.expensive && !l.info.can_fail && !r.info.can_fail
+}
+
+fn reorder_owned(e: &Typed) -> Typed {
     let kind = match &e.kind {
         TypedKind::Binary(op @ (BinOp::And | BinOp::Or), l, r) => {
-            let (l, r) = (reorder(l), reorder(r));
-            if l.info.expensive && !r.info.expensive && !l.info.can_fail && !r.info.can_fail {
+            let (l, r) = (reorder_owned(l), reorder_owned(r));
+            if swaps(&l, &r) {
                 TypedKind::Binary(*op, Box::new(r), Box::new(l))
             } else {
                 TypedKind::Binary(*op, Box::new(l), Box::new(r))
             }
         }
         TypedKind::Binary(op, l, r) => {
-            TypedKind::Binary(*op, Box::new(reorder(l)), Box::new(reorder(r)))
+            TypedKind::Binary(*op, Box::new(reorder_owned(l)), Box::new(reorder_owned(r)))
         }
-        TypedKind::Unary(op, i) => TypedKind::Unary(*op, Box::new(reorder(i))),
+        TypedKind::Unary(op, i) => TypedKind::Unary(*op, Box::new(reorder_owned(i))),
         other => other.clone(),
     };
     Typed {
@@ -827,6 +855,40 @@ mod tests {
         assert_eq!(ops, [flat::Op::CmpDiv, flat::Op::Hit, flat::Op::End]);
         let cmp = program.ins[0];
         assert_eq!((cmp.d, cmp.x, cmp.k), (-1, 1, 1), "{cmp:?}");
+    }
+
+    /// A row that starts with the comparison the row before made does not make it again:
+    /// the first row's branch jumps past it, to where its outcome leads.
+    #[test]
+    fn a_comparison_already_made_is_not_made_again() {
+        let files = vec![SourceFile::new(
+            "t.rules",
+            "rule last\n  refuse remove controlplane\n  when approved - 1 == 0 and not cluster.deleting\n  say \"a\"\n\n\
+             rule quorum\n  refuse remove controlplane\n  when approved - 1 > 0 and approved - 1 < approved / 2 + 1\n  say \"b\"\n",
+        )];
+        let checked = crate::check::check_with(&files, false);
+        assert!(!checked.has_errors(), "{:?}", checked.diagnostics);
+        let table = compile(&checked.program, &files).expect("compiles");
+        let (_, program) = table
+            .group(Verb::Remove, Subject::ControlPlane, Site::Webhook)
+            .expect("the group");
+        let second = program.entries[1] as usize;
+        let (first, again) = (program.ins[0], program.ins[second]);
+        assert_eq!((first.op, first.a, first.d), (again.op, again.a, again.d));
+        // less: the second row's `> 0` fails too; greater: straight to its second branch.
+        assert_eq!(
+            first.to[0] as usize, again.to[0] as usize,
+            "{:?}",
+            program.ins
+        );
+        assert_eq!(
+            first.to[2] as usize, again.to[2] as usize,
+            "{:?}",
+            program.ins
+        );
+        // The second row's own entry still decides (the session resumes there after an
+        // error in the first row).
+        assert!(again.to.iter().all(|&t| t as usize > second));
     }
 
     /// An index past the last 32-bit one fails the compile with what overflowed, instead of

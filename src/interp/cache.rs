@@ -2,7 +2,7 @@
 
 use super::{EvalError, Facts, Lookup, Stop, Value};
 use crate::compile::Text;
-use crate::compile::flat::{self, SLOT_OF_VALUE, VALUE_OF_SLOT, VALUES};
+use crate::compile::flat::{self, SESSION_VALUES, SLOT_OF_VALUE, VALUE_OF_SLOT, VALUES};
 use crate::vocab::{FACT_COUNT, FACTS, Fact, Type};
 use std::sync::Arc;
 
@@ -49,9 +49,10 @@ pub(super) const TEXT_FACTS: usize = {
 pub(super) struct FactCache<'a, F> {
     pub(super) facts: F,
     /// Int and bool facts (bools as 0/1) at [`VALUE_OF_SLOT`], valid where `known` has
-    /// their bit; then the registers of the flat programs (see [`flat`]). A power of two long, so an index
+    /// their bit; then the registers of the flat programs that are not
+    /// [`wide`](flat::FlatProgram::wide) (see [`flat`]). A power of two long, so an index
     /// masked into range needs no bounds check.
-    pub(super) vals: [i64; VALUES],
+    pub(super) vals: [i64; SESSION_VALUES],
     /// Name and enum facts, valid where `known` has their bit.
     pub(super) texts: [Option<&'a str>; TEXT_FACTS],
     pub(super) known: u32,
@@ -65,7 +66,7 @@ impl<'a, F: Facts<'a>> FactCache<'a, F> {
         if slot >= FACT_COUNT {
             return;
         }
-        let at = usize::from(VALUE_OF_SLOT[slot]) % VALUES;
+        let at = usize::from(VALUE_OF_SLOT[slot]) % SESSION_VALUES;
         match value {
             Value::Int(i) => self.vals[at] = i,
             Value::Bool(b) => self.vals[at] = i64::from(b),
@@ -97,8 +98,8 @@ impl<'a, F: Facts<'a>> FactCache<'a, F> {
     pub(super) fn value(&self, slot: usize) -> i64 {
         let at = VALUE_OF_SLOT
             .get(slot)
-            .map_or(VALUES - 1, |&v| usize::from(v));
-        self.vals[at % VALUES]
+            .map_or(SESSION_VALUES - 1, |&v| usize::from(v));
+        self.vals[at % SESSION_VALUES]
     }
 
     /// Asks the provider for a fact and keeps the answer.

@@ -1,7 +1,8 @@
 //! The hot path: a group's flat branch program (see [`crate::compile::flat`]).
 
+use super::cache::FactCache;
 use super::{EvalError, Facts, Flow, Hit, Hits, Interrupt, Session, Stop};
-use crate::compile::flat::{self, VALUES};
+use crate::compile::flat::{self, REG_BASE, SESSION_VALUES, VALUES};
 use crate::compile::{FlatProgram, Row};
 use crate::vocab::Verdict;
 use std::sync::Arc;
@@ -14,9 +15,59 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
         program: &FlatProgram,
         hits: &mut Hits,
     ) -> Result<(), Interrupt> {
+        if program.stack_only {
+            return self.run_stack_rows(rows, program, hits);
+        }
+        if program.wide {
+            let mut wide = Wide([0; VALUES]);
+            self.run_on(rows, program, hits, &mut wide)
+        } else {
+            self.run_on(rows, program, hits, &mut Narrow)
+        }
+    }
+
+    /// A program of rows all on the stack machine (each row's `fires` code, in order: what
+    /// the flat loop would do, each row's `Stack` instruction at a time).
+    #[inline(never)]
+    fn run_stack_rows(
+        &mut self,
+        rows: &[Row],
+        program: &FlatProgram,
+        hits: &mut Hits,
+    ) -> Result<(), Interrupt> {
+        for (code, &at) in program.deep.iter().zip(&program.stack_rows) {
+            let result = self.run(code).map(|v| v != 0);
+            let error = match result {
+                Ok(_) => None,
+                Err(Stop::Need(f)) => return Err(Interrupt::Need(f)),
+                Err(Stop::Fail(e)) => Some(e),
+            };
+            // As `resume` does: a row that could not be evaluated matches unless it warns.
+            if let Some(row) = rows.get(at as usize)
+                && (result == Ok(true) || (error.is_some() && row.verdict != Verdict::Warn))
+            {
+                hits.push(Hit {
+                    rule: row.rule,
+                    verdict: row.verdict,
+                    error,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    #[inline(always)]
+    fn run_on<V: Values<'a, F>>(
+        &mut self,
+        rows: &[Row],
+        program: &FlatProgram,
+        hits: &mut Hits,
+        vals: &mut V,
+    ) -> Result<(), Interrupt> {
         let mut pc = 0;
         loop {
-            match self.exec(rows, program, pc, hits) {
+            vals.sync(&self.cache);
+            match self.exec(rows, program, pc, hits, vals) {
                 Ok(Flow::End) => return Ok(()),
                 // A row on the stack machine: the usual case of `flat: false`.
                 Ok(Flow::Stack) => pc = self.stack_row(rows, program, hits)?,
@@ -117,12 +168,12 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
         program: &FlatProgram,
         mut pc: usize,
         hits: &mut Hits,
+        vals: &mut impl Values<'a, F>,
     ) -> Result<Flow, Stop> {
         use flat::Op as F;
         let cache = &mut self.cache;
         let strings: &'a [Arc<str>] = &self.table.strings;
         let ins = program.ins.as_slice();
-        const M: usize = VALUES - 1;
         macro_rules! fail {
             ($e:expr) => {{
                 self.pc = pc;
@@ -133,28 +184,32 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
             ($i:expr, $a:expr, $f:ident, $b:expr) => {{
                 let (a, b) = ($a, $b);
                 match a.$f(b) {
-                    Some(v) => cache.vals[usize::from($i.x) & M] = v,
+                    Some(v) => vals.set(cache, $i.x, v),
                     None if b == 0 => fail!(EvalError::DivisionByZero),
                     None => fail!(EvalError::Overflow),
                 }
                 pc += 1;
             }};
         }
+        // The facts known, kept in a register (updated where facts are asked).
+        let mut known = cache.known;
         // Every jump goes forward (see `compile::flat`), so this ends.
         loop {
             let Some(i) = ins.get(pc) else {
                 fail!(EvalError::Type)
             };
-            if cache.known & i.need != i.need
-                && let Err(e) = cache.need(i)
-            {
-                self.pc = pc;
-                return Err(e);
+            if known & i.need != i.need {
+                if let Err(e) = cache.need(i) {
+                    self.pc = pc;
+                    return Err(e);
+                }
+                known = cache.known;
+                vals.sync(cache);
             }
-            let a = cache.vals[usize::from(i.a) & M];
+            let a = vals.get(cache, i.a);
             macro_rules! b {
                 () => {
-                    cache.vals[usize::from(i.b) & M]
+                    vals.get(cache, i.b)
                 };
             }
             // The comparisons, most of what a program runs, without a jump through the table
@@ -193,7 +248,7 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                 F::MulK => arith!(i, a, checked_mul, i.k),
                 F::DivK => arith!(i, a, checked_div, i.k),
                 F::DivP2 => {
-                    cache.vals[usize::from(i.x) & M] = div_p2(a, (i.k & 63) as u8);
+                    vals.set(cache, i.x, div_p2(a, (i.k & 63) as u8));
                     pc += 1;
                 }
                 F::ModK => arith!(i, a, checked_rem, i.k),
@@ -204,17 +259,17 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                 F::Mod => arith!(i, a, checked_rem, b!()),
                 F::Neg => match a.checked_neg() {
                     Some(v) => {
-                        cache.vals[usize::from(i.x) & M] = v;
+                        vals.set(cache, i.x, v);
                         pc += 1;
                     }
                     None => fail!(EvalError::Overflow),
                 },
                 F::Mov => {
-                    cache.vals[usize::from(i.x) & M] = i.k;
+                    vals.set(cache, i.x, i.k);
                     pc += 1;
                 }
                 F::Set => {
-                    cache.vals[usize::from(i.x) & M] = i.k;
+                    vals.set(cache, i.x, i.k);
                     pc = i.to[0] as usize;
                 }
                 F::Text => {
@@ -225,6 +280,8 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                         Ok(ta) => cache.text(tb, strings).map(|tb| ta == tb),
                         Err(e) => Err(e),
                     };
+                    known = cache.known;
+                    vals.sync(cache);
                     match eq {
                         Ok(eq) => pc = i.to[usize::from(eq)] as usize,
                         Err(Stop::Fail(e)) => fail!(e),
@@ -240,6 +297,49 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                 F::Invalid => fail!(EvalError::Type),
             }
         }
+    }
+}
+
+/// Where a flat program's values live: the facts the session knows, and the registers.
+pub(super) trait Values<'a, F> {
+    fn get(&self, cache: &FactCache<'a, F>, index: u8) -> i64;
+    fn set(&mut self, cache: &mut FactCache<'a, F>, index: u8, value: i64);
+    /// Takes the facts the session learnt since (after facts were asked).
+    fn sync(&mut self, cache: &FactCache<'a, F>);
+}
+
+/// The session's own array: a program whose indexes all fall below [`SESSION_VALUES`].
+pub(super) struct Narrow;
+
+impl<'a, F> Values<'a, F> for Narrow {
+    #[inline(always)]
+    fn get(&self, cache: &FactCache<'a, F>, index: u8) -> i64 {
+        cache.vals[usize::from(index) & (SESSION_VALUES - 1)]
+    }
+    #[inline(always)]
+    fn set(&mut self, cache: &mut FactCache<'a, F>, index: u8, value: i64) {
+        cache.vals[usize::from(index) & (SESSION_VALUES - 1)] = value;
+    }
+    #[inline(always)]
+    fn sync(&mut self, _: &FactCache<'a, F>) {}
+}
+
+/// An array of [`VALUES`] for a [`wide`](flat::FlatProgram::wide) program: the session's
+/// facts copied in (again whenever facts are asked), its registers its own.
+pub(super) struct Wide(pub(super) [i64; VALUES]);
+
+impl<'a, F> Values<'a, F> for Wide {
+    #[inline(always)]
+    fn get(&self, _: &FactCache<'a, F>, index: u8) -> i64 {
+        self.0[usize::from(index) & (VALUES - 1)]
+    }
+    #[inline(always)]
+    fn set(&mut self, _: &mut FactCache<'a, F>, index: u8, value: i64) {
+        self.0[usize::from(index) & (VALUES - 1)] = value;
+    }
+    #[inline(always)]
+    fn sync(&mut self, cache: &FactCache<'a, F>) {
+        self.0[..REG_BASE].copy_from_slice(&cache.vals[..REG_BASE]);
     }
 }
 

@@ -11,7 +11,7 @@ mod stack_vm;
 /// Values and the reference evaluator live below the checker (`crate::value`).
 pub use crate::value;
 
-use crate::compile::flat::VALUES;
+use crate::compile::flat::SESSION_VALUES;
 use crate::compile::{Code, Kind, Piece, Table};
 use crate::vocab::Event;
 use crate::vocab::{Fact, Verdict};
@@ -128,7 +128,7 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
             table,
             cache: FactCache {
                 facts,
-                vals: [0; VALUES],
+                vals: [0; SESSION_VALUES],
                 texts: [None; TEXT_FACTS],
                 known: 0,
                 asked: None,
@@ -550,6 +550,69 @@ mod tests {
                     runs: true,
                     message: None
                 })
+            );
+        }
+    }
+
+    /// A row whose arithmetic needs more registers than the session's array holds runs on
+    /// an array of its own (`FlatProgram::wide`), facts asked midway included, and decides
+    /// as the stack machine does; the rows after it run as before.
+    #[test]
+    fn a_wide_program_decides_as_the_stack_machine() {
+        use crate::compile::{Options, compile_with};
+        use crate::diagnostics::SourceFile;
+        use crate::interp::{Facts, Lookup, Session, Value};
+        use crate::vocab::{Fact, Site, Subject, Verb};
+        struct Given(i64, i64, i64);
+        impl<'a> Facts<'a> for Given {
+            fn fact(&mut self, fact: Fact) -> Lookup<'a> {
+                Lookup::Value(match fact {
+                    Fact::Approved => Value::Int(self.0),
+                    Fact::Count => Value::Int(self.1),
+                    Fact::Workers => Value::Int(self.2),
+                    _ => match fact.info().ty {
+                        crate::vocab::Type::Int => Value::Int(0),
+                        crate::vocab::Type::Bool => Value::Bool(false),
+                        _ => Value::Str(""),
+                    },
+                })
+            }
+        }
+        // Each left operand computed, so each level holds one more register: 12 deep.
+        let mut deep = String::from("(workers + 1)");
+        for i in 0..12 {
+            let f = ["approved", "count", "workers"][i % 3];
+            deep = format!("({f} + {i}) * ({deep} - {f})");
+        }
+        let text = format!(
+            "rule wide\n  refuse remove controlplane\n  when {deep} > approved * 1000\n  say \"w\"\n\n\
+             rule after\n  refuse remove controlplane\n  when approved - 1 < count\n  say \"a\"\n"
+        );
+        let files = vec![SourceFile::new("w.rules", text)];
+        let checked = crate::check::check_with(&files, false);
+        assert!(!checked.has_errors(), "{:?}", checked.diagnostics);
+        let flat = compile_with(&checked.program, &files, Options { flat: true }).expect("flat");
+        let stack = compile_with(&checked.program, &files, Options { flat: false }).expect("stack");
+        let (_, program) = flat
+            .group(Verb::Remove, Subject::ControlPlane, Site::Webhook)
+            .expect("the group");
+        assert!(program.wide && program.stack_rows.is_empty(), "{program:?}");
+        let event = (Verb::Remove, Subject::ControlPlane, Site::Webhook);
+        for facts in [
+            (0, 0, 0),
+            (1, 2, 3),
+            (3, 3, 2),
+            (5, 3, 1),
+            (-7, 40, 9),
+            (i64::MAX, 1, 1),
+        ] {
+            let (a, c, w) = facts;
+            let flat_hits = Session::new(&flat, Given(a, c, w)).matches(event);
+            let stack_hits = Session::new(&stack, Given(a, c, w)).matches(event);
+            assert_eq!(
+                flat_hits.map(|h| h.to_vec()),
+                stack_hits.map(|h| h.to_vec()),
+                "{facts:?}"
             );
         }
     }

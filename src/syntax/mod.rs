@@ -5,6 +5,7 @@
 pub mod ast;
 pub mod depth;
 mod errors;
+mod fast;
 pub mod fmt;
 mod lower;
 mod recover;

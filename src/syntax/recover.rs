@@ -11,6 +11,18 @@ pub(super) const MAX_SYNTAX_ERRORS: usize = 50;
 /// stays true), and the file parsed again. The AST holds the statements that parsed; the
 /// checker can still find their own errors.
 pub fn parse_recovering(file_id: usize, text: &str) -> (File, Vec<Diagnostic>) {
+    parse_recovering_with(file_id, text, true)
+}
+
+/// [`parse_recovering`] without the fast parser: pest and lowering alone (its tests compare).
+#[cfg(test)]
+pub(super) fn parse_with_pest(file_id: usize, text: &str) -> (File, Vec<Diagnostic>) {
+    parse_recovering_with(file_id, text, false)
+}
+
+/// With `fast`, a file the hand-written parser reads ([`fast`](super::fast)) is not given to
+/// pest: the same AST, without pest's parse tree. Anything else pest parses and reports.
+fn parse_recovering_with(file_id: usize, text: &str, fast: bool) -> (File, Vec<Diagnostic>) {
     let empty = || File {
         items: Vec::new(),
         broken_lets: Vec::new(),
@@ -25,6 +37,9 @@ pub fn parse_recovering(file_id: usize, text: &str) -> (File, Vec<Diagnostic>) {
         .label(format!("level {}", MAX_NESTING + 1))
         .help("parentheses, `{placeholders}`, `not` and unary `-` each nest one level; split the condition into `let` definitions");
         return (empty(), vec![d]);
+    }
+    if fast && let Some(file) = super::fast::parse(text) {
+        return (file, Vec::new());
     }
     let mut errors = Vec::new();
     let mut broken_lets = Vec::new();
