@@ -198,6 +198,20 @@ impl<'a> ModelWorld<'a> {
         let not_member =
             |w: &Self| w.failed(j, tonic::Code::FailedPrecondition, "etcd is not running");
         match call {
+            // The model does not run operations yet (issue 35's `verify` slice): a node of
+            // the model never reboots, so its boot time never changes, and the calls that
+            // would take it down are refused as unimplemented rather than faked.
+            Call::SystemStat => Ok(Reply::BootTime(1)),
+            Call::Reboot
+            | Call::Shutdown { .. }
+            | Call::UpgradeLegacy { .. }
+            | Call::Rollback
+            | Call::ImagePull { .. }
+            | Call::LifecycleUpgrade { .. } => Err(self.failed(
+                j,
+                tonic::Code::Unimplemented,
+                "the verify model does not run operations yet",
+            )),
             Call::Version => Ok(Reply::Version("v1.12.0".into())),
             Call::EtcdStatus => {
                 if !m.member {
@@ -341,8 +355,9 @@ impl World for ModelWorld<'_> {
                 detail: "no node answers there".into(),
             })));
         };
+        let acts = call.acts();
         let answer = self.call(j, call);
-        if call.acts() && answer.is_ok() {
+        if acts && answer.is_ok() {
             let n = self.acts;
             self.acts = self.acts.saturating_add(1);
             if self.faults.crash == Some(n) {

@@ -79,6 +79,8 @@ pub struct Settings {
     pub read_timeout: Duration,
     /// Each Talos API call.
     pub talos_timeout: Duration,
+    /// An installer image pull, and the install of an upgrade (streams read to their end).
+    pub install_deadline: Duration,
 }
 
 impl Default for Settings {
@@ -99,6 +101,7 @@ impl Default for Settings {
             reset_settle: Duration::from_secs(60),
             read_timeout: Duration::from_secs(5),
             talos_timeout: Duration::from_secs(10),
+            install_deadline: Duration::from_secs(600),
         }
     }
 }
