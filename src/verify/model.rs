@@ -1192,6 +1192,7 @@ impl Objects<'_> {
                 },
                 kind: o.kind.name().into(),
                 machine: target,
+                image: None,
             },
         );
         op.metadata.namespace = Some(NAMESPACE.into());
@@ -1209,16 +1210,19 @@ impl Objects<'_> {
                     "waits for an odd count",
                 )],
                 failure_reason: None,
+                progress: None,
             }),
             Phase::Running => Some(OperationStatus {
                 phase: Some("Running".into()),
                 conditions: Vec::new(),
                 failure_reason: None,
+                progress: None,
             }),
             Phase::Succeeded => Some(OperationStatus {
                 phase: Some("Succeeded".into()),
                 conditions: Vec::new(),
                 failure_reason: None,
+                progress: None,
             }),
         };
         op

@@ -21,6 +21,7 @@ pub mod lock;
 pub mod machine;
 pub mod nodes;
 pub mod operation;
+pub mod operation_world;
 pub use crate::runtime::exec::rules as plan;
 pub mod removal;
 pub mod status;

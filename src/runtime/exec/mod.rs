@@ -14,6 +14,7 @@
 //! model ask the same Talos calls and judge the answers with the same functions.
 
 pub mod etcd;
+pub mod operation;
 pub mod removal;
 pub mod rules;
 
@@ -336,7 +337,6 @@ pub(crate) mod calls {
         Ok(w.talos(cluster, node, call).await?.map(|_| ()))
     }
 
-    #[allow(dead_code)] // the operation procedure (next commit) calls it
     pub async fn boot_time<W: World>(
         w: &mut W,
         cluster: &str,
@@ -349,7 +349,6 @@ pub(crate) mod calls {
         })
     }
 
-    #[allow(dead_code)] // the operation procedure (next commit) calls it
     pub async fn pull<W: World>(
         w: &mut W,
         cluster: &str,
@@ -367,7 +366,6 @@ pub(crate) mod calls {
     }
 
     /// `LifecycleService/Upgrade`: its exit code and last message.
-    #[allow(dead_code)] // the operation procedure (next commit) calls it
     pub async fn install<W: World>(
         w: &mut W,
         cluster: &str,
