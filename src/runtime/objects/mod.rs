@@ -480,6 +480,10 @@ impl TalosCluster {
     printcolumn = r#"{"name":"Kind","type":"string","jsonPath":".spec.kind"}"#,
     printcolumn = r#"{"name":"Machine","type":"string","jsonPath":".spec.machine"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Done","type":"integer","jsonPath":".status.progress.done"}"#,
+    printcolumn = r#"{"name":"Of","type":"integer","jsonPath":".status.progress.total"}"#,
+    printcolumn = r#"{"name":"Node","type":"string","jsonPath":".status.progress.node"}"#,
+    printcolumn = r#"{"name":"Step","type":"string","jsonPath":".status.progress.step"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -489,6 +493,9 @@ impl TalosCluster {
 #[schemars(extend("x-kubernetes-validations" = [{
     "rule": "self == oldSelf",
     "message": "spec is immutable: a TalosOperation's spec cannot change once it is created; create a new TalosOperation instead"
+}, {
+    "rule": "self.kind != 'upgrade' || (has(self.image) && self.image != '')",
+    "message": "an upgrade needs spec.image, the Talos installer image to go to (e.g. ghcr.io/siderolabs/installer:v1.12.1)"
 }]))]
 pub struct OperationSpec {
     #[serde(default)]
