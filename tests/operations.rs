@@ -323,3 +323,121 @@ async fn an_administrators_cordon_stays() {
     .await;
     assert!(c.cordoned("cp-3"));
 }
+
+fn upgrade_of(name: &str, machine: &str, image: &str) -> Value {
+    let mut o = operation(name, "upgrade");
+    o["spec"]["machine"] = json!(machine);
+    o["spec"]["image"] = json!(image);
+    o
+}
+
+/// An upgrade takes the path the node's `Version` says: a node on Talos 1.13 or later is
+/// pulled and installed (`ImageService/Pull`, `LifecycleService/Upgrade`) and then
+/// rebooted by the controller; an older one gets the legacy `MachineService/Upgrade`. Both
+/// come back running the image's tag, which the gate checks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_takes_the_path_its_version_says() {
+    let c = Cluster::start(3).await;
+    for i in 0..3 {
+        c.talos.node(i).set_downtime(Duration::from_millis(700));
+    }
+    c.talos.node(0).set_version("v1.13.2");
+    c.api.insert(upgrade_of(
+        "up-cp-1",
+        "cp-1",
+        "ghcr.io/siderolabs/installer:v1.14.0",
+    ));
+    let _ctl = Running::start(c.ctx("controller-1", rules()));
+    wait_for("the newer path's upgrade succeeds", WAIT, || {
+        c.phase("up-cp-1") == "Succeeded"
+    })
+    .await;
+    assert_eq!(c.talos.node(0).version(), "v1.14.0");
+    assert_eq!(c.talos.calls_to("ImageService/Pull", "cp-1"), 1);
+    assert_eq!(c.talos.calls_to("LifecycleService/Upgrade", "cp-1"), 1);
+    assert_eq!(c.talos.calls_to("Reboot", "cp-1"), 1);
+    assert_eq!(c.talos.calls_to("Upgrade", "cp-1"), 0);
+
+    // The legacy path, on a node of an older Talos (the stand-ins' default, v1.9.5).
+    c.api.insert(upgrade_of(
+        "up-cp-2",
+        "cp-2",
+        "ghcr.io/siderolabs/installer:v1.12.4",
+    ));
+    wait_for("the legacy upgrade succeeds", WAIT, || {
+        c.phase("up-cp-2") == "Succeeded"
+    })
+    .await;
+    assert_eq!(c.talos.node(1).version(), "v1.12.4");
+    assert_eq!(c.talos.calls_to("Upgrade", "cp-2"), 1);
+    assert_eq!(c.talos.calls_to("Reboot", "cp-2"), 0);
+    assert_eq!(c.talos.calls_to("LifecycleService/Upgrade", "cp-2"), 0);
+    assert_eq!(c.most_down_at_once(), 1);
+    c.talos.etcd.wait_healthy(3).await.expect("etcd healthy");
+}
+
+/// An install whose stream ends with a non-zero `exit_code` fails the operation, saying
+/// so; the node is not rebooted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_install_fails_the_upgrade_without_a_reboot() {
+    let c = Cluster::start(3).await;
+    c.talos.node(1).set_version("v1.13.0");
+    c.talos.node(1).set_install_exit_code(2);
+    c.api.insert(upgrade_of(
+        "up-cp-2",
+        "cp-2",
+        "ghcr.io/siderolabs/installer:v1.14.0",
+    ));
+    let _ctl = Running::start(c.ctx("controller-1", rules()));
+    wait_for("the upgrade fails", WAIT, || c.phase("up-cp-2") == "Failed").await;
+    let op = c.operation("up-cp-2");
+    let reason = op["status"]["failureReason"].as_str().unwrap_or("");
+    assert!(
+        reason.contains("cp-2")
+            && reason.contains("talos upgrade")
+            && reason.contains("exit code 2"),
+        "{reason}"
+    );
+    assert_eq!(c.talos.calls_to("Reboot", "cp-2"), 0);
+    assert!(c.talos.downtimes().is_empty());
+    assert_eq!(c.talos.node(1).version(), "v1.13.0");
+}
+
+/// The step rules are decided again before every step, under the lock, from etcd itself:
+/// with another control plane's etcd member down, taking cp-1 down would leave one healthy
+/// of three, so the step waits (Running=False StepRefused with the rule's message) and
+/// nothing is sent; once the member is back, the reboot runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_waits_while_another_member_is_down_and_runs_once_it_is_back() {
+    let c = Cluster::start(3).await;
+    c.talos.node(0).set_downtime(Duration::from_millis(500));
+    c.talos.etcd.kill(2);
+    c.api.insert(reboot_of("reboot-cp-1", "cp-1"));
+    let _ctl = Running::start(c.ctx("controller-1", rules()));
+    wait_for("the step is refused", WAIT, || {
+        cond(&c.api, "TalosOperation", "reboot-cp-1", "Running")
+            == Some(("False".into(), "StepRefused".into()))
+    })
+    .await;
+    let op = c.operation("reboot-cp-1");
+    let message = condition(&op, "Running").expect("Running")["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        message
+            .contains("taking control plane cp-1 down now would leave 1 healthy of 3 etcd members"),
+        "{message}"
+    );
+    assert_eq!(c.talos.calls_to("Reboot", "cp-1"), 0);
+    assert!(
+        !c.cordoned("cp-1"),
+        "nothing done to the node while refused"
+    );
+    c.talos.etcd.restart(2).await.expect("cp-3's member back");
+    wait_for("the reboot succeeds", WAIT, || {
+        c.phase("reboot-cp-1") == "Succeeded"
+    })
+    .await;
+    assert_eq!(c.talos.calls_to("Reboot", "cp-1"), 1);
+}
