@@ -171,14 +171,6 @@ pub async fn reconcile<W: OperationWorld>(
         w.write_operation(op, &next).await?;
         return Ok(requeue(timing.refused_requeue, Wait::On("NoPlan".into())));
     };
-    let Some(target) = op.spec.machine.clone().filter(|m| !m.is_empty()) else {
-        // Rolling over the whole cluster is the next slice of issue 35.
-        let msg = "this controller runs operations on one machine (spec.machine); \
-                   rolling over the whole cluster is not implemented yet, so it waits";
-        status::set(next.conditions_mut(), RUNNING, false, "NoMachine", msg);
-        w.write_operation(op, &next).await?;
-        return Ok(Outcome::AwaitChange);
-    };
     if let Err(why) = w.credentials(cluster).await {
         let msg = format!("{why}; the operation does not run without them");
         status::set(
@@ -211,19 +203,31 @@ pub async fn reconcile<W: OperationWorld>(
         ));
     }
     let mut p = progress(op);
-    let now = Time(w.now());
-    if p.started_at.is_none() {
-        p.started_at = Some(now.clone());
-        p.total = 1;
-        p.node = Some(target.clone());
-    }
     let reads = Reads {
         machines: true,
         clusters: true,
         operations: true,
     };
+    if p.started_at.is_none() || p.order.is_empty() {
+        let snapshot = w.read(cluster, reads).await?;
+        p.started_at = Some(Time(w.now()));
+        p.order = order(op, &snapshot);
+        p.total = u32::try_from(p.order.len()).unwrap_or(u32::MAX);
+        p.done = 0;
+        p.node = p.order.first().cloned();
+    }
     // Each step: read again under the lock, decide again, then act.
     loop {
+        let Some(target) = p.order.get(p.done as usize).cloned() else {
+            let snapshot = w.read(cluster, reads).await?;
+            let Some(live) = snapshot.operation(ns, name) else {
+                unlock(w, cluster, LockOp::Release).await?;
+                return Ok(Outcome::AwaitChange);
+            };
+            let before = live.clone();
+            let mut next = live.clone();
+            return succeed(w, &before, &mut next, &mut p).await;
+        };
         let snapshot = w.read(cluster, reads).await?;
         let Some(live) = snapshot.operation(ns, name) else {
             unlock(w, cluster, LockOp::Release).await?;
@@ -253,8 +257,26 @@ pub async fn reconcile<W: OperationWorld>(
             .enumerate()
             .find(|(k, s)| !p.steps_done.contains(&key(*k, s)))
         else {
-            return succeed(w, &before, &mut next, &mut p, m).await;
+            // This node is done: the next one, from a clean record.
+            let msg = format!("{target}: every step of the plan ran");
+            w.operation_event(live, false, "NodeFinished", msg).await;
+            p = OperationProgress {
+                done: p.done + 1,
+                node: p.order.get(p.done as usize + 1).cloned(),
+                order: std::mem::take(&mut p.order),
+                total: p.total,
+                started_at: p.started_at.take(),
+                ..OperationProgress::default()
+            };
+            set_progress(&mut next, &p);
+            w.write_operation(&before, &next).await?;
+            continue;
         };
+        // The rules see the node being worked on as the operation's target (`target`,
+        // `target.controlplane`, ...): for a roll over the cluster, each node in turn.
+        let mut view = live.clone();
+        view.spec.machine = Some(target.clone());
+        let live = &view;
         // 2. The step rules, decided again under the lock from live reads.
         let ev = EventFacts {
             event: (Verb::Step, Subject::Operation, Site::Controller),
@@ -379,21 +401,51 @@ async fn succeed<W: OperationWorld>(
     before: &TalosOperation,
     next: &mut TalosOperation,
     p: &mut OperationProgress,
-    m: &TalosMachine,
 ) -> Result<Outcome, W::Error> {
-    p.done = p.total.max(1);
+    p.done = p.total;
+    p.node = None;
     p.step = None;
     p.step_started_at = None;
     set_progress(next, p);
     set_phase(next, "Succeeded");
-    let msg = format!("{}: every step of the plan ran", m.name());
+    let msg = format!(
+        "every step of the plan ran on {} of {} machine(s): {}",
+        p.done,
+        p.total,
+        p.order.join(", ")
+    );
     status::set(next.conditions_mut(), RUNNING, false, "Succeeded", &msg);
     w.write_operation(before, next).await?;
-    w.operation_event(before, false, "NodeFinished", msg.clone())
-        .await;
-    w.note(m, Note::Info("operation succeeded"));
+    w.operation_event(before, false, "Succeeded", msg).await;
     unlock(w, before.cluster(), LockOp::Release).await?;
     Ok(Outcome::AwaitChange)
+}
+
+/// The machines an operation acts on, in order: `spec.machine`; without it, every approved
+/// control plane of the cluster not being deleted, then every approved worker, each by
+/// name (one at a time: control planes first, as a roll over a cluster goes).
+fn order(op: &TalosOperation, snapshot: &Snapshot) -> Vec<String> {
+    if let Some(m) = op.spec.machine.as_deref().filter(|m| !m.is_empty()) {
+        return vec![m.to_string()];
+    }
+    let of = |role: Role| {
+        let mut names: Vec<String> = snapshot
+            .machines
+            .iter()
+            .filter(|m| {
+                m.namespace() == op.namespace()
+                    && m.cluster() == op.cluster()
+                    && !m.deleting()
+                    && m.approved_role() == Some(role)
+            })
+            .map(|m| m.name().to_string())
+            .collect();
+        names.sort();
+        names
+    };
+    let mut out = of(Role::ControlPlane);
+    out.extend(of(Role::Worker));
+    out
 }
 
 /// Fails the operation: phase Failed, the failureReason and the condition say what was

@@ -540,6 +540,11 @@ pub struct OperationProgress {
     pub done: u32,
     #[serde(default)]
     pub total: u32,
+    /// The machines it acts on, in the order it takes them (recorded once when it starts:
+    /// `spec.machine`, or every approved control plane, then every approved worker, each by
+    /// name), so a restarted controller continues in the same order.
+    #[serde(default)]
+    pub order: Vec<String>,
     /// The machine being worked on.
     #[serde(default)]
     pub node: Option<String>,
