@@ -498,3 +498,33 @@ async fn a_roll_stops_at_the_first_failed_gate() {
     assert!(!c.cordoned("cp-3"));
     assert_eq!(c.phase("roll"), "Failed");
 }
+
+/// The operation's metrics: one succeeded reboot, and its steps with their time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operation_is_counted_in_the_metrics() {
+    let c = Cluster::start(3).await;
+    c.talos.node(1).set_downtime(Duration::from_millis(300));
+    c.api.insert(reboot_of("reboot-cp-2", "cp-2"));
+    let ctl = Running::start(c.ctx("controller-1", rules()));
+    wait_for("the reboot succeeds", WAIT, || {
+        c.phase("reboot-cp-2") == "Succeeded"
+    })
+    .await;
+    // Counted once the operation has ended (right after its last status write).
+    wait_for("the operation counted", WAIT, || {
+        ctl.ctx
+            .metrics
+            .render()
+            .contains("ichor_rules_operations_total{kind=\"reboot\",result=\"succeeded\"} 1")
+    })
+    .await;
+    let text = ctl.ctx.metrics.render();
+    assert!(
+        text.contains("ichor_rules_operation_steps_total{action=\"talos-reboot\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ichor_rules_operation_steps_total{action=\"wait-node-back\"} 1"),
+        "{text}"
+    );
+}

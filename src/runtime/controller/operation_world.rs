@@ -189,6 +189,15 @@ impl OperationWorld for OperationLive<'_> {
             .map_err(|e| e.to_string()))
     }
 
+    fn step_took(&mut self, action: crate::vocab::Action, took: std::time::Duration) {
+        self.ctx.metrics.operation_step(action, took);
+    }
+
+    fn ended(&mut self, op: &TalosOperation, succeeded: bool) {
+        let result = if succeeded { "succeeded" } else { "failed" };
+        self.ctx.metrics.operation(&op.spec.kind, result);
+    }
+
     async fn node_ready(
         &mut self,
         node: &str,

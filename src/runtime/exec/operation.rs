@@ -66,6 +66,16 @@ pub trait OperationWorld: World {
     /// Whether the Kubernetes Node `node` is Ready (`None`: there is no such Node).
     async fn node_ready(&mut self, node: &str)
     -> Result<Result<Option<bool>, String>, Self::Error>;
+
+    /// A step finished after `took` (metrics; a model has none).
+    fn step_took(&mut self, action: BuiltIn, took: Duration) {
+        let _ = (action, took);
+    }
+
+    /// The operation ended, `succeeded` or not (metrics; a model has none).
+    fn ended(&mut self, op: &TalosOperation, succeeded: bool) {
+        let _ = (op, succeeded);
+    }
 }
 
 /// The holder of the cluster lock for an operation.
@@ -370,6 +380,11 @@ pub async fn reconcile<W: OperationWorld>(
         let outcome = execute(w, timing, &snapshot, m, &mut rec, step, message).await?;
         match outcome {
             Step::Done => {
+                if let Some(since) = &p.step_started_at {
+                    let secs = w.now().duration_since(since.0).as_secs();
+                    let took = Duration::from_secs(u64::try_from(secs).unwrap_or(0));
+                    w.step_took(step.action, took);
+                }
                 p.steps_done.push(key(k, step));
                 p.step = None;
                 p.step_started_at = None;
@@ -417,6 +432,7 @@ async fn succeed<W: OperationWorld>(
     status::set(next.conditions_mut(), RUNNING, false, "Succeeded", &msg);
     w.write_operation(before, next).await?;
     w.operation_event(before, false, "Succeeded", msg).await;
+    w.ended(before, true);
     unlock(w, before.cluster(), LockOp::Release).await?;
     Ok(Outcome::AwaitChange)
 }
@@ -466,6 +482,7 @@ async fn fail<W: OperationWorld>(
     status::set(next.conditions_mut(), RUNNING, false, reason, &message);
     w.write_operation(before, next).await?;
     w.operation_event(before, true, reason, message).await;
+    w.ended(before, false);
     unlock(w, before.cluster(), LockOp::Release).await?;
     Ok(Outcome::AwaitChange)
 }
