@@ -528,3 +528,45 @@ async fn an_operation_is_counted_in_the_metrics() {
         "{text}"
     );
 }
+
+/// A failed operation never continues by itself, only when a person asks (the annotation
+/// ichor.maesh.dev/resume with a new value): the failed gate runs again with a fresh
+/// timeout, the reboot is not sent again, and the operation completes once the node is
+/// back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_operation_resumes_only_when_a_person_asks() {
+    let c = Cluster::start(3).await;
+    c.talos.node(2).never_back();
+    c.api.insert(reboot_of("reboot-cp-3", "cp-3"));
+    let _ctl = Running::start(c.ctx("controller-1", rules_with_timeouts("resume", "3s")));
+    wait_for("the operation fails", WAIT, || {
+        c.phase("reboot-cp-3") == "Failed"
+    })
+    .await;
+    // Fixed by hand; still Failed: it does not resume by itself.
+    c.talos.node(2).bring_back().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(c.phase("reboot-cp-3"), "Failed");
+    let api: kube::Api<ichor_rules::runtime::objects::TalosOperation> =
+        kube::Api::namespaced(c.api.client(), NS);
+    let patch =
+        json!({"metadata": {"annotations": {"ichor.maesh.dev/resume": "2026-12-05T05:00:00Z"}}});
+    api.patch(
+        "reboot-cp-3",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .expect("annotate");
+    wait_for("the resumed operation succeeds", WAIT, || {
+        c.phase("reboot-cp-3") == "Succeeded"
+    })
+    .await;
+    assert_eq!(c.talos.calls_to("Reboot", "cp-3"), 1, "not sent again");
+    assert!(!c.cordoned("cp-3"));
+    let op = c.operation("reboot-cp-3");
+    assert_eq!(
+        op["status"]["progress"]["resumed"], "2026-12-05T05:00:00Z",
+        "{op}"
+    );
+}

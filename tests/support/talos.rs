@@ -1021,6 +1021,25 @@ impl TalosNode {
         self.node.never_back.store(true, Ordering::SeqCst);
     }
 
+    /// Brings a node that never came back up again (someone fixed it): its etcd member
+    /// restarted from its data, a new boot time, its downtime closed.
+    pub async fn bring_back(&self) {
+        self.node.never_back.store(false, Ordering::SeqCst);
+        self.node
+            .etcd
+            .restart(self.node.index)
+            .await
+            .expect("etcd member back");
+        self.node.boot_time.fetch_add(100, Ordering::SeqCst);
+        self.node.down.store(false, Ordering::SeqCst);
+        let now = Instant::now();
+        for d in self.node.downtimes.lock().expect("downtimes").iter_mut() {
+            if d.node == self.node.name && d.to.is_none() {
+                d.to = Some(now);
+            }
+        }
+    }
+
     /// The `exit_code` its `LifecycleService/Upgrade` stream ends with.
     pub fn set_install_exit_code(&self, code: i32) {
         self.node.install_exit_code.store(code, Ordering::SeqCst);

@@ -129,8 +129,23 @@ pub async fn reconcile(
     if events.is_empty() {
         return Ok(Action::await_change());
     }
-    // A failed operation is not parked nor resumed: its failure stands (ADR 0137).
+    // A failed operation is not parked nor resumed by itself: its failure stands (ADR
+    // 0137), until a person asks for a resume (the annotation ichor.maesh.dev/resume with
+    // a new value); the next reconcile then decides the run and step rules again.
     if live.failed() {
+        if let Some(asked) = crate::runtime::exec::operation::resume_asked(live) {
+            let mut next = live.clone();
+            crate::runtime::exec::operation::resume(&mut next, &asked);
+            status::write(&ctx.client, live, &next).await?;
+            ctx.event(
+                live,
+                false,
+                "Resumed",
+                format!("resumed by the annotation ichor.maesh.dev/resume={asked}"),
+            )
+            .await;
+            return Ok(Action::requeue(ctx.settings.lock_retry));
+        }
         return Ok(Action::await_change());
     }
     let mut next = live.clone();

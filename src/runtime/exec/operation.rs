@@ -78,6 +78,50 @@ pub trait OperationWorld: World {
     }
 }
 
+/// The annotation a person sets on a failed operation to resume it; each new value resumes
+/// it once (e.g. the time: `kubectl annotate talosoperation X ichor.maesh.dev/resume="$(date -u +%FT%TZ)" --overwrite`).
+pub const RESUME_ANNOTATION: &str = "ichor.maesh.dev/resume";
+
+/// The resume a person asked for on a failed operation: the annotation's value, when it is
+/// not the one it was last resumed by.
+pub fn resume_asked(op: &TalosOperation) -> Option<String> {
+    if !op.failed() {
+        return None;
+    }
+    let value = op
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(RESUME_ANNOTATION)?
+        .trim()
+        .to_string();
+    let last = op
+        .status
+        .as_ref()
+        .and_then(|s| s.progress.as_ref())
+        .and_then(|p| p.resumed.clone());
+    (!value.is_empty() && Some(&value) != last.as_ref()).then_some(value)
+}
+
+/// Resumes a failed operation (ADR 0137: never by itself, only by a person's explicit
+/// action): phase Running, the failure cleared, the failed step started again with a fresh
+/// timeout. Nothing is skipped: the rules decide every step again, the failed gate first.
+pub fn resume(next: &mut TalosOperation, asked: &str) {
+    let mut p = progress(next);
+    p.resumed = Some(asked.to_string());
+    p.step_started_at = None;
+    let s = next.status.get_or_insert_with(Default::default);
+    s.phase = Some("Running".into());
+    // Written empty (a merge patch would keep an absent field): not a failure any more.
+    s.failure_reason = Some(String::new());
+    set_progress(next, &p);
+    let msg = format!(
+        "resumed by the annotation {RESUME_ANNOTATION}={asked}: the failed step runs again, and \
+         the rules decide every step again"
+    );
+    status::set(next.conditions_mut(), RUNNING, false, "Resumed", &msg);
+}
+
 /// The holder of the cluster lock for an operation.
 pub fn holder(namespace: &str, name: &str) -> String {
     format!("TalosOperation {namespace}/{name}")
@@ -276,6 +320,7 @@ pub async fn reconcile<W: OperationWorld>(
                 order: std::mem::take(&mut p.order),
                 total: p.total,
                 started_at: p.started_at.take(),
+                resumed: p.resumed.take(),
                 ..OperationProgress::default()
             };
             set_progress(&mut next, &p);

@@ -569,6 +569,10 @@ pub struct OperationProgress {
     /// The destructive call sent (a restarted controller does not send it again).
     #[serde(default)]
     pub sent: Option<String>,
+    /// The value of the annotation `ichor.maesh.dev/resume` this operation was last
+    /// resumed by (a new value resumes a failed operation once more).
+    #[serde(default)]
+    pub resumed: Option<String>,
     /// Whether this operation cordoned the node (an administrator's cordon is left).
     #[serde(default)]
     pub cordoned: bool,
