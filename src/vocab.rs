@@ -972,7 +972,7 @@ pub const ACTIONS: &[ActionInfo] = &[
         needs_message: false,
         scope: Scope::Operation,
         timeout: Timeout::Optional,
-        doc: "a gate: every voting etcd member answers through a healthy sibling, as itself, with one leader, no learner and no errors (read through the Talos API)",
+        doc: "a gate: every voting etcd member answers through a healthy sibling, as itself, sees a leader and reports no errors, and none is a learner (read through the Talos API)",
     },
     ActionInfo {
         action: Action::CordonNode,
