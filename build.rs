@@ -5,7 +5,14 @@
 #[cfg(feature = "runtime")]
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
-    let files = protox::compile(["machine/machine.proto"], ["proto"])?;
+    let files = protox::compile(
+        [
+            "machine/machine.proto",
+            "machine/lifecycle.proto",
+            "machine/image.proto",
+        ],
+        ["proto"],
+    )?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

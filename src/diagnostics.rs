@@ -79,6 +79,14 @@ codes! {
     PlanGroup "ichor::check::plan_group" true;
     /// A plan with disruptive steps that does not take the cluster lock first.
     PlanWithoutLock "ichor::check::plan_without_lock" true;
+    /// An operation's plan without its kind, with a kind that is none, or a kind on a plan
+    /// that is not an operation's.
+    PlanKind "ichor::check::plan_kind" true;
+    /// A step's `within`: on an action that does not wait, missing on one that must, zero
+    /// or longer than a day.
+    StepTimeout "ichor::check::step_timeout" true;
+    /// A step of one procedure in the plan of another (`etcd leave` in an operation).
+    ActionNotInPlan "ichor::check::action_not_in_plan" true;
     Arithmetic "ichor::check::arithmetic" true;
     UnusedLet "ichor::lint::unused_let" true;
     AlwaysTrue "ichor::lint::always_true" true;

@@ -36,10 +36,13 @@ pub enum Verb {
     /// `spec.endpoint` or `spec.hostname` changes: how the controller finds its node (drain,
     /// probes, reset) and its etcd member.
     Readdress,
+    /// The controller about to run the next step of an operation's plan, under the cluster
+    /// lock, from live reads: decided again before every step.
+    Step,
 }
 
 impl Verb {
-    pub const ALL: [Verb; 11] = [
+    pub const ALL: [Verb; 12] = [
         Verb::Approve,
         Verb::Unapprove,
         Verb::Reassign,
@@ -51,6 +54,7 @@ impl Verb {
         Verb::Run,
         Verb::Report,
         Verb::Readdress,
+        Verb::Step,
     ];
 
     pub fn name(self) -> &'static str {
@@ -66,6 +70,7 @@ impl Verb {
             Verb::Run => "run",
             Verb::Report => "report",
             Verb::Readdress => "readdress",
+            Verb::Step => "step",
         }
     }
 
@@ -235,6 +240,8 @@ pub const RUNTIME_EVENTS: &[(Verb, Subject, Site)] = &[
     // The start rules again, before the controller first acts on an operation: admission
     // may have been bypassed, raced, or (before spec was immutable) edited around.
     (Verb::Start, Subject::Operation, Site::Controller),
+    // Before every step of an operation's plan, under the lock.
+    (Verb::Step, Subject::Operation, Site::Controller),
 ];
 
 /// Whether the runtime ever produces this event.
@@ -521,12 +528,12 @@ const ON_LEAVE_CONTROLPLANE_AND_START: Availability = Availability {
             sites: &[],
         },
         Events {
-            verbs: &[Verb::Start],
+            verbs: &[Verb::Start, Verb::Step],
             subjects: &[Subject::Operation],
             sites: &[],
         },
     ],
-    text: "`remove`, `unapprove`, `reassign` and `move` of `controlplane`, and `start operation`",
+    text: "`remove`, `unapprove`, `reassign` and `move` of `controlplane`, `start operation` and `step operation`",
 };
 const ON_REPORT: Availability = Availability {
     events: &[Events {
@@ -723,11 +730,66 @@ pub enum Action {
     EventWarning,
     EventNormal,
     ReleaseFinalizer,
+    EtcdHealthy,
+    CordonNode,
+    UncordonNode,
+    TalosReboot,
+    TalosShutdown,
+    TalosUpgrade,
+    TalosRollback,
+    WaitNodeBack,
 }
+
+/// Which procedures run an action: a plan of another may not name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Removals and operations.
+    Any,
+    /// The removal of a control plane (`plan remove controlplane`).
+    Removal,
+    /// An operation (`plan run operation "<kind>"`).
+    Operation,
+}
+
+impl Scope {
+    /// The procedure a plan for this verb runs.
+    pub fn of(verb: Verb) -> Scope {
+        match verb {
+            Verb::Run => Scope::Operation,
+            _ => Scope::Removal,
+        }
+    }
+
+    pub fn admits(self, plan: Scope) -> bool {
+        self == Scope::Any || self == plan
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Scope::Any => "every plan",
+            Scope::Removal => "the removal of a control plane (`plan remove controlplane`)",
+            Scope::Operation => "an operation's plan (`plan run operation \"<kind>\"`)",
+        }
+    }
+}
+
+/// Whether a step may, or must, say how long it waits (`within 10m`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timeout {
+    /// The step does not wait on the world: no `within`.
+    None,
+    /// A gate: without `within` it must pass at once; with it, it may take that long.
+    Optional,
+    /// It waits on the world by nature: `within` is required.
+    Required,
+}
+
+/// The longest `within` a step may say (a day): a gate that waits longer is a stuck one.
+pub const MAX_STEP_TIMEOUT_SECS: u64 = 24 * 3600;
 
 impl Action {
     /// Every action, in the order of [`ACTIONS`].
-    pub const ALL: [Action; 10] = [
+    pub const ALL: [Action; 18] = [
         Action::LockCluster,
         Action::DrainNode,
         Action::EtcdForfeitLeadership,
@@ -738,6 +800,14 @@ impl Action {
         Action::EventWarning,
         Action::EventNormal,
         Action::ReleaseFinalizer,
+        Action::EtcdHealthy,
+        Action::CordonNode,
+        Action::UncordonNode,
+        Action::TalosReboot,
+        Action::TalosShutdown,
+        Action::TalosUpgrade,
+        Action::TalosRollback,
+        Action::WaitNodeBack,
     ];
 
     pub fn info(self) -> &'static ActionInfo {
@@ -762,12 +832,30 @@ impl Action {
             | Action::EtcdLeave
             | Action::EtcdRemoveMember
             | Action::TalosReset
-            | Action::TalosWipe => true,
+            | Action::TalosWipe
+            | Action::CordonNode
+            | Action::TalosReboot
+            | Action::TalosShutdown
+            | Action::TalosUpgrade
+            | Action::TalosRollback => true,
             Action::LockCluster
             | Action::EventWarning
             | Action::EventNormal
-            | Action::ReleaseFinalizer => false,
+            | Action::ReleaseFinalizer
+            | Action::EtcdHealthy
+            | Action::UncordonNode
+            | Action::WaitNodeBack => false,
         }
+    }
+
+    /// Which procedures run it.
+    pub fn scope(self) -> Scope {
+        self.info().scope
+    }
+
+    /// Whether a step of it may, or must, say how long it waits.
+    pub fn timeout(self) -> Timeout {
+        self.info().timeout
     }
 }
 
@@ -778,6 +866,10 @@ pub struct ActionInfo {
     pub words: &'static [&'static str],
     pub argument: Option<&'static str>,
     pub needs_message: bool,
+    /// Which procedures run it.
+    pub scope: Scope,
+    /// Whether a step of it says how long it may wait.
+    pub timeout: Timeout,
     pub doc: &'static str,
 }
 
@@ -788,6 +880,8 @@ pub const ACTIONS: &[ActionInfo] = &[
         words: &["lock", "cluster"],
         argument: None,
         needs_message: false,
+        scope: Scope::Any,
+        timeout: Timeout::None,
         doc: "take the cluster's Lease lock (the same identity resumes its own lock)",
     },
     ActionInfo {
@@ -795,6 +889,8 @@ pub const ACTIONS: &[ActionInfo] = &[
         words: &["drain", "node"],
         argument: None,
         needs_message: false,
+        scope: Scope::Any,
+        timeout: Timeout::None,
         doc: "cordon the Kubernetes Node, then evict its pods honouring PodDisruptionBudgets",
     },
     ActionInfo {
@@ -802,6 +898,8 @@ pub const ACTIONS: &[ActionInfo] = &[
         words: &["etcd", "forfeit-leadership"],
         argument: None,
         needs_message: false,
+        scope: Scope::Any,
+        timeout: Timeout::None,
         doc: "make the departing member give up etcd leadership if it leads",
     },
     ActionInfo {
@@ -809,6 +907,8 @@ pub const ACTIONS: &[ActionInfo] = &[
         words: &["etcd", "leave"],
         argument: None,
         needs_message: false,
+        scope: Scope::Removal,
+        timeout: Timeout::None,
         doc: "the departing node leaves the etcd cluster",
     },
     ActionInfo {
@@ -816,6 +916,8 @@ pub const ACTIONS: &[ActionInfo] = &[
         words: &["etcd", "remove-member"],
         argument: None,
         needs_message: false,
+        scope: Scope::Removal,
+        timeout: Timeout::None,
         doc: "remove the departing member by ID through a healthy sibling",
     },
     ActionInfo {
@@ -823,6 +925,8 @@ pub const ACTIONS: &[ActionInfo] = &[
         words: &["talos", "reset"],
         argument: None,
         needs_message: false,
+        scope: Scope::Any,
+        timeout: Timeout::None,
         doc: "graceful Talos reset of the node, guarded against a second reset",
     },
     ActionInfo {
@@ -830,6 +934,8 @@ pub const ACTIONS: &[ActionInfo] = &[
         words: &["talos", "wipe"],
         argument: None,
         needs_message: false,
+        scope: Scope::Removal,
+        timeout: Timeout::None,
         doc: "Talos reset of the node without leaving etcd first (not graceful), for a cluster torn down with its etcd; guarded against a second reset",
     },
     ActionInfo {
@@ -837,6 +943,8 @@ pub const ACTIONS: &[ActionInfo] = &[
         words: &["event", "warning"],
         argument: Some("event reason"),
         needs_message: true,
+        scope: Scope::Any,
+        timeout: Timeout::None,
         doc: "emit a Warning event with this reason and message",
     },
     ActionInfo {
@@ -844,6 +952,8 @@ pub const ACTIONS: &[ActionInfo] = &[
         words: &["event", "normal"],
         argument: Some("event reason"),
         needs_message: true,
+        scope: Scope::Any,
+        timeout: Timeout::None,
         doc: "emit a Normal event with this reason and message",
     },
     ActionInfo {
@@ -851,7 +961,81 @@ pub const ACTIONS: &[ActionInfo] = &[
         words: &["release", "finalizer"],
         argument: None,
         needs_message: false,
+        scope: Scope::Removal,
+        timeout: Timeout::None,
         doc: "remove the finalizer ichor.maesh.dev/machine-removal",
+    },
+    ActionInfo {
+        action: Action::EtcdHealthy,
+        words: &["etcd", "healthy"],
+        argument: None,
+        needs_message: false,
+        scope: Scope::Operation,
+        timeout: Timeout::Optional,
+        doc: "a gate: every voting etcd member answers through a healthy sibling, as itself, sees a leader and reports no errors, and none is a learner (read through the Talos API)",
+    },
+    ActionInfo {
+        action: Action::CordonNode,
+        words: &["cordon", "node"],
+        argument: None,
+        needs_message: false,
+        scope: Scope::Operation,
+        timeout: Timeout::None,
+        doc: "mark the Kubernetes Node unschedulable, remembering whether an administrator had cordoned it already",
+    },
+    ActionInfo {
+        action: Action::UncordonNode,
+        words: &["uncordon", "node"],
+        argument: None,
+        needs_message: false,
+        scope: Scope::Operation,
+        timeout: Timeout::None,
+        doc: "mark the Kubernetes Node schedulable again, only if this operation cordoned it (a node an administrator cordoned stays cordoned)",
+    },
+    ActionInfo {
+        action: Action::TalosReboot,
+        words: &["talos", "reboot"],
+        argument: None,
+        needs_message: false,
+        scope: Scope::Operation,
+        timeout: Timeout::None,
+        doc: "Talos `Reboot` of the node, sent once: its boot time, recorded before, tells whether it already rebooted",
+    },
+    ActionInfo {
+        action: Action::TalosShutdown,
+        words: &["talos", "shutdown"],
+        argument: None,
+        needs_message: false,
+        scope: Scope::Operation,
+        timeout: Timeout::None,
+        doc: "Talos `Shutdown` of the node, sent once",
+    },
+    ActionInfo {
+        action: Action::TalosUpgrade,
+        words: &["talos", "upgrade"],
+        argument: None,
+        needs_message: false,
+        scope: Scope::Operation,
+        timeout: Timeout::None,
+        doc: "upgrade the node to spec.image, by the path its Talos `Version` takes: from 1.13 `ImageService/Pull`, `LifecycleService/Upgrade` (its `exit_code` read) and `Reboot`; before, the legacy `MachineService/Upgrade`. Sent once: the boot time and version tell whether it already happened",
+    },
+    ActionInfo {
+        action: Action::TalosRollback,
+        words: &["talos", "rollback"],
+        argument: None,
+        needs_message: false,
+        scope: Scope::Operation,
+        timeout: Timeout::None,
+        doc: "Talos `Rollback` of the node (back to its previous image, and reboot), sent once",
+    },
+    ActionInfo {
+        action: Action::WaitNodeBack,
+        words: &["wait", "node-back"],
+        argument: None,
+        needs_message: false,
+        scope: Scope::Operation,
+        timeout: Timeout::Required,
+        doc: "a gate: the node answers with a new `SystemStat.boot_time` (and, after an upgrade, the image's tag as its `Version`), and its Kubernetes Node is Ready, within the step's `within`",
     },
 ];
 

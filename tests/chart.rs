@@ -1696,7 +1696,12 @@ fn the_rules_configmap_carries_the_shipped_rules_and_they_check() {
     let keys: Vec<&String> = cm["data"].as_object().expect("data").keys().collect();
     assert_eq!(
         keys,
-        ["admission.rules", "invariants.rules", "removal.rules"]
+        [
+            "admission.rules",
+            "invariants.rules",
+            "operations.rules",
+            "removal.rules"
+        ]
     );
     for k in keys {
         let shipped = std::fs::read_to_string(Path::new("rules").join(k)).expect("rules/");

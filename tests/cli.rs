@@ -889,7 +889,7 @@ fn a_file_named_twice_is_read_once() {
     let out = run(&["check", "rules", "rules/admission.rules", "rules/"]);
     assert_eq!(out.code, 0, "{}", out.stdout);
     assert!(
-        out.stdout.contains("checked 3 files: 0 errors"),
+        out.stdout.contains("checked 4 files: 0 errors"),
         "{}",
         out.stdout
     );

@@ -420,6 +420,38 @@ async fn the_even_count_is_decided_by_the_rules_not_by_the_lock() {
     assert!(matches!(got, Ok(Acquired::Taken)), "{got:?}");
 }
 
+/// Issue 35: an operation of a kind this operator does not execute, created before the
+/// rule that refuses it (or past a webhook that was down), is not left Pending without a
+/// word: the controller decides its start rules again and reports the rules' own message
+/// (Accepted=False StartRefused, and a Warning event); it never runs.
+#[tokio::test]
+async fn an_old_operation_of_an_unsupported_kind_gets_the_rules_message() {
+    let api = ApiServer::start().await;
+    api.insert(cluster("prod", 3));
+    for (i, n) in ["cp-1", "cp-2", "cp-3"].iter().enumerate() {
+        api.insert(control_plane(n, i as u32));
+    }
+    api.insert(operation("k8s-1", "kubernetes-upgrade"));
+    let _c = Running::start(context(&api, "test", None));
+    wait_for("start refused", WAIT, || {
+        cond(&api, "TalosOperation", "k8s-1", "Accepted")
+            == Some(("False".into(), "StartRefused".into()))
+    })
+    .await;
+    let op = get(&api, "TalosOperation", "k8s-1").expect("op");
+    let message = condition(&op, "Accepted").expect("Accepted")["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        message.contains("this operator does not execute kubernetes-upgrade operations")
+            && message.contains("talosctl upgrade-k8s"),
+        "{message}"
+    );
+    assert_ne!(op["status"]["phase"], "Running", "{op}");
+    assert!(lock_leases(&api).is_empty(), "{:?}", lock_leases(&api));
+}
+
 #[tokio::test]
 async fn an_expired_lease_is_taken_over_and_a_lost_one_is_reported() {
     let api = ApiServer::start().await;

@@ -253,7 +253,7 @@ fn shipped_rules_check_clean() {
     assert!(table.row_count() > 0);
     assert_eq!(
         set.files.len(),
-        3,
-        "admission.rules, invariants.rules and removal.rules"
+        4,
+        "admission.rules, invariants.rules, operations.rules and removal.rules"
     );
 }

@@ -34,6 +34,7 @@ mod front_end_limits;
 mod layers;
 mod lints;
 mod metrics_auth;
+mod operations;
 mod removal;
 mod requests;
 mod robust;

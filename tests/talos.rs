@@ -561,3 +561,121 @@ fn a_client_needs_a_runtime_and_a_usable_endpoint() {
         ));
     });
 }
+
+/// Issue 35: the operation calls on the wire, against the stand-in and real etcd. A reboot
+/// takes the node down for its downtime (its etcd member down, every call `Unavailable`)
+/// and brings it back with a new `SystemStat.boot_time`, its member restarted from its
+/// data; the legacy `Upgrade` reboots into the image's tag; `Rollback` back to the tag it
+/// ran before; the `ImageService/Pull` and `LifecycleService/Upgrade` streams name the
+/// pulled image and end with an `exit_code` (non-zero read as such, not as an error); a
+/// node that never comes back stays down.
+#[tokio::test]
+async fn operation_calls_reboot_upgrade_roll_back_and_stream_an_exit_code() {
+    let api = cluster(3).await;
+    let client = api.client(1);
+    let node = api.node(1);
+    node.set_downtime(Duration::from_millis(800));
+    let booted = client.boot_time().await.expect("boot time");
+    assert_eq!(booted, talos::FIRST_BOOT + 1);
+
+    // Reboot: answered, then down, then back with a new boot time and its etcd member.
+    let actor = client
+        .reboot(ichor_rules::runtime::talos::RebootMode::Default)
+        .await
+        .expect("reboot");
+    assert!(actor.contains("reboot"), "{actor}");
+    let deadline = std::time::Instant::now() + SETTLE;
+    while !node.is_down() {
+        assert!(std::time::Instant::now() < deadline, "never went down");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let down = client.boot_time().await.expect_err("down");
+    assert!(down.is_unreachable(), "{down}");
+    let back = loop {
+        if let Ok(t) = client.boot_time().await {
+            break t;
+        }
+        assert!(std::time::Instant::now() < deadline, "never came back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(back > booted, "{back} after {booted}");
+    api.etcd.wait_healthy(3).await.expect("etcd whole again");
+    let downs = api.downtimes();
+    assert_eq!(downs.len(), 1, "{downs:?}");
+    assert_eq!(downs[0].node, "cp-2");
+    assert!(
+        downs[0].to.is_some_and(|to| to > downs[0].from),
+        "{downs:?}"
+    );
+
+    // The legacy upgrade reboots into the image's tag.
+    let u = ichor_rules::runtime::talos::LegacyUpgrade {
+        image: "ghcr.io/siderolabs/installer:v1.12.4".into(),
+        preserve: false,
+        stage: false,
+        force: false,
+        powercycle: false,
+    };
+    assert!(!client.upgrade_legacy(&u).await.expect("upgrade").is_empty());
+    let wait_version = |want: &'static str| {
+        let client = client.clone();
+        async move {
+            let deadline = std::time::Instant::now() + SETTLE;
+            loop {
+                if client.version().await.is_ok_and(|v| v == want) {
+                    return;
+                }
+                assert!(std::time::Instant::now() < deadline, "never ran {want}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    wait_version("v1.12.4").await;
+    // Rollback: back to what it ran before.
+    client.rollback().await.expect("rollback");
+    wait_version(VERSION_TAG).await;
+
+    // The newer path: pull, install (exit code 0 stages the tag), reboot.
+    let name = client
+        .image_pull(
+            "ghcr.io/siderolabs/installer:v1.13.1",
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("pull");
+    assert_eq!(name, "ghcr.io/siderolabs/installer:v1.13.1");
+    let done = client
+        .lifecycle_upgrade(&name, Duration::from_secs(5))
+        .await
+        .expect("install");
+    assert_eq!(done.exit_code, 0, "{done:?}");
+    assert_eq!(client.version().await.expect("v"), VERSION_TAG);
+    client
+        .reboot(ichor_rules::runtime::talos::RebootMode::Default)
+        .await
+        .expect("reboot");
+    wait_version("v1.13.1").await;
+    // A failing install: its exit code, not an error, and nothing staged.
+    node.set_install_exit_code(3);
+    let failed = client
+        .lifecycle_upgrade(
+            "ghcr.io/siderolabs/installer:v1.13.2",
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("a stream that ends");
+    assert_eq!(failed.exit_code, 3, "{failed:?}");
+    assert_eq!(api.calls_to("LifecycleService/Upgrade", "cp-2"), 2);
+
+    // A node that never comes back.
+    let other = api.client(2);
+    api.node(2).never_back();
+    other.shutdown(false).await.expect("shutdown");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(other.version().await.expect_err("gone").is_unreachable());
+    assert!(
+        api.downtimes()
+            .iter()
+            .any(|d| d.node == "cp-3" && d.to.is_none())
+    );
+}

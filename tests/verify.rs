@@ -43,7 +43,14 @@ fn mutant(name: &str, file: &str, edit: impl Fn(&str) -> String) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("ichor-verify-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
-    for f in ["admission.rules", "removal.rules", "invariants.rules"] {
+    let mut files: Vec<String> = std::fs::read_dir(root().join("rules"))
+        .expect("rules/")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|f| f.ends_with(".rules"))
+        .collect();
+    files.sort();
+    assert!(files.iter().any(|f| f == file), "no rules/{file}");
+    for f in &files {
         let text = std::fs::read_to_string(root().join("rules").join(f)).expect("rules/");
         let text = if f == file {
             let edited = edit(&text);
@@ -55,6 +62,14 @@ fn mutant(name: &str, file: &str, edit: impl Fn(&str) -> String) -> PathBuf {
         std::fs::write(dir.join(f), text).expect("write");
     }
     dir
+}
+
+/// Edits one file of a mutant made by [`mutant`] again.
+fn edit_too(dir: &Path, file: &str, edit: impl Fn(&str) -> String) {
+    let text = std::fs::read_to_string(dir.join(file)).expect("mutant");
+    let edited = edit(&text);
+    assert_ne!(edited, text, "the edit of {file} changed nothing");
+    std::fs::write(dir.join(file), edited).expect("write");
 }
 
 /// Removes the statement that starts with `head` (up to the next blank line).
@@ -1058,6 +1073,10 @@ fn a_removal_plan_without_the_lock_is_an_error_not_verified() {
 /// created while the first is unfinished, and without `another-operation-parked` one is
 /// created while another waits parked for the even count; `one-operation` refutes both
 /// (for serialized requests: the lock, not admission, keeps two from running at once).
+/// The second operation created while the first is parked is an etcd restore, the one kind
+/// the even count does not refuse; until the backups issue lands a restore is refused at
+/// its start (`etcd-backup-not-executed`), so the mutants let it start, as the rules will
+/// once restores run.
 #[test]
 fn without_the_unfinished_operation_rules_operations_queue_up() {
     for (rule, parked) in [
@@ -1065,7 +1084,11 @@ fn without_the_unfinished_operation_rules_operations_queue_up() {
         ("rule another-operation-parked\n", true),
     ] {
         let dir = mutant(&format!("ops-{parked}"), "admission.rules", |t| {
-            without(t, rule)
+            without(t, rule).replacen(
+                "  when kind == \"etcd-snapshot\" or kind == \"etcd-restore\"\n",
+                "  when kind == \"etcd-snapshot\"\n",
+                1,
+            )
         });
         let (out, json) = verify(&dir, "2", &["--max-operations", "2"]);
         assert_eq!(out.code, 1, "{}", out.stdout);
@@ -1169,13 +1192,22 @@ fn a_removal_that_skips_the_drain_or_the_reset_is_refuted() {
 }
 
 /// An etcd restore is a recovery: parking it for the even count (a `parked-for-transition`
-/// without its exemption) is refuted by `restore-not-parked`.
+/// without its exemption) is refuted by `restore-not-parked`. (Until the backups issue
+/// lands a restore is refused at its start, `etcd-backup-not-executed`; the mutant lets it
+/// start, as the rules will once restores run.)
 #[test]
 fn an_etcd_restore_parked_for_the_even_count_is_refuted() {
     let dir = mutant("restore-parked", "removal.rules", |t| {
         t.replacen(
             "  unless kind == \"etcd-restore\" or failed or paused\n",
             "  unless failed or paused\n",
+            1,
+        )
+    });
+    edit_too(&dir, "admission.rules", |t| {
+        t.replacen(
+            "  when kind == \"etcd-snapshot\" or kind == \"etcd-restore\"\n",
+            "  when kind == \"etcd-snapshot\"\n",
             1,
         )
     });

@@ -1153,8 +1153,8 @@ fn operation(name: &str, kind: &str, machine: Option<&str>) -> Value {
 async fn an_operation_cannot_be_edited_into_what_admission_refuses() {
     let h = harness("immutable", Duration::from_secs(2)).await;
     three_control_planes(&h).await;
-    // Created as a harmless snapshot: allowed.
-    let snapshot = operation("op-1", "etcd-snapshot", None);
+    // Created as a harmless reboot: allowed.
+    let snapshot = operation("op-1", "reboot", None);
     let r = review(
         &h,
         &objects::review("u-i1", "CREATE", None, Some(&snapshot)).build(),
@@ -1179,7 +1179,7 @@ async fn an_operation_cannot_be_edited_into_what_admission_refuses() {
     assert_eq!(r["response"]["allowed"], false, "{r}");
     assert_eq!(
         r["response"]["status"]["message"],
-        "the spec of TalosOperation infra/op-1 cannot change once it is created (spec.kind `etcd-snapshot` -> `reset`, spec.machine `(none)` -> `cp-1`): the rules decided on it as it was created; create a new TalosOperation for other work"
+        "the spec of TalosOperation infra/op-1 cannot change once it is created (spec.kind `reboot` -> `reset`, spec.machine `(none)` -> `cp-1`): the rules decided on it as it was created; create a new TalosOperation for other work"
     );
     // Status, labels and annotations change freely, with nothing read.
     let mut labelled = snapshot.clone();
@@ -1193,6 +1193,49 @@ async fn an_operation_cannot_be_edited_into_what_admission_refuses() {
     .await;
     assert_eq!(r["response"]["allowed"], true, "{r}");
     assert!(h.api.store.faults.take_log().is_empty());
+}
+
+/// Issue 35: a kind this operator does not execute is refused on create, over HTTPS, with
+/// the rules' message saying what to do instead (never accepted and left Pending); the kinds
+/// it executes are let through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsupported_operation_kinds_are_refused_at_admission_with_what_to_do() {
+    let h = harness("unsupported-kinds", Duration::from_secs(2)).await;
+    three_control_planes(&h).await;
+    for (i, (kind, says)) in [
+        ("kubernetes-upgrade", "talosctl upgrade-k8s"),
+        ("rotate-ca", "talosctl rotate-ca"),
+        ("ichor", "helm upgrade"),
+        ("etcd-snapshot", "talosctl etcd snapshot"),
+        ("etcd-restore", "talosctl bootstrap --recover-from"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let op = operation("op-1", kind, None);
+        let uid = format!("u-k{i}");
+        let r = review(
+            &h,
+            &objects::review(&uid, "CREATE", None, Some(&op)).build(),
+        )
+        .await;
+        assert_eq!(r["response"]["allowed"], false, "{kind}: {r}");
+        let message = r["response"]["status"]["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains(&format!("this operator does not execute {kind} operations"))
+                && message.contains(says),
+            "{kind}: {message}"
+        );
+    }
+    for kind in ["reboot", "shutdown", "upgrade", "rollback"] {
+        let op = operation("op-1", kind, None);
+        let r = review(
+            &h,
+            &objects::review("u-ok", "CREATE", None, Some(&op)).build(),
+        )
+        .await;
+        assert_eq!(r["response"]["allowed"], true, "{kind}: {r}");
+    }
 }
 
 /// An AdmissionReview nested 60,000 levels deep (120 KB) is a 400 at once, saying so.

@@ -1,6 +1,7 @@
 //! The statements: rules, plans and their steps, messages, invariants.
 
 use super::*;
+use crate::vocab::{MAX_STEP_TIMEOUT_SECS, OPERATION_KINDS, Scope, Timeout};
 
 impl<'a, 'd> FileChecker<'a, 'd> {
     pub(super) fn check_rule(&mut self, r: &'a RuleDef) -> Option<CheckedRule> {
@@ -191,10 +192,68 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             return None;
         }
         let (verb, subject, _) = events[0];
+        let scope = Scope::of(verb);
+        // An operation's plan is per kind: `plan run operation "reboot"`.
+        let kind = match (&p.kind, verb) {
+            (Some(k), Verb::Run) if OPERATION_KINDS.contains(&k.name.as_str()) => {
+                Some(k.name.clone())
+            }
+            (Some(k), Verb::Run) => {
+                let mut d = Diagnostic::error(
+                    Code::PlanKind,
+                    self.file,
+                    k.span,
+                    format!("`{}` is not an operation kind", k.name),
+                )
+                .label("no such kind");
+                d = match did_you_mean(&k.name, OPERATION_KINDS.iter().copied()) {
+                    Some(s) => d.help(format!("did you mean `\"{s}\"`?")),
+                    None => d.help(format!(
+                        "the operation kinds are {}",
+                        backticked(OPERATION_KINDS)
+                    )),
+                };
+                self.diags.push(d);
+                return None;
+            }
+            (None, Verb::Run) => {
+                self.diags.push(
+                    Diagnostic::error(
+                        Code::PlanKind,
+                        self.file,
+                        p.verb.span.to(p.subject.span),
+                        format!(
+                            "`plan {} {}` names no operation kind",
+                            p.verb.name, p.subject.name
+                        ),
+                    )
+                    .label("which kind?")
+                    .help("an operation's plan is per kind: write `plan run operation \"reboot\"`"),
+                );
+                return None;
+            }
+            (Some(k), _) => {
+                self.diags.push(
+                    Diagnostic::error(
+                        Code::PlanKind,
+                        self.file,
+                        k.span,
+                        format!(
+                            "`plan {} {}` is not an operation's, so it names no kind",
+                            p.verb.name, p.subject.name
+                        ),
+                    )
+                    .label("a kind here")
+                    .help("only `plan run operation \"<kind>\"` names a kind; remove it"),
+                );
+                return None;
+            }
+            (None, _) => None,
+        };
         let mut steps = Vec::new();
         let mut ok = true;
         for s in &p.steps {
-            match self.check_step(s, &events) {
+            match self.check_step(s, &events, scope) {
                 Some(step) => steps.push(step),
                 None => ok = false,
             }
@@ -229,13 +288,19 @@ impl<'a, 'd> FileChecker<'a, 'd> {
         ok.then_some(CheckedPlan {
             verb,
             subject,
+            kind,
             file: self.file,
             span: p.span,
             steps,
         })
     }
 
-    pub(super) fn check_step(&mut self, s: &'a Step, events: &[Event]) -> Option<CheckedStep> {
+    pub(super) fn check_step(
+        &mut self,
+        s: &'a Step,
+        events: &[Event],
+        scope: Scope,
+    ) -> Option<CheckedStep> {
         let words: Vec<&str> = s.words.iter().map(|w| w.name.as_str()).collect();
         let text = words.join(" ");
         let found = ACTIONS.iter().find(|a| {
@@ -253,6 +318,72 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             return None;
         };
         let mut ok = true;
+        if !action.scope.admits(scope) {
+            self.diags.push(
+                Diagnostic::error(
+                    Code::ActionNotInPlan,
+                    self.file,
+                    span,
+                    format!("`{text}` is not a step of {}", scope.describe()),
+                )
+                .label("another procedure's step")
+                .help(format!(
+                    "`{text}` runs in {}; remove it here",
+                    action.scope.describe()
+                )),
+            );
+            ok = false;
+        }
+        let within = match (&s.within, action.timeout) {
+            (Some(w), Timeout::None) => {
+                self.diags.push(
+                    Diagnostic::error(
+                        Code::StepTimeout,
+                        self.file,
+                        w.span,
+                        format!("`{text}` does not wait, so it takes no `within`"),
+                    )
+                    .label("a timeout here")
+                    .help("only gates wait (`etcd healthy`, `wait node-back`); remove `within`"),
+                );
+                ok = false;
+                None
+            }
+            (Some(w), _) => match w.secs {
+                Some(secs) if secs > 0 && secs <= MAX_STEP_TIMEOUT_SECS => Some(secs),
+                _ => {
+                    self.diags.push(
+                        Diagnostic::error(
+                            Code::StepTimeout,
+                            self.file,
+                            w.span,
+                            format!("`{text}` waits for no time, or for more than a day"),
+                        )
+                        .label("out of range")
+                        .help("say a timeout from 1s to 24h, e.g. `within 10m`"),
+                    );
+                    ok = false;
+                    None
+                }
+            },
+            (None, Timeout::Required) => {
+                self.diags.push(
+                    Diagnostic::error(
+                        Code::StepTimeout,
+                        self.file,
+                        span,
+                        format!("`{text}` waits on the node, so it needs a timeout"),
+                    )
+                    .label("no `within`")
+                    .help(format!(
+                        "say how long it may wait, e.g. `do {text} within 10m`: past it the operation fails, naming the node and the step"
+                    )),
+                );
+                ok = false;
+                None
+            }
+            (None, _) => None,
+        };
         for (e, what) in [(&s.when, "when"), (&s.unless, "unless")] {
             if let Some(e) = e {
                 let ty = self.type_in(e, events);
@@ -303,6 +434,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             argument: action
                 .argument
                 .and_then(|_| s.words.last().map(|w| w.name.clone())),
+            within,
             when,
             unless,
             text,

@@ -73,6 +73,8 @@ pub struct Annotated {
 pub struct CheckedStep {
     pub action: Action,
     pub argument: Option<String>,
+    /// How long it may wait (`within`), in seconds.
+    pub within: Option<u64>,
     pub when: Option<Expr>,
     pub unless: Option<Expr>,
     pub text: String,
@@ -91,6 +93,8 @@ pub struct CheckedStep {
 pub struct CheckedPlan {
     pub verb: Verb,
     pub subject: Subject,
+    /// The operation kind it runs (an operation's plan).
+    pub kind: Option<String>,
     pub file: usize,
     pub span: Span,
     pub steps: Vec<CheckedStep>,
@@ -193,7 +197,7 @@ pub(crate) fn check_linting(files: &[SourceFile], lints: Option<Lints>) -> Check
     }
     let mut program = Program::default();
     let mut rule_names: HashMap<String, (usize, Span)> = HashMap::new();
-    let mut plan_keys: HashMap<(Verb, Subject), (usize, Span)> = HashMap::new();
+    let mut plan_keys: HashMap<(Verb, Subject, Option<String>), (usize, Span)> = HashMap::new();
     for (file, ast) in &parsed {
         let mut c = FileChecker::new(*file, &files[*file], ast, &mut diags);
         c.check_lets();
@@ -226,9 +230,9 @@ pub(crate) fn check_linting(files: &[SourceFile], lints: Option<Lints>) -> Check
                 }
                 Item::Plan(p) => {
                     if let Some(plan) = c.check_plan(p) {
-                        let key = (plan.verb, plan.subject);
+                        let key = (plan.verb, plan.subject, plan.kind.clone());
                         if let std::collections::hash_map::Entry::Vacant(slot) =
-                            plan_keys.entry(key)
+                            plan_keys.entry(key.clone())
                         {
                             slot.insert((*file, p.span));
                             program.plans.push(plan);
@@ -239,9 +243,13 @@ pub(crate) fn check_linting(files: &[SourceFile], lints: Option<Lints>) -> Check
                                     *file,
                                     p.verb.span.to(p.subject.span),
                                     format!(
-                                        "a plan for `{} {}` is defined twice",
+                                        "a plan for `{} {}{}` is defined twice",
                                         plan.verb.name(),
-                                        plan.subject.name()
+                                        plan.subject.name(),
+                                        plan.kind
+                                            .as_deref()
+                                            .map(|k| format!(" \"{k}\""))
+                                            .unwrap_or_default()
                                     ),
                                 )
                                 .label("second plan")

@@ -71,8 +71,10 @@ pub fn to_json(table: &Table) -> serde_json::Value {
             serde_json::json!({
                 "verb": p.verb.name(),
                 "subject": p.subject.name(),
+                "kind": p.kind,
                 "steps": p.steps.iter().map(|s| serde_json::json!({
                     "action": s.text,
+                    "within": s.within_text(),
                     "doc": s.action.doc(),
                     "guard": s.guard_text,
                     "say": s.say.as_deref().map(message_text),
@@ -140,15 +142,7 @@ pub fn to_text(table: &Table, colour: bool) -> String {
         out.push('\n');
     }
     for plan in &table.plans {
-        let _ = writeln!(
-            out,
-            "{}",
-            bold(&format!(
-                "plan {} {}",
-                plan.verb.name(),
-                plan.subject.name()
-            ))
-        );
+        let _ = writeln!(out, "{}", bold(&plan.header()));
         for (i, s) in plan.steps.iter().enumerate() {
             let doc = s.action.doc();
             let guard = s
@@ -156,7 +150,8 @@ pub fn to_text(table: &Table, colour: bool) -> String {
                 .as_ref()
                 .map(|g| format!(" {g}"))
                 .unwrap_or_default();
-            let _ = writeln!(out, "  {}. {}{guard}   -- {doc}", i + 1, s.text);
+            let within = s.within_text().map(|w| format!(" {w}")).unwrap_or_default();
+            let _ = writeln!(out, "  {}. {}{within}{guard}   -- {doc}", i + 1, s.text);
             if let Some(say) = &s.say {
                 let _ = writeln!(out, "       say {say}");
             }

@@ -168,6 +168,8 @@ pub struct LetMeta {
 pub struct PlanStep {
     pub action: crate::vocab::Action,
     pub argument: Option<String>,
+    /// How long the step may wait (`within`): past it, the operation fails.
+    pub within: Option<std::time::Duration>,
     pub text: String,
     pub guard_text: Option<String>,
     pub when: Option<Code>,
@@ -178,10 +180,36 @@ pub struct PlanStep {
     pub lets: Vec<u32>,
 }
 
+impl PlanStep {
+    /// `within 10m` as it would be written (the largest whole unit), when the step has one.
+    pub fn within_text(&self) -> Option<String> {
+        let secs = self.within?.as_secs();
+        Some(if secs % 3600 == 0 {
+            format!("within {}h", secs / 3600)
+        } else if secs % 60 == 0 {
+            format!("within {}m", secs / 60)
+        } else {
+            format!("within {secs}s")
+        })
+    }
+}
+
+impl Plan {
+    /// `plan run operation "reboot"`, `plan remove controlplane`.
+    pub fn header(&self) -> String {
+        match &self.kind {
+            Some(k) => format!("plan {} {} \"{k}\"", self.verb.name(), self.subject.name()),
+            None => format!("plan {} {}", self.verb.name(), self.subject.name()),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Plan {
     pub verb: Verb,
     pub subject: Subject,
+    /// The operation kind it runs (`plan run operation "reboot"`).
+    pub kind: Option<String>,
     pub steps: Vec<PlanStep>,
 }
 
@@ -267,6 +295,15 @@ impl Table {
         self.plans
             .iter()
             .find(|p| p.verb == verb && p.subject == subject)
+    }
+
+    /// The plan of an operation of `kind` (`plan run operation "<kind>"`).
+    pub fn operation_plan(&self, kind: &str) -> Option<&Plan> {
+        self.plans.iter().find(|p| {
+            p.verb == Verb::Run
+                && p.subject == Subject::Operation
+                && p.kind.as_deref() == Some(kind)
+        })
     }
 
     /// Every non-empty group with its key, for printing.
@@ -595,12 +632,14 @@ impl Compiler {
         Plan {
             verb: p.verb,
             subject: p.subject,
+            kind: p.kind.clone(),
             steps: p
                 .steps
                 .iter()
                 .map(|s| PlanStep {
                     action: s.action,
                     argument: s.argument.clone(),
+                    within: s.within.map(std::time::Duration::from_secs),
                     text: s.text.clone(),
                     guard_text: s.guard_text.clone(),
                     when: s.typed.when.as_ref().map(|e| self.code(e)),

@@ -864,6 +864,7 @@ kind_impl!(
             phase: s.phase,
             conditions: s.conditions,
             failure_reason: s.failure_reason,
+            progress: None,
         }),
     }
 );

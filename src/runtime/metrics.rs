@@ -71,6 +71,10 @@ pub struct Metrics {
     bad_requests: AtomicU64,
     /// (kind, ok) -> reconciles, with the total seconds they took.
     reconciles: Mutex<BTreeMap<(&'static str, bool), Spent>>,
+    /// (operation kind, result) -> operations that ended.
+    operations: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    /// plan action -> operation steps finished, with the seconds they took.
+    operation_steps: Mutex<BTreeMap<&'static str, Spent>>,
     /// 1 while this replica leads (reconciles), 0 otherwise.
     leading: AtomicU64,
     /// The serving rules: Unix time they were built, rows, fingerprint, and 1 when the
@@ -129,6 +133,47 @@ impl Metrics {
             u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
             Ordering::Relaxed,
         );
+    }
+
+    /// An operation ended (`result`: `succeeded` or `failed`); `kind` is its spec.kind,
+    /// counted as one of the kinds the rules name, else `other`.
+    pub fn operation(&self, kind: &str, result: &'static str) {
+        let kind = crate::vocab::OPERATION_KINDS
+            .iter()
+            .find(|k| **k == kind)
+            .copied()
+            .unwrap_or("other");
+        bump(&self.operations, (kind, result));
+    }
+
+    /// A step of an operation's plan finished after `took`.
+    pub fn operation_step(&self, action: crate::vocab::Action, took: Duration) {
+        use crate::vocab::Action as A;
+        let label = match action {
+            A::LockCluster => "lock-cluster",
+            A::DrainNode => "drain-node",
+            A::EtcdForfeitLeadership => "etcd-forfeit-leadership",
+            A::EtcdLeave => "etcd-leave",
+            A::EtcdRemoveMember => "etcd-remove-member",
+            A::TalosReset => "talos-reset",
+            A::TalosWipe => "talos-wipe",
+            A::EventWarning => "event-warning",
+            A::EventNormal => "event-normal",
+            A::ReleaseFinalizer => "release-finalizer",
+            A::EtcdHealthy => "etcd-healthy",
+            A::CordonNode => "cordon-node",
+            A::UncordonNode => "uncordon-node",
+            A::TalosReboot => "talos-reboot",
+            A::TalosShutdown => "talos-shutdown",
+            A::TalosUpgrade => "talos-upgrade",
+            A::TalosRollback => "talos-rollback",
+            A::WaitNodeBack => "wait-node-back",
+        };
+        if let Ok(mut m) = self.operation_steps.lock() {
+            let e = m.entry(label).or_insert((0, 0.0));
+            e.0 += 1;
+            e.1 += took.as_secs_f64();
+        }
     }
 
     pub fn live_read_error(&self, reason: &'static str) {
@@ -344,6 +389,43 @@ impl Metrics {
             let _ = writeln!(
                 out,
                 "ichor_rules_reconcile_seconds_total{{kind=\"{kind}\",result=\"{result}\"}} {secs}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP ichor_rules_operations_total TalosOperations that ended, by kind and result (succeeded, failed).\n# TYPE ichor_rules_operations_total counter"
+        );
+        if let Ok(m) = self.operations.lock() {
+            for ((kind, result), n) in m.iter() {
+                let _ = writeln!(
+                    out,
+                    "ichor_rules_operations_total{{kind=\"{kind}\",result=\"{result}\"}} {n}"
+                );
+            }
+        }
+        let steps = self
+            .operation_steps
+            .lock()
+            .map(|m| m.clone())
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "# HELP ichor_rules_operation_steps_total Operation plan steps finished, by action.\n# TYPE ichor_rules_operation_steps_total counter"
+        );
+        for (action, (n, _)) in &steps {
+            let _ = writeln!(
+                out,
+                "ichor_rules_operation_steps_total{{action=\"{action}\"}} {n}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP ichor_rules_operation_step_seconds_total Time operation steps took, from start to done (a gate's wait included), by action.\n# TYPE ichor_rules_operation_step_seconds_total counter"
+        );
+        for (action, (_, secs)) in &steps {
+            let _ = writeln!(
+                out,
+                "ichor_rules_operation_step_seconds_total{{action=\"{action}\"}} {secs}"
             );
         }
         let _ = writeln!(

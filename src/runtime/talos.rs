@@ -1,4 +1,5 @@
-//! The Talos machine API client: etcd membership, leadership, reset and version over gRPC
+//! The Talos machine API client: etcd membership, leadership, reset, version and the
+//! operations (reboot, shutdown, both upgrade paths, rollback, the boot time) over gRPC
 //! with mutual TLS, as `talosctl` speaks it.
 //!
 //! The wire types come from `proto/` (a subset of Talos' own `.proto` files, generated at
@@ -39,6 +40,8 @@ pub mod proto {
 
 use proto::common::Metadata;
 use proto::machine as pb;
+use proto::machine::image_service_client::ImageServiceClient;
+use proto::machine::lifecycle_service_client::LifecycleServiceClient;
 use proto::machine::machine_service_client::MachineServiceClient;
 
 /// The port apid listens on; appended to endpoints that name none.
@@ -427,11 +430,54 @@ impl EtcdStatus {
     }
 }
 
+/// `RebootRequest.Mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RebootMode {
+    Default,
+    Powercycle,
+    /// Skip the graceful shutdown.
+    Force,
+}
+
+/// The legacy `MachineService/Upgrade` request (Talos before 1.13): the node pulls the
+/// installer, installs it, drains itself and reboots.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LegacyUpgrade {
+    /// The installer image reference.
+    pub image: String,
+    pub preserve: bool,
+    /// Stage the upgrade for the next reboot.
+    pub stage: bool,
+    /// Skip Talos' own etcd checks on a control plane.
+    pub force: bool,
+    /// Power-cycle instead of rebooting.
+    pub powercycle: bool,
+}
+
+/// How a `LifecycleService/Upgrade` stream ended: its `exit_code` (non-zero: the upgrade
+/// failed, which the server does not report as an error) and its last progress message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Installed {
+    pub exit_code: i32,
+    pub last_message: String,
+}
+
+/// The containerd instance the installer image is pulled into and installed from, as
+/// `talosctl upgrade` uses by default (`--namespace system`).
+fn system_containerd() -> proto::common::ContainerdInstance {
+    proto::common::ContainerdInstance {
+        driver: proto::common::ContainerDriver::Cri as i32,
+        namespace: proto::common::ContainerdNamespace::NsSystem as i32,
+    }
+}
+
 /// A Talos machine API client over one mTLS connection to one endpoint. Cheap to clone;
 /// clones share the connection.
 #[derive(Clone)]
 pub struct TalosClient {
     inner: MachineServiceClient<Channel>,
+    lifecycle: LifecycleServiceClient<Channel>,
+    images: ImageServiceClient<Channel>,
     endpoint: Arc<str>,
     node: Option<Arc<str>>,
     timeout: Duration,
@@ -515,7 +561,9 @@ impl TalosClient {
             .timeout(timeout)
             .connect_lazy();
         Ok(TalosClient {
-            inner: MachineServiceClient::new(channel),
+            inner: MachineServiceClient::new(channel.clone()),
+            lifecycle: LifecycleServiceClient::new(channel.clone()),
+            images: ImageServiceClient::new(channel),
             endpoint: authority.into(),
             node: None,
             timeout,
@@ -642,25 +690,214 @@ impl TalosClient {
         self.check_all(&resp.messages, |m| m.metadata.as_ref())
     }
 
+    /// Reboots the node (`Reboot`). Talos does not cordon or drain for it: the caller does.
+    /// Returns the `actor_id` of the reboot's events.
+    pub async fn reboot(&self, mode: RebootMode) -> Result<String, TalosError> {
+        let mode = match mode {
+            RebootMode::Default => pb::reboot_request::Mode::Default,
+            RebootMode::Powercycle => pb::reboot_request::Mode::Powercycle,
+            RebootMode::Force => pb::reboot_request::Mode::Force,
+        };
+        let req = pb::RebootRequest { mode: mode as i32 };
+        let resp = self
+            .call(|mut c, r| async move { c.reboot(r).await }, req)
+            .await?;
+        Ok(self
+            .single(resp.messages, |m| m.metadata.as_ref())?
+            .actor_id)
+    }
+
+    /// Shuts the node down (`Shutdown`); `force` skips Talos' own cordon and drain.
+    pub async fn shutdown(&self, force: bool) -> Result<String, TalosError> {
+        let req = pb::ShutdownRequest { force };
+        let resp = self
+            .call(|mut c, r| async move { c.shutdown(r).await }, req)
+            .await?;
+        Ok(self
+            .single(resp.messages, |m| m.metadata.as_ref())?
+            .actor_id)
+    }
+
+    /// The legacy `MachineService/Upgrade` (Talos before 1.13); returns Talos' `ack`.
+    pub async fn upgrade_legacy(&self, u: &LegacyUpgrade) -> Result<String, TalosError> {
+        let mode = if u.powercycle {
+            pb::upgrade_request::RebootMode::Powercycle
+        } else {
+            pb::upgrade_request::RebootMode::Default
+        };
+        let req = pb::UpgradeRequest {
+            image: u.image.clone(),
+            preserve: u.preserve,
+            stage: u.stage,
+            force: u.force,
+            reboot_mode: mode as i32,
+        };
+        let resp = self
+            .call(|mut c, r| async move { c.upgrade(r).await }, req)
+            .await?;
+        Ok(self.single(resp.messages, |m| m.metadata.as_ref())?.ack)
+    }
+
+    /// Switches the node back to its previous Talos image and reboots (`Rollback`).
+    pub async fn rollback(&self) -> Result<(), TalosError> {
+        let resp = self
+            .call(
+                |mut c, r| async move { c.rollback(r).await },
+                pb::RollbackRequest {},
+            )
+            .await?;
+        self.check_all(&resp.messages, |m| m.metadata.as_ref())
+    }
+
+    /// The node's boot time (`SystemStat.boot_time`, seconds since the epoch): a new value
+    /// says the node rebooted.
+    pub async fn boot_time(&self) -> Result<u64, TalosError> {
+        let resp = self
+            .call(|mut c, r| async move { c.system_stat(r).await }, ())
+            .await?;
+        Ok(self
+            .single(resp.messages, |m| m.metadata.as_ref())?
+            .boot_time)
+    }
+
+    /// Pulls `image_ref` into the system containerd (`ImageService/Pull`, a stream read to
+    /// its end within `deadline`); the pulled image's name, for [`TalosClient::lifecycle_upgrade`].
+    pub async fn image_pull(
+        &self,
+        image_ref: &str,
+        deadline: Duration,
+    ) -> Result<String, TalosError> {
+        let req = pb::ImageServicePullRequest {
+            containerd: Some(system_containerd()),
+            image_ref: image_ref.to_string(),
+        };
+        let stream = self
+            .call_on(
+                self.images.clone(),
+                |mut c, r| async move { c.pull(r).await },
+                req,
+                deadline,
+            )
+            .await?;
+        let mut name = None;
+        self.drain_stream(stream, deadline, |m: pb::ImageServicePullResponse| {
+            if let Some(pb::image_service_pull_response::Response::Name(n)) = m.response {
+                name = Some(n);
+            }
+        })
+        .await?;
+        name.filter(|n| !n.is_empty()).ok_or_else(|| {
+            self.failed(
+                Code::Internal,
+                &format!("the pull of {image_ref} ended without naming the pulled image"),
+            )
+        })
+    }
+
+    /// Installs the pulled image `image_name` (`LifecycleService/Upgrade`, Talos >= 1.13):
+    /// the stream is read to its end within `deadline` and its `exit_code` returned (the
+    /// server does not answer a failed upgrade with an error). It neither drains nor
+    /// reboots: the caller does both.
+    pub async fn lifecycle_upgrade(
+        &self,
+        image_name: &str,
+        deadline: Duration,
+    ) -> Result<Installed, TalosError> {
+        let req = pb::LifecycleServiceUpgradeRequest {
+            containerd: Some(system_containerd()),
+            source: Some(pb::InstallArtifactsSource {
+                image_name: image_name.to_string(),
+            }),
+        };
+        let stream = self
+            .call_on(
+                self.lifecycle.clone(),
+                |mut c, r| async move { c.upgrade(r).await },
+                req,
+                deadline,
+            )
+            .await?;
+        let (mut exit_code, mut last_message) = (None, String::new());
+        self.drain_stream(
+            stream,
+            deadline,
+            |m: pb::LifecycleServiceUpgradeResponse| {
+                use pb::lifecycle_service_install_progress::Response;
+                match m.progress.and_then(|p| p.response) {
+                    Some(Response::Message(text)) => last_message = text,
+                    Some(Response::ExitCode(code)) => exit_code = Some(code),
+                    None => {}
+                }
+            },
+        )
+        .await?;
+        let exit_code = exit_code.ok_or_else(|| {
+            self.failed(
+                Code::Internal,
+                "the upgrade stream ended without an exit code",
+            )
+        })?;
+        Ok(Installed {
+            exit_code,
+            last_message,
+        })
+    }
+
+    /// Reads a server stream to its end within `deadline`.
+    async fn drain_stream<M>(
+        &self,
+        mut stream: tonic::Streaming<M>,
+        deadline: Duration,
+        mut each: impl FnMut(M),
+    ) -> Result<(), TalosError> {
+        let read = async {
+            while let Some(m) = stream.message().await.map_err(|s| self.status_error(&s))? {
+                each(m);
+            }
+            Ok(())
+        };
+        match tokio::time::timeout(deadline, read).await {
+            Ok(r) => r,
+            Err(_) => Err(self.unreachable(format!(
+                "the stream did not end within {deadline:?} (deadline exceeded)"
+            ))),
+        }
+    }
+
     /// Sends one request with the node metadata and the deadline; maps failures.
     async fn call<Req, Resp, F, Fut>(&self, f: F, message: Req) -> Result<Resp, TalosError>
     where
         F: FnOnce(MachineServiceClient<Channel>, tonic::Request<Req>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
     {
+        self.call_on(self.inner.clone(), f, message, self.timeout)
+            .await
+    }
+
+    /// [`TalosClient::call`] on any service of the connection, within `timeout`.
+    async fn call_on<C, Req, Resp, F, Fut>(
+        &self,
+        client: C,
+        f: F,
+        message: Req,
+        timeout: Duration,
+    ) -> Result<Resp, TalosError>
+    where
+        F: FnOnce(C, tonic::Request<Req>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+    {
         let mut request = tonic::Request::new(message);
-        request.set_timeout(self.timeout);
+        request.set_timeout(timeout);
         if let Some(node) = &self.node {
             let value = MetadataValue::try_from(&**node).map_err(|_| {
                 TalosError::Config(format!("node `{node}` is not a valid gRPC metadata value"))
             })?;
             request.metadata_mut().insert(NODE_METADATA_KEY, value);
         }
-        match tokio::time::timeout(self.timeout, f(self.inner.clone(), request)).await {
-            Err(_) => Err(self.unreachable(format!(
-                "no answer within {:?} (deadline exceeded)",
-                self.timeout
-            ))),
+        match tokio::time::timeout(timeout, f(client, request)).await {
+            Err(_) => {
+                Err(self.unreachable(format!("no answer within {timeout:?} (deadline exceeded)")))
+            }
             Ok(Ok(resp)) => Ok(resp.into_inner()),
             Ok(Err(status)) => Err(self.status_error(&status)),
         }

@@ -75,19 +75,30 @@ pub struct AllowDef {
     pub span: Span,
 }
 
-/// `plan <verb> <subject>` and its steps.
+/// `plan <verb> <subject> ["kind"]` and its steps.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PlanDef {
     pub verb: Ident,
     pub subject: Ident,
+    /// The operation kind it runs (`plan run operation "reboot"`), without its quotes.
+    pub kind: Option<Ident>,
     pub steps: Vec<Step>,
     pub span: Span,
 }
 
-/// `do <action words> [when e] [unless e] [say "..."]`.
+/// `within <n><s|m|h>`: how long a step may wait, as written.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Within {
+    /// Seconds; `None` when the number does not fit.
+    pub secs: Option<u64>,
+    pub span: Span,
+}
+
+/// `do <action words> [within d] [when e] [unless e] [say "..."]`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Step {
     pub words: Vec<Ident>,
+    pub within: Option<Within>,
     pub when: Option<Expr>,
     pub unless: Option<Expr>,
     pub say: Option<Message>,

@@ -32,6 +32,7 @@ pub(super) const KEYWORDS: &[&str] = &[
     "unless",
     "reason",
     "say",
+    "within",
     "and",
     "or",
     "not",
@@ -383,6 +384,27 @@ impl Parser<'_> {
         let verb = self.word()?;
         self.skip();
         let subject = self.word()?;
+        // `plan_kind`: `"` (ASCII_ALPHANUMERIC | "-" | "_")* `"`, its name unquoted.
+        self.skip();
+        let kind = if self.peek() == Some(b'"') {
+            let open = self.pos;
+            let mut i = open + 1;
+            while i < self.b.len()
+                && (self.b[i].is_ascii_alphanumeric() || self.b[i] == b'-' || self.b[i] == b'_')
+            {
+                i += 1;
+            }
+            if self.at(i) != b'"' {
+                return None;
+            }
+            let span = self.token(i + 1);
+            Some(Ident {
+                name: self.text[open + 1..i].to_string(),
+                span,
+            })
+        } else {
+            None
+        };
         let mut steps = Vec::new();
         loop {
             self.skip();
@@ -399,11 +421,13 @@ impl Parser<'_> {
                     None => break,
                 }
             }
+            let within = self.within()?;
             let when = self.clause("when")?;
             let unless = self.clause("unless")?;
             let say = self.say()?;
             steps.push(Step {
                 words,
+                within,
                 when,
                 unless,
                 say,
@@ -413,9 +437,44 @@ impl Parser<'_> {
         Some(PlanDef {
             verb,
             subject,
+            kind,
             steps,
             span: self.statement_span(start),
         })
+    }
+
+    /// `within_clause`: `within` and a `duration` (`ASCII_DIGIT+ ~ ("s" | "m" | "h") ~
+    /// !ident_char`), or nothing; `None` when `within` is not followed by a duration.
+    fn within(&mut self) -> Option<Option<Within>> {
+        self.skip();
+        let start = self.pos;
+        if !self.kw("within") {
+            return Some(None);
+        }
+        self.skip();
+        let digits = self.pos;
+        let mut i = digits;
+        while self.at(i).is_ascii_digit() {
+            i += 1;
+        }
+        let unit = self.at(i);
+        if i == digits || !matches!(unit, b's' | b'm' | b'h') || ident_char(self.at(i + 1)) {
+            return None;
+        }
+        let scale: u64 = match unit {
+            b'h' => 3600,
+            b'm' => 60,
+            _ => 1,
+        };
+        let secs = self.text[digits..i]
+            .parse::<u64>()
+            .ok()
+            .and_then(|n| n.checked_mul(scale));
+        self.token(i + 1);
+        Some(Some(Within {
+            secs,
+            span: self.statement_span(start),
+        }))
     }
 
     /// A string literal from its opening quote: its span, its text (placeholders left
@@ -1120,7 +1179,7 @@ mod tests {
             h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
         }
         assert_eq!(
-            h, 0x94d3_ff2f_2774_c2c8,
+            h, 0xf778_a83f_e4e4_b469,
             "grammar/rules.pest changed: src/syntax/fast.rs mirrors it (it parses files that \
              parse, pest reports errors). Make the same change there, run its tests, then set \
              this fingerprint to {h:#x}"

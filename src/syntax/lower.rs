@@ -201,6 +201,7 @@ impl Lower {
         let mut plan = PlanDef {
             verb: empty.clone(),
             subject: empty,
+            kind: None,
             steps: Vec::new(),
             span,
         };
@@ -208,6 +209,13 @@ impl Lower {
             match c.as_rule() {
                 Rule::verb => plan.verb = ident(c),
                 Rule::subject => plan.subject = ident(c),
+                Rule::plan_kind => {
+                    let quoted = ident(c);
+                    plan.kind = Some(Ident {
+                        name: quoted.name.trim_matches('"').to_string(),
+                        span: quoted.span,
+                    });
+                }
                 Rule::step => plan.steps.push(self.step(c)),
                 _ => {}
             }
@@ -218,6 +226,7 @@ impl Lower {
     pub(super) fn step(&mut self, p: Pair<'_, Rule>) -> Step {
         let mut step = Step {
             words: Vec::new(),
+            within: None,
             when: None,
             unless: None,
             say: None,
@@ -226,6 +235,13 @@ impl Lower {
         for c in p.into_inner() {
             match c.as_rule() {
                 Rule::action_word => step.words.push(ident(c)),
+                Rule::within_clause => {
+                    let span = span_of(&c);
+                    step.within = c
+                        .into_inner()
+                        .find(|d| d.as_rule() == Rule::duration)
+                        .map(|d| Within { span, ..within(&d) })
+                }
                 Rule::when_clause => step.when = self.clause_expr(c),
                 Rule::unless_clause => step.unless = self.clause_expr(c),
                 Rule::say_clause => step.say = Some(self.say(c)),
@@ -459,4 +475,22 @@ pub(super) fn site(p: Pair<'_, Rule>) -> Option<Ident> {
     p.into_inner()
         .find(|c| c.as_rule() == Rule::site_name)
         .map(ident)
+}
+
+/// A `duration` token (`90s`, `10m`, `1h`) in seconds; `None` when it does not fit.
+fn within(d: &Pair<'_, Rule>) -> Within {
+    let text = d.as_str();
+    let (digits, unit) = text.split_at(text.len().saturating_sub(1));
+    let scale: u64 = match unit {
+        "h" => 3600,
+        "m" => 60,
+        _ => 1,
+    };
+    Within {
+        secs: digits
+            .parse::<u64>()
+            .ok()
+            .and_then(|n| n.checked_mul(scale)),
+        span: span_of(d),
+    }
 }

@@ -1196,6 +1196,7 @@ impl Objects<'_> {
                 },
                 kind: o.kind.name().into(),
                 machine: target,
+                image: None,
             },
         );
         op.metadata.namespace = Some(NAMESPACE.into());
@@ -1213,16 +1214,19 @@ impl Objects<'_> {
                     "waits for an odd count",
                 )],
                 failure_reason: None,
+                progress: None,
             }),
             Phase::Running => Some(OperationStatus {
                 phase: Some("Running".into()),
                 conditions: Vec::new(),
                 failure_reason: None,
+                progress: None,
             }),
             Phase::Succeeded => Some(OperationStatus {
                 phase: Some("Succeeded".into()),
                 conditions: Vec::new(),
                 failure_reason: None,
+                progress: None,
             }),
         };
         op

@@ -201,6 +201,20 @@ impl<'a> ModelWorld<'a> {
         let not_member =
             |w: &Self| w.failed(j, tonic::Code::FailedPrecondition, "etcd is not running");
         match call {
+            // The model does not run operations yet (issue 35's `verify` slice): a node of
+            // the model never reboots, so its boot time never changes, and the calls that
+            // would take it down are refused as unimplemented rather than faked.
+            Call::SystemStat => Ok(Reply::BootTime(1)),
+            Call::Reboot
+            | Call::Shutdown { .. }
+            | Call::UpgradeLegacy { .. }
+            | Call::Rollback
+            | Call::ImagePull { .. }
+            | Call::LifecycleUpgrade { .. } => Err(self.failed(
+                j,
+                tonic::Code::Unimplemented,
+                "the verify model does not run operations yet",
+            )),
             Call::Version => Ok(Reply::Version("v1.12.0".into())),
             Call::EtcdStatus => {
                 if !m.member {
@@ -365,10 +379,11 @@ impl World for ModelWorld<'_> {
                 detail: "no node answers there".into(),
             })));
         };
-        let refusing = call.acts() && self.faults.refuse == Some(self.acts);
+        let acts = call.acts();
+        let refusing = acts && self.faults.refuse == Some(self.acts);
         let undo = refusing.then(|| (self.t.clone(), self.effect));
         let answer = self.call(j, call);
-        if call.acts() && answer.is_ok() {
+        if acts && answer.is_ok() {
             let n = self.acts;
             self.acts = self.acts.saturating_add(1);
             if let Some((t, effect)) = undo {

@@ -49,6 +49,7 @@ pub fn fast_settings(identity: &str) -> Settings {
         reset_settle: Duration::from_secs(1),
         read_timeout: Duration::from_secs(3),
         talos_timeout: Duration::from_secs(3),
+        install_deadline: Duration::from_secs(10),
     }
 }
 

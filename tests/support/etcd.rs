@@ -402,6 +402,37 @@ impl EtcdCluster {
         }
     }
 
+    /// Starts member `i` again from its data (a node back from a reboot), with the same
+    /// name and ports, and waits until it sees a leader. Its data dir still there, etcd
+    /// rejoins as the member it was (the initial-cluster flags are ignored then).
+    pub async fn restart(&self, i: usize) -> Result<(), String> {
+        {
+            let mut members = self.members.lock().expect("members");
+            let m = &mut members[i];
+            if m.child.is_some() {
+                return Ok(());
+            }
+            let initial = format!("{}={}", m.name, peer_url(m.index, m.peer_port));
+            m.child = Some(spawn_member(m, &initial, &self.token, "existing"));
+        }
+        let deadline = Instant::now() + HEALTHY_TIMEOUT;
+        loop {
+            if let Ok(st) = self.status_at(i).await
+                && st.leader != 0
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{} not healthy within {HEALTHY_TIMEOUT:?} after its restart: {}",
+                    self.name(i),
+                    self.logs()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// SIGKILLs member `i` and deletes its data (a wiped node).
     pub fn kill_and_wipe(&self, i: usize) {
         self.kill(i);

@@ -14,7 +14,21 @@
 //! - `Reset`: graceful leaves etcd first (forfeiting leadership) when still a member; then
 //!   the node wipes (its etcd stops, its data goes), counts the reset, and from then on
 //!   answers `Unavailable` like a rebooting node (until [`TalosNode::start_again`]).
-//! - `Version`: a fixed tag, [`VERSION_TAG`].
+//! - `Version`: the node's tag, [`VERSION_TAG`] until an upgrade or a rollback changes it.
+//! - `SystemStat`: the node's `boot_time`, which every reboot advances.
+//! - `Reboot`: answers, then the node goes down (its etcd member is killed, its data kept;
+//!   every call answers `Unavailable`) for [`TalosNode::set_downtime`] and comes back with
+//!   a new boot time, its etcd member restarted from its data; a node set
+//!   [`TalosNode::never_back`] stays down. `Shutdown`: down for good.
+//! - `Upgrade` (legacy): answers, then reboots as above into the image's tag (the text
+//!   after its last `:`). `Rollback`: reboots into the tag it ran before.
+//! - `ImageService/Pull`: a stream naming the pulled image (its reference).
+//!   `LifecycleService/Upgrade`: a stream of progress and an `exit_code`
+//!   ([`TalosNode::set_install_exit_code`], 0 by default); 0 stages the image's tag for the
+//!   next reboot, anything else changes nothing.
+//!
+//! Downtimes are recorded ([`TalosApi::downtimes`]): which node was down from when to when,
+//! so scenarios assert "never two down at once" from the stand-in's own side.
 //!
 //! Node targeting: a request carrying the metadata `node: X` (X a node name, its
 //! `127.0.0.1:port`, or the host of its etcd member's peer URL, `etcd::peer_host`, as a
@@ -35,6 +49,12 @@ use super::etcd::{EtcdCluster, EtcdError};
 use ichor_rules::runtime::talos::proto::common::Metadata;
 use ichor_rules::runtime::talos::proto::google::rpc;
 use ichor_rules::runtime::talos::proto::machine as pb;
+use ichor_rules::runtime::talos::proto::machine::image_service_server::{
+    ImageService, ImageServiceServer,
+};
+use ichor_rules::runtime::talos::proto::machine::lifecycle_service_server::{
+    LifecycleService, LifecycleServiceServer,
+};
 use ichor_rules::runtime::talos::proto::machine::machine_service_server::{
     MachineService, MachineServiceServer,
 };
@@ -42,9 +62,9 @@ use ichor_rules::runtime::talos::{TalosClient, TalosTls};
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
@@ -195,6 +215,20 @@ pub struct Call {
 
 type Log = Arc<Mutex<Vec<Call>>>;
 
+/// A time a node was down (rebooting, shut down, or never back): from when its reboot
+/// began to when it answered again (`None`: still down).
+#[derive(Clone, Debug)]
+pub struct Downtime {
+    pub node: String,
+    pub from: Instant,
+    pub to: Option<Instant>,
+}
+
+type Downtimes = Arc<Mutex<Vec<Downtime>>>;
+
+/// The boot time every stand-in starts with (node `i` boots at this plus `i`).
+pub const FIRST_BOOT: u64 = 1_780_000_000;
+
 /// One node's state, shared by its server and the registry.
 struct Node {
     name: String,
@@ -204,6 +238,18 @@ struct Node {
     serving: AtomicBool,
     wiped: AtomicBool,
     resets: AtomicUsize,
+    /// Rebooting, shut down or never back: every call answers `Unavailable`.
+    down: AtomicBool,
+    boot_time: AtomicU64,
+    /// The running tag, and the one before the last change (for `Rollback`).
+    version: Mutex<(String, String)>,
+    /// The tag an install staged for the next boot.
+    staged: Mutex<Option<String>>,
+    downtime_ms: AtomicU64,
+    never_back: AtomicBool,
+    install_exit_code: AtomicI32,
+    reboots: AtomicUsize,
+    downtimes: Downtimes,
 }
 
 fn etcd_failure(name: &str, e: &EtcdError) -> Status {
@@ -227,6 +273,12 @@ impl Node {
     }
 
     fn check_up(&self) -> Result<(), Status> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(Status::unavailable(format!(
+                "node {} is down (rebooting or shut down)",
+                self.name
+            )));
+        }
         if self.wiped.load(Ordering::SeqCst) {
             return Err(Status::unavailable(format!(
                 "node {} is rebooting after a reset",
@@ -241,7 +293,7 @@ impl Node {
         Ok(pb::Version {
             metadata: self.metadata(),
             version: Some(pb::VersionInfo {
-                tag: VERSION_TAG.into(),
+                tag: self.version.lock().expect("version").0.clone(),
                 sha: "stand-in".into(),
                 os: "Talos".into(),
                 arch: "amd64".into(),
@@ -424,6 +476,96 @@ impl Node {
         })
     }
 
+    async fn system_stat(self: Arc<Self>) -> Result<pb::SystemStat, Status> {
+        self.check_up()?;
+        Ok(pb::SystemStat {
+            metadata: self.metadata(),
+            boot_time: self.boot_time.load(Ordering::SeqCst),
+        })
+    }
+
+    /// Goes down now (after the call that asked it has been answered: the caller spawns
+    /// this) and, unless it never comes back or `forever`, comes back after the downtime
+    /// with a new boot time, running `into` (else the staged tag, else its own).
+    async fn go_down(self: Arc<Self>, into: Option<String>, forever: bool) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let from = Instant::now();
+        self.down.store(true, Ordering::SeqCst);
+        self.reboots.fetch_add(1, Ordering::SeqCst);
+        let k = {
+            let mut d = self.downtimes.lock().expect("downtimes");
+            d.push(Downtime {
+                node: self.name.clone(),
+                from,
+                to: None,
+            });
+            d.len() - 1
+        };
+        self.etcd.kill(self.index);
+        if forever || self.never_back.load(Ordering::SeqCst) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(
+            self.downtime_ms.load(Ordering::SeqCst),
+        ))
+        .await;
+        if let Err(e) = self.etcd.restart(self.index).await {
+            eprintln!("stand-in {}: {e}", self.name);
+            return;
+        }
+        let next = into.or_else(|| self.staged.lock().expect("staged").take());
+        if let Some(tag) = next {
+            let mut v = self.version.lock().expect("version");
+            let old = std::mem::replace(&mut v.0, tag);
+            v.1 = old;
+        }
+        self.boot_time.fetch_add(100, Ordering::SeqCst);
+        self.down.store(false, Ordering::SeqCst);
+        self.downtimes.lock().expect("downtimes")[k].to = Some(Instant::now());
+    }
+
+    async fn reboot(self: Arc<Self>) -> Result<pb::Reboot, Status> {
+        self.check_up()?;
+        tokio::spawn(self.clone().go_down(None, false));
+        Ok(pb::Reboot {
+            metadata: self.metadata(),
+            actor_id: format!("{}-reboot", self.name),
+        })
+    }
+
+    async fn shutdown(self: Arc<Self>) -> Result<pb::Shutdown, Status> {
+        self.check_up()?;
+        tokio::spawn(self.clone().go_down(None, true));
+        Ok(pb::Shutdown {
+            metadata: self.metadata(),
+            actor_id: format!("{}-shutdown", self.name),
+        })
+    }
+
+    async fn upgrade(self: Arc<Self>, image: String) -> Result<pb::Upgrade, Status> {
+        self.check_up()?;
+        let Some(tag) = tag_of(&image) else {
+            return Err(Status::invalid_argument(format!(
+                "image {image:?} names no tag"
+            )));
+        };
+        tokio::spawn(self.clone().go_down(Some(tag), false));
+        Ok(pb::Upgrade {
+            metadata: self.metadata(),
+            ack: "Upgrade request received".into(),
+            actor_id: format!("{}-upgrade", self.name),
+        })
+    }
+
+    async fn rollback(self: Arc<Self>) -> Result<pb::Rollback, Status> {
+        self.check_up()?;
+        let previous = self.version.lock().expect("version").1.clone();
+        tokio::spawn(self.clone().go_down(Some(previous), false));
+        Ok(pb::Rollback {
+            metadata: self.metadata(),
+        })
+    }
+
     async fn reset(self: Arc<Self>, graceful: bool) -> Result<pb::Reset, Status> {
         self.check_up()?;
         if graceful && self.etcd.is_running(self.index) {
@@ -440,7 +582,14 @@ impl Node {
     }
 }
 
+/// The tag of an image reference (`ghcr.io/siderolabs/installer:v1.12.1` -> `v1.12.1`).
+fn tag_of(image: &str) -> Option<String> {
+    let (_, tag) = image.rsplit_once(':')?;
+    (!tag.is_empty() && !tag.contains('/')).then(|| tag.to_string())
+}
+
 /// The gRPC service of one stand-in.
+#[derive(Clone)]
 struct Service {
     node: Arc<Node>,
     registry: Registry,
@@ -642,6 +791,85 @@ impl MachineService for Service {
         Ok(Response::new(pb::ResetResponse { messages }))
     }
 
+    async fn reboot(
+        &self,
+        request: Request<pb::RebootRequest>,
+    ) -> Result<Response<pb::RebootResponse>, Status> {
+        let messages = self
+            .answer("Reboot", request.metadata(), Node::reboot, |metadata| {
+                pb::Reboot {
+                    metadata,
+                    ..Default::default()
+                }
+            })
+            .await?;
+        Ok(Response::new(pb::RebootResponse { messages }))
+    }
+
+    async fn shutdown(
+        &self,
+        request: Request<pb::ShutdownRequest>,
+    ) -> Result<Response<pb::ShutdownResponse>, Status> {
+        let messages = self
+            .answer("Shutdown", request.metadata(), Node::shutdown, |metadata| {
+                pb::Shutdown {
+                    metadata,
+                    ..Default::default()
+                }
+            })
+            .await?;
+        Ok(Response::new(pb::ShutdownResponse { messages }))
+    }
+
+    async fn upgrade(
+        &self,
+        request: Request<pb::UpgradeRequest>,
+    ) -> Result<Response<pb::UpgradeResponse>, Status> {
+        let image = request.get_ref().image.clone();
+        let messages = self
+            .answer(
+                "Upgrade",
+                request.metadata(),
+                move |node| node.upgrade(image),
+                |metadata| pb::Upgrade {
+                    metadata,
+                    ..Default::default()
+                },
+            )
+            .await?;
+        Ok(Response::new(pb::UpgradeResponse { messages }))
+    }
+
+    async fn rollback(
+        &self,
+        request: Request<pb::RollbackRequest>,
+    ) -> Result<Response<pb::RollbackResponse>, Status> {
+        let messages = self
+            .answer("Rollback", request.metadata(), Node::rollback, |metadata| {
+                pb::Rollback { metadata }
+            })
+            .await?;
+        Ok(Response::new(pb::RollbackResponse { messages }))
+    }
+
+    async fn system_stat(
+        &self,
+        request: Request<()>,
+    ) -> Result<Response<pb::SystemStatResponse>, Status> {
+        let messages = self
+            .answer(
+                "SystemStat",
+                request.metadata(),
+                Node::system_stat,
+                |metadata| pb::SystemStat {
+                    metadata,
+                    ..Default::default()
+                },
+            )
+            .await?;
+        Ok(Response::new(pb::SystemStatResponse { messages }))
+    }
+
     async fn version(&self, request: Request<()>) -> Result<Response<pb::VersionResponse>, Status> {
         let messages = self
             .answer("Version", request.metadata(), Node::version, |metadata| {
@@ -652,6 +880,86 @@ impl MachineService for Service {
             })
             .await?;
         Ok(Response::new(pb::VersionResponse { messages }))
+    }
+}
+
+type Stream<T> = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send>>;
+
+impl Service {
+    /// A streaming call, answered by this node only (no `node` proxying), recorded.
+    fn direct(&self, rpc: &'static str, meta: &tonic::metadata::MetadataMap) -> Result<(), Status> {
+        self.node.check_up()?;
+        if !matches!(self.target(meta)?, Target::Here) {
+            return Err(Status::unimplemented(format!(
+                "the stand-in answers {rpc} for the node dialled only"
+            )));
+        }
+        self.log.lock().expect("log").push(Call {
+            rpc,
+            via: self.node.name.clone(),
+            node: self.node.name.clone(),
+        });
+        Ok(())
+    }
+}
+
+#[tonic::async_trait]
+impl ImageService for Service {
+    type PullStream = Stream<pb::ImageServicePullResponse>;
+
+    async fn pull(
+        &self,
+        request: Request<pb::ImageServicePullRequest>,
+    ) -> Result<Response<Self::PullStream>, Status> {
+        self.direct("ImageService/Pull", request.metadata())?;
+        let name = request.get_ref().image_ref.clone();
+        if tag_of(&name).is_none() {
+            return Err(Status::not_found(format!("image {name:?}: not found")));
+        }
+        let done = pb::ImageServicePullResponse {
+            response: Some(pb::image_service_pull_response::Response::Name(name)),
+        };
+        Ok(Response::new(Box::pin(tokio_stream::iter(vec![Ok(done)]))))
+    }
+}
+
+#[tonic::async_trait]
+impl LifecycleService for Service {
+    type UpgradeStream = Stream<pb::LifecycleServiceUpgradeResponse>;
+
+    async fn upgrade(
+        &self,
+        request: Request<pb::LifecycleServiceUpgradeRequest>,
+    ) -> Result<Response<Self::UpgradeStream>, Status> {
+        use pb::lifecycle_service_install_progress::Response as P;
+        self.direct("LifecycleService/Upgrade", request.metadata())?;
+        let image = request
+            .get_ref()
+            .source
+            .as_ref()
+            .map(|s| s.image_name.clone())
+            .unwrap_or_default();
+        let code = self.node.install_exit_code.load(Ordering::SeqCst);
+        if code == 0
+            && let Some(tag) = tag_of(&image)
+        {
+            *self.node.staged.lock().expect("staged") = Some(tag);
+        }
+        let progress = |r: P| {
+            Ok(pb::LifecycleServiceUpgradeResponse {
+                progress: Some(pb::LifecycleServiceInstallProgress { response: Some(r) }),
+            })
+        };
+        let items = vec![
+            progress(P::Message(format!("installing {image}"))),
+            progress(P::Message(if code == 0 {
+                "installed".into()
+            } else {
+                "the installer failed".into()
+            })),
+            progress(P::ExitCode(code)),
+        ];
+        Ok(Response::new(Box::pin(tokio_stream::iter(items))))
     }
 }
 
@@ -700,6 +1008,70 @@ impl TalosNode {
         self.node.serving.load(Ordering::SeqCst)
     }
 
+    /// How long a reboot keeps the node down (default 1 s).
+    pub fn set_downtime(&self, d: Duration) {
+        self.node.downtime_ms.store(
+            u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+            Ordering::SeqCst,
+        );
+    }
+
+    /// From now on, a reboot takes the node down for good.
+    pub fn never_back(&self) {
+        self.node.never_back.store(true, Ordering::SeqCst);
+    }
+
+    /// Brings a node that never came back up again (someone fixed it): its etcd member
+    /// restarted from its data, a new boot time, its downtime closed.
+    pub async fn bring_back(&self) {
+        self.node.never_back.store(false, Ordering::SeqCst);
+        self.node
+            .etcd
+            .restart(self.node.index)
+            .await
+            .expect("etcd member back");
+        self.node.boot_time.fetch_add(100, Ordering::SeqCst);
+        self.node.down.store(false, Ordering::SeqCst);
+        let now = Instant::now();
+        for d in self.node.downtimes.lock().expect("downtimes").iter_mut() {
+            if d.node == self.node.name && d.to.is_none() {
+                d.to = Some(now);
+            }
+        }
+    }
+
+    /// The `exit_code` its `LifecycleService/Upgrade` stream ends with.
+    pub fn set_install_exit_code(&self, code: i32) {
+        self.node.install_exit_code.store(code, Ordering::SeqCst);
+    }
+
+    /// Sets the running tag (an older Talos, for the legacy upgrade path).
+    pub fn set_version(&self, tag: &str) {
+        let mut v = self.node.version.lock().expect("version");
+        v.0 = tag.to_string();
+        v.1 = tag.to_string();
+    }
+
+    /// The running tag.
+    pub fn version(&self) -> String {
+        self.node.version.lock().expect("version").0.clone()
+    }
+
+    /// The current boot time.
+    pub fn boot_time(&self) -> u64 {
+        self.node.boot_time.load(Ordering::SeqCst)
+    }
+
+    /// How many times it went down (reboots, upgrades, rollbacks, shutdowns).
+    pub fn reboots(&self) -> usize {
+        self.node.reboots.load(Ordering::SeqCst)
+    }
+
+    /// Whether it is down now.
+    pub fn is_down(&self) -> bool {
+        self.node.down.load(Ordering::SeqCst)
+    }
+
     /// Shuts the Talos API down: dials are refused from now on. Its etcd keeps running.
     pub async fn stop(&self) {
         self.node.serving.store(false, Ordering::SeqCst);
@@ -737,7 +1109,9 @@ impl TalosNode {
         let server = Server::builder()
             .tls_config(self.tls.clone())
             .expect("server TLS")
-            .add_service(MachineServiceServer::new(service))
+            .add_service(MachineServiceServer::new(service.clone()))
+            .add_service(LifecycleServiceServer::new(service.clone()))
+            .add_service(ImageServiceServer::new(service))
             .serve_with_incoming_shutdown(
                 tokio_stream::wrappers::TcpListenerStream::new(listener),
                 async {
@@ -771,6 +1145,7 @@ pub struct TalosApi {
     pki: Pki,
     registry: Registry,
     log: Log,
+    downtimes: Downtimes,
     nodes: Vec<TalosNode>,
 }
 
@@ -787,6 +1162,7 @@ impl TalosApi {
             pki,
             registry: Arc::default(),
             log: Arc::default(),
+            downtimes: Arc::default(),
             nodes: Vec::new(),
         };
         for i in 0..etcd.len() {
@@ -809,6 +1185,15 @@ impl TalosApi {
             serving: AtomicBool::new(false),
             wiped: AtomicBool::new(false),
             resets: AtomicUsize::new(0),
+            down: AtomicBool::new(false),
+            boot_time: AtomicU64::new(FIRST_BOOT + index as u64),
+            version: Mutex::new((VERSION_TAG.to_string(), VERSION_TAG.to_string())),
+            staged: Mutex::new(None),
+            downtime_ms: AtomicU64::new(1000),
+            never_back: AtomicBool::new(false),
+            install_exit_code: AtomicI32::new(0),
+            reboots: AtomicUsize::new(0),
+            downtimes: self.downtimes.clone(),
         });
         {
             let mut registry = self.registry.lock().expect("registry");
@@ -850,6 +1235,11 @@ impl TalosApi {
     /// Every call the stand-ins received so far, in order (their own record).
     pub fn calls(&self) -> Vec<Call> {
         self.log.lock().expect("log").clone()
+    }
+
+    /// Every time a node was down so far (its own record).
+    pub fn downtimes(&self) -> Vec<Downtime> {
+        self.downtimes.lock().expect("downtimes").clone()
     }
 
     /// The calls of `rpc` answered as node `node`.

@@ -94,3 +94,34 @@ pub async fn drain(client: &Client, node: &str) -> Result<Drained, kube::Error> 
         Drained::Waiting { remaining: left }
     })
 }
+
+/// Cordons (`on`) or uncordons the Kubernetes Node `node`; whether it was cordoned before
+/// (`None`: there is no such Node). Safe to repeat.
+pub async fn cordon(client: &Client, node: &str, on: bool) -> Result<Option<bool>, kube::Error> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let Some(n) = nodes.get_opt(node).await? else {
+        return Ok(None);
+    };
+    let was = n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+    if was != on {
+        let body = serde_json::json!({ "spec": { "unschedulable": on } });
+        nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(&body))
+            .await?;
+    }
+    Ok(Some(was))
+}
+
+/// Whether the Kubernetes Node `node` has Ready=True (`None`: there is no such Node).
+pub async fn ready(client: &Client, node: &str) -> Result<Option<bool>, kube::Error> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let Some(n) = nodes.get_opt(node).await? else {
+        return Ok(None);
+    };
+    Ok(Some(
+        n.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
+    ))
+}

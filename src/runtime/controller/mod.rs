@@ -21,6 +21,7 @@ pub mod lock;
 pub mod machine;
 pub mod nodes;
 pub mod operation;
+pub mod operation_world;
 pub use crate::runtime::exec::rules as plan;
 pub mod removal;
 pub mod status;
@@ -79,6 +80,8 @@ pub struct Settings {
     pub read_timeout: Duration,
     /// Each Talos API call.
     pub talos_timeout: Duration,
+    /// An installer image pull, and the install of an upgrade (streams read to their end).
+    pub install_deadline: Duration,
 }
 
 impl Default for Settings {
@@ -99,6 +102,7 @@ impl Default for Settings {
             reset_settle: Duration::from_secs(60),
             read_timeout: Duration::from_secs(5),
             talos_timeout: Duration::from_secs(10),
+            install_deadline: Duration::from_secs(600),
         }
     }
 }

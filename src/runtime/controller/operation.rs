@@ -4,9 +4,10 @@
 //! resumes by itself. The rules decide (`hold run operation`); an etcd restore is a
 //! recovery and is not parked.
 //!
-//! Running the operations themselves (upgrades, reboots, …) is not part of this
-//! controller; when it is, it takes the cluster lock through
-//! [`super::disruptive::acquire`].
+//! Once no rule parks it and its start rules let it through, the operation runs: its
+//! kind's plan, step by step, through the one executor ([`crate::runtime::exec::operation`]),
+//! in [`super::operation_world::OperationLive`] (the cluster lock taken for the operation
+//! itself, through [`super::disruptive`]).
 
 use super::status::{self, Conditions};
 use super::{Context, ReconcileError, held};
@@ -39,15 +40,15 @@ fn unreadable(why: &str) -> crate::interp::Decision {
     d
 }
 
+/// `Some(requeue)` when the start rules refuse (or hold); `None` when the operation may
+/// run (it has started already, or they allow it now).
 async fn start_again(
     ctx: &Context,
     table: &crate::compile::Table,
     snapshot: &crate::runtime::objects::Snapshot,
     next: &mut TalosOperation,
-) -> Action {
-    let Some(ev) = reconcile_start_event(next) else {
-        return Action::await_change();
-    };
+) -> Option<Action> {
+    let ev = reconcile_start_event(next)?;
     // `healthy.after` is asked of etcd (the members that stay once the target is reset),
     // as for a removal, through the one loop that asks for expensive facts; what cannot be
     // read refuses.
@@ -90,7 +91,7 @@ async fn start_again(
                 tracing::warn!(%operation, %message, "start refused at the controller");
                 ctx.event(&*next, true, "StartRefused", message).await;
             }
-            Action::requeue(ctx.settings.parked_requeue)
+            Some(Action::requeue(ctx.settings.parked_requeue))
         }
         None => {
             if was_refused {
@@ -102,7 +103,7 @@ async fn start_again(
                     "the start rules allow the operation now",
                 );
             }
-            Action::await_change()
+            None
         }
     }
 }
@@ -128,8 +129,23 @@ pub async fn reconcile(
     if events.is_empty() {
         return Ok(Action::await_change());
     }
-    // A failed operation is not parked nor resumed: its failure stands (ADR 0137).
+    // A failed operation is not parked nor resumed by itself: its failure stands (ADR
+    // 0137), until a person asks for a resume (the annotation ichor.maesh.dev/resume with
+    // a new value); the next reconcile then decides the run and step rules again.
     if live.failed() {
+        if let Some(asked) = crate::runtime::exec::operation::resume_asked(live) {
+            let mut next = live.clone();
+            crate::runtime::exec::operation::resume(&mut next, &asked);
+            status::write(&ctx.client, live, &next).await?;
+            ctx.event(
+                live,
+                false,
+                "Resumed",
+                format!("resumed by the annotation ichor.maesh.dev/resume={asked}"),
+            )
+            .await;
+            return Ok(Action::requeue(ctx.settings.lock_retry));
+        }
         return Ok(Action::await_change());
     }
     let mut next = live.clone();
@@ -161,9 +177,40 @@ pub async fn reconcile(
                 next.status.get_or_insert_with(Default::default).phase = Some("Pending".into());
                 tracing::info!(operation = %format!("{ns}/{name}"), "resumed");
             }
-            start_again(&ctx, &table, &snapshot, &mut next).await
+            match start_again(&ctx, &table, &snapshot, &mut next).await {
+                Some(refused) => refused,
+                None => {
+                    if let Some(v) = status::write(&ctx.client, live, &next).await? {
+                        next.metadata.resource_version = Some(v);
+                    }
+                    return run(&ctx, &table, &next).await;
+                }
+            }
         }
     };
     status::write(&ctx.client, live, &next).await?;
     Ok(requeue)
+}
+
+/// Runs the operation's plan: one reconcile of the executor's procedure.
+async fn run(
+    ctx: &Context,
+    table: &crate::compile::Table,
+    o: &TalosOperation,
+) -> Result<Action, ReconcileError> {
+    let mut world = super::operation_world::OperationLive::new(ctx, o.namespace(), o.name());
+    let outcome = crate::runtime::exec::operation::reconcile(
+        &mut world,
+        table,
+        &super::removal::timing(ctx),
+        o,
+    )
+    .await;
+    // A lock still held here (an error ended the reconcile) is kept: the operation resumes
+    // it, or it expires after the lock duration.
+    world.keep_lock();
+    Ok(match outcome? {
+        crate::runtime::exec::Outcome::Requeue { after, .. } => Action::requeue(after),
+        crate::runtime::exec::Outcome::AwaitChange => Action::await_change(),
+    })
 }

@@ -8,6 +8,7 @@ use super::{Context, ReconcileError};
 use crate::runtime::exec::{Call, Drained, LockOp, Node, NodeError, Note, Reply, World};
 use crate::runtime::live::Reads;
 use crate::runtime::objects::{Snapshot, TalosMachine};
+use crate::runtime::talos::{LegacyUpgrade, RebootMode};
 use k8s_openapi::jiff::Timestamp;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -96,6 +97,31 @@ impl World for Live<'_> {
                 c.etcd_remove_member_by_id(id).await.map(|_| Reply::Done)
             }
             Call::Reset { graceful } => c.reset(graceful, true).await.map(|_| Reply::Done),
+            Call::Reboot => c.reboot(RebootMode::Default).await.map(|_| Reply::Done),
+            Call::Shutdown { force } => c.shutdown(force).await.map(|_| Reply::Done),
+            Call::UpgradeLegacy { image } => {
+                let u = LegacyUpgrade {
+                    image,
+                    preserve: false,
+                    stage: false,
+                    force: false,
+                    powercycle: false,
+                };
+                c.upgrade_legacy(&u).await.map(|_| Reply::Done)
+            }
+            Call::Rollback => c.rollback().await.map(|_| Reply::Done),
+            Call::SystemStat => c.boot_time().await.map(Reply::BootTime),
+            Call::ImagePull { image } => c
+                .image_pull(&image, self.ctx.settings.install_deadline)
+                .await
+                .map(Reply::Pulled),
+            Call::LifecycleUpgrade { image_name } => c
+                .lifecycle_upgrade(&image_name, self.ctx.settings.install_deadline)
+                .await
+                .map(|i| Reply::Installed {
+                    exit_code: i.exit_code,
+                    last_message: i.last_message,
+                }),
         };
         Ok(answer.map_err(NodeError::from))
     }

@@ -14,6 +14,7 @@
 //! model ask the same Talos calls and judge the answers with the same functions.
 
 pub mod etcd;
+pub mod operation;
 pub mod removal;
 pub mod rules;
 pub mod trace;
@@ -60,7 +61,7 @@ pub enum Node<'a> {
 }
 
 /// A Talos machine-API call (the names are Talos' own: `../shared/TALOS-API.md`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Call {
     Version,
     EtcdMemberList,
@@ -72,11 +73,35 @@ pub enum Call {
     Reset {
         graceful: bool,
     },
+    /// `Reboot` (mode DEFAULT): the node neither cordons nor drains for it.
+    Reboot,
+    /// `Shutdown`; `force` skips the node's own cordon and drain.
+    Shutdown {
+        force: bool,
+    },
+    /// The legacy `MachineService/Upgrade` to this installer image (Talos before 1.13):
+    /// the node installs, drains itself and reboots.
+    UpgradeLegacy {
+        image: String,
+    },
+    /// `Rollback`: back to the previous Talos image, and reboot.
+    Rollback,
+    /// `SystemStat`, for its `boot_time`.
+    SystemStat,
+    /// `ImageService/Pull` of this image reference into the system containerd.
+    ImagePull {
+        image: String,
+    },
+    /// `LifecycleService/Upgrade` from this pulled image name (Talos 1.13 and later): it
+    /// installs, and neither drains nor reboots.
+    LifecycleUpgrade {
+        image_name: String,
+    },
 }
 
 impl Call {
     /// Talos' name of the call.
-    pub fn name(self) -> &'static str {
+    pub fn name(&self) -> &'static str {
         match self {
             Call::Version => "Version",
             Call::EtcdMemberList => "EtcdMemberList",
@@ -85,14 +110,29 @@ impl Call {
             Call::EtcdLeaveCluster => "EtcdLeaveCluster",
             Call::EtcdRemoveMemberById(_) => "EtcdRemoveMemberByID",
             Call::Reset { .. } => "Reset",
+            Call::Reboot => "Reboot",
+            Call::Shutdown { .. } => "Shutdown",
+            Call::UpgradeLegacy { .. } => "Upgrade",
+            Call::Rollback => "Rollback",
+            Call::SystemStat => "SystemStat",
+            Call::ImagePull { .. } => "ImageService/Pull",
+            Call::LifecycleUpgrade { .. } => "LifecycleService/Upgrade",
         }
     }
 
-    /// Whether the call changes the cluster (etcd's membership or the node itself).
-    pub fn acts(self) -> bool {
+    /// Whether the call changes the cluster (etcd's membership or the node itself: a
+    /// reset, a reboot, a shutdown, an installed image). Pulling an image changes neither.
+    pub fn acts(&self) -> bool {
         matches!(
             self,
-            Call::EtcdLeaveCluster | Call::EtcdRemoveMemberById(_) | Call::Reset { .. }
+            Call::EtcdLeaveCluster
+                | Call::EtcdRemoveMemberById(_)
+                | Call::Reset { .. }
+                | Call::Reboot
+                | Call::Shutdown { .. }
+                | Call::UpgradeLegacy { .. }
+                | Call::Rollback
+                | Call::LifecycleUpgrade { .. }
         )
     }
 }
@@ -104,6 +144,15 @@ pub enum Reply {
     Members(Vec<EtcdMember>),
     Status(EtcdStatus),
     Done,
+    /// `SystemStat.boot_time` (seconds since the epoch).
+    BootTime(u64),
+    /// The name `ImageService/Pull` gave the pulled image.
+    Pulled(String),
+    /// How `LifecycleService/Upgrade`'s stream ended (non-zero `exit_code`: it failed).
+    Installed {
+        exit_code: i32,
+        last_message: String,
+    },
 }
 
 /// A lock operation on the cluster lock, for the work being reconciled.
@@ -248,7 +297,7 @@ pub struct Timing {
 pub(crate) mod calls {
     use super::*;
 
-    fn mismatch(call: Call) -> NodeError {
+    fn mismatch(call: &Call) -> NodeError {
         NodeError::Talos(TalosError::Config(format!(
             "the answer to {} was not of its kind",
             call.name()
@@ -262,7 +311,7 @@ pub(crate) mod calls {
     ) -> Result<Result<EtcdStatus, NodeError>, W::Error> {
         Ok(match w.talos(cluster, node, Call::EtcdStatus).await? {
             Ok(Reply::Status(s)) => Ok(s),
-            Ok(_) => Err(mismatch(Call::EtcdStatus)),
+            Ok(_) => Err(mismatch(&Call::EtcdStatus)),
             Err(e) => Err(e),
         })
     }
@@ -274,7 +323,7 @@ pub(crate) mod calls {
     ) -> Result<Result<Vec<EtcdMember>, NodeError>, W::Error> {
         Ok(match w.talos(cluster, node, Call::EtcdMemberList).await? {
             Ok(Reply::Members(m)) => Ok(m),
-            Ok(_) => Err(mismatch(Call::EtcdMemberList)),
+            Ok(_) => Err(mismatch(&Call::EtcdMemberList)),
             Err(e) => Err(e),
         })
     }
@@ -289,6 +338,54 @@ pub(crate) mod calls {
         Ok(w.talos(cluster, node, call).await?.map(|_| ()))
     }
 
+    pub async fn boot_time<W: World>(
+        w: &mut W,
+        cluster: &str,
+        node: Node<'_>,
+    ) -> Result<Result<u64, NodeError>, W::Error> {
+        Ok(match w.talos(cluster, node, Call::SystemStat).await? {
+            Ok(Reply::BootTime(t)) => Ok(t),
+            Ok(_) => Err(mismatch(&Call::SystemStat)),
+            Err(e) => Err(e),
+        })
+    }
+
+    pub async fn pull<W: World>(
+        w: &mut W,
+        cluster: &str,
+        node: Node<'_>,
+        image: &str,
+    ) -> Result<Result<String, NodeError>, W::Error> {
+        let call = Call::ImagePull {
+            image: image.to_string(),
+        };
+        Ok(match w.talos(cluster, node, call.clone()).await? {
+            Ok(Reply::Pulled(name)) => Ok(name),
+            Ok(_) => Err(mismatch(&call)),
+            Err(e) => Err(e),
+        })
+    }
+
+    /// `LifecycleService/Upgrade`: its exit code and last message.
+    pub async fn install<W: World>(
+        w: &mut W,
+        cluster: &str,
+        node: Node<'_>,
+        image_name: &str,
+    ) -> Result<Result<(i32, String), NodeError>, W::Error> {
+        let call = Call::LifecycleUpgrade {
+            image_name: image_name.to_string(),
+        };
+        Ok(match w.talos(cluster, node, call.clone()).await? {
+            Ok(Reply::Installed {
+                exit_code,
+                last_message,
+            }) => Ok((exit_code, last_message)),
+            Ok(_) => Err(mismatch(&call)),
+            Err(e) => Err(e),
+        })
+    }
+
     pub async fn version<W: World>(
         w: &mut W,
         cluster: &str,
@@ -296,7 +393,7 @@ pub(crate) mod calls {
     ) -> Result<Result<String, NodeError>, W::Error> {
         Ok(match w.talos(cluster, node, Call::Version).await? {
             Ok(Reply::Version(v)) => Ok(v),
-            Ok(_) => Err(mismatch(Call::Version)),
+            Ok(_) => Err(mismatch(&Call::Version)),
             Err(e) => Err(e),
         })
     }

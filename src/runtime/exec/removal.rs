@@ -798,6 +798,24 @@ async fn execute<W: World>(
             p.committed = true;
             Ok(Step::Done)
         }
+        // An operation's steps: the checker refuses them in a removal's plan
+        // (`ichor::check::action_not_in_plan`), so only a table built past it gets here.
+        BuiltIn::EtcdHealthy
+        | BuiltIn::CordonNode
+        | BuiltIn::UncordonNode
+        | BuiltIn::TalosReboot
+        | BuiltIn::TalosShutdown
+        | BuiltIn::TalosUpgrade
+        | BuiltIn::TalosRollback
+        | BuiltIn::WaitNodeBack => Ok(Step::Wait {
+            reason: "NotARemovalStep",
+            message: format!(
+                "`{}` is a step of an operation, not of a removal; remove it from `plan remove controlplane`",
+                step.text
+            ),
+            after: timing.refused_requeue,
+            event: None,
+        }),
         BuiltIn::ReleaseFinalizer => {
             // A reset this removal only inferred (its node stopped answering after it may
             // have been sent, in an earlier reconcile) is checked once more: a node that

@@ -404,7 +404,7 @@ where
         node: Node<'_>,
         call: Call,
     ) -> Result<Result<Reply, NodeError>, Self::Error> {
-        let answer = self.inner.talos(cluster, node, call).await;
+        let answer = self.inner.talos(cluster, node, call.clone()).await;
         self.log.write(
             self.id,
             Entry::Talos {

@@ -480,6 +480,10 @@ impl TalosCluster {
     printcolumn = r#"{"name":"Kind","type":"string","jsonPath":".spec.kind"}"#,
     printcolumn = r#"{"name":"Machine","type":"string","jsonPath":".spec.machine"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Done","type":"integer","jsonPath":".status.progress.done"}"#,
+    printcolumn = r#"{"name":"Of","type":"integer","jsonPath":".status.progress.total"}"#,
+    printcolumn = r#"{"name":"Node","type":"string","jsonPath":".status.progress.node"}"#,
+    printcolumn = r#"{"name":"Step","type":"string","jsonPath":".status.progress.step"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -489,6 +493,9 @@ impl TalosCluster {
 #[schemars(extend("x-kubernetes-validations" = [{
     "rule": "self == oldSelf",
     "message": "spec is immutable: a TalosOperation's spec cannot change once it is created; create a new TalosOperation instead"
+}, {
+    "rule": "self.kind != 'upgrade' || (has(self.image) && self.image != '')",
+    "message": "an upgrade needs spec.image, the Talos installer image to go to (e.g. ghcr.io/siderolabs/installer:v1.12.1)"
 }]))]
 pub struct OperationSpec {
     #[serde(default)]
@@ -500,6 +507,12 @@ pub struct OperationSpec {
     /// The machine it acts on, when it acts on one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine: Option<String>,
+    /// The Talos installer image an `upgrade` goes to (e.g.
+    /// `ghcr.io/siderolabs/installer:v1.12.1`); its tag is the version the node must report
+    /// after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub image: Option<String>,
 }
 
 /// What the controller observed of an operation.
@@ -512,6 +525,60 @@ pub struct OperationStatus {
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_reason: Option<String>,
+    /// How far the operation's plan has come: a restarted controller resumes from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<OperationProgress>,
+}
+
+/// How far an operation has come, as the controller records it after every step. Its
+/// fields are written as `null` when cleared, so the status's merge patch removes them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OperationProgress {
+    /// Nodes done, of `total`.
+    #[serde(default)]
+    pub done: u32,
+    #[serde(default)]
+    pub total: u32,
+    /// The machines it acts on, in the order it takes them (recorded once when it starts:
+    /// `spec.machine`, or every approved control plane, then every approved worker, each by
+    /// name), so a restarted controller continues in the same order.
+    #[serde(default)]
+    pub order: Vec<String>,
+    /// The machine being worked on.
+    #[serde(default)]
+    pub node: Option<String>,
+    /// The step running or waiting (as the plan writes it), and since when.
+    #[serde(default)]
+    pub step: Option<String>,
+    #[serde(default)]
+    pub step_started_at: Option<Time>,
+    /// When the operation started running.
+    #[serde(default)]
+    pub started_at: Option<Time>,
+    /// The steps finished (or skipped by their guard) on the current node, as `<k>. <step>`.
+    #[serde(default)]
+    pub steps_done: Vec<String>,
+    /// The node's boot time and Talos version before the operation's destructive call:
+    /// a different boot time says the node went down and came back (so the call is not
+    /// sent again), the image's tag as version says an upgrade took.
+    #[serde(default)]
+    pub boot_time: Option<u64>,
+    #[serde(default)]
+    pub version: Option<String>,
+    /// The destructive call sent (a restarted controller does not send it again).
+    #[serde(default)]
+    pub sent: Option<String>,
+    /// The value of the annotation `ichor.maesh.dev/resume` this operation was last
+    /// resumed by (a new value resumes a failed operation once more).
+    #[serde(default)]
+    pub resumed: Option<String>,
+    /// Whether this operation cordoned the node (an administrator's cordon is left).
+    #[serde(default)]
+    pub cordoned: bool,
+    /// An administrator had cordoned the node before this operation did anything.
+    #[serde(default)]
+    pub was_cordoned: bool,
 }
 
 /// Phases after which an operation holds nothing. Everything else, a failed operation

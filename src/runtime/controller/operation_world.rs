@@ -1,0 +1,209 @@
+//! The world an operation runs in (`exec::operation`): the controller's world of a removal
+//! ([`Live`]: the API server, drains, Talos with each cluster's credentials), with the
+//! cluster lock taken for the operation itself, the operation's own status writes and
+//! events, and the Kubernetes Node's cordon and readiness.
+
+use super::disruptive::{self, Held, Refused, Work};
+use super::world::Live;
+use super::{Context, ReconcileError};
+use crate::interp::Decision;
+use crate::runtime::exec::operation::OperationWorld;
+use crate::runtime::exec::{Call, Drained, LockOp, Node, NodeError, Note, Reply, World};
+use crate::runtime::live::Reads;
+use crate::runtime::objects::{Snapshot, TalosMachine, TalosOperation};
+use k8s_openapi::jiff::Timestamp;
+use std::sync::Arc;
+
+/// The controller's world of one reconcile of the operation `namespace/name`.
+pub struct OperationLive<'c> {
+    live: Live<'c>,
+    ctx: &'c Context,
+    namespace: String,
+    name: String,
+    held: Option<Held>,
+    /// What this reconcile last wrote of the operation (each write compares with it).
+    written: Option<TalosOperation>,
+}
+
+impl<'c> OperationLive<'c> {
+    pub fn new(ctx: &'c Context, namespace: &str, name: &str) -> OperationLive<'c> {
+        OperationLive {
+            live: Live::new(ctx, namespace, None),
+            ctx,
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            held: None,
+            written: None,
+        }
+    }
+
+    /// Keeps a lock still held (an error ended the reconcile): the operation resumes it,
+    /// or it expires after the lock duration.
+    pub fn keep_lock(&mut self) {
+        if let Some(h) = self.held.take() {
+            h.keep();
+        }
+    }
+}
+
+impl World for OperationLive<'_> {
+    type Error = ReconcileError;
+
+    fn now(&self) -> Timestamp {
+        self.live.now()
+    }
+
+    async fn credentials(&mut self, cluster: &str) -> Result<(), String> {
+        self.live.credentials(cluster).await
+    }
+
+    async fn talos(
+        &mut self,
+        cluster: &str,
+        node: Node<'_>,
+        call: Call,
+    ) -> Result<Result<Reply, NodeError>, ReconcileError> {
+        self.live.talos(cluster, node, call).await
+    }
+
+    async fn lock(
+        &mut self,
+        cluster: &str,
+        op: LockOp,
+    ) -> Result<Result<(), String>, ReconcileError> {
+        match op {
+            LockOp::Take => {
+                let work = Work::Operation {
+                    namespace: &self.namespace,
+                    name: &self.name,
+                };
+                match disruptive::hold(self.ctx, &self.namespace, cluster, work).await? {
+                    Ok(h) => {
+                        if let Some(old) = self.held.replace(h) {
+                            old.keep();
+                        }
+                        Ok(Ok(()))
+                    }
+                    Err(Refused::Held { holder }) => Ok(Err(holder)),
+                }
+            }
+            LockOp::Release => {
+                if let Some(h) = self.held.take() {
+                    h.release().await?;
+                }
+                Ok(Ok(()))
+            }
+            LockOp::Keep => {
+                self.keep_lock();
+                Ok(Ok(()))
+            }
+        }
+    }
+
+    async fn read(&mut self, cluster: &str, reads: Reads) -> Result<Arc<Snapshot>, ReconcileError> {
+        self.live.read(cluster, reads).await
+    }
+
+    async fn drain(&mut self, node: &str) -> Result<Result<Drained, String>, ReconcileError> {
+        self.live.drain(node).await
+    }
+
+    async fn write_status(
+        &mut self,
+        before: &TalosMachine,
+        after: &TalosMachine,
+    ) -> Result<Option<String>, ReconcileError> {
+        self.live.write_status(before, after).await
+    }
+
+    async fn release_finalizer(&mut self, m: &TalosMachine) -> Result<(), ReconcileError> {
+        self.live.release_finalizer(m).await
+    }
+
+    async fn event(&mut self, on: &TalosMachine, warning: bool, reason: &str, note: String) {
+        self.live.event(on, warning, reason, note).await;
+    }
+
+    fn note(&mut self, on: &TalosMachine, note: Note<'_>) {
+        let operation = format!("{}/{}", self.namespace, self.name);
+        match note {
+            Note::Decided(d) => self.live.note(on, Note::Decided(d)),
+            Note::Fact { fact, value, why } => {
+                tracing::info!(%operation, machine = %on.name(), %fact, value, %why, "etcd asked");
+            }
+            Note::Step(_, text) => {
+                tracing::info!(%operation, machine = %on.name(), step = %text, "operation step")
+            }
+            Note::Info(text) => tracing::info!(%operation, machine = %on.name(), "{text}"),
+            Note::Warn(text) => tracing::warn!(%operation, machine = %on.name(), "{text}"),
+        }
+    }
+
+    fn decide(
+        &mut self,
+        table: &crate::compile::Table,
+        snapshot: &Snapshot,
+        ev: crate::runtime::facts::EventFacts<'_>,
+        supplied: &[(crate::vocab::Fact, i64)],
+    ) -> Result<Decision, crate::vocab::Fact> {
+        self.live.decide(table, snapshot, ev, supplied)
+    }
+}
+
+impl OperationWorld for OperationLive<'_> {
+    async fn write_operation(
+        &mut self,
+        before: &TalosOperation,
+        after: &TalosOperation,
+    ) -> Result<(), ReconcileError> {
+        let base = match &self.written {
+            Some(w) if w.name() == after.name() => w,
+            _ => before,
+        };
+        let version = super::status::write(&self.ctx.client, base, after).await?;
+        let mut wrote = after.clone();
+        if let Some(v) = version {
+            wrote.metadata.resource_version = Some(v);
+        }
+        self.written = Some(wrote);
+        Ok(())
+    }
+
+    async fn operation_event(
+        &mut self,
+        on: &TalosOperation,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
+        self.ctx.event(on, warning, reason, note).await;
+    }
+
+    async fn cordon(
+        &mut self,
+        node: &str,
+        on: bool,
+    ) -> Result<Result<Option<bool>, String>, ReconcileError> {
+        Ok(super::drain::cordon(&self.ctx.client, node, on)
+            .await
+            .map_err(|e| e.to_string()))
+    }
+
+    fn step_took(&mut self, action: crate::vocab::Action, took: std::time::Duration) {
+        self.ctx.metrics.operation_step(action, took);
+    }
+
+    fn ended(&mut self, op: &TalosOperation, succeeded: bool) {
+        let result = if succeeded { "succeeded" } else { "failed" };
+        self.ctx.metrics.operation(&op.spec.kind, result);
+    }
+
+    async fn node_ready(
+        &mut self,
+        node: &str,
+    ) -> Result<Result<Option<bool>, String>, ReconcileError> {
+        Ok(super::drain::ready(&self.ctx.client, node)
+            .await
+            .map_err(|e| e.to_string()))
+    }
+}

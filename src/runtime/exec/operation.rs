@@ -1,0 +1,952 @@
+//! An operation on one machine (issue 35), as one procedure over an [`OperationWorld`]:
+//! the controller runs it with real I/O; `verify`'s model is to run it with its world.
+//!
+//! Once the start rules let an operation through (and no `hold run operation` rule parks
+//! it), the procedure takes the cluster lock and runs its kind's plan
+//! (`plan run operation "<kind>"`) on `spec.machine`, step by step. Before every step it
+//! reads the cluster again, under the lock, and decides the `step operation` rules
+//! (asking etcd through a healthy sibling when a rule needs it): refused, the step waits
+//! and the condition says why. Each finished step is recorded in `status.progress`, so a
+//! restarted controller resumes at the step it stopped at. A destructive call (reboot,
+//! shutdown, upgrade, rollback, reset) is sent once: the node's boot time and version,
+//! recorded before it, tell a restarted controller whether it already happened. A gate
+//! that does not pass within its `within` fails the operation (phase Failed, a
+//! failureReason, a condition naming the node, the step and what was seen); the operation
+//! never continues by itself (ADR 0137).
+
+use super::etcd::{self, MemberHealth, node_name};
+use super::rules::{Asked, decide_asking, hold_of};
+use super::{
+    Call, Drained, LockOp, Node, NodeError, Note, Outcome, Timing, Wait, World, calls, unlock,
+};
+use crate::compile::{PlanStep, Table};
+use crate::interp::Finding;
+use crate::runtime::controller::status::{self, Conditions};
+use crate::runtime::decide::reconcile_operation_event;
+use crate::runtime::facts::{EventFacts, Subject as FactSubject};
+use crate::runtime::live::Reads;
+use crate::runtime::objects::{OperationProgress, Role, Snapshot, TalosMachine, TalosOperation};
+use crate::runtime::talos::TalosError;
+use crate::vocab::{Action as BuiltIn, Fact, Site, Subject, Verb, Verdict};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use std::time::Duration;
+
+/// The condition an operation reports its progress in.
+pub const RUNNING: &str = "Running";
+
+/// What an operation needs of the world beyond what a removal does: its own status, its
+/// events, and the Kubernetes Node's cordon and readiness.
+#[allow(async_fn_in_trait)]
+pub trait OperationWorld: World {
+    /// Writes `after`'s status when it differs from `before` (the object as read, or as
+    /// this world last wrote it).
+    async fn write_operation(
+        &mut self,
+        before: &TalosOperation,
+        after: &TalosOperation,
+    ) -> Result<(), Self::Error>;
+
+    /// Publishes an Event on the operation.
+    async fn operation_event(
+        &mut self,
+        on: &TalosOperation,
+        warning: bool,
+        reason: &str,
+        note: String,
+    );
+
+    /// Cordons (`on`) or uncordons the Kubernetes Node `node`: whether it was cordoned
+    /// before (`None`: there is no such Node).
+    async fn cordon(
+        &mut self,
+        node: &str,
+        on: bool,
+    ) -> Result<Result<Option<bool>, String>, Self::Error>;
+
+    /// Whether the Kubernetes Node `node` is Ready (`None`: there is no such Node).
+    async fn node_ready(&mut self, node: &str)
+    -> Result<Result<Option<bool>, String>, Self::Error>;
+
+    /// A step finished after `took` (metrics; a model has none).
+    fn step_took(&mut self, action: BuiltIn, took: Duration) {
+        let _ = (action, took);
+    }
+
+    /// The operation ended, `succeeded` or not (metrics; a model has none).
+    fn ended(&mut self, op: &TalosOperation, succeeded: bool) {
+        let _ = (op, succeeded);
+    }
+}
+
+/// The annotation a person sets on a failed operation to resume it; each new value resumes
+/// it once (e.g. the time: `kubectl annotate talosoperation X ichor.maesh.dev/resume="$(date -u +%FT%TZ)" --overwrite`).
+pub const RESUME_ANNOTATION: &str = "ichor.maesh.dev/resume";
+
+/// The resume a person asked for on a failed operation: the annotation's value, when it is
+/// not the one it was last resumed by.
+pub fn resume_asked(op: &TalosOperation) -> Option<String> {
+    if !op.failed() {
+        return None;
+    }
+    let value = op
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(RESUME_ANNOTATION)?
+        .trim()
+        .to_string();
+    let last = op
+        .status
+        .as_ref()
+        .and_then(|s| s.progress.as_ref())
+        .and_then(|p| p.resumed.clone());
+    (!value.is_empty() && Some(&value) != last.as_ref()).then_some(value)
+}
+
+/// Resumes a failed operation (ADR 0137: never by itself, only by a person's explicit
+/// action): phase Running, the failure cleared, the failed step started again with a fresh
+/// timeout. Nothing is skipped: the rules decide every step again, the failed gate first.
+pub fn resume(next: &mut TalosOperation, asked: &str) {
+    let mut p = progress(next);
+    p.resumed = Some(asked.to_string());
+    p.step_started_at = None;
+    let s = next.status.get_or_insert_with(Default::default);
+    s.phase = Some("Running".into());
+    // Written empty (a merge patch would keep an absent field): not a failure any more.
+    s.failure_reason = Some(String::new());
+    set_progress(next, &p);
+    let msg = format!(
+        "resumed by the annotation {RESUME_ANNOTATION}={asked}: the failed step runs again, and \
+         the rules decide every step again"
+    );
+    status::set(next.conditions_mut(), RUNNING, false, "Resumed", &msg);
+}
+
+/// The holder of the cluster lock for an operation.
+pub fn holder(namespace: &str, name: &str) -> String {
+    format!("TalosOperation {namespace}/{name}")
+}
+
+/// Which upgrade path a node takes, from its Talos version tag: `LifecycleService/Upgrade`
+/// from 1.13 on (as `talosctl upgrade` does: above `1.13.0-alpha.2`), the legacy
+/// `MachineService/Upgrade` before. A tag that cannot be read takes the legacy path, which
+/// every Talos before 1.18 serves.
+pub fn lifecycle_path(tag: &str) -> bool {
+    let t = tag.trim().trim_start_matches('v');
+    let (core, pre) = match t.split_once('-') {
+        Some((c, p)) => (c, Some(p)),
+        None => (t, None),
+    };
+    let mut parts = core.split('.').map(|p| p.parse::<u64>().ok());
+    let (Some(Some(major)), Some(Some(minor))) = (parts.next(), parts.next()) else {
+        return false;
+    };
+    let patch = parts.next().flatten().unwrap_or(0);
+    match (major, minor) {
+        (1, m) if m > 13 => true,
+        (1, 13) => {
+            patch > 0
+                || match pre {
+                    None => true,
+                    Some(p) => !matches!(p, "alpha.0" | "alpha.1" | "alpha.2"),
+                }
+        }
+        (m, _) => m >= 2,
+    }
+}
+
+/// The tag of an image reference (`ghcr.io/siderolabs/installer:v1.12.1` -> `v1.12.1`;
+/// a digest is left out).
+pub fn image_tag(image: &str) -> Option<&str> {
+    let image = image.split('@').next().unwrap_or(image);
+    let (_, tag) = image.rsplit_once(':')?;
+    (!tag.is_empty() && !tag.contains('/')).then_some(tag)
+}
+
+/// How one step ended.
+enum Step {
+    Done,
+    /// Not yet: say why in the condition, look again after `after`.
+    Wait {
+        reason: &'static str,
+        message: String,
+        after: Duration,
+    },
+    /// A gate failed (its timeout passed, or what it read can never pass): the operation
+    /// fails and touches nothing more.
+    Fail {
+        reason: &'static str,
+        message: String,
+    },
+}
+
+fn requeue(after: Duration, wait: Wait) -> Outcome {
+    Outcome::Requeue { after, wait }
+}
+
+fn progress(o: &TalosOperation) -> OperationProgress {
+    o.status
+        .as_ref()
+        .and_then(|s| s.progress.clone())
+        .unwrap_or_default()
+}
+
+fn set_progress(o: &mut TalosOperation, p: &OperationProgress) {
+    o.status.get_or_insert_with(Default::default).progress = Some(p.clone());
+}
+
+fn set_phase(o: &mut TalosOperation, phase: &str) {
+    o.status.get_or_insert_with(Default::default).phase = Some(phase.into());
+}
+
+fn key(k: usize, step: &PlanStep) -> String {
+    format!("{}. {}", k + 1, step.text)
+}
+
+/// One reconcile of an operation the rules let run (not parked, its start allowed), as
+/// read by the watch.
+pub async fn reconcile<W: OperationWorld>(
+    w: &mut W,
+    table: &Table,
+    timing: &Timing,
+    op: &TalosOperation,
+) -> Result<Outcome, W::Error> {
+    if op.finished() || op.failed() {
+        return Ok(Outcome::AwaitChange);
+    }
+    let (ns, name, cluster) = (op.namespace(), op.name(), op.cluster());
+    let mut next = op.clone();
+    let Some(plan) = table.operation_plan(&op.spec.kind) else {
+        let msg = format!(
+            "the rules have no `plan run operation \"{}\"`; nothing runs until they do",
+            op.spec.kind
+        );
+        status::set(next.conditions_mut(), RUNNING, false, "NoPlan", &msg);
+        w.write_operation(op, &next).await?;
+        return Ok(requeue(timing.refused_requeue, Wait::On("NoPlan".into())));
+    };
+    if let Err(why) = w.credentials(cluster).await {
+        let msg = format!("{why}; the operation does not run without them");
+        status::set(
+            next.conditions_mut(),
+            RUNNING,
+            false,
+            "NoTalosCredentials",
+            &msg,
+        );
+        w.write_operation(op, &next).await?;
+        return Ok(requeue(
+            timing.refused_requeue,
+            Wait::On("NoTalosCredentials".into()),
+        ));
+    }
+    // 1. The cluster lock (the operation resumes its own).
+    if let Err(holder) = w.lock(cluster, LockOp::Take).await? {
+        let msg = format!("waiting for the cluster lock, held by {holder}");
+        status::set(
+            next.conditions_mut(),
+            RUNNING,
+            false,
+            "ClusterLockHeld",
+            &msg,
+        );
+        w.write_operation(op, &next).await?;
+        return Ok(requeue(
+            timing.lock_retry,
+            Wait::On("ClusterLockHeld".into()),
+        ));
+    }
+    let mut p = progress(op);
+    let reads = Reads {
+        machines: true,
+        clusters: true,
+        operations: true,
+    };
+    if p.started_at.is_none() || p.order.is_empty() {
+        let snapshot = w.read(cluster, reads).await?;
+        p.started_at = Some(Time(w.now()));
+        p.order = order(op, &snapshot);
+        p.total = u32::try_from(p.order.len()).unwrap_or(u32::MAX);
+        p.done = 0;
+        p.node = p.order.first().cloned();
+    }
+    // Each step: read again under the lock, decide again, then act.
+    loop {
+        let Some(target) = p.order.get(p.done as usize).cloned() else {
+            let snapshot = w.read(cluster, reads).await?;
+            let Some(live) = snapshot.operation(ns, name) else {
+                unlock(w, cluster, LockOp::Release).await?;
+                return Ok(Outcome::AwaitChange);
+            };
+            let before = live.clone();
+            let mut next = live.clone();
+            return succeed(w, &before, &mut next, &mut p).await;
+        };
+        let snapshot = w.read(cluster, reads).await?;
+        let Some(live) = snapshot.operation(ns, name) else {
+            unlock(w, cluster, LockOp::Release).await?;
+            return Ok(Outcome::AwaitChange);
+        };
+        if live.finished() || live.failed() {
+            unlock(w, cluster, LockOp::Release).await?;
+            return Ok(Outcome::AwaitChange);
+        }
+        // The status being built on what was read (the world writes only differences).
+        let before = live.clone();
+        let mut next = live.clone();
+        set_phase(&mut next, "Running");
+        let Some(m) = snapshot
+            .machine(ns, &target)
+            .filter(|m| m.cluster() == cluster)
+        else {
+            let msg = format!(
+                "{target} is not a TalosMachine of TalosCluster {cluster}: the operation \
+                 does not run; point spec.machine at one of this cluster's machines"
+            );
+            return fail(w, &before, &mut next, &mut p, "TargetNotFound", msg).await;
+        };
+        let Some((k, step)) = plan
+            .steps
+            .iter()
+            .enumerate()
+            .find(|(k, s)| !p.steps_done.contains(&key(*k, s)))
+        else {
+            // This node is done: the next one, from a clean record.
+            let msg = format!("{target}: every step of the plan ran");
+            w.operation_event(live, false, "NodeFinished", msg).await;
+            p = OperationProgress {
+                done: p.done + 1,
+                node: p.order.get(p.done as usize + 1).cloned(),
+                order: std::mem::take(&mut p.order),
+                total: p.total,
+                started_at: p.started_at.take(),
+                resumed: p.resumed.take(),
+                ..OperationProgress::default()
+            };
+            set_progress(&mut next, &p);
+            w.write_operation(&before, &next).await?;
+            continue;
+        };
+        // The rules see the node being worked on as the operation's target (`target`,
+        // `target.controlplane`, ...): for a roll over the cluster, each node in turn.
+        let mut view = live.clone();
+        view.spec.machine = Some(target.clone());
+        let live = &view;
+        // 2. The step rules, decided again under the lock from live reads.
+        let ev = EventFacts {
+            event: (Verb::Step, Subject::Operation, Site::Controller),
+            namespace: ns,
+            cluster,
+            subject: FactSubject::Operation(live),
+        };
+        let unreadable = |f: Fact, why: &str| Finding {
+            rule: "(live state)".into(),
+            verdict: Verdict::Refuse,
+            message: if why.is_empty() {
+                format!("the fact `{f}` could not be read, so the step waits")
+            } else {
+                format!("the etcd members cannot be counted (`{f}`), so the step waits: {why}")
+            },
+            reason: None,
+        };
+        let Asked { decision, .. } =
+            decide_asking(w, table, &snapshot, ev, Some(m), false, &unreadable).await?;
+        w.note(m, Note::Decided(&decision));
+        if let Some((_, message)) = hold_of(&decision, "StepRefused") {
+            let message = format!("{}: {message}", step.text);
+            let began = status::set(
+                next.conditions_mut(),
+                RUNNING,
+                false,
+                "StepRefused",
+                &message,
+            );
+            set_progress(&mut next, &p);
+            w.write_operation(&before, &next).await?;
+            if began {
+                w.operation_event(live, true, "StepRefused", message).await;
+            }
+            // Nothing done to the node yet (only the lock taken, gates read): the lock goes
+            // to other work meanwhile.
+            let touched = p.cordoned
+                || p.sent.is_some()
+                || p.steps_done
+                    .iter()
+                    .any(|d| !d.ends_with(". lock cluster") && !d.ends_with(". etcd healthy"));
+            let op = if touched {
+                LockOp::Keep
+            } else {
+                LockOp::Release
+            };
+            unlock(w, cluster, op).await?;
+            return Ok(requeue(timing.refused_requeue, Wait::Refused));
+        }
+        // 3. The step's own guard.
+        let Some(run_ev) = reconcile_operation_event(live) else {
+            unlock(w, cluster, LockOp::Release).await?;
+            return Ok(Outcome::AwaitChange);
+        };
+        let (runs, message) = match w.applies(table, &snapshot, run_ev, &[], k, step) {
+            Ok(x) => x,
+            Err(why) => {
+                status::set(next.conditions_mut(), RUNNING, false, "StepRefused", &why);
+                w.write_operation(&before, &next).await?;
+                unlock(w, cluster, LockOp::Keep).await?;
+                return Ok(requeue(timing.refused_requeue, Wait::Refused));
+            }
+        };
+        if !runs {
+            p.steps_done.push(key(k, step));
+            p.step = None;
+            p.step_started_at = None;
+            set_progress(&mut next, &p);
+            w.write_operation(&before, &next).await?;
+            continue;
+        }
+        let this = key(k, step);
+        if p.step.as_deref() != Some(this.as_str()) || p.step_started_at.is_none() {
+            p.step = Some(this);
+            p.step_started_at = Some(Time(w.now()));
+            let msg = format!("{target}: {}", step.text);
+            status::set(next.conditions_mut(), RUNNING, true, "StepRunning", &msg);
+            set_progress(&mut next, &p);
+            w.write_operation(&before, &next).await?;
+            if k == 0 {
+                w.operation_event(live, false, "NodeStarted", format!("{target}: started"))
+                    .await;
+            }
+        }
+        w.note(m, Note::Step(k, &step.text));
+        let mut rec = Record {
+            before: &before,
+            next: &mut next,
+            p: &mut p,
+        };
+        let outcome = execute(w, timing, &snapshot, m, &mut rec, step, message).await?;
+        match outcome {
+            Step::Done => {
+                if let Some(since) = &p.step_started_at {
+                    let secs = w.now().duration_since(since.0).as_secs();
+                    let took = Duration::from_secs(u64::try_from(secs).unwrap_or(0));
+                    w.step_took(step.action, took);
+                }
+                p.steps_done.push(key(k, step));
+                p.step = None;
+                p.step_started_at = None;
+                set_progress(&mut next, &p);
+                w.write_operation(&before, &next).await?;
+            }
+            Step::Wait {
+                reason,
+                message,
+                after,
+            } => {
+                let message = format!("{target}: {}: {message}", step.text);
+                status::set(next.conditions_mut(), RUNNING, false, reason, &message);
+                set_progress(&mut next, &p);
+                w.write_operation(&before, &next).await?;
+                unlock(w, cluster, LockOp::Keep).await?;
+                return Ok(requeue(after, Wait::On(reason.into())));
+            }
+            Step::Fail { reason, message } => {
+                let message = format!("{target}: {}: {message}", step.text);
+                return fail(w, &before, &mut next, &mut p, reason, message).await;
+            }
+        }
+    }
+}
+
+async fn succeed<W: OperationWorld>(
+    w: &mut W,
+    before: &TalosOperation,
+    next: &mut TalosOperation,
+    p: &mut OperationProgress,
+) -> Result<Outcome, W::Error> {
+    p.done = p.total;
+    p.node = None;
+    p.step = None;
+    p.step_started_at = None;
+    set_progress(next, p);
+    set_phase(next, "Succeeded");
+    let msg = format!(
+        "every step of the plan ran on {} of {} machine(s): {}",
+        p.done,
+        p.total,
+        p.order.join(", ")
+    );
+    status::set(next.conditions_mut(), RUNNING, false, "Succeeded", &msg);
+    w.write_operation(before, next).await?;
+    w.operation_event(before, false, "Succeeded", msg).await;
+    w.ended(before, true);
+    unlock(w, before.cluster(), LockOp::Release).await?;
+    Ok(Outcome::AwaitChange)
+}
+
+/// The machines an operation acts on, in order: `spec.machine`; without it, every approved
+/// control plane of the cluster not being deleted, then every approved worker, each by
+/// name (one at a time: control planes first, as a roll over a cluster goes).
+fn order(op: &TalosOperation, snapshot: &Snapshot) -> Vec<String> {
+    if let Some(m) = op.spec.machine.as_deref().filter(|m| !m.is_empty()) {
+        return vec![m.to_string()];
+    }
+    let of = |role: Role| {
+        let mut names: Vec<String> = snapshot
+            .machines
+            .iter()
+            .filter(|m| {
+                m.namespace() == op.namespace()
+                    && m.cluster() == op.cluster()
+                    && !m.deleting()
+                    && m.approved_role() == Some(role)
+            })
+            .map(|m| m.name().to_string())
+            .collect();
+        names.sort();
+        names
+    };
+    let mut out = of(Role::ControlPlane);
+    out.extend(of(Role::Worker));
+    out
+}
+
+/// Fails the operation: phase Failed, the failureReason and the condition say what was
+/// seen; a Warning event; the lock goes (nothing more is done to any node).
+async fn fail<W: OperationWorld>(
+    w: &mut W,
+    before: &TalosOperation,
+    next: &mut TalosOperation,
+    p: &mut OperationProgress,
+    reason: &'static str,
+    message: String,
+) -> Result<Outcome, W::Error> {
+    set_progress(next, p);
+    set_phase(next, "Failed");
+    next.status
+        .get_or_insert_with(Default::default)
+        .failure_reason = Some(message.clone());
+    status::set(next.conditions_mut(), RUNNING, false, reason, &message);
+    w.write_operation(before, next).await?;
+    w.operation_event(before, true, reason, message).await;
+    w.ended(before, false);
+    unlock(w, before.cluster(), LockOp::Release).await?;
+    Ok(Outcome::AwaitChange)
+}
+
+/// The operation as read, the status being built on it, and its progress.
+struct Record<'a> {
+    before: &'a TalosOperation,
+    next: &'a mut TalosOperation,
+    p: &'a mut OperationProgress,
+}
+
+/// How long the step has been running, against its `within`.
+fn overdue(w: &impl World, p: &OperationProgress, step: &PlanStep) -> Option<Duration> {
+    let within = step.within?;
+    let since = p.step_started_at.as_ref()?;
+    let secs = w.now().duration_since(since.0).as_secs();
+    let elapsed = Duration::from_secs(u64::try_from(secs).unwrap_or(0));
+    (elapsed >= within).then_some(within)
+}
+
+/// A gate that has not passed: wait, or fail once its `within` is over.
+fn gate(
+    w: &impl World,
+    timing: &Timing,
+    p: &OperationProgress,
+    step: &PlanStep,
+    reason: &'static str,
+    seen: String,
+) -> Step {
+    match (step.within, overdue(w, p, step)) {
+        (None, _) => Step::Fail {
+            reason,
+            message: format!("did not pass: {seen}"),
+        },
+        (Some(_), Some(within)) => Step::Fail {
+            reason,
+            message: format!("did not pass within {}s: {seen}", within.as_secs()),
+        },
+        (Some(_), None) => Step::Wait {
+            reason,
+            message: seen,
+            after: timing.drain_retry.min(Duration::from_secs(2)),
+        },
+    }
+}
+
+fn talos_wait(timing: &Timing, e: NodeError) -> Step {
+    let reason = match e {
+        NodeError::Talos(TalosError::Unreachable { .. }) => "NodeUnreachable",
+        NodeError::NoCredentials(_) => "NoTalosCredentials",
+        _ => "TalosFailed",
+    };
+    Step::Wait {
+        reason,
+        message: e.to_string(),
+        after: timing.drain_retry,
+    }
+}
+
+/// Every voting member of etcd answers as itself with a leader and no errors, and none is
+/// a learner: asked through a healthy sibling of `m` (or `m` itself, the only control
+/// plane) at the address etcd lists for each member.
+async fn etcd_healthy<W: World>(
+    w: &mut W,
+    snapshot: &Snapshot,
+    m: &TalosMachine,
+) -> Result<Result<(), String>, W::Error> {
+    let sibling = match etcd::healthy_sibling(w, snapshot, m).await? {
+        Ok(s) => s,
+        Err(why) => {
+            // The only control plane: read etcd through it.
+            match calls::members(w, m.cluster(), Node::Endpoint(m)).await? {
+                Ok(members) if m.approved_role() == Some(Role::ControlPlane) => etcd::Sibling {
+                    machine: m,
+                    members,
+                },
+                Ok(_) => {
+                    return Ok(Err(format!(
+                        "no control plane to read etcd through ({why})"
+                    )));
+                }
+                Err(e) => return Ok(Err(format!("etcd cannot be read: {why}; {e}"))),
+            }
+        }
+    };
+    let mut bad = Vec::new();
+    for member in &sibling.members {
+        if member.is_learner {
+            bad.push(format!("member {} is a learner", member.hostname));
+            continue;
+        }
+        match etcd::ask_member(w, m.cluster(), &sibling, member).await? {
+            MemberHealth::Healthy => {}
+            MemberHealth::Impaired(why)
+            | MemberHealth::Dead(why)
+            | MemberHealth::CannotTell(why) => bad.push(why),
+        }
+    }
+    Ok(if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "etcd (through {}) is not healthy: {}",
+            sibling.machine.name(),
+            bad.join("; ")
+        ))
+    })
+}
+
+/// The destructive call of a step, once: recorded before it is sent, with the node's boot
+/// time and version, so a restarted controller that finds the boot time changed knows it
+/// took (and one that finds the node down knows it may have).
+async fn send_once<W: OperationWorld>(
+    w: &mut W,
+    timing: &Timing,
+    m: &TalosMachine,
+    rec: &mut Record<'_>,
+    step: &PlanStep,
+) -> Result<Step, W::Error> {
+    let op = rec.before;
+    let p = &mut *rec.p;
+    let cluster = m.cluster();
+    let here = Node::Endpoint(m);
+    if p.sent.as_deref() == Some(step.text.as_str()) {
+        // Sent before (this reconcile or an earlier one): it took once the node is down or
+        // back with a new boot time; a node that still answers with the old boot time long
+        // after did not get it.
+        return Ok(match calls::boot_time(w, cluster, here).await? {
+            Err(NodeError::Talos(TalosError::Unreachable { .. })) => Step::Done,
+            Ok(t) if Some(t) != p.boot_time => Step::Done,
+            Ok(_) if !settled(w, p, timing) => Step::Wait {
+                reason: "Sent",
+                message: "sent; waiting for the node to go down".into(),
+                after: Duration::from_millis(500),
+            },
+            Ok(_) => {
+                w.note(
+                    m,
+                    Note::Warn("the node still answers with its old boot time well after the call: sending it again"),
+                );
+                p.sent = None;
+                return Box::pin(send_once(w, timing, m, rec, step)).await;
+            }
+            Err(e) => talos_wait(timing, e),
+        });
+    }
+    // Before: the boot time and version to compare with afterwards.
+    let boot = match calls::boot_time(w, cluster, here).await? {
+        Ok(t) => t,
+        Err(e) => return Ok(talos_wait(timing, e)),
+    };
+    let version = match calls::version(w, cluster, here).await? {
+        Ok(v) => v,
+        Err(e) => return Ok(talos_wait(timing, e)),
+    };
+    p.boot_time = Some(boot);
+    p.version = Some(version.clone());
+    let call = match step.action {
+        BuiltIn::TalosReboot => Call::Reboot,
+        BuiltIn::TalosShutdown => Call::Shutdown { force: false },
+        BuiltIn::TalosRollback => Call::Rollback,
+        BuiltIn::TalosReset => Call::Reset { graceful: true },
+        BuiltIn::TalosUpgrade => {
+            let Some(image) = op.spec.image.as_deref().filter(|i| !i.is_empty()) else {
+                return Ok(Step::Fail {
+                    reason: "NoImage",
+                    message: "an upgrade needs spec.image, the Talos installer image to go to; \
+                              create the operation again with it"
+                        .into(),
+                });
+            };
+            if image_tag(image).is_none() {
+                return Ok(Step::Fail {
+                    reason: "NoImage",
+                    message: format!(
+                        "spec.image {image} names no tag, so the version the node must come back \
+                         with is unknown; name the image with its tag (…/installer:v1.x.y)"
+                    ),
+                });
+            }
+            if lifecycle_path(&version) {
+                // Talos >= 1.13: pull, install (its exit code read), then reboot.
+                let pulled = match calls::pull(w, cluster, here, image).await? {
+                    Ok(n) => n,
+                    Err(e) => return Ok(talos_wait(timing, e)),
+                };
+                match calls::install(w, cluster, here, &pulled).await? {
+                    Ok((0, _)) => {}
+                    Ok((code, last)) => {
+                        return Ok(Step::Fail {
+                            reason: "UpgradeFailed",
+                            message: format!(
+                                "LifecycleService/Upgrade of {image} ended with exit code {code} ({last}); \
+                                 the node was not rebooted"
+                            ),
+                        });
+                    }
+                    Err(e) => return Ok(talos_wait(timing, e)),
+                }
+                Call::Reboot
+            } else {
+                Call::UpgradeLegacy {
+                    image: image.to_string(),
+                }
+            }
+        }
+        _ => return Ok(Step::Done),
+    };
+    // Recorded before it is sent: a call that lands but whose answer is lost is told by
+    // the boot time when the operation resumes.
+    p.sent = Some(step.text.clone());
+    p.step_started_at = Some(Time(w.now()));
+    set_progress(rec.next, p);
+    w.write_operation(rec.before, rec.next).await?;
+    match calls::done(w, cluster, here, call).await? {
+        Ok(()) => Ok(Step::Done),
+        // No answer: it may have taken; the record stays, and the next look tells.
+        Err(e @ NodeError::Talos(TalosError::Unreachable { .. })) => Ok(talos_wait(timing, e)),
+        Err(e) => {
+            p.sent = None;
+            Ok(talos_wait(timing, e))
+        }
+    }
+}
+
+fn settled(w: &impl World, p: &OperationProgress, timing: &Timing) -> bool {
+    p.step_started_at.as_ref().is_some_and(|t| {
+        let secs = w.now().duration_since(t.0).as_secs();
+        u64::try_from(secs).unwrap_or(0) >= timing.reset_settle.as_secs().max(1)
+    })
+}
+
+/// Runs one step. Every step looks before it acts, so running it twice is safe.
+#[allow(clippy::too_many_arguments)]
+async fn execute<W: OperationWorld>(
+    w: &mut W,
+    timing: &Timing,
+    snapshot: &Snapshot,
+    m: &TalosMachine,
+    rec: &mut Record<'_>,
+    step: &PlanStep,
+    message: Option<String>,
+) -> Result<Step, W::Error> {
+    let op = rec.before;
+    let node = node_name(m).to_string();
+    let cluster = m.cluster();
+    let here = Node::Endpoint(m);
+    // Exhaustive over the built-in actions: an action added to the vocabulary does not
+    // compile until the operation's procedure says what it does.
+    match step.action {
+        BuiltIn::LockCluster => Ok(Step::Done),
+        BuiltIn::EtcdHealthy => Ok(match etcd_healthy(w, snapshot, m).await? {
+            Ok(()) => Step::Done,
+            Err(seen) => gate(w, timing, rec.p, step, "EtcdUnhealthy", seen),
+        }),
+        BuiltIn::CordonNode => match w.cordon(&node, true).await? {
+            Ok(was) => {
+                // An administrator's cordon (there before this operation cordoned) stays.
+                if !rec.p.cordoned {
+                    let was = was.unwrap_or(false);
+                    rec.p.was_cordoned = was;
+                    rec.p.cordoned = !was;
+                }
+                Ok(Step::Done)
+            }
+            Err(e) => Ok(Step::Wait {
+                reason: "CordonFailed",
+                message: format!("cordoning node {node}: {e}"),
+                after: timing.drain_retry,
+            }),
+        },
+        BuiltIn::DrainNode => Ok(match w.drain(&node).await? {
+            Ok(Drained::Done) => Step::Done,
+            Ok(Drained::Waiting { remaining }) => Step::Wait {
+                reason: "Draining",
+                message: format!("draining node {node}: {remaining} pod(s) still terminating"),
+                after: Duration::from_secs(2).min(timing.drain_retry),
+            },
+            Ok(Drained::Blocked { pod, message }) => Step::Wait {
+                reason: "DrainFailed",
+                message: format!("draining node {node}: evicting pod {pod} is blocked: {message}"),
+                after: timing.drain_retry,
+            },
+            Err(e) => Step::Wait {
+                reason: "DrainFailed",
+                message: format!("draining node {node}: {e}"),
+                after: timing.drain_retry,
+            },
+        }),
+        BuiltIn::EtcdForfeitLeadership => match calls::status(w, cluster, here).await? {
+            Ok(s) if s.is_leader() => {
+                match calls::done(w, cluster, here, Call::EtcdForfeitLeadership).await? {
+                    Ok(()) => Ok(Step::Done),
+                    Err(e) => Ok(talos_wait(timing, e)),
+                }
+            }
+            Ok(_) => Ok(Step::Done),
+            Err(e) => Ok(talos_wait(timing, e)),
+        },
+        BuiltIn::TalosReboot
+        | BuiltIn::TalosShutdown
+        | BuiltIn::TalosUpgrade
+        | BuiltIn::TalosRollback
+        | BuiltIn::TalosReset => send_once(w, timing, m, rec, step).await,
+        BuiltIn::WaitNodeBack => {
+            let p = &*rec.p;
+            let seen = match calls::boot_time(w, cluster, here).await? {
+                Err(e) => format!("the node does not answer ({e})"),
+                Ok(t) if Some(t) == p.boot_time => {
+                    format!(
+                        "the node answers with its boot time of before ({t}): it has not rebooted"
+                    )
+                }
+                Ok(_) => {
+                    let want = upgrade_tag(op);
+                    let version = match calls::version(w, cluster, here).await? {
+                        Ok(v) => v,
+                        Err(e) => {
+                            let seen = format!("the node does not tell its version ({e})");
+                            return Ok(gate(w, timing, p, step, "NodeNotBack", seen));
+                        }
+                    };
+                    match want {
+                        Some(tag) if tag != version => {
+                            format!("the node came back running {version}, not {tag}")
+                        }
+                        _ => match w.node_ready(&node).await? {
+                            Ok(Some(false)) => format!("the Kubernetes Node {node} is not Ready"),
+                            Ok(_) => return Ok(Step::Done),
+                            Err(e) => format!("the Kubernetes Node {node} cannot be read ({e})"),
+                        },
+                    }
+                }
+            };
+            Ok(gate(w, timing, p, step, "NodeNotBack", seen))
+        }
+        BuiltIn::UncordonNode => {
+            if !rec.p.cordoned || rec.p.was_cordoned {
+                return Ok(Step::Done);
+            }
+            match w.cordon(&node, false).await? {
+                Ok(_) => {
+                    rec.p.cordoned = false;
+                    Ok(Step::Done)
+                }
+                Err(e) => Ok(Step::Wait {
+                    reason: "UncordonFailed",
+                    message: format!("uncordoning node {node}: {e}"),
+                    after: timing.drain_retry,
+                }),
+            }
+        }
+        action @ (BuiltIn::EventWarning | BuiltIn::EventNormal) => {
+            let reason = step.argument.clone().unwrap_or_else(|| "Operation".into());
+            let note = message.unwrap_or_else(|| step.text.clone());
+            w.operation_event(op, action == BuiltIn::EventWarning, &reason, note)
+                .await;
+            Ok(Step::Done)
+        }
+        // A removal's steps: the checker refuses them in an operation's plan
+        // (`ichor::check::action_not_in_plan`), so only a table built past it gets here.
+        BuiltIn::EtcdLeave
+        | BuiltIn::EtcdRemoveMember
+        | BuiltIn::TalosWipe
+        | BuiltIn::ReleaseFinalizer => Ok(Step::Fail {
+            reason: "NotAnOperationStep",
+            message: format!(
+                "`{}` is a step of a removal, not of an operation; remove it from the plan",
+                step.text
+            ),
+        }),
+    }
+}
+
+/// The tag an upgrade must come back with (none for other kinds).
+fn upgrade_tag(op: &TalosOperation) -> Option<String> {
+    if op.spec.kind != "upgrade" {
+        return None;
+    }
+    op.spec
+        .image
+        .as_deref()
+        .and_then(image_tag)
+        .map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_upgrade_path_follows_talosctl() {
+        for (tag, lifecycle) in [
+            ("v1.12.4", false),
+            ("v1.9.5", false),
+            ("v1.13.0-alpha.2", false),
+            ("v1.13.0-beta.0", true),
+            ("v1.13.0", true),
+            ("v1.13.2", true),
+            ("v1.14.0", true),
+            ("v2.0.0", true),
+            ("", false),
+            ("garbage", false),
+        ] {
+            assert_eq!(lifecycle_path(tag), lifecycle, "{tag}");
+        }
+    }
+
+    #[test]
+    fn an_image_tag_is_after_the_last_colon() {
+        assert_eq!(
+            image_tag("ghcr.io/siderolabs/installer:v1.12.1"),
+            Some("v1.12.1")
+        );
+        assert_eq!(
+            image_tag("registry:5000/installer:v1.13.0"),
+            Some("v1.13.0")
+        );
+        assert_eq!(image_tag("registry:5000/installer"), None);
+        assert_eq!(image_tag("installer:v1.2@sha256:abc"), Some("v1.2"));
+    }
+}
