@@ -482,4 +482,174 @@ mod tests {
             );
         }
     }
+
+    /// A world whose nodes answer `EtcdStatus` with the leader given per machine name
+    /// (none: the node does not answer), and record whose status was asked.
+    struct Leaders {
+        leaders: Vec<(&'static str, u64)>,
+        asked: Vec<String>,
+    }
+
+    impl World for Leaders {
+        type Error = ();
+        fn now(&self) -> k8s_openapi::jiff::Timestamp {
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH
+        }
+        async fn credentials(&mut self, _: &str) -> Result<(), String> {
+            Ok(())
+        }
+        async fn talos(
+            &mut self,
+            _: &str,
+            node: Node<'_>,
+            call: super::super::Call,
+        ) -> Result<Result<super::super::Reply, NodeError>, ()> {
+            let Node::Endpoint(m) = node else {
+                return Err(());
+            };
+            if call == super::super::Call::EtcdStatus {
+                self.asked.push(m.name().to_string());
+            }
+            let leader = self
+                .leaders
+                .iter()
+                .find(|(n, _)| *n == m.name())
+                .map(|x| x.1);
+            Ok(match (call, leader) {
+                (super::super::Call::EtcdStatus, Some(l)) => {
+                    Ok(super::super::Reply::Status(status(1, l, &[])))
+                }
+                (super::super::Call::EtcdMemberList, Some(_)) => Ok(super::super::Reply::Members(
+                    vec![member(7, "https://10.0.0.2:2380")],
+                )),
+                _ => Err(NodeError::Talos(unreachable())),
+            })
+        }
+        async fn lock(
+            &mut self,
+            _: &str,
+            _: super::super::LockOp,
+        ) -> Result<Result<(), String>, ()> {
+            Err(())
+        }
+        async fn read(
+            &mut self,
+            _: &str,
+            _: crate::runtime::live::Reads,
+        ) -> Result<std::sync::Arc<Snapshot>, ()> {
+            Err(())
+        }
+        async fn drain(&mut self, _: &str) -> Result<Result<super::super::Drained, String>, ()> {
+            Err(())
+        }
+        async fn write_status(
+            &mut self,
+            _: &TalosMachine,
+            _: &TalosMachine,
+        ) -> Result<Option<String>, ()> {
+            Err(())
+        }
+        async fn release_finalizer(&mut self, _: &TalosMachine) -> Result<(), ()> {
+            Err(())
+        }
+        async fn event(&mut self, _: &TalosMachine, _: bool, _: &str, _: String) {}
+        fn note(&mut self, _: &TalosMachine, _: super::super::Note<'_>) {}
+    }
+
+    fn machine(ns: &str, name: &str, cluster: &str, role: Role, approved: bool) -> TalosMachine {
+        use crate::runtime::objects::{ClusterRef, MachineSpec};
+        let mut m = TalosMachine::new(
+            name,
+            MachineSpec {
+                cluster_ref: ClusterRef {
+                    name: cluster.into(),
+                },
+                role: Some(role),
+                approved,
+                ..MachineSpec::default()
+            },
+        );
+        m.metadata.namespace = Some(ns.into());
+        m
+    }
+
+    /// The sibling is an approved control plane of the departing one's cluster and
+    /// namespace, not itself, whose etcd sees a leader; machines not being deleted are
+    /// asked first, then by name; each one that cannot serve is said.
+    #[test]
+    fn a_healthy_sibling_is_an_approved_control_plane_of_the_same_cluster_that_sees_a_leader() {
+        let departing = machine("infra", "cp-1", "prod", Role::ControlPlane, true);
+        let mut deleting = machine("infra", "cp-0", "prod", Role::ControlPlane, true);
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        let snapshot = Snapshot {
+            machines: vec![
+                departing.clone(),
+                machine("other", "cp-9", "prod", Role::ControlPlane, true),
+                machine("infra", "cp-8", "staging", Role::ControlPlane, true),
+                machine("infra", "worker-1", "prod", Role::Worker, true),
+                machine("infra", "cp-7", "prod", Role::ControlPlane, false),
+                deleting,
+                machine("infra", "cp-3", "prod", Role::ControlPlane, true),
+                machine("infra", "cp-2", "prod", Role::ControlPlane, true),
+            ],
+            ..Snapshot::default()
+        };
+        let everyone = vec![
+            ("cp-0", 5),
+            ("cp-1", 5),
+            ("cp-2", 0),
+            ("cp-3", 5),
+            ("cp-7", 5),
+            ("cp-8", 5),
+            ("cp-9", 5),
+            ("worker-1", 5),
+        ];
+        let mut w = Leaders {
+            leaders: everyone,
+            asked: Vec::new(),
+        };
+        let found = super::super::run_now(healthy_sibling(&mut w, &snapshot, &departing))
+            .expect("answers at once")
+            .expect("no world error")
+            .expect("a sibling");
+        assert_eq!(found.machine.name(), "cp-3");
+        assert_eq!(found.members.len(), 1);
+        assert_eq!(found.member("cp-2").map(|m| m.id), Some(7));
+        assert!(found.member("cp-3").is_none());
+        assert_eq!(
+            found.member_by_id(7).map(|m| m.hostname.as_str()),
+            Some("cp-2")
+        );
+        assert!(found.member_by_id(8).is_none());
+        // cp-2 sees no leader; cp-3 does: cp-0, being deleted, would have been last.
+        assert_eq!(w.asked, vec!["cp-2", "cp-3"]);
+
+        // Nobody answers: why, per candidate.
+        let mut w = Leaders {
+            leaders: vec![("cp-2", 0)],
+            asked: Vec::new(),
+        };
+        let why = super::super::run_now(healthy_sibling(&mut w, &snapshot, &departing))
+            .expect("answers at once")
+            .expect("no world error")
+            .err()
+            .expect("no sibling");
+        assert!(why.contains("cp-2: its etcd sees no leader"), "{why}");
+        assert!(why.contains("cp-3:"), "{why}");
+        assert!(why.contains("cp-0:"), "{why}");
+        assert_eq!(w.asked, vec!["cp-2", "cp-3", "cp-0"]);
+    }
+
+    #[test]
+    fn a_node_name_is_the_hostname_else_the_machine_name() {
+        let mut m = machine("infra", "cp-1", "prod", Role::ControlPlane, true);
+        assert_eq!(node_name(&m), "cp-1");
+        m.spec.hostname = Some(String::new());
+        assert_eq!(node_name(&m), "cp-1");
+        m.spec.hostname = Some("node-a".into());
+        assert_eq!(node_name(&m), "node-a");
+    }
 }
