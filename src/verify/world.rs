@@ -476,10 +476,11 @@ impl World for ModelWorld<'_> {
             && self.t.approved_cps() < usize::from(self.t.count);
         // Said: a Warning event of the plan's published in this reconcile or an earlier one
         // (whatever the rules call its reason: the word is theirs).
-        let warned = !self.events.is_empty()
-            || self.plan.iter().enumerate().any(|(k, st)| {
-                x.done & (1 << k) != 0 && st.action == crate::vocab::Action::EventWarning
-            });
+        let warned =
+            !self.events.is_empty()
+                || self.plan.iter().enumerate().any(|(k, st)| {
+                    x.done & (1 << k) != 0 && crate::runtime::exec::removal::warns(st)
+                });
         // The plan's own release (the machine is still an approved control plane: its
         // removal ran), or the release of one that no longer is (nothing of the plan ran).
         let by_plan = x.approved_cp();

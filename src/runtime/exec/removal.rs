@@ -582,6 +582,12 @@ fn no_sibling(timing: &Timing, what: &str, why: String) -> Step {
     }
 }
 
+/// Whether plan step `step` publishes a Warning event (what the model reads of a removal's
+/// past steps to know it was said).
+pub fn warns(step: &PlanStep) -> bool {
+    step.action == BuiltIn::EventWarning
+}
+
 /// Runs one step. Every step is idempotent: it looks before it acts.
 async fn execute<W: World>(
     w: &mut W,
