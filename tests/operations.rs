@@ -570,3 +570,133 @@ async fn a_failed_operation_resumes_only_when_a_person_asks() {
         "{op}"
     );
 }
+
+/// A Node that is gone when the machine comes back is not Ready: the node had a
+/// Kubernetes Node before the reboot, so the `wait node-back` gate waits (saying the Node
+/// is gone) until it registers again and is Ready; only then does the operation end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_kubernetes_node_is_gone_is_not_back() {
+    let c = Cluster::start(3).await;
+    c.talos.node(1).set_downtime(Duration::from_millis(800));
+    c.api.insert(reboot_of("reboot-cp-2", "cp-2"));
+    let _ctl = Running::start(c.ctx("controller-1", rules()));
+    wait_for("the reboot is sent", WAIT, || {
+        c.talos.calls_to("Reboot", "cp-2") == 1
+    })
+    .await;
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(c.api.client());
+    nodes
+        .delete("cp-2", &kube::api::DeleteParams::default())
+        .await
+        .expect("delete the Node");
+    wait_for("the gate says the Node is gone", WAIT, || {
+        let op = c.operation("reboot-cp-2");
+        condition(&op, "Running").is_some_and(|k| {
+            k["reason"] == "NodeNotBack"
+                && k["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("Kubernetes Node cp-2 is gone"))
+        })
+    })
+    .await;
+    assert!(!c.talos.node(1).is_down(), "the machine itself is back");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(c.phase("reboot-cp-2"), "Running");
+    c.api.insert(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "cp-2"},
+        "spec": {"unschedulable": true},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+    }));
+    wait_for("the reboot succeeds", WAIT, || {
+        c.phase("reboot-cp-2") == "Succeeded"
+    })
+    .await;
+    assert_eq!(c.talos.calls_to("Reboot", "cp-2"), 1);
+}
+
+/// A shutdown sends `Shutdown` once and ends when it went down: the node stays down and
+/// cordoned (nothing in the plan brings it back), the others are untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_takes_the_node_down_once_and_leaves_it_cordoned() {
+    let c = Cluster::start(3).await;
+    c.talos.node(2).never_back();
+    let mut op = operation("off-cp-3", "shutdown");
+    op["spec"]["machine"] = json!("cp-3");
+    c.api.insert(op);
+    let _ctl = Running::start(c.ctx("controller-1", rules()));
+    wait_for("the shutdown succeeds", WAIT, || {
+        c.phase("off-cp-3") == "Succeeded"
+    })
+    .await;
+    assert_eq!(
+        c.talos.calls_to("Shutdown", "cp-3"),
+        1,
+        "{:?}",
+        c.talos.calls()
+    );
+    assert_eq!(c.talos.calls_to("Reboot", "cp-3"), 0);
+    for other in ["cp-1", "cp-2"] {
+        assert_eq!(c.talos.calls_to("Shutdown", other), 0);
+        assert!(!c.cordoned(other));
+    }
+    assert!(c.cordoned("cp-3"), "a shut-down node stays cordoned");
+    assert!(c.talos.node(2).is_down());
+}
+
+/// A rollback sends `Rollback` once, waits for the node to come back with a new boot time,
+/// and uncordons it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_runs_its_plan_once() {
+    let c = Cluster::start(3).await;
+    c.talos.node(0).set_downtime(Duration::from_millis(500));
+    let booted = c.talos.node(0).boot_time();
+    let mut op = operation("back-cp-1", "rollback");
+    op["spec"]["machine"] = json!("cp-1");
+    c.api.insert(op);
+    let _ctl = Running::start(c.ctx("controller-1", rules()));
+    wait_for("the rollback succeeds", WAIT, || {
+        c.phase("back-cp-1") == "Succeeded"
+    })
+    .await;
+    assert_eq!(
+        c.talos.calls_to("Rollback", "cp-1"),
+        1,
+        "{:?}",
+        c.talos.calls()
+    );
+    assert!(c.talos.node(0).boot_time() > booted);
+    assert!(!c.cordoned("cp-1"));
+    assert_eq!(c.most_down_at_once(), 1);
+}
+
+/// A worker's reset through the controller: `Reset` sent once (graceful), the node
+/// cordoned and drained first, the control planes untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workers_reset_is_sent_once() {
+    let mut c = Cluster::start(3).await;
+    let endpoint = c.talos.add_worker("w-1").await.endpoint();
+    let mut w = machine("w-1", "worker", true, 4);
+    w["spec"]["endpoint"] = json!(endpoint);
+    c.api.insert(w);
+    c.api.insert(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "w-1"},
+        "spec": {},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+    }));
+    let mut op = operation("reset-w-1", "reset");
+    op["spec"]["machine"] = json!("w-1");
+    c.api.insert(op);
+    let _ctl = Running::start(c.ctx("controller-1", rules()));
+    wait_for("the reset succeeds", WAIT, || {
+        c.phase("reset-w-1") == "Succeeded"
+    })
+    .await;
+    assert_eq!(c.talos.calls_to("Reset", "w-1"), 1, "{:?}", c.talos.calls());
+    for cp in ["cp-1", "cp-2", "cp-3"] {
+        assert_eq!(c.talos.calls_to("Reset", cp), 0);
+        assert_eq!(c.talos.calls_to("Reboot", cp), 0);
+    }
+    assert!(c.cordoned("w-1"));
+}

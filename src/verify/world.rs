@@ -415,8 +415,15 @@ impl World for ModelWorld<'_> {
                     Ok(Ok(()))
                 }
                 l if l == mine => Ok(Ok(())),
-                Lock::Removal(h) => Ok(Err(format!("remove TalosMachine {}", self.t.name(h)))),
-                Lock::Operation(k) => Ok(Err(format!("TalosOperation {}", self.t.op_name(k)))),
+                // The holders' names are the product's (`exec::{removal, operation}::holder`).
+                Lock::Removal(h) => Ok(Err(crate::runtime::exec::removal::holder(
+                    super::model::NAMESPACE,
+                    &self.t.name(h),
+                ))),
+                Lock::Operation(k) => Ok(Err(crate::runtime::exec::operation::holder(
+                    super::model::NAMESPACE,
+                    &self.t.op_name(k),
+                ))),
             },
             LockOp::Release => {
                 if self.t.lock == mine {

@@ -233,6 +233,8 @@ pub const FIRST_BOOT: u64 = 1_780_000_000;
 struct Node {
     name: String,
     index: usize,
+    /// A worker: no etcd member on it (its etcd calls fail as a worker's do).
+    worker: bool,
     addr: SocketAddr,
     etcd: Arc<EtcdCluster>,
     serving: AtomicBool,
@@ -307,8 +309,20 @@ impl Node {
         })
     }
 
+    /// A worker runs no etcd: Talos answers its etcd calls with an error.
+    fn etcd_here(&self) -> Result<(), Status> {
+        if self.worker {
+            return Err(Status::failed_precondition(format!(
+                "etcd is not running on {}: it is a worker",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
     async fn member_list(self: Arc<Self>) -> Result<pb::EtcdMembers, Status> {
         self.check_up()?;
+        self.etcd_here()?;
         let list = self
             .etcd
             .member_list_at(self.index)
@@ -332,6 +346,7 @@ impl Node {
 
     async fn status(self: Arc<Self>) -> Result<pb::EtcdStatus, Status> {
         self.check_up()?;
+        self.etcd_here()?;
         let st = self
             .etcd
             .status_at(self.index)
@@ -356,6 +371,7 @@ impl Node {
 
     /// Moves leadership away when this member leads; the name of this member, or empty.
     async fn forfeit(&self) -> Result<String, Status> {
+        self.etcd_here()?;
         let st = self
             .etcd
             .status_at(self.index)
@@ -402,6 +418,7 @@ impl Node {
 
     /// Removes this member from the cluster, then stops and wipes its etcd.
     async fn leave(&self) -> Result<(), Status> {
+        self.etcd_here()?;
         if !self.etcd.is_running(self.index) {
             return Err(Status::failed_precondition(format!(
                 "failed to leave cluster: etcd is not running on {}",
@@ -465,6 +482,7 @@ impl Node {
         id: u64,
     ) -> Result<pb::EtcdRemoveMemberById, Status> {
         self.check_up()?;
+        self.etcd_here()?;
         self.etcd
             .remove_member_at(self.index, id)
             .await
@@ -501,7 +519,9 @@ impl Node {
             });
             d.len() - 1
         };
-        self.etcd.kill(self.index);
+        if !self.worker {
+            self.etcd.kill(self.index);
+        }
         if forever || self.never_back.load(Ordering::SeqCst) {
             return;
         }
@@ -509,7 +529,9 @@ impl Node {
             self.downtime_ms.load(Ordering::SeqCst),
         ))
         .await;
-        if let Err(e) = self.etcd.restart(self.index).await {
+        if !self.worker
+            && let Err(e) = self.etcd.restart(self.index).await
+        {
             eprintln!("stand-in {}: {e}", self.name);
             return;
         }
@@ -568,11 +590,13 @@ impl Node {
 
     async fn reset(self: Arc<Self>, graceful: bool) -> Result<pb::Reset, Status> {
         self.check_up()?;
-        if graceful && self.etcd.is_running(self.index) {
-            self.forfeit().await?;
-            self.leave().await?;
+        if !self.worker {
+            if graceful && self.etcd.is_running(self.index) {
+                self.forfeit().await?;
+                self.leave().await?;
+            }
+            self.etcd.kill_and_wipe(self.index);
         }
-        self.etcd.kill_and_wipe(self.index);
         let n = self.resets.fetch_add(1, Ordering::SeqCst) + 1;
         self.wiped.store(true, Ordering::SeqCst);
         Ok(pb::Reset {
@@ -1025,11 +1049,13 @@ impl TalosNode {
     /// restarted from its data, a new boot time, its downtime closed.
     pub async fn bring_back(&self) {
         self.node.never_back.store(false, Ordering::SeqCst);
-        self.node
-            .etcd
-            .restart(self.node.index)
-            .await
-            .expect("etcd member back");
+        if !self.node.worker {
+            self.node
+                .etcd
+                .restart(self.node.index)
+                .await
+                .expect("etcd member back");
+        }
         self.node.boot_time.fetch_add(100, Ordering::SeqCst);
         self.node.down.store(false, Ordering::SeqCst);
         let now = Instant::now();
@@ -1173,13 +1199,27 @@ impl TalosApi {
 
     /// Starts the stand-in of etcd member `index` (e.g. after `EtcdCluster::add_member`).
     pub async fn add_node(&mut self, index: usize) -> &TalosNode {
+        let name = self.etcd.name(index);
+        self.add(name, index, false).await
+    }
+
+    /// Starts the stand-in of a worker named `name`: no etcd member, a node that reboots,
+    /// upgrades and resets like the others. Its index (for its peer host) is past every
+    /// etcd member's.
+    pub async fn add_worker(&mut self, name: &str) -> &TalosNode {
+        let index = 200 + self.nodes.iter().filter(|n| n.node.worker).count();
+        self.add(name.to_string(), index, true).await
+    }
+
+    async fn add(&mut self, name: String, index: usize, worker: bool) -> &TalosNode {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind a stand-in");
         let addr = listener.local_addr().expect("stand-in address");
         let node = Arc::new(Node {
-            name: self.etcd.name(index),
+            name,
             index,
+            worker,
             addr,
             etcd: self.etcd.clone(),
             serving: AtomicBool::new(false),

@@ -26,10 +26,14 @@ pub enum Work<'a> {
 impl Work<'_> {
     pub fn holder(&self) -> String {
         match self {
+            // One name per work, written where its procedure is (the model names the
+            // holder the same way).
             Work::RemoveControlPlane { namespace, machine } => {
-                format!("remove TalosMachine {namespace}/{machine}")
+                crate::runtime::exec::removal::holder(namespace, machine)
             }
-            Work::Operation { namespace, name } => format!("TalosOperation {namespace}/{name}"),
+            Work::Operation { namespace, name } => {
+                crate::runtime::exec::operation::holder(namespace, name)
+            }
         }
     }
 }
@@ -178,10 +182,7 @@ pub async fn acquire(
             // A removal that finished (its machine is gone) but did not get to release the
             // lock: nothing is running under it. Its machine is read live by name (a GET,
             // not a LIST of the namespace); a failed read fails the acquire.
-            let stale = match current
-                .strip_prefix("remove TalosMachine ")
-                .and_then(|r| r.split_once('/'))
-            {
+            let stale = match crate::runtime::exec::removal::holder_machine(&current) {
                 Some((ns, name)) if ns == namespace => {
                     ctx.reader.machine(ns, name).await?.is_none()
                 }

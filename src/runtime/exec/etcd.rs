@@ -199,21 +199,35 @@ pub async fn ask_member<W: World>(
     sibling: &Sibling<'_>,
     member: &EtcdMember,
 ) -> Result<MemberHealth, W::Error> {
+    Ok(ask_member_leader(w, cluster, sibling, member).await?.0)
+}
+
+/// [`ask_member`], with the leader the member sees when it answered as itself (so a caller
+/// can tell whether the members agree on one leader).
+pub async fn ask_member_leader<W: World>(
+    w: &mut W,
+    cluster: &str,
+    sibling: &Sibling<'_>,
+    member: &EtcdMember,
+) -> Result<(MemberHealth, Option<u64>), W::Error> {
     let Some(host) = peer_host(member) else {
-        return Ok(MemberHealth::CannotTell(format!(
-            "etcd lists no peer address for member {}",
-            member.hostname
-        )));
+        return Ok((
+            MemberHealth::CannotTell(format!(
+                "etcd lists no peer address for member {}",
+                member.hostname
+            )),
+            None,
+        ));
     };
     let answer = calls::status(w, cluster, Node::Via(sibling.machine, &host)).await?;
     let answer = match answer {
         Ok(s) => Ok(s),
         Err(NodeError::Talos(e)) => Err(e),
         Err(e) => {
-            return Ok(MemberHealth::CannotTell(format!(
-                "asking member {} failed ({e})",
-                member.hostname
-            )));
+            return Ok((
+                MemberHealth::CannotTell(format!("asking member {} failed ({e})", member.hostname)),
+                None,
+            ));
         }
     };
     let sibling_answers = match &answer {
@@ -223,7 +237,11 @@ pub async fn ask_member<W: World>(
         ),
         _ => true,
     };
-    Ok(judge_member(member, &answer, sibling_answers))
+    let leader = match &answer {
+        Ok(s) if s.member_id == member.id && s.leader != 0 => Some(s.leader),
+        _ => None,
+    };
+    Ok((judge_member(member, &answer, sibling_answers), leader))
 }
 
 /// Whether the departing machine's etcd member is dead, and why (for logs, events and the
@@ -358,9 +376,42 @@ pub async fn count<W: World>(
     }
 }
 
+/// Whether the members that answered (`(name, leader it sees)`) agree on one leader:
+/// members that disagree are mid-election or partitioned, which is no time to take one of
+/// them down.
+pub fn one_leader(leaders: &[(String, u64)]) -> Result<(), String> {
+    if leaders.windows(2).all(|p| p[0].1 == p[1].1) {
+        return Ok(());
+    }
+    let seen: Vec<String> = leaders
+        .iter()
+        .map(|(name, l)| format!("{name} sees {l:x}"))
+        .collect();
+    Err(format!(
+        "the members do not agree on a leader ({})",
+        seen.join(", ")
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn members_agree_on_a_leader_only_when_all_see_the_same_one() {
+        let l = |v: &[(&str, u64)]| -> Vec<(String, u64)> {
+            v.iter().map(|(n, x)| (n.to_string(), *x)).collect()
+        };
+        assert!(one_leader(&[]).is_ok());
+        assert!(one_leader(&l(&[("cp-1", 7)])).is_ok());
+        assert!(one_leader(&l(&[("cp-1", 7), ("cp-2", 7), ("cp-3", 7)])).is_ok());
+        let e = one_leader(&l(&[("cp-1", 7), ("cp-2", 7), ("cp-3", 9)])).unwrap_err();
+        assert!(
+            e.contains("cp-3 sees 9") && e.contains("cp-1 sees 7"),
+            "{e}"
+        );
+        assert!(one_leader(&l(&[("cp-1", 9), ("cp-2", 7), ("cp-3", 7)])).is_err());
+    }
 
     fn member(id: u64, peer: &str) -> EtcdMember {
         EtcdMember {

@@ -614,17 +614,28 @@ async fn etcd_healthy<W: World>(
         }
     };
     let mut bad = Vec::new();
+    let mut leaders: Vec<(String, u64)> = Vec::new();
     for member in &sibling.members {
         if member.is_learner {
             bad.push(format!("member {} is a learner", member.hostname));
             continue;
         }
-        match etcd::ask_member(w, m.cluster(), &sibling, member).await? {
-            MemberHealth::Healthy => {}
-            MemberHealth::Impaired(why)
-            | MemberHealth::Dead(why)
-            | MemberHealth::CannotTell(why) => bad.push(why),
+        match etcd::ask_member_leader(w, m.cluster(), &sibling, member).await? {
+            (MemberHealth::Healthy, leader) => {
+                if let Some(l) = leader {
+                    leaders.push((member.hostname.clone(), l));
+                }
+            }
+            (
+                MemberHealth::Impaired(why)
+                | MemberHealth::Dead(why)
+                | MemberHealth::CannotTell(why),
+                _,
+            ) => bad.push(why),
         }
+    }
+    if let Err(why) = etcd::one_leader(&leaders) {
+        bad.push(why);
     }
     Ok(if bad.is_empty() {
         Ok(())
@@ -683,6 +694,18 @@ async fn send_once<W: OperationWorld>(
         Ok(v) => v,
         Err(e) => return Ok(talos_wait(timing, e)),
     };
+    // Whether a Kubernetes Node must come back Ready afterwards.
+    let node = node_name(m).to_string();
+    match w.node_ready(&node).await? {
+        Ok(seen) => p.node_registered |= seen.is_some(),
+        Err(e) => {
+            return Ok(Step::Wait {
+                reason: "NodeUnreadable",
+                message: format!("the Kubernetes Node {node} cannot be read ({e})"),
+                after: timing.drain_retry,
+            });
+        }
+    }
     p.boot_time = Some(boot);
     p.version = Some(version.clone());
     let call = match step.action {
@@ -785,6 +808,7 @@ async fn execute<W: OperationWorld>(
         }),
         BuiltIn::CordonNode => match w.cordon(&node, true).await? {
             Ok(was) => {
+                rec.p.node_registered |= was.is_some();
                 // An administrator's cordon (there before this operation cordoned) stays.
                 if !rec.p.cordoned {
                     let was = was.unwrap_or(false);
@@ -856,6 +880,12 @@ async fn execute<W: OperationWorld>(
                         }
                         _ => match w.node_ready(&node).await? {
                             Ok(Some(false)) => format!("the Kubernetes Node {node} is not Ready"),
+                            Ok(None) if p.node_registered => format!(
+                                "the Kubernetes Node {node} is gone (it was there before the \
+                                 call): it is not back until it registers again and is Ready"
+                            ),
+                            // A node that never had a Kubernetes Node: its boot time and
+                            // version are all there is to wait for.
                             Ok(_) => return Ok(Step::Done),
                             Err(e) => format!("the Kubernetes Node {node} cannot be read ({e})"),
                         },

@@ -32,7 +32,15 @@ pub const REMOVAL: &str = "Removal";
 /// The removal's holder name of the cluster lock (the work itself, so a restarted
 /// controller or a new leader resumes it).
 pub fn holder(namespace: &str, machine: &str) -> String {
-    format!("remove TalosMachine {namespace}/{machine}")
+    format!("{HOLDER_PREFIX}{namespace}/{machine}")
+}
+
+const HOLDER_PREFIX: &str = "remove TalosMachine ";
+
+/// The machine (`namespace`, `name`) whose removal a lock holder's name is ([`holder`]'s
+/// inverse); `None` for any other holder.
+pub fn holder_machine(holder: &str) -> Option<(&str, &str)> {
+    holder.strip_prefix(HOLDER_PREFIX)?.split_once('/')
 }
 
 /// How one step ended.
@@ -857,5 +865,21 @@ async fn execute<W: World>(
             w.release_finalizer(next).await?;
             Ok(Step::Done)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_removal_holder_names_its_machine_and_no_other_holder_does() {
+        let h = holder("prod", "cp-2");
+        assert_eq!(holder_machine(&h), Some(("prod", "cp-2")));
+        assert_eq!(
+            holder_machine(&super::super::operation::holder("prod", "cp-2")),
+            None
+        );
+        assert_eq!(holder_machine("someone else"), None);
     }
 }

@@ -579,6 +579,10 @@ pub struct OperationProgress {
     /// An administrator had cordoned the node before this operation did anything.
     #[serde(default)]
     pub was_cordoned: bool,
+    /// The node had a Kubernetes Node before the destructive call: it is back only once
+    /// that Node is there and Ready again (a Node that is gone is not Ready).
+    #[serde(default)]
+    pub node_registered: bool,
 }
 
 /// Phases after which an operation holds nothing. Everything else, a failed operation
