@@ -53,10 +53,15 @@ struct Cluster {
 
 impl Cluster {
     async fn start(n: usize) -> Cluster {
+        Cluster::start_declaring(n, n).await
+    }
+
+    /// `n` control planes, the cluster declaring `declared`.
+    async fn start_declaring(n: usize, declared: usize) -> Cluster {
         let etcd = EtcdCluster::start(n).await;
         let talos = TalosApi::start(etcd).await;
         let api = ApiServer::start().await;
-        api.insert(cluster("prod", i64::try_from(n).expect("small")));
+        api.insert(cluster("prod", i64::try_from(declared).expect("small")));
         for i in 0..n {
             let name = format!("cp-{}", i + 1);
             let mut m = control_plane(&name, u32::try_from(i).expect("small") + 1);
@@ -699,4 +704,37 @@ async fn a_workers_reset_is_sent_once() {
         assert_eq!(c.talos.calls_to("Reboot", cp), 0);
     }
     assert!(c.cordoned("w-1"));
+}
+
+/// ADR 0137 end to end: a reboot created while the count is even (4 control planes,
+/// declared 3) is parked and touches nothing; the removal of the fourth control plane is
+/// not blocked by it (the cure of the even count), and once the count is odd the parked
+/// operation runs by itself to the end, its reboot sent once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_operation_runs_once_the_removal_makes_the_count_odd() {
+    let c = Cluster::start_declaring(4, 3).await;
+    for i in 0..4 {
+        c.talos.node(i).set_downtime(Duration::from_millis(500));
+    }
+    c.api.insert(reboot_of("reboot-cp-1", "cp-1"));
+    let _ctl = Running::start(c.ctx("controller-1", rules()));
+    wait_for("the reboot is parked", WAIT, || {
+        c.phase("reboot-cp-1") == "Paused"
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(c.talos.calls_to("Reboot", "cp-1"), 0, "parked: nothing sent");
+    assert!(!c.cordoned("cp-1"));
+    delete(&c.api, "TalosMachine", "cp-4").await;
+    wait_for("cp-4 removed", WAIT, || {
+        get(&c.api, "TalosMachine", "cp-4").is_none()
+    })
+    .await;
+    wait_for("the parked reboot succeeds", WAIT, || {
+        c.phase("reboot-cp-1") == "Succeeded"
+    })
+    .await;
+    assert_eq!(c.talos.calls_to("Reboot", "cp-1"), 1);
+    assert_eq!(c.talos.etcd.member_names().await.len(), 3);
+    assert!(!c.cordoned("cp-1"));
 }
