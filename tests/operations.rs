@@ -49,6 +49,20 @@ fn rules_with_timeouts(tag: &str, within: &str) -> Arc<Rules> {
 struct Cluster {
     api: ApiServer,
     talos: TalosApi,
+    /// The step logs of this test's controllers, with the rules each ran: every one is
+    /// checked against the executor when the test ends (`verify --check-trace`).
+    logs: std::sync::Mutex<Vec<(PathBuf, PathBuf)>>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        for (log, rules) in self.logs.lock().expect("logs").iter() {
+            assert_step_log_checks_with(log, rules);
+        }
+    }
 }
 
 impl Cluster {
@@ -74,17 +88,29 @@ impl Cluster {
                 "status": {"conditions": [{"type": "Ready", "status": "True"}]}
             }));
         }
-        Cluster { api, talos }
+        Cluster {
+            api,
+            talos,
+            logs: Default::default(),
+        }
     }
 
+    /// A controller's context, its steps logged (and checked when the test ends).
     fn ctx(&self, identity: &str, rules: Arc<Rules>) -> Arc<Context> {
-        Arc::new(Context::new(
-            self.api.client(),
-            rules,
-            Some(Arc::new(self.talos.tls())),
-            fast_settings(identity),
-            Arc::new(Metrics::default()),
-        ))
+        let log = step_log_path(identity);
+        let steps = ichor_rules::runtime::exec::trace::StepLog::open(&log).expect("a step log");
+        let dir = rules.paths().first().cloned().expect("the rules' folder");
+        self.logs.lock().expect("logs").push((log, dir));
+        Arc::new(
+            Context::new(
+                self.api.client(),
+                rules,
+                Some(Arc::new(self.talos.tls())),
+                fast_settings(identity),
+                Arc::new(Metrics::default()),
+            )
+            .with_step_log(Arc::new(steps)),
+        )
     }
 
     fn operation(&self, name: &str) -> Value {
@@ -723,7 +749,11 @@ async fn a_parked_operation_runs_once_the_removal_makes_the_count_odd() {
     })
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(c.talos.calls_to("Reboot", "cp-1"), 0, "parked: nothing sent");
+    assert_eq!(
+        c.talos.calls_to("Reboot", "cp-1"),
+        0,
+        "parked: nothing sent"
+    );
     assert!(!c.cordoned("cp-1"));
     delete(&c.api, "TalosMachine", "cp-4").await;
     wait_for("cp-4 removed", WAIT, || {
@@ -737,4 +767,94 @@ async fn a_parked_operation_runs_once_the_removal_makes_the_count_odd() {
     assert_eq!(c.talos.calls_to("Reboot", "cp-1"), 1);
     assert_eq!(c.talos.etcd.member_names().await.len(), 3);
     assert!(!c.cordoned("cp-1"));
+}
+
+/// An operation's step log is checked against the executor (`verify --check-trace`): the
+/// log as written is a behaviour; the same log with the Node's cordon answer changed (an
+/// administrator's cordon, where the run saw none) or with the reboot's answer turned into
+/// a refusal is not, and the checker names the line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operations_step_log_is_checked_against_the_executor() {
+    let c = Cluster::start(3).await;
+    c.talos.node(1).set_downtime(Duration::from_millis(300));
+    c.api.insert(reboot_of("reboot-cp-2", "cp-2"));
+    let ctl = Running::start(c.ctx("traced-op", rules()));
+    wait_for("the reboot succeeds", WAIT, || {
+        c.phase("reboot-cp-2") == "Succeeded"
+    })
+    .await;
+    ctl.kill().await;
+    let (log, _) = c.logs.lock().expect("logs")[0].clone();
+    let text = std::fs::read_to_string(&log).expect("the step log");
+    for op in [
+        "\"procedure\":\"operation\"",
+        "\"op\":\"cordon\"",
+        "\"op\":\"node_ready\"",
+        "\"op\":\"write_operation\"",
+        "\"call\":\"Reboot\"",
+    ] {
+        assert!(text.contains(op), "the log records {op}");
+    }
+    let check = |name: &str, text: &str| {
+        let path = step_log_path(name);
+        std::fs::write(&path, text).expect("write");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ichor-rules"))
+            .args(["verify", "rules", "--check-trace"])
+            .arg(&path)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("runs");
+        (
+            out.status.code(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let (code, said) = check("op-as-written", &text);
+    assert_eq!(code, Some(0), "{said}");
+    let tamper = |find: &str, from: &str, to: &str| -> (usize, String) {
+        let at = text
+            .lines()
+            .position(|l| l.contains(find))
+            .unwrap_or_else(|| panic!("a line with {find}"));
+        let lines: Vec<String> = text
+            .lines()
+            .enumerate()
+            .map(|(i, l)| {
+                if i == at {
+                    l.replace(from, to)
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect();
+        (at + 1, lines.join("\n"))
+    };
+    // The cordon's answer: the Node was cordoned before (an administrator's), so the
+    // executor records it and never uncordons; the run went on as if it were not.
+    let (line, cordoned) = tamper(
+        "\"op\":\"cordon\"",
+        "\"answer\":{\"Ok\":{\"Ok\":false}}",
+        "\"answer\":{\"Ok\":{\"Ok\":true}}",
+    );
+    assert_ne!(
+        cordoned, text,
+        "the cordon's answer is recorded as expected"
+    );
+    let (code, said) = check("op-cordon", &cordoned);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("line "), "{said}");
+    assert!(line > 0);
+    // The reboot refused: the executor waits; the run went on.
+    let (_, refused) = tamper(
+        "\"call\":\"Reboot\"",
+        "\"answer\":{\"Ok\":{\"Ok\":\"Done\"}}",
+        "\"answer\":{\"Ok\":{\"Err\":{\"failed\":{\"endpoint\":\"x\",\"node\":null,\"code\":9,\"message\":\"no\"}}}}",
+    );
+    assert_ne!(refused, text);
+    let (code, said) = check("op-refused", &refused);
+    assert_eq!(code, Some(1), "{said}");
 }

@@ -84,9 +84,9 @@ pub struct ServeArgs {
     /// cluster without one gets no Talos work (Removal=False NoTalosCredentials).
     #[arg(long)]
     pub talosconfig: Option<PathBuf>,
-    /// Append every removal reconcile's steps to this file, one JSON object per line: the
-    /// state read, each Talos call and its answer, the decision, each effect and the
-    /// outcome (`ichor-rules verify RULES --check-trace FILE` checks such a log against the
+    /// Append every removal and operation reconcile's steps to this file, one JSON object
+    /// per line: the state read, each Talos call and its answer, the decision, each effect
+    /// and the outcome (`ichor-rules verify RULES --check-trace FILE` checks such a log against the
     /// model). Objects read are written as read (status, spec; never a Secret).
     #[arg(long, value_name = "FILE")]
     pub step_log: Option<PathBuf>,

@@ -94,6 +94,11 @@ impl Rules {
         }
     }
 
+    /// The files or folders the rules are read from.
+    pub fn paths(&self) -> &[PathBuf] {
+        &self.paths
+    }
+
     /// The table serving now, if one ever loaded.
     pub fn current(&self) -> Option<Arc<Table>> {
         self.table.read().ok().and_then(|t| t.clone())

@@ -76,12 +76,19 @@ pub fn step_log_path(identity: &str) -> std::path::PathBuf {
 /// `ichor-rules verify rules/ --check-trace <log>`: the controller's own step log is a
 /// behaviour of the model (a failure quotes the checker's words and the log's path).
 pub fn assert_step_log_checks(log: &std::path::Path) {
+    assert_step_log_checks_with(log, std::path::Path::new("rules"));
+}
+
+/// [`assert_step_log_checks`] with the rules the controller ran with (`rules`).
+pub fn assert_step_log_checks_with(log: &std::path::Path, rules: &std::path::Path) {
     // A controller that never reconciled a removal wrote nothing.
     if std::fs::metadata(log).map_or(true, |m| m.len() == 0) {
         return;
     }
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ichor-rules"))
-        .args(["verify", "rules", "--check-trace"])
+        .arg("verify")
+        .arg(rules)
+        .arg("--check-trace")
         .arg(log)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()

@@ -198,14 +198,25 @@ async fn run(
     table: &crate::compile::Table,
     o: &TalosOperation,
 ) -> Result<Action, ReconcileError> {
-    let mut world = super::operation_world::OperationLive::new(ctx, o.namespace(), o.name());
-    let outcome = crate::runtime::exec::operation::reconcile(
-        &mut world,
-        table,
-        &super::removal::timing(ctx),
-        o,
-    )
-    .await;
+    let world = super::operation_world::OperationLive::new(ctx, o.namespace(), o.name());
+    let timing = super::removal::timing(ctx);
+    let (outcome, mut world) = match &ctx.steps {
+        // Every step logged, for `verify --check-trace`.
+        Some(log) => {
+            let id = log.begin("operation", o, &timing);
+            let mut traced = crate::runtime::exec::trace::Traced::new(world, log, id);
+            let outcome =
+                crate::runtime::exec::operation::reconcile(&mut traced, table, &timing, o).await;
+            log.end(id, &outcome);
+            (outcome, traced.inner)
+        }
+        None => {
+            let mut world = world;
+            let outcome =
+                crate::runtime::exec::operation::reconcile(&mut world, table, &timing, o).await;
+            (outcome, world)
+        }
+    };
     // A lock still held here (an error ended the reconcile) is kept: the operation resumes
     // it, or it expires after the lock duration.
     world.keep_lock();

@@ -221,13 +221,21 @@ pub async fn reconcile<W: OperationWorld>(
             "the rules have no `plan run operation \"{}\"`; nothing runs until they do",
             op.spec.kind
         );
-        status::set(next.conditions_mut(), RUNNING, false, "NoPlan", &msg);
+        status::set_at(
+            w.now(),
+            next.conditions_mut(),
+            RUNNING,
+            false,
+            "NoPlan",
+            &msg,
+        );
         w.write_operation(op, &next).await?;
         return Ok(requeue(timing.refused_requeue, Wait::On("NoPlan".into())));
     };
     if let Err(why) = w.credentials(cluster).await {
         let msg = format!("{why}; the operation does not run without them");
-        status::set(
+        status::set_at(
+            w.now(),
             next.conditions_mut(),
             RUNNING,
             false,
@@ -243,7 +251,8 @@ pub async fn reconcile<W: OperationWorld>(
     // 1. The cluster lock (the operation resumes its own).
     if let Err(holder) = w.lock(cluster, LockOp::Take).await? {
         let msg = format!("waiting for the cluster lock, held by {holder}");
-        status::set(
+        status::set_at(
+            w.now(),
             next.conditions_mut(),
             RUNNING,
             false,
@@ -354,7 +363,8 @@ pub async fn reconcile<W: OperationWorld>(
         w.note(m, Note::Decided(&decision));
         if let Some((_, message)) = hold_of(&decision, "StepRefused") {
             let message = format!("{}: {message}", step.text);
-            let began = status::set(
+            let began = status::set_at(
+                w.now(),
                 next.conditions_mut(),
                 RUNNING,
                 false,
@@ -389,7 +399,14 @@ pub async fn reconcile<W: OperationWorld>(
         let (runs, message) = match w.applies(table, &snapshot, run_ev, &[], k, step) {
             Ok(x) => x,
             Err(why) => {
-                status::set(next.conditions_mut(), RUNNING, false, "StepRefused", &why);
+                status::set_at(
+                    w.now(),
+                    next.conditions_mut(),
+                    RUNNING,
+                    false,
+                    "StepRefused",
+                    &why,
+                );
                 w.write_operation(&before, &next).await?;
                 unlock(w, cluster, LockOp::Keep).await?;
                 return Ok(requeue(timing.refused_requeue, Wait::Refused));
@@ -408,7 +425,14 @@ pub async fn reconcile<W: OperationWorld>(
             p.step = Some(this);
             p.step_started_at = Some(Time(w.now()));
             let msg = format!("{target}: {}", step.text);
-            status::set(next.conditions_mut(), RUNNING, true, "StepRunning", &msg);
+            status::set_at(
+                w.now(),
+                next.conditions_mut(),
+                RUNNING,
+                true,
+                "StepRunning",
+                &msg,
+            );
             set_progress(&mut next, &p);
             w.write_operation(&before, &next).await?;
             if k == 0 {
@@ -442,7 +466,14 @@ pub async fn reconcile<W: OperationWorld>(
                 after,
             } => {
                 let message = format!("{target}: {}: {message}", step.text);
-                status::set(next.conditions_mut(), RUNNING, false, reason, &message);
+                status::set_at(
+                    w.now(),
+                    next.conditions_mut(),
+                    RUNNING,
+                    false,
+                    reason,
+                    &message,
+                );
                 set_progress(&mut next, &p);
                 w.write_operation(&before, &next).await?;
                 unlock(w, cluster, LockOp::Keep).await?;
@@ -474,7 +505,14 @@ async fn succeed<W: OperationWorld>(
         p.total,
         p.order.join(", ")
     );
-    status::set(next.conditions_mut(), RUNNING, false, "Succeeded", &msg);
+    status::set_at(
+        w.now(),
+        next.conditions_mut(),
+        RUNNING,
+        false,
+        "Succeeded",
+        &msg,
+    );
     w.write_operation(before, next).await?;
     w.operation_event(before, false, "Succeeded", msg).await;
     w.ended(before, true);
@@ -524,7 +562,14 @@ async fn fail<W: OperationWorld>(
     next.status
         .get_or_insert_with(Default::default)
         .failure_reason = Some(message.clone());
-    status::set(next.conditions_mut(), RUNNING, false, reason, &message);
+    status::set_at(
+        w.now(),
+        next.conditions_mut(),
+        RUNNING,
+        false,
+        reason,
+        &message,
+    );
     w.write_operation(before, next).await?;
     w.operation_event(before, true, reason, message).await;
     w.ended(before, false);

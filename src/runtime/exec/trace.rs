@@ -19,9 +19,10 @@
 //! the world answered is taken as recorded: that the model's world answers the same is
 //! what the conformance replay checks (`tests/conformance.rs`).
 
+use super::operation::{self, OperationWorld};
 use super::{Call, Drained, LockOp, Node, NodeError, Note, Outcome, Reply, Timing, World, removal};
 use crate::runtime::live::Reads;
-use crate::runtime::objects::{Snapshot, TalosMachine};
+use crate::runtime::objects::{Snapshot, TalosMachine, TalosOperation};
 use crate::runtime::talos::TalosError;
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -104,6 +105,28 @@ pub enum Entry {
         k: usize,
         text: String,
     },
+    /// An operation's status written (`namespace/name`).
+    WriteOperation {
+        operation: String,
+        status: Value,
+        answer: Result<(), String>,
+    },
+    OperationEvent {
+        operation: String,
+        warning: bool,
+        reason: String,
+        note: String,
+    },
+    /// A Kubernetes Node cordoned (`on`) or uncordoned: whether it was cordoned before.
+    Cordon {
+        node: String,
+        on: bool,
+        answer: Result<Result<Option<bool>, String>, String>,
+    },
+    NodeReady {
+        node: String,
+        answer: Result<Result<Option<bool>, String>, String>,
+    },
     End {
         outcome: String,
     },
@@ -125,6 +148,10 @@ impl Entry {
             Entry::Decided { .. } => "decided",
             Entry::Fact { .. } => "fact",
             Entry::Step { .. } => "step",
+            Entry::WriteOperation { .. } => "write_operation",
+            Entry::OperationEvent { .. } => "operation_event",
+            Entry::Cordon { .. } => "cordon",
+            Entry::NodeReady { .. } => "node_ready",
             Entry::End { .. } => "end",
         }
     }
@@ -153,6 +180,11 @@ impl NodeRec {
 /// `namespace/name` of a machine.
 fn key(m: &TalosMachine) -> String {
     format!("{}/{}", m.namespace(), m.name())
+}
+
+/// `namespace/name` of an operation.
+fn op_key(o: &TalosOperation) -> String {
+    format!("{}/{}", o.namespace(), o.name())
 }
 
 /// A failed Talos call, as recorded.
@@ -333,8 +365,9 @@ impl StepLog {
         }
     }
 
-    /// A new reconcile of `object` by `procedure`: its number.
-    pub fn begin(&self, procedure: &str, object: &TalosMachine, timing: &Timing) -> u64 {
+    /// A new reconcile of `object` (the TalosMachine of a `removal`, the TalosOperation of
+    /// an `operation`) by `procedure`: its number.
+    pub fn begin<T: Serialize>(&self, procedure: &str, object: &T, timing: &Timing) -> u64 {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         self.write(
             id,
@@ -509,6 +542,87 @@ where
             self.log.write(self.id, entry);
         }
         self.inner.note(on, note);
+    }
+}
+
+impl<W: OperationWorld> OperationWorld for Traced<'_, W>
+where
+    W::Error: std::fmt::Display,
+{
+    async fn write_operation(
+        &mut self,
+        before: &TalosOperation,
+        after: &TalosOperation,
+    ) -> Result<(), Self::Error> {
+        let answer = self.inner.write_operation(before, after).await;
+        self.log.write(
+            self.id,
+            Entry::WriteOperation {
+                operation: op_key(after),
+                status: serde_json::to_value(&after.status).unwrap_or(Value::Null),
+                answer: answer.as_ref().map(|_| ()).map_err(err_text),
+            },
+        );
+        answer
+    }
+
+    async fn operation_event(
+        &mut self,
+        on: &TalosOperation,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
+        self.log.write(
+            self.id,
+            Entry::OperationEvent {
+                operation: op_key(on),
+                warning,
+                reason: reason.into(),
+                note: note.clone(),
+            },
+        );
+        self.inner.operation_event(on, warning, reason, note).await;
+    }
+
+    async fn cordon(
+        &mut self,
+        node: &str,
+        on: bool,
+    ) -> Result<Result<Option<bool>, String>, Self::Error> {
+        let answer = self.inner.cordon(node, on).await;
+        self.log.write(
+            self.id,
+            Entry::Cordon {
+                node: node.into(),
+                on,
+                answer: answer.as_ref().map(Clone::clone).map_err(err_text),
+            },
+        );
+        answer
+    }
+
+    async fn node_ready(
+        &mut self,
+        node: &str,
+    ) -> Result<Result<Option<bool>, String>, Self::Error> {
+        let answer = self.inner.node_ready(node).await;
+        self.log.write(
+            self.id,
+            Entry::NodeReady {
+                node: node.into(),
+                answer: answer.as_ref().map(Clone::clone).map_err(err_text),
+            },
+        );
+        answer
+    }
+
+    fn step_took(&mut self, action: crate::vocab::Action, took: Duration) {
+        self.inner.step_took(action, took);
+    }
+
+    fn ended(&mut self, op: &TalosOperation, succeeded: bool) {
+        self.inner.ended(op, succeeded);
     }
 }
 
@@ -767,6 +881,74 @@ impl World for Replay<'_> {
     }
 }
 
+impl OperationWorld for Replay<'_> {
+    async fn write_operation(
+        &mut self,
+        _before: &TalosOperation,
+        after: &TalosOperation,
+    ) -> Result<(), Stop> {
+        let status = serde_json::to_value(&after.status).unwrap_or(Value::Null);
+        let entry = self.take("write_operation", |e| match e {
+            Entry::WriteOperation {
+                operation,
+                status: s,
+                ..
+            } => differs("status written of", operation, &op_key(after))
+                .or_else(|| differs("status written", s, &status)),
+            _ => None,
+        })?;
+        match entry {
+            Entry::WriteOperation { answer: Ok(()), .. } => Ok(()),
+            _ => Err(Stop),
+        }
+    }
+
+    async fn operation_event(
+        &mut self,
+        on: &TalosOperation,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
+        let _ = self.take("operation_event", |e| match e {
+            Entry::OperationEvent {
+                operation,
+                warning: w,
+                reason: r,
+                note: n,
+            } => differs("event on", operation, &op_key(on))
+                .or_else(|| differs("event's warning", w, &warning))
+                .or_else(|| differs("event's reason", r, &reason.to_string()))
+                .or_else(|| differs("event's note", n, &note)),
+            _ => None,
+        });
+    }
+
+    async fn cordon(&mut self, node: &str, on: bool) -> Result<Result<Option<bool>, String>, Stop> {
+        let entry = self.take("cordon", |e| match e {
+            Entry::Cordon { node: n, on: o, .. } => {
+                differs("node cordoned", n, &node.to_string()).or_else(|| differs("cordon", o, &on))
+            }
+            _ => None,
+        })?;
+        match entry {
+            Entry::Cordon { answer: Ok(a), .. } => Ok(a.clone()),
+            _ => Err(Stop),
+        }
+    }
+
+    async fn node_ready(&mut self, node: &str) -> Result<Result<Option<bool>, String>, Stop> {
+        let entry = self.take("node_ready", |e| match e {
+            Entry::NodeReady { node: n, .. } => differs("node read", n, &node.to_string()),
+            _ => None,
+        })?;
+        match entry {
+            Entry::NodeReady { answer: Ok(a), .. } => Ok(a.clone()),
+            _ => Err(Stop),
+        }
+    }
+}
+
 /// What [`check`] found.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Checked {
@@ -833,28 +1015,37 @@ pub fn check(table: &crate::compile::Table, text: &str) -> Result<Checked, NotAB
                 "line {at}: reconcile {id} does not start with `begin` (the log was cut at its start?)"
             )));
         };
-        if procedure != "removal" {
-            return Err(NotABehaviour::Unreadable(format!(
-                "line {first}: procedure `{procedure}` is not one this version replays (removal)"
-            )));
-        }
-        let object: TalosMachine = serde_json::from_value(object.clone()).map_err(|e| {
-            NotABehaviour::Unreadable(format!(
-                "line {first}: the object is not a TalosMachine ({e})"
-            ))
-        })?;
         let mut w = Replay::new(body);
         let timing = Timing::from(*timing);
-        let Some(outcome) = super::run_now(removal::reconcile(&mut w, table, &timing, &object))
-        else {
+        let unreadable = |kind: &str, e: serde_json::Error| {
+            NotABehaviour::Unreadable(format!("line {first}: the object is not a {kind} ({e})"))
+        };
+        let (outcome, who) = match procedure.as_str() {
+            "removal" => {
+                let object: TalosMachine = serde_json::from_value(object.clone())
+                    .map_err(|e| unreadable("TalosMachine", e))?;
+                let run = super::run_now(removal::reconcile(&mut w, table, &timing, &object));
+                (run, format!("TalosMachine {}", key(&object)))
+            }
+            "operation" => {
+                let object: TalosOperation = serde_json::from_value(object.clone())
+                    .map_err(|e| unreadable("TalosOperation", e))?;
+                let run = super::run_now(operation::reconcile(&mut w, table, &timing, &object));
+                (run, format!("TalosOperation {}", op_key(&object)))
+            }
+            other => {
+                return Err(NotABehaviour::Unreadable(format!(
+                    "line {first}: procedure `{other}` is not one this version replays \
+                     (removal, operation)"
+                )));
+            }
+        };
+        let Some(outcome) = outcome else {
             return Err(NotABehaviour::Unreadable(format!(
                 "line {first}: the replay of reconcile {id} did not finish"
             )));
         };
-        let who = format!(
-            "reconcile {id} of TalosMachine {} (line {first})",
-            key(&object)
-        );
+        let who = format!("reconcile {id} of {who} (line {first})");
         if let Some(d) = w.diverged.borrow().clone() {
             return Err(NotABehaviour::Differs(format!("{who}: {d}")));
         }
