@@ -319,6 +319,26 @@ fn bad_test_files_are_exit_2_with_file_and_line() {
             "holds no TalosMachine ns/nope",
         ),
         (
+            "node-alone",
+            "cases:\n  - name: n\n    reconcile: ns/cp1\n    node: cp1\n    objects: objects-stream.yaml\n    expect: {verdict: proceed}\n",
+            "`node` names the machine a step works on",
+        ),
+        (
+            "step-target",
+            "cases:\n  - name: s\n    step: reboot\n    objects: objects-stream.yaml\n    expect: {verdict: proceed}\n",
+            "expected NAMESPACE/NAME of a TalosOperation",
+        ),
+        (
+            "step-allow",
+            "cases:\n  - name: s\n    step: ns/reboot\n    objects: objects-stream.yaml\n    expect: {verdict: allow}\n",
+            "is the webhook's",
+        ),
+        (
+            "step-no-operation",
+            "cases:\n  - name: s\n    step: ns/nope\n    objects: objects-stream.yaml\n    expect: {verdict: proceed}\n",
+            "no TalosOperation ns/nope",
+        ),
+        (
             "duplicate",
             "cases:\n  - name: d\n    reconcile: ns/cp1\n    objects: objects-stream.yaml\n    expect: {verdict: proceed}\n  - name: d\n    reconcile: ns/cp1\n    objects: objects-stream.yaml\n    expect: {verdict: proceed}\n",
             "two cases are named \"d\"",

@@ -145,6 +145,52 @@ pub fn admission_as(
 
 /// Decides a reconcile of the TalosMachine or TalosOperation `ns/name` as the controller
 /// does. `Err` when the objects hold neither.
+/// The `step operation` rules of the running operation `ns/name` on the machine it works
+/// on (`node`; by default `spec.machine`), as the controller decides them before each step
+/// (the etcd counts from the objects, as admission reads them).
+pub fn step(
+    table: &Table,
+    snapshot: &Snapshot,
+    ns: &str,
+    name: &str,
+    node: Option<&str>,
+    trace: bool,
+) -> Result<Outcome, String> {
+    let Some(o) = snapshot.operation(ns, name) else {
+        return Err(format!("no TalosOperation {ns}/{name}"));
+    };
+    let Some(node) = node.or(o.spec.machine.as_deref()).filter(|n| !n.is_empty()) else {
+        return Err(format!(
+            "TalosOperation {ns}/{name} names no spec.machine: say which machine the step \
+             works on (`node: NAME`)"
+        ));
+    };
+    let view = crate::runtime::decide::operation_on(o, node);
+    let events: Vec<EventFacts<'_>> = crate::runtime::decide::step_operation_event(&view)
+        .into_iter()
+        .collect();
+    if events.is_empty() {
+        return Err(format!(
+            "TalosOperation {ns}/{name} has finished: it takes no more steps"
+        ));
+    }
+    let (decision, traces) = decide_events(table, snapshot, &events, Expensive::FromObjects, trace);
+    let mut missing = Missing::default();
+    missing_clusters(snapshot, &events, &mut missing);
+    Ok(Outcome {
+        header: format!("controller: step of {ns}/{name} on {node}"),
+        decision,
+        traces,
+        events: events.len(),
+        kinds: events.iter().map(|e| e.event).collect(),
+        not_by_rule: None,
+        notes: missing.notes,
+        missing_clusters: missing.clusters,
+        member_dead_offline: false,
+        request: None,
+    })
+}
+
 pub fn reconcile(
     table: &Table,
     snapshot: &Snapshot,

@@ -102,6 +102,14 @@ struct CaseSpec {
     status: Option<Entry>,
     #[serde(default)]
     reconcile: Option<String>,
+    /// A step of the running operation NAMESPACE/NAME: the `step operation` rules, as the
+    /// controller decides them before each step.
+    #[serde(default)]
+    step: Option<String>,
+    /// The machine the step works on (by default the operation's `spec.machine`; a roll
+    /// over the cluster names each node in turn).
+    #[serde(default)]
+    node: Option<String>,
     /// The TalosCluster the request or reconcile names is meant to be missing from the
     /// objects (it is read as missing: `cluster.exists` false, `count` 0). Without it, a
     /// case whose cluster is missing fails: a typo in `clusterRef`, a cluster in another
@@ -257,6 +265,8 @@ enum Request {
     /// A form of kubectl words, built against the case's objects when run.
     Form(Form),
     Reconcile(String, String),
+    /// A step of an operation (namespace, name) on a machine (by default `spec.machine`).
+    Step(String, String, Option<String>),
 }
 
 struct Loader<'a> {
@@ -344,6 +354,7 @@ impl Loader<'_> {
             ("unschedule", spec.unschedule.is_some()),
             ("status", spec.status.is_some()),
             ("reconcile", spec.reconcile.is_some()),
+            ("step", spec.step.is_some()),
         ]
         .into_iter()
         .filter_map(|(k, on)| on.then_some(k))
@@ -351,7 +362,7 @@ impl Loader<'_> {
         if given.len() != 1 {
             return Err(format!(
                 "a case gives exactly one request (review, delete, apply, approve, unapprove, \
-                 unschedule, status) or reconcile; this one gives {}",
+                 unschedule, status), reconcile or step; this one gives {}",
                 if given.is_empty() {
                     "none".to_string()
                 } else {
@@ -408,6 +419,16 @@ impl Loader<'_> {
             } else {
                 Request::Form(Form::Status(value))
             }
+        } else if let Some(t) = &spec.step {
+            let Some((ns, name)) = t
+                .split_once('/')
+                .filter(|(n, m)| !n.is_empty() && !m.is_empty())
+            else {
+                return Err(format!(
+                    "step {t:?}: expected NAMESPACE/NAME of a TalosOperation"
+                ));
+            };
+            Request::Step(ns.to_string(), name.to_string(), spec.node.clone())
         } else {
             let t = spec.reconcile.as_deref().unwrap_or_default();
             let Some((ns, name)) = t
@@ -418,7 +439,12 @@ impl Loader<'_> {
             };
             Request::Reconcile(ns.to_string(), name.to_string())
         };
-        let reconcile = matches!(request, Request::Reconcile(..));
+        if spec.node.is_some() && spec.step.is_none() {
+            return Err(
+                "`node` names the machine a step works on; it goes with `step`, not alone".into(),
+            );
+        }
+        let reconcile = matches!(request, Request::Reconcile(..) | Request::Step(..));
         let e = &spec.expect;
         match (reconcile, e.verdict) {
             (false, Verdict::Proceed | Verdict::Hold) => {
@@ -609,6 +635,9 @@ fn run_case(table: &Table, case: Case, now: &str) -> Ran {
             Err(e) => Err(e),
         },
         Request::Reconcile(ns, name) => outcome::reconcile(table, &snapshot, ns, name, true),
+        Request::Step(ns, name, node) => {
+            outcome::step(table, &snapshot, ns, name, node.as_deref(), true)
+        }
     };
     let o = match decided {
         Ok(o) => o,
@@ -1056,6 +1085,13 @@ fn json_report(ran: &[Ran], filtered: usize, cov: Option<&[RuleCoverage]>) -> Va
                 "response": r.response,
                 "reconcile": match &r.case.request {
                     Request::Reconcile(ns, n) => Value::String(format!("{ns}/{n}")),
+                    _ => Value::Null,
+                },
+                "step": match &r.case.request {
+                    Request::Step(ns, n, node) => json!({
+                        "operation": format!("{ns}/{n}"),
+                        "node": node,
+                    }),
                     _ => Value::Null,
                 },
             })

@@ -266,6 +266,26 @@ pub fn reconcile_operation_event<'s>(o: &'s TalosOperation) -> Option<EventFacts
     })
 }
 
+/// The `step operation` rules, decided before each step of a running operation on the node
+/// it works on (`o` as [`operation_on`] gives it). `None` once it finished.
+pub fn step_operation_event<'s>(o: &'s TalosOperation) -> Option<EventFacts<'s>> {
+    (!o.finished()).then_some(EventFacts {
+        event: (Verb::Step, S::Operation, Site::Controller),
+        namespace: o.namespace(),
+        cluster: o.cluster(),
+        subject: Subject::Operation(o),
+    })
+}
+
+/// The operation as the rules see it while it works on `machine`: its target (`target`,
+/// `target.controlplane`, ...) is that machine; for a roll over the cluster, each node in
+/// turn.
+pub fn operation_on(o: &TalosOperation, machine: &str) -> TalosOperation {
+    let mut view = o.clone();
+    view.spec.machine = Some(machine.to_string());
+    view
+}
+
 /// The start rules again, at the controller, for an operation that has not started yet
 /// (phase Pending, not failed): decided with the spec it has now and the state of now,
 /// before the controller first acts on it. Admission decided them on create, but it can be

@@ -22,12 +22,11 @@ use super::{
 use crate::compile::{PlanStep, Table};
 use crate::interp::Finding;
 use crate::runtime::controller::status::{self, Conditions};
-use crate::runtime::decide::reconcile_operation_event;
-use crate::runtime::facts::{EventFacts, Subject as FactSubject};
+use crate::runtime::decide::{operation_on, reconcile_operation_event, step_operation_event};
 use crate::runtime::live::Reads;
 use crate::runtime::objects::{OperationProgress, Role, Snapshot, TalosMachine, TalosOperation};
 use crate::runtime::talos::TalosError;
-use crate::vocab::{Action as BuiltIn, Fact, Site, Subject, Verb, Verdict};
+use crate::vocab::{Action as BuiltIn, Fact, Verdict};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::time::Duration;
 
@@ -338,15 +337,12 @@ pub async fn reconcile<W: OperationWorld>(
         };
         // The rules see the node being worked on as the operation's target (`target`,
         // `target.controlplane`, ...): for a roll over the cluster, each node in turn.
-        let mut view = live.clone();
-        view.spec.machine = Some(target.clone());
+        let view = operation_on(live, &target);
         let live = &view;
         // 2. The step rules, decided again under the lock from live reads.
-        let ev = EventFacts {
-            event: (Verb::Step, Subject::Operation, Site::Controller),
-            namespace: ns,
-            cluster,
-            subject: FactSubject::Operation(live),
+        let Some(ev) = step_operation_event(live) else {
+            unlock(w, cluster, LockOp::Release).await?;
+            return Ok(Outcome::AwaitChange);
         };
         let unreadable = |f: Fact, why: &str| Finding {
             rule: "(live state)".into(),
