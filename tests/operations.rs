@@ -858,3 +858,55 @@ async fn an_operations_step_log_is_checked_against_the_executor() {
     let (code, said) = check("op-refused", &refused);
     assert_eq!(code, Some(1), "{said}");
 }
+
+/// A rolling upgrade over a five-node cluster (three control planes, two workers): the
+/// control planes first, then the workers, one node at a time (never two down at once, from
+/// the stand-ins' own record), each upgraded once and back on the image's tag; the figures
+/// are printed (`--nocapture`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_upgrade_of_five_nodes_goes_control_planes_first_one_at_a_time() {
+    let started = Instant::now();
+    let mut c = Cluster::start(3).await;
+    for w in ["w-1", "w-2"] {
+        let endpoint = c.talos.add_worker(w).await.endpoint();
+        let mut m = machine(w, "worker", true, 10 + u32::from(w == "w-2"));
+        m["spec"]["endpoint"] = json!(endpoint);
+        c.api.insert(m);
+        c.api.insert(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": w},
+            "spec": {},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+        }));
+    }
+    for i in 0..5 {
+        c.talos.node(i).set_downtime(Duration::from_millis(500));
+    }
+    let mut op = operation("roll-up", "upgrade");
+    op["spec"]["image"] = json!("ghcr.io/siderolabs/installer:v1.13.1");
+    c.api.insert(op);
+    let _ctl = Running::start(c.ctx("controller-1", rules()));
+    wait_for("the roll succeeds", Duration::from_secs(120), || {
+        c.phase("roll-up") == "Succeeded"
+    })
+    .await;
+    let took = started.elapsed();
+    let op = c.operation("roll-up");
+    let nodes = ["cp-1", "cp-2", "cp-3", "w-1", "w-2"];
+    assert_eq!(op["status"]["progress"]["order"], json!(nodes), "{op}");
+    let downs = c.talos.downtimes();
+    let order: Vec<&str> = downs.iter().map(|d| d.node.as_str()).collect();
+    assert_eq!(order, nodes, "{downs:?}");
+    assert_eq!(c.most_down_at_once(), 1, "{downs:?}");
+    for (i, n) in nodes.iter().enumerate() {
+        assert_eq!(c.talos.node(i).version(), "v1.13.1", "{n}");
+        assert!(!c.cordoned(n), "{n}");
+    }
+    c.talos.etcd.wait_healthy(3).await.expect("etcd healthy");
+    let calls = c.talos.calls();
+    eprintln!(
+        "rolling upgrade of 5 nodes (3 control planes, 2 workers): {:.1}s, {} Talos calls",
+        took.as_secs_f64(),
+        calls.len()
+    );
+}
