@@ -3,7 +3,6 @@
 //! cluster lock taken for the operation itself, the operation's own status writes and
 //! events, and the Kubernetes Node's cordon and readiness.
 
-use super::disruptive::{self, Held, Refused, Work};
 use super::world::Live;
 use super::{Context, ReconcileError};
 use crate::interp::Decision;
@@ -16,11 +15,11 @@ use std::sync::Arc;
 
 /// The controller's world of one reconcile of the operation `namespace/name`.
 pub struct OperationLive<'c> {
+    /// The controller's world, its lock taken in the operation's name.
     live: Live<'c>,
     ctx: &'c Context,
     namespace: String,
     name: String,
-    held: Option<Held>,
     /// What this reconcile last wrote of the operation (each write compares with it).
     written: Option<TalosOperation>,
 }
@@ -28,11 +27,10 @@ pub struct OperationLive<'c> {
 impl<'c> OperationLive<'c> {
     pub fn new(ctx: &'c Context, namespace: &str, name: &str) -> OperationLive<'c> {
         OperationLive {
-            live: Live::new(ctx, namespace, None),
+            live: Live::for_operation(ctx, namespace, name),
             ctx,
             namespace: namespace.to_string(),
             name: name.to_string(),
-            held: None,
             written: None,
         }
     }
@@ -40,9 +38,7 @@ impl<'c> OperationLive<'c> {
     /// Keeps a lock still held (an error ended the reconcile): the operation resumes it,
     /// or it expires after the lock duration.
     pub fn keep_lock(&mut self) {
-        if let Some(h) = self.held.take() {
-            h.keep();
-        }
+        self.live.keep_lock();
     }
 }
 
@@ -71,33 +67,7 @@ impl World for OperationLive<'_> {
         cluster: &str,
         op: LockOp,
     ) -> Result<Result<(), String>, ReconcileError> {
-        match op {
-            LockOp::Take => {
-                let work = Work::Operation {
-                    namespace: &self.namespace,
-                    name: &self.name,
-                };
-                match disruptive::hold(self.ctx, &self.namespace, cluster, work).await? {
-                    Ok(h) => {
-                        if let Some(old) = self.held.replace(h) {
-                            old.keep();
-                        }
-                        Ok(Ok(()))
-                    }
-                    Err(Refused::Held { holder }) => Ok(Err(holder)),
-                }
-            }
-            LockOp::Release => {
-                if let Some(h) = self.held.take() {
-                    h.release().await?;
-                }
-                Ok(Ok(()))
-            }
-            LockOp::Keep => {
-                self.keep_lock();
-                Ok(Ok(()))
-            }
-        }
+        self.live.lock(cluster, op).await
     }
 
     async fn read(&mut self, cluster: &str, reads: Reads) -> Result<Arc<Snapshot>, ReconcileError> {

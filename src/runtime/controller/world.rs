@@ -17,9 +17,8 @@ use std::sync::Arc;
 pub struct Live<'c> {
     ctx: &'c Context,
     namespace: String,
-    /// The machine whose removal is the work that takes the cluster lock (none: this
-    /// reconcile takes no lock).
-    machine: Option<String>,
+    /// The work that takes the cluster lock (none: this reconcile takes no lock).
+    work: Option<Owned>,
     /// Each cluster's credentials, read once per reconcile.
     dialers: HashMap<String, Dialer<'c>>,
     held: Option<Held>,
@@ -27,15 +26,32 @@ pub struct Live<'c> {
     written: Option<TalosMachine>,
 }
 
+/// The work of a reconcile, by name ([`Work`] borrows it when the lock is taken).
+enum Owned {
+    /// The removal of this machine.
+    Removal(String),
+    /// This TalosOperation.
+    Operation(String),
+}
+
 impl<'c> Live<'c> {
     pub fn new(ctx: &'c Context, namespace: &str, removing: Option<&str>) -> Live<'c> {
         Live {
             ctx,
             namespace: namespace.to_string(),
-            machine: removing.map(str::to_string),
+            work: removing.map(|m| Owned::Removal(m.to_string())),
             dialers: HashMap::new(),
             held: None,
             written: None,
+        }
+    }
+
+    /// The world of one reconcile of the operation `namespace/name`: the cluster lock is
+    /// taken in the operation's name.
+    pub fn for_operation(ctx: &'c Context, namespace: &str, name: &str) -> Live<'c> {
+        Live {
+            work: Some(Owned::Operation(name.to_string())),
+            ..Live::new(ctx, namespace, None)
         }
     }
 
@@ -133,12 +149,18 @@ impl World for Live<'_> {
     ) -> Result<Result<(), String>, ReconcileError> {
         match op {
             LockOp::Take => {
-                let Some(machine) = &self.machine else {
-                    return Ok(Err("(no work of this reconcile takes the lock)".into()));
-                };
-                let work = Work::RemoveControlPlane {
-                    namespace: &self.namespace,
-                    machine,
+                let work = match &self.work {
+                    Some(Owned::Removal(machine)) => Work::RemoveControlPlane {
+                        namespace: &self.namespace,
+                        machine,
+                    },
+                    Some(Owned::Operation(name)) => Work::Operation {
+                        namespace: &self.namespace,
+                        name,
+                    },
+                    None => {
+                        return Ok(Err("(no work of this reconcile takes the lock)".into()));
+                    }
                 };
                 match disruptive::hold(self.ctx, &self.namespace, cluster, work).await? {
                     Ok(h) => {
