@@ -1069,6 +1069,8 @@ pub const MODEL_STEPS: &[&str] = &[
     "operation-refused",
     "operation-run",
     "operation-done",
+    "operation-step",
+    "node-down",
     "node-dies",
     "node-returns",
     "pdb",

@@ -92,7 +92,7 @@ pub fn model_view(model: &Model<'_>, s: &State) -> View {
         v.member = m.member;
         v.answers = m.up && !m.wiped;
         v.wiped = m.wiped;
-        v.cordoned = m.cordoned;
+        v.cordoned = m.cordoned || m.boots.unsched;
         machines.insert(s.name(i), v);
     }
     let lock = match s.lock {

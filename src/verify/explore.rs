@@ -283,12 +283,15 @@ pub fn encode(s: &State, out: &mut Vec<u8>) {
         out.push(m.order);
         out.extend(m.done.to_le_bytes());
         out.push(m.started);
+        out.push(m.boots.byte());
     }
     out.push(len_byte(&s.ops));
     for o in &s.ops {
         out.push(o.kind as u8);
         out.push(o.target);
-        out.push(o.phase as u8);
+        out.push(o.phase.byte());
+        out.push(o.run.steps);
+        out.push(o.run.flags);
     }
     out.push(len_byte(&s.pending));
     for p in &s.pending {
@@ -337,6 +340,7 @@ pub fn decode(b: &[u8]) -> Option<State> {
         let order = next()?;
         let done = u16::from_le_bytes([next()?, next()?]);
         let started = next()?;
+        let boots = super::model::Boots::from_byte(next()?);
         let bit = |k: u16| bits & (1 << k) != 0;
         machines.push(Machine {
             role: if bit(0) {
@@ -362,6 +366,7 @@ pub fn decode(b: &[u8]) -> Option<State> {
             recorded: bit(14),
             cordoned: bit(15),
             started,
+            boots,
         });
     }
     let nops = next()?;
@@ -373,16 +378,16 @@ pub fn decode(b: &[u8]) -> Option<State> {
             _ => OpKind::Restore,
         };
         let target = next()?;
-        let phase = match next()? {
-            0 => Phase::Pending,
-            1 => Phase::Parked,
-            2 => Phase::Running,
-            _ => Phase::Succeeded,
+        let phase = Phase::from_byte(next()?);
+        let run = super::model::OpRun {
+            steps: next()?,
+            flags: next()?,
         };
         ops.push(Op {
             kind,
             target,
             phase,
+            run,
         });
     }
     let np = next()?;

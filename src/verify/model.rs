@@ -220,6 +220,44 @@ pub struct Machine {
     /// `status.removal.started`: the plan step (index + 1) sent and not yet confirmed
     /// (a reset), 0 for none.
     pub started: u8,
+    /// What operations did to its node (the world's, not a record).
+    pub boots: Boots,
+}
+
+/// What an operation's calls did to a machine's node: the world's, not a record.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Boots {
+    /// Its boot time's parity: it changes each time the node comes back from a call that
+    /// took it down (a reboot, a shutdown, an upgrade, a rollback).
+    pub boot: bool,
+    /// Taken down by such a call: when it answers again, it has a new boot time.
+    pub rebooting: bool,
+    /// An upgrade was installed: the next boot runs the new version.
+    pub staged: bool,
+    /// It runs the upgrade's version.
+    pub upgraded: bool,
+    /// Its Kubernetes Node is cordoned (`spec.unschedulable`).
+    pub unsched: bool,
+}
+
+impl Boots {
+    pub fn byte(self) -> u8 {
+        u8::from(self.boot)
+            | (u8::from(self.rebooting) << 1)
+            | (u8::from(self.staged) << 2)
+            | (u8::from(self.upgraded) << 3)
+            | (u8::from(self.unsched) << 4)
+    }
+
+    pub fn from_byte(b: u8) -> Boots {
+        Boots {
+            boot: b & 1 != 0,
+            rebooting: b & 2 != 0,
+            staged: b & 4 != 0,
+            upgraded: b & 8 != 0,
+            unsched: b & 16 != 0,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -247,6 +285,25 @@ pub enum Phase {
     Parked,
     Running,
     Succeeded,
+    /// A gate failed (or its target is gone): it holds nothing and never continues by
+    /// itself (ADR 0137).
+    Failed,
+}
+
+impl Phase {
+    pub fn byte(self) -> u8 {
+        self as u8
+    }
+
+    pub fn from_byte(b: u8) -> Phase {
+        match b {
+            0 => Phase::Pending,
+            1 => Phase::Parked,
+            2 => Phase::Running,
+            3 => Phase::Succeeded,
+            _ => Phase::Failed,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -255,6 +312,40 @@ pub struct Op {
     /// The target machine's index, [`NONE`] or [`GONE`].
     pub target: u8,
     pub phase: Phase,
+    /// Its `status.progress` as the executor recorded it (`exec::operation`).
+    pub run: OpRun,
+}
+
+/// An operation's recorded progress on its machine, as the model keeps it: the plan steps
+/// done (the executor runs them in order, so a count), and the record's flags
+/// ([`OpRun::STARTED`], ...).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OpRun {
+    pub steps: u8,
+    pub flags: u8,
+}
+
+impl OpRun {
+    /// `startedAt` and the order are recorded.
+    pub const STARTED: u8 = 1;
+    /// `step` names the next step (it started, with its `stepStartedAt`).
+    pub const IN_STEP: u8 = 2;
+    /// `sent`: the destructive call was sent.
+    pub const SENT: u8 = 4;
+    /// `bootTime` (and `version`) recorded before the call.
+    pub const BOOT_RECORDED: u8 = 8;
+    /// The boot time recorded is the node's second parity ([`Boots::boot`]).
+    pub const BOOT: u8 = 16;
+    /// `cordoned`: this operation cordoned the node.
+    pub const CORDONED: u8 = 32;
+    /// `wasCordoned`: an administrator had.
+    pub const WAS_CORDONED: u8 = 64;
+    /// `nodeRegistered`: the node had a Kubernetes Node before the call.
+    pub const REGISTERED: u8 = 128;
+
+    pub fn has(self, flag: u8) -> bool {
+        self.flags & flag != 0
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -499,6 +590,12 @@ pub enum Move {
     Operation(u8),
     /// The controller lets a deleted TalosCluster go (no machine refers to it).
     Teardown,
+    /// An operation's reconcile where an acting call lands and its answer is lost.
+    OperationLost(u8),
+    /// ... where the controller crashes right after an acting call.
+    OperationCrash(u8),
+    /// ... where an acting call is refused (nothing changed).
+    OperationRefused(u8),
     NodeDies(u8),
     NodeReturns(u8),
     PdbBlocks,
@@ -515,7 +612,10 @@ impl Move {
             | Move::PdbBlocks
             | Move::RemovalLost(_)
             | Move::RemovalCrash(_)
-            | Move::RemovalRefused(_) => false,
+            | Move::RemovalRefused(_)
+            | Move::OperationLost(_)
+            | Move::OperationCrash(_)
+            | Move::OperationRefused(_) => false,
             _ => true,
         }
     }
@@ -629,12 +729,22 @@ impl State {
             t.active += usize::from(cp && !m.deleting && m.joined && !m.held);
             t.workers += usize::from(m.approved_worker() && !m.deleting);
         }
-        for o in &self.ops {
+        for (k, o) in ix(&self.ops) {
             t.running += usize::from(o.phase == Phase::Running);
             t.unfinished += usize::from(o.phase != Phase::Succeeded);
+            t.disruptive += usize::from(self.op_disrupts(k, o));
         }
-        t.disruptive = usize::from(matches!(self.lock, Lock::Removal(_))) + t.running;
+        t.disruptive += usize::from(matches!(self.lock, Lock::Removal(_)));
         t
+    }
+
+    /// Operation `k` is disruptive work under way: it holds the cluster lock, or it has
+    /// touched its node (cordoned it, or sent the call that takes it down) and not ended.
+    fn op_disrupts(&self, k: u8, o: &Op) -> bool {
+        !matches!(o.phase, Phase::Succeeded | Phase::Failed)
+            && (self.lock == Lock::Operation(k)
+                || o.run.has(OpRun::CORDONED)
+                || (o.run.has(OpRun::SENT) && o.run.steps != u8::MAX))
     }
 
     pub fn members(&self) -> usize {
@@ -691,10 +801,15 @@ impl State {
             .count()
     }
 
-    /// Removals holding the cluster lock, and running operations (which take it).
+    /// Removals holding the cluster lock, and operations under way ([`State::op_disrupts`]:
+    /// holding it, or with their node touched; one refused at a step before it touched
+    /// anything lets the lock go to other work).
     pub fn disruptive(&self) -> usize {
         let removal = usize::from(matches!(self.lock, Lock::Removal(_)));
-        removal + self.running()
+        removal
+            + ix(&self.ops)
+                .filter(|(k, o)| self.op_disrupts(*k, o))
+                .count()
     }
 
     pub fn name(&self, i: impl Into<usize>) -> String {
@@ -750,6 +865,7 @@ impl State {
                     recorded: false,
                     cordoned: false,
                     started: 0,
+                    boots: Boots::default(),
                 });
             }
             for _ in 0..bounds.max_workers {
@@ -773,6 +889,7 @@ impl State {
                     recorded: false,
                     cordoned: false,
                     started: 0,
+                    boots: Boots::default(),
                 });
             }
             let mut names = Vec::new();
@@ -900,6 +1017,7 @@ pub fn object_key(s: &State, out: &mut Vec<u8>) {
             recorded,
             cordoned: _,
             started,
+            boots: _,
         } = *m;
         let bits: u16 = u16::from(role == MRole::Worker)
             | (u16::from(approved) << 1)
@@ -925,8 +1043,9 @@ pub fn object_key(s: &State, out: &mut Vec<u8>) {
             kind,
             target,
             phase,
+            run,
         } = *o;
-        out.extend([kind as u8, target, phase as u8]);
+        out.extend([kind as u8, target, phase.byte(), run.steps, run.flags]);
         out.extend(op_names.get(k).map_or([0, 0], |n| [1, *n]));
     }
 }
@@ -1002,6 +1121,8 @@ impl Memo {
 }
 
 pub struct Objects<'t> {
+    /// The rules (each operation kind's plan).
+    pub table: &'t Table,
     pub plan: Option<&'t [PlanStep]>,
     /// The reason the controller parks an operation with: the rules' own word
     /// ([`Table::parking_reasons`]), never a copy of it.
@@ -1196,14 +1317,40 @@ impl Objects<'_> {
                 },
                 kind: o.kind.name().into(),
                 machine: target,
-                image: None,
+                image: (o.kind == OpKind::Upgrade).then(|| super::world::UPGRADE_IMAGE.into()),
             },
         );
         op.metadata.namespace = Some(NAMESPACE.into());
         op.metadata.creation_timestamp = Some(time(
             100 + i64::from(s.op_names.get(i).copied().unwrap_or(0)),
         ));
+        let plan = self
+            .table
+            .operation_plan(o.kind.name())
+            .map_or(&[][..], |p| p.steps.as_slice());
         op.status = match o.phase {
+            // Parked or resumed once it ran: its progress is kept.
+            Phase::Pending if o.run != OpRun::default() => Some(super::world::operation_status(
+                plan,
+                o.phase,
+                o.run,
+                op.spec.machine.as_deref(),
+            )),
+            Phase::Parked if o.run != OpRun::default() => {
+                let mut st = super::world::operation_status(
+                    plan,
+                    o.phase,
+                    o.run,
+                    op.spec.machine.as_deref(),
+                );
+                st.conditions = vec![condition(
+                    "Paused",
+                    "True",
+                    self.parking_reason,
+                    "waits for an odd count",
+                )];
+                Some(st)
+            }
             Phase::Pending => None,
             Phase::Parked => Some(OperationStatus {
                 phase: Some("Paused".into()),
@@ -1216,18 +1363,9 @@ impl Objects<'_> {
                 failure_reason: None,
                 progress: None,
             }),
-            Phase::Running => Some(OperationStatus {
-                phase: Some("Running".into()),
-                conditions: Vec::new(),
-                failure_reason: None,
-                progress: None,
-            }),
-            Phase::Succeeded => Some(OperationStatus {
-                phase: Some("Succeeded".into()),
-                conditions: Vec::new(),
-                failure_reason: None,
-                progress: None,
-            }),
+            Phase::Running | Phase::Succeeded | Phase::Failed => Some(
+                super::world::operation_status(plan, o.phase, o.run, op.spec.machine.as_deref()),
+            ),
         };
         op
     }
@@ -1344,6 +1482,7 @@ impl Objects<'_> {
                     kind,
                     target,
                     phase: Phase::Pending,
+                    run: OpRun::default(),
                 });
                 t.op_names.push(next_op_name(s));
                 let new = self.operation(&t, t.ops.len() - 1);
@@ -1392,6 +1531,7 @@ impl<'t> Model<'t> {
             table,
             bounds,
             objects: Objects {
+                table,
                 plan,
                 parking_reason: table
                     .parking_reasons()
@@ -1528,9 +1668,13 @@ impl<'t> Model<'t> {
                     .filter(|p| matches!(p.req, Req::CreateOperation(..)))
                     .count();
             if made < usize::from(self.bounds.max_operations) {
-                out.push(Req::CreateOperation(OpKind::Upgrade, NONE));
                 out.push(Req::CreateOperation(OpKind::Restore, NONE));
                 for (i, m) in ix(&s.machines) {
+                    // An upgrade of one machine (a roll over the cluster is the same
+                    // procedure on each node in turn; the model runs it on one).
+                    if m.approved && !m.deleting && !m.moved {
+                        out.push(Req::CreateOperation(OpKind::Upgrade, i));
+                    }
                     // A control plane, or one re-roled to a worker (it may still be a member).
                     if m.ever_cp() && m.approved && !m.deleting && !m.moved {
                         out.push(Req::CreateOperation(OpKind::Reset, i));
@@ -1612,6 +1756,7 @@ impl<'t> Model<'t> {
                         recorded: false,
                         cordoned: false,
                         started: 0,
+                        boots: Boots::default(),
                     };
                 } else {
                     remove_machine(&mut t, i);
@@ -1706,6 +1851,7 @@ impl<'t> Model<'t> {
                     kind,
                     target,
                     phase: Phase::Pending,
+                    run: OpRun::default(),
                 });
             }
         }
@@ -1828,21 +1974,13 @@ impl<'t> Model<'t> {
             // an etcd restore, not started, not holding the lock (ADR 0137).
             let mut waiting: u64 = 0;
             for (kidx, o) in ix(&s.ops) {
-                match self.operation(s, snap.get(), kidx, fired) {
-                    Some((t, e)) => out.push(Next {
-                        mv: Move::Operation(kidx),
-                        state: t,
-                        effect: e,
-                    }),
-                    None => {
-                        if o.kind != OpKind::Restore
-                            && matches!(o.phase, Phase::Pending | Phase::Parked)
-                            && s.lock != Lock::Operation(kidx)
-                            && kidx < 64
-                        {
-                            waiting |= 1 << kidx;
-                        }
-                    }
+                if !self.operation(s, snap, kidx, memo, fired, out)
+                    && o.kind != OpKind::Restore
+                    && matches!(o.phase, Phase::Pending | Phase::Parked)
+                    && s.lock != Lock::Operation(kidx)
+                    && kidx < 64
+                {
+                    waiting |= 1 << kidx;
                 }
             }
             if waiting != 0 {
@@ -1866,6 +2004,25 @@ impl<'t> Model<'t> {
         // The environment.
         for (idx, m) in ix(&s.machines) {
             let i = usize::from(idx);
+            if !m.up && !m.wiped && m.boots.rebooting {
+                // Taken down by an operation's call: it comes back (not assumed: a world
+                // move) with a new boot time, running what was staged.
+                let mut t = s.fork();
+                let b = &mut t.machines[i].boots;
+                b.boot = !b.boot;
+                b.rebooting = false;
+                if b.staged {
+                    b.upgraded = true;
+                    b.staged = false;
+                }
+                t.machines[i].up = true;
+                out.push(Next {
+                    mv: Move::NodeReturns(idx),
+                    state: t,
+                    effect: effect("node-returns"),
+                });
+                continue;
+            }
             if !m.ever_cp() || m.wiped || !(m.approved || m.member) {
                 continue;
             }
@@ -2157,95 +2314,191 @@ impl<'t> Model<'t> {
     }
 
     /// One reconcile of an operation: parked or resumed by the `run operation` rules; its
-    /// `start` rules decided again; then it runs under the lock, and finishes.
+    /// `start` rules decided again; then its plan runs through the executor's procedure
+    /// ([`exec::operation::reconcile`], as the controller runs it in the same reconcile),
+    /// in this state's world. Its successors go to `out`: where the reconcile ended and,
+    /// within the failure budget, for each call that acted, the state where its answer
+    /// was lost, the controller crashed right after it, or it was refused. Returns whether
+    /// any successor was added.
     fn operation(
         &self,
         s: &State,
-        snap: &Snapshot,
+        snap: &Lazy<'_>,
         kidx: u8,
+        memo: &mut Memo,
         fired: &mut Fired,
-    ) -> Option<(State, Effect)> {
+        out: &mut Vec<Next>,
+    ) -> bool {
         let k = usize::from(kidx);
         let o = s.ops[k];
-        let live = snap.operations.get(k)?;
-        let mut t = s.fork();
         let with_kind = |e: Effect| Effect {
             kind: Some(o.kind),
             ..e
         };
         match o.phase {
-            Phase::Succeeded => None,
-            Phase::Running => {
-                t.ops[k].phase = Phase::Succeeded;
-                t.lock = release_if(t.lock, Lock::Operation(kidx));
-                Some((t, with_kind(effect("operation-done"))))
-            }
-            Phase::Pending | Phase::Parked => {
+            Phase::Succeeded | Phase::Failed => false,
+            Phase::Pending | Phase::Parked | Phase::Running => {
+                let arc = snap.arc();
+                let Some(live) = arc.operations.get(k) else {
+                    return false;
+                };
+                let mut t = s.fork();
                 let events: Vec<_> = reconcile_operation_event(live).into_iter().collect();
                 let (decision, _) =
-                    decide_events(self.table, snap, &events, Expensive::Deferred, false);
+                    decide_events(self.table, &arc, &events, Expensive::Deferred, false);
                 fired.note(&decision);
                 if crate::runtime::controller::hold_of(&decision, "Refused").is_some() {
                     if o.phase == Phase::Parked {
-                        return None;
+                        return false;
                     }
                     t.ops[k].phase = Phase::Parked;
-                    return Some((t, with_kind(effect("operation-park"))));
+                    out.push(Next {
+                        mv: Move::Operation(kidx),
+                        state: t,
+                        effect: with_kind(effect("operation-park")),
+                    });
+                    return true;
                 }
                 if o.phase == Phase::Parked {
                     t.ops[k].phase = Phase::Pending;
-                    return Some((t, with_kind(effect("operation-resume"))));
+                    out.push(Next {
+                        mv: Move::Operation(kidx),
+                        state: t,
+                        effect: with_kind(effect("operation-resume")),
+                    });
+                    return true;
+                }
+                // Started: `controller/operation.rs` runs it on (the start rules are for
+                // one that has not started).
+                if o.phase == Phase::Running {
+                    return self.run_operation(s, snap, kidx, memo, fired, out);
                 }
                 // `controller/operation.rs::start_again`: the start rules again, with
                 // `healthy.after` asked of etcd.
-                let ev = reconcile_start_event(live)?;
+                let Some(ev) = reconcile_start_event(live) else {
+                    return false;
+                };
                 let target = (o.target != NONE && o.target != GONE)
-                    .then(|| snap.machines.get(usize::from(o.target)))
+                    .then(|| arc.machines.get(usize::from(o.target)))
                     .flatten();
-                let decision = Some(super::world::ask_and_decide(
-                    self.table, s, snap, ev, target, fired,
-                ));
-                let decision = decision?;
+                let decision = super::world::ask_and_decide(self.table, s, &arc, ev, target, fired);
                 fired.note(&decision);
                 if crate::runtime::controller::hold_of(&decision, "StartRefused").is_some() {
-                    return None;
+                    return false;
                 }
-                match s.lock {
-                    Lock::Free => {}
-                    Lock::Operation(h) if h == kidx => {}
-                    _ => return None,
-                }
-                t.lock = Lock::Operation(kidx);
-                t.ops[k].phase = Phase::Running;
-                // A reset acts at once, right after its start rules were decided again: its
-                // node leaves etcd (a graceful reset needs a leader for that) and is wiped.
-                let mut ours = false;
-                if o.kind == OpKind::Reset && o.target != NONE && o.target != GONE {
-                    let target = usize::from(o.target);
-                    let m = *t.machines.get(target)?;
-                    if !m.up || (m.member && !t.has_leader()) {
-                        return None;
-                    }
-                    ours = m.member;
-                    let tm = &mut t.machines[target];
-                    tm.member = false;
-                    tm.up = false;
-                    tm.wiped = true;
-                }
-                Some((
-                    t,
-                    with_kind(Effect {
-                        ours,
-                        ..effect("operation-run")
-                    }),
-                ))
+                self.run_operation(s, snap, kidx, memo, fired, out)
             }
         }
     }
-}
 
-fn release_if(lock: Lock, mine: Lock) -> Lock {
-    if lock == mine { Lock::Free } else { lock }
+    /// The executor's reconcile of operation `kidx` from state `s` (see
+    /// [`Model::operation`]).
+    fn run_operation(
+        &self,
+        s: &State,
+        snap: &Lazy<'_>,
+        kidx: u8,
+        memo: &mut Memo,
+        fired: &mut Fired,
+        out: &mut Vec<Next>,
+    ) -> bool {
+        let k = usize::from(kidx);
+        let o = s.ops[k];
+        let arc = snap.arc();
+        let Some(live) = arc.operations.get(k) else {
+            return false;
+        };
+        let timing = Timing {
+            refused_requeue: std::time::Duration::from_secs(30),
+            lock_retry: std::time::Duration::from_secs(5),
+            drain_retry: std::time::Duration::from_secs(15),
+            reset_settle: std::time::Duration::from_secs(60),
+        };
+        let machine = if o.target == GONE { NONE } else { o.target };
+        let run = |faults: Faults, fired: &mut Fired, memo: &mut Memo| {
+            let mut w = ModelWorld::new(
+                s.fork(),
+                machine,
+                &arc,
+                Some(arc.clone()),
+                self.plan(),
+                fired,
+                memo,
+            )
+            .with_faults(faults)
+            .with_operation(kidx);
+            let _ = run_now(exec::operation::reconcile(
+                &mut w, self.table, &timing, live,
+            ));
+            let ModelWorld {
+                t, acts, effect, ..
+            } = w;
+            (t, acts, effect)
+        };
+        // What the reconcile did, for the invariants: it started running the operation
+        // (`no-operation-while-even` reads that before anything else it did), or ended it.
+        let label = |t: &State, mut e: Effect| {
+            e.kind = Some(o.kind);
+            let now = t.ops.get(k).map_or(o.phase, |x| x.phase);
+            if matches!(o.phase, Phase::Pending | Phase::Parked) && now != o.phase {
+                e.step = step_index("operation-run");
+            } else if e.step == 0 {
+                e.step = step_index(match now {
+                    Phase::Succeeded => "operation-done",
+                    Phase::Failed => "operation-refused",
+                    _ => "operation-step",
+                });
+            }
+            e
+        };
+        let (t, acts, e) = run(Faults::default(), fired, memo);
+        let mut added = false;
+        if t != *s {
+            out.push(Next {
+                mv: Move::Operation(kidx),
+                effect: label(&t, e),
+                state: t,
+            });
+            added = true;
+        }
+        if s.failures < self.bounds.max_failures {
+            for n in 0..acts {
+                for (faults, mv) in [
+                    (
+                        Faults {
+                            lose: Some(n),
+                            ..Faults::default()
+                        },
+                        Move::OperationLost(kidx),
+                    ),
+                    (
+                        Faults {
+                            crash: Some(n),
+                            ..Faults::default()
+                        },
+                        Move::OperationCrash(kidx),
+                    ),
+                    (
+                        Faults {
+                            refuse: Some(n),
+                            ..Faults::default()
+                        },
+                        Move::OperationRefused(kidx),
+                    ),
+                ] {
+                    let (mut u, _, e) = run(faults, fired, memo);
+                    u.failures += 1;
+                    out.push(Next {
+                        mv,
+                        effect: label(&u, e),
+                        state: u,
+                    });
+                    added = true;
+                }
+            }
+        }
+        added
+    }
 }
 
 /// An admission's outcome: refused, or let through with a warning (`Warn`), or not.

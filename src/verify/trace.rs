@@ -366,7 +366,10 @@ fn text_of(
             }
             ("controller", t)
         }
-        Move::Operation(k) => {
+        Move::Operation(k)
+        | Move::OperationLost(k)
+        | Move::OperationCrash(k)
+        | Move::OperationRefused(k) => {
             let o = s.ops[usize::from(k)];
             let target = if o.target == super::model::NONE || o.target == super::model::GONE {
                 String::new()
@@ -374,12 +377,40 @@ fn text_of(
                 format!(" of {}", s.name(o.target))
             };
             let what = format!("operation {} ({}{target})", s.op_name(k), o.kind.name());
-            let t = match step {
+            let after = n.state.ops.get(usize::from(k)).map(|x| x.phase);
+            let mut t = match step {
                 "operation-park" => format!("controller: parks {what} (the count is even)"),
                 "operation-resume" => format!("controller: resumes {what}"),
-                "operation-run" => format!("controller: takes the cluster lock and runs {what}"),
-                _ => format!("controller: {what} finishes; the lock is released"),
+                "operation-run" => format!(
+                    "controller: takes the cluster lock and runs {what}'s plan as far as it goes"
+                ),
+                "node-down" => {
+                    format!("controller: runs {what}'s plan: its call takes the node down")
+                }
+                _ => match after {
+                    Some(super::model::Phase::Succeeded) => {
+                        format!("controller: {what} finishes; the lock is released")
+                    }
+                    Some(super::model::Phase::Failed) => {
+                        format!(
+                            "controller: {what} fails (a gate did not pass); the lock is released"
+                        )
+                    }
+                    _ => format!("controller: runs {what}'s plan as far as it goes"),
+                },
             };
+            match n.mv {
+                Move::OperationLost(_) => {
+                    t.push_str("; the answer to a Talos call that acted was lost")
+                }
+                Move::OperationCrash(_) => {
+                    t.push_str("; the controller crashed right after a Talos call that acted")
+                }
+                Move::OperationRefused(_) => t.push_str(
+                    "; a Talos call that would have acted was refused, and nothing changed",
+                ),
+                _ => {}
+            }
             ("controller", t)
         }
         Move::Teardown => (

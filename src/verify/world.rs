@@ -8,12 +8,17 @@
 //! may land and then lose its answer (the caller sees no answer), or land and the
 //! controller crash right after it (nothing after it happens; what was recorded stays).
 
-use super::model::{Effect, Fired, MRole, Memo, State, remove_machine, step_index};
+use super::model::{
+    Effect, Fired, Lock, MRole, Memo, OpRun, Phase, State, remove_machine, step_index,
+};
 use crate::compile::PlanStep;
 use crate::runtime::exec::{Call, Drained, LockOp, Node, NodeError, Note, Reply, World};
 use crate::runtime::live::Reads;
-use crate::runtime::objects::{Snapshot, TalosMachine};
+use crate::runtime::objects::{
+    OperationProgress, OperationStatus, Snapshot, TalosMachine, TalosOperation,
+};
 use crate::runtime::talos::{EtcdMember, EtcdStatus, TalosError};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use std::sync::Arc;
 
@@ -21,6 +26,123 @@ use std::sync::Arc;
 /// has had every settle time to take).
 pub fn now() -> Timestamp {
     Timestamp::from_second(1_767_225_600 + 100_000).unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+/// The image an upgrade of the model goes to, and the version its nodes run before and
+/// after.
+pub const UPGRADE_IMAGE: &str = "ghcr.io/siderolabs/installer:v1.12.1";
+const VERSION_BEFORE: &str = "v1.12.0";
+const VERSION_AFTER: &str = "v1.12.1";
+
+/// The first step of `plan` that sends a destructive call (what `progress.sent` names).
+fn destructive_step(plan: &[PlanStep]) -> Option<&PlanStep> {
+    use crate::vocab::Action as A;
+    plan.iter().find(|st| {
+        matches!(
+            st.action,
+            A::TalosReboot | A::TalosShutdown | A::TalosUpgrade | A::TalosRollback | A::TalosReset
+        )
+    })
+}
+
+/// The status of a running (or ended) operation of the model on `target`, from what the
+/// model keeps of it ([`OpRun`]): what `exec::operation` wrote, read back by it exactly
+/// as written ([`operation_run`] is its inverse on everything the procedure reads).
+pub fn operation_status(
+    plan: &[PlanStep],
+    phase: Phase,
+    r: OpRun,
+    target: Option<&str>,
+) -> OperationStatus {
+    let at = Time(now());
+    let started = r.has(OpRun::STARTED);
+    let order: Vec<String> = if started {
+        target.into_iter().map(str::to_string).collect()
+    } else {
+        Vec::new()
+    };
+    let node_done = r.steps == u8::MAX || phase == Phase::Succeeded;
+    let steps = if node_done { 0 } else { usize::from(r.steps) };
+    let key = |k: usize| format!("{}. {}", k + 1, plan.get(k).map_or("", |s| s.text.as_str()));
+    let progress = OperationProgress {
+        done: u32::from(node_done),
+        total: u32::try_from(order.len()).unwrap_or(0),
+        node: if node_done {
+            None
+        } else {
+            order.first().cloned()
+        },
+        order,
+        step: (r.has(OpRun::IN_STEP) && !node_done).then(|| key(steps)),
+        step_started_at: (r.has(OpRun::IN_STEP) && !node_done).then(|| at.clone()),
+        started_at: started.then(|| at.clone()),
+        steps_done: (0..steps).map(key).collect(),
+        boot_time: r
+            .has(OpRun::BOOT_RECORDED)
+            .then(|| 1 + u64::from(r.has(OpRun::BOOT))),
+        version: r
+            .has(OpRun::BOOT_RECORDED)
+            .then(|| VERSION_BEFORE.to_string()),
+        sent: r
+            .has(OpRun::SENT)
+            .then(|| destructive_step(plan).map(|st| st.text.clone()))
+            .flatten(),
+        resumed: None,
+        cordoned: r.has(OpRun::CORDONED),
+        was_cordoned: r.has(OpRun::WAS_CORDONED),
+        node_registered: r.has(OpRun::REGISTERED),
+    };
+    OperationStatus {
+        phase: Some(
+            match phase {
+                Phase::Pending => "Pending",
+                Phase::Parked => "Paused",
+                Phase::Running => "Running",
+                Phase::Succeeded => "Succeeded",
+                Phase::Failed => "Failed",
+            }
+            .into(),
+        ),
+        conditions: Vec::new(),
+        failure_reason: (phase == Phase::Failed).then(|| "failed".to_string()),
+        progress: Some(progress),
+    }
+}
+
+/// What the model keeps of an operation's status as `exec::operation` wrote it: its phase
+/// and [`OpRun`] (`None`: it wrote no progress, a condition alone).
+pub fn operation_run(status: &OperationStatus) -> Option<(Phase, OpRun)> {
+    let failed = status
+        .failure_reason
+        .as_deref()
+        .is_some_and(|r| !r.is_empty());
+    let phase = match status.phase.as_deref() {
+        _ if failed => Phase::Failed,
+        Some("Running") => Phase::Running,
+        Some("Succeeded") => Phase::Succeeded,
+        Some("Failed") => Phase::Failed,
+        Some("Paused") => Phase::Parked,
+        _ if status.progress.is_some() => Phase::Pending,
+        _ => return None,
+    };
+    let p = status.progress.clone().unwrap_or_default();
+    let flag = |on: bool, f: u8| if on { f } else { 0 };
+    let run = OpRun {
+        steps: if p.done >= 1 {
+            u8::MAX
+        } else {
+            u8::try_from(p.steps_done.len()).unwrap_or(u8::MAX - 1)
+        },
+        flags: flag(p.started_at.is_some(), OpRun::STARTED)
+            | flag(p.step.is_some(), OpRun::IN_STEP)
+            | flag(p.sent.is_some(), OpRun::SENT)
+            | flag(p.boot_time.is_some(), OpRun::BOOT_RECORDED)
+            | flag(p.boot_time == Some(2), OpRun::BOOT)
+            | flag(p.cordoned, OpRun::CORDONED)
+            | flag(p.was_cordoned, OpRun::WAS_CORDONED)
+            | flag(p.node_registered, OpRun::REGISTERED),
+    };
+    Some((phase, run))
 }
 
 /// The controller crashed: the reconcile ends here.
@@ -80,6 +202,10 @@ pub struct ModelWorld<'a> {
     fired: &'a mut Fired,
     /// Decisions already made on these objects.
     memo: &'a mut Memo,
+    /// The operation reconciled (its index), when this world runs one: the lock is taken
+    /// in its name, its status writes are its progress, and its decisions are not the
+    /// removal's to remember.
+    op: Option<u8>,
 }
 
 impl<'a> ModelWorld<'a> {
@@ -106,7 +232,23 @@ impl<'a> ModelWorld<'a> {
             released: None,
             fired,
             memo,
+            op: None,
         }
+    }
+
+    /// This world running the operation `k` (its machine is the world's `idx`).
+    pub fn with_operation(self, k: u8) -> ModelWorld<'a> {
+        ModelWorld {
+            op: Some(k),
+            ..self
+        }
+    }
+
+    /// The machine whose Kubernetes Node is named `node`.
+    fn by_node(&self, node: &str) -> Option<usize> {
+        (0..self.snap.machines.len())
+            .find(|&k| crate::runtime::exec::etcd::node_name(&self.snap.machines[k]) == node)
+            .and_then(|k| self.shifted(k))
     }
 
     /// The machine `m` names: its index in the state (the snapshot's machines are the
@@ -201,21 +343,43 @@ impl<'a> ModelWorld<'a> {
         let not_member =
             |w: &Self| w.failed(j, tonic::Code::FailedPrecondition, "etcd is not running");
         match call {
-            // The model does not run operations yet (issue 35's `verify` slice): a node of
-            // the model never reboots, so its boot time never changes, and the calls that
-            // would take it down are refused as unimplemented rather than faked.
-            Call::SystemStat => Ok(Reply::BootTime(1)),
-            Call::Reboot
-            | Call::Shutdown { .. }
-            | Call::UpgradeLegacy { .. }
-            | Call::Rollback
-            | Call::ImagePull { .. }
-            | Call::LifecycleUpgrade { .. } => Err(self.failed(
+            // An operation's calls: the node goes down now and answers again (a world
+            // move, never assumed) with a new boot time, running the upgrade's version
+            // after an upgrade, the one before after a rollback.
+            Call::SystemStat => Ok(Reply::BootTime(1 + u64::from(m.boots.boot))),
+            Call::Version => Ok(Reply::Version(
+                if m.boots.upgraded {
+                    VERSION_AFTER
+                } else {
+                    VERSION_BEFORE
+                }
+                .into(),
+            )),
+            Call::Reboot | Call::Shutdown { .. } | Call::UpgradeLegacy { .. } | Call::Rollback => {
+                let drained = m.cordoned;
+                let tm = &mut self.t.machines[j];
+                tm.up = false;
+                tm.boots.rebooting = true;
+                match call {
+                    Call::UpgradeLegacy { .. } => tm.boots.staged = true,
+                    Call::Rollback => {
+                        tm.boots.staged = false;
+                        tm.boots.upgraded = false;
+                    }
+                    _ => {}
+                }
+                // A member taken down: the majority it leaves is `healthy-majority`'s.
+                self.effect.ours |= m.member;
+                self.effect.undrained |= usize::from(self.idx) == j && !drained;
+                self.step("node-down");
+                Ok(Reply::Done)
+            }
+            // Nodes of the model run a Talos before 1.13: the legacy upgrade path.
+            Call::ImagePull { .. } | Call::LifecycleUpgrade { .. } => Err(self.failed(
                 j,
                 tonic::Code::Unimplemented,
-                "the verify model does not run operations yet",
+                "the model's nodes run Talos v1.12: LifecycleService is not served",
             )),
-            Call::Version => Ok(Reply::Version("v1.12.0".into())),
             Call::EtcdStatus => {
                 if !m.member {
                     return Err(not_member(self));
@@ -308,6 +472,62 @@ impl<'a> ModelWorld<'a> {
         let m = &mut self.t.machines[i];
         (m.done, m.started, m.committed, m.dead, m.recorded) =
             (p.done, p.started, p.committed, p.dead, p.recorded);
+    }
+}
+
+impl crate::runtime::exec::operation::OperationWorld for ModelWorld<'_> {
+    async fn write_operation(
+        &mut self,
+        _before: &TalosOperation,
+        after: &TalosOperation,
+    ) -> Result<(), Crash> {
+        let (Some(k), Some(status)) = (self.op, &after.status) else {
+            return Ok(());
+        };
+        if let (Some((phase, run)), Some(o)) =
+            (operation_run(status), self.t.ops.get_mut(usize::from(k)))
+        {
+            o.phase = phase;
+            o.run = run;
+        }
+        Ok(())
+    }
+
+    async fn operation_event(
+        &mut self,
+        _on: &TalosOperation,
+        warning: bool,
+        reason: &str,
+        _note: String,
+    ) {
+        if warning {
+            self.events.push(reason.to_string());
+        }
+    }
+
+    async fn cordon(
+        &mut self,
+        node: &str,
+        on: bool,
+    ) -> Result<Result<Option<bool>, String>, Crash> {
+        let Some(j) = self.by_node(node) else {
+            return Ok(Ok(None));
+        };
+        let m = &mut self.t.machines[j];
+        let was = m.boots.unsched;
+        m.boots.unsched = on;
+        if !on {
+            // Back in service: workloads come back to it.
+            m.cordoned = false;
+        }
+        Ok(Ok(Some(was)))
+    }
+
+    async fn node_ready(&mut self, node: &str) -> Result<Result<Option<bool>, String>, Crash> {
+        Ok(Ok(self.by_node(node).and_then(|j| {
+            let m = self.t.machines[j];
+            m.joined.then_some(m.up && !m.wiped)
+        })))
     }
 }
 
@@ -405,13 +625,17 @@ impl World for ModelWorld<'_> {
     }
 
     async fn lock(&mut self, _cluster: &str, op: LockOp) -> Result<Result<(), String>, Crash> {
-        use super::model::Lock;
-        let mine = Lock::Removal(self.idx);
+        let mine = match self.op {
+            Some(k) => Lock::Operation(k),
+            None => Lock::Removal(self.idx),
+        };
         match op {
             LockOp::Take => match self.t.lock {
                 Lock::Free => {
                     self.t.lock = mine;
-                    self.step("lock");
+                    if self.op.is_none() {
+                        self.step("lock");
+                    }
                     Ok(Ok(()))
                 }
                 l if l == mine => Ok(Ok(())),
@@ -447,11 +671,9 @@ impl World for ModelWorld<'_> {
             }));
         }
         // The Kubernetes Node of that name is cordoned and empty.
-        if let Some(j) = (0..self.snap.machines.len())
-            .find(|&k| crate::runtime::exec::etcd::node_name(&self.snap.machines[k]) == node)
-            .and_then(|k| self.shifted(k))
-        {
+        if let Some(j) = self.by_node(node) {
             self.t.machines[j].cordoned = true;
+            self.t.machines[j].boots.unsched = true;
         }
         self.step("drain");
         Ok(Ok(Drained::Done))
@@ -513,7 +735,8 @@ impl World for ModelWorld<'_> {
     fn note(&mut self, _on: &TalosMachine, note: Note<'_>) {
         match note {
             Note::Decided(d) => self.fired.note(d),
-            Note::Step(k, _) => {
+            // The removal plan's steps (an operation's plan is another).
+            Note::Step(k, _) if self.op.is_none() => {
                 self.fired.steps.insert(k);
             }
             _ => {}
@@ -530,6 +753,9 @@ impl World for ModelWorld<'_> {
         ev: crate::runtime::facts::EventFacts<'_>,
         supplied: &[(crate::vocab::Fact, i64)],
     ) -> Result<crate::interp::Decision, crate::vocab::Fact> {
+        if self.op.is_some() {
+            return crate::runtime::exec::rules::decide(table, snapshot, ev, supplied);
+        }
         let idx = self.idx;
         if let Some((_, _, d)) = self
             .memo
@@ -553,6 +779,9 @@ impl World for ModelWorld<'_> {
         k: usize,
         step: &PlanStep,
     ) -> Result<(bool, Option<String>), String> {
+        if self.op.is_some() {
+            return crate::runtime::exec::rules::applies(table, snapshot, ev, supplied, step);
+        }
         let (idx, k8) = (self.idx, u8::try_from(k).unwrap_or(u8::MAX));
         if let Some((_, _, _, r)) = self
             .memo
