@@ -72,6 +72,23 @@ fn edit_too(dir: &Path, file: &str, edit: impl Fn(&str) -> String) {
     std::fs::write(dir.join(file), edited).expect("write");
 }
 
+/// Removes the guards a reset's plan has before its destructive call (`step-healthy-majority`
+/// no longer decides a reset's steps, and the first `etcd healthy` gate of each plan goes):
+/// since operations run on the executor in the model, these refuse an unsafe reset at its
+/// step too (defence in depth), so a test of a reset's `start` rule alone takes them away.
+fn without_step_guards(dir: &Path) {
+    edit_too(dir, "operations.rules", |t| {
+        let at = t
+            .find("rule step-healthy-majority\n")
+            .expect("the step rule");
+        let when = at + t[at..].find("\n  say ").expect("its message");
+        format!("{}\n  unless kind == \"reset\"{}", &t[..when], &t[when..]).replace(
+            "  do etcd healthy within 2m  when target.controlplane or target.uncounted\n",
+            "",
+        )
+    });
+}
+
 /// Removes the statement that starts with `head` (up to the next blank line).
 fn without(text: &str, head: &str) -> String {
     let start = text.find(head).unwrap_or_else(|| panic!("no `{head}`"));
@@ -517,12 +534,17 @@ fn leaving_below_the_count_is_refuted(name: &str, verbs: &str, step: &str) {
 
 /// Found by `verify` once people could move machines: a reset created for cp-2, then cp-2
 /// moved to another cluster; no count of this cluster includes it, but its member is in
-/// this cluster's etcd. `reset-target-not-in-cluster` keeps the reset from starting.
+/// this cluster's etcd. `reset-target-not-in-cluster` keeps the reset from starting. Since
+/// operations run on the executor in the model, the executor's own check (a target that
+/// is not a TalosMachine of the operation's cluster fails the operation, `TargetNotFound`)
+/// keeps the majority too, even with the step guards gone: the rule is the webhook's early
+/// answer and the controller's start refusal, and defence in depth.
 #[test]
-fn without_reset_target_not_in_cluster_a_reset_of_a_moved_member_loses_the_majority() {
+fn without_reset_target_not_in_cluster_the_executor_still_keeps_a_moved_member() {
     let dir = mutant("reset-moved", "admission.rules", |t| {
         without(t, "rule reset-target-not-in-cluster\n")
     });
+    without_step_guards(&dir);
     let bounds = [
         "--max-failures",
         "1",
@@ -536,16 +558,9 @@ fn without_reset_target_not_in_cluster_a_reset_of_a_moved_member_loses_the_major
         "7",
     ];
     let (out, json) = verify(&dir, "3", &bounds);
-    assert_eq!(out.code, 1, "{}", out.stdout);
-    assert_eq!(violated(&json)[0], "healthy-majority", "{}", out.stdout);
-    let texts = step_texts(&json);
-    assert!(texts.iter().any(|t| t.contains("kind reset")), "{texts:?}");
-    assert!(
-        texts
-            .iter()
-            .any(|t| t.contains("(spec.clusterRef.name: staging)")),
-        "{texts:?}"
-    );
+    assert!(violated(&json).is_empty(), "{}", out.stdout);
+    // Cut at the depth: incomplete, never "verified".
+    assert_eq!(out.code, 2, "{}", out.stdout);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -873,6 +888,7 @@ fn reset_healthy_quorum_counts_etcds_members_too() {
         assert_ne!(old, t, "the shipped rule compares with etcd's membership");
         old
     });
+    without_step_guards(&dir);
     let bounds = [
         "--max-failures",
         "1",
@@ -1282,6 +1298,7 @@ fn without_reset_uncounted_control_plane_a_reset_of_a_deleted_member_loses_the_m
     let dir = mutant("reset-uncounted", "admission.rules", |t| {
         without(t, "rule reset-uncounted-control-plane\n")
     });
+    without_step_guards(&dir);
     let bounds = [
         "--max-failures",
         "1",
@@ -1432,7 +1449,7 @@ fn dropping_a_warning_the_adrs_ask_for_is_refuted() {
 /// The rule-owned reasons of the shipped rules (`reason X`), each with a renamed twin.
 fn renamed_reasons() -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = Vec::new();
-    for f in ["admission.rules", "removal.rules"] {
+    for f in ["admission.rules", "removal.rules", "operations.rules"] {
         let text = std::fs::read_to_string(root().join("rules").join(f)).expect("rules/");
         for line in text.lines() {
             if let Some(r) = line.trim().strip_prefix("reason ")
@@ -1486,7 +1503,12 @@ fn renaming_every_rule_owned_reason_changes_no_behaviour() {
     let dir = std::env::temp_dir().join(format!("ichor-renamed-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("rules/tests")).expect("temp dir");
-    for f in ["admission.rules", "removal.rules", "invariants.rules"] {
+    for f in [
+        "admission.rules",
+        "removal.rules",
+        "operations.rules",
+        "invariants.rules",
+    ] {
         let text = std::fs::read_to_string(root().join("rules").join(f)).expect("rules/");
         std::fs::write(dir.join("rules").join(f), rename_words(&text, &names)).expect("write");
     }
@@ -1717,4 +1739,71 @@ fn a_counterexample_through_a_re_roled_worker_replays() {
             .any(|t| t.contains("worker-1 (spec.role: controlplane)")),
         "{texts:?}"
     );
+}
+
+/// Operations run on the executor in the model: an upgrade whose plan does not drain the
+/// node takes it down undrained (`drained-before-down`); without `step-healthy-majority`
+/// (and its gate), an upgrade of a control plane takes the majority down
+/// (`healthy-majority`); the gate alone is defence in depth.
+#[test]
+fn an_operations_plan_without_its_drain_or_its_etcd_guards_is_refuted() {
+    let bounds = [
+        "--max-workers",
+        "0",
+        "--max-failures",
+        "1",
+        "--max-operations",
+        "1",
+        "--max-requests",
+        "2",
+    ];
+    let upgrade = "plan run operation \"upgrade\"\n";
+    let no_drain = mutant("op-drain", "operations.rules", |t| {
+        let start = t.find(upgrade).expect("the upgrade plan");
+        let drain = start + t[start..].find("  do drain node\n").expect("its drain");
+        format!("{}{}", &t[..drain], &t[drain + "  do drain node\n".len()..])
+    });
+    let (out, json) = verify(&no_drain, "3", &bounds);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert!(
+        violated(&json).contains(&"drained-before-down".to_string()),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        step_texts(&json)
+            .iter()
+            .any(|s| s.contains("takes the node down") || s.contains("runs operation")),
+        "{}",
+        out.stdout
+    );
+
+    let gate = "  do etcd healthy within 2m  when target.controlplane or target.uncounted\n";
+    let no_guards = mutant("op-guards", "operations.rules", |t| {
+        without(t, "rule step-healthy-majority\n").replace(gate, "")
+    });
+    let (out, json) = verify(&no_guards, "3", &bounds);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert!(
+        violated(&json).contains(&"healthy-majority".to_string()),
+        "{}",
+        out.stdout
+    );
+    // Without the rule alone, the only control plane of a count-1 cluster is taken down
+    // (its gate passes: the one member is healthy until the call); without the gate alone,
+    // the rule refuses every unsafe step.
+    let rule_only = mutant("op-rule-only", "operations.rules", |t| {
+        without(t, "rule step-healthy-majority\n")
+    });
+    let (out, json) = verify(&rule_only, "3", &bounds);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert!(
+        violated(&json).contains(&"healthy-majority".to_string()),
+        "{}",
+        out.stdout
+    );
+    let gate_only = mutant("op-gate-only", "operations.rules", |t| t.replace(gate, ""));
+    let (out, json) = verify(&gate_only, "3", &bounds);
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    assert!(violated(&json).is_empty(), "{}", out.stdout);
 }

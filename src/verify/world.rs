@@ -34,15 +34,11 @@ pub const UPGRADE_IMAGE: &str = "ghcr.io/siderolabs/installer:v1.12.1";
 const VERSION_BEFORE: &str = "v1.12.0";
 const VERSION_AFTER: &str = "v1.12.1";
 
-/// The first step of `plan` that sends a destructive call (what `progress.sent` names).
+/// The first step of `plan` that sends a destructive call (what `progress.sent` names:
+/// the executor's to say).
 fn destructive_step(plan: &[PlanStep]) -> Option<&PlanStep> {
-    use crate::vocab::Action as A;
-    plan.iter().find(|st| {
-        matches!(
-            st.action,
-            A::TalosReboot | A::TalosShutdown | A::TalosUpgrade | A::TalosRollback | A::TalosReset
-        )
-    })
+    plan.iter()
+        .find(|st| crate::runtime::exec::operation::sends_once(st))
 }
 
 /// The status of a running (or ended) operation of the model on `target`, from what the

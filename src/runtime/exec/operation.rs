@@ -121,6 +121,19 @@ pub fn resume(next: &mut TalosOperation, asked: &str) {
     status::set(next.conditions_mut(), RUNNING, false, "Resumed", &msg);
 }
 
+/// Whether plan step `step` sends the operation's destructive call once (a reboot, a
+/// shutdown, an upgrade, a rollback, a reset): the one `progress.sent` names.
+pub fn sends_once(step: &PlanStep) -> bool {
+    matches!(
+        step.action,
+        BuiltIn::TalosReboot
+            | BuiltIn::TalosShutdown
+            | BuiltIn::TalosUpgrade
+            | BuiltIn::TalosRollback
+            | BuiltIn::TalosReset
+    )
+}
+
 /// The holder of the cluster lock for an operation.
 pub fn holder(namespace: &str, name: &str) -> String {
     format!("TalosOperation {namespace}/{name}")
