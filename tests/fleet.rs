@@ -20,6 +20,7 @@ const ALL: Reads = Reads {
     machines: true,
     clusters: true,
     operations: true,
+    backups: false,
 };
 
 /// A schedulable cluster of three control planes in `infra`.
@@ -267,6 +268,7 @@ async fn a_shared_read_is_never_older_than_the_request() {
         machines: true,
         clusters: false,
         operations: false,
+        backups: false,
     };
     api.store
         .faults

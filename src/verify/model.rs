@@ -1166,6 +1166,7 @@ impl Objects<'_> {
                 },
                 schedulable: Some(if s.schedulable { "true" } else { "false" }.into()),
                 talos_config_secret_ref: None,
+                network: None,
             },
         );
         c.metadata.namespace = Some(NAMESPACE.into());
@@ -1197,6 +1198,7 @@ impl Objects<'_> {
                 kind: o.kind.name().into(),
                 machine: target,
                 image: None,
+                backup_ref: None,
             },
         );
         op.metadata.namespace = Some(NAMESPACE.into());
@@ -1237,6 +1239,7 @@ impl Objects<'_> {
             machines: (0..s.machines.len()).map(|i| self.machine(s, i)).collect(),
             clusters: self.cluster(s).into_iter().collect(),
             operations: (0..s.ops.len()).map(|i| self.operation(s, i)).collect(),
+            backups: Vec::new(),
         }
     }
 
