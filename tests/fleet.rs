@@ -140,6 +140,7 @@ async fn the_api_server_selects_declared_fields_and_refuses_others() {
     for crd in [
         ichor_rules::runtime::objects::TalosMachine::crd(),
         ichor_rules::runtime::objects::TalosOperation::crd(),
+        ichor_rules::runtime::objects::TalosEtcdBackup::crd(),
     ] {
         let fields: Vec<String> = crd.spec.versions[0]
             .selectable_fields

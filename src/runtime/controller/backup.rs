@@ -20,6 +20,10 @@ use std::time::Duration;
 /// The condition a backup whose store is inside its cluster carries (ADR 0106 §2).
 pub const STORE_IN_CLUSTER: &str = "StoreInCluster";
 
+/// A backup's readiness condition (a TalosEtcdBackup's, not a TalosMachine's: no decision
+/// reads it, so it is none of the machine status reads the status guard covers).
+const READY: &str = "Ready";
+
 /// How often a backup is looked at again when nothing about it changes (its cluster's
 /// network may have).
 const RECHECK: Duration = Duration::from_secs(300);
@@ -40,7 +44,7 @@ pub fn judge(b: &mut TalosEtcdBackup, snapshot: &Snapshot) -> bool {
             );
             changed |= status::set(
                 b.conditions_mut(),
-                "Ready",
+                READY,
                 false,
                 "ClusterNotFound",
                 &message,
@@ -48,7 +52,7 @@ pub fn judge(b: &mut TalosEtcdBackup, snapshot: &Snapshot) -> bool {
         } else {
             changed |= status::set(
                 b.conditions_mut(),
-                "Ready",
+                READY,
                 true,
                 "SpecValid",
                 "the spec is valid",
@@ -61,7 +65,7 @@ pub fn judge(b: &mut TalosEtcdBackup, snapshot: &Snapshot) -> bool {
             if errors.len() == 1 { "" } else { "s" },
             errors.join("; ")
         );
-        changed |= status::set(b.conditions_mut(), "Ready", false, "InvalidSpec", &message);
+        changed |= status::set(b.conditions_mut(), READY, false, "InvalidSpec", &message);
     }
     match in_cluster {
         Some(why) => {
@@ -105,7 +109,7 @@ pub async fn reconcile(
         .condition(STORE_IN_CLUSTER)
         .is_some_and(|c| c.status == "True");
     let was_invalid = live
-        .condition("Ready")
+        .condition(READY)
         .is_some_and(|c| c.reason.as_deref() == Some("InvalidSpec"));
     if judge(&mut next, &snapshot) {
         status::write(&ctx.client, live, &next).await?;
@@ -116,7 +120,7 @@ pub async fn reconcile(
             ctx.event(&next, true, STORE_IN_CLUSTER, message).await;
         }
         if let Some(c) = next
-            .condition("Ready")
+            .condition(READY)
             .filter(|c| c.reason.as_deref() == Some("InvalidSpec") && !was_invalid)
         {
             let message = c.message.clone().unwrap_or_default();

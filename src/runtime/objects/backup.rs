@@ -420,6 +420,12 @@ pub fn store_in_cluster(endpoint: &str, network: Option<&ClusterNetwork>) -> Opt
 
 /// A duration as `<n><unit>` parts (`s`, `m`, `h`, `d`), e.g. `6h`, `1h30m`, `7d`.
 pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let not_one = || {
+        format!(
+            "`{}` is not a duration: write `<number><unit>` parts with units s, m, h, d (e.g. `6h`, `1h30m`)",
+            clip(s)
+        )
+    };
     let mut total: u64 = 0;
     let mut digits = String::new();
     let mut parts = 0;
@@ -433,11 +439,14 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
             'm' => 60,
             'h' => 3600,
             'd' => 86_400,
-            _ => return Err(format!("`{}`: `{c}` is not a unit (s, m, h or d)", clip(s))),
+            _ => return Err(not_one()),
         };
+        if digits.is_empty() {
+            return Err(not_one());
+        }
         let n: u64 = digits
             .parse()
-            .map_err(|_| format!("`{}`: a number must come before `{c}`", clip(s)))?;
+            .map_err(|_| format!("`{}` is too long", clip(s)))?;
         total = n
             .checked_mul(unit)
             .and_then(|x| total.checked_add(x))
@@ -446,10 +455,7 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
         parts += 1;
     }
     if !digits.is_empty() || parts == 0 {
-        return Err(format!(
-            "`{}` is not a duration: write `<number><unit>` parts with units s, m, h, d (e.g. `6h`, `1h30m`)",
-            clip(s)
-        ));
+        return Err(not_one());
     }
     Ok(std::time::Duration::from_secs(total))
 }

@@ -1,0 +1,187 @@
+//! Issue 36: TalosEtcdBackups against the in-process API server and the real kube client:
+//! the controller's conditions on a backup (a spec that is not sound, a store inside the
+//! cluster, ADR 0106 §2) and an etcd restore at the controller (refused for a store inside
+//! the cluster, else left Pending with the rules' words on doing it by hand).
+
+use crate::support::apiserver;
+use crate::support::controller as harness;
+
+use apiserver::ApiServer;
+use harness::*;
+use ichor_rules::runtime::objects::TalosEtcdBackup;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A TalosEtcdBackup of cluster `prod` whose store is at `endpoint`.
+pub fn backup(name: &str, endpoint: &str) -> Value {
+    json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosEtcdBackup",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"clusterRef": {"name": "prod"},
+                 "store": {"endpoint": endpoint, "bucket": "etcd-backups", "prefix": "prod/",
+                           "credentialsSecretRef": {"name": "s3-keys"}},
+                 "schedule": {"interval": "6h"},
+                 "retention": {"keepLast": 3}}
+    })
+}
+
+async fn patch_backup(api: &ApiServer, name: &str, spec: Value) {
+    Api::<TalosEtcdBackup>::namespaced(api.test_client(), NS)
+        .patch(name, &PatchParams::default(), &Patch::Merge(&json!({ "spec": spec })))
+        .await
+        .expect("patch the backup");
+}
+
+fn message(api: &ApiServer, kind: &str, name: &str, type_: &str) -> String {
+    get(api, kind, name)
+        .and_then(|o| condition(&o, type_))
+        .and_then(|c| c["message"].as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// ADR 0106 §2: a backup whose store is a Service of the cluster, or an address in its
+/// declared pod range, gets the warning condition StoreInCluster=True (and a Warning
+/// Event), while Ready stays True; moving the endpoint out removes it.
+#[tokio::test]
+async fn a_store_inside_the_cluster_is_warned_and_the_warning_goes_when_it_moves_out() {
+    let api = ApiServer::start().await;
+    let mut c = cluster("prod", 3);
+    c["spec"]["network"] = json!({"podSubnets": ["172.20.0.0/16"]});
+    api.insert(c);
+    api.insert(backup("by-name", "http://minio.minio.svc.cluster.local:9000"));
+    api.insert(backup("by-ip", "http://172.20.3.9:9000"));
+    // In Talos' default service range, but this cluster declares only its pod range: the
+    // service range is still the default one.
+    api.insert(backup("default-svc", "http://10.96.0.50:9000"));
+    api.insert(backup("outside", "https://s3.eu-west-1.amazonaws.com"));
+    let _c = Running::start(context(&api, "test", None));
+    for name in ["by-name", "by-ip", "default-svc"] {
+        wait_for(name, WAIT, || {
+            cond(&api, "TalosEtcdBackup", name, "StoreInCluster")
+                == Some(("True".into(), "StoreInCluster".into()))
+        })
+        .await;
+        assert_eq!(
+            cond(&api, "TalosEtcdBackup", name, "Ready"),
+            Some(("True".into(), "SpecValid".into())),
+            "{name}"
+        );
+        let m = message(&api, "TalosEtcdBackup", name, "StoreInCluster");
+        assert!(
+            m.contains("the backup store must live outside the cluster being restored"),
+            "{m}"
+        );
+        wait_for("the Warning Event", WAIT, || !events(&api, name, "StoreInCluster").is_empty()).await;
+        assert_eq!(events(&api, name, "StoreInCluster").len(), 1, "{name}");
+    }
+    assert!(message(&api, "TalosEtcdBackup", "by-ip", "StoreInCluster")
+        .contains("172.20.3.9 is inside the cluster's pod range 172.20.0.0/16"));
+    wait_for("outside judged", WAIT, || {
+        cond(&api, "TalosEtcdBackup", "outside", "Ready").is_some()
+    })
+    .await;
+    assert_eq!(cond(&api, "TalosEtcdBackup", "outside", "StoreInCluster"), None);
+
+    patch_backup(&api, "by-name", json!({"store": {"endpoint": "https://backup.example.org"}})).await;
+    wait_for("the warning removed", WAIT, || {
+        cond(&api, "TalosEtcdBackup", "by-name", "StoreInCluster").is_none()
+    })
+    .await;
+}
+
+/// Bad input gets a condition saying exactly what is wrong and how to fix it, every
+/// problem at once; the controller does not stop on it.
+#[tokio::test]
+async fn a_malformed_backup_says_every_problem() {
+    let api = ApiServer::start().await;
+    api.insert(cluster("prod", 3));
+    let mut bad = backup("bad", "s3.example.com:9000");
+    bad["spec"]["store"]["bucket"] = json!("Etcd_Backups");
+    bad["spec"]["schedule"]["interval"] = json!("sometimes");
+    bad["spec"]["retention"]["keepLast"] = json!(0);
+    api.insert(bad);
+    api.insert(backup("orphan", "https://s3.example.com"));
+    patch_orphan_cluster(&api).await;
+    let _c = Running::start(context(&api, "test", None));
+    wait_for("invalid spec", WAIT, || {
+        cond(&api, "TalosEtcdBackup", "bad", "Ready")
+            == Some(("False".into(), "InvalidSpec".into()))
+    })
+    .await;
+    let m = message(&api, "TalosEtcdBackup", "bad", "Ready");
+    for want in [
+        "the spec has 4 problems",
+        "spec.store.endpoint `s3.example.com:9000` is not a URL the controller can use: it must start with `https://`",
+        "spec.store.bucket `Etcd_Backups` is not an S3 bucket name",
+        "spec.schedule.interval `sometimes` is not a duration",
+        "spec.retention.keepLast is 0",
+        "no snapshot is taken until it is fixed",
+    ] {
+        assert!(m.contains(want), "{want}: {m}");
+    }
+    wait_for("the Warning Event", WAIT, || !events(&api, "bad", "InvalidSpec").is_empty()).await;
+    assert_eq!(events(&api, "bad", "InvalidSpec").len(), 1);
+    wait_for("a missing cluster said", WAIT, || {
+        cond(&api, "TalosEtcdBackup", "orphan", "Ready")
+            == Some(("False".into(), "ClusterNotFound".into()))
+    })
+    .await;
+}
+
+async fn patch_orphan_cluster(api: &ApiServer) {
+    patch_backup(api, "orphan", json!({"clusterRef": {"name": "staging"}})).await;
+}
+
+/// ADR 0106 §2 at the controller: a restore created past the webhook (or before the
+/// backup's endpoint moved into the cluster) is refused again before anything runs
+/// (Accepted=False StartRefused, the seed's words); one from a store outside stays Pending
+/// with Accepted=True ManualProcedure, the rules' words pointing at the procedure.
+#[tokio::test]
+async fn an_etcd_restore_is_refused_at_the_controller_for_a_store_inside_else_left_to_be_done_by_hand()
+ {
+    let api = ApiServer::start().await;
+    api.insert(cluster("prod", 3));
+    for (i, n) in ["cp-1", "cp-2", "cp-3"].iter().enumerate() {
+        api.insert(control_plane(n, i as u32));
+    }
+    api.insert(backup("offsite", "https://s3.backup.example.org"));
+    let mut op = operation("restore-1", "etcd-restore");
+    op["spec"]["backupRef"] = json!({"name": "offsite"});
+    api.insert(op);
+    let _c = Running::start(context(&api, "test", None));
+    wait_for("left to be done by hand", WAIT, || {
+        cond(&api, "TalosOperation", "restore-1", "Accepted")
+            == Some(("True".into(), "ManualProcedure".into()))
+    })
+    .await;
+    let m = message(&api, "TalosOperation", "restore-1", "Accepted");
+    assert!(
+        m.contains("this operator does not run an etcd restore itself")
+            && m.contains("docs/operators.md"),
+        "{m}"
+    );
+    let phase = |api: &ApiServer| {
+        get(api, "TalosOperation", "restore-1")
+            .and_then(|o| o["status"]["phase"].as_str().map(str::to_string))
+    };
+    assert!(matches!(phase(&api).as_deref(), None | Some("Pending")), "{:?}", phase(&api));
+    wait_for("the Event", WAIT, || !events(&api, "restore-1", "ManualProcedure").is_empty()).await;
+    assert_eq!(events(&api, "restore-1", "ManualProcedure").len(), 1);
+
+    // The store moves into the cluster: the next decision refuses it.
+    patch_backup(&api, "offsite", json!({"store": {"endpoint": "http://10.96.7.7:9000"}})).await;
+    wait_for("refused at the controller", WAIT, || {
+        cond(&api, "TalosOperation", "restore-1", "Accepted")
+            == Some(("False".into(), "StartRefused".into()))
+    })
+    .await;
+    let m = message(&api, "TalosOperation", "restore-1", "Accepted");
+    assert!(
+        m.contains("the backup store must live outside the cluster being restored"),
+        "{m}"
+    );
+    assert!(matches!(phase(&api).as_deref(), None | Some("Pending")), "{:?}", phase(&api));
+}
