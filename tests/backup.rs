@@ -30,7 +30,11 @@ pub fn backup(name: &str, endpoint: &str) -> Value {
 
 async fn patch_backup(api: &ApiServer, name: &str, spec: Value) {
     Api::<TalosEtcdBackup>::namespaced(api.test_client(), NS)
-        .patch(name, &PatchParams::default(), &Patch::Merge(&json!({ "spec": spec })))
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": spec })),
+        )
         .await
         .expect("patch the backup");
 }
@@ -51,7 +55,10 @@ async fn a_store_inside_the_cluster_is_warned_and_the_warning_goes_when_it_moves
     let mut c = cluster("prod", 3);
     c["spec"]["network"] = json!({"podSubnets": ["172.20.0.0/16"]});
     api.insert(c);
-    api.insert(backup("by-name", "http://minio.minio.svc.cluster.local:9000"));
+    api.insert(backup(
+        "by-name",
+        "http://minio.minio.svc.cluster.local:9000",
+    ));
     api.insert(backup("by-ip", "http://172.20.3.9:9000"));
     // In Talos' default service range, but this cluster declares only its pod range: the
     // service range is still the default one.
@@ -74,18 +81,31 @@ async fn a_store_inside_the_cluster_is_warned_and_the_warning_goes_when_it_moves
             m.contains("the backup store must live outside the cluster being restored"),
             "{m}"
         );
-        wait_for("the Warning Event", WAIT, || !events(&api, name, "StoreInCluster").is_empty()).await;
+        wait_for("the Warning Event", WAIT, || {
+            !events(&api, name, "StoreInCluster").is_empty()
+        })
+        .await;
         assert_eq!(events(&api, name, "StoreInCluster").len(), 1, "{name}");
     }
-    assert!(message(&api, "TalosEtcdBackup", "by-ip", "StoreInCluster")
-        .contains("172.20.3.9 is inside the cluster's pod range 172.20.0.0/16"));
+    assert!(
+        message(&api, "TalosEtcdBackup", "by-ip", "StoreInCluster")
+            .contains("172.20.3.9 is inside the cluster's pod range 172.20.0.0/16")
+    );
     wait_for("outside judged", WAIT, || {
         cond(&api, "TalosEtcdBackup", "outside", "Ready").is_some()
     })
     .await;
-    assert_eq!(cond(&api, "TalosEtcdBackup", "outside", "StoreInCluster"), None);
+    assert_eq!(
+        cond(&api, "TalosEtcdBackup", "outside", "StoreInCluster"),
+        None
+    );
 
-    patch_backup(&api, "by-name", json!({"store": {"endpoint": "https://backup.example.org"}})).await;
+    patch_backup(
+        &api,
+        "by-name",
+        json!({"store": {"endpoint": "https://backup.example.org"}}),
+    )
+    .await;
     wait_for("the warning removed", WAIT, || {
         cond(&api, "TalosEtcdBackup", "by-name", "StoreInCluster").is_none()
     })
@@ -122,7 +142,10 @@ async fn a_malformed_backup_says_every_problem() {
     ] {
         assert!(m.contains(want), "{want}: {m}");
     }
-    wait_for("the Warning Event", WAIT, || !events(&api, "bad", "InvalidSpec").is_empty()).await;
+    wait_for("the Warning Event", WAIT, || {
+        !events(&api, "bad", "InvalidSpec").is_empty()
+    })
+    .await;
     assert_eq!(events(&api, "bad", "InvalidSpec").len(), 1);
     wait_for("a missing cluster said", WAIT, || {
         cond(&api, "TalosEtcdBackup", "orphan", "Ready")
@@ -167,12 +190,24 @@ async fn an_etcd_restore_is_refused_at_the_controller_for_a_store_inside_else_le
         get(api, "TalosOperation", "restore-1")
             .and_then(|o| o["status"]["phase"].as_str().map(str::to_string))
     };
-    assert!(matches!(phase(&api).as_deref(), None | Some("Pending")), "{:?}", phase(&api));
-    wait_for("the Event", WAIT, || !events(&api, "restore-1", "ManualProcedure").is_empty()).await;
+    assert!(
+        matches!(phase(&api).as_deref(), None | Some("Pending")),
+        "{:?}",
+        phase(&api)
+    );
+    wait_for("the Event", WAIT, || {
+        !events(&api, "restore-1", "ManualProcedure").is_empty()
+    })
+    .await;
     assert_eq!(events(&api, "restore-1", "ManualProcedure").len(), 1);
 
     // The store moves into the cluster: the next decision refuses it.
-    patch_backup(&api, "offsite", json!({"store": {"endpoint": "http://10.96.7.7:9000"}})).await;
+    patch_backup(
+        &api,
+        "offsite",
+        json!({"store": {"endpoint": "http://10.96.7.7:9000"}}),
+    )
+    .await;
     wait_for("refused at the controller", WAIT, || {
         cond(&api, "TalosOperation", "restore-1", "Accepted")
             == Some(("False".into(), "StartRefused".into()))
@@ -183,7 +218,11 @@ async fn an_etcd_restore_is_refused_at_the_controller_for_a_store_inside_else_le
         m.contains("the backup store must live outside the cluster being restored"),
         "{m}"
     );
-    assert!(matches!(phase(&api).as_deref(), None | Some("Pending")), "{:?}", phase(&api));
+    assert!(
+        matches!(phase(&api).as_deref(), None | Some("Pending")),
+        "{:?}",
+        phase(&api)
+    );
 }
 
 /// `MachineService/EtcdSnapshot` from the Talos stand-in, backed by a real etcd: the
@@ -238,6 +277,151 @@ async fn an_etcd_snapshot_streams_to_a_file_and_its_trailing_sha256_is_checked()
         matches!(err, StreamError::Check(SnapshotError::Mismatch { .. })),
         "{err}"
     );
-    assert!(err.to_string().contains("is not the sha256 of its"), "{err}");
+    assert!(
+        err.to_string().contains("is not the sha256 of its"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A store of moto's S3 server, bucket `etcd`, prefix `prod/`.
+fn store_spec(endpoint: &str, bucket: &str) -> ichor_rules::runtime::objects::StoreSpec {
+    serde_json::from_value(json!({
+        "endpoint": endpoint, "bucket": bucket, "prefix": "prod/",
+        "credentialsSecretRef": {"name": "s3-keys"}
+    }))
+    .expect("a store spec")
+}
+
+const SECRET: &str = "wJalrXUtnFEMI-K7MDENG-never-in-a-message";
+
+fn keys() -> ichor_rules::runtime::store::Keys {
+    ichor_rules::runtime::store::Keys {
+        access_key_id: "AKIAICHORTEST".into(),
+        secret_access_key: SECRET.into(),
+    }
+}
+
+/// A real etcd snapshot (over 12 MiB, so more than one part) streams from the Talos
+/// stand-in into moto's S3 server as a multipart upload, checked on the way and by the
+/// stored size; downloading it gives the same bytes (its sha256 matches). A snapshot
+/// corrupted on the way is not kept (nothing under its key); an object altered in the
+/// store is caught when it is downloaded. A missing bucket and an unreachable store are
+/// said as such, and no error carries the secret key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_streams_into_the_store_multipart_and_is_checked_there() {
+    use crate::support::etcd::EtcdCluster;
+    use crate::support::s3::S3Server;
+    use crate::support::talos::TalosApi;
+    use ichor_rules::runtime::store::{PutError, Store, StoreError};
+    let s3 = S3Server::start().await;
+    s3.create_bucket("etcd").await;
+    let api = TalosApi::start(EtcdCluster::start(1).await).await;
+    let value = vec![b'x'; 128 * 1024];
+    for i in 0..100 {
+        api.etcd
+            .put_at(0, &format!("big-{i}"), &value)
+            .await
+            .expect("put");
+    }
+    let store = Store::new(
+        &store_spec(&s3.endpoint(), "etcd"),
+        &keys(),
+        Duration::from_secs(30),
+    )
+    .expect("store");
+    let client = api.client(0);
+    let key = store.key("2026-12-05T07-00-00Z.snapshot");
+    let take = |key: String| {
+        let client = client.clone();
+        let store = &store;
+        async move {
+            let (mut w, r) = tokio::io::duplex(256 * 1024);
+            let talos = async move {
+                let got = client.etcd_snapshot(&mut w, Duration::from_secs(60)).await;
+                drop(w);
+                got
+            };
+            let (from_talos, stored) = tokio::join!(talos, store.put_snapshot(&key, r));
+            (from_talos, stored)
+        }
+    };
+    let (from_talos, stored) = take(key.clone()).await;
+    let from_talos = from_talos.expect("streamed from Talos");
+    let stored = stored.expect("stored");
+    assert_eq!(from_talos, stored);
+    assert!(stored.size > 12 * 1024 * 1024, "{} bytes", stored.size);
+    let listed = store.list().await.expect("list");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].key, "prod/2026-12-05T07-00-00Z.snapshot");
+    assert_eq!(listed[0].size, stored.size);
+    let mut file = Vec::new();
+    let got = store.get_snapshot(&key, &mut file).await.expect("download");
+    assert_eq!(got, stored);
+    let sha = ring::digest::digest(&ring::digest::SHA256, &file[..file.len() - 32]);
+    let hex: String = sha.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(hex, stored.sha256);
+
+    // Corrupted on the way: not kept.
+    api.node(0).corrupt_snapshots(true);
+    let bad_key = store.key("corrupt.snapshot");
+    let (_, stored) = take(bad_key.clone()).await;
+    let err = stored.expect_err("a corrupt snapshot is refused");
+    assert!(matches!(err, PutError::Check(_)), "{err}");
+    assert!(err.to_string().contains("was not kept"), "{err}");
+    let keys_now: Vec<String> = store
+        .list()
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|o| o.key)
+        .collect();
+    assert_eq!(keys_now, ["prod/2026-12-05T07-00-00Z.snapshot"]);
+    api.node(0).corrupt_snapshots(false);
+
+    // Altered in the store: the download says so.
+    let mut altered = file.clone();
+    altered[4096] ^= 0xff;
+    s3.put_raw("etcd", &key, altered).await;
+    let err = store
+        .get_snapshot(&key, &mut Vec::new())
+        .await
+        .expect_err("altered");
+    assert!(matches!(err, PutError::Check(_)), "{err}");
+
+    // A bucket that does not exist, and a store nobody answers at.
+    let nobucket = Store::new(
+        &store_spec(&s3.endpoint(), "missing-bucket"),
+        &keys(),
+        Duration::from_secs(10),
+    )
+    .expect("store");
+    let err = nobucket
+        .put_snapshot(&nobucket.key("x.snapshot"), &b"not a snapshot"[..])
+        .await
+        .expect_err("no bucket");
+    assert!(
+        matches!(err, PutError::Store(StoreError::NoBucket { .. })),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("bucket `missing-bucket` does not exist"),
+        "{err}"
+    );
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+    let dead = format!("http://{}", closed.local_addr().expect("addr"));
+    drop(closed);
+    let nobody =
+        Store::new(&store_spec(&dead, "etcd"), &keys(), Duration::from_secs(3)).expect("store");
+    let err = nobody.list().await.expect_err("unreachable");
+    assert!(matches!(err, StoreError::Unreachable { .. }), "{err}");
+    for e in [
+        err.to_string(),
+        format!("{err:?}"),
+        format!("{:?}", keys()),
+        format!("{nobody:?}"),
+    ] {
+        assert!(!e.contains(SECRET), "{e}");
+    }
 }

@@ -1258,9 +1258,11 @@ fn backup(name: &str, endpoint: &str) -> Value {
 async fn an_etcd_restore_from_a_store_inside_the_cluster_is_refused_at_admission() {
     let h = harness("restore-in-cluster", Duration::from_secs(2)).await;
     three_control_planes(&h).await;
-    h.api.insert(backup("in-svc", "http://minio.minio.svc:9000"));
+    h.api
+        .insert(backup("in-svc", "http://minio.minio.svc:9000"));
     h.api.insert(backup("in-ip", "http://10.96.4.4:9000"));
-    h.api.insert(backup("outside", "https://s3.backup.example.org"));
+    h.api
+        .insert(backup("outside", "https://s3.backup.example.org"));
     let restore = |backup: &str| {
         let mut op = operation("restore-1", "etcd-restore", None);
         op["spec"]["backupRef"] = json!({"name": backup});
@@ -1269,17 +1271,26 @@ async fn an_etcd_restore_from_a_store_inside_the_cluster_is_refused_at_admission
     for (i, name) in ["in-svc", "in-ip"].into_iter().enumerate() {
         let op = restore(name);
         let uid = format!("u-r{i}");
-        let r = review(&h, &objects::review(&uid, "CREATE", None, Some(&op)).build()).await;
+        let r = review(
+            &h,
+            &objects::review(&uid, "CREATE", None, Some(&op)).build(),
+        )
+        .await;
         assert_eq!(r["response"]["allowed"], false, "{name}: {r}");
         let message = r["response"]["status"]["message"].as_str().unwrap_or("");
         assert!(
             message.contains(&format!("from TalosEtcdBackup {name} would deadlock"))
-                && message.contains("the backup store must live outside the cluster being restored"),
+                && message
+                    .contains("the backup store must live outside the cluster being restored"),
             "{name}: {message}"
         );
     }
     let op = restore("outside");
-    let r = review(&h, &objects::review("u-ok", "CREATE", None, Some(&op)).build()).await;
+    let r = review(
+        &h,
+        &objects::review("u-ok", "CREATE", None, Some(&op)).build(),
+    )
+    .await;
     assert_eq!(r["response"]["allowed"], true, "{r}");
     let warnings = r["response"]["warnings"].to_string();
     assert!(
@@ -1288,7 +1299,11 @@ async fn an_etcd_restore_from_a_store_inside_the_cluster_is_refused_at_admission
         "{r}"
     );
     let op = restore("nowhere");
-    let r = review(&h, &objects::review("u-no", "CREATE", None, Some(&op)).build()).await;
+    let r = review(
+        &h,
+        &objects::review("u-no", "CREATE", None, Some(&op)).build(),
+    )
+    .await;
     assert_eq!(r["response"]["allowed"], false, "{r}");
     assert!(
         r["response"]["status"]["message"]

@@ -17,10 +17,10 @@
 
 use super::facts::{EventFacts, Subject};
 use super::objects::{
-    API_VERSION, BackupSpec, BackupStatus, ClusterSpec, ClusterStatus, Condition, DECIDED_ANNOTATIONS,
-    MACHINE_CONDITIONS_DECIDED, MachineSpec, MachineStatus, OPERATION_CONDITIONS_DECIDED, Object,
-    OperationSpec, OperationStatus, Snapshot, TalosCluster, TalosEtcdBackup, TalosMachine, TalosOperation,
-    validate_object,
+    API_VERSION, BackupSpec, BackupStatus, ClusterSpec, ClusterStatus, Condition,
+    DECIDED_ANNOTATIONS, MACHINE_CONDITIONS_DECIDED, MachineSpec, MachineStatus,
+    OPERATION_CONDITIONS_DECIDED, Object, OperationSpec, OperationStatus, Snapshot, TalosCluster,
+    TalosEtcdBackup, TalosMachine, TalosOperation, validate_object,
 };
 use crate::compile::Table;
 use crate::vocab::{FACTS, Read};
@@ -1217,8 +1217,7 @@ impl LiveReader {
                     ))
                 }
                 ReadKey::Backups { namespace, cluster } => {
-                    let api: Api<TalosEtcdBackup> =
-                        Api::namespaced(self.client.clone(), namespace);
+                    let api: Api<TalosEtcdBackup> = Api::namespaced(self.client.clone(), namespace);
                     Fetched::Backups(Arc::new(
                         self.list_all(
                             &what,

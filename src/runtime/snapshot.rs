@@ -179,12 +179,21 @@ mod tests {
         let mut snap = snapshot(&db);
         snap[100] ^= 1;
         for chunk in [7, 4096] {
-            assert!(matches!(check(&snap, chunk), Err(SnapshotError::Mismatch { db: 4096, .. })));
+            assert!(matches!(
+                check(&snap, chunk),
+                Err(SnapshotError::Mismatch { db: 4096, .. })
+            ));
         }
         let whole = snapshot(&db);
         let cut = &whole[..whole.len() - 1];
-        assert!(matches!(check(cut, 10), Err(SnapshotError::Mismatch { .. })));
-        assert_eq!(check(&whole[..40], 5), Err(SnapshotError::TooShort { size: 40 }));
+        assert!(matches!(
+            check(cut, 10),
+            Err(SnapshotError::Mismatch { .. })
+        ));
+        assert_eq!(
+            check(&whole[..40], 5),
+            Err(SnapshotError::TooShort { size: 40 })
+        );
         assert_eq!(check(&[], 5), Err(SnapshotError::TooShort { size: 0 }));
     }
 }

@@ -877,7 +877,9 @@ impl TalosClient {
                     return Err(StreamError::Talos(e));
                 }
                 check.update(&chunk.bytes);
-                sink.write_all(&chunk.bytes).await.map_err(StreamError::Write)?;
+                sink.write_all(&chunk.bytes)
+                    .await
+                    .map_err(StreamError::Write)?;
             }
             sink.flush().await.map_err(StreamError::Write)?;
             Ok(())

@@ -229,7 +229,10 @@ pub async fn snapshot_chunks(port: u16) -> Result<Vec<Vec<u8>>, EtcdError> {
             .header("content-type", "application/json")
             .body(Full::new(Bytes::from("{}")))
             .expect("request");
-        let resp = send.send_request(req).await.map_err(|e| fail(e.to_string()))?;
+        let resp = send
+            .send_request(req)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
         let bytes = resp
             .into_body()
             .collect()

@@ -899,7 +899,9 @@ type Stream<T> = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Sta
 
 #[tonic::async_trait]
 trait SnapshotStream {
-    async fn snapshot(&self) -> Result<Stream<ichor_rules::runtime::talos::proto::common::Data>, Status>;
+    async fn snapshot(
+        &self,
+    ) -> Result<Stream<ichor_rules::runtime::talos::proto::common::Data>, Status>;
 }
 
 #[tonic::async_trait]
@@ -907,7 +909,9 @@ impl SnapshotStream for Service {
     /// `MachineService/EtcdSnapshot`: a real snapshot of this node's etcd member (etcd's
     /// `Maintenance/Snapshot` through its gateway: the database, then its sha256), in
     /// etcd's chunks cut to at most 64 KiB each, as Talos relays it.
-    async fn snapshot(&self) -> Result<Stream<ichor_rules::runtime::talos::proto::common::Data>, Status> {
+    async fn snapshot(
+        &self,
+    ) -> Result<Stream<ichor_rules::runtime::talos::proto::common::Data>, Status> {
         let node = &self.node;
         let mut chunks = node
             .etcd

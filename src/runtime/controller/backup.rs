@@ -99,7 +99,10 @@ pub async fn reconcile(
         operations: false,
         backups: true,
     };
-    let snapshot = ctx.reader.snapshot(b.namespace(), &[b.cluster()], reads).await?;
+    let snapshot = ctx
+        .reader
+        .snapshot(b.namespace(), &[b.cluster()], reads)
+        .await?;
     // The live object (the watch's copy may be older).
     let Some(live) = snapshot.backup(b.namespace(), b.name()) else {
         return Ok(Action::await_change());
@@ -147,7 +150,11 @@ pub fn manual_procedure(
     if decision.verdict().is_some() || decision.warnings.is_empty() {
         return None;
     }
-    let messages: Vec<&str> = decision.warnings.iter().map(|w| w.message.as_str()).collect();
+    let messages: Vec<&str> = decision
+        .warnings
+        .iter()
+        .map(|w| w.message.as_str())
+        .collect();
     Some(messages.join("; "))
 }
 

@@ -364,11 +364,15 @@ impl Cidr {
     pub fn contains(&self, ip: IpAddr) -> bool {
         match (self.addr, ip) {
             (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0);
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
                 u32::from(net) & mask == u32::from(ip) & mask
             }
             (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                let mask = u128::MAX.checked_shl(128 - u32::from(self.prefix)).unwrap_or(0);
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
                 u128::from(net) & mask == u128::from(ip) & mask
             }
             // An IPv4 address written as IPv6 (`::ffff:10.96.0.1`) is that IPv4 address.
@@ -483,7 +487,9 @@ pub fn validate_backup_spec(spec: &BackupSpec) -> Vec<String> {
         ));
     }
     if let Some(p) = &store.prefix
-        && (p.starts_with('/') || p.split('/').any(|s| s == "." || s == "..") || p.len() > 512
+        && (p.starts_with('/')
+            || p.split('/').any(|s| s == "." || s == "..")
+            || p.len() > 512
             || p.chars().any(char::is_control))
     {
         errors.push(format!(
@@ -495,7 +501,9 @@ pub fn validate_backup_spec(spec: &BackupSpec) -> Vec<String> {
     if let Some(r) = &store.region
         && (r.is_empty()
             || r.len() > 64
-            || !r.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'))
+            || !r
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'))
     {
         errors.push(format!(
             "spec.store.region `{}` is not a region name (lowercase letters, digits and `-`, \
@@ -513,8 +521,7 @@ pub fn validate_backup_spec(spec: &BackupSpec) -> Vec<String> {
     }
     match spec.schedule.interval.as_deref() {
         None => errors.push(
-            "spec.schedule.interval is missing; say how often to take a snapshot, e.g. `6h`"
-                .into(),
+            "spec.schedule.interval is missing; say how often to take a snapshot, e.g. `6h`".into(),
         ),
         Some(i) => match parse_duration(i) {
             Err(e) => errors.push(format!("spec.schedule.interval {e}")),
@@ -581,7 +588,11 @@ mod tests {
             assert!(store_in_cluster(e, None).is_some(), "{e}");
         }
         // The seed's limits: a short name, and a name that only resolves inside.
-        for e in ["http://minio.minio:9000", "https://s3.example.com", "https://svc.example.com"] {
+        for e in [
+            "http://minio.minio:9000",
+            "https://s3.example.com",
+            "https://svc.example.com",
+        ] {
             assert_eq!(store_in_cluster(e, None), None, "{e}");
         }
     }
@@ -589,8 +600,15 @@ mod tests {
     #[test]
     fn addresses_in_the_default_or_declared_ranges_are_inside() {
         let why = store_in_cluster("http://10.96.0.10:9000", None).unwrap();
-        assert_eq!(why, "its endpoint address 10.96.0.10 is inside the cluster's service range 10.96.0.0/12");
-        assert!(store_in_cluster("http://10.244.3.4", None).unwrap().contains("pod range 10.244.0.0/16"));
+        assert_eq!(
+            why,
+            "its endpoint address 10.96.0.10 is inside the cluster's service range 10.96.0.0/12"
+        );
+        assert!(
+            store_in_cluster("http://10.244.3.4", None)
+                .unwrap()
+                .contains("pod range 10.244.0.0/16")
+        );
         assert_eq!(store_in_cluster("http://10.112.0.1", None), None); // past /12
         assert_eq!(store_in_cluster("http://192.168.1.10:9000", None), None);
         // Declared ranges replace the defaults.
@@ -608,10 +626,19 @@ mod tests {
         let cases = [
             ("s3.example.com", "must start with `https://`"),
             ("https://", "names no host"),
-            ("https://key:secret@s3.example.com", "access keys belong in the Secret"),
-            ("https://s3.example.com/bucket", "put the key prefix in spec.store.prefix"),
+            (
+                "https://key:secret@s3.example.com",
+                "access keys belong in the Secret",
+            ),
+            (
+                "https://s3.example.com/bucket",
+                "put the key prefix in spec.store.prefix",
+            ),
             ("https://s3.example.com:99999", "the port `99999`"),
-            ("https://s3 example.com", "neither an IP address nor a DNS name"),
+            (
+                "https://s3 example.com",
+                "neither an IP address nor a DNS name",
+            ),
             ("https://[::1", "closed with `]`"),
         ];
         for (e, want) in cases {
@@ -623,7 +650,11 @@ mod tests {
         assert!(!err.contains("hunter2"), "{err}");
         assert_eq!(
             parse_endpoint("https://S3.Example.com:9000/").unwrap(),
-            Endpoint { https: true, host: "s3.example.com".into(), port: Some(9000) }
+            Endpoint {
+                https: true,
+                host: "s3.example.com".into(),
+                port: Some(9000)
+            }
         );
     }
 
@@ -640,7 +671,9 @@ mod tests {
     #[test]
     fn a_sound_spec_has_no_errors_and_a_bad_one_lists_them_all() {
         let mut spec = BackupSpec {
-            cluster_ref: ClusterRef { name: "prod".into() },
+            cluster_ref: ClusterRef {
+                name: "prod".into(),
+            },
             store: StoreSpec {
                 endpoint: "https://s3.example.com".into(),
                 bucket: "etcd-backups".into(),
@@ -651,8 +684,13 @@ mod tests {
                     ..Default::default()
                 },
             },
-            schedule: ScheduleSpec { interval: Some("6h".into()) },
-            retention: Some(RetentionSpec { keep_last: Some(7), max_age: Some("7d".into()) }),
+            schedule: ScheduleSpec {
+                interval: Some("6h".into()),
+            },
+            retention: Some(RetentionSpec {
+                keep_last: Some(7),
+                max_age: Some("7d".into()),
+            }),
             encryption: None,
         };
         assert_eq!(validate_backup_spec(&spec), Vec::<String>::new());
@@ -660,7 +698,10 @@ mod tests {
         spec.store.bucket = "Bad_Bucket".into();
         spec.store.prefix = Some("/abs/../x".into());
         spec.schedule.interval = Some("10s".into());
-        spec.retention = Some(RetentionSpec { keep_last: Some(0), max_age: Some("forever".into()) });
+        spec.retention = Some(RetentionSpec {
+            keep_last: Some(0),
+            max_age: Some("forever".into()),
+        });
         let errors = validate_backup_spec(&spec);
         assert_eq!(errors.len(), 6, "{errors:#?}");
         for (e, want) in errors.iter().zip([
@@ -680,7 +721,11 @@ mod tests {
         let c = Cidr::parse("10.96.0.0/12").unwrap();
         assert!(c.contains("10.111.255.255".parse().unwrap()));
         assert!(!c.contains("10.112.0.0".parse().unwrap()));
-        assert!(Cidr::parse("0.0.0.0/0").unwrap().contains("8.8.8.8".parse().unwrap()));
+        assert!(
+            Cidr::parse("0.0.0.0/0")
+                .unwrap()
+                .contains("8.8.8.8".parse().unwrap())
+        );
         assert!(Cidr::parse("10.0.0.0/33").is_none());
         assert!(Cidr::parse("10.0.0.0").is_none());
         assert!(c.contains("::ffff:10.96.0.1".parse().unwrap()));

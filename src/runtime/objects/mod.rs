@@ -12,8 +12,8 @@ mod backup;
 mod load;
 mod snapshot;
 pub use backup::{
-    BackupSpec, BackupStatus, Cidr, ClusterNetwork, CredentialsSecretRef, EncryptionSpec,
-    Endpoint, RetentionSpec, SNAPSHOT_NOW_ANNOTATION, ScheduleSpec, SnapshotRecord, StoreSpec,
+    BackupSpec, BackupStatus, Cidr, ClusterNetwork, CredentialsSecretRef, EncryptionSpec, Endpoint,
+    RetentionSpec, SNAPSHOT_NOW_ANNOTATION, ScheduleSpec, SnapshotRecord, StoreSpec,
     TalosEtcdBackup, parse_duration, parse_endpoint, store_in_cluster, validate_backup_spec,
 };
 pub use load::{
@@ -629,7 +629,10 @@ impl TalosOperation {
 
     /// spec.backupRef.name ("" when none).
     pub fn backup_name(&self) -> &str {
-        self.spec.backup_ref.as_ref().map_or("", |b| b.name.as_str())
+        self.spec
+            .backup_ref
+            .as_ref()
+            .map_or("", |b| b.name.as_str())
     }
 
     pub fn phase(&self) -> &str {
