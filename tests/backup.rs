@@ -362,6 +362,53 @@ async fn a_snapshot_streams_into_the_store_multipart_and_is_checked_there() {
     let hex: String = sha.as_ref().iter().map(|b| format!("{b:02x}")).collect();
     assert_eq!(hex, stored.sha256);
 
+    // The offline command: the snapshot in hand, checked, its hash printed.
+    let dir = std::env::temp_dir().join(format!("ichor-download-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let download = |key: &str, out: &std::path::Path, with_keys: bool| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ichor-rules"));
+        cmd.args([
+            "backup",
+            "download",
+            "--endpoint",
+            &s3.endpoint(),
+            "--bucket",
+            "etcd",
+        ])
+        .args(["--key", key, "--out"])
+        .arg(out)
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY");
+        if with_keys {
+            cmd.env("AWS_ACCESS_KEY_ID", "AKIAICHORTEST")
+                .env("AWS_SECRET_ACCESS_KEY", SECRET);
+        }
+        cmd.output().expect("runs")
+    };
+    let out_file = dir.join("etcd.snapshot");
+    let out = download(&key, &out_file, true);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&stored.sha256) && stdout.contains("a whole etcd snapshot"),
+        "{stdout}"
+    );
+    assert_eq!(std::fs::read(&out_file).expect("the file"), file);
+    let out = download(&key, &dir.join("no-keys.snapshot"), false);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("set AWS_ACCESS_KEY_ID"));
+    let out = download(&key, &out_file, true);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "an existing file is never overwritten"
+    );
+
     // Corrupted on the way: not kept.
     api.node(0).corrupt_snapshots(true);
     let bad_key = store.key("corrupt.snapshot");
@@ -388,6 +435,16 @@ async fn a_snapshot_streams_into_the_store_multipart_and_is_checked_there() {
         .await
         .expect_err("altered");
     assert!(matches!(err, PutError::Check(_)), "{err}");
+    let altered_file = dir.join("altered.snapshot");
+    let out = download(&key, &altered_file, true);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("is not the sha256 of its") && !stderr.contains(SECRET),
+        "{stderr}"
+    );
+    assert!(!altered_file.exists() && !dir.join("altered.snapshot.part").exists());
+    let _ = std::fs::remove_dir_all(&dir);
 
     // A bucket that does not exist, and a store nobody answers at.
     let nobucket = Store::new(
