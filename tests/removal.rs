@@ -854,7 +854,8 @@ async fn the_calls_made_are_exactly_the_calls_granted() {
     })
     .await;
     // A backup's conditions (the patch of talosetcdbackups/status).
-    w.api.insert(crate::backup::backup("prod-etcd", "https://s3.example.org"));
+    w.api
+        .insert(crate::backup::backup("prod-etcd", "https://s3.example.org"));
     wait_for("the backup judged", WAIT, || {
         cond(&w.api, "TalosEtcdBackup", "prod-etcd", "Ready").is_some()
     })
