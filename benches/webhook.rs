@@ -429,6 +429,7 @@ async fn main() {
                 .collect(),
             clusters: vec![serde_json::from_value(cluster(0)).expect("cluster")],
             operations: Vec::new(),
+            backups: Vec::new(),
         };
         let decide = decide_only(&snapshot, &bodies[0]);
         let (allocs, bytes, in_process) =

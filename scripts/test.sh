@@ -62,6 +62,9 @@ cargo run -q -- test rules/tests --rules rules/
 # rendering and schema checks; tests/chart.rs finds helm through ICHOR_HELM.
 bash scripts/chart-tools.sh install
 eval "$(bash scripts/chart-tools.sh env)"
+# moto's S3 server for the backup tests (tests/backup.rs), from PyPI into a cached venv.
+bash scripts/s3-tools.sh install
+eval "$(bash scripts/s3-tools.sh env)"
 bash scripts/chart-tools.sh check
 
 if cargo nextest --version >/dev/null 2>&1; then

@@ -378,6 +378,9 @@ pub enum Fact {
     HealthyAfter,
     MembersAfter,
     RequestByController,
+    Backup,
+    BackupExists,
+    BackupInCluster,
 }
 
 /// The number of fact slots (one per row of [`FACTS`], which the test below keeps in the
@@ -588,6 +591,9 @@ pub enum Read {
     Cluster,
     /// The LIST of the cluster's TalosOperations.
     Operations,
+    /// The LIST of the cluster's TalosEtcdBackups (with the GET of the TalosCluster, whose
+    /// network says what is inside it).
+    Backups,
 }
 
 facts! {
@@ -646,6 +652,12 @@ facts! {
         "etcd voting members that stay once the subject (a departing control plane, or an operation's target) is gone, answering or not (a replacement that is approved but has not joined etcd yet is not one). Expensive: the controller reads the member list through a healthy sibling (fails closed when none answers); admission counts the other approved control planes not being deleted";
     RequestByController "request.by_controller" Type::Bool, Cheap, Request, ON_REPORT,
         "the request was made by the controller's own identity: its `userInfo.username` is exactly the one `serve --controller-username` names (the chart: the controller's ServiceAccount, `system:serviceaccount:<release namespace>:<controller ServiceAccount>`). False when none is named: nothing is trusted as the controller's without its name";
+    Backup "backup" Type::Name, Cheap, Request, ON_OPERATIONS,
+        "spec.backupRef.name, the TalosEtcdBackup an `etcd-restore` restores from (\"\" when none)";
+    BackupExists "backup.exists" Type::Bool, Cheap, Backups, ON_OPERATIONS,
+        "spec.backupRef.name names a TalosEtcdBackup of the operation's cluster";
+    BackupInCluster "backup.in_cluster" Type::Bool, Cheap, Backups, ON_OPERATIONS,
+        "that TalosEtcdBackup's store is inside the cluster (ADR 0106 §2): its spec.store.endpoint host ends in `.svc` or `.svc.cluster.local`, or is an IP address inside the cluster's pod or service ranges (`spec.network` of the TalosCluster; Talos' defaults `10.244.0.0/16` and `10.96.0.0/12` for a range it does not declare). Not recognised: a short Service name such as `minio.minio`, or a name that resolves to a cluster address (names are not resolved)";
 }
 
 impl Fact {

@@ -259,7 +259,8 @@ fn the_charts_crds_are_exactly_ichor_rules_crds() {
         BTreeSet::from([
             "talosclusters.ichor.maesh.dev",
             "talosmachines.ichor.maesh.dev",
-            "talosoperations.ichor.maesh.dev"
+            "talosoperations.ichor.maesh.dev",
+            "talosetcdbackups.ichor.maesh.dev"
         ])
     );
     assert!(all(&render(&[]), "CustomResourceDefinition").is_empty());

@@ -45,13 +45,14 @@ fn columns(c: &Value) -> Vec<String> {
 }
 
 #[test]
-fn three_namespaced_kinds_with_status_subresources() {
+fn four_namespaced_kinds_with_status_subresources() {
     let all = crds();
-    assert_eq!(all.len(), 3);
+    assert_eq!(all.len(), 4);
     for (plural, kind, short) in [
         ("talosclusters", "TalosCluster", "tc"),
         ("talosmachines", "TalosMachine", "tm"),
         ("talosoperations", "TalosOperation", "top"),
+        ("talosetcdbackups", "TalosEtcdBackup", "teb"),
     ] {
         let c = crd(&all, plural);
         assert_eq!(c["apiVersion"], "apiextensions.k8s.io/v1");

@@ -20,6 +20,7 @@ const ALL: Reads = Reads {
     machines: true,
     clusters: true,
     operations: true,
+    backups: false,
 };
 
 /// A schedulable cluster of three control planes in `infra`.
@@ -139,6 +140,7 @@ async fn the_api_server_selects_declared_fields_and_refuses_others() {
     for crd in [
         ichor_rules::runtime::objects::TalosMachine::crd(),
         ichor_rules::runtime::objects::TalosOperation::crd(),
+        ichor_rules::runtime::objects::TalosEtcdBackup::crd(),
     ] {
         let fields: Vec<String> = crd.spec.versions[0]
             .selectable_fields
@@ -267,6 +269,7 @@ async fn a_shared_read_is_never_older_than_the_request() {
         machines: true,
         clusters: false,
         operations: false,
+        backups: false,
     };
     api.store
         .faults

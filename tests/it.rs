@@ -16,6 +16,7 @@ mod support;
 
 mod agree;
 mod apiserver;
+mod backup;
 mod certs;
 mod chart;
 mod cli;

@@ -853,6 +853,13 @@ async fn the_calls_made_are_exactly_the_calls_granted() {
         cond(&w.api, "TalosOperation", "upgrade-1", "Paused").is_some()
     })
     .await;
+    // A backup's conditions (the patch of talosetcdbackups/status).
+    w.api
+        .insert(crate::backup::backup("prod-etcd", "https://s3.example.org"));
+    wait_for("the backup judged", WAIT, || {
+        cond(&w.api, "TalosEtcdBackup", "prod-etcd", "Ready").is_some()
+    })
+    .await;
     delete(&w.api, "TalosMachine", "cp-4").await;
     wait_for("cp-4 removed", WAIT, || w.machine("cp-4").is_none()).await;
     // A repeated event is a patch of the first one's series.

@@ -401,3 +401,46 @@ async fn talos_credentials_never_reach_the_logs() {
     assert!(steps.contains("\"op\":\"credentials\""), "{steps}");
     assert_no_marker("the step log", &steps);
 }
+
+/// Issue 36: a backup store's secret access key never reaches the output of `ichor-rules
+/// backup download`, whatever fails (a store nobody answers at, a bucket that does not
+/// exist, an object that is not there), at debug level.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stores_secret_key_never_reaches_the_output_of_a_download() {
+    let s3 = crate::support::s3::S3Server::start().await;
+    s3.create_bucket("etcd").await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+    let dead = format!("http://{}", closed.local_addr().expect("addr"));
+    drop(closed);
+    let dir = scratch("download");
+    for (i, (endpoint, bucket)) in [
+        (dead.as_str(), "etcd"),
+        (s3.endpoint().as_str(), "no-such-bucket"),
+        (s3.endpoint().as_str(), "etcd"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let out = Command::new(BIN)
+            .args([
+                "backup",
+                "download",
+                "--endpoint",
+                endpoint,
+                "--bucket",
+                bucket,
+            ])
+            .args(["--key", "prod/missing.snapshot", "--out"])
+            .arg(dir.join(format!("{i}.snapshot")))
+            .env("RUST_LOG", "debug")
+            .env("AWS_ACCESS_KEY_ID", "AKIAICHORTEST")
+            .env("AWS_SECRET_ACCESS_KEY", MARKER)
+            .output()
+            .expect("runs");
+        assert_eq!(out.status.code(), Some(2), "{endpoint} {bucket}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.starts_with("error: "), "{stderr}");
+        assert_no_marker("download stderr", &stderr);
+        assert_no_marker("download stdout", &String::from_utf8_lossy(&out.stdout));
+    }
+}

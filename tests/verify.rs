@@ -1090,9 +1090,9 @@ fn a_removal_plan_without_the_lock_is_an_error_not_verified() {
 /// created while another waits parked for the even count; `one-operation` refutes both
 /// (for serialized requests: the lock, not admission, keeps two from running at once).
 /// The second operation created while the first is parked is an etcd restore, the one kind
-/// the even count does not refuse; until the backups issue lands a restore is refused at
-/// its start (`etcd-backup-not-executed`), so the mutants let it start, as the rules will
-/// once restores run.
+/// the even count does not refuse; the model has no TalosEtcdBackup, so a restore is
+/// refused at its start (`restore-names-backup`), and the mutants let it start, as the
+/// rules do for a restore from a backup outside the cluster.
 #[test]
 fn without_the_unfinished_operation_rules_operations_queue_up() {
     for (rule, parked) in [
@@ -1100,11 +1100,7 @@ fn without_the_unfinished_operation_rules_operations_queue_up() {
         ("rule another-operation-parked\n", true),
     ] {
         let dir = mutant(&format!("ops-{parked}"), "admission.rules", |t| {
-            without(t, rule).replacen(
-                "  when kind == \"etcd-snapshot\" or kind == \"etcd-restore\"\n",
-                "  when kind == \"etcd-snapshot\"\n",
-                1,
-            )
+            without(&without(t, rule), "rule restore-names-backup\n")
         });
         let (out, json) = verify(&dir, "2", &["--max-operations", "2"]);
         assert_eq!(out.code, 1, "{}", out.stdout);
@@ -1208,9 +1204,9 @@ fn a_removal_that_skips_the_drain_or_the_reset_is_refuted() {
 }
 
 /// An etcd restore is a recovery: parking it for the even count (a `parked-for-transition`
-/// without its exemption) is refuted by `restore-not-parked`. (Until the backups issue
-/// lands a restore is refused at its start, `etcd-backup-not-executed`; the mutant lets it
-/// start, as the rules will once restores run.)
+/// without its exemption) is refuted by `restore-not-parked`. (The model has no
+/// TalosEtcdBackup, so a restore is refused at its start, `restore-names-backup`; the
+/// mutant lets it start, as the rules do for a restore from a backup outside the cluster.)
 #[test]
 fn an_etcd_restore_parked_for_the_even_count_is_refuted() {
     let dir = mutant("restore-parked", "removal.rules", |t| {
@@ -1221,11 +1217,7 @@ fn an_etcd_restore_parked_for_the_even_count_is_refuted() {
         )
     });
     edit_too(&dir, "admission.rules", |t| {
-        t.replacen(
-            "  when kind == \"etcd-snapshot\" or kind == \"etcd-restore\"\n",
-            "  when kind == \"etcd-snapshot\"\n",
-            1,
-        )
+        without(t, "rule restore-names-backup\n")
     });
     let (out, json) = verify(&dir, "2", &["--max-operations", "1"]);
     assert_eq!(out.code, 1, "{}", out.stdout);

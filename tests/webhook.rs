@@ -1207,7 +1207,6 @@ async fn unsupported_operation_kinds_are_refused_at_admission_with_what_to_do() 
         ("rotate-ca", "talosctl rotate-ca"),
         ("ichor", "helm upgrade"),
         ("etcd-snapshot", "talosctl etcd snapshot"),
-        ("etcd-restore", "talosctl bootstrap --recover-from"),
     ]
     .into_iter()
     .enumerate()
@@ -1236,6 +1235,82 @@ async fn unsupported_operation_kinds_are_refused_at_admission_with_what_to_do() 
         .await;
         assert_eq!(r["response"]["allowed"], true, "{kind}: {r}");
     }
+}
+
+/// A TalosEtcdBackup of cluster `prod` whose store is at `endpoint`.
+fn backup(name: &str, endpoint: &str) -> Value {
+    json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosEtcdBackup",
+        "metadata": {"name": name, "namespace": "infra"},
+        "spec": {"clusterRef": {"name": "prod"},
+                 "store": {"endpoint": endpoint, "bucket": "etcd",
+                           "credentialsSecretRef": {"name": "s3-keys"}},
+                 "schedule": {"interval": "6h"}}
+    })
+}
+
+/// Issue 36 / ADR 0106 §2, over HTTPS with the backups live in the API server: an
+/// etcd-restore from a store inside the cluster (a Service name, or an address in the
+/// cluster's pod or service ranges) is refused with the seed's words; one from a store
+/// outside is allowed with the rules' warning saying it is done by hand; one naming no
+/// backup is refused saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_restore_from_a_store_inside_the_cluster_is_refused_at_admission() {
+    let h = harness("restore-in-cluster", Duration::from_secs(2)).await;
+    three_control_planes(&h).await;
+    h.api
+        .insert(backup("in-svc", "http://minio.minio.svc:9000"));
+    h.api.insert(backup("in-ip", "http://10.96.4.4:9000"));
+    h.api
+        .insert(backup("outside", "https://s3.backup.example.org"));
+    let restore = |backup: &str| {
+        let mut op = operation("restore-1", "etcd-restore", None);
+        op["spec"]["backupRef"] = json!({"name": backup});
+        op
+    };
+    for (i, name) in ["in-svc", "in-ip"].into_iter().enumerate() {
+        let op = restore(name);
+        let uid = format!("u-r{i}");
+        let r = review(
+            &h,
+            &objects::review(&uid, "CREATE", None, Some(&op)).build(),
+        )
+        .await;
+        assert_eq!(r["response"]["allowed"], false, "{name}: {r}");
+        let message = r["response"]["status"]["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains(&format!("from TalosEtcdBackup {name} would deadlock"))
+                && message
+                    .contains("the backup store must live outside the cluster being restored"),
+            "{name}: {message}"
+        );
+    }
+    let op = restore("outside");
+    let r = review(
+        &h,
+        &objects::review("u-ok", "CREATE", None, Some(&op)).build(),
+    )
+    .await;
+    assert_eq!(r["response"]["allowed"], true, "{r}");
+    let warnings = r["response"]["warnings"].to_string();
+    assert!(
+        warnings.contains("this operator does not run an etcd restore itself")
+            && warnings.contains("docs/operators.md"),
+        "{r}"
+    );
+    let op = restore("nowhere");
+    let r = review(
+        &h,
+        &objects::review("u-no", "CREATE", None, Some(&op)).build(),
+    )
+    .await;
+    assert_eq!(r["response"]["allowed"], false, "{r}");
+    assert!(
+        r["response"]["status"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("spec.backupRef.name \"nowhere\" names none")),
+        "{r}"
+    );
 }
 
 /// An AdmissionReview nested 60,000 levels deep (120 KB) is a 400 at once, saying so.

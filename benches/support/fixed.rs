@@ -52,7 +52,8 @@ impl<'a> Facts<'a> for Fixed {
             | Fact::Phase
             | Fact::UnfinishedName
             | Fact::UnfinishedKind
-            | Fact::UnfinishedPhase => Value::Str(""),
+            | Fact::UnfinishedPhase
+            | Fact::Backup => Value::Str(""),
             Fact::ClusterDeleting
             | Fact::Deleting
             | Fact::AllowDelete
@@ -65,7 +66,9 @@ impl<'a> Facts<'a> for Fixed {
             | Fact::Paused
             | Fact::UnfinishedExists
             | Fact::UnfinishedParked
-            | Fact::RequestByController => Value::Bool(false),
+            | Fact::RequestByController
+            | Fact::BackupExists
+            | Fact::BackupInCluster => Value::Bool(false),
         })
     }
 }

@@ -1,5 +1,6 @@
 //! The command line: one module per subcommand; `main` only wires.
 
+mod backup;
 mod check;
 mod crds;
 mod diff;
@@ -94,9 +95,12 @@ pub enum Command {
     /// nothing: print a diff of each file that is not formatted and exit 1. Exit 2: a file
     /// that cannot be read or does not parse.
     Fmt(fmt::FmtArgs),
-    /// Print the CustomResourceDefinitions of TalosCluster, TalosMachine and TalosOperation
-    /// (YAML, one document each).
+    /// Print the CustomResourceDefinitions of TalosCluster, TalosMachine, TalosOperation
+    /// and TalosEtcdBackup (YAML, one document each).
     Crds,
+    /// etcd backups offline: `download` one snapshot from a backup's store to a file and
+    /// check it (the keys come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY).
+    Backup(backup::BackupArgs),
     /// Print a shell completion script: `ichor-rules completions bash > /etc/bash_completion.d/ichor-rules`
     /// (zsh: a file `_ichor-rules` on `$fpath`; fish: `~/.config/fish/completions/ichor-rules.fish`).
     Completions {
@@ -148,6 +152,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Eval(args) => eval::run(&args, false),
         Command::Explain(args) => eval::run_explain(&args.eval, args.format),
         Command::Crds => crds::run(),
+        Command::Backup(args) => backup::run(&args),
         Command::Completions { shell } => {
             match emit(&String::from_utf8_lossy(&completion_script(shell))) {
                 Ok(()) => EXIT_OK,

@@ -68,6 +68,14 @@ pub const WEBHOOK: &[Access] = &[
         verbs: &["list"],
         scope: Scope::Cluster,
     },
+    // An etcd restore's backup (`backup.exists`, `backup.in_cluster`): its spec only; the
+    // Secrets it names are never read here.
+    Access {
+        api_group: ICHOR,
+        resource: "talosetcdbackups",
+        verbs: &["list"],
+        scope: Scope::Cluster,
+    },
 ];
 
 /// What the controller calls beyond [`WEBHOOK`] (its own live reads are the same LIST and
@@ -112,6 +120,19 @@ pub const CONTROLLER: &[Access] = &[
     Access {
         api_group: ICHOR,
         resource: "talosoperations/status",
+        verbs: &["patch"],
+        scope: Scope::Cluster,
+    },
+    // The watch of TalosEtcdBackups, and their Ready and StoreInCluster conditions.
+    Access {
+        api_group: ICHOR,
+        resource: "talosetcdbackups",
+        verbs: &["watch"],
+        scope: Scope::Cluster,
+    },
+    Access {
+        api_group: ICHOR,
+        resource: "talosetcdbackups/status",
         verbs: &["patch"],
         scope: Scope::Cluster,
     },

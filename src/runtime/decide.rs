@@ -230,7 +230,8 @@ pub fn request_events<'s>(
             };
             operation_events(op, namespace, o)
         }
-        None => Vec::new(),
+        // No rule decides about a backup itself (its restore is decided as an operation).
+        Some(Object::Backup(_)) | None => Vec::new(),
     }
 }
 

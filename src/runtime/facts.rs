@@ -5,7 +5,7 @@
 //! left out except the subject itself). Everything counted — `approved`, `workers`,
 //! `transitioning`, `rank` — derives from it.
 
-use super::objects::{Role, Snapshot, TalosCluster, TalosMachine, TalosOperation};
+use super::objects::{Role, Snapshot, TalosCluster, TalosEtcdBackup, TalosMachine, TalosOperation};
 use crate::compile::Table;
 use crate::interp::{Facts, Lookup, Value};
 use crate::vocab::Event;
@@ -282,6 +282,14 @@ impl<'s> SnapshotFacts<'s> {
             .count()
     }
 
+    /// The TalosEtcdBackup of the operation's cluster that spec.backupRef names.
+    fn backup(&self) -> Option<&'s TalosEtcdBackup> {
+        let name = self.operation().map(|o| o.backup_name())?;
+        self.snapshot
+            .backup(self.ev.namespace, name)
+            .filter(|b| !name.is_empty() && b.cluster() == self.ev.cluster)
+    }
+
     fn operation(&self) -> Option<&'s TalosOperation> {
         match self.ev.subject {
             Subject::Operation(o) => Some(o),
@@ -413,6 +421,13 @@ impl<'s> Facts<'s> for SnapshotFacts<'s> {
                 _ => int(self.members_after()),
             },
             Fact::RequestByController => Value::Bool(self.by_controller),
+            Fact::Backup => Value::Str(self.operation().map_or("", |o| o.backup_name())),
+            Fact::BackupExists => Value::Bool(self.backup().is_some()),
+            Fact::BackupInCluster => {
+                let backup = self.backup();
+                let cluster = self.cluster_obj();
+                Value::Bool(backup.is_some_and(|b| b.store_in_cluster(cluster).is_some()))
+            }
         };
         Lookup::Value(v)
     }

@@ -17,10 +17,10 @@
 
 use super::facts::{EventFacts, Subject};
 use super::objects::{
-    API_VERSION, ClusterSpec, ClusterStatus, Condition, DECIDED_ANNOTATIONS,
-    MACHINE_CONDITIONS_DECIDED, MachineSpec, MachineStatus, OPERATION_CONDITIONS_DECIDED, Object,
-    OperationSpec, OperationStatus, Snapshot, TalosCluster, TalosMachine, TalosOperation,
-    validate_object,
+    API_VERSION, BackupSpec, BackupStatus, ClusterSpec, ClusterStatus, Condition,
+    DECIDED_ANNOTATIONS, MACHINE_CONDITIONS_DECIDED, MachineSpec, MachineStatus,
+    OPERATION_CONDITIONS_DECIDED, Object, OperationSpec, OperationStatus, Snapshot, TalosCluster,
+    TalosEtcdBackup, TalosMachine, TalosOperation, validate_object,
 };
 use crate::compile::Table;
 use crate::vocab::{FACTS, Read};
@@ -45,10 +45,12 @@ pub struct Reads {
     pub clusters: bool,
     /// One LIST of each cluster's TalosOperations (`spec.clusterRef.name` selected).
     pub operations: bool,
+    /// One LIST of each cluster's TalosEtcdBackups (`spec.clusterRef.name` selected).
+    pub backups: bool,
 }
 
 /// Whether any fact of `mask` is computed from `read` (the one declaration is `FACTS`).
-fn any(mask: u32, read: Read) -> bool {
+fn any(mask: u64, read: Read) -> bool {
     FACTS
         .iter()
         .any(|f| f.read == read && mask & (1 << f.fact.slot()) != 0)
@@ -65,12 +67,16 @@ impl Reads {
             // A request about a TalosCluster carries the cluster itself.
             r.clusters |= any(mask, Read::Cluster) && !matches!(ev.subject, Subject::Cluster(_));
             r.operations |= any(mask, Read::Operations);
+            // Whether a backup's store is inside the cluster reads the cluster's network.
+            let backups = any(mask, Read::Backups);
+            r.backups |= backups;
+            r.clusters |= backups && !matches!(ev.subject, Subject::Cluster(_));
         }
         r
     }
 
     pub fn is_empty(&self) -> bool {
-        !(self.machines || self.clusters || self.operations)
+        !(self.machines || self.clusters || self.operations || self.backups)
     }
 }
 
@@ -343,6 +349,8 @@ enum ReadKey {
     Machines { namespace: String, cluster: String },
     /// The TalosOperations of one cluster.
     Operations { namespace: String, cluster: String },
+    /// The TalosEtcdBackups of one cluster.
+    Backups { namespace: String, cluster: String },
     /// One TalosCluster.
     Cluster { namespace: String, name: String },
     /// One TalosMachine, by name.
@@ -361,6 +369,10 @@ impl ReadKey {
                 "the TalosOperations of TalosCluster `{namespace}/{}`",
                 clip(cluster, 64)
             ),
+            ReadKey::Backups { namespace, cluster } => format!(
+                "the TalosEtcdBackups of TalosCluster `{namespace}/{}`",
+                clip(cluster, 64)
+            ),
             ReadKey::Cluster { namespace, name } => {
                 format!("TalosCluster `{namespace}/{}`", clip(name, 64))
             }
@@ -376,6 +388,7 @@ impl ReadKey {
 enum Fetched {
     Machines(Arc<Vec<TalosMachine>>),
     Operations(Arc<Vec<TalosOperation>>),
+    Backups(Arc<Vec<TalosEtcdBackup>>),
     Cluster(Option<Arc<TalosCluster>>),
     Machine(Option<Arc<TalosMachine>>),
 }
@@ -819,6 +832,10 @@ fn operation_cluster(o: &TalosOperation) -> Option<&str> {
     Some(o.cluster())
 }
 
+fn backup_cluster(b: &TalosEtcdBackup) -> Option<&str> {
+    Some(b.cluster())
+}
+
 fn no_cluster(_: &TalosCluster) -> Option<&str> {
     None
 }
@@ -888,6 +905,26 @@ kind_impl!(
     }
 );
 
+// A decision reads a backup's spec (its store) and nothing of its status yet.
+kind_impl!(
+    TalosEtcdBackup,
+    "TalosEtcdBackup",
+    BackupSpec,
+    BackupStatus,
+    IgnoredAny,
+    backup_cluster,
+    |metadata, spec, status| TalosEtcdBackup {
+        metadata,
+        spec,
+        status
+    },
+    |metadata, spec, _: Option<IgnoredAny>| TalosEtcdBackup {
+        metadata,
+        spec,
+        status: None
+    }
+);
+
 /// What the CRDs' schemas enforce (the count, schedulable, the operation kind): an object
 /// that breaks them is an invalid answer.
 fn validated<K: Kind>(
@@ -924,6 +961,15 @@ impl Validate for TalosOperation {
     fn validate(self) -> Result<Self, String> {
         validated(self, Object::Operation, |o| match o {
             Object::Operation(m) => Some(m),
+            _ => None,
+        })
+    }
+}
+
+impl Validate for TalosEtcdBackup {
+    fn validate(self) -> Result<Self, String> {
+        validated(self, Object::Backup, |o| match o {
+            Object::Backup(b) => Some(b),
             _ => None,
         })
     }
@@ -1170,6 +1216,19 @@ impl LiveReader {
                         .await?,
                     ))
                 }
+                ReadKey::Backups { namespace, cluster } => {
+                    let api: Api<TalosEtcdBackup> = Api::namespaced(self.client.clone(), namespace);
+                    Fetched::Backups(Arc::new(
+                        self.list_all(
+                            &what,
+                            api.resource_url(),
+                            namespace,
+                            &cluster_selector(cluster),
+                            Some(cluster),
+                        )
+                        .await?,
+                    ))
+                }
                 ReadKey::Cluster { namespace, name } => {
                     let api: Api<TalosCluster> = Api::namespaced(self.client.clone(), namespace);
                     Fetched::Cluster(
@@ -1360,6 +1419,12 @@ impl LiveReader {
                     cluster: cluster.clone(),
                 });
             }
+            if reads.backups {
+                keys.push(ReadKey::Backups {
+                    namespace: namespace.clone(),
+                    cluster: cluster.clone(),
+                });
+            }
             if reads.clusters && !name.is_empty() {
                 keys.push(ReadKey::Cluster {
                     namespace,
@@ -1373,6 +1438,7 @@ impl LiveReader {
             match f {
                 Fetched::Machines(m) => snapshot.machines.extend(m.iter().cloned()),
                 Fetched::Operations(o) => snapshot.operations.extend(o.iter().cloned()),
+                Fetched::Backups(b) => snapshot.backups.extend(b.iter().cloned()),
                 Fetched::Cluster(c) => snapshot.clusters.extend(c.map(|c| (*c).clone())),
                 Fetched::Machine(m) => snapshot.machines.extend(m.map(|m| (*m).clone())),
             }
@@ -1386,7 +1452,7 @@ mod read_declarations {
     use super::*;
     use crate::interp::{Facts, Lookup};
     use crate::runtime::facts::{EventFacts, Expensive, SnapshotFacts};
-    use crate::vocab::{RUNTIME_EVENTS, Site, Subject as S};
+    use crate::vocab::{Fact, RUNTIME_EVENTS, Site, Subject as S};
 
     fn snapshot() -> Snapshot {
         let v = |j: serde_json::Value| j;
@@ -1406,14 +1472,27 @@ mod read_declarations {
         let cluster: TalosCluster = serde_json::from_value(serde_json::json!({
             "apiVersion": API_VERSION, "kind": "TalosCluster",
             "metadata": {"name": "prod", "namespace": "ns"},
-            "spec": {"controlPlane": {"count": 3}, "schedulable": "false"}
+            "spec": {"controlPlane": {"count": 3}, "schedulable": "false",
+                     "network": {"podSubnets": ["172.20.0.0/16"]}}
         }))
         .expect("cluster");
+        // Inside the cluster by its declared pod range only: `backup.in_cluster` needs the
+        // cluster's read too.
+        let backup: TalosEtcdBackup = serde_json::from_value(serde_json::json!({
+            "apiVersion": API_VERSION, "kind": "TalosEtcdBackup",
+            "metadata": {"name": "b1", "namespace": "ns"},
+            "spec": {"clusterRef": {"name": "prod"},
+                     "store": {"endpoint": "http://172.20.1.1:9000", "bucket": "etcd",
+                               "credentialsSecretRef": {"name": "s3"}},
+                     "schedule": {"interval": "1h"}}
+        }))
+        .expect("backup");
         let op = |n: &str, phase: &str| -> TalosOperation {
             serde_json::from_value(serde_json::json!({
                 "apiVersion": API_VERSION, "kind": "TalosOperation",
                 "metadata": {"name": n, "namespace": "ns"},
-                "spec": {"clusterRef": {"name": "prod"}, "kind": "reset", "machine": "cp-1"},
+                "spec": {"clusterRef": {"name": "prod"}, "kind": "reset", "machine": "cp-1",
+                         "backupRef": {"name": "b1"}},
                 "status": {"phase": phase}
             }))
             .expect("operation")
@@ -1427,6 +1506,7 @@ mod read_declarations {
             ],
             clusters: vec![cluster],
             operations: vec![op("op-1", "Pending"), op("op-2", "Running")],
+            backups: vec![backup],
         }
     }
 
@@ -1483,6 +1563,10 @@ mod read_declarations {
                 Read::Machines => part.machines = cluster_only.machines.clone(),
                 Read::Cluster => part.clusters = cluster_only.clusters.clone(),
                 Read::Operations => part.operations = cluster_only.operations.clone(),
+                Read::Backups => {
+                    part.backups = cluster_only.backups.clone();
+                    part.clusters = cluster_only.clusters.clone();
+                }
                 Read::Request => {}
             }
             let value = |snap: &Snapshot| -> String {
@@ -1523,6 +1607,11 @@ mod read_declarations {
                 info.name,
                 info.read
             );
+            // The backup facts are not vacuous here: the backup is found, and inside the
+            // cluster by its declared range.
+            if matches!(info.fact, Fact::BackupExists | Fact::BackupInCluster) {
+                assert_eq!(value(&full), "Bool(true)", "{}", info.name);
+            }
         }
     }
 
@@ -1613,6 +1702,7 @@ mod read_declarations {
             machines,
             clusters: vec![cluster],
             operations,
+            backups: Vec::new(),
         }
     }
 

@@ -18,6 +18,8 @@ pub mod operator;
 pub mod reload;
 pub mod secrets;
 pub mod server;
+pub mod snapshot;
+pub mod store;
 pub mod talos;
 pub mod tls;
 pub mod webhook;

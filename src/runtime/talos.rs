@@ -843,6 +843,59 @@ impl TalosClient {
         })
     }
 
+    /// Streams the node's etcd snapshot (`MachineService/EtcdSnapshot`, role
+    /// `os:etcd:backup` is enough) into `sink` chunk by chunk, checking it as it passes
+    /// ([`crate::runtime::snapshot::SnapshotCheck`]: its trailing sha256, as `talosctl etcd
+    /// snapshot` does), and flushes `sink`. Only one chunk is held at a time. The stream
+    /// is read to its end within `deadline`; a per-node error in any chunk fails it.
+    pub async fn etcd_snapshot<W>(
+        &self,
+        sink: &mut W,
+        deadline: Duration,
+    ) -> Result<crate::runtime::snapshot::Checked, crate::runtime::snapshot::StreamError>
+    where
+        W: tokio::io::AsyncWrite + Unpin,
+    {
+        use crate::runtime::snapshot::{SnapshotCheck, StreamError};
+        use tokio::io::AsyncWriteExt;
+        let mut stream = self
+            .call_on(
+                self.inner.clone(),
+                |mut c, r| async move { c.etcd_snapshot(r).await },
+                pb::EtcdSnapshotRequest {},
+                deadline,
+            )
+            .await?;
+        let mut check = SnapshotCheck::new();
+        let read = async {
+            while let Some(chunk) = stream
+                .message()
+                .await
+                .map_err(|s| StreamError::Talos(self.status_error(&s)))?
+            {
+                if let Some(e) = self.entry_error(chunk.metadata.as_ref()) {
+                    return Err(StreamError::Talos(e));
+                }
+                check.update(&chunk.bytes);
+                sink.write_all(&chunk.bytes)
+                    .await
+                    .map_err(StreamError::Write)?;
+            }
+            sink.flush().await.map_err(StreamError::Write)?;
+            Ok(())
+        };
+        match tokio::time::timeout(deadline, read).await {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(StreamError::Talos(self.unreachable(format!(
+                    "the snapshot stream did not end within {deadline:?} ({} bytes read)",
+                    check.size()
+                ))));
+            }
+        }
+        Ok(check.finish()?)
+    }
+
     /// Reads a server stream to its end within `deadline`.
     async fn drain_stream<M>(
         &self,

@@ -1287,6 +1287,7 @@ impl Objects<'_> {
                 },
                 schedulable: Some(if s.schedulable { "true" } else { "false" }.into()),
                 talos_config_secret_ref: None,
+                network: None,
             },
         );
         c.metadata.namespace = Some(NAMESPACE.into());
@@ -1318,6 +1319,7 @@ impl Objects<'_> {
                 kind: o.kind.name().into(),
                 machine: target,
                 image: (o.kind == OpKind::Upgrade).then(|| super::world::UPGRADE_IMAGE.into()),
+                backup_ref: None,
             },
         );
         op.metadata.namespace = Some(NAMESPACE.into());
@@ -1375,6 +1377,7 @@ impl Objects<'_> {
             machines: (0..s.machines.len()).map(|i| self.machine(s, i)).collect(),
             clusters: self.cluster(s).into_iter().collect(),
             operations: (0..s.ops.len()).map(|i| self.operation(s, i)).collect(),
+            backups: Vec::new(),
         }
     }
 

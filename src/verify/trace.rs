@@ -182,6 +182,7 @@ pub fn review_json(
             Some(Object::Machine(m)) => serde_json::to_value(m).unwrap_or_default(),
             Some(Object::Cluster(c)) => serde_json::to_value(c).unwrap_or_default(),
             Some(Object::Operation(x)) => serde_json::to_value(x).unwrap_or_default(),
+            Some(Object::Backup(b)) => serde_json::to_value(b).unwrap_or_default(),
             None => serde_json::Value::Null,
         }
     };
@@ -189,6 +190,7 @@ pub fn review_json(
         Some(Object::Machine(m)) => ("TalosMachine", "talosmachines", m.name().to_string()),
         Some(Object::Cluster(c)) => ("TalosCluster", "talosclusters", c.name().to_string()),
         Some(Object::Operation(o)) => ("TalosOperation", "talosoperations", o.name().to_string()),
+        Some(Object::Backup(b)) => ("TalosEtcdBackup", "talosetcdbackups", b.name().to_string()),
         None => ("TalosMachine", "talosmachines", String::new()),
     };
     let operation = match op {

@@ -206,6 +206,61 @@ pub async fn post(port: u16, path: &str, body: Value) -> Result<Value, EtcdError
     }
 }
 
+/// Member `port`'s snapshot through its gateway (`POST /v3/maintenance/snapshot`, a stream
+/// of JSON objects with base64 `blob`s): the database followed by its sha256, as etcd sends
+/// it, in etcd's own chunks.
+pub async fn snapshot_chunks(port: u16) -> Result<Vec<Vec<u8>>, EtcdError> {
+    use base64::Engine;
+    let path = "/v3/maintenance/snapshot";
+    let fail = |m: String| EtcdError::unavailable(format!("etcd at 127.0.0.1:{port}{path}: {m}"));
+    let attempt = async {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let (mut send, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+                .await
+                .map_err(|e| fail(e.to_string()))?;
+        tokio::spawn(conn);
+        let req = hyper::Request::builder()
+            .method("POST")
+            .uri(path)
+            .header("host", format!("127.0.0.1:{port}"))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from("{}")))
+            .expect("request");
+        let resp = send
+            .send_request(req)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| fail(e.to_string()))?
+            .to_bytes();
+        let mut chunks = Vec::new();
+        for v in serde_json::Deserializer::from_slice(&bytes).into_iter::<Value>() {
+            let v = v.map_err(|e| fail(format!("not a stream of JSON objects: {e}")))?;
+            if let Some(msg) = v.get("error").and_then(|e| e.get("message").or(Some(e))) {
+                return Err(fail(msg.to_string()));
+            }
+            let blob = v["result"]["blob"].as_str().unwrap_or("");
+            let chunk = base64::engine::general_purpose::STANDARD
+                .decode(blob)
+                .map_err(|e| fail(format!("a blob is not base64: {e}")))?;
+            if !chunk.is_empty() {
+                chunks.push(chunk);
+            }
+        }
+        Ok(chunks)
+    };
+    match tokio::time::timeout(Duration::from_secs(60), attempt).await {
+        Ok(r) => r,
+        Err(_) => Err(fail("no snapshot within 60 s".into())),
+    }
+}
+
 impl EtcdCluster {
     /// Starts `n` members named `cp-1` .. `cp-n` and waits until they are healthy.
     pub async fn start(n: usize) -> Arc<EtcdCluster> {
@@ -367,6 +422,24 @@ impl EtcdCluster {
     /// Member `i`'s client URL.
     pub fn client_url(&self, i: usize) -> String {
         url(self.client_port(i))
+    }
+
+    /// Member `i`'s snapshot, in etcd's chunks (see [`snapshot_chunks`]).
+    pub async fn snapshot_at(&self, i: usize) -> Result<Vec<Vec<u8>>, EtcdError> {
+        snapshot_chunks(self.client_port(i)).await
+    }
+
+    /// Writes `key` = `value` through member `i`.
+    pub async fn put_at(&self, i: usize, key: &str, value: &[u8]) -> Result<(), EtcdError> {
+        use base64::Engine;
+        let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+        post(
+            self.client_port(i),
+            "/v3/kv/put",
+            json!({"key": b64(key.as_bytes()), "value": b64(value)}),
+        )
+        .await
+        .map(|_| ())
     }
 
     fn client_port(&self, i: usize) -> u16 {

@@ -8,4 +8,5 @@ pub mod etcd;
 pub mod https;
 pub mod objects;
 pub mod process;
+pub mod s3;
 pub mod talos;

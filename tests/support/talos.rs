@@ -250,6 +250,8 @@ struct Node {
     downtime_ms: AtomicU64,
     never_back: AtomicBool,
     install_exit_code: AtomicI32,
+    /// Flip one byte of the next snapshots it streams (a corruption on the way).
+    corrupt_snapshot: AtomicBool,
     reboots: AtomicUsize,
     downtimes: Downtimes,
 }
@@ -894,6 +896,16 @@ impl MachineService for Service {
         Ok(Response::new(pb::SystemStatResponse { messages }))
     }
 
+    type EtcdSnapshotStream = Stream<ichor_rules::runtime::talos::proto::common::Data>;
+
+    async fn etcd_snapshot(
+        &self,
+        request: Request<pb::EtcdSnapshotRequest>,
+    ) -> Result<Response<Self::EtcdSnapshotStream>, Status> {
+        self.direct("EtcdSnapshot", request.metadata())?;
+        Ok(Response::new(SnapshotStream::snapshot(self).await?))
+    }
+
     async fn version(&self, request: Request<()>) -> Result<Response<pb::VersionResponse>, Status> {
         let messages = self
             .answer("Version", request.metadata(), Node::version, |metadata| {
@@ -908,6 +920,48 @@ impl MachineService for Service {
 }
 
 type Stream<T> = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+trait SnapshotStream {
+    async fn snapshot(
+        &self,
+    ) -> Result<Stream<ichor_rules::runtime::talos::proto::common::Data>, Status>;
+}
+
+#[tonic::async_trait]
+impl SnapshotStream for Service {
+    /// `MachineService/EtcdSnapshot`: a real snapshot of this node's etcd member (etcd's
+    /// `Maintenance/Snapshot` through its gateway: the database, then its sha256), in
+    /// etcd's chunks cut to at most 64 KiB each, as Talos relays it.
+    async fn snapshot(
+        &self,
+    ) -> Result<Stream<ichor_rules::runtime::talos::proto::common::Data>, Status> {
+        let node = &self.node;
+        let mut chunks = node
+            .etcd
+            .snapshot_at(node.index)
+            .await
+            .map_err(|e| etcd_failure(&node.name, &e))?;
+        if node.corrupt_snapshot.load(Ordering::SeqCst)
+            && let Some(first) = chunks.first_mut()
+            && let half = first.len() / 2
+            && let Some(b) = first.get_mut(half)
+        {
+            *b ^= 0x55;
+        }
+        let data: Vec<Result<ichor_rules::runtime::talos::proto::common::Data, Status>> = chunks
+            .iter()
+            .flat_map(|c| c.chunks(64 * 1024))
+            .map(|c| {
+                Ok(ichor_rules::runtime::talos::proto::common::Data {
+                    metadata: None,
+                    bytes: c.to_vec(),
+                })
+            })
+            .collect();
+        Ok(Box::pin(tokio_stream::iter(data)))
+    }
+}
 
 impl Service {
     /// A streaming call, answered by this node only (no `node` proxying), recorded.
@@ -1064,6 +1118,12 @@ impl TalosNode {
                 d.to = Some(now);
             }
         }
+    }
+
+    /// Makes the snapshots it streams from now on corrupt (one byte of the database
+    /// flipped), or sound again.
+    pub fn corrupt_snapshots(&self, yes: bool) {
+        self.node.corrupt_snapshot.store(yes, Ordering::SeqCst);
     }
 
     /// The `exit_code` its `LifecycleService/Upgrade` stream ends with.
@@ -1232,6 +1292,7 @@ impl TalosApi {
             downtime_ms: AtomicU64::new(1000),
             never_back: AtomicBool::new(false),
             install_exit_code: AtomicI32::new(0),
+            corrupt_snapshot: AtomicBool::new(false),
             reboots: AtomicUsize::new(0),
             downtimes: self.downtimes.clone(),
         });

@@ -44,6 +44,7 @@ pub async fn reconcile(c: Arc<TalosCluster>, ctx: Arc<Context>) -> Result<Action
         machines: true,
         clusters: true,
         operations: false,
+        backups: false,
     };
     let snapshot = ctx.reader.snapshot(&ns, &[&name], reads).await?;
     let Some(live) = snapshot.cluster(&ns, &name) else {

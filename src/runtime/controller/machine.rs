@@ -23,6 +23,7 @@ pub async fn reconcile(m: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action
         machines: true,
         clusters: true,
         operations: false,
+        backups: false,
     };
     let snapshot = ctx.reader.snapshot(&ns, &[m.cluster()], reads).await?;
     let Some(live) = snapshot.machine(&ns, &name) else {

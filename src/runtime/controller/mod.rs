@@ -12,6 +12,7 @@
 //! - [`lock`]: Leases as locks; [`disruptive`] is the ONE way disruptive work takes a
 //!   cluster's lock (a [`disruptive::Held`] guard, released or kept exactly once); [`leader`]: one replica reconciles.
 
+pub mod backup;
 pub mod cluster;
 pub mod disruptive;
 pub mod drain;
@@ -266,6 +267,7 @@ pub async fn run(ctx: Arc<Context>) {
     let machines: Api<TalosMachine> = Api::all(client.clone());
     let clusters: Api<TalosCluster> = Api::all(client.clone());
     let operations: Api<TalosOperation> = Api::all(client.clone());
+    let backups: Api<crate::runtime::objects::TalosEtcdBackup> = Api::all(client.clone());
     let wc = watcher::Config::default();
 
     let machine_ctl = {
@@ -295,7 +297,7 @@ pub async fn run(ctx: Arc<Context>) {
     };
     let operation_ctl = {
         let ctx = ctx.clone();
-        Controller::new(operations, wc)
+        Controller::new(operations, wc.clone())
             .run(
                 |o, ctx: Arc<Context>| async move {
                     timed("TalosOperation", &ctx, operation::reconcile(o, ctx.clone())).await
@@ -305,5 +307,17 @@ pub async fn run(ctx: Arc<Context>) {
             )
             .for_each(|_| futures::future::ready(()))
     };
-    tokio::join!(machine_ctl, cluster_ctl, operation_ctl);
+    let backup_ctl = {
+        let ctx = ctx.clone();
+        Controller::new(backups, wc)
+            .run(
+                |b, ctx: Arc<Context>| async move {
+                    timed("TalosEtcdBackup", &ctx, backup::reconcile(b, ctx.clone())).await
+                },
+                error_policy,
+                ctx,
+            )
+            .for_each(|_| futures::future::ready(()))
+    };
+    tokio::join!(machine_ctl, cluster_ctl, operation_ctl, backup_ctl);
 }

@@ -117,6 +117,7 @@ pub async fn reconcile(
         machines: true,
         clusters: true,
         operations: true,
+        backups: true,
     };
     let snapshot = ctx.reader.snapshot(&ns, &[o.cluster()], reads).await?;
     let Some(live) = snapshot.operation(&ns, &name) else {
@@ -179,6 +180,14 @@ pub async fn reconcile(
             }
             match start_again(&ctx, &table, &snapshot, &mut next).await {
                 Some(refused) => refused,
+                // Issue 36: allowed, but the rules give its kind no plan (an etcd restore):
+                // it stays Pending with their words on doing it by hand, decided again.
+                None if let Some(how) =
+                    super::backup::manual_procedure(&table, &snapshot, &next) =>
+                {
+                    super::backup::mark_manual(&ctx, &mut next, &how).await;
+                    Action::requeue(ctx.settings.parked_requeue)
+                }
                 None => {
                     if let Some(v) = status::write(&ctx.client, live, &next).await? {
                         next.metadata.resource_version = Some(v);

@@ -137,6 +137,16 @@ impl Conditions for TalosCluster {
     }
 }
 
+impl Conditions for crate::runtime::objects::TalosEtcdBackup {
+    type Status = crate::runtime::objects::BackupStatus;
+    fn status(&self) -> Option<&Self::Status> {
+        self.status.as_ref()
+    }
+    fn conditions_mut(&mut self) -> &mut Vec<Condition> {
+        &mut self.status.get_or_insert_with(Default::default).conditions
+    }
+}
+
 impl Conditions for TalosOperation {
     type Status = OperationStatus;
     fn status(&self) -> Option<&OperationStatus> {

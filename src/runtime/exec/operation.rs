@@ -282,6 +282,7 @@ pub async fn reconcile<W: OperationWorld>(
         machines: true,
         clusters: true,
         operations: true,
+        backups: false,
     };
     if p.started_at.is_none() || p.order.is_empty() {
         let snapshot = w.read(cluster, reads).await?;

@@ -151,6 +151,7 @@ pub async fn reconcile<W: World>(
         machines: true,
         clusters: true,
         operations: true,
+        backups: false,
     };
     let snapshot = w.read(cluster, reads).await?;
     let Some(live) = snapshot.machine(ns, name) else {
@@ -367,6 +368,7 @@ async fn release_if_not_member<W: World>(
         machines: true,
         clusters: true,
         operations: false,
+        backups: false,
     };
     let snapshot = w.read(asked.cluster(), reads).await?;
     // A cluster being torn down goes with its etcd: a member left behind there holds

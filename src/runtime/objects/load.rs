@@ -1,7 +1,9 @@
 //! Objects from text: an objects file (`eval`, `test`) or an AdmissionReview's objects,
 //! checked as the CRDs' schemas and the API server would.
 
-use super::{API_VERSION, ObjectMeta, Snapshot, TalosCluster, TalosMachine, TalosOperation};
+use super::{
+    API_VERSION, ObjectMeta, Snapshot, TalosCluster, TalosEtcdBackup, TalosMachine, TalosOperation,
+};
 use serde::Deserialize;
 
 pub use crate::runtime::nesting::MAX_NESTING;
@@ -33,6 +35,7 @@ pub enum Object {
     Machine(TalosMachine),
     Cluster(TalosCluster),
     Operation(TalosOperation),
+    Backup(TalosEtcdBackup),
 }
 
 impl Object {
@@ -42,6 +45,7 @@ impl Object {
             Object::Machine(_) => "TalosMachine",
             Object::Cluster(_) => "TalosCluster",
             Object::Operation(_) => "TalosOperation",
+            Object::Backup(_) => "TalosEtcdBackup",
         }
     }
 
@@ -50,6 +54,7 @@ impl Object {
             Object::Machine(m) => &m.metadata,
             Object::Cluster(c) => &c.metadata,
             Object::Operation(o) => &o.metadata,
+            Object::Backup(b) => &b.metadata,
         }
     }
 }
@@ -77,7 +82,7 @@ pub fn object_from_value(value: serde_json::Value) -> Result<Object, String> {
         };
         return Err(format!(
             "{found}; {hint}an objects file holds only {API_VERSION} TalosClusters, \
-             TalosMachines and TalosOperations (a stream or a `kind: List`)"
+             TalosMachines, TalosOperations and TalosEtcdBackups (a stream or a `kind: List`)"
         ));
     };
     if api_version != API_VERSION {
@@ -102,6 +107,7 @@ pub fn typed_object(kind: &str, value: serde_json::Value) -> Result<Object, Stri
         "TalosMachine" => de(value).map(Object::Machine),
         "TalosCluster" => de(value).map(Object::Cluster),
         "TalosOperation" => de(value).map(Object::Operation),
+        "TalosEtcdBackup" => de(value).map(Object::Backup),
         other => Err(format!("`{other}` is not a kind ichor-rules decides about")),
     }?;
     validate_object(&object)?;
@@ -124,6 +130,7 @@ pub fn typed_object_text(
         "TalosMachine" => de(text).map(Object::Machine),
         "TalosCluster" => de(text).map(Object::Cluster),
         "TalosOperation" => de(text).map(Object::Operation),
+        "TalosEtcdBackup" => de(text).map(Object::Backup),
         other => Err(format!("`{other}` is not a kind ichor-rules decides about")),
     }?;
     if let Some(namespace) = namespace {
@@ -131,6 +138,7 @@ pub fn typed_object_text(
             Object::Machine(m) => &mut m.metadata,
             Object::Cluster(c) => &mut c.metadata,
             Object::Operation(o) => &mut o.metadata,
+            Object::Backup(b) => &mut b.metadata,
         };
         if meta.namespace.is_none() {
             meta.namespace = Some(namespace.to_string());
@@ -187,13 +195,18 @@ pub fn validate_object(object: &Object) -> Result<(), String> {
                 ));
             }
         }
-        Object::Machine(_) => {}
+        Object::Machine(_) | Object::Backup(_) => {}
     }
     Ok(())
 }
 
 /// The kinds an objects file may hold, as `kubectl get -o yaml` prints them.
-const KINDS: [&str; 3] = ["TalosCluster", "TalosMachine", "TalosOperation"];
+const KINDS: [&str; 4] = [
+    "TalosCluster",
+    "TalosMachine",
+    "TalosOperation",
+    "TalosEtcdBackup",
+];
 
 /// Loads the objects of a YAML stream: several documents, or `kind: List` (or a
 /// `TalosMachineList` and the like) with `items`. Every object must be one of our kinds at
@@ -304,6 +317,7 @@ pub fn load_snapshot(text: &str) -> Result<Snapshot, LoadError> {
                 Object::Machine(m) => snap.machines.push(m),
                 Object::Cluster(c) => snap.clusters.push(c),
                 Object::Operation(o) => snap.operations.push(o),
+                Object::Backup(b) => snap.backups.push(b),
             }
         }
     }

@@ -8,8 +8,14 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize};
 
+mod backup;
 mod load;
 mod snapshot;
+pub use backup::{
+    BackupSpec, BackupStatus, Cidr, ClusterNetwork, CredentialsSecretRef, EncryptionSpec, Endpoint,
+    RetentionSpec, SNAPSHOT_NOW_ANNOTATION, ScheduleSpec, SnapshotRecord, StoreSpec,
+    TalosEtcdBackup, parse_duration, parse_endpoint, store_in_cluster, validate_backup_spec,
+};
 pub use load::{
     LoadError, MAX_NESTING, Object, load_snapshot, object_from_value, typed_object,
     typed_object_text, validate_object,
@@ -403,6 +409,10 @@ pub struct ClusterSpec {
     /// `--talosconfig-for-all-clusters`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub talos_config_secret_ref: Option<SecretKeyRef>,
+    /// The cluster's pod and service ranges (Talos' `cluster.network`): a backup store
+    /// inside them is inside the cluster (ADR 0106 §2). Talos' defaults when omitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<ClusterNetwork>,
 }
 
 /// The key of a talosconfig Secret that [`SecretKeyRef`] reads when it names none.
@@ -513,6 +523,25 @@ pub struct OperationSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 512))]
     pub image: Option<String>,
+    /// The TalosEtcdBackup an `etcd-restore` restores from (same namespace and cluster),
+    /// and optionally which of its snapshots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_ref: Option<BackupRef>,
+}
+
+/// The backup (and snapshot) an `etcd-restore` names.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupRef {
+    /// Name of the TalosEtcdBackup.
+    #[serde(default)]
+    #[schemars(length(max = 253))]
+    pub name: String,
+    /// The object key of the snapshot to restore; the backup's newest verified one when
+    /// omitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub snapshot: Option<String>,
 }
 
 /// What the controller observed of an operation.
@@ -602,6 +631,14 @@ impl TalosOperation {
         &self.spec.cluster_ref.name
     }
 
+    /// spec.backupRef.name ("" when none).
+    pub fn backup_name(&self) -> &str {
+        self.spec
+            .backup_ref
+            .as_ref()
+            .map_or("", |b| b.name.as_str())
+    }
+
     pub fn phase(&self) -> &str {
         self.status
             .as_ref()
@@ -664,7 +701,7 @@ pub const MACHINE_CONDITIONS_DECIDED: &[&str] = &["Ready", "Removal"];
 /// `parked`).
 pub const OPERATION_CONDITIONS_DECIDED: &[&str] = &["Paused", "Accepted"];
 
-/// The CustomResourceDefinitions of the three kinds, as one YAML stream.
+/// The CustomResourceDefinitions of the kinds, as one YAML stream.
 pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
     use kube::CustomResourceExt;
     let mut out = String::new();
@@ -672,6 +709,7 @@ pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
         TalosCluster::crd(),
         TalosMachine::crd(),
         TalosOperation::crd(),
+        TalosEtcdBackup::crd(),
     ] {
         out.push_str("---\n");
         out.push_str(&serde_yaml::to_string(&crd)?);

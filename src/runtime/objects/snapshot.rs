@@ -1,6 +1,6 @@
 //! The live objects of one decision.
 
-use super::{TalosCluster, TalosMachine, TalosOperation};
+use super::{TalosCluster, TalosEtcdBackup, TalosMachine, TalosOperation};
 
 /// The live objects a decision is made against.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -8,6 +8,9 @@ pub struct Snapshot {
     pub machines: Vec<TalosMachine>,
     pub clusters: Vec<TalosCluster>,
     pub operations: Vec<TalosOperation>,
+    /// The cluster's TalosEtcdBackups (read only when a decision's facts need them).
+    #[serde(default)]
+    pub backups: Vec<TalosEtcdBackup>,
 }
 
 impl Snapshot {
@@ -21,6 +24,12 @@ impl Snapshot {
         self.machines
             .iter()
             .find(|m| m.namespace() == namespace && m.name() == name)
+    }
+
+    pub fn backup(&self, namespace: &str, name: &str) -> Option<&TalosEtcdBackup> {
+        self.backups
+            .iter()
+            .find(|b| b.namespace() == namespace && b.name() == name)
     }
 
     pub fn operation(&self, namespace: &str, name: &str) -> Option<&TalosOperation> {

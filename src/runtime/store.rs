@@ -1,0 +1,352 @@
+//! A TalosEtcdBackup's S3-compatible store (issue 36), through `object_store`'s S3 client:
+//! a snapshot streams in as a multipart upload in parts of [`PART`] bytes, one part in
+//! flight, so an upload holds at most two parts whatever the snapshot's size; it is checked
+//! as it passes ([`SnapshotCheck`]) and, once stored, by the stored object's size. A
+//! snapshot that fails either check is deleted, never kept.
+//!
+//! The access keys come from the caller (read live from the backup's Secret): they are
+//! never in an error, a log line or a `Debug` print.
+
+use crate::runtime::objects::{StoreSpec, parse_endpoint};
+use crate::runtime::snapshot::{Checked, SnapshotCheck, SnapshotError};
+use futures::StreamExt;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::path::Path;
+use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig};
+use std::fmt;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// The size of an upload's parts (S3 wants at least 5 MiB for every part but the last).
+pub const PART: usize = 8 * 1024 * 1024;
+
+/// A store's access keys. `Debug` shows neither.
+#[derive(Clone)]
+pub struct Keys {
+    pub access_key_id: String,
+    pub secret_access_key: String,
+}
+
+impl fmt::Debug for Keys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Keys(<redacted>)")
+    }
+}
+
+/// Why a store call failed, in one sentence that says what to check (never a key).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{0}")]
+    Spec(String),
+    #[error("the store at {endpoint} could not be reached: {detail}")]
+    Unreachable { endpoint: String, detail: String },
+    #[error(
+        "the store at {endpoint} refused the access keys (wrong or disabled keys, or a clock far off): {detail}"
+    )]
+    Keys { endpoint: String, detail: String },
+    #[error("bucket `{bucket}` does not exist at {endpoint}; create it, or fix spec.store.bucket")]
+    NoBucket { endpoint: String, bucket: String },
+    #[error("object `{key}` is not in the store")]
+    NotFound { key: String },
+    #[error("the store at {endpoint} failed: {detail}")]
+    Failed { endpoint: String, detail: String },
+    #[error("reading the snapshot to upload failed: {0}")]
+    Read(#[source] std::io::Error),
+    #[error("writing the downloaded snapshot failed: {0}")]
+    Write(#[source] std::io::Error),
+}
+
+impl StoreError {
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            StoreError::Spec(_) => "spec",
+            StoreError::Unreachable { .. } => "unreachable",
+            StoreError::Keys { .. } => "keys",
+            StoreError::NoBucket { .. } => "no_bucket",
+            StoreError::NotFound { .. } => "not_found",
+            StoreError::Failed { .. } => "failed",
+            StoreError::Read(_) | StoreError::Write(_) => "io",
+        }
+    }
+
+    /// A reason word for a condition.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            StoreError::Spec(_) => "InvalidSpec",
+            StoreError::Unreachable { .. } => "StoreUnreachable",
+            StoreError::Keys { .. } => "StoreKeysRefused",
+            StoreError::NoBucket { .. } => "BucketNotFound",
+            StoreError::NotFound { .. } => "SnapshotNotFound",
+            StoreError::Failed { .. } => "StoreFailed",
+            StoreError::Read(_) | StoreError::Write(_) => "StreamFailed",
+        }
+    }
+}
+
+/// One backup's store: its bucket, under its prefix.
+pub struct Store {
+    s3: AmazonS3,
+    endpoint: String,
+    bucket: String,
+    prefix: String,
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store")
+            .field("endpoint", &self.endpoint)
+            .field("bucket", &self.bucket)
+            .field("prefix", &self.prefix)
+            .finish()
+    }
+}
+
+/// A stored object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Object {
+    pub key: String,
+    pub size: u64,
+}
+
+impl Store {
+    /// The store `spec` names, signed with `keys`. `timeout` bounds each request.
+    pub fn new(spec: &StoreSpec, keys: &Keys, timeout: Duration) -> Result<Store, StoreError> {
+        // reqwest is built without a default crypto provider: ring, as the rest of the crate.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let ep = parse_endpoint(&spec.endpoint).map_err(StoreError::Spec)?;
+        let endpoint = spec.endpoint.trim_end_matches('/').to_string();
+        let options = ClientOptions::new()
+            .with_timeout(timeout)
+            .with_connect_timeout(timeout.min(Duration::from_secs(10)))
+            .with_allow_http(!ep.https);
+        let retry = RetryConfig {
+            max_retries: 2,
+            retry_timeout: timeout,
+            ..RetryConfig::default()
+        };
+        let s3 = AmazonS3Builder::new()
+            .with_endpoint(&endpoint)
+            .with_bucket_name(&spec.bucket)
+            .with_region(spec.region.as_deref().unwrap_or("us-east-1"))
+            .with_access_key_id(&keys.access_key_id)
+            .with_secret_access_key(&keys.secret_access_key)
+            .with_virtual_hosted_style_request(false)
+            .with_allow_http(!ep.https)
+            .with_client_options(options)
+            .with_retry(retry)
+            .build()
+            .map_err(|e| StoreError::Spec(format!("spec.store: {e}")))?;
+        let prefix = spec.prefix.clone().unwrap_or_default();
+        Ok(Store {
+            s3,
+            endpoint,
+            bucket: spec.bucket.clone(),
+            prefix,
+        })
+    }
+
+    /// The full key of `name` under this backup's prefix.
+    pub fn key(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    fn error(&self, e: object_store::Error, key: &str) -> StoreError {
+        let detail = chain(&e);
+        let endpoint = self.endpoint.clone();
+        if let object_store::Error::NotFound { .. } = e {
+            if detail.contains("NoSuchBucket") {
+                return StoreError::NoBucket {
+                    endpoint,
+                    bucket: self.bucket.clone(),
+                };
+            }
+            return StoreError::NotFound {
+                key: key.to_string(),
+            };
+        }
+        if detail.contains("NoSuchBucket") {
+            StoreError::NoBucket {
+                endpoint,
+                bucket: self.bucket.clone(),
+            }
+        } else if [
+            "InvalidAccessKeyId",
+            "SignatureDoesNotMatch",
+            "AccessDenied",
+            "403",
+        ]
+        .iter()
+        .any(|w| detail.contains(w))
+        {
+            StoreError::Keys { endpoint, detail }
+        } else if [
+            "error sending request",
+            "onnection refused",
+            "dns error",
+            "timed out",
+        ]
+        .iter()
+        .any(|w| detail.contains(w))
+        {
+            StoreError::Unreachable { endpoint, detail }
+        } else {
+            StoreError::Failed { endpoint, detail }
+        }
+    }
+
+    /// Uploads everything `from` yields as object `key` (multipart, one [`PART`] in
+    /// flight), checking it as an etcd snapshot on the way; then checks the stored size.
+    /// Whatever fails, nothing is left under `key` (the upload is aborted, or the object
+    /// deleted).
+    pub async fn put_snapshot<R: AsyncRead + Unpin>(
+        &self,
+        key: &str,
+        mut from: R,
+    ) -> Result<Checked, PutError> {
+        let path = Path::from(key);
+        let mut upload = self
+            .s3
+            .put_multipart(&path)
+            .await
+            .map_err(|e| PutError::Store(self.error(e, key)))?;
+        let mut check = SnapshotCheck::new();
+        let mut part = Vec::with_capacity(PART);
+        let streamed: Result<(), PutError> = async {
+            loop {
+                part.clear();
+                // Fill one part (or reach the end).
+                while part.len() < PART {
+                    let n = (&mut from)
+                        .take((PART - part.len()) as u64)
+                        .read_to_end(&mut part)
+                        .await
+                        .map_err(|e| PutError::Store(StoreError::Read(e)))?;
+                    if n == 0 {
+                        break;
+                    }
+                }
+                if part.is_empty() {
+                    return Ok(());
+                }
+                check.update(&part);
+                let last = part.len() < PART;
+                let payload = PutPayload::from(bytes::Bytes::from(std::mem::take(&mut part)));
+                upload
+                    .put_part(payload)
+                    .await
+                    .map_err(|e| PutError::Store(self.error(e, key)))?;
+                part = Vec::with_capacity(PART);
+                if last {
+                    return Ok(());
+                }
+            }
+        }
+        .await;
+        if let Err(e) = streamed {
+            let _ = upload.abort().await;
+            return Err(e);
+        }
+        let checked = match check.finish() {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = upload.abort().await;
+                return Err(PutError::Check(e));
+            }
+        };
+        upload
+            .complete()
+            .await
+            .map_err(|e| PutError::Store(self.error(e, key)))?;
+        let stored = match self.s3.head(&path).await {
+            Ok(meta) => meta.size,
+            Err(e) => {
+                let _ = self.delete(key).await;
+                return Err(PutError::Store(self.error(e, key)));
+            }
+        };
+        if stored != checked.size {
+            let _ = self.delete(key).await;
+            return Err(PutError::Size {
+                streamed: checked.size,
+                stored,
+            });
+        }
+        Ok(checked)
+    }
+
+    /// Deletes object `key` (a missing one is not an error).
+    pub async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        match self.s3.delete(&Path::from(key)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.error(e, key)),
+        }
+    }
+
+    /// The objects under this backup's prefix, by key.
+    pub async fn list(&self) -> Result<Vec<Object>, StoreError> {
+        let prefix = Path::from(self.prefix.trim_end_matches('/'));
+        let prefix = (!self.prefix.is_empty()).then_some(&prefix);
+        let mut out = Vec::new();
+        let mut stream = self.s3.list(prefix);
+        while let Some(meta) = stream.next().await {
+            let meta = meta.map_err(|e| self.error(e, &self.prefix))?;
+            out.push(Object {
+                key: meta.location.to_string(),
+                size: meta.size,
+            });
+        }
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+
+    /// Downloads object `key` into `to`, chunk by chunk, checking it as an etcd snapshot.
+    pub async fn get_snapshot<W: AsyncWrite + Unpin>(
+        &self,
+        key: &str,
+        to: &mut W,
+    ) -> Result<Checked, PutError> {
+        let got = self
+            .s3
+            .get(&Path::from(key))
+            .await
+            .map_err(|e| PutError::Store(self.error(e, key)))?;
+        let mut stream = got.into_stream();
+        let mut check = SnapshotCheck::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| PutError::Store(self.error(e, key)))?;
+            check.update(&chunk);
+            to.write_all(&chunk)
+                .await
+                .map_err(|e| PutError::Store(StoreError::Write(e)))?;
+        }
+        to.flush()
+            .await
+            .map_err(|e| PutError::Store(StoreError::Write(e)))?;
+        check.finish().map_err(PutError::Check)
+    }
+}
+
+/// Why a snapshot was not stored (or not fetched) whole and sound.
+#[derive(Debug, thiserror::Error)]
+pub enum PutError {
+    #[error(transparent)]
+    Store(StoreError),
+    #[error("the snapshot failed its check, so it was not kept: {0}")]
+    Check(#[source] SnapshotError),
+    #[error("the stored object is {stored} bytes but {streamed} were streamed, so it was deleted")]
+    Size { streamed: u64, stored: u64 },
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let s = c.to_string();
+        if !out.contains(&s) {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+        cause = c.source();
+    }
+    out
+}

@@ -1,0 +1,484 @@
+//! Issue 36: TalosEtcdBackups against the in-process API server and the real kube client:
+//! the controller's conditions on a backup (a spec that is not sound, a store inside the
+//! cluster, ADR 0106 §2) and an etcd restore at the controller (refused for a store inside
+//! the cluster, else left Pending with the rules' words on doing it by hand).
+
+use crate::support::apiserver;
+use crate::support::controller as harness;
+
+use apiserver::ApiServer;
+use harness::*;
+use ichor_rules::runtime::objects::TalosEtcdBackup;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A TalosEtcdBackup of cluster `prod` whose store is at `endpoint`.
+pub fn backup(name: &str, endpoint: &str) -> Value {
+    json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosEtcdBackup",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"clusterRef": {"name": "prod"},
+                 "store": {"endpoint": endpoint, "bucket": "etcd-backups", "prefix": "prod/",
+                           "credentialsSecretRef": {"name": "s3-keys"}},
+                 "schedule": {"interval": "6h"},
+                 "retention": {"keepLast": 3}}
+    })
+}
+
+async fn patch_backup(api: &ApiServer, name: &str, spec: Value) {
+    Api::<TalosEtcdBackup>::namespaced(api.test_client(), NS)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": spec })),
+        )
+        .await
+        .expect("patch the backup");
+}
+
+fn message(api: &ApiServer, kind: &str, name: &str, type_: &str) -> String {
+    get(api, kind, name)
+        .and_then(|o| condition(&o, type_))
+        .and_then(|c| c["message"].as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// ADR 0106 §2: a backup whose store is a Service of the cluster, or an address in its
+/// declared pod range, gets the warning condition StoreInCluster=True (and a Warning
+/// Event), while Ready stays True; moving the endpoint out removes it.
+#[tokio::test]
+async fn a_store_inside_the_cluster_is_warned_and_the_warning_goes_when_it_moves_out() {
+    let api = ApiServer::start().await;
+    let mut c = cluster("prod", 3);
+    c["spec"]["network"] = json!({"podSubnets": ["172.20.0.0/16"]});
+    api.insert(c);
+    api.insert(backup(
+        "by-name",
+        "http://minio.minio.svc.cluster.local:9000",
+    ));
+    api.insert(backup("by-ip", "http://172.20.3.9:9000"));
+    // In Talos' default service range, but this cluster declares only its pod range: the
+    // service range is still the default one.
+    api.insert(backup("default-svc", "http://10.96.0.50:9000"));
+    api.insert(backup("outside", "https://s3.eu-west-1.amazonaws.com"));
+    let _c = Running::start(context(&api, "test", None));
+    for name in ["by-name", "by-ip", "default-svc"] {
+        wait_for(name, WAIT, || {
+            cond(&api, "TalosEtcdBackup", name, "StoreInCluster")
+                == Some(("True".into(), "StoreInCluster".into()))
+        })
+        .await;
+        assert_eq!(
+            cond(&api, "TalosEtcdBackup", name, "Ready"),
+            Some(("True".into(), "SpecValid".into())),
+            "{name}"
+        );
+        let m = message(&api, "TalosEtcdBackup", name, "StoreInCluster");
+        assert!(
+            m.contains("the backup store must live outside the cluster being restored"),
+            "{m}"
+        );
+        wait_for("the Warning Event", WAIT, || {
+            !events(&api, name, "StoreInCluster").is_empty()
+        })
+        .await;
+        assert_eq!(events(&api, name, "StoreInCluster").len(), 1, "{name}");
+    }
+    assert!(
+        message(&api, "TalosEtcdBackup", "by-ip", "StoreInCluster")
+            .contains("172.20.3.9 is inside the cluster's pod range 172.20.0.0/16")
+    );
+    wait_for("outside judged", WAIT, || {
+        cond(&api, "TalosEtcdBackup", "outside", "Ready").is_some()
+    })
+    .await;
+    assert_eq!(
+        cond(&api, "TalosEtcdBackup", "outside", "StoreInCluster"),
+        None
+    );
+
+    patch_backup(
+        &api,
+        "by-name",
+        json!({"store": {"endpoint": "https://backup.example.org"}}),
+    )
+    .await;
+    wait_for("the warning removed", WAIT, || {
+        cond(&api, "TalosEtcdBackup", "by-name", "StoreInCluster").is_none()
+    })
+    .await;
+}
+
+/// Bad input gets a condition saying exactly what is wrong and how to fix it, every
+/// problem at once; the controller does not stop on it.
+#[tokio::test]
+async fn a_malformed_backup_says_every_problem() {
+    let api = ApiServer::start().await;
+    api.insert(cluster("prod", 3));
+    let mut bad = backup("bad", "s3.example.com:9000");
+    bad["spec"]["store"]["bucket"] = json!("Etcd_Backups");
+    bad["spec"]["schedule"]["interval"] = json!("sometimes");
+    bad["spec"]["retention"]["keepLast"] = json!(0);
+    api.insert(bad);
+    api.insert(backup("orphan", "https://s3.example.com"));
+    patch_orphan_cluster(&api).await;
+    let _c = Running::start(context(&api, "test", None));
+    wait_for("invalid spec", WAIT, || {
+        cond(&api, "TalosEtcdBackup", "bad", "Ready")
+            == Some(("False".into(), "InvalidSpec".into()))
+    })
+    .await;
+    let m = message(&api, "TalosEtcdBackup", "bad", "Ready");
+    for want in [
+        "the spec has 4 problems",
+        "spec.store.endpoint `s3.example.com:9000` is not a URL the controller can use: it must start with `https://`",
+        "spec.store.bucket `Etcd_Backups` is not an S3 bucket name",
+        "spec.schedule.interval `sometimes` is not a duration",
+        "spec.retention.keepLast is 0",
+        "no snapshot is taken until it is fixed",
+    ] {
+        assert!(m.contains(want), "{want}: {m}");
+    }
+    wait_for("the Warning Event", WAIT, || {
+        !events(&api, "bad", "InvalidSpec").is_empty()
+    })
+    .await;
+    assert_eq!(events(&api, "bad", "InvalidSpec").len(), 1);
+    wait_for("a missing cluster said", WAIT, || {
+        cond(&api, "TalosEtcdBackup", "orphan", "Ready")
+            == Some(("False".into(), "ClusterNotFound".into()))
+    })
+    .await;
+}
+
+async fn patch_orphan_cluster(api: &ApiServer) {
+    patch_backup(api, "orphan", json!({"clusterRef": {"name": "staging"}})).await;
+}
+
+/// ADR 0106 §2 at the controller: a restore created past the webhook (or before the
+/// backup's endpoint moved into the cluster) is refused again before anything runs
+/// (Accepted=False StartRefused, the seed's words); one from a store outside stays Pending
+/// with Accepted=True ManualProcedure, the rules' words pointing at the procedure.
+#[tokio::test]
+async fn an_etcd_restore_is_refused_at_the_controller_for_a_store_inside_else_left_to_be_done_by_hand()
+ {
+    let api = ApiServer::start().await;
+    api.insert(cluster("prod", 3));
+    for (i, n) in ["cp-1", "cp-2", "cp-3"].iter().enumerate() {
+        api.insert(control_plane(n, i as u32));
+    }
+    api.insert(backup("offsite", "https://s3.backup.example.org"));
+    let mut op = operation("restore-1", "etcd-restore");
+    op["spec"]["backupRef"] = json!({"name": "offsite"});
+    api.insert(op);
+    let _c = Running::start(context(&api, "test", None));
+    wait_for("left to be done by hand", WAIT, || {
+        cond(&api, "TalosOperation", "restore-1", "Accepted")
+            == Some(("True".into(), "ManualProcedure".into()))
+    })
+    .await;
+    let m = message(&api, "TalosOperation", "restore-1", "Accepted");
+    assert!(
+        m.contains("this operator does not run an etcd restore itself")
+            && m.contains("docs/operators.md"),
+        "{m}"
+    );
+    let phase = |api: &ApiServer| {
+        get(api, "TalosOperation", "restore-1")
+            .and_then(|o| o["status"]["phase"].as_str().map(str::to_string))
+    };
+    assert!(
+        matches!(phase(&api).as_deref(), None | Some("Pending")),
+        "{:?}",
+        phase(&api)
+    );
+    wait_for("the Event", WAIT, || {
+        !events(&api, "restore-1", "ManualProcedure").is_empty()
+    })
+    .await;
+    assert_eq!(events(&api, "restore-1", "ManualProcedure").len(), 1);
+
+    // The store moves into the cluster: the next decision refuses it.
+    patch_backup(
+        &api,
+        "offsite",
+        json!({"store": {"endpoint": "http://10.96.7.7:9000"}}),
+    )
+    .await;
+    wait_for("refused at the controller", WAIT, || {
+        cond(&api, "TalosOperation", "restore-1", "Accepted")
+            == Some(("False".into(), "StartRefused".into()))
+    })
+    .await;
+    let m = message(&api, "TalosOperation", "restore-1", "Accepted");
+    assert!(
+        m.contains("the backup store must live outside the cluster being restored"),
+        "{m}"
+    );
+    assert!(
+        matches!(phase(&api).as_deref(), None | Some("Pending")),
+        "{:?}",
+        phase(&api)
+    );
+}
+
+/// `MachineService/EtcdSnapshot` from the Talos stand-in, backed by a real etcd: the
+/// client streams it to a file chunk by chunk and checks its trailing sha256 as it passes
+/// (as `talosctl etcd snapshot` does). The file is a real bbolt database holding what was
+/// written, followed by its sha256; a snapshot altered on the way is caught.
+#[tokio::test]
+async fn an_etcd_snapshot_streams_to_a_file_and_its_trailing_sha256_is_checked() {
+    use crate::support::etcd::EtcdCluster;
+    use crate::support::talos::TalosApi;
+    use ichor_rules::runtime::snapshot::{SnapshotError, StreamError};
+    let api = TalosApi::start(EtcdCluster::start(1).await).await;
+    let value = vec![b'v'; 4096];
+    for i in 0..300 {
+        api.etcd
+            .put_at(0, &format!("backup-test-key-{i}"), &value)
+            .await
+            .expect("put");
+    }
+    let dir = std::env::temp_dir().join(format!("ichor-snapshot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("etcd.snapshot");
+    let client = api.client(0);
+    let mut file = tokio::fs::File::create(&path).await.expect("create");
+    let checked = client
+        .etcd_snapshot(&mut file, Duration::from_secs(60))
+        .await
+        .expect("a sound snapshot");
+    drop(file);
+    let bytes = std::fs::read(&path).expect("read");
+    assert_eq!(checked.size, bytes.len() as u64);
+    assert!(bytes.len() > 300 * 4096, "{} bytes", bytes.len());
+    // bbolt's meta page: the magic 0xED0CDAED after the 16-byte page header.
+    assert_eq!(bytes[16..20], [0xed, 0xda, 0x0c, 0xed]);
+    let (db, trailer) = bytes.split_at(bytes.len() - 32);
+    let sha = ring::digest::digest(&ring::digest::SHA256, db);
+    assert_eq!(trailer, sha.as_ref());
+    let hex: String = sha.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(checked.sha256, hex);
+    assert!(
+        db.windows(b"backup-test-key-299".len())
+            .any(|w| w == b"backup-test-key-299")
+    );
+
+    api.node(0).corrupt_snapshots(true);
+    let mut sink = Vec::new();
+    let err = client
+        .etcd_snapshot(&mut sink, Duration::from_secs(60))
+        .await
+        .expect_err("a corrupted snapshot");
+    assert!(
+        matches!(err, StreamError::Check(SnapshotError::Mismatch { .. })),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("is not the sha256 of its"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A store of moto's S3 server, bucket `etcd`, prefix `prod/`.
+fn store_spec(endpoint: &str, bucket: &str) -> ichor_rules::runtime::objects::StoreSpec {
+    serde_json::from_value(json!({
+        "endpoint": endpoint, "bucket": bucket, "prefix": "prod/",
+        "credentialsSecretRef": {"name": "s3-keys"}
+    }))
+    .expect("a store spec")
+}
+
+const SECRET: &str = "wJalrXUtnFEMI-K7MDENG-never-in-a-message";
+
+fn keys() -> ichor_rules::runtime::store::Keys {
+    ichor_rules::runtime::store::Keys {
+        access_key_id: "AKIAICHORTEST".into(),
+        secret_access_key: SECRET.into(),
+    }
+}
+
+/// A real etcd snapshot (over 12 MiB, so more than one part) streams from the Talos
+/// stand-in into moto's S3 server as a multipart upload, checked on the way and by the
+/// stored size; downloading it gives the same bytes (its sha256 matches). A snapshot
+/// corrupted on the way is not kept (nothing under its key); an object altered in the
+/// store is caught when it is downloaded. A missing bucket and an unreachable store are
+/// said as such, and no error carries the secret key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_streams_into_the_store_multipart_and_is_checked_there() {
+    use crate::support::etcd::EtcdCluster;
+    use crate::support::s3::S3Server;
+    use crate::support::talos::TalosApi;
+    use ichor_rules::runtime::store::{PutError, Store, StoreError};
+    let s3 = S3Server::start().await;
+    s3.create_bucket("etcd").await;
+    let api = TalosApi::start(EtcdCluster::start(1).await).await;
+    let value = vec![b'x'; 128 * 1024];
+    for i in 0..100 {
+        api.etcd
+            .put_at(0, &format!("big-{i}"), &value)
+            .await
+            .expect("put");
+    }
+    let store = Store::new(
+        &store_spec(&s3.endpoint(), "etcd"),
+        &keys(),
+        Duration::from_secs(30),
+    )
+    .expect("store");
+    let client = api.client(0);
+    let key = store.key("2026-12-05T07-00-00Z.snapshot");
+    let take = |key: String| {
+        let client = client.clone();
+        let store = &store;
+        async move {
+            let (mut w, r) = tokio::io::duplex(256 * 1024);
+            let talos = async move {
+                let got = client.etcd_snapshot(&mut w, Duration::from_secs(60)).await;
+                drop(w);
+                got
+            };
+            let (from_talos, stored) = tokio::join!(talos, store.put_snapshot(&key, r));
+            (from_talos, stored)
+        }
+    };
+    let (from_talos, stored) = take(key.clone()).await;
+    let from_talos = from_talos.expect("streamed from Talos");
+    let stored = stored.expect("stored");
+    assert_eq!(from_talos, stored);
+    assert!(stored.size > 12 * 1024 * 1024, "{} bytes", stored.size);
+    let listed = store.list().await.expect("list");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].key, "prod/2026-12-05T07-00-00Z.snapshot");
+    assert_eq!(listed[0].size, stored.size);
+    let mut file = Vec::new();
+    let got = store.get_snapshot(&key, &mut file).await.expect("download");
+    assert_eq!(got, stored);
+    let sha = ring::digest::digest(&ring::digest::SHA256, &file[..file.len() - 32]);
+    let hex: String = sha.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(hex, stored.sha256);
+
+    // The offline command: the snapshot in hand, checked, its hash printed.
+    let dir = std::env::temp_dir().join(format!("ichor-download-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let download = |key: &str, out: &std::path::Path, with_keys: bool| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ichor-rules"));
+        cmd.args([
+            "backup",
+            "download",
+            "--endpoint",
+            &s3.endpoint(),
+            "--bucket",
+            "etcd",
+        ])
+        .args(["--key", key, "--out"])
+        .arg(out)
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY");
+        if with_keys {
+            cmd.env("AWS_ACCESS_KEY_ID", "AKIAICHORTEST")
+                .env("AWS_SECRET_ACCESS_KEY", SECRET);
+        }
+        cmd.output().expect("runs")
+    };
+    let out_file = dir.join("etcd.snapshot");
+    let out = download(&key, &out_file, true);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&stored.sha256) && stdout.contains("a whole etcd snapshot"),
+        "{stdout}"
+    );
+    assert_eq!(std::fs::read(&out_file).expect("the file"), file);
+    let out = download(&key, &dir.join("no-keys.snapshot"), false);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("set AWS_ACCESS_KEY_ID"));
+    let out = download(&key, &out_file, true);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "an existing file is never overwritten"
+    );
+
+    // Corrupted on the way: not kept.
+    api.node(0).corrupt_snapshots(true);
+    let bad_key = store.key("corrupt.snapshot");
+    let (_, stored) = take(bad_key.clone()).await;
+    let err = stored.expect_err("a corrupt snapshot is refused");
+    assert!(matches!(err, PutError::Check(_)), "{err}");
+    assert!(err.to_string().contains("was not kept"), "{err}");
+    let keys_now: Vec<String> = store
+        .list()
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|o| o.key)
+        .collect();
+    assert_eq!(keys_now, ["prod/2026-12-05T07-00-00Z.snapshot"]);
+    api.node(0).corrupt_snapshots(false);
+
+    // Altered in the store: the download says so.
+    let mut altered = file.clone();
+    altered[4096] ^= 0xff;
+    s3.put_raw("etcd", &key, altered).await;
+    let err = store
+        .get_snapshot(&key, &mut Vec::new())
+        .await
+        .expect_err("altered");
+    assert!(matches!(err, PutError::Check(_)), "{err}");
+    let altered_file = dir.join("altered.snapshot");
+    let out = download(&key, &altered_file, true);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("is not the sha256 of its") && !stderr.contains(SECRET),
+        "{stderr}"
+    );
+    assert!(!altered_file.exists() && !dir.join("altered.snapshot.part").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // A bucket that does not exist, and a store nobody answers at.
+    let nobucket = Store::new(
+        &store_spec(&s3.endpoint(), "missing-bucket"),
+        &keys(),
+        Duration::from_secs(10),
+    )
+    .expect("store");
+    let err = nobucket
+        .put_snapshot(&nobucket.key("x.snapshot"), &b"not a snapshot"[..])
+        .await
+        .expect_err("no bucket");
+    assert!(
+        matches!(err, PutError::Store(StoreError::NoBucket { .. })),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("bucket `missing-bucket` does not exist"),
+        "{err}"
+    );
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+    let dead = format!("http://{}", closed.local_addr().expect("addr"));
+    drop(closed);
+    let nobody =
+        Store::new(&store_spec(&dead, "etcd"), &keys(), Duration::from_secs(3)).expect("store");
+    let err = nobody.list().await.expect_err("unreachable");
+    assert!(matches!(err, StoreError::Unreachable { .. }), "{err}");
+    for e in [
+        err.to_string(),
+        format!("{err:?}"),
+        format!("{:?}", keys()),
+        format!("{nobody:?}"),
+    ] {
+        assert!(!e.contains(SECRET), "{e}");
+    }
+}
