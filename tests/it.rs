@@ -36,6 +36,7 @@ mod lints;
 mod metrics_auth;
 mod operations;
 mod removal;
+mod render;
 mod requests;
 mod robust;
 mod rule_tests;

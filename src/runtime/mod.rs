@@ -16,6 +16,7 @@ pub mod nesting;
 pub mod objects;
 pub mod operator;
 pub mod reload;
+pub mod render;
 pub mod secrets;
 pub mod server;
 pub mod talos;
