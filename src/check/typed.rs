@@ -23,7 +23,7 @@ pub enum ValueKind {
 pub struct Info {
     pub kind: ValueKind,
     /// The facts read, as a bit set of slots.
-    pub reads: u32,
+    pub reads: u64,
     /// Whether evaluating it can fail: integer arithmetic (`+ - * / %` and unary `-`) can
     /// overflow or divide by zero; comparisons, logic and values cannot.
     pub can_fail: bool,
@@ -67,7 +67,7 @@ impl Typed {
     /// Annotates an expression (its `let`s already inlined). Parsing bounds the nesting, so
     /// the recursion is bounded too.
     pub fn of(e: &Expr) -> Typed {
-        let leaf = |kind: ValueKind, reads: u32, expensive: bool| Info {
+        let leaf = |kind: ValueKind, reads: u64, expensive: bool| Info {
             kind,
             reads,
             can_fail: false,
@@ -86,7 +86,7 @@ impl Typed {
                         Type::Bool => ValueKind::Bool,
                         Type::Name | Type::Enum(_) => ValueKind::Text,
                     };
-                    let bit = 1u32.checked_shl(u32::from(f.slot8())).unwrap_or(0);
+                    let bit = 1u64.checked_shl(u32::from(f.slot8())).unwrap_or(0);
                     (
                         TypedKind::Fact(f),
                         leaf(kind, bit, info.cost == Cost::Expensive),

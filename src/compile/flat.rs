@@ -80,12 +80,12 @@ pub const REG_BASE: usize = VALUE_FACTS;
 /// ([`Op::Stack`]).
 pub const MAX_REGS: usize = VALUES - REG_BASE;
 
-// The checker's and this program's sets of facts read are `u32` masks, one bit per slot
-// (`checked_shl(..).unwrap_or(0)` would drop a 33rd fact from them, and with it the read
-// it needs): a fact past 32 must widen them first. Every row the checker accepts fits the
+// The checker's and this program's sets of facts read are `u64` masks, one bit per slot
+// (`checked_shl(..).unwrap_or(0)` would drop a 65th fact from them, and with it the read
+// it needs): a fact past 64 must widen them first. Every row the checker accepts fits the
 // registers (more than `MAX_STACK`), so every accepted row runs flat.
 const _: () = assert!(
-    FACT_COUNT <= 32
+    FACT_COUNT <= 64
         && MAX_REGS > MAX_STACK
         && VALUES.is_power_of_two()
         && VALUES <= 256
@@ -165,7 +165,7 @@ pub struct Ins {
     /// Destination value index.
     pub x: u8,
     /// The facts this instruction reads (bit = slot), left operand's first.
-    pub need: u32,
+    pub need: u64,
     /// The constant operand; for `Cmp`, what it adds to its right operand first.
     pub k: i64,
     /// What a comparison adds to its left operand first; for `Stack`, the index of its
@@ -254,9 +254,9 @@ impl Src {
         }
     }
 
-    fn need(self) -> u32 {
+    fn need(self) -> u64 {
         match self {
-            Src::Fact(s) => 1u32.checked_shl(u32::from(s)).unwrap_or(0),
+            Src::Fact(s) => 1u64.checked_shl(u32::from(s)).unwrap_or(0),
             _ => 0,
         }
     }

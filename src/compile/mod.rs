@@ -160,7 +160,7 @@ pub struct LetMeta {
     pub value: Piece,
     /// The facts it reads, as a bit set of slots.
     #[serde(skip)]
-    pub reads: u32,
+    pub reads: u64,
 }
 
 /// A compiled plan step.
@@ -224,7 +224,7 @@ pub struct Table {
     programs: Vec<FlatProgram>,
     /// Per group, the facts its rows may read (bit = fact slot), so the runtime reads from
     /// the API server only what a request's rows need.
-    reads: Vec<u32>,
+    reads: Vec<u64>,
     pub strings: Vec<Arc<str>>,
     pub plans: Vec<Plan>,
     /// Events covered by an `allow` (for reviewers).
@@ -284,7 +284,7 @@ impl Table {
     }
 
     /// The facts the rows of one (verb, subject, site) may read, as a bit set of slots.
-    pub fn facts_read(&self, verb: Verb, subject: Subject, site: Site) -> u32 {
+    pub fn facts_read(&self, verb: Verb, subject: Subject, site: Site) -> u64 {
         self.reads
             .get(group_index(verb, subject, site))
             .copied()
@@ -490,12 +490,12 @@ pub fn compile_with(
         return Err(TooLarge { what: "rules" });
     };
     let mut groups: Vec<Vec<Row>> = vec![Vec::new(); GROUPS];
-    let mut reads = vec![0u32; GROUPS];
+    let mut reads = vec![0u64; GROUPS];
     let mut rules = Vec::with_capacity(program.rules.len());
     let mut fires = Vec::with_capacity(program.rules.len());
     for (i, r) in program.rules.iter().enumerate() {
         let t = &r.typed;
-        let mut mask = 0u32;
+        let mut mask = 0u64;
         for e in t.when.iter().chain(t.unless.iter()) {
             mask |= e.info.reads;
         }

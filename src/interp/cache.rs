@@ -55,7 +55,7 @@ pub(super) struct FactCache<'a, F> {
     pub(super) vals: [i64; SESSION_VALUES],
     /// Name and enum facts, valid where `known` has their bit.
     pub(super) texts: [Option<&'a str>; TEXT_FACTS],
-    pub(super) known: u32,
+    pub(super) known: u64,
     /// Every fact asked for, in order, with its value (only when tracing: `None` costs a
     /// decision nothing to start or to drop).
     pub(super) asked: Option<Vec<(Fact, Value<'a>)>>,
@@ -82,7 +82,7 @@ impl<'a, F: Facts<'a>> FactCache<'a, F> {
     /// Makes sure a fact is known: a bit test, or one question to the provider.
     #[inline(always)]
     pub(super) fn ensure(&mut self, slot: usize) -> Result<(), Stop> {
-        if self.known & (1u32 << (slot & 31)) != 0 && slot < FACT_COUNT {
+        if self.known & (1u64 << (slot & 63)) != 0 && slot < FACT_COUNT {
             return Ok(());
         }
         self.fetch(slot)

@@ -48,7 +48,7 @@ pub struct Reads {
 }
 
 /// Whether any fact of `mask` is computed from `read` (the one declaration is `FACTS`).
-fn any(mask: u32, read: Read) -> bool {
+fn any(mask: u64, read: Read) -> bool {
     FACTS
         .iter()
         .any(|f| f.read == read && mask & (1 << f.fact.slot()) != 0)
