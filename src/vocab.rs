@@ -116,15 +116,18 @@ pub enum Subject {
     Cluster,
     /// A TalosOperation.
     Operation,
+    /// A TalosConfigPatch (a change of the Talos configuration of the machines it selects).
+    Patch,
 }
 
 impl Subject {
-    pub const ALL: [Subject; 5] = [
+    pub const ALL: [Subject; 6] = [
         Subject::ControlPlane,
         Subject::Worker,
         Subject::Machine,
         Subject::Cluster,
         Subject::Operation,
+        Subject::Patch,
     ];
 
     pub fn name(self) -> &'static str {
@@ -134,6 +137,7 @@ impl Subject {
             Subject::Machine => "machine",
             Subject::Cluster => "cluster",
             Subject::Operation => "operation",
+            Subject::Patch => "patch",
         }
     }
 
@@ -233,6 +237,8 @@ pub const RUNTIME_EVENTS: &[(Verb, Subject, Site)] = &[
     // spec.endpoint or spec.hostname of an approved machine changing.
     (Verb::Readdress, Subject::ControlPlane, Site::Webhook),
     (Verb::Readdress, Subject::Worker, Site::Webhook),
+    // A TalosConfigPatch created or updated: dry-rendered against the machines it selects.
+    (Verb::Apply, Subject::Patch, Site::Webhook),
     (Verb::Apply, Subject::ControlPlane, Site::Controller),
     (Verb::Apply, Subject::Worker, Site::Controller),
     (Verb::Remove, Subject::ControlPlane, Site::Controller),
@@ -378,6 +384,10 @@ pub enum Fact {
     HealthyAfter,
     MembersAfter,
     RequestByController,
+    Patch,
+    PatchSelects,
+    PatchBreaks,
+    PatchError,
 }
 
 /// The number of fact slots (one per row of [`FACTS`], which the test below keeps in the
@@ -535,6 +545,14 @@ const ON_LEAVE_CONTROLPLANE_AND_START: Availability = Availability {
     ],
     text: "`remove`, `unapprove`, `reassign` and `move` of `controlplane`, `start operation` and `step operation`",
 };
+const ON_PATCH: Availability = Availability {
+    events: &[Events {
+        verbs: &[],
+        subjects: &[Subject::Patch],
+        sites: &[],
+    }],
+    text: "rules on `patch` (`apply patch`: a TalosConfigPatch created or updated)",
+};
 const ON_REPORT: Availability = Availability {
     events: &[Events {
         verbs: &[Verb::Report],
@@ -646,6 +664,13 @@ facts! {
         "etcd voting members that stay once the subject (a departing control plane, or an operation's target) is gone, answering or not (a replacement that is approved but has not joined etcd yet is not one). Expensive: the controller reads the member list through a healthy sibling (fails closed when none answers); admission counts the other approved control planes not being deleted";
     RequestByController "request.by_controller" Type::Bool, Cheap, Request, ON_REPORT,
         "the request was made by the controller's own identity: its `userInfo.username` is exactly the one `serve --controller-username` names (the chart: the controller's ServiceAccount, `system:serviceaccount:<release namespace>:<controller ServiceAccount>`). False when none is named: nothing is trusted as the controller's without its name";
+    Patch "patch" Type::Name, Cheap, Request, ON_PATCH, "the TalosConfigPatch's name";
+    PatchSelects "patch.selects" Type::Int, Cheap, Request, ON_PATCH,
+        "approved machines of the cluster the patch selects (its dry render, ADR 0106 §1; 0 when the cluster is missing)";
+    PatchBreaks "patch.breaks" Type::Int, Cheap, Request, ON_PATCH,
+        "selected approved machines whose configuration renders without the patch and fails with it (the dry render against the redacted base the controller publishes; 0 when there is nothing to render against: the cluster missing or no base published yet)";
+    PatchError "patch.error" Type::Name, Cheap, Request, ON_PATCH,
+        "the first machine the patch breaks and its render error, `<machine>: <error>` (\"\" when it breaks none)";
 }
 
 impl Fact {

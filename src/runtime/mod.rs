@@ -4,6 +4,7 @@
 pub mod access;
 pub mod admission;
 pub mod certs;
+pub mod configpatch;
 pub mod controller;
 pub mod decide;
 pub mod exec;

@@ -1166,6 +1166,7 @@ impl Objects<'_> {
                 },
                 schedulable: Some(if s.schedulable { "true" } else { "false" }.into()),
                 talos_config_secret_ref: None,
+                base_config_secret_ref: None,
             },
         );
         c.metadata.namespace = Some(NAMESPACE.into());

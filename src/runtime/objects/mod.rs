@@ -8,8 +8,13 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize};
 
+mod configpatch;
 mod load;
 mod snapshot;
+pub use configpatch::{
+    BaseConfigRef, ConfigPatchSpec, PatchBody, PatchSelector, RedactedBase, TalosConfigPatch,
+    labels_match, patches_for,
+};
 pub use load::{
     LoadError, MAX_NESTING, Object, load_snapshot, object_from_value, typed_object,
     typed_object_text, validate_object,
@@ -403,6 +408,11 @@ pub struct ClusterSpec {
     /// `--talosconfig-for-all-clusters`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub talos_config_secret_ref: Option<SecretKeyRef>,
+    /// The Secret holding the cluster's base Talos configuration (`controlplane.yaml`,
+    /// `worker.yaml`): read live by the controller only, never logged or copied; without it
+    /// nothing is applied to the cluster's machines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_config_secret_ref: Option<BaseConfigRef>,
 }
 
 /// The key of a talosconfig Secret that [`SecretKeyRef`] reads when it names none.
@@ -437,6 +447,9 @@ pub struct ClusterStatus {
     /// Transitioning: True (EvenControlPlaneCount) or False (StableControlPlaneCount).
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// The base configuration, redacted (no secret value), for the webhook's dry render.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redacted_base: Option<RedactedBase>,
 }
 
 impl TalosCluster {
@@ -660,7 +673,7 @@ pub const MACHINE_CONDITIONS_DECIDED: &[&str] = &["Ready", "Removal"];
 /// `parked`).
 pub const OPERATION_CONDITIONS_DECIDED: &[&str] = &["Paused", "Accepted"];
 
-/// The CustomResourceDefinitions of the three kinds, as one YAML stream.
+/// The CustomResourceDefinitions of the four kinds, as one YAML stream.
 pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
     use kube::CustomResourceExt;
     let mut out = String::new();
@@ -668,6 +681,7 @@ pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
         TalosCluster::crd(),
         TalosMachine::crd(),
         TalosOperation::crd(),
+        TalosConfigPatch::crd(),
     ] {
         out.push_str("---\n");
         out.push_str(&serde_yaml::to_string(&crd)?);
