@@ -259,7 +259,8 @@ fn the_charts_crds_are_exactly_ichor_rules_crds() {
         BTreeSet::from([
             "talosclusters.ichor.maesh.dev",
             "talosmachines.ichor.maesh.dev",
-            "talosoperations.ichor.maesh.dev"
+            "talosoperations.ichor.maesh.dev",
+            "talosconfigpatches.ichor.maesh.dev"
         ])
     );
     assert!(all(&render(&[]), "CustomResourceDefinition").is_empty());
@@ -1306,6 +1307,8 @@ fn webhooks_match_the_seeds_operations_and_the_servers_routes() {
             seen,
             vec![
                 ("talosclusters".to_string(), ops(&["DELETE", "UPDATE"])),
+                // ADR 0106 §1: a written TalosConfigPatch is dry-rendered (deletes are not).
+                ("talosconfigpatches".to_string(), ops(&["CREATE", "UPDATE"])),
                 (
                     "talosmachines".to_string(),
                     ops(&["CREATE", "DELETE", "UPDATE"])
@@ -1319,7 +1322,7 @@ fn webhooks_match_the_seeds_operations_and_the_servers_routes() {
             .iter()
             .map(|h| h["name"].as_str().expect("name"))
             .collect();
-        assert_eq!(names.len(), 4, "{name}: webhook names are unique");
+        assert_eq!(names.len(), 5, "{name}: webhook names are unique");
     }
 }
 
@@ -1944,6 +1947,7 @@ fn the_notes_list_every_write_refused_while_the_webhook_is_down() {
         "TalosMachine create, delete, and EVERY update",
         "TalosCluster delete, and EVERY update",
         "TalosOperation creation, and EVERY update",
+        "TalosConfigPatch create, and EVERY update",
     ] {
         assert!(flat.contains(says), "the notes lack {says:?}:\n{default}");
     }
@@ -1957,6 +1961,7 @@ fn the_notes_list_every_write_refused_while_the_webhook_is_down() {
             "talosmachines" | "talosmachines/status" => "TalosMachine",
             "talosclusters" => "TalosCluster",
             "talosoperations" => "TalosOperation",
+            "talosconfigpatches" => "TalosConfigPatch",
             other => panic!("{other}"),
         };
         for op in strings(&h["rules"][0]["operations"]) {

@@ -21,6 +21,7 @@ mod chart;
 mod cli;
 mod cli_help;
 mod client_ca;
+mod config_admission;
 mod configmap_mount;
 mod conformance;
 mod controller;

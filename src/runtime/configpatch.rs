@@ -2,7 +2,7 @@
 //! of its cluster that it selects is rendered with and without it, against the redacted
 //! base the controller publishes in the TalosCluster's status (the webhook reads no
 //! Secret). What comes out are facts (`patch.selects`, `patch.breaks`, `patch.error`); the
-//! refusal is a rule of the rules text (`rules/config.rules`).
+//! refusal is a rule of the rules text (`patch-breaks-render`, `rules/admission.rules`).
 
 use super::objects::{TalosCluster, TalosConfigPatch, TalosMachine, patches_for};
 use super::render::{self, Base, Identity, Patch, RenderError, Rendered};

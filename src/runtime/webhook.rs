@@ -233,7 +233,9 @@ async fn decide_request_inner(
                 tracing::error!(error = %e, "dry render: live read failed: refusing");
                 return refuse(
                     req,
-                    format!("{e}; ichor-rules refuses rather than deciding on missing data, retry shortly"),
+                    format!(
+                        "{e}; ichor-rules refuses rather than deciding on missing data, retry shortly"
+                    ),
                 );
             }
             Err(_) => {

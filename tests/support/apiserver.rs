@@ -247,6 +247,12 @@ pub const RESOURCES: &[Resource] = &[
         ..CUSTOM
     },
     Resource {
+        plural: "talosconfigpatches",
+        kind: "TalosConfigPatch",
+        status: false,
+        ..CUSTOM
+    },
+    Resource {
         plural: "nodes",
         kind: "Node",
         namespaced: false,
@@ -2156,7 +2162,9 @@ struct FieldRequirement {
 /// API server takes them from the CRD: from the CRDs `ichor-rules crds` prints, so a field
 /// the CRD does not declare is refused here as it would be in a cluster.
 fn crd_selectable_fields(kind: &str) -> &'static [String] {
-    use ichor_rules::runtime::objects::{TalosCluster, TalosMachine, TalosOperation};
+    use ichor_rules::runtime::objects::{
+        TalosCluster, TalosConfigPatch, TalosMachine, TalosOperation,
+    };
     use kube::CustomResourceExt;
     static FIELDS: std::sync::OnceLock<Vec<(&'static str, Vec<String>)>> =
         std::sync::OnceLock::new();
@@ -2165,6 +2173,7 @@ fn crd_selectable_fields(kind: &str) -> &'static [String] {
             ("TalosCluster", TalosCluster::crd()),
             ("TalosMachine", TalosMachine::crd()),
             ("TalosOperation", TalosOperation::crd()),
+            ("TalosConfigPatch", TalosConfigPatch::crd()),
         ]
         .into_iter()
         .map(|(kind, crd)| {
