@@ -52,7 +52,10 @@ impl<'a> Facts<'a> for Fixed {
             | Fact::Phase
             | Fact::UnfinishedName
             | Fact::UnfinishedKind
-            | Fact::UnfinishedPhase => Value::Str(""),
+            | Fact::UnfinishedPhase
+            | Fact::Patch
+            | Fact::PatchError => Value::Str(""),
+            Fact::PatchSelects | Fact::PatchBreaks => Value::Int(0),
             Fact::ClusterDeleting
             | Fact::Deleting
             | Fact::AllowDelete

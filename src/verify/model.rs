@@ -1150,6 +1150,7 @@ impl Objects<'_> {
         tm.status = (!conditions.is_empty() || removal.is_some()).then_some(MachineStatus {
             conditions,
             removal,
+            config: None,
         });
         tm
     }

@@ -12,7 +12,9 @@
 //! - [`lock`]: Leases as locks; [`disruptive`] is the ONE way disruptive work takes a
 //!   cluster's lock (a [`disruptive::Held`] guard, released or kept exactly once); [`leader`]: one replica reconciles.
 
+pub mod base;
 pub mod cluster;
+pub mod configure;
 pub mod disruptive;
 pub mod drain;
 pub mod finalizer;

@@ -151,6 +151,25 @@ pub struct MachineStatus {
     /// where the last one stopped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub removal: Option<RemovalProgress>,
+    /// The Talos configuration of the machine: the hashes (sha256) of what was rendered,
+    /// applied and staged (issue 37). Never the configuration itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<MachineConfigStatus>,
+}
+
+/// The hashes of a machine's Talos configuration.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineConfigStatus {
+    /// sha256 of the last configuration rendered for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rendered_hash: Option<String>,
+    /// sha256 of the configuration last applied to its node (Talos accepted it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_hash: Option<String>,
+    /// sha256 of a configuration staged on its node for its next reboot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staged_hash: Option<String>,
 }
 
 /// How far the removal of a control plane has come.
@@ -345,6 +364,16 @@ status_reads! {
     /// The controller's record of a removal (`status.removal`), which it resumes from.
     fn removal_progress(&self) -> Option<&RemovalProgress> {
         self.status.as_ref().and_then(|s| s.removal.as_ref())
+    }
+
+    /// The hash of the configuration last applied to the node (`status.config.appliedHash`):
+    /// the controller applies again only when a render differs from it (a forged one would
+    /// make it skip an apply, so only the controller may change it).
+    fn applied_config_hash(&self) -> Option<&str> {
+        self.status
+            .as_ref()
+            .and_then(|s| s.config.as_ref())
+            .and_then(|c| c.applied_hash.as_deref())
     }
 }
 

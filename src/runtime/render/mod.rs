@@ -759,6 +759,25 @@ fn validate(docs: &[Document], role: Role) -> Result<(), RenderError> {
     Ok(())
 }
 
+/// Validates a whole configuration text as Talos would on `ApplyConfiguration` (the YAML,
+/// the documents, `machine.type`, the conflict table): the Talos stand-in's check.
+pub fn validate_text(text: &str) -> Result<Role, RenderError> {
+    let docs = parse_documents(text, "the configuration", true)?;
+    let role = machine_config_index(&docs)
+        .and_then(|i| at(&docs[i], &["machine", "type"]))
+        .and_then(Value::as_str)
+        .and_then(|t| match t {
+            "controlplane" => Some(Role::ControlPlane),
+            "worker" => Some(Role::Worker),
+            _ => None,
+        })
+        .ok_or_else(|| {
+            RenderError::Invalid("machine.type must be `controlplane` or `worker`".into())
+        })?;
+    validate(&docs, role)?;
+    Ok(role)
+}
+
 fn suggest(kind: &str) -> Option<&'static str> {
     let lower = kind.to_ascii_lowercase();
     KNOWN_KINDS
