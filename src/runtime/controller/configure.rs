@@ -30,14 +30,7 @@ fn short(hash: &str) -> &str {
 /// When to try a failed step again: as long as it has been failing, within 5 s and 5 min.
 fn backoff(next: &TalosMachine) -> Duration {
     let since = next
-        .status
-        .as_ref()
-        .and_then(|s| {
-            s.conditions
-                .iter()
-                .find(|c| c.type_ == "Configured" && c.status == "False")
-        })
-        .and_then(|c| c.last_transition_time.as_ref())
+        .configure_failing_since()
         .and_then(|t| Timestamp::now().duration_since(t.0).try_into().ok())
         .unwrap_or(Duration::ZERO);
     since.clamp(Duration::from_secs(5), Duration::from_secs(300))

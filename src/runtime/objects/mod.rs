@@ -319,7 +319,7 @@ macro_rules! status_reads {
 }
 
 /// The condition types of a TalosMachine's status that the reads below look at.
-pub const MACHINE_CONDITIONS_READ: &[&str] = &["Ready", "NodeReachable", "Removal"];
+pub const MACHINE_CONDITIONS_READ: &[&str] = &["Ready", "NodeReachable", "Removal", "Configured"];
 
 status_reads! {
     /// Ready=False with reason NodeUnreachable (`node.unreachable`, and `member.dead` and
@@ -364,6 +364,14 @@ status_reads! {
     /// The controller's record of a removal (`status.removal`), which it resumes from.
     fn removal_progress(&self) -> Option<&RemovalProgress> {
         self.status.as_ref().and_then(|s| s.removal.as_ref())
+    }
+
+    /// When the Configured condition turned False: how long configuring the machine has
+    /// been failing, which times its retries.
+    fn configure_failing_since(&self) -> Option<&Time> {
+        self.condition("Configured")
+            .filter(|c| c.status == "False")
+            .and_then(|c| c.last_transition_time.as_ref())
     }
 
     /// The hash of the configuration last applied to the node (`status.config.appliedHash`):
