@@ -42,6 +42,13 @@ async fn start(count: i64) -> (ApiServer, TalosApi, Running) {
         let mut m = control_plane(&name, u32::try_from(i).unwrap() + 1);
         m["spec"]["endpoint"] = json!(talos.node(i).endpoint());
         api.insert(m);
+        api.insert(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name},
+            "spec": {},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+        }));
+        talos.node(i).set_downtime(Duration::from_millis(800));
     }
     let ctx = Arc::new(Context::new(
         api.client(),
@@ -191,4 +198,54 @@ async fn an_over_cap_held_machine_receives_nothing() {
     assert_eq!(talos.calls_to("ApplyConfiguration", "cp-3"), 0);
     assert!(talos.node(2).config().is_none());
     assert!(applied(&api, "cp-3").is_none());
+}
+
+/// A change that needs a reboot is staged on every node, then a `reboot` TalosOperation
+/// rolls it through the operations' machinery, one node at a time under its gates; each
+/// node boots into the staged configuration, and the controller records it applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_needing_a_reboot_is_staged_then_rolled_one_node_at_a_time() {
+    let (api, talos, _running) = start(3).await;
+    wait_for("configured", WAIT, || {
+        (1..=3).all(|i| applied(&api, &format!("cp-{i}")).is_some())
+    })
+    .await;
+    api.insert(patch(
+        "disk",
+        json!({}),
+        "version: v1alpha1\nmachine:\n  install:\n    disk: /dev/sdb\n",
+    ));
+    wait_for("staged everywhere", WAIT, || {
+        (0..3).all(|i| talos.node(i).staged_config().is_some())
+    })
+    .await;
+    assert!(
+        talos.downtimes().is_empty(),
+        "nothing rebooted by the apply itself"
+    );
+    api.insert(operation("roll", "reboot"));
+    wait_for("the roll succeeds", Duration::from_secs(60), || {
+        get(&api, "TalosOperation", "roll").is_some_and(|o| o["status"]["phase"] == "Succeeded")
+    })
+    .await;
+    wait_for("applied everywhere after the reboots", WAIT, || {
+        (0..3).all(|i| {
+            let name = format!("cp-{}", i + 1);
+            talos.node(i).config().is_some_and(|c| {
+                c.contains("disk: /dev/sdb") && applied(&api, &name) == Some(sha(&c))
+            }) && cond(&api, "TalosMachine", &name, "Configured")
+                == Some(("True".into(), "Applied".into()))
+        })
+    })
+    .await;
+    let downs = talos.downtimes();
+    let order: Vec<&str> = downs.iter().map(|d| d.node.as_str()).collect();
+    assert_eq!(order, ["cp-1", "cp-2", "cp-3"], "one at a time, in order");
+    for d in &downs {
+        let overlapping = downs
+            .iter()
+            .filter(|o| o.from <= d.from && o.to.is_none_or(|t| t > d.from))
+            .count();
+        assert_eq!(overlapping, 1, "{downs:?}");
+    }
 }

@@ -489,7 +489,7 @@ fn count_values(v: &Value) -> usize {
     n
 }
 
-fn apply_identity(docs: &mut Vec<Document>, identity: Identity<'_>) {
+fn apply_identity(docs: &mut [Document], identity: Identity<'_>) {
     if let Some(hostname) = identity.hostname.filter(|h| !h.is_empty()) {
         // Talos refuses a static hostname in the machine config next to a HostnameConfig
         // document, so the hostname goes where the configuration keeps it.
