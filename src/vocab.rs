@@ -116,15 +116,18 @@ pub enum Subject {
     Cluster,
     /// A TalosOperation.
     Operation,
+    /// A TalosConfigPatch (a change of the Talos configuration of the machines it selects).
+    Patch,
 }
 
 impl Subject {
-    pub const ALL: [Subject; 5] = [
+    pub const ALL: [Subject; 6] = [
         Subject::ControlPlane,
         Subject::Worker,
         Subject::Machine,
         Subject::Cluster,
         Subject::Operation,
+        Subject::Patch,
     ];
 
     pub fn name(self) -> &'static str {
@@ -134,6 +137,7 @@ impl Subject {
             Subject::Machine => "machine",
             Subject::Cluster => "cluster",
             Subject::Operation => "operation",
+            Subject::Patch => "patch",
         }
     }
 
@@ -233,6 +237,8 @@ pub const RUNTIME_EVENTS: &[(Verb, Subject, Site)] = &[
     // spec.endpoint or spec.hostname of an approved machine changing.
     (Verb::Readdress, Subject::ControlPlane, Site::Webhook),
     (Verb::Readdress, Subject::Worker, Site::Webhook),
+    // A TalosConfigPatch created or updated: dry-rendered against the machines it selects.
+    (Verb::Apply, Subject::Patch, Site::Webhook),
     (Verb::Apply, Subject::ControlPlane, Site::Controller),
     (Verb::Apply, Subject::Worker, Site::Controller),
     (Verb::Remove, Subject::ControlPlane, Site::Controller),
@@ -381,6 +387,10 @@ pub enum Fact {
     Backup,
     BackupExists,
     BackupInCluster,
+    Patch,
+    PatchSelects,
+    PatchBreaks,
+    PatchError,
 }
 
 /// The number of fact slots (one per row of [`FACTS`], which the test below keeps in the
@@ -538,6 +548,14 @@ const ON_LEAVE_CONTROLPLANE_AND_START: Availability = Availability {
     ],
     text: "`remove`, `unapprove`, `reassign` and `move` of `controlplane`, `start operation` and `step operation`",
 };
+const ON_PATCH: Availability = Availability {
+    events: &[Events {
+        verbs: &[],
+        subjects: &[Subject::Patch],
+        sites: &[],
+    }],
+    text: "rules on `patch` (`apply patch`: a TalosConfigPatch created or updated)",
+};
 const ON_REPORT: Availability = Availability {
     events: &[Events {
         verbs: &[Verb::Report],
@@ -658,6 +676,13 @@ facts! {
         "spec.backupRef.name names a TalosEtcdBackup of the operation's cluster";
     BackupInCluster "backup.in_cluster" Type::Bool, Cheap, Backups, ON_OPERATIONS,
         "that TalosEtcdBackup's store is inside the cluster (ADR 0106 §2): its spec.store.endpoint host ends in `.svc` or `.svc.cluster.local`, or is an IP address inside the cluster's pod or service ranges (`spec.network` of the TalosCluster; Talos' defaults `10.244.0.0/16` and `10.96.0.0/12` for a range it does not declare). Not recognised: a short Service name such as `minio.minio`, or a name that resolves to a cluster address (names are not resolved)";
+    Patch "patch" Type::Name, Cheap, Request, ON_PATCH, "the TalosConfigPatch's name";
+    PatchSelects "patch.selects" Type::Int, Cheap, Request, ON_PATCH,
+        "approved machines of the cluster the patch selects (its dry render, ADR 0106 §1; 0 when the cluster is missing)";
+    PatchBreaks "patch.breaks" Type::Int, Cheap, Request, ON_PATCH,
+        "selected approved machines whose configuration renders without the patch and fails with it (the dry render against the redacted base the controller publishes; 0 when there is nothing to render against: the cluster missing or no base published yet)";
+    PatchError "patch.error" Type::Name, Cheap, Request, ON_PATCH,
+        "the first machine the patch breaks and its render error, `<machine>: <error>` (\"\" when it breaks none)";
 }
 
 impl Fact {

@@ -260,7 +260,8 @@ fn the_charts_crds_are_exactly_ichor_rules_crds() {
             "talosclusters.ichor.maesh.dev",
             "talosmachines.ichor.maesh.dev",
             "talosoperations.ichor.maesh.dev",
-            "talosetcdbackups.ichor.maesh.dev"
+            "talosetcdbackups.ichor.maesh.dev",
+            "talosconfigpatches.ichor.maesh.dev"
         ])
     );
     assert!(all(&render(&[]), "CustomResourceDefinition").is_empty());
@@ -1307,6 +1308,8 @@ fn webhooks_match_the_seeds_operations_and_the_servers_routes() {
             seen,
             vec![
                 ("talosclusters".to_string(), ops(&["DELETE", "UPDATE"])),
+                // ADR 0106 §1: a written TalosConfigPatch is dry-rendered (deletes are not).
+                ("talosconfigpatches".to_string(), ops(&["CREATE", "UPDATE"])),
                 (
                     "talosmachines".to_string(),
                     ops(&["CREATE", "DELETE", "UPDATE"])
@@ -1320,7 +1323,7 @@ fn webhooks_match_the_seeds_operations_and_the_servers_routes() {
             .iter()
             .map(|h| h["name"].as_str().expect("name"))
             .collect();
-        assert_eq!(names.len(), 4, "{name}: webhook names are unique");
+        assert_eq!(names.len(), 5, "{name}: webhook names are unique");
     }
 }
 
@@ -1945,6 +1948,7 @@ fn the_notes_list_every_write_refused_while_the_webhook_is_down() {
         "TalosMachine create, delete, and EVERY update",
         "TalosCluster delete, and EVERY update",
         "TalosOperation creation, and EVERY update",
+        "TalosConfigPatch create, and EVERY update",
     ] {
         assert!(flat.contains(says), "the notes lack {says:?}:\n{default}");
     }
@@ -1958,6 +1962,7 @@ fn the_notes_list_every_write_refused_while_the_webhook_is_down() {
             "talosmachines" | "talosmachines/status" => "TalosMachine",
             "talosclusters" => "TalosCluster",
             "talosoperations" => "TalosOperation",
+            "talosconfigpatches" => "TalosConfigPatch",
             other => panic!("{other}"),
         };
         for op in strings(&h["rules"][0]["operations"]) {

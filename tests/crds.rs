@@ -47,7 +47,7 @@ fn columns(c: &Value) -> Vec<String> {
 #[test]
 fn four_namespaced_kinds_with_status_subresources() {
     let all = crds();
-    assert_eq!(all.len(), 4);
+    assert_eq!(all.len(), 5);
     for (plural, kind, short) in [
         ("talosclusters", "TalosCluster", "tc"),
         ("talosmachines", "TalosMachine", "tm"),
@@ -186,4 +186,35 @@ fn an_operations_spec_is_immutable() {
     );
     assert!(rules("talosmachines").is_null());
     assert!(rules("talosclusters").is_null());
+}
+
+/// Issue 37: TalosConfigPatch is namespaced, selectable by its cluster like the others, and
+/// its selector's role is the closed enum; TalosCluster names its base Secret.
+#[test]
+fn the_config_patch_kind_and_the_base_secret() {
+    let all = crds();
+    let c = crd(&all, "talosconfigpatches");
+    assert_eq!(c["spec"]["scope"], "Namespaced");
+    assert_eq!(c["spec"]["names"]["kind"], "TalosConfigPatch");
+    assert_eq!(c["spec"]["names"]["shortNames"][0], "tcp");
+    let v = &c["spec"]["versions"][0];
+    assert_eq!(
+        v["selectableFields"][0]["jsonPath"],
+        ".spec.clusterRef.name"
+    );
+    let spec = &schema(c)["properties"]["spec"]["properties"];
+    assert_eq!(
+        spec["selector"]["properties"]["role"]["enum"],
+        serde_json::json!(["controlplane", "worker"])
+    );
+    assert!(spec["selector"]["properties"]["labelSelector"].is_object());
+    assert!(spec["patches"]["properties"]["strategic"].is_object());
+    assert!(spec["patches"]["properties"]["json6902"].is_object());
+    assert_eq!(spec["order"]["type"], "integer");
+    let cluster = schema(crd(&all, "talosclusters"));
+    assert!(
+        cluster["properties"]["spec"]["properties"]["baseConfigSecretRef"]["properties"]["name"]
+            .is_object()
+    );
+    assert!(cluster["properties"]["status"]["properties"]["redactedBase"].is_object());
 }

@@ -845,6 +845,26 @@ async fn the_calls_made_are_exactly_the_calls_granted() {
         json!({"talosConfigSecretRef": {"name": "prod-talos"}}),
     )
     .await;
+    // The cluster's base configuration (issue 37): the controller reads it (the same `get`
+    // on secrets) and lists the cluster's TalosConfigPatches to configure its machines.
+    w.api.insert(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "prod-base", "namespace": NS},
+        "type": "Opaque",
+        "data": {
+            "controlplane.yaml": base64::engine::general_purpose::STANDARD
+                .encode(include_str!("fixtures/talos/controlplane.yaml")),
+            "worker.yaml": base64::engine::general_purpose::STANDARD
+                .encode(include_str!("fixtures/talos/worker.yaml")),
+        }
+    }));
+    patch_spec(
+        &w.api,
+        "TalosCluster",
+        "prod",
+        json!({"baseConfigSecretRef": {"name": "prod-base"}}),
+    )
+    .await;
     let ctx = w.ctx("replica-a");
     let leading = Arc::new(AtomicBool::new(false));
     let task = tokio::spawn(leader::run(ctx.clone(), leading.clone()));

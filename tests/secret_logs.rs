@@ -444,3 +444,89 @@ async fn a_stores_secret_key_never_reaches_the_output_of_a_download() {
         assert_no_marker("download stdout", &String::from_utf8_lossy(&out.stdout));
     }
 }
+
+/// Issue 37: the cluster's base configuration (its PKI and tokens) is read by the
+/// controller (`serve --no-webhook`) and published redacted in the TalosCluster's status for
+/// the webhook; neither that status, the BaseConfig condition (also when the base does not
+/// read), nor a log line carries a secret value of the base.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_base_configuration_never_reaches_the_logs_or_the_status() {
+    use ichor_rules::runtime::render::Base;
+    let api = ApiServer::start().await;
+    let dir = scratch("base");
+    let fixture = |f: &str| {
+        std::fs::read_to_string(format!("tests/fixtures/talos/{f}"))
+            .expect("fixture")
+            .replace("SECRET-BASE", MARKER)
+    };
+    let (cp, w) = (fixture("controlplane.yaml"), fixture("worker.yaml"));
+    let mut cluster = objects::cluster("prod", 3)
+        .namespace(NS)
+        .schedulable("true")
+        .build();
+    cluster["spec"]["baseConfigSecretRef"] = json!({"name": "prod-base"});
+    api.insert(cluster);
+    api.insert(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "prod-base", "namespace": NS},
+        "type": "Opaque",
+        "data": {"controlplane.yaml": b64(&cp), "worker.yaml": b64(&w)}
+    }));
+    let log = dir.join("controller.log");
+    let child = serve(&api, &log, &["--no-webhook", "--identity", "controller-0"]);
+    let digest = Base::parse(&cp, &w, true).expect("the base reads").digest;
+    wait_for("the redacted base", WAIT, || {
+        get(&api, "TalosCluster", "prod")
+            .is_some_and(|c| c["status"]["redactedBase"]["digest"] == json!(digest))
+    })
+    .await;
+    let c = get(&api, "TalosCluster", "prod").expect("prod");
+    assert_no_marker("the TalosCluster", &c.to_string());
+    let published = c["status"]["redactedBase"]["controlplane"]
+        .as_str()
+        .expect("text");
+    assert!(published.contains("https://10.0.0.10:6443"), "{published}");
+    assert_eq!(
+        condition(&c, "BaseConfig").map(|c| c["reason"].clone()),
+        Some(json!("Published"))
+    );
+    // A base that does not read (the marker on the broken line): said, without content.
+    {
+        use k8s_openapi::api::core::v1::Secret;
+        use kube::api::{Api, Patch, PatchParams};
+        Api::<Secret>::namespaced(api.test_client(), NS)
+            .patch(
+                "prod-base",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"data": {"controlplane.yaml": b64(format!("{cp}\nmachine: [{MARKER}\n"))}})),
+            )
+            .await
+            .expect("store the broken base");
+        use ichor_rules::runtime::objects::TalosCluster;
+        Api::<TalosCluster>::namespaced(api.test_client(), NS)
+            .patch(
+                "prod",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"metadata": {"labels": {"touched": "1"}}})),
+            )
+            .await
+            .expect("touch the cluster");
+    }
+    wait_for("BaseInvalid", WAIT, || {
+        get(&api, "TalosCluster", "prod")
+            .and_then(|c| condition(&c, "BaseConfig"))
+            .is_some_and(|c| c["reason"] == "BaseInvalid")
+    })
+    .await;
+    let c = get(&api, "TalosCluster", "prod").expect("prod");
+    let msg = condition(&c, "BaseConfig").expect("BaseConfig")["message"].to_string();
+    assert!(
+        msg.contains("controlplane.yaml") && msg.contains("line"),
+        "{msg}"
+    );
+    assert_no_marker("the TalosCluster after a bad base", &c.to_string());
+    drop(child);
+    let text = std::fs::read_to_string(&log).expect("log");
+    assert!(text.contains("reconcil"), "{text}");
+    assert_no_marker("the controller's log", &text);
+}

@@ -53,7 +53,10 @@ impl<'a> Facts<'a> for Fixed {
             | Fact::UnfinishedName
             | Fact::UnfinishedKind
             | Fact::UnfinishedPhase
-            | Fact::Backup => Value::Str(""),
+            | Fact::Backup
+            | Fact::Patch
+            | Fact::PatchError => Value::Str(""),
+            Fact::PatchSelects | Fact::PatchBreaks => Value::Int(0),
             Fact::ClusterDeleting
             | Fact::Deleting
             | Fact::AllowDelete

@@ -47,7 +47,8 @@ const ADMISSIONREGISTRATION: &str = "admissionregistration.k8s.io";
 
 /// The API calls of the webhook alone (`serve --no-controller`), and nothing more: the live
 /// reads of a decision (`LiveReader::snapshot`: a LIST of the request's namespace's
-/// TalosMachines and TalosOperations, a GET of the TalosCluster) and the readiness probe of
+/// TalosMachines and TalosOperations, a GET of the TalosCluster; for a TalosConfigPatch, a
+/// LIST of its cluster's TalosConfigPatches) and the readiness probe of
 /// `serve` (a LIST of TalosClusters, `limit=1`, in every namespace).
 pub const WEBHOOK: &[Access] = &[
     Access {
@@ -73,6 +74,14 @@ pub const WEBHOOK: &[Access] = &[
     Access {
         api_group: ICHOR,
         resource: "talosetcdbackups",
+        verbs: &["list"],
+        scope: Scope::Cluster,
+    },
+    // The dry render of a written TalosConfigPatch (ADR 0106 §1): the other patches of its
+    // cluster. Against the redacted base in the TalosCluster's status: no Secret read.
+    Access {
+        api_group: ICHOR,
+        resource: "talosconfigpatches",
         verbs: &["list"],
         scope: Scope::Cluster,
     },

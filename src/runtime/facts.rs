@@ -27,6 +27,11 @@ pub enum Subject<'s> {
     /// A TalosCluster (the request's object).
     Cluster(&'s TalosCluster),
     Operation(&'s TalosOperation),
+    /// A TalosConfigPatch, with its dry render against the machines it selects.
+    Patch {
+        name: &'s str,
+        render: &'s super::configpatch::DryRender,
+    },
 }
 
 /// One event with what the facts are computed from.
@@ -259,7 +264,7 @@ impl<'s> SnapshotFacts<'s> {
         let leaving: Option<&str> = match self.ev.subject {
             Subject::Machine { name, .. } => Some(name),
             Subject::Operation(o) => o.spec.machine.as_deref(),
-            Subject::Cluster(_) => None,
+            Subject::Cluster(_) | Subject::Patch { .. } => None,
         };
         self.control_planes()
             .iter()
@@ -274,7 +279,7 @@ impl<'s> SnapshotFacts<'s> {
         let leaving: Option<&str> = match self.ev.subject {
             Subject::Machine { name, .. } => Some(name),
             Subject::Operation(o) => o.spec.machine.as_deref(),
-            Subject::Cluster(_) => None,
+            Subject::Cluster(_) | Subject::Patch { .. } => None,
         };
         self.control_planes()
             .iter()
@@ -288,6 +293,13 @@ impl<'s> SnapshotFacts<'s> {
         self.snapshot
             .backup(self.ev.namespace, name)
             .filter(|b| !name.is_empty() && b.cluster() == self.ev.cluster)
+    }
+
+    fn patch_render(&self) -> Option<&'s super::configpatch::DryRender> {
+        match self.ev.subject {
+            Subject::Patch { render, .. } => Some(render),
+            _ => None,
+        }
     }
 
     fn operation(&self) -> Option<&'s TalosOperation> {
@@ -323,11 +335,12 @@ impl<'s> Facts<'s> for SnapshotFacts<'s> {
                 Subject::Machine { view, .. } => view.deleting(),
                 Subject::Cluster(c) => c.deleting(),
                 Subject::Operation(o) => o.metadata.deletion_timestamp.is_some(),
+                Subject::Patch { .. } => false,
             }),
             Fact::AllowDelete => Value::Bool(match self.ev.subject {
                 Subject::Machine { view, .. } => view.allow_delete(),
                 Subject::Cluster(c) => c.allow_delete(),
-                Subject::Operation(_) => false,
+                Subject::Operation(_) | Subject::Patch { .. } => false,
             }),
             Fact::Rank => {
                 let name = self.machine().map(|m| m.name());
@@ -428,6 +441,13 @@ impl<'s> Facts<'s> for SnapshotFacts<'s> {
                 let cluster = self.cluster_obj();
                 Value::Bool(backup.is_some_and(|b| b.store_in_cluster(cluster).is_some()))
             }
+            Fact::Patch => Value::Str(match self.ev.subject {
+                Subject::Patch { name, .. } => name,
+                _ => "",
+            }),
+            Fact::PatchSelects => int(self.patch_render().map_or(0, |r| r.selects)),
+            Fact::PatchBreaks => int(self.patch_render().map_or(0, |r| r.breaks)),
+            Fact::PatchError => Value::Str(self.patch_render().map_or("", |r| r.error.as_str())),
         };
         Lookup::Value(v)
     }

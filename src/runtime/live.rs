@@ -858,6 +858,7 @@ kind_impl!(
         status: status.map(|s| MachineStatus {
             conditions: s.conditions,
             removal: None,
+            config: None,
         }),
     }
 );

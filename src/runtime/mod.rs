@@ -4,6 +4,7 @@
 pub mod access;
 pub mod admission;
 pub mod certs;
+pub mod configpatch;
 pub mod controller;
 pub mod decide;
 pub mod exec;
@@ -16,6 +17,7 @@ pub mod nesting;
 pub mod objects;
 pub mod operator;
 pub mod reload;
+pub mod render;
 pub mod secrets;
 pub mod server;
 pub mod snapshot;

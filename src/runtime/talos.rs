@@ -430,6 +430,63 @@ impl EtcdStatus {
     }
 }
 
+/// `ApplyConfigurationRequest.Mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApplyMode {
+    /// What a dry run answers when applying needs a reboot (deprecated as a request).
+    Reboot,
+    /// Talos applies without a reboot when it can, and reboots when it must.
+    Auto,
+    /// Applied now, or refused when it needs a reboot.
+    NoReboot,
+    /// Kept for the next boot.
+    Staged,
+    Try,
+}
+
+impl ApplyMode {
+    fn wire(self) -> pb::apply_configuration_request::Mode {
+        use pb::apply_configuration_request::Mode as M;
+        match self {
+            ApplyMode::Reboot => M::Reboot,
+            ApplyMode::Auto => M::Auto,
+            ApplyMode::NoReboot => M::NoReboot,
+            ApplyMode::Staged => M::Staged,
+            ApplyMode::Try => M::Try,
+        }
+    }
+
+    fn from_wire(v: i32) -> ApplyMode {
+        use pb::apply_configuration_request::Mode as M;
+        match M::try_from(v) {
+            Ok(M::Auto) => ApplyMode::Auto,
+            Ok(M::NoReboot) => ApplyMode::NoReboot,
+            Ok(M::Staged) => ApplyMode::Staged,
+            Ok(M::Try) => ApplyMode::Try,
+            Ok(M::Reboot) | Err(_) => ApplyMode::Reboot,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ApplyMode::Reboot => "reboot",
+            ApplyMode::Auto => "auto",
+            ApplyMode::NoReboot => "no-reboot",
+            ApplyMode::Staged => "staged",
+            ApplyMode::Try => "try",
+        }
+    }
+}
+
+/// What Talos answered to an `ApplyConfiguration`: the mode it chose (or, for a dry run,
+/// would choose), its explanation and its validation warnings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Applied {
+    pub mode: ApplyMode,
+    pub details: String,
+    pub warnings: Vec<String>,
+}
+
 /// `RebootRequest.Mode`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RebootMode {
@@ -686,6 +743,46 @@ impl TalosClient {
         };
         let resp = self
             .call(|mut c, r| async move { c.reset(r).await }, req)
+            .await?;
+        self.check_all(&resp.messages, |m| m.metadata.as_ref())
+    }
+
+    /// Sends a machine configuration (`ApplyConfiguration`); `dry_run` asks Talos to
+    /// validate it and say what applying it would do, changing nothing. The configuration
+    /// holds the cluster's secrets: it is never logged, and an error carries Talos' message
+    /// only.
+    pub async fn apply_configuration(
+        &self,
+        data: &[u8],
+        mode: ApplyMode,
+        dry_run: bool,
+    ) -> Result<Applied, TalosError> {
+        let req = pb::ApplyConfigurationRequest {
+            data: data.to_vec(),
+            mode: mode.wire() as i32,
+            dry_run,
+        };
+        let resp = self
+            .call(
+                |mut c, r| async move { c.apply_configuration(r).await },
+                req,
+            )
+            .await?;
+        let m = self.single(resp.messages, |m| m.metadata.as_ref())?;
+        Ok(Applied {
+            mode: ApplyMode::from_wire(m.mode),
+            details: m.mode_details,
+            warnings: m.warnings,
+        })
+    }
+
+    /// Bootstraps etcd on this control plane (`Bootstrap`): once per cluster, ever.
+    pub async fn bootstrap(&self) -> Result<(), TalosError> {
+        let resp = self
+            .call(
+                |mut c, r| async move { c.bootstrap(r).await },
+                pb::BootstrapRequest::default(),
+            )
             .await?;
         self.check_all(&resp.messages, |m| m.metadata.as_ref())
     }

@@ -73,6 +73,7 @@ pub fn webhook_router(state: Arc<Webhook>) -> Router {
         .route("/validate/talosmachines/status", post(validate))
         .route("/validate/talosclusters", post(validate))
         .route("/validate/talosoperations", post(validate))
+        .route("/validate/talosconfigpatches", post(validate))
         .route("/validate", post(validate))
         .with_state(state.clone())
         .merge(health_router(state))
@@ -212,12 +213,48 @@ async fn decide_request_inner(
         tracing::info!(verdict = "refuse", "an operation's spec changed: refused");
         return refuse(req, message);
     }
-    let events = request_events(
-        req.operation(),
-        &req.namespace,
-        req.old.as_ref(),
-        req.new.as_ref(),
-    );
+    // A TalosConfigPatch written: dry-rendered against the machines it selects (ADR 0106
+    // §1), the result the facts of its `apply patch` event.
+    let config_patch = match super::configpatch::from_request(req) {
+        Some(Ok(p)) => Some(p),
+        Some(Err(e)) => return refuse(req, e),
+        None => None,
+    };
+    let mut dry = super::configpatch::DryRender::default();
+    if let Some(p) = &config_patch {
+        let read = tokio::time::timeout(
+            DRY_RENDER_TIMEOUT,
+            super::configpatch::dry_render_live(state.reader.client(), p),
+        )
+        .await;
+        match read {
+            Ok(Ok(d)) => dry = d,
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "dry render: live read failed: refusing");
+                return refuse(
+                    req,
+                    format!(
+                        "{e}; ichor-rules refuses rather than deciding on missing data, retry shortly"
+                    ),
+                );
+            }
+            Err(_) => {
+                return refuse(
+                    req,
+                    "the dry render of the TalosConfigPatch did not finish in time; retry shortly",
+                );
+            }
+        }
+    }
+    let events = match &config_patch {
+        Some(p) => vec![super::configpatch::patch_event(&req.namespace, p, &dry)],
+        None => request_events(
+            req.operation(),
+            &req.namespace,
+            req.old.as_ref(),
+            req.new.as_ref(),
+        ),
+    };
     if events.is_empty() {
         tracing::debug!("no verb: allowed without reading anything");
         return respond(req, &Default::default());
@@ -282,6 +319,9 @@ async fn decide_request_inner(
     );
     respond(req, &decision)
 }
+
+/// How long the live reads and renders of a TalosConfigPatch's dry render may take.
+const DRY_RENDER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The HTTPS server (TLS, deadlines, the connection cap) lives in [`super::server`].
 pub use super::server::{Limits, serve_tls, serve_tls_with};

@@ -1271,6 +1271,7 @@ impl Objects<'_> {
         tm.status = (!conditions.is_empty() || removal.is_some()).then_some(MachineStatus {
             conditions,
             removal,
+            config: None,
         });
         tm
     }
@@ -1288,6 +1289,7 @@ impl Objects<'_> {
                 schedulable: Some(if s.schedulable { "true" } else { "false" }.into()),
                 talos_config_secret_ref: None,
                 network: None,
+                base_config_secret_ref: None,
             },
         );
         c.metadata.namespace = Some(NAMESPACE.into());

@@ -252,6 +252,12 @@ pub const RESOURCES: &[Resource] = &[
         ..CUSTOM
     },
     Resource {
+        plural: "talosconfigpatches",
+        kind: "TalosConfigPatch",
+        status: false,
+        ..CUSTOM
+    },
+    Resource {
         plural: "nodes",
         kind: "Node",
         namespaced: false,
@@ -2162,7 +2168,7 @@ struct FieldRequirement {
 /// the CRD does not declare is refused here as it would be in a cluster.
 fn crd_selectable_fields(kind: &str) -> &'static [String] {
     use ichor_rules::runtime::objects::{
-        TalosCluster, TalosEtcdBackup, TalosMachine, TalosOperation,
+        TalosCluster, TalosConfigPatch, TalosEtcdBackup, TalosMachine, TalosOperation,
     };
     use kube::CustomResourceExt;
     static FIELDS: std::sync::OnceLock<Vec<(&'static str, Vec<String>)>> =
@@ -2173,6 +2179,7 @@ fn crd_selectable_fields(kind: &str) -> &'static [String] {
             ("TalosMachine", TalosMachine::crd()),
             ("TalosOperation", TalosOperation::crd()),
             ("TalosEtcdBackup", TalosEtcdBackup::crd()),
+            ("TalosConfigPatch", TalosConfigPatch::crd()),
         ]
         .into_iter()
         .map(|(kind, crd)| {

@@ -16,6 +16,12 @@
 //!   answers `Unavailable` like a rebooting node (until [`TalosNode::start_again`]).
 //! - `Version`: the node's tag, [`VERSION_TAG`] until an upgrade or a rollback changes it.
 //! - `SystemStat`: the node's `boot_time`, which every reboot advances.
+//! - `ApplyConfiguration` (issue 37): the configuration is validated as Talos does (YAML,
+//!   known documents, `machine.type`, the v1alpha1 conflict table: refused `InvalidArgument`
+//!   with Talos' words); a change of `machine.install` needs a reboot. `dry_run` answers the
+//!   mode it would take and changes nothing; `AUTO` keeps it and reboots when needed,
+//!   `NO_REBOOT` refuses a change that needs one, `STAGED` keeps it for the next boot.
+//! - `Bootstrap`: once; a second one is refused (the etcd data directory is not empty).
 //! - `Reboot`: answers, then the node goes down (its etcd member is killed, its data kept;
 //!   every call answers `Unavailable`) for [`TalosNode::set_downtime`] and comes back with
 //!   a new boot time, its etcd member restarted from its data; a node set
@@ -254,6 +260,10 @@ struct Node {
     corrupt_snapshot: AtomicBool,
     reboots: AtomicUsize,
     downtimes: Downtimes,
+    /// The machine configuration applied, and the one staged for the next boot.
+    config: Mutex<Option<String>>,
+    staged_config: Mutex<Option<String>>,
+    bootstraps: AtomicUsize,
 }
 
 fn etcd_failure(name: &str, e: &EtcdError) -> Status {
@@ -537,6 +547,9 @@ impl Node {
             eprintln!("stand-in {}: {e}", self.name);
             return;
         }
+        if let Some(c) = self.staged_config.lock().expect("staged config").take() {
+            *self.config.lock().expect("config") = Some(c);
+        }
         let next = into.or_else(|| self.staged.lock().expect("staged").take());
         if let Some(tag) = next {
             let mut v = self.version.lock().expect("version");
@@ -546,6 +559,81 @@ impl Node {
         self.boot_time.fetch_add(100, Ordering::SeqCst);
         self.down.store(false, Ordering::SeqCst);
         self.downtimes.lock().expect("downtimes")[k].to = Some(Instant::now());
+    }
+
+    async fn apply_configuration(
+        self: Arc<Self>,
+        data: Vec<u8>,
+        mode: i32,
+        dry_run: bool,
+    ) -> Result<pb::ApplyConfiguration, Status> {
+        use pb::apply_configuration_request::Mode as M;
+        self.check_up()?;
+        let text = String::from_utf8(data)
+            .map_err(|_| Status::invalid_argument("failed to parse config: not UTF-8"))?;
+        if let Err(e) = ichor_rules::runtime::render::validate_text(&text) {
+            return Err(Status::invalid_argument(format!(
+                "1 error occurred:\n\t* {e}\n\n"
+            )));
+        }
+        let install = |t: &str| -> Option<serde_json::Value> {
+            use serde::Deserialize;
+            serde_yaml::Deserializer::from_str(t)
+                .filter_map(|d| serde_json::Value::deserialize(d).ok())
+                .find(|d| d.get("version").is_some())
+                .and_then(|d| d.get("machine").and_then(|m| m.get("install")).cloned())
+        };
+        let current = self.config.lock().expect("config").clone();
+        let reboot = current
+            .as_deref()
+            .is_some_and(|c| install(c) != install(&text));
+        let requested = M::try_from(mode).unwrap_or(M::Auto);
+        let (chosen, details) = match requested {
+            M::Staged => (
+                M::Staged,
+                "Staged configuration to be applied after the next reboot",
+            ),
+            M::NoReboot | M::Try if reboot => {
+                return Err(Status::failed_precondition(
+                    "apply configuration in no-reboot mode failed: the configuration change requires a reboot",
+                ));
+            }
+            M::Auto | M::Reboot if reboot => (M::Reboot, "Applied configuration with a reboot"),
+            M::Reboot => (M::Reboot, "Applied configuration with a reboot"),
+            _ => (M::NoReboot, "Applied configuration without a reboot"),
+        };
+        if !dry_run {
+            match chosen {
+                M::Staged => *self.staged_config.lock().expect("staged config") = Some(text),
+                M::Reboot => {
+                    *self.config.lock().expect("config") = Some(text);
+                    tokio::spawn(self.clone().go_down(None, false));
+                }
+                _ => *self.config.lock().expect("config") = Some(text),
+            }
+        }
+        Ok(pb::ApplyConfiguration {
+            metadata: self.metadata(),
+            warnings: Vec::new(),
+            mode: chosen as i32,
+            mode_details: if dry_run {
+                format!("Dry run summary:\n{details} (skipped in dry-run).")
+            } else {
+                details.to_string()
+            },
+        })
+    }
+
+    async fn bootstrap(self: Arc<Self>) -> Result<pb::Bootstrap, Status> {
+        self.check_up()?;
+        if self.bootstraps.fetch_add(1, Ordering::SeqCst) > 0 {
+            return Err(Status::failed_precondition(
+                "bootstrap is not available yet: etcd data directory is not empty",
+            ));
+        }
+        Ok(pb::Bootstrap {
+            metadata: self.metadata(),
+        })
     }
 
     async fn reboot(self: Arc<Self>) -> Result<pb::Reboot, Status> {
@@ -878,6 +966,41 @@ impl MachineService for Service {
         Ok(Response::new(pb::RollbackResponse { messages }))
     }
 
+    async fn apply_configuration(
+        &self,
+        request: Request<pb::ApplyConfigurationRequest>,
+    ) -> Result<Response<pb::ApplyConfigurationResponse>, Status> {
+        let r = request.get_ref();
+        let (data, mode, dry_run) = (r.data.clone(), r.mode, r.dry_run);
+        let messages = self
+            .answer(
+                "ApplyConfiguration",
+                request.metadata(),
+                move |node| node.apply_configuration(data, mode, dry_run),
+                |metadata| pb::ApplyConfiguration {
+                    metadata,
+                    ..Default::default()
+                },
+            )
+            .await?;
+        Ok(Response::new(pb::ApplyConfigurationResponse { messages }))
+    }
+
+    async fn bootstrap(
+        &self,
+        request: Request<pb::BootstrapRequest>,
+    ) -> Result<Response<pb::BootstrapResponse>, Status> {
+        let messages = self
+            .answer(
+                "Bootstrap",
+                request.metadata(),
+                Node::bootstrap,
+                |metadata| pb::Bootstrap { metadata },
+            )
+            .await?;
+        Ok(Response::new(pb::BootstrapResponse { messages }))
+    }
+
     async fn system_stat(
         &self,
         request: Request<()>,
@@ -1149,6 +1272,25 @@ impl TalosNode {
     }
 
     /// How many times it went down (reboots, upgrades, rollbacks, shutdowns).
+    /// The machine configuration applied (`ApplyConfiguration`), if any.
+    pub fn config(&self) -> Option<String> {
+        self.node.config.lock().expect("config").clone()
+    }
+
+    /// The configuration staged for the next boot, if any.
+    pub fn staged_config(&self) -> Option<String> {
+        self.node
+            .staged_config
+            .lock()
+            .expect("staged config")
+            .clone()
+    }
+
+    /// How many `Bootstrap` calls reached this node.
+    pub fn bootstraps(&self) -> usize {
+        self.node.bootstraps.load(Ordering::SeqCst)
+    }
+
     pub fn reboots(&self) -> usize {
         self.node.reboots.load(Ordering::SeqCst)
     }
@@ -1295,6 +1437,9 @@ impl TalosApi {
             corrupt_snapshot: AtomicBool::new(false),
             reboots: AtomicUsize::new(0),
             downtimes: self.downtimes.clone(),
+            config: Mutex::new(None),
+            staged_config: Mutex::new(None),
+            bootstraps: AtomicUsize::new(0),
         });
         {
             let mut registry = self.registry.lock().expect("registry");

@@ -54,6 +54,20 @@ pub async fn reconcile(c: Arc<TalosCluster>, ctx: Arc<Context>) -> Result<Action
     let (on, reason, message) = transitioning(approved);
     let mut next = live.clone();
     let mut changed = status::set(next.conditions_mut(), "Transitioning", on, reason, &message);
+    // The redacted base for the webhook's dry render (issue 37).
+    if !live.deleting() {
+        let published = super::base::publish(&ctx.client, live).await;
+        if let Some((on, reason, message)) = &published.condition {
+            changed |= status::set(next.conditions_mut(), "BaseConfig", *on, reason, message);
+        }
+        if let Some(r) = published.redacted {
+            let st = next.status.get_or_insert_with(Default::default);
+            if st.redacted_base.as_ref() != Some(&r) {
+                st.redacted_base = Some(r);
+                changed = true;
+            }
+        }
+    }
     let finalized = finalizer::holds(&live.metadata, TEARDOWN_FINALIZER);
     // The machines that still refer to it, being deleted or not, approved or not.
     let remaining: Vec<&str> = snapshot

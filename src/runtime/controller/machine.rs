@@ -69,7 +69,20 @@ pub async fn reconcile(m: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action
     let requeue = if live.approved_role().is_some() {
         let dialer = nodes::Dialer::for_machine(&ctx, live).await;
         match dialer.missing() {
-            None => probe(&dialer, live, &mut next).await,
+            None => {
+                let again = probe(&dialer, live, &mut next).await;
+                // 4. Its Talos configuration (issue 37), once its node answers.
+                let cluster = snapshot.cluster(&ns, live.cluster());
+                if next.reachable_state() == Some("False") {
+                    again
+                } else {
+                    match super::configure::configure(&ctx, &dialer, cluster, live, &mut next).await
+                    {
+                        Some(retry) => again.min(retry),
+                        None => again,
+                    }
+                }
+            }
             Some(why) => {
                 tracing::debug!(machine = %live.name(), %why, "not probed: no Talos credentials");
                 ctx.settings.probe_interval

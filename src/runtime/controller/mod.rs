@@ -13,7 +13,9 @@
 //!   cluster's lock (a [`disruptive::Held`] guard, released or kept exactly once); [`leader`]: one replica reconciles.
 
 pub mod backup;
+pub mod base;
 pub mod cluster;
+pub mod configure;
 pub mod disruptive;
 pub mod drain;
 pub mod finalizer;

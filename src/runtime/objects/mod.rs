@@ -9,12 +9,17 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize};
 
 mod backup;
+mod configpatch;
 mod load;
 mod snapshot;
 pub use backup::{
     BackupSpec, BackupStatus, Cidr, ClusterNetwork, CredentialsSecretRef, EncryptionSpec, Endpoint,
     RetentionSpec, SNAPSHOT_NOW_ANNOTATION, ScheduleSpec, SnapshotRecord, StoreSpec,
     TalosEtcdBackup, parse_duration, parse_endpoint, store_in_cluster, validate_backup_spec,
+};
+pub use configpatch::{
+    BaseConfigRef, ConfigPatchSpec, PatchBody, PatchSelector, RedactedBase, TalosConfigPatch,
+    labels_match, patches_for,
 };
 pub use load::{
     LoadError, MAX_NESTING, Object, load_snapshot, object_from_value, typed_object,
@@ -152,6 +157,25 @@ pub struct MachineStatus {
     /// where the last one stopped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub removal: Option<RemovalProgress>,
+    /// The Talos configuration of the machine: the hashes (sha256) of what was rendered,
+    /// applied and staged (issue 37). Never the configuration itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<MachineConfigStatus>,
+}
+
+/// The hashes of a machine's Talos configuration.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineConfigStatus {
+    /// sha256 of the last configuration rendered for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rendered_hash: Option<String>,
+    /// sha256 of the configuration last applied to its node (Talos accepted it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_hash: Option<String>,
+    /// sha256 of a configuration staged on its node for its next reboot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staged_hash: Option<String>,
 }
 
 /// How far the removal of a control plane has come.
@@ -301,7 +325,7 @@ macro_rules! status_reads {
 }
 
 /// The condition types of a TalosMachine's status that the reads below look at.
-pub const MACHINE_CONDITIONS_READ: &[&str] = &["Ready", "NodeReachable", "Removal"];
+pub const MACHINE_CONDITIONS_READ: &[&str] = &["Ready", "NodeReachable", "Removal", "Configured"];
 
 status_reads! {
     /// Ready=False with reason NodeUnreachable (`node.unreachable`, and `member.dead` and
@@ -346,6 +370,24 @@ status_reads! {
     /// The controller's record of a removal (`status.removal`), which it resumes from.
     fn removal_progress(&self) -> Option<&RemovalProgress> {
         self.status.as_ref().and_then(|s| s.removal.as_ref())
+    }
+
+    /// When the Configured condition turned False: how long configuring the machine has
+    /// been failing, which times its retries.
+    fn configure_failing_since(&self) -> Option<&Time> {
+        self.condition("Configured")
+            .filter(|c| c.status == "False")
+            .and_then(|c| c.last_transition_time.as_ref())
+    }
+
+    /// The hash of the configuration last applied to the node (`status.config.appliedHash`):
+    /// the controller applies again only when a render differs from it (a forged one would
+    /// make it skip an apply, so only the controller may change it).
+    fn applied_config_hash(&self) -> Option<&str> {
+        self.status
+            .as_ref()
+            .and_then(|s| s.config.as_ref())
+            .and_then(|c| c.applied_hash.as_deref())
     }
 }
 
@@ -413,6 +455,11 @@ pub struct ClusterSpec {
     /// inside them is inside the cluster (ADR 0106 §2). Talos' defaults when omitted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<ClusterNetwork>,
+    /// The Secret holding the cluster's base Talos configuration (`controlplane.yaml`,
+    /// `worker.yaml`): read live by the controller only, never logged or copied; without it
+    /// nothing is applied to the cluster's machines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_config_secret_ref: Option<BaseConfigRef>,
 }
 
 /// The key of a talosconfig Secret that [`SecretKeyRef`] reads when it names none.
@@ -447,6 +494,9 @@ pub struct ClusterStatus {
     /// Transitioning: True (EvenControlPlaneCount) or False (StableControlPlaneCount).
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// The base configuration, redacted (no secret value), for the webhook's dry render.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redacted_base: Option<RedactedBase>,
 }
 
 impl TalosCluster {
@@ -710,6 +760,7 @@ pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
         TalosMachine::crd(),
         TalosOperation::crd(),
         TalosEtcdBackup::crd(),
+        TalosConfigPatch::crd(),
     ] {
         out.push_str("---\n");
         out.push_str(&serde_yaml::to_string(&crd)?);

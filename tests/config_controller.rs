@@ -1,0 +1,251 @@
+//! Issue 37, the controller applies: approved machines the rules let through get the
+//! configuration rendered from the cluster's base Secret and the patches that select them,
+//! through `ApplyConfiguration` (a dry run first) on Talos stand-ins backed by a real etcd;
+//! an unrelated patch reaches exactly the machines it selects; a change that needs a reboot
+//! is staged, not rebooted all at once; an over-cap held machine receives nothing.
+
+use crate::support::apiserver::ApiServer;
+use crate::support::controller::*;
+use crate::support::etcd::EtcdCluster;
+use crate::support::talos::TalosApi;
+use base64::Engine as _;
+use ichor_rules::runtime::controller::Context;
+use ichor_rules::runtime::metrics::Metrics;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::Duration;
+
+const CP: &str = include_str!("fixtures/talos/controlplane.yaml");
+const WORKER: &str = include_str!("fixtures/talos/worker.yaml");
+const WAIT: Duration = Duration::from_secs(30);
+
+fn b64(s: &str) -> String {
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+/// Control planes cp-1..cp-3 on stand-ins with a real etcd, in a cluster declaring `count`,
+/// with the base Secret and the controller running.
+async fn start(count: i64) -> (ApiServer, TalosApi, Running) {
+    let talos = TalosApi::start(EtcdCluster::start(3).await).await;
+    let api = ApiServer::start().await;
+    let mut c = cluster("prod", count);
+    c["spec"]["baseConfigSecretRef"] = json!({"name": "prod-base"});
+    api.insert(c);
+    api.insert(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "prod-base", "namespace": NS},
+        "type": "Opaque",
+        "data": {"controlplane.yaml": b64(CP), "worker.yaml": b64(WORKER)}
+    }));
+    for i in 0..3 {
+        let name = format!("cp-{}", i + 1);
+        let mut m = control_plane(&name, u32::try_from(i).unwrap() + 1);
+        m["spec"]["endpoint"] = json!(talos.node(i).endpoint());
+        api.insert(m);
+        api.insert(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name},
+            "spec": {},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+        }));
+        talos.node(i).set_downtime(Duration::from_millis(800));
+    }
+    let ctx = Arc::new(Context::new(
+        api.client(),
+        rules(),
+        Some(Arc::new(talos.tls())),
+        fast_settings("controller-0"),
+        Arc::new(Metrics::default()),
+    ));
+    let running = Running::start(ctx);
+    (api, talos, running)
+}
+
+fn applied(api: &ApiServer, name: &str) -> Option<String> {
+    get(api, "TalosMachine", name)?["status"]["config"]["appliedHash"]
+        .as_str()
+        .map(str::to_string)
+}
+
+fn sha(text: &str) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn patch(name: &str, selector: Value, strategic: &str) -> Value {
+    json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosConfigPatch",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"clusterRef": {"name": "prod"}, "selector": selector,
+                 "patches": {"strategic": strategic}}
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approved_machines_get_their_configuration_and_a_patch_reaches_exactly_its_machines() {
+    let (api, talos, _running) = start(3).await;
+    wait_for("every control plane configured", WAIT, || {
+        (0..3).all(|i| {
+            let name = format!("cp-{}", i + 1);
+            talos
+                .node(i)
+                .config()
+                .is_some_and(|c| applied(&api, &name) == Some(sha(&c)))
+        })
+    })
+    .await;
+    for i in 0..3 {
+        let name = format!("cp-{}", i + 1);
+        let config = talos.node(i).config().unwrap();
+        assert!(
+            config.contains(&format!("hostname: {name}")),
+            "its identity: {config}"
+        );
+        assert_eq!(
+            cond(&api, "TalosMachine", &name, "Configured"),
+            Some(("True".into(), "Applied".into()))
+        );
+        // A dry run before the apply, and the configuration itself in no status.
+        assert!(talos.calls_to("ApplyConfiguration", &name) >= 2);
+        let status = get(&api, "TalosMachine", &name).unwrap()["status"].to_string();
+        assert!(!status.contains("SECRET-BASE"), "{status}");
+    }
+    let before: Vec<String> = (0..3).map(|i| talos.node(i).config().unwrap()).collect();
+    // An unrelated patch for cp-2 alone.
+    api.insert(patch(
+        "sysctl",
+        json!({"machines": ["cp-2"]}),
+        "version: v1alpha1\nmachine:\n  sysctls:\n    vm.max_map_count: \"262144\"\n",
+    ));
+    wait_for("cp-2 gets the patch", WAIT, || {
+        talos.node(1).config().is_some_and(|c| {
+            c.contains("vm.max_map_count") && applied(&api, "cp-2") == Some(sha(&c))
+        })
+    })
+    .await;
+    // A few more reconciles of the others: nothing changes for them.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(talos.node(0).config().unwrap(), before[0]);
+    assert_eq!(talos.node(2).config().unwrap(), before[2]);
+    assert_eq!(
+        talos.node(0).reboots() + talos.node(1).reboots() + talos.node(2).reboots(),
+        0
+    );
+    // A change that needs a reboot (the install disk): staged on every node, applied on
+    // none, no node rebooted by it.
+    api.insert(patch(
+        "disk",
+        json!({}),
+        "version: v1alpha1\nmachine:\n  install:\n    disk: /dev/sdb\n",
+    ));
+    wait_for("staged everywhere", WAIT, || {
+        (0..3).all(|i| talos.node(i).staged_config().is_some())
+    })
+    .await;
+    for i in 0..3 {
+        let name = format!("cp-{}", i + 1);
+        assert_eq!(
+            cond(&api, "TalosMachine", &name, "Configured"),
+            Some(("False".into(), "RebootRequired".into()))
+        );
+        assert!(!talos.node(i).config().unwrap().contains("/dev/sdb"));
+        assert_eq!(talos.node(i).reboots(), 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_patch_that_breaks_the_render_is_said_and_nothing_is_applied() {
+    let (api, talos, _running) = start(3).await;
+    wait_for("configured", WAIT, || applied(&api, "cp-1").is_some()).await;
+    let calls = talos.calls_to("ApplyConfiguration", "cp-1");
+    // Written past the webhook (the in-process API server has none): the controller
+    // renders, fails, and says Talos' words; nothing is sent.
+    api.insert(patch(
+        "api",
+        json!({"machines": ["cp-1"]}),
+        "version: v1alpha1\ncluster:\n  apiServer:\n    image: x\n",
+    ));
+    wait_for("RenderFailed", WAIT, || {
+        cond(&api, "TalosMachine", "cp-1", "Configured")
+            == Some(("False".into(), "RenderFailed".into()))
+    })
+    .await;
+    let m = get(&api, "TalosMachine", "cp-1").unwrap();
+    let msg = condition(&m, "Configured").unwrap()["message"].to_string();
+    assert!(
+        msg.contains(
+            "kube-apiserver config is already set in v1alpha1 config (.cluster.apiServer)"
+        ),
+        "{msg}"
+    );
+    assert_eq!(talos.calls_to("ApplyConfiguration", "cp-1"), calls);
+}
+
+/// ADR 0054: a control plane held over the cap gets nothing applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_over_cap_held_machine_receives_nothing() {
+    // count 1: cp-1 and cp-2 (count + 1) go on, cp-3 (the newest) is held.
+    let (api, talos, _running) = start(1).await;
+    wait_for("cp-3 held", WAIT, || {
+        cond(&api, "TalosMachine", "cp-3", "Ready").is_some_and(|(s, _)| s == "False")
+    })
+    .await;
+    wait_for("the others configured", WAIT, || {
+        applied(&api, "cp-1").is_some() && applied(&api, "cp-2").is_some()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(talos.calls_to("ApplyConfiguration", "cp-3"), 0);
+    assert!(talos.node(2).config().is_none());
+    assert!(applied(&api, "cp-3").is_none());
+}
+
+/// A change that needs a reboot is staged on every node, then a `reboot` TalosOperation
+/// rolls it through the operations' machinery, one node at a time under its gates; each
+/// node boots into the staged configuration, and the controller records it applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_needing_a_reboot_is_staged_then_rolled_one_node_at_a_time() {
+    let (api, talos, _running) = start(3).await;
+    wait_for("configured", WAIT, || {
+        (1..=3).all(|i| applied(&api, &format!("cp-{i}")).is_some())
+    })
+    .await;
+    api.insert(patch(
+        "disk",
+        json!({}),
+        "version: v1alpha1\nmachine:\n  install:\n    disk: /dev/sdb\n",
+    ));
+    wait_for("staged everywhere", WAIT, || {
+        (0..3).all(|i| talos.node(i).staged_config().is_some())
+    })
+    .await;
+    assert!(
+        talos.downtimes().is_empty(),
+        "nothing rebooted by the apply itself"
+    );
+    api.insert(operation("roll", "reboot"));
+    wait_for("the roll succeeds", Duration::from_secs(60), || {
+        get(&api, "TalosOperation", "roll").is_some_and(|o| o["status"]["phase"] == "Succeeded")
+    })
+    .await;
+    wait_for("applied everywhere after the reboots", WAIT, || {
+        (0..3).all(|i| {
+            let name = format!("cp-{}", i + 1);
+            talos.node(i).config().is_some_and(|c| {
+                c.contains("disk: /dev/sdb") && applied(&api, &name) == Some(sha(&c))
+            }) && cond(&api, "TalosMachine", &name, "Configured")
+                == Some(("True".into(), "Applied".into()))
+        })
+    })
+    .await;
+    let downs = talos.downtimes();
+    let order: Vec<&str> = downs.iter().map(|d| d.node.as_str()).collect();
+    assert_eq!(order, ["cp-1", "cp-2", "cp-3"], "one at a time, in order");
+    for d in &downs {
+        let overlapping = downs
+            .iter()
+            .filter(|o| o.from <= d.from && o.to.is_none_or(|t| t > d.from))
+            .count();
+        assert_eq!(overlapping, 1, "{downs:?}");
+    }
+}

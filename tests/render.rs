@@ -1,0 +1,679 @@
+//! The render library (`runtime::render`): Talos' strategic merge and JSON patches, the
+//! identity, validation with Talos' conflict table, deterministic bytes and their sha256,
+//! hostile input bounded, and the redacted base failing exactly when the real one does.
+
+use ichor_rules::runtime::render::{
+    self, Base, Identity, Patch, RenderError, Role, conflicts::CONFLICTS, conflicts::Set,
+};
+use proptest::prelude::*;
+
+const CP: &str = include_str!("fixtures/talos/controlplane.yaml");
+const WORKER: &str = include_str!("fixtures/talos/worker.yaml");
+
+fn base() -> Base {
+    Base::parse(CP, WORKER, true).unwrap()
+}
+
+fn strategic(text: &str) -> Patch {
+    Patch::parse("TalosConfigPatch ns/p", Some(text), None).unwrap()
+}
+
+fn json(text: &str) -> Patch {
+    Patch::parse("TalosConfigPatch ns/p", None, Some(text)).unwrap()
+}
+
+fn cp(patches: &[&Patch]) -> Result<render::Rendered, RenderError> {
+    render::render(&base(), Role::ControlPlane, patches, Identity::default())
+}
+
+fn yaml(r: &render::Rendered) -> Vec<serde_json::Value> {
+    use serde::Deserialize;
+    serde_yaml::Deserializer::from_str(&r.text)
+        .map(|d| serde_json::Value::deserialize(d).unwrap())
+        .collect()
+}
+
+fn machine_config(r: &render::Rendered) -> serde_json::Value {
+    yaml(r)
+        .into_iter()
+        .find(|d| d.get("version").is_some())
+        .unwrap()
+}
+
+#[test]
+fn the_base_renders_for_both_roles_deterministically() {
+    for role in [Role::ControlPlane, Role::Worker] {
+        let a = render::render(&base(), role, &[], Identity::default()).unwrap();
+        let b = render::render(&base(), role, &[], Identity::default()).unwrap();
+        assert_eq!(a.text, b.text, "same inputs, same bytes");
+        assert_eq!(a.sha256.len(), 64);
+        let digest = ring::digest::digest(&ring::digest::SHA256, a.text.as_bytes());
+        let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(a.sha256, hex, "the hash is the sha256 of the bytes");
+        assert_eq!(machine_config(&a)["machine"]["type"], role.name());
+    }
+    let cp = render::render(&base(), Role::ControlPlane, &[], Identity::default()).unwrap();
+    let w = render::render(&base(), Role::Worker, &[], Identity::default()).unwrap();
+    assert_ne!(cp.sha256, w.sha256);
+}
+
+#[test]
+fn a_different_input_gives_a_different_hash() {
+    let a = cp(&[]).unwrap();
+    let b = cp(&[&strategic(
+        "version: v1alpha1\nmachine:\n  sysctls:\n    net.ipv4.ip_forward: \"1\"\n",
+    )])
+    .unwrap();
+    assert_ne!(a.sha256, b.sha256);
+    let ident = render::render(
+        &base(),
+        Role::ControlPlane,
+        &[],
+        Identity {
+            hostname: Some("cp-1"),
+            install_disk: None,
+        },
+    )
+    .unwrap();
+    assert_ne!(a.sha256, ident.sha256);
+}
+
+/// The seed's case (ADR 0106 §1): `cluster.apiServer` set while the base carries a
+/// `KubeAPIServerConfig` document.
+#[test]
+fn the_seed_case_is_refused_with_talos_words() {
+    let p = strategic(
+        "cluster:\n  apiServer:\n    extraArgs:\n      feature-gates: Foo=true\nversion: v1alpha1\n",
+    );
+    let err = cp(&[&p]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "kube-apiserver config is already set in v1alpha1 config (.cluster.apiServer)"
+    );
+    assert_eq!(err.reason(), "ConfigConflict");
+    // A worker's base has no KubeAPIServerConfig: the same patch renders there.
+    render::render(&base(), Role::Worker, &[&p], Identity::default()).unwrap();
+}
+
+/// A minimal machine config with none of the conflict table's paths set.
+const MINIMAL: &str = "version: v1alpha1
+machine:
+  type: controlplane
+  token: SECRET-BASE-t
+  ca:
+    crt: SECRET-BASE-c
+    key: SECRET-BASE-k
+cluster:
+  controlPlane:
+    endpoint: https://10.0.0.10:6443
+";
+
+fn nest(path: &[&str], leaf: serde_json::Value) -> serde_json::Value {
+    path.iter()
+        .rev()
+        .fold(leaf, |v, k| serde_json::json!({ *k: v }))
+}
+
+/// One test per entry of the conflict table: the document next to the path set is refused
+/// with Talos' message; the document alone, and the path alone, render.
+#[test]
+fn every_conflict_is_refused_with_talos_message() {
+    let base = Base::parse(
+        MINIMAL,
+        MINIMAL.replace("controlplane", "worker").as_str(),
+        true,
+    )
+    .unwrap();
+    for c in CONFLICTS {
+        let leaf = match c.set {
+            Set::Present => serde_json::json!({"image": "x"}),
+            Set::NonZero => serde_json::json!(6444),
+            Set::True => serde_json::json!(true),
+        };
+        let mut v1 = nest(c.path, leaf);
+        v1["version"] = "v1alpha1".into();
+        let mut doc = serde_json::json!({"apiVersion": "v1alpha1", "kind": c.kind});
+        if render::NAMED_KINDS.contains(&c.kind) {
+            doc["name"] = "n".into();
+        }
+        let set = strategic(&serde_json::to_string(&v1).unwrap());
+        let document = strategic(&serde_json::to_string(&doc).unwrap());
+        let err = render::render(
+            &base,
+            Role::ControlPlane,
+            &[&set, &document],
+            Identity::default(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err,
+            RenderError::Conflict {
+                kind: c.kind,
+                message: c.message
+            },
+            "{} next to {}",
+            c.kind,
+            c.path.join(".")
+        );
+        render::render(&base, Role::ControlPlane, &[&document], Identity::default())
+            .unwrap_or_else(|e| panic!("{} alone: {e}", c.kind));
+        render::render(&base, Role::ControlPlane, &[&set], Identity::default())
+            .unwrap_or_else(|e| panic!("{} alone: {e}", c.path.join(".")));
+    }
+}
+
+#[test]
+fn maps_merge_scalars_replace_lists_append() {
+    let p = strategic(
+        "version: v1alpha1
+machine:
+  install:
+    wipe: true
+    image: \"\"
+  certSANs: [a.example]
+  kubelet:
+    extraArgs:
+      rotate-server-certificates: \"true\"
+cluster:
+  clusterName: renamed
+",
+    );
+    let m = machine_config(&cp(&[&p]).unwrap());
+    assert_eq!(
+        m["machine"]["install"]["wipe"], true,
+        "false is replaced by true"
+    );
+    assert_eq!(
+        m["machine"]["install"]["disk"], "/dev/sda",
+        "untouched keys stay"
+    );
+    assert_eq!(
+        m["machine"]["install"]["image"], "ghcr.io/siderolabs/installer:v1.14.3",
+        "a zero value (\"\") changes nothing, as in Talos"
+    );
+    assert_eq!(m["machine"]["certSANs"], serde_json::json!(["a.example"]));
+    assert_eq!(
+        m["machine"]["kubelet"]["image"],
+        "ghcr.io/siderolabs/kubelet:v1.35.0"
+    );
+    assert_eq!(
+        m["machine"]["kubelet"]["extraArgs"]["rotate-server-certificates"],
+        "true"
+    );
+    assert_eq!(m["cluster"]["clusterName"], "renamed");
+    // Lists append.
+    let twice = strategic("version: v1alpha1\nmachine:\n  certSANs: [b.example]\n");
+    let m = machine_config(&cp(&[&p, &twice]).unwrap());
+    assert_eq!(
+        m["machine"]["certSANs"],
+        serde_json::json!(["a.example", "b.example"])
+    );
+}
+
+#[test]
+fn keyed_lists_merge_by_their_key_and_replaced_lists_are_replaced() {
+    let p = strategic(
+        "version: v1alpha1
+machine:
+  network:
+    interfaces:
+      - interface: eth0
+        mtu: 9000
+        vlans:
+          - vlanId: 10
+            dhcp: true
+      - interface: eth1
+        dhcp: false
+      - deviceSelector:
+          hardwareAddr: \"aa:*\"
+        dhcp: true
+cluster:
+  network:
+    podSubnets: [10.10.0.0/16]
+",
+    );
+    let again = strategic(
+        "version: v1alpha1
+machine:
+  network:
+    interfaces:
+      - interface: eth0
+        vlans:
+          - vlanId: 10
+            mtu: 1400
+          - vlanId: 20
+      - deviceSelector:
+          hardwareAddr: \"aa:*\"
+        mtu: 1500
+",
+    );
+    let m = machine_config(&cp(&[&p, &again]).unwrap());
+    let ifs = m["machine"]["network"]["interfaces"].as_array().unwrap();
+    assert_eq!(
+        ifs.len(),
+        3,
+        "eth0 merged, eth1 and the selector appended once: {ifs:?}"
+    );
+    assert_eq!(ifs[0]["interface"], "eth0");
+    assert_eq!(ifs[0]["dhcp"], true);
+    assert_eq!(ifs[0]["mtu"], 9000);
+    let vlans = ifs[0]["vlans"].as_array().unwrap();
+    assert_eq!(vlans.len(), 2, "vlans merge by vlanId: {vlans:?}");
+    assert_eq!(vlans[0]["mtu"], 1400);
+    assert_eq!(vlans[0]["dhcp"], true);
+    assert_eq!(ifs[2]["mtu"], 1500, "merged by deviceSelector");
+    assert_eq!(
+        m["cluster"]["network"]["podSubnets"],
+        serde_json::json!(["10.10.0.0/16"])
+    );
+    assert_eq!(
+        m["cluster"]["network"]["serviceSubnets"],
+        serde_json::json!(["10.96.0.0/12"])
+    );
+}
+
+#[test]
+fn admission_control_merges_by_name() {
+    let base = Base::parse(
+        &format!("{MINIMAL}  apiServer:\n    admissionControl:\n      - name: PodSecurity\n        configuration:\n          a: 1\n"),
+        &MINIMAL.replace("controlplane", "worker"),
+        true,
+    )
+    .unwrap();
+    let p = strategic(
+        "version: v1alpha1\ncluster:\n  apiServer:\n    admissionControl:\n      - name: PodSecurity\n        configuration:\n          b: 2\n      - name: Other\n",
+    );
+    let r = render::render(&base, Role::ControlPlane, &[&p], Identity::default()).unwrap();
+    let ac = machine_config(&r)["cluster"]["apiServer"]["admissionControl"].clone();
+    assert_eq!(ac.as_array().unwrap().len(), 2);
+    assert_eq!(ac[0]["configuration"], serde_json::json!({"a": 1, "b": 2}));
+}
+
+#[test]
+fn patch_delete_removes_keys_items_and_documents() {
+    let p = strategic(
+        "version: v1alpha1
+machine:
+  nodeLabels:
+    node.kubernetes.io/exclude-from-external-load-balancers:
+      $patch: delete
+  network:
+    interfaces:
+      - interface: eth0
+        $patch: delete
+---
+apiVersion: v1alpha1
+kind: KubeAPIServerConfig
+$patch: delete
+",
+    );
+    let r = cp(&[&p]).unwrap();
+    let m = machine_config(&r);
+    assert_eq!(m["machine"]["nodeLabels"], serde_json::json!({}));
+    assert_eq!(m["machine"]["network"]["interfaces"], serde_json::json!([]));
+    assert!(!r.text.contains("KubeAPIServerConfig"), "{}", r.text);
+    // With the document gone, cluster.apiServer is allowed (the seed's fix).
+    let api = strategic("version: v1alpha1\ncluster:\n  apiServer:\n    image: x\n");
+    cp(&[&p, &api]).unwrap();
+}
+
+#[test]
+fn deleting_what_is_not_there_is_an_error_naming_the_path() {
+    let p =
+        strategic("version: v1alpha1\nmachine:\n  network:\n    hostname:\n      $patch: delete\n");
+    let e = cp(&[&p]).unwrap_err().to_string();
+    assert!(
+        e.contains("machine.network.hostname") && e.contains("not there"),
+        "{e}"
+    );
+    let p = strategic(
+        "version: v1alpha1\nmachine:\n  network:\n    interfaces:\n      - interface: eth9\n        $patch: delete\n",
+    );
+    let e = cp(&[&p]).unwrap_err().to_string();
+    assert!(
+        e.contains("machine.network.interfaces") && e.contains("no item"),
+        "{e}"
+    );
+    let p = strategic("apiVersion: v1alpha1\nkind: KubeletConfig\n$patch: delete\n");
+    assert!(cp(&[&p]).unwrap_err().to_string().contains("not there"));
+}
+
+#[test]
+fn a_map_does_not_merge_into_a_scalar() {
+    let p = strategic("version: v1alpha1\nmachine:\n  install: /dev/sdb\n");
+    let e = cp(&[&p]).unwrap_err();
+    assert_eq!(e.reason(), "PatchDoesNotMerge");
+    let t = e.to_string();
+    assert!(
+        t.contains("TalosConfigPatch ns/p") && t.contains("machine.install") && t.contains("a map"),
+        "{t}"
+    );
+}
+
+#[test]
+fn a_new_document_is_appended_without_its_markers() {
+    let p = strategic(
+        "apiVersion: v1alpha1\nkind: ExtensionServiceConfig\nname: nut\nenvironment: [A=1]\nconfigFiles:\n  - content: x\n    $patch: delete\n",
+    );
+    let r = cp(&[&p]).unwrap();
+    assert!(
+        r.text.contains("kind: ExtensionServiceConfig") && !r.text.contains("$patch"),
+        "{}",
+        r.text
+    );
+    // Named documents are told apart by name.
+    let q = strategic("apiVersion: v1alpha1\nkind: ExtensionServiceConfig\nname: other\n");
+    let r = cp(&[&p, &q]).unwrap();
+    assert_eq!(r.text.matches("kind: ExtensionServiceConfig").count(), 2);
+}
+
+#[test]
+fn json_patches_apply_to_the_machine_config() {
+    let p = json(
+        "- op: add\n  path: /machine/sysctls\n  value: {vm.max_map_count: \"262144\"}\n- op: replace\n  path: /cluster/clusterName\n  value: j\n",
+    );
+    let m = machine_config(&cp(&[&p]).unwrap());
+    assert_eq!(m["machine"]["sysctls"]["vm.max_map_count"], "262144");
+    assert_eq!(m["cluster"]["clusterName"], "j");
+    let bad = json("[{\"op\": \"remove\", \"path\": \"/machine/nope\"}]");
+    let e = cp(&[&bad]).unwrap_err().to_string();
+    assert!(
+        e.contains("operation 0 (remove at /machine/nope) failed"),
+        "{e}"
+    );
+    let e = Patch::parse("p", None, Some("{op: frobnicate}"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("RFC 6902"), "{e}");
+}
+
+#[test]
+fn a_json_patch_may_not_read_secrets() {
+    for ops in [
+        "[{op: test, path: /machine/token, value: x}]",
+        "[{op: test, path: /machine/ca, value: {}}]",
+        "[{op: test, path: /cluster, value: {}}]",
+        "[{op: copy, from: /cluster/secret, path: /machine/network/hostname}]",
+        "[{op: move, from: /cluster/ca/key, path: /machine/x}]",
+    ] {
+        let e = cp(&[&json(ops)]).unwrap_err().to_string();
+        assert!(e.contains("reads the cluster's secrets"), "{ops}: {e}");
+    }
+    // Reading something else is fine.
+    cp(&[&json(
+        "[{op: test, path: /machine/type, value: controlplane}]",
+    )])
+    .unwrap();
+}
+
+#[test]
+fn the_identity_goes_where_the_configuration_keeps_it() {
+    let r = render::render(
+        &base(),
+        Role::ControlPlane,
+        &[],
+        Identity {
+            hostname: Some("cp-1"),
+            install_disk: Some("/dev/nvme0n1"),
+        },
+    )
+    .unwrap();
+    let docs = yaml(&r);
+    let hn = docs.iter().find(|d| d["kind"] == "HostnameConfig").unwrap();
+    assert_eq!(hn["hostname"], "cp-1");
+    assert_eq!(hn["auto"], "off");
+    let m = machine_config(&r);
+    assert!(
+        m["machine"]["network"].get("hostname").is_none(),
+        "not in v1alpha1 next to HostnameConfig"
+    );
+    assert_eq!(m["machine"]["install"]["disk"], "/dev/nvme0n1");
+    // Without a HostnameConfig document, machine.network.hostname.
+    let b = Base::parse(MINIMAL, &MINIMAL.replace("controlplane", "worker"), true).unwrap();
+    let r = render::render(
+        &b,
+        Role::Worker,
+        &[],
+        Identity {
+            hostname: Some("w-1"),
+            install_disk: None,
+        },
+    )
+    .unwrap();
+    assert_eq!(machine_config(&r)["machine"]["network"]["hostname"], "w-1");
+}
+
+#[test]
+fn validation_names_what_is_wrong() {
+    let e = cp(&[&strategic("apiVersion: v1alpha1\nkind: KubeletConfg\n")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("`KubeletConfg` is not a Talos configuration document kind"),
+        "{e}"
+    );
+    let e = cp(&[&strategic("apiVersion: v1alpha1\nkind: kubeletconfig\n")])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("did you mean `KubeletConfig`"), "{e}");
+    let e = cp(&[&strategic("version: v1alpha1\nmachine:\n  type: worker\n")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("machine.type is `worker` but the machine's role is `controlplane`"),
+        "{e}"
+    );
+    let e = cp(&[&strategic("apiVersion: v1alpha1\nkind: UserVolumeConfig\n")])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("UserVolumeConfig: `name` is required"), "{e}");
+    let e = cp(&[&json("[{op: remove, path: /machine/token}]")])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("lacks the required `machine.token`"), "{e}");
+    let e = cp(&[&strategic("version: v1alpha2\n")])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("document"), "{e}");
+    let e = Patch::parse("p", Some("- a\n- b\n"), None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not a mapping"), "{e}");
+    let e = Patch::parse("p", Some("a: [\n"), None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not valid YAML") && e.contains("line"), "{e}");
+}
+
+#[test]
+fn hostile_patches_are_bounded() {
+    // Deep nesting: refused before the parser.
+    let deep = format!("{}1{}", "[".repeat(10_000), "]".repeat(10_000));
+    let e = Patch::parse("p", Some(&deep), None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("nested more than"), "{e}");
+    // Too big.
+    let big = format!(
+        "version: v1alpha1\nmachine:\n  x: \"{}\"\n",
+        "a".repeat(render::MAX_TEXT_BYTES)
+    );
+    let e = Patch::parse("p", Some(&big), None).unwrap_err().to_string();
+    assert!(e.contains("bytes, more than"), "{e}");
+    // Too many documents.
+    let many = "version: v1alpha1\n---\n".repeat(render::MAX_DOCUMENTS + 1);
+    assert!(
+        Patch::parse("p", Some(&many), None)
+            .unwrap_err()
+            .to_string()
+            .contains("YAML documents")
+    );
+    // A YAML bomb (billion laughs): refused or bounded, never expanded.
+    let mut bomb = String::from(
+        "a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n",
+    );
+    for i in 0..9u8 {
+        let (p, n) = ((b'a' + i) as char, (b'b' + i) as char);
+        bomb.push_str(&format!(
+            "{n}: &{n} [*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p}]\n"
+        ));
+    }
+    let started = std::time::Instant::now();
+    let r = Patch::parse("p", Some(&bomb), None);
+    assert!(r.is_err(), "the bomb was expanded");
+    assert!(started.elapsed() < std::time::Duration::from_secs(2));
+    // Copies doubling the document: stopped at the bound.
+    let mut ops = String::from("[{op: add, path: /machine/x, value: [[1,2,3,4,5,6,7,8]]}");
+    for _ in 0..40 {
+        ops.push_str(", {op: copy, from: /machine/x, path: /machine/x/-}");
+    }
+    ops.push(']');
+    let e = cp(&[&json(&ops)]).unwrap_err().to_string();
+    assert!(e.contains("more than") && e.contains("values"), "{e}");
+    // Too many operations.
+    let ops = format!(
+        "[{}]",
+        vec!["{op: add, path: /machine/y, value: 1}"; render::MAX_JSON_OPS + 1].join(",")
+    );
+    assert!(
+        Patch::parse("p", None, Some(&ops))
+            .unwrap_err()
+            .to_string()
+            .contains("operations, more than")
+    );
+}
+
+#[test]
+fn base_errors_show_no_content() {
+    let bad = format!("{CP}\nmachine: [SECRET-BASE-oops\n");
+    let e = Base::parse(&bad, WORKER, true).unwrap_err().to_string();
+    assert!(!e.contains("SECRET-BASE"), "{e}");
+    assert!(e.contains("controlplane.yaml") && e.contains("line"), "{e}");
+}
+
+#[test]
+fn the_redacted_base_holds_no_secret_and_keeps_its_digest() {
+    let real = base();
+    let red = real.redacted();
+    let (c, w) = red.texts().unwrap();
+    assert!(
+        !c.contains("SECRET-BASE") && !w.contains("SECRET-BASE"),
+        "{c}"
+    );
+    assert!(c.contains(render::PLACEHOLDER));
+    assert_eq!(red.digest, real.digest);
+    // Read back (as the webhook does) it is the same base.
+    let back = Base::parse(&c, &w, false).unwrap();
+    assert_eq!(back.controlplane, red.controlplane);
+    // Every string left is one of the base's non-secret values.
+    assert!(c.contains("https://10.0.0.10:6443") && c.contains("kube-apiserver:v1.35.0"));
+}
+
+fn outcome(base: &Base, role: Role, patches: &[&Patch]) -> Result<(), String> {
+    render::render(
+        base,
+        role,
+        patches,
+        Identity {
+            hostname: Some("m-1"),
+            install_disk: Some("/dev/vda"),
+        },
+    )
+    .map(|_| ())
+    .map_err(|e| e.to_string())
+}
+
+#[test]
+fn the_redacted_render_fails_exactly_when_the_real_one_does_on_the_conflict_table() {
+    let real = base();
+    let red = real.redacted();
+    for c in CONFLICTS {
+        let v1 = nest(
+            c.path,
+            match c.set {
+                Set::Present => serde_json::json!({"image": "x"}),
+                Set::NonZero => serde_json::json!(1),
+                Set::True => serde_json::json!(true),
+            },
+        );
+        let mut v1 = v1;
+        v1["version"] = "v1alpha1".into();
+        let mut doc = serde_json::json!({"apiVersion": "v1alpha1", "kind": c.kind});
+        if render::NAMED_KINDS.contains(&c.kind) {
+            doc["name"] = "n".into();
+        }
+        let a = strategic(&serde_json::to_string(&v1).unwrap());
+        let b = strategic(&serde_json::to_string(&doc).unwrap());
+        for role in [Role::ControlPlane, Role::Worker] {
+            for ps in [vec![&a], vec![&b], vec![&a, &b]] {
+                let r = outcome(&real, role, &ps);
+                assert_eq!(
+                    r,
+                    outcome(&red, role, &ps),
+                    "{} / {}",
+                    c.kind,
+                    c.path.join(".")
+                );
+            }
+        }
+    }
+}
+
+/// Fragments of patches, some reading or selecting on secrets, some breaking the render.
+fn fragment() -> impl Strategy<Value = Patch> {
+    let strategic_parts = prop::sample::select(vec![
+        "version: v1alpha1\ncluster:\n  apiServer:\n    image: x\n",
+        "version: v1alpha1\nmachine:\n  token: SECRET-BASE-machine-token.0123456789abcdef\n",
+        "version: v1alpha1\nmachine:\n  token:\n    $patch: delete\n",
+        "version: v1alpha1\nmachine:\n  ca:\n    key:\n      $patch: delete\n",
+        "version: v1alpha1\nmachine:\n  acceptedCAs:\n    - crt: SECRET-BASE-machine-ca-crt\n      $patch: delete\n",
+        "version: v1alpha1\nmachine:\n  acceptedCAs:\n    - crt: other\n",
+        "version: v1alpha1\ncluster:\n  ca: {crt: x}\n",
+        "version: v1alpha1\ncluster:\n  ca: x\n",
+        "version: v1alpha1\nmachine:\n  token: [a]\n",
+        "apiVersion: v1alpha1\nkind: KubeAPIServerConfig\n$patch: delete\n",
+        "apiVersion: v1alpha1\nkind: KubeAPIServerCAConfig\n",
+        "apiVersion: v1alpha1\nkind: KubeletConfig\n",
+        "apiVersion: v1alpha1\nkind: HostnameConfig\n$patch: delete\n",
+        "version: v1alpha1\nmachine:\n  network:\n    hostname: h\n",
+        "version: v1alpha1\nmachine:\n  type: worker\n",
+        "version: v1alpha1\nmachine:\n  kubelet:\n    $patch: delete\n",
+        "version: v1alpha1\nmachine:\n  nodeLabels: {a: b}\n",
+        "apiVersion: v1alpha1\nkind: KubeNodeConfig\n",
+    ]);
+    let json_parts = prop::sample::select(vec![
+        "[{op: test, path: /machine/token, value: SECRET-BASE-machine-token.0123456789abcdef}]",
+        "[{op: test, path: /machine/token, value: ichor-redacted}]",
+        "[{op: test, path: /cluster/clusterName, value: demo}]",
+        "[{op: copy, from: /cluster/token, path: /machine/network/hostname}]",
+        "[{op: copy, from: /cluster/clusterName, path: /machine/type}]",
+        "[{op: remove, path: /cluster/secret}]",
+        "[{op: replace, path: /machine/ca/crt, value: x}]",
+        "[{op: remove, path: /cluster/apiServer}]",
+        "[{op: add, path: /cluster/apiServer, value: {}}]",
+        "[{op: move, from: /machine/install, path: /machine/installed}]",
+    ]);
+    prop_oneof![
+        strategic_parts.prop_map(strategic),
+        json_parts.prop_map(json),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+    #[test]
+    fn the_redacted_render_fails_exactly_when_the_real_one_does_on_generated_patches(
+        patches in prop::collection::vec(fragment(), 0..4),
+        worker in any::<bool>(),
+    ) {
+        let real = base();
+        let red = real.redacted();
+        let role = if worker { Role::Worker } else { Role::ControlPlane };
+        let refs: Vec<&Patch> = patches.iter().collect();
+        let r = outcome(&real, role, &refs);
+        prop_assert_eq!(&r, &outcome(&red, role, &refs));
+        if let Err(e) = &r {
+            prop_assert!(!e.contains("SECRET-BASE"), "a render error carries a secret: {}", e);
+        }
+    }
+}
