@@ -1151,6 +1151,9 @@ pub enum ModelFact {
     ResetUndrained,
     StepWarned,
     Stuck,
+    OperationStuck,
+    DownOthers,
+    OperationLeftDown,
     CureBlocked,
 }
 
@@ -1173,7 +1176,7 @@ macro_rules! model_facts {
 
 model_facts! {
     Members "members" Type::Int, "etcd members of the cluster";
-    Healthy "healthy" Type::Int, "etcd members whose node is up";
+    Healthy "healthy" Type::Int, "etcd members whose node is up and whose etcd serves";
     MembersBefore "members.before" Type::Int, "`members` before the step just taken";
     HealthyBefore "healthy.before" Type::Int, "`healthy` before the step just taken";
     Count "count" Type::Int, "spec.controlPlane.count";
@@ -1223,6 +1226,12 @@ model_facts! {
         "the step just taken committed a request that admission let through with a warning";
     Stuck "stuck" Type::Bool,
         "a removal or teardown is in progress and no sequence of controller steps, commits and recoveries (nodes coming back, PodDisruptionBudgets lifting) ends it or leaves it refused by a named rule";
+    OperationStuck "operation.stuck" Type::Bool,
+        "an operation is in progress (pending, parked or running) and no sequence of controller steps, commits and recoveries (nodes coming back, PodDisruptionBudgets lifting) ends it (succeeded or failed) or leaves it waiting on something named (a rule's refusal, the even count, a node or etcd not back yet, the lock held by other work)";
+    DownOthers "down.others" Type::Int,
+        "for a step in which an operation took the node of an etcd member down (a reboot, a shutdown, an upgrade, a rollback): how many other etcd members' nodes were down at that moment (0 for any other step)";
+    OperationLeftDown "operation.left_down" Type::Bool,
+        "the step just taken ended an upgrade (phase Succeeded) while its machine's node did not answer, or did not run the upgrade's version";
     CureBlocked "cure.blocked" Type::Bool,
         "the control-plane count is even, an operation waits for it to be odd (not started, not an etcd restore, the controller leaves it so), and deleting an approved control plane, which would end the even count, is refused although without the waiting operations it would be allowed";
 }

@@ -73,16 +73,18 @@ fn edit_too(dir: &Path, file: &str, edit: impl Fn(&str) -> String) {
 }
 
 /// Removes the guards a reset's plan has before its destructive call (`step-healthy-majority`
-/// no longer decides a reset's steps, and the first `etcd healthy` gate of each plan goes):
+/// and `step-member-down` no longer decide a reset's steps, and the first `etcd healthy` gate of each plan goes):
 /// since operations run on the executor in the model, these refuse an unsafe reset at its
 /// step too (defence in depth), so a test of a reset's `start` rule alone takes them away.
 fn without_step_guards(dir: &Path) {
     edit_too(dir, "operations.rules", |t| {
-        let at = t
-            .find("rule step-healthy-majority\n")
-            .expect("the step rule");
-        let when = at + t[at..].find("\n  say ").expect("its message");
-        format!("{}\n  unless kind == \"reset\"{}", &t[..when], &t[when..]).replace(
+        let mut t = t.to_string();
+        for rule in ["rule step-healthy-majority\n", "rule step-member-down\n"] {
+            let at = t.find(rule).expect("the step rule");
+            let when = at + t[at..].find("\n  say ").expect("its message");
+            t = format!("{}\n  unless kind == \"reset\"{}", &t[..when], &t[when..]);
+        }
+        t.replace(
             "  do etcd healthy within 2m  when target.controlplane or target.uncounted\n",
             "",
         )
@@ -1772,7 +1774,11 @@ fn an_operations_plan_without_its_drain_or_its_etcd_guards_is_refuted() {
 
     let gate = "  do etcd healthy within 2m  when target.controlplane or target.uncounted\n";
     let no_guards = mutant("op-guards", "operations.rules", |t| {
-        without(t, "rule step-healthy-majority\n").replace(gate, "")
+        without(
+            &without(t, "rule step-healthy-majority\n"),
+            "rule step-member-down\n",
+        )
+        .replace(gate, "")
     });
     let (out, json) = verify(&no_guards, "3", &bounds);
     assert_eq!(out.code, 1, "{}", out.stdout);
@@ -1781,11 +1787,15 @@ fn an_operations_plan_without_its_drain_or_its_etcd_guards_is_refuted() {
         "{}",
         out.stdout
     );
-    // Without the rule alone, the only control plane of a count-1 cluster is taken down
-    // (its gate passes: the one member is healthy until the call); without the gate alone,
-    // the rule refuses every unsafe step.
+    // Without the step rules alone, the only control plane of a count-1 cluster is taken
+    // down (its gate passes: the one member is healthy until the call; with either rule,
+    // the etcd counts it reads cannot be asked of a sibling, and the step waits); without
+    // the gate alone, the rules refuse every unsafe step.
     let rule_only = mutant("op-rule-only", "operations.rules", |t| {
-        without(t, "rule step-healthy-majority\n")
+        without(
+            &without(t, "rule step-healthy-majority\n"),
+            "rule step-member-down\n",
+        )
     });
     let (out, json) = verify(&rule_only, "3", &bounds);
     assert_eq!(out.code, 1, "{}", out.stdout);
@@ -1796,6 +1806,85 @@ fn an_operations_plan_without_its_drain_or_its_etcd_guards_is_refuted() {
     );
     let gate_only = mutant("op-gate-only", "operations.rules", |t| t.replace(gate, ""));
     let (out, json) = verify(&gate_only, "3", &bounds);
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    assert!(violated(&json).is_empty(), "{}", out.stdout);
+}
+
+/// Issue 35: the gates after an upgrade's call each carry weight. Without `wait node-back`
+/// an upgrade that did not take (the node boots its old version) succeeds; without the
+/// `etcd healthy` gate after it, an upgrade succeeds while its etcd member has not caught
+/// up: `upgrade-ends-back` refutes both. Without `step-member-down`, a call refused (or a
+/// drain blocked) and then another node dying let the call go out with two control planes
+/// down: `one-member-down` refutes it. (The first `etcd healthy` gate is defence in depth
+/// behind the step rules: `an_operations_plan_without_its_drain_or_its_etcd_guards_is_refuted`.)
+#[test]
+fn each_gate_after_an_upgrades_call_and_the_one_down_rule_are_refuted_when_dropped() {
+    let bounds = [
+        "--max-workers",
+        "0",
+        "--max-failures",
+        "1",
+        "--max-operations",
+        "1",
+        "--max-requests",
+        "2",
+    ];
+    let upgrade = "plan run operation \"upgrade\"\n";
+    for (name, step, move_words) in [
+        ("op-back", "wait node-back", "running its old version"),
+        (
+            "op-healthy-after",
+            "etcd healthy within 5m",
+            "answers again",
+        ),
+    ] {
+        let dir = mutant(name, "operations.rules", |t| {
+            let start = t.find(upgrade).expect("the upgrade plan");
+            format!("{}{}", &t[..start], without_step(&t[start..], step))
+        });
+        let (out, json) = verify(&dir, "3", &bounds);
+        assert_eq!(out.code, 1, "{name}: {}", out.stdout);
+        assert_eq!(
+            violated(&json),
+            vec!["upgrade-ends-back".to_string()],
+            "{name}: {}",
+            out.stdout
+        );
+        let steps = step_texts(&json);
+        assert!(
+            steps.iter().any(|s| s.contains(move_words)),
+            "{name}: {steps:?}"
+        );
+        assert!(
+            steps.last().is_some_and(|s| s.contains("finishes")),
+            "{name}: {steps:?}"
+        );
+    }
+    let dir = mutant("op-member-down", "operations.rules", |t| {
+        without(t, "rule step-member-down\n")
+    });
+    let five = [
+        "--max-failures",
+        "2",
+        "--max-operations",
+        "1",
+        "--max-requests",
+        "1",
+    ];
+    let (out, json) = verify(&dir, "5", &five);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert!(
+        violated(&json).contains(&"one-member-down".to_string()),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        step_texts(&json).iter().any(|s| s.contains("dies")),
+        "{}",
+        out.stdout
+    );
+    // With the rule, the same bounds verify.
+    let (out, json) = verify(&root().join("rules"), "5", &five);
     assert_eq!(out.code, 0, "{}", out.stdout);
     assert!(violated(&json).is_empty(), "{}", out.stdout);
 }

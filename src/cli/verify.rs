@@ -351,6 +351,16 @@ fn suite(args: &VerifyArgs) -> Vec<Bounds> {
             max_requests: Some(3),
             ..large
         },
+        // An operation on one of five control planes with two failures: a call refused or
+        // a drain blocked, then another node dying before the call is sent again
+        // (`step-member-down`: never two control planes down at once).
+        Bounds {
+            max_control_planes: 5,
+            max_failures: 2,
+            max_operations: 1,
+            max_requests: Some(1),
+            ..large
+        },
     ]
 }
 
@@ -733,6 +743,11 @@ mod tests {
         assert!(
             runs.iter()
                 .any(|b| b.max_control_planes >= 5 && b.max_failures >= 2)
+        );
+        // An operation among five members with two failures (`one-member-down`).
+        assert!(
+            runs.iter()
+                .any(|b| b.max_control_planes >= 5 && b.max_failures >= 2 && b.max_operations >= 1)
         );
         assert!(runs.iter().any(|b| b.max_control_planes == 4
             && b.max_failures >= 1

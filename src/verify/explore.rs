@@ -612,6 +612,10 @@ struct FirstBroken {
 struct Expanded {
     progress: bool,
     goal: bool,
+    /// The same for operations: one in progress, and whether this state is a goal for
+    /// them (none in progress, or each waits on something named).
+    op_progress: bool,
+    op_goal: bool,
     cut: bool,
     /// The request budget is spent here.
     spent: bool,
@@ -708,6 +712,8 @@ fn expand(
             expanded[p] = Some(Expanded {
                 progress: false,
                 goal: true,
+                op_progress: false,
+                op_goal: true,
                 cut: false,
                 spent: false,
                 cure_blocked: false,
@@ -717,11 +723,23 @@ fn expand(
         };
         let progress = s.cluster == ClusterState::Deleting
             || s.machines.iter().any(|m| m.deleting && m.finalizer);
+        // Operations in progress: pending, parked or running (a gone TalosCluster's are
+        // left to it: nothing of the controller runs for a cluster that is not there).
+        let ops = if s.cluster == ClusterState::Gone {
+            0
+        } else {
+            s.ops
+                .iter()
+                .filter(|o| matches!(o.phase, Phase::Pending | Phase::Parked | Phase::Running))
+                .count()
+        };
         if batch.depth.get(i).copied().unwrap_or(0) >= model.bounds.depth {
             // Not expanded: nothing can be said of where it leads (counted as a cut).
             expanded[p] = Some(Expanded {
                 progress,
                 goal: true,
+                op_progress: ops > 0,
+                op_goal: true,
                 cut: true,
                 spent: false,
                 cure_blocked: false,
@@ -799,6 +817,8 @@ fn expand(
         expanded[p] = Some(Expanded {
             progress,
             goal: !progress || settled,
+            op_progress: ops > 0,
+            op_goal: usize::from(outcomes.ops_waiting) >= ops,
             cut: false,
             spent: model.budget_spent(s),
             cure_blocked: outcomes.cure_blocked.is_some(),
@@ -907,6 +927,8 @@ fn memory(
         + visited.table.capacity() as u64 * TABLE_BYTES / 2
         + held(&graph.in_progress)
         + held(&graph.goal)
+        + held(&graph.op_in_progress)
+        + held(&graph.op_goal)
         + held(&graph.blocked)
         + held(&graph.alone);
     let table = if visited.table.len() + states > visited.table.capacity() {
@@ -922,10 +944,14 @@ fn memory(
         + table
         + growth(&graph.in_progress, states)
         + growth(&graph.goal, states)
+        + growth(&graph.op_in_progress, states)
+        + growth(&graph.op_goal, states)
         + growth(&graph.blocked, states)
         + growth(&graph.alone, edges);
-    // The liveness check: `reaches` (a byte a state), the reversed edges' starts and fill
-    // pointers (4 bytes a state each), the edges themselves (4 bytes each), the stack.
+    // The liveness check: the reversed edges' starts and fill pointers (4 bytes a state
+    // each; the fill pointers go before the rest is made), the edges themselves (4 bytes
+    // each), then `reaches` for removals and for operations (a byte a state each) and the
+    // stack.
     let (n, e) = (
         (ex.keys.len() + states) as u64,
         (graph.alone.len() + edges) as u64,
@@ -1181,13 +1207,13 @@ fn explore_upto(
     let Graph {
         in_progress,
         goal,
+        op_in_progress,
+        op_goal,
         blocked,
         alone,
     } = graph;
     // Liveness: which states reach a goal through moves that need no person.
     let n = ex.keys.len();
-    let mut reaches = goal.clone();
-    reaches.resize(n, true);
     // The reversed edges, as one compressed adjacency list.
     let mut start = vec![0u32; n + 1];
     for (_, b) in &alone {
@@ -1209,23 +1235,33 @@ fn explore_upto(
         }
     }
     drop(alone);
-    let mut stack: Vec<u32> = (0..n)
-        .filter(|i| reaches[*i])
-        .map(|i| u32::try_from(i).unwrap_or(u32::MAX))
-        .collect();
-    while let Some(x) = stack.pop() {
-        let x = x as usize;
-        for &p in &rev[start[x] as usize..start[x + 1] as usize] {
-            if !reaches[p as usize] {
-                reaches[p as usize] = true;
-                stack.push(p);
+    drop(fill);
+    let reach = |goal: Vec<bool>| {
+        let mut reaches = goal;
+        reaches.resize(n, true);
+        let mut stack: Vec<u32> = (0..n)
+            .filter(|i| reaches[*i])
+            .map(|i| u32::try_from(i).unwrap_or(u32::MAX))
+            .collect();
+        while let Some(x) = stack.pop() {
+            let x = x as usize;
+            for &p in &rev[start[x] as usize..start[x + 1] as usize] {
+                if !reaches[p as usize] {
+                    reaches[p as usize] = true;
+                    stack.push(p);
+                }
             }
         }
-    }
+        reaches
+    };
+    let reaches = reach(goal);
+    let op_reaches = reach(op_goal);
     let deferred: Vec<usize> = (0..checks.len()).filter(|k| checks[*k].deferred).collect();
     for (i, reached) in reaches.iter().enumerate() {
         let stuck = in_progress.get(i).copied().unwrap_or(false) && !reached;
-        if stuck {
+        let op_stuck = op_in_progress.get(i).copied().unwrap_or(false)
+            && !op_reaches.get(i).copied().unwrap_or(true);
+        if stuck || op_stuck {
             ex.stuck += 1;
         }
         if deferred.is_empty() {
@@ -1236,6 +1272,7 @@ fn explore_upto(
         };
         let mut f = Facts::of_state(&s);
         f.stuck = stuck;
+        f.op_stuck = op_stuck;
         f.cure_blocked = blocked.get(i).copied().unwrap_or(false);
         for &k in &deferred {
             if violated[k] {
@@ -1278,6 +1315,8 @@ fn explore_upto(
 struct Graph {
     in_progress: Vec<bool>,
     goal: Vec<bool>,
+    op_in_progress: Vec<bool>,
+    op_goal: Vec<bool>,
     blocked: Vec<bool>,
     /// Edges that happen without a person: (from, to).
     alone: Vec<(u32, u32)>,
@@ -1320,6 +1359,8 @@ fn merge(
             }
             graph.in_progress.push(st.progress);
             graph.goal.push(st.goal);
+            graph.op_in_progress.push(st.op_progress);
+            graph.op_goal.push(st.op_goal);
             graph.blocked.push(st.cure_blocked);
             for sc in &chunk.succ[st.succ.clone()] {
                 let key = &chunk.bytes[sc.key.clone()];

@@ -24,6 +24,7 @@ pub struct Facts {
     pub disruptive: i64,
     pub running: i64,
     pub unfinished: i64,
+    pub down_others: i64,
     pub cluster_deleting: bool,
     pub cluster_exists: bool,
     pub schedulable: bool,
@@ -41,6 +42,8 @@ pub struct Facts {
     pub left_running: bool,
     pub warned: bool,
     pub stuck: bool,
+    pub op_stuck: bool,
+    pub left_down: bool,
     pub cure_blocked: bool,
 }
 
@@ -100,6 +103,8 @@ impl Facts {
             left_dead: e.left_dead,
             created: e.created.is_some(),
             undrained: e.undrained,
+            down_others: i64::from(e.down_others),
+            left_down: e.left_down,
             left_running: e.left_running,
             warned: e.warned,
             step_kind: e.kind.or(e.created),
@@ -147,6 +152,9 @@ impl Facts {
             ReleasedRunning => V::Bool(self.left_running),
             StepWarned => V::Bool(self.warned),
             Stuck => V::Bool(self.stuck),
+            OperationStuck => V::Bool(self.op_stuck),
+            DownOthers => V::Int(self.down_others),
+            OperationLeftDown => V::Bool(self.left_down),
             CureBlocked => V::Bool(self.cure_blocked),
         }
     }
@@ -348,7 +356,7 @@ impl InvariantCheck {
             .chain(std::iter::once(&meta.ensure));
         let deferred = exprs
             .clone()
-            .any(|e| reads(e, "stuck") || reads(e, "cure.blocked"));
+            .any(|e| reads(e, "stuck") || reads(e, "operation.stuck") || reads(e, "cure.blocked"));
         let when = meta.when.as_ref().map(Code::of);
         InvariantCheck {
             meta: meta.clone(),
@@ -519,6 +527,7 @@ fn pack(f: &Facts, concurrent: bool) -> Option<Packed> {
         disruptive,
         running,
         unfinished,
+        down_others,
         cluster_deleting,
         cluster_exists,
         schedulable,
@@ -536,6 +545,8 @@ fn pack(f: &Facts, concurrent: bool) -> Option<Packed> {
         left_running,
         warned,
         stuck,
+        op_stuck,
+        left_down,
         cure_blocked,
     } = *f;
     let mut bytes = [0u8; 24];
@@ -555,6 +566,7 @@ fn pack(f: &Facts, concurrent: bool) -> Option<Packed> {
         disruptive,
         running,
         unfinished,
+        down_others,
     ];
     for (b, n) in bytes.iter_mut().zip(ints) {
         *b = u8::try_from(n).ok()?;
@@ -575,6 +587,8 @@ fn pack(f: &Facts, concurrent: bool) -> Option<Packed> {
         left_running,
         warned,
         stuck,
+        op_stuck,
+        left_down,
         cure_blocked,
         concurrent,
     ];
@@ -582,9 +596,9 @@ fn pack(f: &Facts, concurrent: bool) -> Option<Packed> {
         .iter()
         .enumerate()
         .fold(0u32, |acc, (k, on)| acc | (u32::from(*on) << k));
-    bytes[15..19].copy_from_slice(&bits.to_le_bytes());
-    bytes[19] = step;
-    bytes[20] = match step_kind {
+    bytes[16..20].copy_from_slice(&bits.to_le_bytes());
+    bytes[20] = step;
+    bytes[21] = match step_kind {
         None => 0,
         Some(super::model::OpKind::Upgrade) => 1,
         Some(super::model::OpKind::Reset) => 2,
@@ -691,7 +705,7 @@ mod tests {
             ..Facts::default()
         };
         let mut variants: Vec<(Facts, bool)> = vec![(base, false), (base, true)];
-        let ints: [fn(&mut Facts) -> &mut i64; 15] = [
+        let ints: [fn(&mut Facts) -> &mut i64; 16] = [
             |f| &mut f.members,
             |f| &mut f.healthy,
             |f| &mut f.members_before,
@@ -707,6 +721,7 @@ mod tests {
             |f| &mut f.disruptive,
             |f| &mut f.running,
             |f| &mut f.unfinished,
+            |f| &mut f.down_others,
         ];
         for field in ints {
             for n in [1, 255] {
@@ -722,7 +737,7 @@ mod tests {
             *field(&mut past) = -1;
             assert_eq!(pack(&past, false), None);
         }
-        let flags: [fn(&mut Facts) -> &mut bool; 16] = [
+        let flags: [fn(&mut Facts) -> &mut bool; 18] = [
             |f| &mut f.cluster_deleting,
             |f| &mut f.cluster_exists,
             |f| &mut f.schedulable,
@@ -738,6 +753,8 @@ mod tests {
             |f| &mut f.left_running,
             |f| &mut f.warned,
             |f| &mut f.stuck,
+            |f| &mut f.op_stuck,
+            |f| &mut f.left_down,
             |f| &mut f.cure_blocked,
         ];
         for flag in flags {

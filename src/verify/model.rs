@@ -238,6 +238,16 @@ pub struct Boots {
     pub upgraded: bool,
     /// Its Kubernetes Node is cordoned (`spec.unschedulable`).
     pub unsched: bool,
+    /// Back from such a call, its node answers but its etcd member has not caught up yet
+    /// (it answers no etcd call; it becomes healthy by a world move, never assumed).
+    pub syncing: bool,
+}
+
+impl Machine {
+    /// Its node is up and its etcd serves (when it is a member): what `healthy` counts.
+    pub fn etcd_ok(&self) -> bool {
+        self.up && !self.boots.syncing
+    }
 }
 
 impl Boots {
@@ -247,6 +257,7 @@ impl Boots {
             | (u8::from(self.staged) << 2)
             | (u8::from(self.upgraded) << 3)
             | (u8::from(self.unsched) << 4)
+            | (u8::from(self.syncing) << 5)
     }
 
     pub fn from_byte(b: u8) -> Boots {
@@ -256,6 +267,7 @@ impl Boots {
             staged: b & 4 != 0,
             upgraded: b & 8 != 0,
             unsched: b & 16 != 0,
+            syncing: b & 32 != 0,
         }
     }
 }
@@ -598,6 +610,11 @@ pub enum Move {
     OperationRefused(u8),
     NodeDies(u8),
     NodeReturns(u8),
+    /// A node an upgrade took down answers again running its old version: the upgrade did
+    /// not take (Talos boots the previous installation when the new one fails to boot).
+    UpgradeNotTaken(u8),
+    /// The etcd member of a node back from an operation's call is healthy again.
+    EtcdCatchesUp(u8),
     PdbBlocks,
     PdbLifts,
 }
@@ -609,6 +626,7 @@ impl Move {
         match self {
             Move::Admit { req, .. } => matches!(req, Req::Collect(_)),
             Move::NodeDies(_)
+            | Move::UpgradeNotTaken(_)
             | Move::PdbBlocks
             | Move::RemovalLost(_)
             | Move::RemovalCrash(_)
@@ -644,6 +662,11 @@ pub struct Effect {
     pub created: Option<OpKind>,
     /// A removal's reset or wipe of a node that was up, which the removal had not drained.
     pub undrained: bool,
+    /// An operation took an etcd member's node down while this many other members' nodes
+    /// were down (the most at any such call of the step).
+    pub down_others: u8,
+    /// An upgrade succeeded while its node was not back running the new version.
+    pub left_down: bool,
     /// A removal that released its finalizer with its node still running (not reset or
     /// wiped), although the node could be reached.
     pub left_running: bool,
@@ -722,7 +745,7 @@ impl State {
         let mut t = Tallies::default();
         for m in &self.machines {
             t.members += usize::from(m.member);
-            t.healthy += usize::from(m.member && m.up);
+            t.healthy += usize::from(m.member && m.etcd_ok());
             let cp = m.approved_cp();
             t.approved_all += usize::from(cp);
             t.approved_cps += usize::from(cp && !m.deleting);
@@ -752,7 +775,10 @@ impl State {
     }
 
     pub fn healthy(&self) -> usize {
-        self.machines.iter().filter(|m| m.member && m.up).count()
+        self.machines
+            .iter()
+            .filter(|m| m.member && m.etcd_ok())
+            .count()
     }
 
     /// etcd has a leader: a healthy majority of its members.
@@ -1517,6 +1543,10 @@ pub struct Outcomes {
     /// refusal outside a teardown, a fact that cannot be read, a node that does not
     /// answer, a PodDisruptionBudget, the lock held by other work, a member left behind.
     pub removals_waiting: u8,
+    /// Operations in progress that wait, in this state, on something named: a rule's
+    /// refusal (parked for the even count, a start or step refused), or the executor's
+    /// named wait (a node or etcd not back yet, the lock held by other work).
+    pub ops_waiting: u8,
     /// ADR 0137: the count is even, an operation waits for it to be odd, and removing a
     /// control plane (which would end the even count) is refused although it would be
     /// allowed without the waiting operations: they block their own cure.
@@ -1979,7 +2009,9 @@ impl<'t> Model<'t> {
             // an etcd restore, not started, not holding the lock (ADR 0137).
             let mut waiting: u64 = 0;
             for (kidx, o) in ix(&s.ops) {
-                if !self.operation(s, snap, kidx, memo, fired, out)
+                let (added, named) = self.operation(s, snap, kidx, memo, fired, out);
+                outcomes.ops_waiting += u8::from(named);
+                if !added
                     && o.kind != OpKind::Restore
                     && matches!(o.phase, Phase::Pending | Phase::Parked)
                     && s.lock != Lock::Operation(kidx)
@@ -2017,9 +2049,25 @@ impl<'t> Model<'t> {
                 b.boot = !b.boot;
                 b.rebooting = false;
                 if b.staged {
+                    // Within the failure budget, the upgrade does not take.
+                    if s.failures < self.bounds.max_failures {
+                        let mut u = t.clone();
+                        u.machines[i].boots.staged = false;
+                        u.machines[i].boots.syncing = m.member;
+                        u.machines[i].up = true;
+                        u.failures += 1;
+                        out.push(Next {
+                            mv: Move::UpgradeNotTaken(idx),
+                            state: u,
+                            effect: effect("node-returns"),
+                        });
+                    }
+                    let b = &mut t.machines[i].boots;
                     b.upgraded = true;
                     b.staged = false;
                 }
+                // Its etcd member catches up after the node is back (a move of its own).
+                t.machines[i].boots.syncing = m.member;
                 t.machines[i].up = true;
                 out.push(Next {
                     mv: Move::NodeReturns(idx),
@@ -2027,6 +2075,15 @@ impl<'t> Model<'t> {
                     effect: effect("node-returns"),
                 });
                 continue;
+            }
+            if m.up && m.boots.syncing {
+                let mut t = s.fork();
+                t.machines[i].boots.syncing = false;
+                out.push(Next {
+                    mv: Move::EtcdCatchesUp(idx),
+                    state: t,
+                    effect: effect("node-returns"),
+                });
             }
             if !m.ever_cp() || m.wiped || !(m.approved || m.member) {
                 continue;
@@ -2281,38 +2338,19 @@ impl<'t> Model<'t> {
             });
         }
         if s.failures < self.bounds.max_failures {
-            for k in 0..acts {
-                for (faults, mv) in [
-                    (
-                        Faults {
-                            lose: Some(k),
-                            ..Faults::default()
-                        },
-                        Move::RemovalLost(idx),
-                    ),
-                    (
-                        Faults {
-                            crash: Some(k),
-                            ..Faults::default()
-                        },
-                        Move::RemovalCrash(idx),
-                    ),
-                    (
-                        Faults {
-                            refuse: Some(k),
-                            ..Faults::default()
-                        },
-                        Move::RemovalRefused(idx),
-                    ),
-                ] {
-                    let (mut u, _, e, _, _) = run(faults, fired, memo);
-                    u.failures += 1;
-                    out.push(Next {
-                        mv,
-                        effect: label(&u, e),
-                        state: u,
-                    });
-                }
+            let moves = [
+                Move::RemovalLost(idx),
+                Move::RemovalCrash(idx),
+                Move::RemovalRefused(idx),
+            ];
+            for (faults, mv) in Faults::each(acts, moves) {
+                let (mut u, _, e, _, _) = run(faults, fired, memo);
+                u.failures += 1;
+                out.push(Next {
+                    mv,
+                    effect: label(&u, e),
+                    state: u,
+                });
             }
         }
         named
@@ -2333,7 +2371,7 @@ impl<'t> Model<'t> {
         memo: &mut Memo,
         fired: &mut Fired,
         out: &mut Vec<Next>,
-    ) -> bool {
+    ) -> (bool, bool) {
         let k = usize::from(kidx);
         let o = s.ops[k];
         let with_kind = |e: Effect| Effect {
@@ -2341,11 +2379,11 @@ impl<'t> Model<'t> {
             ..e
         };
         match o.phase {
-            Phase::Succeeded | Phase::Failed => false,
+            Phase::Succeeded | Phase::Failed => (false, false),
             Phase::Pending | Phase::Parked | Phase::Running => {
                 let arc = snap.arc();
                 let Some(live) = arc.operations.get(k) else {
-                    return false;
+                    return (false, false);
                 };
                 let mut t = s.fork();
                 let events: Vec<_> = reconcile_operation_event(live).into_iter().collect();
@@ -2354,7 +2392,8 @@ impl<'t> Model<'t> {
                 fired.note(&decision);
                 if crate::runtime::controller::hold_of(&decision, "Refused").is_some() {
                     if o.phase == Phase::Parked {
-                        return false;
+                        // Parked, and left so: it waits for the even count to end.
+                        return (false, true);
                     }
                     t.ops[k].phase = Phase::Parked;
                     out.push(Next {
@@ -2362,7 +2401,7 @@ impl<'t> Model<'t> {
                         state: t,
                         effect: with_kind(effect("operation-park")),
                     });
-                    return true;
+                    return (true, false);
                 }
                 if o.phase == Phase::Parked {
                     t.ops[k].phase = Phase::Pending;
@@ -2371,7 +2410,7 @@ impl<'t> Model<'t> {
                         state: t,
                         effect: with_kind(effect("operation-resume")),
                     });
-                    return true;
+                    return (true, false);
                 }
                 // Started: `controller/operation.rs` runs it on (the start rules are for
                 // one that has not started).
@@ -2381,7 +2420,7 @@ impl<'t> Model<'t> {
                 // `controller/operation.rs::start_again`: the start rules again, with
                 // `healthy.after` asked of etcd.
                 let Some(ev) = reconcile_start_event(live) else {
-                    return false;
+                    return (false, false);
                 };
                 let target = (o.target != NONE && o.target != GONE)
                     .then(|| arc.machines.get(usize::from(o.target)))
@@ -2389,7 +2428,8 @@ impl<'t> Model<'t> {
                 let decision = super::world::ask_and_decide(self.table, s, &arc, ev, target, fired);
                 fired.note(&decision);
                 if crate::runtime::controller::hold_of(&decision, "StartRefused").is_some() {
-                    return false;
+                    // Refused by a start rule, with its message: a named wait.
+                    return (false, true);
                 }
                 self.run_operation(s, snap, kidx, memo, fired, out)
             }
@@ -2406,12 +2446,12 @@ impl<'t> Model<'t> {
         memo: &mut Memo,
         fired: &mut Fired,
         out: &mut Vec<Next>,
-    ) -> bool {
+    ) -> (bool, bool) {
         let k = usize::from(kidx);
         let o = s.ops[k];
         let arc = snap.arc();
         let Some(live) = arc.operations.get(k) else {
-            return false;
+            return (false, false);
         };
         let timing = Timing {
             refused_requeue: std::time::Duration::from_secs(30),
@@ -2432,19 +2472,27 @@ impl<'t> Model<'t> {
             )
             .with_faults(faults)
             .with_operation(kidx);
-            let _ = run_now(exec::operation::reconcile(
+            let outcome = run_now(exec::operation::reconcile(
                 &mut w, self.table, &timing, live,
             ));
             let ModelWorld {
                 t, acts, effect, ..
             } = w;
-            (t, acts, effect)
+            (t, acts, effect, outcome)
         };
         // What the reconcile did, for the invariants: it started running the operation
         // (`no-operation-while-even` reads that before anything else it did), or ended it.
         let label = |t: &State, mut e: Effect| {
             e.kind = Some(o.kind);
             let now = t.ops.get(k).map_or(o.phase, |x| x.phase);
+            // An upgrade that ended here left its node back, running the new version?
+            if now == Phase::Succeeded && o.phase != Phase::Succeeded && o.kind == OpKind::Upgrade {
+                let back = t
+                    .machines
+                    .get(usize::from(o.target))
+                    .is_some_and(|m| m.etcd_ok() && m.boots.upgraded && !m.boots.rebooting);
+                e.left_down = !back;
+            }
             if matches!(o.phase, Phase::Pending | Phase::Parked) && now != o.phase {
                 e.step = step_index("operation-run");
             } else if e.step == 0 {
@@ -2456,7 +2504,10 @@ impl<'t> Model<'t> {
             }
             e
         };
-        let (t, acts, e) = run(Faults::default(), fired, memo);
+        let (t, acts, e, outcome) = run(Faults::default(), fired, memo);
+        // Waiting on something named: a step rule's refusal, or the executor's named wait
+        // (a node or etcd not back yet, the lock held by other work).
+        let named = matches!(outcome, Some(Ok(Outcome::Requeue { .. })));
         let mut added = false;
         if t != *s {
             out.push(Next {
@@ -2467,42 +2518,23 @@ impl<'t> Model<'t> {
             added = true;
         }
         if s.failures < self.bounds.max_failures {
-            for n in 0..acts {
-                for (faults, mv) in [
-                    (
-                        Faults {
-                            lose: Some(n),
-                            ..Faults::default()
-                        },
-                        Move::OperationLost(kidx),
-                    ),
-                    (
-                        Faults {
-                            crash: Some(n),
-                            ..Faults::default()
-                        },
-                        Move::OperationCrash(kidx),
-                    ),
-                    (
-                        Faults {
-                            refuse: Some(n),
-                            ..Faults::default()
-                        },
-                        Move::OperationRefused(kidx),
-                    ),
-                ] {
-                    let (mut u, _, e) = run(faults, fired, memo);
-                    u.failures += 1;
-                    out.push(Next {
-                        mv,
-                        effect: label(&u, e),
-                        state: u,
-                    });
-                    added = true;
-                }
+            let moves = [
+                Move::OperationLost(kidx),
+                Move::OperationCrash(kidx),
+                Move::OperationRefused(kidx),
+            ];
+            for (faults, mv) in Faults::each(acts, moves) {
+                let (mut u, _, e, _) = run(faults, fired, memo);
+                u.failures += 1;
+                out.push(Next {
+                    mv,
+                    effect: label(&u, e),
+                    state: u,
+                });
+                added = true;
             }
         }
-        added
+        (added, named)
     }
 }
 

@@ -421,6 +421,20 @@ fn text_of(
         ),
         Move::NodeDies(i) => ("environment", format!("node {} dies", s.name(i))),
         Move::NodeReturns(i) => ("environment", format!("node {} answers again", s.name(i))),
+        Move::EtcdCatchesUp(i) => (
+            "environment",
+            format!(
+                "the etcd member of node {} has caught up: healthy again",
+                s.name(i)
+            ),
+        ),
+        Move::UpgradeNotTaken(i) => (
+            "environment",
+            format!(
+                "node {} answers again, running its old version: the upgrade did not take",
+                s.name(i)
+            ),
+        ),
         Move::PdbBlocks => (
             "environment",
             "a PodDisruptionBudget blocks evictions from the nodes being drained".into(),

@@ -157,6 +157,42 @@ pub struct Faults {
     pub refuse: Option<u8>,
 }
 
+impl Faults {
+    /// The faults explored at each of the `acts` acting calls of a reconcile (within the
+    /// failure budget), each with the move that names it: its answer lost, the controller
+    /// crashed right after it, or it refused. One list for removals and operations alike.
+    pub fn each<M: Copy>(
+        acts: u8,
+        [lost, crash, refused]: [M; 3],
+    ) -> impl Iterator<Item = (Faults, M)> {
+        (0..acts).flat_map(move |n| {
+            [
+                (
+                    Faults {
+                        lose: Some(n),
+                        ..Faults::default()
+                    },
+                    lost,
+                ),
+                (
+                    Faults {
+                        crash: Some(n),
+                        ..Faults::default()
+                    },
+                    crash,
+                ),
+                (
+                    Faults {
+                        refuse: Some(n),
+                        ..Faults::default()
+                    },
+                    refused,
+                ),
+            ]
+        })
+    }
+}
+
 /// The etcd member ID of machine `i` of `t`: stable for the machine (from its stable name).
 pub fn member_id(t: &State, i: usize) -> u64 {
     let role = t
@@ -309,7 +345,7 @@ impl<'a> ModelWorld<'a> {
             return 0;
         }
         (0..self.t.machines.len())
-            .find(|&i| self.t.machines[i].member && self.t.machines[i].up)
+            .find(|&i| self.t.machines[i].member && self.t.machines[i].etcd_ok())
             .map_or(0, |i| member_id(&self.t, i))
     }
 
@@ -338,6 +374,21 @@ impl<'a> ModelWorld<'a> {
         }
         let not_member =
             |w: &Self| w.failed(j, tonic::Code::FailedPrecondition, "etcd is not running");
+        let etcd_call = matches!(
+            call,
+            Call::EtcdStatus
+                | Call::EtcdMemberList
+                | Call::EtcdForfeitLeadership
+                | Call::EtcdLeaveCluster
+                | Call::EtcdRemoveMemberById(_)
+        );
+        if etcd_call && m.member && m.boots.syncing {
+            return Err(self.failed(
+                j,
+                tonic::Code::Unavailable,
+                "etcd is not ready: the member is catching up",
+            ));
+        }
         match call {
             // An operation's calls: the node goes down now and answers again (a world
             // move, never assumed) with a new boot time, running the upgrade's version
@@ -364,8 +415,18 @@ impl<'a> ModelWorld<'a> {
                     }
                     _ => {}
                 }
-                // A member taken down: the majority it leaves is `healthy-majority`'s.
+                // A member taken down: the majority it leaves is `healthy-majority`'s, and
+                // the other members down at that moment are `one-member-down`'s.
                 self.effect.ours |= m.member;
+                if m.member {
+                    let others = (0..self.t.machines.len())
+                        .filter(|&k| {
+                            k != j && self.t.machines[k].member && !self.t.machines[k].etcd_ok()
+                        })
+                        .count();
+                    let others = u8::try_from(others).unwrap_or(u8::MAX);
+                    self.effect.down_others = self.effect.down_others.max(others);
+                }
                 self.effect.undrained |= usize::from(self.idx) == j && !drained;
                 self.step("node-down");
                 Ok(Reply::Done)
