@@ -846,3 +846,166 @@ async fn an_upgrade_waits_for_a_fresh_snapshot_and_an_etcd_snapshot_operation_ta
     .await;
     b.assert_no_secret_written();
 }
+
+/// Bad input, with moto checking every request's signature: wrong keys (a wrong secret, an
+/// unknown key id), a bucket that does not exist, a store nobody answers at, a Secret that
+/// is not there, and a malformed endpoint each get a condition saying exactly that; none
+/// counts a snapshot, leaves one in progress or leaves an object; the good backup next to
+/// them takes its snapshot; no key appears in any status or Event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_stores_and_keys_get_a_condition_saying_so_and_count_no_snapshot() {
+    use crate::support::etcd::EtcdCluster;
+    use crate::support::s3::S3Server;
+    use crate::support::talos::TalosApi;
+    use base64::Engine;
+    let (s3, id, secret) = S3Server::start_with_keys("etcd").await;
+    let talos = TalosApi::start(EtcdCluster::start(1).await).await;
+    let api = ApiServer::start().await;
+    api.insert(cluster("prod", 1));
+    let mut m = control_plane("cp-1", 1);
+    m["spec"]["endpoint"] = json!(talos.node(0).endpoint());
+    api.insert(m);
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let wrong_secret = "not-the-secret-4f1c9a";
+    for (name, key_id, key) in [
+        ("good", id.as_str(), secret.as_str()),
+        ("wrong-secret", id.as_str(), wrong_secret),
+        ("unknown-key", "AKIAUNKNOWNKEY00", secret.as_str()),
+    ] {
+        api.insert(json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": name, "namespace": NS},
+            "data": {"AWS_ACCESS_KEY_ID": b64(key_id), "AWS_SECRET_ACCESS_KEY": b64(key)}
+        }));
+    }
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+    let dead = format!("http://{}", closed.local_addr().expect("addr"));
+    drop(closed);
+    let cases = [
+        // (backup, endpoint, bucket, Secret, condition type, reason, words)
+        (
+            "good",
+            s3.endpoint(),
+            "etcd",
+            "good",
+            "Snapshot",
+            "Verified",
+            "verified",
+        ),
+        (
+            "wrong-secret",
+            s3.endpoint(),
+            "etcd",
+            "wrong-secret",
+            "Snapshot",
+            "StoreKeysRefused",
+            "refused the access keys (wrong or disabled keys",
+        ),
+        (
+            "unknown-key",
+            s3.endpoint(),
+            "etcd",
+            "unknown-key",
+            "Snapshot",
+            "StoreKeysRefused",
+            "refused the access keys",
+        ),
+        (
+            "no-bucket",
+            s3.endpoint(),
+            "no-such-bucket",
+            "good",
+            "Snapshot",
+            "BucketNotFound",
+            "bucket `no-such-bucket` does not exist at",
+        ),
+        (
+            "unreachable",
+            dead.clone(),
+            "etcd",
+            "good",
+            "Snapshot",
+            "StoreUnreachable",
+            "could not be reached",
+        ),
+        (
+            "no-secret",
+            s3.endpoint(),
+            "etcd",
+            "absent",
+            "Snapshot",
+            "StoreKeysMissing",
+            "the Secret infra/absent named by spec.store.credentialsSecretRef does not exist",
+        ),
+        (
+            "malformed",
+            "s3.example.com:9000".to_string(),
+            "etcd",
+            "good",
+            "Ready",
+            "InvalidSpec",
+            "spec.store.endpoint `s3.example.com:9000` is not a URL the controller can use",
+        ),
+    ];
+    for (name, endpoint, bucket, secret_name, ..) in &cases {
+        let mut b = backup(name, endpoint);
+        b["spec"]["store"]["bucket"] = json!(bucket);
+        b["spec"]["store"]["credentialsSecretRef"]["name"] = json!(secret_name);
+        api.insert(b);
+    }
+    let ctx = std::sync::Arc::new(ichor_rules::runtime::controller::Context::new(
+        api.client(),
+        rules(),
+        Some(std::sync::Arc::new(talos.tls())),
+        fast_settings("backup-controller"),
+        std::sync::Arc::new(ichor_rules::runtime::metrics::Metrics::default()),
+    ));
+    let _ctl = Running::start(ctx);
+    for (name, _, _, _, type_, reason, words) in &cases {
+        wait_for(&format!("{name}: {type_} {reason}"), SLOW, || {
+            cond(&api, "TalosEtcdBackup", name, type_).is_some_and(|(_, r)| r == *reason)
+        })
+        .await;
+        let m = message(&api, "TalosEtcdBackup", name, type_);
+        assert!(m.contains(words), "{name}: {m}");
+        let status = get(&api, "TalosEtcdBackup", name).expect("backup")["status"].clone();
+        // (A failed one is tried again every second here: one may be in flight, never
+        // counted.)
+        if *name != "good" {
+            assert!(status["lastSnapshot"].is_null(), "{name}: {status}");
+            assert!(status["snapshots"].is_null(), "{name}: {status}");
+            if *type_ == "Snapshot" {
+                assert!(
+                    m.contains("nothing of it is in the store")
+                        || m.contains("no snapshot was taken"),
+                    "{name}: {m}"
+                );
+            }
+        }
+    }
+    // The good backup's snapshot is whole in the store (read back with its keys).
+    let good =
+        get(&api, "TalosEtcdBackup", "good").expect("good")["status"]["lastSnapshot"].clone();
+    let store = ichor_rules::runtime::store::Store::new(
+        &store_spec(&s3.endpoint(), "etcd"),
+        &ichor_rules::runtime::store::Keys {
+            access_key_id: id.clone(),
+            secret_access_key: secret.clone(),
+        },
+        Duration::from_secs(10),
+    )
+    .expect("store");
+    let checked = store
+        .get_snapshot(good["key"].as_str().expect("key"), &mut Vec::new())
+        .await
+        .expect("the good snapshot downloads whole");
+    assert_eq!(Some(checked.size), good["size"].as_u64());
+    for kind in ["TalosEtcdBackup", "Event"] {
+        for o in api.objects(kind, None) {
+            let text = o.to_string();
+            for k in [secret.as_str(), wrong_secret] {
+                assert!(!text.contains(k), "{kind} carries a key: {text}");
+            }
+        }
+    }
+}

@@ -37,6 +37,15 @@ use std::time::Duration;
 /// last one was taken and verified, False with why when it failed.
 pub const SNAPSHOT: &str = "Snapshot";
 
+/// The failures that mean the store could not be written at all (nothing is under the key).
+const STORE_UNUSABLE: &[&str] = &[
+    "StoreUnreachable",
+    "StoreKeysRefused",
+    "StoreKeysMissing",
+    "BucketNotFound",
+    "InvalidSpec",
+];
+
 /// The operation kind that asks a backup for a snapshot now.
 pub const SNAPSHOT_KIND: &str = "etcd-snapshot";
 
@@ -411,10 +420,16 @@ pub async fn reconcile<W: BackupWorld>(
     let stored = match stored {
         Ok(s) => s,
         Err(f) => {
-            // The world leaves nothing under the key; asked again to be sure.
-            let cleaned = match w.delete_object(b, &key).await? {
-                Ok(()) => "it was deleted from the store".to_string(),
-                Err(e) => format!("deleting it from the store failed too ({})", e.message),
+            // The world leaves nothing under the key; asked again to be sure, unless the
+            // store could not be written at all (then nothing was: an unfinished multipart
+            // upload is no object).
+            let cleaned = if STORE_UNUSABLE.contains(&f.reason) {
+                "nothing of it is in the store".to_string()
+            } else {
+                match w.delete_object(b, &key).await? {
+                    Ok(()) => "it was deleted from the store".to_string(),
+                    Err(e) => format!("deleting it from the store failed too ({})", e.message),
+                }
             };
             let last = match next.status.as_ref().and_then(|s| s.last_snapshot.as_ref()) {
                 Some(l) => format!("the last good snapshot is still {} ({})", l.key, l.time.0),
