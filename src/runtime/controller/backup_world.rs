@@ -110,6 +110,63 @@ pub async fn store_keys(ctx: &Context, b: &TalosEtcdBackup) -> Result<Keys, Fail
     })
 }
 
+/// The snapshot key spec.encryption.keySecretRef names (key `key` when it names none),
+/// read live; what is missing or wrong is said, never the key.
+pub async fn encryption_key(
+    ctx: &Context,
+    b: &TalosEtcdBackup,
+    r: &crate::runtime::objects::SecretKeyRef,
+) -> Result<crate::runtime::crypt::Key, Failure> {
+    let (ns, name) = (b.namespace(), r.name.as_str());
+    let k = r.key.as_deref().filter(|k| !k.is_empty()).unwrap_or("key");
+    let no = |message: String| Failure {
+        reason: "EncryptionKeyMissing",
+        message,
+    };
+    let read = tokio::time::timeout(
+        ctx.settings.read_timeout,
+        secrets::get(&ctx.client, ns, name),
+    )
+    .await;
+    let secret = match read {
+        Ok(Ok(Some(s))) => s,
+        Ok(Ok(None)) => {
+            return Err(no(format!(
+                "the Secret {ns}/{name} named by spec.encryption.keySecretRef does not exist: create \
+                 it with a 32-byte key under `{k}` (`openssl rand -base64 32`); no snapshot is \
+                 stored unencrypted meanwhile"
+            )));
+        }
+        Ok(Err(e)) => {
+            return Err(no(format!(
+                "the Secret {ns}/{name} (spec.encryption.keySecretRef) could not be read ({e})"
+            )));
+        }
+        Err(_) => {
+            return Err(no(format!(
+                "the Secret {ns}/{name} (spec.encryption.keySecretRef) could not be read (timed out)"
+            )));
+        }
+    };
+    let bytes = match secret.value(k) {
+        Ok(Some(b)) => b,
+        Ok(None) => {
+            return Err(no(format!(
+                "the Secret {ns}/{name} (spec.encryption.keySecretRef) has no key `{k}`"
+            )));
+        }
+        Err(why) => {
+            return Err(no(format!(
+                "the key `{k}` of Secret {ns}/{name} (spec.encryption.keySecretRef) {why}"
+            )));
+        }
+    };
+    crate::runtime::crypt::Key::from_secret(&bytes).map_err(|e| Failure {
+        reason: "EncryptionKeyInvalid",
+        message: format!("the key `{k}` of Secret {ns}/{name} (spec.encryption.keySecretRef): {e}"),
+    })
+}
+
 /// What went wrong with a snapshot stream, from both of its ends: the store's error first
 /// (the node's side then only saw the pipe close), else the node's, else the check's.
 fn stream_failure(from_node: Option<StreamError>, into_store: Option<PutError>) -> Failure {
@@ -128,6 +185,10 @@ fn stream_failure(from_node: Option<StreamError>, into_store: Option<PutError>) 
         },
         (_, Some(e @ PutError::Size { .. })) => Failure {
             reason: "SizeMismatch",
+            message: e.to_string(),
+        },
+        (_, Some(e @ (PutError::Crypt(_) | PutError::Encrypted))) => Failure {
+            reason: "EncryptionFailed",
             message: e.to_string(),
         },
         (Some(StreamError::Write(e)), None) => Failure {
@@ -259,6 +320,13 @@ impl BackupWorld for BackupLive<'_> {
             }
         };
         let deadline = self.ctx.settings.snapshot_deadline;
+        let seal = match &b.spec.encryption {
+            None => None,
+            Some(e) => match encryption_key(self.ctx, b, &e.key_secret_ref).await {
+                Ok(k) => Some(k),
+                Err(f) => return Ok(Err(f)),
+            },
+        };
         let store = match self.store(b).await {
             Ok(s) => s,
             Err(f) => return Ok(Err(f)),
@@ -271,12 +339,13 @@ impl BackupWorld for BackupLive<'_> {
             drop(w);
             got
         };
-        let (from_node, into_store) = tokio::join!(from_node, store.put_snapshot(key, r));
+        let (from_node, into_store) =
+            tokio::join!(from_node, store.put_snapshot(key, r, seal.as_ref()));
         Ok(match (from_node, into_store) {
-            (Ok(_), Ok(checked)) => Ok(Stored {
-                size: checked.size,
+            (Ok(_), Ok((checked, stored))) => Ok(Stored {
+                size: stored,
                 sha256: checked.sha256,
-                encrypted: false,
+                encrypted: seal.is_some(),
             }),
             (node, stored) => {
                 if stored.is_ok() {

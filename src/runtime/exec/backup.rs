@@ -44,6 +44,8 @@ const STORE_UNUSABLE: &[&str] = &[
     "StoreKeysMissing",
     "BucketNotFound",
     "InvalidSpec",
+    "EncryptionKeyMissing",
+    "EncryptionKeyInvalid",
 ];
 
 /// The operation kind that asks a backup for a snapshot now.
