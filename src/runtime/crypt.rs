@@ -106,7 +106,7 @@ pub struct Sealer<'k> {
     prefix: [u8; PREFIX],
     counter: u32,
     started: bool,
-    /// Plaintext not sealed yet (at most one segment and the piece being pushed).
+    /// Plaintext not sealed yet (at most one segment).
     pending: Vec<u8>,
 }
 
@@ -125,33 +125,40 @@ impl<'k> Sealer<'k> {
             prefix,
             counter: 0,
             started: false,
-            pending: Vec::with_capacity(2 * SEGMENT),
+            pending: Vec::with_capacity(SEGMENT),
         })
     }
 
+    /// Seals what is pending (one segment at most) onto `out`, in place there.
     fn seal(&mut self, last: bool, out: &mut Vec<u8>) -> Result<(), CryptError> {
-        let take = self.pending.len().min(SEGMENT);
-        let mut segment: Vec<u8> = self.pending.drain(..take).collect();
         let n = nonce(&self.prefix, self.counter, last);
-        self.key
+        let start = out.len();
+        out.extend_from_slice(&self.pending);
+        self.pending.clear();
+        let tag = self
+            .key
             .0
-            .seal_in_place_append_tag(n, Aad::from(&self.header[..]), &mut segment)
+            .seal_in_place_separate_tag(n, Aad::from(&self.header[..]), &mut out[start..])
             .map_err(|_| CryptError::TooLong)?;
-        out.extend_from_slice(&segment);
+        out.extend_from_slice(tag.as_ref());
         self.counter = self.counter.checked_add(1).ok_or(CryptError::TooLong)?;
         Ok(())
     }
 
     /// Appends to `out` the ciphertext `plain` completes (a segment is sealed only once
-    /// more follows it, so the last one is known as such).
-    pub fn push(&mut self, plain: &[u8], out: &mut Vec<u8>) -> Result<(), CryptError> {
+    /// more follows it, so the last one is known as such). Holds at most one segment.
+    pub fn push(&mut self, mut plain: &[u8], out: &mut Vec<u8>) -> Result<(), CryptError> {
         if !self.started {
             out.extend_from_slice(&self.header);
             self.started = true;
         }
-        self.pending.extend_from_slice(plain);
-        while self.pending.len() > SEGMENT {
-            self.seal(false, out)?;
+        while !plain.is_empty() {
+            if self.pending.len() == SEGMENT {
+                self.seal(false, out)?;
+            }
+            let take = (SEGMENT - self.pending.len()).min(plain.len());
+            self.pending.extend_from_slice(&plain[..take]);
+            plain = &plain[take..];
         }
         Ok(())
     }
@@ -178,29 +185,30 @@ impl<'k> Opener<'k> {
             key,
             header: Vec::with_capacity(HEADER),
             counter: 0,
-            pending: Vec::with_capacity(2 * (SEGMENT + TAG)),
+            pending: Vec::with_capacity(SEGMENT + TAG),
         }
     }
 
-    fn open(&mut self, len: usize, last: bool, out: &mut Vec<u8>) -> Result<(), CryptError> {
-        let mut segment: Vec<u8> = self.pending.drain(..len).collect();
+    /// Opens what is pending (one sealed segment at most) onto `out`.
+    fn open(&mut self, last: bool, out: &mut Vec<u8>) -> Result<(), CryptError> {
         let mut prefix = [0u8; PREFIX];
         prefix.copy_from_slice(&self.header[MAGIC.len()..]);
         let n = nonce(&prefix, self.counter, last);
         let plain = self
             .key
             .0
-            .open_in_place(n, Aad::from(&self.header[..]), &mut segment)
+            .open_in_place(n, Aad::from(&self.header[..]), &mut self.pending)
             .map_err(|_| CryptError::Open {
                 segment: self.counter,
             })?;
         out.extend_from_slice(plain);
+        self.pending.clear();
         self.counter = self.counter.checked_add(1).ok_or(CryptError::TooLong)?;
         Ok(())
     }
 
     /// Appends to `out` the plaintext of the segments `cipher` completes (one is opened only
-    /// once more follows it).
+    /// once more follows it). Holds at most one sealed segment.
     pub fn push(&mut self, mut cipher: &[u8], out: &mut Vec<u8>) -> Result<(), CryptError> {
         if self.header.len() < HEADER {
             let take = (HEADER - self.header.len()).min(cipher.len());
@@ -211,9 +219,13 @@ impl<'k> Opener<'k> {
                 return Err(CryptError::NotEncrypted);
             }
         }
-        self.pending.extend_from_slice(cipher);
-        while self.pending.len() > SEGMENT + TAG {
-            self.open(SEGMENT + TAG, false, out)?;
+        while !cipher.is_empty() {
+            if self.pending.len() == SEGMENT + TAG {
+                self.open(false, out)?;
+            }
+            let take = (SEGMENT + TAG - self.pending.len()).min(cipher.len());
+            self.pending.extend_from_slice(&cipher[..take]);
+            cipher = &cipher[take..];
         }
         Ok(())
     }
@@ -223,8 +235,7 @@ impl<'k> Opener<'k> {
         if self.header.len() < HEADER || self.pending.len() < TAG {
             return Err(CryptError::Truncated);
         }
-        let len = self.pending.len();
-        self.open(len, true, out)
+        self.open(true, out)
     }
 }
 

@@ -18,8 +18,9 @@ use std::fmt;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-/// The size of an upload's parts (S3 wants at least 5 MiB for every part but the last).
-pub const PART: usize = 8 * 1024 * 1024;
+/// The size of an upload's parts: the least S3 takes for every part but the last (5 MiB),
+/// so a snapshot in flight holds as little as S3 allows.
+pub const PART: usize = 5 * 1024 * 1024;
 
 /// A store's access keys. `Debug` shows neither.
 #[derive(Clone)]
@@ -217,29 +218,43 @@ impl Store {
             .await
             .map_err(|e| PutError::Store(self.error(e, key)))?;
         let mut check = SnapshotCheck::new();
-        let mut part = Vec::with_capacity(PART);
         let mut sent: u64 = 0;
         let streamed: Result<(), PutError> = async {
             loop {
-                part.clear();
-                // Fill one part (or reach the end).
-                while part.len() < PART {
-                    let n = (&mut from)
-                        .take((PART - part.len()) as u64)
-                        .read_to_end(&mut part)
+                // One part, filled in place: its allocation is exactly PART (a growing
+                // buffer would double to 16 MiB when it fills up), its pages touched only
+                // as bytes arrive.
+                // Sealed, a part must still be PART long once the sealer held back its
+                // last segment: read one segment more.
+                let size = if sealer.is_some() {
+                    PART + crate::runtime::crypt::SEGMENT
+                } else {
+                    PART
+                };
+                let mut part = vec![0u8; size];
+                let mut filled = 0;
+                while filled < size {
+                    let n = from
+                        .read(&mut part[filled..])
                         .await
                         .map_err(|e| PutError::Store(StoreError::Read(e)))?;
                     if n == 0 {
                         break;
                     }
+                    filled += n;
                 }
-                let last = part.len() < PART;
+                part.truncate(filled);
+                let last = filled < size;
                 check.update(&part);
                 let body = match sealer.as_mut() {
-                    None => std::mem::take(&mut part),
+                    None => part,
                     Some(s) => {
-                        let mut out = Vec::with_capacity(part.len() + part.len() / 1024 + 64);
+                        // Room for what the sealer held back, the header and the tags.
+                        let room =
+                            filled + 2 * crate::runtime::crypt::SEGMENT + filled / 1024 + 1024;
+                        let mut out = Vec::with_capacity(room);
                         s.push(&part, &mut out).map_err(PutError::Crypt)?;
+                        drop(part);
                         if last && let Some(s) = sealer.take() {
                             s.finish(&mut out).map_err(PutError::Crypt)?;
                         }
@@ -254,7 +269,6 @@ impl Store {
                         .await
                         .map_err(|e| PutError::Store(self.error(e, key)))?;
                 }
-                part = Vec::with_capacity(PART);
                 if last {
                     return Ok(());
                 }
