@@ -751,6 +751,12 @@ async fn snapshots_are_taken_on_schedule_verified_pruned_and_never_counted_when_
         assert!(metrics.contains(want), "{want}\n{metrics}");
     }
     b.assert_no_secret_written();
+    // Every call the controller made is one the chart grants.
+    let calls = assert_calls_granted(&b.api);
+    assert!(
+        calls.contains(&("".into(), "secrets".into(), "get".into())),
+        "{calls:?}"
+    );
 }
 
 /// A controller that stops in the middle of a snapshot (recorded `inProgress`, something
