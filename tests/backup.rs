@@ -993,6 +993,26 @@ async fn bad_stores_and_keys_get_a_condition_saying_so_and_count_no_snapshot() {
             }
         }
     }
+    // An etcd-snapshot operation naming a backup whose store has no bucket fails with the
+    // backup's words.
+    let mut op = operation("snap-no-bucket", "etcd-snapshot");
+    op["spec"]["backupRef"] = json!({"name": "no-bucket"});
+    api.insert(op);
+    wait_for("the snapshot operation fails", SLOW, || {
+        get(&api, "TalosOperation", "snap-no-bucket")
+            .is_some_and(|o| o["status"]["phase"] == "Failed")
+    })
+    .await;
+    let failure =
+        get(&api, "TalosOperation", "snap-no-bucket").expect("op")["status"]["failureReason"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+    assert!(
+        failure.contains("TalosEtcdBackup no-bucket did not take a snapshot for this operation")
+            && failure.contains("bucket `no-such-bucket` does not exist"),
+        "{failure}"
+    );
     // The good backup's snapshot is whole in the store (read back with its keys).
     let good =
         get(&api, "TalosEtcdBackup", "good").expect("good")["status"]["lastSnapshot"].clone();
