@@ -387,6 +387,10 @@ pub enum Fact {
     Backup,
     BackupExists,
     BackupInCluster,
+    Backups,
+    SnapshotTaken,
+    SnapshotAge,
+    SnapshotBackup,
     Patch,
     PatchSelects,
     PatchBreaks,
@@ -676,6 +680,14 @@ facts! {
         "spec.backupRef.name names a TalosEtcdBackup of the operation's cluster";
     BackupInCluster "backup.in_cluster" Type::Bool, Cheap, Backups, ON_OPERATIONS,
         "that TalosEtcdBackup's store is inside the cluster (ADR 0106 §2): its spec.store.endpoint host ends in `.svc` or `.svc.cluster.local`, or is an IP address inside the cluster's pod or service ranges (`spec.network` of the TalosCluster; Talos' defaults `10.244.0.0/16` and `10.96.0.0/12` for a range it does not declare). Not recognised: a short Service name such as `minio.minio`, or a name that resolves to a cluster address (names are not resolved)";
+    Backups "backups" Type::Int, Cheap, Backups, ON_OPERATIONS,
+        "TalosEtcdBackups of the operation's cluster (0: the cluster is backed up some other way, or not at all)";
+    SnapshotTaken "snapshot.taken" Type::Bool, Cheap, Backups, ON_OPERATIONS,
+        "some TalosEtcdBackup of the operation's cluster has a verified snapshot (its status.lastSnapshot, read live)";
+    SnapshotAge "snapshot.age" Type::Int, Cheap, Backups, ON_OPERATIONS,
+        "minutes since the newest verified snapshot of the operation's cluster was taken (status.lastSnapshot.time of its TalosEtcdBackups, read live, against the clock of the decision); 0 when none has one (see `snapshot.taken`), and for a time ahead of the clock";
+    SnapshotBackup "snapshot.backup" Type::Name, Cheap, Backups, ON_OPERATIONS,
+        "the TalosEtcdBackup holding that newest verified snapshot; when none has one, the first of the cluster's backups by name (\"\" when it has none)";
     Patch "patch" Type::Name, Cheap, Request, ON_PATCH, "the TalosConfigPatch's name";
     PatchSelects "patch.selects" Type::Int, Cheap, Request, ON_PATCH,
         "approved machines of the cluster the patch selects (its dry render, ADR 0106 §1; 0 when the cluster is missing)";

@@ -1206,7 +1206,6 @@ async fn unsupported_operation_kinds_are_refused_at_admission_with_what_to_do() 
         ("kubernetes-upgrade", "talosctl upgrade-k8s"),
         ("rotate-ca", "talosctl rotate-ca"),
         ("ichor", "helm upgrade"),
-        ("etcd-snapshot", "talosctl etcd snapshot"),
     ]
     .into_iter()
     .enumerate()
@@ -1235,6 +1234,21 @@ async fn unsupported_operation_kinds_are_refused_at_admission_with_what_to_do() 
         .await;
         assert_eq!(r["response"]["allowed"], true, "{kind}: {r}");
     }
+    // Issue 36: an etcd-snapshot is executed, by the backup it names; naming none, it is
+    // refused saying so.
+    let op = operation("op-1", "etcd-snapshot", None);
+    let r = review(
+        &h,
+        &objects::review("u-snap", "CREATE", None, Some(&op)).build(),
+    )
+    .await;
+    assert_eq!(r["response"]["allowed"], false, "{r}");
+    let message = r["response"]["status"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("an etcd-snapshot is taken by a TalosEtcdBackup")
+            && message.contains("spec.backupRef.name"),
+        "{message}"
+    );
 }
 
 /// A TalosEtcdBackup of cluster `prod` whose store is at `endpoint`.

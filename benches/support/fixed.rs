@@ -54,9 +54,12 @@ impl<'a> Facts<'a> for Fixed {
             | Fact::UnfinishedKind
             | Fact::UnfinishedPhase
             | Fact::Backup
+            | Fact::SnapshotBackup
             | Fact::Patch
             | Fact::PatchError => Value::Str(""),
-            Fact::PatchSelects | Fact::PatchBreaks => Value::Int(0),
+            Fact::PatchSelects | Fact::PatchBreaks | Fact::Backups | Fact::SnapshotAge => {
+                Value::Int(0)
+            }
             Fact::ClusterDeleting
             | Fact::Deleting
             | Fact::AllowDelete
@@ -71,7 +74,8 @@ impl<'a> Facts<'a> for Fixed {
             | Fact::UnfinishedParked
             | Fact::RequestByController
             | Fact::BackupExists
-            | Fact::BackupInCluster => Value::Bool(false),
+            | Fact::BackupInCluster
+            | Fact::SnapshotTaken => Value::Bool(false),
         })
     }
 }

@@ -47,6 +47,12 @@ pub struct DownloadArgs {
     /// The file to write (it must not exist).
     #[arg(long, short)]
     pub out: PathBuf,
+    /// A file holding the encryption key of an encrypted snapshot (the value of the
+    /// backup's spec.encryption.keySecretRef: 32 raw bytes, base64 of them or 64 hex
+    /// digits), e.g. `<(kubectl get secret ... -o jsonpath='{.data.key}' | base64 -d)`.
+    /// The snapshot is decrypted as it streams, then checked.
+    #[arg(long)]
+    pub key_file: Option<PathBuf>,
 }
 
 pub fn run(args: &BackupArgs) -> u8 {
@@ -94,6 +100,23 @@ fn download(d: &DownloadArgs) -> u8 {
             return EXIT_BAD_INPUT;
         }
     };
+    let key = match &d.key_file {
+        None => None,
+        Some(path) => {
+            let read =
+                std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()));
+            match read.and_then(|bytes| {
+                crate::runtime::crypt::Key::from_secret(&bytes)
+                    .map_err(|e| format!("{}: {e}", path.display()))
+            }) {
+                Ok(k) => Some(k),
+                Err(e) => {
+                    eprintln!("error: --key-file {e}");
+                    return EXIT_BAD_INPUT;
+                }
+            }
+        }
+    };
     let mut part = d.out.clone().into_os_string();
     part.push(".part");
     let part = PathBuf::from(part);
@@ -102,7 +125,7 @@ fn download(d: &DownloadArgs) -> u8 {
         let mut file = tokio::fs::File::create(&part)
             .await
             .map_err(|e| PutError::Store(crate::runtime::store::StoreError::Write(e)))?;
-        let checked = store.get_snapshot(&d.key, &mut file).await?;
+        let checked = store.get_snapshot(&d.key, &mut file, key.as_ref()).await?;
         file.sync_all()
             .await
             .map_err(|e| PutError::Store(crate::runtime::store::StoreError::Write(e)))?;
@@ -132,8 +155,8 @@ fn download(d: &DownloadArgs) -> u8 {
             let _ = std::fs::remove_file(&part);
             eprintln!("error: {e}");
             match e {
-                PutError::Check(_) | PutError::Size { .. } => EXIT_FINDINGS,
-                PutError::Store(_) => EXIT_BAD_INPUT,
+                PutError::Check(_) | PutError::Size { .. } | PutError::Crypt(_) => EXIT_FINDINGS,
+                PutError::Store(_) | PutError::Encrypted => EXIT_BAD_INPUT,
             }
         }
     }

@@ -10,6 +10,7 @@ use crate::compile::Table;
 use crate::interp::{Facts, Lookup, Value};
 use crate::vocab::Event;
 use crate::vocab::{Fact, Site};
+use k8s_openapi::jiff::Timestamp;
 use std::cmp::Ordering;
 
 /// The subject of an event as the rules see it.
@@ -295,6 +296,26 @@ impl<'s> SnapshotFacts<'s> {
             .filter(|b| !name.is_empty() && b.cluster() == self.ev.cluster)
     }
 
+    /// The TalosEtcdBackups of the event's cluster.
+    fn backups(&self) -> impl Iterator<Item = &'s TalosEtcdBackup> + use<'s> {
+        let (namespace, cluster) = (self.ev.namespace, self.ev.cluster);
+        self.snapshot
+            .backups
+            .iter()
+            .filter(move |b| b.namespace() == namespace && b.cluster() == cluster)
+    }
+
+    /// The newest verified snapshot of the event's cluster: its backup, and when it was
+    /// taken (status.lastSnapshot; ties by the backup's name).
+    fn newest_snapshot(&self) -> Option<(&'s TalosEtcdBackup, Timestamp)> {
+        self.backups()
+            .filter_map(|b| {
+                let t = b.status.as_ref()?.last_snapshot.as_ref()?.time.0;
+                Some((b, t))
+            })
+            .max_by(|(a, x), (b, y)| x.cmp(y).then_with(|| b.name().cmp(a.name())))
+    }
+
     fn patch_render(&self) -> Option<&'s super::configpatch::DryRender> {
         match self.ev.subject {
             Subject::Patch { render, .. } => Some(render),
@@ -441,6 +462,16 @@ impl<'s> Facts<'s> for SnapshotFacts<'s> {
                 let cluster = self.cluster_obj();
                 Value::Bool(backup.is_some_and(|b| b.store_in_cluster(cluster).is_some()))
             }
+            Fact::Backups => int(self.backups().count()),
+            Fact::SnapshotTaken => Value::Bool(self.newest_snapshot().is_some()),
+            Fact::SnapshotAge => int(self.newest_snapshot().map_or(0, |(_, t)| {
+                let minutes = Timestamp::now().duration_since(t).as_secs() / 60;
+                usize::try_from(minutes.max(0)).unwrap_or(usize::MAX)
+            })),
+            Fact::SnapshotBackup => Value::Str(match self.newest_snapshot() {
+                Some((b, _)) => b.name(),
+                None => self.backups().map(|b| b.name()).min().unwrap_or(""),
+            }),
             Fact::Patch => Value::Str(match self.ev.subject {
                 Subject::Patch { name, .. } => name,
                 _ => "",

@@ -579,6 +579,13 @@ struct DecisionMachineStatus {
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
+struct DecisionBackupStatus {
+    #[serde(default)]
+    last_snapshot: Option<crate::runtime::objects::SnapshotRecord>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct DecisionOperationStatus {
     #[serde(default)]
     phase: Option<String>,
@@ -906,23 +913,27 @@ kind_impl!(
     }
 );
 
-// A decision reads a backup's spec (its store) and nothing of its status yet.
+// A decision reads a backup's spec (its store) and, of its status, its newest verified
+// snapshot (`snapshot.*`).
 kind_impl!(
     TalosEtcdBackup,
     "TalosEtcdBackup",
     BackupSpec,
     BackupStatus,
-    IgnoredAny,
+    DecisionBackupStatus,
     backup_cluster,
     |metadata, spec, status| TalosEtcdBackup {
         metadata,
         spec,
         status
     },
-    |metadata, spec, _: Option<IgnoredAny>| TalosEtcdBackup {
+    |metadata, spec, status: Option<DecisionBackupStatus>| TalosEtcdBackup {
         metadata,
         spec,
-        status: None
+        status: status.map(|s| BackupStatus {
+            last_snapshot: s.last_snapshot,
+            ..BackupStatus::default()
+        }),
     }
 );
 

@@ -87,6 +87,19 @@ pub struct Metrics {
     connections_open: AtomicU64,
     connections_refused: AtomicU64,
     connections_timed_out: Mutex<BTreeMap<Closed, u64>>,
+    /// `namespace/name` of a TalosEtcdBackup -> its snapshots.
+    backups: Mutex<BTreeMap<String, BackupSeries>>,
+}
+
+/// What the metrics keep of one backup's snapshots.
+#[derive(Clone, Default)]
+struct BackupSeries {
+    verified: u64,
+    failed: u64,
+    /// Unix time of the last verified snapshot (0: none since this replica started).
+    last_success: u64,
+    last_duration: f64,
+    last_size: u64,
 }
 
 /// How many, and how many seconds in all.
@@ -216,6 +229,26 @@ impl Metrics {
             .store(status.serving.unwrap_or(0), Ordering::Relaxed);
         self.rules_refused
             .store(u64::from(status.refused), Ordering::Relaxed);
+    }
+
+    /// A backup's snapshot ended after `took`: verified (`Ok(size in bytes)`) or not
+    /// (`Err(reason)`).
+    pub fn snapshot(&self, backup: &str, result: Result<u64, &str>, took: Duration) {
+        let Ok(mut m) = self.backups.lock() else {
+            return;
+        };
+        let e = m.entry(backup.to_string()).or_default();
+        e.last_duration = took.as_secs_f64();
+        match result {
+            Ok(size) => {
+                e.verified += 1;
+                e.last_size = size;
+                e.last_success = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+            }
+            Err(_) => e.failed += 1,
+        }
     }
 
     /// A connection was accepted (`true`) or closed (`false`).
@@ -427,6 +460,44 @@ impl Metrics {
                 out,
                 "ichor_rules_operation_step_seconds_total{{action=\"{action}\"}} {secs}"
             );
+        }
+        let backups = self.backups.lock().map(|m| m.clone()).unwrap_or_default();
+        for (name, help, kind, value) in [
+            (
+                "ichor_rules_backup_last_success_timestamp_seconds",
+                "When the backup's last verified etcd snapshot was taken (Unix time).",
+                "gauge",
+                (|b: &BackupSeries| b.last_success.to_string()) as fn(&BackupSeries) -> String,
+            ),
+            (
+                "ichor_rules_backup_last_duration_seconds",
+                "How long the backup's last snapshot took, from the node to the store, verified or not.",
+                "gauge",
+                |b| b.last_duration.to_string(),
+            ),
+            (
+                "ichor_rules_backup_last_size_bytes",
+                "The size in the store of the backup's last verified snapshot.",
+                "gauge",
+                |b| b.last_size.to_string(),
+            ),
+            (
+                "ichor_rules_backup_snapshots_verified_total",
+                "Snapshots taken and verified, by backup.",
+                "counter",
+                |b| b.verified.to_string(),
+            ),
+            (
+                "ichor_rules_backup_snapshots_failed_total",
+                "Snapshots that failed (not taken, or deleted for failing verification), by backup.",
+                "counter",
+                |b| b.failed.to_string(),
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (backup, b) in &backups {
+                let _ = writeln!(out, "{name}{{backup=\"{}\"}} {}", escape(backup), value(b));
+            }
         }
         let _ = writeln!(
             out,

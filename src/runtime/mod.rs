@@ -6,6 +6,7 @@ pub mod admission;
 pub mod certs;
 pub mod configpatch;
 pub mod controller;
+pub mod crypt;
 pub mod decide;
 pub mod exec;
 pub mod facts;

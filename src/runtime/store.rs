@@ -7,6 +7,7 @@
 //! The access keys come from the caller (read live from the backup's Secret): they are
 //! never in an error, a log line or a `Debug` print.
 
+use crate::runtime::crypt::{CryptError, Key, Opener, Sealer};
 use crate::runtime::objects::{StoreSpec, parse_endpoint};
 use crate::runtime::snapshot::{Checked, SnapshotCheck, SnapshotError};
 use futures::StreamExt;
@@ -17,8 +18,9 @@ use std::fmt;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-/// The size of an upload's parts (S3 wants at least 5 MiB for every part but the last).
-pub const PART: usize = 8 * 1024 * 1024;
+/// The size of an upload's parts: the least S3 takes for every part but the last (5 MiB),
+/// so a snapshot in flight holds as little as S3 allows.
+pub const PART: usize = 5 * 1024 * 1024;
 
 /// A store's access keys. `Debug` shows neither.
 #[derive(Clone)]
@@ -195,47 +197,78 @@ impl Store {
     }
 
     /// Uploads everything `from` yields as object `key` (multipart, one [`PART`] in
-    /// flight), checking it as an etcd snapshot on the way; then checks the stored size.
-    /// Whatever fails, nothing is left under `key` (the upload is aborted, or the object
-    /// deleted).
+    /// flight), checking it as an etcd snapshot on the way (and encrypting it with `seal`,
+    /// when given: [`crate::runtime::crypt`]); then checks the stored size. Whatever fails,
+    /// nothing is left under `key` (the upload is aborted, or the object deleted). The
+    /// snapshot's check, and the size stored.
     pub async fn put_snapshot<R: AsyncRead + Unpin>(
         &self,
         key: &str,
         mut from: R,
-    ) -> Result<Checked, PutError> {
+        seal: Option<&Key>,
+    ) -> Result<(Checked, u64), PutError> {
         let path = Path::from(key);
+        let mut sealer = match seal.map(Sealer::new).transpose() {
+            Ok(s) => s,
+            Err(e) => return Err(PutError::Crypt(e)),
+        };
         let mut upload = self
             .s3
             .put_multipart(&path)
             .await
             .map_err(|e| PutError::Store(self.error(e, key)))?;
         let mut check = SnapshotCheck::new();
-        let mut part = Vec::with_capacity(PART);
+        let mut sent: u64 = 0;
         let streamed: Result<(), PutError> = async {
             loop {
-                part.clear();
-                // Fill one part (or reach the end).
-                while part.len() < PART {
-                    let n = (&mut from)
-                        .take((PART - part.len()) as u64)
-                        .read_to_end(&mut part)
+                // One part, filled in place: its allocation is exactly PART (a growing
+                // buffer would double to 16 MiB when it fills up), its pages touched only
+                // as bytes arrive.
+                // Sealed, a part must still be PART long once the sealer held back its
+                // last segment: read one segment more.
+                let size = if sealer.is_some() {
+                    PART + crate::runtime::crypt::SEGMENT
+                } else {
+                    PART
+                };
+                let mut part = vec![0u8; size];
+                let mut filled = 0;
+                while filled < size {
+                    let n = from
+                        .read(&mut part[filled..])
                         .await
                         .map_err(|e| PutError::Store(StoreError::Read(e)))?;
                     if n == 0 {
                         break;
                     }
+                    filled += n;
                 }
-                if part.is_empty() {
-                    return Ok(());
-                }
+                part.truncate(filled);
+                let last = filled < size;
                 check.update(&part);
-                let last = part.len() < PART;
-                let payload = PutPayload::from(bytes::Bytes::from(std::mem::take(&mut part)));
-                upload
-                    .put_part(payload)
-                    .await
-                    .map_err(|e| PutError::Store(self.error(e, key)))?;
-                part = Vec::with_capacity(PART);
+                let body = match sealer.as_mut() {
+                    None => part,
+                    Some(s) => {
+                        // Room for what the sealer held back, the header and the tags.
+                        let room =
+                            filled + 2 * crate::runtime::crypt::SEGMENT + filled / 1024 + 1024;
+                        let mut out = Vec::with_capacity(room);
+                        s.push(&part, &mut out).map_err(PutError::Crypt)?;
+                        drop(part);
+                        if last && let Some(s) = sealer.take() {
+                            s.finish(&mut out).map_err(PutError::Crypt)?;
+                        }
+                        out
+                    }
+                };
+                if !body.is_empty() {
+                    sent += body.len() as u64;
+                    let payload = PutPayload::from(bytes::Bytes::from(body));
+                    upload
+                        .put_part(payload)
+                        .await
+                        .map_err(|e| PutError::Store(self.error(e, key)))?;
+                }
                 if last {
                     return Ok(());
                 }
@@ -264,14 +297,14 @@ impl Store {
                 return Err(PutError::Store(self.error(e, key)));
             }
         };
-        if stored != checked.size {
+        if stored != sent {
             let _ = self.delete(key).await;
             return Err(PutError::Size {
-                streamed: checked.size,
+                streamed: sent,
                 stored,
             });
         }
-        Ok(checked)
+        Ok((checked, stored))
     }
 
     /// Deletes object `key` (a missing one is not an error).
@@ -299,11 +332,14 @@ impl Store {
         Ok(out)
     }
 
-    /// Downloads object `key` into `to`, chunk by chunk, checking it as an etcd snapshot.
+    /// Downloads object `key` into `to`, chunk by chunk, decrypting it with `open` when
+    /// given and checking it as an etcd snapshot. An encrypted object without a key is
+    /// said to be one.
     pub async fn get_snapshot<W: AsyncWrite + Unpin>(
         &self,
         key: &str,
         to: &mut W,
+        open: Option<&Key>,
     ) -> Result<Checked, PutError> {
         let got = self
             .s3
@@ -312,16 +348,34 @@ impl Store {
             .map_err(|e| PutError::Store(self.error(e, key)))?;
         let mut stream = got.into_stream();
         let mut check = SnapshotCheck::new();
+        let mut opener = open.map(Opener::new);
+        let mut plain = Vec::new();
+        let mut first = true;
+        let write = |e| PutError::Store(StoreError::Write(e));
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|e| PutError::Store(self.error(e, key)))?;
-            check.update(&chunk);
-            to.write_all(&chunk)
-                .await
-                .map_err(|e| PutError::Store(StoreError::Write(e)))?;
+            if first && opener.is_none() && crate::runtime::crypt::is_encrypted(&chunk) {
+                return Err(PutError::Encrypted);
+            }
+            first = false;
+            let bytes: &[u8] = match opener.as_mut() {
+                None => &chunk,
+                Some(o) => {
+                    plain.clear();
+                    o.push(&chunk, &mut plain).map_err(PutError::Crypt)?;
+                    &plain
+                }
+            };
+            check.update(bytes);
+            to.write_all(bytes).await.map_err(write)?;
         }
-        to.flush()
-            .await
-            .map_err(|e| PutError::Store(StoreError::Write(e)))?;
+        if let Some(o) = opener.take() {
+            plain.clear();
+            o.finish(&mut plain).map_err(PutError::Crypt)?;
+            check.update(&plain);
+            to.write_all(&plain).await.map_err(write)?;
+        }
+        to.flush().await.map_err(write)?;
         check.finish().map_err(PutError::Check)
     }
 }
@@ -335,6 +389,12 @@ pub enum PutError {
     Check(#[source] SnapshotError),
     #[error("the stored object is {stored} bytes but {streamed} were streamed, so it was deleted")]
     Size { streamed: u64, stored: u64 },
+    #[error("{0}")]
+    Crypt(#[source] CryptError),
+    #[error(
+        "the snapshot is encrypted (spec.encryption of its backup); give its key to decrypt it"
+    )]
+    Encrypted,
 }
 
 fn chain(e: &dyn std::error::Error) -> String {

@@ -50,6 +50,8 @@ pub fn fast_settings(identity: &str) -> Settings {
         read_timeout: Duration::from_secs(3),
         talos_timeout: Duration::from_secs(3),
         install_deadline: Duration::from_secs(10),
+        backup_retry: Duration::from_secs(1),
+        snapshot_deadline: Duration::from_secs(60),
     }
 }
 

@@ -23,6 +23,47 @@ fn moto_binary() -> std::path::PathBuf {
 impl S3Server {
     /// Starts the server and waits until it answers.
     pub async fn start() -> S3Server {
+        S3Server::spawn(None).await
+    }
+
+    /// Starts the server checking every request's signature (moto's IAM authentication,
+    /// `INITIAL_NO_AUTH_ACTION_COUNT`: the first four requests go unchecked, to create
+    /// bucket `bucket` and an IAM user allowed `s3:*`), and returns it with that user's
+    /// access keys (id, secret). Any other keys are refused from then on:
+    /// `InvalidAccessKeyId` for an unknown id, `SignatureDoesNotMatch` for a wrong secret.
+    pub async fn start_with_keys(bucket: &str) -> (S3Server, String, String) {
+        let server = S3Server::spawn(Some(4)).await;
+        server.create_bucket(bucket).await;
+        let iam = |form: &str| {
+            let s = &server;
+            let form = format!("{form}&Version=2010-05-08");
+            async move { s.iam(&form).await }
+        };
+        iam("Action=CreateUser&UserName=ichor").await;
+        let key = iam("Action=CreateAccessKey&UserName=ichor").await;
+        let field = |name: &str| {
+            let open = format!("<{name}>");
+            let close = format!("</{name}>");
+            let start = key.find(&open).map(|i| i + open.len()).expect(name);
+            let end = key[start..].find(&close).expect(name) + start;
+            key[start..end].to_string()
+        };
+        let (id, secret) = (field("AccessKeyId"), field("SecretAccessKey"));
+        let policy = r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"s3:*","Resource":"*"}]}"#;
+        let mut form =
+            String::from("Action=PutUserPolicy&UserName=ichor&PolicyName=s3&PolicyDocument=");
+        for b in policy.bytes() {
+            if b.is_ascii_alphanumeric() {
+                form.push(b as char);
+            } else {
+                form.push_str(&format!("%{b:02X}"));
+            }
+        }
+        iam(&form).await;
+        (server, id, secret)
+    }
+
+    async fn spawn(no_auth_actions: Option<u32>) -> S3Server {
         let bin = moto_binary();
         assert!(
             bin.is_file(),
@@ -35,7 +76,11 @@ impl S3Server {
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
-        let child = Command::new(&bin)
+        let mut cmd = Command::new(&bin);
+        if let Some(n) = no_auth_actions {
+            cmd.env("INITIAL_NO_AUTH_ACTION_COUNT", n.to_string());
+        }
+        let child = cmd
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -71,7 +116,38 @@ impl S3Server {
         self.request("PUT", &format!("/{bucket}/{key}"), body).await;
     }
 
+    /// An IAM call (a form POST), unsigned but naming IAM in its credential scope (moto
+    /// routes by it); its answer's body.
+    async fn iam(&self, form: &str) -> String {
+        let auth = "AWS4-HMAC-SHA256 Credential=AKIASETUP/20261205/us-east-1/iam/aws4_request, \
+                    SignedHeaders=host, Signature=00";
+        let (status, text) = self
+            .send(
+                "POST",
+                "/",
+                form.as_bytes().to_vec(),
+                &[
+                    ("authorization", auth),
+                    ("content-type", "application/x-www-form-urlencoded"),
+                ],
+            )
+            .await;
+        assert!(status.is_success(), "IAM {form}: {status}: {text}");
+        text
+    }
+
     async fn request(&self, method: &str, path: &str, body: Vec<u8>) {
+        let (status, text) = self.send(method, path, body, &[]).await;
+        assert!(status.is_success(), "{method} {path}: {status}: {text}");
+    }
+
+    async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Vec<u8>,
+        headers: &[(&str, &str)],
+    ) -> (hyper::StatusCode, String) {
         use http_body_util::{BodyExt, Full};
         use hyper::body::Bytes;
         let tcp = tokio::net::TcpStream::connect(("127.0.0.1", self.port))
@@ -82,20 +158,18 @@ impl S3Server {
                 .await
                 .expect("handshake");
         tokio::spawn(conn);
-        let req = hyper::Request::builder()
+        let mut req = hyper::Request::builder()
             .method(method)
             .uri(path)
-            .header("host", format!("127.0.0.1:{}", self.port))
-            .body(Full::new(Bytes::from(body)))
-            .expect("request");
+            .header("host", format!("127.0.0.1:{}", self.port));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(Full::new(Bytes::from(body))).expect("request");
         let resp = send.send_request(req).await.expect("moto answers");
         let status = resp.status();
         let text = resp.into_body().collect().await.expect("body").to_bytes();
-        assert!(
-            status.is_success(),
-            "{method} {path}: {status}: {}",
-            String::from_utf8_lossy(&text)
-        );
+        (status, String::from_utf8_lossy(&text).into_owned())
     }
 }
 

@@ -10,6 +10,7 @@
 use super::status::{self, Conditions};
 use super::{Context, ReconcileError};
 use crate::runtime::decide::{decide_events, reconcile_start_event};
+use crate::runtime::exec::backup::BackupTiming;
 use crate::runtime::facts::Expensive;
 use crate::runtime::live::Reads;
 use crate::runtime::objects::{Snapshot, TalosEtcdBackup, TalosOperation, validate_backup_spec};
@@ -96,7 +97,7 @@ pub async fn reconcile(
     let reads = Reads {
         machines: false,
         clusters: true,
-        operations: false,
+        operations: true,
         backups: true,
     };
     let snapshot = ctx
@@ -131,7 +132,23 @@ pub async fn reconcile(
             ctx.event(&next, true, "InvalidSpec", message).await;
         }
     }
-    Ok(Action::requeue(RECHECK))
+    // A sound spec of an existing cluster: its snapshots, through the one executor.
+    let ready = next.condition(READY).is_some_and(|c| c.status == "True");
+    if !ready {
+        return Ok(Action::requeue(RECHECK));
+    }
+    let timing = BackupTiming {
+        retry: ctx.settings.backup_retry,
+        recheck: RECHECK,
+    };
+    let mut world = super::backup_world::BackupLive::new(&ctx, next.namespace());
+    let outcome =
+        crate::runtime::exec::backup::reconcile(&mut world, &timing, &next, &snapshot.operations)
+            .await?;
+    Ok(match outcome {
+        crate::runtime::exec::Outcome::Requeue { after, .. } => Action::requeue(after),
+        crate::runtime::exec::Outcome::AwaitChange => Action::requeue(RECHECK),
+    })
 }
 
 /// For an operation the start rules let through and whose kind the rules give no plan
@@ -176,4 +193,95 @@ pub async fn mark_manual(ctx: &Context, next: &mut TalosOperation, message: &str
             .await;
     }
     changed
+}
+
+/// An `etcd-snapshot` TalosOperation the start rules let through: it asks its backup
+/// (spec.backupRef) for a snapshot now. Once running (phase Running), the backup's
+/// controller takes one for it, through the backup's own procedure; the operation ends
+/// Succeeded when the backup records a verified snapshot made for it, Failed (with the
+/// backup's words) when the backup served it and the snapshot failed.
+pub async fn snapshot_operation(
+    ctx: &Context,
+    snapshot: &Snapshot,
+    live: &TalosOperation,
+    next: &mut TalosOperation,
+) -> Result<Action, ReconcileError> {
+    use crate::runtime::exec::backup::{SNAPSHOT, operation_token};
+    let token = operation_token(live);
+    let name = live.backup_name().to_string();
+    let operation = format!("{}/{}", live.namespace(), live.name());
+    let Some(b) = snapshot
+        .backup(live.namespace(), &name)
+        .filter(|b| b.cluster() == live.cluster())
+    else {
+        let msg = format!(
+            "TalosEtcdBackup {name} of TalosCluster {} is gone, so no snapshot is taken for this \
+             operation; create the operation again naming an existing backup",
+            live.cluster()
+        );
+        return end_snapshot_operation(ctx, live, next, false, "BackupNotFound", msg).await;
+    };
+    let st = b.status.as_ref();
+    let made = st.and_then(|s| {
+        s.snapshots
+            .iter()
+            .chain(s.last_snapshot.iter())
+            .find(|r| r.request.as_deref() == Some(token.as_str()))
+    });
+    if let Some(r) = made {
+        let msg = format!(
+            "TalosEtcdBackup {name} took snapshot {} for this operation and verified it: {} bytes, \
+             sha256 {}, from {}",
+            r.key, r.size, r.sha256, r.node
+        );
+        return end_snapshot_operation(ctx, live, next, true, "Succeeded", msg).await;
+    }
+    let served = st.and_then(|s| s.last_request.as_deref()) == Some(token.as_str());
+    let in_flight = st.and_then(|s| s.in_progress.as_ref()).is_some();
+    if served && !in_flight {
+        let why = b
+            .condition(SNAPSHOT)
+            .filter(|c| c.status == "False")
+            .and_then(|c| c.message.clone())
+            .unwrap_or_else(|| "the backup gave no reason".into());
+        let msg =
+            format!("TalosEtcdBackup {name} did not take a snapshot for this operation: {why}");
+        return end_snapshot_operation(ctx, live, next, false, "SnapshotFailed", msg).await;
+    }
+    if live.phase() != "Running" {
+        next.status.get_or_insert_with(Default::default).phase = Some("Running".into());
+        let msg = format!("a snapshot is asked of TalosEtcdBackup {name}");
+        status::set(
+            next.conditions_mut(),
+            "Running",
+            true,
+            "SnapshotRequested",
+            &msg,
+        );
+        tracing::info!(%operation, backup = %name, "snapshot asked of the backup");
+        ctx.event(live, false, "SnapshotRequested", msg).await;
+    }
+    status::write(&ctx.client, live, next).await?;
+    Ok(Action::requeue(ctx.settings.parked_requeue))
+}
+
+async fn end_snapshot_operation(
+    ctx: &Context,
+    live: &TalosOperation,
+    next: &mut TalosOperation,
+    ok: bool,
+    reason: &str,
+    message: String,
+) -> Result<Action, ReconcileError> {
+    let s = next.status.get_or_insert_with(Default::default);
+    s.phase = Some(if ok { "Succeeded" } else { "Failed" }.into());
+    if !ok {
+        s.failure_reason = Some(message.clone());
+    }
+    status::set(next.conditions_mut(), "Running", false, reason, &message);
+    status::write(&ctx.client, live, next).await?;
+    ctx.event(live, !ok, reason, message).await;
+    ctx.metrics
+        .operation(&live.spec.kind, if ok { "succeeded" } else { "failed" });
+    Ok(Action::await_change())
 }

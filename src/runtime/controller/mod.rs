@@ -13,6 +13,7 @@
 //!   cluster's lock (a [`disruptive::Held`] guard, released or kept exactly once); [`leader`]: one replica reconciles.
 
 pub mod backup;
+pub mod backup_world;
 pub mod base;
 pub mod cluster;
 pub mod configure;
@@ -85,6 +86,11 @@ pub struct Settings {
     pub talos_timeout: Duration,
     /// An installer image pull, and the install of an upgrade (streams read to their end).
     pub install_deadline: Duration,
+    /// A backup's failed snapshot is tried again after this (or at its next scheduled
+    /// time, when sooner).
+    pub backup_retry: Duration,
+    /// A snapshot's whole stream, from the node into the store.
+    pub snapshot_deadline: Duration,
 }
 
 impl Default for Settings {
@@ -106,6 +112,8 @@ impl Default for Settings {
             read_timeout: Duration::from_secs(5),
             talos_timeout: Duration::from_secs(10),
             install_deadline: Duration::from_secs(600),
+            backup_retry: Duration::from_secs(300),
+            snapshot_deadline: Duration::from_secs(1800),
         }
     }
 }
@@ -262,6 +270,16 @@ fn cluster_of(m: TalosMachine) -> Option<ObjectRef<TalosCluster>> {
     (!name.is_empty()).then(|| ObjectRef::new(&name).within(&ns))
 }
 
+/// The backup an `etcd-snapshot` operation asks a snapshot of, for the backup controller.
+fn backup_of(o: TalosOperation) -> Option<ObjectRef<crate::runtime::objects::TalosEtcdBackup>> {
+    if o.spec.kind != crate::runtime::exec::backup::SNAPSHOT_KIND {
+        return None;
+    }
+    let ns = o.metadata.namespace.clone()?;
+    let name = o.backup_name();
+    (!name.is_empty()).then(|| ObjectRef::new(name).within(&ns))
+}
+
 /// Runs the three controllers until the returned future is dropped (leadership lost) or
 /// the watches end.
 pub async fn run(ctx: Arc<Context>) {
@@ -269,6 +287,7 @@ pub async fn run(ctx: Arc<Context>) {
     let machines: Api<TalosMachine> = Api::all(client.clone());
     let clusters: Api<TalosCluster> = Api::all(client.clone());
     let operations: Api<TalosOperation> = Api::all(client.clone());
+    let operations_for_backups = operations.clone();
     let backups: Api<crate::runtime::objects::TalosEtcdBackup> = Api::all(client.clone());
     let wc = watcher::Config::default();
 
@@ -311,7 +330,8 @@ pub async fn run(ctx: Arc<Context>) {
     };
     let backup_ctl = {
         let ctx = ctx.clone();
-        Controller::new(backups, wc)
+        Controller::new(backups, wc.clone())
+            .watches(operations_for_backups, wc, backup_of)
             .run(
                 |b, ctx: Arc<Context>| async move {
                     timed("TalosEtcdBackup", &ctx, backup::reconcile(b, ctx.clone())).await

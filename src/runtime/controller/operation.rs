@@ -180,6 +180,11 @@ pub async fn reconcile(
             }
             match start_again(&ctx, &table, &snapshot, &mut next).await {
                 Some(refused) => refused,
+                // Issue 36: a snapshot asked of a backup, taken by the backup's controller.
+                None if live.spec.kind == crate::runtime::exec::backup::SNAPSHOT_KIND => {
+                    return super::backup::snapshot_operation(&ctx, &snapshot, live, &mut next)
+                        .await;
+                }
                 // Issue 36: allowed, but the rules give its kind no plan (an etcd restore):
                 // it stays Pending with their words on doing it by hand, decided again.
                 None if let Some(how) =

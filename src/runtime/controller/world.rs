@@ -63,6 +63,16 @@ impl<'c> Live<'c> {
         }
     }
 
+    /// A Talos client for `m`'s own node, with its cluster's credentials (for a call that
+    /// is no [`Call`]: a snapshot's stream).
+    pub async fn client(
+        &mut self,
+        m: &TalosMachine,
+    ) -> Result<crate::runtime::talos::TalosClient, NodeError> {
+        let d = self.dialer(m.cluster()).await;
+        nodes::client(d, m)
+    }
+
     async fn dialer(&mut self, cluster: &str) -> &Dialer<'c> {
         if !self.dialers.contains_key(cluster) {
             let d = Dialer::for_named(self.ctx, &self.namespace, cluster).await;

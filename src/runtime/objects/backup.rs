@@ -6,6 +6,7 @@
 
 use super::{ClusterRef, Condition, TalosCluster, find, name_of, namespace_of};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -129,10 +130,15 @@ impl CredentialsSecretRef {
 #[serde(rename_all = "camelCase")]
 pub struct ScheduleSpec {
     /// The time between snapshots, as `<n><unit>` parts with units `s`, `m`, `h`, `d`
-    /// (e.g. `6h`, `1h30m`, `1d`); at least `1m`.
+    /// (e.g. `6h`, `1h30m`, `1d`); at least `1m`. Give this or `cron`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 2, max = 32))]
     pub interval: Option<String>,
+    /// When to take snapshots, as a cron expression in UTC (five fields, minute first, e.g.
+    /// `0 */6 * * *`; `@daily` and the like too). Give this or `interval`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 128))]
+    pub cron: Option<String>,
 }
 
 /// Which snapshots are kept. With both, a snapshot goes once it is neither among the last
@@ -177,6 +183,31 @@ pub struct SnapshotRecord {
     /// The node it was streamed from.
     #[serde(default)]
     pub node: String,
+    /// The etcd member's applied raft index when the snapshot began (Talos' `EtcdStatus`
+    /// reports no revision; the snapshot holds at least everything applied up to it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raft_index: Option<u64>,
+    /// Encrypted in the store (AES-256-GCM, with the key of spec.encryption).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub encrypted: bool,
+    /// The on-demand request it answered (the annotation's value, or `TalosOperation
+    /// <name> (<uid>)`); none when the schedule took it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
+}
+
+/// A snapshot being streamed into the store: written before the first byte goes, so a
+/// controller that stops mid-snapshot finds it, deletes whatever is under its key and
+/// never counts it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotInProgress {
+    /// Its object key.
+    pub key: String,
+    /// The node it streams from.
+    pub node: String,
+    /// When it began.
+    pub started: Time,
 }
 
 /// What the controller observed of a backup.
@@ -190,6 +221,20 @@ pub struct BackupStatus {
     /// The newest verified snapshot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_snapshot: Option<SnapshotRecord>,
+    /// Every verified snapshot this backup wrote that is still kept, oldest first: the
+    /// only objects retention ever deletes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<SnapshotRecord>,
+    /// The snapshot being taken (null when none): see [`SnapshotInProgress`].
+    #[serde(default)]
+    pub in_progress: Option<SnapshotInProgress>,
+    /// When the last snapshot was begun, whatever came of it (the schedule counts from it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_attempt: Option<Time>,
+    /// The last on-demand request served: the value of the annotation
+    /// `ichor.maesh.dev/snapshot-now`, or `TalosOperation <name>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_request: Option<String>,
 }
 
 impl TalosEtcdBackup {
@@ -464,6 +509,80 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     Ok(std::time::Duration::from_secs(total))
 }
 
+/// When a backup's snapshots are due: every interval, or at the times of a cron
+/// expression (UTC).
+#[derive(Clone, Debug)]
+pub enum Every {
+    Interval(std::time::Duration),
+    Cron(Box<cron::Schedule>),
+}
+
+impl Every {
+    /// The schedule `spec` says, or what is wrong with it and how to fix it.
+    pub fn of(spec: &ScheduleSpec) -> Result<Every, String> {
+        match (spec.interval.as_deref(), spec.cron.as_deref()) {
+            (None, None) => Err(
+                "spec.schedule names neither an interval nor a cron expression; say how often to \
+                 take a snapshot, e.g. `interval: 6h` or `cron: \"0 */6 * * *\"`"
+                    .into(),
+            ),
+            (Some(_), Some(_)) => {
+                Err("spec.schedule has both an interval and a cron expression; keep one".into())
+            }
+            (Some(i), None) => match parse_duration(i) {
+                Err(e) => Err(format!("spec.schedule.interval {e}")),
+                Ok(d) if d < MIN_INTERVAL => Err(format!(
+                    "spec.schedule.interval `{}` is shorter than 1m; snapshots load etcd, take them \
+                     at most once a minute",
+                    clip(i)
+                )),
+                Ok(d) => Ok(Every::Interval(d)),
+            },
+            (None, Some(c)) => parse_cron(c).map(|s| Every::Cron(Box::new(s))),
+        }
+    }
+
+    /// The first time after `t` a snapshot is due (`None`: a cron expression that never
+    /// comes again).
+    pub fn next_after(&self, t: Timestamp) -> Option<Timestamp> {
+        match self {
+            Every::Interval(d) => t.checked_add(*d).ok(),
+            Every::Cron(s) => {
+                let at = chrono::DateTime::<chrono::Utc>::from_timestamp(t.as_second(), 0)?;
+                let next = s.after(&at).next()?;
+                Timestamp::from_second(next.timestamp()).ok()
+            }
+        }
+    }
+}
+
+/// A five-field cron expression (minute, hour, day of month, month, day of week; UTC), or
+/// one of `@hourly`, `@daily`, `@weekly`, `@monthly`, `@yearly`: through the `cron` crate,
+/// with the seconds field fixed at 0 (so never more than once a minute).
+fn parse_cron(c: &str) -> Result<cron::Schedule, String> {
+    use std::str::FromStr;
+    let c = c.trim();
+    let fields = c.split_whitespace().count();
+    let full = if c.starts_with('@') {
+        c.to_string()
+    } else if fields == 5 {
+        format!("0 {c}")
+    } else {
+        return Err(format!(
+            "spec.schedule.cron `{}` has {fields} fields; write five (minute hour day-of-month \
+             month day-of-week, in UTC), e.g. `0 */6 * * *`, or `@daily`",
+            clip(c)
+        ));
+    };
+    cron::Schedule::from_str(&full).map_err(|e| {
+        format!(
+            "spec.schedule.cron `{}` is not a cron expression ({e}); write five fields (minute \
+             hour day-of-month month day-of-week, in UTC), e.g. `0 */6 * * *`, or `@daily`",
+            clip(c)
+        )
+    })
+}
+
 /// The shortest interval between scheduled snapshots.
 pub const MIN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -519,19 +638,8 @@ pub fn validate_backup_spec(spec: &BackupSpec) -> Vec<String> {
                 .into(),
         );
     }
-    match spec.schedule.interval.as_deref() {
-        None => errors.push(
-            "spec.schedule.interval is missing; say how often to take a snapshot, e.g. `6h`".into(),
-        ),
-        Some(i) => match parse_duration(i) {
-            Err(e) => errors.push(format!("spec.schedule.interval {e}")),
-            Ok(d) if d < MIN_INTERVAL => errors.push(format!(
-                "spec.schedule.interval `{}` is shorter than 1m; snapshots load etcd, take them \
-                 at most once a minute",
-                clip(i)
-            )),
-            Ok(_) => {}
-        },
+    if let Err(e) = Every::of(&spec.schedule) {
+        errors.push(e);
     }
     if let Some(r) = &spec.retention {
         if r.keep_last == Some(0) {
@@ -659,6 +767,46 @@ mod tests {
     }
 
     #[test]
+    fn schedules_by_interval_or_cron() {
+        let at = |s: &str| s.parse::<Timestamp>().unwrap();
+        let every = |interval: Option<&str>, cron: Option<&str>| {
+            Every::of(&ScheduleSpec {
+                interval: interval.map(str::to_string),
+                cron: cron.map(str::to_string),
+            })
+        };
+        let six = every(Some("6h"), None).unwrap();
+        assert_eq!(
+            six.next_after(at("2026-12-05T01:02:03Z")),
+            Some(at("2026-12-05T07:02:03Z"))
+        );
+        let cron = every(None, Some("0 */6 * * *")).unwrap();
+        assert_eq!(
+            cron.next_after(at("2026-12-05T01:02:03Z")),
+            Some(at("2026-12-05T06:00:00Z"))
+        );
+        let daily = every(None, Some("@daily")).unwrap();
+        assert_eq!(
+            daily.next_after(at("2026-12-05T01:02:03Z")),
+            Some(at("2026-12-06T00:00:00Z"))
+        );
+        for (i, c, want) in [
+            (
+                None,
+                None,
+                "names neither an interval nor a cron expression",
+            ),
+            (Some("6h"), Some("@daily"), "keep one"),
+            (None, Some("*/5 * * * * *"), "has 6 fields; write five"),
+            (None, Some("61 * * * *"), "is not a cron expression"),
+            (Some("30s"), None, "shorter than 1m"),
+        ] {
+            let err = every(i, c).unwrap_err();
+            assert!(err.contains(want), "{i:?} {c:?}: {err}");
+        }
+    }
+
+    #[test]
     fn durations() {
         assert_eq!(parse_duration("6h").unwrap().as_secs(), 21_600);
         assert_eq!(parse_duration("1h30m").unwrap().as_secs(), 5_400);
@@ -686,6 +834,7 @@ mod tests {
             },
             schedule: ScheduleSpec {
                 interval: Some("6h".into()),
+                cron: None,
             },
             retention: Some(RetentionSpec {
                 keep_last: Some(7),

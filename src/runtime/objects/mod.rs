@@ -14,8 +14,9 @@ mod load;
 mod snapshot;
 pub use backup::{
     BackupSpec, BackupStatus, Cidr, ClusterNetwork, CredentialsSecretRef, EncryptionSpec, Endpoint,
-    RetentionSpec, SNAPSHOT_NOW_ANNOTATION, ScheduleSpec, SnapshotRecord, StoreSpec,
-    TalosEtcdBackup, parse_duration, parse_endpoint, store_in_cluster, validate_backup_spec,
+    Every, RetentionSpec, SNAPSHOT_NOW_ANNOTATION, ScheduleSpec, SnapshotInProgress,
+    SnapshotRecord, StoreSpec, TalosEtcdBackup, parse_duration, parse_endpoint, store_in_cluster,
+    validate_backup_spec,
 };
 pub use configpatch::{
     BaseConfigRef, ConfigPatchSpec, PatchBody, PatchSelector, RedactedBase, TalosConfigPatch,
