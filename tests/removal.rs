@@ -997,24 +997,7 @@ async fn the_controllers_step_log_is_checked_against_the_model() {
     .await;
     c.kill().await;
     let text = std::fs::read_to_string(&log).expect("the step log");
-    let check = |name: &str, text: &str| {
-        let path = step_log_path(name);
-        std::fs::write(&path, text).expect("write");
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ichor-rules"))
-            .args(["verify", "rules", "--check-trace"])
-            .arg(&path)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .expect("runs");
-        (
-            out.status.code(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        )
-    };
+    let check = check_step_log_text;
     let (code, said) = check("as-written", &text);
     assert_eq!(code, Some(0), "{said}");
     assert!(said.contains("a behaviour of the model"), "{said}");

@@ -87,6 +87,17 @@ pub fn assert_step_log_checks_with(log: &std::path::Path, rules: &std::path::Pat
     if std::fs::metadata(log).map_or(true, |m| m.len() == 0) {
         return;
     }
+    let (code, said) = check_step_log(log, rules);
+    assert_eq!(
+        code,
+        Some(0),
+        "the step log {} is not a behaviour of the model:\n{said}",
+        log.display(),
+    );
+}
+
+/// `ichor-rules verify <rules> --check-trace <log>`: its exit code and what it said.
+pub fn check_step_log(log: &std::path::Path, rules: &std::path::Path) -> (Option<i32>, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ichor-rules"))
         .arg("verify")
         .arg(rules)
@@ -95,14 +106,22 @@ pub fn assert_step_log_checks_with(log: &std::path::Path, rules: &std::path::Pat
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("the binary runs");
-    assert_eq!(
+    (
         out.status.code(),
-        Some(0),
-        "the step log {} is not a behaviour of the model:\n{}{}",
-        log.display(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// [`check_step_log`] of `text`, written as a fresh step log named after `name`, against
+/// the shipped rules.
+pub fn check_step_log_text(name: &str, text: &str) -> (Option<i32>, String) {
+    let path = step_log_path(name);
+    std::fs::write(&path, text).expect("write the step log");
+    check_step_log(&path, std::path::Path::new("rules"))
 }
 
 /// [`context`], logging every removal step to `log` (`serve --step-log`).
