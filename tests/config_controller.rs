@@ -131,26 +131,6 @@ async fn approved_machines_get_their_configuration_and_a_patch_reaches_exactly_i
         talos.node(0).reboots() + talos.node(1).reboots() + talos.node(2).reboots(),
         0
     );
-    // A change that needs a reboot (the install disk): staged on every node, applied on
-    // none, no node rebooted by it.
-    api.insert(patch(
-        "disk",
-        json!({}),
-        "version: v1alpha1\nmachine:\n  install:\n    disk: /dev/sdb\n",
-    ));
-    wait_for("staged everywhere", WAIT, || {
-        (0..3).all(|i| talos.node(i).staged_config().is_some())
-    })
-    .await;
-    for i in 0..3 {
-        let name = format!("cp-{}", i + 1);
-        assert_eq!(
-            cond(&api, "TalosMachine", &name, "Configured"),
-            Some(("False".into(), "RebootRequired".into()))
-        );
-        assert!(!talos.node(i).config().unwrap().contains("/dev/sdb"));
-        assert_eq!(talos.node(i).reboots(), 0);
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -200,9 +180,10 @@ async fn an_over_cap_held_machine_receives_nothing() {
     assert!(applied(&api, "cp-3").is_none());
 }
 
-/// A change that needs a reboot is staged on every node, then a `reboot` TalosOperation
-/// rolls it through the operations' machinery, one node at a time under its gates; each
-/// node boots into the staged configuration, and the controller records it applied.
+/// A change that needs a reboot is staged on every node (nothing rebooted by the apply
+/// itself), then the controller creates a `reboot` TalosOperation naming the staged
+/// machines, which the operations' machinery rolls one node at a time under its gates;
+/// each node boots into the staged configuration, and the controller records it applied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_needing_a_reboot_is_staged_then_rolled_one_node_at_a_time() {
     let (api, talos, _running) = start(3).await;
@@ -215,19 +196,37 @@ async fn a_change_needing_a_reboot_is_staged_then_rolled_one_node_at_a_time() {
         json!({}),
         "version: v1alpha1\nmachine:\n  install:\n    disk: /dev/sdb\n",
     ));
+    // The staging of every node precedes any reboot: the apply itself reboots nothing.
     wait_for("staged everywhere", WAIT, || {
         (0..3).all(|i| talos.node(i).staged_config().is_some())
     })
     .await;
-    assert!(
-        talos.downtimes().is_empty(),
-        "nothing rebooted by the apply itself"
-    );
-    api.insert(operation("roll", "reboot"));
-    wait_for("the roll succeeds", Duration::from_secs(60), || {
-        get(&api, "TalosOperation", "roll").is_some_and(|o| o["status"]["phase"] == "Succeeded")
-    })
+    let rolls = || api.objects("TalosOperation", Some(NS));
+    wait_for(
+        "the controller's roll succeeds",
+        Duration::from_secs(60),
+        || {
+            rolls()
+                .first()
+                .is_some_and(|o| o["status"]["phase"] == "Succeeded")
+        },
+    )
     .await;
+    let roll = rolls().remove(0);
+    assert!(
+        roll["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .starts_with("prod-config-"),
+        "{roll}"
+    );
+    assert_eq!(
+        roll["metadata"]["labels"]["ichor.maesh.dev/configuration-roll"],
+        "true"
+    );
+    assert_eq!(roll["spec"]["kind"], "reboot");
+    assert_eq!(roll["spec"]["machines"], json!(["cp-1", "cp-2", "cp-3"]));
+    assert_eq!(events(&api, "prod", "ConfigurationRollStarted").len(), 1);
     wait_for("applied everywhere after the reboots", WAIT, || {
         (0..3).all(|i| {
             let name = format!("cp-{}", i + 1);
@@ -248,4 +247,8 @@ async fn a_change_needing_a_reboot_is_staged_then_rolled_one_node_at_a_time() {
             .count();
         assert_eq!(overlapping, 1, "{downs:?}");
     }
+    // Applied everywhere: no other roll, no other reboot.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(rolls().len(), 1);
+    assert_eq!(talos.downtimes().len(), 3);
 }

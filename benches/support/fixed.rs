@@ -56,7 +56,7 @@ impl<'a> Facts<'a> for Fixed {
             | Fact::Backup
             | Fact::Patch
             | Fact::PatchError => Value::Str(""),
-            Fact::PatchSelects | Fact::PatchBreaks => Value::Int(0),
+            Fact::PatchSelects | Fact::PatchBreaks | Fact::EtcdMembers => Value::Int(0),
             Fact::ClusterDeleting
             | Fact::Deleting
             | Fact::AllowDelete
@@ -71,7 +71,8 @@ impl<'a> Facts<'a> for Fixed {
             | Fact::UnfinishedParked
             | Fact::RequestByController
             | Fact::BackupExists
-            | Fact::BackupInCluster => Value::Bool(false),
+            | Fact::BackupInCluster
+            | Fact::Bootstrapped => Value::Bool(false),
         })
     }
 }

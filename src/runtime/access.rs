@@ -119,10 +119,12 @@ pub const CONTROLLER: &[Access] = &[
         verbs: &["patch"],
         scope: Scope::Cluster,
     },
+    // The watch, and the reboot that rolls a staged configuration (issue 37): created,
+    // through admission like a person's, never updated or deleted.
     Access {
         api_group: ICHOR,
         resource: "talosoperations",
-        verbs: &["watch"],
+        verbs: &["watch", "create"],
         scope: Scope::Cluster,
     },
     // The Paused condition.

@@ -1322,6 +1322,7 @@ impl Objects<'_> {
                 machine: target,
                 image: (o.kind == OpKind::Upgrade).then(|| super::world::UPGRADE_IMAGE.into()),
                 backup_ref: None,
+                machines: Vec::new(),
             },
         );
         op.metadata.namespace = Some(NAMESPACE.into());

@@ -50,6 +50,7 @@ pub fn fast_settings(identity: &str) -> Settings {
         read_timeout: Duration::from_secs(3),
         talos_timeout: Duration::from_secs(3),
         install_deadline: Duration::from_secs(10),
+        roll_settle: Duration::from_secs(1),
     }
 }
 

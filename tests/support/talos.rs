@@ -21,7 +21,10 @@
 //!   with Talos' words); a change of `machine.install` needs a reboot. `dry_run` answers the
 //!   mode it would take and changes nothing; `AUTO` keeps it and reboots when needed,
 //!   `NO_REBOOT` refuses a change that needs one, `STAGED` keeps it for the next boot.
-//! - `Bootstrap`: once; a second one is refused (the etcd data directory is not empty).
+//! - `Bootstrap`: on a control plane whose etcd never ran (a new cluster's node, from
+//!   `EtcdCluster::unstarted`), starts its etcd member as a cluster of its own; refused
+//!   `FailedPrecondition` when its etcd runs or its data directory is not empty, as Talos
+//!   refuses it. [`TalosNode::lose_bootstrap_answers`]: it acts, then answers `Unavailable`.
 //! - `Reboot`: answers, then the node goes down (its etcd member is killed, its data kept;
 //!   every call answers `Unavailable`) for [`TalosNode::set_downtime`] and comes back with
 //!   a new boot time, its etcd member restarted from its data; a node set
@@ -264,6 +267,8 @@ struct Node {
     config: Mutex<Option<String>>,
     staged_config: Mutex<Option<String>>,
     bootstraps: AtomicUsize,
+    /// The next `Bootstrap`s act and then answer `Unavailable` (an answer lost).
+    lose_bootstrap_answer: AtomicBool,
 }
 
 fn etcd_failure(name: &str, e: &EtcdError) -> Status {
@@ -626,10 +631,20 @@ impl Node {
 
     async fn bootstrap(self: Arc<Self>) -> Result<pb::Bootstrap, Status> {
         self.check_up()?;
-        if self.bootstraps.fetch_add(1, Ordering::SeqCst) > 0 {
+        self.etcd_here()?;
+        self.bootstraps.fetch_add(1, Ordering::SeqCst);
+        // A node whose etcd runs has data; one that never ran starts a cluster of its own.
+        if self.etcd.is_running(self.index) || self.etcd.has_data(self.index) {
             return Err(Status::failed_precondition(
                 "bootstrap is not available yet: etcd data directory is not empty",
             ));
+        }
+        self.etcd
+            .bootstrap(self.index)
+            .await
+            .map_err(Status::failed_precondition)?;
+        if self.lose_bootstrap_answer.load(Ordering::SeqCst) {
+            return Err(Status::unavailable("connection reset by peer"));
         }
         Ok(pb::Bootstrap {
             metadata: self.metadata(),
@@ -1286,6 +1301,13 @@ impl TalosNode {
             .clone()
     }
 
+    /// From now on, a `Bootstrap` acts and then answers `Unavailable` (its answer lost).
+    pub fn lose_bootstrap_answers(&self) {
+        self.node
+            .lose_bootstrap_answer
+            .store(true, Ordering::SeqCst);
+    }
+
     /// How many `Bootstrap` calls reached this node.
     pub fn bootstraps(&self) -> usize {
         self.node.bootstraps.load(Ordering::SeqCst)
@@ -1440,6 +1462,7 @@ impl TalosApi {
             config: Mutex::new(None),
             staged_config: Mutex::new(None),
             bootstraps: AtomicUsize::new(0),
+            lose_bootstrap_answer: AtomicBool::new(false),
         });
         {
             let mut registry = self.registry.lock().expect("registry");

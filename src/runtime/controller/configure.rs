@@ -4,7 +4,7 @@
 //! differs from what was applied, ask Talos first (`ApplyConfiguration` with `dry_run`),
 //! then apply: without a reboot when Talos says none is needed; a change that needs one is
 //! staged on the node (it takes effect at its next reboot, which a `reboot` TalosOperation
-//! rolls one node at a time). The `Configured` condition says what was applied or why not,
+//! the controller creates rolls one node at a time: `roll.rs`). The `Configured` condition says what was applied or why not,
 //! with Talos' own message; a failure is retried, later each time (the time since the
 //! failure began, between 5 s and 5 min). The configuration holds the cluster's secrets:
 //! only its hash appears in status, conditions and logs.
@@ -181,7 +181,7 @@ pub async fn configure(
                     false,
                     "RebootRequired",
                     &format!(
-                        "configuration {} needs a reboot: it is staged on the node and takes effect at its next reboot (start a `reboot` TalosOperation to roll it one node at a time); Talos: {}",
+                        "configuration {} needs a reboot: it is staged on the node and takes effect at its next reboot, which the controller rolls with a `reboot` TalosOperation, one node at a time; Talos: {}",
                         short(&hash),
                         applied.details
                     ),

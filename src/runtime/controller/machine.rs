@@ -79,6 +79,14 @@ pub async fn reconcile(m: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action
                     match super::configure::configure(&ctx, &dialer, cluster, live, &mut next).await
                     {
                         Some(retry) => again.min(retry),
+                        // 5. Configured: the bootstrap of a new cluster, when the rules let it.
+                        None if next.configured()
+                            && live.approved_role() == Some(Role::ControlPlane) =>
+                        {
+                            super::bootstrap::reconcile(&ctx, &dialer, &table, &snapshot, live)
+                                .await?
+                                .map_or(again, |b| again.min(b))
+                        }
                         None => again,
                     }
                 }

@@ -14,6 +14,7 @@
 
 pub mod backup;
 pub mod base;
+pub mod bootstrap;
 pub mod cluster;
 pub mod configure;
 pub mod disruptive;
@@ -27,6 +28,7 @@ pub mod operation;
 pub mod operation_world;
 pub use crate::runtime::exec::rules as plan;
 pub mod removal;
+pub mod roll;
 pub mod status;
 pub mod world;
 
@@ -85,6 +87,9 @@ pub struct Settings {
     pub talos_timeout: Duration,
     /// An installer image pull, and the install of an upgrade (streams read to their end).
     pub install_deadline: Duration,
+    /// A configuration roll starts once no machine of the cluster was newly staged for
+    /// this long, so one roll takes every machine a change staged.
+    pub roll_settle: Duration,
 }
 
 impl Default for Settings {
@@ -106,6 +111,7 @@ impl Default for Settings {
             read_timeout: Duration::from_secs(5),
             talos_timeout: Duration::from_secs(10),
             install_deadline: Duration::from_secs(600),
+            roll_settle: Duration::from_secs(30),
         }
     }
 }

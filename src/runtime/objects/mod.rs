@@ -380,6 +380,22 @@ status_reads! {
             .and_then(|c| c.last_transition_time.as_ref())
     }
 
+    /// The Configured condition is True: the node runs the configuration rendered for it
+    /// (the bootstrap waits for it).
+    fn configured(&self) -> bool {
+        self.condition("Configured").is_some_and(|c| c.status == "True")
+    }
+
+    /// The hash of a configuration staged on the node for its next reboot
+    /// (`status.config.stagedHash`): the controller rolls a reboot over the machines whose
+    /// staged configuration is not the one applied.
+    fn staged_config_hash(&self) -> Option<&str> {
+        self.status
+            .as_ref()
+            .and_then(|s| s.config.as_ref())
+            .and_then(|c| c.staged_hash.as_deref())
+    }
+
     /// The hash of the configuration last applied to the node (`status.config.appliedHash`):
     /// the controller applies again only when a render differs from it (a forged one would
     /// make it skip an apply, so only the controller may change it).
@@ -497,6 +513,32 @@ pub struct ClusterStatus {
     /// The base configuration, redacted (no secret value), for the webhook's dry render.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redacted_base: Option<RedactedBase>,
+    /// The cluster's one `Bootstrap` (issue 37): recorded before the call, under a
+    /// resourceVersion precondition, so two controllers never both send it and a call whose
+    /// answer was lost is never sent again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<BootstrapRecord>,
+}
+
+/// The record of a cluster's `Bootstrap`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BootstrapRecord {
+    /// The control plane it was sent to ("" when etcd was found running and none was sent).
+    #[serde(default)]
+    pub machine: String,
+    /// When the controller decided to send it (before the call).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_at: Option<Time>,
+    /// The controller that sent it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    /// Talos answered it, or etcd was seen running afterwards (its answer was lost).
+    #[serde(default)]
+    pub confirmed: bool,
+    /// What happened, in words (Talos' error when the answer was lost).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 impl TalosCluster {
@@ -514,6 +556,11 @@ impl TalosCluster {
 
     pub fn allow_delete(&self) -> bool {
         annotation_true(&self.metadata, ALLOW_DELETE_ANNOTATION)
+    }
+
+    /// The record of the cluster's `Bootstrap`, once one was decided.
+    pub fn bootstrap_record(&self) -> Option<&BootstrapRecord> {
+        self.status.as_ref().and_then(|s| s.bootstrap.as_ref())
     }
 
     /// Only an explicit "false" makes a cluster unschedulable.
@@ -567,6 +614,13 @@ pub struct OperationSpec {
     /// The machine it acts on, when it acts on one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine: Option<String>,
+    /// Without `machine`: the machines of the cluster a roll takes, by name (taken in the
+    /// roll's order: approved control planes, then approved workers); empty, every approved
+    /// machine. The controller's configuration roll names the machines with a staged
+    /// configuration.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 500))]
+    pub machines: Vec<String>,
     /// The Talos installer image an `upgrade` goes to (e.g.
     /// `ghcr.io/siderolabs/installer:v1.12.1`); its tag is the version the node must report
     /// after it.
