@@ -252,3 +252,72 @@ async fn a_change_needing_a_reboot_is_staged_then_rolled_one_node_at_a_time() {
     assert_eq!(rolls().len(), 1);
     assert_eq!(talos.downtimes().len(), 3);
 }
+
+/// A TalosConfigPatch written, and a change of the base Secret, re-render and re-apply the
+/// cluster's machines at once: the controller watches patches, and publishes the base's new
+/// digest (read again every `base_recheck`), which its machines' watch follows. Probes are
+/// slowed to a minute here, so nothing but those watches can explain a prompt apply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_written_patch_and_a_changed_base_are_applied_without_waiting_for_a_probe() {
+    let (api, talos, running) = start(3).await;
+    running.kill().await;
+    let mut settings = fast_settings("controller-slow");
+    settings.probe_interval = Duration::from_secs(60);
+    let ctx = Arc::new(Context::new(
+        api.client(),
+        rules(),
+        Some(Arc::new(talos.tls())),
+        settings,
+        Arc::new(Metrics::default()),
+    ));
+    let _slow = Running::start(ctx);
+    wait_for("every control plane configured", WAIT, || {
+        (0..3).all(|i| {
+            let name = format!("cp-{}", i + 1);
+            talos
+                .node(i)
+                .config()
+                .is_some_and(|c| applied(&api, &name) == Some(sha(&c)))
+        })
+    })
+    .await;
+    // Let the first reconciles settle: from here on, only a watch brings a machine back
+    // before a minute.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    api.insert(patch(
+        "sysctl",
+        json!({"machines": ["cp-2"]}),
+        "version: v1alpha1\nmachine:\n  sysctls:\n    vm.max_map_count: \"262144\"\n",
+    ));
+    wait_for("cp-2 gets the patch", Duration::from_secs(15), || {
+        talos.node(1).config().is_some_and(|c| {
+            c.contains("vm.max_map_count") && applied(&api, "cp-2") == Some(sha(&c))
+        })
+    })
+    .await;
+    assert!(!talos.node(0).config().unwrap().contains("vm.max_map_count"));
+    // The base Secret changes (a new kubelet image): every control plane gets it.
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(api.test_client(), NS);
+    let changed = CP.replace("kubelet:v1.35.0", "kubelet:v1.35.1");
+    secrets
+        .patch(
+            "prod-base",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"data": {"controlplane.yaml": b64(&changed)}})),
+        )
+        .await
+        .unwrap();
+    wait_for("the new base everywhere", Duration::from_secs(15), || {
+        (0..3).all(|i| {
+            let name = format!("cp-{}", i + 1);
+            talos.node(i).config().is_some_and(|c| {
+                c.contains("kubelet:v1.35.1") && applied(&api, &name) == Some(sha(&c))
+            })
+        })
+    })
+    .await;
+    // cp-2 keeps its patch on the new base.
+    assert!(talos.node(1).config().unwrap().contains("vm.max_map_count"));
+    assert_eq!(talos.downtimes().len(), 0);
+}

@@ -134,6 +134,13 @@ pub const CONTROLLER: &[Access] = &[
         verbs: &["patch"],
         scope: Scope::Cluster,
     },
+    // The watch of TalosConfigPatches: a patch written re-renders its cluster's machines.
+    Access {
+        api_group: ICHOR,
+        resource: "talosconfigpatches",
+        verbs: &["watch"],
+        scope: Scope::Cluster,
+    },
     // The watch of TalosEtcdBackups, and their Ready and StoreInCluster conditions.
     Access {
         api_group: ICHOR,

@@ -51,6 +51,7 @@ pub fn fast_settings(identity: &str) -> Settings {
         talos_timeout: Duration::from_secs(3),
         install_deadline: Duration::from_secs(10),
         roll_settle: Duration::from_secs(1),
+        base_recheck: Duration::from_secs(1),
     }
 }
 
