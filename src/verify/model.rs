@@ -1213,6 +1213,7 @@ impl Objects<'_> {
                 .to_string(),
             ),
             hostname: Some(name.clone()),
+            install_disk: None,
         };
         let mut conditions = Vec::new();
         if m.unreachable {

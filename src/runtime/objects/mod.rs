@@ -143,6 +143,15 @@ pub struct MachineSpec {
     pub endpoint: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hostname: Option<String>,
+    /// The disk Talos installs to (`machine.install.disk` of its configuration, set after
+    /// every patch), e.g. `/dev/nvme0n1`; the base's (or a patch's) when omitted. A change
+    /// needs a reboot: it is staged and rolled like any such change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 6, max = 256),
+        regex(pattern = r"^/dev/[A-Za-z0-9._/-]+$")
+    )]
+    pub install_disk: Option<String>,
 }
 
 /// What the controller observed of a machine.
