@@ -12,7 +12,9 @@
 //! controllers create the same one (the second gets AlreadyExists) and the same staged
 //! set is never rolled twice. While a roll the controller created is unfinished (failed
 //! included: ADR 0137, a person resumes or deletes it), it creates no other; machines
-//! staged meanwhile wait for the next one.
+//! staged meanwhile wait for the next one. A machine is rolled once for a staged
+//! configuration (the roll's annotation `ichor.maesh.dev/staged-hashes` says which): if its
+//! reboot did not apply it, it stays `Configured=False RebootRequired` for a person.
 
 use super::Context;
 use crate::runtime::objects::{
@@ -26,6 +28,33 @@ use std::time::Duration;
 /// The label on the TalosOperations the controller creates to roll a configuration: the
 /// value is `true`.
 pub const ROLL_LABEL: &str = "ichor.maesh.dev/configuration-roll";
+
+/// The annotation on such a TalosOperation naming what it rolls: `<machine>=<staged hash>`,
+/// space-separated. A machine is never rolled twice for the same staged configuration (its
+/// status may still say staged for a moment after the roll rebooted it).
+pub const ROLLED_ANNOTATION: &str = "ichor.maesh.dev/staged-hashes";
+
+fn is_roll(o: &TalosOperation) -> bool {
+    o.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.get(ROLL_LABEL).is_some_and(|v| v == "true"))
+}
+
+/// Whether a roll of the controller already took `machine` for `hash`.
+fn rolled(snapshot: &Snapshot, c: &TalosCluster, machine: &str, hash: &str) -> bool {
+    let pair = format!("{machine}={hash}");
+    snapshot.operations.iter().any(|o| {
+        o.namespace() == c.namespace()
+            && o.cluster() == c.name()
+            && is_roll(o)
+            && o.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ROLLED_ANNOTATION))
+                .is_some_and(|v| v.split(' ').any(|p| p == pair))
+    })
+}
 
 /// The approved machines of `c` whose staged configuration is not the one applied, with
 /// that staged hash, by name.
@@ -41,7 +70,8 @@ fn staged<'s>(snapshot: &'s Snapshot, c: &TalosCluster) -> Vec<(&'s TalosMachine
         })
         .filter_map(|m| {
             let s = m.staged_config_hash()?;
-            (m.applied_config_hash() != Some(s)).then_some((m, s))
+            (m.applied_config_hash() != Some(s) && !rolled(snapshot, c, m.name(), s))
+                .then_some((m, s))
         })
         .collect();
     out.sort_by(|a, b| a.0.name().cmp(b.0.name()));
@@ -82,13 +112,7 @@ pub async fn ensure(ctx: &Context, snapshot: &Snapshot, c: &TalosCluster) -> Opt
         }
     }
     let rolling = snapshot.operations.iter().find(|o| {
-        o.namespace() == c.namespace()
-            && o.cluster() == c.name()
-            && !o.finished()
-            && o.metadata
-                .labels
-                .as_ref()
-                .is_some_and(|l| l.get(ROLL_LABEL).is_some_and(|v| v == "true"))
+        o.namespace() == c.namespace() && o.cluster() == c.name() && !o.finished() && is_roll(o)
     });
     if let Some(o) = rolling {
         tracing::debug!(operation = %o.name(), "a configuration roll is unfinished");
@@ -103,6 +127,14 @@ pub async fn ensure(ctx: &Context, snapshot: &Snapshot, c: &TalosCluster) -> Opt
             labels: Some(BTreeMap::from([(
                 ROLL_LABEL.to_string(),
                 "true".to_string(),
+            )])),
+            annotations: Some(BTreeMap::from([(
+                ROLLED_ANNOTATION.to_string(),
+                staged
+                    .iter()
+                    .map(|(m, h)| format!("{}={h}", m.name()))
+                    .collect::<Vec<_>>()
+                    .join(" "),
             )])),
             ..ObjectMeta::default()
         },
