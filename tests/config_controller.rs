@@ -26,7 +26,13 @@ fn b64(s: &str) -> String {
 /// Control planes cp-1..cp-3 on stand-ins with a real etcd, in a cluster declaring `count`,
 /// with the base Secret and the controller running.
 async fn start(count: i64) -> (ApiServer, TalosApi, Running) {
+    start_with(count, |_| {}).await
+}
+
+/// [`start`], with `before` done to the stand-ins before the controller starts.
+async fn start_with(count: i64, before: impl FnOnce(&TalosApi)) -> (ApiServer, TalosApi, Running) {
     let talos = TalosApi::start(EtcdCluster::start(3).await).await;
+    before(&talos);
     let api = ApiServer::start().await;
     let mut c = cluster("prod", count);
     c["spec"]["baseConfigSecretRef"] = json!({"name": "prod-base"});
@@ -320,4 +326,45 @@ async fn a_written_patch_and_a_changed_base_are_applied_without_waiting_for_a_pr
     // cp-2 keeps its patch on the new base.
     assert!(talos.node(1).config().unwrap().contains("vm.max_map_count"));
     assert_eq!(talos.downtimes().len(), 0);
+}
+
+/// A node in Talos' maintenance mode (not configured yet) does not answer the cluster's
+/// mTLS client; the controller finds it on the maintenance API, gives it its first
+/// configuration there (`talosctl apply-config --insecure`), and talks mTLS to it once it
+/// rebooted into it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_in_maintenance_mode_gets_its_first_configuration_over_the_maintenance_api() {
+    use ichor_rules::runtime::talos::TalosClient;
+    let (api, talos, _running) = start_with(3, |t| t.node(2).maintenance()).await;
+    let maintenance = |i: usize| {
+        TalosClient::maintenance(&talos.node(i).endpoint(), Duration::from_secs(3)).unwrap()
+    };
+    // What the stand-in does, as Talos: a configured node refuses a client without a
+    // certificate; a node in maintenance serves one, and only a few calls.
+    assert!(maintenance(0).version().await.is_err());
+    wait_for("cp-3 configured over the maintenance API", WAIT, || {
+        cond(&api, "TalosMachine", "cp-3", "Configured") == Some(("True".into(), "Applied".into()))
+    })
+    .await;
+    let m = get(&api, "TalosMachine", "cp-3").unwrap();
+    let msg = condition(&m, "Configured").unwrap()["message"].to_string();
+    assert!(msg.contains("over the maintenance API"), "{msg}");
+    assert!(!talos.node(2).in_maintenance());
+    let config = talos.node(2).config().unwrap();
+    assert!(config.contains("hostname: cp-3"), "{config}");
+    assert_eq!(applied(&api, "cp-3"), Some(sha(&config)));
+    // It rebooted into it, and answers the cluster's mTLS client from then on.
+    wait_for("cp-3 back on mTLS", WAIT, || {
+        !talos.node(2).is_down()
+            && get(&api, "TalosMachine", "cp-3")
+                .is_some_and(|m| condition(&m, "Maintenance").is_none())
+    })
+    .await;
+    assert_eq!(talos.node(2).reboots(), 1);
+    talos.client(2).version().await.unwrap();
+    assert!(maintenance(2).version().await.is_err());
+    // Its configuration is not applied again.
+    let applies = talos.calls_to("ApplyConfiguration", "cp-3");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(talos.calls_to("ApplyConfiguration", "cp-3"), applies);
 }

@@ -142,9 +142,21 @@ pub async fn configure(
         );
         return None;
     }
-    let client = match nodes::client(dialer, live) {
-        Ok(c) => c,
-        Err(e) => return fail(next, "NodeUnavailable", e.to_string()),
+    // A node in maintenance mode gets its first configuration over the maintenance API
+    // (`talosctl apply-config --insecure`): it installs it and reboots into it.
+    let maintenance = next.in_maintenance();
+    let client = if maintenance {
+        let endpoint = live.spec.endpoint.as_deref().unwrap_or_default();
+        match crate::runtime::talos::TalosClient::maintenance(endpoint, ctx.settings.talos_timeout)
+        {
+            Ok(c) => c,
+            Err(e) => return fail(next, "NodeUnavailable", e.to_string()),
+        }
+    } else {
+        match nodes::client(dialer, live) {
+            Ok(c) => c,
+            Err(e) => return fail(next, "NodeUnavailable", e.to_string()),
+        }
     };
     let data = rendered.text.as_bytes();
     // Talos' own check first.
@@ -164,6 +176,41 @@ pub async fn configure(
             );
         }
     };
+    if maintenance {
+        return match client
+            .apply_configuration(data, ApplyMode::Auto, false)
+            .await
+        {
+            Ok(applied) => {
+                let hash = rendered.sha256.clone();
+                let c = config_status(next);
+                c.applied_hash = Some(hash.clone());
+                c.staged_hash = None;
+                status::remove(next.conditions_mut(), "Maintenance");
+                status::set(
+                    next.conditions_mut(),
+                    "Configured",
+                    true,
+                    "Applied",
+                    &format!(
+                        "first configuration {} applied over the maintenance API: the node installs it and reboots ({})",
+                        short(&hash),
+                        applied.details
+                    ),
+                );
+                tracing::info!(machine = %format!("{ns}/{}", live.name()), hash = %short(&hash), "first configuration applied over the maintenance API");
+                None
+            }
+            Err(e) => fail(
+                next,
+                "ApplyFailed",
+                format!(
+                    "Talos (maintenance mode) did not apply configuration {}: {e}",
+                    short(&rendered.sha256)
+                ),
+            ),
+        };
+    }
     let needs_reboot = dry.mode == ApplyMode::Reboot;
     let mode = if needs_reboot {
         ApplyMode::Staged

@@ -334,7 +334,13 @@ macro_rules! status_reads {
 }
 
 /// The condition types of a TalosMachine's status that the reads below look at.
-pub const MACHINE_CONDITIONS_READ: &[&str] = &["Ready", "NodeReachable", "Removal", "Configured"];
+pub const MACHINE_CONDITIONS_READ: &[&str] = &[
+    "Ready",
+    "NodeReachable",
+    "Removal",
+    "Configured",
+    "Maintenance",
+];
 
 status_reads! {
     /// Ready=False with reason NodeUnreachable (`node.unreachable`, and `member.dead` and
@@ -387,6 +393,12 @@ status_reads! {
         self.condition("Configured")
             .filter(|c| c.status == "False")
             .and_then(|c| c.last_transition_time.as_ref())
+    }
+
+    /// The Maintenance condition is True: the node answered only Talos' maintenance API
+    /// (no configuration yet); its first configuration goes there.
+    fn in_maintenance(&self) -> bool {
+        self.condition("Maintenance").is_some_and(|c| c.status == "True")
     }
 
     /// The Configured condition is True: the node runs the configuration rendered for it
