@@ -39,10 +39,13 @@ pub enum Verb {
     /// The controller about to run the next step of an operation's plan, under the cluster
     /// lock, from live reads: decided again before every step.
     Step,
+    /// The controller about to bootstrap etcd on a control plane of a new cluster
+    /// (Talos' `Bootstrap`): once per cluster, ever (issue 37).
+    Bootstrap,
 }
 
 impl Verb {
-    pub const ALL: [Verb; 12] = [
+    pub const ALL: [Verb; 13] = [
         Verb::Approve,
         Verb::Unapprove,
         Verb::Reassign,
@@ -55,6 +58,7 @@ impl Verb {
         Verb::Report,
         Verb::Readdress,
         Verb::Step,
+        Verb::Bootstrap,
     ];
 
     pub fn name(self) -> &'static str {
@@ -71,6 +75,7 @@ impl Verb {
             Verb::Report => "report",
             Verb::Readdress => "readdress",
             Verb::Step => "step",
+            Verb::Bootstrap => "bootstrap",
         }
     }
 
@@ -248,6 +253,8 @@ pub const RUNTIME_EVENTS: &[(Verb, Subject, Site)] = &[
     (Verb::Start, Subject::Operation, Site::Controller),
     // Before every step of an operation's plan, under the lock.
     (Verb::Step, Subject::Operation, Site::Controller),
+    // Before the controller bootstraps etcd on the first control plane of a new cluster.
+    (Verb::Bootstrap, Subject::ControlPlane, Site::Controller),
 ];
 
 /// Whether the runtime ever produces this event.
@@ -395,6 +402,8 @@ pub enum Fact {
     PatchSelects,
     PatchBreaks,
     PatchError,
+    Bootstrapped,
+    EtcdMembers,
 }
 
 /// The number of fact slots (one per row of [`FACTS`], which the test below keeps in the
@@ -507,11 +516,11 @@ const ON_MACHINES_AND_CLUSTERS: Availability = Availability {
 };
 const ON_APPLY: Availability = Availability {
     events: &[Events {
-        verbs: &[Verb::Apply],
+        verbs: &[Verb::Apply, Verb::Bootstrap],
         subjects: MACHINE_SUBJECTS,
         sites: &[],
     }],
-    text: "`apply` rules (the controller)",
+    text: "`apply` and `bootstrap` rules (the controller)",
 };
 const ON_LEAVE_CONTROLPLANE: Availability = Availability {
     events: &[Events {
@@ -559,6 +568,14 @@ const ON_PATCH: Availability = Availability {
         sites: &[],
     }],
     text: "rules on `patch` (`apply patch`: a TalosConfigPatch created or updated)",
+};
+const ON_BOOTSTRAP: Availability = Availability {
+    events: &[Events {
+        verbs: &[Verb::Bootstrap],
+        subjects: &[],
+        sites: &[],
+    }],
+    text: "`bootstrap` rules (the controller)",
 };
 const ON_REPORT: Availability = Availability {
     events: &[Events {
@@ -695,6 +712,10 @@ facts! {
         "selected approved machines whose configuration renders without the patch and fails with it (the dry render against the redacted base the controller publishes; 0 when there is nothing to render against: the cluster missing or no base published yet)";
     PatchError "patch.error" Type::Name, Cheap, Request, ON_PATCH,
         "the first machine the patch breaks and its render error, `<machine>: <error>` (\"\" when it breaks none)";
+    Bootstrapped "bootstrapped" Type::Bool, Cheap, Cluster, ON_BOOTSTRAP,
+        "the TalosCluster's status records the cluster's bootstrap (`status.bootstrap`): a `Bootstrap` sent (to which machine, when; written under a resourceVersion precondition before the call, whether its answer came back or not), or etcd found running when the first control plane was configured";
+    EtcdMembers "etcd.members" Type::Int, Expensive, Machines, ON_BOOTSTRAP,
+        "the most etcd members any control plane of the cluster lists (approved or not, with an endpoint); one whose etcd is not running (Talos answers the call with an error) lists none. Expensive: the controller asks `EtcdMemberList` of each, live; a node that does not answer at all makes it unreadable, and the bootstrap is refused. Offline (`eval`): the approved control planes when `bootstrapped`, else 0";
 }
 
 impl Fact {

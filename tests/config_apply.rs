@@ -102,10 +102,20 @@ async fn apply_configuration_dry_runs_applies_and_refuses_as_talos_does() {
 
 #[tokio::test]
 async fn bootstrap_is_accepted_once() {
-    let api = TalosApi::start(EtcdCluster::start(1).await).await;
+    // A new cluster's node: its etcd never ran, so its member list fails.
+    let api = TalosApi::start(EtcdCluster::unstarted(&["cp-1"])).await;
     let client = api.client(0);
+    assert!(client.etcd_member_list().await.is_err());
     client.bootstrap().await.unwrap();
+    // A real etcd of one member runs on it now.
+    let members = client.etcd_member_list().await.unwrap();
+    assert_eq!(members.len(), 1);
+    assert_eq!(members[0].hostname, "cp-1");
     let e = client.bootstrap().await.unwrap_err().to_string();
     assert!(e.contains("etcd data directory is not empty"), "{e}");
     assert_eq!(api.node(0).bootstraps(), 2);
+    // A node whose etcd runs already (an existing cluster's) is refused too.
+    let running = TalosApi::start(EtcdCluster::start(1).await).await;
+    let e = running.client(0).bootstrap().await.unwrap_err().to_string();
+    assert!(e.contains("etcd data directory is not empty"), "{e}");
 }

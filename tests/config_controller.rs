@@ -26,7 +26,13 @@ fn b64(s: &str) -> String {
 /// Control planes cp-1..cp-3 on stand-ins with a real etcd, in a cluster declaring `count`,
 /// with the base Secret and the controller running.
 async fn start(count: i64) -> (ApiServer, TalosApi, Running) {
+    start_with(count, |_| {}).await
+}
+
+/// [`start`], with `before` done to the stand-ins before the controller starts.
+async fn start_with(count: i64, before: impl FnOnce(&TalosApi)) -> (ApiServer, TalosApi, Running) {
     let talos = TalosApi::start(EtcdCluster::start(3).await).await;
+    before(&talos);
     let api = ApiServer::start().await;
     let mut c = cluster("prod", count);
     c["spec"]["baseConfigSecretRef"] = json!({"name": "prod-base"});
@@ -131,26 +137,6 @@ async fn approved_machines_get_their_configuration_and_a_patch_reaches_exactly_i
         talos.node(0).reboots() + talos.node(1).reboots() + talos.node(2).reboots(),
         0
     );
-    // A change that needs a reboot (the install disk): staged on every node, applied on
-    // none, no node rebooted by it.
-    api.insert(patch(
-        "disk",
-        json!({}),
-        "version: v1alpha1\nmachine:\n  install:\n    disk: /dev/sdb\n",
-    ));
-    wait_for("staged everywhere", WAIT, || {
-        (0..3).all(|i| talos.node(i).staged_config().is_some())
-    })
-    .await;
-    for i in 0..3 {
-        let name = format!("cp-{}", i + 1);
-        assert_eq!(
-            cond(&api, "TalosMachine", &name, "Configured"),
-            Some(("False".into(), "RebootRequired".into()))
-        );
-        assert!(!talos.node(i).config().unwrap().contains("/dev/sdb"));
-        assert_eq!(talos.node(i).reboots(), 0);
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -200,9 +186,10 @@ async fn an_over_cap_held_machine_receives_nothing() {
     assert!(applied(&api, "cp-3").is_none());
 }
 
-/// A change that needs a reboot is staged on every node, then a `reboot` TalosOperation
-/// rolls it through the operations' machinery, one node at a time under its gates; each
-/// node boots into the staged configuration, and the controller records it applied.
+/// A change that needs a reboot is staged on every node (nothing rebooted by the apply
+/// itself), then the controller creates a `reboot` TalosOperation naming the staged
+/// machines, which the operations' machinery rolls one node at a time under its gates;
+/// each node boots into the staged configuration, and the controller records it applied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_needing_a_reboot_is_staged_then_rolled_one_node_at_a_time() {
     let (api, talos, _running) = start(3).await;
@@ -215,19 +202,37 @@ async fn a_change_needing_a_reboot_is_staged_then_rolled_one_node_at_a_time() {
         json!({}),
         "version: v1alpha1\nmachine:\n  install:\n    disk: /dev/sdb\n",
     ));
+    // The staging of every node precedes any reboot: the apply itself reboots nothing.
     wait_for("staged everywhere", WAIT, || {
         (0..3).all(|i| talos.node(i).staged_config().is_some())
     })
     .await;
-    assert!(
-        talos.downtimes().is_empty(),
-        "nothing rebooted by the apply itself"
-    );
-    api.insert(operation("roll", "reboot"));
-    wait_for("the roll succeeds", Duration::from_secs(60), || {
-        get(&api, "TalosOperation", "roll").is_some_and(|o| o["status"]["phase"] == "Succeeded")
-    })
+    let rolls = || api.objects("TalosOperation", Some(NS));
+    wait_for(
+        "the controller's roll succeeds",
+        Duration::from_secs(60),
+        || {
+            rolls()
+                .first()
+                .is_some_and(|o| o["status"]["phase"] == "Succeeded")
+        },
+    )
     .await;
+    let roll = rolls().remove(0);
+    assert!(
+        roll["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .starts_with("prod-config-"),
+        "{roll}"
+    );
+    assert_eq!(
+        roll["metadata"]["labels"]["ichor.maesh.dev/configuration-roll"],
+        "true"
+    );
+    assert_eq!(roll["spec"]["kind"], "reboot");
+    assert_eq!(roll["spec"]["machines"], json!(["cp-1", "cp-2", "cp-3"]));
+    assert_eq!(events(&api, "prod", "ConfigurationRollStarted").len(), 1);
     wait_for("applied everywhere after the reboots", WAIT, || {
         (0..3).all(|i| {
             let name = format!("cp-{}", i + 1);
@@ -248,4 +253,118 @@ async fn a_change_needing_a_reboot_is_staged_then_rolled_one_node_at_a_time() {
             .count();
         assert_eq!(overlapping, 1, "{downs:?}");
     }
+    // Applied everywhere: no other roll, no other reboot.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(rolls().len(), 1);
+    assert_eq!(talos.downtimes().len(), 3);
+}
+
+/// A TalosConfigPatch written, and a change of the base Secret, re-render and re-apply the
+/// cluster's machines at once: the controller watches patches, and publishes the base's new
+/// digest (read again every `base_recheck`), which its machines' watch follows. Probes are
+/// slowed to a minute here, so nothing but those watches can explain a prompt apply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_written_patch_and_a_changed_base_are_applied_without_waiting_for_a_probe() {
+    let (api, talos, running) = start(3).await;
+    running.kill().await;
+    let mut settings = fast_settings("controller-slow");
+    settings.probe_interval = Duration::from_secs(60);
+    let ctx = Arc::new(Context::new(
+        api.client(),
+        rules(),
+        Some(Arc::new(talos.tls())),
+        settings,
+        Arc::new(Metrics::default()),
+    ));
+    let _slow = Running::start(ctx);
+    wait_for("every control plane configured", WAIT, || {
+        (0..3).all(|i| {
+            let name = format!("cp-{}", i + 1);
+            talos
+                .node(i)
+                .config()
+                .is_some_and(|c| applied(&api, &name) == Some(sha(&c)))
+        })
+    })
+    .await;
+    // Let the first reconciles settle: from here on, only a watch brings a machine back
+    // before a minute.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    api.insert(patch(
+        "sysctl",
+        json!({"machines": ["cp-2"]}),
+        "version: v1alpha1\nmachine:\n  sysctls:\n    vm.max_map_count: \"262144\"\n",
+    ));
+    wait_for("cp-2 gets the patch", Duration::from_secs(15), || {
+        talos.node(1).config().is_some_and(|c| {
+            c.contains("vm.max_map_count") && applied(&api, "cp-2") == Some(sha(&c))
+        })
+    })
+    .await;
+    assert!(!talos.node(0).config().unwrap().contains("vm.max_map_count"));
+    // The base Secret changes (a new kubelet image): every control plane gets it.
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(api.test_client(), NS);
+    let changed = CP.replace("kubelet:v1.35.0", "kubelet:v1.35.1");
+    secrets
+        .patch(
+            "prod-base",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"data": {"controlplane.yaml": b64(&changed)}})),
+        )
+        .await
+        .unwrap();
+    wait_for("the new base everywhere", Duration::from_secs(15), || {
+        (0..3).all(|i| {
+            let name = format!("cp-{}", i + 1);
+            talos.node(i).config().is_some_and(|c| {
+                c.contains("kubelet:v1.35.1") && applied(&api, &name) == Some(sha(&c))
+            })
+        })
+    })
+    .await;
+    // cp-2 keeps its patch on the new base.
+    assert!(talos.node(1).config().unwrap().contains("vm.max_map_count"));
+    assert_eq!(talos.downtimes().len(), 0);
+}
+
+/// A node in Talos' maintenance mode (not configured yet) does not answer the cluster's
+/// mTLS client; the controller finds it on the maintenance API, gives it its first
+/// configuration there (`talosctl apply-config --insecure`), and talks mTLS to it once it
+/// rebooted into it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_in_maintenance_mode_gets_its_first_configuration_over_the_maintenance_api() {
+    use ichor_rules::runtime::talos::TalosClient;
+    let (api, talos, _running) = start_with(3, |t| t.node(2).maintenance()).await;
+    let maintenance = |i: usize| {
+        TalosClient::maintenance(&talos.node(i).endpoint(), Duration::from_secs(3)).unwrap()
+    };
+    // What the stand-in does, as Talos: a configured node refuses a client without a
+    // certificate; a node in maintenance serves one, and only a few calls.
+    assert!(maintenance(0).version().await.is_err());
+    wait_for("cp-3 configured over the maintenance API", WAIT, || {
+        cond(&api, "TalosMachine", "cp-3", "Configured") == Some(("True".into(), "Applied".into()))
+    })
+    .await;
+    let m = get(&api, "TalosMachine", "cp-3").unwrap();
+    let msg = condition(&m, "Configured").unwrap()["message"].to_string();
+    assert!(msg.contains("over the maintenance API"), "{msg}");
+    assert!(!talos.node(2).in_maintenance());
+    let config = talos.node(2).config().unwrap();
+    assert!(config.contains("hostname: cp-3"), "{config}");
+    assert_eq!(applied(&api, "cp-3"), Some(sha(&config)));
+    // It rebooted into it, and answers the cluster's mTLS client from then on.
+    wait_for("cp-3 back on mTLS", WAIT, || {
+        !talos.node(2).is_down()
+            && get(&api, "TalosMachine", "cp-3")
+                .is_some_and(|m| condition(&m, "Maintenance").is_none())
+    })
+    .await;
+    assert_eq!(talos.node(2).reboots(), 1);
+    talos.client(2).version().await.unwrap();
+    assert!(maintenance(2).version().await.is_err());
+    // Its configuration is not applied again.
+    let applies = talos.calls_to("ApplyConfiguration", "cp-3");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(talos.calls_to("ApplyConfiguration", "cp-3"), applies);
 }

@@ -25,6 +25,7 @@ mod client_ca;
 mod config_admission;
 mod config_apply;
 mod config_base;
+mod config_bootstrap;
 mod config_controller;
 mod configmap_mount;
 mod conformance;

@@ -873,6 +873,26 @@ async fn the_calls_made_are_exactly_the_calls_granted() {
         cond(&w.api, "TalosOperation", "upgrade-1", "Paused").is_some()
     })
     .await;
+    // A change that needs a reboot (the install disk) on cp-1, once configured: staged,
+    // then the reboot that rolls it is created (the `create` on talosoperations).
+    wait_for("cp-1 configured", WAIT, || {
+        w.machine("cp-1")
+            .is_some_and(|m| m["status"]["config"]["appliedHash"].is_string())
+    })
+    .await;
+    w.api.insert(json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosConfigPatch",
+        "metadata": {"name": "disk", "namespace": NS},
+        "spec": {"clusterRef": {"name": "prod"}, "selector": {"machines": ["cp-1"]},
+                 "patches": {"strategic": "version: v1alpha1\nmachine:\n  install:\n    disk: /dev/sdb\n"}}
+    }));
+    wait_for("the configuration roll created", WAIT, || {
+        w.api
+            .objects("TalosOperation", Some(NS))
+            .iter()
+            .any(|o| o["metadata"]["labels"]["ichor.maesh.dev/configuration-roll"] == "true")
+    })
+    .await;
     // A backup's conditions (the patch of talosetcdbackups/status).
     w.api
         .insert(crate::backup::backup("prod-etcd", "https://s3.example.org"));

@@ -677,3 +677,36 @@ proptest! {
         }
     }
 }
+
+/// The install disk of a TalosMachine (`spec.installDisk`) is its identity: set after every
+/// patch, in the controller's render and the webhook's dry render alike (one function).
+#[test]
+fn a_machines_install_disk_is_its_identity() {
+    use ichor_rules::runtime::configpatch::{parse_patch, render_machine};
+    use ichor_rules::runtime::objects::{TalosConfigPatch, TalosMachine};
+    let m: TalosMachine = serde_json::from_value(serde_json::json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosMachine",
+        "metadata": {"name": "cp-1", "namespace": "infra"},
+        "spec": {"clusterRef": {"name": "prod"}, "role": "controlplane", "approved": true,
+                 "hostname": "cp-1", "installDisk": "/dev/nvme0n1"}
+    }))
+    .unwrap();
+    let p: TalosConfigPatch = serde_json::from_value(serde_json::json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosConfigPatch",
+        "metadata": {"name": "disk", "namespace": "infra"},
+        "spec": {"clusterRef": {"name": "prod"}, "selector": {},
+                 "patches": {"strategic": "version: v1alpha1\nmachine:\n  install:\n    disk: /dev/sdb\n"}}
+    }))
+    .unwrap();
+    let parsed = parse_patch(&p);
+    let r = render_machine(&base(), &m, &[(&p, &parsed)]).unwrap();
+    let v1 = &yaml(&r)[0];
+    assert_eq!(v1["machine"]["install"]["disk"], "/dev/nvme0n1");
+    // Without it, the patch's (else the base's).
+    let mut plain = m.clone();
+    plain.spec.install_disk = None;
+    let r = render_machine(&base(), &plain, &[(&p, &parsed)]).unwrap();
+    assert_eq!(yaml(&r)[0]["machine"]["install"]["disk"], "/dev/sdb");
+    let r = render_machine(&base(), &plain, &[]).unwrap();
+    assert_eq!(yaml(&r)[0]["machine"]["install"]["disk"], "/dev/sda");
+}

@@ -530,3 +530,108 @@ async fn the_base_configuration_never_reaches_the_logs_or_the_status() {
     assert!(text.contains("reconcil"), "{text}");
     assert_no_marker("the controller's log", &text);
 }
+
+/// Issue 37, end to end: the controller (`serve --no-webhook`) configures a new cluster's
+/// control planes from a base carrying the marker in every secret value, bootstraps it,
+/// stages a change that needs a reboot and starts the roll; the marker reaches the nodes
+/// (as it must) and no log line, Event, status of any object, or metric.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applying_configuration_leaves_no_secret_in_logs_events_statuses_or_metrics() {
+    use crate::support::etcd::EtcdCluster;
+    use crate::support::talos::TalosApi;
+    let talos = TalosApi::start(EtcdCluster::unstarted(&["cp-1", "cp-2", "cp-3"])).await;
+    let api = ApiServer::start().await;
+    let dir = scratch("apply");
+    let ca = https::write_cert(&dir);
+    let fixture = |f: &str| {
+        std::fs::read_to_string(format!("tests/fixtures/talos/{f}"))
+            .expect("fixture")
+            .replace("SECRET-BASE", MARKER)
+    };
+    let mut cluster = objects::cluster("prod", 3)
+        .namespace(NS)
+        .schedulable("true")
+        .secret(json!({"name": "prod-talos"}))
+        .build();
+    cluster["spec"]["baseConfigSecretRef"] = json!({"name": "prod-base"});
+    api.insert(cluster);
+    api.insert(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "prod-talos", "namespace": NS},
+        "type": "Opaque",
+        "data": {"talosconfig": b64(talos.talosconfig_yaml())}
+    }));
+    api.insert(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "prod-base", "namespace": NS},
+        "type": "Opaque",
+        "data": {"controlplane.yaml": b64(fixture("controlplane.yaml")),
+                 "worker.yaml": b64(fixture("worker.yaml"))}
+    }));
+    for i in 0..3 {
+        let mut m = control_plane(&format!("cp-{}", i + 1), u32::try_from(i).unwrap() + 1);
+        m["spec"]["endpoint"] = json!(talos.node(i).endpoint());
+        api.insert(m);
+    }
+    let log = dir.join("controller.log");
+    let metrics = https::free_address();
+    let metrics_arg = metrics.to_string();
+    let (crt, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+    let child = serve(
+        &api,
+        &log,
+        &[
+            "--no-webhook",
+            "--identity",
+            "controller-0",
+            "--metrics-listen",
+            &metrics_arg,
+            "--metrics-insecure",
+            "--tls-cert",
+            crt.to_str().expect("utf-8"),
+            "--tls-key",
+            key.to_str().expect("utf-8"),
+        ],
+    );
+    wait_for("configured and bootstrapped", WAIT, || {
+        (0..3).all(|i| talos.node(i).config().is_some_and(|c| c.contains(MARKER)))
+            && get(&api, "TalosCluster", "prod")
+                .is_some_and(|c| c["status"]["bootstrap"]["confirmed"] == true)
+    })
+    .await;
+    // A change that needs a reboot: staged, and the roll created.
+    api.insert(json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosConfigPatch",
+        "metadata": {"name": "disk", "namespace": NS},
+        "spec": {"clusterRef": {"name": "prod"}, "selector": {},
+                 "patches": {"strategic": "version: v1alpha1\nmachine:\n  install:\n    disk: /dev/sdb\n"}}
+    }));
+    wait_for("the roll created", WAIT, || {
+        !api.objects("TalosOperation", Some(NS)).is_empty()
+    })
+    .await;
+    let (mut send, _) = https::connect(metrics, &ca).await;
+    let (code, body) = https::request(
+        &mut send,
+        "GET",
+        "/metrics",
+        "text/plain",
+        hyper::body::Bytes::new(),
+    )
+    .await;
+    let body = String::from_utf8_lossy(&body).to_string();
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("TalosMachine"), "{body}");
+    assert_no_marker("the metrics", &body);
+    for kind in ["TalosCluster", "TalosMachine", "TalosOperation", "Event"] {
+        for o in api.objects(kind, None) {
+            assert_no_marker(kind, &o.to_string());
+        }
+    }
+    assert!(!events(&api, "prod", "Bootstrapped").is_empty());
+    drop(child);
+    let text = std::fs::read_to_string(&log).expect("log");
+    assert!(text.contains("configuration applied"), "{text}");
+    assert!(text.contains("bootstrapped"), "{text}");
+    assert_no_marker("the controller's log", &text);
+}

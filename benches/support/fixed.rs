@@ -57,9 +57,11 @@ impl<'a> Facts<'a> for Fixed {
             | Fact::SnapshotBackup
             | Fact::Patch
             | Fact::PatchError => Value::Str(""),
-            Fact::PatchSelects | Fact::PatchBreaks | Fact::Backups | Fact::SnapshotAge => {
-                Value::Int(0)
-            }
+            Fact::PatchSelects
+            | Fact::PatchBreaks
+            | Fact::Backups
+            | Fact::SnapshotAge
+            | Fact::EtcdMembers => Value::Int(0),
             Fact::ClusterDeleting
             | Fact::Deleting
             | Fact::AllowDelete
@@ -75,7 +77,8 @@ impl<'a> Facts<'a> for Fixed {
             | Fact::RequestByController
             | Fact::BackupExists
             | Fact::BackupInCluster
-            | Fact::SnapshotTaken => Value::Bool(false),
+            | Fact::SnapshotTaken
+            | Fact::Bootstrapped => Value::Bool(false),
         })
     }
 }

@@ -119,10 +119,12 @@ pub const CONTROLLER: &[Access] = &[
         verbs: &["patch"],
         scope: Scope::Cluster,
     },
+    // The watch, and the reboot that rolls a staged configuration (issue 37): created,
+    // through admission like a person's, never updated or deleted.
     Access {
         api_group: ICHOR,
         resource: "talosoperations",
-        verbs: &["watch"],
+        verbs: &["watch", "create"],
         scope: Scope::Cluster,
     },
     // The Paused condition.
@@ -130,6 +132,13 @@ pub const CONTROLLER: &[Access] = &[
         api_group: ICHOR,
         resource: "talosoperations/status",
         verbs: &["patch"],
+        scope: Scope::Cluster,
+    },
+    // The watch of TalosConfigPatches: a patch written re-renders its cluster's machines.
+    Access {
+        api_group: ICHOR,
+        resource: "talosconfigpatches",
+        verbs: &["watch"],
         scope: Scope::Cluster,
     },
     // The watch of TalosEtcdBackups, and their Ready and StoreInCluster conditions.

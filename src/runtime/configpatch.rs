@@ -55,7 +55,7 @@ pub fn render_machine(
         &parsed,
         Identity {
             hostname: m.spec.hostname.as_deref(),
-            install_disk: None,
+            install_disk: m.spec.install_disk.as_deref(),
         },
     )
 }

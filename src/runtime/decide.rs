@@ -258,6 +258,21 @@ pub fn reconcile_machine_event<'s>(m: &'s TalosMachine) -> Option<EventFacts<'s>
     })
 }
 
+/// The `bootstrap` rules, decided before the controller bootstraps etcd on `m` (an
+/// approved control plane of a new cluster). `None` for any other machine.
+pub fn bootstrap_event<'s>(m: &'s TalosMachine) -> Option<EventFacts<'s>> {
+    (m.approved_role() == Some(Role::ControlPlane) && !m.deleting()).then_some(EventFacts {
+        event: (Verb::Bootstrap, S::ControlPlane, Site::Controller),
+        namespace: m.namespace(),
+        cluster: m.cluster(),
+        subject: Subject::Machine {
+            name: m.name(),
+            view: m,
+            counted: Some(m),
+        },
+    })
+}
+
 pub fn reconcile_operation_event<'s>(o: &'s TalosOperation) -> Option<EventFacts<'s>> {
     (!o.finished()).then_some(EventFacts {
         event: (Verb::Run, S::Operation, Site::Controller),

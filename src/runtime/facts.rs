@@ -479,6 +479,27 @@ impl<'s> Facts<'s> for SnapshotFacts<'s> {
             Fact::PatchSelects => int(self.patch_render().map_or(0, |r| r.selects)),
             Fact::PatchBreaks => int(self.patch_render().map_or(0, |r| r.breaks)),
             Fact::PatchError => Value::Str(self.patch_render().map_or("", |r| r.error.as_str())),
+            Fact::Bootstrapped => Value::Bool(
+                self.cluster_obj()
+                    .is_some_and(|c| c.bootstrap_record().is_some()),
+            ),
+            // The controller asks every control plane's etcd; offline, the objects say only
+            // whether a bootstrap was recorded.
+            Fact::EtcdMembers => match self.expensive {
+                Expensive::Deferred if self.ev.event.2 == Site::Controller => {
+                    return Lookup::Later;
+                }
+                _ => {
+                    let recorded = self
+                        .cluster_obj()
+                        .is_some_and(|c| c.bootstrap_record().is_some());
+                    int(if recorded {
+                        self.control_planes().len()
+                    } else {
+                        0
+                    })
+                }
+            },
         };
         Lookup::Value(v)
     }

@@ -627,6 +627,40 @@ impl TalosClient {
         })
     }
 
+    /// A client of a node in Talos' maintenance mode (`talosctl --insecure`): before its
+    /// first configuration a node serves the API with a self-signed certificate and asks
+    /// for no client certificate, so this client presents none and accepts any server
+    /// certificate (the handshake's signatures are still checked). Talos serves only a few
+    /// calls there (`Version`, `ApplyConfiguration`); whoever answers at the endpoint gets
+    /// what is sent, as with `talosctl apply-config --insecure`.
+    pub fn maintenance(endpoint: &str, timeout: Duration) -> Result<TalosClient, TalosError> {
+        let (host, port) = split_endpoint(endpoint)?;
+        let authority = if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        };
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(TalosError::Config(
+                "TalosClient::maintenance needs a Tokio runtime".into(),
+            ));
+        }
+        let connector = insecure::Connector::new(&host, &authority)?;
+        let channel = Endpoint::from_shared(format!("http://{authority}"))
+            .map_err(|e| TalosError::Config(format!("endpoint `{endpoint}`: {e}")))?
+            .connect_timeout(timeout)
+            .timeout(timeout)
+            .connect_with_connector_lazy(connector);
+        Ok(TalosClient {
+            inner: MachineServiceClient::new(channel.clone()),
+            lifecycle: LifecycleServiceClient::new(channel.clone()),
+            images: ImageServiceClient::new(channel),
+            endpoint: authority.into(),
+            node: None,
+            timeout,
+        })
+    }
+
     /// The same connection, with every request proxied by the endpoint's apid to `node`
     /// (gRPC metadata `node: <node>`).
     pub fn with_node(&self, node: &str) -> TalosClient {
@@ -1242,6 +1276,119 @@ mod tests {
         ] {
             let err = split_endpoint(bad).unwrap_err();
             assert!(matches!(err, TalosError::Config(_)), "{bad}: {err}");
+        }
+    }
+}
+
+/// The TLS of a maintenance-mode client: no client certificate, any server certificate.
+mod insecure {
+    use super::TalosError;
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    use rustls::{DigitallySignedStruct, SignatureScheme};
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::task::{Context, Poll};
+
+    /// Accepts the node's certificate whatever signed it; checks the handshake's signatures.
+    #[derive(Debug)]
+    struct AnyCertificate(Arc<rustls::crypto::CryptoProvider>);
+
+    impl ServerCertVerifier for AnyCertificate {
+        fn verify_server_cert(
+            &self,
+            _end_entity: &CertificateDer<'_>,
+            _intermediates: &[CertificateDer<'_>],
+            _server_name: &ServerName<'_>,
+            _ocsp: &[u8],
+            _now: UnixTime,
+        ) -> Result<ServerCertVerified, rustls::Error> {
+            Ok(ServerCertVerified::assertion())
+        }
+
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls12_signature(
+                message,
+                cert,
+                dss,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls13_signature(
+                message,
+                cert,
+                dss,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.0.signature_verification_algorithms.supported_schemes()
+        }
+    }
+
+    type Stream = hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
+    type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+    /// Dials `authority` and speaks TLS (HTTP/2 by ALPN) to it, for tonic.
+    #[derive(Clone)]
+    pub struct Connector {
+        config: Arc<rustls::ClientConfig>,
+        name: ServerName<'static>,
+        authority: String,
+    }
+
+    impl Connector {
+        pub fn new(host: &str, authority: &str) -> Result<Connector, TalosError> {
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
+                .with_safe_default_protocol_versions()
+                .map_err(|e| TalosError::Config(format!("TLS: {e}")))?
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+                .with_no_client_auth();
+            config.alpn_protocols = vec![b"h2".to_vec()];
+            let name = ServerName::try_from(host.to_string())
+                .map_err(|e| TalosError::Config(format!("endpoint host `{host}`: {e}")))?;
+            Ok(Connector {
+                config: Arc::new(config),
+                name,
+                authority: authority.to_string(),
+            })
+        }
+    }
+
+    impl tonic::codegen::Service<http::Uri> for Connector {
+        type Response = Stream;
+        type Error = BoxError;
+        type Future = Pin<Box<dyn Future<Output = Result<Stream, BoxError>> + Send>>;
+
+        fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _uri: http::Uri) -> Self::Future {
+            let this = self.clone();
+            Box::pin(async move {
+                let tcp = tokio::net::TcpStream::connect(&this.authority).await?;
+                let tls = tokio_rustls::TlsConnector::from(this.config)
+                    .connect(this.name, tcp)
+                    .await?;
+                Ok(hyper_util::rt::TokioIo::new(tls))
+            })
         }
     }
 }

@@ -1239,6 +1239,7 @@ impl Objects<'_> {
                 .to_string(),
             ),
             hostname: Some(name.clone()),
+            install_disk: None,
         };
         let mut conditions = Vec::new();
         if m.unreachable {
@@ -1348,6 +1349,7 @@ impl Objects<'_> {
                 machine: target,
                 image: (o.kind == OpKind::Upgrade).then(|| super::world::UPGRADE_IMAGE.into()),
                 backup_ref: None,
+                machines: Vec::new(),
             },
         );
         op.metadata.namespace = Some(NAMESPACE.into());

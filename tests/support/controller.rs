@@ -52,6 +52,8 @@ pub fn fast_settings(identity: &str) -> Settings {
         install_deadline: Duration::from_secs(10),
         backup_retry: Duration::from_secs(1),
         snapshot_deadline: Duration::from_secs(60),
+        roll_settle: Duration::from_secs(1),
+        base_recheck: Duration::from_secs(1),
     }
 }
 

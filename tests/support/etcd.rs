@@ -284,7 +284,53 @@ impl EtcdCluster {
         panic!("etcd cluster did not start: {last}");
     }
 
+    /// The members of a new cluster, none started and none with data: nodes before their
+    /// bootstrap. [`EtcdCluster::bootstrap`] starts one as a cluster of its own.
+    pub fn unstarted(names: &[&str]) -> Arc<EtcdCluster> {
+        Arc::new(EtcdCluster::spawn_with(names, false))
+    }
+
+    /// Whether member `i`'s data directory holds anything (Talos refuses a bootstrap then).
+    pub fn has_data(&self, i: usize) -> bool {
+        let dir = self.members.lock().expect("members")[i].data_dir.clone();
+        std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some())
+    }
+
+    /// Starts member `i` as a new one-member cluster (Talos' `Bootstrap`) and waits until it
+    /// leads. Refused when its data directory is not empty, as Talos refuses it.
+    pub async fn bootstrap(&self, i: usize) -> Result<(), String> {
+        if self.has_data(i) {
+            return Err("etcd data directory is not empty".into());
+        }
+        {
+            let mut members = self.members.lock().expect("members");
+            let m = &mut members[i];
+            let initial = format!("{}={}", m.name, peer_url(m.index, m.peer_port));
+            m.child = Some(spawn_member(m, &initial, &self.token, "new"));
+        }
+        let deadline = Instant::now() + HEALTHY_TIMEOUT;
+        loop {
+            if let Ok(st) = self.status_at(i).await
+                && st.leader != 0
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{} not healthy within {HEALTHY_TIMEOUT:?} after its bootstrap: {}",
+                    self.name(i),
+                    self.logs()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     fn spawn(names: &[&str]) -> EtcdCluster {
+        EtcdCluster::spawn_with(names, true)
+    }
+
+    fn spawn_with(names: &[&str], start: bool) -> EtcdCluster {
         let seq = CLUSTERS.fetch_add(1, Ordering::Relaxed);
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -311,7 +357,7 @@ impl EtcdCluster {
             .map(|m| format!("{}={}", m.name, peer_url(m.index, m.peer_port)))
             .collect();
         let initial = initial.join(",");
-        for m in &mut members {
+        for m in members.iter_mut().filter(|_| start) {
             m.child = Some(spawn_member(m, &initial, &token, "new"));
         }
         EtcdCluster {

@@ -21,7 +21,17 @@
 //!   with Talos' words); a change of `machine.install` needs a reboot. `dry_run` answers the
 //!   mode it would take and changes nothing; `AUTO` keeps it and reboots when needed,
 //!   `NO_REBOOT` refuses a change that needs one, `STAGED` keeps it for the next boot.
-//! - `Bootstrap`: once; a second one is refused (the etcd data directory is not empty).
+//! - Maintenance mode ([`TalosNode::maintenance`], issue 37): a node before its first
+//!   configuration answers only clients presenting no certificate (`talosctl --insecure`)
+//!   and only `Version` and `ApplyConfiguration` (others: `Unimplemented`); a client
+//!   presenting the cluster's certificate gets `Unavailable`, as its handshake with the
+//!   node's self-signed certificate would fail. The first configuration applied makes the
+//!   node reboot into it and serve the mTLS API. A configured node refuses a client without
+//!   a certificate (`Unauthenticated`).
+//! - `Bootstrap`: on a control plane whose etcd never ran (a new cluster's node, from
+//!   `EtcdCluster::unstarted`), starts its etcd member as a cluster of its own; refused
+//!   `FailedPrecondition` when its etcd runs or its data directory is not empty, as Talos
+//!   refuses it. [`TalosNode::lose_bootstrap_answers`]: it acts, then answers `Unavailable`.
 //! - `Reboot`: answers, then the node goes down (its etcd member is killed, its data kept;
 //!   every call answers `Unavailable`) for [`TalosNode::set_downtime`] and comes back with
 //!   a new boot time, its etcd member restarted from its data; a node set
@@ -264,6 +274,10 @@ struct Node {
     config: Mutex<Option<String>>,
     staged_config: Mutex<Option<String>>,
     bootstraps: AtomicUsize,
+    /// The next `Bootstrap`s act and then answer `Unavailable` (an answer lost).
+    lose_bootstrap_answer: AtomicBool,
+    /// In Talos' maintenance mode: not configured yet (see the module's doc).
+    maintenance: AtomicBool,
 }
 
 fn etcd_failure(name: &str, e: &EtcdError) -> Status {
@@ -602,6 +616,19 @@ impl Node {
             M::Reboot => (M::Reboot, "Applied configuration with a reboot"),
             _ => (M::NoReboot, "Applied configuration without a reboot"),
         };
+        // The first configuration, over the maintenance API: the node installs and boots
+        // into it (a reboot), and serves the cluster's mTLS API from then on.
+        if !dry_run && self.maintenance.load(Ordering::SeqCst) {
+            *self.config.lock().expect("config") = Some(text);
+            self.maintenance.store(false, Ordering::SeqCst);
+            tokio::spawn(self.clone().go_down(None, false));
+            return Ok(pb::ApplyConfiguration {
+                metadata: self.metadata(),
+                warnings: Vec::new(),
+                mode: M::Reboot as i32,
+                mode_details: "Applied configuration with a reboot".into(),
+            });
+        }
         if !dry_run {
             match chosen {
                 M::Staged => *self.staged_config.lock().expect("staged config") = Some(text),
@@ -626,10 +653,20 @@ impl Node {
 
     async fn bootstrap(self: Arc<Self>) -> Result<pb::Bootstrap, Status> {
         self.check_up()?;
-        if self.bootstraps.fetch_add(1, Ordering::SeqCst) > 0 {
+        self.etcd_here()?;
+        self.bootstraps.fetch_add(1, Ordering::SeqCst);
+        // A node whose etcd runs has data; one that never ran starts a cluster of its own.
+        if self.etcd.is_running(self.index) || self.etcd.has_data(self.index) {
             return Err(Status::failed_precondition(
                 "bootstrap is not available yet: etcd data directory is not empty",
             ));
+        }
+        self.etcd
+            .bootstrap(self.index)
+            .await
+            .map_err(Status::failed_precondition)?;
+        if self.lose_bootstrap_answer.load(Ordering::SeqCst) {
+            return Err(Status::unavailable("connection reset by peer"));
         }
         Ok(pb::Bootstrap {
             metadata: self.metadata(),
@@ -696,6 +733,28 @@ impl Node {
     }
 }
 
+/// Who the machine API answers: a configured node, only clients presenting a certificate
+/// the cluster CA signed (a client without one: `Unauthenticated`); a node in maintenance
+/// mode, only clients presenting none (`talosctl --insecure`). A maintenance node's
+/// self-signed certificate fails a cluster client's handshake; the stand-in, which serves
+/// one certificate, answers such a client `Unavailable` as that failed handshake reads.
+fn mtls_or_maintenance(
+    node: Arc<Node>,
+) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone {
+    move |req: Request<()>| {
+        let authenticated = req.peer_certs().is_some_and(|c| !c.is_empty());
+        match (node.maintenance.load(Ordering::SeqCst), authenticated) {
+            (false, false) => Err(Status::unauthenticated(
+                "tls: client didn't provide a certificate",
+            )),
+            (true, true) => Err(Status::unavailable(
+                "connection error: tls: the node serves its maintenance certificate, which the cluster CA did not sign",
+            )),
+            _ => Ok(req),
+        }
+    }
+}
+
 /// The tag of an image reference (`ghcr.io/siderolabs/installer:v1.12.1` -> `v1.12.1`).
 fn tag_of(image: &str) -> Option<String> {
     let (_, tag) = image.rsplit_once(':')?;
@@ -754,6 +813,13 @@ impl Service {
         Fut: Future<Output = Result<T, Status>>,
     {
         self.node.check_up()?;
+        if self.node.maintenance.load(Ordering::SeqCst)
+            && !matches!(rpc, "Version" | "ApplyConfiguration")
+        {
+            return Err(Status::unimplemented(format!(
+                "{rpc} is not available in maintenance mode"
+            )));
+        }
         let target = self.target(meta)?;
         self.log.lock().expect("log").push(Call {
             rpc,
@@ -1286,6 +1352,25 @@ impl TalosNode {
             .clone()
     }
 
+    /// Puts the node in Talos' maintenance mode (before its first configuration): it
+    /// answers only clients without a certificate, only `Version` and
+    /// `ApplyConfiguration`; the first configuration applied makes it reboot into it.
+    pub fn maintenance(&self) {
+        self.node.maintenance.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the node is still in maintenance mode.
+    pub fn in_maintenance(&self) -> bool {
+        self.node.maintenance.load(Ordering::SeqCst)
+    }
+
+    /// From now on, a `Bootstrap` acts and then answers `Unavailable` (its answer lost).
+    pub fn lose_bootstrap_answers(&self) {
+        self.node
+            .lose_bootstrap_answer
+            .store(true, Ordering::SeqCst);
+    }
+
     /// How many `Bootstrap` calls reached this node.
     pub fn bootstraps(&self) -> usize {
         self.node.bootstraps.load(Ordering::SeqCst)
@@ -1337,7 +1422,10 @@ impl TalosNode {
         let server = Server::builder()
             .tls_config(self.tls.clone())
             .expect("server TLS")
-            .add_service(MachineServiceServer::new(service.clone()))
+            .add_service(MachineServiceServer::with_interceptor(
+                service.clone(),
+                mtls_or_maintenance(self.node.clone()),
+            ))
             .add_service(LifecycleServiceServer::new(service.clone()))
             .add_service(ImageServiceServer::new(service))
             .serve_with_incoming_shutdown(
@@ -1440,6 +1528,8 @@ impl TalosApi {
             config: Mutex::new(None),
             staged_config: Mutex::new(None),
             bootstraps: AtomicUsize::new(0),
+            lose_bootstrap_answer: AtomicBool::new(false),
+            maintenance: AtomicBool::new(false),
         });
         {
             let mut registry = self.registry.lock().expect("registry");
@@ -1452,7 +1542,8 @@ impl TalosApi {
                 &self.pki.server_crt,
                 &self.pki.server_key,
             ))
-            .client_ca_root(Certificate::from_pem(&self.pki.ca_pem));
+            .client_ca_root(Certificate::from_pem(&self.pki.ca_pem))
+            .client_auth_optional(true);
         let talos = TalosNode {
             node,
             registry: self.registry.clone(),

@@ -43,7 +43,7 @@ pub async fn reconcile(c: Arc<TalosCluster>, ctx: Arc<Context>) -> Result<Action
     let reads = Reads {
         machines: true,
         clusters: true,
-        operations: false,
+        operations: true,
         backups: false,
     };
     let snapshot = ctx.reader.snapshot(&ns, &[&name], reads).await?;
@@ -109,6 +109,14 @@ pub async fn reconcile(c: Arc<TalosCluster>, ctx: Arc<Context>) -> Result<Action
     if !finalized {
         finalizer::set(&ctx, &current, TEARDOWN_FINALIZER, true).await?;
     }
+    // A staged configuration: the reboot that rolls it (issue 37).
+    let again = super::roll::ensure(&ctx, &snapshot, live).await;
     // Machines' changes trigger this through the watch; the requeue is a safety net.
-    Ok(Action::requeue(Duration::from_secs(300)))
+    // A base Secret is read again every `base_recheck` (its changes come to no watch).
+    let recheck = if live.spec.base_config_secret_ref.is_some() {
+        ctx.settings.base_recheck
+    } else {
+        Duration::from_secs(300)
+    };
+    Ok(Action::requeue(again.map_or(recheck, |a| a.min(recheck))))
 }

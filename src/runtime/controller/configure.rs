@@ -4,7 +4,7 @@
 //! differs from what was applied, ask Talos first (`ApplyConfiguration` with `dry_run`),
 //! then apply: without a reboot when Talos says none is needed; a change that needs one is
 //! staged on the node (it takes effect at its next reboot, which a `reboot` TalosOperation
-//! rolls one node at a time). The `Configured` condition says what was applied or why not,
+//! the controller creates rolls one node at a time: `roll.rs`). The `Configured` condition says what was applied or why not,
 //! with Talos' own message; a failure is retried, later each time (the time since the
 //! failure began, between 5 s and 5 min). The configuration holds the cluster's secrets:
 //! only its hash appears in status, conditions and logs.
@@ -142,9 +142,21 @@ pub async fn configure(
         );
         return None;
     }
-    let client = match nodes::client(dialer, live) {
-        Ok(c) => c,
-        Err(e) => return fail(next, "NodeUnavailable", e.to_string()),
+    // A node in maintenance mode gets its first configuration over the maintenance API
+    // (`talosctl apply-config --insecure`): it installs it and reboots into it.
+    let maintenance = next.in_maintenance();
+    let client = if maintenance {
+        let endpoint = live.spec.endpoint.as_deref().unwrap_or_default();
+        match crate::runtime::talos::TalosClient::maintenance(endpoint, ctx.settings.talos_timeout)
+        {
+            Ok(c) => c,
+            Err(e) => return fail(next, "NodeUnavailable", e.to_string()),
+        }
+    } else {
+        match nodes::client(dialer, live) {
+            Ok(c) => c,
+            Err(e) => return fail(next, "NodeUnavailable", e.to_string()),
+        }
     };
     let data = rendered.text.as_bytes();
     // Talos' own check first.
@@ -164,6 +176,41 @@ pub async fn configure(
             );
         }
     };
+    if maintenance {
+        return match client
+            .apply_configuration(data, ApplyMode::Auto, false)
+            .await
+        {
+            Ok(applied) => {
+                let hash = rendered.sha256.clone();
+                let c = config_status(next);
+                c.applied_hash = Some(hash.clone());
+                c.staged_hash = None;
+                status::remove(next.conditions_mut(), "Maintenance");
+                status::set(
+                    next.conditions_mut(),
+                    "Configured",
+                    true,
+                    "Applied",
+                    &format!(
+                        "first configuration {} applied over the maintenance API: the node installs it and reboots ({})",
+                        short(&hash),
+                        applied.details
+                    ),
+                );
+                tracing::info!(machine = %format!("{ns}/{}", live.name()), hash = %short(&hash), "first configuration applied over the maintenance API");
+                None
+            }
+            Err(e) => fail(
+                next,
+                "ApplyFailed",
+                format!(
+                    "Talos (maintenance mode) did not apply configuration {}: {e}",
+                    short(&rendered.sha256)
+                ),
+            ),
+        };
+    }
     let needs_reboot = dry.mode == ApplyMode::Reboot;
     let mode = if needs_reboot {
         ApplyMode::Staged
@@ -181,7 +228,7 @@ pub async fn configure(
                     false,
                     "RebootRequired",
                     &format!(
-                        "configuration {} needs a reboot: it is staged on the node and takes effect at its next reboot (start a `reboot` TalosOperation to roll it one node at a time); Talos: {}",
+                        "configuration {} needs a reboot: it is staged on the node and takes effect at its next reboot, which the controller rolls with a `reboot` TalosOperation, one node at a time; Talos: {}",
                         short(&hash),
                         applied.details
                     ),

@@ -7,7 +7,7 @@ use crate::runtime::decide::{decide_events, reconcile_machine_event};
 use crate::runtime::facts::Expensive;
 use crate::runtime::live::Reads;
 use crate::runtime::objects::{Role, TalosMachine};
-use crate::runtime::talos::TalosError;
+use crate::runtime::talos::{TalosClient, TalosError};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
@@ -79,6 +79,14 @@ pub async fn reconcile(m: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action
                     match super::configure::configure(&ctx, &dialer, cluster, live, &mut next).await
                     {
                         Some(retry) => again.min(retry),
+                        // 5. Configured: the bootstrap of a new cluster, when the rules let it.
+                        None if next.configured()
+                            && live.approved_role() == Some(Role::ControlPlane) =>
+                        {
+                            super::bootstrap::reconcile(&ctx, &dialer, &table, &snapshot, live)
+                                .await?
+                                .map_or(again, |b| again.min(b))
+                        }
                         None => again,
                     }
                 }
@@ -114,12 +122,33 @@ async fn probe(
     match client.version().await {
         Ok(_) => {
             status::remove(next.conditions_mut(), "NodeReachable");
+            status::remove(next.conditions_mut(), "Maintenance");
             if next
                 .ready_state()
                 .is_some_and(|(_, reason)| reason == Some("NodeUnreachable"))
             {
                 status::remove(next.conditions_mut(), "Ready");
             }
+            ctx.settings.probe_interval
+        }
+        // A node in Talos' maintenance mode (no configuration yet) does not complete the
+        // cluster's mTLS handshake; it answers the maintenance API.
+        Err(e)
+            if e.is_unreachable()
+                && let Some(endpoint) = live.spec.endpoint.as_deref()
+                && let Ok(m) = TalosClient::maintenance(endpoint, ctx.settings.talos_timeout)
+                && m.version().await.is_ok() =>
+        {
+            status::remove(next.conditions_mut(), "NodeReachable");
+            status::set(
+                next.conditions_mut(),
+                "Maintenance",
+                true,
+                "MaintenanceMode",
+                &format!(
+                    "the node at {endpoint} is in Talos' maintenance mode (not configured yet): its first configuration goes over the maintenance API"
+                ),
+            );
             ctx.settings.probe_interval
         }
         Err(e) => {

@@ -15,6 +15,7 @@
 pub mod backup;
 pub mod backup_world;
 pub mod base;
+pub mod bootstrap;
 pub mod cluster;
 pub mod configure;
 pub mod disruptive;
@@ -28,6 +29,7 @@ pub mod operation;
 pub mod operation_world;
 pub use crate::runtime::exec::rules as plan;
 pub mod removal;
+pub mod roll;
 pub mod status;
 pub mod world;
 
@@ -35,7 +37,7 @@ pub use plan::hold_of;
 
 use super::live::{LiveError, LiveReader};
 use super::metrics::Metrics;
-use super::objects::{TalosCluster, TalosMachine, TalosOperation};
+use super::objects::{TalosCluster, TalosConfigPatch, TalosMachine, TalosOperation};
 use super::reload::Rules;
 use super::talos::TalosTls;
 use futures::StreamExt;
@@ -91,6 +93,13 @@ pub struct Settings {
     pub backup_retry: Duration,
     /// A snapshot's whole stream, from the node into the store.
     pub snapshot_deadline: Duration,
+    /// A configuration roll starts once no machine of the cluster was newly staged for
+    /// this long, so one roll takes every machine a change staged.
+    pub roll_settle: Duration,
+    /// How often a TalosCluster with a base Secret reads it again: a change of the Secret
+    /// (which the controller may `get` but neither list nor watch) is published as a new
+    /// digest, and that re-renders the cluster's machines.
+    pub base_recheck: Duration,
 }
 
 impl Default for Settings {
@@ -114,6 +123,8 @@ impl Default for Settings {
             install_deadline: Duration::from_secs(600),
             backup_retry: Duration::from_secs(300),
             snapshot_deadline: Duration::from_secs(1800),
+            roll_settle: Duration::from_secs(30),
+            base_recheck: Duration::from_secs(60),
         }
     }
 }
@@ -280,6 +291,22 @@ fn backup_of(o: TalosOperation) -> Option<ObjectRef<crate::runtime::objects::Tal
     (!name.is_empty()).then(|| ObjectRef::new(name).within(&ns))
 }
 
+/// The machines of a cluster, as the machine controller's cache knows them: which machines
+/// a change of their cluster or of one of its patches makes reconcile (the reconcile reads
+/// everything live).
+fn machines_of(
+    store: &kube::runtime::reflector::Store<TalosMachine>,
+    namespace: &str,
+    cluster: &str,
+) -> Vec<ObjectRef<TalosMachine>> {
+    store
+        .state()
+        .iter()
+        .filter(|m| m.namespace() == namespace && m.cluster() == cluster)
+        .map(|m| ObjectRef::from_obj(&**m))
+        .collect()
+}
+
 /// Runs the three controllers until the returned future is dropped (leadership lost) or
 /// the watches end.
 pub async fn run(ctx: Arc<Context>) {
@@ -291,9 +318,43 @@ pub async fn run(ctx: Arc<Context>) {
     let backups: Api<crate::runtime::objects::TalosEtcdBackup> = Api::all(client.clone());
     let wc = watcher::Config::default();
 
+    let patches: Api<TalosConfigPatch> = Api::all(client.clone());
     let machine_ctl = {
         let ctx = ctx.clone();
-        Controller::new(machines.clone(), wc.clone())
+        let ctl = Controller::new(machines.clone(), wc.clone());
+        let (by_patch, by_cluster) = (ctl.store(), ctl.store());
+        // The base digest each cluster published last: a cluster change re-renders its
+        // machines only when its base changed (its other changes follow the machines').
+        let digests: std::sync::Mutex<std::collections::HashMap<(String, String), String>> =
+            std::sync::Mutex::default();
+        ctl
+            // A TalosConfigPatch created, changed or deleted: the machines of its cluster
+            // render again (each reconcile picks the patches that select it).
+            .watches(patches, wc.clone(), move |p: TalosConfigPatch| {
+                machines_of(&by_patch, p.namespace(), p.cluster())
+            })
+            // The base Secret changed: the cluster publishes its new digest.
+            .watches(clusters.clone(), wc.clone(), move |c: TalosCluster| {
+                let digest = c
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.redacted_base.as_ref())
+                    .map(|b| b.digest.clone())
+                    .unwrap_or_default();
+                let key = (c.namespace().to_string(), c.name().to_string());
+                let changed = digests
+                    .lock()
+                    .map(|mut d| {
+                        d.insert(key, digest.clone())
+                            .is_some_and(|old| old != digest)
+                    })
+                    .unwrap_or(false);
+                if changed {
+                    machines_of(&by_cluster, c.namespace(), c.name())
+                } else {
+                    Vec::new()
+                }
+            })
             .run(
                 |m, ctx: Arc<Context>| async move {
                     timed("TalosMachine", &ctx, machine::reconcile(m, ctx.clone())).await

@@ -532,7 +532,8 @@ async fn succeed<W: OperationWorld>(
 
 /// The machines an operation acts on, in order: `spec.machine`; without it, every approved
 /// control plane of the cluster not being deleted, then every approved worker, each by
-/// name (one at a time: control planes first, as a roll over a cluster goes).
+/// name (one at a time: control planes first, as a roll over a cluster goes), narrowed to
+/// `spec.machines` when it names any.
 fn order(op: &TalosOperation, snapshot: &Snapshot) -> Vec<String> {
     if let Some(m) = op.spec.machine.as_deref().filter(|m| !m.is_empty()) {
         return vec![m.to_string()];
@@ -554,6 +555,9 @@ fn order(op: &TalosOperation, snapshot: &Snapshot) -> Vec<String> {
     };
     let mut out = of(Role::ControlPlane);
     out.extend(of(Role::Worker));
+    if !op.spec.machines.is_empty() {
+        out.retain(|m| op.spec.machines.contains(m));
+    }
     out
 }
 

@@ -144,6 +144,15 @@ pub struct MachineSpec {
     pub endpoint: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hostname: Option<String>,
+    /// The disk Talos installs to (`machine.install.disk` of its configuration, set after
+    /// every patch), e.g. `/dev/nvme0n1`; the base's (or a patch's) when omitted. A change
+    /// needs a reboot: it is staged and rolled like any such change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 6, max = 256),
+        regex(pattern = r"^/dev/[A-Za-z0-9._/-]+$")
+    )]
+    pub install_disk: Option<String>,
 }
 
 /// What the controller observed of a machine.
@@ -326,7 +335,13 @@ macro_rules! status_reads {
 }
 
 /// The condition types of a TalosMachine's status that the reads below look at.
-pub const MACHINE_CONDITIONS_READ: &[&str] = &["Ready", "NodeReachable", "Removal", "Configured"];
+pub const MACHINE_CONDITIONS_READ: &[&str] = &[
+    "Ready",
+    "NodeReachable",
+    "Removal",
+    "Configured",
+    "Maintenance",
+];
 
 status_reads! {
     /// Ready=False with reason NodeUnreachable (`node.unreachable`, and `member.dead` and
@@ -379,6 +394,28 @@ status_reads! {
         self.condition("Configured")
             .filter(|c| c.status == "False")
             .and_then(|c| c.last_transition_time.as_ref())
+    }
+
+    /// The Maintenance condition is True: the node answered only Talos' maintenance API
+    /// (no configuration yet); its first configuration goes there.
+    fn in_maintenance(&self) -> bool {
+        self.condition("Maintenance").is_some_and(|c| c.status == "True")
+    }
+
+    /// The Configured condition is True: the node runs the configuration rendered for it
+    /// (the bootstrap waits for it).
+    fn configured(&self) -> bool {
+        self.condition("Configured").is_some_and(|c| c.status == "True")
+    }
+
+    /// The hash of a configuration staged on the node for its next reboot
+    /// (`status.config.stagedHash`): the controller rolls a reboot over the machines whose
+    /// staged configuration is not the one applied.
+    fn staged_config_hash(&self) -> Option<&str> {
+        self.status
+            .as_ref()
+            .and_then(|s| s.config.as_ref())
+            .and_then(|c| c.staged_hash.as_deref())
     }
 
     /// The hash of the configuration last applied to the node (`status.config.appliedHash`):
@@ -498,6 +535,32 @@ pub struct ClusterStatus {
     /// The base configuration, redacted (no secret value), for the webhook's dry render.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redacted_base: Option<RedactedBase>,
+    /// The cluster's one `Bootstrap` (issue 37): recorded before the call, under a
+    /// resourceVersion precondition, so two controllers never both send it and a call whose
+    /// answer was lost is never sent again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<BootstrapRecord>,
+}
+
+/// The record of a cluster's `Bootstrap`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BootstrapRecord {
+    /// The control plane it was sent to ("" when etcd was found running and none was sent).
+    #[serde(default)]
+    pub machine: String,
+    /// When the controller decided to send it (before the call).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_at: Option<Time>,
+    /// The controller that sent it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    /// Talos answered it, or etcd was seen running afterwards (its answer was lost).
+    #[serde(default)]
+    pub confirmed: bool,
+    /// What happened, in words (Talos' error when the answer was lost).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 impl TalosCluster {
@@ -515,6 +578,11 @@ impl TalosCluster {
 
     pub fn allow_delete(&self) -> bool {
         annotation_true(&self.metadata, ALLOW_DELETE_ANNOTATION)
+    }
+
+    /// The record of the cluster's `Bootstrap`, once one was decided.
+    pub fn bootstrap_record(&self) -> Option<&BootstrapRecord> {
+        self.status.as_ref().and_then(|s| s.bootstrap.as_ref())
     }
 
     /// Only an explicit "false" makes a cluster unschedulable.
@@ -568,6 +636,13 @@ pub struct OperationSpec {
     /// The machine it acts on, when it acts on one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine: Option<String>,
+    /// Without `machine`: the machines of the cluster a roll takes, by name (taken in the
+    /// roll's order: approved control planes, then approved workers); empty, every approved
+    /// machine. The controller's configuration roll names the machines with a staged
+    /// configuration.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 500))]
+    pub machines: Vec<String>,
     /// The Talos installer image an `upgrade` goes to (e.g.
     /// `ghcr.io/siderolabs/installer:v1.12.1`); its tag is the version the node must report
     /// after it.

@@ -1,0 +1,193 @@
+//! The reboot that rolls a staged configuration (issue 37). A configuration change that
+//! needs a reboot is staged on each node (`configure.rs`: `status.config.stagedHash`);
+//! this module has the operations' machinery reboot those nodes: it creates one `reboot`
+//! TalosOperation naming them (`spec.machines`), which goes through admission like a
+//! person's, and which the one executor ([`crate::runtime::exec::operation`]) runs one
+//! node at a time under the cluster lock, the `start`, `run` and `step operation` rules and
+//! the plan's gates, exactly as any reboot. Each node boots into its staged configuration,
+//! and the machine's next reconcile records it applied.
+//!
+//! The roll starts once no machine of the cluster was newly staged for `roll_settle`, so
+//! the machines one change stages are rolled together. The operation's name is derived from the machines and their staged hashes, so two
+//! controllers create the same one (the second gets AlreadyExists) and the same staged
+//! set is never rolled twice. While a roll the controller created is unfinished (failed
+//! included: ADR 0137, a person resumes or deletes it), it creates no other; machines
+//! staged meanwhile wait for the next one. A machine is rolled once for a staged
+//! configuration (the roll's annotation `ichor.maesh.dev/staged-hashes` says which): if its
+//! reboot did not apply it, it stays `Configured=False RebootRequired` for a person.
+
+use super::Context;
+use crate::runtime::objects::{
+    ClusterRef, OperationSpec, Snapshot, TalosCluster, TalosMachine, TalosOperation,
+};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ObjectMeta, PostParams};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// The label on the TalosOperations the controller creates to roll a configuration: the
+/// value is `true`.
+pub const ROLL_LABEL: &str = "ichor.maesh.dev/configuration-roll";
+
+/// The annotation on such a TalosOperation naming what it rolls: `<machine>=<staged hash>`,
+/// space-separated. A machine is never rolled twice for the same staged configuration (its
+/// status may still say staged for a moment after the roll rebooted it).
+pub const ROLLED_ANNOTATION: &str = "ichor.maesh.dev/staged-hashes";
+
+fn is_roll(o: &TalosOperation) -> bool {
+    o.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.get(ROLL_LABEL).is_some_and(|v| v == "true"))
+}
+
+/// Whether a roll of the controller already took `machine` for `hash`.
+fn rolled(snapshot: &Snapshot, c: &TalosCluster, machine: &str, hash: &str) -> bool {
+    let pair = format!("{machine}={hash}");
+    snapshot.operations.iter().any(|o| {
+        o.namespace() == c.namespace()
+            && o.cluster() == c.name()
+            && is_roll(o)
+            && o.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ROLLED_ANNOTATION))
+                .is_some_and(|v| v.split(' ').any(|p| p == pair))
+    })
+}
+
+/// The approved machines of `c` whose staged configuration is not the one applied, with
+/// that staged hash, by name.
+fn staged<'s>(snapshot: &'s Snapshot, c: &TalosCluster) -> Vec<(&'s TalosMachine, &'s str)> {
+    let mut out: Vec<_> = snapshot
+        .machines
+        .iter()
+        .filter(|m| {
+            m.namespace() == c.namespace()
+                && m.cluster() == c.name()
+                && m.approved_role().is_some()
+                && !m.deleting()
+        })
+        .filter_map(|m| {
+            let s = m.staged_config_hash()?;
+            (m.applied_config_hash() != Some(s) && !rolled(snapshot, c, m.name(), s))
+                .then_some((m, s))
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.name().cmp(b.0.name()));
+    out
+}
+
+/// The roll's name: the cluster's (cut to fit) and a digest of the machines and hashes.
+fn roll_name(cluster: &str, staged: &[(&TalosMachine, &str)]) -> String {
+    let text: String = staged
+        .iter()
+        .map(|(m, h)| format!("{}={h}\n", m.name()))
+        .collect();
+    let d = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    let hex: String = d.as_ref()[..5].iter().map(|b| format!("{b:02x}")).collect();
+    let head: String = cluster.chars().take(200).collect();
+    format!("{}-config-{hex}", head.trim_end_matches(['-', '.']))
+}
+
+/// Starts a roll of `c`'s staged machines when none of the controller's is unfinished;
+/// returns when to look again (`None`: nothing to roll).
+pub async fn ensure(ctx: &Context, snapshot: &Snapshot, c: &TalosCluster) -> Option<Duration> {
+    let staged = staged(snapshot, c);
+    if staged.is_empty() {
+        return None;
+    }
+    // Every machine a change stages, in one roll: wait until none was newly staged for
+    // `roll_settle` (the Configured=False RebootRequired transition time).
+    let settle = ctx.settings.roll_settle;
+    let newest = staged
+        .iter()
+        .filter_map(|(m, _)| m.configure_failing_since())
+        .max();
+    if let Some(t) = newest {
+        let age = Timestamp::now().duration_since(t.0);
+        let age = Duration::try_from(age).unwrap_or(Duration::ZERO);
+        if age < settle {
+            return Some((settle - age).max(Duration::from_millis(100)));
+        }
+    }
+    let rolling = snapshot.operations.iter().find(|o| {
+        o.namespace() == c.namespace() && o.cluster() == c.name() && !o.finished() && is_roll(o)
+    });
+    if let Some(o) = rolling {
+        tracing::debug!(operation = %o.name(), "a configuration roll is unfinished");
+        return Some(ctx.settings.parked_requeue);
+    }
+    let name = roll_name(c.name(), &staged);
+    let machines: Vec<String> = staged.iter().map(|(m, _)| m.name().to_string()).collect();
+    let op = TalosOperation {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(c.namespace().to_string()),
+            labels: Some(BTreeMap::from([(
+                ROLL_LABEL.to_string(),
+                "true".to_string(),
+            )])),
+            annotations: Some(BTreeMap::from([(
+                ROLLED_ANNOTATION.to_string(),
+                staged
+                    .iter()
+                    .map(|(m, h)| format!("{}={h}", m.name()))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            )])),
+            ..ObjectMeta::default()
+        },
+        spec: OperationSpec {
+            cluster_ref: ClusterRef {
+                name: c.name().to_string(),
+            },
+            kind: "reboot".into(),
+            machines: machines.clone(),
+            ..OperationSpec::default()
+        },
+        status: None,
+    };
+    let api: Api<TalosOperation> = Api::namespaced(ctx.client.clone(), c.namespace());
+    match api.create(&PostParams::default(), &op).await {
+        Ok(_) => {
+            let note = format!(
+                "a staged configuration needs a reboot on {}: TalosOperation {name} reboots them one node at a time",
+                machines.join(", ")
+            );
+            tracing::info!(cluster = %format!("{}/{}", c.namespace(), c.name()), operation = %name, "configuration roll started");
+            ctx.event(c, false, "ConfigurationRollStarted", note).await;
+            None
+        }
+        // Another replica created it, or this staged set was rolled already.
+        Err(kube::Error::Api(s)) if s.code == 409 => None,
+        // Refused at admission (its `start operation` rules), or the API failed: again later.
+        Err(e) => {
+            tracing::warn!(operation = %name, error = %e, "the configuration roll could not be created");
+            Some(ctx.settings.refused_requeue)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn staged_machine(name: &str) -> TalosMachine {
+        let mut m = TalosMachine::default();
+        m.metadata.name = Some(name.into());
+        m
+    }
+
+    #[test]
+    fn the_name_follows_the_staged_set_and_fits() {
+        let (a, b) = (staged_machine("cp-1"), staged_machine("cp-2"));
+        let one = roll_name("prod", &[(&a, "h1"), (&b, "h2")]);
+        assert!(one.starts_with("prod-config-"), "{one}");
+        assert_eq!(one, roll_name("prod", &[(&a, "h1"), (&b, "h2")]));
+        assert_ne!(one, roll_name("prod", &[(&a, "h1"), (&b, "h3")]));
+        assert_ne!(one, roll_name("prod", &[(&a, "h1")]));
+        let long = roll_name(&"x".repeat(253), &[(&a, "h1")]);
+        assert!(long.len() <= 253, "{}", long.len());
+    }
+}
