@@ -1314,9 +1314,15 @@ async fn serve_snapshots_a_100_mib_etcd_adding_under_48_mib_and_logs_no_key() {
         added < 48 * 1024,
         "the snapshot added {added} KiB to the peak resident set (from {idle_peak} to {peak} KiB)"
     );
+    // The event (and its log line) follows the status write waited for above.
+    wait_for(
+        "the SnapshotTaken log line",
+        Duration::from_secs(30),
+        || std::fs::read_to_string(&log).is_ok_and(|t| t.contains("SnapshotTaken")),
+    )
+    .await;
     drop(child);
     let text = std::fs::read_to_string(&log).expect("the log");
-    assert!(text.contains("SnapshotTaken"), "{text}");
     for k in [store_secret, enc_key] {
         assert!(!text.contains(k), "the log shows a key:\n{text}");
     }
