@@ -110,7 +110,12 @@ pub async fn reconcile(c: Arc<TalosCluster>, ctx: Arc<Context>) -> Result<Action
         finalizer::set(&ctx, &current, TEARDOWN_FINALIZER, true).await?;
     }
     // A staged configuration: the reboot that rolls it (issue 37).
-    let again = super::roll::ensure(&ctx, &snapshot, live).await;
+    let base_digest = next
+        .status
+        .as_ref()
+        .and_then(|s| s.redacted_base.as_ref())
+        .map(|b| b.digest.as_str());
+    let again = super::roll::ensure(&ctx, &snapshot, live, base_digest).await;
     // Machines' changes trigger this through the watch; the requeue is a safety net.
     // A base Secret is read again every `base_recheck` (its changes come to no watch).
     let recheck = if live.spec.base_config_secret_ref.is_some() {

@@ -23,6 +23,27 @@ use crate::runtime::talos::ApplyMode;
 use k8s_openapi::jiff::Timestamp;
 use std::time::Duration;
 
+/// The digest of what a cluster's machines are rendered from: the base's digest, and the
+/// name and resourceVersion of each of the cluster's TalosConfigPatches (all of them, so
+/// every machine of the cluster records the same digest for the same inputs). A machine
+/// records it at each render (`status.config.inputs`); the roll (`roll.rs`) compares it.
+pub(super) fn inputs_digest(base_digest: &str, patches: &[TalosConfigPatch]) -> String {
+    let mut names: Vec<String> = patches
+        .iter()
+        .map(|p| {
+            format!(
+                "{} {}\n",
+                p.name(),
+                p.metadata.resource_version.as_deref().unwrap_or_default()
+            )
+        })
+        .collect();
+    names.sort();
+    let text = format!("{base_digest}\n{}", names.concat());
+    let d = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
 fn short(hash: &str) -> &str {
     &hash[..12.min(hash.len())]
 }
@@ -118,6 +139,7 @@ pub async fn configure(
             );
         }
     };
+    config_status(next).inputs = Some(inputs_digest(&base.digest, &patches));
     let selected = patches_for(patches.iter(), live);
     let parsed: Vec<_> = selected.iter().map(|p| parse_patch(p)).collect();
     let pairs: Vec<_> = selected.iter().copied().zip(parsed.iter()).collect();

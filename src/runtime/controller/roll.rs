@@ -7,8 +7,10 @@
 //! the plan's gates, exactly as any reboot. Each node boots into its staged configuration,
 //! and the machine's next reconcile records it applied.
 //!
-//! The roll starts once no machine of the cluster was newly staged for `roll_settle`, so
-//! the machines one change stages are rolled together. The operation's name is derived from the machines and their staged hashes, so two
+//! The roll starts once every machine the change reaches has rendered it (its
+//! `status.config.inputs` is the digest of the cluster's current base and patches; a
+//! machine whose node does not answer is not waited for) and no machine of the cluster was
+//! newly staged for `roll_settle`, so the machines one change stages are rolled together. The operation's name is derived from the machines and their staged hashes, so two
 //! controllers create the same one (the second gets AlreadyExists) and the same staged
 //! set is never rolled twice. While a roll the controller created is unfinished (failed
 //! included: ADR 0137, a person resumes or deletes it), it creates no other; machines
@@ -17,11 +19,13 @@
 //! reboot did not apply it, it stays `Configured=False RebootRequired` for a person.
 
 use super::Context;
+use crate::runtime::live::{cluster_selector, list_complete};
 use crate::runtime::objects::{
-    ClusterRef, OperationSpec, Snapshot, TalosCluster, TalosMachine, TalosOperation,
+    ClusterRef, OperationSpec, Snapshot, TalosCluster, TalosConfigPatch, TalosMachine,
+    TalosOperation,
 };
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -90,9 +94,33 @@ fn roll_name(cluster: &str, staged: &[(&TalosMachine, &str)]) -> String {
     format!("{}-config-{hex}", head.trim_end_matches(['-', '.']))
 }
 
+/// The approved machines of `c` that have not rendered `inputs` yet and will: their node
+/// is not known unreachable (the configuration of one that is waits for it to answer).
+fn not_rendered<'s>(snapshot: &'s Snapshot, c: &TalosCluster, inputs: &str) -> Vec<&'s str> {
+    snapshot
+        .machines
+        .iter()
+        .filter(|m| {
+            m.namespace() == c.namespace()
+                && m.cluster() == c.name()
+                && m.approved_role().is_some()
+                && !m.deleting()
+                && m.reachable_state() != Some("False")
+                && m.config_inputs() != Some(inputs)
+        })
+        .map(|m| m.name())
+        .collect()
+}
+
 /// Starts a roll of `c`'s staged machines when none of the controller's is unfinished;
-/// returns when to look again (`None`: nothing to roll).
-pub async fn ensure(ctx: &Context, snapshot: &Snapshot, c: &TalosCluster) -> Option<Duration> {
+/// returns when to look again (`None`: nothing to roll). `base_digest` is the digest of
+/// the base `c` published.
+pub async fn ensure(
+    ctx: &Context,
+    snapshot: &Snapshot,
+    c: &TalosCluster,
+    base_digest: Option<&str>,
+) -> Option<Duration> {
     let staged = staged(snapshot, c);
     if staged.is_empty() {
         return None;
@@ -110,6 +138,26 @@ pub async fn ensure(ctx: &Context, snapshot: &Snapshot, c: &TalosCluster) -> Opt
         if age < settle {
             return Some((settle - age).max(Duration::from_millis(100)));
         }
+    }
+    // Every machine the change reaches has rendered it (one still rendering is staged in
+    // a moment, and belongs to this roll).
+    let Some(base_digest) = base_digest else {
+        return Some(ctx.settings.refused_requeue);
+    };
+    let api: Api<TalosConfigPatch> = Api::namespaced(ctx.client.clone(), c.namespace());
+    let params = ListParams::default().fields(&cluster_selector(c.name()));
+    let patches = match list_complete(&api, &params).await {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(cluster = %format!("{}/{}", c.namespace(), c.name()), error = %e, "the configuration roll waits: the cluster's TalosConfigPatches could not be read");
+            return Some(ctx.settings.refused_requeue);
+        }
+    };
+    let inputs = super::configure::inputs_digest(base_digest, &patches);
+    let waiting = not_rendered(snapshot, c, &inputs);
+    if !waiting.is_empty() {
+        tracing::debug!(cluster = %format!("{}/{}", c.namespace(), c.name()), machines = %waiting.join(", "), "the configuration roll waits for machines still rendering the change");
+        return Some(settle.max(Duration::from_millis(100)));
     }
     let rolling = snapshot.operations.iter().find(|o| {
         o.namespace() == c.namespace() && o.cluster() == c.name() && !o.finished() && is_roll(o)
@@ -177,6 +225,70 @@ mod tests {
         let mut m = TalosMachine::default();
         m.metadata.name = Some(name.into());
         m
+    }
+
+    fn machine(name: &str, reachable: &str, inputs: Option<&str>) -> TalosMachine {
+        let mut status = serde_json::json!({
+            "conditions": [{"type": "NodeReachable", "status": reachable,
+                            "lastTransitionTime": "2026-01-01T00:00:00Z"}]
+        });
+        if let Some(i) = inputs {
+            status["config"] = serde_json::json!({"inputs": i});
+        }
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosMachine",
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"clusterRef": {"name": "prod"}, "role": "controlplane", "approved": true},
+            "status": status,
+        }))
+        .expect("a TalosMachine")
+    }
+
+    fn patch(name: &str, version: &str) -> TalosConfigPatch {
+        let mut p: TalosConfigPatch = serde_json::from_value(serde_json::json!({
+            "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosConfigPatch",
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"clusterRef": {"name": "prod"}, "patch": "machine: {}\n"},
+        }))
+        .expect("a TalosConfigPatch");
+        p.metadata.resource_version = Some(version.into());
+        p
+    }
+
+    #[test]
+    fn the_inputs_follow_the_base_and_every_patch_version_in_any_order() {
+        let digest = super::super::configure::inputs_digest;
+        let (a, b) = (patch("a", "1"), patch("b", "7"));
+        let one = digest("base", &[a.clone(), b.clone()]);
+        assert_eq!(one, digest("base", &[b.clone(), a.clone()]));
+        assert_ne!(one, digest("other", &[a.clone(), b.clone()]));
+        assert_ne!(one, digest("base", &[a.clone(), patch("b", "8")]));
+        assert_ne!(one, digest("base", &[a]));
+    }
+
+    /// The roll waits for every machine that will render the change (one whose node does
+    /// not answer excepted), and for nothing else.
+    #[test]
+    fn the_roll_waits_for_the_machines_still_rendering_the_change() {
+        let mut cluster = TalosCluster::default();
+        cluster.metadata.name = Some("prod".into());
+        cluster.metadata.namespace = Some("ns".into());
+        let mut snapshot = Snapshot {
+            machines: vec![
+                machine("cp-1", "True", Some("now")),
+                machine("cp-2", "True", Some("before")),
+                machine("cp-3", "True", None),
+                machine("cp-4", "False", Some("before")),
+            ],
+            ..Snapshot::default()
+        };
+        assert_eq!(not_rendered(&snapshot, &cluster, "now"), ["cp-2", "cp-3"]);
+        let mut held = machine("cp-5", "True", None);
+        held.spec.approved = false;
+        let mut other = machine("cp-6", "True", None);
+        other.spec.cluster_ref.name = "staging".into();
+        snapshot.machines = vec![machine("cp-1", "True", Some("now")), held, other];
+        assert!(not_rendered(&snapshot, &cluster, "now").is_empty());
     }
 
     #[test]

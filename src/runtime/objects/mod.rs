@@ -186,6 +186,11 @@ pub struct MachineConfigStatus {
     /// sha256 of a configuration staged on its node for its next reboot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub staged_hash: Option<String>,
+    /// Digest of the inputs it was last rendered from (the base's digest, and the name and
+    /// resourceVersion of each of the cluster's TalosConfigPatches): the configuration roll
+    /// waits until every machine the change reaches has rendered the same inputs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<String>,
 }
 
 /// How far the removal of a control plane has come.
@@ -426,6 +431,15 @@ status_reads! {
             .as_ref()
             .and_then(|s| s.config.as_ref())
             .and_then(|c| c.applied_hash.as_deref())
+    }
+
+    /// The digest of the inputs its configuration was last rendered from
+    /// (`status.config.inputs`).
+    fn config_inputs(&self) -> Option<&str> {
+        self.status
+            .as_ref()
+            .and_then(|s| s.config.as_ref())
+            .and_then(|c| c.inputs.as_deref())
     }
 }
 
