@@ -613,6 +613,9 @@ pub enum Move {
     /// A node an upgrade took down answers again running its old version: the upgrade did
     /// not take (Talos boots the previous installation when the new one fails to boot).
     UpgradeNotTaken(u8),
+    /// A node an operation's call took down answers again, its etcd member not caught up
+    /// yet (one of the failures).
+    NodeReturnsBehind(u8),
     /// The etcd member of a node back from an operation's call is healthy again.
     EtcdCatchesUp(u8),
     PdbBlocks,
@@ -627,6 +630,7 @@ impl Move {
             Move::Admit { req, .. } => matches!(req, Req::Collect(_)),
             Move::NodeDies(_)
             | Move::UpgradeNotTaken(_)
+            | Move::NodeReturnsBehind(_)
             | Move::PdbBlocks
             | Move::RemovalLost(_)
             | Move::RemovalCrash(_)
@@ -2055,7 +2059,6 @@ impl<'t> Model<'t> {
                     if s.failures < self.bounds.max_failures {
                         let mut u = t.clone();
                         u.machines[i].boots.staged = false;
-                        u.machines[i].boots.syncing = m.member;
                         u.machines[i].up = true;
                         u.failures += 1;
                         out.push(Next {
@@ -2068,9 +2071,19 @@ impl<'t> Model<'t> {
                     b.upgraded = true;
                     b.staged = false;
                 }
-                // Its etcd member catches up after the node is back (a move of its own).
-                t.machines[i].boots.syncing = m.member;
                 t.machines[i].up = true;
+                // Within the failure budget, its etcd member has not caught up yet when
+                // the node answers (it does, by a move of its own).
+                if m.member && s.failures < self.bounds.max_failures {
+                    let mut u = t.clone();
+                    u.machines[i].boots.syncing = true;
+                    u.failures += 1;
+                    out.push(Next {
+                        mv: Move::NodeReturnsBehind(idx),
+                        state: u,
+                        effect: effect("node-returns"),
+                    });
+                }
                 out.push(Next {
                     mv: Move::NodeReturns(idx),
                     state: t,

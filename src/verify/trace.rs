@@ -421,6 +421,13 @@ fn text_of(
         ),
         Move::NodeDies(i) => ("environment", format!("node {} dies", s.name(i))),
         Move::NodeReturns(i) => ("environment", format!("node {} answers again", s.name(i))),
+        Move::NodeReturnsBehind(i) => (
+            "environment",
+            format!(
+                "node {} answers again, its etcd member not caught up yet",
+                s.name(i)
+            ),
+        ),
         Move::EtcdCatchesUp(i) => (
             "environment",
             format!(
