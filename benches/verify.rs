@@ -23,6 +23,7 @@ fn explore(c: &mut Criterion) {
         in_flight: 0,
         max_requests: None,
         depth: 64,
+        rolls: false,
     };
     let states = verify(&table, bounds)
         .expect("bounds a model holds")

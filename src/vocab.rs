@@ -1187,6 +1187,7 @@ pub enum ModelFact {
     OperationStuck,
     DownOthers,
     OperationLeftDown,
+    FailedTouched,
     CureBlocked,
 }
 
@@ -1264,7 +1265,9 @@ model_facts! {
     DownOthers "down.others" Type::Int,
         "for a step in which an operation took the node of an etcd member down (a reboot, a shutdown, an upgrade, a rollback): how many other etcd members' nodes were down at that moment (0 for any other step)";
     OperationLeftDown "operation.left_down" Type::Bool,
-        "the step just taken ended an upgrade (phase Succeeded) while its machine's node did not answer, or did not run the upgrade's version";
+        "the step just taken ended an upgrade (phase Succeeded) while its machine's node did not answer, its etcd member had not caught up, or it did not run the upgrade's version; or ended a reboot rolled over the cluster while a node it took did not answer or its etcd member had not caught up";
+    FailedTouched "failed.touched" Type::Bool,
+        "the step just taken was the controller's reconcile of a failed operation (which only a person resumes) and it acted on a node: a cordon, an uncordon, a Talos call";
     CureBlocked "cure.blocked" Type::Bool,
         "the control-plane count is even, an operation waits for it to be odd (not started, not an etcd restore, the controller leaves it so), and deleting an approved control plane, which would end the even count, is refused although without the waiting operations it would be allowed";
 }

@@ -706,6 +706,11 @@ async fn snapshots_are_taken_on_schedule_verified_pruned_and_never_counted_when_
     })
     .await;
     assert_eq!(b.status()["lastRequest"], "2026-12-05T10:00:00Z");
+    // Its retention, which follows the record of the snapshot, before what is kept is read.
+    wait_for("retention after the requested snapshot", SLOW, || {
+        b.kept().len() == 2
+    })
+    .await;
 
     // Corrupted on the way from every node: deleted, reported, never counted.
     for i in 0..3 {

@@ -57,6 +57,7 @@ fn bounds() -> Bounds {
         in_flight: 0,
         max_requests: Some(6),
         depth: 32,
+        rolls: false,
     }
 }
 

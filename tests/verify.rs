@@ -1888,3 +1888,56 @@ fn each_gate_after_an_upgrades_call_and_the_one_down_rule_are_refuted_when_dropp
     assert_eq!(out.code, 0, "{}", out.stdout);
     assert!(violated(&json).is_empty(), "{}", out.stdout);
 }
+
+/// A reboot rolled over the whole cluster (`--rolls`: as the controller's configuration
+/// roll creates it, no `spec.machine`) runs through the executor node by node in the model.
+/// Each gate of the reboot plan that keeps a roll safe is refuted when dropped: without
+/// `wait node-back` or the `etcd healthy` after it, the roll finishes a node (and takes
+/// the next) before it is back or its etcd member caught up (`upgrade-ends-back`); without
+/// the drain, a node goes down undrained (`drained-before-down`). The shipped rules verify
+/// under the same bounds.
+#[test]
+fn each_gate_of_a_roll_over_the_cluster_is_refuted_when_dropped() {
+    let bounds = [
+        "--rolls",
+        "--max-workers",
+        "1",
+        "--max-failures",
+        "1",
+        "--max-operations",
+        "1",
+        "--max-requests",
+        "1",
+    ];
+    let reboot = "plan run operation \"reboot\"\n";
+    for (name, step, invariant) in [
+        ("roll-back", "wait node-back", "upgrade-ends-back"),
+        (
+            "roll-healthy-after",
+            "etcd healthy within 5m",
+            "upgrade-ends-back",
+        ),
+        ("roll-drain", "drain node", "drained-before-down"),
+    ] {
+        let dir = mutant(name, "operations.rules", |t| {
+            let start = t.find(reboot).expect("the reboot plan");
+            format!("{}{}", &t[..start], without_step(&t[start..], step))
+        });
+        let (out, json) = verify(&dir, "3", &bounds);
+        assert_eq!(out.code, 1, "{name}: {}", out.stdout);
+        assert_eq!(
+            violated(&json),
+            vec![invariant.to_string()],
+            "{name}: {}",
+            out.stdout
+        );
+        let steps = step_texts(&json);
+        assert!(
+            steps.iter().any(|s| s.contains("a roll over the cluster")),
+            "{name}: {steps:?}"
+        );
+    }
+    let (out, json) = verify(&root().join("rules"), "3", &bounds);
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    assert!(violated(&json).is_empty(), "{}", out.stdout);
+}

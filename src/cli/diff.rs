@@ -68,6 +68,7 @@ pub fn run(args: &DiffArgs) -> u8 {
         in_flight: 0,
         max_requests: None,
         depth: 64,
+        rolls: false,
     };
     let report = match diff(&tables[0], &tables[1], bounds) {
         Ok(r) => r,

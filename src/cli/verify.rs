@@ -39,6 +39,12 @@ pub struct VerifyArgs {
     /// not given.
     #[arg(long, value_parser = clap::value_parser!(u8).range(1..=64))]
     pub max_requests: Option<u8>,
+    /// The operations people create in the model are reboots rolled over the whole cluster
+    /// (no `spec.machine`: every approved control plane, then every approved worker, one at
+    /// a time, as the controller's configuration roll creates them) instead of one
+    /// machine's upgrade or reset. At most 6 machines.
+    #[arg(long)]
+    pub rolls: bool,
     /// Steps from a starting state after which exploration stops (reported when reached).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub depth: u32,
@@ -251,15 +257,21 @@ fn suite(args: &VerifyArgs) -> Vec<Bounds> {
         args.in_flight,
         args.max_requests,
     ];
-    if given.iter().any(Option::is_some) {
+    if given.iter().any(Option::is_some) || args.rolls {
         return vec![Bounds {
             max_control_planes: args.max_control_planes.unwrap_or(SINGLE.max_control_planes),
             max_workers: args.max_workers.unwrap_or(SINGLE.max_workers),
             max_failures: args.max_failures.unwrap_or(SINGLE.max_failures),
-            max_operations: args.max_operations.unwrap_or(SINGLE.max_operations),
+            // A roll needs an operation to roll.
+            max_operations: args.max_operations.unwrap_or(if args.rolls {
+                1
+            } else {
+                SINGLE.max_operations
+            }),
             in_flight: args.in_flight.unwrap_or(SINGLE.in_flight),
             max_requests: args.max_requests.or(SINGLE.max_requests),
             depth: args.depth,
+            rolls: args.rolls,
         }];
     }
     let depth = args.depth;
@@ -274,6 +286,7 @@ fn suite(args: &VerifyArgs) -> Vec<Bounds> {
         in_flight: 0,
         max_requests: Some(3),
         depth,
+        rolls: false,
     };
     vec![
         // A small cluster under any number of requests: alone, with a failure, with a
@@ -361,6 +374,19 @@ fn suite(args: &VerifyArgs) -> Vec<Bounds> {
             max_requests: Some(1),
             ..large
         },
+        // A reboot rolled over three control planes and a worker (as the controller's
+        // configuration roll creates it), with a failure (a node dying, a member lagging
+        // behind its node, a call refused or lost, a drain blocked) and two requests: the
+        // roll's gates between nodes.
+        Bounds {
+            max_control_planes: 3,
+            max_workers: 1,
+            max_failures: 1,
+            max_operations: 1,
+            max_requests: Some(2),
+            rolls: true,
+            ..large
+        },
     ]
 }
 
@@ -373,6 +399,7 @@ pub const SINGLE: Bounds = Bounds {
     in_flight: 0,
     max_requests: None,
     depth: 64,
+    rolls: false,
 };
 
 fn slug(name: &str) -> String {
@@ -752,6 +779,14 @@ mod tests {
         assert!(runs.iter().any(|b| b.max_control_planes == 4
             && b.max_failures >= 1
             && b.max_requests.is_some_and(|n| n >= 3)));
+        // A roll over the cluster, with a worker and a failure.
+        assert!(runs.iter().any(|b| b.rolls
+            && b.max_operations >= 1
+            && b.max_workers >= 1
+            && b.max_failures >= 1));
+        let rolls = suite_of(&["--rolls"]);
+        assert_eq!(rolls.len(), 1);
+        assert!(rolls[0].rolls && rolls[0].max_operations == 1);
         let unbounded: Vec<&Bounds> = runs.iter().filter(|b| b.max_requests.is_none()).collect();
         assert!(unbounded.iter().any(|b| b.max_failures >= 1));
         assert!(unbounded.iter().any(|b| b.in_flight >= 1));

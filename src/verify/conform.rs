@@ -357,6 +357,7 @@ mod tests {
                 in_flight: 0,
                 max_requests: Some(4),
                 depth: 32,
+                rolls: false,
             },
         )
         .expect("model")

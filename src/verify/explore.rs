@@ -169,6 +169,9 @@ pub fn canonical_into(s: &State, out: &mut State, scratch: &mut Scratch) {
     let ops = ops.as_mut_slice();
     for o in ops.iter_mut() {
         o.target = map(o.target);
+        for x in &mut o.order {
+            *x = map(*x);
+        }
     }
     // Operations: interchangeable too (their creation order matters only to name the
     // unfinished one another waits on, which a canonical order keeps deterministic).
@@ -292,6 +295,8 @@ pub fn encode(s: &State, out: &mut Vec<u8>) {
         out.push(o.phase.byte());
         out.push(o.run.steps);
         out.push(o.run.flags);
+        out.push(o.done);
+        out.extend(o.order);
     }
     out.push(len_byte(&s.pending));
     for p in &s.pending {
@@ -306,6 +311,7 @@ pub fn encode(s: &State, out: &mut Vec<u8>) {
             Req::Unschedule => (5, 0),
             Req::Reschedule => (6, 0),
             Req::DeleteCluster => (7, 0),
+            Req::CreateOperation(OpKind::Roll, x) => (16, x),
             Req::CreateOperation(k, x) => (8 + k as u8, x),
             Req::ForgeStatus(x) => (11, x),
             Req::Prune(x) => (12, x),
@@ -375,7 +381,8 @@ pub fn decode(b: &[u8]) -> Option<State> {
         let kind = match next()? {
             0 => OpKind::Upgrade,
             1 => OpKind::Reset,
-            _ => OpKind::Restore,
+            2 => OpKind::Restore,
+            _ => OpKind::Roll,
         };
         let target = next()?;
         let phase = Phase::from_byte(next()?);
@@ -383,11 +390,18 @@ pub fn decode(b: &[u8]) -> Option<State> {
             steps: next()?,
             flags: next()?,
         };
+        let done = next()?;
+        let mut order = [super::model::NONE; super::model::ROLL_MAX];
+        for x in &mut order {
+            *x = next()?;
+        }
         ops.push(Op {
             kind,
             target,
             phase,
             run,
+            order,
+            done,
         });
     }
     let np = next()?;
@@ -411,6 +425,7 @@ pub fn decode(b: &[u8]) -> Option<State> {
             13 => Req::PruneCluster,
             14 => Req::Reassign(arg),
             15 => Req::Move(arg),
+            16 => Req::CreateOperation(OpKind::Roll, arg),
             _ => return None,
         };
         if b1 > 3 {
@@ -1478,6 +1493,7 @@ mod parallel {
             in_flight: 0,
             max_requests: None,
             depth: 64,
+            rolls: false,
         };
         let model = Model::new(&table, bounds).expect("bounds a model holds");
         let checks: Vec<InvariantCheck> =
@@ -1534,6 +1550,7 @@ mod parallel {
                     in_flight,
                     max_requests: None,
                     depth: 64,
+                    rolls: false,
                 },
             )
             .expect("bounds a model holds");

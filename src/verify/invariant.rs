@@ -44,6 +44,7 @@ pub struct Facts {
     pub stuck: bool,
     pub op_stuck: bool,
     pub left_down: bool,
+    pub failed_touched: bool,
     pub cure_blocked: bool,
 }
 
@@ -105,6 +106,7 @@ impl Facts {
             undrained: e.undrained,
             down_others: i64::from(e.down_others),
             left_down: e.left_down,
+            failed_touched: e.failed_touched,
             left_running: e.left_running,
             warned: e.warned,
             step_kind: e.kind.or(e.created),
@@ -155,6 +157,7 @@ impl Facts {
             OperationStuck => V::Bool(self.op_stuck),
             DownOthers => V::Int(self.down_others),
             OperationLeftDown => V::Bool(self.left_down),
+            FailedTouched => V::Bool(self.failed_touched),
             CureBlocked => V::Bool(self.cure_blocked),
         }
     }
@@ -547,6 +550,7 @@ fn pack(f: &Facts, concurrent: bool) -> Option<Packed> {
         stuck,
         op_stuck,
         left_down,
+        failed_touched,
         cure_blocked,
     } = *f;
     let mut bytes = [0u8; 24];
@@ -591,6 +595,7 @@ fn pack(f: &Facts, concurrent: bool) -> Option<Packed> {
         left_down,
         cure_blocked,
         concurrent,
+        failed_touched,
     ];
     let bits = flags
         .iter()
@@ -603,6 +608,7 @@ fn pack(f: &Facts, concurrent: bool) -> Option<Packed> {
         Some(super::model::OpKind::Upgrade) => 1,
         Some(super::model::OpKind::Reset) => 2,
         Some(super::model::OpKind::Restore) => 3,
+        Some(super::model::OpKind::Roll) => 4,
     };
     let word = |k: usize| {
         let mut w = [0u8; 8];
@@ -737,7 +743,7 @@ mod tests {
             *field(&mut past) = -1;
             assert_eq!(pack(&past, false), None);
         }
-        let flags: [fn(&mut Facts) -> &mut bool; 18] = [
+        let flags: [fn(&mut Facts) -> &mut bool; 19] = [
             |f| &mut f.cluster_deleting,
             |f| &mut f.cluster_exists,
             |f| &mut f.schedulable,
@@ -756,6 +762,7 @@ mod tests {
             |f| &mut f.op_stuck,
             |f| &mut f.left_down,
             |f| &mut f.cure_blocked,
+            |f| &mut f.failed_touched,
         ];
         for flag in flags {
             let mut f = base;

@@ -87,6 +87,9 @@ pub struct Bounds {
     /// collector's deletions are not people's.
     pub max_requests: Option<u8>,
     pub depth: u32,
+    /// The operations people create are reboots rolled over the whole cluster
+    /// ([`OpKind::Roll`]) instead of one machine's upgrade or reset.
+    pub rolls: bool,
 }
 
 /// Bounds a model cannot hold: what is wrong, and the most it can.
@@ -118,6 +121,12 @@ impl Bounds {
         if machines > MAX_MACHINES {
             return Err(too_many("machines", machines, MAX_MACHINES));
         }
+        if self.rolls && machines > ROLL_MAX {
+            return Err(BoundsError(format!(
+                "{machines} machines is more than a roll over the cluster takes in a model (at \
+                 most {ROLL_MAX}); lower the bound"
+            )));
+        }
         if usize::from(self.max_operations) > MAX_OPERATIONS {
             return Err(too_many(
                 "operations",
@@ -146,6 +155,7 @@ impl Default for Bounds {
             in_flight: 1,
             max_requests: None,
             depth: 64,
+            rolls: false,
         }
     }
 }
@@ -277,19 +287,33 @@ pub enum OpKind {
     Upgrade,
     Reset,
     Restore,
+    /// A reboot rolled over the whole cluster (no `spec.machine`): every approved control
+    /// plane, then every approved worker, one at a time, as the controller's
+    /// configuration roll creates it ([`Bounds::rolls`]).
+    Roll,
 }
 
 impl OpKind {
-    pub const ALL: [OpKind; 3] = [OpKind::Upgrade, OpKind::Reset, OpKind::Restore];
+    pub const ALL: [OpKind; 4] = [
+        OpKind::Upgrade,
+        OpKind::Reset,
+        OpKind::Restore,
+        OpKind::Roll,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             OpKind::Upgrade => "upgrade",
             OpKind::Reset => "reset",
             OpKind::Restore => "etcd-restore",
+            OpKind::Roll => "reboot",
         }
     }
 }
+
+/// The most machines a roll over the cluster takes in the model ([`Op::order`]); a roll
+/// is offered only on a cluster of at most this many approved machines.
+pub const ROLL_MAX: usize = 6;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Phase {
@@ -324,8 +348,46 @@ pub struct Op {
     /// The target machine's index, [`NONE`] or [`GONE`].
     pub target: u8,
     pub phase: Phase,
-    /// Its `status.progress` as the executor recorded it (`exec::operation`).
+    /// Its `status.progress` as the executor recorded it (`exec::operation`): for a roll,
+    /// its progress on the node it is at.
     pub run: OpRun,
+    /// A roll's machines in the order the executor recorded (`progress.order`), [`NONE`]
+    /// after the last ([`GONE`]: one removed since); all [`NONE`] before it started and
+    /// for an operation on one machine.
+    pub order: [u8; ROLL_MAX],
+    /// A roll's machines finished (`progress.done`).
+    pub done: u8,
+}
+
+impl Op {
+    /// A new operation of `kind` on `target`.
+    pub fn new(kind: OpKind, target: u8) -> Op {
+        Op {
+            kind,
+            target,
+            phase: Phase::Pending,
+            run: OpRun::default(),
+            order: [NONE; ROLL_MAX],
+            done: 0,
+        }
+    }
+
+    /// The machines a roll takes, in order.
+    pub fn roll_order(&self) -> impl Iterator<Item = u8> + '_ {
+        self.order.iter().copied().take_while(|&x| x != NONE)
+    }
+
+    /// The machine a roll is at (or the operation's target).
+    pub fn at(&self) -> u8 {
+        if self.kind == OpKind::Roll {
+            self.order
+                .get(usize::from(self.done))
+                .copied()
+                .unwrap_or(NONE)
+        } else {
+            self.target
+        }
+    }
 }
 
 /// An operation's recorded progress on its machine, as the model keeps it: the plan steps
@@ -671,6 +733,9 @@ pub struct Effect {
     pub down_others: u8,
     /// An upgrade succeeded while its node was not back running the new version.
     pub left_down: bool,
+    /// A reconcile of a failed operation (no person resumed it) acted on a node: a
+    /// cordon, an uncordon, a Talos call.
+    pub failed_touched: bool,
     /// A removal that released its finalizer with its node still running (not reset or
     /// wiped), although the node could be reached.
     pub left_running: bool,
@@ -1074,8 +1139,11 @@ pub fn object_key(s: &State, out: &mut Vec<u8>) {
             target,
             phase,
             run,
+            order,
+            done,
         } = *o;
-        out.extend([kind as u8, target, phase.byte(), run.steps, run.flags]);
+        out.extend([kind as u8, target, phase.byte(), run.steps, run.flags, done]);
+        out.extend(order);
         out.extend(op_names.get(k).map_or([0, 0], |n| [1, *n]));
     }
 }
@@ -1338,10 +1406,21 @@ impl Objects<'_> {
     pub fn operation(&self, s: &State, i: usize) -> TalosOperation {
         let o = &s.ops[i];
         let name = s.op_name(i);
-        let target = match o.target {
+        let name_of = |t: u8| match t {
             NONE => None,
             GONE => Some("cp-gone".to_string()),
             t => Some(s.name(t)),
+        };
+        let target = if o.kind == OpKind::Roll {
+            None
+        } else {
+            name_of(o.target)
+        };
+        // The order the executor recorded: a roll's machines, or the one target.
+        let order: Vec<String> = if o.kind == OpKind::Roll {
+            o.roll_order().filter_map(name_of).collect()
+        } else {
+            target.iter().cloned().collect()
         };
         let mut op = TalosOperation::new(
             &name,
@@ -1364,21 +1443,14 @@ impl Objects<'_> {
             .table
             .operation_plan(o.kind.name())
             .map_or(&[][..], |p| p.steps.as_slice());
+        let ran = o.run != OpRun::default() || o.done > 0;
         op.status = match o.phase {
             // Parked or resumed once it ran: its progress is kept.
-            Phase::Pending if o.run != OpRun::default() => Some(super::world::operation_status(
-                plan,
-                o.phase,
-                o.run,
-                op.spec.machine.as_deref(),
+            Phase::Pending if ran => Some(super::world::operation_status(
+                plan, o.phase, o.run, &order, o.done,
             )),
-            Phase::Parked if o.run != OpRun::default() => {
-                let mut st = super::world::operation_status(
-                    plan,
-                    o.phase,
-                    o.run,
-                    op.spec.machine.as_deref(),
-                );
+            Phase::Parked if ran => {
+                let mut st = super::world::operation_status(plan, o.phase, o.run, &order, o.done);
                 st.conditions = vec![condition(
                     "Paused",
                     "True",
@@ -1400,7 +1472,7 @@ impl Objects<'_> {
                 progress: None,
             }),
             Phase::Running | Phase::Succeeded | Phase::Failed => Some(
-                super::world::operation_status(plan, o.phase, o.run, op.spec.machine.as_deref()),
+                super::world::operation_status(plan, o.phase, o.run, &order, o.done),
             ),
         };
         op
@@ -1515,12 +1587,7 @@ impl Objects<'_> {
             ),
             Req::CreateOperation(kind, target) => {
                 let mut t = s.fork();
-                t.ops.push(Op {
-                    kind,
-                    target,
-                    phase: Phase::Pending,
-                    run: OpRun::default(),
-                });
+                t.ops.push(Op::new(kind, target));
                 t.op_names.push(next_op_name(s));
                 let new = self.operation(&t, t.ops.len() - 1);
                 (Operation::Create, None, Some(Object::Operation(new)))
@@ -1710,7 +1777,10 @@ impl<'t> Model<'t> {
                     .count();
             if made < usize::from(self.bounds.max_operations) {
                 out.push(Req::CreateOperation(OpKind::Restore, NONE));
-                for (i, m) in ix(&s.machines) {
+                if self.bounds.rolls {
+                    out.push(Req::CreateOperation(OpKind::Roll, NONE));
+                }
+                for (i, m) in ix(&s.machines).filter(|_| !self.bounds.rolls) {
                     // An upgrade of one machine (a roll over the cluster is the same
                     // procedure on each node in turn; the model runs it on one).
                     if m.approved && !m.deleting && !m.moved {
@@ -1888,12 +1958,7 @@ impl<'t> Model<'t> {
                     return None;
                 }
                 t.op_names.push(next_op_name(&t));
-                t.ops.push(Op {
-                    kind,
-                    target,
-                    phase: Phase::Pending,
-                    run: OpRun::default(),
-                });
+                t.ops.push(Op::new(kind, target));
             }
         }
         Some(t)
@@ -2394,7 +2459,10 @@ impl<'t> Model<'t> {
             ..e
         };
         match o.phase {
-            Phase::Succeeded | Phase::Failed => (false, false),
+            Phase::Succeeded => (false, false),
+            // Failed: the executor touches nothing more (ADR 0137); the controller still
+            // reconciles it, and `failed-touches-nothing` holds the executor to that.
+            Phase::Failed => self.failed_operation(s, snap, kidx, memo, fired, out),
             Phase::Pending | Phase::Parked | Phase::Running => {
                 let arc = snap.arc();
                 let Some(live) = arc.operations.get(k) else {
@@ -2451,6 +2519,60 @@ impl<'t> Model<'t> {
         }
     }
 
+    /// The executor's reconcile of a failed operation `kidx`: a successor only when it did
+    /// something (which `failed-touches-nothing` refutes).
+    fn failed_operation(
+        &self,
+        s: &State,
+        snap: &Lazy<'_>,
+        kidx: u8,
+        memo: &mut Memo,
+        fired: &mut Fired,
+        out: &mut Vec<Next>,
+    ) -> (bool, bool) {
+        let k = usize::from(kidx);
+        let o = s.ops[k];
+        let arc = snap.arc();
+        let Some(live) = arc.operations.get(k) else {
+            return (false, false);
+        };
+        let at = o.at();
+        let machine = if at == GONE { NONE } else { at };
+        let mut w = ModelWorld::new(
+            s.fork(),
+            machine,
+            &arc,
+            Some(arc.clone()),
+            self.plan(),
+            fired,
+            memo,
+        )
+        .with_operation(kidx);
+        let _ = run_now(exec::operation::reconcile(
+            &mut w,
+            self.table,
+            &model_timing(),
+            live,
+        ));
+        let ModelWorld {
+            t,
+            acts,
+            mut effect,
+            ..
+        } = w;
+        if acts == 0 && t == *s {
+            return (false, false);
+        }
+        effect.kind = Some(o.kind);
+        effect.failed_touched = true;
+        out.push(Next {
+            mv: Move::Operation(kidx),
+            effect,
+            state: t,
+        });
+        (true, false)
+    }
+
     /// The executor's reconcile of operation `kidx` from state `s` (see
     /// [`Model::operation`]).
     fn run_operation(
@@ -2468,13 +2590,10 @@ impl<'t> Model<'t> {
         let Some(live) = arc.operations.get(k) else {
             return (false, false);
         };
-        let timing = Timing {
-            refused_requeue: std::time::Duration::from_secs(30),
-            lock_retry: std::time::Duration::from_secs(5),
-            drain_retry: std::time::Duration::from_secs(15),
-            reset_settle: std::time::Duration::from_secs(60),
-        };
-        let machine = if o.target == GONE { NONE } else { o.target };
+        let timing = model_timing();
+        // The machine the world acts on: the target, or the node a roll is at.
+        let at = o.at();
+        let machine = if at == GONE { NONE } else { at };
         let run = |faults: Faults, fired: &mut Fired, memo: &mut Memo| {
             let mut w = ModelWorld::new(
                 s.fork(),
@@ -2500,13 +2619,31 @@ impl<'t> Model<'t> {
         let label = |t: &State, mut e: Effect| {
             e.kind = Some(o.kind);
             let now = t.ops.get(k).map_or(o.phase, |x| x.phase);
-            // An upgrade that ended here left its node back, running the new version?
-            if now == Phase::Succeeded && o.phase != Phase::Succeeded && o.kind == OpKind::Upgrade {
-                let back = t
-                    .machines
-                    .get(usize::from(o.target))
-                    .is_some_and(|m| m.etcd_ok() && m.boots.upgraded && !m.boots.rebooting);
-                e.left_down = !back;
+            // An upgrade that ended here left its node back, running the new version? A roll,
+            // each node it finished here (as far as it is still there)?
+            let back = |j: u8, upgraded: bool| {
+                t.machines.get(usize::from(j)).is_none_or(|m| {
+                    m.etcd_ok() && !m.boots.rebooting && (m.boots.upgraded || !upgraded)
+                })
+            };
+            match (o.kind, t.ops.get(k)) {
+                (OpKind::Upgrade, _) if now == Phase::Succeeded && o.phase != Phase::Succeeded => {
+                    e.left_down =
+                        t.machines.get(usize::from(o.target)).is_none() || !back(o.target, true);
+                }
+                (OpKind::Roll, Some(x)) => {
+                    let upto = if now == Phase::Succeeded {
+                        ROLL_MAX
+                    } else {
+                        usize::from(x.done)
+                    };
+                    e.left_down = x
+                        .roll_order()
+                        .enumerate()
+                        .any(|(n, j)| n >= usize::from(o.done) && n < upto && !back(j, false))
+                        && o.phase != Phase::Succeeded;
+                }
+                _ => {}
             }
             if matches!(o.phase, Phase::Pending | Phase::Parked) && now != o.phase {
                 e.step = step_index("operation-run");
@@ -2553,6 +2690,16 @@ impl<'t> Model<'t> {
     }
 }
 
+/// The executor's timing in the model (its clock is the model's: only the order matters).
+fn model_timing() -> Timing {
+    Timing {
+        refused_requeue: std::time::Duration::from_secs(30),
+        lock_retry: std::time::Duration::from_secs(5),
+        drain_retry: std::time::Duration::from_secs(15),
+        reset_settle: std::time::Duration::from_secs(60),
+    }
+}
+
 /// An admission's outcome: refused, or let through with a warning (`Warn`), or not.
 fn outcome(d: &Decision) -> Option<Verdict> {
     d.verdict()
@@ -2580,6 +2727,9 @@ pub fn remove_machine(t: &mut State, i: u8) {
     };
     for o in &mut t.ops {
         o.target = shift(o.target);
+        for x in &mut o.order {
+            *x = shift(*x);
+        }
     }
     t.lock = match t.lock {
         Lock::Removal(h) if h == i => Lock::Free,
@@ -2611,6 +2761,7 @@ pub(crate) mod tests {
             in_flight: 1,
             max_requests: Some(2),
             depth: 64,
+            rolls: false,
         };
         (table, bounds)
     }

@@ -156,7 +156,9 @@ pub fn describe(s: &State, req: Req) -> String {
             s.name(i)
         ),
         Req::CreateOperation(kind, t) => {
-            let target = if t == super::model::NONE {
+            let target = if kind == super::model::OpKind::Roll {
+                ", no machine: a roll over the cluster".to_string()
+            } else if t == super::model::NONE {
                 String::new()
             } else {
                 format!(", machine {}", s.name(t))
@@ -373,7 +375,14 @@ fn text_of(
         | Move::OperationCrash(k)
         | Move::OperationRefused(k) => {
             let o = s.ops[usize::from(k)];
-            let target = if o.target == super::model::NONE || o.target == super::model::GONE {
+            let at = o.at();
+            let target = if o.kind == super::model::OpKind::Roll {
+                if at == super::model::NONE || at == super::model::GONE {
+                    " over the cluster".to_string()
+                } else {
+                    format!(" over the cluster, at {}", s.name(at))
+                }
+            } else if o.target == super::model::NONE || o.target == super::model::GONE {
                 String::new()
             } else {
                 format!(" of {}", s.name(o.target))

@@ -9,7 +9,8 @@
 //! controller crash right after it (nothing after it happens; what was recorded stays).
 
 use super::model::{
-    Effect, Fired, Lock, MRole, Memo, OpRun, Phase, State, remove_machine, step_index,
+    Effect, Fired, GONE, Lock, MRole, Memo, NONE, OpKind, OpRun, Phase, ROLL_MAX, State,
+    remove_machine, step_index,
 };
 use crate::compile::PlanStep;
 use crate::runtime::exec::{Call, Drained, LockOp, Node, NodeError, Note, Reply, World};
@@ -41,38 +42,40 @@ fn destructive_step(plan: &[PlanStep]) -> Option<&PlanStep> {
         .find(|st| crate::runtime::exec::operation::sends_once(st))
 }
 
-/// The status of a running (or ended) operation of the model on `target`, from what the
-/// model keeps of it ([`OpRun`]): what `exec::operation` wrote, read back by it exactly
-/// as written ([`operation_run`] is its inverse on everything the procedure reads).
+/// The status of a running (or ended) operation of the model, from what the model keeps
+/// of it ([`OpRun`]; `order`: its one target, or a roll's machines, `done` of them
+/// finished): what `exec::operation` wrote, read back by it exactly as written
+/// ([`operation_run`] is its inverse on everything the procedure reads).
 pub fn operation_status(
     plan: &[PlanStep],
     phase: Phase,
     r: OpRun,
-    target: Option<&str>,
+    order: &[String],
+    done: u8,
 ) -> OperationStatus {
     let at = Time(now());
     let started = r.has(OpRun::STARTED);
-    let order: Vec<String> = if started {
-        target.into_iter().map(str::to_string).collect()
+    let order: Vec<String> = if started { order.to_vec() } else { Vec::new() };
+    // One machine's operation keeps "its node is done" as `steps == u8::MAX`.
+    let done = if phase == Phase::Succeeded {
+        order.len()
+    } else if r.steps == u8::MAX {
+        usize::from(done) + 1
     } else {
-        Vec::new()
+        usize::from(done)
     };
     let node_done = r.steps == u8::MAX || phase == Phase::Succeeded;
     let steps = if node_done { 0 } else { usize::from(r.steps) };
     let key = |k: usize| format!("{}. {}", k + 1, plan.get(k).map_or("", |s| s.text.as_str()));
     let progress = OperationProgress {
-        done: u32::from(node_done),
+        done: u32::try_from(done).unwrap_or(u32::MAX),
         total: u32::try_from(order.len()).unwrap_or(0),
-        node: if node_done {
-            None
-        } else {
-            order.first().cloned()
-        },
-        order,
+        node: order.get(done).cloned(),
         step: (r.has(OpRun::IN_STEP) && !node_done).then(|| key(steps)),
         step_started_at: (r.has(OpRun::IN_STEP) && !node_done).then(|| at.clone()),
         started_at: started.then(|| at.clone()),
         steps_done: (0..steps).map(key).collect(),
+        order,
         boot_time: r
             .has(OpRun::BOOT_RECORDED)
             .then(|| 1 + u64::from(r.has(OpRun::BOOT))),
@@ -105,9 +108,11 @@ pub fn operation_status(
     }
 }
 
-/// What the model keeps of an operation's status as `exec::operation` wrote it: its phase
-/// and [`OpRun`] (`None`: it wrote no progress, a condition alone).
-pub fn operation_run(status: &OperationStatus) -> Option<(Phase, OpRun)> {
+/// What the model keeps of an operation's status: its phase, its progress on the node it
+/// is at ([`OpRun`]), and how many of its machines are done. `roll`: the operation rolls
+/// over the cluster (its progress on each node is its own); one machine's operation keeps
+/// "done" as `steps == u8::MAX`.
+pub fn operation_run(status: &OperationStatus, roll: bool) -> Option<(Phase, OpRun, u8)> {
     let failed = status
         .failure_reason
         .as_deref()
@@ -123,12 +128,16 @@ pub fn operation_run(status: &OperationStatus) -> Option<(Phase, OpRun)> {
     };
     let p = status.progress.clone().unwrap_or_default();
     let flag = |on: bool, f: u8| if on { f } else { 0 };
+    let steps = u8::try_from(p.steps_done.len()).unwrap_or(u8::MAX - 1);
+    let (steps, done) = if roll {
+        (steps, u8::try_from(p.done).unwrap_or(u8::MAX))
+    } else if p.done >= 1 {
+        (u8::MAX, 0)
+    } else {
+        (steps, 0)
+    };
     let run = OpRun {
-        steps: if p.done >= 1 {
-            u8::MAX
-        } else {
-            u8::try_from(p.steps_done.len()).unwrap_or(u8::MAX - 1)
-        },
+        steps,
         flags: flag(p.started_at.is_some(), OpRun::STARTED)
             | flag(p.step.is_some(), OpRun::IN_STEP)
             | flag(p.sent.is_some(), OpRun::SENT)
@@ -138,7 +147,7 @@ pub fn operation_run(status: &OperationStatus) -> Option<(Phase, OpRun)> {
             | flag(p.was_cordoned, OpRun::WAS_CORDONED)
             | flag(p.node_registered, OpRun::REGISTERED),
     };
-    Some((phase, run))
+    Some((phase, run, done))
 }
 
 /// The controller crashed: the reconcile ends here.
@@ -274,6 +283,17 @@ impl<'a> ModelWorld<'a> {
             op: Some(k),
             ..self
         }
+    }
+
+    /// Whether machine `j` is the one this world's work acts on: the removed machine, the
+    /// operation's target, or any node of a roll over the cluster (a call to a sibling
+    /// asks etcd; it acts on no node).
+    fn acts_on(&self, j: usize) -> bool {
+        let roll = self
+            .op
+            .and_then(|k| self.t.ops.get(usize::from(k)))
+            .is_some_and(|o| o.kind == OpKind::Roll);
+        roll || usize::from(self.idx) == j
     }
 
     /// The machine whose Kubernetes Node is named `node`.
@@ -427,7 +447,7 @@ impl<'a> ModelWorld<'a> {
                     let others = u8::try_from(others).unwrap_or(u8::MAX);
                     self.effect.down_others = self.effect.down_others.max(others);
                 }
-                self.effect.undrained |= usize::from(self.idx) == j && !drained;
+                self.effect.undrained |= self.acts_on(j) && !drained;
                 self.step("node-down");
                 Ok(Reply::Done)
             }
@@ -514,7 +534,7 @@ impl<'a> ModelWorld<'a> {
                 tm.wiped = true;
                 tm.unreachable = false;
                 self.effect.ours |= m.member;
-                self.effect.undrained |= usize::from(self.idx) == j && !drained;
+                self.effect.undrained |= self.acts_on(j) && !drained;
                 self.step(if graceful { "reset" } else { "wipe" });
                 Ok(Reply::Done)
             }
@@ -541,11 +561,31 @@ impl crate::runtime::exec::operation::OperationWorld for ModelWorld<'_> {
         let (Some(k), Some(status)) = (self.op, &after.status) else {
             return Ok(());
         };
-        if let (Some((phase, run)), Some(o)) =
-            (operation_run(status), self.t.ops.get_mut(usize::from(k)))
-        {
+        let roll = self
+            .t
+            .ops
+            .get(usize::from(k))
+            .is_some_and(|o| o.kind == OpKind::Roll);
+        let Some((phase, run, done)) = operation_run(status, roll) else {
+            return Ok(());
+        };
+        // A roll's order, as machine indices (a name no machine has any more: gone).
+        let mut order = [NONE; ROLL_MAX];
+        if roll && let Some(p) = &status.progress {
+            for (slot, name) in order.iter_mut().zip(&p.order) {
+                *slot = (0..self.t.machines.len())
+                    .find(|&j| self.t.name(j) == *name)
+                    .and_then(|j| u8::try_from(j).ok())
+                    .unwrap_or(GONE);
+            }
+        }
+        if let Some(o) = self.t.ops.get_mut(usize::from(k)) {
             o.phase = phase;
             o.run = run;
+            if roll {
+                o.order = order;
+                o.done = done;
+            }
         }
         Ok(())
     }
@@ -915,6 +955,7 @@ mod tests {
             in_flight: 0,
             max_requests: None,
             depth: 64,
+            rolls: false,
         };
         let model = Model::new(table, bounds).expect("model");
         let s = State::initial(&bounds)
@@ -1036,5 +1077,101 @@ mod tests {
             }
         }
         panic!("the removal did not end: {state:?}");
+    }
+
+    /// A reboot rolled over the whole cluster runs through the executor node by node in
+    /// the model: each approved control plane in turn, one down at a time, each back (its
+    /// etcd member caught up) before the next goes down; and once it failed, nothing more
+    /// is done for it.
+    #[test]
+    fn a_roll_over_the_cluster_reboots_each_node_once_one_at_a_time() {
+        use super::super::model::{Op, OpKind};
+        let table = crate::ruleset::shipped_table();
+        let bounds = Bounds {
+            max_control_planes: 3,
+            max_workers: 0,
+            max_failures: 0,
+            max_operations: 1,
+            in_flight: 0,
+            max_requests: None,
+            depth: 64,
+            rolls: true,
+        };
+        let model = Model::new(&table, bounds).expect("model");
+        let mut state = State::initial(&bounds)
+            .into_iter()
+            .find(|s| s.count == 3 && s.cluster == ClusterState::Live)
+            .expect("a healthy cluster of three");
+        state.ops.push(Op::new(OpKind::Roll, NONE));
+        state.op_names.push(1);
+        let mut downs: Vec<usize> = Vec::new();
+        for _ in 0..200 {
+            if state.ops[0].phase == Phase::Succeeded {
+                break;
+            }
+            let mut out = Vec::new();
+            model.successors(
+                &state,
+                &Lazy::new(&model.objects, &state),
+                &mut Memo::default(),
+                &mut Fired::default(),
+                &mut out,
+            );
+            // The controller first; else the world's recovery (a node back, etcd caught up).
+            let next = out
+                .iter()
+                .find(|n| matches!(n.mv, Move::Operation(0)))
+                .or_else(|| {
+                    out.iter()
+                        .find(|n| matches!(n.mv, Move::NodeReturns(_) | Move::EtcdCatchesUp(_)))
+                })
+                .unwrap_or_else(|| {
+                    panic!(
+                        "stuck at {state:?}: {:?}",
+                        out.iter().map(|n| n.mv).collect::<Vec<_>>()
+                    )
+                });
+            for (j, m) in next.state.machines.iter().enumerate() {
+                if !m.up && state.machines[j].up {
+                    downs.push(j);
+                }
+            }
+            let down = next.state.machines.iter().filter(|m| !m.etcd_ok()).count();
+            assert!(down <= 1, "two down at once: {:?}", next.state);
+            assert!(!next.effect.undrained, "{:?}", next.mv);
+            state = next.state.clone();
+        }
+        let o = state.ops[0];
+        assert_eq!(o.phase, Phase::Succeeded, "{state:?}");
+        assert_eq!(downs, [0, 1, 2], "each control plane once, in order");
+        assert_eq!(o.roll_order().collect::<Vec<_>>(), [0, 1, 2]);
+        assert!(
+            state
+                .machines
+                .iter()
+                .all(|m| m.boots.boot && m.etcd_ok() && !m.boots.unsched)
+        );
+
+        // Failed at the second node: a reconcile of it touches nothing.
+        let mut failed = state.clone();
+        failed.ops[0].phase = Phase::Failed;
+        failed.ops[0].done = 1;
+        failed.ops[0].run = OpRun {
+            steps: 1,
+            flags: OpRun::STARTED,
+        };
+        let mut out = Vec::new();
+        model.successors(
+            &failed,
+            &Lazy::new(&model.objects, &failed),
+            &mut Memo::default(),
+            &mut Fired::default(),
+            &mut out,
+        );
+        assert!(
+            !out.iter().any(|n| matches!(n.mv, Move::Operation(0))),
+            "{:?}",
+            out.iter().map(|n| n.mv).collect::<Vec<_>>()
+        );
     }
 }
