@@ -430,6 +430,7 @@ async fn main() {
             clusters: vec![serde_json::from_value(cluster(0)).expect("cluster")],
             operations: Vec::new(),
             backups: Vec::new(),
+            patches: Vec::new(),
         };
         let decide = decide_only(&snapshot, &bodies[0]);
         let (allocs, bytes, in_process) =

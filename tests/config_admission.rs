@@ -29,6 +29,7 @@ struct Harness {
     api: ApiServer,
     addr: SocketAddr,
     ca: CertificateDer<'static>,
+    dir: PathBuf,
 }
 
 async fn harness(name: &str) -> Harness {
@@ -63,7 +64,7 @@ async fn harness(name: &str) -> Harness {
         router(state),
         std::future::pending(),
     ));
-    Harness { api, addr, ca }
+    Harness { api, addr, ca, dir }
 }
 
 async fn review(h: &Harness, operation: &str, old: Option<&Value>, new: Option<&Value>) -> Value {
@@ -79,6 +80,52 @@ async fn review(h: &Harness, operation: &str, old: Option<&Value>, new: Option<&
     .await;
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&bytes));
     let v: Value = serde_json::from_slice(&bytes).unwrap();
+    let response = v["response"].clone();
+    // `eval` decides the same review from the same objects (an objects file holding the
+    // API server's TalosClusters, TalosMachines and TalosConfigPatches) as the webhook did
+    // from its live reads: one implementation of the dry render.
+    let offline = eval_offline(h, &body);
+    assert_eq!(
+        offline["allowed"], response["allowed"],
+        "eval: {offline}\nwebhook: {response}"
+    );
+    assert_eq!(
+        offline["status"]["message"], response["status"]["message"],
+        "eval: {offline}\nwebhook: {response}"
+    );
+    response
+}
+
+/// `ichor-rules eval --objects F --review R` on the API server's objects: its response.
+fn eval_offline(h: &Harness, body: &Value) -> Value {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let docs: Vec<String> = ["TalosCluster", "TalosMachine", "TalosConfigPatch"]
+        .iter()
+        .flat_map(|k| h.api.objects(k, None))
+        .map(|o| serde_json::to_string(&o).unwrap())
+        .collect();
+    let objects = h.dir.join(format!("objects-{n}.yaml"));
+    std::fs::write(&objects, docs.join("\n---\n")).unwrap();
+    let review = h.dir.join(format!("review-{n}.json"));
+    std::fs::write(&review, serde_json::to_vec(body).unwrap()).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ichor-rules"))
+        .arg("eval")
+        .arg("--rules")
+        .arg(h.dir.join("rules"))
+        .arg("--objects")
+        .arg(&objects)
+        .arg("--review")
+        .arg(&review)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!(
+            "eval did not answer a review ({e}): {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
     v["response"].clone()
 }
 

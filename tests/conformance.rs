@@ -236,6 +236,7 @@ impl Real {
                 Object::Cluster(c) => serde_json::to_value(&c.spec).expect("spec"),
                 Object::Operation(_) => unreachable!("no operation request is replayed"),
                 Object::Backup(_) => unreachable!("no backup request is replayed"),
+                Object::Patch(_) => unreachable!("no patch request is replayed"),
             };
             v
         });

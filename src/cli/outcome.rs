@@ -110,12 +110,66 @@ pub fn admission_as(
             request: Some(req),
         });
     }
-    let events = request_events(
-        req.operation(),
-        &req.namespace,
-        req.old.as_ref(),
-        req.new.as_ref(),
-    );
+    // As the webhook: a TalosConfigPatch written is dry-rendered against the machines it
+    // selects (here from the objects: the TalosCluster's published redacted base, its
+    // machines and its other patches), the result the facts of its `apply patch` event.
+    let config_patch = match crate::runtime::configpatch::from_request(&req) {
+        Some(Ok(p)) => Some(p),
+        Some(Err(e)) => {
+            return Ok(Outcome {
+                header,
+                decision: Decision::default(),
+                traces: Vec::new(),
+                events: 0,
+                kinds: Vec::new(),
+                not_by_rule: Some(e),
+                notes: Vec::new(),
+                missing_clusters: Vec::new(),
+                member_dead_offline: false,
+                request: Some(req),
+            });
+        }
+        None => None,
+    };
+    let dry = config_patch.as_ref().map(|p| {
+        crate::runtime::configpatch::dry_render_of(
+            snapshot.cluster(p.namespace(), p.cluster()),
+            &snapshot.machines,
+            &snapshot.patches,
+            p,
+        )
+    });
+    let events = match (&config_patch, &dry) {
+        (Some(p), Some(d)) => vec![crate::runtime::configpatch::patch_event(
+            &req.namespace,
+            p,
+            d,
+        )],
+        _ => request_events(
+            req.operation(),
+            &req.namespace,
+            req.old.as_ref(),
+            req.new.as_ref(),
+        ),
+    };
+    let mut notes = Vec::new();
+    if let (Some(p), Some(d)) = (&config_patch, &dry)
+        && !d.rendered
+        && let Some(c) = snapshot.cluster(p.namespace(), p.cluster())
+    {
+        let published = c.status.as_ref().and_then(|s| s.redacted_base.as_ref());
+        notes.push(format!(
+            "TalosCluster {}/{} {} in the objects: nothing to render the patch against, so \
+             it breaks nothing (as the webhook decides then)",
+            p.namespace(),
+            p.cluster(),
+            if published.is_some() {
+                "has a published base (status.redactedBase) that does not parse"
+            } else {
+                "has no published base (status.redactedBase) yet"
+            }
+        ));
+    }
     let (decision, traces) = decide_request_events(
         table,
         snapshot,
@@ -126,6 +180,7 @@ pub fn admission_as(
     );
     let mut missing = Missing::default();
     missing_clusters(snapshot, &events, &mut missing);
+    notes.extend(missing.notes);
     let count = events.len();
     let kinds = events.iter().map(|e| e.event).collect();
     drop(events);
@@ -136,7 +191,7 @@ pub fn admission_as(
         events: count,
         kinds,
         not_by_rule: None,
-        notes: missing.notes,
+        notes,
         missing_clusters: missing.clusters,
         member_dead_offline: false,
         request: Some(req),

@@ -28,7 +28,7 @@ use serde_json::{Value, json};
 use std::path::Path;
 
 /// The kinds a request names, as `kubectl` accepts them.
-const KINDS: [(&str, &str, &[&str]); 3] = [
+const KINDS: [(&str, &str, &[&str]); 4] = [
     (
         "TalosMachine",
         "talosmachines",
@@ -43,6 +43,11 @@ const KINDS: [(&str, &str, &[&str]); 3] = [
         "TalosOperation",
         "talosoperations",
         &["talosoperation", "talosoperations", "top"],
+    ),
+    (
+        "TalosConfigPatch",
+        "talosconfigpatches",
+        &["talosconfigpatch", "talosconfigpatches", "tcp"],
     ),
 ];
 
@@ -127,7 +132,7 @@ pub fn parse_target(text: &str) -> Result<Target, String> {
     else {
         return Err(format!(
             "{:?}: `{}` is not a kind ichor-rules decides about; use talosmachine, \
-             taloscluster or talosoperation",
+             taloscluster, talosoperation or talosconfigpatch",
             clip(text),
             clip(kind)
         ));

@@ -62,7 +62,8 @@ pub fn render_machine(
 
 /// The dry render: `base` is the redacted base (`None`: nothing to render against),
 /// `machines` the cluster's machines, `others` its other patches (the one being written, by
-/// name, is left out of them: an update replaces it).
+/// name, is left out of them: an update replaces it). Machines and patches of another
+/// namespace or cluster than the patch's do not count.
 pub fn dry_render(
     base: Option<&Base>,
     machines: &[TalosMachine],
@@ -72,7 +73,11 @@ pub fn dry_render(
     let mut out = DryRender::default();
     let others: Vec<&TalosConfigPatch> = others
         .iter()
-        .filter(|o| o.name() != patch.name() && o.namespace() == patch.namespace())
+        .filter(|o| {
+            o.name() != patch.name()
+                && o.namespace() == patch.namespace()
+                && o.cluster() == patch.cluster()
+        })
         .collect();
     let parsed: Vec<(&TalosConfigPatch, Result<Patch, RenderError>)> = others
         .iter()
@@ -88,6 +93,7 @@ pub fn dry_render(
     };
     let mut selected: Vec<&TalosMachine> = machines
         .iter()
+        // (`selects`: of the patch's namespace and cluster only.)
         .filter(|m| m.approved_role().is_some() && !m.deleting() && patch.selects(m))
         .collect();
     selected.sort_by_key(|m| m.name());
@@ -156,10 +162,9 @@ pub async fn dry_render_live(
     let Some(cluster) = cluster else {
         return Ok(DryRender::default());
     };
-    let base = published_base(&cluster);
-    let Some(base) = base else {
+    if published_base(&cluster).is_none() {
         return Ok(DryRender::default());
-    };
+    }
     let params = ListParams::default().fields(&super::live::cluster_selector(cluster_name));
     let machines: Api<TalosMachine> = Api::namespaced(client.clone(), ns);
     let machines = super::live::list_complete(&machines, &params)
@@ -175,7 +180,26 @@ pub async fn dry_render_live(
             what: format!("the TalosConfigPatches of TalosCluster {ns}/{cluster_name}"),
             source,
         })?;
-    Ok(dry_render(Some(&base), &machines, &patches, patch))
+    Ok(dry_render_of(Some(&cluster), &machines, &patches, patch))
+}
+
+/// The dry render of `patch` against objects at hand: its TalosCluster (`None`: missing,
+/// nothing to render against), and the machines and patches among `machines` and
+/// `patches` that belong to that cluster. What the webhook renders after its live reads,
+/// and what `eval` and `test` render from an objects file.
+pub fn dry_render_of(
+    cluster: Option<&TalosCluster>,
+    machines: &[TalosMachine],
+    patches: &[TalosConfigPatch],
+    patch: &TalosConfigPatch,
+) -> DryRender {
+    let Some(cluster) = cluster else {
+        return DryRender::default();
+    };
+    let Some(base) = published_base(cluster) else {
+        return DryRender::default();
+    };
+    dry_render(Some(&base), machines, patches, patch)
 }
 
 /// The TalosConfigPatch a create or an update is about (`None`: another kind, or a delete,

@@ -231,7 +231,9 @@ pub fn request_events<'s>(
             operation_events(op, namespace, o)
         }
         // No rule decides about a backup itself (its restore is decided as an operation).
-        Some(Object::Backup(_)) | None => Vec::new(),
+        // A TalosConfigPatch's `apply patch` event carries its dry render
+        // (`configpatch::patch_event`).
+        Some(Object::Backup(_) | Object::Patch(_)) | None => Vec::new(),
     }
 }
 

@@ -1519,6 +1519,7 @@ mod read_declarations {
             clusters: vec![cluster],
             operations: vec![op("op-1", "Pending"), op("op-2", "Running")],
             backups: vec![backup],
+            patches: Vec::new(),
         }
     }
 
@@ -1715,6 +1716,7 @@ mod read_declarations {
             clusters: vec![cluster],
             operations,
             backups: Vec::new(),
+            patches: Vec::new(),
         }
     }
 

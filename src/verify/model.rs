@@ -1484,6 +1484,7 @@ impl Objects<'_> {
             clusters: self.cluster(s).into_iter().collect(),
             operations: (0..s.ops.len()).map(|i| self.operation(s, i)).collect(),
             backups: Vec::new(),
+            patches: Vec::new(),
         }
     }
 

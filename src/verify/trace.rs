@@ -185,6 +185,7 @@ pub fn review_json(
             Some(Object::Cluster(c)) => serde_json::to_value(c).unwrap_or_default(),
             Some(Object::Operation(x)) => serde_json::to_value(x).unwrap_or_default(),
             Some(Object::Backup(b)) => serde_json::to_value(b).unwrap_or_default(),
+            Some(Object::Patch(p)) => serde_json::to_value(p).unwrap_or_default(),
             None => serde_json::Value::Null,
         }
     };
@@ -193,6 +194,11 @@ pub fn review_json(
         Some(Object::Cluster(c)) => ("TalosCluster", "talosclusters", c.name().to_string()),
         Some(Object::Operation(o)) => ("TalosOperation", "talosoperations", o.name().to_string()),
         Some(Object::Backup(b)) => ("TalosEtcdBackup", "talosetcdbackups", b.name().to_string()),
+        Some(Object::Patch(p)) => (
+            "TalosConfigPatch",
+            "talosconfigpatches",
+            p.name().to_string(),
+        ),
         None => ("TalosMachine", "talosmachines", String::new()),
     };
     let operation = match op {

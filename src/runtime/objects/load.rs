@@ -2,7 +2,8 @@
 //! checked as the CRDs' schemas and the API server would.
 
 use super::{
-    API_VERSION, ObjectMeta, Snapshot, TalosCluster, TalosEtcdBackup, TalosMachine, TalosOperation,
+    API_VERSION, ObjectMeta, Snapshot, TalosCluster, TalosConfigPatch, TalosEtcdBackup,
+    TalosMachine, TalosOperation,
 };
 use serde::Deserialize;
 
@@ -36,6 +37,7 @@ pub enum Object {
     Cluster(TalosCluster),
     Operation(TalosOperation),
     Backup(TalosEtcdBackup),
+    Patch(TalosConfigPatch),
 }
 
 impl Object {
@@ -46,6 +48,7 @@ impl Object {
             Object::Cluster(_) => "TalosCluster",
             Object::Operation(_) => "TalosOperation",
             Object::Backup(_) => "TalosEtcdBackup",
+            Object::Patch(_) => "TalosConfigPatch",
         }
     }
 
@@ -55,6 +58,7 @@ impl Object {
             Object::Cluster(c) => &c.metadata,
             Object::Operation(o) => &o.metadata,
             Object::Backup(b) => &b.metadata,
+            Object::Patch(p) => &p.metadata,
         }
     }
 }
@@ -82,7 +86,8 @@ pub fn object_from_value(value: serde_json::Value) -> Result<Object, String> {
         };
         return Err(format!(
             "{found}; {hint}an objects file holds only {API_VERSION} TalosClusters, \
-             TalosMachines, TalosOperations and TalosEtcdBackups (a stream or a `kind: List`)"
+             TalosMachines, TalosOperations, TalosEtcdBackups and TalosConfigPatches (a \
+             stream or a `kind: List`)"
         ));
     };
     if api_version != API_VERSION {
@@ -108,6 +113,7 @@ pub fn typed_object(kind: &str, value: serde_json::Value) -> Result<Object, Stri
         "TalosCluster" => de(value).map(Object::Cluster),
         "TalosOperation" => de(value).map(Object::Operation),
         "TalosEtcdBackup" => de(value).map(Object::Backup),
+        "TalosConfigPatch" => de(value).map(Object::Patch),
         other => Err(format!("`{other}` is not a kind ichor-rules decides about")),
     }?;
     validate_object(&object)?;
@@ -131,6 +137,7 @@ pub fn typed_object_text(
         "TalosCluster" => de(text).map(Object::Cluster),
         "TalosOperation" => de(text).map(Object::Operation),
         "TalosEtcdBackup" => de(text).map(Object::Backup),
+        "TalosConfigPatch" => de(text).map(Object::Patch),
         other => Err(format!("`{other}` is not a kind ichor-rules decides about")),
     }?;
     if let Some(namespace) = namespace {
@@ -139,6 +146,7 @@ pub fn typed_object_text(
             Object::Cluster(c) => &mut c.metadata,
             Object::Operation(o) => &mut o.metadata,
             Object::Backup(b) => &mut b.metadata,
+            Object::Patch(p) => &mut p.metadata,
         };
         if meta.namespace.is_none() {
             meta.namespace = Some(namespace.to_string());
@@ -195,17 +203,18 @@ pub fn validate_object(object: &Object) -> Result<(), String> {
                 ));
             }
         }
-        Object::Machine(_) | Object::Backup(_) => {}
+        Object::Machine(_) | Object::Backup(_) | Object::Patch(_) => {}
     }
     Ok(())
 }
 
 /// The kinds an objects file may hold, as `kubectl get -o yaml` prints them.
-const KINDS: [&str; 4] = [
+const KINDS: [&str; 5] = [
     "TalosCluster",
     "TalosMachine",
     "TalosOperation",
     "TalosEtcdBackup",
+    "TalosConfigPatch",
 ];
 
 /// Loads the objects of a YAML stream: several documents, or `kind: List` (or a
@@ -318,6 +327,7 @@ pub fn load_snapshot(text: &str) -> Result<Snapshot, LoadError> {
                 Object::Cluster(c) => snap.clusters.push(c),
                 Object::Operation(o) => snap.operations.push(o),
                 Object::Backup(b) => snap.backups.push(b),
+                Object::Patch(p) => snap.patches.push(p),
             }
         }
     }

@@ -1,6 +1,6 @@
 //! The live objects of one decision.
 
-use super::{TalosCluster, TalosEtcdBackup, TalosMachine, TalosOperation};
+use super::{TalosCluster, TalosConfigPatch, TalosEtcdBackup, TalosMachine, TalosOperation};
 
 /// The live objects a decision is made against.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -11,6 +11,10 @@ pub struct Snapshot {
     /// The cluster's TalosEtcdBackups (read only when a decision's facts need them).
     #[serde(default)]
     pub backups: Vec<TalosEtcdBackup>,
+    /// The TalosConfigPatches of an objects file (`eval`, `test`: what a patch's dry render
+    /// reads; the webhook reads them live for that render alone).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub patches: Vec<TalosConfigPatch>,
 }
 
 impl Snapshot {
