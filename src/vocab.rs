@@ -1265,7 +1265,7 @@ model_facts! {
     DownOthers "down.others" Type::Int,
         "for a step in which an operation took the node of an etcd member down (a reboot, a shutdown, an upgrade, a rollback): how many other etcd members' nodes were down at that moment (0 for any other step)";
     OperationLeftDown "operation.left_down" Type::Bool,
-        "the step just taken ended an upgrade (phase Succeeded) while its machine's node did not answer, its etcd member had not caught up, or it did not run the upgrade's version; or ended a reboot rolled over the cluster while a node it took did not answer or its etcd member had not caught up";
+        "the step just taken ended an upgrade (phase Succeeded) while its machine's node did not answer, its etcd member had not caught up, it was left cordoned (not cordoned before the operation), or it did not run the upgrade's version; or a reboot rolled over the cluster finished a node (went on to the next, or ended) while that node did not answer, its etcd member had not caught up or it was left cordoned";
     FailedTouched "failed.touched" Type::Bool,
         "the step just taken was the controller's reconcile of a failed operation (which only a person resumes) and it acted on a node: a cordon, an uncordon, a Talos call";
     CureBlocked "cure.blocked" Type::Bool,

@@ -1213,8 +1213,8 @@ fn a_removal_that_skips_the_drain_or_the_reset_is_refuted() {
 fn an_etcd_restore_parked_for_the_even_count_is_refuted() {
     let dir = mutant("restore-parked", "removal.rules", |t| {
         t.replacen(
-            "  unless kind == \"etcd-restore\" or failed or paused\n",
-            "  unless failed or paused\n",
+            "  unless kind == \"etcd-restore\" or kind == \"etcd-snapshot\" or failed or paused\n",
+            "  unless kind == \"etcd-snapshot\" or failed or paused\n",
             1,
         )
     });
@@ -1894,7 +1894,8 @@ fn each_gate_after_an_upgrades_call_and_the_one_down_rule_are_refuted_when_dropp
 /// Each gate of the reboot plan that keeps a roll safe is refuted when dropped: without
 /// `wait node-back` or the `etcd healthy` after it, the roll finishes a node (and takes
 /// the next) before it is back or its etcd member caught up (`upgrade-ends-back`); without
-/// the drain, a node goes down undrained (`drained-before-down`). The shipped rules verify
+/// the drain, a node goes down undrained (`drained-before-down`); without the uncordon, the
+/// roll leaves each node cordoned (`upgrade-ends-back`). The shipped rules verify
 /// under the same bounds.
 #[test]
 fn each_gate_of_a_roll_over_the_cluster_is_refuted_when_dropped() {
@@ -1918,6 +1919,7 @@ fn each_gate_of_a_roll_over_the_cluster_is_refuted_when_dropped() {
             "upgrade-ends-back",
         ),
         ("roll-drain", "drain node", "drained-before-down"),
+        ("roll-uncordon", "uncordon node", "upgrade-ends-back"),
     ] {
         let dir = mutant(name, "operations.rules", |t| {
             let start = t.find(reboot).expect("the reboot plan");

@@ -2622,9 +2622,17 @@ impl<'t> Model<'t> {
             let now = t.ops.get(k).map_or(o.phase, |x| x.phase);
             // An upgrade that ended here left its node back, running the new version? A roll,
             // each node it finished here (as far as it is still there)?
+            // Back in service too: uncordoned, unless it was cordoned before the operation
+            // touched it (`wasCordoned`, known for the node the reconcile started at: the
+            // model has no administrator's cordon, but an earlier failed operation leaves
+            // one).
             let back = |j: u8, upgraded: bool| {
+                let cordon_kept = j == o.at() && o.run.has(OpRun::WAS_CORDONED);
                 t.machines.get(usize::from(j)).is_none_or(|m| {
-                    m.etcd_ok() && !m.boots.rebooting && (m.boots.upgraded || !upgraded)
+                    m.etcd_ok()
+                        && !m.boots.rebooting
+                        && (m.boots.upgraded || !upgraded)
+                        && (!m.boots.unsched || cordon_kept)
                 })
             };
             match (o.kind, t.ops.get(k)) {
