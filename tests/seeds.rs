@@ -157,6 +157,7 @@ fn live() -> &'static Live {
                 metrics: std::sync::Arc::new(Metrics::default()),
                 api_ready: Default::default(),
                 controller_username: None,
+                records: None,
             });
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
                 .await

@@ -74,6 +74,7 @@ async fn harness(name: &str, read_timeout: Duration) -> Harness {
         metrics: metrics.clone(),
         api_ready: Default::default(),
         controller_username: Some(CONTROLLER_USER.into()),
+        records: None,
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

@@ -150,6 +150,46 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
         self.cache.asked.as_deref().unwrap_or(&[])
     }
 
+    /// The value of every fact of `mask` (bit = fact slot, as [`Table::facts_read`] gives
+    /// a group's), asking the provider for those this decision did not need: what a
+    /// decision record keeps, read after deciding and from the same cache, so the values
+    /// are the ones the rows read. A fact the provider cannot give here
+    /// ([`Lookup::Later`]) is left out. Never on the decision's path.
+    #[cold]
+    pub fn read_facts(&mut self, mask: u64) -> Vec<(Fact, Value<'a>)> {
+        let mut out = Vec::new();
+        let mut rest = mask;
+        while rest != 0 {
+            let slot = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            let Some(fact) = Fact::from_slot(slot) else {
+                continue;
+            };
+            if self.cache.ensure(slot).is_err() {
+                continue;
+            }
+            let value = match fact.info().ty {
+                crate::vocab::Type::Int => Value::Int(self.cache.value(slot)),
+                crate::vocab::Type::Bool => Value::Bool(self.cache.value(slot) != 0),
+                _ => Value::Str(
+                    cache::TEXT_SLOT
+                        .get(slot)
+                        .and_then(|&t| self.cache.texts.get(usize::from(t)))
+                        .copied()
+                        .flatten()
+                        .unwrap_or(""),
+                ),
+            };
+            out.push((fact, value));
+        }
+        out
+    }
+
+    /// The provider of this session's facts (a record asks it where a fact came from).
+    pub fn facts_mut(&mut self) -> &mut F {
+        &mut self.cache.facts
+    }
+
     /// Supplies a fact the provider answered [`Lookup::Later`] for.
     pub fn supply(&mut self, fact: Fact, value: Value<'a>) {
         self.cache.store(fact.slot(), value);
@@ -372,6 +412,10 @@ pub struct Decision {
     pub refusals: Vec<Finding>,
     pub holds: Vec<Finding>,
     pub warnings: Vec<Finding>,
+    /// Rules in audit mode that matched, with the verdict they would have given: recorded
+    /// and counted, never refusing, holding or warning.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub audited: Vec<Finding>,
 }
 
 impl Decision {
@@ -410,7 +454,7 @@ pub fn decide_into<'a, F: Facts<'a>>(
             .table
             .rules
             .get(hit.rule as usize)
-            .map(|r| (r.name.clone(), r.reason.clone()))
+            .map(|r| (r.name.clone(), r.reason.clone(), r.audit))
             .unwrap_or_default();
         let finding = Finding {
             rule: rule.0,
@@ -419,6 +463,7 @@ pub fn decide_into<'a, F: Facts<'a>>(
             reason: rule.1,
         };
         let list = match hit.verdict {
+            _ if rule.2 => &mut decision.audited,
             Verdict::Refuse => &mut decision.refusals,
             Verdict::Hold => &mut decision.holds,
             Verdict::Warn => &mut decision.warnings,

@@ -313,6 +313,8 @@ impl Parser<'_> {
         self.skip();
         let name = self.word()?;
         self.skip();
+        let audit = self.kw("audit");
+        self.skip();
         let verdict = self.verdict()?;
         self.skip();
         let verbs = self.verb_list()?;
@@ -332,6 +334,7 @@ impl Parser<'_> {
         let say = self.say()?;
         Some(RuleDef {
             name,
+            audit,
             verdict,
             verbs,
             subject,
