@@ -4,9 +4,9 @@
 use super::facts::{EventFacts, Expensive, SnapshotFacts, Subject};
 use super::objects::{Object, Role, Snapshot, TalosCluster, TalosMachine, TalosOperation};
 use crate::compile::Table;
+use crate::interp::Facts;
 use crate::interp::explain::{EventTrace, trace_event};
 use crate::interp::{Decision, Finding, Interrupt, Session, decide_into};
-use crate::interp::Facts;
 use crate::vocab::{Event, Fact, Site, Subject as S, Verb, Verdict};
 use kube::core::admission::Operation;
 

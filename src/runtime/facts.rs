@@ -5,8 +5,8 @@
 //! left out except the subject itself). Everything counted — `approved`, `workers`,
 //! `transitioning`, `rank` — derives from it.
 
-use super::records::ObjectRef;
 use super::objects::{Role, Snapshot, TalosCluster, TalosEtcdBackup, TalosMachine, TalosOperation};
+use super::records::ObjectRef;
 use crate::compile::Table;
 use crate::interp::{Facts, Lookup, Value};
 use crate::vocab::Event;
@@ -333,7 +333,10 @@ impl<'s> SnapshotFacts<'s> {
 }
 
 /// An object as a decision record names it.
-fn object_ref(kind: &str, meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> ObjectRef {
+fn object_ref(
+    kind: &str,
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> ObjectRef {
     ObjectRef {
         kind: kind.to_string(),
         name: meta.name.clone().unwrap_or_default(),

@@ -392,7 +392,10 @@ impl Metrics {
             out,
             "# HELP ichor_rules_rules_info The fingerprint of the rule files the serving table was built from, and the digest of their text (what decision records name).\n# TYPE ichor_rules_rules_info gauge\nichor_rules_rules_info{{fingerprint=\"{:016x}\",digest=\"{}\"}} 1",
             self.rules_fingerprint.load(Ordering::Relaxed),
-            self.rules_digest.lock().map(|d| escape(&d)).unwrap_or_default()
+            self.rules_digest
+                .lock()
+                .map(|d| escape(&d))
+                .unwrap_or_default()
         );
         let _ = writeln!(
             out,

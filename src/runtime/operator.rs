@@ -356,10 +356,7 @@ async fn serve(args: &OperatorConfig, rules: Arc<Rules>) -> Result<(), StartErro
             Some(sink) => Some(
                 super::records::Recorder::start(sink, args.decision_log_buffer, metrics.clone())
                     .map_err(|e| {
-                        StartError::new(format!(
-                            "--decision-log {}: {e}",
-                            args.decision_log
-                        ))
+                        StartError::new(format!("--decision-log {}: {e}", args.decision_log))
                     })?,
             ),
         },

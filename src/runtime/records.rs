@@ -300,10 +300,11 @@ impl<'r> RecordedFacts<'r> {
     pub fn new(event: &'r EventRecord) -> Result<RecordedFacts<'r>, String> {
         let mut values = [None; crate::vocab::FACT_COUNT];
         for f in &event.facts {
-            let fact =
-                Fact::lookup(&f.name).ok_or_else(|| format!("unknown fact `{}`", f.name))?;
+            let fact = Fact::lookup(&f.name).ok_or_else(|| format!("unknown fact `{}`", f.name))?;
             let value = match (fact.info().ty, &f.value) {
-                (crate::vocab::Type::Int, serde_json::Value::Number(n)) => n.as_i64().map(Value::Int),
+                (crate::vocab::Type::Int, serde_json::Value::Number(n)) => {
+                    n.as_i64().map(Value::Int)
+                }
                 (crate::vocab::Type::Bool, serde_json::Value::Bool(b)) => Some(Value::Bool(*b)),
                 (
                     crate::vocab::Type::Name | crate::vocab::Type::Enum(_),
@@ -327,6 +328,117 @@ impl<'r> crate::interp::Facts<'r> for RecordedFacts<'r> {
             None => crate::interp::Lookup::Later,
         }
     }
+}
+
+/// A record decided again.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Replayed {
+    pub verdict: String,
+    pub deciding: Vec<String>,
+    pub warnings: Vec<String>,
+    pub would_verdict: String,
+    /// Every rule that matched, enforced or audited, with its verdict (`rule: verdict`).
+    pub matched: Vec<String>,
+}
+
+impl Replayed {
+    /// What a record says was decided, in the same terms.
+    pub fn of_record(r: &Record) -> Replayed {
+        Replayed {
+            verdict: r.verdict.clone(),
+            deciding: r.deciding.clone(),
+            warnings: r.warnings.clone(),
+            would_verdict: r.would_verdict.clone(),
+            matched: r
+                .events
+                .iter()
+                .flat_map(|e| &e.matched)
+                .map(|m| format!("{}: {} ({})", m.rule, m.verdict, m.mode))
+                .collect(),
+        }
+    }
+}
+
+/// Why a record cannot be decided again.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReplayError {
+    /// Refused before the rules were asked: there is nothing to decide again.
+    #[error("refused without the rules ({0})")]
+    WithoutRules(String),
+    #[error("event {verb} {subject}: {why}")]
+    BadEvent {
+        verb: String,
+        subject: String,
+        why: String,
+    },
+    /// The rules read a fact the record does not hold (a new rule reading a fact the
+    /// recorded rules never read).
+    #[error("the rules read `{0}`, which the record does not hold")]
+    MissingFact(String),
+}
+
+/// Decides `record` again from its facts with `table` (the interpreter and the one
+/// [`super::decide::decide_event`] the webhook uses).
+pub fn replay(table: &Table, record: &Record) -> Result<Replayed, ReplayError> {
+    if let Some(why) = &record.refused_without_rules {
+        return Err(ReplayError::WithoutRules(why.clone()));
+    }
+    let site = match record.site.as_str() {
+        "controller" => crate::vocab::Site::Controller,
+        _ => crate::vocab::Site::Webhook,
+    };
+    let mut decision = Decision::default();
+    let mut matched = Vec::new();
+    for ev in &record.events {
+        let bad = |why: String| ReplayError::BadEvent {
+            verb: ev.verb.clone(),
+            subject: ev.subject.clone(),
+            why,
+        };
+        let verb = crate::vocab::Verb::ALL
+            .into_iter()
+            .find(|v| v.name() == ev.verb)
+            .ok_or_else(|| bad("unknown verb".into()))?;
+        let subject = crate::vocab::Subject::parse(&ev.subject)
+            .ok_or_else(|| bad("unknown subject".into()))?;
+        let facts = RecordedFacts::new(ev).map_err(bad)?;
+        let mut session = Session::new(table, facts);
+        let before = lengths(&decision);
+        if let Some(fact) =
+            super::decide::decide_event(&mut session, (verb, subject, site), &mut decision)
+        {
+            return Err(ReplayError::MissingFact(fact.name().to_string()));
+        }
+        matched.extend(
+            matched_since(&decision, before)
+                .into_iter()
+                .map(|m| format!("{}: {} ({})", m.rule, m.verdict, m.mode)),
+        );
+    }
+    Ok(Replayed {
+        verdict: verdict_name(decision.verdict()).into(),
+        deciding: decision.deciding().iter().map(|f| f.rule.clone()).collect(),
+        warnings: decision.warnings.iter().map(|f| f.rule.clone()).collect(),
+        would_verdict: would_verdict(&decision).into(),
+        matched,
+    })
+}
+
+/// Reads an NDJSON log of records: blank lines and lines that are not decision records
+/// (log lines on a shared stderr) are skipped; a line that says it is a record and does
+/// not parse is an error naming its line.
+pub fn read_log(text: &str) -> Result<Vec<Record>, String> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if !line.starts_with('{') || !line.contains("\"record\":\"decision\"") {
+            continue;
+        }
+        let r: Record = super::nesting::json(line.as_bytes())
+            .map_err(|e| format!("line {}: not a decision record: {e}", i + 1))?;
+        out.push(r);
+    }
+    Ok(out)
 }
 
 /// Where records go.
@@ -405,7 +517,8 @@ impl Recorder {
                 self.unlogged_drops.fetch_add(1, Ordering::Relaxed);
                 let now = u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX);
                 let last = self.last_drop_log.load(Ordering::Relaxed);
-                let due = last == 0 || now.saturating_sub(last) >= DROP_LOG_EVERY.as_micros() as u64;
+                let due =
+                    last == 0 || now.saturating_sub(last) >= DROP_LOG_EVERY.as_micros() as u64;
                 if due
                     && self
                         .last_drop_log
