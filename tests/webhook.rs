@@ -54,7 +54,7 @@ struct Harness {
 }
 
 async fn harness(name: &str, read_timeout: Duration) -> Harness {
-    harness_with(name, read_timeout, None).await
+    harness_with(name, read_timeout, None, Vec::new()).await
 }
 
 /// A harness whose webhook keeps decision records in `sink`, `buffer` of them queued.
@@ -62,6 +62,7 @@ async fn harness_with(
     name: &str,
     read_timeout: Duration,
     records: Option<(records::Sink, usize)>,
+    modes: Vec<(String, bool)>,
 ) -> Harness {
     let api = ApiServer::start().await;
     let dir = scratch(name);
@@ -71,7 +72,7 @@ async fn harness_with(
     for f in ["admission.rules", "removal.rules"] {
         std::fs::copy(PathBuf::from("rules").join(f), rules_dir.join(f)).expect("copy rules");
     }
-    let rules = Arc::new(Rules::new(vec![rules_dir]));
+    let rules = Arc::new(Rules::new(vec![rules_dir]).with_modes(modes));
     assert!(matches!(rules.reload(), Reload::Replaced { .. }));
     let cert = Arc::new(
         ReloadingCert::new(dir.join("tls.crt"), dir.join("tls.key")).expect("loads the pair"),
@@ -1425,6 +1426,7 @@ async fn a_refusal_is_recorded_and_replays() {
         "records",
         Duration::from_secs(2),
         Some((records::Sink::Writer(Box::new(captured.clone())), 64)),
+        Vec::new(),
     )
     .await;
     three_control_planes(&h).await;
@@ -1629,6 +1631,7 @@ async fn a_stuck_sink_drops_records_without_slowing_decisions() {
         "stuck-sink",
         Duration::from_secs(2),
         Some((records::Sink::Writer(Box::new(Stuck(release.clone()))), 2)),
+        Vec::new(),
     )
     .await;
     three_control_planes(&h).await;
@@ -1657,4 +1660,96 @@ async fn a_stuck_sink_drops_records_without_slowing_decisions() {
     // One record in the writer, two queued: the other nine dropped.
     assert_eq!(dropped, 9.0, "{m}");
     release.store(true, Ordering::SeqCst);
+}
+
+/// A rule in audit mode, switched by the deployment (what the chart's `rules.audit` passes
+/// as `--audit-rule`) or written so in the text: the delete it would refuse is allowed, its
+/// would-be refusal is counted by rule and recorded with its mode, and the audit log's
+/// annotations name it; switched back to enforce (`--enforce-rule` over the text's
+/// `audit`), it refuses again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_audit_rule_never_refuses_but_is_counted_and_recorded() {
+    let captured = Captured::default();
+    let h = harness_with(
+        "audit-mode",
+        Duration::from_secs(2),
+        Some((records::Sink::Writer(Box::new(captured.clone())), 64)),
+        vec![("declared-count".into(), true)],
+    )
+    .await;
+    three_control_planes(&h).await;
+    let cp3 = machine("cp-3", "controlplane", true, "2026-10-03T00:00:00Z");
+    for uid in ["u-1", "u-2"] {
+        let r = review(
+            &h,
+            &objects::review(uid, "DELETE", Some(&cp3), None).build(),
+        )
+        .await;
+        assert_eq!(r["response"]["allowed"], true, "{r}");
+        assert_eq!(annotation(&r, "audit-rules-matched"), "declared-count");
+        assert!(
+            r["response"]["auditAnnotations"]
+                .get("deciding-rules")
+                .is_none()
+        );
+        let rec = captured.record(annotation(&r, "decision-id")).await;
+        assert_eq!(rec.verdict, "allow");
+        assert_eq!(rec.would_verdict, "refuse");
+        assert_eq!(rec.rules.audit, vec!["declared-count".to_string()]);
+        let matched: Vec<_> = rec.events.iter().flat_map(|e| &e.matched).collect();
+        assert!(
+            matched
+                .iter()
+                .any(|m| m.rule == "declared-count" && m.verdict == "refuse" && m.mode == "audit"),
+            "{matched:?}"
+        );
+        // Replayed with the recorded modes, the same.
+        let table = h.rules.current().expect("rules");
+        assert_eq!(
+            records::replay(&table, &rec).expect("replays"),
+            records::Replayed::of_record(&rec)
+        );
+    }
+    let m = h.metrics.render();
+    assert!(
+        m.contains("ichor_rules_would_refuse_total{rule=\"declared-count\"} 2"),
+        "{m}"
+    );
+    assert!(
+        !m.contains("rule=\"declared-count\",verdict=\"refuse\""),
+        "{m}"
+    );
+
+    // Written `audit` in the text, enforced by the deployment: it refuses.
+    let h2 = harness_with(
+        "audit-enforced",
+        Duration::from_secs(2),
+        None,
+        vec![("declared-count".into(), false)],
+    )
+    .await;
+    let removal = h2.dir.join("rules").join("removal.rules");
+    let text = std::fs::read_to_string(&removal).expect("read");
+    assert!(text.contains("rule declared-count\n"));
+    std::fs::write(
+        &removal,
+        text.replacen("rule declared-count\n", "rule declared-count audit\n", 1),
+    )
+    .expect("write");
+    assert!(matches!(h2.rules.reload(), Reload::Replaced { .. }));
+    let table = h2.rules.current().expect("rules");
+    let rule = table
+        .rules
+        .iter()
+        .find(|r| r.name == "declared-count")
+        .expect("the rule");
+    assert!(!rule.audit, "enforced by the deployment");
+    three_control_planes(&h2).await;
+    let r = review(
+        &h2,
+        &objects::review("u-3", "DELETE", Some(&cp3), None).build(),
+    )
+    .await;
+    assert_eq!(r["response"]["allowed"], false, "{r}");
+    assert_eq!(annotation(&r, "deciding-rules"), "declared-count");
 }

@@ -70,6 +70,7 @@ pub(super) fn run(
     if which == Lints::All {
         subsumption(files, program, &analyses, diags);
         allow_contradicted(files, program, diags);
+        audit_destructive(files, program, diags);
     }
     coverage(files, program, diags);
 }
@@ -1000,6 +1001,52 @@ fn subsumption(
                 "comparing every pair of rules of the same events would cost more than {} steps (400,000 plus 500 per rule); fewer rules per event, or rules reading fewer facts, fit",
                 subsumption_budget(rules.len())
             )),
+        );
+    }
+}
+
+/// A `refuse` in audit mode on a destructive event: a control plane removed or leaving
+/// (`remove`, `unapprove`, `reassign`, `move`), or an operation the rule does not narrow
+/// to kinds other than `reset` (its conditions do not read `kind`, or name `"reset"`). The
+/// safety rules themselves shipped in audit mode would refuse nothing; staging a new one
+/// is what audit mode is for, so a warning, not an error.
+fn audit_destructive(files: &[SourceFile], program: &Program, diags: &mut Vec<Diagnostic>) {
+    use crate::vocab::{Subject, Verb};
+    for rule in program
+        .rules
+        .iter()
+        .filter(|r| r.audit && r.verdict == Verdict::Refuse)
+    {
+        let text = |t: &Option<String>| t.as_deref().unwrap_or("").to_string();
+        let conditions = format!("{} {}", text(&rule.when_text), text(&rule.unless_text));
+        let may_reset = !conditions.contains("kind") || conditions.contains("\"reset\"");
+        let destructive = rule.events.iter().find(|(verb, subject, _)| match subject {
+            Subject::ControlPlane => matches!(
+                verb,
+                Verb::Remove | Verb::Unapprove | Verb::Reassign | Verb::Move
+            ),
+            Subject::Operation => may_reset,
+            _ => false,
+        });
+        let Some((verb, subject, _)) = destructive else {
+            continue;
+        };
+        diags.push(
+            Diagnostic::warning(
+                Code::AuditDestructive,
+                rule.file,
+                super::first_line(files, rule.file, rule.span),
+                format!(
+                    "rule `{}` refuses `{} {}` in audit mode: it is recorded, and refuses nothing",
+                    rule.name,
+                    verb.name(),
+                    subject.name()
+                ),
+            )
+            .label("in audit mode")
+            .help(
+                "remove `audit` once its would-be refusals (`ichor_rules_would_refuse_total`, the decision records) are the ones you want, or enforce it from the chart (`rules.enforce`)",
+            ),
         );
     }
 }

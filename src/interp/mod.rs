@@ -662,6 +662,54 @@ mod tests {
         }
     }
 
+    /// `rule NAME audit`: the rule matches and is reported apart, with the verdict it would
+    /// have given; it neither refuses, holds nor warns. Switched to enforce, it refuses.
+    #[test]
+    fn an_audit_rule_is_reported_not_enforced() {
+        use crate::diagnostics::SourceFile;
+        use crate::interp::{Decision, Facts, Lookup, Session, Value, decide_into};
+        use crate::vocab::{Fact, Site, Subject, Verb, Verdict};
+        struct Given;
+        impl<'a> Facts<'a> for Given {
+            fn fact(&mut self, fact: Fact) -> Lookup<'a> {
+                Lookup::Value(match fact {
+                    Fact::Approved => Value::Int(3),
+                    Fact::Count => Value::Int(3),
+                    _ => match fact.info().ty {
+                        crate::vocab::Type::Int => Value::Int(0),
+                        crate::vocab::Type::Bool => Value::Bool(false),
+                        _ => Value::Str(""),
+                    },
+                })
+            }
+        }
+        let text = "rule staged audit\n  refuse remove controlplane\n  when approved - 1 < count\n  say \"s\"\n\n\
+                    rule warned\n  warn remove controlplane\n  when approved == 3\n  say \"w\"\n";
+        let set = crate::ruleset::build(vec![SourceFile::new("a.rules", text)]);
+        let mut table = set.table.expect("the rules check");
+        assert!(table.rules.iter().any(|r| r.name == "staged" && r.audit));
+        let event = (Verb::Remove, Subject::ControlPlane, Site::Webhook);
+        let decide = |table: &crate::compile::Table| {
+            let mut decision = Decision::default();
+            decide_into(&mut Session::new(table, Given), event, &mut decision).expect("decides");
+            decision
+        };
+        let d = decide(&table);
+        assert_eq!(d.verdict(), None);
+        assert!(d.refusals.is_empty());
+        assert_eq!(d.warnings.len(), 1);
+        assert_eq!(d.audited.len(), 1);
+        assert_eq!(
+            (d.audited[0].rule.as_str(), d.audited[0].verdict),
+            ("staged", Verdict::Refuse)
+        );
+        assert!(table.set_audit("staged", false));
+        assert!(!table.set_audit("no-such-rule", true));
+        let d = decide(&table);
+        assert_eq!(d.verdict(), Some(Verdict::Refuse));
+        assert!(d.audited.is_empty());
+    }
+
     #[test]
     fn push_int_writes_what_display_writes() {
         for v in [
