@@ -79,9 +79,11 @@ pub(super) fn run(
 /// says the opposite. One of the two is wrong. A warning, not an error: the runtime's
 /// behaviour is well defined (the rule is enforced, the `allow` only silences the
 /// coverage lint), and the stricter side is the one in force; `--deny-warnings` fails CI.
+/// A rule in audit mode contradicts nothing: it enforces nothing, and staging a rule on an
+/// event an `allow` leaves open is what audit mode is for.
 fn allow_contradicted(files: &[SourceFile], program: &Program, diags: &mut Vec<Diagnostic>) {
     for allow in &program.allows {
-        for rule in &program.rules {
+        for rule in program.rules.iter().filter(|r| !r.audit) {
             let both: Vec<&Event> = allow
                 .events
                 .iter()
@@ -937,7 +939,10 @@ fn subsumption(
     };
     for (i, a) in rules.iter().enumerate() {
         for (j, b) in rules.iter().enumerate() {
+            // A rule in audit mode decides nothing, so it makes no other rule redundant (a
+            // staged rule subsumed by an enforced one is still reported).
             if i == j
+                || b.audit
                 || bits[i] & !bits[j] != 0
                 || a.verdict != b.verdict
                 || (a.verdict == Verdict::Hold && a.reason != b.reason)
