@@ -674,6 +674,68 @@ mod tests {
         assert!(digest(&a).starts_with("sha256:") && digest(&a).len() == 7 + 64);
     }
 
+    /// Bad records are clear errors, never panics: a line that says it is a record and is
+    /// not one names its line; a fact of the wrong type or an unknown one is named; a fact
+    /// the rules read and the record lacks is named by replay; log lines are skipped.
+    #[test]
+    fn bad_records_are_errors_that_say_why() {
+        let log = "2026-12-05 INFO decided\n{\"record\":\"decision\",\"id\":3}\n";
+        assert!(
+            read_log(log)
+                .expect_err("bad")
+                .starts_with("line 2: not a decision record")
+        );
+        assert_eq!(
+            read_log("plain log line\n{\"level\":\"info\"}\n"),
+            Ok(Vec::new())
+        );
+        let event = |facts: serde_json::Value| -> EventRecord {
+            serde_json::from_value(serde_json::json!({
+                "verb": "remove", "subject": "controlplane", "cluster": "prod", "facts": facts
+            }))
+            .expect("an event")
+        };
+        let wrong = event(serde_json::json!([{"name": "approved", "value": "three"}]));
+        assert_eq!(
+            RecordedFacts::new(&wrong).err().as_deref(),
+            Some("fact `approved` has a value of the wrong type")
+        );
+        let unknown = event(serde_json::json!([{"name": "aproved", "value": 3}]));
+        assert_eq!(
+            RecordedFacts::new(&unknown).err().as_deref(),
+            Some("unknown fact `aproved`")
+        );
+        let table = crate::ruleset::shipped_table();
+        let record = Record {
+            record: "decision".into(),
+            id: "x".into(),
+            time: String::new(),
+            site: "webhook".into(),
+            request: None,
+            rules: RulesInfo::default(),
+            events: vec![event(serde_json::json!([{"name": "approved", "value": 3}]))],
+            verdict: "allow".into(),
+            deciding: Vec::new(),
+            warnings: Vec::new(),
+            would_verdict: "allow".into(),
+            refused_without_rules: None,
+            latency_us: 0,
+        };
+        assert!(matches!(
+            replay(&table, &record),
+            Err(ReplayError::MissingFact(_))
+        ));
+        let mut bad_verb = record.clone();
+        bad_verb.events[0].verb = "obliterate".into();
+        assert_eq!(
+            replay(&table, &bad_verb)
+                .err()
+                .map(|e| e.to_string())
+                .as_deref(),
+            Some("event obliterate controlplane: unknown verb")
+        );
+    }
+
     #[test]
     fn a_file_sink_rotates_by_size() {
         let dir = std::env::temp_dir().join(format!("records-rotate-{}", std::process::id()));
