@@ -1495,7 +1495,19 @@ async fn a_refusal_is_recorded_and_replays() {
     assert_eq!(fact("count").value, json!(3));
     assert_eq!(fact("member.dead").value, json!(false));
     // Where they came from: the three machines counted, and the cluster, by resourceVersion.
-    let approved_from = &fact("approved").from;
+    // A fact's `from` indexes the event's objects, each listed once.
+    let from = |name: &str| -> Vec<records::ObjectRef> {
+        fact(name)
+            .from
+            .iter()
+            .map(|&i| remove_cp.objects[i as usize].clone())
+            .collect()
+    };
+    let mut objects = remove_cp.objects.clone();
+    objects.sort();
+    objects.dedup();
+    assert_eq!(objects.len(), remove_cp.objects.len(), "each object once");
+    let approved_from = &from("approved");
     assert_eq!(approved_from.len(), 3, "{approved_from:?}");
     for m in ["cp-1", "cp-2", "cp-3"] {
         assert!(
@@ -1504,8 +1516,8 @@ async fn a_refusal_is_recorded_and_replays() {
         );
     }
     assert!(approved_from.iter().all(|o| o.resource_version.is_some()));
-    assert_eq!(fact("machine").from, vec![live("TalosMachine", "cp-3")]);
-    assert_eq!(fact("count").from, vec![live("TalosCluster", "prod")]);
+    assert_eq!(from("machine"), vec![live("TalosMachine", "cp-3")]);
+    assert_eq!(from("count"), vec![live("TalosCluster", "prod")]);
     let matched = &remove_cp.matched;
     assert!(
         matched

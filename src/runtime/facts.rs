@@ -6,7 +6,6 @@
 //! `transitioning`, `rank` — derives from it.
 
 use super::objects::{Role, Snapshot, TalosCluster, TalosEtcdBackup, TalosMachine, TalosOperation};
-use super::records::ObjectRef;
 use crate::compile::Table;
 use crate::interp::{Facts, Lookup, Value};
 use crate::vocab::Event;
@@ -332,16 +331,18 @@ impl<'s> SnapshotFacts<'s> {
     }
 }
 
-/// An object as a decision record names it.
-fn object_ref(
-    kind: &str,
-    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-) -> ObjectRef {
-    ObjectRef {
-        kind: kind.to_string(),
-        name: meta.name.clone().unwrap_or_default(),
-        resource_version: meta.resource_version.clone(),
-    }
+/// An object as a decision record names it: its kind, name and resourceVersion, borrowed.
+pub type Source<'s> = (&'static str, &'s str, Option<&'s str>);
+
+fn object_ref<'s>(
+    kind: &'static str,
+    meta: &'s k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Source<'s> {
+    (
+        kind,
+        meta.name.as_deref().unwrap_or(""),
+        meta.resource_version.as_deref(),
+    )
 }
 
 impl<'s> SnapshotFacts<'s> {
@@ -349,25 +350,21 @@ impl<'s> SnapshotFacts<'s> {
     /// cluster, the machines counted, the operation waited on, the backups. Asked only
     /// after deciding, when a record is kept; the values themselves come from
     /// [`Facts::fact`], never from here.
-    pub fn sources(&mut self, fact: Fact) -> Vec<ObjectRef> {
-        let machines = |ms: &[&TalosMachine]| -> Vec<ObjectRef> {
+    pub fn sources(&mut self, fact: Fact) -> Vec<Source<'s>> {
+        let machines = |ms: &[&'s TalosMachine]| -> Vec<Source<'s>> {
             ms.iter()
                 .map(|m| object_ref("TalosMachine", &m.metadata))
                 .collect()
         };
-        let subject = |s: &Self| -> Vec<ObjectRef> {
+        let subject = |s: &Self| -> Vec<Source<'s>> {
             match s.ev.subject {
                 Subject::Machine { view, .. } => vec![object_ref("TalosMachine", &view.metadata)],
                 Subject::Cluster(c) => vec![object_ref("TalosCluster", &c.metadata)],
                 Subject::Operation(o) => vec![object_ref("TalosOperation", &o.metadata)],
-                Subject::Patch { name, .. } => vec![ObjectRef {
-                    kind: "TalosConfigPatch".into(),
-                    name: name.to_string(),
-                    resource_version: None,
-                }],
+                Subject::Patch { name, .. } => vec![("TalosConfigPatch", name, None)],
             }
         };
-        let cluster = |s: &mut Self| -> Vec<ObjectRef> {
+        let cluster = |s: &mut Self| -> Vec<Source<'s>> {
             s.cluster_obj()
                 .map(|c| vec![object_ref("TalosCluster", &c.metadata)])
                 .unwrap_or_default()
@@ -379,7 +376,10 @@ impl<'s> SnapshotFacts<'s> {
             | Fact::Rank
             | Fact::MembersAfter
             | Fact::HealthyAfter
-            | Fact::TargetControlPlane => machines(self.control_planes()),
+            | Fact::TargetControlPlane => {
+                self.control_planes();
+                machines(self.control_planes.as_deref().unwrap_or(&[]))
+            }
             Fact::Workers => {
                 let key = self.subject_key();
                 machines(&approved_members(
@@ -392,7 +392,8 @@ impl<'s> SnapshotFacts<'s> {
             }
             Fact::EtcdMembers => {
                 let mut v = cluster(self);
-                v.extend(machines(self.control_planes()));
+                self.control_planes();
+                v.extend(machines(self.control_planes.as_deref().unwrap_or(&[])));
                 v
             }
             Fact::Count

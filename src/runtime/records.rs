@@ -58,18 +58,30 @@ pub fn digest(files: &[SourceFile]) -> String {
     out
 }
 
-/// A new decision id: 128 random bits, hex.
+/// A caller's text as a record keeps it: at most 256 characters.
+pub fn clip(s: &str) -> String {
+    s.chars().take(256).collect()
+}
+
+/// A new decision id: 32 hex digits, the first 16 random once per process (so replicas and
+/// restarts do not collide), the last 16 a counter (no system call per decision).
 pub fn decision_id() -> String {
-    use ring::rand::SecureRandom;
-    let mut bytes = [0u8; 16];
-    if ring::rand::SystemRandom::new().fill(&mut bytes).is_err() {
-        // No randomness: the time still tells records of one replica apart.
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        bytes = nanos.to_le_bytes();
-    }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    use std::sync::OnceLock;
+    static PREFIX: OnceLock<u64> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let prefix = *PREFIX.get_or_init(|| {
+        use ring::rand::SecureRandom;
+        let mut bytes = [0u8; 8];
+        if ring::rand::SystemRandom::new().fill(&mut bytes).is_err() {
+            // No randomness: the start time still tells processes apart.
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            bytes = (nanos as u64).to_le_bytes();
+        }
+        u64::from_le_bytes(bytes)
+    });
+    format!("{prefix:016x}{:016x}", NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
 /// One decision.
@@ -134,6 +146,9 @@ pub struct EventRecord {
     pub subject: String,
     pub cluster: String,
     pub facts: Vec<FactRecord>,
+    /// The objects the facts were read from, each once; a fact's `from` indexes this.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub objects: Vec<ObjectRef>,
     /// The rules that matched for this event (a rule matching for two events of one
     /// request is listed at the first).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -145,10 +160,11 @@ pub struct EventRecord {
 pub struct FactRecord {
     pub name: String,
     pub value: serde_json::Value,
-    /// The objects it was computed from (none: from the request itself, such as
-    /// `request.by_controller` from its user, or from nothing, such as `cluster`).
+    /// The objects it was computed from, as indexes into the event's `objects` (none: from
+    /// the request itself, such as `request.by_controller` from its user, or from nothing,
+    /// such as `cluster`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub from: Vec<ObjectRef>,
+    pub from: Vec<u32>,
 }
 
 /// An object a fact was read from.
@@ -247,12 +263,26 @@ pub fn event_record<'s>(
     let (verb, subject, site) = ev.event;
     let values = session.read_facts(table.facts_read(verb, subject, site));
     let provider = session.facts_mut();
+    let mut seen: Vec<super::facts::Source<'s>> = Vec::new();
     let facts = values
         .into_iter()
-        .map(|(fact, value)| FactRecord {
-            name: fact.name().to_string(),
-            value: value_json(value),
-            from: provider.sources(fact),
+        .map(|(fact, value)| {
+            let from = provider
+                .sources(fact)
+                .into_iter()
+                .map(|s| {
+                    let at = seen.iter().position(|o| *o == s).unwrap_or_else(|| {
+                        seen.push(s);
+                        seen.len() - 1
+                    });
+                    u32::try_from(at).unwrap_or(u32::MAX)
+                })
+                .collect();
+            FactRecord {
+                name: fact.name().to_string(),
+                value: value_json(value),
+                from,
+            }
         })
         .collect();
     EventRecord {
@@ -260,6 +290,14 @@ pub fn event_record<'s>(
         subject: subject.name().to_string(),
         cluster: ev.cluster.to_string(),
         facts,
+        objects: seen
+            .into_iter()
+            .map(|(kind, name, rv)| ObjectRef {
+                kind: kind.to_string(),
+                name: name.to_string(),
+                resource_version: rv.map(str::to_string),
+            })
+            .collect(),
         matched,
     }
 }
@@ -541,7 +579,8 @@ enum Writer {
     Stderr,
     File {
         path: PathBuf,
-        file: std::fs::File,
+        /// Flushed whenever the queue is empty ([`Writer::flush`]) and before a rotation.
+        file: std::io::BufWriter<std::fs::File>,
         size: u64,
         max_bytes: u64,
         keep: u32,
@@ -566,7 +605,7 @@ impl Writer {
                 let size = file.metadata()?.len();
                 Writer::File {
                     path,
-                    file,
+                    file: std::io::BufWriter::with_capacity(64 * 1024, file),
                     size,
                     max_bytes: max_bytes.max(1),
                     keep,
@@ -590,17 +629,31 @@ impl Writer {
                 keep,
             } => {
                 if *size > 0 && *size + line.len() as u64 > *max_bytes {
+                    file.flush()?;
                     rotate(path, *keep)?;
-                    *file = std::fs::OpenOptions::new()
-                        .create(true)
-                        .append(true)
-                        .open(&*path)?;
+                    *file = std::io::BufWriter::with_capacity(
+                        64 * 1024,
+                        std::fs::OpenOptions::new()
+                            .create(true)
+                            .append(true)
+                            .open(&*path)?,
+                    );
                     *size = 0;
                 }
                 file.write_all(line)?;
                 *size += line.len() as u64;
                 Ok(())
             }
+        }
+    }
+}
+
+impl Writer {
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Writer::Stderr => Ok(()),
+            Writer::Any(w) => w.flush(),
+            Writer::File { file, .. } => file.flush(),
         }
     }
 }
@@ -627,26 +680,40 @@ fn rotate(path: &std::path::Path, keep: u32) -> std::io::Result<()> {
 fn write_loop(rx: Receiver<Record>, mut writer: Writer, metrics: Arc<Metrics>) {
     let mut failing = false;
     while let Ok(record) = rx.recv() {
-        let mut line = match serde_json::to_vec(&record) {
-            Ok(l) => l,
-            Err(_) => {
-                metrics.record_written(false);
-                continue;
+        write_one(&record, &mut writer, &metrics, &mut failing);
+        // What queued meanwhile goes out in the same pass.
+        while let Ok(record) = rx.try_recv() {
+            write_one(&record, &mut writer, &metrics, &mut failing);
+        }
+        if let Err(e) = writer.flush() {
+            if !failing {
+                tracing::error!(error = %e, "writing decision records failed");
             }
-        };
-        line.push(b'\n');
-        match writer.write_line(&line) {
-            Ok(()) => {
-                metrics.record_written(true);
-                failing = false;
+            failing = true;
+        }
+    }
+}
+
+fn write_one(record: &Record, writer: &mut Writer, metrics: &Metrics, failing: &mut bool) {
+    let mut line = match serde_json::to_vec(record) {
+        Ok(l) => l,
+        Err(_) => {
+            metrics.record_written(false);
+            return;
+        }
+    };
+    line.push(b'\n');
+    match writer.write_line(&line) {
+        Ok(()) => {
+            metrics.record_written(true);
+            *failing = false;
+        }
+        Err(e) => {
+            metrics.record_written(false);
+            if !*failing {
+                tracing::error!(error = %e, "writing a decision record failed");
             }
-            Err(e) => {
-                metrics.record_written(false);
-                if !failing {
-                    tracing::error!(error = %e, "writing a decision record failed");
-                }
-                failing = true;
-            }
+            *failing = true;
         }
     }
 }
@@ -751,6 +818,7 @@ mod tests {
         for line in ["aaaaaa\n", "bbbbbb\n", "cccccc\n", "dddddd\n"] {
             w.write_line(line.as_bytes()).expect("writes");
         }
+        w.flush().expect("flushes");
         let read = |p: &std::path::Path| std::fs::read_to_string(p).unwrap_or_default();
         assert_eq!(read(&path), "dddddd\n");
         assert_eq!(read(&dir.join("decisions.ndjson.1")), "cccccc\n");

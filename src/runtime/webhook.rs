@@ -243,13 +243,15 @@ pub async fn decide_request(
             id,
             time: k8s_openapi::jiff::Timestamp::now().to_string(),
             site: "webhook".into(),
+            // The caller's text, at most 256 characters a field: a queued record stays small
+            // whatever a caller sends (the API server's own values are far shorter).
             request: Some(records::RequestInfo {
-                uid: req.uid().to_string(),
-                user: req.inner.user_info.username.clone().unwrap_or_default(),
+                uid: records::clip(req.uid()),
+                user: records::clip(req.inner.user_info.username.as_deref().unwrap_or("")),
                 operation: format!("{:?}", req.operation()).to_uppercase(),
-                kind: req.inner.kind.kind.clone(),
-                namespace: req.namespace.clone(),
-                name: req.inner.name.clone(),
+                kind: records::clip(&req.inner.kind.kind),
+                namespace: records::clip(&req.namespace),
+                name: records::clip(&req.inner.name),
             }),
             rules: records::RulesInfo {
                 digest,
