@@ -96,6 +96,9 @@ codes! {
     NotAnalysed "ichor::lint::not_analysed" true;
     AllowContradicted "ichor::lint::allow_contradicted" true;
     UncoveredEvent "ichor::lint::uncovered_event" true;
+    /// A `refuse` on a destructive event (a control plane removed or leaving, an operation
+    /// that may reset one) in audit mode: it refuses nothing.
+    AuditDestructive "ichor::lint::audit_destructive" true;
     /// A rule file could not be read.
     InputUnreadable "ichor::input::unreadable" false;
     /// The compiled form would need more entries than its 32-bit indices hold (no rule text

@@ -2043,3 +2043,45 @@ fn the_values_and_the_guide_explain_shutdown_and_switching_off_cert_manager() {
     assert!(!guide.contains("validatingwebhookconfiguration ichor-rules "));
     assert!(!guide.contains("validatingwebhookconfiguration ichor-rules`"));
 }
+
+/// `rules.audit` and `rules.enforce` switch named rules without editing the rules: both
+/// components get `--audit-rule`/`--enforce-rule` (the controller's holds follow the same
+/// modes); a value that is not a rule name is refused, as is a decision log other than
+/// stderr or off.
+#[test]
+fn the_chart_switches_rules_between_audit_and_enforce() {
+    let objs = render(&[
+        "--set",
+        "rules.audit={declared-count,quorum}",
+        "--set",
+        "rules.enforce={approval-cap}",
+    ]);
+    let want = vec![
+        "--audit-rule=declared-count".to_string(),
+        "--audit-rule=quorum".to_string(),
+        "--enforce-rule=approval-cap".to_string(),
+    ];
+    let modes = |c: &Value| -> Vec<String> {
+        args_of(c)
+            .into_iter()
+            .filter(|a| a.starts_with("--audit-rule=") || a.starts_with("--enforce-rule="))
+            .collect()
+    };
+    assert_eq!(modes(container(&objs)), want);
+    assert_eq!(
+        modes(controller_container(&objs).expect("a controller")),
+        want
+    );
+    assert_eq!(flag(&objs, "--decision-log").as_deref(), Some("stderr"));
+    // By default nothing is switched.
+    let objs = render(&[]);
+    assert!(modes(container(&objs)).is_empty());
+    for bad in ["rules.audit={$(POD_NAME)}", "rules.enforce={a b}"] {
+        let err = template(&["--set", bad]).expect_err("refused");
+        assert!(err.contains("is not a rule name"), "{bad}: {err}");
+    }
+    let err = template(&["--set", "webhook.decisionLog=/var/log/x"]).expect_err("refused");
+    assert!(err.contains("neither stderr nor off"), "{err}");
+    let objs = render(&["--set", "webhook.decisionLog=off"]);
+    assert_eq!(flag(&objs, "--decision-log").as_deref(), Some("off"));
+}

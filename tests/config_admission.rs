@@ -55,6 +55,7 @@ async fn harness(name: &str) -> Harness {
         metrics: Arc::new(Metrics::default()),
         api_ready: Default::default(),
         controller_username: None,
+        records: None,
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -117,6 +117,7 @@ impl Real {
             metrics: Arc::new(Metrics::default()),
             api_ready: Default::default(),
             controller_username: Some("system:serviceaccount:ichor-system:controller".into()),
+            records: None,
         };
         talos
             .etcd

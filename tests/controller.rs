@@ -117,6 +117,51 @@ async fn a_hold_with_a_renamed_reason_is_cleared_when_it_lifts() {
     .await;
 }
 
+/// The over-cap hold in audit mode (`serve --audit-rule over-cap`, the chart's
+/// `rules.audit`): the newest approval past the cap is not held (it gets its finalizer as
+/// the others do), and its would-be hold is counted by rule.
+#[tokio::test]
+async fn a_hold_in_audit_mode_holds_nothing_and_is_counted() {
+    use ichor_rules::runtime::controller::Context;
+    use ichor_rules::runtime::metrics::Metrics;
+    use ichor_rules::runtime::reload::{Reload, Rules};
+    let rules = Arc::new(
+        Rules::new(vec![
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules"),
+        ])
+        .with_modes(vec![("over-cap".into(), true)]),
+    );
+    assert!(matches!(rules.reload(), Reload::Replaced { .. }));
+    let api = ApiServer::start().await;
+    api.insert(cluster("prod", 1));
+    api.insert(control_plane("cp-a", 1));
+    api.insert(control_plane("cp-b", 2));
+    api.insert(control_plane("cp-c", 3));
+    let metrics = Arc::new(Metrics::default());
+    let ctx = Arc::new(Context::new(
+        api.client(),
+        rules,
+        None,
+        fast_settings("test"),
+        metrics.clone(),
+    ));
+    let _c = Running::start(ctx);
+    wait_for("all three finalized, none held", WAIT, || {
+        ["cp-a", "cp-b", "cp-c"]
+            .iter()
+            .all(|m| has_finalizer(&api, m))
+    })
+    .await;
+    assert_eq!(cond(&api, "TalosMachine", "cp-c", "Ready"), None);
+    let m = metrics.render();
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("ichor_rules_would_refuse_total{rule=\"over-cap\"} ")),
+        "{m}"
+    );
+    assert!(!m.contains("rule=\"over-cap\",verdict=\"hold\""), "{m}");
+}
+
 #[tokio::test]
 async fn ties_in_approval_time_are_ordered_by_name_and_creation_time_fills_in() {
     let api = ApiServer::start().await;

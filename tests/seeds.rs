@@ -157,6 +157,7 @@ fn live() -> &'static Live {
                 metrics: std::sync::Arc::new(Metrics::default()),
                 api_ready: Default::default(),
                 controller_username: None,
+                records: None,
             });
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
                 .await
@@ -260,6 +261,30 @@ fn webhook_answer(objects: &[Value], review: &Value) -> Value {
         )
         .await;
         assert_eq!(status, 200);
-        serde_json::from_slice(&bytes).expect("an AdmissionReview")
+        let mut answer: Value = serde_json::from_slice(&bytes).expect("an AdmissionReview");
+        // What the webhook adds for the audit log, and `eval` does not: a decision id and
+        // the rules' digest on every decision, the refusing rules on a refusal.
+        let notes = answer["response"]
+            .as_object_mut()
+            .and_then(|r| r.remove("auditAnnotations"));
+        if let Some(notes) = notes {
+            assert_eq!(
+                notes["decision-id"].as_str().map(str::len),
+                Some(32),
+                "{notes}"
+            );
+            assert!(
+                notes["rules-digest"]
+                    .as_str()
+                    .is_some_and(|d| d.starts_with("sha256:")),
+                "{notes}"
+            );
+            assert_eq!(
+                notes.get("deciding-rules").is_some(),
+                answer["response"]["allowed"] == false,
+                "{notes}"
+            );
+        }
+        answer
     })
 }

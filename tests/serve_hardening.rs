@@ -1086,11 +1086,20 @@ async fn a_failed_live_read_is_logged_once_without_ansi_escapes() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let log = serve.log();
     let new = &log[before.len().min(log.len())..];
+    // Log lines (the decision record on the same stderr is not one; it says why too).
     let failures: Vec<&str> = new
         .lines()
+        .filter(|l| !l.starts_with("{\"record\":\"decision\""))
         .filter(|l| l.contains("500") || l.to_lowercase().contains("fail"))
         .collect();
     assert_eq!(failures.len(), 1, "one line for one failed read:\n{new}");
+    assert_eq!(
+        new.lines()
+            .filter(|l| l.starts_with("{\"record\":\"decision\"") && l.contains("failed-read-1"))
+            .count(),
+        1,
+        "one decision record:\n{new}"
+    );
     assert!(failures[0].contains("live read failed"), "{new}");
     assert!(
         !log.contains('\u{1b}'),

@@ -10,6 +10,7 @@ use https::write_cert;
 use hyper::body::Bytes;
 use ichor_rules::runtime::live::LiveReader;
 use ichor_rules::runtime::metrics::Metrics;
+use ichor_rules::runtime::records;
 use ichor_rules::runtime::reload::{Reload, Rules};
 use ichor_rules::runtime::tls::ReloadingCert;
 use ichor_rules::runtime::webhook::{Webhook, router, serve_tls};
@@ -53,6 +54,16 @@ struct Harness {
 }
 
 async fn harness(name: &str, read_timeout: Duration) -> Harness {
+    harness_with(name, read_timeout, None, Vec::new()).await
+}
+
+/// A harness whose webhook keeps decision records in `sink`, `buffer` of them queued.
+async fn harness_with(
+    name: &str,
+    read_timeout: Duration,
+    records: Option<(records::Sink, usize)>,
+    modes: Vec<(String, bool)>,
+) -> Harness {
     let api = ApiServer::start().await;
     let dir = scratch(name);
     let ca = write_cert(&dir);
@@ -61,19 +72,23 @@ async fn harness(name: &str, read_timeout: Duration) -> Harness {
     for f in ["admission.rules", "removal.rules"] {
         std::fs::copy(PathBuf::from("rules").join(f), rules_dir.join(f)).expect("copy rules");
     }
-    let rules = Arc::new(Rules::new(vec![rules_dir]));
+    let rules = Arc::new(Rules::new(vec![rules_dir]).with_modes(modes));
     assert!(matches!(rules.reload(), Reload::Replaced { .. }));
     let cert = Arc::new(
         ReloadingCert::new(dir.join("tls.crt"), dir.join("tls.key")).expect("loads the pair"),
     );
     let tls = Arc::new(cert.server_config().expect("tls config"));
     let metrics = Arc::new(Metrics::default());
+    let records = records.map(|(sink, buffer)| {
+        records::Recorder::start(sink, buffer, metrics.clone()).expect("the recorder starts")
+    });
     let state = Arc::new(Webhook {
         rules: rules.clone(),
         reader: LiveReader::new(api.client(), read_timeout),
         metrics: metrics.clone(),
         api_ready: Default::default(),
         controller_username: Some(CONTROLLER_USER.into()),
+        records,
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -668,7 +683,15 @@ async fn the_webhook_answers_what_eval_answers() {
             let (decision, _) =
                 decide_events(&table, &snapshot, &events, Expensive::FromObjects, false);
             let offline = serde_json::to_value(respond(&req, &decision)).expect("json");
-            let live = review(&h, &serde_json::from_slice(&body).expect("json")).await;
+            let mut live = review(&h, &serde_json::from_slice(&body).expect("json")).await;
+            // The webhook's answer adds the audit log's annotations; the rest is `eval`'s.
+            let notes = live["response"]
+                .as_object_mut()
+                .and_then(|r| r.remove("auditAnnotations"));
+            assert!(
+                notes.is_some_and(|n| n["decision-id"].is_string()),
+                "{objects} / {review_file}: {live}"
+            );
             assert_eq!(live, offline, "{objects} / {review_file}");
             // The reviews were written against the stream's objects and decide there what
             // their names say, so the equality is not vacuous.
@@ -1358,4 +1381,395 @@ async fn a_deeply_nested_review_is_refused_at_once() {
         "{:?}",
         started.elapsed()
     );
+}
+
+/// A writer the test reads back: what a decision-record sink received.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("lock").extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("lock")).into_owned()
+    }
+
+    /// Waits until the record of decision `id` was written, and returns it.
+    async fn record(&self, id: &str) -> records::Record {
+        for _ in 0..200 {
+            let log = records::read_log(&self.text()).expect("the log parses");
+            if let Some(r) = log.into_iter().find(|r| r.id == id) {
+                return r;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("no record of decision {id} in:\n{}", self.text());
+    }
+}
+
+/// The annotations the Kubernetes audit log gets with the answer.
+fn annotation<'a>(r: &'a Value, key: &str) -> &'a str {
+    r["response"]["auditAnnotations"][key]
+        .as_str()
+        .unwrap_or_else(|| panic!("no audit annotation {key}: {r}"))
+}
+
+/// A refusal over HTTPS: its answer names the deciding rule, the decision id and the rules'
+/// digest for the audit log; its record holds every fact the rows read with its value and
+/// the objects (and resourceVersions) it came from; decided again from those facts with
+/// the same rules it gives the same verdict; no Secret's value is in any record; and
+/// `replay` with an edited rule set reports exactly the one decision the edit changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_is_recorded_and_replays() {
+    let captured = Captured::default();
+    let h = harness_with(
+        "records",
+        Duration::from_secs(2),
+        Some((records::Sink::Writer(Box::new(captured.clone())), 64)),
+        Vec::new(),
+    )
+    .await;
+    three_control_planes(&h).await;
+    const SECRET: &str = "c2VjcmV0LXRhbG9zY29uZmlnLXZhbHVl";
+    h.api.insert(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "prod-talosconfig", "namespace": "infra"},
+        "data": {"talosconfig": SECRET}
+    }));
+    let stored = |kind: &str, name: &str| {
+        h.api
+            .objects(kind, Some("infra"))
+            .into_iter()
+            .find(|o| o["metadata"]["name"] == name)
+            .expect("stored")
+    };
+    let live = |kind: &str, name: &str| records::ObjectRef {
+        kind: kind.to_string(),
+        name: name.to_string(),
+        resource_version: stored(kind, name)["metadata"]["resourceVersion"]
+            .as_str()
+            .map(str::to_string),
+    };
+    // The old object as the API server sends it: the stored one, resourceVersion and all.
+    let cp3 = stored("TalosMachine", "cp-3");
+    let r = review(
+        &h,
+        &objects::review("u-1", "DELETE", Some(&cp3), None).build(),
+    )
+    .await;
+    assert_eq!(r["response"]["allowed"], false, "{r}");
+    assert_eq!(annotation(&r, "deciding-rules"), "declared-count");
+    let files = ichor_rules::ruleset::read_sources(&[h.dir.join("rules")]).expect("rules");
+    let digest = records::digest(&files);
+    assert_eq!(annotation(&r, "rules-digest"), digest);
+    let id = annotation(&r, "decision-id").to_string();
+    assert_eq!(id.len(), 32, "{id}");
+
+    let rec = captured.record(&id).await;
+    assert_eq!(rec.site, "webhook");
+    assert_eq!(rec.verdict, "refuse");
+    assert_eq!(rec.deciding, vec!["declared-count".to_string()]);
+    assert_eq!(rec.rules.digest, digest);
+    let request = rec.request.as_ref().expect("the request");
+    assert_eq!(
+        (request.uid.as_str(), request.operation.as_str()),
+        ("u-1", "DELETE")
+    );
+    assert_eq!(
+        (request.kind.as_str(), request.name.as_str()),
+        ("TalosMachine", "cp-3")
+    );
+    let remove_cp = rec
+        .events
+        .iter()
+        .find(|e| e.verb == "remove" && e.subject == "controlplane")
+        .expect("the remove controlplane event");
+    let fact = |name: &str| {
+        remove_cp
+            .facts
+            .iter()
+            .find(|f| f.name == name)
+            .unwrap_or_else(|| panic!("no fact {name} in {remove_cp:?}"))
+    };
+    assert_eq!(fact("approved").value, json!(3));
+    assert_eq!(fact("count").value, json!(3));
+    assert_eq!(fact("member.dead").value, json!(false));
+    // Where they came from: the three machines counted, and the cluster, by resourceVersion.
+    // A fact's `from` indexes the event's objects, each listed once.
+    let from = |name: &str| -> Vec<records::ObjectRef> {
+        fact(name)
+            .from
+            .iter()
+            .map(|&i| remove_cp.objects[i as usize].clone())
+            .collect()
+    };
+    let mut objects = remove_cp.objects.clone();
+    objects.sort();
+    objects.dedup();
+    assert_eq!(objects.len(), remove_cp.objects.len(), "each object once");
+    let approved_from = &from("approved");
+    assert_eq!(approved_from.len(), 3, "{approved_from:?}");
+    for m in ["cp-1", "cp-2", "cp-3"] {
+        assert!(
+            approved_from.contains(&live("TalosMachine", m)),
+            "{approved_from:?}"
+        );
+    }
+    assert!(approved_from.iter().all(|o| o.resource_version.is_some()));
+    assert_eq!(from("machine"), vec![live("TalosMachine", "cp-3")]);
+    assert_eq!(from("count"), vec![live("TalosCluster", "prod")]);
+    let matched = &remove_cp.matched;
+    assert!(
+        matched
+            .iter()
+            .any(|m| m.rule == "declared-count" && m.verdict == "refuse" && m.mode == "enforce"),
+        "{matched:?}"
+    );
+    assert!(rec.latency_us > 0);
+    // The same rules, the recorded facts: the same decision.
+    let table = h.rules.current().expect("rules");
+    let again = records::replay(&table, &rec).expect("replays");
+    assert_eq!(again, records::Replayed::of_record(&rec));
+    assert_eq!(again.verdict, "refuse");
+
+    // Two more decisions: an approval 3 -> 4 (allowed, warned) and a fifth (refused by
+    // another rule).
+    let pending = machine("cp-4", "controlplane", false, "2026-10-04T00:00:00Z");
+    let approved = machine("cp-4", "controlplane", true, "2026-10-04T00:00:00Z");
+    let r2 = review(
+        &h,
+        &objects::review("u-2", "UPDATE", Some(&pending), Some(&approved)).build(),
+    )
+    .await;
+    assert_eq!(r2["response"]["allowed"], true, "{r2}");
+    h.api.insert(approved);
+    let fifth = machine("cp-5", "controlplane", true, "2026-10-05T00:00:00Z");
+    let r3 = review(
+        &h,
+        &objects::review("u-3", "CREATE", None, Some(&fifth)).build(),
+    )
+    .await;
+    assert_eq!(r3["response"]["allowed"], false, "{r3}");
+    captured.record(annotation(&r3, "decision-id")).await;
+    let log_text = captured.text();
+    assert!(!log_text.contains(SECRET), "a Secret's value in a record");
+    assert!(
+        !log_text.contains("prod-talosconfig"),
+        "a Secret's name in a record"
+    );
+    let log = h.dir.join("decisions.ndjson");
+    std::fs::write(&log, &log_text).expect("log");
+
+    let replay = |rules: &std::path::Path| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ichor-rules"))
+            .arg("replay")
+            .arg(&log)
+            .arg("--rules")
+            .arg(rules)
+            .args(["--format", "json"])
+            .output()
+            .expect("runs");
+        let report: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        (out.status.code(), report)
+    };
+    // The rules that decided: every decision reproduced.
+    let (code, report) = replay(&h.dir.join("rules"));
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report["decisions"], 3, "{report}");
+    assert_eq!(report["reproduced"], 3, "{report}");
+    assert_eq!(report["mismatches"], json!([]));
+    // An edit that lets a removal down to one below the declared count through.
+    let edited = h.dir.join("edited");
+    std::fs::create_dir_all(&edited).expect("dir");
+    for f in ["admission.rules", "removal.rules"] {
+        let text = std::fs::read_to_string(h.dir.join("rules").join(f)).expect("read");
+        let text = text.replacen(
+            "refuse remove controlplane\n  when after < count\n",
+            "refuse remove controlplane\n  when after < count - 1\n",
+            1,
+        );
+        std::fs::write(edited.join(f), text).expect("write");
+    }
+    let (code, report) = replay(&edited);
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report["compared"], 3, "{report}");
+    assert_eq!(
+        report["changes"],
+        json!([{
+            "from": "refuse", "to": "allow", "rule": "declared-count",
+            "decisions": [{
+                "id": id, "what": "DELETE TalosMachine infra/cp-3 (uid u-1)",
+                "from": "refuse", "to": "allow"
+            }]
+        }]),
+        "{report}"
+    );
+    // Without --rules, a log decided by rules other than rules/ is an error saying so.
+    let cwd = h.dir.join("cwd");
+    std::fs::create_dir_all(cwd.join("rules")).expect("dir");
+    for f in ["admission.rules", "removal.rules"] {
+        std::fs::copy(edited.join(f), cwd.join("rules").join(f)).expect("copy");
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ichor-rules"))
+        .arg("replay")
+        .arg(&log)
+        .current_dir(&cwd)
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("was decided by rules sha256:"), "{err}");
+}
+
+/// A sink that never finishes a write: decisions are answered all the same, and the
+/// records that do not fit the queue are dropped and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_sink_drops_records_without_slowing_decisions() {
+    struct Stuck(Arc<std::sync::atomic::AtomicBool>);
+    impl std::io::Write for Stuck {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            while !self.0.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let release = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let h = harness_with(
+        "stuck-sink",
+        Duration::from_secs(2),
+        Some((records::Sink::Writer(Box::new(Stuck(release.clone()))), 2)),
+        Vec::new(),
+    )
+    .await;
+    three_control_planes(&h).await;
+    let cp3 = machine("cp-3", "controlplane", true, "2026-10-03T00:00:00Z");
+    let started = std::time::Instant::now();
+    for i in 0..12 {
+        let r = review(
+            &h,
+            &objects::review(&format!("u-{i}"), "DELETE", Some(&cp3), None).build(),
+        )
+        .await;
+        assert_eq!(r["response"]["allowed"], false);
+    }
+    // Each decision took what it takes without records (the writer never returned).
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let m = h.metrics.render();
+    let dropped: f64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("ichor_rules_decision_records_total{outcome=\"dropped\"} "))
+        .and_then(|v| v.parse().ok())
+        .expect("the dropped counter");
+    // One record in the writer, two queued: the other nine dropped.
+    assert_eq!(dropped, 9.0, "{m}");
+    release.store(true, Ordering::SeqCst);
+}
+
+/// A rule in audit mode, switched by the deployment (what the chart's `rules.audit` passes
+/// as `--audit-rule`) or written so in the text: the delete it would refuse is allowed, its
+/// would-be refusal is counted by rule and recorded with its mode, and the audit log's
+/// annotations name it; switched back to enforce (`--enforce-rule` over the text's
+/// `audit`), it refuses again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_audit_rule_never_refuses_but_is_counted_and_recorded() {
+    let captured = Captured::default();
+    let h = harness_with(
+        "audit-mode",
+        Duration::from_secs(2),
+        Some((records::Sink::Writer(Box::new(captured.clone())), 64)),
+        vec![("declared-count".into(), true)],
+    )
+    .await;
+    three_control_planes(&h).await;
+    let cp3 = machine("cp-3", "controlplane", true, "2026-10-03T00:00:00Z");
+    for uid in ["u-1", "u-2"] {
+        let r = review(
+            &h,
+            &objects::review(uid, "DELETE", Some(&cp3), None).build(),
+        )
+        .await;
+        assert_eq!(r["response"]["allowed"], true, "{r}");
+        assert_eq!(annotation(&r, "audit-rules-matched"), "declared-count");
+        assert!(
+            r["response"]["auditAnnotations"]
+                .get("deciding-rules")
+                .is_none()
+        );
+        let rec = captured.record(annotation(&r, "decision-id")).await;
+        assert_eq!(rec.verdict, "allow");
+        assert_eq!(rec.would_verdict, "refuse");
+        assert_eq!(rec.rules.audit, vec!["declared-count".to_string()]);
+        let matched: Vec<_> = rec.events.iter().flat_map(|e| &e.matched).collect();
+        assert!(
+            matched
+                .iter()
+                .any(|m| m.rule == "declared-count" && m.verdict == "refuse" && m.mode == "audit"),
+            "{matched:?}"
+        );
+        // Replayed with the recorded modes, the same.
+        let table = h.rules.current().expect("rules");
+        assert_eq!(
+            records::replay(&table, &rec).expect("replays"),
+            records::Replayed::of_record(&rec)
+        );
+    }
+    let m = h.metrics.render();
+    assert!(
+        m.contains("ichor_rules_would_refuse_total{rule=\"declared-count\"} 2"),
+        "{m}"
+    );
+    assert!(
+        !m.contains("rule=\"declared-count\",verdict=\"refuse\""),
+        "{m}"
+    );
+
+    // Written `audit` in the text, enforced by the deployment: it refuses.
+    let h2 = harness_with(
+        "audit-enforced",
+        Duration::from_secs(2),
+        None,
+        vec![("declared-count".into(), false)],
+    )
+    .await;
+    let removal = h2.dir.join("rules").join("removal.rules");
+    let text = std::fs::read_to_string(&removal).expect("read");
+    assert!(text.contains("rule declared-count\n"));
+    std::fs::write(
+        &removal,
+        text.replacen("rule declared-count\n", "rule declared-count audit\n", 1),
+    )
+    .expect("write");
+    assert!(matches!(h2.rules.reload(), Reload::Replaced { .. }));
+    let table = h2.rules.current().expect("rules");
+    let rule = table
+        .rules
+        .iter()
+        .find(|r| r.name == "declared-count")
+        .expect("the rule");
+    assert!(!rule.audit, "enforced by the deployment");
+    three_control_planes(&h2).await;
+    let r = review(
+        &h2,
+        &objects::review("u-3", "DELETE", Some(&cp3), None).build(),
+    )
+    .await;
+    assert_eq!(r["response"]["allowed"], false, "{r}");
+    assert_eq!(annotation(&r, "deciding-rules"), "declared-count");
 }

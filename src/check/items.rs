@@ -109,6 +109,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
         }
         Some(CheckedRule {
             name: r.name.name.clone(),
+            audit: r.audit,
             file: self.file,
             span: r.span,
             verdict,

@@ -70,6 +70,7 @@ pub(super) fn run(
     if which == Lints::All {
         subsumption(files, program, &analyses, diags);
         allow_contradicted(files, program, diags);
+        audit_destructive(files, program, diags);
     }
     coverage(files, program, diags);
 }
@@ -78,9 +79,11 @@ pub(super) fn run(
 /// says the opposite. One of the two is wrong. A warning, not an error: the runtime's
 /// behaviour is well defined (the rule is enforced, the `allow` only silences the
 /// coverage lint), and the stricter side is the one in force; `--deny-warnings` fails CI.
+/// A rule in audit mode contradicts nothing: it enforces nothing, and staging a rule on an
+/// event an `allow` leaves open is what audit mode is for.
 fn allow_contradicted(files: &[SourceFile], program: &Program, diags: &mut Vec<Diagnostic>) {
     for allow in &program.allows {
-        for rule in &program.rules {
+        for rule in program.rules.iter().filter(|r| !r.audit) {
             let both: Vec<&Event> = allow
                 .events
                 .iter()
@@ -936,7 +939,10 @@ fn subsumption(
     };
     for (i, a) in rules.iter().enumerate() {
         for (j, b) in rules.iter().enumerate() {
+            // A rule in audit mode decides nothing, so it makes no other rule redundant (a
+            // staged rule subsumed by an enforced one is still reported).
             if i == j
+                || b.audit
                 || bits[i] & !bits[j] != 0
                 || a.verdict != b.verdict
                 || (a.verdict == Verdict::Hold && a.reason != b.reason)
@@ -1000,6 +1006,52 @@ fn subsumption(
                 "comparing every pair of rules of the same events would cost more than {} steps (400,000 plus 500 per rule); fewer rules per event, or rules reading fewer facts, fit",
                 subsumption_budget(rules.len())
             )),
+        );
+    }
+}
+
+/// A `refuse` in audit mode on a destructive event: a control plane removed or leaving
+/// (`remove`, `unapprove`, `reassign`, `move`), or an operation the rule does not narrow
+/// to kinds other than `reset` (its conditions do not read `kind`, or name `"reset"`). The
+/// safety rules themselves shipped in audit mode would refuse nothing; staging a new one
+/// is what audit mode is for, so a warning, not an error.
+fn audit_destructive(files: &[SourceFile], program: &Program, diags: &mut Vec<Diagnostic>) {
+    use crate::vocab::{Subject, Verb};
+    for rule in program
+        .rules
+        .iter()
+        .filter(|r| r.audit && r.verdict == Verdict::Refuse)
+    {
+        let text = |t: &Option<String>| t.as_deref().unwrap_or("").to_string();
+        let conditions = format!("{} {}", text(&rule.when_text), text(&rule.unless_text));
+        let may_reset = !conditions.contains("kind") || conditions.contains("\"reset\"");
+        let destructive = rule.events.iter().find(|(verb, subject, _)| match subject {
+            Subject::ControlPlane => matches!(
+                verb,
+                Verb::Remove | Verb::Unapprove | Verb::Reassign | Verb::Move
+            ),
+            Subject::Operation => may_reset,
+            _ => false,
+        });
+        let Some((verb, subject, _)) = destructive else {
+            continue;
+        };
+        diags.push(
+            Diagnostic::warning(
+                Code::AuditDestructive,
+                rule.file,
+                super::first_line(files, rule.file, rule.span),
+                format!(
+                    "rule `{}` refuses `{} {}` in audit mode: it is recorded, and refuses nothing",
+                    rule.name,
+                    verb.name(),
+                    subject.name()
+                ),
+            )
+            .label("in audit mode")
+            .help(
+                "remove `audit` once its would-be refusals (`ichor_rules_would_refuse_total`, the decision records) are the ones you want, or enforce it from the chart (`rules.enforce`)",
+            ),
         );
     }
 }

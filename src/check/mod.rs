@@ -38,6 +38,8 @@ pub use crate::vocab::Event;
 #[derive(Clone, Debug)]
 pub struct CheckedRule {
     pub name: String,
+    /// `rule NAME audit`: evaluated and recorded, never enforced.
+    pub audit: bool,
     pub file: usize,
     pub span: Span,
     pub verdict: Verdict,

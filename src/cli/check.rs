@@ -34,18 +34,42 @@ pub fn run(paths: &[PathBuf], format: Format, deny_warnings: bool) -> u8 {
     let (errors, warnings) = (set.errors(), set.warnings());
     let text = match format {
         Format::Json => {
-            let out = serde_json::json!({
+            let mut out = serde_json::json!({
                 "files": set.files.iter().map(|f| f.display_path()).collect::<Vec<_>>(),
                 "errors": errors,
                 "warnings": warnings,
                 "diagnostics": to_json(&set.diagnostics, &set.files),
             });
+            // The rules in audit mode (recorded, not enforced), when there are any.
+            let audit: Vec<&str> = set
+                .table
+                .iter()
+                .flat_map(|t| t.audit_rules())
+                .map(|r| r.name.as_str())
+                .collect();
+            if !audit.is_empty() {
+                out["audit"] = serde_json::json!(audit);
+            }
             serde_json::to_string_pretty(&out).unwrap_or_default() + "\n"
         }
         Format::Human => {
             let rows = set.table.as_ref().map_or(0, |t| t.row_count());
+            let audit: Vec<&str> = set
+                .table
+                .iter()
+                .flat_map(|t| t.audit_rules())
+                .map(|r| r.name.as_str())
+                .collect();
+            let audit = if audit.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; in audit mode (recorded, not enforced): {}",
+                    audit.join(", ")
+                )
+            };
             format!(
-                "{}checked {} file{}: {errors} error{}, {warnings} warning{}{}\n",
+                "{}checked {} file{}: {errors} error{}, {warnings} warning{}{}{audit}\n",
                 render_human(&set.diagnostics, &set.files, colour()),
                 set.files.len(),
                 plural(set.files.len()),

@@ -7,6 +7,7 @@ mod diff;
 mod eval;
 mod fmt;
 mod outcome;
+mod replay;
 mod request;
 mod serve;
 mod table;
@@ -87,6 +88,12 @@ pub enum Command {
     /// Compare two rule sets over the states the model reaches: every decision that
     /// changed, grouped, with a witness. Exit 0: equivalent; 1: different; 2: bad input.
     Diff(diff::DiffArgs),
+    /// Decide every record of a decision log (`serve --decision-log`) again from the facts
+    /// it holds: with the rules that decided it (the same digest; every verdict must
+    /// reproduce, else exit 1), or with proposed rules (`--rules NEW`: the decisions that
+    /// would change, by direction and rule). Exit 2: bad input, or records decided by rules
+    /// other than `rules/` without `--rules`.
+    Replay(replay::ReplayArgs),
     /// Run the rule tests (YAML cases next to the rules, default `rules/tests`) through the
     /// same code as `eval`. Exit 0: every case passed; 1: a case failed (or coverage is
     /// below --fail-under); 2: bad usage, a bad test file, or rules with errors.
@@ -162,6 +169,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Test(args) => test::run(&args),
         Command::Fmt(args) => fmt::run(&args),
         Command::Diff(args) => diff::run(&args),
+        Command::Replay(args) => replay::run(&args),
         Command::Verify(args) => {
             let paths = default_paths([args.paths.clone(), args.rules.clone()].concat());
             verify::run(&args, &paths)

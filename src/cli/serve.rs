@@ -150,6 +150,31 @@ pub struct ServeArgs {
     /// when something else changes it).
     #[arg(long, requires = "tls_secret")]
     pub webhook_configuration: Option<String>,
+    /// Where the webhook writes one decision record per decision, as a JSON line:
+    /// `stderr`, `off`, or a file (rotated by --decision-log-max-bytes). Records wait in a
+    /// queue of --decision-log-buffer; when the sink is behind they are dropped (counted in
+    /// `ichor_rules_decision_records_total{outcome="dropped"}` and logged), never waited
+    /// for. `ichor-rules replay` decides them again (docs/operators.md).
+    #[arg(long, value_name = "stderr|off|FILE", default_value = "stderr")]
+    pub decision_log: String,
+    /// A --decision-log file is renamed FILE.1 (older ones FILE.2, ...) past this size.
+    #[arg(long, default_value_t = 100 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    pub decision_log_max_bytes: u64,
+    /// How many rotated --decision-log files are kept.
+    #[arg(long, default_value_t = 3)]
+    pub decision_log_keep: u32,
+    /// How many decision records may wait for the sink before new ones are dropped.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub decision_log_buffer: u64,
+    /// Run this rule in audit mode whatever its text says: evaluated and recorded (its
+    /// would-be verdict in the decision record and `ichor_rules_would_refuse_total`), never
+    /// refusing, holding or warning. Repeatable (the chart's `rules.audit`).
+    #[arg(long, value_name = "RULE")]
+    pub audit_rule: Vec<String>,
+    /// Enforce this rule even when its text says `audit` (the chart's `rules.enforce`).
+    /// Repeatable; a rule named by both is enforced.
+    #[arg(long, value_name = "RULE")]
+    pub enforce_rule: Vec<String>,
 }
 
 pub fn run(args: &ServeArgs) -> u8 {
@@ -235,5 +260,15 @@ fn config(a: &ServeArgs) -> OperatorConfig {
         tls_secret: a.tls_secret.clone(),
         service_name: a.service_name.clone(),
         webhook_configuration: a.webhook_configuration.clone(),
+        decision_log: a.decision_log.clone(),
+        decision_log_max_bytes: a.decision_log_max_bytes,
+        decision_log_keep: a.decision_log_keep,
+        decision_log_buffer: usize::try_from(a.decision_log_buffer).unwrap_or(1024),
+        rule_modes: a
+            .audit_rule
+            .iter()
+            .map(|r| (r.clone(), true))
+            .chain(a.enforce_rule.iter().map(|r| (r.clone(), false)))
+            .collect(),
     }
 }

@@ -120,7 +120,12 @@ pub fn to_text(table: &Table, colour: bool) -> String {
             let Some(r) = table.rules.get(row.rule as usize) else {
                 continue;
             };
-            let _ = writeln!(out, "  {} {}   ({}:{})", r.verdict, r.name, r.file, r.line);
+            let mode = if r.audit { " [audit]" } else { "" };
+            let _ = writeln!(
+                out,
+                "  {} {}{mode}   ({}:{})",
+                r.verdict, r.name, r.file, r.line
+            );
             if let Some(w) = &r.when_text {
                 let _ = writeln!(out, "      when   {w}");
             }

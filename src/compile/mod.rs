@@ -119,6 +119,10 @@ pub struct Row {
 #[derive(Clone, Debug, Serialize)]
 pub struct RuleMeta {
     pub name: String,
+    /// Evaluated and recorded, never enforced: `rule NAME audit`, or switched by the
+    /// deployment ([`Table::set_audit`]).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub audit: bool,
     pub verdict: Verdict,
     pub head: String,
     pub file: String,
@@ -235,6 +239,9 @@ pub struct Table {
     pub lets: Vec<LetMeta>,
     /// [`Table::parking_reasons`], computed once.
     parking: Vec<String>,
+    /// The digest of the rules text this table was built from (`sha256:` and hex), set by
+    /// whoever read the files (the runtime's `records::digest`); empty when unknown.
+    pub digest: String,
 }
 
 /// An invariant as `verify` and reviewers read it.
@@ -263,6 +270,23 @@ pub fn group_index(verb: Verb, subject: Subject, site: Site) -> usize {
 }
 
 impl Table {
+    /// Switches the rule named `rule` between audit (evaluated and recorded, never
+    /// enforced) and enforce, as a deployment does without editing the rules text. `false`
+    /// when no rule has that name.
+    pub fn set_audit(&mut self, rule: &str, audit: bool) -> bool {
+        let mut found = false;
+        for r in self.rules.iter_mut().filter(|r| r.name == rule) {
+            r.audit = audit;
+            found = true;
+        }
+        found
+    }
+
+    /// The rules in audit mode, in source order.
+    pub fn audit_rules(&self) -> impl Iterator<Item = &RuleMeta> {
+        self.rules.iter().filter(|r| r.audit)
+    }
+
     /// The rows for one (verb, subject, site), in source order.
     pub fn rows(&self, verb: Verb, subject: Subject, site: Site) -> &[Row] {
         self.groups
@@ -552,6 +576,7 @@ pub fn compile_with(
         return Err(TooLarge { what });
     }
     let mut table = Table {
+        digest: String::new(),
         rules,
         groups,
         programs,
@@ -614,6 +639,7 @@ impl Compiler {
         };
         RuleMeta {
             name: r.name.clone(),
+            audit: r.audit,
             verdict: r.verdict,
             head: r.head.clone(),
             file,

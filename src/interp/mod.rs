@@ -150,6 +150,46 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
         self.cache.asked.as_deref().unwrap_or(&[])
     }
 
+    /// The value of every fact of `mask` (bit = fact slot, as [`Table::facts_read`] gives
+    /// a group's), asking the provider for those this decision did not need: what a
+    /// decision record keeps, read after deciding and from the same cache, so the values
+    /// are the ones the rows read. A fact the provider cannot give here
+    /// ([`Lookup::Later`]) is left out. Never on the decision's path.
+    #[cold]
+    pub fn read_facts(&mut self, mask: u64) -> Vec<(Fact, Value<'a>)> {
+        let mut out = Vec::new();
+        let mut rest = mask;
+        while rest != 0 {
+            let slot = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            let Some(fact) = Fact::from_slot(slot) else {
+                continue;
+            };
+            if self.cache.ensure(slot).is_err() {
+                continue;
+            }
+            let value = match fact.info().ty {
+                crate::vocab::Type::Int => Value::Int(self.cache.value(slot)),
+                crate::vocab::Type::Bool => Value::Bool(self.cache.value(slot) != 0),
+                _ => Value::Str(
+                    cache::TEXT_SLOT
+                        .get(slot)
+                        .and_then(|&t| self.cache.texts.get(usize::from(t)))
+                        .copied()
+                        .flatten()
+                        .unwrap_or(""),
+                ),
+            };
+            out.push((fact, value));
+        }
+        out
+    }
+
+    /// The provider of this session's facts (a record asks it where a fact came from).
+    pub fn facts_mut(&mut self) -> &mut F {
+        &mut self.cache.facts
+    }
+
     /// Supplies a fact the provider answered [`Lookup::Later`] for.
     pub fn supply(&mut self, fact: Fact, value: Value<'a>) {
         self.cache.store(fact.slot(), value);
@@ -372,6 +412,10 @@ pub struct Decision {
     pub refusals: Vec<Finding>,
     pub holds: Vec<Finding>,
     pub warnings: Vec<Finding>,
+    /// Rules in audit mode that matched, with the verdict they would have given: recorded
+    /// and counted, never refusing, holding or warning.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub audited: Vec<Finding>,
 }
 
 impl Decision {
@@ -410,7 +454,7 @@ pub fn decide_into<'a, F: Facts<'a>>(
             .table
             .rules
             .get(hit.rule as usize)
-            .map(|r| (r.name.clone(), r.reason.clone()))
+            .map(|r| (r.name.clone(), r.reason.clone(), r.audit))
             .unwrap_or_default();
         let finding = Finding {
             rule: rule.0,
@@ -419,6 +463,7 @@ pub fn decide_into<'a, F: Facts<'a>>(
             reason: rule.1,
         };
         let list = match hit.verdict {
+            _ if rule.2 => &mut decision.audited,
             Verdict::Refuse => &mut decision.refusals,
             Verdict::Hold => &mut decision.holds,
             Verdict::Warn => &mut decision.warnings,
@@ -615,6 +660,54 @@ mod tests {
                 "{facts:?}"
             );
         }
+    }
+
+    /// `rule NAME audit`: the rule matches and is reported apart, with the verdict it would
+    /// have given; it neither refuses, holds nor warns. Switched to enforce, it refuses.
+    #[test]
+    fn an_audit_rule_is_reported_not_enforced() {
+        use crate::diagnostics::SourceFile;
+        use crate::interp::{Decision, Facts, Lookup, Session, Value, decide_into};
+        use crate::vocab::{Fact, Site, Subject, Verb, Verdict};
+        struct Given;
+        impl<'a> Facts<'a> for Given {
+            fn fact(&mut self, fact: Fact) -> Lookup<'a> {
+                Lookup::Value(match fact {
+                    Fact::Approved => Value::Int(3),
+                    Fact::Count => Value::Int(3),
+                    _ => match fact.info().ty {
+                        crate::vocab::Type::Int => Value::Int(0),
+                        crate::vocab::Type::Bool => Value::Bool(false),
+                        _ => Value::Str(""),
+                    },
+                })
+            }
+        }
+        let text = "rule staged audit\n  refuse remove controlplane\n  when approved - 1 < count\n  say \"s\"\n\n\
+                    rule warned\n  warn remove controlplane\n  when approved == 3\n  say \"w\"\n";
+        let set = crate::ruleset::build(vec![SourceFile::new("a.rules", text)]);
+        let mut table = set.table.expect("the rules check");
+        assert!(table.rules.iter().any(|r| r.name == "staged" && r.audit));
+        let event = (Verb::Remove, Subject::ControlPlane, Site::Webhook);
+        let decide = |table: &crate::compile::Table| {
+            let mut decision = Decision::default();
+            decide_into(&mut Session::new(table, Given), event, &mut decision).expect("decides");
+            decision
+        };
+        let d = decide(&table);
+        assert_eq!(d.verdict(), None);
+        assert!(d.refusals.is_empty());
+        assert_eq!(d.warnings.len(), 1);
+        assert_eq!(d.audited.len(), 1);
+        assert_eq!(
+            (d.audited[0].rule.as_str(), d.audited[0].verdict),
+            ("staged", Verdict::Refuse)
+        );
+        assert!(table.set_audit("staged", false));
+        assert!(!table.set_audit("no-such-rule", true));
+        let d = decide(&table);
+        assert_eq!(d.verdict(), Some(Verdict::Refuse));
+        assert!(d.audited.is_empty());
     }
 
     #[test]

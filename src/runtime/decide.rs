@@ -4,9 +4,10 @@
 use super::facts::{EventFacts, Expensive, SnapshotFacts, Subject};
 use super::objects::{Object, Role, Snapshot, TalosCluster, TalosMachine, TalosOperation};
 use crate::compile::Table;
+use crate::interp::Facts;
 use crate::interp::explain::{EventTrace, trace_event};
 use crate::interp::{Decision, Finding, Interrupt, Session, decide_into};
-use crate::vocab::{Site, Subject as S, Verb, Verdict};
+use crate::vocab::{Event, Fact, Site, Subject as S, Verb, Verdict};
 use kube::core::admission::Operation;
 
 fn role_subject(r: Role) -> S {
@@ -318,6 +319,31 @@ pub fn reconcile_start_event<'s>(o: &'s TalosOperation) -> Option<EventFacts<'s>
     })
 }
 
+/// Decides one event of a request into `decision`. A fact that cannot be had fails closed: a
+/// refusal naming it (returned too). The one way a request's event is decided: from a
+/// snapshot ([`decide_request_events`]), and from a record's facts (`replay`).
+pub fn decide_event<'a, F: Facts<'a>>(
+    session: &mut Session<'a, F>,
+    event: Event,
+    decision: &mut Decision,
+) -> Option<Fact> {
+    let Err(Interrupt::Need(fact)) = decide_into(session, event, decision) else {
+        return None;
+    };
+    decision.refusals.push(Finding {
+        rule: LIVE_STATE.into(),
+        verdict: Verdict::Refuse,
+        message: format!(
+            "the fact `{fact}` could not be read, so the request is refused rather than decided on missing data"
+        ),
+        reason: None,
+    });
+    Some(fact)
+}
+
+/// The name a refusal for a fact that could not be read goes by (no rule has it).
+pub const LIVE_STATE: &str = "(live state)";
+
 /// Decides a list of events against a snapshot. With `trace`, also returns what each event
 /// considered. An expensive fact that cannot be had here fails closed: a refusal naming it.
 pub fn decide_events(
@@ -349,16 +375,7 @@ pub fn decide_request_events(
         if trace {
             session = session.traced();
         }
-        if let Err(Interrupt::Need(fact)) = decide_into(&mut session, ev.event, &mut decision) {
-            decision.refusals.push(Finding {
-                rule: "(live state)".into(),
-                verdict: Verdict::Refuse,
-                message: format!(
-                    "the fact `{fact}` could not be read, so the request is refused rather than decided on missing data"
-                ),
-                reason: None,
-            });
-        }
+        decide_event(&mut session, ev.event, &mut decision);
         if trace {
             let (verb, subject, site) = ev.event;
             let cluster_missing = !matches!(ev.subject, Subject::Cluster(_))

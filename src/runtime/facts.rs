@@ -331,6 +331,130 @@ impl<'s> SnapshotFacts<'s> {
     }
 }
 
+/// An object as a decision record names it: its kind, name and resourceVersion, borrowed.
+pub type Source<'s> = (&'static str, &'s str, Option<&'s str>);
+
+fn object_ref<'s>(
+    kind: &'static str,
+    meta: &'s k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Source<'s> {
+    (
+        kind,
+        meta.name.as_deref().unwrap_or(""),
+        meta.resource_version.as_deref(),
+    )
+}
+
+impl<'s> SnapshotFacts<'s> {
+    /// The objects `fact` is computed from, for a decision record: the subject, the
+    /// cluster, the machines counted, the operation waited on, the backups. Asked only
+    /// after deciding, when a record is kept; the values themselves come from
+    /// [`Facts::fact`], never from here.
+    pub fn sources(&mut self, fact: Fact) -> Vec<Source<'s>> {
+        let machines = |ms: &[&'s TalosMachine]| -> Vec<Source<'s>> {
+            ms.iter()
+                .map(|m| object_ref("TalosMachine", &m.metadata))
+                .collect()
+        };
+        let subject = |s: &Self| -> Vec<Source<'s>> {
+            match s.ev.subject {
+                Subject::Machine { view, .. } => vec![object_ref("TalosMachine", &view.metadata)],
+                Subject::Cluster(c) => vec![object_ref("TalosCluster", &c.metadata)],
+                Subject::Operation(o) => vec![object_ref("TalosOperation", &o.metadata)],
+                Subject::Patch { name, .. } => vec![("TalosConfigPatch", name, None)],
+            }
+        };
+        let cluster = |s: &mut Self| -> Vec<Source<'s>> {
+            s.cluster_obj()
+                .map(|c| vec![object_ref("TalosCluster", &c.metadata)])
+                .unwrap_or_default()
+        };
+        let mut out = match fact {
+            Fact::Cluster | Fact::RequestByController => Vec::new(),
+            Fact::Approved
+            | Fact::Transitioning
+            | Fact::Rank
+            | Fact::MembersAfter
+            | Fact::HealthyAfter
+            | Fact::TargetControlPlane => {
+                self.control_planes();
+                machines(self.control_planes.as_deref().unwrap_or(&[]))
+            }
+            Fact::Workers => {
+                let key = self.subject_key();
+                machines(&approved_members(
+                    self.snapshot,
+                    self.ev.namespace,
+                    self.ev.cluster,
+                    Role::Worker,
+                    key,
+                ))
+            }
+            Fact::EtcdMembers => {
+                let mut v = cluster(self);
+                self.control_planes();
+                v.extend(machines(self.control_planes.as_deref().unwrap_or(&[])));
+                v
+            }
+            Fact::Count
+            | Fact::Schedulable
+            | Fact::ClusterExists
+            | Fact::ClusterDeleting
+            | Fact::Bootstrapped => cluster(self),
+            Fact::Machine
+            | Fact::Role
+            | Fact::Deleting
+            | Fact::AllowDelete
+            | Fact::MemberDead
+            | Fact::NodeUnreachable
+            | Fact::Operation
+            | Fact::Kind
+            | Fact::Target
+            | Fact::Phase
+            | Fact::Failed
+            | Fact::Paused
+            | Fact::Backup
+            | Fact::Patch
+            | Fact::PatchSelects
+            | Fact::PatchBreaks
+            | Fact::PatchError => subject(self),
+            Fact::TargetExists | Fact::TargetUncounted => {
+                let mut v = subject(self);
+                let target = self.operation().and_then(|o| o.spec.machine.as_deref());
+                if let Some(m) = target.and_then(|t| self.snapshot.machine(self.ev.namespace, t)) {
+                    v.push(object_ref("TalosMachine", &m.metadata));
+                }
+                v
+            }
+            Fact::UnfinishedExists
+            | Fact::UnfinishedName
+            | Fact::UnfinishedKind
+            | Fact::UnfinishedPhase
+            | Fact::UnfinishedParked => self
+                .unfinished()
+                .map(|o| vec![object_ref("TalosOperation", &o.metadata)])
+                .unwrap_or_default(),
+            Fact::BackupExists | Fact::BackupInCluster => {
+                let mut v = subject(self);
+                if let Some(b) = self.backup() {
+                    v.push(object_ref("TalosEtcdBackup", &b.metadata));
+                }
+                if fact == Fact::BackupInCluster {
+                    v.extend(cluster(self));
+                }
+                v
+            }
+            Fact::Backups | Fact::SnapshotTaken | Fact::SnapshotAge | Fact::SnapshotBackup => self
+                .backups()
+                .map(|b| object_ref("TalosEtcdBackup", &b.metadata))
+                .collect(),
+        };
+        out.sort();
+        out.dedup();
+        out
+    }
+}
+
 fn int(n: usize) -> Value<'static> {
     Value::Int(i64::try_from(n).unwrap_or(i64::MAX))
 }

@@ -442,6 +442,9 @@ struct DecisionMeta {
     creation_timestamp: Option<Time>,
     #[serde(default)]
     deletion_timestamp: Option<Time>,
+    /// What a decision record names each object it read by (`runtime::records`).
+    #[serde(default)]
+    resource_version: Option<String>,
     #[serde(default, deserialize_with = "decided_annotations")]
     annotations: Option<BTreeMap<String, String>>,
     /// Only the removal finalizer is read (`target.uncounted`); the others are dropped.
@@ -456,6 +459,7 @@ impl From<DecisionMeta> for ObjectMeta {
             namespace: m.namespace,
             creation_timestamp: m.creation_timestamp,
             deletion_timestamp: m.deletion_timestamp,
+            resource_version: m.resource_version,
             annotations: m.annotations,
             finalizers: m.finalizers,
             ..ObjectMeta::default()

@@ -82,6 +82,14 @@ pub struct Metrics {
     rules_loaded_at: AtomicU64,
     rules_rows: AtomicU64,
     rules_fingerprint: AtomicU64,
+    /// The digest of the serving rules' text (`runtime::records::digest`).
+    rules_digest: Mutex<String>,
+    /// Decision records written, failed to write, and dropped because the sink was behind.
+    records_written: AtomicU64,
+    records_failed: AtomicU64,
+    records_dropped: AtomicU64,
+    /// rule (from the serving table) -> decisions an audit-mode rule would have refused.
+    would_refuse: Mutex<BTreeMap<String, u64>>,
     rules_refused: AtomicU64,
     /// Connections open now; refused over the cap; closed by a timeout, by reason.
     connections_open: AtomicU64,
@@ -229,6 +237,41 @@ impl Metrics {
             .store(status.serving.unwrap_or(0), Ordering::Relaxed);
         self.rules_refused
             .store(u64::from(status.refused), Ordering::Relaxed);
+        if let Ok(mut d) = self.rules_digest.lock() {
+            d.clone_from(&status.digest);
+        }
+    }
+
+    /// A decision record was written (`true`) or could not be (`false`).
+    pub fn record_written(&self, ok: bool) {
+        let n = if ok {
+            &self.records_written
+        } else {
+            &self.records_failed
+        };
+        n.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A decision record was dropped: its sink was behind.
+    pub fn record_dropped(&self) {
+        self.records_dropped.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A rule in audit mode would have refused (`rule` is its name in the serving table).
+    pub fn would_refuse(&self, rule: &str) {
+        let Ok(mut m) = self.would_refuse.lock() else {
+            return;
+        };
+        if let Some(n) = m.get_mut(rule) {
+            *n += 1;
+            return;
+        }
+        let key = if m.len() < MAX_RULE_SERIES {
+            rule.to_string()
+        } else {
+            "other".to_string()
+        };
+        *m.entry(key).or_insert(0) += 1;
     }
 
     /// A backup's snapshot ended after `took`: verified (`Ok(size in bytes)`) or not
@@ -347,8 +390,32 @@ impl Metrics {
         );
         let _ = writeln!(
             out,
-            "# HELP ichor_rules_rules_info The fingerprint of the rule files the serving table was built from.\n# TYPE ichor_rules_rules_info gauge\nichor_rules_rules_info{{fingerprint=\"{:016x}\"}} 1",
-            self.rules_fingerprint.load(Ordering::Relaxed)
+            "# HELP ichor_rules_rules_info The fingerprint of the rule files the serving table was built from, and the digest of their text (what decision records name).\n# TYPE ichor_rules_rules_info gauge\nichor_rules_rules_info{{fingerprint=\"{:016x}\",digest=\"{}\"}} 1",
+            self.rules_fingerprint.load(Ordering::Relaxed),
+            self.rules_digest
+                .lock()
+                .map(|d| escape(&d))
+                .unwrap_or_default()
+        );
+        let _ = writeln!(
+            out,
+            "# HELP ichor_rules_would_refuse_total Decisions a rule in audit mode would have refused, by rule.\n# TYPE ichor_rules_would_refuse_total counter"
+        );
+        if let Ok(m) = self.would_refuse.lock() {
+            for (rule, n) in m.iter() {
+                let _ = writeln!(
+                    out,
+                    "ichor_rules_would_refuse_total{{rule=\"{}\"}} {n}",
+                    escape(rule)
+                );
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP ichor_rules_decision_records_total Decision records by outcome: written to the sink, failed to write, or dropped because the sink was behind.\n# TYPE ichor_rules_decision_records_total counter\nichor_rules_decision_records_total{{outcome=\"written\"}} {}\nichor_rules_decision_records_total{{outcome=\"failed\"}} {}\nichor_rules_decision_records_total{{outcome=\"dropped\"}} {}",
+            self.records_written.load(Ordering::Relaxed),
+            self.records_failed.load(Ordering::Relaxed),
+            self.records_dropped.load(Ordering::Relaxed)
         );
         let _ = writeln!(
             out,

@@ -17,6 +17,7 @@ pub mod metrics_auth;
 pub mod nesting;
 pub mod objects;
 pub mod operator;
+pub mod records;
 pub mod reload;
 pub mod render;
 pub mod secrets;

@@ -54,6 +54,13 @@ pub struct OperatorConfig {
     pub tls_secret: Option<String>,
     pub service_name: Option<String>,
     pub webhook_configuration: Option<String>,
+    /// `serve --decision-log`: `stderr`, `off`, or a file.
+    pub decision_log: String,
+    pub decision_log_max_bytes: u64,
+    pub decision_log_keep: u32,
+    pub decision_log_buffer: usize,
+    /// `serve --audit-rule` (`true`) and `--enforce-rule` (`false`).
+    pub rule_modes: Vec<(String, bool)>,
 }
 
 /// Why the operator did not start (or stopped): one sentence, and the lines that explain
@@ -77,7 +84,7 @@ impl StartError {
 /// to start at all: rules `check` refuses, or that leave a runtime event uncovered, are
 /// never served, not even until a better version comes.
 pub fn start(args: &OperatorConfig) -> Result<(), StartError> {
-    let rules = Arc::new(Rules::new(args.rules.clone()));
+    let rules = Arc::new(Rules::new(args.rules.clone()).with_modes(args.rule_modes.clone()));
     match on_reload_thread(|| rules.reload()) {
         Ok(Reload::Replaced { rows }) => tracing::info!(rows, "rules loaded"),
         Ok(Reload::Rejected {
@@ -340,6 +347,19 @@ async fn serve(args: &OperatorConfig, rules: Arc<Rules>) -> Result<(), StartErro
         metrics: metrics.clone(),
         api_ready: Default::default(),
         controller_username: args.controller_username.clone().filter(|u| !u.is_empty()),
+        records: match super::records::Sink::from_flag(
+            &args.decision_log,
+            args.decision_log_max_bytes,
+            args.decision_log_keep,
+        ) {
+            None => None,
+            Some(sink) => Some(
+                super::records::Recorder::start(sink, args.decision_log_buffer, metrics.clone())
+                    .map_err(|e| {
+                        StartError::new(format!("--decision-log {}: {e}", args.decision_log))
+                    })?,
+            ),
+        },
     });
     let listener = match tls.as_ref() {
         _ if args.no_webhook => None,

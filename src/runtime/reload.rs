@@ -39,6 +39,9 @@ const LISTED: usize = 20;
 /// The serving table and where it comes from.
 pub struct Rules {
     paths: Vec<PathBuf>,
+    /// Rules the deployment switches to audit (`true`) or enforce (`false`) whatever their
+    /// text says (`serve --audit-rule`, `--enforce-rule`).
+    modes: Vec<(String, bool)>,
     table: RwLock<Option<Arc<Table>>>,
     /// The fingerprint of the files last looked at, accepted or not.
     fingerprint: Mutex<Option<u64>>,
@@ -56,6 +59,8 @@ pub struct Status {
     pub rows: usize,
     /// The files as they are now were refused: an older table (or none) serves.
     pub refused: bool,
+    /// The digest of the serving table's text (`records::digest`; empty: none serves).
+    pub digest: String,
 }
 
 /// What a reload did.
@@ -88,10 +93,19 @@ impl Rules {
     pub fn new(paths: Vec<PathBuf>) -> Rules {
         Rules {
             paths,
+            modes: Vec::new(),
             table: RwLock::new(None),
             fingerprint: Mutex::new(None),
             status: Mutex::new(Status::default()),
         }
+    }
+
+    /// Switches the named rules to audit (`true`) or enforce (`false`) in every table this
+    /// loads, whatever their text says. A name no rule has is logged at each reload and
+    /// otherwise ignored.
+    pub fn with_modes(mut self, modes: Vec<(String, bool)>) -> Rules {
+        self.modes = modes;
+        self
     }
 
     /// The files or folders the rules are read from.
@@ -153,6 +167,7 @@ impl Rules {
     /// which is the reload thread with its [`RELOAD_STACK`]) and compiles; swaps the table
     /// in when it is accepted.
     fn accept(&self, fp: u64, files: Vec<crate::diagnostics::SourceFile>) -> Reload {
+        let digest = super::records::digest(&files);
         let set = match catch_unwind(AssertUnwindSafe(|| build_serving_here(files))) {
             Ok(set) => set,
             Err(panic) => {
@@ -175,7 +190,7 @@ impl Rules {
         if set.files.is_empty() {
             return Reload::refused("no rule files", Vec::new());
         }
-        let table = match set.table {
+        let mut table = match set.table {
             Some(table) if blocking.is_empty() => table,
             _ => {
                 let errors = set.errors();
@@ -213,6 +228,16 @@ impl Rules {
             }
         };
         let rows = table.row_count();
+        table.digest.clone_from(&digest);
+        for (rule, audit) in &self.modes {
+            if !table.set_audit(rule, *audit) {
+                tracing::warn!(
+                    rule = %rule,
+                    mode = if *audit { "audit" } else { "enforce" },
+                    "no rule has this name: its mode is not switched"
+                );
+            }
+        }
         if let Ok(mut t) = self.table.write() {
             *t = Some(Arc::new(table));
         }
@@ -220,6 +245,7 @@ impl Rules {
             s.serving = Some(fp);
             s.loaded_at = Some(SystemTime::now());
             s.rows = rows;
+            s.digest = digest;
         }
         Reload::Replaced { rows }
     }

@@ -8,6 +8,7 @@ use super::facts::Expensive;
 use super::live::{LiveReader, Reads};
 use super::logs::Clipped;
 use super::metrics::Metrics;
+use super::records::{self, Record, Recorder};
 use super::reload::Rules;
 use crate::vocab::Verdict;
 use axum::Router;
@@ -51,6 +52,8 @@ pub struct Webhook {
     /// `userInfo.username` is exactly this has `request.by_controller`. `None`: no request
     /// is the controller's, so status changes the rules guard are refused for everyone.
     pub controller_username: Option<String>,
+    /// Where decision records go (`serve --decision-log`); `None`: none are kept.
+    pub records: Option<Arc<Recorder>>,
 }
 
 /// The routes: one validation endpoint per kind (any of them accepts any of our kinds),
@@ -98,12 +101,12 @@ fn json_error(code: StatusCode, message: &str) -> Response {
 }
 
 async fn readyz(State(state): State<Arc<Webhook>>) -> Response {
-    let rules = state.rules.current().is_some();
+    let rules = state.rules.current();
     let api = state.api_ready.load(Ordering::Relaxed);
-    if rules && api {
-        (StatusCode::OK, "ready").into_response()
+    if let (Some(table), true) = (&rules, api) {
+        (StatusCode::OK, format!("ready\nrules {}\n", table.digest)).into_response()
     } else {
-        let why = match (rules, api) {
+        let why = match (rules.is_some(), api) {
             (false, false) => "no rules loaded; the API server has not answered",
             (false, true) => "no rules loaded",
             _ => "the API server has not answered",
@@ -202,13 +205,109 @@ pub async fn decide_request(
         name = %Clipped(&req.inner.name),
         operation = %op,
     );
-    decide_request_inner(state, req).instrument(span).await
+    let started = Instant::now();
+    let decided = decide_request_inner(state, req).instrument(span).await;
+    let Decided {
+        mut review,
+        decision,
+        events,
+        table,
+        without_rules,
+    } = decided;
+    if decision.is_none() && without_rules.is_none() {
+        // No verb: nothing was decided, nothing is recorded.
+        return review;
+    }
+    let id = records::decision_id();
+    let digest = table.as_ref().map(|t| t.digest.clone()).unwrap_or_default();
+    let empty = crate::interp::Decision::default();
+    let d = decision.as_ref().unwrap_or(&empty);
+    if let Some(resp) = review.response.as_mut() {
+        let notes = &mut resp.audit_annotations;
+        notes.insert("decision-id".into(), id.clone());
+        if !digest.is_empty() {
+            notes.insert("rules-digest".into(), digest.clone());
+        }
+        let deciding: Vec<&str> = d.deciding().iter().map(|f| f.rule.as_str()).collect();
+        if !deciding.is_empty() {
+            notes.insert("deciding-rules".into(), deciding.join(","));
+        }
+        let audited: Vec<&str> = d.audited.iter().map(|f| f.rule.as_str()).collect();
+        if !audited.is_empty() {
+            notes.insert("audit-rules-matched".into(), audited.join(","));
+        }
+    }
+    if let Some(recorder) = &state.records {
+        let record = Record {
+            record: "decision".into(),
+            id,
+            time: k8s_openapi::jiff::Timestamp::now().to_string(),
+            site: "webhook".into(),
+            // The caller's text, at most 256 characters a field: a queued record stays small
+            // whatever a caller sends (the API server's own values are far shorter).
+            request: Some(records::RequestInfo {
+                uid: records::clip(req.uid()),
+                user: records::clip(req.inner.user_info.username.as_deref().unwrap_or("")),
+                operation: format!("{:?}", req.operation()).to_uppercase(),
+                kind: records::clip(&req.inner.kind.kind),
+                namespace: records::clip(&req.namespace),
+                name: records::clip(&req.inner.name),
+            }),
+            rules: records::RulesInfo {
+                digest,
+                audit: table
+                    .as_ref()
+                    .map(|t| t.audit_rules().map(|r| r.name.clone()).collect())
+                    .unwrap_or_default(),
+            },
+            events,
+            verdict: if without_rules.is_some() {
+                "refuse"
+            } else {
+                records::verdict_name(d.verdict())
+            }
+            .into(),
+            deciding: d.deciding().iter().map(|f| f.rule.clone()).collect(),
+            warnings: d.warnings.iter().map(|f| f.rule.clone()).collect(),
+            would_verdict: if without_rules.is_some() {
+                "refuse"
+            } else {
+                records::would_verdict(d)
+            }
+            .into(),
+            refused_without_rules: without_rules,
+            latency_us: u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+        };
+        recorder.record(record);
+    }
+    review
 }
 
-async fn decide_request_inner(
-    state: &Webhook,
-    req: &Request,
-) -> kube::core::admission::AdmissionReview<kube::core::DynamicObject> {
+/// What deciding a request gave: the answer, and for its record the decision, its events
+/// (with their facts) and the table that decided, or why it was refused without rules.
+struct Decided {
+    review: kube::core::admission::AdmissionReview<kube::core::DynamicObject>,
+    decision: Option<crate::interp::Decision>,
+    events: Vec<records::EventRecord>,
+    table: Option<Arc<crate::compile::Table>>,
+    without_rules: Option<String>,
+}
+
+impl Decided {
+    /// Refused before the rules were asked.
+    fn refused(req: &Request, message: String) -> Decided {
+        Decided {
+            review: refuse(req, message.clone()),
+            decision: None,
+            events: Vec::new(),
+            table: None,
+            without_rules: Some(message),
+        }
+    }
+}
+
+async fn decide_request_inner(state: &Webhook, req: &Request) -> Decided {
+    let refuse = |req: &Request, message: String| Decided::refused(req, message);
     if let Some(message) = immutable_spec_change(req) {
         tracing::info!(verdict = "refuse", "an operation's spec changed: refused");
         return refuse(req, message);
@@ -217,7 +316,7 @@ async fn decide_request_inner(
     // §1), the result the facts of its `apply patch` event.
     let config_patch = match super::configpatch::from_request(req) {
         Some(Ok(p)) => Some(p),
-        Some(Err(e)) => return refuse(req, e),
+        Some(Err(e)) => return refuse(req, e.to_string()),
         None => None,
     };
     let mut dry = super::configpatch::DryRender::default();
@@ -241,7 +340,8 @@ async fn decide_request_inner(
             Err(_) => {
                 return refuse(
                     req,
-                    "the dry render of the TalosConfigPatch did not finish in time; retry shortly",
+                    "the dry render of the TalosConfigPatch did not finish in time; retry shortly"
+                        .into(),
                 );
             }
         }
@@ -257,13 +357,20 @@ async fn decide_request_inner(
     };
     if events.is_empty() {
         tracing::debug!("no verb: allowed without reading anything");
-        return respond(req, &Default::default());
+        return Decided {
+            review: respond(req, &Default::default()),
+            decision: None,
+            events: Vec::new(),
+            table: None,
+            without_rules: None,
+        };
     }
     let Some(table) = state.rules.current() else {
         tracing::error!("no rules loaded: refusing");
         return refuse(
             req,
-            "ichor-rules has no valid rules loaded, so it refuses rather than deciding without them",
+            "ichor-rules has no valid rules loaded, so it refuses rather than deciding without them"
+                .into(),
         );
     };
     let reads = Reads::for_events(&table, &events);
@@ -295,16 +402,29 @@ async fn decide_request_inner(
         }
     };
     let ours = req.by_controller(state.controller_username.as_deref());
-    let (decision, _) = decide_request_events(
-        &table,
-        &snapshot,
-        &events,
-        Expensive::FromObjects,
-        false,
-        ours,
-    );
+    // With records kept, the same decision with each event's facts read out after it.
+    let (decision, recorded) = if state.records.is_some() {
+        records::decide_recorded(&table, &snapshot, &events, Expensive::FromObjects, ours)
+    } else {
+        let (d, _) = decide_request_events(
+            &table,
+            &snapshot,
+            &events,
+            Expensive::FromObjects,
+            false,
+            ours,
+        );
+        (d, Vec::new())
+    };
     for f in decision.refusals.iter().chain(&decision.warnings) {
         state.metrics.decision(&f.rule, f.verdict.name());
+    }
+    for f in decision
+        .audited
+        .iter()
+        .filter(|f| f.verdict == Verdict::Refuse)
+    {
+        state.metrics.would_refuse(&f.rule);
     }
     let verbs: Vec<String> = events
         .iter()
@@ -317,7 +437,13 @@ async fn decide_request_inner(
         rules = ?deciding,
         "decided"
     );
-    respond(req, &decision)
+    Decided {
+        review: respond(req, &decision),
+        decision: Some(decision),
+        events: recorded,
+        table: Some(table),
+        without_rules: None,
+    }
 }
 
 /// How long the live reads and renders of a TalosConfigPatch's dry render may take.

@@ -55,6 +55,8 @@ pub struct LetDef {
 #[derive(Clone, Debug, PartialEq)]
 pub struct RuleDef {
     pub name: Ident,
+    /// `rule NAME audit`: evaluated and recorded, never enforced.
+    pub audit: bool,
     pub verdict: Ident,
     pub verbs: Vec<Ident>,
     pub subject: Ident,

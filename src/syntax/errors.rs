@@ -15,6 +15,7 @@ pub(super) fn describe(rule: &Rule) -> String {
         Rule::ensure_clause | Rule::kw_ensure => "`ensure`",
         Rule::kw_invariant => "`invariant`",
         Rule::kw_sequential => "`sequential`",
+        Rule::kw_audit => "`audit`",
         Rule::kw_within => "`within`",
         Rule::within_clause => "`within` and a duration",
         Rule::duration => "a duration such as `90s`, `10m` or `1h`",

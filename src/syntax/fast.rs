@@ -313,6 +313,8 @@ impl Parser<'_> {
         self.skip();
         let name = self.word()?;
         self.skip();
+        let audit = self.kw("audit");
+        self.skip();
         let verdict = self.verdict()?;
         self.skip();
         let verbs = self.verb_list()?;
@@ -332,6 +334,7 @@ impl Parser<'_> {
         let say = self.say()?;
         Some(RuleDef {
             name,
+            audit,
             verdict,
             verbs,
             subject,
@@ -847,6 +850,11 @@ mod tests {
             "plan remove controlplane do",
             "plan remove controlplane do x y-z when a unless b say \"s\" do w",
             "invariant i ensure a",
+            "rule r audit refuse remove worker say \"s\"",
+            "rule audit refuse remove worker say \"s\"",
+            "rule audit audit warn remove worker say \"s\"",
+            "rule r audit audit refuse remove worker say \"s\"",
+            "rule r audit remove worker say \"s\"",
             "invariant sequential ensure a",
             "invariant i sequential when a unless b ensure c say \"d\"",
             "invariant i when a",
@@ -1028,8 +1036,8 @@ mod tests {
             .boxed();
         let rule = (
             (
-                pick(&["r", "r-1", "r_x", "when-x", "sequential"]),
-                pick(&["refuse", "hold", "warn"]),
+                pick(&["r", "r-1", "r_x", "when-x", "sequential", "audit"]),
+                pick(&["refuse", "hold", "warn", "audit refuse", "audit warn"]),
             ),
             (
                 words.clone(),
@@ -1179,7 +1187,7 @@ mod tests {
             h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
         }
         assert_eq!(
-            h, 0xf778_a83f_e4e4_b469,
+            h, 0x803a_c86f_8dde_3fd4,
             "grammar/rules.pest changed: src/syntax/fast.rs mirrors it (it parses files that \
              parse, pest reports errors). Make the same change there, run its tests, then set \
              this fingerprint to {h:#x}"

@@ -12,7 +12,7 @@
 //! ```text
 //! let NAME = EXPR                      consecutive `let`s align their `=` and comments
 //!
-//! rule NAME
+//! rule NAME [audit]
 //!   VERDICT VERBS SUBJECT [at SITE]
 //!   when EXPR
 //!   unless EXPR
@@ -565,8 +565,12 @@ impl Formatter<'_> {
 
     fn rule_def(&mut self, end: usize) {
         self.newline(0, 4);
-        // `rule NAME`
-        self.run(self.next + 2);
+        // `rule NAME [audit]`
+        let audit = self
+            .tokens
+            .get(self.next + 2)
+            .is_some_and(|t| t.rule == Rule::kw_audit);
+        self.run(self.next + if audit { 3 } else { 2 });
         let clause_kw = [
             Rule::kw_when,
             Rule::kw_unless,

@@ -110,6 +110,7 @@ impl Lower {
         };
         let mut rule = RuleDef {
             name: empty.clone(),
+            audit: false,
             verdict: empty.clone(),
             verbs: Vec::new(),
             subject: empty,
@@ -123,6 +124,7 @@ impl Lower {
         for c in p.into_inner() {
             match c.as_rule() {
                 Rule::rule_name => rule.name = ident(c),
+                Rule::kw_audit => rule.audit = true,
                 Rule::verdict => rule.verdict = ident(c),
                 Rule::verb_list => rule.verbs = verb_list(c),
                 Rule::subject => rule.subject = ident(c),

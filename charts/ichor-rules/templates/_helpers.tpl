@@ -281,6 +281,18 @@ podAntiAffinity:
 - --body-read-timeout-ms={{ int .Values.server.bodyReadTimeoutMs }}
 - --idle-timeout-ms={{ int .Values.server.idleTimeoutMs }}
 - --identity=$(POD_NAME)
+{{- range .Values.rules.audit }}
+{{- if not (regexMatch "^[A-Za-z][A-Za-z0-9_-]*$" (toString .)) }}
+{{- fail (printf "rules.audit: %q is not a rule name" (toString .)) }}
+{{- end }}
+- --audit-rule={{ . }}
+{{- end }}
+{{- range .Values.rules.enforce }}
+{{- if not (regexMatch "^[A-Za-z][A-Za-z0-9_-]*$" (toString .)) }}
+{{- fail (printf "rules.enforce: %q is not a rule name" (toString .)) }}
+{{- end }}
+- --enforce-rule={{ . }}
+{{- end }}
 {{- end }}
 
 {{/* The environment both components get. */}}

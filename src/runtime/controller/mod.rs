@@ -230,12 +230,22 @@ impl Context {
 
 /// What held or refused, as a condition's (reason, message): the first reason a deciding
 /// rule gives (else `default_reason`) and every deciding message. Counts the deciding rules
-/// in the metrics. `None` when the decision lets the work proceed.
+/// in the metrics, and the rules in audit mode that would have refused or held
+/// (`ichor_rules_would_refuse_total`, and a log line: they neither refuse nor hold). `None`
+/// when the decision lets the work proceed.
 pub fn held(
     ctx: &Context,
     decision: &crate::interp::Decision,
     default_reason: &str,
 ) -> Option<(String, String)> {
+    for f in decision
+        .audited
+        .iter()
+        .filter(|f| f.verdict != crate::vocab::Verdict::Warn)
+    {
+        ctx.metrics.would_refuse(&f.rule);
+        tracing::info!(rule = %f.rule, verdict = f.verdict.name(), message = %f.message, "a rule in audit mode matched: not enforced");
+    }
     let verdict = decision.verdict()?;
     for f in decision.deciding() {
         ctx.metrics.decision(&f.rule, verdict.name());

@@ -1,0 +1,313 @@
+//! `ichor-rules replay LOG [--rules PATH] [--format human|json]`: decides every decision
+//! record of a log again from the facts it holds.
+//!
+//! A record whose rule-set digest is the digest of `--rules` (default `rules/`) is
+//! reproduced: the same rules in audit mode as when it was decided, and every verdict,
+//! deciding rule, warning and match must come out the same (a difference is a bug: exit 1).
+//! A record decided by other rules is an error without `--rules` (the log names rules that
+//! are not at hand); with `--rules NEW` it is decided by NEW, and the decisions whose
+//! verdict would change are reported, grouped by direction (refuse → allow first) and by
+//! rule. Records refused before the rules were asked are counted and skipped.
+
+use super::{EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, Format, emit};
+use crate::runtime::records::{self, Record, ReplayError, Replayed};
+use clap::Args;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+pub struct ReplayArgs {
+    /// The decision log: NDJSON as `serve --decision-log` writes it (other lines, such as
+    /// log lines on a shared stderr, are skipped).
+    pub log: PathBuf,
+    /// The rules to decide with (files or folders; default `rules/`). Records decided by
+    /// these rules (the same digest) must reproduce exactly; records decided by other rules
+    /// are an error unless this is given, and then report what would change.
+    #[arg(long = "rules", value_name = "PATH")]
+    pub rules: Vec<PathBuf>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Human)]
+    pub format: Format,
+}
+
+/// A decision whose verdict the proposed rules change.
+#[derive(Clone, Debug, Serialize)]
+struct Changed {
+    id: String,
+    /// `KIND NAMESPACE/NAME` and the request's uid, or the site.
+    what: String,
+    from: String,
+    to: String,
+}
+
+/// A record the same rules did not decide the same way.
+#[derive(Clone, Debug, Serialize)]
+struct Mismatch {
+    id: String,
+    recorded: Replayed,
+    replayed: Replayed,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct Report {
+    decisions: usize,
+    digest: String,
+    reproduced: usize,
+    mismatches: Vec<Mismatch>,
+    /// Decided by other rules, then by these: how many.
+    compared: usize,
+    /// Direction (`refuse -> allow`), then rule, then the decisions.
+    changes: Vec<ChangeGroup>,
+    unreplayable: Vec<Unreplayable>,
+    skipped_without_rules: usize,
+}
+
+#[derive(Debug, Serialize)]
+struct ChangeGroup {
+    from: String,
+    to: String,
+    rule: String,
+    decisions: Vec<Changed>,
+}
+
+#[derive(Debug, Serialize)]
+struct Unreplayable {
+    id: String,
+    why: String,
+}
+
+/// The order directions are reported in: what the change lets through first.
+fn direction_rank(from: &str, to: &str) -> u8 {
+    match (from, to) {
+        ("refuse", "allow") => 0,
+        ("hold", "allow") => 1,
+        ("refuse", "hold") => 2,
+        ("hold", "refuse") => 3,
+        ("allow", "hold") => 4,
+        ("allow", "refuse") => 5,
+        _ => 6,
+    }
+}
+
+fn describe(r: &Record) -> String {
+    match &r.request {
+        Some(q) => format!(
+            "{} {} {}/{} (uid {})",
+            q.operation, q.kind, q.namespace, q.name, q.uid
+        ),
+        None => format!("at the {}", r.site),
+    }
+}
+
+pub fn run(args: &ReplayArgs) -> u8 {
+    let text = match std::fs::read_to_string(&args.log) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: cannot read {}: {e}", args.log.display());
+            return EXIT_BAD_INPUT;
+        }
+    };
+    let log = match records::read_log(&text) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: {}: {e}", args.log.display());
+            return EXIT_BAD_INPUT;
+        }
+    };
+    let explicit = !args.rules.is_empty();
+    let paths = super::default_paths(args.rules.clone());
+    let set = match crate::ruleset::load(&paths) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return EXIT_BAD_INPUT;
+        }
+    };
+    let digest = records::digest(&set.files);
+    let Some(mut table) = set
+        .table
+        .filter(|_| set.diagnostics.iter().all(|d| !d.is_error()))
+    else {
+        eprintln!(
+            "error: the rules do not check ({} error(s)); `ichor-rules check` shows them",
+            set.diagnostics.iter().filter(|d| d.is_error()).count()
+        );
+        return EXIT_BAD_INPUT;
+    };
+    table.digest.clone_from(&digest);
+    let written: Vec<(String, bool)> = table
+        .rules
+        .iter()
+        .map(|r| (r.name.clone(), r.audit))
+        .collect();
+    let mut report = Report {
+        decisions: log.len(),
+        digest: digest.clone(),
+        ..Report::default()
+    };
+    let mut groups: BTreeMap<(u8, String, String, String), Vec<Changed>> = BTreeMap::new();
+    for record in &log {
+        let same = record.rules.digest == digest;
+        if !same && !explicit && record.refused_without_rules.is_none() {
+            eprintln!(
+                "error: decision {} was decided by rules {}, and {} are {digest}; pass the rules it \
+                 names with --rules to reproduce it, or the rules to compare with (`--rules PATH` \
+                 reports what they would decide differently)",
+                record.id,
+                if record.rules.digest.is_empty() {
+                    "(unknown)"
+                } else {
+                    &record.rules.digest
+                },
+                paths
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            return EXIT_BAD_INPUT;
+        }
+        // The modes it was decided with (same rules), or as the rules text says (others).
+        for (name, audit) in &written {
+            let audit = if same {
+                record.rules.audit.contains(name)
+            } else {
+                *audit
+            };
+            table.set_audit(name, audit);
+        }
+        let replayed = match records::replay(&table, record) {
+            Ok(r) => r,
+            Err(ReplayError::WithoutRules(_)) => {
+                report.skipped_without_rules += 1;
+                continue;
+            }
+            Err(e) => {
+                report.unreplayable.push(Unreplayable {
+                    id: record.id.clone(),
+                    why: e.to_string(),
+                });
+                continue;
+            }
+        };
+        let recorded = Replayed::of_record(record);
+        if same {
+            if replayed == recorded {
+                report.reproduced += 1;
+            } else {
+                report.mismatches.push(Mismatch {
+                    id: record.id.clone(),
+                    recorded,
+                    replayed,
+                });
+            }
+            continue;
+        }
+        report.compared += 1;
+        if replayed.verdict == recorded.verdict {
+            continue;
+        }
+        // The rules responsible: the new deciding ones, or the old ones that no longer.
+        let rules = if replayed.verdict == "allow" {
+            recorded.deciding.clone()
+        } else {
+            replayed.deciding.clone()
+        };
+        let rules = if rules.is_empty() {
+            vec!["(none)".to_string()]
+        } else {
+            rules
+        };
+        for rule in rules {
+            groups
+                .entry((
+                    direction_rank(&recorded.verdict, &replayed.verdict),
+                    recorded.verdict.clone(),
+                    replayed.verdict.clone(),
+                    rule,
+                ))
+                .or_default()
+                .push(Changed {
+                    id: record.id.clone(),
+                    what: describe(record),
+                    from: recorded.verdict.clone(),
+                    to: replayed.verdict.clone(),
+                });
+        }
+    }
+    report.changes = groups
+        .into_iter()
+        .map(|((_, from, to, rule), decisions)| ChangeGroup {
+            from,
+            to,
+            rule,
+            decisions,
+        })
+        .collect();
+    let out = match args.format {
+        Format::Json => serde_json::to_string_pretty(&report).unwrap_or_default() + "\n",
+        Format::Human => human(&report),
+    };
+    if let Err(code) = emit(&out) {
+        return code;
+    }
+    if report.mismatches.is_empty() {
+        EXIT_OK
+    } else {
+        EXIT_FINDINGS
+    }
+}
+
+fn human(r: &Report) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "replayed {} decision(s) with rules {}: {} reproduced, {} compared with other rules",
+        r.decisions, r.digest, r.reproduced, r.compared
+    );
+    for m in &r.mismatches {
+        let _ = writeln!(
+            out,
+            "MISMATCH {}: recorded {} {:?}, replayed {} {:?} (the same rules decided differently: a bug)",
+            m.id, m.recorded.verdict, m.recorded.matched, m.replayed.verdict, m.replayed.matched
+        );
+    }
+    let changed: std::collections::BTreeSet<&str> = r
+        .changes
+        .iter()
+        .flat_map(|g| g.decisions.iter().map(|d| d.id.as_str()))
+        .collect();
+    if !r.changes.is_empty() {
+        let _ = writeln!(out, "{} decision(s) would change:", changed.len());
+    }
+    let mut last: Option<(&str, &str)> = None;
+    for g in &r.changes {
+        if last != Some((&g.from, &g.to)) {
+            let n: std::collections::BTreeSet<&str> = r
+                .changes
+                .iter()
+                .filter(|x| x.from == g.from && x.to == g.to)
+                .flat_map(|x| x.decisions.iter().map(|d| d.id.as_str()))
+                .collect();
+            let _ = writeln!(out, "{} -> {} ({})", g.from, g.to, n.len());
+            last = Some((&g.from, &g.to));
+        }
+        let _ = writeln!(out, "  {} ({})", g.rule, g.decisions.len());
+        for d in &g.decisions {
+            let _ = writeln!(out, "    {} {}", d.id, d.what);
+        }
+    }
+    for u in &r.unreplayable {
+        let _ = writeln!(out, "cannot replay {}: {}", u.id, u.why);
+    }
+    if r.skipped_without_rules > 0 {
+        let _ = writeln!(
+            out,
+            "{} decision(s) refused before the rules were asked (nothing to replay)",
+            r.skipped_without_rules
+        );
+    }
+    out
+}
