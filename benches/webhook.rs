@@ -239,6 +239,50 @@ fn decide_only(snapshot: &ichor_rules::runtime::objects::Snapshot, body: &Bytes)
     start.elapsed() / n
 }
 
+/// The same decision with its record (each event's facts and their sources read out after
+/// it, as `serve` does with a decision log) and the record serialised as the sink's writer
+/// thread writes it: what a record adds to [`decide_only`], without I/O.
+fn record_only(snapshot: &ichor_rules::runtime::objects::Snapshot, body: &Bytes) -> Duration {
+    use ichor_rules::runtime::admission::parse_review;
+    use ichor_rules::runtime::decide::request_events;
+    use ichor_rules::runtime::facts::Expensive;
+    use ichor_rules::runtime::records;
+    let table = ichor_rules::ruleset::load(&[PathBuf::from("rules")])
+        .expect("rules")
+        .table
+        .expect("table");
+    let req = parse_review(body).expect("review");
+    let events = request_events(
+        req.operation(),
+        &req.namespace,
+        req.old.as_ref(),
+        req.new.as_ref(),
+    );
+    let n = 200;
+    let start = Instant::now();
+    for _ in 0..n {
+        let (d, events) =
+            records::decide_recorded(&table, snapshot, &events, Expensive::FromObjects, false);
+        let record = records::Record {
+            record: "decision".into(),
+            id: records::decision_id(),
+            time: String::new(),
+            site: "webhook".into(),
+            request: None,
+            rules: records::RulesInfo::default(),
+            events,
+            verdict: records::verdict_name(d.verdict()).into(),
+            deciding: d.deciding().iter().map(|f| f.rule.clone()).collect(),
+            warnings: Vec::new(),
+            would_verdict: records::would_verdict(&d).into(),
+            refused_without_rules: None,
+            latency_us: 0,
+        };
+        std::hint::black_box(serde_json::to_vec(&record).expect("json"));
+    }
+    start.elapsed() / n
+}
+
 /// Heap allocated by one decision as the webhook makes it (the reads of its cluster,
 /// decoded for decisions, then the rules), on a thread of its own so only its
 /// allocations count: (allocations, bytes, time), the medians of `n`.
@@ -353,7 +397,7 @@ async fn main() {
 
     let (sequential, seconds) = if quick { (200, 2) } else { (1000, 5) };
     println!(
-        "machines clusters  p50       p99       rps(32 clients)  p50/p99 at 32 clients   failed reads  decide-only  decide/p50  alloc/decision        reads+decide in-process  CPU/req server+bench   server VmHWM"
+        "machines clusters  p50       p99       rps(32 clients)  p50/p99 at 32 clients   failed reads  decide-only  +record  decide/p50  alloc/decision        reads+decide in-process  CPU/req server+bench   server VmHWM"
     );
     let mut inserted = 0;
     let mut worst_hwm = 0;
@@ -433,18 +477,20 @@ async fn main() {
             patches: Vec::new(),
         };
         let decide = decide_only(&snapshot, &bodies[0]);
+        let record = record_only(&snapshot, &bodies[0]);
         let (allocs, bytes, in_process) =
             allocation_per_decision(api.url(), bodies[clusters / 2].clone(), 20);
         let hwm = vm_hwm_kib(pid) / 1024;
         worst_hwm = worst_hwm.max(hwm);
         println!(
-            "{n:>8} {clusters:>8}  {:>7.3}ms {:>7.3}ms {:>10.0}       {:>7.2}ms/{:>7.2}ms   {failed:>8}      {:>8.1}µs   {:>6.2}%    {allocs:>5} / {:>6.1} KiB   {:>8.3}ms                {server_cpu:>5.0}µs+{bench_cpu:>5.0}µs       {hwm} MiB",
+            "{n:>8} {clusters:>8}  {:>7.3}ms {:>7.3}ms {:>10.0}       {:>7.2}ms/{:>7.2}ms   {failed:>8}      {:>8.1}µs {:>6.1}µs   {:>6.2}%    {allocs:>5} / {:>6.1} KiB   {:>8.3}ms                {server_cpu:>5.0}µs+{bench_cpu:>5.0}µs       {hwm} MiB",
             p50.as_secs_f64() * 1e3,
             p99.as_secs_f64() * 1e3,
             rps,
             p50_32.as_secs_f64() * 1e3,
             p99_32.as_secs_f64() * 1e3,
             decide.as_secs_f64() * 1e6,
+            record.as_secs_f64() * 1e6,
             decide.as_secs_f64() / p50.as_secs_f64() * 100.0,
             bytes as f64 / 1024.0,
             in_process.as_secs_f64() * 1e3,
