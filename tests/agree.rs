@@ -1063,7 +1063,7 @@ fn decide_event(
         let mut decision = Decision::default();
         for _ in 0..=FACT_COUNT {
             match decide_into(&mut s, event, &mut decision) {
-                Ok(()) => return Ok((waited, decision, s.trace.take())),
+                Ok(()) => return Ok((waited, decision, s.take_trace())),
                 Err(Interrupt::Need(f)) => {
                     waited.push(f);
                     s.supply(f, facts.get(f));

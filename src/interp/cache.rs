@@ -56,9 +56,18 @@ pub(super) struct FactCache<'a, F> {
     /// Name and enum facts, valid where `known` has their bit.
     pub(super) texts: [Option<&'a str>; TEXT_FACTS],
     pub(super) known: u64,
-    /// Every fact asked for, in order, with its value (only when tracing: `None` costs a
-    /// decision nothing to start or to drop).
-    pub(super) asked: Option<Vec<(Fact, Value<'a>)>>,
+    /// What a traced session records (`None`: one pointer, all an untraced decision
+    /// writes to start and tests to drop).
+    pub(super) tracing: Option<Box<Tracing<'a>>>,
+}
+
+/// What a traced session records.
+#[derive(Default)]
+pub(super) struct Tracing<'a> {
+    /// Every row considered, for the explanation.
+    pub(super) rows: Vec<super::TraceRow>,
+    /// Every fact asked for, in order, with its value.
+    pub(super) asked: Vec<(Fact, Value<'a>)>,
 }
 
 impl<'a, F: Facts<'a>> FactCache<'a, F> {
@@ -111,8 +120,8 @@ impl<'a, F: Facts<'a>> FactCache<'a, F> {
         match self.facts.fact(fact) {
             Lookup::Value(v) => {
                 self.store(slot, v);
-                if let Some(asked) = &mut self.asked {
-                    asked.push((fact, v));
+                if let Some(t) = &mut self.tracing {
+                    t.asked.push((fact, v));
                 }
                 Ok(())
             }

@@ -113,7 +113,7 @@ pub fn trace_event<'a, F: Facts<'a>>(
     cluster_missing: bool,
 ) -> EventTrace {
     let table = session.table;
-    let rows = session.trace.take().unwrap_or_default();
+    let rows = session.take_trace().unwrap_or_default();
     let decided = session.asked().len();
     let mut lets = Vec::new();
     for (index, meta) in table.lets_of_rules(rows.iter().map(|r| r.rule_index)) {
@@ -145,8 +145,6 @@ pub fn trace_event<'a, F: Facts<'a>>(
             cluster_missing: cluster_missing && from_cluster(*f),
         })
         .collect();
-    // Rows are recorded again if the session is reused.
-    session.trace = Some(Vec::new());
     EventTrace {
         title,
         event,

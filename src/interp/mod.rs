@@ -117,7 +117,6 @@ enum Stop {
 pub struct Session<'a, F> {
     table: &'a Table,
     cache: FactCache<'a, F>,
-    pub trace: Option<Vec<TraceRow>>,
     /// Where the flat program stopped on an error.
     pc: usize,
 }
@@ -131,23 +130,30 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                 vals: [0; SESSION_VALUES],
                 texts: [None; TEXT_FACTS],
                 known: 0,
-                asked: None,
+                tracing: None,
             },
-            trace: None,
             pc: 0,
         }
     }
 
     /// Records every row considered and every fact asked for.
     pub fn traced(mut self) -> Self {
-        self.trace = Some(Vec::new());
-        self.cache.asked = Some(Vec::new());
+        self.cache.tracing = Some(Box::default());
         self
     }
 
     /// Every fact asked for, in order, with its value (when traced).
     pub fn asked(&self) -> &[(Fact, Value<'a>)] {
-        self.cache.asked.as_deref().unwrap_or(&[])
+        self.cache.tracing.as_deref().map_or(&[], |t| &t.asked)
+    }
+
+    /// The rows recorded since the last call (`None`: not traced). The session goes on
+    /// recording.
+    pub fn take_trace(&mut self) -> Option<Vec<TraceRow>> {
+        self.cache
+            .tracing
+            .as_deref_mut()
+            .map(|t| std::mem::take(&mut t.rows))
     }
 
     /// The value of every fact of `mask` (bit = fact slot, as [`Table::facts_read`] gives
@@ -204,7 +210,7 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
         if let Some((rows, program)) = self.table.group(verb, subject, site) {
             self.run_group(rows, program, &mut hits)?;
         }
-        if self.trace.is_some() {
+        if self.cache.tracing.is_some() {
             self.trace_rows(event, &hits);
         }
         Ok(hits)
@@ -262,7 +268,7 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
                 unread,
             });
         }
-        if let Some(trace) = &mut self.trace {
+        if let Some(trace) = self.cache.tracing.as_deref_mut().map(|t| &mut t.rows) {
             // A session run again (after supplying a fact) records the event once.
             if let Some(first) = out.first() {
                 trace.retain(|r| r.event != first.event);
