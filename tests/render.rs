@@ -3,7 +3,8 @@
 //! hostile input bounded, and the redacted base failing exactly when the real one does.
 
 use ichor_rules::runtime::render::{
-    self, Base, Identity, Patch, RenderError, Role, conflicts::CONFLICTS, conflicts::Set,
+    self, Base, Identity, Patch, RenderError, Role, conflicts::CONFLICTS, conflicts::Conflict,
+    conflicts::Set, conflicts::Want,
 };
 use proptest::prelude::*;
 
@@ -114,6 +115,50 @@ fn nest(path: &[&str], leaf: serde_json::Value) -> serde_json::Value {
         .fold(leaf, |v, k| serde_json::json!({ *k: v }))
 }
 
+/// A value that counts as set for `set`.
+fn leaf(set: Set) -> serde_json::Value {
+    match set {
+        Set::Present => serde_json::json!({"image": "x"}),
+        Set::NonZero => serde_json::json!(6444),
+        Set::True => serde_json::json!(true),
+        Set::NonEmpty => serde_json::json!(["x"]),
+        Set::NonZeroDuration => serde_json::json!("2m"),
+    }
+}
+
+/// A value that counts as set at a conflict's path (a path every base sets keeps its
+/// scalar's type, so that the patch merges).
+fn conflict_leaf(c: &Conflict) -> serde_json::Value {
+    if render::REQUIRED.contains(&c.path) {
+        serde_json::json!("https://10.0.0.11:6443")
+    } else {
+        leaf(c.set)
+    }
+}
+
+/// The newer document of a conflict, with the fields its entry asks of it.
+fn conflict_doc(c: &Conflict) -> serde_json::Value {
+    let mut doc = serde_json::json!({"apiVersion": "v1alpha1", "kind": c.kind});
+    if render::NAMED_KINDS.contains(&c.kind) {
+        doc["name"] = "n".into();
+    }
+    for (path, want) in c.doc {
+        let v = match want {
+            Want::Set(set) => leaf(*set),
+            Want::Is(text) => serde_json::json!(text),
+        };
+        let mut at = &mut doc;
+        for (i, p) in path.iter().enumerate() {
+            if i + 1 == path.len() {
+                at[*p] = v.clone();
+            } else {
+                at = &mut at[*p];
+            }
+        }
+    }
+    doc
+}
+
 /// One test per entry of the conflict table: the document next to the path set is refused
 /// with Talos' message; the document alone, and the path alone, render.
 #[test]
@@ -125,17 +170,9 @@ fn every_conflict_is_refused_with_talos_message() {
     )
     .unwrap();
     for c in CONFLICTS {
-        let leaf = match c.set {
-            Set::Present => serde_json::json!({"image": "x"}),
-            Set::NonZero => serde_json::json!(6444),
-            Set::True => serde_json::json!(true),
-        };
-        let mut v1 = nest(c.path, leaf);
+        let mut v1 = nest(c.path, conflict_leaf(c));
         v1["version"] = "v1alpha1".into();
-        let mut doc = serde_json::json!({"apiVersion": "v1alpha1", "kind": c.kind});
-        if render::NAMED_KINDS.contains(&c.kind) {
-            doc["name"] = "n".into();
-        }
+        let doc = conflict_doc(c);
         let set = strategic(&serde_json::to_string(&v1).unwrap());
         let document = strategic(&serde_json::to_string(&doc).unwrap());
         let err = render::render(
@@ -155,11 +192,80 @@ fn every_conflict_is_refused_with_talos_message() {
             c.kind,
             c.path.join(".")
         );
-        render::render(&base, Role::ControlPlane, &[&document], Identity::default())
-            .unwrap_or_else(|e| panic!("{} alone: {e}", c.kind));
+        let alone = render::render(&base, Role::ControlPlane, &[&document], Identity::default());
+        // A path every base sets (the render requires it): a document of that kind is
+        // refused alone already, for that path.
+        if let Some(required) = CONFLICTS
+            .iter()
+            .find(|o| o.kind == c.kind && o.doc.is_empty() && render::REQUIRED.contains(&o.path))
+        {
+            assert_eq!(
+                alone.unwrap_err(),
+                RenderError::Conflict {
+                    kind: required.kind,
+                    message: required.message
+                },
+                "{} alone",
+                c.kind
+            );
+        } else {
+            alone.unwrap_or_else(|e| panic!("{} alone: {e}", c.kind));
+        }
+        // The document without the fields its entry asks of it is no conflict.
+        if !c.doc.is_empty() {
+            let mut bare = serde_json::json!({"apiVersion": "v1alpha1", "kind": c.kind});
+            if render::NAMED_KINDS.contains(&c.kind) {
+                bare["name"] = "n".into();
+            }
+            let bare = strategic(&serde_json::to_string(&bare).unwrap());
+            render::render(
+                &base,
+                Role::ControlPlane,
+                &[&set, &bare],
+                Identity::default(),
+            )
+            .unwrap_or_else(|e| panic!("{} without its fields: {e}", c.kind));
+        }
         render::render(&base, Role::ControlPlane, &[&set], Identity::default())
             .unwrap_or_else(|e| panic!("{} alone: {e}", c.path.join(".")));
     }
+}
+
+/// Talos' multi-document Kubernetes contract keeps the endpoint in a `KubeClusterConfig`
+/// document and no `cluster.controlPlane`: such a base renders; one with the endpoint in
+/// neither place does not.
+#[test]
+fn the_endpoint_may_live_in_a_kube_cluster_config_document() {
+    let multidoc = |endpoint: &str| {
+        format!(
+            "version: v1alpha1
+machine:
+  type: controlplane
+  token: SECRET-BASE-t
+  ca:
+    crt: SECRET-BASE-c
+    key: SECRET-BASE-k
+cluster: {{}}
+---
+apiVersion: v1alpha1
+kind: KubeClusterConfig
+clusterName: prod
+endpoint: {endpoint}
+"
+        )
+    };
+    let text = multidoc("https://10.0.0.10:6443");
+    let base = Base::parse(&text, &text.replace("controlplane", "worker"), true).unwrap();
+    render::render(&base, Role::ControlPlane, &[], Identity::default())
+        .expect("the endpoint in KubeClusterConfig is enough");
+    let text = multidoc("\"\"");
+    let err = Base::parse(&text, &text.replace("controlplane", "worker"), true)
+        .and_then(|base| render::render(&base, Role::ControlPlane, &[], Identity::default()))
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("cluster.controlPlane.endpoint"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -588,20 +694,9 @@ fn the_redacted_render_fails_exactly_when_the_real_one_does_on_the_conflict_tabl
     let real = base();
     let red = real.redacted();
     for c in CONFLICTS {
-        let v1 = nest(
-            c.path,
-            match c.set {
-                Set::Present => serde_json::json!({"image": "x"}),
-                Set::NonZero => serde_json::json!(1),
-                Set::True => serde_json::json!(true),
-            },
-        );
-        let mut v1 = v1;
+        let mut v1 = nest(c.path, conflict_leaf(c));
         v1["version"] = "v1alpha1".into();
-        let mut doc = serde_json::json!({"apiVersion": "v1alpha1", "kind": c.kind});
-        if render::NAMED_KINDS.contains(&c.kind) {
-            doc["name"] = "n".into();
-        }
+        let doc = conflict_doc(c);
         let a = strategic(&serde_json::to_string(&v1).unwrap());
         let b = strategic(&serde_json::to_string(&doc).unwrap());
         for role in [Role::ControlPlane, Role::Worker] {

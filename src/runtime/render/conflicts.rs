@@ -1,8 +1,15 @@
 //! The conflicts Talos refuses between the legacy machine config (`v1alpha1`) and a newer
 //! document of the same concern (each document's `V1Alpha1ConflictValidate` in Talos'
 //! `pkg/machinery/config/types`), as data: a document of `kind` present while the machine
-//! config has `path` set is refused with Talos' own `message`. Each entry has its test
-//! (`tests/render.rs`, `every_conflict_is_refused_with_talos_message`).
+//! config has `path` set (and, for a few, the document itself has fields set: `doc`) is
+//! refused with Talos' own `message`. Complete against Talos' `main` of 2026-08-21
+//! (`ad88231`): every `V1Alpha1ConflictValidate` there has its entries here, in the order
+//! Talos checks them. Each entry has its test (`tests/render.rs`,
+//! `every_conflict_is_refused_with_talos_message`).
+//!
+//! Where Talos computes its condition, the entry says how it is read here: `nameservers`
+//! counts as set when non-empty (Talos: at least one entry that parses as an address; one
+//! that does not parse is refused by Talos' own validation anyway).
 
 /// When a machine config value counts as set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -14,6 +21,28 @@ pub enum Set {
     NonZero,
     /// `true`.
     True,
+    /// A non-empty list, map or string (Talos: `len(...) > 0`).
+    NonEmpty,
+    /// A duration other than zero (`"2m"`, `"1h30m"`; a number other than 0).
+    NonZeroDuration,
+}
+
+/// A condition on the newer document itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Want {
+    /// The field is set as [`Set`] says.
+    Set(Set),
+    /// The field is this string.
+    Is(&'static str),
+}
+
+impl Want {
+    pub fn holds(self, v: &serde_json::Value) -> bool {
+        match self {
+            Want::Set(s) => s.holds(v),
+            Want::Is(text) => v.as_str() == Some(text),
+        }
+    }
 }
 
 /// One conflict Talos refuses.
@@ -24,6 +53,8 @@ pub struct Conflict {
     /// The machine config path that may not be set next to it.
     pub path: &'static [&'static str],
     pub set: Set,
+    /// Fields of the newer document that must hold too (most entries: none).
+    pub doc: &'static [(&'static [&'static str], Want)],
     /// Talos' error text, word for word.
     pub message: &'static str,
 }
@@ -38,6 +69,24 @@ const fn c(
         kind,
         path,
         set,
+        doc: &[],
+        message,
+    }
+}
+
+/// An entry whose newer document must also have `doc` set.
+const fn cd(
+    kind: &'static str,
+    doc: &'static [(&'static [&'static str], Want)],
+    path: &'static [&'static str],
+    set: Set,
+    message: &'static str,
+) -> Conflict {
+    Conflict {
+        kind,
+        path,
+        set,
+        doc,
         message,
     }
 }
@@ -173,7 +222,7 @@ pub const CONFLICTS: &[Conflict] = &[
     c(
         "ResolverConfig",
         &["machine", "network", "nameservers"],
-        Set::Present,
+        Set::NonEmpty,
         ".machine.network.nameservers is already set in v1alpha1 config",
     ),
     c(
@@ -181,6 +230,178 @@ pub const CONFLICTS: &[Conflict] = &[
         &["machine", "network", "disableSearchDomain"],
         Set::True,
         ".machine.network.disableSearchDomain is already set in v1alpha1 config",
+    ),
+    cd(
+        "ResolverConfig",
+        &[(&["hostDNS"], Want::Set(Set::NonEmpty))],
+        &["machine", "features", "hostDNS"],
+        Set::Present,
+        ".machine.features.hostDNS is already set in v1alpha1 config",
+    ),
+    c(
+        "HostnameConfig",
+        &["machine", "features", "stableHostname"],
+        Set::True,
+        "stable hostname is already set in v1alpha1 config",
+    ),
+    c(
+        "DiscoveryIdentityConfig",
+        &["cluster", "id"],
+        Set::Present,
+        "cluster identity is already configured in .cluster.id/.cluster.secret of the v1alpha1 config",
+    ),
+    c(
+        "DiscoveryIdentityConfig",
+        &["cluster", "secret"],
+        Set::Present,
+        "cluster identity is already configured in .cluster.id/.cluster.secret of the v1alpha1 config",
+    ),
+    c(
+        "DiscoveryServiceConfig",
+        &["cluster", "discovery"],
+        Set::Present,
+        "discovery service is already configured in .cluster.discovery of the v1alpha1 config",
+    ),
+    c(
+        "CRIBaseRuntimeSpecConfig",
+        &["machine", "baseRuntimeSpecOverrides"],
+        Set::Present,
+        "base runtime spec overrides are already set in v1alpha1 config",
+    ),
+    c(
+        "ImageCacheConfig",
+        &["machine", "features", "imageCache"],
+        Set::Present,
+        "image cache config is already set in v1alpha1 config",
+    ),
+    c(
+        "KubeAdmissionControlConfig",
+        &["cluster", "apiServer", "admissionControl"],
+        Set::NonEmpty,
+        "admission control plugin config is already set in v1alpha1 config",
+    ),
+    c(
+        "KubeAuditPolicyConfig",
+        &["cluster", "apiServer", "auditPolicy"],
+        Set::NonEmpty,
+        "audit policy config is already set in v1alpha1 config",
+    ),
+    // Talos' own text: the authorizer document checks the admission plugins too.
+    c(
+        "KubeAuthorizerConfig",
+        &["cluster", "apiServer", "admissionControl"],
+        Set::NonEmpty,
+        "admission control plugin config is already set in v1alpha1 config",
+    ),
+    c(
+        "KubeClusterConfig",
+        &["cluster", "clusterName"],
+        Set::Present,
+        "cluster name is already set in the v1alpha1 config (.cluster.clusterName). Please remove it and use only the new KubeClusterConfig document to avoid conflicts",
+    ),
+    c(
+        "KubeClusterConfig",
+        &["cluster", "controlPlane", "endpoint"],
+        Set::Present,
+        "cluster endpoint is already set in the v1alpha1 config (.cluster.controlPlane.endpoint). Please remove it and use only the new KubeClusterConfig document to avoid conflicts",
+    ),
+    c(
+        "KubeCredentialProviderConfig",
+        &["machine", "kubelet"],
+        Set::Present,
+        "cannot use KubeCredentialProviderConfig with legacy kubelet configuration (.machine.kubelet)",
+    ),
+    c(
+        "KubeEtcdEncryptionConfig",
+        &["cluster", "secretboxEncryptionSecret"],
+        Set::Present,
+        "etcd encryption config is already set in v1alpha1 config",
+    ),
+    c(
+        "KubeEtcdEncryptionConfig",
+        &["cluster", "aescbcEncryptionSecret"],
+        Set::Present,
+        "etcd encryption config is already set in v1alpha1 config",
+    ),
+    c(
+        "KubeFlannelCNIConfig",
+        &["cluster", "network"],
+        Set::Present,
+        "cluster network config in v1alpha1 config (.machine.cluster.network) can't be used with KubeFlannelCNIConfig document, please remove it to avoid conflicts",
+    ),
+    c(
+        "KubePrismConfig",
+        &["machine", "features", "kubePrism"],
+        Set::Present,
+        "KubePrism config in v1alpha1 config (.machine.features.kubePrism) can't be used with KubePrismConfig document, please remove it to avoid conflicts",
+    ),
+    c(
+        "KubeNetworkConfig",
+        &["cluster", "network"],
+        Set::Present,
+        "cluster network config is already set in the v1alpha1 config (.machine.cluster.network). Please remove it and use only the new KubeNetworkConfig document to avoid conflicts",
+    ),
+    c(
+        "KubeProxyConfig",
+        &["cluster", "proxy"],
+        Set::Present,
+        "cluster proxy config in v1alpha1 config (.machine.cluster.proxy) can't be used with KubeProxyConfig document, please remove it to avoid conflicts",
+    ),
+    c(
+        "KubeTalosAPIAccessConfig",
+        &["machine", "features", "kubernetesTalosAPIAccess"],
+        Set::Present,
+        ".machine.features.kubernetesTalosAPIAccess is already set in v1alpha1 config",
+    ),
+    c(
+        "KubeSpanConfig",
+        &["machine", "network", "kubespan"],
+        Set::Present,
+        "kubespan is already configured in v1alpha1 machine.network.kubespan",
+    ),
+    c(
+        "TimeSyncConfig",
+        &["machine", "time", "disabled"],
+        Set::True,
+        "time sync cannot be disabled in both v1alpha1 and new-style configuration",
+    ),
+    c(
+        "TimeSyncConfig",
+        &["machine", "time", "servers"],
+        Set::NonEmpty,
+        "time servers cannot be specified in both v1alpha1 and new-style configuration",
+    ),
+    c(
+        "TimeSyncConfig",
+        &["machine", "time", "bootTimeout"],
+        Set::NonZeroDuration,
+        "boot timeout cannot be specified in both v1alpha1 and new-style configuration",
+    ),
+    c(
+        "UnattendedInstallConfig",
+        &["machine", "install"],
+        Set::Present,
+        "UnattendedInstallConfig config is incompatible with v1alpha1 config (.machine.install)",
+    ),
+    cd(
+        "VolumeConfig",
+        &[
+            (&["name"], Want::Is("STATE")),
+            (&["encryption"], Want::Set(Set::Present)),
+        ],
+        &["machine", "systemDiskEncryption", "state"],
+        Set::Present,
+        "system disk encryption for \"STATE\" is configured in both v1alpha1.Config and VolumeConfig",
+    ),
+    cd(
+        "VolumeConfig",
+        &[
+            (&["name"], Want::Is("EPHEMERAL")),
+            (&["encryption"], Want::Set(Set::Present)),
+        ],
+        &["machine", "systemDiskEncryption", "ephemeral"],
+        Set::Present,
+        "system disk encryption for \"EPHEMERAL\" is configured in both v1alpha1.Config and VolumeConfig",
     ),
 ];
 
@@ -190,6 +411,66 @@ impl Set {
             Set::Present => !v.is_null() && v.as_str() != Some(""),
             Set::NonZero => v.as_f64().is_some_and(|n| n != 0.0),
             Set::True => v.as_bool() == Some(true),
+            Set::NonEmpty => match v {
+                serde_json::Value::Array(a) => !a.is_empty(),
+                serde_json::Value::Object(m) => !m.is_empty(),
+                serde_json::Value::String(t) => !t.is_empty(),
+                _ => false,
+            },
+            Set::NonZeroDuration => match v {
+                serde_json::Value::Number(n) => n.as_f64().is_some_and(|n| n != 0.0),
+                // Go's duration text: digits, a point and units; zero when no digit but 0.
+                serde_json::Value::String(t) => t.chars().any(|c| c.is_ascii_digit() && c != '0'),
+                _ => false,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CONFLICTS, Set, Want};
+    use serde_json::json;
+
+    #[test]
+    fn what_counts_as_set() {
+        assert!(Set::NonEmpty.holds(&json!(["10.0.0.1"])));
+        assert!(Set::NonEmpty.holds(&json!({"a": 1})));
+        assert!(!Set::NonEmpty.holds(&json!([])));
+        assert!(!Set::NonEmpty.holds(&json!({})));
+        assert!(!Set::NonEmpty.holds(&json!(null)));
+        assert!(Set::NonZeroDuration.holds(&json!("2m")));
+        assert!(Set::NonZeroDuration.holds(&json!("1h0m10s")));
+        assert!(Set::NonZeroDuration.holds(&json!(30)));
+        for zero in [
+            json!("0s"),
+            json!("0"),
+            json!(""),
+            json!("0m0s"),
+            json!(0),
+            json!(null),
+        ] {
+            assert!(!Set::NonZeroDuration.holds(&zero), "{zero}");
+        }
+        assert!(Set::Present.holds(&json!({})));
+        assert!(!Set::Present.holds(&json!("")));
+        assert!(Want::Is("STATE").holds(&json!("STATE")));
+        assert!(!Want::Is("STATE").holds(&json!("EPHEMERAL")));
+    }
+
+    /// Each (kind, path, fields of the document) is listed once: a second entry would never
+    /// be reached, and its message never given.
+    #[test]
+    fn no_entry_shadows_another() {
+        for (i, a) in CONFLICTS.iter().enumerate() {
+            for b in &CONFLICTS[..i] {
+                assert!(
+                    !(a.kind == b.kind && a.path == b.path && a.doc == b.doc),
+                    "{} {} listed twice",
+                    a.kind,
+                    a.path.join(".")
+                );
+            }
         }
     }
 }

@@ -649,7 +649,13 @@ pub const NAMED_KINDS: &[&str] = &[
     "WireguardConfig",
 ];
 
-/// Fields the machine config must have.
+/// Where a configuration of Talos' multi-document Kubernetes contract keeps the cluster's
+/// endpoint instead of `cluster.controlPlane.endpoint`: the `KubeClusterConfig` document's
+/// `endpoint` (Talos refuses the two together, see [`conflicts`]).
+pub const ENDPOINT_DOCUMENT: (&str, &str) = ("KubeClusterConfig", "endpoint");
+
+/// Fields the machine config must have (`cluster.controlPlane.endpoint` unless the
+/// endpoint is in its [`ENDPOINT_DOCUMENT`]).
 pub const REQUIRED: &[&[&str]] = &[
     &["machine", "type"],
     &["machine", "token"],
@@ -724,7 +730,16 @@ fn validate(docs: &[Document], role: Role) -> Result<(), RenderError> {
             "no machine config (`version: v1alpha1`) document; the base must hold the one `talosctl gen config` writes".into(),
         ));
     };
+    let endpoint_elsewhere = docs.iter().any(|d| {
+        d.get("kind").and_then(Value::as_str) == Some(ENDPOINT_DOCUMENT.0)
+            && d.get(ENDPOINT_DOCUMENT.1)
+                .and_then(Value::as_str)
+                .is_some_and(|e| !e.is_empty())
+    });
     for path in REQUIRED {
+        if endpoint_elsewhere && *path == ["cluster", "controlPlane", "endpoint"] {
+            continue;
+        }
         if at(machine, path).is_none_or(Value::is_null) {
             return Err(RenderError::Invalid(format!(
                 "the machine config lacks the required `{}`",
@@ -746,10 +761,13 @@ fn validate(docs: &[Document], role: Role) -> Result<(), RenderError> {
         let Some(kind) = d.get("kind").and_then(Value::as_str) else {
             continue;
         };
-        if let Some(c) = conflicts::CONFLICTS
-            .iter()
-            .find(|c| c.kind == kind && at(machine, c.path).is_some_and(|v| c.set.holds(v)))
-        {
+        if let Some(c) = conflicts::CONFLICTS.iter().find(|c| {
+            c.kind == kind
+                && c.doc
+                    .iter()
+                    .all(|(path, want)| at(d, path).is_some_and(|v| want.holds(v)))
+                && at(machine, c.path).is_some_and(|v| c.set.holds(v))
+        }) {
             return Err(RenderError::Conflict {
                 kind: c.kind,
                 message: c.message,
