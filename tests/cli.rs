@@ -574,6 +574,47 @@ fn explain_reconcile_names_rules_and_matches() {
     }
 }
 
+/// A rule in audit mode is shown as such: it matches, and the request is still allowed.
+#[test]
+fn explain_shows_a_rule_in_audit_mode() {
+    let args = |format: &str| {
+        run(&[
+            "explain",
+            "--rules",
+            "tests/rules/bad/audit_destructive.rules",
+            "--objects",
+            STREAM,
+            "--review",
+            &fixture("review-delete-cp1-refused.json"),
+            "--format",
+            format,
+        ])
+    };
+    let out = args("human");
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stdout.contains("[MATCH] refuse audit declared-count"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("verdict: allowed"), "{}", out.stdout);
+    let out = args("json");
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v = out.json();
+    let rows: Vec<&serde_json::Value> = v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|e| e["rows"].as_array().unwrap())
+        .collect();
+    let row = rows
+        .iter()
+        .find(|r| r["rule"] == "declared-count")
+        .expect("the audited rule's row");
+    assert_eq!(row["mode"], "audit", "{row}");
+    assert_eq!(row["matched"], true, "{row}");
+}
+
 #[test]
 fn explain_bad_input_exits_2() {
     let out = run(&["explain", "--objects", LIST, "--reconcile", "ns/nobody"]);

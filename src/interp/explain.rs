@@ -244,9 +244,15 @@ pub fn render(
         for row in &ev.rows {
             let meta = table.rules.get(row.rule_index as usize);
             let status = if row.matched { "MATCH" } else { "-" };
+            // A rule in audit mode matches and is recorded, and decides nothing.
+            let audit = if meta.is_some_and(|m| m.audit) {
+                " audit"
+            } else {
+                ""
+            };
             let _ = writeln!(
                 out,
-                "  [{status:^5}] {} {} ({}:{})",
+                "  [{status:^5}] {}{audit} {} ({}:{})",
                 row.verdict,
                 row.rule,
                 meta.map(|m| m.file.as_str()).unwrap_or(""),
@@ -361,6 +367,7 @@ pub fn to_json(
                     json!({
                         "rule": row.rule,
                         "verdict": row.verdict.to_string(),
+                        "mode": if meta.is_some_and(|m| m.audit) { "audit" } else { "enforce" },
                         "file": meta.map(|m| m.file.as_str()),
                         "line": meta.map(|m| m.line),
                         "when": cond(meta.and_then(|m| m.when_text.as_ref()), row.when, false),
