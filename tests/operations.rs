@@ -505,6 +505,68 @@ async fn a_roll_over_the_cluster_takes_the_control_planes_one_at_a_time() {
     );
 }
 
+/// A machine deleted while a roll over the cluster is under way is passed, not failed on:
+/// the roll goes on without it (a Normal event `NodeSkipped` says so), whether its removal
+/// has ended by then (gone) or waits (being deleted). The other nodes are rebooted once
+/// each, one at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roll_passes_a_machine_deleted_meanwhile() {
+    use ichor_rules::runtime::objects::TalosMachine;
+    use kube::api::{Api, DeleteParams};
+    let mut c = Cluster::start(3).await;
+    for w in ["w-1", "w-2"] {
+        let endpoint = c.talos.add_worker(w).await.endpoint();
+        let mut m = machine(w, "worker", true, 10 + u32::from(w == "w-2"));
+        m["spec"]["endpoint"] = json!(endpoint);
+        c.api.insert(m);
+        c.api.insert(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": w},
+            "spec": {},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+        }));
+    }
+    for i in 0..5 {
+        c.talos.node(i).set_downtime(Duration::from_millis(500));
+    }
+    c.api.insert(operation("roll", "reboot"));
+    let _ctl = Running::start(c.ctx("controller-1", rules()));
+    wait_for("cp-1 rebooted", WAIT, || {
+        c.talos.calls_to("Reboot", "cp-1") == 1
+    })
+    .await;
+    let machines: Api<TalosMachine> = Api::namespaced(c.api.test_client(), NS);
+    machines
+        .delete("w-2", &DeleteParams::default())
+        .await
+        .expect("w-2 deleted");
+    wait_for("the roll succeeds", Duration::from_secs(120), || {
+        c.phase("roll") == "Succeeded"
+    })
+    .await;
+    let op = c.operation("roll");
+    assert_eq!(op["status"]["progress"]["done"], 5, "{op}");
+    for n in ["cp-1", "cp-2", "cp-3", "w-1"] {
+        assert_eq!(c.talos.calls_to("Reboot", n), 1, "{n}");
+    }
+    assert_eq!(c.talos.calls_to("Reboot", "w-2"), 0);
+    assert_eq!(c.most_down_at_once(), 1);
+    let skipped: Vec<Value> = c
+        .api
+        .objects("Event", Some(NS))
+        .into_iter()
+        .filter(|e| e["reason"] == "NodeSkipped")
+        .collect();
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    assert!(
+        skipped[0]["note"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("w-2:"),
+        "{skipped:?}"
+    );
+}
+
 /// A roll stops at the first failed gate: the node that never came back fails the
 /// operation, and the nodes after it are not touched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -317,6 +317,24 @@ pub async fn reconcile<W: OperationWorld>(
         let before = live.clone();
         let mut next = live.clone();
         set_phase(&mut next, "Running");
+        // A roll over the cluster passes a machine that is gone, or being deleted before
+        // any step touched it (its removal waits for this operation's lock): the roll goes
+        // on without it. A named machine that is gone fails the operation below.
+        let rolling = live.spec.machine.as_deref().is_none_or(str::is_empty);
+        let gone = snapshot
+            .machine(ns, &target)
+            .filter(|m| m.cluster() == cluster)
+            .is_none_or(|m| m.deleting() && p.steps_done.is_empty());
+        if rolling && gone {
+            let msg = format!(
+                "{target}: the machine is gone or being deleted; the roll goes on without it"
+            );
+            w.operation_event(live, false, "NodeSkipped", msg).await;
+            next_node(&mut p);
+            set_progress(&mut next, &p);
+            w.write_operation(&before, &next).await?;
+            continue;
+        }
         let Some(m) = snapshot
             .machine(ns, &target)
             .filter(|m| m.cluster() == cluster)
@@ -336,15 +354,7 @@ pub async fn reconcile<W: OperationWorld>(
             // This node is done: the next one, from a clean record.
             let msg = format!("{target}: every step of the plan ran");
             w.operation_event(live, false, "NodeFinished", msg).await;
-            p = OperationProgress {
-                done: p.done + 1,
-                node: p.order.get(p.done as usize + 1).cloned(),
-                order: std::mem::take(&mut p.order),
-                total: p.total,
-                started_at: p.started_at.take(),
-                resumed: p.resumed.take(),
-                ..OperationProgress::default()
-            };
+            next_node(&mut p);
             set_progress(&mut next, &p);
             w.write_operation(&before, &next).await?;
             continue;
@@ -528,6 +538,19 @@ async fn succeed<W: OperationWorld>(
     w.ended(before, true);
     unlock(w, before.cluster(), LockOp::Release).await?;
     Ok(Outcome::AwaitChange)
+}
+
+/// On to the next node of the order, from a clean record of steps.
+fn next_node(p: &mut OperationProgress) {
+    *p = OperationProgress {
+        done: p.done + 1,
+        node: p.order.get(p.done as usize + 1).cloned(),
+        order: std::mem::take(&mut p.order),
+        total: p.total,
+        started_at: p.started_at.take(),
+        resumed: p.resumed.take(),
+        ..OperationProgress::default()
+    };
 }
 
 /// The machines an operation acts on, in order: `spec.machine`; without it, every approved
