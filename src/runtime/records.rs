@@ -511,7 +511,10 @@ impl Sink {
 
 /// The queue between decisions and the sink's writer thread.
 pub struct Recorder {
-    tx: SyncSender<Record>,
+    /// Records as NDJSON lines, serialised by the deciding thread: what crosses to the
+    /// writer thread is one buffer, not a tree of strings the allocator would have to free
+    /// across threads.
+    tx: SyncSender<Vec<u8>>,
     metrics: Arc<Metrics>,
     /// Records dropped since the last time a drop was logged.
     unlogged_drops: AtomicU64,
@@ -548,9 +551,16 @@ impl Recorder {
     /// Queues a record; never waits. A full queue drops it (counted; logged at most once a
     /// second, with the number dropped).
     pub fn record(&self, record: Record) {
-        match self.tx.try_send(record) {
+        let mut line = Vec::with_capacity(2048);
+        if serde_json::to_writer(&mut line, &record).is_err() {
+            self.metrics.record_written(false);
+            return;
+        }
+        line.push(b'\n');
+        match self.tx.try_send(line) {
             Ok(()) => {}
-            Err(TrySendError::Full(r) | TrySendError::Disconnected(r)) => {
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                let r = &record;
                 self.metrics.record_dropped();
                 self.unlogged_drops.fetch_add(1, Ordering::Relaxed);
                 let now = u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX);
@@ -702,14 +712,13 @@ fn rotate(path: &std::path::Path, keep: u32) -> std::io::Result<()> {
 /// costs nothing.
 const BATCH_EVERY: Duration = Duration::from_millis(10);
 
-fn write_loop(rx: Receiver<Record>, mut writer: Writer, metrics: Arc<Metrics>) {
+fn write_loop(rx: Receiver<Vec<u8>>, mut writer: Writer, metrics: Arc<Metrics>) {
     let mut failing = false;
-    let mut line = Vec::with_capacity(4096);
-    while let Ok(record) = rx.recv() {
-        write_one(&record, &mut line, &mut writer, &metrics, &mut failing);
+    while let Ok(line) = rx.recv() {
+        write_one(&line, &mut writer, &metrics, &mut failing);
         // What queued meanwhile goes out in the same pass.
-        while let Ok(record) = rx.try_recv() {
-            write_one(&record, &mut line, &mut writer, &metrics, &mut failing);
+        while let Ok(line) = rx.try_recv() {
+            write_one(&line, &mut writer, &metrics, &mut failing);
         }
         if let Err(e) = writer.flush() {
             if !failing {
@@ -721,21 +730,8 @@ fn write_loop(rx: Receiver<Record>, mut writer: Writer, metrics: Arc<Metrics>) {
     }
 }
 
-/// Serialises `record` into `line` (reused: no allocation per record once it is large
-/// enough) and writes it.
-fn write_one(
-    record: &Record,
-    line: &mut Vec<u8>,
-    writer: &mut Writer,
-    metrics: &Metrics,
-    failing: &mut bool,
-) {
-    line.clear();
-    if serde_json::to_writer(&mut *line, record).is_err() {
-        metrics.record_written(false);
-        return;
-    }
-    line.push(b'\n');
+/// Writes one record's line.
+fn write_one(line: &[u8], writer: &mut Writer, metrics: &Metrics, failing: &mut bool) {
     match writer.write_line(line) {
         Ok(()) => {
             metrics.record_written(true);
