@@ -511,7 +511,10 @@ impl Sink {
 
 /// The queue between decisions and the sink's writer thread.
 pub struct Recorder {
-    tx: SyncSender<Record>,
+    tx: SyncSender<Line>,
+    /// The webhook's allowed admissions of work, for the controller's records to link to
+    /// (`step_records`).
+    pub admissions: super::step_records::Admissions,
     metrics: Arc<Metrics>,
     /// Records dropped since the last time a drop was logged.
     unlogged_drops: AtomicU64,
@@ -538,6 +541,7 @@ impl Recorder {
             .spawn(move || write_loop(rx, writer, thread_metrics))?;
         Ok(Arc::new(Recorder {
             tx,
+            admissions: Default::default(),
             metrics,
             unlogged_drops: AtomicU64::new(0),
             last_drop_log: AtomicU64::new(0),
@@ -548,7 +552,22 @@ impl Recorder {
     /// Queues a record; never waits. A full queue drops it (counted; logged at most once a
     /// second, with the number dropped).
     pub fn record(&self, record: Record) {
-        match self.tx.try_send(record) {
+        self.admissions.note(&record);
+        self.queue(Line::Decision(record));
+    }
+
+    /// Queues a controller decision ([`Recorder::record`]'s queue and drops).
+    pub fn record_controller(&self, record: super::step_records::ControllerRecord) {
+        self.queue(Line::Controller(Box::new(record)));
+    }
+
+    /// Queues a controller's plan step ([`Recorder::record`]'s queue and drops).
+    pub fn record_step(&self, record: super::step_records::StepRecord) {
+        self.queue(Line::Step(Box::new(record)));
+    }
+
+    fn queue(&self, line: Line) {
+        match self.tx.try_send(line) {
             Ok(()) => {}
             Err(TrySendError::Full(r) | TrySendError::Disconnected(r)) => {
                 self.metrics.record_dropped();
@@ -566,11 +585,36 @@ impl Recorder {
                     let dropped = self.unlogged_drops.swap(0, Ordering::Relaxed);
                     tracing::warn!(
                         dropped,
-                        decision = %r.id,
+                        decision = %r.id(),
                         "the decision-record sink is behind: records dropped"
                     );
                 }
             }
+        }
+    }
+}
+
+/// What the writer thread writes: a webhook record, or a controller's decision or step.
+enum Line {
+    Decision(Record),
+    Controller(Box<super::step_records::ControllerRecord>),
+    Step(Box<super::step_records::StepRecord>),
+}
+
+impl Line {
+    fn id(&self) -> &str {
+        match self {
+            Line::Decision(r) => &r.id,
+            Line::Controller(r) => &r.decision.id,
+            Line::Step(r) => &r.id,
+        }
+    }
+
+    fn to_vec(&self) -> serde_json::Result<Vec<u8>> {
+        match self {
+            Line::Decision(r) => serde_json::to_vec(r),
+            Line::Controller(r) => serde_json::to_vec(r),
+            Line::Step(r) => serde_json::to_vec(r),
         }
     }
 }
@@ -677,7 +721,7 @@ fn rotate(path: &std::path::Path, keep: u32) -> std::io::Result<()> {
     std::fs::rename(path, numbered(1))
 }
 
-fn write_loop(rx: Receiver<Record>, mut writer: Writer, metrics: Arc<Metrics>) {
+fn write_loop(rx: Receiver<Line>, mut writer: Writer, metrics: Arc<Metrics>) {
     let mut failing = false;
     while let Ok(record) = rx.recv() {
         write_one(&record, &mut writer, &metrics, &mut failing);
@@ -694,8 +738,8 @@ fn write_loop(rx: Receiver<Record>, mut writer: Writer, metrics: Arc<Metrics>) {
     }
 }
 
-fn write_one(record: &Record, writer: &mut Writer, metrics: &Metrics, failing: &mut bool) {
-    let mut line = match serde_json::to_vec(record) {
+fn write_one(record: &Line, writer: &mut Writer, metrics: &Metrics, failing: &mut bool) {
+    let mut line = match record.to_vec() {
         Ok(l) => l,
         Err(_) => {
             metrics.record_written(false);

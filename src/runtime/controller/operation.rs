@@ -67,7 +67,11 @@ async fn start_again(
         },
         reason: None,
     };
-    let mut world = super::world::Live::new(ctx, next.namespace(), None);
+    let mut world = super::world::Live::new(ctx, next.namespace(), None).recording(
+        "TalosOperation",
+        &next.metadata,
+        "CREATE",
+    );
     let asked = crate::runtime::exec::rules::decide_asking(
         &mut world, table, snapshot, ev, target, false, &cannot,
     )
@@ -212,7 +216,7 @@ async fn run(
     table: &crate::compile::Table,
     o: &TalosOperation,
 ) -> Result<Action, ReconcileError> {
-    let world = super::operation_world::OperationLive::new(ctx, o.namespace(), o.name());
+    let world = super::operation_world::OperationLive::new(ctx, o);
     let timing = super::removal::timing(ctx);
     let (outcome, mut world) = match &ctx.steps {
         // Every step logged, for `verify --check-trace`.

@@ -16,6 +16,7 @@
 
 use super::etcd::{self, MemberHealth, node_name};
 use super::rules::{Asked, decide_asking, hold_of};
+use crate::runtime::step_records::cite;
 use super::{
     Call, Drained, LockOp, Node, NodeError, Note, Outcome, Timing, Wait, World, calls, unlock,
 };
@@ -368,11 +369,21 @@ pub async fn reconcile<W: OperationWorld>(
             },
             reason: None,
         };
-        let Asked { decision, .. } =
+        let Asked { decision, id, .. } =
             decide_asking(w, table, &snapshot, ev, Some(m), false, &unreadable).await?;
         w.note(m, Note::Decided(&decision));
         if let Some((_, message)) = hold_of(&decision, "StepRefused") {
-            let message = format!("{}: {message}", step.text);
+            let current = next
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.iter().find(|c| c.type_ == RUNNING))
+                .and_then(|c| c.message.clone());
+            let message = cite(
+                &format!("{}: {message}", step.text),
+                &decision,
+                id.as_deref(),
+                current.as_deref(),
+            );
             let began = status::set_at(
                 w.now(),
                 next.conditions_mut(),
@@ -451,12 +462,22 @@ pub async fn reconcile<W: OperationWorld>(
             }
         }
         w.note(m, Note::Step(k, &step.text));
+        super::step_began(w, table, k, &step.text, message.as_deref());
         let mut rec = Record {
             before: &before,
             next: &mut next,
             p: &mut p,
         };
         let outcome = execute(w, timing, &snapshot, m, &mut rec, step, message).await?;
+        match &outcome {
+            Step::Done => super::step_ended(w, "done", None, None),
+            Step::Wait {
+                reason, message, ..
+            } => super::step_ended(w, "wait", Some(reason), Some(message)),
+            Step::Fail { reason, message } => {
+                super::step_ended(w, "fail", Some(reason), Some(message))
+            }
+        }
         match outcome {
             Step::Done => {
                 if let Some(since) = &p.step_started_at {
