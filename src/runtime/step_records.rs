@@ -358,6 +358,13 @@ impl Journal {
         let mut again = Decision::default();
         let _ = decide_into(&mut session, ev.event, &mut again);
         let matched = records::matched_since(decision, [0; 4]);
+        // A refusal that is no rule's (a fact that could not be read) has nothing to decide
+        // again: replay counts it as refused without the rules.
+        let without_rules = decision
+            .refusals
+            .iter()
+            .find(|f| f.rule.starts_with('('))
+            .map(|f| records::clip(&format!("{}: {}", f.rule, f.message)));
         let event: EventRecord = records::event_record(table, &mut session, &ev, matched);
         self.rules_of(table);
         let id = records::decision_id();
@@ -377,7 +384,7 @@ impl Journal {
                 deciding: decision.deciding().iter().map(|f| f.rule.clone()).collect(),
                 warnings: decision.warnings.iter().map(|f| f.rule.clone()).collect(),
                 would_verdict: records::would_verdict(decision).into(),
-                refused_without_rules: None,
+                refused_without_rules: without_rules,
                 latency_us: micros(started),
             },
             target: self.target.clone(),
