@@ -157,18 +157,19 @@ fn add_machine(api: &ApiServer, talos: &TalosApi, name: &str, index: usize) {
     }));
 }
 
-/// Steps recorded done, by text, for `target`: each exactly once.
+/// Steps recorded done for `target`, by text: each step of the plan (its place) exactly
+/// once.
 fn done_once(steps: &[StepRecord], target: &str) -> Vec<String> {
-    let mut done: Vec<String> = steps
+    let mut done: Vec<(usize, String)> = steps
         .iter()
         .filter(|s| s.target.name == target && s.result == "done")
-        .map(|s| s.step.text.clone())
+        .map(|s| (s.step.index, s.step.text.clone()))
         .collect();
     let n = done.len();
     done.sort();
     done.dedup();
     assert_eq!(done.len(), n, "a step recorded done twice: {steps:#?}");
-    done
+    done.into_iter().map(|(_, t)| t).collect()
 }
 
 /// A removal admitted by the webhook, then run by the controller: the log holds the
@@ -377,4 +378,97 @@ async fn a_removal_is_recorded_from_its_admission_to_the_reset() {
             "a talosconfig line in the log: {line}"
         );
     }
+}
+
+/// An operation admitted by the webhook, then run by the controller: each step's decision
+/// (the `step operation` rules, decided again before every step) is recorded and linked to
+/// the admission of the operation's creation; each step that ran is recorded once done,
+/// the reboot with the `actor_id` Talos gave it, and the wait for the node with its new
+/// boot time. Replay reproduces every decision of the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operation_is_recorded_step_by_step_with_the_new_boot_time() {
+    let names = ["cp-1", "cp-2", "cp-3"];
+    let talos = TalosApi::start(EtcdCluster::start_named(&names).await).await;
+    let api = ApiServer::start().await;
+    api.insert(cluster("prod", 3));
+    for (i, n) in names.iter().enumerate() {
+        add_machine(&api, &talos, n, i);
+    }
+    talos.node(1).set_downtime(Duration::from_millis(1500));
+    let booted = talos.node(1).boot_time();
+    let rec = Recording::start("operation", &api);
+    let mut op = objects::operation("reboot-cp-2", "reboot").build();
+    op["spec"]["machine"] = json!("cp-2");
+    op["metadata"]["namespace"] = json!(NS);
+    let admitted = rec
+        .admit(objects::review("req-create-reboot", "CREATE", None, Some(&op)).build())
+        .await;
+    api.insert(op);
+    let _c = Running::start(rec.ctx(&api, &talos, "controller-1"));
+    wait_for("the reboot succeeds", WAIT, || {
+        get(&api, "TalosOperation", "reboot-cp-2")
+            .is_some_and(|o| o["status"]["phase"] == "Succeeded")
+    })
+    .await;
+    rec.step_done("reboot-cp-2", "uncordon node").await;
+
+    let steps = rec.steps();
+    let done = done_once(&steps, "reboot-cp-2");
+    for must in ["cordon node", "drain node", "talos reboot", "uncordon node"] {
+        assert!(done.iter().any(|s| s == must), "{must} not recorded: {done:?}");
+    }
+    let decisions = rec.decisions();
+    let ours: Vec<&ControllerRecord> = decisions
+        .iter()
+        .filter(|d| d.target.name == "reboot-cp-2")
+        .collect();
+    assert!(!ours.is_empty());
+    for d in &ours {
+        assert_eq!(d.target.kind, "TalosOperation");
+        let link = d.admission.as_ref().expect("linked to the creation's admission");
+        assert_eq!(link.decision, admitted);
+        assert_eq!(link.request_uid, "req-create-reboot");
+        assert_eq!(link.operation, "CREATE");
+    }
+    // Each step that ran names a recorded decision of its own operation, taken before it.
+    for s in steps.iter().filter(|s| s.target.name == "reboot-cp-2") {
+        let id = s.decision.as_deref().expect("the decision it followed");
+        let d = ours
+            .iter()
+            .find(|d| d.decision.id == id)
+            .unwrap_or_else(|| panic!("{id} is not a recorded decision: {s:?}"));
+        assert_eq!(d.decision.verdict, "allow");
+        assert_eq!(d.decision.events[0].verb, "step", "{d:?}");
+        assert!(d.decision.time <= s.time);
+    }
+    let reboot = steps
+        .iter()
+        .find(|s| s.target.name == "reboot-cp-2" && s.step.text == "talos reboot")
+        .expect("the reboot step");
+    let call = reboot
+        .effects
+        .iter()
+        .find(|e| e.call == "Reboot")
+        .expect("the Reboot call");
+    assert_eq!(call.actor_id.as_deref(), Some("cp-2-reboot"), "{call:?}");
+    assert_eq!(call.node, "TalosMachine cp-2");
+    let back = steps
+        .iter()
+        .find(|s| {
+            s.target.name == "reboot-cp-2"
+                && s.step.text.starts_with("wait node-back")
+                && s.result == "done"
+        })
+        .expect("the node back");
+    let now_booted = talos.node(1).boot_time();
+    assert!(now_booted > booted);
+    assert_eq!(back.boot_time, Some(now_booted), "{back:?}");
+
+    let (code, said) = replay(&rec.path);
+    assert_eq!(code, Some(0), "{said}");
+    let n_decisions = records::read_log(&rec.text()).expect("parses").len();
+    assert!(
+        said.contains(&format!("{n_decisions} reproduced")),
+        "{n_decisions} decisions: {said}"
+    );
 }

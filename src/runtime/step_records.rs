@@ -365,7 +365,14 @@ impl Journal {
             .iter()
             .find(|f| f.rule.starts_with('('))
             .map(|f| records::clip(&format!("{}: {}", f.rule, f.message)));
-        let event: EventRecord = records::event_record(table, &mut session, &ev, matched);
+        let mut event: EventRecord = records::event_record(table, &mut session, &ev, matched);
+        // A fact asked of etcd came from etcd (`etcd` says through which node), not from
+        // the objects its fallback would read.
+        for f in &mut event.facts {
+            if supplied.iter().any(|(s, _)| s.name() == f.name) {
+                f.from.clear();
+            }
+        }
         self.rules_of(table);
         let id = records::decision_id();
         let record = ControllerRecord {
