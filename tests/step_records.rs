@@ -367,7 +367,53 @@ async fn a_removal_is_recorded_from_its_admission_to_the_reset() {
         "{said}"
     );
 
-    // 4. No Secret's value, encoded or not, nor the credentials in it, is in the log.
+    // 4. A refusal's condition names its rule and the decision's record; the refusal
+    // decided again at every reconcile keeps that first citation (no rewrite, one Event).
+    delete(&api, "TalosMachine", "cp-2").await;
+    let cited = |m: &str| m.contains("(rule ") && m.contains("; decision ");
+    let mut message = String::new();
+    wait_for("cp-2 refused", WAIT, || {
+        let m = get(&api, "TalosMachine", "cp-2")
+            .and_then(|o| condition(&o, "Removal"))
+            .filter(|c| c["reason"] == "RemovalRefused")
+            .and_then(|c| c["message"].as_str().map(str::to_string));
+        message = m.unwrap_or_default();
+        cited(&message)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let again = get(&api, "TalosMachine", "cp-2")
+        .and_then(|o| condition(&o, "Removal"))
+        .and_then(|c| c["message"].as_str().map(str::to_string))
+        .unwrap_or_default();
+    assert_eq!(again, message, "the citation stays while the refusal stands");
+    assert_eq!(events(&api, "cp-2", "RemovalRefused").len(), 1);
+    let id = message
+        .rsplit_once("; decision ")
+        .and_then(|(_, rest)| rest.strip_suffix(')'))
+        .expect("a decision id");
+    let rules: Vec<&str> = message
+        .rsplit_once("(rule ")
+        .and_then(|(_, rest)| rest.split_once(';'))
+        .map(|(r, _)| r.split(", ").collect())
+        .expect("the rules");
+    let refusal = rec
+        .decisions()
+        .into_iter()
+        .find(|d| d.decision.id == id)
+        .unwrap_or_else(|| panic!("no record {id}:\n{}", rec.text()));
+    assert_eq!(refusal.decision.verdict, "refuse");
+    assert_eq!(refusal.target.name, "cp-2");
+    assert_eq!(refusal.decision.deciding, rules, "{refusal:?}");
+    let refusals = rec
+        .decisions()
+        .into_iter()
+        .filter(|d| d.target.name == "cp-2" && d.decision.verdict == "refuse")
+        .count();
+    assert!(refusals >= 2, "each reconcile's decision is recorded: {refusals}");
+    let text = rec.text();
+
+    // 5. No Secret's value, encoded or not, nor the credentials in it, is in the log.
     for needle in [encoded.as_str(), DECOY, talosconfig.as_str()] {
         assert!(!text.contains(needle), "a Secret's value in the log");
     }
