@@ -35,10 +35,8 @@ struct Recording {
 
 impl Recording {
     fn start(name: &str, api: &ApiServer) -> Recording {
-        let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
-            "decisions-{name}-{}.ndjson",
-            std::process::id()
-        ));
+        let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("decisions-{name}-{}.ndjson", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let metrics = Arc::new(Metrics::default());
         let recorder = Recorder::start(
@@ -235,14 +233,21 @@ async fn a_removal_is_recorded_from_its_admission_to_the_reset() {
         .iter()
         .filter(|d| d.target.name == "cp-4" && d.decision.verdict == "allow")
         .collect();
-    assert_eq!(allowed.len(), 1, "one decision let the removal run: {decisions:#?}");
+    assert_eq!(
+        allowed.len(),
+        1,
+        "one decision let the removal run: {decisions:#?}"
+    );
     let d = allowed[0];
     assert_eq!(d.decision.site, "controller");
     assert_eq!(d.target.kind, "TalosMachine");
     assert_eq!(d.target.namespace, NS);
     assert!(!d.target.uid.is_empty(), "{d:?}");
     let ev = &d.decision.events[0];
-    assert_eq!((ev.verb.as_str(), ev.subject.as_str()), ("remove", "controlplane"));
+    assert_eq!(
+        (ev.verb.as_str(), ev.subject.as_str()),
+        ("remove", "controlplane")
+    );
     let approved = ev
         .facts
         .iter()
@@ -278,9 +283,20 @@ async fn a_removal_is_recorded_from_its_admission_to_the_reset() {
         .map(|s| s.text.clone())
         .collect();
     let done = done_once(&steps, "cp-4");
-    for must in ["drain node", "etcd leave", "talos reset", "release finalizer"] {
-        assert!(done.iter().any(|s| s == must), "{must} not recorded: {done:?}");
-        assert!(plan.iter().any(|s| s == must), "{must} is not a step: {plan:?}");
+    for must in [
+        "drain node",
+        "etcd leave",
+        "talos reset",
+        "release finalizer",
+    ] {
+        assert!(
+            done.iter().any(|s| s == must),
+            "{must} not recorded: {done:?}"
+        );
+        assert!(
+            plan.iter().any(|s| s == must),
+            "{must} is not a step: {plan:?}"
+        );
     }
     for s in steps.iter().filter(|s| s.target.name == "cp-4") {
         assert_eq!(s.decision.as_deref(), Some(d.decision.id.as_str()), "{s:?}");
@@ -304,7 +320,10 @@ async fn a_removal_is_recorded_from_its_admission_to_the_reset() {
         .find(|s| s.target.name == "cp-4" && s.step.text == "etcd leave")
         .expect("the leave");
     assert!(
-        leave.effects.iter().any(|e| e.call == "EtcdLeaveCluster" && e.result == "ok"),
+        leave
+            .effects
+            .iter()
+            .any(|e| e.call == "EtcdLeaveCluster" && e.result == "ok"),
         "{leave:?}"
     );
 
@@ -349,6 +368,11 @@ async fn a_removal_is_recorded_from_its_admission_to_the_reset() {
         "a sibling's member list, naming cp-3: {asked:#?}"
     );
     assert!(dead.admission.is_none(), "no webhook saw this deletion");
+    // What to look for in another process's webhook log: the object's life.
+    assert!(
+        dead.target.created.is_some() && dead.target.deleted.is_some(),
+        "{dead:?}"
+    );
 
     // 3. Replay: every decision (the webhook's and the controller's) reproduced; the steps
     // skipped, and said so.
@@ -386,7 +410,10 @@ async fn a_removal_is_recorded_from_its_admission_to_the_reset() {
         .and_then(|o| condition(&o, "Removal"))
         .and_then(|c| c["message"].as_str().map(str::to_string))
         .unwrap_or_default();
-    assert_eq!(again, message, "the citation stays while the refusal stands");
+    assert_eq!(
+        again, message,
+        "the citation stays while the refusal stands"
+    );
     assert_eq!(events(&api, "cp-2", "RemovalRefused").len(), 1);
     let id = message
         .rsplit_once("; decision ")
@@ -410,7 +437,10 @@ async fn a_removal_is_recorded_from_its_admission_to_the_reset() {
         .into_iter()
         .filter(|d| d.target.name == "cp-2" && d.decision.verdict == "refuse")
         .count();
-    assert!(refusals >= 2, "each reconcile's decision is recorded: {refusals}");
+    assert!(
+        refusals >= 2,
+        "each reconcile's decision is recorded: {refusals}"
+    );
     let text = rec.text();
 
     // 5. No Secret's value, encoded or not, nor the credentials in it, is in the log.
@@ -461,7 +491,10 @@ async fn an_operation_is_recorded_step_by_step_with_the_new_boot_time() {
     let steps = rec.steps();
     let done = done_once(&steps, "reboot-cp-2");
     for must in ["cordon node", "drain node", "talos reboot", "uncordon node"] {
-        assert!(done.iter().any(|s| s == must), "{must} not recorded: {done:?}");
+        assert!(
+            done.iter().any(|s| s == must),
+            "{must} not recorded: {done:?}"
+        );
     }
     let decisions = rec.decisions();
     let ours: Vec<&ControllerRecord> = decisions
@@ -471,7 +504,10 @@ async fn an_operation_is_recorded_step_by_step_with_the_new_boot_time() {
     assert!(!ours.is_empty());
     for d in &ours {
         assert_eq!(d.target.kind, "TalosOperation");
-        let link = d.admission.as_ref().expect("linked to the creation's admission");
+        let link = d
+            .admission
+            .as_ref()
+            .expect("linked to the creation's admission");
         assert_eq!(link.decision, admitted);
         assert_eq!(link.request_uid, "req-create-reboot");
         assert_eq!(link.operation, "CREATE");

@@ -94,6 +94,14 @@ pub struct Target {
         skip_serializing_if = "Option::is_none"
     )]
     pub resource_version: Option<String>,
+    /// Its `creationTimestamp`, and its `deletionTimestamp` once being deleted: an
+    /// admission decided in another process (the chart's webhook Deployment) is found in
+    /// the webhook's log by kind, namespace, name and operation within these
+    /// (`docs/operators.md`, "Following a decision to its node action").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deleted: Option<String>,
 }
 
 /// A plan step.
@@ -278,6 +286,8 @@ impl Journal {
                 name: meta.name.clone().unwrap_or_default(),
                 uid: meta.uid.clone().unwrap_or_default(),
                 resource_version: meta.resource_version.clone(),
+                created: meta.creation_timestamp.as_ref().map(|t| t.0.to_string()),
+                deleted: meta.deletion_timestamp.as_ref().map(|t| t.0.to_string()),
             },
             admission,
             calls: Vec::new(),
@@ -521,7 +531,11 @@ pub fn cite(message: &str, decision: &Decision, id: Option<&str>, current: Optio
     {
         return c.to_string();
     }
-    let rules: Vec<&str> = decision.deciding().iter().map(|f| f.rule.as_str()).collect();
+    let rules: Vec<&str> = decision
+        .deciding()
+        .iter()
+        .map(|f| f.rule.as_str())
+        .collect();
     if rules.is_empty() {
         format!("{message} (decision {id})")
     } else {
@@ -594,15 +608,15 @@ mod tests {
         let d = refused("keep-quorum");
         let first = cite("below the count", &d, Some("a1"), None);
         assert_eq!(first, "below the count (rule keep-quorum; decision a1)");
-        assert_eq!(
-            cite("below the count", &d, Some("b2"), Some(&first)),
-            first
-        );
+        assert_eq!(cite("below the count", &d, Some("b2"), Some(&first)), first);
         assert_eq!(
             cite("other", &d, Some("b2"), Some(&first)),
             "other (rule keep-quorum; decision b2)"
         );
-        assert_eq!(cite("below the count", &d, None, Some(&first)), "below the count");
+        assert_eq!(
+            cite("below the count", &d, None, Some(&first)),
+            "below the count"
+        );
         assert_eq!(
             cite("go", &Decision::default(), Some("c3"), None),
             "go (decision c3)"

@@ -16,7 +16,6 @@
 
 use super::etcd::{self, MemberHealth, node_name};
 use super::rules::{Asked, decide_asking, hold_of};
-use crate::runtime::step_records::cite;
 use super::{
     Call, Drained, LockOp, Node, NodeError, Note, Outcome, Timing, Wait, World, calls, unlock,
 };
@@ -26,6 +25,7 @@ use crate::runtime::controller::status::{self, Conditions};
 use crate::runtime::decide::{operation_on, reconcile_operation_event, step_operation_event};
 use crate::runtime::live::Reads;
 use crate::runtime::objects::{OperationProgress, Role, Snapshot, TalosMachine, TalosOperation};
+use crate::runtime::step_records::cite;
 use crate::runtime::talos::TalosError;
 use crate::vocab::{Action as BuiltIn, Fact, Verdict};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

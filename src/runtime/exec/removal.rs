@@ -208,7 +208,12 @@ pub async fn reconcile<W: World>(
                 }
                 _ => {}
             }
-            let message = cite(&message, &decision, id.as_deref(), current(&next).as_deref());
+            let message = cite(
+                &message,
+                &decision,
+                id.as_deref(),
+                current(&next).as_deref(),
+            );
             unlock(w, cluster, LockOp::Release).await?;
             let changed = status::set_at(
                 w.now(),
