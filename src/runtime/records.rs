@@ -515,6 +515,8 @@ pub struct Recorder {
     /// The webhook's allowed admissions of work, for the controller's records to link to
     /// (`step_records`).
     pub admissions: super::step_records::Admissions,
+    /// The decisions the controller's conditions cite (`step_records::Citations`).
+    pub citations: super::step_records::Citations,
     metrics: Arc<Metrics>,
     /// Records dropped since the last time a drop was logged.
     unlogged_drops: AtomicU64,
@@ -542,6 +544,7 @@ impl Recorder {
         Ok(Arc::new(Recorder {
             tx,
             admissions: Default::default(),
+            citations: Default::default(),
             metrics,
             unlogged_drops: AtomicU64::new(0),
             last_drop_log: AtomicU64::new(0),

@@ -516,21 +516,45 @@ fn summary(reply: &Reply) -> Option<String> {
     .map(|s| records::clip(&s))
 }
 
-/// A condition's message citing the decision that set it: `message (rule r; decision id)`.
-/// The same message already cited (an earlier reconcile decided the same) keeps its first
-/// citation, so a refusal that stands does not rewrite its condition at every reconcile.
-pub fn cite(message: &str, decision: &Decision, id: Option<&str>, current: Option<&str>) -> String {
-    let Some(id) = id else {
-        return message.to_string();
-    };
-    if let Some(c) = current
-        && let Some(rest) = c.strip_prefix(message)
-        && rest.starts_with(" (")
-        && rest.contains("decision ")
-        && rest.ends_with(')')
-    {
-        return c.to_string();
+/// The decision each condition message of an object first cited, in this process: a
+/// refusal decided again cites its first decision, so its condition is not rewritten (nor
+/// its Event published again) at every reconcile. Kept here, never read back from the
+/// object's status, which a person could have written. Bounded: the oldest goes first.
+#[derive(Default)]
+pub struct Citations {
+    inner: Mutex<(
+        HashMap<(String, String), String>,
+        VecDeque<(String, String)>,
+    )>,
+}
+
+/// How many citations are kept.
+pub const CITATIONS_KEPT: usize = 4096;
+
+impl Citations {
+    /// The decision `message` of object `uid` first cited; `id` when none did.
+    pub fn first(&self, uid: &str, message: &str, id: &str) -> String {
+        let Ok(mut inner) = self.inner.lock() else {
+            return id.to_string();
+        };
+        let (map, order) = &mut *inner;
+        let key = (uid.to_string(), message.to_string());
+        if let Some(first) = map.get(&key) {
+            return first.clone();
+        }
+        map.insert(key.clone(), id.to_string());
+        order.push_back(key);
+        while order.len() > CITATIONS_KEPT {
+            if let Some(old) = order.pop_front() {
+                map.remove(&old);
+            }
+        }
+        id.to_string()
     }
+}
+
+/// A condition's message citing the decision that set it: `message (rule r; decision id)`.
+pub fn cite_as(message: &str, decision: &Decision, id: &str) -> String {
     let rules: Vec<&str> = decision
         .deciding()
         .iter()
@@ -540,6 +564,31 @@ pub fn cite(message: &str, decision: &Decision, id: Option<&str>, current: Optio
         format!("{message} (decision {id})")
     } else {
         format!("{message} (rule {}; decision {id})", rules.join(", "))
+    }
+}
+
+impl Journal {
+    /// `message` citing the decision this reconcile recorded, or the one the same message
+    /// of the same object first cited ([`Citations`]).
+    pub fn cite(&mut self, message: &str, decision: &Decision) -> String {
+        let Some(id) = self.decided.as_deref() else {
+            return message.to_string();
+        };
+        let first = self.recorder.citations.first(&self.target.uid, message, id);
+        cite_as(message, decision, &first)
+    }
+}
+
+/// `message` citing its decision when the world keeps records; as it is otherwise (the
+/// model, `--decision-log off`).
+pub fn cite<W: crate::runtime::exec::World>(
+    w: &mut W,
+    message: &str,
+    decision: &Decision,
+) -> String {
+    match w.journal() {
+        Some(j) => j.cite(message, decision),
+        None => message.to_string(),
     }
 }
 
@@ -600,25 +649,24 @@ mod tests {
         d
     }
 
-    /// A condition cites its rule and decision once: the same refusal decided again keeps
-    /// the first citation (no rewrite, no new Event); another message cites anew; without
-    /// records nothing is added.
+    /// A condition cites its rules and decision once: the same message of the same object
+    /// keeps its first citation (no rewrite, no new Event); another message, or another
+    /// object, cites its own.
     #[test]
     fn a_standing_refusal_keeps_its_first_citation() {
+        let c = Citations::default();
         let d = refused("keep-quorum");
-        let first = cite("below the count", &d, Some("a1"), None);
+        let first = cite_as(
+            "below the count",
+            &d,
+            &c.first("u1", "below the count", "a1"),
+        );
         assert_eq!(first, "below the count (rule keep-quorum; decision a1)");
-        assert_eq!(cite("below the count", &d, Some("b2"), Some(&first)), first);
+        assert_eq!(c.first("u1", "below the count", "b2"), "a1");
+        assert_eq!(c.first("u1", "other", "b2"), "b2");
+        assert_eq!(c.first("u2", "below the count", "c3"), "c3");
         assert_eq!(
-            cite("other", &d, Some("b2"), Some(&first)),
-            "other (rule keep-quorum; decision b2)"
-        );
-        assert_eq!(
-            cite("below the count", &d, None, Some(&first)),
-            "below the count"
-        );
-        assert_eq!(
-            cite("go", &Decision::default(), Some("c3"), None),
+            cite_as("go", &Decision::default(), "c3"),
             "go (decision c3)"
         );
     }

@@ -80,7 +80,8 @@ async fn start_again(
         Ok(a) => a.decision,
         Err(e) => unreadable(&format!("etcd could not be asked ({e})")),
     };
-    let refused = held(ctx, &decision, "StartRefused").map(|(_, message)| message);
+    let refused = held(ctx, &decision, "StartRefused")
+        .map(|(_, message)| crate::runtime::step_records::cite(&mut world, &message, &decision));
     let was_refused = next.start_refused();
     match refused {
         Some(message) => {

@@ -369,21 +369,11 @@ pub async fn reconcile<W: OperationWorld>(
             },
             reason: None,
         };
-        let Asked { decision, id, .. } =
+        let Asked { decision, .. } =
             decide_asking(w, table, &snapshot, ev, Some(m), false, &unreadable).await?;
         w.note(m, Note::Decided(&decision));
         if let Some((_, message)) = hold_of(&decision, "StepRefused") {
-            let current = next
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.iter().find(|c| c.type_ == RUNNING))
-                .and_then(|c| c.message.clone());
-            let message = cite(
-                &format!("{}: {message}", step.text),
-                &decision,
-                id.as_deref(),
-                current.as_deref(),
-            );
+            let message = cite(w, &format!("{}: {message}", step.text), &decision);
             let began = status::set_at(
                 w.now(),
                 next.conditions_mut(),

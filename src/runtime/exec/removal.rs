@@ -192,10 +192,9 @@ pub async fn reconcile<W: World>(
             decision,
             deadness,
             member_id,
-            id,
+            ..
         } = decide_asking(w, table, &snapshot, ev, Some(live), marked, &unreadable).await?;
         w.note(live, Note::Decided(&decision));
-        let current = |m: &TalosMachine| m.condition(REMOVAL).and_then(|c| c.message.clone());
         if let Some((reason, mut message)) = hold_of(&decision, "RemovalRefused") {
             // Why `member.dead` did not bend the refusal, when it was asked (ADR 0106 §4:
             // what cannot be told leaves the refusal in place, and says so).
@@ -208,12 +207,7 @@ pub async fn reconcile<W: World>(
                 }
                 _ => {}
             }
-            let message = cite(
-                &message,
-                &decision,
-                id.as_deref(),
-                current(&next).as_deref(),
-            );
+            let message = cite(w, &message, &decision);
             unlock(w, cluster, LockOp::Release).await?;
             let changed = status::set_at(
                 w.now(),
@@ -251,7 +245,7 @@ pub async fn reconcile<W: World>(
                 "removing the control plane: the removal rules let it through",
             )
         };
-        let message = cite(message, &decision, id.as_deref(), current(&next).as_deref());
+        let message = cite(w, message, &decision);
         status::set_at(
             w.now(),
             next.conditions_mut(),
