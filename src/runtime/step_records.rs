@@ -165,7 +165,35 @@ pub struct Admission {
 /// goes first.
 #[derive(Default)]
 pub struct Admissions {
-    inner: Mutex<(HashMap<AdmissionKey, Admission>, VecDeque<AdmissionKey>)>,
+    inner: Mutex<Kept<AdmissionKey, Admission>>,
+}
+
+/// A map that keeps its newest `cap` entries.
+struct Kept<K, V> {
+    map: HashMap<K, V>,
+    order: VecDeque<K>,
+}
+
+impl<K, V> Default for Kept<K, V> {
+    fn default() -> Self {
+        Kept {
+            map: HashMap::new(),
+            order: VecDeque::new(),
+        }
+    }
+}
+
+impl<K: std::hash::Hash + Eq + Clone, V> Kept<K, V> {
+    fn insert(&mut self, key: K, value: V, cap: usize) {
+        if self.map.insert(key.clone(), value).is_none() {
+            self.order.push_back(key);
+            while self.order.len() > cap {
+                if let Some(old) = self.order.pop_front() {
+                    self.map.remove(&old);
+                }
+            }
+        }
+    }
 }
 
 type AdmissionKey = (String, String, String, String);
@@ -203,17 +231,8 @@ impl Admissions {
             digest: r.rules.digest.clone(),
             time: r.time.clone(),
         };
-        let Ok(mut inner) = self.inner.lock() else {
-            return;
-        };
-        let (map, order) = &mut *inner;
-        if map.insert(key.clone(), admitted).is_none() {
-            order.push_back(key);
-            while order.len() > ADMISSIONS_KEPT {
-                if let Some(old) = order.pop_front() {
-                    map.remove(&old);
-                }
-            }
+        if let Ok(mut inner) = self.inner.lock() {
+            inner.insert(key, admitted, ADMISSIONS_KEPT);
         }
     }
 
@@ -228,7 +247,7 @@ impl Admissions {
             meta.name.clone().unwrap_or_default(),
             operation.to_string(),
         );
-        let found = self.inner.lock().ok()?.0.get(&key).cloned()?;
+        let found = self.inner.lock().ok()?.map.get(&key).cloned()?;
         let at: k8s_openapi::jiff::Timestamp = found.time.parse().ok()?;
         // The API server's timestamps are whole seconds; the webhook's are not.
         let slack = k8s_openapi::jiff::SignedDuration::from_secs(1);
@@ -522,10 +541,7 @@ fn summary(reply: &Reply) -> Option<String> {
 /// object's status, which a person could have written. Bounded: the oldest goes first.
 #[derive(Default)]
 pub struct Citations {
-    inner: Mutex<(
-        HashMap<(String, String), String>,
-        VecDeque<(String, String)>,
-    )>,
+    inner: Mutex<Kept<(String, String), String>>,
 }
 
 /// How many citations are kept.
@@ -537,18 +553,11 @@ impl Citations {
         let Ok(mut inner) = self.inner.lock() else {
             return id.to_string();
         };
-        let (map, order) = &mut *inner;
         let key = (uid.to_string(), message.to_string());
-        if let Some(first) = map.get(&key) {
+        if let Some(first) = inner.map.get(&key) {
             return first.clone();
         }
-        map.insert(key.clone(), id.to_string());
-        order.push_back(key);
-        while order.len() > CITATIONS_KEPT {
-            if let Some(old) = order.pop_front() {
-                map.remove(&old);
-            }
-        }
+        inner.insert(key, id.to_string(), CITATIONS_KEPT);
         id.to_string()
     }
 }
