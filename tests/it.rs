@@ -49,6 +49,7 @@ mod rule_tests;
 mod secret_logs;
 mod seeds;
 mod serve_hardening;
+mod step_records;
 mod talos;
 mod verify;
 mod webhook;

@@ -7,7 +7,9 @@
 //! A record decided by other rules is an error without `--rules` (the log names rules that
 //! are not at hand); with `--rules NEW` it is decided by NEW, and the decisions whose
 //! verdict would change are reported, grouped by direction (refuse → allow first) and by
-//! rule. Records refused before the rules were asked are counted and skipped.
+//! rule. Records refused before the rules were asked are counted and skipped, and so are
+//! the controller's step records (an effect, not a decision: the controller decision each
+//! followed is a record of its own, replayed like the webhook's).
 
 use super::{EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, Format, emit};
 use crate::runtime::records::{self, Record, ReplayError, Replayed};
@@ -61,6 +63,8 @@ struct Report {
     changes: Vec<ChangeGroup>,
     unreplayable: Vec<Unreplayable>,
     skipped_without_rules: usize,
+    /// The controller's step records (`"record": "step"`): effects, not decisions.
+    skipped_steps: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -143,6 +147,7 @@ pub fn run(args: &ReplayArgs) -> u8 {
         .collect();
     let mut report = Report {
         decisions: log.len(),
+        skipped_steps: crate::runtime::step_records::count_steps(&text),
         digest: digest.clone(),
         ..Report::default()
     };
@@ -298,6 +303,14 @@ fn human(r: &Report) -> String {
         for d in &g.decisions {
             let _ = writeln!(out, "    {} {}", d.id, d.what);
         }
+    }
+    if r.skipped_steps > 0 {
+        let _ = writeln!(
+            out,
+            "skipped {} controller step record(s): a step is an effect, not a decision (the \
+             decision it followed, named in its `decision`, is replayed)",
+            r.skipped_steps
+        );
     }
     for u in &r.unreplayable {
         let _ = writeln!(out, "cannot replay {}: {}", u.id, u.why);

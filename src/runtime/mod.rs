@@ -23,6 +23,7 @@ pub mod render;
 pub mod secrets;
 pub mod server;
 pub mod snapshot;
+pub mod step_records;
 pub mod store;
 pub mod talos;
 pub mod tls;

@@ -420,6 +420,10 @@ async fn serve(args: &OperatorConfig, rules: Arc<Rules>) -> Result<(), StartErro
             settings,
             metrics.clone(),
         );
+        // The controller's decisions and steps go to the webhook's sink, through its queue.
+        if let Some(records) = &state.records {
+            ctx = ctx.with_records(records.clone());
+        }
         if let Some(path) = &args.step_log {
             match crate::runtime::exec::trace::StepLog::open(path) {
                 Ok(log) => ctx = ctx.with_step_log(Arc::new(log)),

@@ -515,6 +515,11 @@ pub struct Recorder {
     /// writer thread is one buffer, not a tree of strings the allocator would have to free
     /// across threads.
     tx: SyncSender<Vec<u8>>,
+    /// The webhook's allowed admissions of work, for the controller's records to link to
+    /// (`step_records`).
+    pub admissions: super::step_records::Admissions,
+    /// The decisions the controller's conditions cite (`step_records::Citations`).
+    pub citations: super::step_records::Citations,
     metrics: Arc<Metrics>,
     /// Records dropped since the last time a drop was logged.
     unlogged_drops: AtomicU64,
@@ -541,6 +546,8 @@ impl Recorder {
             .spawn(move || write_loop(rx, writer, thread_metrics))?;
         Ok(Arc::new(Recorder {
             tx,
+            admissions: Default::default(),
+            citations: Default::default(),
             metrics,
             unlogged_drops: AtomicU64::new(0),
             last_drop_log: AtomicU64::new(0),
@@ -551,8 +558,24 @@ impl Recorder {
     /// Queues a record; never waits. A full queue drops it (counted; logged at most once a
     /// second, with the number dropped).
     pub fn record(&self, record: Record) {
+        self.admissions.note(&record);
+        self.queue(&record.id, &record);
+    }
+
+    /// Queues a controller decision ([`Recorder::record`]'s queue and drops).
+    pub fn record_controller(&self, record: super::step_records::ControllerRecord) {
+        self.queue(&record.decision.id, &record);
+    }
+
+    /// Queues a controller's plan step ([`Recorder::record`]'s queue and drops).
+    pub fn record_step(&self, record: super::step_records::StepRecord) {
+        self.queue(&record.id, &record);
+    }
+
+    /// Serialises a record on the caller's thread and queues its line.
+    fn queue<T: Serialize>(&self, id: &str, record: &T) {
         let mut line = Vec::with_capacity(2048);
-        if serde_json::to_writer(&mut line, &record).is_err() {
+        if serde_json::to_writer(&mut line, record).is_err() {
             self.metrics.record_written(false);
             return;
         }
@@ -560,7 +583,6 @@ impl Recorder {
         match self.tx.try_send(line) {
             Ok(()) => {}
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                let r = &record;
                 self.metrics.record_dropped();
                 self.unlogged_drops.fetch_add(1, Ordering::Relaxed);
                 let now = u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX);
@@ -576,7 +598,7 @@ impl Recorder {
                     let dropped = self.unlogged_drops.swap(0, Ordering::Relaxed);
                     tracing::warn!(
                         dropped,
-                        decision = %r.id,
+                        decision = %id,
                         "the decision-record sink is behind: records dropped"
                     );
                 }

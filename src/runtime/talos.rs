@@ -768,8 +768,9 @@ impl TalosClient {
     }
 
     /// Resets the node: `graceful` leaves etcd first; `reboot` reboots afterwards (else
-    /// halts). System disk and user disks are wiped (Talos' default mode).
-    pub async fn reset(&self, graceful: bool, reboot: bool) -> Result<(), TalosError> {
+    /// halts). System disk and user disks are wiped (Talos' default mode). Returns the
+    /// `actor_id` of the reset's events.
+    pub async fn reset(&self, graceful: bool, reboot: bool) -> Result<String, TalosError> {
         let req = pb::ResetRequest {
             graceful,
             reboot,
@@ -778,7 +779,9 @@ impl TalosClient {
         let resp = self
             .call(|mut c, r| async move { c.reset(r).await }, req)
             .await?;
-        self.check_all(&resp.messages, |m| m.metadata.as_ref())
+        Ok(self
+            .single(resp.messages, |m| m.metadata.as_ref())?
+            .actor_id)
     }
 
     /// Sends a machine configuration (`ApplyConfiguration`); `dry_run` asks Talos to

@@ -150,6 +150,9 @@ pub struct Context {
     /// Where each reconcile's steps are logged (`serve --step-log`), for
     /// `verify --check-trace`.
     pub steps: Option<Arc<crate::runtime::exec::trace::StepLog>>,
+    /// Where the controller's decision records go (`serve --decision-log`: the webhook's
+    /// queue and sink, `runtime::step_records`).
+    pub records: Option<Arc<crate::runtime::records::Recorder>>,
 }
 
 impl Context {
@@ -178,12 +181,19 @@ impl Context {
             legacy_locks_until: std::sync::Mutex::new(None),
             leases: Arc::default(),
             steps: None,
+            records: None,
         }
     }
 
     /// Logs every reconcile's steps to `log` ([`crate::runtime::exec::trace`]).
     pub fn with_step_log(mut self, log: Arc<crate::runtime::exec::trace::StepLog>) -> Context {
         self.steps = Some(log);
+        self
+    }
+
+    /// Keeps decision records of the controller's decisions and steps in `records`.
+    pub fn with_records(mut self, records: Arc<crate::runtime::records::Recorder>) -> Context {
+        self.records = Some(records);
         self
     }
 

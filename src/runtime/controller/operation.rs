@@ -67,7 +67,11 @@ async fn start_again(
         },
         reason: None,
     };
-    let mut world = super::world::Live::new(ctx, next.namespace(), None);
+    let mut world = super::world::Live::new(ctx, next.namespace(), None).recording(
+        "TalosOperation",
+        &next.metadata,
+        "CREATE",
+    );
     let asked = crate::runtime::exec::rules::decide_asking(
         &mut world, table, snapshot, ev, target, false, &cannot,
     )
@@ -76,7 +80,8 @@ async fn start_again(
         Ok(a) => a.decision,
         Err(e) => unreadable(&format!("etcd could not be asked ({e})")),
     };
-    let refused = held(ctx, &decision, "StartRefused").map(|(_, message)| message);
+    let refused = held(ctx, &decision, "StartRefused")
+        .map(|(_, message)| crate::runtime::step_records::cite(&mut world, &message, &decision));
     let was_refused = next.start_refused();
     match refused {
         Some(message) => {
@@ -212,7 +217,7 @@ async fn run(
     table: &crate::compile::Table,
     o: &TalosOperation,
 ) -> Result<Action, ReconcileError> {
-    let world = super::operation_world::OperationLive::new(ctx, o.namespace(), o.name());
+    let world = super::operation_world::OperationLive::new(ctx, o);
     let timing = super::removal::timing(ctx);
     let (outcome, mut world) = match &ctx.steps {
         // Every step logged, for `verify --check-trace`.

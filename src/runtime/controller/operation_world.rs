@@ -25,9 +25,16 @@ pub struct OperationLive<'c> {
 }
 
 impl<'c> OperationLive<'c> {
-    pub fn new(ctx: &'c Context, namespace: &str, name: &str) -> OperationLive<'c> {
+    /// The world of one reconcile of `op`, keeping its decision records when the context
+    /// has a recorder.
+    pub fn new(ctx: &'c Context, op: &TalosOperation) -> OperationLive<'c> {
+        let (namespace, name) = (op.namespace(), op.name());
         OperationLive {
-            live: Live::for_operation(ctx, namespace, name),
+            live: Live::for_operation(ctx, namespace, name).recording(
+                "TalosOperation",
+                &op.metadata,
+                "CREATE",
+            ),
             ctx,
             namespace: namespace.to_string(),
             name: name.to_string(),
@@ -92,6 +99,10 @@ impl World for OperationLive<'_> {
 
     async fn event(&mut self, on: &TalosMachine, warning: bool, reason: &str, note: String) {
         self.live.event(on, warning, reason, note).await;
+    }
+
+    fn journal(&mut self) -> Option<&mut crate::runtime::step_records::Journal> {
+        self.live.journal()
     }
 
     fn note(&mut self, on: &TalosMachine, note: Note<'_>) {

@@ -9,6 +9,7 @@ use crate::runtime::exec::{Call, Drained, LockOp, Node, NodeError, Note, Reply, 
 use crate::runtime::live::Reads;
 use crate::runtime::objects::{Snapshot, TalosMachine};
 use crate::runtime::talos::{LegacyUpgrade, RebootMode};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,6 +25,8 @@ pub struct Live<'c> {
     held: Option<Held>,
     /// What this reconcile last wrote of the machine's status (each write compares with it).
     written: Option<TalosMachine>,
+    /// This reconcile's decision records, when records are on ([`Live::recording`]).
+    journal: Option<crate::runtime::step_records::Journal>,
 }
 
 /// The work of a reconcile, by name ([`Work`] borrows it when the lock is taken).
@@ -43,7 +46,17 @@ impl<'c> Live<'c> {
             dialers: HashMap::new(),
             held: None,
             written: None,
+            journal: None,
         }
+    }
+
+    /// Keeps decision records of this reconcile of `meta` (a `kind`), when the context has
+    /// a recorder; `admitted_by`: the operation whose admission let this work in.
+    pub fn recording(mut self, kind: &str, meta: &ObjectMeta, admitted_by: &str) -> Self {
+        self.journal = self.ctx.records.as_ref().map(|r| {
+            crate::runtime::step_records::Journal::new(r.clone(), kind, meta, admitted_by)
+        });
+        self
     }
 
     /// The world of one reconcile of the operation `namespace/name`: the cluster lock is
@@ -111,7 +124,21 @@ impl World for Live<'_> {
         };
         let c = match client {
             Ok(c) => c,
-            Err(e) => return Ok(Err(e)),
+            Err(e) => {
+                let answer = Err(e);
+                if let Some(j) = &mut self.journal {
+                    j.talos(node, &call, &answer, None);
+                }
+                return Ok(answer);
+            }
+        };
+        // The call as asked, for the record (a Call holds no secret: names, ids, images).
+        let asked = self.journal.as_ref().map(|_| call.clone());
+        // The `actor_id` Talos gives an action, for the record.
+        let mut actor: Option<String> = None;
+        let mut acted = |a: String| {
+            actor = Some(a);
+            Reply::Done
         };
         let answer = match call {
             Call::Version => c.version().await.map(Reply::Version),
@@ -122,9 +149,9 @@ impl World for Live<'_> {
             Call::EtcdRemoveMemberById(id) => {
                 c.etcd_remove_member_by_id(id).await.map(|_| Reply::Done)
             }
-            Call::Reset { graceful } => c.reset(graceful, true).await.map(|_| Reply::Done),
-            Call::Reboot => c.reboot(RebootMode::Default).await.map(|_| Reply::Done),
-            Call::Shutdown { force } => c.shutdown(force).await.map(|_| Reply::Done),
+            Call::Reset { graceful } => c.reset(graceful, true).await.map(&mut acted),
+            Call::Reboot => c.reboot(RebootMode::Default).await.map(&mut acted),
+            Call::Shutdown { force } => c.shutdown(force).await.map(&mut acted),
             Call::UpgradeLegacy { image } => {
                 let u = LegacyUpgrade {
                     image,
@@ -149,7 +176,11 @@ impl World for Live<'_> {
                     last_message: i.last_message,
                 }),
         };
-        Ok(answer.map_err(NodeError::from))
+        let answer = answer.map_err(NodeError::from);
+        if let (Some(j), Some(call)) = (&mut self.journal, asked) {
+            j.talos(node, &call, &answer, actor.filter(|a| !a.is_empty()));
+        }
+        Ok(answer)
     }
 
     async fn lock(
@@ -236,6 +267,10 @@ impl World for Live<'_> {
 
     async fn event(&mut self, on: &TalosMachine, warning: bool, reason: &str, note: String) {
         self.ctx.event(on, warning, reason, note).await;
+    }
+
+    fn journal(&mut self) -> Option<&mut crate::runtime::step_records::Journal> {
+        self.journal.as_mut()
     }
 
     fn note(&mut self, on: &TalosMachine, note: Note<'_>) {

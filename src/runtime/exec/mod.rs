@@ -236,6 +236,13 @@ pub trait World {
     /// A log line or a metric.
     fn note(&mut self, on: &TalosMachine, note: Note<'_>);
 
+    /// Where this reconcile's decision records are built (`runtime::step_records`): the
+    /// controller's world has one when records are on; `verify`'s model has none, so
+    /// recording costs it nothing.
+    fn journal(&mut self) -> Option<&mut crate::runtime::step_records::Journal> {
+        None
+    }
+
     /// Decides `ev` with the facts supplied so far ([`rules::decide`]). A world may
     /// remember decisions it was asked before on the same objects (`verify`'s model does);
     /// it never decides otherwise.
@@ -408,6 +415,31 @@ pub fn run_now<F: std::future::Future>(f: F) -> Option<F::Output> {
     match f.as_mut().poll(&mut cx) {
         std::task::Poll::Ready(v) => Some(v),
         std::task::Poll::Pending => None,
+    }
+}
+
+/// Plan step `k` begins (its guards held): said to the world's journal, when it has one.
+pub(crate) fn step_began<W: World>(
+    w: &mut W,
+    table: &crate::compile::Table,
+    k: usize,
+    text: &str,
+    message: Option<&str>,
+) {
+    if let Some(j) = w.journal() {
+        j.step_began(table, k, text, message);
+    }
+}
+
+/// The step begun last ended (`done`, `wait`, `fail`): said to the world's journal.
+pub(crate) fn step_ended<W: World>(
+    w: &mut W,
+    result: &str,
+    reason: Option<&str>,
+    message: Option<&str>,
+) {
+    if let Some(j) = w.journal() {
+        j.step_ended(result, reason, message);
     }
 }
 

@@ -25,6 +25,7 @@ use crate::runtime::controller::status::{self, Conditions};
 use crate::runtime::decide::{operation_on, reconcile_operation_event, step_operation_event};
 use crate::runtime::live::Reads;
 use crate::runtime::objects::{OperationProgress, Role, Snapshot, TalosMachine, TalosOperation};
+use crate::runtime::step_records::cite;
 use crate::runtime::talos::TalosError;
 use crate::vocab::{Action as BuiltIn, Fact, Verdict};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -382,7 +383,7 @@ pub async fn reconcile<W: OperationWorld>(
             decide_asking(w, table, &snapshot, ev, Some(m), false, &unreadable).await?;
         w.note(m, Note::Decided(&decision));
         if let Some((_, message)) = hold_of(&decision, "StepRefused") {
-            let message = format!("{}: {message}", step.text);
+            let message = cite(w, &format!("{}: {message}", step.text), &decision);
             let began = status::set_at(
                 w.now(),
                 next.conditions_mut(),
@@ -461,12 +462,22 @@ pub async fn reconcile<W: OperationWorld>(
             }
         }
         w.note(m, Note::Step(k, &step.text));
+        super::step_began(w, table, k, &step.text, message.as_deref());
         let mut rec = Record {
             before: &before,
             next: &mut next,
             p: &mut p,
         };
         let outcome = execute(w, timing, &snapshot, m, &mut rec, step, message).await?;
+        match &outcome {
+            Step::Done => super::step_ended(w, "done", None, None),
+            Step::Wait {
+                reason, message, ..
+            } => super::step_ended(w, "wait", Some(reason), Some(message)),
+            Step::Fail { reason, message } => {
+                super::step_ended(w, "fail", Some(reason), Some(message))
+            }
+        }
         match outcome {
             Step::Done => {
                 if let Some(since) = &p.step_started_at {

@@ -21,6 +21,7 @@ use crate::runtime::controller::status::{self, Conditions};
 use crate::runtime::decide::reconcile_machine_event;
 use crate::runtime::live::Reads;
 use crate::runtime::objects::{RemovalProgress, Role, Snapshot, TalosMachine};
+use crate::runtime::step_records::cite;
 use crate::runtime::talos::{EtcdMember, EtcdStatus, TalosError};
 use crate::vocab::{Action as BuiltIn, Fact, Subject, Verb, Verdict};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -191,6 +192,7 @@ pub async fn reconcile<W: World>(
             decision,
             deadness,
             member_id,
+            ..
         } = decide_asking(w, table, &snapshot, ev, Some(live), marked, &unreadable).await?;
         w.note(live, Note::Decided(&decision));
         if let Some((reason, mut message)) = hold_of(&decision, "RemovalRefused") {
@@ -205,6 +207,7 @@ pub async fn reconcile<W: World>(
                 }
                 _ => {}
             }
+            let message = cite(w, &message, &decision);
             unlock(w, cluster, LockOp::Release).await?;
             let changed = status::set_at(
                 w.now(),
@@ -242,13 +245,14 @@ pub async fn reconcile<W: World>(
                 "removing the control plane: the removal rules let it through",
             )
         };
+        let message = cite(w, message, &decision);
         status::set_at(
             w.now(),
             next.conditions_mut(),
             REMOVAL,
             true,
             reason,
-            message,
+            &message,
         );
         set_progress(&mut next, p.clone());
         save(w, live, &mut next).await?;
@@ -295,6 +299,7 @@ pub async fn reconcile<W: World>(
             continue;
         }
         w.note(live, Note::Step(k, &step.text));
+        super::step_began(w, table, k, &step.text, message.as_deref());
         let mut rec = Record {
             live,
             next: &mut next,
@@ -303,6 +308,12 @@ pub async fn reconcile<W: World>(
         };
         let outcome = execute(w, timing, &snapshot, live, &mut rec, step, message).await?;
         reset_confirmed = rec.reset_confirmed;
+        match &outcome {
+            Step::Done => super::step_ended(w, "done", None, None),
+            Step::Wait {
+                reason, message, ..
+            } => super::step_ended(w, "wait", Some(reason), Some(message)),
+        }
         match outcome {
             Step::Done => {
                 p.done.push(step.text.clone());

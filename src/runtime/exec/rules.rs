@@ -95,6 +95,8 @@ pub struct Asked {
     pub deadness: Option<super::etcd::Deadness>,
     /// The etcd ID of the member judged (when a sibling listed it).
     pub member_id: Option<u64>,
+    /// The id of the decision's record, when the world keeps records.
+    pub id: Option<String>,
 }
 
 /// The one "ask, supply, decide again" loop: decides `ev` with the facts supplied so far;
@@ -113,17 +115,26 @@ pub async fn decide_asking<W: super::World>(
     marked: bool,
     unreadable: &(dyn Fn(Fact, &str) -> crate::interp::Finding + Sync),
 ) -> Result<Asked, W::Error> {
+    let started = std::time::Instant::now();
     let mut supplied: Vec<(Fact, i64)> = Vec::new();
     let mut asked = Asked {
         decision: Decision::default(),
         deadness: None,
         member_id: None,
+        id: None,
+    };
+    // Every way out records the decision taken, once (a world without a journal: nothing).
+    let recorded = |w: &mut W, mut asked: Asked, supplied: &[(Fact, i64)]| {
+        if let Some(j) = w.journal() {
+            asked.id = Some(j.decision(table, snapshot, ev, supplied, &asked.decision, started));
+        }
+        asked
     };
     loop {
         let need = match w.decide(table, snapshot, ev, &supplied) {
             Ok(d) => {
                 asked.decision = d;
-                return Ok(asked);
+                return Ok(recorded(w, asked, &supplied));
             }
             Err(f) => f,
         };
@@ -132,6 +143,9 @@ pub async fn decide_asking<W: super::World>(
             (Fact::MemberDead, Some(m)) if fresh => {
                 let (found, id) = super::etcd::member_dead(w, snapshot, m, marked).await?;
                 let dead = found.is_dead();
+                if let Some(j) = w.journal() {
+                    j.fact(need, i64::from(dead), found.why());
+                }
                 w.note(
                     m,
                     super::Note::Fact {
@@ -147,6 +161,9 @@ pub async fn decide_asking<W: super::World>(
             (Fact::HealthyAfter | Fact::MembersAfter, Some(m)) if fresh => {
                 match super::etcd::count(w, need, snapshot, m).await? {
                     Ok(n) => {
+                        if let Some(j) = w.journal() {
+                            j.fact(need, n, "counted through a healthy sibling");
+                        }
                         w.note(
                             m,
                             super::Note::Fact {
@@ -167,7 +184,7 @@ pub async fn decide_asking<W: super::World>(
                         );
                         d.refusals.push(unreadable(need, &why));
                         asked.decision = d;
-                        return Ok(asked);
+                        return Ok(recorded(w, asked, &supplied));
                     }
                 }
             }
@@ -175,7 +192,7 @@ pub async fn decide_asking<W: super::World>(
                 let mut d = Decision::default();
                 d.refusals.push(unreadable(need, ""));
                 asked.decision = d;
-                return Ok(asked);
+                return Ok(recorded(w, asked, &supplied));
             }
         }
     }

@@ -413,6 +413,10 @@ where
 {
     type Error = W::Error;
 
+    fn journal(&mut self) -> Option<&mut crate::runtime::step_records::Journal> {
+        self.inner.journal()
+    }
+
     fn now(&self) -> Timestamp {
         let at = self.inner.now();
         self.log.write(self.id, Entry::Now { at: at.to_string() });

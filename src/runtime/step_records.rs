@@ -1,0 +1,769 @@
+//! Decision records of the controller (issue 38): one NDJSON line per decision the
+//! controller takes under the rules (a removal decided, an operation's step decided again,
+//! an operation's start) and one per plan step it runs, on the webhook's sink and queue
+//! ([`Recorder`]: it never waits, a full queue drops).
+//!
+//! A controller decision is a [`Record`] (`"record": "decision"`, `"site": "controller"`)
+//! with the reconcile target, the facts asked of etcd (through which node, and what it
+//! answered) and the admission decision that let the object in when it is known:
+//! `ichor-rules replay` decides it again like a webhook record. A plan step is a
+//! [`StepRecord`] (`"record": "step"`): the step, the decision it followed, the Talos calls
+//! it made with their results (the `actor_id` Talos gave an action, the boot time a node
+//! answered) and how it ended; it is an effect, not a decision, and replay skips it and
+//! says so.
+//!
+//! Everything is built in one place, [`Journal`], which the world of a reconcile supplies
+//! ([`crate::runtime::exec::World::journal`]): the controller's world holds one when
+//! records are on; `verify`'s model holds none, so recording costs it nothing. The
+//! executor calls the journal where it decides and where a step begins and ends; the
+//! controller's world tells it each Talos call. No Secret is read here, and nothing a Secret
+//! holds (the Talos credentials, a store's keys, an encryption key) is ever passed in.
+
+use super::exec::{Call, Node, NodeError, Reply};
+use super::facts::{EventFacts, Expensive, SnapshotFacts};
+use super::objects::Snapshot;
+use super::records::{self, EventRecord, Record, Recorder, RulesInfo};
+use crate::compile::Table;
+use crate::interp::{Decision, Session, decide_into};
+use crate::vocab::Fact;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// A controller decision: a [`Record`] and what only the controller knows.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ControllerRecord {
+    #[serde(flatten)]
+    pub decision: Record,
+    pub target: Target,
+    /// The facts asked of etcd for this decision, in the order asked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub etcd: Vec<EtcdAsked>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<Admission>,
+}
+
+/// A plan step the controller ran: its effect and how it ended.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepRecord {
+    /// Always `"step"`: replay skips it (it is no decision of the rules).
+    pub record: String,
+    pub id: String,
+    pub time: String,
+    /// Always `controller`.
+    pub site: String,
+    pub target: Target,
+    pub rules: RulesInfo,
+    /// The id of the decision of this reconcile that let the step run (none: the removal
+    /// had committed and was not decided again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<String>,
+    pub step: StepInfo,
+    /// The Talos calls the step made, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub effects: Vec<Effect>,
+    /// The last boot time the node answered during the step (seconds since the epoch):
+    /// after a reboot, its new one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_time: Option<u64>,
+    /// `done`, `wait`, `fail`, or `interrupted` (the reconcile ended by an error first).
+    pub result: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<Admission>,
+    /// From the step's start to its end in this reconcile.
+    pub latency_us: u64,
+}
+
+/// The object a reconcile is about.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Target {
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub uid: String,
+    #[serde(
+        rename = "resourceVersion",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub resource_version: Option<String>,
+    /// Its `creationTimestamp`, and its `deletionTimestamp` once being deleted: an
+    /// admission decided in another process (the chart's webhook Deployment) is found in
+    /// the webhook's log by kind, namespace, name and operation within these
+    /// (`docs/operators.md`, "Following a decision to its node action").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deleted: Option<String>,
+}
+
+/// A plan step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepInfo {
+    /// Its place in the plan (from 0).
+    pub index: usize,
+    pub text: String,
+    /// The step's own message (its guards held), when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// A Talos call and what came of it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Effect {
+    /// Talos' name of the call, with its arguments (`Reset { graceful: true }`).
+    pub call: String,
+    /// The node asked: a machine, or a host through a machine's Talos API.
+    pub node: String,
+    /// `ok`, or why it failed.
+    pub result: String,
+    /// What it answered, in short (members, a status, a boot time, a version).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer: Option<String>,
+    /// The `actor_id` Talos gave the action (Reset, Reboot, Shutdown, Upgrade): its
+    /// events carry the same id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actor_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_time: Option<u64>,
+}
+
+/// A fact asked of etcd: its value, why, and the calls that told it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EtcdAsked {
+    pub fact: String,
+    pub value: i64,
+    pub why: String,
+    /// Through which node (a healthy sibling) and what it answered.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub asked: Vec<Effect>,
+}
+
+/// The admission decision that let the object in (the webhook's record of it).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Admission {
+    /// The webhook record's id (its `decision-id` audit annotation).
+    pub decision: String,
+    /// The AdmissionReview's uid.
+    pub request_uid: String,
+    pub operation: String,
+    /// The digest of the rules that admitted it.
+    pub digest: String,
+    pub time: String,
+}
+
+/// The admission decisions that let a TalosMachine's deletion or a TalosOperation's
+/// creation in, as this process's webhook allowed them (see `docs/operators.md`, "Decision
+/// records": why this is kept in the process and not on the object). Bounded: the oldest
+/// goes first.
+#[derive(Default)]
+pub struct Admissions {
+    inner: Mutex<Kept<AdmissionKey, Admission>>,
+}
+
+/// A map that keeps its newest `cap` entries.
+struct Kept<K, V> {
+    map: HashMap<K, V>,
+    order: VecDeque<K>,
+}
+
+impl<K, V> Default for Kept<K, V> {
+    fn default() -> Self {
+        Kept {
+            map: HashMap::new(),
+            order: VecDeque::new(),
+        }
+    }
+}
+
+impl<K: std::hash::Hash + Eq + Clone, V> Kept<K, V> {
+    fn insert(&mut self, key: K, value: V, cap: usize) {
+        if self.map.insert(key.clone(), value).is_none() {
+            self.order.push_back(key);
+            while self.order.len() > cap {
+                if let Some(old) = self.order.pop_front() {
+                    self.map.remove(&old);
+                }
+            }
+        }
+    }
+}
+
+type AdmissionKey = (String, String, String, String);
+
+/// How many admissions are kept.
+pub const ADMISSIONS_KEPT: usize = 4096;
+
+/// Whether an allowed webhook decision of this kind and operation admits work the
+/// controller then does.
+fn admits_work(kind: &str, operation: &str) -> bool {
+    matches!(
+        (kind, operation),
+        ("TalosMachine", "DELETE") | ("TalosOperation", "CREATE")
+    )
+}
+
+impl Admissions {
+    /// Keeps `r` when it is a webhook decision that let work in (a cheap test first: the
+    /// webhook calls this for every record).
+    pub fn note(&self, r: &Record) {
+        let Some(req) = &r.request else { return };
+        if r.verdict == "refuse" || !admits_work(&req.kind, &req.operation) {
+            return;
+        }
+        let key = (
+            req.kind.clone(),
+            req.namespace.clone(),
+            req.name.clone(),
+            req.operation.clone(),
+        );
+        let admitted = Admission {
+            decision: r.id.clone(),
+            request_uid: req.uid.clone(),
+            operation: req.operation.clone(),
+            digest: r.rules.digest.clone(),
+            time: r.time.clone(),
+        };
+        if let Ok(mut inner) = self.inner.lock() {
+            inner.insert(key, admitted, ADMISSIONS_KEPT);
+        }
+    }
+
+    /// The admission of `operation` on the object `meta` of `kind`, checked against the
+    /// object itself: decided while this object existed (not before it was created; for a
+    /// deletion, not after its deletion began), so a same-named earlier object's admission
+    /// is never taken for this one's.
+    pub fn find(&self, kind: &str, meta: &ObjectMeta, operation: &str) -> Option<Admission> {
+        let key = (
+            kind.to_string(),
+            meta.namespace.clone().unwrap_or_default(),
+            meta.name.clone().unwrap_or_default(),
+            operation.to_string(),
+        );
+        let found = self.inner.lock().ok()?.map.get(&key).cloned()?;
+        let at: k8s_openapi::jiff::Timestamp = found.time.parse().ok()?;
+        // The API server's timestamps are whole seconds; the webhook's are not.
+        let slack = k8s_openapi::jiff::SignedDuration::from_secs(1);
+        let created = meta.creation_timestamp.as_ref().map(|t| t.0);
+        let deleted = meta.deletion_timestamp.as_ref().map(|t| t.0);
+        let after_creation = match (operation, created) {
+            // A creation is admitted just before the object exists (a same-named
+            // predecessor's creation is older than the webhook's answer takes).
+            ("CREATE", Some(c)) => {
+                let answer = k8s_openapi::jiff::SignedDuration::from_secs(30);
+                at <= c.checked_add(slack).ok()? && at.checked_add(answer).ok()? >= c
+            }
+            (_, Some(c)) => at.checked_add(slack).ok()? >= c,
+            (_, None) => false,
+        };
+        let before_deletion = match (operation, deleted) {
+            ("DELETE", Some(d)) => at <= d.checked_add(slack).ok()?,
+            ("DELETE", None) => false,
+            _ => true,
+        };
+        (after_creation && before_deletion).then_some(found)
+    }
+}
+
+/// Where a reconcile's records are built: the target, the Talos calls since the last
+/// boundary, the etcd facts of the decision being taken, the step running.
+pub struct Journal {
+    recorder: Arc<Recorder>,
+    target: Target,
+    admission: Option<Admission>,
+    /// Talos calls since the last fact, decision or step began.
+    calls: Vec<Effect>,
+    etcd: Vec<EtcdAsked>,
+    /// The id of this reconcile's last decision.
+    decided: Option<String>,
+    step: Option<(StepInfo, Instant)>,
+    digest: String,
+    audit: Vec<String>,
+}
+
+/// At most this many calls are kept for one fact or step (a step polls a node a few times
+/// at most in one reconcile).
+const CALLS_KEPT: usize = 64;
+
+impl Journal {
+    /// The journal of one reconcile of `meta` (a `kind`); `operation`: the admission that
+    /// let this work in (`DELETE` of a TalosMachine, `CREATE` of a TalosOperation).
+    pub fn new(recorder: Arc<Recorder>, kind: &str, meta: &ObjectMeta, operation: &str) -> Self {
+        let admission = recorder.admissions.find(kind, meta, operation);
+        Journal {
+            recorder,
+            target: Target {
+                kind: kind.to_string(),
+                namespace: meta.namespace.clone().unwrap_or_default(),
+                name: meta.name.clone().unwrap_or_default(),
+                uid: meta.uid.clone().unwrap_or_default(),
+                resource_version: meta.resource_version.clone(),
+                created: meta.creation_timestamp.as_ref().map(|t| t.0.to_string()),
+                deleted: meta.deletion_timestamp.as_ref().map(|t| t.0.to_string()),
+            },
+            admission,
+            calls: Vec::new(),
+            etcd: Vec::new(),
+            decided: None,
+            step: None,
+            digest: String::new(),
+            audit: Vec::new(),
+        }
+    }
+
+    /// The admission this journal links its records to.
+    pub fn admission(&self) -> Option<&Admission> {
+        self.admission.as_ref()
+    }
+
+    /// A Talos call the world made, with what came back (`actor_id`: what Talos gave the
+    /// action, when the call returns one).
+    pub fn talos(
+        &mut self,
+        node: Node<'_>,
+        call: &Call,
+        answer: &Result<Reply, NodeError>,
+        actor_id: Option<String>,
+    ) {
+        if self.calls.len() >= CALLS_KEPT {
+            return;
+        }
+        let node = match node {
+            Node::Endpoint(m) => format!("TalosMachine {}", m.name()),
+            Node::Via(m, host) => format!("{host} through TalosMachine {}", m.name()),
+        };
+        let (result, answer, boot_time) = match answer {
+            Ok(reply) => ("ok".to_string(), summary(reply), boot_of(reply)),
+            Err(e) => (records::clip(&e.to_string()), None, None),
+        };
+        self.calls.push(Effect {
+            call: format!("{call:?}"),
+            node,
+            result,
+            answer,
+            actor_id,
+            boot_time,
+        });
+    }
+
+    /// A fact the executor asked of etcd, with the calls made since the last one.
+    pub fn fact(&mut self, fact: Fact, value: i64, why: &str) {
+        self.etcd.push(EtcdAsked {
+            fact: fact.name().to_string(),
+            value,
+            why: why.to_string(),
+            asked: std::mem::take(&mut self.calls),
+        });
+    }
+
+    /// Records a decision of `ev` (with the expensive facts `supplied`): its facts read
+    /// again from the same snapshot with a session of their own, so the deciding session
+    /// stays what the model runs. Returns its id.
+    pub fn decision(
+        &mut self,
+        table: &Table,
+        snapshot: &Snapshot,
+        ev: EventFacts<'_>,
+        supplied: &[(Fact, i64)],
+        decision: &Decision,
+        started: Instant,
+    ) -> String {
+        let mut session = Session::new(
+            table,
+            SnapshotFacts::new(table, snapshot, ev, Expensive::Deferred),
+        );
+        for (fact, v) in supplied {
+            session.supply_number(*fact, *v);
+        }
+        // Decided again so the session holds the facts the rows read; the findings are the
+        // decision's own.
+        let mut again = Decision::default();
+        let _ = decide_into(&mut session, ev.event, &mut again);
+        let matched = records::matched_since(decision, [0; 4]);
+        // A refusal that is no rule's (a fact that could not be read) has nothing to decide
+        // again: replay counts it as refused without the rules.
+        let without_rules = decision
+            .refusals
+            .iter()
+            .find(|f| f.rule.starts_with('('))
+            .map(|f| records::clip(&format!("{}: {}", f.rule, f.message)));
+        let mut event: EventRecord = records::event_record(table, &mut session, &ev, matched);
+        // A fact asked of etcd came from etcd (`etcd` says through which node), not from
+        // the objects its fallback would read.
+        for f in &mut event.facts {
+            if supplied.iter().any(|(s, _)| s.name() == f.name) {
+                f.from.clear();
+            }
+        }
+        self.rules_of(table);
+        let id = records::decision_id();
+        let record = ControllerRecord {
+            decision: Record {
+                record: "decision".into(),
+                id: id.clone(),
+                time: k8s_openapi::jiff::Timestamp::now().to_string(),
+                site: "controller".into(),
+                request: None,
+                rules: RulesInfo {
+                    digest: self.digest.clone(),
+                    audit: self.audit.clone(),
+                },
+                events: vec![event],
+                verdict: records::verdict_name(decision.verdict()).into(),
+                deciding: decision.deciding().iter().map(|f| f.rule.clone()).collect(),
+                warnings: decision.warnings.iter().map(|f| f.rule.clone()).collect(),
+                would_verdict: records::would_verdict(decision).into(),
+                refused_without_rules: without_rules,
+                latency_us: micros(started),
+            },
+            target: self.target.clone(),
+            etcd: std::mem::take(&mut self.etcd),
+            admission: self.admission.clone(),
+        };
+        self.calls.clear();
+        self.recorder.record_controller(record);
+        self.decided = Some(id.clone());
+        id
+    }
+
+    fn rules_of(&mut self, table: &Table) {
+        if self.digest != table.digest {
+            self.digest = table.digest.clone();
+            self.audit = table.audit_rules().map(|r| r.name.clone()).collect();
+        }
+    }
+
+    /// Plan step `index` begins (its guards held).
+    pub fn step_began(&mut self, table: &Table, index: usize, text: &str, message: Option<&str>) {
+        self.end_step("interrupted", None, None);
+        self.rules_of(table);
+        self.calls.clear();
+        self.step = Some((
+            StepInfo {
+                index,
+                text: text.to_string(),
+                message: message.map(str::to_string),
+            },
+            Instant::now(),
+        ));
+    }
+
+    /// The step begun last ended: `done`, `wait` or `fail`, with the condition's reason
+    /// and message when it did not finish.
+    pub fn step_ended(&mut self, result: &str, reason: Option<&str>, message: Option<&str>) {
+        self.end_step(result, reason, message);
+    }
+
+    fn end_step(&mut self, result: &str, reason: Option<&str>, message: Option<&str>) {
+        let Some((step, started)) = self.step.take() else {
+            return;
+        };
+        let effects = std::mem::take(&mut self.calls);
+        let boot_time = effects.iter().rev().find_map(|e| e.boot_time);
+        self.recorder.record_step(StepRecord {
+            record: "step".into(),
+            id: records::decision_id(),
+            time: k8s_openapi::jiff::Timestamp::now().to_string(),
+            site: "controller".into(),
+            target: self.target.clone(),
+            rules: RulesInfo {
+                digest: self.digest.clone(),
+                audit: self.audit.clone(),
+            },
+            decision: self.decided.clone(),
+            step,
+            effects,
+            boot_time,
+            result: result.to_string(),
+            reason: reason.map(str::to_string),
+            message: message.map(str::to_string),
+            admission: self.admission.clone(),
+            latency_us: micros(started),
+        });
+    }
+}
+
+impl Drop for Journal {
+    /// A step the reconcile left by an error (an API write failed, the controller stopped)
+    /// is recorded as `interrupted`: its effects happened.
+    fn drop(&mut self) {
+        self.end_step("interrupted", None, None);
+    }
+}
+
+fn micros(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_micros()).unwrap_or(u64::MAX)
+}
+
+fn boot_of(reply: &Reply) -> Option<u64> {
+    match reply {
+        Reply::BootTime(t) => Some(*t),
+        _ => None,
+    }
+}
+
+/// A reply in short: what a reader of the record needs to follow the decision.
+fn summary(reply: &Reply) -> Option<String> {
+    Some(match reply {
+        Reply::Done => return None,
+        Reply::Version(v) => format!("version {v}"),
+        Reply::Members(ms) => {
+            let listed: Vec<String> = ms
+                .iter()
+                .map(|m| {
+                    let learner = if m.is_learner { ", learner" } else { "" };
+                    format!("{} ({:x}{learner})", m.hostname, m.id)
+                })
+                .collect();
+            format!("members: {}", listed.join(", "))
+        }
+        Reply::Status(s) => format!("member {:x}, leader {:x}", s.member_id, s.leader),
+        Reply::BootTime(t) => format!("boot time {t}"),
+        Reply::Pulled(name) => format!("pulled {name}"),
+        Reply::Installed {
+            exit_code,
+            last_message,
+        } => format!("installed: exit code {exit_code}, {last_message}"),
+    })
+    .map(|s| records::clip(&s))
+}
+
+/// The decision each condition message of an object first cited, in this process: a
+/// refusal decided again cites its first decision, so its condition is not rewritten (nor
+/// its Event published again) at every reconcile. Kept here, never read back from the
+/// object's status, which a person could have written. Bounded: the oldest goes first.
+#[derive(Default)]
+pub struct Citations {
+    inner: Mutex<Kept<(String, String), String>>,
+}
+
+/// How many citations are kept.
+pub const CITATIONS_KEPT: usize = 4096;
+
+impl Citations {
+    /// The decision `message` of object `uid` first cited; `id` when none did.
+    pub fn first(&self, uid: &str, message: &str, id: &str) -> String {
+        let Ok(mut inner) = self.inner.lock() else {
+            return id.to_string();
+        };
+        let key = (uid.to_string(), message.to_string());
+        if let Some(first) = inner.map.get(&key) {
+            return first.clone();
+        }
+        inner.insert(key, id.to_string(), CITATIONS_KEPT);
+        id.to_string()
+    }
+}
+
+/// A condition's message citing the decision that set it: `message (rule r; decision id)`.
+pub fn cite_as(message: &str, decision: &Decision, id: &str) -> String {
+    let rules: Vec<&str> = decision
+        .deciding()
+        .iter()
+        .map(|f| f.rule.as_str())
+        .collect();
+    if rules.is_empty() {
+        format!("{message} (decision {id})")
+    } else {
+        format!("{message} (rule {}; decision {id})", rules.join(", "))
+    }
+}
+
+impl Journal {
+    /// `message` citing the decision this reconcile recorded, or the one the same message
+    /// of the same object first cited ([`Citations`]).
+    pub fn cite(&mut self, message: &str, decision: &Decision) -> String {
+        let Some(id) = self.decided.as_deref() else {
+            return message.to_string();
+        };
+        let first = self.recorder.citations.first(&self.target.uid, message, id);
+        cite_as(message, decision, &first)
+    }
+}
+
+/// `message` citing its decision when the world keeps records; as it is otherwise (the
+/// model, `--decision-log off`).
+pub fn cite<W: crate::runtime::exec::World>(
+    w: &mut W,
+    message: &str,
+    decision: &Decision,
+) -> String {
+    match w.journal() {
+        Some(j) => j.cite(message, decision),
+        None => message.to_string(),
+    }
+}
+
+/// The counts of a log's lines that are step records (replay skips them and says so).
+pub fn count_steps(text: &str) -> usize {
+    text.lines()
+        .filter(|l| l.trim_start().starts_with('{') && l.contains("\"record\":\"step\""))
+        .count()
+}
+
+/// Reads the step records of an NDJSON log (tests, tools); other lines are skipped.
+pub fn read_steps(text: &str) -> Result<Vec<StepRecord>, String> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if !line.starts_with('{') || !line.contains("\"record\":\"step\"") {
+            continue;
+        }
+        let r: StepRecord = super::nesting::json(line.as_bytes())
+            .map_err(|e| format!("line {}: not a step record: {e}", i + 1))?;
+        out.push(r);
+    }
+    Ok(out)
+}
+
+/// Reads the controller's decision records of an NDJSON log.
+pub fn read_decisions(text: &str) -> Result<Vec<ControllerRecord>, String> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if !line.starts_with('{')
+            || !line.contains("\"record\":\"decision\"")
+            || !line.contains("\"site\":\"controller\"")
+        {
+            continue;
+        }
+        let r: ControllerRecord = super::nesting::json(line.as_bytes())
+            .map_err(|e| format!("line {}: not a controller record: {e}", i + 1))?;
+        out.push(r);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::interp::Finding;
+    use crate::vocab::Verdict;
+
+    fn refused(rule: &str) -> Decision {
+        let mut d = Decision::default();
+        d.refusals.push(Finding {
+            rule: rule.into(),
+            verdict: Verdict::Refuse,
+            message: "no".into(),
+            reason: None,
+        });
+        d
+    }
+
+    /// A condition cites its rules and decision once: the same message of the same object
+    /// keeps its first citation (no rewrite, no new Event); another message, or another
+    /// object, cites its own.
+    #[test]
+    fn a_standing_refusal_keeps_its_first_citation() {
+        let c = Citations::default();
+        let d = refused("keep-quorum");
+        let first = cite_as(
+            "below the count",
+            &d,
+            &c.first("u1", "below the count", "a1"),
+        );
+        assert_eq!(first, "below the count (rule keep-quorum; decision a1)");
+        assert_eq!(c.first("u1", "below the count", "b2"), "a1");
+        assert_eq!(c.first("u1", "other", "b2"), "b2");
+        assert_eq!(c.first("u2", "below the count", "c3"), "c3");
+        assert_eq!(
+            cite_as("go", &Decision::default(), "c3"),
+            "go (decision c3)"
+        );
+    }
+
+    fn meta(created: &str, deleted: Option<&str>) -> ObjectMeta {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        ObjectMeta {
+            name: Some("cp-3".into()),
+            namespace: Some("infra".into()),
+            uid: Some("u-1".into()),
+            creation_timestamp: Some(Time(created.parse().expect("time"))),
+            deletion_timestamp: deleted.map(|d| Time(d.parse().expect("time"))),
+            ..ObjectMeta::default()
+        }
+    }
+
+    fn webhook_record(kind: &str, op: &str, verdict: &str, time: &str) -> Record {
+        Record {
+            record: "decision".into(),
+            id: format!("{op}-{time}"),
+            time: time.into(),
+            site: "webhook".into(),
+            request: Some(records::RequestInfo {
+                uid: "req-1".into(),
+                user: "admin".into(),
+                operation: op.into(),
+                kind: kind.into(),
+                namespace: "infra".into(),
+                name: "cp-3".into(),
+            }),
+            rules: RulesInfo {
+                digest: "sha256:ab".into(),
+                audit: Vec::new(),
+            },
+            events: Vec::new(),
+            verdict: verdict.into(),
+            deciding: Vec::new(),
+            warnings: Vec::new(),
+            would_verdict: verdict.into(),
+            refused_without_rules: None,
+            latency_us: 0,
+        }
+    }
+
+    /// Only an allowed deletion decided while this object lived links to it: a refusal is
+    /// no admission, and a deletion admitted before the object was created (a same-named
+    /// predecessor) or after its deletion began is not this object's.
+    #[test]
+    fn an_admission_links_only_to_the_object_it_let_in() {
+        let a = Admissions::default();
+        let m = meta("2026-12-05T10:00:00Z", Some("2026-12-05T11:00:00Z"));
+        a.note(&webhook_record(
+            "TalosMachine",
+            "DELETE",
+            "refuse",
+            "2026-12-05T10:30:00Z",
+        ));
+        assert_eq!(a.find("TalosMachine", &m, "DELETE"), None);
+        a.note(&webhook_record(
+            "TalosMachine",
+            "DELETE",
+            "allow",
+            "2026-12-05T11:00:00.400Z",
+        ));
+        let found = a.find("TalosMachine", &m, "DELETE").expect("linked");
+        assert_eq!(found.decision, "DELETE-2026-12-05T11:00:00.400Z");
+        assert_eq!(found.request_uid, "req-1");
+        assert_eq!(found.digest, "sha256:ab");
+        let recreated = meta("2026-12-05T12:00:00Z", Some("2026-12-05T13:00:00Z"));
+        assert_eq!(a.find("TalosMachine", &recreated, "DELETE"), None);
+        let not_deleting = meta("2026-12-05T10:00:00Z", None);
+        assert_eq!(a.find("TalosMachine", &not_deleting, "DELETE"), None);
+        // An update is no admission of work.
+        a.note(&webhook_record(
+            "TalosMachine",
+            "UPDATE",
+            "allow",
+            "2026-12-05T10:30:00Z",
+        ));
+        assert_eq!(a.find("TalosMachine", &m, "UPDATE"), None);
+        // A creation is admitted just before the object exists.
+        a.note(&webhook_record(
+            "TalosOperation",
+            "CREATE",
+            "allow",
+            "2026-12-05T09:59:59.800Z",
+        ));
+        let op = meta("2026-12-05T10:00:00Z", None);
+        assert!(a.find("TalosOperation", &op, "CREATE").is_some());
+    }
+}
