@@ -2084,4 +2084,14 @@ fn the_chart_switches_rules_between_audit_and_enforce() {
     assert!(err.contains("neither stderr nor off"), "{err}");
     let objs = render(&["--set", "webhook.decisionLog=off"]);
     assert_eq!(flag(&objs, "--decision-log").as_deref(), Some("off"));
+    // The controller's records are switched apart from the webhook's.
+    let ctl = |objs: &[Value]| {
+        flag_of(controller_container(objs).expect("a controller"), "--decision-log")
+    };
+    assert_eq!(ctl(&objs).as_deref(), Some("stderr"));
+    let objs = render(&["--set", "controller.decisionLog=off"]);
+    assert_eq!(ctl(&objs).as_deref(), Some("off"));
+    assert_eq!(flag(&objs, "--decision-log").as_deref(), Some("stderr"));
+    let err = template(&["--set", "controller.decisionLog=/var/log/x"]).expect_err("refused");
+    assert!(err.contains("controller.decisionLog"), "{err}");
 }
