@@ -2086,7 +2086,10 @@ fn the_chart_switches_rules_between_audit_and_enforce() {
     assert_eq!(flag(&objs, "--decision-log").as_deref(), Some("off"));
     // The controller's records are switched apart from the webhook's.
     let ctl = |objs: &[Value]| {
-        flag_of(controller_container(objs).expect("a controller"), "--decision-log")
+        flag_of(
+            controller_container(objs).expect("a controller"),
+            "--decision-log",
+        )
     };
     assert_eq!(ctl(&objs).as_deref(), Some("stderr"));
     let objs = render(&["--set", "controller.decisionLog=off"]);

@@ -554,3 +554,74 @@ async fn an_operation_is_recorded_step_by_step_with_the_new_boot_time() {
         "{n_decisions} decisions: {said}"
     );
 }
+
+/// The over-cap hold at the controller (outside any plan): its decision is recorded with
+/// the machine as its target and verdict `hold`, the condition cites that decision (and
+/// keeps citing it on later reconciles), and the decision that lifts the hold is recorded
+/// too. The allow of a machine that was never held is not recorded at every reconcile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_outside_a_plan_is_recorded_and_cited() {
+    let api = ApiServer::start().await;
+    api.insert(cluster("prod", 1));
+    api.insert(control_plane("cp-a", 1));
+    api.insert(control_plane("cp-b", 2));
+    api.insert(control_plane("cp-c", 3));
+    let talos = TalosApi::start(EtcdCluster::start_named(&["cp-a"]).await).await;
+    let rec = Recording::start("hold", &api);
+    let _c = Running::start(rec.ctx(&api, &talos, "controller-1"));
+    wait_for("cp-c held", WAIT, || {
+        cond(&api, "TalosMachine", "cp-c", "Ready")
+            == Some(("False".into(), "ControlPlaneOverCap".into()))
+    })
+    .await;
+    let message = |api: &ApiServer| {
+        condition(&get(api, "TalosMachine", "cp-c").expect("cp-c"), "Ready").expect("Ready")
+            ["message"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    let first = message(&api);
+    let id = first
+        .rsplit_once("decision ")
+        .map(|(_, id)| id.trim_end_matches(')').to_string())
+        .unwrap_or_else(|| panic!("the hold cites no decision: {first}"));
+    assert!(first.contains("rule over-cap"), "{first}");
+    let held = |d: &&ControllerRecord| d.target.name == "cp-c" && d.decision.verdict == "hold";
+    wait_for("the hold recorded", WAIT, || {
+        rec.decisions()
+            .iter()
+            .any(|d| held(&d) && d.decision.id == id)
+    })
+    .await;
+    // Later reconciles decide again (recorded) and cite the first decision still.
+    wait_for("a second hold recorded", WAIT, || {
+        rec.decisions().iter().filter(held).count() >= 2
+    })
+    .await;
+    assert_eq!(message(&api), first);
+    assert!(
+        !rec.decisions().iter().any(|d| d.target.name == "cp-a"),
+        "a machine never held is not recorded at every reconcile"
+    );
+    // Raising the count lifts the hold: that decision is recorded, allowing.
+    patch_spec(
+        &api,
+        "TalosCluster",
+        "prod",
+        json!({"controlPlane": {"count": 3}}),
+    )
+    .await;
+    wait_for("cp-c released", WAIT, || {
+        cond(&api, "TalosMachine", "cp-c", "Ready").is_none()
+    })
+    .await;
+    wait_for("the lift recorded", WAIT, || {
+        rec.decisions()
+            .iter()
+            .any(|d| d.target.name == "cp-c" && d.decision.verdict == "allow")
+    })
+    .await;
+    let (code, out) = replay(&rec.path);
+    assert_eq!(code, Some(0), "{out}");
+}

@@ -42,8 +42,36 @@ pub async fn reconcile(m: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action
 
     // 1. Before anything else: the cap on approved control planes (ADR 0054).
     let events: Vec<_> = reconcile_machine_event(live).into_iter().collect();
+    let started = std::time::Instant::now();
     let (decision, _) = decide_events(&table, &snapshot, &events, Expensive::Deferred, false);
+    // A hold, and the decision that lifts one, are recorded (`--decision-log`) and the
+    // hold's condition cites its decision; the allow of every periodic reconcile is not.
+    let holding = decision.verdict() == Some(crate::vocab::Verdict::Hold);
+    let was_held = live
+        .ready_state()
+        .is_some_and(|(status, reason)| status == "False" && table.owns_reason(reason));
+    let mut journal = ctx
+        .records
+        .as_ref()
+        .filter(|_| holding || was_held)
+        .map(|r| {
+            crate::runtime::step_records::Journal::new(
+                r.clone(),
+                "TalosMachine",
+                &live.metadata,
+                "",
+            )
+        });
+    if let Some(j) = journal.as_mut() {
+        for ev in &events {
+            j.decision(&table, &snapshot, *ev, &[], &decision, started);
+        }
+    }
     if let Some((reason, message)) = held(&ctx, &decision, "Held") {
+        let message = match journal.as_mut() {
+            Some(j) => j.cite(&message, &decision),
+            None => message,
+        };
         if status::set(next.conditions_mut(), "Ready", false, &reason, &message) {
             tracing::info!(machine = %format!("{ns}/{name}"), %reason, "held");
         }
