@@ -625,3 +625,53 @@ async fn a_hold_outside_a_plan_is_recorded_and_cited() {
     let (code, out) = replay(&rec.path);
     assert_eq!(code, Some(0), "{out}");
 }
+
+/// An operation parked while the control-plane count is even (a `hold run operation`
+/// rule, outside any plan): the park is recorded with the operation as its target, its
+/// `Paused` condition cites that decision, and the decision that ends the park is
+/// recorded too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_operation_is_recorded_and_cited() {
+    let api = ApiServer::start().await;
+    api.insert(cluster("prod", 3));
+    for (i, n) in ["cp-1", "cp-2", "cp-3", "cp-4"].iter().enumerate() {
+        api.insert(control_plane(n, u32::try_from(i).expect("small")));
+    }
+    api.insert(operation("upgrade-1", "upgrade"));
+    let talos = TalosApi::start(EtcdCluster::start_named(&["cp-1"]).await).await;
+    let rec = Recording::start("park", &api);
+    let _c = Running::start(rec.ctx(&api, &talos, "controller-1"));
+    wait_for("upgrade parked", WAIT, || {
+        cond(&api, "TalosOperation", "upgrade-1", "Paused")
+            == Some(("True".into(), "ClusterTransitioning".into()))
+    })
+    .await;
+    let op = get(&api, "TalosOperation", "upgrade-1").expect("op");
+    let message = condition(&op, "Paused").expect("Paused")["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(message.contains("rule parked-for-transition"), "{message}");
+    let id = message
+        .rsplit_once("decision ")
+        .map(|(_, id)| id.trim_end_matches(')').to_string())
+        .unwrap_or_else(|| panic!("the park cites no decision: {message}"));
+    wait_for("the park recorded", WAIT, || {
+        rec.decisions().iter().any(|d| {
+            d.decision.id == id
+                && d.target.kind == "TalosOperation"
+                && d.target.name == "upgrade-1"
+                && d.decision.verdict == "hold"
+        })
+    })
+    .await;
+    patch_spec(&api, "TalosMachine", "cp-4", json!({"approved": false})).await;
+    wait_for("the end of the park recorded", WAIT, || {
+        rec.decisions()
+            .iter()
+            .any(|d| d.target.name == "upgrade-1" && d.decision.verdict == "allow")
+    })
+    .await;
+    let (code, out) = replay(&rec.path);
+    assert_eq!(code, Some(0), "{out}");
+}

@@ -164,9 +164,35 @@ pub async fn reconcile(
     {
         return Ok(Action::await_change());
     }
+    let started = std::time::Instant::now();
     let (decision, _) = decide_events(&table, &snapshot, &events, Expensive::Deferred, false);
+    // A park, and the decision that ends one, are recorded (`--decision-log`) and the
+    // park's condition cites its decision; the allow of every reconcile of an operation
+    // never parked is not (its start and steps are, by the executor).
+    let parking = decision.verdict() == Some(crate::vocab::Verdict::Hold);
+    let mut journal = ctx
+        .records
+        .as_ref()
+        .filter(|_| parking || paused.is_some())
+        .map(|r| {
+            crate::runtime::step_records::Journal::new(
+                r.clone(),
+                "TalosOperation",
+                &live.metadata,
+                "CREATE",
+            )
+        });
+    if let Some(j) = journal.as_mut() {
+        for ev in &events {
+            j.decision(&table, &snapshot, *ev, &[], &decision, started);
+        }
+    }
     let requeue = match held(&ctx, &decision, "Refused") {
         Some((reason, message)) => {
+            let message = match journal.as_mut() {
+                Some(j) => j.cite(&message, &decision),
+                None => message,
+            };
             status::set(next.conditions_mut(), "Paused", true, &reason, &message);
             next.status.get_or_insert_with(Default::default).phase = Some("Paused".into());
             Action::requeue(ctx.settings.parked_requeue)
