@@ -284,6 +284,132 @@ async fn an_etcd_snapshot_streams_to_a_file_and_its_trailing_sha256_is_checked()
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The revision read from a snapshot as it streams (`runtime::bbolt`) is the one etcd
+/// reports for the same data, in every shape etcd's `key` bucket takes: empty (inline), a
+/// few keys (inline), hundreds (a tree of pages), a tombstone last, and a compaction past
+/// the last key left. The snapshot comes from the real etcd, through the Talos stand-in's
+/// `EtcdSnapshot` once and its gateway otherwise. Cut or altered copies of the real
+/// snapshot never panic and never give a revision above etcd's.
+#[tokio::test]
+async fn the_revision_read_from_a_snapshot_is_the_one_etcd_reports() {
+    use crate::support::etcd::EtcdCluster;
+    use crate::support::talos::TalosApi;
+    use base64::Engine;
+    use ichor_rules::runtime::snapshot::SnapshotCheck;
+    let b64 = |s: &[u8]| base64::engine::general_purpose::STANDARD.encode(s);
+    let api = TalosApi::start(EtcdCluster::start(1).await).await;
+    let etcd = &api.etcd;
+    let read = |chunks: &[Vec<u8>]| {
+        let mut c = SnapshotCheck::new();
+        for ch in chunks {
+            c.update(ch);
+        }
+        c.finish()
+            .map_err(|e| e.to_string())
+            .and_then(|c| c.revision)
+    };
+    let mut seen = Vec::new();
+    let mut last_db = Vec::new();
+    let stages = [
+        "empty",
+        "one key",
+        "three keys",
+        "300 keys",
+        "large values, rewritten",
+        "a tombstone last",
+        "compacted",
+    ];
+    for stage in stages {
+        match stage {
+            "empty" => {}
+            "one key" => etcd.put_at(0, "a", b"1").await.expect("put"),
+            "three keys" => {
+                etcd.put_at(0, "b", b"2").await.expect("put");
+                etcd.put_at(0, "a", b"3").await.expect("put");
+            }
+            "300 keys" => {
+                let value = vec![b'v'; 3000];
+                for i in 0..300 {
+                    etcd.put_at(0, &format!("k-{i:03}"), &value)
+                        .await
+                        .expect("put");
+                }
+            }
+            "large values, rewritten" => {
+                // Leaves spanning several pages, then free runs of pages that kept the
+                // old values' bytes (and stale headers) when they were rewritten.
+                for round in 0..2u8 {
+                    for i in 0..30 {
+                        let value = vec![b'a' + round; 40 * 1024 + i * 100];
+                        etcd.put_at(0, &format!("big-{i:02}"), &value)
+                            .await
+                            .expect("put");
+                    }
+                }
+                etcd.put_at(0, "k-299", b"last").await.expect("put");
+            }
+            "a tombstone last" => {
+                etcd.post_at(0, "/v3/kv/deleterange", json!({"key": b64(b"k-299")}))
+                    .await
+                    .expect("delete");
+            }
+            _ => {
+                // Delete more, then compact at the current revision: the tombstones at the
+                // end are compacted away, so the last key left is older than the revision.
+                for k in ["k-298", "k-297"] {
+                    etcd.post_at(0, "/v3/kv/deleterange", json!({"key": b64(k.as_bytes())}))
+                        .await
+                        .expect("delete");
+                }
+                let rev = etcd.status_at(0).await.expect("status").revision;
+                etcd.post_at(
+                    0,
+                    "/v3/kv/compaction",
+                    json!({"revision": rev, "physical": true}),
+                )
+                .await
+                .expect("compact");
+            }
+        }
+        let want = etcd.status_at(0).await.expect("status").revision;
+        let chunks = etcd.snapshot_at(0).await.expect("snapshot");
+        let got = read(&chunks);
+        assert_eq!(got, Ok(want), "{stage}: etcd reports revision {want}");
+        seen.push((stage, want));
+        last_db = chunks.concat();
+    }
+    println!("revisions read from the snapshots, equal to etcd's: {seen:?}");
+    // Through Talos' EtcdSnapshot (the path the controller takes), into a file.
+    let want = etcd.status_at(0).await.expect("status").revision;
+    let mut sink = Vec::new();
+    let checked = api
+        .client(0)
+        .etcd_snapshot(&mut sink, Duration::from_secs(60))
+        .await
+        .expect("a sound snapshot");
+    assert_eq!(checked.revision, Ok(want));
+    // Hostile copies: cut anywhere, or a byte changed anywhere (the hash fixed up so the
+    // database is read): an answer or none, never a panic.
+    let db = &last_db[..last_db.len() - 32];
+    let with_hash = |d: &[u8]| {
+        let mut v = d.to_vec();
+        v.extend_from_slice(ring::digest::digest(&ring::digest::SHA256, d).as_ref());
+        v
+    };
+    let mut unread = 0;
+    for i in (0..db.len()).step_by(db.len() / 400 + 1) {
+        let cut = read(&[with_hash(&db[..i])]);
+        // A page cut off is never read; the answer is etcd's, or none.
+        assert!(cut.is_err() || cut == Ok(want), "cut at {i}: {cut:?}");
+        let mut m = db.to_vec();
+        m[i] ^= 0xa5;
+        if read(&[with_hash(&m)]).is_err() {
+            unread += 1;
+        }
+    }
+    println!("{unread} of the altered copies had no revision read");
+}
+
 /// A store of moto's S3 server, bucket `etcd`, prefix `prod/`.
 fn store_spec(endpoint: &str, bucket: &str) -> ichor_rules::runtime::objects::StoreSpec {
     serde_json::from_value(json!({
@@ -400,6 +526,13 @@ async fn a_snapshot_streams_into_the_store_multipart_and_is_checked_there() {
     );
     assert!(
         stdout.contains(&stored.sha256) && stdout.contains("a whole etcd snapshot"),
+        "{stdout}"
+    );
+    // The revision, read from the snapshot as it downloaded: etcd's (nothing wrote since).
+    let rev = api.etcd.status_at(0).await.expect("status").revision;
+    assert_eq!(stored.revision, Ok(rev));
+    assert!(
+        stdout.contains(&format!("(etcd revision {rev}; sha256")),
         "{stdout}"
     );
     assert_eq!(std::fs::read(&out_file).expect("the file"), file);
@@ -643,6 +776,11 @@ async fn snapshots_are_taken_on_schedule_verified_pruned_and_never_counted_when_
     assert!(first["size"].as_u64().expect("size") > 4096, "{first}");
     assert_eq!(first["sha256"].as_str().map(str::len), Some(64), "{first}");
     assert!(first["raftIndex"].as_u64().is_some(), "{first}");
+    // The etcd revision, read from the snapshot as it streamed: etcd's own (nothing writes
+    // to this etcd meanwhile).
+    let etcd_rev = b.talos.etcd.status_at(0).await.expect("status").revision;
+    assert_eq!(first["revision"].as_i64(), Some(etcd_rev), "{first}");
+    assert!(first["revisionUnread"].is_null(), "{first}");
     assert!(b.status()["inProgress"].is_null(), "{}", b.status());
     // From a follower: the leader is not loaded.
     let node = first["node"].as_str().expect("node").to_string();
@@ -666,6 +804,7 @@ async fn snapshots_are_taken_on_schedule_verified_pruned_and_never_counted_when_
         .expect("download");
     assert_eq!(checked.size, first["size"].as_u64().expect("size"));
     assert_eq!(checked.sha256, first["sha256"].as_str().expect("sha"));
+    assert_eq!(checked.revision, Ok(etcd_rev));
     assert!(!events(&b.api, "nightly", "SnapshotTaken").is_empty());
 
     // The schedule: the last attempt an hour and a minute ago, the next one is due.
@@ -744,6 +883,30 @@ async fn snapshots_are_taken_on_schedule_verified_pruned_and_never_counted_when_
     assert!(!events(&b.api, "nightly", "SnapshotFailed").is_empty());
     for i in 0..3 {
         b.talos.node(i).corrupt_snapshots(false);
+    }
+    // A database whose revision cannot be read (sound on the way: its hash checks out):
+    // recorded without a revision, and the status and the condition say why.
+    for i in 0..3 {
+        b.talos.node(i).unreadable_snapshots(true);
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    b.annotate("no-revision-please").await;
+    wait_for("the snapshot without a revision", SLOW, || {
+        b.status()["lastSnapshot"]["request"] == "no-revision-please"
+    })
+    .await;
+    let rec = b.status()["lastSnapshot"].clone();
+    assert!(rec["revision"].is_null(), "{rec}");
+    assert!(
+        rec["revisionUnread"]
+            .as_str()
+            .is_some_and(|w| w.contains("not a valid bbolt meta page")),
+        "{rec}"
+    );
+    let m = message(&b.api, "TalosEtcdBackup", "nightly", "Snapshot");
+    assert!(m.contains("etcd revision not read ("), "{m}");
+    for i in 0..3 {
+        b.talos.node(i).unreadable_snapshots(false);
     }
     // Metrics: the last success, its size and duration.
     let metrics = ctl.ctx.metrics.render();

@@ -346,6 +346,7 @@ impl BackupWorld for BackupLive<'_> {
                 size: stored,
                 sha256: checked.sha256,
                 encrypted: seal.is_some(),
+                revision: checked.revision,
             }),
             (node, stored) => {
                 if stored.is_ok() {

@@ -16,7 +16,8 @@
 //!    learner; a follower before the leader, so the leader is not loaded.
 //! 4. `status.inProgress` written, then the snapshot streamed into the store (multipart,
 //!    never whole in memory), checked by its trailing sha256 and the stored size. Verified,
-//!    it is recorded (time, key, size, sha256, raft index, node) and becomes the last good
+//!    it is recorded (time, key, size, etcd revision read from the snapshot itself, sha256,
+//!    raft index, node) and becomes the last good
 //!    one; failed, it is deleted and reported, and the last good one stays what it was.
 //! 5. Retention deletes the snapshots past `keepLast` and older than `maxAge` (with both:
 //!    those neither among the last `keepLast` nor newer than `maxAge`), only among the
@@ -60,6 +61,8 @@ pub struct Stored {
     pub sha256: String,
     /// Encrypted in the store.
     pub encrypted: bool,
+    /// The etcd revision read from the snapshot, or why it could not be.
+    pub revision: Result<i64, String>,
 }
 
 /// Why something asked of the store (or of the node streaming) failed: a condition's
@@ -450,7 +453,8 @@ pub async fn reconcile<W: BackupWorld>(
         time: Time(now),
         key: key.clone(),
         size: stored.size,
-        revision: None,
+        revision: stored.revision.clone().ok(),
+        revision_unread: stored.revision.clone().err(),
         sha256: stored.sha256.clone(),
         node: node_name.clone(),
         raft_index: Some(etcd.raft_applied_index),
@@ -462,8 +466,12 @@ pub async fn reconcile<W: BackupWorld>(
         s.snapshots.push(record.clone());
         s.last_snapshot = Some(record.clone());
     }
+    let revision = match &stored.revision {
+        Ok(r) => format!("etcd revision {r}"),
+        Err(why) => format!("etcd revision not read ({why})"),
+    };
     let msg = format!(
-        "snapshot {key} taken from {node_name}{asked} and verified: {} bytes, sha256 {}{}, in {:.1}s",
+        "snapshot {key} taken from {node_name}{asked} and verified: {} bytes, {revision}, sha256 {}{}, in {:.1}s",
         stored.size,
         stored.sha256,
         if stored.encrypted { ", encrypted" } else { "" },
@@ -562,6 +570,7 @@ mod tests {
             key: key.into(),
             size: 1,
             revision: None,
+            revision_unread: None,
             sha256: String::new(),
             node: String::new(),
             raft_index: None,
