@@ -676,6 +676,16 @@ impl Backed {
         ))
     }
 
+    /// [`Backed::ctx`], logging every step to `log` (`serve --step-log`).
+    fn ctx_logged(
+        &self,
+        log: &std::path::Path,
+    ) -> std::sync::Arc<ichor_rules::runtime::controller::Context> {
+        let steps = ichor_rules::runtime::exec::trace::StepLog::open(log).expect("a step log");
+        let ctx = std::sync::Arc::try_unwrap(self.ctx()).unwrap_or_else(|_| unreachable!());
+        std::sync::Arc::new(ctx.with_step_log(std::sync::Arc::new(steps)))
+    }
+
     fn status(&self) -> Value {
         get(&self.api, "TalosEtcdBackup", "nightly").expect("the backup")["status"].clone()
     }
@@ -925,6 +935,84 @@ async fn snapshots_are_taken_on_schedule_verified_pruned_and_never_counted_when_
         calls.contains(&("".into(), "secrets".into(), "get".into())),
         "{calls:?}"
     );
+}
+
+/// A backup's step log (`serve --step-log`) is checked against the executor (`verify
+/// --check-trace`, procedure `backup`): a verified snapshot and a corrupt one (deleted,
+/// never counted) replay as written; the same log with the stream's answer changed (another
+/// sha256, or a failure where the run stored it) is not a behaviour, and the checker says
+/// where.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backups_step_log_is_checked_against_the_executor() {
+    let b = Backed::start(1, json!({"schedule": {"interval": "1h"}})).await;
+    let log = step_log_path("traced-backup");
+    let ctl = Running::start(b.ctx_logged(&log));
+    wait_for("the first snapshot", SLOW, || {
+        cond(&b.api, "TalosEtcdBackup", "nightly", "Snapshot")
+            == Some(("True".into(), "Verified".into()))
+    })
+    .await;
+    b.talos.node(0).corrupt_snapshots(true);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    b.annotate("corrupt-please").await;
+    wait_for("the corrupt snapshot reported", SLOW, || {
+        cond(&b.api, "TalosEtcdBackup", "nightly", "Snapshot")
+            == Some(("False".into(), "SnapshotCorrupt".into()))
+    })
+    .await;
+    ctl.kill().await;
+    let text = std::fs::read_to_string(&log).expect("the step log");
+    for op in [
+        "\"procedure\":\"backup\"",
+        "\"op\":\"stream_snapshot\"",
+        "\"op\":\"write_backup\"",
+        "\"op\":\"backup_event\"",
+        "\"op\":\"delete_object\"",
+        "\"call\":\"EtcdStatus\"",
+    ] {
+        assert!(text.contains(op), "the log records {op}");
+    }
+    assert!(!text.contains(SECRET), "the step log shows the store's key");
+    let (code, said) = check_step_log_text("backup-as-written", &text);
+    assert_eq!(code, Some(0), "{said}");
+    // Both snapshots' reconciles (the verified one and the corrupt one) replayed whole.
+    let replayed: usize = said
+        .split("a behaviour of the model: ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{said}"));
+    assert!(replayed >= 2, "{said}");
+    // The first snapshot's stream line, changed by `change`.
+    let tamper = |change: &dyn Fn(&mut Value)| -> String {
+        let mut done = false;
+        text.lines()
+            .map(|l| {
+                if done || !l.contains("\"op\":\"stream_snapshot\"") {
+                    return l.to_string();
+                }
+                done = true;
+                let mut v: Value = serde_json::from_str(l).expect("a JSON line");
+                change(&mut v);
+                v.to_string()
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    // The store answered another sha256: the executor records that one.
+    let other_sha = tamper(&|v| v["answer"]["Ok"]["Ok"]["sha256"] = json!("00"));
+    assert_ne!(other_sha, text);
+    let (code, said) = check_step_log_text("backup-sha", &other_sha);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("status written"), "{said}");
+    // The stream failed where the run stored it: the executor deletes the key, never
+    // counts the snapshot; the run recorded it counted.
+    let failed = tamper(&|v| {
+        v["answer"] = json!({"Ok": {"Err": {"reason": "StreamFailed", "message": "cut"}}})
+    });
+    let (code, said) = check_step_log_text("backup-failed", &failed);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("line "), "{said}");
 }
 
 /// A controller that stops in the middle of a snapshot (recorded `inProgress`, something

@@ -53,7 +53,7 @@ const STORE_UNUSABLE: &[&str] = &[
 pub const SNAPSHOT_KIND: &str = "etcd-snapshot";
 
 /// A snapshot stored whole and verified.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Stored {
     /// Bytes in the store.
     pub size: u64,
@@ -67,9 +67,9 @@ pub struct Stored {
 
 /// Why something asked of the store (or of the node streaming) failed: a condition's
 /// reason and message. Never carries an access key.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Failure {
-    pub reason: &'static str,
+    pub reason: String,
     pub message: String,
 }
 
@@ -300,9 +300,9 @@ pub async fn reconcile<W: BackupWorld>(
                      not counted, and no new snapshot is taken until it is gone",
                     p.key, f.message
                 );
-                set(w, &mut next, false, f.reason, &msg);
+                set(w, &mut next, false, &f.reason, &msg);
                 w.write_backup(&before, &next).await?;
-                return Ok(requeue(timing.retry, f.reason));
+                return Ok(requeue(timing.retry, &f.reason));
             }
         }
     }
@@ -428,7 +428,7 @@ pub async fn reconcile<W: BackupWorld>(
             // The world leaves nothing under the key; asked again to be sure, unless the
             // store could not be written at all (then nothing was: an unfinished multipart
             // upload is no object).
-            let cleaned = if STORE_UNUSABLE.contains(&f.reason) {
+            let cleaned = if STORE_UNUSABLE.contains(&f.reason.as_str()) {
                 "nothing of it is in the store".to_string()
             } else {
                 match w.delete_object(b, &key).await? {
@@ -445,8 +445,8 @@ pub async fn reconcile<W: BackupWorld>(
                  counted, and {last}",
                 f.message
             );
-            w.snapshot_ended(b, Err(f.reason), took);
-            return failed(w, timing, &before, &mut next, f.reason, msg).await;
+            w.snapshot_ended(b, Err(&f.reason), took);
+            return failed(w, timing, &before, &mut next, &f.reason, msg).await;
         }
     };
     let record = SnapshotRecord {
@@ -550,7 +550,7 @@ async fn failed<W: BackupWorld>(
     timing: &BackupTiming,
     before: &TalosEtcdBackup,
     next: &mut TalosEtcdBackup,
-    reason: &'static str,
+    reason: &str,
     message: String,
 ) -> Result<Outcome, W::Error> {
     st(next).in_progress = None;
