@@ -529,7 +529,7 @@ impl RevisionScan {
             .read
             .get((id / 64) as usize)
             .is_some_and(|w| w & (1 << (id % 64)) != 0);
-        read.then(|| Leaf {
+        read.then_some(Leaf {
             last: None,
             key: Lookup::Absent,
             meta: Lookup::Absent,
