@@ -134,8 +134,12 @@ fn download(d: &DownloadArgs) -> u8 {
     match outcome {
         Ok(checked) => match std::fs::rename(&part, &d.out) {
             Ok(()) => {
+                let revision = match &checked.revision {
+                    Ok(r) => format!("etcd revision {r}"),
+                    Err(why) => format!("etcd revision not read: {why}"),
+                };
                 println!(
-                    "{}: {} bytes, a whole etcd snapshot (sha256 of the database {})",
+                    "{}: {} bytes, a whole etcd snapshot ({revision}; sha256 of the database {})",
                     d.out.display(),
                     checked.size,
                     checked.sha256

@@ -200,6 +200,31 @@ pub fn run(args: &VerifyArgs, paths: &[PathBuf]) -> u8 {
     if let Err(code) = emit(&text) {
         return code;
     }
+    // A backup in flight: the snapshot procedure under every fault at its acting calls.
+    let backup = crate::verify::backup::explore(BACKUP_RECONCILES, None);
+    if matches!(args.format, Format::Human) {
+        let mut t = format!(
+            "\nbackup in flight: the snapshot procedure (exec::backup) over {BACKUP_RECONCILES} \
+             reconciles, a crash, lost answer or refusal at any of its acting calls: {} states, \
+             {} reconciles; ",
+            backup.states, backup.reconciles
+        );
+        if backup.violations.is_empty() {
+            t.push_str("counted-verified and interrupted-cleaned hold\n");
+        }
+        for v in &backup.violations {
+            t.push_str(&format!(
+                "\nVIOLATED: {} (backup): {}\n  faults per reconcile: {:?}\n",
+                v.invariant, v.why, v.trace
+            ));
+        }
+        if let Err(code) = emit(&t) {
+            return code;
+        }
+    }
+    if !backup.violations.is_empty() {
+        return EXIT_FINDINGS;
+    }
     // A counterexample that could not be replayed on concrete states is a bug of the model
     // (said in its trace above). The rules are refuted when another violation's
     // counterexample replays; when none does, nothing is shown, so nothing is claimed.
@@ -235,6 +260,9 @@ pub fn run(args: &VerifyArgs, paths: &[PathBuf]) -> u8 {
         EXIT_FINDINGS
     }
 }
+
+/// Reconciles of the backup in flight explored after the cluster's runs.
+const BACKUP_RECONCILES: u8 = 4;
 
 /// The bounds to explore: the ones given (the rest from [`SINGLE`]), or, when no bound is
 /// given, the default suite: one base cluster, and that base with each kind of trouble

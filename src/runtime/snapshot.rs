@@ -5,6 +5,7 @@
 //! snapshot), and at the end compares them with the hash: a truncated or altered
 //! snapshot fails, saying which.
 
+use crate::runtime::bbolt::RevisionScan;
 use ring::digest::{Context, SHA256};
 
 /// The trailing hash's length.
@@ -17,6 +18,9 @@ pub struct Checked {
     pub size: u64,
     /// The sha256 of the database (the snapshot's own trailing hash), lowercase hex.
     pub sha256: String,
+    /// The etcd revision the database holds, read from it as it passed
+    /// ([`crate::runtime::bbolt`]), or why it could not be read.
+    pub revision: Result<i64, String>,
 }
 
 /// Why a snapshot did not check out.
@@ -76,6 +80,8 @@ pub struct SnapshotCheck {
     /// trailing hash.
     tail: Vec<u8>,
     size: u64,
+    /// The database's revision, read as it passes.
+    scan: RevisionScan,
 }
 
 impl Default for SnapshotCheck {
@@ -90,6 +96,7 @@ impl SnapshotCheck {
             hash: Context::new(&SHA256),
             tail: Vec::with_capacity(2 * HASH_LEN),
             size: 0,
+            scan: RevisionScan::new(),
         }
     }
 
@@ -103,8 +110,10 @@ impl SnapshotCheck {
         if chunk.len() >= HASH_LEN {
             // Everything held back, and all of this chunk but its last 32 bytes, is database.
             self.hash.update(&self.tail);
+            self.scan.update(&self.tail);
             let (db, tail) = chunk.split_at(chunk.len() - HASH_LEN);
             self.hash.update(db);
+            self.scan.update(db);
             self.tail.clear();
             self.tail.extend_from_slice(tail);
         } else {
@@ -112,6 +121,7 @@ impl SnapshotCheck {
             if self.tail.len() > HASH_LEN {
                 let spill = self.tail.len() - HASH_LEN;
                 self.hash.update(&self.tail[..spill]);
+                self.scan.update(&self.tail[..spill]);
                 self.tail.drain(..spill);
             }
         }
@@ -135,6 +145,7 @@ impl SnapshotCheck {
         Ok(Checked {
             size: self.size,
             sha256: found,
+            revision: self.scan.finish(),
         })
     }
 }

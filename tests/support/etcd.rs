@@ -49,6 +49,8 @@ pub struct StatusInfo {
     pub raft_index: u64,
     pub raft_term: u64,
     pub raft_applied_index: u64,
+    /// The store's revision (the response header's).
+    pub revision: i64,
     pub errors: Vec<String>,
     pub is_learner: bool,
 }
@@ -475,6 +477,11 @@ impl EtcdCluster {
         snapshot_chunks(self.client_port(i)).await
     }
 
+    /// One POST to member `i`'s gateway (`/v3/...`): its JSON answer.
+    pub async fn post_at(&self, i: usize, path: &str, body: Value) -> Result<Value, EtcdError> {
+        post(self.client_port(i), path, body).await
+    }
+
     /// Writes `key` = `value` through member `i`.
     pub async fn put_at(&self, i: usize, key: &str, value: &[u8]) -> Result<(), EtcdError> {
         use base64::Engine;
@@ -671,6 +678,7 @@ impl EtcdCluster {
             raft_index: u64_field(&v, "raftIndex"),
             raft_term: u64_field(&v, "raftTerm"),
             raft_applied_index: u64_field(&v, "raftAppliedIndex"),
+            revision: u64_field(&v["header"], "revision") as i64,
             errors: strings(&v["errors"]),
             is_learner: v["isLearner"].as_bool().unwrap_or(false),
         })

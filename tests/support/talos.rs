@@ -268,6 +268,9 @@ struct Node {
     install_exit_code: AtomicI32,
     /// Flip one byte of the next snapshots it streams (a corruption on the way).
     corrupt_snapshot: AtomicBool,
+    /// Stream snapshots whose database is no bbolt (its meta pages zeroed) but whose
+    /// trailing sha256 checks out: sound on the way, its revision unreadable.
+    unreadable_snapshot: AtomicBool,
     reboots: AtomicUsize,
     downtimes: Downtimes,
     /// The machine configuration applied, and the one staged for the next boot.
@@ -1138,6 +1141,15 @@ impl SnapshotStream for Service {
         {
             *b ^= 0x55;
         }
+        if node.unreadable_snapshot.load(Ordering::SeqCst) {
+            let mut whole = chunks.concat();
+            let db_len = whole.len().saturating_sub(32);
+            let zeroed = db_len.min(8192);
+            whole[..zeroed].fill(0);
+            let sha = ring::digest::digest(&ring::digest::SHA256, &whole[..db_len]);
+            whole[db_len..].copy_from_slice(sha.as_ref());
+            chunks = vec![whole];
+        }
         let data: Vec<Result<ichor_rules::runtime::talos::proto::common::Data, Status>> = chunks
             .iter()
             .flat_map(|c| c.chunks(64 * 1024))
@@ -1313,6 +1325,12 @@ impl TalosNode {
     /// flipped), or sound again.
     pub fn corrupt_snapshots(&self, yes: bool) {
         self.node.corrupt_snapshot.store(yes, Ordering::SeqCst);
+    }
+
+    /// Makes the snapshots it streams from now on hold a database whose revision cannot
+    /// be read (its meta pages zeroed, the trailing sha256 made to match), or sound again.
+    pub fn unreadable_snapshots(&self, yes: bool) {
+        self.node.unreadable_snapshot.store(yes, Ordering::SeqCst);
     }
 
     /// The `exit_code` its `LifecycleService/Upgrade` stream ends with.
@@ -1523,6 +1541,7 @@ impl TalosApi {
             never_back: AtomicBool::new(false),
             install_exit_code: AtomicI32::new(0),
             corrupt_snapshot: AtomicBool::new(false),
+            unreadable_snapshot: AtomicBool::new(false),
             reboots: AtomicUsize::new(0),
             downtimes: self.downtimes.clone(),
             config: Mutex::new(None),

@@ -141,10 +141,35 @@ pub async fn reconcile(
         retry: ctx.settings.backup_retry,
         recheck: RECHECK,
     };
-    let mut world = super::backup_world::BackupLive::new(&ctx, next.namespace());
-    let outcome =
-        crate::runtime::exec::backup::reconcile(&mut world, &timing, &next, &snapshot.operations)
-            .await?;
+    let world = super::backup_world::BackupLive::new(&ctx, next.namespace());
+    let outcome = match &ctx.steps {
+        // Every step logged, for `verify --check-trace`.
+        Some(log) => {
+            let begin =
+                crate::runtime::exec::trace::BackupBegin::new(&next, &snapshot.operations, &timing);
+            let id = log.begin("backup", &begin, &super::removal::timing(&ctx));
+            let mut traced = crate::runtime::exec::trace::Traced::new(world, log, id);
+            let outcome = crate::runtime::exec::backup::reconcile(
+                &mut traced,
+                &timing,
+                &next,
+                &snapshot.operations,
+            )
+            .await;
+            log.end(id, &outcome);
+            outcome?
+        }
+        None => {
+            let mut world = world;
+            crate::runtime::exec::backup::reconcile(
+                &mut world,
+                &timing,
+                &next,
+                &snapshot.operations,
+            )
+            .await?
+        }
+    };
     Ok(match outcome {
         crate::runtime::exec::Outcome::Requeue { after, .. } => Action::requeue(after),
         crate::runtime::exec::Outcome::AwaitChange => Action::requeue(RECHECK),

@@ -55,7 +55,7 @@ impl<'c> BackupLive<'c> {
 /// A store error as a condition's reason and message (the error never quotes a key).
 pub fn store_failure(e: StoreError) -> Failure {
     Failure {
-        reason: e.reason(),
+        reason: e.reason().into(),
         message: e.to_string(),
     }
 }
@@ -66,7 +66,7 @@ pub async fn store_keys(ctx: &Context, b: &TalosEtcdBackup) -> Result<Keys, Fail
     let r = &b.spec.store.credentials_secret_ref;
     let (ns, name) = (b.namespace(), r.name.as_str());
     let no = |message: String| Failure {
-        reason: "StoreKeysMissing",
+        reason: "StoreKeysMissing".into(),
         message,
     };
     let read = tokio::time::timeout(
@@ -120,7 +120,7 @@ pub async fn encryption_key(
     let (ns, name) = (b.namespace(), r.name.as_str());
     let k = r.key.as_deref().filter(|k| !k.is_empty()).unwrap_or("key");
     let no = |message: String| Failure {
-        reason: "EncryptionKeyMissing",
+        reason: "EncryptionKeyMissing".into(),
         message,
     };
     let read = tokio::time::timeout(
@@ -162,7 +162,7 @@ pub async fn encryption_key(
         }
     };
     crate::runtime::crypt::Key::from_secret(&bytes).map_err(|e| Failure {
-        reason: "EncryptionKeyInvalid",
+        reason: "EncryptionKeyInvalid".into(),
         message: format!("the key `{k}` of Secret {ns}/{name} (spec.encryption.keySecretRef): {e}"),
     })
 }
@@ -176,27 +176,28 @@ fn stream_failure(from_node: Option<StreamError>, into_store: Option<PutError>) 
             reason: match e {
                 TalosError::Unreachable { .. } => "NodeUnreachable",
                 _ => "TalosFailed",
-            },
+            }
+            .into(),
             message: format!("streaming the snapshot from the node failed: {e}"),
         },
         (Some(StreamError::Check(e)), _) | (_, Some(PutError::Check(e))) => Failure {
-            reason: "SnapshotCorrupt",
+            reason: "SnapshotCorrupt".into(),
             message: format!("the snapshot failed its check: {e}"),
         },
         (_, Some(e @ PutError::Size { .. })) => Failure {
-            reason: "SizeMismatch",
+            reason: "SizeMismatch".into(),
             message: e.to_string(),
         },
         (_, Some(e @ (PutError::Crypt(_) | PutError::Encrypted))) => Failure {
-            reason: "EncryptionFailed",
+            reason: "EncryptionFailed".into(),
             message: e.to_string(),
         },
         (Some(StreamError::Write(e)), None) => Failure {
-            reason: "StreamFailed",
+            reason: "StreamFailed".into(),
             message: format!("the snapshot could not be passed to the store: {e}"),
         },
         (None, None) => Failure {
-            reason: "StreamFailed",
+            reason: "StreamFailed".into(),
             message: "the snapshot stream failed".into(),
         },
     }
@@ -314,7 +315,7 @@ impl BackupWorld for BackupLive<'_> {
             Ok(c) => c,
             Err(e) => {
                 return Ok(Err(Failure {
-                    reason: "NoTalosCredentials",
+                    reason: "NoTalosCredentials".into(),
                     message: e.to_string(),
                 }));
             }
@@ -346,6 +347,7 @@ impl BackupWorld for BackupLive<'_> {
                 size: stored,
                 sha256: checked.sha256,
                 encrypted: seal.is_some(),
+                revision: checked.revision,
             }),
             (node, stored) => {
                 if stored.is_ok() {

@@ -16,7 +16,8 @@
 //!    learner; a follower before the leader, so the leader is not loaded.
 //! 4. `status.inProgress` written, then the snapshot streamed into the store (multipart,
 //!    never whole in memory), checked by its trailing sha256 and the stored size. Verified,
-//!    it is recorded (time, key, size, sha256, raft index, node) and becomes the last good
+//!    it is recorded (time, key, size, etcd revision read from the snapshot itself, sha256,
+//!    raft index, node) and becomes the last good
 //!    one; failed, it is deleted and reported, and the last good one stays what it was.
 //! 5. Retention deletes the snapshots past `keepLast` and older than `maxAge` (with both:
 //!    those neither among the last `keepLast` nor newer than `maxAge`), only among the
@@ -52,7 +53,7 @@ const STORE_UNUSABLE: &[&str] = &[
 pub const SNAPSHOT_KIND: &str = "etcd-snapshot";
 
 /// A snapshot stored whole and verified.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Stored {
     /// Bytes in the store.
     pub size: u64,
@@ -60,13 +61,15 @@ pub struct Stored {
     pub sha256: String,
     /// Encrypted in the store.
     pub encrypted: bool,
+    /// The etcd revision read from the snapshot, or why it could not be.
+    pub revision: Result<i64, String>,
 }
 
 /// Why something asked of the store (or of the node streaming) failed: a condition's
 /// reason and message. Never carries an access key.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Failure {
-    pub reason: &'static str,
+    pub reason: String,
     pub message: String,
 }
 
@@ -297,9 +300,9 @@ pub async fn reconcile<W: BackupWorld>(
                      not counted, and no new snapshot is taken until it is gone",
                     p.key, f.message
                 );
-                set(w, &mut next, false, f.reason, &msg);
+                set(w, &mut next, false, &f.reason, &msg);
                 w.write_backup(&before, &next).await?;
-                return Ok(requeue(timing.retry, f.reason));
+                return Ok(requeue(timing.retry, &f.reason));
             }
         }
     }
@@ -425,7 +428,7 @@ pub async fn reconcile<W: BackupWorld>(
             // The world leaves nothing under the key; asked again to be sure, unless the
             // store could not be written at all (then nothing was: an unfinished multipart
             // upload is no object).
-            let cleaned = if STORE_UNUSABLE.contains(&f.reason) {
+            let cleaned = if STORE_UNUSABLE.contains(&f.reason.as_str()) {
                 "nothing of it is in the store".to_string()
             } else {
                 match w.delete_object(b, &key).await? {
@@ -442,15 +445,16 @@ pub async fn reconcile<W: BackupWorld>(
                  counted, and {last}",
                 f.message
             );
-            w.snapshot_ended(b, Err(f.reason), took);
-            return failed(w, timing, &before, &mut next, f.reason, msg).await;
+            w.snapshot_ended(b, Err(&f.reason), took);
+            return failed(w, timing, &before, &mut next, &f.reason, msg).await;
         }
     };
     let record = SnapshotRecord {
         time: Time(now),
         key: key.clone(),
         size: stored.size,
-        revision: None,
+        revision: stored.revision.clone().ok(),
+        revision_unread: stored.revision.clone().err(),
         sha256: stored.sha256.clone(),
         node: node_name.clone(),
         raft_index: Some(etcd.raft_applied_index),
@@ -462,8 +466,12 @@ pub async fn reconcile<W: BackupWorld>(
         s.snapshots.push(record.clone());
         s.last_snapshot = Some(record.clone());
     }
+    let revision = match &stored.revision {
+        Ok(r) => format!("etcd revision {r}"),
+        Err(why) => format!("etcd revision not read ({why})"),
+    };
     let msg = format!(
-        "snapshot {key} taken from {node_name}{asked} and verified: {} bytes, sha256 {}{}, in {:.1}s",
+        "snapshot {key} taken from {node_name}{asked} and verified: {} bytes, {revision}, sha256 {}{}, in {:.1}s",
         stored.size,
         stored.sha256,
         if stored.encrypted { ", encrypted" } else { "" },
@@ -542,7 +550,7 @@ async fn failed<W: BackupWorld>(
     timing: &BackupTiming,
     before: &TalosEtcdBackup,
     next: &mut TalosEtcdBackup,
-    reason: &'static str,
+    reason: &str,
     message: String,
 ) -> Result<Outcome, W::Error> {
     st(next).in_progress = None;
@@ -562,6 +570,7 @@ mod tests {
             key: key.into(),
             size: 1,
             revision: None,
+            revision_unread: None,
             sha256: String::new(),
             node: String::new(),
             raft_index: None,

@@ -12,17 +12,20 @@
 //!
 //! [`check`] (`ichor-rules verify RULES --check-trace FILE`) replays every reconcile of a
 //! log through the executor with the given rules, in a world that answers exactly what the
-//! log recorded ([`Replay`]): the run is a behaviour of the model's controller when the
+//! log recorded ([`Replay`]; removals, operations and backups' snapshots): the run is a behaviour of the model's controller when the
 //! executor asks for the same things in the same order, decides the same, takes the same
 //! steps and ends the same. The first difference is reported with its line. A reconcile
 //! whose log ends early is a controller stopped there, which the model explores too. What
 //! the world answered is taken as recorded: that the model's world answers the same is
 //! what the conformance replay checks (`tests/conformance.rs`).
 
+use super::backup::{self, BackupTiming, BackupWorld, Failure, Stored};
 use super::operation::{self, OperationWorld};
 use super::{Call, Drained, LockOp, Node, NodeError, Note, Outcome, Reply, Timing, World, removal};
 use crate::runtime::live::Reads;
-use crate::runtime::objects::{Snapshot, TalosMachine, TalosOperation};
+use crate::runtime::objects::{
+    Snapshot, SnapshotRecord, TalosEtcdBackup, TalosMachine, TalosOperation,
+};
 use crate::runtime::talos::TalosError;
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -127,6 +130,31 @@ pub enum Entry {
         node: String,
         answer: Result<Result<Option<bool>, String>, String>,
     },
+    /// A backup's status written (`namespace/name`).
+    WriteBackup {
+        backup: String,
+        status: Value,
+        answer: Result<(), String>,
+    },
+    BackupEvent {
+        backup: String,
+        warning: bool,
+        reason: String,
+        note: String,
+    },
+    /// A snapshot of `machine`'s node streamed into the backup's store as `key`.
+    StreamSnapshot {
+        backup: String,
+        machine: String,
+        key: String,
+        answer: Result<Result<Stored, Failure>, String>,
+    },
+    /// An object of the backup's store deleted.
+    DeleteObject {
+        backup: String,
+        key: String,
+        answer: Result<Result<(), Failure>, String>,
+    },
     End {
         outcome: String,
     },
@@ -152,6 +180,10 @@ impl Entry {
             Entry::OperationEvent { .. } => "operation_event",
             Entry::Cordon { .. } => "cordon",
             Entry::NodeReady { .. } => "node_ready",
+            Entry::WriteBackup { .. } => "write_backup",
+            Entry::BackupEvent { .. } => "backup_event",
+            Entry::StreamSnapshot { .. } => "stream_snapshot",
+            Entry::DeleteObject { .. } => "delete_object",
             Entry::End { .. } => "end",
         }
     }
@@ -366,7 +398,7 @@ impl StepLog {
     }
 
     /// A new reconcile of `object` (the TalosMachine of a `removal`, the TalosOperation of
-    /// an `operation`) by `procedure`: its number.
+    /// an `operation`, the [`BackupBegin`] of a `backup`) by `procedure`: its number.
     pub fn begin<T: Serialize>(&self, procedure: &str, object: &T, timing: &Timing) -> u64 {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         self.write(
@@ -627,6 +659,118 @@ where
 
     fn ended(&mut self, op: &TalosOperation, succeeded: bool) {
         self.inner.ended(op, succeeded);
+    }
+}
+
+impl<W: BackupWorld> BackupWorld for Traced<'_, W>
+where
+    W::Error: std::fmt::Display,
+{
+    async fn write_backup(
+        &mut self,
+        before: &TalosEtcdBackup,
+        after: &TalosEtcdBackup,
+    ) -> Result<(), Self::Error> {
+        let answer = self.inner.write_backup(before, after).await;
+        self.log.write(
+            self.id,
+            Entry::WriteBackup {
+                backup: backup_key(after),
+                status: serde_json::to_value(&after.status).unwrap_or(Value::Null),
+                answer: answer.as_ref().map(|_| ()).map_err(err_text),
+            },
+        );
+        answer
+    }
+
+    async fn backup_event(
+        &mut self,
+        on: &TalosEtcdBackup,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
+        self.log.write(
+            self.id,
+            Entry::BackupEvent {
+                backup: backup_key(on),
+                warning,
+                reason: reason.into(),
+                note: note.clone(),
+            },
+        );
+        self.inner.backup_event(on, warning, reason, note).await;
+    }
+
+    async fn stream_snapshot(
+        &mut self,
+        b: &TalosEtcdBackup,
+        m: &TalosMachine,
+        key: &str,
+    ) -> Result<Result<Stored, Failure>, Self::Error> {
+        let answer = self.inner.stream_snapshot(b, m, key).await;
+        self.log.write(
+            self.id,
+            Entry::StreamSnapshot {
+                backup: backup_key(b),
+                machine: m.name().into(),
+                key: key.into(),
+                answer: answer.as_ref().map(Clone::clone).map_err(err_text),
+            },
+        );
+        answer
+    }
+
+    async fn delete_object(
+        &mut self,
+        b: &TalosEtcdBackup,
+        key: &str,
+    ) -> Result<Result<(), Failure>, Self::Error> {
+        let answer = self.inner.delete_object(b, key).await;
+        self.log.write(
+            self.id,
+            Entry::DeleteObject {
+                backup: backup_key(b),
+                key: key.into(),
+                answer: answer.as_ref().map(Clone::clone).map_err(err_text),
+            },
+        );
+        answer
+    }
+
+    fn snapshot_ended(
+        &mut self,
+        b: &TalosEtcdBackup,
+        result: Result<&SnapshotRecord, &str>,
+        took: Duration,
+    ) {
+        self.inner.snapshot_ended(b, result, took);
+    }
+}
+
+/// A backup's key in a log: `namespace/name`.
+fn backup_key(b: &TalosEtcdBackup) -> String {
+    format!("{}/{}", b.namespace(), b.name())
+}
+
+/// What a backup's reconcile begins from: the backup, the cluster's operations (its
+/// `etcd-snapshot` requests) and its intervals.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BackupBegin {
+    pub backup: TalosEtcdBackup,
+    pub operations: Vec<TalosOperation>,
+    pub retry_ms: u64,
+    pub recheck_ms: u64,
+}
+
+impl BackupBegin {
+    pub fn new(b: &TalosEtcdBackup, operations: &[TalosOperation], t: &BackupTiming) -> Self {
+        BackupBegin {
+            backup: b.clone(),
+            operations: operations.to_vec(),
+            retry_ms: u64::try_from(t.retry.as_millis()).unwrap_or(u64::MAX),
+            recheck_ms: u64::try_from(t.recheck.as_millis()).unwrap_or(u64::MAX),
+        }
     }
 }
 
@@ -953,6 +1097,89 @@ impl OperationWorld for Replay<'_> {
     }
 }
 
+impl BackupWorld for Replay<'_> {
+    async fn write_backup(
+        &mut self,
+        _before: &TalosEtcdBackup,
+        after: &TalosEtcdBackup,
+    ) -> Result<(), Stop> {
+        let status = serde_json::to_value(&after.status).unwrap_or(Value::Null);
+        let entry = self.take("write_backup", |e| match e {
+            Entry::WriteBackup {
+                backup, status: s, ..
+            } => differs("status written of", backup, &backup_key(after))
+                .or_else(|| differs("status written", s, &status)),
+            _ => None,
+        })?;
+        match entry {
+            Entry::WriteBackup { answer: Ok(()), .. } => Ok(()),
+            _ => Err(Stop),
+        }
+    }
+
+    async fn backup_event(
+        &mut self,
+        on: &TalosEtcdBackup,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
+        let _ = self.take("backup_event", |e| match e {
+            Entry::BackupEvent {
+                backup,
+                warning: w,
+                reason: r,
+                note: n,
+            } => differs("event on", backup, &backup_key(on))
+                .or_else(|| differs("event's warning", w, &warning))
+                .or_else(|| differs("event's reason", r, &reason.to_string()))
+                .or_else(|| differs("event's note", n, &note)),
+            _ => None,
+        });
+    }
+
+    async fn stream_snapshot(
+        &mut self,
+        b: &TalosEtcdBackup,
+        m: &TalosMachine,
+        key: &str,
+    ) -> Result<Result<Stored, Failure>, Stop> {
+        let entry = self.take("stream_snapshot", |e| match e {
+            Entry::StreamSnapshot {
+                backup,
+                machine,
+                key: k,
+                ..
+            } => differs("snapshot of", backup, &backup_key(b))
+                .or_else(|| differs("node snapshotted", machine, &m.name().to_string()))
+                .or_else(|| differs("snapshot's key", k, &key.to_string())),
+            _ => None,
+        })?;
+        match entry {
+            Entry::StreamSnapshot { answer: Ok(a), .. } => Ok(a.clone()),
+            _ => Err(Stop),
+        }
+    }
+
+    async fn delete_object(
+        &mut self,
+        b: &TalosEtcdBackup,
+        key: &str,
+    ) -> Result<Result<(), Failure>, Stop> {
+        let entry = self.take("delete_object", |e| match e {
+            Entry::DeleteObject { backup, key: k, .. } => {
+                differs("deletion from the store of", backup, &backup_key(b))
+                    .or_else(|| differs("object deleted", k, &key.to_string()))
+            }
+            _ => None,
+        })?;
+        match entry {
+            Entry::DeleteObject { answer: Ok(a), .. } => Ok(a.clone()),
+            _ => Err(Stop),
+        }
+    }
+}
+
 /// What [`check`] found.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Checked {
@@ -1037,10 +1264,28 @@ pub fn check(table: &crate::compile::Table, text: &str) -> Result<Checked, NotAB
                 let run = super::run_now(operation::reconcile(&mut w, table, &timing, &object));
                 (run, format!("TalosOperation {}", op_key(&object)))
             }
+            "backup" => {
+                let begin: BackupBegin = serde_json::from_value(object.clone())
+                    .map_err(|e| unreadable("TalosEtcdBackup with its operations", e))?;
+                let t = BackupTiming {
+                    retry: Duration::from_millis(begin.retry_ms),
+                    recheck: Duration::from_millis(begin.recheck_ms),
+                };
+                let run = super::run_now(backup::reconcile(
+                    &mut w,
+                    &t,
+                    &begin.backup,
+                    &begin.operations,
+                ));
+                (
+                    run,
+                    format!("TalosEtcdBackup {}", backup_key(&begin.backup)),
+                )
+            }
             other => {
                 return Err(NotABehaviour::Unreadable(format!(
                     "line {first}: procedure `{other}` is not one this version replays \
-                     (removal, operation)"
+                     (removal, operation, backup)"
                 )));
             }
         };

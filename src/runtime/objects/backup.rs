@@ -164,7 +164,9 @@ pub struct EncryptionSpec {
     pub key_secret_ref: super::SecretKeyRef,
 }
 
-/// One snapshot in the store, as the controller verified it.
+/// One snapshot in the store, as the controller verified it. Every field is written, an
+/// absent one as null: the status is written as a merge patch, and a field left out would
+/// keep the value of the snapshot before (a revision, a request) in `lastSnapshot`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SnapshotRecord {
@@ -174,25 +176,31 @@ pub struct SnapshotRecord {
     pub key: String,
     /// Its size in the store, bytes.
     pub size: u64,
-    /// The etcd revision it holds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The etcd revision it holds, read from the snapshot's database as it streamed (the
+    /// last revision of etcd's `key` bucket, or its compaction revision when later): what
+    /// etcd restored from it reports. Absent when the database could not be read for it
+    /// (`revisionUnread` says why): never a guessed number.
+    #[serde(default)]
     pub revision: Option<i64>,
+    /// Why no revision is recorded, when none is.
+    #[serde(default)]
+    pub revision_unread: Option<String>,
     /// The sha256 of the snapshot, hex.
     #[serde(default)]
     pub sha256: String,
     /// The node it was streamed from.
     #[serde(default)]
     pub node: String,
-    /// The etcd member's applied raft index when the snapshot began (Talos' `EtcdStatus`
-    /// reports no revision; the snapshot holds at least everything applied up to it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The etcd member's applied raft index when the snapshot began (the snapshot holds at
+    /// least everything applied up to it).
+    #[serde(default)]
     pub raft_index: Option<u64>,
     /// Encrypted in the store (AES-256-GCM, with the key of spec.encryption).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default)]
     pub encrypted: bool,
     /// The on-demand request it answered (the annotation's value, or `TalosOperation
     /// <name> (<uid>)`); none when the schedule took it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub request: Option<String>,
 }
 
