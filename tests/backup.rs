@@ -631,6 +631,11 @@ fn keys_secret() -> Value {
     })
 }
 
+/// Whether a backup's status records no deletion in progress (`pruning` empty or absent).
+fn no_pruning(status: &Value) -> bool {
+    status["pruning"].as_array().is_none_or(|a| a.is_empty())
+}
+
 /// A cluster `prod` of `n` control planes over a real etcd behind the Talos stand-ins,
 /// moto's S3 server with bucket `etcd`, the access keys' Secret, and a backup `nightly`
 /// storing there under `prod/`.
@@ -840,13 +845,29 @@ async fn snapshots_are_taken_on_schedule_verified_pruned_and_never_counted_when_
         tokio::time::sleep(Duration::from_millis(1100)).await;
     }
     // Retention kept the last two it wrote; the foreign object stays.
-    wait_for("retention", SLOW, || b.kept().len() == 2).await;
+    // (Recorded in `pruning` first, then deleted: both done.)
+    wait_for("retention", SLOW, || {
+        b.kept().len() == 2 && no_pruning(&b.status())
+    })
+    .await;
     assert_eq!(b.kept(), taken[1..].to_vec());
     let mut want: Vec<String> = taken[1..].to_vec();
     want.push(foreign.to_string());
     want.sort();
     assert_eq!(b.stored().await, want);
     assert!(!events(&b.api, "nightly", "SnapshotsPruned").is_empty());
+
+    // A deletion retention recorded and never made (the controller stopped in between):
+    // the next reconcile makes it first, and the key leaves `pruning`; nothing else goes.
+    let left = "prod/nightly-20261201T000000Z.snapshot";
+    b.s3.put_raw("etcd", left, b"an old snapshot".to_vec()).await;
+    b.patch_status(json!({"pruning": [left]})).await;
+    wait_for("the recorded deletion", SLOW, || {
+        no_pruning(&b.status())
+    })
+    .await;
+    assert_eq!(b.stored().await, want);
+    assert_eq!(b.kept(), taken[1..].to_vec());
 
     // On demand: the annotation takes one now.
     b.annotate("2026-12-05T10:00:00Z").await;

@@ -6,16 +6,17 @@
 //! lost), a crash before it acted, or a refusal (the stream failing its check, the store
 //! refusing a deletion). Every state reached is checked:
 //!
-//! - `counted-verified`: the snapshot the status counts as the last good one
-//!   (`lastSnapshot`) is an object stored whole in the store: a failed or interrupted
-//!   snapshot is never counted, and retention never deletes the last good one. (Not of
-//!   every kept one, `snapshots`: this exploration found that a crash between retention's
-//!   deletion and its status write leaves the record of a deleted snapshot there, which
-//!   only the next verified snapshot's retention drops; a failed snapshot runs no
-//!   retention. Mending it needs the deletions recorded before they are made.)
+//! - `counted-verified`: every snapshot the status counts (the last good one,
+//!   `lastSnapshot`, and each kept one, `snapshots`) is an object stored whole in the
+//!   store: a failed or interrupted snapshot is never counted, and retention never deletes
+//!   one still counted. (This exploration found that retention deleting first and writing
+//!   the status after left the record of a deleted snapshot in `snapshots` after a crash in
+//!   between; retention now records what it deletes in `pruning` before deleting it.)
 //! - `interrupted-cleaned`: after a reconcile that ended (no crash), with no snapshot in
-//!   progress, every object of the backup in the store is one it counts: an upload cut by a
-//!   crash is deleted by the next reconcile, never left behind and never counted.
+//!   progress, every object of the backup in the store is one it counts or one recorded as
+//!   being deleted (`pruning`, left there by a refused deletion): an upload cut by a crash
+//!   is deleted by the next reconcile, never left behind and never counted, and what
+//!   retention chose is never forgotten in the store.
 //!
 //! The backup's safety lives in the procedure (Rust), not in the rules, so this is its own
 //! small exploration beside the cluster model; `Mutant` makes the procedure's world
@@ -55,6 +56,9 @@ pub enum Mutant {
     /// A stream that failed its check answers stored: as if the procedure counted a
     /// snapshot it did not verify.
     CountUnverified,
+    /// The status write drops `pruning`: as if retention deleted without first recording
+    /// what it deletes.
+    NoPruningRecord,
 }
 
 /// The world's state between reconciles: the backup as last written, and the store.
@@ -190,6 +194,11 @@ impl BackupWorld for ModelBackup<'_> {
         {
             s.in_progress = None;
         }
+        if self.mutant == Some(Mutant::NoPruningRecord)
+            && let Some(s) = self.backup.status.as_mut()
+        {
+            s.pruning.clear();
+        }
         match fault {
             Some(Fault::CrashAfter) => Err(Crashed),
             _ => Ok(()),
@@ -303,8 +312,8 @@ fn check(
 ) -> Vec<(&'static str, String)> {
     let mut out = Vec::new();
     let status = b.status.clone().unwrap_or_default();
-    // The last good one (see the module's note on `snapshots`).
-    for r in status.last_snapshot.iter() {
+    // The last good one, and every one kept.
+    for r in status.last_snapshot.iter().chain(&status.snapshots) {
         if store.get(&r.key) != Some(&true) {
             out.push((
                 "counted-verified",
@@ -317,7 +326,7 @@ fn check(
     }
     if ended && status.in_progress.is_none() {
         for key in store.keys() {
-            if !status.snapshots.iter().any(|r| &r.key == key) {
+            if !status.snapshots.iter().any(|r| &r.key == key) && !status.pruning.contains(key) {
                 out.push((
                     "interrupted-cleaned",
                     format!(
@@ -429,6 +438,27 @@ mod tests {
             .unwrap_or_else(|| panic!("{r:?}"));
         // A crash right after the stream stored it, then a reconcile that ended.
         assert!(v.trace.contains(&Some((1, Fault::CrashAfter))), "{v:?}");
+        assert!(
+            !r.violations
+                .iter()
+                .any(|v| v.invariant == "counted-verified"),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn retention_deleting_without_recording_it_first_forgets_an_object() {
+        let r = explore(4, Some(Mutant::NoPruningRecord));
+        let v = r
+            .violations
+            .iter()
+            .find(|v| v.invariant == "interrupted-cleaned")
+            .unwrap_or_else(|| panic!("{r:?}"));
+        // The second snapshot's retention: a crash before (or a refusal of) the deletion.
+        assert!(
+            v.trace.iter().flatten().any(|(_, f)| *f != Fault::CrashAfter),
+            "{v:?}"
+        );
         assert!(
             !r.violations
                 .iter()

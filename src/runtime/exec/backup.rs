@@ -21,7 +21,10 @@
 //!    one; failed, it is deleted and reported, and the last good one stays what it was.
 //! 5. Retention deletes the snapshots past `keepLast` and older than `maxAge` (with both:
 //!    those neither among the last `keepLast` nor newer than `maxAge`), only among the
-//!    ones this backup recorded, never the newest.
+//!    ones this backup recorded, never the newest. Their records move from
+//!    `status.snapshots` to `status.pruning` and that is written before the first deletion;
+//!    a key leaves `pruning` once the store deleted it. Keys still there (a crash, a
+//!    refused deletion) are deleted first by every later reconcile, before anything else.
 
 use super::{Node, Outcome, Wait, World, calls};
 use crate::runtime::controller::status::{self, Conditions};
@@ -306,6 +309,11 @@ pub async fn reconcile<W: BackupWorld>(
             }
         }
     }
+    // 1b. Deletions retention recorded and did not finish: made before anything else.
+    if !pruning(&next).is_empty() {
+        finish_pruning(w, b, &before, &mut next).await?;
+        before = next.clone();
+    }
     // 2. Due?
     let now = w.now();
     let why = match requested(&next, operations) {
@@ -318,9 +326,10 @@ pub async fn reconcile<W: BackupWorld>(
                 Some(t) => {
                     let secs = t.duration_since(now).as_secs();
                     let wait = Duration::from_secs(u64::try_from(secs).unwrap_or(0).max(1));
-                    return Ok(requeue(wait.min(timing.recheck), "NotDue"));
+                    return Ok(requeue(wait.min(recheck(timing, &next)), "NotDue"));
                 }
-                None => return Ok(Outcome::AwaitChange),
+                None if pruning(&next).is_empty() => return Ok(Outcome::AwaitChange),
+                None => return Ok(requeue(timing.retry, "PruneFailed")),
             }
         }
     };
@@ -491,7 +500,16 @@ pub async fn reconcile<W: BackupWorld>(
         }
         None => timing.recheck,
     };
-    Ok(requeue(after.min(timing.recheck), "NotDue"))
+    Ok(requeue(after.min(recheck(timing, &next)), "NotDue"))
+}
+
+/// How long until the next look at most: sooner while deletions are left to retry.
+fn recheck(timing: &BackupTiming, b: &TalosEtcdBackup) -> Duration {
+    if pruning(b).is_empty() {
+        timing.recheck
+    } else {
+        timing.retry.min(timing.recheck)
+    }
 }
 
 /// Deletes what retention says of this backup's recorded snapshots; a deletion that fails
@@ -514,16 +532,45 @@ async fn prune<W: BackupWorld>(
     if expired.is_empty() {
         return Ok(());
     }
+    // Recorded first: no longer counted, and not forgotten if the controller stops.
+    {
+        let s = st(next);
+        s.snapshots.retain(|r| !expired.contains(&r.key));
+        for key in expired {
+            if !s.pruning.contains(&key) {
+                s.pruning.push(key);
+            }
+        }
+    }
+    w.write_backup(before, next).await?;
+    let before = next.clone();
+    finish_pruning(w, b, &before, next).await
+}
+
+fn pruning(b: &TalosEtcdBackup) -> &[String] {
+    b.status.as_ref().map(|s| s.pruning.as_slice()).unwrap_or(&[])
+}
+
+/// Deletes the keys `status.pruning` records; each one the store deleted leaves the list,
+/// a refused one stays (tried again by the next reconcile) and is reported.
+async fn finish_pruning<W: BackupWorld>(
+    w: &mut W,
+    b: &TalosEtcdBackup,
+    before: &TalosEtcdBackup,
+    next: &mut TalosEtcdBackup,
+) -> Result<(), W::Error> {
     let mut gone = Vec::new();
     let mut stuck = Vec::new();
-    for key in expired {
+    for key in pruning(next).to_vec() {
         match w.delete_object(b, &key).await? {
             Ok(()) => gone.push(key),
             Err(f) => stuck.push(format!("{key}: {}", f.message)),
         }
     }
-    st(next).snapshots.retain(|r| !gone.contains(&r.key));
-    w.write_backup(before, next).await?;
+    st(next).pruning.retain(|k| !gone.contains(k));
+    if !gone.is_empty() {
+        w.write_backup(before, next).await?;
+    }
     if !gone.is_empty() {
         let msg = format!(
             "retention deleted {} snapshot(s) this backup wrote: {}",
@@ -534,7 +581,8 @@ async fn prune<W: BackupWorld>(
     }
     if !stuck.is_empty() {
         let msg = format!(
-            "retention could not delete {} snapshot(s), kept for now: {}",
+            "retention could not delete {} snapshot(s), no longer counted and deleted by the \
+             next reconcile: {}",
             stuck.len(),
             stuck.join("; ")
         );

@@ -233,6 +233,14 @@ pub struct BackupStatus {
     /// only objects retention ever deletes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub snapshots: Vec<SnapshotRecord>,
+    /// The keys retention is deleting: taken out of `snapshots` (so no longer counted) and
+    /// recorded here before any deletion is made, and dropped from here once the store has
+    /// deleted them. A crash in between leaves them here, and the next reconcile deletes
+    /// them first: no kept record names a deleted object, and no object is forgotten.
+    /// (Always written, `[]` when none: the status is written as a merge patch, in which
+    /// an absent field would leave the old list standing.)
+    #[serde(default)]
+    pub pruning: Vec<String>,
     /// The snapshot being taken (null when none): see [`SnapshotInProgress`].
     #[serde(default)]
     pub in_progress: Option<SnapshotInProgress>,
