@@ -860,12 +860,10 @@ async fn snapshots_are_taken_on_schedule_verified_pruned_and_never_counted_when_
     // A deletion retention recorded and never made (the controller stopped in between):
     // the next reconcile makes it first, and the key leaves `pruning`; nothing else goes.
     let left = "prod/nightly-20261201T000000Z.snapshot";
-    b.s3.put_raw("etcd", left, b"an old snapshot".to_vec()).await;
+    b.s3.put_raw("etcd", left, b"an old snapshot".to_vec())
+        .await;
     b.patch_status(json!({"pruning": [left]})).await;
-    wait_for("the recorded deletion", SLOW, || {
-        no_pruning(&b.status())
-    })
-    .await;
+    wait_for("the recorded deletion", SLOW, || no_pruning(&b.status())).await;
     assert_eq!(b.stored().await, want);
     assert_eq!(b.kept(), taken[1..].to_vec());
 

@@ -1091,3 +1091,49 @@ async fn a_lock_the_previous_version_held_is_honoured_until_it_expires() {
     }
     task.abort();
 }
+
+/// A status field the controller clears (a staged configuration now applied, a removal
+/// step now done) leaves the object: the status write is a merge patch, which keeps any
+/// field it does not name, so the write names the cleared ones with `null`. Through the
+/// real kube client and the test API server's RFC 7386 merge.
+#[tokio::test]
+async fn a_status_field_the_controller_clears_leaves_the_object() {
+    use ichor_rules::runtime::controller::status;
+    use ichor_rules::runtime::objects::TalosMachine;
+    let api = ApiServer::start().await;
+    let mut m = control_plane("cp-a", 1);
+    m["status"] = json!({
+        "config": {"appliedHash": "old", "stagedHash": "new", "renderedHash": "new"},
+        "removal": {"memberDead": false, "done": ["drain node"], "started": "reset node",
+                    "startedAt": "2026-12-05T10:00:00Z", "committed": true}
+    });
+    api.insert(m);
+    let client = api.test_client();
+    let machines: kube::Api<TalosMachine> = kube::Api::namespaced(client.clone(), NS);
+    let live = machines.get("cp-a").await.expect("read");
+    let mut next = live.clone();
+    {
+        let s = next.status.as_mut().expect("status");
+        let c = s.config.as_mut().expect("config");
+        c.applied_hash = c.staged_hash.take();
+        let r = s.removal.as_mut().expect("removal");
+        r.done.push("reset node".into());
+        r.started = None;
+        r.started_at = None;
+    }
+    status::write(&client, &live, &next).await.expect("write");
+    let stored = get(&api, "TalosMachine", "cp-a").expect("cp-a");
+    let s = &stored["status"];
+    assert_eq!(s["config"]["appliedHash"], "new", "{s}");
+    assert!(s["config"].get("stagedHash").is_none(), "{s}");
+    assert!(s["removal"].get("started").is_none(), "{s}");
+    assert!(s["removal"].get("startedAt").is_none(), "{s}");
+    assert_eq!(
+        s["removal"]["done"],
+        json!(["drain node", "reset node"]),
+        "{s}"
+    );
+    // Read back, it is what the controller meant to write.
+    let back = machines.get("cp-a").await.expect("read");
+    assert_eq!(back.status, next.status);
+}

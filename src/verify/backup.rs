@@ -456,7 +456,10 @@ mod tests {
             .unwrap_or_else(|| panic!("{r:?}"));
         // The second snapshot's retention: a crash before (or a refusal of) the deletion.
         assert!(
-            v.trace.iter().flatten().any(|(_, f)| *f != Fault::CrashAfter),
+            v.trace
+                .iter()
+                .flatten()
+                .any(|(_, f)| *f != Fault::CrashAfter),
             "{v:?}"
         );
         assert!(

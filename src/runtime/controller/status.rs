@@ -93,7 +93,11 @@ where
         return Ok(None);
     }
     let empty = K::Status::default();
-    let status = after.status().unwrap_or(&empty);
+    let json = |s: Option<&K::Status>| serde_json::to_value(s.unwrap_or(&empty));
+    let status = merge_patch(
+        &json(before.status()).unwrap_or_default(),
+        &json(after.status()).map_err(kube::Error::SerdeError)?,
+    );
     let meta = after.meta();
     let namespace = meta.namespace.as_deref().unwrap_or_default();
     let name = meta.name.as_deref().unwrap_or_default();
@@ -106,6 +110,35 @@ where
         Ok(o) => Ok(o.meta().resource_version.clone()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
         Err(e) => Err(e),
+    }
+}
+
+/// `after` as a JSON merge patch (RFC 7386) over `before`: `after` whole, with `null` for
+/// every field `before` has and `after` does not, at any depth of objects. A merge patch
+/// leaves a field it does not name standing, and the statuses leave out the fields they do
+/// not hold (`skip_serializing_if`): without the nulls, a progress field cleared by the
+/// controller (`stagedHash`, a removal's `started`) would stay on the object for ever, and
+/// the next reconcile would read what the controller had taken back.
+pub fn merge_patch(before: &serde_json::Value, after: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match (before, after) {
+        (Value::Object(b), Value::Object(a)) => {
+            let mut out = serde_json::Map::new();
+            for (k, av) in a {
+                let v = match b.get(k) {
+                    Some(bv) => merge_patch(bv, av),
+                    None => av.clone(),
+                };
+                out.insert(k.clone(), v);
+            }
+            for k in b.keys() {
+                if !a.contains_key(k) {
+                    out.insert(k.clone(), Value::Null);
+                }
+            }
+            Value::Object(out)
+        }
+        _ => after.clone(),
     }
 }
 
@@ -154,5 +187,38 @@ impl Conditions for TalosOperation {
     }
     fn conditions_mut(&mut self) -> &mut Vec<Condition> {
         &mut self.status.get_or_insert_with(Default::default).conditions
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_patch;
+    use serde_json::json;
+
+    #[test]
+    fn a_merge_patch_removes_what_after_dropped_at_any_depth() {
+        let before = json!({"config": {"appliedHash": "a", "stagedHash": "s"},
+                            "removal": {"started": "reset node", "done": ["drain node"]},
+                            "gone": 1, "conditions": [{"type": "Ready"}]});
+        let after = json!({"config": {"appliedHash": "s"},
+                           "removal": {"done": ["drain node", "reset node"]},
+                           "conditions": []});
+        assert_eq!(
+            merge_patch(&before, &after),
+            json!({"config": {"appliedHash": "s", "stagedHash": null},
+                   "removal": {"done": ["drain node", "reset node"], "started": null},
+                   "gone": null, "conditions": []})
+        );
+        // Nothing dropped: `after` itself.
+        assert_eq!(merge_patch(&after, &after), after);
+        // A field that became an object, or an object that became a value, is replaced.
+        assert_eq!(
+            merge_patch(&json!({"a": 1}), &json!({"a": {"b": 2}})),
+            json!({"a": {"b": 2}})
+        );
+        assert_eq!(
+            merge_patch(&json!({"a": {"b": 2}}), &json!({"a": 1})),
+            json!({"a": 1})
+        );
     }
 }

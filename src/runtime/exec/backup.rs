@@ -548,7 +548,10 @@ async fn prune<W: BackupWorld>(
 }
 
 fn pruning(b: &TalosEtcdBackup) -> &[String] {
-    b.status.as_ref().map(|s| s.pruning.as_slice()).unwrap_or(&[])
+    b.status
+        .as_ref()
+        .map(|s| s.pruning.as_slice())
+        .unwrap_or(&[])
 }
 
 /// Deletes the keys `status.pruning` records; each one the store deleted leaves the list,
