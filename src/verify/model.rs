@@ -2626,13 +2626,18 @@ impl<'t> Model<'t> {
             // touched it (`wasCordoned`, known for the node the reconcile started at: the
             // model has no administrator's cordon, but an earlier failed operation leaves
             // one).
+            // A machine being deleted that the roll passed without cordoning it (the
+            // executor skips one no step touched: `NodeSkipped`) was not taken down by the
+            // operation: if its node is down, something else did it, and its removal takes
+            // it out of service anyway.
             let back = |j: u8, upgraded: bool| {
                 let cordon_kept = j == o.at() && o.run.has(OpRun::WAS_CORDONED);
                 t.machines.get(usize::from(j)).is_none_or(|m| {
-                    m.etcd_ok()
-                        && !m.boots.rebooting
-                        && (m.boots.upgraded || !upgraded)
-                        && (!m.boots.unsched || cordon_kept)
+                    (m.deleting && !m.boots.unsched && !upgraded)
+                        || m.etcd_ok()
+                            && !m.boots.rebooting
+                            && (m.boots.upgraded || !upgraded)
+                            && (!m.boots.unsched || cordon_kept)
                 })
             };
             match (o.kind, t.ops.get(k)) {
