@@ -3,7 +3,7 @@
 //! controller's recorded calls must stay within.
 //!
 //! It comes in disjoint parts: [`WEBHOOK`], what a replica serving only the webhook calls
-//! (`serve --no-controller`: the live reads of `live.rs` and the readiness probe of
+//! (`serve --no-controller`: the live reads of `live/` and the readiness probe of
 //! `serve`), [`CONTROLLER`], what the controller adds, and [`METRICS_AUTH`], what a process
 //! serving `/metrics` with authentication calls (a TokenReview and a SubjectAccessReview per
 //! scrape). [`REQUIRED`] is the webhook's and the controller's calls together.
