@@ -94,18 +94,23 @@ pub async fn reconcile(m: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action
 
     // 3. Reachability of an approved machine's node.
     // With the cluster's own credentials (read live); without any, nothing is probed.
+    // The status as last written (the configuration's procedure writes its own at once).
+    let mut written: Option<TalosMachine> = None;
     let requeue = if live.approved_role().is_some() {
         let dialer = nodes::Dialer::for_machine(&ctx, live).await;
         match dialer.missing() {
             None => {
                 let again = probe(&dialer, live, &mut next).await;
-                // 4. Its Talos configuration (issue 37), once its node answers.
+                // 4. Its Talos configuration (issue 37, `exec::apply`), once its node answers.
                 let cluster = snapshot.cluster(&ns, live.cluster());
                 if next.reachable_state() == Some("False") {
                     again
                 } else {
-                    match super::configure::configure(&ctx, &dialer, cluster, live, &mut next).await
-                    {
+                    let configured =
+                        super::configure::configure(&ctx, &dialer, cluster, live, &mut next)
+                            .await?;
+                    written = configured.written;
+                    match configured.again {
                         Some(retry) => again.min(retry),
                         // 5. Configured: the bootstrap of a new cluster, when the rules let it.
                         None if next.configured()
@@ -127,7 +132,7 @@ pub async fn reconcile(m: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action
     } else {
         ctx.settings.probe_interval
     };
-    status::write(&ctx.client, live, &next).await?;
+    status::write(&ctx.client, written.as_ref().unwrap_or(live), &next).await?;
     Ok(Action::requeue(requeue))
 }
 

@@ -68,6 +68,11 @@ impl<'c> Live<'c> {
         }
     }
 
+    /// The machine as this reconcile last wrote its status, if it wrote one.
+    pub fn written(&self) -> Option<&TalosMachine> {
+        self.written.as_ref()
+    }
+
     /// Keeps a lock still held (an error ended the reconcile): the work resumes it, or it
     /// expires after the lock duration.
     pub fn keep_lock(&mut self) {

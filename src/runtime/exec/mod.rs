@@ -13,6 +13,7 @@
 //! for a healthy sibling are procedures of the same kind ([`etcd`]): the controller and the
 //! model ask the same Talos calls and judge the answers with the same functions.
 
+pub mod apply;
 pub mod backup;
 pub mod etcd;
 pub mod operation;

@@ -12,21 +12,25 @@
 //!
 //! [`check`] (`ichor-rules verify RULES --check-trace FILE`) replays every reconcile of a
 //! log through the executor with the given rules, in a world that answers exactly what the
-//! log recorded ([`Replay`]; removals, operations and backups' snapshots): the run is a behaviour of the model's controller when the
+//! log recorded ([`Replay`]; removals, operations, backups' snapshots and machines'
+//! configurations): the run is a behaviour of the model's controller when the
 //! executor asks for the same things in the same order, decides the same, takes the same
 //! steps and ends the same. The first difference is reported with its line. A reconcile
 //! whose log ends early is a controller stopped there, which the model explores too. What
 //! the world answered is taken as recorded: that the model's world answers the same is
 //! what the conformance replay checks (`tests/conformance.rs`).
 
+use super::apply::{self, ApplyError, ApplyWorld, BaseError, TalosApi};
 use super::backup::{self, BackupTiming, BackupWorld, Failure, Stored};
 use super::operation::{self, OperationWorld};
 use super::{Call, Drained, LockOp, Node, NodeError, Note, Outcome, Reply, Timing, World, removal};
 use crate::runtime::live::Reads;
 use crate::runtime::objects::{
-    Snapshot, SnapshotRecord, TalosEtcdBackup, TalosMachine, TalosOperation,
+    Snapshot, SnapshotRecord, TalosCluster, TalosConfigPatch, TalosEtcdBackup, TalosMachine,
+    TalosOperation,
 };
-use crate::runtime::talos::TalosError;
+use crate::runtime::render::{Base, Rendered};
+use crate::runtime::talos::{Applied, ApplyMode, TalosError};
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -155,6 +159,31 @@ pub enum Entry {
         key: String,
         answer: Result<Result<(), Failure>, String>,
     },
+    /// A cluster's base Secret read: its digest (never its content), or why there is none.
+    Base {
+        secret: String,
+        answer: Result<Result<String, BaseError>, String>,
+    },
+    /// A cluster's TalosConfigPatches listed.
+    Patches {
+        cluster: String,
+        answer: Result<Result<Vec<TalosConfigPatch>, String>, String>,
+    },
+    /// A machine's configuration rendered: its sha256 (never the configuration), or why not.
+    Render {
+        machine: String,
+        patches: Vec<String>,
+        answer: Result<String, String>,
+    },
+    /// `ApplyConfiguration` of the configuration with this sha256 on a machine's node.
+    ApplyConfiguration {
+        machine: String,
+        api: TalosApi,
+        sha256: String,
+        mode: ApplyMode,
+        dry_run: bool,
+        answer: Result<Result<Applied, ApplyError>, String>,
+    },
     End {
         outcome: String,
     },
@@ -184,6 +213,10 @@ impl Entry {
             Entry::BackupEvent { .. } => "backup_event",
             Entry::StreamSnapshot { .. } => "stream_snapshot",
             Entry::DeleteObject { .. } => "delete_object",
+            Entry::Base { .. } => "base",
+            Entry::Patches { .. } => "patches",
+            Entry::Render { .. } => "render",
+            Entry::ApplyConfiguration { .. } => "apply_configuration",
             Entry::End { .. } => "end",
         }
     }
@@ -748,6 +781,113 @@ where
     }
 }
 
+impl<W: ApplyWorld> ApplyWorld for Traced<'_, W>
+where
+    W::Error: std::fmt::Display,
+{
+    async fn base(
+        &mut self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Result<Arc<Base>, BaseError>, Self::Error> {
+        let answer = self.inner.base(namespace, name).await;
+        self.log.write(
+            self.id,
+            Entry::Base {
+                secret: format!("{namespace}/{name}"),
+                // The digest only: the base holds the cluster's secrets.
+                answer: match &answer {
+                    Ok(Ok(b)) => Ok(Ok(b.digest.clone())),
+                    Ok(Err(e)) => Ok(Err(e.clone())),
+                    Err(e) => Err(err_text(e)),
+                },
+            },
+        );
+        answer
+    }
+
+    async fn patches(
+        &mut self,
+        cluster: &TalosCluster,
+    ) -> Result<Result<Vec<TalosConfigPatch>, String>, Self::Error> {
+        let answer = self.inner.patches(cluster).await;
+        self.log.write(
+            self.id,
+            Entry::Patches {
+                cluster: format!("{}/{}", cluster.namespace(), cluster.name()),
+                answer: answer.as_ref().map(Clone::clone).map_err(err_text),
+            },
+        );
+        answer
+    }
+
+    fn render(
+        &mut self,
+        base: &Base,
+        m: &TalosMachine,
+        patches: &[&TalosConfigPatch],
+    ) -> Result<Rendered, String> {
+        let answer = self.inner.render(base, m, patches);
+        self.log.write(
+            self.id,
+            Entry::Render {
+                machine: key(m),
+                patches: patches.iter().map(|p| p.name().to_string()).collect(),
+                answer: answer
+                    .as_ref()
+                    .map(|r| r.sha256.clone())
+                    .map_err(Clone::clone),
+            },
+        );
+        answer
+    }
+
+    async fn apply_configuration(
+        &mut self,
+        m: &TalosMachine,
+        api: TalosApi,
+        config: &Rendered,
+        mode: ApplyMode,
+        dry_run: bool,
+    ) -> Result<Result<Applied, ApplyError>, Self::Error> {
+        let answer = self
+            .inner
+            .apply_configuration(m, api, config, mode, dry_run)
+            .await;
+        self.log.write(
+            self.id,
+            Entry::ApplyConfiguration {
+                machine: key(m),
+                api,
+                sha256: config.sha256.clone(),
+                mode,
+                dry_run,
+                answer: answer.as_ref().map(Clone::clone).map_err(err_text),
+            },
+        );
+        answer
+    }
+}
+
+/// What a machine's configuration reconcile begins from: its cluster (when there is one),
+/// the machine as read, and its status so far (`next`: the reconcile's probe included).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ApplyBegin {
+    pub cluster: Option<TalosCluster>,
+    pub machine: TalosMachine,
+    pub next: TalosMachine,
+}
+
+impl ApplyBegin {
+    pub fn new(cluster: Option<&TalosCluster>, m: &TalosMachine, next: &TalosMachine) -> Self {
+        ApplyBegin {
+            cluster: cluster.cloned(),
+            machine: m.clone(),
+            next: next.clone(),
+        }
+    }
+}
+
 /// A backup's key in a log: `namespace/name`.
 fn backup_key(b: &TalosEtcdBackup) -> String {
     format!("{}/{}", b.namespace(), b.name())
@@ -1180,6 +1320,100 @@ impl BackupWorld for Replay<'_> {
     }
 }
 
+impl ApplyWorld for Replay<'_> {
+    async fn base(
+        &mut self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Result<Arc<Base>, BaseError>, Stop> {
+        let asked = format!("{namespace}/{name}");
+        let entry = self.take("base", |e| match e {
+            Entry::Base { secret, .. } => differs("base Secret read", secret, &asked),
+            _ => None,
+        })?;
+        // The log keeps the base's digest only: the replay renders nothing from it (the
+        // render's answer is recorded too).
+        match entry {
+            Entry::Base { answer: Ok(a), .. } => Ok(a.clone().map(|digest| {
+                Arc::new(Base {
+                    controlplane: Vec::new(),
+                    worker: Vec::new(),
+                    digest,
+                })
+            })),
+            _ => Err(Stop),
+        }
+    }
+
+    async fn patches(
+        &mut self,
+        cluster: &TalosCluster,
+    ) -> Result<Result<Vec<TalosConfigPatch>, String>, Stop> {
+        let asked = format!("{}/{}", cluster.namespace(), cluster.name());
+        let entry = self.take("patches", |e| match e {
+            Entry::Patches { cluster: c, .. } => differs("patches of", c, &asked),
+            _ => None,
+        })?;
+        match entry {
+            Entry::Patches { answer: Ok(a), .. } => Ok(a.clone()),
+            _ => Err(Stop),
+        }
+    }
+
+    fn render(
+        &mut self,
+        _base: &Base,
+        m: &TalosMachine,
+        patches: &[&TalosConfigPatch],
+    ) -> Result<Rendered, String> {
+        let names: Vec<String> = patches.iter().map(|p| p.name().to_string()).collect();
+        match self.take("render", |e| match e {
+            Entry::Render {
+                machine,
+                patches: p,
+                ..
+            } => differs("machine rendered", machine, &key(m))
+                .or_else(|| differs("patches rendered", p, &names)),
+            _ => None,
+        }) {
+            Ok(Entry::Render { answer, .. }) => answer.clone().map(|sha256| Rendered {
+                text: String::new(),
+                sha256,
+            }),
+            _ => Err("the step log ends here".into()),
+        }
+    }
+
+    async fn apply_configuration(
+        &mut self,
+        m: &TalosMachine,
+        api: TalosApi,
+        config: &Rendered,
+        mode: ApplyMode,
+        dry_run: bool,
+    ) -> Result<Result<Applied, ApplyError>, Stop> {
+        let entry = self.take("apply_configuration", |e| match e {
+            Entry::ApplyConfiguration {
+                machine,
+                api: a,
+                sha256,
+                mode: md,
+                dry_run: d,
+                ..
+            } => differs("configuration applied to", machine, &key(m))
+                .or_else(|| differs("Talos API", a, &api))
+                .or_else(|| differs("configuration's sha256", sha256, &config.sha256))
+                .or_else(|| differs("apply mode", md, &mode))
+                .or_else(|| differs("dry run", d, &dry_run)),
+            _ => None,
+        })?;
+        match entry {
+            Entry::ApplyConfiguration { answer: Ok(a), .. } => Ok(a.clone()),
+            _ => Err(Stop),
+        }
+    }
+}
+
 /// What [`check`] found.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Checked {
@@ -1282,10 +1516,22 @@ pub fn check(table: &crate::compile::Table, text: &str) -> Result<Checked, NotAB
                     format!("TalosEtcdBackup {}", backup_key(&begin.backup)),
                 )
             }
+            "apply" => {
+                let begin: ApplyBegin = serde_json::from_value(object.clone())
+                    .map_err(|e| unreadable("TalosMachine with its cluster", e))?;
+                let mut next = begin.next.clone();
+                let run = super::run_now(apply::reconcile(
+                    &mut w,
+                    begin.cluster.as_ref(),
+                    &begin.machine,
+                    &mut next,
+                ));
+                (run, format!("TalosMachine {}", key(&begin.machine)))
+            }
             other => {
                 return Err(NotABehaviour::Unreadable(format!(
                     "line {first}: procedure `{other}` is not one this version replays \
-                     (removal, operation, backup)"
+                     (removal, operation, backup, apply)"
                 )));
             }
         };

@@ -1,0 +1,381 @@
+//! Applying a machine's Talos configuration (issue 37), as one procedure over an
+//! [`ApplyWorld`]: the controller runs it with real I/O (`controller::configure`: the base
+//! Secret, the TalosConfigPatches, Talos' `ApplyConfiguration`); `verify --check-trace`
+//! replays it from a step log.
+//!
+//! One reconcile of an approved machine the rules let through (a held one never gets here)
+//! whose node answers:
+//!
+//! 1. The cluster's base (its Secret, read live and parsed by the world: never logged, never
+//!    copied into status or Events), then the cluster's patches; the digest of both is
+//!    recorded (`status.config.inputs`, which the roll waits on).
+//! 2. The render (the base for the machine's role, the patches selecting it in order, its
+//!    identity); its hash is recorded (`renderedHash`). The hash applied already: done.
+//! 3. Talos' own check first: `ApplyConfiguration` with `dry_run`, on the maintenance API
+//!    when the node is in maintenance mode. A refusal is said with Talos' words.
+//! 4. A node in maintenance mode gets its first configuration there (it installs it and
+//!    reboots into it). Else: a change Talos can make without a reboot is applied
+//!    `no-reboot` and recorded applied; one that needs a reboot is staged and recorded
+//!    staged (never applied: the roll's reboot applies it, `controller::roll`).
+//! 5. The status is written at once (before anything else of the reconcile).
+//!
+//! Resuming: every step is safe to take again. Re-applying the configuration a node runs
+//! is a no-op in Talos, so an apply whose answer (or whose status write) was lost is
+//! applied again and recorded then. A configuration staged already (its hash recorded
+//! staged) whose dry run still says it needs a reboot is not staged again: it waits for its
+//! reboot; once the node runs it, the dry run says no reboot is needed and it is recorded
+//! applied. A staged apply whose record was lost is staged again (the same configuration:
+//! Talos keeps one) and recorded then; it is never counted applied before the node runs
+//! it, because only a dry run answering "no reboot" on the running node records it so.
+//!
+//! A failure sets `Configured=False` with its reason and message and is retried later each
+//! time (the time since the failure began, between 5 s and 5 min).
+
+use super::{Note, Outcome, Wait, World};
+use crate::runtime::configpatch::{parse_patch, render_machine};
+use crate::runtime::controller::status::{self, Conditions};
+use crate::runtime::objects::{
+    MachineConfigStatus, TalosCluster, TalosConfigPatch, TalosMachine, patches_for,
+};
+use crate::runtime::render::{Base, CONTROLPLANE_KEY, Rendered, WORKER_KEY};
+use crate::runtime::talos::{Applied, ApplyMode};
+use k8s_openapi::jiff::Timestamp;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The condition a machine reports its configuration in.
+pub const CONFIGURED: &str = "Configured";
+
+/// Why the base Secret gave no base.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum BaseError {
+    /// There is no such Secret.
+    Missing,
+    /// It could not be read (an API error).
+    Unreadable(String),
+    /// It lacks `controlplane.yaml` or `worker.yaml`.
+    Incomplete,
+    /// Its texts do not parse (the error shows no content of the Secret).
+    Invalid(String),
+}
+
+/// Which Talos API an `ApplyConfiguration` goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TalosApi {
+    /// The node's mTLS API, with its cluster's credentials.
+    Cluster,
+    /// The maintenance API of a node with no configuration yet (`talosctl --insecure`).
+    Maintenance,
+}
+
+/// Why an `ApplyConfiguration` did not answer with success.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum ApplyError {
+    /// No call could be made (no credentials, no endpoint, a bad address).
+    Unavailable(String),
+    /// Talos answered with an error (its words), or did not answer.
+    Talos(String),
+}
+
+/// What applying a configuration needs of the world beyond the [`World`].
+#[allow(async_fn_in_trait)]
+pub trait ApplyWorld: World {
+    /// The base Secret `namespace/name`, read live and parsed.
+    async fn base(
+        &mut self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Result<Arc<Base>, BaseError>, Self::Error>;
+
+    /// The TalosConfigPatches of `cluster` (all of them, any order); `Err(why)` when they
+    /// could not be listed.
+    async fn patches(
+        &mut self,
+        cluster: &TalosCluster,
+    ) -> Result<Result<Vec<TalosConfigPatch>, String>, Self::Error>;
+
+    /// Renders `m` from `base` and `patches` (those selecting it, in order): pure. A world
+    /// replaying a log answers the render it recorded (a log keeps the hash, never the
+    /// configuration).
+    fn render(
+        &mut self,
+        base: &Base,
+        m: &TalosMachine,
+        patches: &[&TalosConfigPatch],
+    ) -> Result<Rendered, String> {
+        let parsed: Vec<_> = patches.iter().map(|p| parse_patch(p)).collect();
+        let pairs: Vec<_> = patches.iter().copied().zip(parsed.iter()).collect();
+        render_machine(base, m, &pairs).map_err(|e| e.to_string())
+    }
+
+    /// `ApplyConfiguration` of `config` on `m`'s node, on `api`, in `mode`; a dry run
+    /// changes nothing.
+    async fn apply_configuration(
+        &mut self,
+        m: &TalosMachine,
+        api: TalosApi,
+        config: &Rendered,
+        mode: ApplyMode,
+        dry_run: bool,
+    ) -> Result<Result<Applied, ApplyError>, Self::Error>;
+}
+
+/// The digest of what a cluster's machines are rendered from: the base's digest, and the
+/// name and resourceVersion of each of the cluster's TalosConfigPatches (all of them, so
+/// every machine of the cluster records the same digest for the same inputs). A machine
+/// records it at each render (`status.config.inputs`); the roll compares it.
+pub fn inputs_digest(base_digest: &str, patches: &[TalosConfigPatch]) -> String {
+    let mut names: Vec<String> = patches
+        .iter()
+        .map(|p| {
+            format!(
+                "{} {}\n",
+                p.name(),
+                p.metadata.resource_version.as_deref().unwrap_or_default()
+            )
+        })
+        .collect();
+    names.sort();
+    let text = format!("{base_digest}\n{}", names.concat());
+    let d = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn short(hash: &str) -> &str {
+    &hash[..12.min(hash.len())]
+}
+
+/// When to try a failed step again: as long as it has been failing, within 5 s and 5 min.
+fn backoff(next: &TalosMachine, now: Timestamp) -> Duration {
+    let since = next
+        .configure_failing_since()
+        .and_then(|t| now.duration_since(t.0).try_into().ok())
+        .unwrap_or(Duration::ZERO);
+    since.clamp(Duration::from_secs(5), Duration::from_secs(300))
+}
+
+fn config_status(next: &mut TalosMachine) -> &mut MachineConfigStatus {
+    next.status
+        .get_or_insert_with(Default::default)
+        .config
+        .get_or_insert_with(Default::default)
+}
+
+fn set<W: World>(w: &W, next: &mut TalosMachine, ok: bool, reason: &str, message: &str) {
+    status::set_at(
+        w.now(),
+        next.conditions_mut(),
+        CONFIGURED,
+        ok,
+        reason,
+        message,
+    );
+}
+
+/// One reconcile of the configuration of `before` (the machine as read; its node answers),
+/// whose status so far is `next`'s (the reconcile's probe included), in `cluster` (read
+/// live; `None`: it does not exist). The status is written when the cluster names a base.
+pub async fn reconcile<W: ApplyWorld>(
+    w: &mut W,
+    cluster: Option<&TalosCluster>,
+    before: &TalosMachine,
+    next: &mut TalosMachine,
+) -> Result<Outcome, W::Error> {
+    let Some(cluster) = cluster else {
+        return Ok(Outcome::AwaitChange);
+    };
+    let Some(base_ref) = cluster.spec.base_config_secret_ref.as_ref() else {
+        return Ok(Outcome::AwaitChange);
+    };
+    let outcome = configure(w, cluster, &base_ref.name, before, next).await?;
+    w.write_status(before, next).await?;
+    Ok(outcome)
+}
+
+async fn configure<W: ApplyWorld>(
+    w: &mut W,
+    cluster: &TalosCluster,
+    secret: &str,
+    live: &TalosMachine,
+    next: &mut TalosMachine,
+) -> Result<Outcome, W::Error> {
+    let ns = live.namespace();
+    let fail = |w: &mut W, next: &mut TalosMachine, reason: &str, message: String| {
+        set(w, next, false, reason, &message);
+        w.note(live, Note::Info(&format!("not configured: {reason}")));
+        Outcome::Requeue {
+            after: backoff(next, w.now()),
+            wait: Wait::On(reason.to_string()),
+        }
+    };
+    // 1. The base (never logged), and the cluster's patches.
+    let base = match w.base(ns, secret).await? {
+        Ok(b) => b,
+        Err(BaseError::Invalid(e)) => {
+            let message = format!("the base Secret {ns}/{secret} does not read: {e}");
+            return Ok(fail(w, next, "BaseInvalid", message));
+        }
+        Err(BaseError::Incomplete) => {
+            let message =
+                format!("the base Secret {ns}/{secret} lacks {CONTROLPLANE_KEY} or {WORKER_KEY}");
+            return Ok(fail(w, next, "BaseInvalid", message));
+        }
+        Err(BaseError::Missing) => {
+            let message = format!("the base Secret {ns}/{secret} does not exist");
+            return Ok(fail(w, next, "BaseSecretMissing", message));
+        }
+        Err(BaseError::Unreadable(e)) => {
+            let message = format!("the base Secret {ns}/{secret} could not be read: {e}");
+            return Ok(fail(w, next, "BaseSecretUnreadable", message));
+        }
+    };
+    let patches = match w.patches(cluster).await? {
+        Ok(p) => p,
+        Err(e) => {
+            let message = format!(
+                "the TalosConfigPatches of TalosCluster {ns}/{} could not be read: {e}",
+                cluster.name()
+            );
+            return Ok(fail(w, next, "PatchesUnreadable", message));
+        }
+    };
+    config_status(next).inputs = Some(inputs_digest(&base.digest, &patches));
+    // 2. The render.
+    let selected = patches_for(patches.iter(), live);
+    let rendered = match w.render(&base, live, &selected) {
+        Ok(r) => r,
+        Err(e) => {
+            let message = format!("its configuration does not render: {e}");
+            return Ok(fail(w, next, "RenderFailed", message));
+        }
+    };
+    let hash = rendered.sha256.clone();
+    config_status(next).rendered_hash = Some(hash.clone());
+    if live.applied_config_hash() == Some(hash.as_str()) {
+        let message = format!("configuration {} applied", short(&hash));
+        set(w, next, true, "Applied", &message);
+        return Ok(Outcome::AwaitChange);
+    }
+    // 3. Talos' own check first, where the configuration will go: a node in maintenance
+    // mode gets its first one over the maintenance API (`talosctl apply-config --insecure`).
+    let maintenance = next.in_maintenance();
+    let api = if maintenance {
+        TalosApi::Maintenance
+    } else {
+        TalosApi::Cluster
+    };
+    let dry = match w
+        .apply_configuration(live, api, &rendered, ApplyMode::Auto, true)
+        .await?
+    {
+        Ok(d) => d,
+        Err(ApplyError::Unavailable(e)) => return Ok(fail(w, next, "NodeUnavailable", e)),
+        Err(ApplyError::Talos(e)) => {
+            let message = format!("Talos refused configuration {}: {e}", short(&hash));
+            return Ok(fail(w, next, "DryRunRefused", message));
+        }
+    };
+    // 4. The first configuration: the node installs it and reboots into it.
+    if maintenance {
+        return Ok(
+            match w
+                .apply_configuration(live, api, &rendered, ApplyMode::Auto, false)
+                .await?
+            {
+                Ok(applied) => {
+                    let c = config_status(next);
+                    c.applied_hash = Some(hash.clone());
+                    c.staged_hash = None;
+                    status::remove(next.conditions_mut(), "Maintenance");
+                    let message = format!(
+                        "first configuration {} applied over the maintenance API: the node installs it and reboots ({})",
+                        short(&hash),
+                        applied.details
+                    );
+                    set(w, next, true, "Applied", &message);
+                    let said = format!(
+                        "first configuration {} applied over the maintenance API",
+                        short(&hash)
+                    );
+                    w.note(live, Note::Info(&said));
+                    Outcome::AwaitChange
+                }
+                Err(ApplyError::Unavailable(e)) => fail(w, next, "NodeUnavailable", e),
+                Err(ApplyError::Talos(e)) => {
+                    let message = format!(
+                        "Talos (maintenance mode) did not apply configuration {}: {e}",
+                        short(&hash)
+                    );
+                    fail(w, next, "ApplyFailed", message)
+                }
+            },
+        );
+    }
+    let needs_reboot = dry.mode == ApplyMode::Reboot;
+    if needs_reboot && live.staged_config_hash() == Some(hash.as_str()) {
+        // Staged already, and the node does not run it yet: staging it again would change
+        // nothing. Its reboot (the roll) applies it.
+        let said = format!("configuration {} needs a reboot", short(&hash));
+        let kept = next.condition(CONFIGURED).is_some_and(|c| {
+            c.reason.as_deref() == Some("RebootRequired")
+                && c.message.as_deref().is_some_and(|m| m.starts_with(&said))
+        });
+        if !kept {
+            let message = format!(
+                "{said}: it is staged on the node and takes effect at its next reboot, which the controller rolls with a `reboot` TalosOperation, one node at a time"
+            );
+            set(w, next, false, "RebootRequired", &message);
+        }
+        return Ok(Outcome::Requeue {
+            after: backoff(next, w.now()),
+            wait: Wait::On("RebootRequired".into()),
+        });
+    }
+    let mode = if needs_reboot {
+        ApplyMode::Staged
+    } else {
+        ApplyMode::NoReboot
+    };
+    Ok(
+        match w
+            .apply_configuration(live, api, &rendered, mode, false)
+            .await?
+        {
+            Ok(applied) if needs_reboot => {
+                config_status(next).staged_hash = Some(hash.clone());
+                let message = format!(
+                    "configuration {} needs a reboot: it is staged on the node and takes effect at its next reboot, which the controller rolls with a `reboot` TalosOperation, one node at a time; Talos: {}",
+                    short(&hash),
+                    applied.details
+                );
+                set(w, next, false, "RebootRequired", &message);
+                let said = format!("configuration {} staged: a reboot applies it", short(&hash));
+                w.note(live, Note::Info(&said));
+                Outcome::Requeue {
+                    after: backoff(next, w.now()),
+                    wait: Wait::On("RebootRequired".into()),
+                }
+            }
+            Ok(applied) => {
+                let c = config_status(next);
+                c.applied_hash = Some(hash.clone());
+                c.staged_hash = None;
+                let message = format!(
+                    "configuration {} applied without a reboot ({})",
+                    short(&hash),
+                    applied.details
+                );
+                set(w, next, true, "Applied", &message);
+                let said = format!("configuration {} applied", short(&hash));
+                w.note(live, Note::Info(&said));
+                Outcome::AwaitChange
+            }
+            Err(ApplyError::Unavailable(e)) => fail(w, next, "NodeUnavailable", e),
+            Err(ApplyError::Talos(e)) => {
+                let message = format!("Talos did not apply configuration {}: {e}", short(&hash));
+                fail(w, next, "ApplyFailed", message)
+            }
+        },
+    )
+}
