@@ -379,3 +379,412 @@ async fn configure<W: ApplyWorld>(
         },
     )
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::runtime::exec::{Call, Drained, LockOp, Node, NodeError, Reply, run_now};
+    use crate::runtime::live::Reads;
+    use crate::runtime::objects::Snapshot;
+
+    const CP: &str = include_str!("../../../tests/fixtures/talos/controlplane.yaml");
+    const WORKER: &str = include_str!("../../../tests/fixtures/talos/worker.yaml");
+
+    /// A crash of the controller (or an API error): the reconcile ends there.
+    #[derive(Debug)]
+    struct Crash;
+
+    /// One node as Talos keeps it, and the API server's copy of the machine's status.
+    struct Mem {
+        now: Timestamp,
+        base: Arc<Base>,
+        /// The sha256 of the configuration the node runs, and of the one staged.
+        running: Option<String>,
+        staged: Option<String>,
+        maintenance: bool,
+        /// A change of the running configuration needs a reboot.
+        reboot_for_change: bool,
+        /// The dry run refuses, with these words.
+        refuse: Option<String>,
+        /// The next real apply takes effect, and its answer is lost.
+        lose_answer: bool,
+        /// The next status write is lost (the controller stops before it).
+        crash_before_write: bool,
+        /// Every `ApplyConfiguration`: mode and dry run.
+        calls: Vec<(ApplyMode, bool)>,
+        /// The status as written.
+        written: Option<TalosMachine>,
+    }
+
+    impl Mem {
+        fn new() -> Mem {
+            Mem {
+                now: "2026-12-05T10:00:00Z".parse().unwrap(),
+                base: Arc::new(Base::parse(CP, WORKER, true).unwrap()),
+                running: Some("an older configuration".into()),
+                staged: None,
+                maintenance: false,
+                reboot_for_change: false,
+                refuse: None,
+                lose_answer: false,
+                crash_before_write: false,
+                calls: Vec::new(),
+                written: None,
+            }
+        }
+
+        /// The node reboots: it runs what was staged.
+        fn reboot(&mut self) {
+            if let Some(s) = self.staged.take() {
+                self.running = Some(s);
+            }
+        }
+
+        fn real_applies(&self) -> Vec<ApplyMode> {
+            self.calls
+                .iter()
+                .filter(|(_, dry)| !dry)
+                .map(|(m, _)| *m)
+                .collect()
+        }
+    }
+
+    impl World for Mem {
+        type Error = Crash;
+        fn now(&self) -> Timestamp {
+            self.now
+        }
+        async fn credentials(&mut self, _: &str) -> Result<(), String> {
+            Ok(())
+        }
+        async fn talos(
+            &mut self,
+            _: &str,
+            _: Node<'_>,
+            _: Call,
+        ) -> Result<Result<Reply, NodeError>, Crash> {
+            Err(Crash)
+        }
+        async fn lock(&mut self, _: &str, _: LockOp) -> Result<Result<(), String>, Crash> {
+            Err(Crash)
+        }
+        async fn read(&mut self, _: &str, _: Reads) -> Result<Arc<Snapshot>, Crash> {
+            Err(Crash)
+        }
+        async fn drain(&mut self, _: &str) -> Result<Result<Drained, String>, Crash> {
+            Err(Crash)
+        }
+        async fn write_status(
+            &mut self,
+            _: &TalosMachine,
+            after: &TalosMachine,
+        ) -> Result<Option<String>, Crash> {
+            if std::mem::take(&mut self.crash_before_write) {
+                return Err(Crash);
+            }
+            self.written = Some(after.clone());
+            Ok(None)
+        }
+        async fn release_finalizer(&mut self, _: &TalosMachine) -> Result<(), Crash> {
+            Err(Crash)
+        }
+        async fn event(&mut self, _: &TalosMachine, _: bool, _: &str, _: String) {}
+        fn note(&mut self, _: &TalosMachine, _: Note<'_>) {}
+    }
+
+    impl ApplyWorld for Mem {
+        async fn base(&mut self, _: &str, _: &str) -> Result<Result<Arc<Base>, BaseError>, Crash> {
+            Ok(Ok(self.base.clone()))
+        }
+        async fn patches(
+            &mut self,
+            _: &TalosCluster,
+        ) -> Result<Result<Vec<TalosConfigPatch>, String>, Crash> {
+            Ok(Ok(Vec::new()))
+        }
+        async fn apply_configuration(
+            &mut self,
+            _: &TalosMachine,
+            api: TalosApi,
+            config: &Rendered,
+            mode: ApplyMode,
+            dry_run: bool,
+        ) -> Result<Result<Applied, ApplyError>, Crash> {
+            self.calls.push((mode, dry_run));
+            if (api == TalosApi::Maintenance) != self.maintenance {
+                return Ok(Err(ApplyError::Talos("wrong API for this node".into())));
+            }
+            if let Some(why) = &self.refuse {
+                return Ok(Err(ApplyError::Talos(why.clone())));
+            }
+            let change = self.running.as_deref() != Some(config.sha256.as_str());
+            let reboot = change && self.reboot_for_change && !self.maintenance;
+            let chosen = match mode {
+                ApplyMode::Staged => ApplyMode::Staged,
+                ApplyMode::NoReboot if reboot => {
+                    return Ok(Err(ApplyError::Talos(
+                        "the change requires a reboot".into(),
+                    )));
+                }
+                _ if reboot || self.maintenance => ApplyMode::Reboot,
+                _ => ApplyMode::NoReboot,
+            };
+            if !dry_run {
+                if self.maintenance {
+                    self.maintenance = false;
+                    self.running = Some(config.sha256.clone());
+                } else if chosen == ApplyMode::Staged {
+                    self.staged = Some(config.sha256.clone());
+                } else {
+                    self.running = Some(config.sha256.clone());
+                }
+                if std::mem::take(&mut self.lose_answer) {
+                    return Ok(Err(ApplyError::Talos("connection reset".into())));
+                }
+            }
+            Ok(Ok(Applied {
+                mode: chosen,
+                details: "done".into(),
+                warnings: Vec::new(),
+            }))
+        }
+    }
+
+    fn cluster() -> TalosCluster {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosCluster",
+            "metadata": {"name": "prod", "namespace": "default"},
+            "spec": {"controlPlane": {"count": 3}, "baseConfigSecretRef": {"name": "prod-base"}}
+        }))
+        .unwrap()
+    }
+
+    fn machine() -> TalosMachine {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosMachine",
+            "metadata": {"name": "cp-1", "namespace": "default"},
+            "spec": {"clusterRef": {"name": "prod"}, "role": "controlplane", "approved": true,
+                     "endpoint": "10.0.0.1:50000"}
+        }))
+        .unwrap()
+    }
+
+    /// One reconcile of `m` (as the API server has it); what it wrote becomes the API
+    /// server's copy, unless it crashed first.
+    fn reconcile_once(w: &mut Mem, m: &mut TalosMachine) -> Result<Outcome, Crash> {
+        let mut next = m.clone();
+        let c = cluster();
+        let out = run_now(reconcile(w, Some(&c), m, &mut next)).expect("an immediate world");
+        if out.is_ok() {
+            *m = w.written.clone().expect("the status written");
+        }
+        out
+    }
+
+    fn configured(m: &TalosMachine) -> (String, String, String) {
+        let c = m.condition(CONFIGURED).expect("a Configured condition");
+        (
+            c.status.clone(),
+            c.reason.clone().unwrap_or_default(),
+            c.message.clone().unwrap_or_default(),
+        )
+    }
+
+    #[test]
+    fn no_reboot_needed_is_applied() {
+        let (mut w, mut m) = (Mem::new(), machine());
+        let out = reconcile_once(&mut w, &mut m).unwrap();
+        assert_eq!(out, Outcome::AwaitChange);
+        let hash = m
+            .status
+            .as_ref()
+            .unwrap()
+            .config
+            .as_ref()
+            .unwrap()
+            .rendered_hash
+            .clone();
+        assert_eq!(m.applied_config_hash(), hash.as_deref());
+        assert_eq!(w.running, hash);
+        assert_eq!(
+            w.calls,
+            [(ApplyMode::Auto, true), (ApplyMode::NoReboot, false)]
+        );
+        let (status, reason, _) = configured(&m);
+        assert_eq!((status.as_str(), reason.as_str()), ("True", "Applied"));
+        assert!(
+            m.status
+                .as_ref()
+                .unwrap()
+                .config
+                .as_ref()
+                .unwrap()
+                .inputs
+                .is_some()
+        );
+        // Applied: the next reconcile asks Talos nothing.
+        assert_eq!(
+            reconcile_once(&mut w, &mut m).unwrap(),
+            Outcome::AwaitChange
+        );
+        assert_eq!(w.calls.len(), 2);
+    }
+
+    #[test]
+    fn a_change_needing_a_reboot_is_staged_never_applied_before_the_reboot() {
+        let (mut w, mut m) = (Mem::new(), machine());
+        w.reboot_for_change = true;
+        let out = reconcile_once(&mut w, &mut m).unwrap();
+        assert!(
+            matches!(&out, Outcome::Requeue { wait: Wait::On(r), .. } if r == "RebootRequired"),
+            "{out:?}"
+        );
+        let (status, reason, message) = configured(&m);
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("False", "RebootRequired")
+        );
+        assert!(message.contains("staged on the node"), "{message}");
+        assert_eq!(m.applied_config_hash(), None);
+        let hash = m.staged_config_hash().map(str::to_string);
+        assert!(hash.is_some());
+        assert_eq!(w.staged, hash);
+        // Not staged again while it waits for its reboot, and not counted applied.
+        for _ in 0..3 {
+            reconcile_once(&mut w, &mut m).unwrap();
+        }
+        assert_eq!(w.real_applies(), [ApplyMode::Staged]);
+        assert_eq!(m.applied_config_hash(), None);
+        assert_eq!(configured(&m).1, "RebootRequired");
+        // The roll's reboot: the node runs it, the next reconcile records it applied.
+        w.reboot();
+        assert_eq!(
+            reconcile_once(&mut w, &mut m).unwrap(),
+            Outcome::AwaitChange
+        );
+        assert_eq!(m.applied_config_hash(), hash.as_deref());
+        assert_eq!(m.staged_config_hash(), None);
+        assert_eq!(configured(&m).1, "Applied");
+    }
+
+    #[test]
+    fn a_dry_run_refusal_is_said_with_talos_words_and_nothing_is_applied() {
+        let (mut w, mut m) = (Mem::new(), machine());
+        w.refuse = Some("kube-apiserver config is already set in v1alpha1 config".into());
+        let out = reconcile_once(&mut w, &mut m).unwrap();
+        assert!(
+            matches!(&out, Outcome::Requeue { after, wait: Wait::On(r) }
+                if r == "DryRunRefused" && *after == Duration::from_secs(5)),
+            "{out:?}"
+        );
+        let (status, reason, message) = configured(&m);
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("False", "DryRunRefused")
+        );
+        assert!(
+            message.contains("kube-apiserver config is already set"),
+            "{message}"
+        );
+        assert!(w.real_applies().is_empty());
+        assert_eq!(m.applied_config_hash(), None);
+        // Retried later each time it keeps failing (within 5 s and 5 min).
+        w.now = w.now.checked_add(Duration::from_secs(60)).unwrap();
+        let out = reconcile_once(&mut w, &mut m).unwrap();
+        assert!(
+            matches!(&out, Outcome::Requeue { after, .. } if *after == Duration::from_secs(60)),
+            "{out:?}"
+        );
+        assert!(w.real_applies().is_empty());
+    }
+
+    #[test]
+    fn a_node_in_maintenance_gets_its_first_configuration_there() {
+        let (mut w, mut m) = (Mem::new(), machine());
+        w.maintenance = true;
+        w.running = None;
+        status::set_at(
+            w.now,
+            m.conditions_mut(),
+            "Maintenance",
+            true,
+            "MaintenanceMode",
+            "m",
+        );
+        assert_eq!(
+            reconcile_once(&mut w, &mut m).unwrap(),
+            Outcome::AwaitChange
+        );
+        assert_eq!(w.calls, [(ApplyMode::Auto, true), (ApplyMode::Auto, false)]);
+        assert!(!w.maintenance);
+        assert!(m.condition("Maintenance").is_none());
+        let (status, reason, message) = configured(&m);
+        assert_eq!((status.as_str(), reason.as_str()), ("True", "Applied"));
+        assert!(message.contains("maintenance API"), "{message}");
+        assert_eq!(m.applied_config_hash(), w.running.as_deref());
+    }
+
+    #[test]
+    fn an_apply_whose_answer_is_lost_converges_without_a_wrong_status() {
+        let (mut w, mut m) = (Mem::new(), machine());
+        w.lose_answer = true;
+        reconcile_once(&mut w, &mut m).unwrap();
+        // Talos took it; the controller does not know: not recorded applied.
+        assert_eq!(configured(&m).1, "ApplyFailed");
+        assert_eq!(m.applied_config_hash(), None);
+        assert_eq!(
+            reconcile_once(&mut w, &mut m).unwrap(),
+            Outcome::AwaitChange
+        );
+        assert_eq!(m.applied_config_hash(), w.running.as_deref());
+        assert_eq!(configured(&m).1, "Applied");
+    }
+
+    #[test]
+    fn a_crash_after_the_apply_before_the_status_write_does_no_harm() {
+        let (mut w, mut m) = (Mem::new(), machine());
+        w.crash_before_write = true;
+        assert!(reconcile_once(&mut w, &mut m).is_err());
+        assert!(m.status.is_none(), "nothing recorded");
+        assert_eq!(
+            reconcile_once(&mut w, &mut m).unwrap(),
+            Outcome::AwaitChange
+        );
+        assert_eq!(m.applied_config_hash(), w.running.as_deref());
+        // The same configuration applied twice (Talos: a no-op), never anything else.
+        assert_eq!(w.real_applies(), [ApplyMode::NoReboot, ApplyMode::NoReboot]);
+    }
+
+    #[test]
+    fn a_staged_apply_whose_answer_is_lost_is_staged_once_more_then_waits() {
+        let (mut w, mut m) = (Mem::new(), machine());
+        w.reboot_for_change = true;
+        w.lose_answer = true;
+        reconcile_once(&mut w, &mut m).unwrap();
+        assert_eq!(configured(&m).1, "ApplyFailed");
+        assert_eq!(m.staged_config_hash(), None);
+        assert!(w.staged.is_some());
+        for _ in 0..3 {
+            reconcile_once(&mut w, &mut m).unwrap();
+        }
+        // Staged once more (the same configuration), recorded staged, never applied.
+        assert_eq!(w.real_applies(), [ApplyMode::Staged, ApplyMode::Staged]);
+        assert_eq!(m.staged_config_hash(), w.staged.as_deref());
+        assert_eq!(m.applied_config_hash(), None);
+        assert_eq!(configured(&m).1, "RebootRequired");
+    }
+
+    #[test]
+    fn no_cluster_or_no_base_is_nothing_to_do() {
+        let (mut w, m) = (Mem::new(), machine());
+        let mut next = m.clone();
+        let out = run_now(reconcile(&mut w, None, &m, &mut next)).unwrap();
+        assert_eq!(out.unwrap(), Outcome::AwaitChange);
+        let mut c = cluster();
+        c.spec.base_config_secret_ref = None;
+        let out = run_now(reconcile(&mut w, Some(&c), &m, &mut next)).unwrap();
+        assert_eq!(out.unwrap(), Outcome::AwaitChange);
+        assert!(w.calls.is_empty() && w.written.is_none());
+    }
+}
