@@ -445,19 +445,21 @@ async fn the_apply_step_log_replays_and_a_changed_dry_run_answer_is_refuted() {
         "\"op\":\"patches\"",
         "\"op\":\"render\"",
         "\"op\":\"apply_configuration\"",
-        "\"op\":\"write_status\"",
+        "\"procedure\":\"bootstrap\"",
+        "\"op\":\"record_bootstrap\"",
     ] {
         assert!(text.contains(op), "the log records {op}");
     }
     assert!(!text.contains("SECRET-BASE"), "the step log shows the base");
     let (code, said) = check_step_log_text("apply-as-written", &text);
     assert_eq!(code, Some(0), "{said}");
-    // The first dry run's answer, changed.
-    let tamper = |change: &dyn Fn(&mut Value)| -> String {
+    // The first apply's (`dry`: its dry run's) answer, changed.
+    let tamper_apply = |dry: bool, change: &dyn Fn(&mut Value)| -> String {
         let mut done = false;
+        let which = format!("\"dry_run\":{dry}");
         text.lines()
             .map(|l| {
-                if done || !l.contains("\"dry_run\":true") {
+                if done || !l.contains(&which) {
                     return l.to_string();
                 }
                 done = true;
@@ -468,6 +470,7 @@ async fn the_apply_step_log_replays_and_a_changed_dry_run_answer_is_refuted() {
             .collect::<Vec<_>>()
             .join("\n")
     };
+    let tamper = |change: &dyn Fn(&mut Value)| tamper_apply(true, change);
     let reboot = tamper(&|v| v["answer"]["Ok"]["Ok"]["mode"] = json!("Reboot"));
     assert_ne!(reboot, text);
     let (code, said) = check_step_log_text("apply-reboot", &reboot);
@@ -478,4 +481,12 @@ async fn the_apply_step_log_replays_and_a_changed_dry_run_answer_is_refuted() {
     let (code, said) = check_step_log_text("apply-refused", &refused);
     assert_eq!(code, Some(1), "{said}");
     assert!(said.contains("line "), "{said}");
+    // Talos said otherwise when it applied: the status the executor leaves (its condition
+    // quotes Talos) is not the one the run left.
+    let other = tamper_apply(false, &|v| {
+        v["answer"]["Ok"]["Ok"]["details"] = json!("Applied, said otherwise")
+    });
+    let (code, said) = check_step_log_text("apply-details", &other);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("left the status"), "{said}");
 }

@@ -1,5 +1,6 @@
-//! The world a machine's configuration is applied in (`exec::apply`, issue 37), and the
-//! driver of that procedure: the controller's world ([`ApplyLive`]) reads the cluster's
+//! The world a machine's configuration is applied in (`exec::apply`, issue 37) and its
+//! cluster bootstrapped in (`exec::bootstrap`, driven by `bootstrap.rs`), and the driver of
+//! the apply: the controller's world ([`MachineLive`]) reads the cluster's
 //! base Secret live (parsed here, never logged, never copied into status, Events or the
 //! step log: only its digest and the render's hash leave this module), lists the
 //! cluster's TalosConfigPatches, and calls Talos' `ApplyConfiguration` on the node's mTLS
@@ -11,9 +12,12 @@ use super::world::Live;
 use super::{Context, ReconcileError};
 use crate::interp::Decision;
 use crate::runtime::exec::apply::{self, ApplyError, ApplyWorld, BaseError, TalosApi};
+use crate::runtime::exec::bootstrap::BootstrapWorld;
 use crate::runtime::exec::{Call, Drained, LockOp, Node, NodeError, Note, Outcome, Reply, World};
 use crate::runtime::live::{Reads, cluster_selector, list_complete};
-use crate::runtime::objects::{Snapshot, TalosCluster, TalosConfigPatch, TalosMachine};
+use crate::runtime::objects::{
+    BootstrapRecord, Snapshot, TalosCluster, TalosConfigPatch, TalosMachine,
+};
 use crate::runtime::render::{Base, CONTROLPLANE_KEY, Rendered, WORKER_KEY};
 use crate::runtime::secrets;
 use crate::runtime::talos::{Applied, ApplyMode, TalosClient};
@@ -21,21 +25,28 @@ use k8s_openapi::jiff::Timestamp;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The controller's world of one reconcile of a machine's configuration.
-pub struct ApplyLive<'c, 'd> {
+/// The controller's world of one reconcile of a machine's configuration, or of its
+/// cluster's bootstrap.
+pub struct MachineLive<'c, 'd> {
     live: Live<'c>,
     ctx: &'c Context,
     /// The credentials of the machine's cluster, read once by the machine's reconcile.
     dialer: &'d nodes::Dialer<'c>,
 }
 
-impl<'c, 'd> ApplyLive<'c, 'd> {
+impl<'c, 'd> MachineLive<'c, 'd> {
     pub fn new(ctx: &'c Context, dialer: &'d nodes::Dialer<'c>, namespace: &str) -> Self {
-        ApplyLive {
+        MachineLive {
             live: Live::new(ctx, namespace, None),
             ctx,
             dialer,
         }
+    }
+
+    /// Keeps decision records of this reconcile of `m` (`--decision-log`).
+    pub fn recording(mut self, m: &TalosMachine) -> Self {
+        self.live = self.live.recording("TalosMachine", &m.metadata, "");
+        self
     }
 
     fn client(&self, m: &TalosMachine, api: TalosApi) -> Result<TalosClient, String> {
@@ -50,7 +61,7 @@ impl<'c, 'd> ApplyLive<'c, 'd> {
     }
 }
 
-impl World for ApplyLive<'_, '_> {
+impl World for MachineLive<'_, '_> {
     type Error = ReconcileError;
 
     fn now(&self) -> Timestamp {
@@ -106,6 +117,10 @@ impl World for ApplyLive<'_, '_> {
         self.live.note(on, note);
     }
 
+    fn journal(&mut self) -> Option<&mut crate::runtime::step_records::Journal> {
+        self.live.journal()
+    }
+
     fn decide(
         &mut self,
         table: &crate::compile::Table,
@@ -117,7 +132,7 @@ impl World for ApplyLive<'_, '_> {
     }
 }
 
-impl ApplyWorld for ApplyLive<'_, '_> {
+impl ApplyWorld for MachineLive<'_, '_> {
     async fn base(
         &mut self,
         namespace: &str,
@@ -168,47 +183,75 @@ impl ApplyWorld for ApplyLive<'_, '_> {
     }
 }
 
-/// How a machine's configuration reconcile ended.
-pub struct Configured {
-    /// When to look again (`None`: nothing to do until something changes).
-    pub again: Option<Duration>,
-    /// The machine as its status was last written (the reconcile's later write compares
-    /// with it).
-    pub written: Option<TalosMachine>,
+impl BootstrapWorld for MachineLive<'_, '_> {
+    async fn record_bootstrap(
+        &mut self,
+        cluster: &TalosCluster,
+        record: &BootstrapRecord,
+        guard: bool,
+    ) -> Result<bool, ReconcileError> {
+        let api: kube::Api<TalosCluster> =
+            kube::Api::namespaced(self.ctx.client.clone(), cluster.namespace());
+        let mut body = serde_json::json!({ "status": { "bootstrap": record } });
+        if guard {
+            body["metadata"] = serde_json::json!({
+                "resourceVersion": cluster.metadata.resource_version.clone().unwrap_or_default()
+            });
+        }
+        match api
+            .patch_status(
+                cluster.name(),
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&body),
+            )
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn cluster_event(
+        &mut self,
+        on: &TalosCluster,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
+        self.ctx.event(on, warning, reason, note).await;
+    }
 }
 
-/// Configures the machine `live` (read live; `next`: its status so far) through the
-/// executor; `cluster` is the live TalosCluster. Logged to the step log (`apply`) when the
-/// controller keeps one.
+/// Configures the machine `live` (read live; `next`: its status so far, which the caller
+/// writes) through the executor; `cluster` is the live TalosCluster. Returns when to look
+/// again (`None`: nothing to do until something changes). Logged to the step log (`apply`)
+/// when the controller keeps one.
 pub async fn configure(
     ctx: &Context,
     dialer: &nodes::Dialer<'_>,
     cluster: Option<&TalosCluster>,
     live: &TalosMachine,
     next: &mut TalosMachine,
-) -> Result<Configured, ReconcileError> {
-    let world = ApplyLive::new(ctx, dialer, live.namespace());
-    let (outcome, written) = match &ctx.steps {
-        // Every step logged, for `verify --check-trace`.
+) -> Result<Option<Duration>, ReconcileError> {
+    let world = MachineLive::new(ctx, dialer, live.namespace());
+    let outcome = match &ctx.steps {
+        // Every step logged, for `verify --check-trace`, with the status left to write.
         Some(log) => {
             let begin = crate::runtime::exec::trace::ApplyBegin::new(cluster, live, next);
             let id = log.begin("apply", &begin, &super::removal::timing(ctx));
             let mut traced = crate::runtime::exec::trace::Traced::new(world, log, id);
             let outcome = apply::reconcile(&mut traced, cluster, live, next).await;
-            log.end(id, &outcome);
-            (outcome, traced.inner.live.written().cloned())
+            log.end_with_status(id, &outcome, &next.status);
+            outcome
         }
         None => {
             let mut world = world;
-            let outcome = apply::reconcile(&mut world, cluster, live, next).await;
-            (outcome, world.live.written().cloned())
+            apply::reconcile(&mut world, cluster, live, next).await
         }
     };
-    Ok(Configured {
-        again: match outcome? {
-            Outcome::Requeue { after, .. } => Some(after),
-            Outcome::AwaitChange => None,
-        },
-        written,
+    Ok(match outcome? {
+        Outcome::Requeue { after, .. } => Some(after),
+        Outcome::AwaitChange => None,
     })
 }

@@ -94,8 +94,6 @@ pub async fn reconcile(m: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action
 
     // 3. Reachability of an approved machine's node.
     // With the cluster's own credentials (read live); without any, nothing is probed.
-    // The status as last written (the configuration's procedure writes its own at once).
-    let mut written: Option<TalosMachine> = None;
     let requeue = if live.approved_role().is_some() {
         let dialer = nodes::Dialer::for_machine(&ctx, live).await;
         match dialer.missing() {
@@ -106,11 +104,9 @@ pub async fn reconcile(m: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action
                 if next.reachable_state() == Some("False") {
                     again
                 } else {
-                    let configured =
-                        super::configure::configure(&ctx, &dialer, cluster, live, &mut next)
-                            .await?;
-                    written = configured.written;
-                    match configured.again {
+                    match super::configure::configure(&ctx, &dialer, cluster, live, &mut next)
+                        .await?
+                    {
                         Some(retry) => again.min(retry),
                         // 5. Configured: the bootstrap of a new cluster, when the rules let it.
                         None if next.configured()
@@ -132,7 +128,7 @@ pub async fn reconcile(m: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action
     } else {
         ctx.settings.probe_interval
     };
-    status::write(&ctx.client, written.as_ref().unwrap_or(live), &next).await?;
+    status::write(&ctx.client, live, &next).await?;
     Ok(Action::requeue(requeue))
 }
 

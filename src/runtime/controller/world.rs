@@ -68,11 +68,6 @@ impl<'c> Live<'c> {
         }
     }
 
-    /// The machine as this reconcile last wrote its status, if it wrote one.
-    pub fn written(&self) -> Option<&TalosMachine> {
-        self.written.as_ref()
-    }
-
     /// Keeps a lock still held (an error ended the reconcile): the work resumes it, or it
     /// expires after the lock duration.
     pub fn keep_lock(&mut self) {
@@ -173,6 +168,7 @@ impl World for Live<'_> {
                 .image_pull(&image, self.ctx.settings.install_deadline)
                 .await
                 .map(Reply::Pulled),
+            Call::Bootstrap => c.bootstrap().await.map(|()| Reply::Done),
             Call::LifecycleUpgrade { image_name } => c
                 .lifecycle_upgrade(&image_name, self.ctx.settings.install_deadline)
                 .await

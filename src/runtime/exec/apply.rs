@@ -17,7 +17,10 @@
 //!    reboots into it). Else: a change Talos can make without a reboot is applied
 //!    `no-reboot` and recorded applied; one that needs a reboot is staged and recorded
 //!    staged (never applied: the roll's reboot applies it, `controller::roll`).
-//! 5. The status is written at once (before anything else of the reconcile).
+//!
+//! What it found is left in the machine's status (`next`), which the machine's reconcile
+//! writes once, at its end (the probe's, the configuration's and the bootstrap's together);
+//! a step log keeps it with the reconcile's end, and its replay compares it.
 //!
 //! Resuming: every step is safe to take again. Re-applying the configuration a node runs
 //! is a no-op in Talos, so an apply whose answer (or whose status write) was lost is
@@ -175,7 +178,7 @@ fn set<W: World>(w: &W, next: &mut TalosMachine, ok: bool, reason: &str, message
 
 /// One reconcile of the configuration of `before` (the machine as read; its node answers),
 /// whose status so far is `next`'s (the reconcile's probe included), in `cluster` (read
-/// live; `None`: it does not exist). The status is written when the cluster names a base.
+/// live; `None`: it does not exist). The caller writes `next`'s status.
 pub async fn reconcile<W: ApplyWorld>(
     w: &mut W,
     cluster: Option<&TalosCluster>,
@@ -188,9 +191,7 @@ pub async fn reconcile<W: ApplyWorld>(
     let Some(base_ref) = cluster.spec.base_config_secret_ref.as_ref() else {
         return Ok(Outcome::AwaitChange);
     };
-    let outcome = configure(w, cluster, &base_ref.name, before, next).await?;
-    w.write_status(before, next).await?;
-    Ok(outcome)
+    configure(w, cluster, &base_ref.name, before, next).await
 }
 
 async fn configure<W: ApplyWorld>(
@@ -409,12 +410,11 @@ mod tests {
         refuse: Option<String>,
         /// The next real apply takes effect, and its answer is lost.
         lose_answer: bool,
-        /// The next status write is lost (the controller stops before it).
+        /// The next reconcile's status is never written (the controller stops before its
+        /// write).
         crash_before_write: bool,
         /// Every `ApplyConfiguration`: mode and dry run.
         calls: Vec<(ApplyMode, bool)>,
-        /// The status as written.
-        written: Option<TalosMachine>,
     }
 
     impl Mem {
@@ -430,7 +430,6 @@ mod tests {
                 lose_answer: false,
                 crash_before_write: false,
                 calls: Vec::new(),
-                written: None,
             }
         }
 
@@ -478,13 +477,9 @@ mod tests {
         async fn write_status(
             &mut self,
             _: &TalosMachine,
-            after: &TalosMachine,
+            _: &TalosMachine,
         ) -> Result<Option<String>, Crash> {
-            if std::mem::take(&mut self.crash_before_write) {
-                return Err(Crash);
-            }
-            self.written = Some(after.clone());
-            Ok(None)
+            Err(Crash)
         }
         async fn release_finalizer(&mut self, _: &TalosMachine) -> Result<(), Crash> {
             Err(Crash)
@@ -570,14 +565,17 @@ mod tests {
         .unwrap()
     }
 
-    /// One reconcile of `m` (as the API server has it); what it wrote becomes the API
-    /// server's copy, unless it crashed first.
+    /// One reconcile of `m` (as the API server has it): its status is written (becomes the
+    /// API server's copy) unless the controller stops first.
     fn reconcile_once(w: &mut Mem, m: &mut TalosMachine) -> Result<Outcome, Crash> {
         let mut next = m.clone();
         let c = cluster();
         let out = run_now(reconcile(w, Some(&c), m, &mut next)).expect("an immediate world");
+        if std::mem::take(&mut w.crash_before_write) {
+            return Err(Crash);
+        }
         if out.is_ok() {
-            *m = w.written.clone().expect("the status written");
+            *m = next;
         }
         out
     }
@@ -785,6 +783,7 @@ mod tests {
         c.spec.base_config_secret_ref = None;
         let out = run_now(reconcile(&mut w, Some(&c), &m, &mut next)).unwrap();
         assert_eq!(out.unwrap(), Outcome::AwaitChange);
-        assert!(w.calls.is_empty() && w.written.is_none());
+        assert!(w.calls.is_empty());
+        assert_eq!(next, m);
     }
 }

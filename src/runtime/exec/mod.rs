@@ -15,6 +15,7 @@
 
 pub mod apply;
 pub mod backup;
+pub mod bootstrap;
 pub mod etcd;
 pub mod operation;
 pub mod removal;
@@ -99,6 +100,8 @@ pub enum Call {
     LifecycleUpgrade {
         image_name: String,
     },
+    /// `Bootstrap`: starts etcd on a new cluster's first control plane.
+    Bootstrap,
 }
 
 impl Call {
@@ -119,6 +122,7 @@ impl Call {
             Call::SystemStat => "SystemStat",
             Call::ImagePull { .. } => "ImageService/Pull",
             Call::LifecycleUpgrade { .. } => "LifecycleService/Upgrade",
+            Call::Bootstrap => "Bootstrap",
         }
     }
 
@@ -135,6 +139,7 @@ impl Call {
                 | Call::UpgradeLegacy { .. }
                 | Call::Rollback
                 | Call::LifecycleUpgrade { .. }
+                | Call::Bootstrap
         )
     }
 }

@@ -12,8 +12,8 @@
 //!
 //! [`check`] (`ichor-rules verify RULES --check-trace FILE`) replays every reconcile of a
 //! log through the executor with the given rules, in a world that answers exactly what the
-//! log recorded ([`Replay`]; removals, operations, backups' snapshots and machines'
-//! configurations): the run is a behaviour of the model's controller when the
+//! log recorded ([`Replay`]; removals, operations, backups' snapshots, machines'
+//! configurations and bootstraps): the run is a behaviour of the model's controller when the
 //! executor asks for the same things in the same order, decides the same, takes the same
 //! steps and ends the same. The first difference is reported with its line. A reconcile
 //! whose log ends early is a controller stopped there, which the model explores too. What
@@ -22,12 +22,13 @@
 
 use super::apply::{self, ApplyError, ApplyWorld, BaseError, TalosApi};
 use super::backup::{self, BackupTiming, BackupWorld, Failure, Stored};
+use super::bootstrap::{self, BootstrapWorld};
 use super::operation::{self, OperationWorld};
 use super::{Call, Drained, LockOp, Node, NodeError, Note, Outcome, Reply, Timing, World, removal};
 use crate::runtime::live::Reads;
 use crate::runtime::objects::{
-    Snapshot, SnapshotRecord, TalosCluster, TalosConfigPatch, TalosEtcdBackup, TalosMachine,
-    TalosOperation,
+    BootstrapRecord, Snapshot, SnapshotRecord, TalosCluster, TalosConfigPatch, TalosEtcdBackup,
+    TalosMachine, TalosOperation,
 };
 use crate::runtime::render::{Base, Rendered};
 use crate::runtime::talos::{Applied, ApplyMode, TalosError};
@@ -184,8 +185,25 @@ pub enum Entry {
         dry_run: bool,
         answer: Result<Result<Applied, ApplyError>, String>,
     },
+    /// A TalosCluster's `status.bootstrap` written (`guard`: naming the resourceVersion
+    /// read); `false`: another writer came first.
+    RecordBootstrap {
+        cluster: String,
+        record: BootstrapRecord,
+        guard: bool,
+        answer: Result<bool, String>,
+    },
+    ClusterEvent {
+        cluster: String,
+        warning: bool,
+        reason: String,
+        note: String,
+    },
     End {
         outcome: String,
+        /// The machine's status the procedure left for its reconcile's one write (`apply`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        status: Option<Value>,
     },
 }
 
@@ -217,6 +235,8 @@ impl Entry {
             Entry::Patches { .. } => "patches",
             Entry::Render { .. } => "render",
             Entry::ApplyConfiguration { .. } => "apply_configuration",
+            Entry::RecordBootstrap { .. } => "record_bootstrap",
+            Entry::ClusterEvent { .. } => "cluster_event",
             Entry::End { .. } => "end",
         }
     }
@@ -450,6 +470,23 @@ impl StepLog {
             id,
             Entry::End {
                 outcome: outcome_text(outcome),
+                status: None,
+            },
+        );
+    }
+
+    /// [`StepLog::end`], with the status the procedure left for its caller to write.
+    pub fn end_with_status<E, S: Serialize>(
+        &self,
+        id: u64,
+        outcome: &Result<Outcome, E>,
+        status: &S,
+    ) {
+        self.write(
+            id,
+            Entry::End {
+                outcome: outcome_text(outcome),
+                status: Some(serde_json::to_value(status).unwrap_or(Value::Null)),
             },
         );
     }
@@ -884,6 +921,73 @@ impl ApplyBegin {
             cluster: cluster.cloned(),
             machine: m.clone(),
             next: next.clone(),
+        }
+    }
+}
+
+impl<W: BootstrapWorld> BootstrapWorld for Traced<'_, W>
+where
+    W::Error: std::fmt::Display,
+{
+    async fn record_bootstrap(
+        &mut self,
+        cluster: &TalosCluster,
+        record: &BootstrapRecord,
+        guard: bool,
+    ) -> Result<bool, Self::Error> {
+        let answer = self.inner.record_bootstrap(cluster, record, guard).await;
+        self.log.write(
+            self.id,
+            Entry::RecordBootstrap {
+                cluster: cluster_key(cluster),
+                record: record.clone(),
+                guard,
+                answer: answer.as_ref().map(|b| *b).map_err(err_text),
+            },
+        );
+        answer
+    }
+
+    async fn cluster_event(
+        &mut self,
+        on: &TalosCluster,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
+        self.log.write(
+            self.id,
+            Entry::ClusterEvent {
+                cluster: cluster_key(on),
+                warning,
+                reason: reason.into(),
+                note: note.clone(),
+            },
+        );
+        self.inner.cluster_event(on, warning, reason, note).await;
+    }
+}
+
+/// A cluster's key in a log: `namespace/name`.
+fn cluster_key(c: &TalosCluster) -> String {
+    format!("{}/{}", c.namespace(), c.name())
+}
+
+/// What a bootstrap reconcile begins from: the cluster as read, the control plane it is
+/// asked for, and the controller's identity (recorded as who sent it).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BootstrapBegin {
+    pub snapshot: Snapshot,
+    pub machine: TalosMachine,
+    pub identity: String,
+}
+
+impl BootstrapBegin {
+    pub fn new(snapshot: &Snapshot, m: &TalosMachine, identity: &str) -> Self {
+        BootstrapBegin {
+            snapshot: snapshot.clone(),
+            machine: m.clone(),
+            identity: identity.to_string(),
         }
     }
 }
@@ -1414,6 +1518,52 @@ impl ApplyWorld for Replay<'_> {
     }
 }
 
+impl BootstrapWorld for Replay<'_> {
+    async fn record_bootstrap(
+        &mut self,
+        cluster: &TalosCluster,
+        record: &BootstrapRecord,
+        guard: bool,
+    ) -> Result<bool, Stop> {
+        let entry = self.take("record_bootstrap", |e| match e {
+            Entry::RecordBootstrap {
+                cluster: c,
+                record: r,
+                guard: g,
+                ..
+            } => differs("bootstrap record of", c, &cluster_key(cluster))
+                .or_else(|| differs("bootstrap record", r, record))
+                .or_else(|| differs("record's guard", g, &guard)),
+            _ => None,
+        })?;
+        match entry {
+            Entry::RecordBootstrap { answer: Ok(a), .. } => Ok(*a),
+            _ => Err(Stop),
+        }
+    }
+
+    async fn cluster_event(
+        &mut self,
+        on: &TalosCluster,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
+        let _ = self.take("cluster_event", |e| match e {
+            Entry::ClusterEvent {
+                cluster,
+                warning: w,
+                reason: r,
+                note: n,
+            } => differs("event on", cluster, &cluster_key(on))
+                .or_else(|| differs("event's warning", w, &warning))
+                .or_else(|| differs("event's reason", r, &reason.to_string()))
+                .or_else(|| differs("event's note", n, &note)),
+            _ => None,
+        });
+    }
+}
+
 /// What [`check`] found.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Checked {
@@ -1485,6 +1635,9 @@ pub fn check(table: &crate::compile::Table, text: &str) -> Result<Checked, NotAB
         let unreadable = |kind: &str, e: serde_json::Error| {
             NotABehaviour::Unreadable(format!("line {first}: the object is not a {kind} ({e})"))
         };
+        // The status a procedure leaves for its caller to write (`apply`), to compare with
+        // the one recorded at the reconcile's end.
+        let mut left: Option<Value> = None;
         let (outcome, who) = match procedure.as_str() {
             "removal" => {
                 let object: TalosMachine = serde_json::from_value(object.clone())
@@ -1526,12 +1679,26 @@ pub fn check(table: &crate::compile::Table, text: &str) -> Result<Checked, NotAB
                     &begin.machine,
                     &mut next,
                 ));
+                left = Some(serde_json::to_value(&next.status).unwrap_or(Value::Null));
+                (run, format!("TalosMachine {}", key(&begin.machine)))
+            }
+            "bootstrap" => {
+                let begin: BootstrapBegin = serde_json::from_value(object.clone())
+                    .map_err(|e| unreadable("TalosMachine with its cluster's objects", e))?;
+                let run = super::run_now(bootstrap::reconcile(
+                    &mut w,
+                    table,
+                    &timing,
+                    &begin.identity,
+                    &begin.snapshot,
+                    &begin.machine,
+                ));
                 (run, format!("TalosMachine {}", key(&begin.machine)))
             }
             other => {
                 return Err(NotABehaviour::Unreadable(format!(
                     "line {first}: procedure `{other}` is not one this version replays \
-                     (removal, operation, backup, apply)"
+                     (removal, operation, backup, apply, bootstrap)"
                 )));
             }
         };
@@ -1551,10 +1718,26 @@ pub fn check(table: &crate::compile::Table, text: &str) -> Result<Checked, NotAB
         }
         let ended = outcome_text(&outcome);
         match w.rest() {
-            [(n, Entry::End { outcome: recorded })] => {
+            [
+                (
+                    n,
+                    Entry::End {
+                        outcome: recorded,
+                        status,
+                    },
+                ),
+            ] => {
                 if recorded != &ended {
                     return Err(NotABehaviour::Differs(format!(
                         "{who}: line {n}: the run ended `{recorded}`, where the executor ends `{ended}`"
+                    )));
+                }
+                if let (Some(recorded), Some(left)) = (status, &left)
+                    && recorded != left
+                {
+                    return Err(NotABehaviour::Differs(format!(
+                        "{who}: line {n}: the run left the status {recorded}, where the executor \
+                         leaves {left}"
                     )));
                 }
                 checked.lines += 1;
