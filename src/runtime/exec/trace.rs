@@ -1532,7 +1532,11 @@ impl BootstrapWorld for Replay<'_> {
                 guard: g,
                 ..
             } => differs("bootstrap record of", c, &cluster_key(cluster))
-                .or_else(|| differs("bootstrap record", r, record))
+                .or_else(|| {
+                    // As written (a time in whole seconds, as the API server keeps it).
+                    let as_written = |r: &BootstrapRecord| serde_json::to_value(r).ok();
+                    differs("bootstrap record", &as_written(r), &as_written(record))
+                })
                 .or_else(|| differs("record's guard", g, &guard)),
             _ => None,
         })?;
