@@ -145,8 +145,10 @@ pub fn inputs_digest(base_digest: &str, patches: &[TalosConfigPatch]) -> String 
     d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The first 12 characters of a hash (all of it when shorter; a replayed log's hash is
+/// input, so never sliced inside a character).
 fn short(hash: &str) -> &str {
-    &hash[..12.min(hash.len())]
+    hash.get(..12).unwrap_or(hash)
 }
 
 /// When to try a failed step again: as long as it has been failing, within 5 s and 5 min.
@@ -296,7 +298,7 @@ async fn configure<W: ApplyWorld>(
                     );
                     set(w, next, true, "Applied", &message);
                     let said = format!(
-                        "first configuration {} applied over the maintenance API",
+                        "first configuration applied over the maintenance API: {}",
                         short(&hash)
                     );
                     w.note(live, Note::Info(&said));
@@ -351,7 +353,10 @@ async fn configure<W: ApplyWorld>(
                     applied.details
                 );
                 set(w, next, false, "RebootRequired", &message);
-                let said = format!("configuration {} staged: a reboot applies it", short(&hash));
+                let said = format!(
+                    "configuration staged: a reboot applies it: {}",
+                    short(&hash)
+                );
                 w.note(live, Note::Info(&said));
                 Outcome::Requeue {
                     after: backoff(next, w.now()),
@@ -368,7 +373,7 @@ async fn configure<W: ApplyWorld>(
                     applied.details
                 );
                 set(w, next, true, "Applied", &message);
-                let said = format!("configuration {} applied", short(&hash));
+                let said = format!("configuration applied: {}", short(&hash));
                 w.note(live, Note::Info(&said));
                 Outcome::AwaitChange
             }
@@ -771,6 +776,14 @@ mod tests {
         assert_eq!(m.staged_config_hash(), w.staged.as_deref());
         assert_eq!(m.applied_config_hash(), None);
         assert_eq!(configured(&m).1, "RebootRequired");
+    }
+
+    #[test]
+    fn a_short_hash_is_cut_only_where_it_can_be() {
+        assert_eq!(short("0123456789abcdef"), "0123456789ab");
+        assert_eq!(short("ab"), "ab");
+        assert_eq!(short("ééééééé"), "éééééé");
+        assert_eq!(short("aéééééé"), "aéééééé");
     }
 
     #[test]
