@@ -24,7 +24,13 @@ pub async fn reconcile(
     let world = MachineLive::new(ctx, dialer, live.namespace()).recording(live);
     let timing = super::removal::timing(ctx);
     let identity = ctx.settings.identity.as_str();
-    let outcome = match &ctx.steps {
+    // A cluster whose bootstrap is confirmed asks the world nothing more: its reconciles
+    // (every probe of every control plane) are not logged.
+    let confirmed = snapshot
+        .cluster(live.namespace(), live.cluster())
+        .and_then(|c| c.bootstrap_record())
+        .is_some_and(|r| r.confirmed);
+    let outcome = match ctx.steps.as_ref().filter(|_| !confirmed) {
         // Every step logged, for `verify --check-trace`.
         Some(log) => {
             let begin = trace::BootstrapBegin::new(snapshot, live, identity);

@@ -114,6 +114,18 @@ impl World for MachineLive<'_, '_> {
     }
 
     fn note(&mut self, on: &TalosMachine, note: Note<'_>) {
+        // The bootstrap's decision: its audit-mode rules counted as `super::held` counts
+        // them (`ichor_rules_would_refuse_total`, and a log line).
+        if let Note::Decided(d) = &note {
+            for f in d
+                .audited
+                .iter()
+                .filter(|f| f.verdict != crate::vocab::Verdict::Warn)
+            {
+                self.ctx.metrics.would_refuse(&f.rule);
+                tracing::info!(rule = %f.rule, verdict = f.verdict.name(), message = %f.message, "a rule in audit mode matched: not enforced");
+            }
+        }
         self.live.note(on, note);
     }
 
