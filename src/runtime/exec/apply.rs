@@ -319,17 +319,11 @@ async fn configure<W: ApplyWorld>(
     if needs_reboot && live.staged_config_hash() == Some(hash.as_str()) {
         // Staged already, and the node does not run it yet: staging it again would change
         // nothing. Its reboot (the roll) applies it.
-        let said = format!("configuration {} needs a reboot", short(&hash));
-        let kept = next.condition(CONFIGURED).is_some_and(|c| {
-            c.reason.as_deref() == Some("RebootRequired")
-                && c.message.as_deref().is_some_and(|m| m.starts_with(&said))
-        });
-        if !kept {
-            let message = format!(
-                "{said}: it is staged on the node and takes effect at its next reboot, which the controller rolls with a `reboot` TalosOperation, one node at a time"
-            );
-            set(w, next, false, "RebootRequired", &message);
-        }
+        let message = format!(
+            "configuration {} needs a reboot: it is staged on the node and takes effect at its next reboot, which the controller rolls with a `reboot` TalosOperation, one node at a time",
+            short(&hash)
+        );
+        set(w, next, false, "RebootRequired", &message);
         return Ok(Outcome::Requeue {
             after: backoff(next, w.now()),
             wait: Wait::On("RebootRequired".into()),
@@ -387,7 +381,6 @@ async fn configure<W: ApplyWorld>(
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
     use crate::runtime::exec::{Call, Drained, LockOp, Node, NodeError, Reply, run_now};
@@ -721,7 +714,7 @@ mod tests {
         );
         assert_eq!(w.calls, [(ApplyMode::Auto, true), (ApplyMode::Auto, false)]);
         assert!(!w.maintenance);
-        assert!(m.condition("Maintenance").is_none());
+        assert!(!m.in_maintenance());
         let (status, reason, message) = configured(&m);
         assert_eq!((status.as_str(), reason.as_str()), ("True", "Applied"));
         assert!(message.contains("maintenance API"), "{message}");
