@@ -198,3 +198,130 @@ async fn a_cluster_whose_etcd_runs_is_never_bootstrapped() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(bootstrap_calls(&talos).is_empty());
 }
+
+/// The bootstrap on the executor, logged (`serve --step-log`, procedure `bootstrap`): two
+/// racing controllers' logs both replay as written (`verify --check-trace`); the one that
+/// sent `Bootstrap`, with Talos' answer changed to a failure, is not a behaviour: the
+/// executor records the bootstrap unconfirmed where the run recorded it confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bootstraps_step_logs_replay_and_a_changed_answer_is_refuted() {
+    let (api, talos) = world(EtcdCluster::unstarted(&["cp-1", "cp-2", "cp-3"])).await;
+    let logs = [step_log_path("bootstrap-a"), step_log_path("bootstrap-b")];
+    let tls = || Some(Arc::new(talos.tls()));
+    let a = Running::start(context_logged(&api, "controller-0", tls(), &logs[0]));
+    let b = Running::start(context_logged(&api, "controller-1", tls(), &logs[1]));
+    wait_for("the bootstrap confirmed", WAIT, || {
+        record(&api)["confirmed"] == true
+    })
+    .await;
+    a.kill().await;
+    b.kill().await;
+    assert_eq!(bootstrap_calls(&talos), vec!["cp-1".to_string()]);
+    let texts: Vec<String> = logs
+        .iter()
+        .map(|l| std::fs::read_to_string(l).unwrap_or_default())
+        .collect();
+    for t in &texts {
+        let (code, said) = check_step_log_text("bootstrap-as-written", t);
+        assert_eq!(code, Some(0), "{said}");
+    }
+    let sent: Vec<&String> = texts
+        .iter()
+        .filter(|t| t.contains("\"call\":\"Bootstrap\""))
+        .collect();
+    assert_eq!(sent.len(), 1, "one controller sent it");
+    let text = sent[0];
+    assert!(text.contains("\"procedure\":\"bootstrap\""));
+    assert!(text.contains("\"op\":\"record_bootstrap\""));
+    let mut done = false;
+    let failed: String = text
+        .lines()
+        .map(|l| {
+            if done || !l.contains("\"call\":\"Bootstrap\"") {
+                return l.to_string();
+            }
+            done = true;
+            let mut v: Value = serde_json::from_str(l).unwrap();
+            v["answer"] = json!({"Ok": {"Err": {"unreachable": {
+                "endpoint": "10.0.0.1:50000", "node": null, "detail": "connection reset"}}}});
+            v.to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(done);
+    let (code, said) = check_step_log_text("bootstrap-failed", &failed);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("bootstrap record"), "{said}");
+}
+
+/// The bootstrap's decision is recorded (issue 38, `--decision-log`): on a cluster whose
+/// etcd runs, the refusal with its deciding rule and the `etcd.members` the controller
+/// read; on a new cluster, the allow that let `Bootstrap` be sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bootstraps_decisions_are_recorded() {
+    use ichor_rules::runtime::records::{Recorder, Sink};
+    use ichor_rules::runtime::step_records::read_decisions;
+    for (name, etcd, rule) in [
+        (
+            "running",
+            EtcdCluster::start(3).await,
+            Some("bootstrap-etcd-exists"),
+        ),
+        (
+            "new",
+            EtcdCluster::unstarted(&["cp-1", "cp-2", "cp-3"]),
+            None,
+        ),
+    ] {
+        let (api, talos) = world(etcd).await;
+        let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+            "decisions-bootstrap-{name}-{}.ndjson",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&path);
+        let metrics = Arc::new(Metrics::default());
+        let sink = Sink::File {
+            path: path.clone(),
+            max_bytes: 1 << 30,
+            keep: 1,
+        };
+        let recorder = Recorder::start(sink, 4096, metrics.clone()).expect("the recorder");
+        let ctx = Context::new(
+            api.client(),
+            rules(),
+            Some(Arc::new(talos.tls())),
+            fast_settings("controller-0"),
+            metrics,
+        )
+        .with_records(recorder);
+        let _c = Running::start(Arc::new(ctx));
+        let bootstrap_decision = || {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            read_decisions(&text)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|r| serde_json::to_value(&r).unwrap())
+                .find(|r| r["target"]["name"] == "cp-1" && r.to_string().contains("\"bootstrap\""))
+        };
+        wait_for("the bootstrap's decision recorded", WAIT, || {
+            bootstrap_decision().is_some()
+        })
+        .await;
+        let r = bootstrap_decision().unwrap();
+        assert_eq!(r["target"]["name"], "cp-1", "{r}");
+        let text = r.to_string();
+        match rule {
+            Some(rule) => {
+                assert!(text.contains(rule), "{text}");
+                assert!(text.contains("etcd.members"), "{text}");
+            }
+            None => {
+                assert!(!text.contains("bootstrap-etcd-exists"), "{text}");
+                wait_for("the bootstrap confirmed", WAIT, || {
+                    record(&api)["confirmed"] == true
+                })
+                .await;
+            }
+        }
+    }
+}

@@ -25,12 +25,61 @@ fn b64(s: &str) -> String {
 
 /// Control planes cp-1..cp-3 on stand-ins with a real etcd, in a cluster declaring `count`,
 /// with the base Secret and the controller running.
-async fn start(count: i64) -> (ApiServer, TalosApi, Running) {
+async fn start(count: i64) -> (ApiServer, TalosApi, Ctl) {
     start_with(count, |_| {}).await
 }
 
+/// The controller of a test, its steps logged (`serve --step-log`): the log is checked
+/// against the executor (`verify --check-trace`) when the controller is killed or the test
+/// ends.
+struct Ctl {
+    running: Option<Running>,
+    log: std::path::PathBuf,
+}
+
+impl Ctl {
+    async fn kill(mut self) {
+        if let Some(r) = self.running.take() {
+            r.kill().await;
+        }
+        self.check();
+    }
+
+    /// The log as written so far (whole lines: a reconcile cut short is a controller
+    /// stopped there).
+    fn text(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        match text.rfind('\n') {
+            Some(end) => text[..=end].to_string(),
+            None => String::new(),
+        }
+    }
+
+    fn check(&self) {
+        let text = self.text();
+        if text.is_empty() {
+            return;
+        }
+        let (code, said) = check_step_log_text("config-as-written", &text);
+        assert_eq!(
+            code,
+            Some(0),
+            "the step log {} is not a behaviour of the model:\n{said}",
+            self.log.display()
+        );
+    }
+}
+
+impl Drop for Ctl {
+    fn drop(&mut self) {
+        if self.running.take().is_some() && !std::thread::panicking() {
+            self.check();
+        }
+    }
+}
+
 /// [`start`], with `before` done to the stand-ins before the controller starts.
-async fn start_with(count: i64, before: impl FnOnce(&TalosApi)) -> (ApiServer, TalosApi, Running) {
+async fn start_with(count: i64, before: impl FnOnce(&TalosApi)) -> (ApiServer, TalosApi, Ctl) {
     let talos = TalosApi::start(EtcdCluster::start(3).await).await;
     before(&talos);
     let api = ApiServer::start().await;
@@ -56,15 +105,17 @@ async fn start_with(count: i64, before: impl FnOnce(&TalosApi)) -> (ApiServer, T
         }));
         talos.node(i).set_downtime(Duration::from_millis(800));
     }
-    let ctx = Arc::new(Context::new(
-        api.client(),
-        rules(),
-        Some(Arc::new(talos.tls())),
-        fast_settings("controller-0"),
-        Arc::new(Metrics::default()),
-    ));
+    let log = step_log_path("config-controller");
+    let ctx = context_logged(&api, "controller-0", Some(Arc::new(talos.tls())), &log);
     let running = Running::start(ctx);
-    (api, talos, running)
+    (
+        api,
+        talos,
+        Ctl {
+            running: Some(running),
+            log,
+        },
+    )
 }
 
 fn applied(api: &ApiServer, name: &str) -> Option<String> {
@@ -367,4 +418,75 @@ async fn a_node_in_maintenance_mode_gets_its_first_configuration_over_the_mainte
     let applies = talos.calls_to("ApplyConfiguration", "cp-3");
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(talos.calls_to("ApplyConfiguration", "cp-3"), applies);
+}
+
+/// The apply procedure's step log (`verify --check-trace`, procedure `apply`): the
+/// controller's own log replays as written, shows no secret of the base, and the same log
+/// with Talos' dry-run answer changed (a reboot needed where Talos said none) is not a
+/// behaviour: the executor would have staged it, and the checker says where.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_apply_step_log_replays_and_a_changed_dry_run_answer_is_refuted() {
+    let (api, talos, ctl) = start(3).await;
+    wait_for("every control plane configured", WAIT, || {
+        (0..3).all(|i| {
+            let name = format!("cp-{}", i + 1);
+            talos
+                .node(i)
+                .config()
+                .is_some_and(|c| applied(&api, &name) == Some(sha(&c)))
+        })
+    })
+    .await;
+    let text = ctl.text();
+    ctl.kill().await;
+    for op in [
+        "\"procedure\":\"apply\"",
+        "\"op\":\"base\"",
+        "\"op\":\"patches\"",
+        "\"op\":\"render\"",
+        "\"op\":\"apply_configuration\"",
+        "\"procedure\":\"bootstrap\"",
+        "\"op\":\"record_bootstrap\"",
+    ] {
+        assert!(text.contains(op), "the log records {op}");
+    }
+    assert!(!text.contains("SECRET-BASE"), "the step log shows the base");
+    let (code, said) = check_step_log_text("apply-as-written", &text);
+    assert_eq!(code, Some(0), "{said}");
+    // The first apply's (`dry`: its dry run's) answer, changed.
+    let tamper_apply = |dry: bool, change: &dyn Fn(&mut Value)| -> String {
+        let mut done = false;
+        let which = format!("\"dry_run\":{dry}");
+        text.lines()
+            .map(|l| {
+                if done || !l.contains(&which) {
+                    return l.to_string();
+                }
+                done = true;
+                let mut v: Value = serde_json::from_str(l).expect("a JSON line");
+                change(&mut v);
+                v.to_string()
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let tamper = |change: &dyn Fn(&mut Value)| tamper_apply(true, change);
+    let reboot = tamper(&|v| v["answer"]["Ok"]["Ok"]["mode"] = json!("Reboot"));
+    assert_ne!(reboot, text);
+    let (code, said) = check_step_log_text("apply-reboot", &reboot);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("apply mode"), "{said}");
+    // Talos refused the dry run: the executor applies nothing, the run applied.
+    let refused = tamper(&|v| v["answer"] = json!({"Ok": {"Err": {"Talos": "refused"}}}));
+    let (code, said) = check_step_log_text("apply-refused", &refused);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("line "), "{said}");
+    // Talos said otherwise when it applied: the status the executor leaves (its condition
+    // quotes Talos) is not the one the run left.
+    let other = tamper_apply(false, &|v| {
+        v["answer"]["Ok"]["Ok"]["details"] = json!("Applied, said otherwise")
+    });
+    let (code, said) = check_step_log_text("apply-details", &other);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("left the status"), "{said}");
 }

@@ -84,10 +84,11 @@ pub struct ServeArgs {
     /// cluster without one gets no Talos work (Removal=False NoTalosCredentials).
     #[arg(long)]
     pub talosconfig: Option<PathBuf>,
-    /// Append every removal and operation reconcile's steps to this file, one JSON object
-    /// per line: the state read, each Talos call and its answer, the decision, each effect
-    /// and the outcome (`ichor-rules verify RULES --check-trace FILE` checks such a log against the
-    /// model). Objects read are written as read (status, spec; never a Secret).
+    /// Append every removal, operation, backup, configuration and bootstrap reconcile's
+    /// steps to this file, one JSON object per line: the state read, each Talos call and
+    /// its answer, the decision, each effect and the outcome (`ichor-rules verify RULES
+    /// --check-trace FILE` checks such a log against the model). Objects read are written as
+    /// read (status, spec; never a Secret: a base configuration by its digest only).
     #[arg(long, value_name = "FILE")]
     pub step_log: Option<PathBuf>,
     /// Use --talosconfig for every TalosCluster that names no `spec.talosConfigSecretRef`

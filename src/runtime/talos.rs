@@ -431,7 +431,7 @@ impl EtcdStatus {
 }
 
 /// `ApplyConfigurationRequest.Mode`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ApplyMode {
     /// What a dry run answers when applying needs a reboot (deprecated as a request).
     Reboot,
@@ -480,7 +480,7 @@ impl ApplyMode {
 
 /// What Talos answered to an `ApplyConfiguration`: the mode it chose (or, for a dry run,
 /// would choose), its explanation and its validation warnings.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Applied {
     pub mode: ApplyMode,
     pub details: String,

@@ -452,6 +452,12 @@ impl<'a> ModelWorld<'a> {
                 Ok(Reply::Done)
             }
             // Nodes of the model run a Talos before 1.13: the legacy upgrade path.
+            // The model's clusters exist: their etcd was bootstrapped long ago.
+            Call::Bootstrap => Err(self.failed(
+                j,
+                tonic::Code::FailedPrecondition,
+                "etcd is already running on the node",
+            )),
             Call::ImagePull { .. } | Call::LifecycleUpgrade { .. } => Err(self.failed(
                 j,
                 tonic::Code::Unimplemented,

@@ -1,288 +1,269 @@
-//! Applying a machine's Talos configuration (issue 37): for an approved machine the rules
-//! let through (a held one never gets here), render it (the cluster's base Secret, the
-//! TalosConfigPatches that select it in order, its identity); when the render's hash
-//! differs from what was applied, ask Talos first (`ApplyConfiguration` with `dry_run`),
-//! then apply: without a reboot when Talos says none is needed; a change that needs one is
-//! staged on the node (it takes effect at its next reboot, which a `reboot` TalosOperation
-//! the controller creates rolls one node at a time: `roll.rs`). The `Configured` condition says what was applied or why not,
-//! with Talos' own message; a failure is retried, later each time (the time since the
-//! failure began, between 5 s and 5 min). The configuration holds the cluster's secrets:
-//! only its hash appears in status, conditions and logs.
+//! The world a machine's configuration is applied in (`exec::apply`, issue 37) and its
+//! cluster bootstrapped in (`exec::bootstrap`, driven by `bootstrap.rs`), and the driver of
+//! the apply: the controller's world ([`MachineLive`]) reads the cluster's
+//! base Secret live (parsed here, never logged, never copied into status, Events or the
+//! step log: only its digest and the render's hash leave this module), lists the
+//! cluster's TalosConfigPatches, and calls Talos' `ApplyConfiguration` on the node's mTLS
+//! API with the cluster's credentials, or on its maintenance API. Every decision is the
+//! procedure's.
 
-use super::Context;
 use super::nodes;
-use super::status::{self, Conditions};
-use crate::runtime::configpatch::{parse_patch, render_machine};
-use crate::runtime::live::{cluster_selector, list_complete};
+use super::world::Live;
+use super::{Context, ReconcileError};
+use crate::interp::Decision;
+use crate::runtime::exec::apply::{self, ApplyError, ApplyWorld, BaseError, TalosApi};
+use crate::runtime::exec::bootstrap::BootstrapWorld;
+use crate::runtime::exec::{Call, Drained, LockOp, Node, NodeError, Note, Outcome, Reply, World};
+use crate::runtime::live::{Reads, cluster_selector, list_complete};
 use crate::runtime::objects::{
-    MachineConfigStatus, TalosCluster, TalosConfigPatch, TalosMachine, patches_for,
+    BootstrapRecord, Snapshot, TalosCluster, TalosConfigPatch, TalosMachine,
 };
-use crate::runtime::render::{Base, CONTROLPLANE_KEY, WORKER_KEY};
+use crate::runtime::render::{Base, CONTROLPLANE_KEY, Rendered, WORKER_KEY};
 use crate::runtime::secrets;
-use crate::runtime::talos::ApplyMode;
+use crate::runtime::talos::{Applied, ApplyMode, TalosClient};
 use k8s_openapi::jiff::Timestamp;
+use std::sync::Arc;
 use std::time::Duration;
 
-/// The digest of what a cluster's machines are rendered from: the base's digest, and the
-/// name and resourceVersion of each of the cluster's TalosConfigPatches (all of them, so
-/// every machine of the cluster records the same digest for the same inputs). A machine
-/// records it at each render (`status.config.inputs`); the roll (`roll.rs`) compares it.
-pub(super) fn inputs_digest(base_digest: &str, patches: &[TalosConfigPatch]) -> String {
-    let mut names: Vec<String> = patches
-        .iter()
-        .map(|p| {
-            format!(
-                "{} {}\n",
-                p.name(),
-                p.metadata.resource_version.as_deref().unwrap_or_default()
+/// The controller's world of one reconcile of a machine's configuration, or of its
+/// cluster's bootstrap.
+pub struct MachineLive<'c, 'd> {
+    live: Live<'c>,
+    ctx: &'c Context,
+    /// The credentials of the machine's cluster, read once by the machine's reconcile.
+    dialer: &'d nodes::Dialer<'c>,
+}
+
+impl<'c, 'd> MachineLive<'c, 'd> {
+    pub fn new(ctx: &'c Context, dialer: &'d nodes::Dialer<'c>, namespace: &str) -> Self {
+        MachineLive {
+            live: Live::new(ctx, namespace, None),
+            ctx,
+            dialer,
+        }
+    }
+
+    /// Keeps decision records of this reconcile of `m` (`--decision-log`).
+    pub fn recording(mut self, m: &TalosMachine) -> Self {
+        self.live = self.live.recording("TalosMachine", &m.metadata, "");
+        self
+    }
+
+    fn client(&self, m: &TalosMachine, api: TalosApi) -> Result<TalosClient, String> {
+        match api {
+            TalosApi::Maintenance => {
+                let endpoint = m.spec.endpoint.as_deref().unwrap_or_default();
+                TalosClient::maintenance(endpoint, self.ctx.settings.talos_timeout)
+                    .map_err(|e| e.to_string())
+            }
+            TalosApi::Cluster => nodes::client(self.dialer, m).map_err(|e| e.to_string()),
+        }
+    }
+}
+
+impl World for MachineLive<'_, '_> {
+    type Error = ReconcileError;
+
+    fn now(&self) -> Timestamp {
+        self.live.now()
+    }
+
+    async fn credentials(&mut self, cluster: &str) -> Result<(), String> {
+        self.live.credentials(cluster).await
+    }
+
+    async fn talos(
+        &mut self,
+        cluster: &str,
+        node: Node<'_>,
+        call: Call,
+    ) -> Result<Result<Reply, NodeError>, ReconcileError> {
+        self.live.talos(cluster, node, call).await
+    }
+
+    async fn lock(
+        &mut self,
+        cluster: &str,
+        op: LockOp,
+    ) -> Result<Result<(), String>, ReconcileError> {
+        self.live.lock(cluster, op).await
+    }
+
+    async fn read(&mut self, cluster: &str, reads: Reads) -> Result<Arc<Snapshot>, ReconcileError> {
+        self.live.read(cluster, reads).await
+    }
+
+    async fn drain(&mut self, node: &str) -> Result<Result<Drained, String>, ReconcileError> {
+        self.live.drain(node).await
+    }
+
+    async fn write_status(
+        &mut self,
+        before: &TalosMachine,
+        after: &TalosMachine,
+    ) -> Result<Option<String>, ReconcileError> {
+        self.live.write_status(before, after).await
+    }
+
+    async fn release_finalizer(&mut self, m: &TalosMachine) -> Result<(), ReconcileError> {
+        self.live.release_finalizer(m).await
+    }
+
+    async fn event(&mut self, on: &TalosMachine, warning: bool, reason: &str, note: String) {
+        self.live.event(on, warning, reason, note).await;
+    }
+
+    fn note(&mut self, on: &TalosMachine, note: Note<'_>) {
+        // The bootstrap's decision: its audit-mode rules counted as `super::held` counts
+        // them (`ichor_rules_would_refuse_total`, and a log line).
+        if let Note::Decided(d) = &note {
+            for f in d
+                .audited
+                .iter()
+                .filter(|f| f.verdict != crate::vocab::Verdict::Warn)
+            {
+                self.ctx.metrics.would_refuse(&f.rule);
+                tracing::info!(rule = %f.rule, verdict = f.verdict.name(), message = %f.message, "a rule in audit mode matched: not enforced");
+            }
+        }
+        self.live.note(on, note);
+    }
+
+    fn journal(&mut self) -> Option<&mut crate::runtime::step_records::Journal> {
+        self.live.journal()
+    }
+
+    fn decide(
+        &mut self,
+        table: &crate::compile::Table,
+        snapshot: &Snapshot,
+        ev: crate::runtime::facts::EventFacts<'_>,
+        supplied: &[(crate::vocab::Fact, i64)],
+    ) -> Result<Decision, crate::vocab::Fact> {
+        self.live.decide(table, snapshot, ev, supplied)
+    }
+}
+
+impl ApplyWorld for MachineLive<'_, '_> {
+    async fn base(
+        &mut self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Result<Arc<Base>, BaseError>, ReconcileError> {
+        Ok(
+            match secrets::get(&self.ctx.client, namespace, name).await {
+                Ok(Some(raw)) => match (raw.text(CONTROLPLANE_KEY), raw.text(WORKER_KEY)) {
+                    (Some(cp), Some(w)) => Base::parse(&cp, &w, true)
+                        .map(Arc::new)
+                        .map_err(|e| BaseError::Invalid(e.to_string())),
+                    _ => Err(BaseError::Incomplete),
+                },
+                Ok(None) => Err(BaseError::Missing),
+                Err(e) => Err(BaseError::Unreadable(e.to_string())),
+            },
+        )
+    }
+
+    async fn patches(
+        &mut self,
+        cluster: &TalosCluster,
+    ) -> Result<Result<Vec<TalosConfigPatch>, String>, ReconcileError> {
+        let api: kube::Api<TalosConfigPatch> =
+            kube::Api::namespaced(self.ctx.client.clone(), cluster.namespace());
+        let params = kube::api::ListParams::default().fields(&cluster_selector(cluster.name()));
+        Ok(list_complete(&api, &params)
+            .await
+            .map_err(|e| e.to_string()))
+    }
+
+    async fn apply_configuration(
+        &mut self,
+        m: &TalosMachine,
+        api: TalosApi,
+        config: &Rendered,
+        mode: ApplyMode,
+        dry_run: bool,
+    ) -> Result<Result<Applied, ApplyError>, ReconcileError> {
+        let client = match self.client(m, api) {
+            Ok(c) => c,
+            Err(e) => return Ok(Err(ApplyError::Unavailable(e))),
+        };
+        Ok(client
+            .apply_configuration(config.text.as_bytes(), mode, dry_run)
+            .await
+            .map_err(|e| ApplyError::Talos(e.to_string())))
+    }
+}
+
+impl BootstrapWorld for MachineLive<'_, '_> {
+    async fn record_bootstrap(
+        &mut self,
+        cluster: &TalosCluster,
+        record: &BootstrapRecord,
+        guard: bool,
+    ) -> Result<bool, ReconcileError> {
+        let api: kube::Api<TalosCluster> =
+            kube::Api::namespaced(self.ctx.client.clone(), cluster.namespace());
+        let mut body = serde_json::json!({ "status": { "bootstrap": record } });
+        if guard {
+            body["metadata"] = serde_json::json!({
+                "resourceVersion": cluster.metadata.resource_version.clone().unwrap_or_default()
+            });
+        }
+        match api
+            .patch_status(
+                cluster.name(),
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&body),
             )
-        })
-        .collect();
-    names.sort();
-    let text = format!("{base_digest}\n{}", names.concat());
-    let d = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
-    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn cluster_event(
+        &mut self,
+        on: &TalosCluster,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
+        self.ctx.event(on, warning, reason, note).await;
+    }
 }
 
-fn short(hash: &str) -> &str {
-    &hash[..12.min(hash.len())]
-}
-
-/// When to try a failed step again: as long as it has been failing, within 5 s and 5 min.
-fn backoff(next: &TalosMachine) -> Duration {
-    let since = next
-        .configure_failing_since()
-        .and_then(|t| Timestamp::now().duration_since(t.0).try_into().ok())
-        .unwrap_or(Duration::ZERO);
-    since.clamp(Duration::from_secs(5), Duration::from_secs(300))
-}
-
-fn config_status(next: &mut TalosMachine) -> &mut MachineConfigStatus {
-    next.status
-        .get_or_insert_with(Default::default)
-        .config
-        .get_or_insert_with(Default::default)
-}
-
-/// Configures the machine; returns when to look again (`None`: nothing to do until
-/// something changes). `cluster` is the live TalosCluster.
+/// Configures the machine `live` (read live; `next`: its status so far, which the caller
+/// writes) through the executor; `cluster` is the live TalosCluster. Returns when to look
+/// again (`None`: nothing to do until something changes). Logged to the step log (`apply`)
+/// when the controller keeps one.
 pub async fn configure(
     ctx: &Context,
     dialer: &nodes::Dialer<'_>,
     cluster: Option<&TalosCluster>,
     live: &TalosMachine,
     next: &mut TalosMachine,
-) -> Option<Duration> {
-    let cluster = cluster?;
-    let base_ref = cluster.spec.base_config_secret_ref.as_ref()?;
-    let ns = live.namespace();
-    let fail = |next: &mut TalosMachine, reason: &str, message: String| {
-        status::set(next.conditions_mut(), "Configured", false, reason, &message);
-        tracing::info!(machine = %format!("{ns}/{}", live.name()), %reason, "not configured");
-        Some(backoff(next))
-    };
-    // The base, read live (never logged).
-    let base = match secrets::get(&ctx.client, ns, &base_ref.name).await {
-        Ok(Some(raw)) => match (raw.text(CONTROLPLANE_KEY), raw.text(WORKER_KEY)) {
-            (Some(cp), Some(w)) => match Base::parse(&cp, &w, true) {
-                Ok(b) => b,
-                Err(e) => {
-                    return fail(
-                        next,
-                        "BaseInvalid",
-                        format!("the base Secret {ns}/{} does not read: {e}", base_ref.name),
-                    );
-                }
-            },
-            _ => {
-                return fail(
-                    next,
-                    "BaseInvalid",
-                    format!(
-                        "the base Secret {ns}/{} lacks {CONTROLPLANE_KEY} or {WORKER_KEY}",
-                        base_ref.name
-                    ),
-                );
-            }
-        },
-        Ok(None) => {
-            return fail(
-                next,
-                "BaseSecretMissing",
-                format!("the base Secret {ns}/{} does not exist", base_ref.name),
-            );
+) -> Result<Option<Duration>, ReconcileError> {
+    let world = MachineLive::new(ctx, dialer, live.namespace());
+    let outcome = match &ctx.steps {
+        // Every step logged, for `verify --check-trace`, with the status left to write.
+        Some(log) => {
+            let begin = crate::runtime::exec::trace::ApplyBegin::new(cluster, live, next);
+            let id = log.begin("apply", &begin, &super::removal::timing(ctx));
+            let mut traced = crate::runtime::exec::trace::Traced::new(world, log, id);
+            let outcome = apply::reconcile(&mut traced, cluster, live, next).await;
+            log.end_with_status(id, &outcome, &next.status);
+            outcome
         }
-        Err(e) => {
-            return fail(
-                next,
-                "BaseSecretUnreadable",
-                format!(
-                    "the base Secret {ns}/{} could not be read: {e}",
-                    base_ref.name
-                ),
-            );
+        None => {
+            let mut world = world;
+            apply::reconcile(&mut world, cluster, live, next).await
         }
     };
-    // The patches of the cluster, in order.
-    let api: kube::Api<TalosConfigPatch> = kube::Api::namespaced(ctx.client.clone(), ns);
-    let params = kube::api::ListParams::default().fields(&cluster_selector(cluster.name()));
-    let patches = match list_complete(&api, &params).await {
-        Ok(p) => p,
-        Err(e) => {
-            return fail(
-                next,
-                "PatchesUnreadable",
-                format!(
-                    "the TalosConfigPatches of TalosCluster {ns}/{} could not be read: {e}",
-                    cluster.name()
-                ),
-            );
-        }
-    };
-    config_status(next).inputs = Some(inputs_digest(&base.digest, &patches));
-    let selected = patches_for(patches.iter(), live);
-    let parsed: Vec<_> = selected.iter().map(|p| parse_patch(p)).collect();
-    let pairs: Vec<_> = selected.iter().copied().zip(parsed.iter()).collect();
-    let rendered = match render_machine(&base, live, &pairs) {
-        Ok(r) => r,
-        Err(e) => {
-            return fail(
-                next,
-                "RenderFailed",
-                format!("its configuration does not render: {e}"),
-            );
-        }
-    };
-    config_status(next).rendered_hash = Some(rendered.sha256.clone());
-    if live.applied_config_hash() == Some(rendered.sha256.as_str()) {
-        status::set(
-            next.conditions_mut(),
-            "Configured",
-            true,
-            "Applied",
-            &format!("configuration {} applied", short(&rendered.sha256)),
-        );
-        return None;
-    }
-    // A node in maintenance mode gets its first configuration over the maintenance API
-    // (`talosctl apply-config --insecure`): it installs it and reboots into it.
-    let maintenance = next.in_maintenance();
-    let client = if maintenance {
-        let endpoint = live.spec.endpoint.as_deref().unwrap_or_default();
-        match crate::runtime::talos::TalosClient::maintenance(endpoint, ctx.settings.talos_timeout)
-        {
-            Ok(c) => c,
-            Err(e) => return fail(next, "NodeUnavailable", e.to_string()),
-        }
-    } else {
-        match nodes::client(dialer, live) {
-            Ok(c) => c,
-            Err(e) => return fail(next, "NodeUnavailable", e.to_string()),
-        }
-    };
-    let data = rendered.text.as_bytes();
-    // Talos' own check first.
-    let dry = match client
-        .apply_configuration(data, ApplyMode::Auto, true)
-        .await
-    {
-        Ok(d) => d,
-        Err(e) => {
-            return fail(
-                next,
-                "DryRunRefused",
-                format!(
-                    "Talos refused configuration {}: {e}",
-                    short(&rendered.sha256)
-                ),
-            );
-        }
-    };
-    if maintenance {
-        return match client
-            .apply_configuration(data, ApplyMode::Auto, false)
-            .await
-        {
-            Ok(applied) => {
-                let hash = rendered.sha256.clone();
-                let c = config_status(next);
-                c.applied_hash = Some(hash.clone());
-                c.staged_hash = None;
-                status::remove(next.conditions_mut(), "Maintenance");
-                status::set(
-                    next.conditions_mut(),
-                    "Configured",
-                    true,
-                    "Applied",
-                    &format!(
-                        "first configuration {} applied over the maintenance API: the node installs it and reboots ({})",
-                        short(&hash),
-                        applied.details
-                    ),
-                );
-                tracing::info!(machine = %format!("{ns}/{}", live.name()), hash = %short(&hash), "first configuration applied over the maintenance API");
-                None
-            }
-            Err(e) => fail(
-                next,
-                "ApplyFailed",
-                format!(
-                    "Talos (maintenance mode) did not apply configuration {}: {e}",
-                    short(&rendered.sha256)
-                ),
-            ),
-        };
-    }
-    let needs_reboot = dry.mode == ApplyMode::Reboot;
-    let mode = if needs_reboot {
-        ApplyMode::Staged
-    } else {
-        ApplyMode::NoReboot
-    };
-    match client.apply_configuration(data, mode, false).await {
-        Ok(applied) => {
-            let hash = rendered.sha256.clone();
-            if needs_reboot {
-                config_status(next).staged_hash = Some(hash.clone());
-                status::set(
-                    next.conditions_mut(),
-                    "Configured",
-                    false,
-                    "RebootRequired",
-                    &format!(
-                        "configuration {} needs a reboot: it is staged on the node and takes effect at its next reboot, which the controller rolls with a `reboot` TalosOperation, one node at a time; Talos: {}",
-                        short(&hash),
-                        applied.details
-                    ),
-                );
-                tracing::info!(machine = %format!("{ns}/{}", live.name()), hash = %short(&hash), "configuration staged: a reboot applies it");
-                Some(backoff(next))
-            } else {
-                let c = config_status(next);
-                c.applied_hash = Some(hash.clone());
-                c.staged_hash = None;
-                status::set(
-                    next.conditions_mut(),
-                    "Configured",
-                    true,
-                    "Applied",
-                    &format!(
-                        "configuration {} applied without a reboot ({})",
-                        short(&hash),
-                        applied.details
-                    ),
-                );
-                tracing::info!(machine = %format!("{ns}/{}", live.name()), hash = %short(&hash), "configuration applied");
-                None
-            }
-        }
-        Err(e) => fail(
-            next,
-            "ApplyFailed",
-            format!(
-                "Talos did not apply configuration {}: {e}",
-                short(&rendered.sha256)
-            ),
-        ),
-    }
+    Ok(match outcome? {
+        Outcome::Requeue { after, .. } => Some(after),
+        Outcome::AwaitChange => None,
+    })
 }

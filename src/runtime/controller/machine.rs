@@ -99,12 +99,13 @@ pub async fn reconcile(m: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action
         match dialer.missing() {
             None => {
                 let again = probe(&dialer, live, &mut next).await;
-                // 4. Its Talos configuration (issue 37), once its node answers.
+                // 4. Its Talos configuration (issue 37, `exec::apply`), once its node answers.
                 let cluster = snapshot.cluster(&ns, live.cluster());
                 if next.reachable_state() == Some("False") {
                     again
                 } else {
-                    match super::configure::configure(&ctx, &dialer, cluster, live, &mut next).await
+                    match super::configure::configure(&ctx, &dialer, cluster, live, &mut next)
+                        .await?
                     {
                         Some(retry) => again.min(retry),
                         // 5. Configured: the bootstrap of a new cluster, when the rules let it.

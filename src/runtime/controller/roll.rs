@@ -153,7 +153,7 @@ pub async fn ensure(
             return Some(ctx.settings.refused_requeue);
         }
     };
-    let inputs = super::configure::inputs_digest(base_digest, &patches);
+    let inputs = crate::runtime::exec::apply::inputs_digest(base_digest, &patches);
     let waiting = not_rendered(snapshot, c, &inputs);
     if !waiting.is_empty() {
         tracing::debug!(cluster = %format!("{}/{}", c.namespace(), c.name()), machines = %waiting.join(", "), "the configuration roll waits for machines still rendering the change");
@@ -257,7 +257,7 @@ mod tests {
 
     #[test]
     fn the_inputs_follow_the_base_and_every_patch_version_in_any_order() {
-        let digest = super::super::configure::inputs_digest;
+        let digest = crate::runtime::exec::apply::inputs_digest;
         let (a, b) = (patch("a", "1"), patch("b", "7"));
         let one = digest("base", &[a.clone(), b.clone()]);
         assert_eq!(one, digest("base", &[b.clone(), a.clone()]));

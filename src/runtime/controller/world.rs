@@ -168,6 +168,7 @@ impl World for Live<'_> {
                 .image_pull(&image, self.ctx.settings.install_deadline)
                 .await
                 .map(Reply::Pulled),
+            Call::Bootstrap => c.bootstrap().await.map(|()| Reply::Done),
             Call::LifecycleUpgrade { image_name } => c
                 .lifecycle_upgrade(&image_name, self.ctx.settings.install_deadline)
                 .await

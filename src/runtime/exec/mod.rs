@@ -13,7 +13,9 @@
 //! for a healthy sibling are procedures of the same kind ([`etcd`]): the controller and the
 //! model ask the same Talos calls and judge the answers with the same functions.
 
+pub mod apply;
 pub mod backup;
+pub mod bootstrap;
 pub mod etcd;
 pub mod operation;
 pub mod removal;
@@ -98,6 +100,8 @@ pub enum Call {
     LifecycleUpgrade {
         image_name: String,
     },
+    /// `Bootstrap`: starts etcd on a new cluster's first control plane.
+    Bootstrap,
 }
 
 impl Call {
@@ -118,6 +122,7 @@ impl Call {
             Call::SystemStat => "SystemStat",
             Call::ImagePull { .. } => "ImageService/Pull",
             Call::LifecycleUpgrade { .. } => "LifecycleService/Upgrade",
+            Call::Bootstrap => "Bootstrap",
         }
     }
 
@@ -134,6 +139,7 @@ impl Call {
                 | Call::UpgradeLegacy { .. }
                 | Call::Rollback
                 | Call::LifecycleUpgrade { .. }
+                | Call::Bootstrap
         )
     }
 }

@@ -12,21 +12,26 @@
 //!
 //! [`check`] (`ichor-rules verify RULES --check-trace FILE`) replays every reconcile of a
 //! log through the executor with the given rules, in a world that answers exactly what the
-//! log recorded ([`Replay`]; removals, operations and backups' snapshots): the run is a behaviour of the model's controller when the
+//! log recorded ([`Replay`]; removals, operations, backups' snapshots, machines'
+//! configurations and bootstraps): the run is a behaviour of the model's controller when the
 //! executor asks for the same things in the same order, decides the same, takes the same
 //! steps and ends the same. The first difference is reported with its line. A reconcile
 //! whose log ends early is a controller stopped there, which the model explores too. What
 //! the world answered is taken as recorded: that the model's world answers the same is
 //! what the conformance replay checks (`tests/conformance.rs`).
 
+use super::apply::{self, ApplyError, ApplyWorld, BaseError, TalosApi};
 use super::backup::{self, BackupTiming, BackupWorld, Failure, Stored};
+use super::bootstrap::{self, BootstrapWorld};
 use super::operation::{self, OperationWorld};
 use super::{Call, Drained, LockOp, Node, NodeError, Note, Outcome, Reply, Timing, World, removal};
 use crate::runtime::live::Reads;
 use crate::runtime::objects::{
-    Snapshot, SnapshotRecord, TalosEtcdBackup, TalosMachine, TalosOperation,
+    BootstrapRecord, Snapshot, SnapshotRecord, TalosCluster, TalosConfigPatch, TalosEtcdBackup,
+    TalosMachine, TalosOperation,
 };
-use crate::runtime::talos::TalosError;
+use crate::runtime::render::{Base, Rendered};
+use crate::runtime::talos::{Applied, ApplyMode, TalosError};
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -155,8 +160,50 @@ pub enum Entry {
         key: String,
         answer: Result<Result<(), Failure>, String>,
     },
+    /// A cluster's base Secret read: its digest (never its content), or why there is none.
+    Base {
+        secret: String,
+        answer: Result<Result<String, BaseError>, String>,
+    },
+    /// A cluster's TalosConfigPatches listed.
+    Patches {
+        cluster: String,
+        answer: Result<Result<Vec<TalosConfigPatch>, String>, String>,
+    },
+    /// A machine's configuration rendered: its sha256 (never the configuration), or why not.
+    Render {
+        machine: String,
+        patches: Vec<String>,
+        answer: Result<String, String>,
+    },
+    /// `ApplyConfiguration` of the configuration with this sha256 on a machine's node.
+    ApplyConfiguration {
+        machine: String,
+        api: TalosApi,
+        sha256: String,
+        mode: ApplyMode,
+        dry_run: bool,
+        answer: Result<Result<Applied, ApplyError>, String>,
+    },
+    /// A TalosCluster's `status.bootstrap` written (`guard`: naming the resourceVersion
+    /// read); `false`: another writer came first.
+    RecordBootstrap {
+        cluster: String,
+        record: BootstrapRecord,
+        guard: bool,
+        answer: Result<bool, String>,
+    },
+    ClusterEvent {
+        cluster: String,
+        warning: bool,
+        reason: String,
+        note: String,
+    },
     End {
         outcome: String,
+        /// The machine's status the procedure left for its reconcile's one write (`apply`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        status: Option<Value>,
     },
 }
 
@@ -184,6 +231,12 @@ impl Entry {
             Entry::BackupEvent { .. } => "backup_event",
             Entry::StreamSnapshot { .. } => "stream_snapshot",
             Entry::DeleteObject { .. } => "delete_object",
+            Entry::Base { .. } => "base",
+            Entry::Patches { .. } => "patches",
+            Entry::Render { .. } => "render",
+            Entry::ApplyConfiguration { .. } => "apply_configuration",
+            Entry::RecordBootstrap { .. } => "record_bootstrap",
+            Entry::ClusterEvent { .. } => "cluster_event",
             Entry::End { .. } => "end",
         }
     }
@@ -417,6 +470,23 @@ impl StepLog {
             id,
             Entry::End {
                 outcome: outcome_text(outcome),
+                status: None,
+            },
+        );
+    }
+
+    /// [`StepLog::end`], with the status the procedure left for its caller to write.
+    pub fn end_with_status<E, S: Serialize>(
+        &self,
+        id: u64,
+        outcome: &Result<Outcome, E>,
+        status: &S,
+    ) {
+        self.write(
+            id,
+            Entry::End {
+                outcome: outcome_text(outcome),
+                status: Some(serde_json::to_value(status).unwrap_or(Value::Null)),
             },
         );
     }
@@ -745,6 +815,180 @@ where
         took: Duration,
     ) {
         self.inner.snapshot_ended(b, result, took);
+    }
+}
+
+impl<W: ApplyWorld> ApplyWorld for Traced<'_, W>
+where
+    W::Error: std::fmt::Display,
+{
+    async fn base(
+        &mut self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Result<Arc<Base>, BaseError>, Self::Error> {
+        let answer = self.inner.base(namespace, name).await;
+        self.log.write(
+            self.id,
+            Entry::Base {
+                secret: format!("{namespace}/{name}"),
+                // The digest only: the base holds the cluster's secrets.
+                answer: match &answer {
+                    Ok(Ok(b)) => Ok(Ok(b.digest.clone())),
+                    Ok(Err(e)) => Ok(Err(e.clone())),
+                    Err(e) => Err(err_text(e)),
+                },
+            },
+        );
+        answer
+    }
+
+    async fn patches(
+        &mut self,
+        cluster: &TalosCluster,
+    ) -> Result<Result<Vec<TalosConfigPatch>, String>, Self::Error> {
+        let answer = self.inner.patches(cluster).await;
+        self.log.write(
+            self.id,
+            Entry::Patches {
+                cluster: format!("{}/{}", cluster.namespace(), cluster.name()),
+                answer: answer.as_ref().map(Clone::clone).map_err(err_text),
+            },
+        );
+        answer
+    }
+
+    fn render(
+        &mut self,
+        base: &Base,
+        m: &TalosMachine,
+        patches: &[&TalosConfigPatch],
+    ) -> Result<Rendered, String> {
+        let answer = self.inner.render(base, m, patches);
+        self.log.write(
+            self.id,
+            Entry::Render {
+                machine: key(m),
+                patches: patches.iter().map(|p| p.name().to_string()).collect(),
+                answer: answer
+                    .as_ref()
+                    .map(|r| r.sha256.clone())
+                    .map_err(Clone::clone),
+            },
+        );
+        answer
+    }
+
+    async fn apply_configuration(
+        &mut self,
+        m: &TalosMachine,
+        api: TalosApi,
+        config: &Rendered,
+        mode: ApplyMode,
+        dry_run: bool,
+    ) -> Result<Result<Applied, ApplyError>, Self::Error> {
+        let answer = self
+            .inner
+            .apply_configuration(m, api, config, mode, dry_run)
+            .await;
+        self.log.write(
+            self.id,
+            Entry::ApplyConfiguration {
+                machine: key(m),
+                api,
+                sha256: config.sha256.clone(),
+                mode,
+                dry_run,
+                answer: answer.as_ref().map(Clone::clone).map_err(err_text),
+            },
+        );
+        answer
+    }
+}
+
+/// What a machine's configuration reconcile begins from: its cluster (when there is one),
+/// the machine as read, and its status so far (`next`: the reconcile's probe included).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ApplyBegin {
+    pub cluster: Option<TalosCluster>,
+    pub machine: TalosMachine,
+    pub next: TalosMachine,
+}
+
+impl ApplyBegin {
+    pub fn new(cluster: Option<&TalosCluster>, m: &TalosMachine, next: &TalosMachine) -> Self {
+        ApplyBegin {
+            cluster: cluster.cloned(),
+            machine: m.clone(),
+            next: next.clone(),
+        }
+    }
+}
+
+impl<W: BootstrapWorld> BootstrapWorld for Traced<'_, W>
+where
+    W::Error: std::fmt::Display,
+{
+    async fn record_bootstrap(
+        &mut self,
+        cluster: &TalosCluster,
+        record: &BootstrapRecord,
+        guard: bool,
+    ) -> Result<bool, Self::Error> {
+        let answer = self.inner.record_bootstrap(cluster, record, guard).await;
+        self.log.write(
+            self.id,
+            Entry::RecordBootstrap {
+                cluster: cluster_key(cluster),
+                record: record.clone(),
+                guard,
+                answer: answer.as_ref().map(|b| *b).map_err(err_text),
+            },
+        );
+        answer
+    }
+
+    async fn cluster_event(
+        &mut self,
+        on: &TalosCluster,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
+        self.log.write(
+            self.id,
+            Entry::ClusterEvent {
+                cluster: cluster_key(on),
+                warning,
+                reason: reason.into(),
+                note: note.clone(),
+            },
+        );
+        self.inner.cluster_event(on, warning, reason, note).await;
+    }
+}
+
+/// A cluster's key in a log: `namespace/name`.
+fn cluster_key(c: &TalosCluster) -> String {
+    format!("{}/{}", c.namespace(), c.name())
+}
+
+/// What a bootstrap reconcile begins from: the cluster as read, the control plane it is
+/// asked for, and the controller's identity (recorded as who sent it).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BootstrapBegin {
+    pub snapshot: Snapshot,
+    pub machine: TalosMachine,
+    pub identity: String,
+}
+
+impl BootstrapBegin {
+    pub fn new(snapshot: &Snapshot, m: &TalosMachine, identity: &str) -> Self {
+        BootstrapBegin {
+            snapshot: snapshot.clone(),
+            machine: m.clone(),
+            identity: identity.to_string(),
+        }
     }
 }
 
@@ -1180,6 +1424,150 @@ impl BackupWorld for Replay<'_> {
     }
 }
 
+impl ApplyWorld for Replay<'_> {
+    async fn base(
+        &mut self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Result<Arc<Base>, BaseError>, Stop> {
+        let asked = format!("{namespace}/{name}");
+        let entry = self.take("base", |e| match e {
+            Entry::Base { secret, .. } => differs("base Secret read", secret, &asked),
+            _ => None,
+        })?;
+        // The log keeps the base's digest only: the replay renders nothing from it (the
+        // render's answer is recorded too).
+        match entry {
+            Entry::Base { answer: Ok(a), .. } => Ok(a.clone().map(|digest| {
+                Arc::new(Base {
+                    controlplane: Vec::new(),
+                    worker: Vec::new(),
+                    digest,
+                })
+            })),
+            _ => Err(Stop),
+        }
+    }
+
+    async fn patches(
+        &mut self,
+        cluster: &TalosCluster,
+    ) -> Result<Result<Vec<TalosConfigPatch>, String>, Stop> {
+        let asked = format!("{}/{}", cluster.namespace(), cluster.name());
+        let entry = self.take("patches", |e| match e {
+            Entry::Patches { cluster: c, .. } => differs("patches of", c, &asked),
+            _ => None,
+        })?;
+        match entry {
+            Entry::Patches { answer: Ok(a), .. } => Ok(a.clone()),
+            _ => Err(Stop),
+        }
+    }
+
+    fn render(
+        &mut self,
+        _base: &Base,
+        m: &TalosMachine,
+        patches: &[&TalosConfigPatch],
+    ) -> Result<Rendered, String> {
+        let names: Vec<String> = patches.iter().map(|p| p.name().to_string()).collect();
+        match self.take("render", |e| match e {
+            Entry::Render {
+                machine,
+                patches: p,
+                ..
+            } => differs("machine rendered", machine, &key(m))
+                .or_else(|| differs("patches rendered", p, &names)),
+            _ => None,
+        }) {
+            Ok(Entry::Render { answer, .. }) => answer.clone().map(|sha256| Rendered {
+                text: String::new(),
+                sha256,
+            }),
+            _ => Err("the step log ends here".into()),
+        }
+    }
+
+    async fn apply_configuration(
+        &mut self,
+        m: &TalosMachine,
+        api: TalosApi,
+        config: &Rendered,
+        mode: ApplyMode,
+        dry_run: bool,
+    ) -> Result<Result<Applied, ApplyError>, Stop> {
+        let entry = self.take("apply_configuration", |e| match e {
+            Entry::ApplyConfiguration {
+                machine,
+                api: a,
+                sha256,
+                mode: md,
+                dry_run: d,
+                ..
+            } => differs("configuration applied to", machine, &key(m))
+                .or_else(|| differs("Talos API", a, &api))
+                .or_else(|| differs("configuration's sha256", sha256, &config.sha256))
+                .or_else(|| differs("apply mode", md, &mode))
+                .or_else(|| differs("dry run", d, &dry_run)),
+            _ => None,
+        })?;
+        match entry {
+            Entry::ApplyConfiguration { answer: Ok(a), .. } => Ok(a.clone()),
+            _ => Err(Stop),
+        }
+    }
+}
+
+impl BootstrapWorld for Replay<'_> {
+    async fn record_bootstrap(
+        &mut self,
+        cluster: &TalosCluster,
+        record: &BootstrapRecord,
+        guard: bool,
+    ) -> Result<bool, Stop> {
+        let entry = self.take("record_bootstrap", |e| match e {
+            Entry::RecordBootstrap {
+                cluster: c,
+                record: r,
+                guard: g,
+                ..
+            } => differs("bootstrap record of", c, &cluster_key(cluster))
+                .or_else(|| {
+                    // As written (a time in whole seconds, as the API server keeps it).
+                    let as_written = |r: &BootstrapRecord| serde_json::to_value(r).ok();
+                    differs("bootstrap record", &as_written(r), &as_written(record))
+                })
+                .or_else(|| differs("record's guard", g, &guard)),
+            _ => None,
+        })?;
+        match entry {
+            Entry::RecordBootstrap { answer: Ok(a), .. } => Ok(*a),
+            _ => Err(Stop),
+        }
+    }
+
+    async fn cluster_event(
+        &mut self,
+        on: &TalosCluster,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
+        let _ = self.take("cluster_event", |e| match e {
+            Entry::ClusterEvent {
+                cluster,
+                warning: w,
+                reason: r,
+                note: n,
+            } => differs("event on", cluster, &cluster_key(on))
+                .or_else(|| differs("event's warning", w, &warning))
+                .or_else(|| differs("event's reason", r, &reason.to_string()))
+                .or_else(|| differs("event's note", n, &note)),
+            _ => None,
+        });
+    }
+}
+
 /// What [`check`] found.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Checked {
@@ -1251,6 +1639,9 @@ pub fn check(table: &crate::compile::Table, text: &str) -> Result<Checked, NotAB
         let unreadable = |kind: &str, e: serde_json::Error| {
             NotABehaviour::Unreadable(format!("line {first}: the object is not a {kind} ({e})"))
         };
+        // The status a procedure leaves for its caller to write (`apply`), to compare with
+        // the one recorded at the reconcile's end.
+        let mut left: Option<Value> = None;
         let (outcome, who) = match procedure.as_str() {
             "removal" => {
                 let object: TalosMachine = serde_json::from_value(object.clone())
@@ -1282,10 +1673,36 @@ pub fn check(table: &crate::compile::Table, text: &str) -> Result<Checked, NotAB
                     format!("TalosEtcdBackup {}", backup_key(&begin.backup)),
                 )
             }
+            "apply" => {
+                let begin: ApplyBegin = serde_json::from_value(object.clone())
+                    .map_err(|e| unreadable("TalosMachine with its cluster", e))?;
+                let mut next = begin.next.clone();
+                let run = super::run_now(apply::reconcile(
+                    &mut w,
+                    begin.cluster.as_ref(),
+                    &begin.machine,
+                    &mut next,
+                ));
+                left = Some(serde_json::to_value(&next.status).unwrap_or(Value::Null));
+                (run, format!("TalosMachine {}", key(&begin.machine)))
+            }
+            "bootstrap" => {
+                let begin: BootstrapBegin = serde_json::from_value(object.clone())
+                    .map_err(|e| unreadable("TalosMachine with its cluster's objects", e))?;
+                let run = super::run_now(bootstrap::reconcile(
+                    &mut w,
+                    table,
+                    &timing,
+                    &begin.identity,
+                    &begin.snapshot,
+                    &begin.machine,
+                ));
+                (run, format!("TalosMachine {}", key(&begin.machine)))
+            }
             other => {
                 return Err(NotABehaviour::Unreadable(format!(
                     "line {first}: procedure `{other}` is not one this version replays \
-                     (removal, operation, backup)"
+                     (removal, operation, backup, apply, bootstrap)"
                 )));
             }
         };
@@ -1305,10 +1722,26 @@ pub fn check(table: &crate::compile::Table, text: &str) -> Result<Checked, NotAB
         }
         let ended = outcome_text(&outcome);
         match w.rest() {
-            [(n, Entry::End { outcome: recorded })] => {
+            [
+                (
+                    n,
+                    Entry::End {
+                        outcome: recorded,
+                        status,
+                    },
+                ),
+            ] => {
                 if recorded != &ended {
                     return Err(NotABehaviour::Differs(format!(
                         "{who}: line {n}: the run ended `{recorded}`, where the executor ends `{ended}`"
+                    )));
+                }
+                if let (Some(recorded), Some(left)) = (status, &left)
+                    && recorded != left
+                {
+                    return Err(NotABehaviour::Differs(format!(
+                        "{who}: line {n}: the run left the status {recorded}, where the executor \
+                         leaves {left}"
                     )));
                 }
                 checked.lines += 1;

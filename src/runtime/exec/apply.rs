@@ -1,0 +1,795 @@
+//! Applying a machine's Talos configuration (issue 37), as one procedure over an
+//! [`ApplyWorld`]: the controller runs it with real I/O (`controller::configure`: the base
+//! Secret, the TalosConfigPatches, Talos' `ApplyConfiguration`); `verify --check-trace`
+//! replays it from a step log.
+//!
+//! One reconcile of an approved machine the rules let through (a held one never gets here)
+//! whose node answers:
+//!
+//! 1. The cluster's base (its Secret, read live and parsed by the world: never logged, never
+//!    copied into status or Events), then the cluster's patches; the digest of both is
+//!    recorded (`status.config.inputs`, which the roll waits on).
+//! 2. The render (the base for the machine's role, the patches selecting it in order, its
+//!    identity); its hash is recorded (`renderedHash`). The hash applied already: done.
+//! 3. Talos' own check first: `ApplyConfiguration` with `dry_run`, on the maintenance API
+//!    when the node is in maintenance mode. A refusal is said with Talos' words.
+//! 4. A node in maintenance mode gets its first configuration there (it installs it and
+//!    reboots into it). Else: a change Talos can make without a reboot is applied
+//!    `no-reboot` and recorded applied; one that needs a reboot is staged and recorded
+//!    staged (never applied: the roll's reboot applies it, `controller::roll`).
+//!
+//! What it found is left in the machine's status (`next`), which the machine's reconcile
+//! writes once, at its end (the probe's, the configuration's and the bootstrap's together);
+//! a step log keeps it with the reconcile's end, and its replay compares it.
+//!
+//! Resuming: every step is safe to take again. Re-applying the configuration a node runs
+//! is a no-op in Talos, so an apply whose answer (or whose status write) was lost is
+//! applied again and recorded then. A configuration staged already (its hash recorded
+//! staged) whose dry run still says it needs a reboot is not staged again: it waits for its
+//! reboot; once the node runs it, the dry run says no reboot is needed and it is recorded
+//! applied. A staged apply whose record was lost is staged again (the same configuration:
+//! Talos keeps one) and recorded then; it is never counted applied before the node runs
+//! it, because only a dry run answering "no reboot" on the running node records it so.
+//!
+//! A failure sets `Configured=False` with its reason and message and is retried later each
+//! time (the time since the failure began, between 5 s and 5 min).
+
+use super::{Note, Outcome, Wait, World};
+use crate::runtime::configpatch::{parse_patch, render_machine};
+use crate::runtime::controller::status::{self, Conditions};
+use crate::runtime::objects::{
+    MachineConfigStatus, TalosCluster, TalosConfigPatch, TalosMachine, patches_for,
+};
+use crate::runtime::render::{Base, CONTROLPLANE_KEY, Rendered, WORKER_KEY};
+use crate::runtime::talos::{Applied, ApplyMode};
+use k8s_openapi::jiff::Timestamp;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The condition a machine reports its configuration in.
+pub const CONFIGURED: &str = "Configured";
+
+/// Why the base Secret gave no base.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum BaseError {
+    /// There is no such Secret.
+    Missing,
+    /// It could not be read (an API error).
+    Unreadable(String),
+    /// It lacks `controlplane.yaml` or `worker.yaml`.
+    Incomplete,
+    /// Its texts do not parse (the error shows no content of the Secret).
+    Invalid(String),
+}
+
+/// Which Talos API an `ApplyConfiguration` goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TalosApi {
+    /// The node's mTLS API, with its cluster's credentials.
+    Cluster,
+    /// The maintenance API of a node with no configuration yet (`talosctl --insecure`).
+    Maintenance,
+}
+
+/// Why an `ApplyConfiguration` did not answer with success.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum ApplyError {
+    /// No call could be made (no credentials, no endpoint, a bad address).
+    Unavailable(String),
+    /// Talos answered with an error (its words), or did not answer.
+    Talos(String),
+}
+
+/// What applying a configuration needs of the world beyond the [`World`].
+#[allow(async_fn_in_trait)]
+pub trait ApplyWorld: World {
+    /// The base Secret `namespace/name`, read live and parsed.
+    async fn base(
+        &mut self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Result<Arc<Base>, BaseError>, Self::Error>;
+
+    /// The TalosConfigPatches of `cluster` (all of them, any order); `Err(why)` when they
+    /// could not be listed.
+    async fn patches(
+        &mut self,
+        cluster: &TalosCluster,
+    ) -> Result<Result<Vec<TalosConfigPatch>, String>, Self::Error>;
+
+    /// Renders `m` from `base` and `patches` (those selecting it, in order): pure. A world
+    /// replaying a log answers the render it recorded (a log keeps the hash, never the
+    /// configuration).
+    fn render(
+        &mut self,
+        base: &Base,
+        m: &TalosMachine,
+        patches: &[&TalosConfigPatch],
+    ) -> Result<Rendered, String> {
+        let parsed: Vec<_> = patches.iter().map(|p| parse_patch(p)).collect();
+        let pairs: Vec<_> = patches.iter().copied().zip(parsed.iter()).collect();
+        render_machine(base, m, &pairs).map_err(|e| e.to_string())
+    }
+
+    /// `ApplyConfiguration` of `config` on `m`'s node, on `api`, in `mode`; a dry run
+    /// changes nothing.
+    async fn apply_configuration(
+        &mut self,
+        m: &TalosMachine,
+        api: TalosApi,
+        config: &Rendered,
+        mode: ApplyMode,
+        dry_run: bool,
+    ) -> Result<Result<Applied, ApplyError>, Self::Error>;
+}
+
+/// The digest of what a cluster's machines are rendered from: the base's digest, and the
+/// name and resourceVersion of each of the cluster's TalosConfigPatches (all of them, so
+/// every machine of the cluster records the same digest for the same inputs). A machine
+/// records it at each render (`status.config.inputs`); the roll compares it.
+pub fn inputs_digest(base_digest: &str, patches: &[TalosConfigPatch]) -> String {
+    let mut names: Vec<String> = patches
+        .iter()
+        .map(|p| {
+            format!(
+                "{} {}\n",
+                p.name(),
+                p.metadata.resource_version.as_deref().unwrap_or_default()
+            )
+        })
+        .collect();
+    names.sort();
+    let text = format!("{base_digest}\n{}", names.concat());
+    let d = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The first 12 characters of a hash (all of it when shorter; a replayed log's hash is
+/// input, so never sliced inside a character).
+fn short(hash: &str) -> &str {
+    hash.get(..12).unwrap_or(hash)
+}
+
+/// When to try a failed step again: as long as it has been failing, within 5 s and 5 min.
+fn backoff(next: &TalosMachine, now: Timestamp) -> Duration {
+    let since = next
+        .configure_failing_since()
+        .and_then(|t| now.duration_since(t.0).try_into().ok())
+        .unwrap_or(Duration::ZERO);
+    since.clamp(Duration::from_secs(5), Duration::from_secs(300))
+}
+
+fn config_status(next: &mut TalosMachine) -> &mut MachineConfigStatus {
+    next.status
+        .get_or_insert_with(Default::default)
+        .config
+        .get_or_insert_with(Default::default)
+}
+
+fn set<W: World>(w: &W, next: &mut TalosMachine, ok: bool, reason: &str, message: &str) {
+    status::set_at(
+        w.now(),
+        next.conditions_mut(),
+        CONFIGURED,
+        ok,
+        reason,
+        message,
+    );
+}
+
+/// One reconcile of the configuration of `before` (the machine as read; its node answers),
+/// whose status so far is `next`'s (the reconcile's probe included), in `cluster` (read
+/// live; `None`: it does not exist). The caller writes `next`'s status.
+pub async fn reconcile<W: ApplyWorld>(
+    w: &mut W,
+    cluster: Option<&TalosCluster>,
+    before: &TalosMachine,
+    next: &mut TalosMachine,
+) -> Result<Outcome, W::Error> {
+    let Some(cluster) = cluster else {
+        return Ok(Outcome::AwaitChange);
+    };
+    let Some(base_ref) = cluster.spec.base_config_secret_ref.as_ref() else {
+        return Ok(Outcome::AwaitChange);
+    };
+    configure(w, cluster, &base_ref.name, before, next).await
+}
+
+async fn configure<W: ApplyWorld>(
+    w: &mut W,
+    cluster: &TalosCluster,
+    secret: &str,
+    live: &TalosMachine,
+    next: &mut TalosMachine,
+) -> Result<Outcome, W::Error> {
+    let ns = live.namespace();
+    let fail = |w: &mut W, next: &mut TalosMachine, reason: &str, message: String| {
+        set(w, next, false, reason, &message);
+        w.note(live, Note::Info(&format!("not configured: {reason}")));
+        Outcome::Requeue {
+            after: backoff(next, w.now()),
+            wait: Wait::On(reason.to_string()),
+        }
+    };
+    // 1. The base (never logged), and the cluster's patches.
+    let base = match w.base(ns, secret).await? {
+        Ok(b) => b,
+        Err(BaseError::Invalid(e)) => {
+            let message = format!("the base Secret {ns}/{secret} does not read: {e}");
+            return Ok(fail(w, next, "BaseInvalid", message));
+        }
+        Err(BaseError::Incomplete) => {
+            let message =
+                format!("the base Secret {ns}/{secret} lacks {CONTROLPLANE_KEY} or {WORKER_KEY}");
+            return Ok(fail(w, next, "BaseInvalid", message));
+        }
+        Err(BaseError::Missing) => {
+            let message = format!("the base Secret {ns}/{secret} does not exist");
+            return Ok(fail(w, next, "BaseSecretMissing", message));
+        }
+        Err(BaseError::Unreadable(e)) => {
+            let message = format!("the base Secret {ns}/{secret} could not be read: {e}");
+            return Ok(fail(w, next, "BaseSecretUnreadable", message));
+        }
+    };
+    let patches = match w.patches(cluster).await? {
+        Ok(p) => p,
+        Err(e) => {
+            let message = format!(
+                "the TalosConfigPatches of TalosCluster {ns}/{} could not be read: {e}",
+                cluster.name()
+            );
+            return Ok(fail(w, next, "PatchesUnreadable", message));
+        }
+    };
+    config_status(next).inputs = Some(inputs_digest(&base.digest, &patches));
+    // 2. The render.
+    let selected = patches_for(patches.iter(), live);
+    let rendered = match w.render(&base, live, &selected) {
+        Ok(r) => r,
+        Err(e) => {
+            let message = format!("its configuration does not render: {e}");
+            return Ok(fail(w, next, "RenderFailed", message));
+        }
+    };
+    let hash = rendered.sha256.clone();
+    config_status(next).rendered_hash = Some(hash.clone());
+    if live.applied_config_hash() == Some(hash.as_str()) {
+        let message = format!("configuration {} applied", short(&hash));
+        set(w, next, true, "Applied", &message);
+        return Ok(Outcome::AwaitChange);
+    }
+    // 3. Talos' own check first, where the configuration will go: a node in maintenance
+    // mode gets its first one over the maintenance API (`talosctl apply-config --insecure`).
+    let maintenance = next.in_maintenance();
+    let api = if maintenance {
+        TalosApi::Maintenance
+    } else {
+        TalosApi::Cluster
+    };
+    let dry = match w
+        .apply_configuration(live, api, &rendered, ApplyMode::Auto, true)
+        .await?
+    {
+        Ok(d) => d,
+        Err(ApplyError::Unavailable(e)) => return Ok(fail(w, next, "NodeUnavailable", e)),
+        Err(ApplyError::Talos(e)) => {
+            let message = format!("Talos refused configuration {}: {e}", short(&hash));
+            return Ok(fail(w, next, "DryRunRefused", message));
+        }
+    };
+    // 4. The first configuration: the node installs it and reboots into it.
+    if maintenance {
+        return Ok(
+            match w
+                .apply_configuration(live, api, &rendered, ApplyMode::Auto, false)
+                .await?
+            {
+                Ok(applied) => {
+                    let c = config_status(next);
+                    c.applied_hash = Some(hash.clone());
+                    c.staged_hash = None;
+                    status::remove(next.conditions_mut(), "Maintenance");
+                    let message = format!(
+                        "first configuration {} applied over the maintenance API: the node installs it and reboots ({})",
+                        short(&hash),
+                        applied.details
+                    );
+                    set(w, next, true, "Applied", &message);
+                    let said = format!(
+                        "first configuration applied over the maintenance API: {}",
+                        short(&hash)
+                    );
+                    w.note(live, Note::Info(&said));
+                    Outcome::AwaitChange
+                }
+                Err(ApplyError::Unavailable(e)) => fail(w, next, "NodeUnavailable", e),
+                Err(ApplyError::Talos(e)) => {
+                    let message = format!(
+                        "Talos (maintenance mode) did not apply configuration {}: {e}",
+                        short(&hash)
+                    );
+                    fail(w, next, "ApplyFailed", message)
+                }
+            },
+        );
+    }
+    let needs_reboot = dry.mode == ApplyMode::Reboot;
+    if needs_reboot && live.staged_config_hash() == Some(hash.as_str()) {
+        // Staged already, and the node does not run it yet: staging it again would change
+        // nothing. Its reboot (the roll) applies it.
+        let message = format!(
+            "configuration {} needs a reboot: it is staged on the node and takes effect at its next reboot, which the controller rolls with a `reboot` TalosOperation, one node at a time",
+            short(&hash)
+        );
+        set(w, next, false, "RebootRequired", &message);
+        return Ok(Outcome::Requeue {
+            after: backoff(next, w.now()),
+            wait: Wait::On("RebootRequired".into()),
+        });
+    }
+    let mode = if needs_reboot {
+        ApplyMode::Staged
+    } else {
+        ApplyMode::NoReboot
+    };
+    Ok(
+        match w
+            .apply_configuration(live, api, &rendered, mode, false)
+            .await?
+        {
+            Ok(applied) if needs_reboot => {
+                config_status(next).staged_hash = Some(hash.clone());
+                let message = format!(
+                    "configuration {} needs a reboot: it is staged on the node and takes effect at its next reboot, which the controller rolls with a `reboot` TalosOperation, one node at a time; Talos: {}",
+                    short(&hash),
+                    applied.details
+                );
+                set(w, next, false, "RebootRequired", &message);
+                let said = format!(
+                    "configuration staged: a reboot applies it: {}",
+                    short(&hash)
+                );
+                w.note(live, Note::Info(&said));
+                Outcome::Requeue {
+                    after: backoff(next, w.now()),
+                    wait: Wait::On("RebootRequired".into()),
+                }
+            }
+            Ok(applied) => {
+                let c = config_status(next);
+                c.applied_hash = Some(hash.clone());
+                c.staged_hash = None;
+                let message = format!(
+                    "configuration {} applied without a reboot ({})",
+                    short(&hash),
+                    applied.details
+                );
+                set(w, next, true, "Applied", &message);
+                let said = format!("configuration applied: {}", short(&hash));
+                w.note(live, Note::Info(&said));
+                Outcome::AwaitChange
+            }
+            Err(ApplyError::Unavailable(e)) => fail(w, next, "NodeUnavailable", e),
+            Err(ApplyError::Talos(e)) => {
+                let message = format!("Talos did not apply configuration {}: {e}", short(&hash));
+                fail(w, next, "ApplyFailed", message)
+            }
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::exec::{Call, Drained, LockOp, Node, NodeError, Reply, run_now};
+    use crate::runtime::live::Reads;
+    use crate::runtime::objects::Snapshot;
+
+    const CP: &str = include_str!("../../../tests/fixtures/talos/controlplane.yaml");
+    const WORKER: &str = include_str!("../../../tests/fixtures/talos/worker.yaml");
+
+    /// A crash of the controller (or an API error): the reconcile ends there.
+    #[derive(Debug)]
+    struct Crash;
+
+    /// One node as Talos keeps it, and the API server's copy of the machine's status.
+    struct Mem {
+        now: Timestamp,
+        base: Arc<Base>,
+        /// The sha256 of the configuration the node runs, and of the one staged.
+        running: Option<String>,
+        staged: Option<String>,
+        maintenance: bool,
+        /// A change of the running configuration needs a reboot.
+        reboot_for_change: bool,
+        /// The dry run refuses, with these words.
+        refuse: Option<String>,
+        /// The next real apply takes effect, and its answer is lost.
+        lose_answer: bool,
+        /// The next reconcile's status is never written (the controller stops before its
+        /// write).
+        crash_before_write: bool,
+        /// Every `ApplyConfiguration`: mode and dry run.
+        calls: Vec<(ApplyMode, bool)>,
+    }
+
+    impl Mem {
+        fn new() -> Mem {
+            Mem {
+                now: "2026-12-05T10:00:00Z".parse().unwrap(),
+                base: Arc::new(Base::parse(CP, WORKER, true).unwrap()),
+                running: Some("an older configuration".into()),
+                staged: None,
+                maintenance: false,
+                reboot_for_change: false,
+                refuse: None,
+                lose_answer: false,
+                crash_before_write: false,
+                calls: Vec::new(),
+            }
+        }
+
+        /// The node reboots: it runs what was staged.
+        fn reboot(&mut self) {
+            if let Some(s) = self.staged.take() {
+                self.running = Some(s);
+            }
+        }
+
+        fn real_applies(&self) -> Vec<ApplyMode> {
+            self.calls
+                .iter()
+                .filter(|(_, dry)| !dry)
+                .map(|(m, _)| *m)
+                .collect()
+        }
+    }
+
+    impl World for Mem {
+        type Error = Crash;
+        fn now(&self) -> Timestamp {
+            self.now
+        }
+        async fn credentials(&mut self, _: &str) -> Result<(), String> {
+            Ok(())
+        }
+        async fn talos(
+            &mut self,
+            _: &str,
+            _: Node<'_>,
+            _: Call,
+        ) -> Result<Result<Reply, NodeError>, Crash> {
+            Err(Crash)
+        }
+        async fn lock(&mut self, _: &str, _: LockOp) -> Result<Result<(), String>, Crash> {
+            Err(Crash)
+        }
+        async fn read(&mut self, _: &str, _: Reads) -> Result<Arc<Snapshot>, Crash> {
+            Err(Crash)
+        }
+        async fn drain(&mut self, _: &str) -> Result<Result<Drained, String>, Crash> {
+            Err(Crash)
+        }
+        async fn write_status(
+            &mut self,
+            _: &TalosMachine,
+            _: &TalosMachine,
+        ) -> Result<Option<String>, Crash> {
+            Err(Crash)
+        }
+        async fn release_finalizer(&mut self, _: &TalosMachine) -> Result<(), Crash> {
+            Err(Crash)
+        }
+        async fn event(&mut self, _: &TalosMachine, _: bool, _: &str, _: String) {}
+        fn note(&mut self, _: &TalosMachine, _: Note<'_>) {}
+    }
+
+    impl ApplyWorld for Mem {
+        async fn base(&mut self, _: &str, _: &str) -> Result<Result<Arc<Base>, BaseError>, Crash> {
+            Ok(Ok(self.base.clone()))
+        }
+        async fn patches(
+            &mut self,
+            _: &TalosCluster,
+        ) -> Result<Result<Vec<TalosConfigPatch>, String>, Crash> {
+            Ok(Ok(Vec::new()))
+        }
+        async fn apply_configuration(
+            &mut self,
+            _: &TalosMachine,
+            api: TalosApi,
+            config: &Rendered,
+            mode: ApplyMode,
+            dry_run: bool,
+        ) -> Result<Result<Applied, ApplyError>, Crash> {
+            self.calls.push((mode, dry_run));
+            if (api == TalosApi::Maintenance) != self.maintenance {
+                return Ok(Err(ApplyError::Talos("wrong API for this node".into())));
+            }
+            if let Some(why) = &self.refuse {
+                return Ok(Err(ApplyError::Talos(why.clone())));
+            }
+            let change = self.running.as_deref() != Some(config.sha256.as_str());
+            let reboot = change && self.reboot_for_change && !self.maintenance;
+            let chosen = match mode {
+                ApplyMode::Staged => ApplyMode::Staged,
+                ApplyMode::NoReboot if reboot => {
+                    return Ok(Err(ApplyError::Talos(
+                        "the change requires a reboot".into(),
+                    )));
+                }
+                _ if reboot || self.maintenance => ApplyMode::Reboot,
+                _ => ApplyMode::NoReboot,
+            };
+            if !dry_run {
+                if self.maintenance {
+                    self.maintenance = false;
+                    self.running = Some(config.sha256.clone());
+                } else if chosen == ApplyMode::Staged {
+                    self.staged = Some(config.sha256.clone());
+                } else {
+                    self.running = Some(config.sha256.clone());
+                }
+                if std::mem::take(&mut self.lose_answer) {
+                    return Ok(Err(ApplyError::Talos("connection reset".into())));
+                }
+            }
+            Ok(Ok(Applied {
+                mode: chosen,
+                details: "done".into(),
+                warnings: Vec::new(),
+            }))
+        }
+    }
+
+    fn cluster() -> TalosCluster {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosCluster",
+            "metadata": {"name": "prod", "namespace": "default"},
+            "spec": {"controlPlane": {"count": 3}, "baseConfigSecretRef": {"name": "prod-base"}}
+        }))
+        .unwrap()
+    }
+
+    fn machine() -> TalosMachine {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosMachine",
+            "metadata": {"name": "cp-1", "namespace": "default"},
+            "spec": {"clusterRef": {"name": "prod"}, "role": "controlplane", "approved": true,
+                     "endpoint": "10.0.0.1:50000"}
+        }))
+        .unwrap()
+    }
+
+    /// One reconcile of `m` (as the API server has it): its status is written (becomes the
+    /// API server's copy) unless the controller stops first.
+    fn reconcile_once(w: &mut Mem, m: &mut TalosMachine) -> Result<Outcome, Crash> {
+        let mut next = m.clone();
+        let c = cluster();
+        let out = run_now(reconcile(w, Some(&c), m, &mut next)).expect("an immediate world");
+        if std::mem::take(&mut w.crash_before_write) {
+            return Err(Crash);
+        }
+        if out.is_ok() {
+            *m = next;
+        }
+        out
+    }
+
+    fn configured(m: &TalosMachine) -> (String, String, String) {
+        let c = m.condition(CONFIGURED).expect("a Configured condition");
+        (
+            c.status.clone(),
+            c.reason.clone().unwrap_or_default(),
+            c.message.clone().unwrap_or_default(),
+        )
+    }
+
+    #[test]
+    fn no_reboot_needed_is_applied() {
+        let (mut w, mut m) = (Mem::new(), machine());
+        let out = reconcile_once(&mut w, &mut m).unwrap();
+        assert_eq!(out, Outcome::AwaitChange);
+        let hash = m
+            .status
+            .as_ref()
+            .unwrap()
+            .config
+            .as_ref()
+            .unwrap()
+            .rendered_hash
+            .clone();
+        assert_eq!(m.applied_config_hash(), hash.as_deref());
+        assert_eq!(w.running, hash);
+        assert_eq!(
+            w.calls,
+            [(ApplyMode::Auto, true), (ApplyMode::NoReboot, false)]
+        );
+        let (status, reason, _) = configured(&m);
+        assert_eq!((status.as_str(), reason.as_str()), ("True", "Applied"));
+        assert!(
+            m.status
+                .as_ref()
+                .unwrap()
+                .config
+                .as_ref()
+                .unwrap()
+                .inputs
+                .is_some()
+        );
+        // Applied: the next reconcile asks Talos nothing.
+        assert_eq!(
+            reconcile_once(&mut w, &mut m).unwrap(),
+            Outcome::AwaitChange
+        );
+        assert_eq!(w.calls.len(), 2);
+    }
+
+    #[test]
+    fn a_change_needing_a_reboot_is_staged_never_applied_before_the_reboot() {
+        let (mut w, mut m) = (Mem::new(), machine());
+        w.reboot_for_change = true;
+        let out = reconcile_once(&mut w, &mut m).unwrap();
+        assert!(
+            matches!(&out, Outcome::Requeue { wait: Wait::On(r), .. } if r == "RebootRequired"),
+            "{out:?}"
+        );
+        let (status, reason, message) = configured(&m);
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("False", "RebootRequired")
+        );
+        assert!(message.contains("staged on the node"), "{message}");
+        assert_eq!(m.applied_config_hash(), None);
+        let hash = m.staged_config_hash().map(str::to_string);
+        assert!(hash.is_some());
+        assert_eq!(w.staged, hash);
+        // Not staged again while it waits for its reboot, and not counted applied.
+        for _ in 0..3 {
+            reconcile_once(&mut w, &mut m).unwrap();
+        }
+        assert_eq!(w.real_applies(), [ApplyMode::Staged]);
+        assert_eq!(m.applied_config_hash(), None);
+        assert_eq!(configured(&m).1, "RebootRequired");
+        // The roll's reboot: the node runs it, the next reconcile records it applied.
+        w.reboot();
+        assert_eq!(
+            reconcile_once(&mut w, &mut m).unwrap(),
+            Outcome::AwaitChange
+        );
+        assert_eq!(m.applied_config_hash(), hash.as_deref());
+        assert_eq!(m.staged_config_hash(), None);
+        assert_eq!(configured(&m).1, "Applied");
+    }
+
+    #[test]
+    fn a_dry_run_refusal_is_said_with_talos_words_and_nothing_is_applied() {
+        let (mut w, mut m) = (Mem::new(), machine());
+        w.refuse = Some("kube-apiserver config is already set in v1alpha1 config".into());
+        let out = reconcile_once(&mut w, &mut m).unwrap();
+        assert!(
+            matches!(&out, Outcome::Requeue { after, wait: Wait::On(r) }
+                if r == "DryRunRefused" && *after == Duration::from_secs(5)),
+            "{out:?}"
+        );
+        let (status, reason, message) = configured(&m);
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("False", "DryRunRefused")
+        );
+        assert!(
+            message.contains("kube-apiserver config is already set"),
+            "{message}"
+        );
+        assert!(w.real_applies().is_empty());
+        assert_eq!(m.applied_config_hash(), None);
+        // Retried later each time it keeps failing (within 5 s and 5 min).
+        w.now = w.now.checked_add(Duration::from_secs(60)).unwrap();
+        let out = reconcile_once(&mut w, &mut m).unwrap();
+        assert!(
+            matches!(&out, Outcome::Requeue { after, .. } if *after == Duration::from_secs(60)),
+            "{out:?}"
+        );
+        assert!(w.real_applies().is_empty());
+    }
+
+    #[test]
+    fn a_node_in_maintenance_gets_its_first_configuration_there() {
+        let (mut w, mut m) = (Mem::new(), machine());
+        w.maintenance = true;
+        w.running = None;
+        status::set_at(
+            w.now,
+            m.conditions_mut(),
+            "Maintenance",
+            true,
+            "MaintenanceMode",
+            "m",
+        );
+        assert_eq!(
+            reconcile_once(&mut w, &mut m).unwrap(),
+            Outcome::AwaitChange
+        );
+        assert_eq!(w.calls, [(ApplyMode::Auto, true), (ApplyMode::Auto, false)]);
+        assert!(!w.maintenance);
+        assert!(!m.in_maintenance());
+        let (status, reason, message) = configured(&m);
+        assert_eq!((status.as_str(), reason.as_str()), ("True", "Applied"));
+        assert!(message.contains("maintenance API"), "{message}");
+        assert_eq!(m.applied_config_hash(), w.running.as_deref());
+    }
+
+    #[test]
+    fn an_apply_whose_answer_is_lost_converges_without_a_wrong_status() {
+        let (mut w, mut m) = (Mem::new(), machine());
+        w.lose_answer = true;
+        reconcile_once(&mut w, &mut m).unwrap();
+        // Talos took it; the controller does not know: not recorded applied.
+        assert_eq!(configured(&m).1, "ApplyFailed");
+        assert_eq!(m.applied_config_hash(), None);
+        assert_eq!(
+            reconcile_once(&mut w, &mut m).unwrap(),
+            Outcome::AwaitChange
+        );
+        assert_eq!(m.applied_config_hash(), w.running.as_deref());
+        assert_eq!(configured(&m).1, "Applied");
+    }
+
+    #[test]
+    fn a_crash_after_the_apply_before_the_status_write_does_no_harm() {
+        let (mut w, mut m) = (Mem::new(), machine());
+        w.crash_before_write = true;
+        assert!(reconcile_once(&mut w, &mut m).is_err());
+        assert!(m.status.is_none(), "nothing recorded");
+        assert_eq!(
+            reconcile_once(&mut w, &mut m).unwrap(),
+            Outcome::AwaitChange
+        );
+        assert_eq!(m.applied_config_hash(), w.running.as_deref());
+        // The same configuration applied twice (Talos: a no-op), never anything else.
+        assert_eq!(w.real_applies(), [ApplyMode::NoReboot, ApplyMode::NoReboot]);
+    }
+
+    #[test]
+    fn a_staged_apply_whose_answer_is_lost_is_staged_once_more_then_waits() {
+        let (mut w, mut m) = (Mem::new(), machine());
+        w.reboot_for_change = true;
+        w.lose_answer = true;
+        reconcile_once(&mut w, &mut m).unwrap();
+        assert_eq!(configured(&m).1, "ApplyFailed");
+        assert_eq!(m.staged_config_hash(), None);
+        assert!(w.staged.is_some());
+        for _ in 0..3 {
+            reconcile_once(&mut w, &mut m).unwrap();
+        }
+        // Staged once more (the same configuration), recorded staged, never applied.
+        assert_eq!(w.real_applies(), [ApplyMode::Staged, ApplyMode::Staged]);
+        assert_eq!(m.staged_config_hash(), w.staged.as_deref());
+        assert_eq!(m.applied_config_hash(), None);
+        assert_eq!(configured(&m).1, "RebootRequired");
+    }
+
+    #[test]
+    fn a_short_hash_is_cut_only_where_it_can_be() {
+        assert_eq!(short("0123456789abcdef"), "0123456789ab");
+        assert_eq!(short("ab"), "ab");
+        assert_eq!(short("ééééééé"), "éééééé");
+        assert_eq!(short("aéééééé"), "aéééééé");
+    }
+
+    #[test]
+    fn no_cluster_or_no_base_is_nothing_to_do() {
+        let (mut w, m) = (Mem::new(), machine());
+        let mut next = m.clone();
+        let out = run_now(reconcile(&mut w, None, &m, &mut next)).unwrap();
+        assert_eq!(out.unwrap(), Outcome::AwaitChange);
+        let mut c = cluster();
+        c.spec.base_config_secret_ref = None;
+        let out = run_now(reconcile(&mut w, Some(&c), &m, &mut next)).unwrap();
+        assert_eq!(out.unwrap(), Outcome::AwaitChange);
+        assert!(w.calls.is_empty());
+        assert_eq!(next, m);
+    }
+}

@@ -1,0 +1,263 @@
+//! The bootstrap of a new cluster's etcd (issue 37), as one procedure over a
+//! [`BootstrapWorld`]: the controller runs it with real I/O (`controller::configure`'s
+//! world); `verify --check-trace` replays it from a step log.
+//!
+//! Once the first approved control plane's configuration is applied, the procedure asks
+//! the `bootstrap controlplane` rules whether to send Talos' `Bootstrap` to it, with the
+//! facts read live (`etcd.members`: `EtcdMemberList` of every control plane of the cluster,
+//! asked only when a rule needs it; `bootstrapped`: the record on the TalosCluster). The
+//! decision is recorded (the world's journal, `--decision-log`). Allowed, it first records
+//! the bootstrap in the TalosCluster's status (`status.bootstrap`), with a merge patch
+//! naming the resourceVersion it read: of two controllers deciding at once, one write wins
+//! and the other gets a conflict and sends nothing. Only then is `Bootstrap` sent. A call
+//! whose answer is lost is never sent again: the record stays, the rules refuse every
+//! later bootstrap, and the procedure confirms it by reading etcd (a member listed on any
+//! control plane). Talos itself refuses a second bootstrap on a node whose etcd data
+//! directory is not empty.
+
+use super::{Call, Node, NodeError, Note, Outcome, Timing, Wait, World, calls};
+use crate::runtime::decide::bootstrap_event;
+use crate::runtime::objects::{BootstrapRecord, Role, Snapshot, TalosCluster, TalosMachine};
+use crate::runtime::talos::TalosError;
+use crate::vocab::Fact;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use std::time::Duration;
+
+/// What the bootstrap needs of the world beyond the [`World`].
+#[allow(async_fn_in_trait)]
+pub trait BootstrapWorld: World {
+    /// Writes `record` as `cluster`'s `status.bootstrap`. With `guard`, the write names the
+    /// resourceVersion read: `Ok(false)` when another writer came first (a conflict).
+    async fn record_bootstrap(
+        &mut self,
+        cluster: &TalosCluster,
+        record: &BootstrapRecord,
+        guard: bool,
+    ) -> Result<bool, Self::Error>;
+
+    /// Publishes an Event on the TalosCluster.
+    async fn cluster_event(&mut self, on: &TalosCluster, warning: bool, reason: &str, note: String);
+}
+
+/// The control planes of the cluster that may run etcd: every TalosMachine of it with the
+/// role controlplane, approved or not, not being deleted.
+fn control_planes<'s>(snapshot: &'s Snapshot, m: &TalosMachine) -> Vec<&'s TalosMachine> {
+    snapshot
+        .machines
+        .iter()
+        .filter(|o| {
+            o.namespace() == m.namespace()
+                && o.cluster() == m.cluster()
+                && o.spec.role == Some(Role::ControlPlane)
+                && !o.deleting()
+        })
+        .collect()
+}
+
+/// `etcd.members`, asked live: the most members any control plane's etcd lists. A node
+/// that answers with an error (its etcd is not running) lists none; one that does not
+/// answer (or cannot be dialled) makes the count unreadable: `Ok(Err(why))`.
+pub async fn etcd_members<W: World>(
+    w: &mut W,
+    snapshot: &Snapshot,
+    m: &TalosMachine,
+) -> Result<Result<i64, String>, W::Error> {
+    let mut most = 0usize;
+    for cp in control_planes(snapshot, m) {
+        match calls::members(w, m.cluster(), Node::Endpoint(cp)).await? {
+            Ok(list) => most = most.max(list.len()),
+            // The node answered: its etcd is not running (or not yet).
+            Err(NodeError::Talos(TalosError::Failed { .. })) => {}
+            Err(e @ (NodeError::NoCredentials(_) | NodeError::NoEndpoint(_))) => {
+                return Ok(Err(format!("{}: {e}", cp.name())));
+            }
+            Err(e) => return Ok(Err(format!("{} did not answer: {e}", cp.name()))),
+        }
+    }
+    Ok(Ok(i64::try_from(most).unwrap_or(i64::MAX)))
+}
+
+fn again(after: Duration, why: &str) -> Outcome {
+    Outcome::Requeue {
+        after,
+        wait: Wait::On(why.into()),
+    }
+}
+
+/// Bootstraps the cluster of `live` (a configured, approved control plane; `snapshot`: its
+/// cluster as read) when the rules let it. `identity`: this controller's, recorded as who
+/// sent it. `AwaitChange`: nothing left to do here.
+pub async fn reconcile<W: BootstrapWorld>(
+    w: &mut W,
+    table: &crate::compile::Table,
+    timing: &Timing,
+    identity: &str,
+    snapshot: &Snapshot,
+    live: &TalosMachine,
+) -> Result<Outcome, W::Error> {
+    let Some(cluster) = snapshot.cluster(live.namespace(), live.cluster()) else {
+        return Ok(Outcome::AwaitChange);
+    };
+    let retry = timing.refused_requeue;
+    match cluster.bootstrap_record() {
+        Some(r) if r.confirmed => return Ok(Outcome::AwaitChange),
+        // Sent, its answer lost: confirmed by etcd, never sent again.
+        Some(r) => {
+            if r.machine != live.name() {
+                return Ok(Outcome::AwaitChange);
+            }
+            return Ok(match etcd_members(w, snapshot, live).await? {
+                Ok(n) if n > 0 => {
+                    let mut done = r.clone();
+                    done.confirmed = true;
+                    done.message = Some(format!(
+                        "etcd runs: {n} member(s) listed after the Bootstrap sent to {}",
+                        r.machine
+                    ));
+                    w.record_bootstrap(cluster, &done, false).await?;
+                    w.note(live, Note::Info("bootstrap confirmed by etcd"));
+                    Outcome::AwaitChange
+                }
+                _ => again(retry, "BootstrapUnconfirmed"),
+            });
+        }
+        None => {}
+    }
+    let Some(ev) = bootstrap_event(live) else {
+        return Ok(Outcome::AwaitChange);
+    };
+    // Ask, supply, decide: `etcd.members` is read only when a rule needs it.
+    let started = std::time::Instant::now();
+    let mut supplied: Vec<(Fact, i64)> = Vec::new();
+    let decision = loop {
+        match w.decide(table, snapshot, ev, &supplied) {
+            Ok(d) => break d,
+            Err(Fact::EtcdMembers) if supplied.is_empty() => {
+                match etcd_members(w, snapshot, live).await? {
+                    Ok(n) => {
+                        let why = "the most members any control plane's etcd lists";
+                        if let Some(j) = w.journal() {
+                            j.fact(Fact::EtcdMembers, n, why);
+                        }
+                        w.note(
+                            live,
+                            Note::Fact {
+                                fact: Fact::EtcdMembers,
+                                value: n,
+                                why,
+                            },
+                        );
+                        supplied.push((Fact::EtcdMembers, n));
+                    }
+                    Err(why) => {
+                        let said =
+                            format!("bootstrap not decided: etcd.members cannot be read ({why})");
+                        w.note(live, Note::Info(&said));
+                        return Ok(again(retry, "EtcdMembersUnreadable"));
+                    }
+                }
+            }
+            Err(f) => {
+                let said =
+                    format!("bootstrap not decided: a fact the controller cannot read ({f})");
+                w.note(live, Note::Warn(&said));
+                return Ok(again(retry, "FactUnreadable"));
+            }
+        }
+    };
+    // The decision, recorded (it cites no condition: the bootstrap sets none).
+    if let Some(j) = w.journal() {
+        j.decision(table, snapshot, ev, &supplied, &decision, started);
+    }
+    w.note(live, Note::Decided(&decision));
+    if let Some((_, why)) = super::rules::hold_of(&decision, "BootstrapRefused") {
+        let said = format!("not bootstrapped: {why}");
+        w.note(live, Note::Info(&said));
+        // etcd runs already (an existing cluster, or one bootstrapped by hand): recorded,
+        // so it is not asked again on every reconcile.
+        if let Some((_, n)) = supplied.iter().find(|(_, n)| *n > 0) {
+            let found = BootstrapRecord {
+                machine: String::new(),
+                sent_at: None,
+                by: Some(identity.to_string()),
+                confirmed: true,
+                message: Some(format!(
+                    "etcd already ran ({n} member(s) listed) when {} was configured: no Bootstrap sent",
+                    live.name()
+                )),
+            };
+            w.record_bootstrap(cluster, &found, true).await?;
+        }
+        return Ok(Outcome::AwaitChange);
+    }
+    // Allowed: record first, guarded, so only one controller ever sends it.
+    let mut r = BootstrapRecord {
+        machine: live.name().to_string(),
+        sent_at: Some(Time(w.now())),
+        by: Some(identity.to_string()),
+        confirmed: false,
+        message: None,
+    };
+    if !w.record_bootstrap(cluster, &r, true).await? {
+        w.note(
+            live,
+            Note::Info("bootstrap recorded by another writer first: not sent"),
+        );
+        return Ok(again(timing.lock_retry, "BootstrapRecordedElsewhere"));
+    }
+    match calls::done(w, live.cluster(), Node::Endpoint(live), Call::Bootstrap).await? {
+        Ok(()) => {
+            r.confirmed = true;
+            r.message = Some(format!("Talos bootstrapped etcd on {}", live.name()));
+            w.record_bootstrap(cluster, &r, false).await?;
+            w.note(live, Note::Info("bootstrapped"));
+            let note = format!("etcd bootstrapped on {}", live.name());
+            w.cluster_event(cluster, false, "Bootstrapped", note).await;
+            Ok(Outcome::AwaitChange)
+        }
+        Err(e @ (NodeError::NoCredentials(_) | NodeError::NoEndpoint(_))) => {
+            r.message = Some(format!(
+                "recorded, but {} could not be dialled ({e}); the bootstrap is not sent again by the controller",
+                live.name()
+            ));
+            w.record_bootstrap(cluster, &r, false).await?;
+            Ok(again(retry, "BootstrapUnconfirmed"))
+        }
+        Err(e) => {
+            // Maybe it acted: never sent again; etcd will tell.
+            let message = format!(
+                "Bootstrap sent to {} did not answer cleanly ({e}); it is not sent again: \
+                 the controller confirms it once etcd lists a member",
+                live.name()
+            );
+            r.message = Some(message.clone());
+            w.record_bootstrap(cluster, &r, false).await?;
+            let said = format!("bootstrap answer lost or refused: {e}");
+            w.note(live, Note::Warn(&said));
+            w.cluster_event(cluster, true, "BootstrapUnconfirmed", message)
+                .await;
+            Ok(again(retry, "BootstrapUnconfirmed"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_record_is_camel_case_and_omits_what_is_unknown() {
+        let r = BootstrapRecord {
+            machine: "cp-1".into(),
+            sent_at: None,
+            by: Some("controller-0".into()),
+            confirmed: false,
+            message: None,
+        };
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"machine": "cp-1", "by": "controller-0", "confirmed": false})
+        );
+    }
+}
