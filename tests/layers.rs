@@ -224,6 +224,11 @@ fn the_status_read_check_sees_reads() {
     assert!(!seen(
         "#[cfg(test)]\nmod clipping {\n let r = m.condition(\"Ready\");\n}"
     ));
+    // A unit-test module in a file of its own (`#![cfg(test)]`) is not the library either.
+    assert!(!seen(
+        "//! tests\n#![cfg(test)]\nlet r = m.condition(\"Ready\");"
+    ));
+    assert!(seen("//! not tests\nlet r = m.condition(\"Ready\");"));
 }
 
 /// What in `text` (outside comments and unit tests) says what a controller step does: a
