@@ -1482,7 +1482,8 @@ async fn serve_snapshots_a_100_mib_etcd_adding_under_48_mib_and_logs_no_key() {
 /// 100 MiB etcd stays under 64 MiB, and the snapshot's recorded revision is etcd's. Ignored
 /// by default (it needs the release build): `cargo build --release --bin ichor-rules`, then
 /// `cargo nextest run --run-ignored only -E 'test(/release_serve_snapshots/)' --no-capture`
-/// (`ICHOR_RELEASE_BIN` names another binary).
+/// (`ICHOR_RELEASE_BIN` names another binary: `scripts/test.sh` runs it on the image's
+/// static binary once the image is built).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the release binary: cargo build --release --bin ichor-rules"]
 async fn release_serve_snapshots_a_100_mib_etcd_under_64_mib_peak() {
