@@ -1433,6 +1433,7 @@ impl Objects<'_> {
                 image: (o.kind == OpKind::Upgrade).then(|| super::world::UPGRADE_IMAGE.into()),
                 backup_ref: None,
                 machines: Vec::new(),
+                max_unavailable: None,
             },
         );
         op.metadata.namespace = Some(NAMESPACE.into());

@@ -90,6 +90,7 @@ pub fn operation_status(
         cordoned: r.has(OpRun::CORDONED),
         was_cordoned: r.has(OpRun::WAS_CORDONED),
         node_registered: r.has(OpRun::REGISTERED),
+        alongside: Vec::new(),
     };
     OperationStatus {
         phase: Some(
