@@ -425,7 +425,12 @@ pub async fn reconcile<W: OperationWorld>(
             }
             let (after, wait, keep) =
                 first_wait.unwrap_or((timing.refused_requeue, Wait::Refused, keep));
-            unlock(w, cluster, if keep { LockOp::Keep } else { LockOp::Release }).await?;
+            unlock(
+                w,
+                cluster,
+                if keep { LockOp::Keep } else { LockOp::Release },
+            )
+            .await?;
             return Ok(requeue(after, wait));
         }
         // 3. The step's own guard.
@@ -532,8 +537,7 @@ pub async fn reconcile<W: OperationWorld>(
                         continue;
                     }
                 }
-                let (after, wait, _) =
-                    first_wait.unwrap_or((after, Wait::On(reason.into()), true));
+                let (after, wait, _) = first_wait.unwrap_or((after, Wait::On(reason.into()), true));
                 unlock(w, cluster, LockOp::Keep).await?;
                 return Ok(requeue(after, wait));
             }
