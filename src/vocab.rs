@@ -1198,6 +1198,8 @@ pub enum ModelFact {
     OperationLeftDown,
     FailedTouched,
     CureBlocked,
+    RollDown,
+    RollMaxUnavailable,
 }
 
 /// What the checker knows about a model fact.
@@ -1279,6 +1281,10 @@ model_facts! {
         "the step just taken was the controller's reconcile of a failed operation (which only a person resumes) and it acted on a node: a cordon, an uncordon, a Talos call";
     CureBlocked "cure.blocked" Type::Bool,
         "the control-plane count is even, an operation waits for it to be odd (not started, not an etcd restore, the controller leaves it so), and deleting an approved control plane, which would end the even count, is refused although without the waiting operations it would be allowed";
+    RollDown "roll.down" Type::Int,
+        "of the unfinished rolls over the cluster, the one furthest past its spec.maxUnavailable: how many of its workers are down or cordoned (taken down by a call and not back, or their Kubernetes Node cordoned); 0 without a roll";
+    RollMaxUnavailable "roll.max_unavailable" Type::Int,
+        "that roll's spec.maxUnavailable (1 when not written, and without a roll)";
 }
 
 impl ModelFact {

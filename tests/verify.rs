@@ -1943,3 +1943,45 @@ fn each_gate_of_a_roll_over_the_cluster_is_refuted_when_dropped() {
     assert_eq!(out.code, 0, "{}", out.stdout);
     assert!(violated(&json).is_empty(), "{}", out.stdout);
 }
+
+/// A roll with `spec.maxUnavailable: 2` over a control plane and three workers
+/// (`--rolls --max-unavailable 2`): the shipped rules verify (never more than two workers
+/// down or cordoned at once, the control plane alone and first). Without
+/// `step-max-unavailable` the executor's offer of the next worker is let through while two
+/// are in flight, and a third goes down beside them: `roll-width-kept` refutes it, the
+/// counterexample a roll over the cluster.
+#[test]
+fn a_roll_wider_than_max_unavailable_is_refuted() {
+    let bounds = [
+        "--rolls",
+        "--max-unavailable",
+        "2",
+        "--max-workers",
+        "3",
+        "--max-failures",
+        "0",
+        "--max-operations",
+        "1",
+        "--max-requests",
+        "1",
+    ];
+    let (out, json) = verify(&root().join("rules"), "1", &bounds);
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    assert!(violated(&json).is_empty(), "{}", out.stdout);
+    let dir = mutant("roll-width", "operations.rules", |t| {
+        without(t, "rule step-max-unavailable\n")
+    });
+    let (out, json) = verify(&dir, "1", &bounds);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert_eq!(
+        violated(&json),
+        vec!["roll-width-kept".to_string()],
+        "{}",
+        out.stdout
+    );
+    let steps = step_texts(&json);
+    assert!(
+        steps.iter().any(|s| s.contains("a roll over the cluster")),
+        "{steps:?}"
+    );
+}
