@@ -438,8 +438,8 @@ impl Op {
         let node = usize::from(self.cur) < len;
         let started = usize::from(self.done) + usize::from(node) + self.sides().count();
         (0..started.min(len)).filter(move |&n| {
-            let in_flight =
-                (node && n == usize::from(self.cur)) || self.sides().any(|x| usize::from(x.at) == n);
+            let in_flight = (node && n == usize::from(self.cur))
+                || self.sides().any(|x| usize::from(x.at) == n);
             !in_flight
         })
     }

@@ -370,8 +370,12 @@ pub async fn reconcile<W: OperationWorld>(
             continue;
         };
         // The rules see the node being worked on as the operation's target (`target`,
-        // `target.controlplane`, ...): for a roll over the cluster, each node in turn.
-        let view = operation_on(live, &target);
+        // `target.controlplane`, ...): for a roll over the cluster, each node in turn; and
+        // its progress as this reconcile has it (`roll.in_flight`: what it wrote last, which
+        // a read from a cache may not show yet).
+        let mut seen = live.clone();
+        set_progress(&mut seen, &p);
+        let view = operation_on(&seen, &target);
         let live = &view;
         // 2. The step rules, decided again under the lock from live reads.
         let Some(ev) = step_operation_event(live) else {
