@@ -24,6 +24,7 @@ fn explore(c: &mut Criterion) {
         max_requests: None,
         depth: 64,
         rolls: false,
+        roll_width: 1,
     };
     let states = verify(&table, bounds)
         .expect("bounds a model holds")

@@ -404,6 +404,9 @@ pub enum Fact {
     PatchError,
     Bootstrapped,
     EtcdMembers,
+    MaxUnavailable,
+    RollInFlight,
+    RollControlPlaneInFlight,
 }
 
 /// The number of fact slots (one per row of [`FACTS`], which the test below keeps in the
@@ -716,6 +719,12 @@ facts! {
         "the TalosCluster's status records the cluster's bootstrap (`status.bootstrap`): a `Bootstrap` sent (to which machine, when; written under a resourceVersion precondition before the call, whether its answer came back or not), or etcd found running when the first control plane was configured";
     EtcdMembers "etcd.members" Type::Int, Expensive, Machines, ON_BOOTSTRAP,
         "the most etcd members any control plane of the cluster lists (approved or not, with an endpoint); one whose etcd is not running (Talos answers the call with an error) lists none. Expensive: the controller asks `EtcdMemberList` of each, live; a node that does not answer at all makes it unreadable, and the bootstrap is refused. Offline (`eval`): the approved control planes when `bootstrapped`, else 0";
+    MaxUnavailable "max_unavailable" Type::Int, Cheap, Request, ON_OPERATIONS,
+        "spec.maxUnavailable: how many workers a roll over the cluster may take down at once (1 when omitted; what was written otherwise, even 0 or less, for a rule to refuse)";
+    RollInFlight "roll.in_flight" Type::Int, Cheap, Request, ON_OPERATIONS,
+        "the nodes of this roll in flight beside the target (started, not finished: `status.progress.node` and `status.progress.alongside`, the target left out); 0 before the roll starts and for an operation on one machine";
+    RollControlPlaneInFlight "roll.controlplane_in_flight" Type::Bool, Cheap, Machines, ON_OPERATIONS,
+        "one of those nodes in flight beside the target is a control plane (approved as one, or holding the removal finalizer: it may still be an etcd member)";
 }
 
 impl Fact {
@@ -1189,6 +1198,8 @@ pub enum ModelFact {
     OperationLeftDown,
     FailedTouched,
     CureBlocked,
+    RollDown,
+    RollMaxUnavailable,
 }
 
 /// What the checker knows about a model fact.
@@ -1270,6 +1281,10 @@ model_facts! {
         "the step just taken was the controller's reconcile of a failed operation (which only a person resumes) and it acted on a node: a cordon, an uncordon, a Talos call";
     CureBlocked "cure.blocked" Type::Bool,
         "the control-plane count is even, an operation waits for it to be odd (not started, not an etcd restore, the controller leaves it so), and deleting an approved control plane, which would end the even count, is refused although without the waiting operations it would be allowed";
+    RollDown "roll.down" Type::Int,
+        "of the unfinished rolls over the cluster, the one furthest past its spec.maxUnavailable: how many of its workers are down or cordoned (taken down by a call and not back, or their Kubernetes Node cordoned); 0 without a roll";
+    RollMaxUnavailable "roll.max_unavailable" Type::Int,
+        "that roll's spec.maxUnavailable (1 when not written, and without a roll)";
 }
 
 impl ModelFact {

@@ -58,6 +58,7 @@ fn bounds() -> Bounds {
         max_requests: Some(6),
         depth: 32,
         rolls: false,
+        roll_width: 1,
     }
 }
 

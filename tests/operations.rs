@@ -124,6 +124,23 @@ impl Cluster {
             .to_string()
     }
 
+    /// Workers `names` (approved in that order, from minute `first`): Talos stand-ins
+    /// (`talos.by_name`), their TalosMachines (endpoint = the stand-in) and Ready Nodes.
+    async fn add_workers(&mut self, names: &[&str], first: u32) {
+        for (i, w) in (0u32..).zip(names) {
+            let endpoint = self.talos.add_worker(w).await.endpoint();
+            let mut m = machine(w, "worker", true, first + i);
+            m["spec"]["endpoint"] = json!(endpoint);
+            self.api.insert(m);
+            self.api.insert(json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": w},
+                "spec": {},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+            }));
+        }
+    }
+
     fn cordoned(&self, node: &str) -> bool {
         get(&self.api, "Node", node).expect("node")["spec"]["unschedulable"] == json!(true)
     }
@@ -514,18 +531,7 @@ async fn a_roll_passes_a_machine_deleted_meanwhile() {
     use ichor_rules::runtime::objects::TalosMachine;
     use kube::api::{Api, DeleteParams};
     let mut c = Cluster::start(3).await;
-    for w in ["w-1", "w-2"] {
-        let endpoint = c.talos.add_worker(w).await.endpoint();
-        let mut m = machine(w, "worker", true, 10 + u32::from(w == "w-2"));
-        m["spec"]["endpoint"] = json!(endpoint);
-        c.api.insert(m);
-        c.api.insert(json!({
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": w},
-            "spec": {},
-            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
-        }));
-    }
+    c.add_workers(&["w-1", "w-2"], 10).await;
     for i in 0..5 {
         c.talos.node(i).set_downtime(Duration::from_millis(500));
     }
@@ -770,16 +776,7 @@ async fn a_rollback_runs_its_plan_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_workers_reset_is_sent_once() {
     let mut c = Cluster::start(3).await;
-    let endpoint = c.talos.add_worker("w-1").await.endpoint();
-    let mut w = machine("w-1", "worker", true, 4);
-    w["spec"]["endpoint"] = json!(endpoint);
-    c.api.insert(w);
-    c.api.insert(json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": "w-1"},
-        "spec": {},
-        "status": {"conditions": [{"type": "Ready", "status": "True"}]}
-    }));
+    c.add_workers(&["w-1"], 4).await;
     let mut op = operation("reset-w-1", "reset");
     op["spec"]["machine"] = json!("w-1");
     c.api.insert(op);
@@ -914,18 +911,7 @@ async fn an_operations_step_log_is_checked_against_the_executor() {
 async fn a_rolling_upgrade_of_five_nodes_goes_control_planes_first_one_at_a_time() {
     let started = Instant::now();
     let mut c = Cluster::start(3).await;
-    for w in ["w-1", "w-2"] {
-        let endpoint = c.talos.add_worker(w).await.endpoint();
-        let mut m = machine(w, "worker", true, 10 + u32::from(w == "w-2"));
-        m["spec"]["endpoint"] = json!(endpoint);
-        c.api.insert(m);
-        c.api.insert(json!({
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": w},
-            "spec": {},
-            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
-        }));
-    }
+    c.add_workers(&["w-1", "w-2"], 10).await;
     for i in 0..5 {
         c.talos.node(i).set_downtime(Duration::from_millis(500));
     }
@@ -956,4 +942,195 @@ async fn a_rolling_upgrade_of_five_nodes_goes_control_planes_first_one_at_a_time
         took.as_secs_f64(),
         calls.len()
     );
+}
+
+/// The most workers (of `workers`) down at once in the stand-ins' record.
+fn most_workers_down(c: &Cluster, workers: &[&str]) -> usize {
+    let downs: Vec<_> = c
+        .talos
+        .downtimes()
+        .into_iter()
+        .filter(|d| workers.contains(&d.node.as_str()))
+        .collect();
+    let now = Instant::now();
+    downs
+        .iter()
+        .map(|d| {
+            downs
+                .iter()
+                .filter(|o| o.from <= d.from && o.to.unwrap_or(now) > d.from)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// A roll with `spec.maxUnavailable: 2` over 3 control planes and 3 workers: the control
+/// planes first, one at a time (no worker goes down before the last of them is back),
+/// then the workers, two at once and never three; each node rebooted once, every cordon
+/// undone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roll_with_max_unavailable_two_takes_two_workers_at_once_after_the_control_planes() {
+    let started = Instant::now();
+    let mut c = Cluster::start(3).await;
+    let workers = ["w-1", "w-2", "w-3"];
+    c.add_workers(&workers, 10).await;
+    for i in 0..3 {
+        c.talos.node(i).set_downtime(Duration::from_millis(500));
+    }
+    for w in workers {
+        c.talos.by_name(w).set_downtime(Duration::from_millis(2000));
+    }
+    let mut op = operation("roll-2", "reboot");
+    op["spec"]["maxUnavailable"] = json!(2);
+    c.api.insert(op);
+    let _ctl = Running::start(c.ctx("controller-1", rules()));
+    wait_for("the roll succeeds", Duration::from_secs(120), || {
+        c.phase("roll-2") == "Succeeded"
+    })
+    .await;
+    let took = started.elapsed();
+    let op = c.operation("roll-2");
+    assert_eq!(op["status"]["progress"]["done"], 6, "{op}");
+    assert_eq!(op["status"]["progress"]["alongside"], json!([]), "{op}");
+    let downs = c.talos.downtimes();
+    let cps: Vec<_> = downs.iter().filter(|d| d.node.starts_with("cp-")).collect();
+    let order: Vec<&str> = cps.iter().map(|d| d.node.as_str()).collect();
+    assert_eq!(order, ["cp-1", "cp-2", "cp-3"], "{downs:?}");
+    let last_cp_back = cps
+        .iter()
+        .filter_map(|d| d.to)
+        .max()
+        .expect("cp-3 came back");
+    for d in downs.iter().filter(|d| d.node.starts_with("w-")) {
+        assert!(
+            d.from >= last_cp_back,
+            "{} went down before the control planes were done: {downs:?}",
+            d.node
+        );
+    }
+    for n in ["cp-1", "cp-2", "cp-3", "w-1", "w-2", "w-3"] {
+        assert_eq!(c.talos.calls_to("Reboot", n), 1, "{n}");
+        assert!(!c.cordoned(n), "{n}");
+    }
+    assert_eq!(most_workers_down(&c, &workers), 2, "{downs:?}");
+    assert_eq!(c.most_down_at_once(), 2, "{downs:?}");
+    c.talos.etcd.wait_healthy(3).await.expect("etcd healthy");
+    eprintln!(
+        "roll of 3 control planes and 3 workers, maxUnavailable 2: {:.1}s, {} Talos calls",
+        took.as_secs_f64(),
+        c.talos.calls().len()
+    );
+}
+
+/// Without `spec.maxUnavailable` a roll's workers go one at a time, as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roll_without_max_unavailable_takes_one_worker_at_a_time() {
+    let mut c = Cluster::start(1).await;
+    let workers = ["w-1", "w-2", "w-3"];
+    c.add_workers(&workers, 10).await;
+    for w in workers {
+        c.talos.by_name(w).set_downtime(Duration::from_millis(1500));
+    }
+    let mut op = operation("roll-1", "reboot");
+    op["spec"]["machines"] = json!(workers);
+    c.api.insert(op);
+    let _ctl = Running::start(c.ctx("controller-1", rules()));
+    wait_for("the roll succeeds", Duration::from_secs(120), || {
+        c.phase("roll-1") == "Succeeded"
+    })
+    .await;
+    let downs = c.talos.downtimes();
+    let order: Vec<&str> = downs.iter().map(|d| d.node.as_str()).collect();
+    assert_eq!(order, workers, "{downs:?}");
+    assert_eq!(most_workers_down(&c, &workers), 1, "{downs:?}");
+}
+
+/// A controller killed while two workers of a roll are down: the next one resumes both
+/// from their own records (their boot times say the reboots took) and reboots neither
+/// again, then finishes the roll two at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_controller_resumes_each_worker_in_flight_without_rebooting_it_again() {
+    let mut c = Cluster::start(1).await;
+    let workers = ["w-1", "w-2", "w-3", "w-4"];
+    c.add_workers(&workers, 10).await;
+    for w in workers {
+        c.talos.by_name(w).set_downtime(Duration::from_millis(3000));
+    }
+    let mut op = operation("roll-k", "reboot");
+    op["spec"]["machines"] = json!(workers);
+    op["spec"]["maxUnavailable"] = json!(2);
+    c.api.insert(op);
+    let first = Running::start(c.ctx("controller-1", rules()));
+    wait_for("two reboots are sent", WAIT, || {
+        c.talos.calls_to("Reboot", "w-1") == 1 && c.talos.calls_to("Reboot", "w-2") == 1
+    })
+    .await;
+    first.kill().await;
+    let op = c.operation("roll-k");
+    let p = &op["status"]["progress"];
+    let mut in_flight: Vec<&str> = std::iter::once(&p["node"])
+        .chain(
+            p["alongside"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|r| &r["node"]),
+        )
+        .filter_map(Value::as_str)
+        .collect();
+    in_flight.sort_unstable();
+    assert_eq!(in_flight, ["w-1", "w-2"], "{op}");
+    let _second = Running::start(c.ctx("controller-2", rules()));
+    wait_for("the roll succeeds", Duration::from_secs(120), || {
+        c.phase("roll-k") == "Succeeded"
+    })
+    .await;
+    for n in workers {
+        assert_eq!(
+            c.talos.calls_to("Reboot", n),
+            1,
+            "{n}: {:?}",
+            c.talos.calls()
+        );
+        assert!(!c.cordoned(n), "{n}");
+    }
+    assert_eq!(c.talos.downtimes().len(), 4);
+    assert_eq!(most_workers_down(&c, &workers), 2);
+}
+
+/// An unschedulable cluster keeps a worker up whatever spec.maxUnavailable says
+/// (`step-last-worker` counts the roll's workers in flight as gone): of 3 workers with
+/// maxUnavailable 3, never more than 2 are down at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unschedulable_cluster_keeps_a_worker_up_through_a_wide_roll() {
+    use ichor_rules::runtime::objects::TalosCluster;
+    use kube::api::{Api, Patch, PatchParams};
+    let mut c = Cluster::start(1).await;
+    let workers = ["w-1", "w-2", "w-3"];
+    c.add_workers(&workers, 10).await;
+    for w in workers {
+        c.talos.by_name(w).set_downtime(Duration::from_millis(2000));
+    }
+    let clusters: Api<TalosCluster> = Api::namespaced(c.api.client(), NS);
+    clusters
+        .patch(
+            "prod",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"schedulable": "false"}})),
+        )
+        .await
+        .expect("unschedulable");
+    let mut op = operation("roll-3", "reboot");
+    op["spec"]["machines"] = json!(workers);
+    op["spec"]["maxUnavailable"] = json!(3);
+    c.api.insert(op);
+    let _ctl = Running::start(c.ctx("controller-1", rules()));
+    wait_for("the roll succeeds", Duration::from_secs(120), || {
+        c.phase("roll-3") == "Succeeded"
+    })
+    .await;
+    let downs = c.talos.downtimes();
+    assert_eq!(downs.len(), 3, "{downs:?}");
+    assert_eq!(most_workers_down(&c, &workers), 2, "{downs:?}");
 }

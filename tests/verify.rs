@@ -1968,3 +1968,45 @@ fn a_roll_passing_a_dying_machine_being_deleted_is_not_blamed_for_it() {
     // The exploration reached the cluster's deletion under a running roll.
     assert!(json["states"].as_u64().unwrap_or(0) > 50_000, "{json}");
 }
+
+/// A roll with `spec.maxUnavailable: 2` over three control planes and three workers
+/// (`--rolls --max-unavailable 2`): the shipped rules verify (never more than two workers
+/// down or cordoned at once, the control plane alone and first). Without
+/// `step-max-unavailable` the executor's offer of the next worker is let through while two
+/// are in flight, and a third goes down beside them: `roll-width-kept` refutes it, the
+/// counterexample a roll over the cluster.
+#[test]
+fn a_roll_wider_than_max_unavailable_is_refuted() {
+    let bounds = [
+        "--rolls",
+        "--max-unavailable",
+        "2",
+        "--max-workers",
+        "3",
+        "--max-failures",
+        "1",
+        "--max-operations",
+        "1",
+        "--max-requests",
+        "1",
+    ];
+    let (out, json) = verify(&root().join("rules"), "3", &bounds);
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    assert!(violated(&json).is_empty(), "{}", out.stdout);
+    let dir = mutant("roll-width", "operations.rules", |t| {
+        without(t, "rule step-max-unavailable\n")
+    });
+    let (out, json) = verify(&dir, "3", &bounds);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert_eq!(
+        violated(&json),
+        vec!["roll-width-kept".to_string()],
+        "{}",
+        out.stdout
+    );
+    let steps = step_texts(&json);
+    assert!(
+        steps.iter().any(|s| s.contains("a roll over the cluster")),
+        "{steps:?}"
+    );
+}

@@ -61,7 +61,9 @@ impl<'a> Facts<'a> for Fixed {
             | Fact::PatchBreaks
             | Fact::Backups
             | Fact::SnapshotAge
-            | Fact::EtcdMembers => Value::Int(0),
+            | Fact::EtcdMembers
+            | Fact::RollInFlight => Value::Int(0),
+            Fact::MaxUnavailable => Value::Int(1),
             Fact::ClusterDeleting
             | Fact::Deleting
             | Fact::AllowDelete
@@ -78,7 +80,8 @@ impl<'a> Facts<'a> for Fixed {
             | Fact::BackupExists
             | Fact::BackupInCluster
             | Fact::SnapshotTaken
-            | Fact::Bootstrapped => Value::Bool(false),
+            | Fact::Bootstrapped
+            | Fact::RollControlPlaneInFlight => Value::Bool(false),
         })
     }
 }

@@ -69,6 +69,7 @@ pub fn run(args: &DiffArgs) -> u8 {
         max_requests: None,
         depth: 64,
         rolls: false,
+        roll_width: 1,
     };
     let report = match diff(&tables[0], &tables[1], bounds) {
         Ok(r) => r,

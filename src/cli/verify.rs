@@ -45,6 +45,10 @@ pub struct VerifyArgs {
     /// machine's upgrade or reset. At most 6 machines.
     #[arg(long)]
     pub rolls: bool,
+    /// With `--rolls`: the rolls' `spec.maxUnavailable`, how many workers they may take
+    /// down at once (the rules decide it: `step-max-unavailable`). 1 when not given.
+    #[arg(long, requires = "rolls", value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub max_unavailable: Option<u8>,
     /// Steps from a starting state after which exploration stops (reported when reached).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub depth: u32,
@@ -300,6 +304,7 @@ fn suite(args: &VerifyArgs) -> Vec<Bounds> {
             max_requests: args.max_requests.or(SINGLE.max_requests),
             depth: args.depth,
             rolls: args.rolls,
+            roll_width: args.max_unavailable.unwrap_or(1),
         }];
     }
     let depth = args.depth;
@@ -315,6 +320,7 @@ fn suite(args: &VerifyArgs) -> Vec<Bounds> {
         max_requests: Some(3),
         depth,
         rolls: false,
+        roll_width: 1,
     };
     vec![
         // A small cluster under any number of requests: alone, with a failure, with a
@@ -428,6 +434,7 @@ pub const SINGLE: Bounds = Bounds {
     max_requests: None,
     depth: 64,
     rolls: false,
+    roll_width: 1,
 };
 
 fn slug(name: &str) -> String {

@@ -21,17 +21,17 @@ use crate::check::{Typed, TypedKind, ValueKind};
 use crate::syntax::ast::{BinOp, UnOp};
 use crate::vocab::{FACT_COUNT, FACTS, Type};
 
-/// The length of a session's value array: the int and bool facts, then registers. A power
-/// of two, so an index masked into range needs no bounds check; small, so a session starts
-/// cheaply (it is zeroed for every decision: 512 bytes, where one slot per fact and 128
-/// values took a kilobyte).
-pub const VALUES: usize = 64;
+/// The length of a wide program's value array: the int and bool facts, then registers. A
+/// power of two, so an index masked into range needs no bounds check. 128 since the
+/// facts of a roll's width (`max_unavailable`, `roll.*`) took the int and bool facts past
+/// 31, which 64 values with more than [`MAX_STACK`] registers could not hold.
+pub const VALUES: usize = 128;
 
 /// The value array a session keeps: the int and bool facts, then the registers of the
 /// programs whose indexes all fall below it (nearly all: ten registers). Half of
-/// [`VALUES`], so starting a session zeroes half as much; a program that reaches further
+/// [`VALUES`], so starting a session zeroes half as much (512 bytes); a program that reaches further
 /// ([`FlatProgram::wide`]) runs on an array of [`VALUES`] of its own.
-pub const SESSION_VALUES: usize = 32;
+pub const SESSION_VALUES: usize = 64;
 
 /// The int and bool facts: the ones that have a place in the value array (name and enum
 /// facts keep their text apart).

@@ -629,9 +629,10 @@ mod tests {
                 })
             }
         }
-        // Each left operand computed, so each level holds one more register: 12 deep.
+        // Each left operand computed, so each level holds one more register: 30 deep, past
+        // the session's array (the int and bool facts, then the registers).
         let mut deep = String::from("(workers + 1)");
-        for i in 0..12 {
+        for i in 0..30 {
             let f = ["approved", "count", "workers"][i % 3];
             deep = format!("({f} + {i}) * ({deep} - {f})");
         }

@@ -329,6 +329,29 @@ impl<'s> SnapshotFacts<'s> {
             _ => None,
         }
     }
+
+    /// The nodes of the operation's roll in flight beside its target (`roll.in_flight`).
+    fn roll_in_flight(&self) -> Vec<&'s str> {
+        let Some(o) = self.operation() else {
+            return Vec::new();
+        };
+        let target = o.spec.machine.as_deref().unwrap_or("");
+        o.status
+            .as_ref()
+            .and_then(|s| s.progress.as_ref())
+            .map(|p| p.in_flight().filter(|n| *n != target).collect())
+            .unwrap_or_default()
+    }
+
+    /// Their TalosMachines, of the operation's cluster.
+    fn roll_in_flight_machines(&self) -> Vec<&'s TalosMachine> {
+        let (ns, cluster) = (self.ev.namespace, self.ev.cluster);
+        self.roll_in_flight()
+            .into_iter()
+            .filter_map(|n| self.snapshot.machine(ns, n))
+            .filter(|m| m.cluster() == cluster)
+            .collect()
+    }
 }
 
 /// An object as a decision record names it: its kind, name and resourceVersion, borrowed.
@@ -417,7 +440,16 @@ impl<'s> SnapshotFacts<'s> {
             | Fact::Patch
             | Fact::PatchSelects
             | Fact::PatchBreaks
-            | Fact::PatchError => subject(self),
+            | Fact::PatchError
+            | Fact::MaxUnavailable
+            | Fact::RollInFlight => subject(self),
+            Fact::RollControlPlaneInFlight => {
+                let mut v = subject(self);
+                for m in self.roll_in_flight_machines() {
+                    v.push(object_ref("TalosMachine", &m.metadata));
+                }
+                v
+            }
             Fact::TargetExists | Fact::TargetUncounted => {
                 let mut v = subject(self);
                 let target = self.operation().and_then(|o| o.spec.machine.as_deref());
@@ -624,6 +656,16 @@ impl<'s> Facts<'s> for SnapshotFacts<'s> {
                     })
                 }
             },
+            Fact::MaxUnavailable => Value::Int(
+                self.operation()
+                    .map_or(1, |o| o.spec.max_unavailable.unwrap_or(1)),
+            ),
+            Fact::RollInFlight => int(self.roll_in_flight().len()),
+            Fact::RollControlPlaneInFlight => {
+                Value::Bool(self.roll_in_flight_machines().into_iter().any(|m| {
+                    m.approved_role() == Some(Role::ControlPlane) || m.holds_removal_finalizer()
+                }))
+            }
         };
         Lookup::Value(v)
     }

@@ -358,6 +358,7 @@ mod tests {
                 max_requests: Some(4),
                 depth: 32,
                 rolls: false,
+                roll_width: 1,
             },
         )
         .expect("model")

@@ -297,6 +297,10 @@ pub fn encode(s: &State, out: &mut Vec<u8>) {
         out.push(o.run.flags);
         out.push(o.done);
         out.extend(o.order);
+        out.extend([o.cur, o.width]);
+        for x in o.side {
+            out.extend([x.at, x.run.steps, x.run.flags]);
+        }
     }
     out.push(len_byte(&s.pending));
     for p in &s.pending {
@@ -395,6 +399,17 @@ pub fn decode(b: &[u8]) -> Option<State> {
         for x in &mut order {
             *x = next()?;
         }
+        let (cur, width) = (next()?, next()?);
+        let mut side = [super::model::Side::NONE; super::model::SIDE];
+        for x in &mut side {
+            *x = super::model::Side {
+                at: next()?,
+                run: super::model::OpRun {
+                    steps: next()?,
+                    flags: next()?,
+                },
+            };
+        }
         ops.push(Op {
             kind,
             target,
@@ -402,6 +417,9 @@ pub fn decode(b: &[u8]) -> Option<State> {
             run,
             order,
             done,
+            cur,
+            side,
+            width,
         });
     }
     let np = next()?;
@@ -1494,6 +1512,7 @@ mod parallel {
             max_requests: None,
             depth: 64,
             rolls: false,
+            roll_width: 1,
         };
         let model = Model::new(&table, bounds).expect("bounds a model holds");
         let checks: Vec<InvariantCheck> =
@@ -1551,6 +1570,7 @@ mod parallel {
                     max_requests: None,
                     depth: 64,
                     rolls: false,
+                    roll_width: 1,
                 },
             )
             .expect("bounds a model holds");

@@ -46,6 +46,8 @@ pub struct Facts {
     pub left_down: bool,
     pub failed_touched: bool,
     pub cure_blocked: bool,
+    pub roll_down: i64,
+    pub roll_width: i64,
 }
 
 fn int(n: usize) -> i64 {
@@ -57,7 +59,10 @@ impl Facts {
     pub fn of_state(s: &State) -> Facts {
         let t = s.tallies();
         let approved = t.approved_cps;
+        let (roll_down, roll_width) = s.roll_down();
         let f = Facts {
+            roll_down: int(roll_down),
+            roll_width: i64::from(roll_width),
             members: int(t.members),
             healthy: int(t.healthy),
             count: i64::from(s.count),
@@ -159,6 +164,8 @@ impl Facts {
             OperationLeftDown => V::Bool(self.left_down),
             FailedTouched => V::Bool(self.failed_touched),
             CureBlocked => V::Bool(self.cure_blocked),
+            RollDown => V::Int(self.roll_down),
+            RollMaxUnavailable => V::Int(self.roll_width),
         }
     }
 }
@@ -552,6 +559,8 @@ fn pack(f: &Facts, concurrent: bool) -> Option<Packed> {
         left_down,
         failed_touched,
         cure_blocked,
+        roll_down,
+        roll_width,
     } = *f;
     let mut bytes = [0u8; 24];
     let ints = [
@@ -603,6 +612,8 @@ fn pack(f: &Facts, concurrent: bool) -> Option<Packed> {
         .fold(0u32, |acc, (k, on)| acc | (u32::from(*on) << k));
     bytes[16..20].copy_from_slice(&bits.to_le_bytes());
     bytes[20] = step;
+    bytes[22] = u8::try_from(roll_down).ok()?;
+    bytes[23] = u8::try_from(roll_width).ok()?;
     bytes[21] = match step_kind {
         None => 0,
         Some(super::model::OpKind::Upgrade) => 1,
@@ -711,7 +722,7 @@ mod tests {
             ..Facts::default()
         };
         let mut variants: Vec<(Facts, bool)> = vec![(base, false), (base, true)];
-        let ints: [fn(&mut Facts) -> &mut i64; 16] = [
+        let ints: [fn(&mut Facts) -> &mut i64; 18] = [
             |f| &mut f.members,
             |f| &mut f.healthy,
             |f| &mut f.members_before,
@@ -728,6 +739,8 @@ mod tests {
             |f| &mut f.running,
             |f| &mut f.unfinished,
             |f| &mut f.down_others,
+            |f| &mut f.roll_down,
+            |f| &mut f.roll_width,
         ];
         for field in ints {
             for n in [1, 255] {

@@ -90,7 +90,17 @@ pub struct Bounds {
     /// The operations people create are reboots rolled over the whole cluster
     /// ([`OpKind::Roll`]) instead of one machine's upgrade or reset.
     pub rolls: bool,
+    /// A roll's `spec.maxUnavailable` (1: none written), at most [`MAX_ROLL_WIDTH`].
+    pub roll_width: u8,
 }
+
+/// The widest roll a model holds: its records of nodes in flight are the one of
+/// `progress.node` and [`SIDE`] more beside it, so one past the width shows when rules let
+/// too many go.
+pub const MAX_ROLL_WIDTH: u8 = 2;
+
+/// The records of a roll's nodes in flight beside `progress.node` a model keeps.
+pub const SIDE: usize = 2;
 
 /// Bounds a model cannot hold: what is wrong, and the most it can.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -127,6 +137,12 @@ impl Bounds {
                  most {ROLL_MAX}); lower the bound"
             )));
         }
+        if self.roll_width == 0 || self.roll_width > MAX_ROLL_WIDTH {
+            return Err(BoundsError(format!(
+                "a roll's maxUnavailable of {} is not one a model holds (1 to {MAX_ROLL_WIDTH})",
+                self.roll_width
+            )));
+        }
         if usize::from(self.max_operations) > MAX_OPERATIONS {
             return Err(too_many(
                 "operations",
@@ -156,6 +172,7 @@ impl Default for Bounds {
             max_requests: None,
             depth: 64,
             rolls: false,
+            roll_width: 1,
         }
     }
 }
@@ -357,6 +374,29 @@ pub struct Op {
     pub order: [u8; ROLL_MAX],
     /// A roll's machines finished (`progress.done`).
     pub done: u8,
+    /// A roll's `progress.node`, as its index in `order` (the same as `done` while one node
+    /// is in flight at a time).
+    pub cur: u8,
+    /// A roll's records of nodes in flight beside it (`progress.alongside`), each with its
+    /// index in `order` ([`NONE`]: no record).
+    pub side: [Side; SIDE],
+    /// Its `spec.maxUnavailable` ([`Bounds::roll_width`]).
+    pub width: u8,
+}
+
+/// A roll's record of a node in flight beside `progress.node`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Side {
+    /// The node's index in the roll's order, [`NONE`] for no record.
+    pub at: u8,
+    pub run: OpRun,
+}
+
+impl Side {
+    pub const NONE: Side = Side {
+        at: NONE,
+        run: OpRun { steps: 0, flags: 0 },
+    };
 }
 
 impl Op {
@@ -369,7 +409,39 @@ impl Op {
             run: OpRun::default(),
             order: [NONE; ROLL_MAX],
             done: 0,
+            cur: 0,
+            side: [Side::NONE; SIDE],
+            width: 1,
         }
+    }
+
+    /// A roll's records beside `progress.node`.
+    pub fn sides(&self) -> impl Iterator<Item = &Side> + '_ {
+        self.side.iter().filter(|x| x.at != NONE)
+    }
+
+    /// The record of the roll's machine `j` while it is in flight (the operation's own
+    /// for an operation on one machine).
+    pub fn record_of(&self, j: u8) -> Option<OpRun> {
+        if j == self.at() {
+            return Some(self.run);
+        }
+        self.sides()
+            .find(|x| self.order.get(usize::from(x.at)) == Some(&j))
+            .map(|x| x.run)
+    }
+
+    /// The positions in a roll's order of the nodes it finished: started (`done` and
+    /// those in flight) and not in flight.
+    pub fn finished(&self) -> impl Iterator<Item = usize> + '_ {
+        let len = self.roll_order().count();
+        let node = usize::from(self.cur) < len;
+        let started = usize::from(self.done) + usize::from(node) + self.sides().count();
+        (0..started.min(len)).filter(move |&n| {
+            let in_flight = (node && n == usize::from(self.cur))
+                || self.sides().any(|x| usize::from(x.at) == n);
+            !in_flight
+        })
     }
 
     /// The machines a roll takes, in order.
@@ -381,7 +453,7 @@ impl Op {
     pub fn at(&self) -> u8 {
         if self.kind == OpKind::Roll {
             self.order
-                .get(usize::from(self.done))
+                .get(usize::from(self.cur))
                 .copied()
                 .unwrap_or(NONE)
         } else {
@@ -830,13 +902,34 @@ impl State {
         t
     }
 
+    /// Of the unfinished rolls over the cluster, the one furthest past its width: how many
+    /// of its workers are down or cordoned (taken down by a call and not back, or their
+    /// Kubernetes Node cordoned), and its width (`roll.down`, `roll.max_unavailable`).
+    pub fn roll_down(&self) -> (usize, u8) {
+        self.ops
+            .iter()
+            .filter(|o| o.kind == OpKind::Roll && o.phase != Phase::Succeeded)
+            .map(|o| {
+                let down = o
+                    .roll_order()
+                    .filter_map(|j| self.machines.get(usize::from(j)))
+                    .filter(|m| !m.ever_cp() && (m.boots.rebooting || m.boots.unsched))
+                    .count();
+                (down, o.width)
+            })
+            .max_by_key(|&(down, width)| (down.saturating_sub(usize::from(width)), down))
+            .unwrap_or((0, 1))
+    }
+
     /// Operation `k` is disruptive work under way: it holds the cluster lock, or it has
     /// touched its node (cordoned it, or sent the call that takes it down) and not ended.
     fn op_disrupts(&self, k: u8, o: &Op) -> bool {
         !matches!(o.phase, Phase::Succeeded | Phase::Failed)
             && (self.lock == Lock::Operation(k)
                 || o.run.has(OpRun::CORDONED)
-                || (o.run.has(OpRun::SENT) && o.run.steps != u8::MAX))
+                || (o.run.has(OpRun::SENT) && o.run.steps != u8::MAX)
+                || o.sides()
+                    .any(|x| x.run.has(OpRun::CORDONED) || x.run.has(OpRun::SENT)))
     }
 
     pub fn members(&self) -> usize {
@@ -1141,9 +1234,16 @@ pub fn object_key(s: &State, out: &mut Vec<u8>) {
             run,
             order,
             done,
+            cur,
+            side,
+            width,
         } = *o;
         out.extend([kind as u8, target, phase.byte(), run.steps, run.flags, done]);
         out.extend(order);
+        out.extend([cur, width]);
+        for x in side {
+            out.extend([x.at, x.run.steps, x.run.flags]);
+        }
         out.extend(op_names.get(k).map_or([0, 0], |n| [1, *n]));
     }
 }
@@ -1225,6 +1325,22 @@ pub struct Objects<'t> {
     /// The reason the controller parks an operation with: the rules' own word
     /// ([`Table::parking_reasons`]), never a copy of it.
     pub parking_reason: &'t str,
+    /// A roll's `spec.maxUnavailable` ([`Bounds::roll_width`]).
+    pub roll_width: u8,
+}
+
+impl Objects<'_> {
+    /// A new operation of `kind` on `target` (a roll as wide as the bounds say).
+    pub fn new_op(&self, kind: OpKind, target: u8) -> Op {
+        Op {
+            width: if kind == OpKind::Roll {
+                self.roll_width
+            } else {
+                1
+            },
+            ..Op::new(kind, target)
+        }
+    }
 }
 
 /// A state's objects, built the first time a decision needs them: a state whose
@@ -1433,6 +1549,8 @@ impl Objects<'_> {
                 image: (o.kind == OpKind::Upgrade).then(|| super::world::UPGRADE_IMAGE.into()),
                 backup_ref: None,
                 machines: Vec::new(),
+                max_unavailable: (o.kind == OpKind::Roll && o.width > 1)
+                    .then(|| i64::from(o.width)),
             },
         );
         op.metadata.namespace = Some(NAMESPACE.into());
@@ -1443,14 +1561,12 @@ impl Objects<'_> {
             .table
             .operation_plan(o.kind.name())
             .map_or(&[][..], |p| p.steps.as_slice());
-        let ran = o.run != OpRun::default() || o.done > 0;
+        let ran = o.run != OpRun::default() || o.done > 0 || o.sides().next().is_some();
         op.status = match o.phase {
             // Parked or resumed once it ran: its progress is kept.
-            Phase::Pending if ran => Some(super::world::operation_status(
-                plan, o.phase, o.run, &order, o.done,
-            )),
+            Phase::Pending if ran => Some(super::world::operation_status(plan, o, &order)),
             Phase::Parked if ran => {
-                let mut st = super::world::operation_status(plan, o.phase, o.run, &order, o.done);
+                let mut st = super::world::operation_status(plan, o, &order);
                 st.conditions = vec![condition(
                     "Paused",
                     "True",
@@ -1471,9 +1587,9 @@ impl Objects<'_> {
                 failure_reason: None,
                 progress: None,
             }),
-            Phase::Running | Phase::Succeeded | Phase::Failed => Some(
-                super::world::operation_status(plan, o.phase, o.run, &order, o.done),
-            ),
+            Phase::Running | Phase::Succeeded | Phase::Failed => {
+                Some(super::world::operation_status(plan, o, &order))
+            }
         };
         op
     }
@@ -1588,7 +1704,7 @@ impl Objects<'_> {
             ),
             Req::CreateOperation(kind, target) => {
                 let mut t = s.fork();
-                t.ops.push(Op::new(kind, target));
+                t.ops.push(self.new_op(kind, target));
                 t.op_names.push(next_op_name(s));
                 let new = self.operation(&t, t.ops.len() - 1);
                 (Operation::Create, None, Some(Object::Operation(new)))
@@ -1646,6 +1762,7 @@ impl<'t> Model<'t> {
                     .parking_reasons()
                     .first()
                     .map_or("Refused", String::as_str),
+                roll_width: bounds.roll_width,
             },
         })
     }
@@ -1959,7 +2076,7 @@ impl<'t> Model<'t> {
                     return None;
                 }
                 t.op_names.push(next_op_name(&t));
-                t.ops.push(Op::new(kind, target));
+                t.ops.push(self.objects.new_op(kind, target));
             }
         }
         Some(t)
@@ -2631,7 +2748,7 @@ impl<'t> Model<'t> {
             // operation: if its node is down, something else did it, and its removal takes
             // it out of service anyway.
             let back = |j: u8, upgraded: bool| {
-                let cordon_kept = j == o.at() && o.run.has(OpRun::WAS_CORDONED);
+                let cordon_kept = o.record_of(j).is_some_and(|r| r.has(OpRun::WAS_CORDONED));
                 t.machines.get(usize::from(j)).is_none_or(|m| {
                     (m.deleting && !m.boots.unsched && !upgraded)
                         || m.etcd_ok()
@@ -2646,15 +2763,12 @@ impl<'t> Model<'t> {
                         t.machines.get(usize::from(o.target)).is_none() || !back(o.target, true);
                 }
                 (OpKind::Roll, Some(x)) => {
-                    let upto = if now == Phase::Succeeded {
-                        ROLL_MAX
-                    } else {
-                        usize::from(x.done)
-                    };
+                    let before: Vec<usize> = o.finished().collect();
                     e.left_down = x
-                        .roll_order()
-                        .enumerate()
-                        .any(|(n, j)| n >= usize::from(o.done) && n < upto && !back(j, false))
+                        .finished()
+                        .filter(|n| !before.contains(n))
+                        .filter_map(|n| x.order.get(n).copied())
+                        .any(|j| !back(j, false))
                         && o.phase != Phase::Succeeded;
                 }
                 _ => {}
@@ -2776,6 +2890,7 @@ pub(crate) mod tests {
             max_requests: Some(2),
             depth: 64,
             rolls: false,
+            roll_width: 1,
         };
         (table, bounds)
     }

@@ -9,14 +9,14 @@
 //! controller crash right after it (nothing after it happens; what was recorded stays).
 
 use super::model::{
-    Effect, Fired, GONE, Lock, MRole, Memo, NONE, OpKind, OpRun, Phase, ROLL_MAX, State,
-    remove_machine, step_index,
+    Effect, Fired, GONE, Lock, MRole, Memo, NONE, Op, OpKind, OpRun, Phase, ROLL_MAX, SIDE, Side,
+    State, remove_machine, step_index,
 };
 use crate::compile::PlanStep;
 use crate::runtime::exec::{Call, Drained, LockOp, Node, NodeError, Note, Reply, World};
 use crate::runtime::live::Reads;
 use crate::runtime::objects::{
-    OperationProgress, OperationStatus, Snapshot, TalosMachine, TalosOperation,
+    NodeProgress, OperationProgress, OperationStatus, Snapshot, TalosMachine, TalosOperation,
 };
 use crate::runtime::talos::{EtcdMember, EtcdStatus, TalosError};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -43,53 +43,60 @@ fn destructive_step(plan: &[PlanStep]) -> Option<&PlanStep> {
 }
 
 /// The status of a running (or ended) operation of the model, from what the model keeps
-/// of it ([`OpRun`]; `order`: its one target, or a roll's machines, `done` of them
-/// finished): what `exec::operation` wrote, read back by it exactly as written
+/// of it ([`Op`]: its phase, its record on the node it is at ([`OpRun`]), a roll's
+/// `done` of `order` finished, the node it is at and the records of those in flight
+/// beside it): what `exec::operation` wrote, read back by it exactly as written
 /// ([`operation_run`] is its inverse on everything the procedure reads).
-pub fn operation_status(
-    plan: &[PlanStep],
-    phase: Phase,
-    r: OpRun,
-    order: &[String],
-    done: u8,
-) -> OperationStatus {
-    let at = Time(now());
+pub fn operation_status(plan: &[PlanStep], o: &Op, order: &[String]) -> OperationStatus {
+    let (phase, r) = (o.phase, o.run);
+    let roll = o.kind == OpKind::Roll;
     let started = r.has(OpRun::STARTED);
     let order: Vec<String> = if started { order.to_vec() } else { Vec::new() };
     // One machine's operation keeps "its node is done" as `steps == u8::MAX`.
     let done = if phase == Phase::Succeeded {
         order.len()
     } else if r.steps == u8::MAX {
-        usize::from(done) + 1
+        usize::from(o.done) + 1
     } else {
-        usize::from(done)
+        usize::from(o.done)
     };
     let node_done = r.steps == u8::MAX || phase == Phase::Succeeded;
-    let steps = if node_done { 0 } else { usize::from(r.steps) };
-    let key = |k: usize| format!("{}. {}", k + 1, plan.get(k).map_or("", |s| s.text.as_str()));
+    let at = if roll && phase != Phase::Succeeded {
+        usize::from(o.cur)
+    } else {
+        done
+    };
+    let mut rec = node_record(plan, if node_done { OpRun::default() } else { r });
+    let alongside = if roll && phase != Phase::Succeeded {
+        o.sides()
+            .filter_map(|x| {
+                let node = order.get(usize::from(x.at))?.clone();
+                Some(NodeProgress {
+                    node,
+                    ..node_record(plan, x.run)
+                })
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let progress = OperationProgress {
         done: u32::try_from(done).unwrap_or(u32::MAX),
         total: u32::try_from(order.len()).unwrap_or(0),
-        node: order.get(done).cloned(),
-        step: (r.has(OpRun::IN_STEP) && !node_done).then(|| key(steps)),
-        step_started_at: (r.has(OpRun::IN_STEP) && !node_done).then(|| at.clone()),
-        started_at: started.then(|| at.clone()),
-        steps_done: (0..steps).map(key).collect(),
+        node: order.get(at).cloned(),
+        step: rec.step.take(),
+        step_started_at: rec.step_started_at.take(),
+        started_at: started.then(|| Time(now())),
+        steps_done: std::mem::take(&mut rec.steps_done),
         order,
-        boot_time: r
-            .has(OpRun::BOOT_RECORDED)
-            .then(|| 1 + u64::from(r.has(OpRun::BOOT))),
-        version: r
-            .has(OpRun::BOOT_RECORDED)
-            .then(|| VERSION_BEFORE.to_string()),
-        sent: r
-            .has(OpRun::SENT)
-            .then(|| destructive_step(plan).map(|st| st.text.clone()))
-            .flatten(),
+        boot_time: rec.boot_time,
+        version: rec.version.take(),
+        sent: rec.sent.take(),
         resumed: None,
-        cordoned: r.has(OpRun::CORDONED),
-        was_cordoned: r.has(OpRun::WAS_CORDONED),
-        node_registered: r.has(OpRun::REGISTERED),
+        cordoned: rec.cordoned,
+        was_cordoned: rec.was_cordoned,
+        node_registered: rec.node_registered,
+        alongside,
     };
     OperationStatus {
         phase: Some(
@@ -108,11 +115,67 @@ pub fn operation_status(
     }
 }
 
+/// One node's record (its name left empty) from the model's [`OpRun`] of it.
+fn node_record(plan: &[PlanStep], r: OpRun) -> NodeProgress {
+    let at = Time(now());
+    let steps = usize::from(r.steps);
+    let key = |k: usize| format!("{}. {}", k + 1, plan.get(k).map_or("", |s| s.text.as_str()));
+    NodeProgress {
+        node: String::new(),
+        step: r.has(OpRun::IN_STEP).then(|| key(steps)),
+        step_started_at: r.has(OpRun::IN_STEP).then(|| at.clone()),
+        steps_done: (0..steps).map(key).collect(),
+        boot_time: r
+            .has(OpRun::BOOT_RECORDED)
+            .then(|| 1 + u64::from(r.has(OpRun::BOOT))),
+        version: r
+            .has(OpRun::BOOT_RECORDED)
+            .then(|| VERSION_BEFORE.to_string()),
+        sent: r
+            .has(OpRun::SENT)
+            .then(|| destructive_step(plan).map(|st| st.text.clone()))
+            .flatten(),
+        cordoned: r.has(OpRun::CORDONED),
+        was_cordoned: r.has(OpRun::WAS_CORDONED),
+        node_registered: r.has(OpRun::REGISTERED),
+    }
+}
+
+/// The model's [`OpRun`] of one node's record (`started`: the operation's `startedAt`).
+fn run_of(r: &NodeProgress, started: bool) -> OpRun {
+    let flag = |on: bool, f: u8| if on { f } else { 0 };
+    OpRun {
+        steps: u8::try_from(r.steps_done.len()).unwrap_or(u8::MAX - 1),
+        flags: flag(started, OpRun::STARTED)
+            | flag(r.step.is_some(), OpRun::IN_STEP)
+            | flag(r.sent.is_some(), OpRun::SENT)
+            | flag(r.boot_time.is_some(), OpRun::BOOT_RECORDED)
+            | flag(r.boot_time == Some(2), OpRun::BOOT)
+            | flag(r.cordoned, OpRun::CORDONED)
+            | flag(r.was_cordoned, OpRun::WAS_CORDONED)
+            | flag(r.node_registered, OpRun::REGISTERED),
+    }
+}
+
+/// What the model keeps of an operation's status ([`operation_run`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpRecord {
+    pub phase: Phase,
+    /// Its record on the node it is at.
+    pub run: OpRun,
+    /// A roll's nodes finished.
+    pub done: u8,
+    /// A roll's node it is at, as its index in the order.
+    pub cur: u8,
+    /// A roll's records of the nodes in flight beside it.
+    pub side: [Side; SIDE],
+}
+
 /// What the model keeps of an operation's status: its phase, its progress on the node it
-/// is at ([`OpRun`]), and how many of its machines are done. `roll`: the operation rolls
-/// over the cluster (its progress on each node is its own); one machine's operation keeps
-/// "done" as `steps == u8::MAX`.
-pub fn operation_run(status: &OperationStatus, roll: bool) -> Option<(Phase, OpRun, u8)> {
+/// is at ([`OpRun`]), how many of its machines are done, and a roll's nodes in flight.
+/// `roll`: the operation rolls over the cluster (its progress on each node is its own);
+/// one machine's operation keeps "done" as `steps == u8::MAX`.
+pub fn operation_run(status: &OperationStatus, roll: bool) -> Option<OpRecord> {
     let failed = status
         .failure_reason
         .as_deref()
@@ -126,28 +189,45 @@ pub fn operation_run(status: &OperationStatus, roll: bool) -> Option<(Phase, OpR
         _ if status.progress.is_some() => Phase::Pending,
         _ => return None,
     };
-    let p = status.progress.clone().unwrap_or_default();
-    let flag = |on: bool, f: u8| if on { f } else { 0 };
-    let steps = u8::try_from(p.steps_done.len()).unwrap_or(u8::MAX - 1);
-    let (steps, done) = if roll {
-        (steps, u8::try_from(p.done).unwrap_or(u8::MAX))
-    } else if p.done >= 1 {
-        (u8::MAX, 0)
+    let mut p = status.progress.clone().unwrap_or_default();
+    let started = p.started_at.is_some();
+    let position = |name: &str| {
+        p.order
+            .iter()
+            .position(|n| n == name)
+            .and_then(|k| u8::try_from(k).ok())
+    };
+    let cur = p
+        .node
+        .as_deref()
+        .and_then(position)
+        .unwrap_or_else(|| u8::try_from(p.done).unwrap_or(u8::MAX));
+    let mut side = [Side::NONE; SIDE];
+    if roll {
+        for (slot, r) in side.iter_mut().zip(&p.alongside) {
+            *slot = Side {
+                at: position(&r.node).unwrap_or(NONE),
+                run: run_of(r, false),
+            };
+        }
+    }
+    let top = p.take_node().unwrap_or_default();
+    let mut run = run_of(&top, started);
+    let done = if roll {
+        u8::try_from(p.done).unwrap_or(u8::MAX)
     } else {
-        (steps, 0)
+        if p.done >= 1 {
+            run.steps = u8::MAX;
+        }
+        0
     };
-    let run = OpRun {
-        steps,
-        flags: flag(p.started_at.is_some(), OpRun::STARTED)
-            | flag(p.step.is_some(), OpRun::IN_STEP)
-            | flag(p.sent.is_some(), OpRun::SENT)
-            | flag(p.boot_time.is_some(), OpRun::BOOT_RECORDED)
-            | flag(p.boot_time == Some(2), OpRun::BOOT)
-            | flag(p.cordoned, OpRun::CORDONED)
-            | flag(p.was_cordoned, OpRun::WAS_CORDONED)
-            | flag(p.node_registered, OpRun::REGISTERED),
-    };
-    Some((phase, run, done))
+    Some(OpRecord {
+        phase,
+        run,
+        done,
+        cur,
+        side,
+    })
 }
 
 /// The controller crashed: the reconcile ends here.
@@ -572,7 +652,7 @@ impl crate::runtime::exec::operation::OperationWorld for ModelWorld<'_> {
             .ops
             .get(usize::from(k))
             .is_some_and(|o| o.kind == OpKind::Roll);
-        let Some((phase, run, done)) = operation_run(status, roll) else {
+        let Some(rec) = operation_run(status, roll) else {
             return Ok(());
         };
         // A roll's order, as machine indices (a name no machine has any more: gone).
@@ -586,11 +666,13 @@ impl crate::runtime::exec::operation::OperationWorld for ModelWorld<'_> {
             }
         }
         if let Some(o) = self.t.ops.get_mut(usize::from(k)) {
-            o.phase = phase;
-            o.run = run;
+            o.phase = rec.phase;
+            o.run = rec.run;
             if roll {
                 o.order = order;
-                o.done = done;
+                o.done = rec.done;
+                o.cur = rec.cur;
+                o.side = rec.side;
             }
         }
         Ok(())
@@ -962,6 +1044,7 @@ mod tests {
             max_requests: None,
             depth: 64,
             rolls: false,
+            roll_width: 1,
         };
         let model = Model::new(table, bounds).expect("model");
         let s = State::initial(&bounds)
@@ -1102,6 +1185,7 @@ mod tests {
             max_requests: None,
             depth: 64,
             rolls: true,
+            roll_width: 1,
         };
         let model = Model::new(&table, bounds).expect("model");
         let mut state = State::initial(&bounds)
@@ -1162,6 +1246,7 @@ mod tests {
         let mut failed = state.clone();
         failed.ops[0].phase = Phase::Failed;
         failed.ops[0].done = 1;
+        failed.ops[0].cur = 1;
         failed.ops[0].run = OpRun {
             steps: 1,
             flags: OpRun::STARTED,

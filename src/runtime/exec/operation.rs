@@ -292,10 +292,20 @@ pub async fn reconcile<W: OperationWorld>(
         p.total = u32::try_from(p.order.len()).unwrap_or(u32::MAX);
         p.done = 0;
         p.node = p.order.first().cloned();
+        p.alongside = Vec::new();
     }
+    if p.node.is_none() {
+        // A record without its node (none is written so): the next in flight, or of the order.
+        next_in_flight(&mut p);
+    }
+    let rolling = op.spec.machine.as_deref().is_none_or(str::is_empty);
+    // A roll's nodes in flight that waited in this reconcile, and the first wait (what the
+    // reconcile ends with once every node in flight waits and no other may start).
+    let mut waited = 0usize;
+    let mut first_wait: Option<(Duration, Wait, bool)> = None;
     // Each step: read again under the lock, decide again, then act.
     loop {
-        let Some(target) = p.order.get(p.done as usize).cloned() else {
+        let Some(target) = p.node.clone() else {
             let snapshot = w.read(cluster, reads).await?;
             let Some(live) = snapshot.operation(ns, name) else {
                 unlock(w, cluster, LockOp::Release).await?;
@@ -321,7 +331,6 @@ pub async fn reconcile<W: OperationWorld>(
         // A roll over the cluster passes a machine that is gone, or being deleted before
         // any step touched it (its removal waits for this operation's lock): the roll goes
         // on without it. A named machine that is gone fails the operation below.
-        let rolling = live.spec.machine.as_deref().is_none_or(str::is_empty);
         let gone = snapshot
             .machine(ns, &target)
             .filter(|m| m.cluster() == cluster)
@@ -361,8 +370,12 @@ pub async fn reconcile<W: OperationWorld>(
             continue;
         };
         // The rules see the node being worked on as the operation's target (`target`,
-        // `target.controlplane`, ...): for a roll over the cluster, each node in turn.
-        let view = operation_on(live, &target);
+        // `target.controlplane`, ...): for a roll over the cluster, each node in turn; and
+        // its progress as this reconcile has it (`roll.in_flight`: what it wrote last, which
+        // a read from a cache may not show yet).
+        let mut seen = live.clone();
+        set_progress(&mut seen, &p);
+        let view = operation_on(&seen, &target);
         let live = &view;
         // 2. The step rules, decided again under the lock from live reads.
         let Some(ev) = step_operation_event(live) else {
@@ -404,13 +417,25 @@ pub async fn reconcile<W: OperationWorld>(
                 || p.steps_done
                     .iter()
                     .any(|d| !d.ends_with(". lock cluster") && !d.ends_with(". etcd healthy"));
-            let op = if touched {
-                LockOp::Keep
-            } else {
-                LockOp::Release
-            };
-            unlock(w, cluster, op).await?;
-            return Ok(requeue(timing.refused_requeue, Wait::Refused));
+            let keep = touched || !p.alongside.is_empty();
+            if rolling {
+                first_wait.get_or_insert((timing.refused_requeue, Wait::Refused, keep));
+                waited += 1;
+                if other_node(w, table, &snapshot, &next, &mut p, waited).await? == Some(true) {
+                    set_progress(&mut next, &p);
+                    w.write_operation(&before, &next).await?;
+                    continue;
+                }
+            }
+            let (after, wait, keep) =
+                first_wait.unwrap_or((timing.refused_requeue, Wait::Refused, keep));
+            unlock(
+                w,
+                cluster,
+                if keep { LockOp::Keep } else { LockOp::Release },
+            )
+            .await?;
+            return Ok(requeue(after, wait));
         }
         // 3. The step's own guard.
         let Some(run_ev) = reconcile_operation_event(live) else {
@@ -507,8 +532,18 @@ pub async fn reconcile<W: OperationWorld>(
                 );
                 set_progress(&mut next, &p);
                 w.write_operation(&before, &next).await?;
+                if rolling {
+                    first_wait.get_or_insert((after, Wait::On(reason.into()), true));
+                    waited += 1;
+                    if other_node(w, table, &snapshot, &next, &mut p, waited).await? == Some(true) {
+                        set_progress(&mut next, &p);
+                        w.write_operation(&before, &next).await?;
+                        continue;
+                    }
+                }
+                let (after, wait, _) = first_wait.unwrap_or((after, Wait::On(reason.into()), true));
                 unlock(w, cluster, LockOp::Keep).await?;
-                return Ok(requeue(after, Wait::On(reason.into())));
+                return Ok(requeue(after, wait));
             }
             Step::Fail { reason, message } => {
                 let message = format!("{target}: {}: {message}", step.text);
@@ -551,17 +586,88 @@ async fn succeed<W: OperationWorld>(
     Ok(Outcome::AwaitChange)
 }
 
-/// On to the next node of the order, from a clean record of steps.
+/// The node being worked on is done: on to the first other node in flight, or else the
+/// next of the order, from a clean record of steps.
 fn next_node(p: &mut OperationProgress) {
     *p = OperationProgress {
         done: p.done + 1,
-        node: p.order.get(p.done as usize + 1).cloned(),
         order: std::mem::take(&mut p.order),
         total: p.total,
         started_at: p.started_at.take(),
         resumed: p.resumed.take(),
+        alongside: std::mem::take(&mut p.alongside),
         ..OperationProgress::default()
     };
+    next_in_flight(p);
+}
+
+/// With no node being worked on: the first of those in flight beside it, or else the next
+/// of the order (none: every node is done).
+fn next_in_flight(p: &mut OperationProgress) {
+    if p.alongside.is_empty() {
+        p.node = p.order.get(p.started()).cloned();
+    } else {
+        let r = p.alongside.remove(0);
+        p.put_node(r);
+    }
+}
+
+/// A roll's node waits (the `waited`-th in this reconcile): work on another meanwhile.
+/// `Some(true)`: `p` now works on another node, the next in flight beside it that has not
+/// waited in this reconcile, or else the next of the order, started beside those in flight
+/// because the `step operation` rules let its first step run now (decided with the nodes
+/// in flight, as `roll.in_flight` counts them; how many may go at once is theirs to say).
+/// `Some(false)` or `None`: none, the reconcile ends with the first wait.
+async fn other_node<W: OperationWorld>(
+    w: &mut W,
+    table: &Table,
+    snapshot: &Snapshot,
+    next: &TalosOperation,
+    p: &mut OperationProgress,
+    waited: usize,
+) -> Result<Option<bool>, W::Error> {
+    if waited < 1 + p.alongside.len() {
+        // The node that waited goes last; the first beside it is worked on.
+        if let Some(r) = p.take_node() {
+            p.alongside.push(r);
+        }
+        let r = p.alongside.remove(0);
+        p.put_node(r);
+        return Ok(Some(true));
+    }
+    let Some(cand) = p.order.get(p.started()).cloned() else {
+        return Ok(None);
+    };
+    let (ns, cluster) = (next.namespace(), next.cluster());
+    let Some(m) = snapshot
+        .machine(ns, &cand)
+        .filter(|m| m.cluster() == cluster && !m.deleting())
+    else {
+        // Gone or going: not started beside the others (the roll passes it in its turn).
+        return Ok(Some(false));
+    };
+    let mut seen = next.clone();
+    set_progress(&mut seen, p);
+    let view = operation_on(&seen, &cand);
+    let Some(ev) = step_operation_event(&view) else {
+        return Ok(None);
+    };
+    let unreadable = |f: Fact, _: &str| Finding {
+        rule: "(live state)".into(),
+        verdict: Verdict::Refuse,
+        message: format!("the fact `{f}` could not be read, so {cand} does not start yet"),
+        reason: None,
+    };
+    let Asked { decision, .. } =
+        decide_asking(w, table, snapshot, ev, Some(m), false, &unreadable).await?;
+    if hold_of(&decision, "StepRefused").is_some() {
+        return Ok(Some(false));
+    }
+    if let Some(r) = p.take_node() {
+        p.alongside.push(r);
+    }
+    p.node = Some(cand);
+    Ok(Some(true))
 }
 
 /// The machines an operation acts on, in order: `spec.machine`; without it, every approved

@@ -667,6 +667,13 @@ pub struct OperationSpec {
     /// and optionally which of its snapshots.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup_ref: Option<BackupRef>,
+    /// Without `machine`: how many workers the roll may take down at once (1 when
+    /// omitted). Control planes always go one at a time, before any worker; the
+    /// `step operation` rules decide it before every step (`max_unavailable`,
+    /// `roll.in_flight`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_unavailable: Option<i64>,
 }
 
 /// The backup (and snapshot) an `etcd-restore` names.
@@ -752,6 +759,84 @@ pub struct OperationProgress {
     /// that Node is there and Ready again (a Node that is gone is not Ready).
     #[serde(default)]
     pub node_registered: bool,
+    /// A roll's other nodes in flight beside `node` (workers, up to `spec.maxUnavailable`
+    /// in all): started and not finished, each with its own record. Written empty when
+    /// none, so the status's merge patch clears it.
+    #[serde(default)]
+    pub alongside: Vec<NodeProgress>,
+}
+
+/// One node's record of a roll, for a node in flight beside `progress.node`: the same
+/// fields as `progress` keeps for that one.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeProgress {
+    pub node: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_started_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps_done: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_time: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent: Option<String>,
+    #[serde(default)]
+    pub cordoned: bool,
+    #[serde(default)]
+    pub was_cordoned: bool,
+    #[serde(default)]
+    pub node_registered: bool,
+}
+
+impl OperationProgress {
+    /// The nodes started: done, the one being worked on, and those beside it (a roll
+    /// starts its nodes in `order`, so the next to start is `order[started]`).
+    pub fn started(&self) -> usize {
+        self.done as usize + usize::from(self.node.is_some()) + self.alongside.len()
+    }
+
+    /// The record of `node` taken out of the top-level fields (left clear).
+    pub fn take_node(&mut self) -> Option<NodeProgress> {
+        let node = self.node.take()?;
+        Some(NodeProgress {
+            node,
+            step: self.step.take(),
+            step_started_at: self.step_started_at.take(),
+            steps_done: std::mem::take(&mut self.steps_done),
+            boot_time: self.boot_time.take(),
+            version: self.version.take(),
+            sent: self.sent.take(),
+            cordoned: std::mem::take(&mut self.cordoned),
+            was_cordoned: std::mem::take(&mut self.was_cordoned),
+            node_registered: std::mem::take(&mut self.node_registered),
+        })
+    }
+
+    /// `r` as the record of the node being worked on (its top-level fields).
+    pub fn put_node(&mut self, r: NodeProgress) {
+        self.node = Some(r.node);
+        self.step = r.step;
+        self.step_started_at = r.step_started_at;
+        self.steps_done = r.steps_done;
+        self.boot_time = r.boot_time;
+        self.version = r.version;
+        self.sent = r.sent;
+        self.cordoned = r.cordoned;
+        self.was_cordoned = r.was_cordoned;
+        self.node_registered = r.node_registered;
+    }
+
+    /// The nodes in flight (being worked on, and beside it).
+    pub fn in_flight(&self) -> impl Iterator<Item = &str> {
+        self.node
+            .as_deref()
+            .into_iter()
+            .chain(self.alongside.iter().map(|r| r.node.as_str()))
+    }
 }
 
 /// Phases after which an operation holds nothing. Everything else, a failed operation
