@@ -2580,7 +2580,7 @@ impl<'t> Model<'t> {
             Phase::Succeeded => (false, false),
             // Failed: the executor touches nothing more (ADR 0137); the controller still
             // reconciles it, and `failed-touches-nothing` holds the executor to that.
-            Phase::Failed => self.failed_operation(s, snap, kidx, memo, fired, out),
+            Phase::Failed => self.run_operation(s, snap, kidx, memo, fired, out),
             Phase::Pending | Phase::Parked | Phase::Running => {
                 let arc = snap.arc();
                 let Some(live) = arc.operations.get(k) else {
@@ -2635,60 +2635,6 @@ impl<'t> Model<'t> {
                 self.run_operation(s, snap, kidx, memo, fired, out)
             }
         }
-    }
-
-    /// The executor's reconcile of a failed operation `kidx`: a successor only when it did
-    /// something (which `failed-touches-nothing` refutes).
-    fn failed_operation(
-        &self,
-        s: &State,
-        snap: &Lazy<'_>,
-        kidx: u8,
-        memo: &mut Memo,
-        fired: &mut Fired,
-        out: &mut Vec<Next>,
-    ) -> (bool, bool) {
-        let k = usize::from(kidx);
-        let o = s.ops[k];
-        let arc = snap.arc();
-        let Some(live) = arc.operations.get(k) else {
-            return (false, false);
-        };
-        let at = o.at();
-        let machine = if at == GONE { NONE } else { at };
-        let mut w = ModelWorld::new(
-            s.fork(),
-            machine,
-            &arc,
-            Some(arc.clone()),
-            self.plan(),
-            fired,
-            memo,
-        )
-        .with_operation(kidx);
-        let _ = run_now(exec::operation::reconcile(
-            &mut w,
-            self.table,
-            &model_timing(),
-            live,
-        ));
-        let ModelWorld {
-            t,
-            acts,
-            mut effect,
-            ..
-        } = w;
-        if acts == 0 && t == *s {
-            return (false, false);
-        }
-        effect.kind = Some(o.kind);
-        effect.failed_touched = true;
-        out.push(Next {
-            mv: Move::Operation(kidx),
-            effect,
-            state: t,
-        });
-        (true, false)
     }
 
     /// The executor's reconcile of operation `kidx` from state `s` (see
@@ -2785,6 +2731,22 @@ impl<'t> Model<'t> {
             e
         };
         let (t, acts, e, outcome) = run(Faults::default(), fired, memo);
+        // A failed operation's reconcile: a successor only when it did something (which
+        // `failed-touches-nothing` refutes); nothing of it is faulted.
+        if o.phase == Phase::Failed {
+            if acts == 0 && t == *s {
+                return (false, false);
+            }
+            let mut effect = e;
+            effect.kind = Some(o.kind);
+            effect.failed_touched = true;
+            out.push(Next {
+                mv: Move::Operation(kidx),
+                effect,
+                state: t,
+            });
+            return (true, false);
+        }
         // Waiting on something named: a step rule's refusal, or the executor's named wait
         // (a node or etcd not back yet, the lock held by other work).
         let named = matches!(outcome, Some(Ok(Outcome::Requeue { .. })));
