@@ -237,8 +237,8 @@ pub struct BackupStatus {
     /// recorded here before any deletion is made, and dropped from here once the store has
     /// deleted them. A crash in between leaves them here, and the next reconcile deletes
     /// them first: no kept record names a deleted object, and no object is forgotten.
-    /// (Always written, `[]` when none: the status is written as a merge patch, in which
-    /// an absent field would leave the old list standing.)
+    /// (Always written, `[]` when none, so a reader sees the list emptied; the status
+    /// write names removed fields with `null` too: `controller::status::merge_patch`.)
     #[serde(default)]
     pub pruning: Vec<String>,
     /// The snapshot being taken (null when none): see [`SnapshotInProgress`].
