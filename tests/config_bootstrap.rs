@@ -178,6 +178,38 @@ async fn a_bootstrap_whose_answer_is_lost_is_not_sent_again() {
     assert_eq!(bootstrap_calls(&talos), vec!["cp-1".to_string()]);
 }
 
+/// A `Bootstrap` Talos refused without acting: the record is withdrawn (a Warning Event
+/// says why), the rules decide again, and the next one bootstraps the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bootstrap_talos_refused_without_acting_is_withdrawn_and_sent_again() {
+    let (api, talos) = world(EtcdCluster::unstarted(&["cp-1", "cp-2", "cp-3"])).await;
+    talos.node(0).refuse_bootstraps(1);
+    let _a = Running::start(controller(&api, &talos, "controller-0"));
+    wait_for("the refusal said", WAIT, || {
+        !events(&api, "prod", "BootstrapNotSent").is_empty()
+    })
+    .await;
+    wait_for("the bootstrap confirmed", WAIT, || {
+        record(&api)["confirmed"] == true
+    })
+    .await;
+    let said = events(&api, "prod", "BootstrapNotSent");
+    let note = said[0]["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("not ready to be bootstrapped") && note.contains("decides again"),
+        "{said:?}"
+    );
+    assert_eq!(
+        bootstrap_calls(&talos),
+        vec!["cp-1".to_string(), "cp-1".to_string()]
+    );
+    assert!(talos.node(0).bootstraps() == 2);
+    let r = record(&api);
+    assert_eq!(r["machine"], "cp-1", "{r}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(bootstrap_calls(&talos).len(), 2, "never a third");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_whose_etcd_runs_is_never_bootstrapped() {
     let (api, talos) = world(EtcdCluster::start(3).await).await;

@@ -8,6 +8,7 @@
 //! - [`trace`]: counterexamples in words, and the fixtures `eval` replays.
 
 pub mod backup;
+pub mod bootstrap;
 pub mod conform;
 pub mod diff;
 pub mod explore;

@@ -279,6 +279,8 @@ struct Node {
     bootstraps: AtomicUsize,
     /// The next `Bootstrap`s act and then answer `Unavailable` (an answer lost).
     lose_bootstrap_answer: AtomicBool,
+    /// `Bootstrap` calls still to be refused without acting.
+    refuse_bootstraps: AtomicUsize,
     /// In Talos' maintenance mode: not configured yet (see the module's doc).
     maintenance: AtomicBool,
 }
@@ -658,6 +660,15 @@ impl Node {
         self.check_up()?;
         self.etcd_here()?;
         self.bootstraps.fetch_add(1, Ordering::SeqCst);
+        if self
+            .refuse_bootstraps
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(Status::failed_precondition(
+                "the machine is not ready to be bootstrapped",
+            ));
+        }
         // A node whose etcd runs has data; one that never ran starts a cluster of its own.
         if self.etcd.is_running(self.index) || self.etcd.has_data(self.index) {
             return Err(Status::failed_precondition(
@@ -1389,6 +1400,11 @@ impl TalosNode {
             .store(true, Ordering::SeqCst);
     }
 
+    /// The next `n` `Bootstrap` calls are refused (`FailedPrecondition`) without acting.
+    pub fn refuse_bootstraps(&self, n: usize) {
+        self.node.refuse_bootstraps.store(n, Ordering::SeqCst);
+    }
+
     /// How many `Bootstrap` calls reached this node.
     pub fn bootstraps(&self) -> usize {
         self.node.bootstraps.load(Ordering::SeqCst)
@@ -1548,6 +1564,7 @@ impl TalosApi {
             staged_config: Mutex::new(None),
             bootstraps: AtomicUsize::new(0),
             lose_bootstrap_answer: AtomicBool::new(false),
+            refuse_bootstraps: AtomicUsize::new(0),
             maintenance: AtomicBool::new(false),
         });
         {
