@@ -2068,6 +2068,6 @@ fn a_bootstrap_rule_dropped_is_refuted_by_the_bootstrap_exploration() {
                 .and(p["name"].as_str())
         })
         .collect();
-    assert_eq!(names, ["backup", "bootstrap"]);
+    assert_eq!(names, ["backup", "bootstrap", "apply"]);
     let _ = std::fs::remove_dir_all(&dir);
 }

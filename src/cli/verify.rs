@@ -199,7 +199,11 @@ pub fn run(args: &VerifyArgs, paths: &[PathBuf]) -> u8 {
     // procedure under every fault at its acting calls) and a new cluster's bootstrap (the
     // procedure, decided by these rules, raced by two controllers, under every fault at
     // its calls).
-    let procedures = [procedure_backup(), procedure_bootstrap(table)];
+    let procedures = [
+        procedure_backup(),
+        procedure_bootstrap(table),
+        procedure_apply(),
+    ];
     let refuted = procedures.iter().any(|p| !p.violations.is_empty());
     let text = match args.format {
         Format::Json => {
@@ -333,6 +337,30 @@ fn procedure_bootstrap(table: &crate::compile::Table) -> Procedure {
             .collect(),
     }
 }
+
+fn procedure_apply() -> Procedure {
+    let r = crate::verify::apply::explore(APPLY_STEPS, None);
+    Procedure {
+        name: "apply",
+        what: format!(
+            "apply: a machine's configuration applied (exec::apply) over {APPLY_STEPS} steps \
+             (reconciles, a new base, the roll's reboot), from a node whose changes need no \
+             reboot, one whose changes need one and one in maintenance mode, a crash, lost \
+             answer, refusal or no node to dial at any of its calls and the status write"
+        ),
+        invariants: &["applied-runs", "no-reboot-by-apply", "apply-ends"],
+        states: r.states,
+        reconciles: r.reconciles,
+        violations: r
+            .violations
+            .into_iter()
+            .map(|v| (v.invariant, v.why, v.trace))
+            .collect(),
+    }
+}
+
+/// Steps of a machine's configuration explored after the bootstrap.
+const APPLY_STEPS: u8 = 5;
 
 /// Steps of the bootstrap explored after the backup.
 const BOOTSTRAP_STEPS: u8 = 5;

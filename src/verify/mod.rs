@@ -7,6 +7,7 @@
 //! - [`invariant`]: the model's facts and the invariants' evaluation;
 //! - [`trace`]: counterexamples in words, and the fixtures `eval` replays.
 
+pub mod apply;
 pub mod backup;
 pub mod bootstrap;
 pub mod conform;
