@@ -287,6 +287,23 @@ struct Procedure {
     violations: Vec<(&'static str, String, Vec<String>)>,
 }
 
+impl From<crate::verify::procedure::Report> for Procedure {
+    fn from(r: crate::verify::procedure::Report) -> Procedure {
+        Procedure {
+            name: "",
+            what: String::new(),
+            invariants: &[],
+            states: r.states,
+            reconciles: r.reconciles,
+            violations: r
+                .violations
+                .into_iter()
+                .map(|v| (v.invariant, v.why, v.trace))
+                .collect(),
+        }
+    }
+}
+
 fn procedure_backup() -> Procedure {
     let r = crate::verify::backup::explore(BACKUP_RECONCILES, None);
     Procedure {
@@ -328,13 +345,7 @@ fn procedure_bootstrap(table: &crate::compile::Table) -> Procedure {
              unreached node or refusal at any of its calls"
         ),
         invariants: &["bootstrap-once", "bootstrap-ends"],
-        states: r.states,
-        reconciles: r.reconciles,
-        violations: r
-            .violations
-            .into_iter()
-            .map(|v| (v.invariant, v.why, v.trace))
-            .collect(),
+        ..Procedure::from(r)
     }
 }
 
@@ -349,13 +360,7 @@ fn procedure_apply() -> Procedure {
              answer, refusal or no node to dial at any of its calls and the status write"
         ),
         invariants: &["applied-runs", "no-reboot-by-apply", "apply-ends"],
-        states: r.states,
-        reconciles: r.reconciles,
-        violations: r
-            .violations
-            .into_iter()
-            .map(|v| (v.invariant, v.why, v.trace))
-            .collect(),
+        ..Procedure::from(r)
     }
 }
 

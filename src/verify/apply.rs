@@ -19,9 +19,10 @@
 //! - `apply-ends`: from the state reached, reconciles without faults (with the roll's
 //!   reboot whenever something is staged) record the current configuration applied.
 
+use super::procedure::{Crashed, Report, unused_world_parts};
 use crate::runtime::controller::status::{self, Conditions};
 use crate::runtime::exec::apply::{ApplyError, ApplyWorld, BaseError, TalosApi, reconcile};
-use crate::runtime::exec::{Call, Drained, LockOp, Node, NodeError, Note, Reply, World, run_now};
+use crate::runtime::exec::{Call, Node, NodeError, Reply, World, run_now};
 use crate::runtime::live::Reads;
 use crate::runtime::objects::{Snapshot, TalosCluster, TalosConfigPatch, TalosMachine};
 use crate::runtime::render::{Base, Rendered};
@@ -89,16 +90,6 @@ struct State {
     step: u8,
 }
 
-/// Why a run of the world stopped: the controller crashed.
-#[derive(Debug)]
-pub struct Crashed;
-
-impl std::fmt::Display for Crashed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the controller stopped")
-    }
-}
-
 fn hash(version: u8) -> String {
     format!("{version:064x}")
 }
@@ -131,9 +122,7 @@ impl World for ModelApply {
         self.now
     }
 
-    async fn credentials(&mut self, _cluster: &str) -> Result<(), String> {
-        Ok(())
-    }
+    unused_world_parts!("apply");
 
     async fn talos(
         &mut self,
@@ -146,33 +135,9 @@ impl World for ModelApply {
         )))
     }
 
-    async fn lock(&mut self, _c: &str, _op: LockOp) -> Result<Result<(), String>, Crashed> {
-        Ok(Err("the apply model takes no lock".into()))
-    }
-
     async fn read(&mut self, _cluster: &str, _reads: Reads) -> Result<Arc<Snapshot>, Crashed> {
         Err(Crashed)
     }
-
-    async fn drain(&mut self, _node: &str) -> Result<Result<Drained, String>, Crashed> {
-        Ok(Err("the apply model drains nothing".into()))
-    }
-
-    async fn write_status(
-        &mut self,
-        _before: &TalosMachine,
-        _after: &TalosMachine,
-    ) -> Result<Option<String>, Crashed> {
-        Ok(None)
-    }
-
-    async fn release_finalizer(&mut self, _m: &TalosMachine) -> Result<(), Crashed> {
-        Ok(())
-    }
-
-    async fn event(&mut self, _on: &TalosMachine, _warning: bool, _reason: &str, _note: String) {}
-
-    fn note(&mut self, _on: &TalosMachine, _note: Note<'_>) {}
 }
 
 impl ApplyWorld for ModelApply {
@@ -277,22 +242,6 @@ impl ApplyWorld for ModelApply {
             }),
         })
     }
-}
-
-/// A violation: the invariant, and the steps that led there.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Violation {
-    pub invariant: &'static str,
-    pub trace: Vec<String>,
-    pub why: String,
-}
-
-/// What an exploration found.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ApplyReport {
-    pub states: usize,
-    pub reconciles: usize,
-    pub violations: Vec<Violation>,
 }
 
 fn cluster() -> Option<TalosCluster> {
@@ -441,8 +390,8 @@ impl Setup {
 /// Explores `depth` steps from each starting node, breadth-first: a step is a reconcile
 /// with any one fault at any of its calls, the base changing (once), or the node rebooting
 /// into what was staged. `mutant` makes the world misbehave.
-pub fn explore(depth: u8, mutant: Option<Mutant>) -> ApplyReport {
-    let mut report = ApplyReport::default();
+pub fn explore(depth: u8, mutant: Option<Mutant>) -> Report {
+    let mut report = Report::default();
     let Some(cluster) = cluster() else {
         return report;
     };
@@ -495,22 +444,13 @@ pub fn explore(depth: u8, mutant: Option<Mutant>) -> ApplyReport {
         seen.insert(s.clone());
         queue.push_back((s, vec![format!("from {what}")]));
     }
-    let violate = |report: &mut ApplyReport, invariant, trace: &[String], why: String| {
-        if !report.violations.iter().any(|v| v.invariant == invariant) {
-            report.violations.push(Violation {
-                invariant,
-                trace: trace.to_vec(),
-                why,
-            });
-        }
-    };
     while let Some((s, path)) = queue.pop_front() {
         report.states += 1;
         for (invariant, why) in setup.check(&s) {
-            violate(&mut report, invariant, &path, why);
+            report.violate(invariant, &path, why);
         }
         if let Err(why) = setup.ends(&s) {
-            violate(&mut report, "apply-ends", &path, why);
+            report.violate("apply-ends", &path, why);
         }
         if s.step >= depth {
             continue;

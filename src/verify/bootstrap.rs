@@ -23,11 +23,10 @@
 //!   cannot and what a person does (a recorded call etcd never confirms: it may have reached
 //!   the node, so the controller never sends it again).
 
+use super::procedure::{Crashed, Report, unused_world_parts};
 use crate::compile::Table;
 use crate::runtime::exec::bootstrap::{BootstrapWorld, reconcile};
-use crate::runtime::exec::{
-    Call, Drained, LockOp, Node, NodeError, Note, Reply, Timing, World, run_now,
-};
+use crate::runtime::exec::{Call, Node, NodeError, Reply, Timing, World, run_now};
 use crate::runtime::live::Reads;
 use crate::runtime::objects::{BootstrapRecord, Snapshot, TalosCluster, TalosMachine};
 use crate::runtime::talos::{EtcdMember, TalosError};
@@ -102,16 +101,6 @@ struct State {
     step: u8,
 }
 
-/// Why a run of the world stopped: the controller crashed.
-#[derive(Debug)]
-pub struct Crashed;
-
-impl std::fmt::Display for Crashed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the controller stopped")
-    }
-}
-
 struct ModelBootstrap {
     now: Timestamp,
     record: Option<BootstrapRecord>,
@@ -170,9 +159,7 @@ impl World for ModelBootstrap {
         self.now
     }
 
-    async fn credentials(&mut self, _cluster: &str) -> Result<(), String> {
-        Ok(())
-    }
+    unused_world_parts!("bootstrap");
 
     async fn talos(
         &mut self,
@@ -249,33 +236,9 @@ impl World for ModelBootstrap {
         }
     }
 
-    async fn lock(&mut self, _c: &str, _op: LockOp) -> Result<Result<(), String>, Crashed> {
-        Ok(Err("the bootstrap model takes no lock".into()))
-    }
-
     async fn read(&mut self, _cluster: &str, _reads: Reads) -> Result<Arc<Snapshot>, Crashed> {
         Err(Crashed)
     }
-
-    async fn drain(&mut self, _node: &str) -> Result<Result<Drained, String>, Crashed> {
-        Ok(Err("the bootstrap model drains nothing".into()))
-    }
-
-    async fn write_status(
-        &mut self,
-        _before: &TalosMachine,
-        _after: &TalosMachine,
-    ) -> Result<Option<String>, Crashed> {
-        Ok(None)
-    }
-
-    async fn release_finalizer(&mut self, _m: &TalosMachine) -> Result<(), Crashed> {
-        Ok(())
-    }
-
-    async fn event(&mut self, _on: &TalosMachine, _warning: bool, _reason: &str, _note: String) {}
-
-    fn note(&mut self, _on: &TalosMachine, _note: Note<'_>) {}
 }
 
 impl BootstrapWorld for ModelBootstrap {
@@ -306,22 +269,6 @@ impl BootstrapWorld for ModelBootstrap {
     }
 
     async fn cluster_event(&mut self, _on: &TalosCluster, _w: bool, _r: &str, _n: String) {}
-}
-
-/// A violation: the invariant, and the steps that led there.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Violation {
-    pub invariant: &'static str,
-    pub trace: Vec<String>,
-    pub why: String,
-}
-
-/// What an exploration found.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct BootstrapReport {
-    pub states: usize,
-    pub reconciles: usize,
-    pub violations: Vec<Violation>,
 }
 
 fn cluster(record: Option<&str>, current: bool) -> Option<TalosCluster> {
@@ -467,8 +414,8 @@ impl Setup<'_> {
 /// plane is new, breadth-first: a step is etcd starting where it was bootstrapped, or a
 /// reconcile of any control plane by either controller with any one fault at any of its
 /// calls. `table`: the rules that decide the bootstrap; `mutant` makes the world misbehave.
-pub fn explore(table: &Table, depth: u8, mutant: Option<Mutant>) -> BootstrapReport {
-    let mut report = BootstrapReport::default();
+pub fn explore(table: &Table, depth: u8, mutant: Option<Mutant>) -> Report {
+    let mut report = Report::default();
     let Some(machines) = machines() else {
         return report;
     };
@@ -504,19 +451,10 @@ pub fn explore(table: &Table, depth: u8, mutant: Option<Mutant>) -> BootstrapRep
         seen.insert(s.clone());
         queue.push_back((s, vec![format!("from {start}")]));
     }
-    let violate = |report: &mut BootstrapReport, invariant, trace: &[String], why: String| {
-        if !report.violations.iter().any(|v| v.invariant == invariant) {
-            report.violations.push(Violation {
-                invariant,
-                trace: trace.to_vec(),
-                why,
-            });
-        }
-    };
     while let Some((s, path)) = queue.pop_front() {
         report.states += 1;
         if let Err(why) = setup.ends(&s) {
-            violate(&mut report, "bootstrap-ends", &path, why);
+            report.violate("bootstrap-ends", &path, why);
         }
         if s.step >= depth {
             continue;
@@ -582,8 +520,7 @@ pub fn explore(table: &Table, depth: u8, mutant: Option<Mutant>) -> BootstrapRep
             let mut p = path.clone();
             p.push(step);
             if n.again {
-                violate(
-                    &mut report,
+                report.violate(
                     "bootstrap-once",
                     &p,
                     "a Bootstrap reached a node after etcd had been started".into(),

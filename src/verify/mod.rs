@@ -16,6 +16,7 @@ pub mod explore;
 pub mod invariant;
 pub mod memory;
 pub mod model;
+pub mod procedure;
 pub mod trace;
 pub mod world;
 
