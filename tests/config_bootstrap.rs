@@ -231,6 +231,43 @@ async fn a_cluster_whose_etcd_runs_is_never_bootstrapped() {
     assert!(bootstrap_calls(&talos).is_empty());
 }
 
+/// A cluster whose etcd stopped on every control plane that has it, and whose first
+/// control plane is new (no etcd data): no member answers, but `List` finds data in the
+/// others' etcd directories, so the new one is never bootstrapped beside them (a second
+/// etcd cluster).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_whose_etcd_stopped_with_its_data_is_never_bootstrapped() {
+    let etcd = EtcdCluster::start_named(&["cp-1", "cp-2", "cp-3"]).await;
+    etcd.kill_and_wipe(0);
+    etcd.kill(1);
+    etcd.kill(2);
+    assert!(!etcd.has_data(0) && etcd.has_data(1) && etcd.has_data(2));
+    let (api, talos) = world(etcd).await;
+    let _a = Running::start(controller(&api, &talos, "controller-0"));
+    wait_for("etcd data found and recorded", WAIT, || {
+        record(&api)["confirmed"] == true
+    })
+    .await;
+    let r = record(&api);
+    assert_eq!(r["machine"], "", "{r}");
+    assert!(
+        r["message"]
+            .as_str()
+            .unwrap()
+            .contains("1 member(s) listed, or an etcd data directory not empty"),
+        "{r}"
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(bootstrap_calls(&talos).is_empty());
+    assert!(
+        talos
+            .calls()
+            .iter()
+            .any(|c| c.rpc == "List" && c.node == "cp-2")
+    );
+    assert!(!talos.etcd.has_data(0), "nothing started on cp-1");
+}
+
 /// The bootstrap on the executor, logged (`serve --step-log`, procedure `bootstrap`): two
 /// racing controllers' logs both replay as written (`verify --check-trace`); the one that
 /// sent `Bootstrap`, with Talos' answer changed to a failure, is not a behaviour: the

@@ -92,9 +92,10 @@ struct State {
     /// The TalosCluster's `status.bootstrap`, as JSON text.
     record: Option<String>,
     etcd: [Etcd; NODES],
-    /// The cluster as the stale controller read it (one step before), and whether nothing
-    /// was written since (its resourceVersion still current).
-    stale: Option<(Option<String>, bool)>,
+    /// The cluster as the stale controller read it (one step before), whether nothing was
+    /// written since (its resourceVersion still current), and the nodes' etcd as it then
+    /// answered (its reads of etcd happened then too; its calls act on the world as it is).
+    stale: Option<(Option<String>, bool, [Etcd; NODES])>,
     /// A `Bootstrap` reached a node after etcd had been started somewhere.
     again: bool,
     /// Steps so far (the clock: one minute each).
@@ -105,6 +106,8 @@ struct ModelBootstrap {
     now: Timestamp,
     record: Option<BootstrapRecord>,
     etcd: [Etcd; NODES],
+    /// The nodes' etcd as this reconcile's reads see it (as it was, for a stale read).
+    seen: [Etcd; NODES],
     /// The reconcile read the cluster as it is (its guarded writes can succeed).
     current: bool,
     wrote: bool,
@@ -183,9 +186,9 @@ impl World for ModelBootstrap {
             Call::EtcdMemberList => Ok(match fault {
                 Some(Fault::Unreached | Fault::Lost) => Err(unreachable()),
                 Some(Fault::NotDialled) => Err(NodeError::NoEndpoint(m.name().to_string())),
-                _ if self.etcd[i] == Etcd::Running => Ok(Reply::Members(
+                _ if self.seen[i] == Etcd::Running => Ok(Reply::Members(
                     (0..NODES)
-                        .filter(|j| self.etcd[*j] == Etcd::Running)
+                        .filter(|j| self.seen[*j] == Etcd::Running)
                         .map(|j| EtcdMember {
                             id: j as u64 + 1,
                             hostname: format!("cp-{}", j + 1),
@@ -230,6 +233,13 @@ impl World for ModelBootstrap {
                     _ => Ok(answer),
                 }
             }
+            // The etcd data directory: not empty once a Bootstrap reached the node (or its
+            // etcd ran).
+            Call::List { .. } => Ok(match fault {
+                Some(Fault::Unreached | Fault::Lost) => Err(unreachable()),
+                Some(Fault::NotDialled) => Err(NodeError::NoEndpoint(m.name().to_string())),
+                _ => Ok(Reply::Entries(u64::from(self.seen[i] != Etcd::None))),
+            }),
             _ => Ok(Err(NodeError::NoEndpoint(
                 "the bootstrap model makes no such call".into(),
             ))),
@@ -322,10 +332,10 @@ impl Setup<'_> {
         &self,
         s: &State,
         i: usize,
-        read: (Option<&str>, bool),
+        read: (Option<&str>, bool, [Etcd; NODES]),
         fault: Option<(usize, Fault)>,
     ) -> Option<(ModelBootstrap, bool)> {
-        let (record, current) = read;
+        let (record, current, seen) = read;
         let snapshot = Snapshot {
             machines: self.machines.clone(),
             clusters: vec![cluster(record, current)?],
@@ -339,6 +349,7 @@ impl Setup<'_> {
                 .as_deref()
                 .and_then(|t| serde_json::from_str(t).ok()),
             etcd: s.etcd,
+            seen,
             current,
             wrote: false,
             again: s.again,
@@ -378,8 +389,9 @@ impl Setup<'_> {
                 return Ok(());
             }
             for i in 0..NODES {
-                let read = (s.record.clone(), true);
-                let Some((w, _)) = self.reconcile(&s, i, (read.0.as_deref(), true), None) else {
+                let record = s.record.clone();
+                let Some((w, _)) = self.reconcile(&s, i, (record.as_deref(), true, s.etcd), None)
+                else {
                     return Err("the model's objects did not build".into());
                 };
                 s.record = w
@@ -468,15 +480,15 @@ pub fn explore(table: &Table, depth: u8, mutant: Option<Mutant>) -> Report {
                     *e = Etcd::Running;
                 }
             }
-            n.stale = Some((s.record.clone(), true));
+            n.stale = Some((s.record.clone(), true, s.etcd));
             n.step += 1;
             next.push((n, "etcd starts".into()));
         }
-        let mut reads = vec![(s.record.clone(), true)];
-        if let Some((r, current)) = &s.stale {
-            reads.push((r.clone(), *current));
+        let mut reads = vec![(s.record.clone(), true, s.etcd)];
+        if let Some((r, current, seen)) = &s.stale {
+            reads.push((r.clone(), *current, *seen));
         }
-        for (ri, (read, current)) in reads.iter().enumerate() {
+        for (ri, (read, current, seen)) in reads.iter().enumerate() {
             for i in 0..NODES {
                 let mut plans = vec![None];
                 let mut k = 0;
@@ -484,7 +496,7 @@ pub fn explore(table: &Table, depth: u8, mutant: Option<Mutant>) -> Report {
                     let fault = plans[k];
                     k += 1;
                     let Some((w, ended)) =
-                        setup.reconcile(&s, i, (read.as_deref(), *current), fault)
+                        setup.reconcile(&s, i, (read.as_deref(), *current, *seen), fault)
                     else {
                         continue;
                     };
@@ -502,7 +514,7 @@ pub fn explore(table: &Table, depth: u8, mutant: Option<Mutant>) -> Report {
                             .as_ref()
                             .and_then(|r| serde_json::to_string(r).ok()),
                         etcd: w.etcd,
-                        stale: Some((s.record.clone(), !w.wrote)),
+                        stale: Some((s.record.clone(), !w.wrote, s.etcd)),
                         again: w.again,
                         step: s.step + 1,
                     };
@@ -631,8 +643,8 @@ mod tests {
             again: false,
             step: 0,
         };
-        // The calls of a reconcile of cp-1: etcd of each control plane, the record, the
-        // Bootstrap (call 4).
+        // The calls of a reconcile of cp-1: etcd's members and data directory of each
+        // control plane (calls 0 to 5), the record (6), the Bootstrap (7).
         for (fault, withdrawn) in [
             (Fault::NotDialled, true),
             (Fault::Refused, true),
@@ -640,7 +652,7 @@ mod tests {
             (Fault::Lost, false),
         ] {
             let (w, ended) = setup
-                .reconcile(&s, 0, (None, true), Some((4, fault)))
+                .reconcile(&s, 0, (None, true, s.etcd), Some((7, fault)))
                 .expect("a reconcile");
             assert!(ended, "{fault:?}");
             assert_eq!(w.record.is_none(), withdrawn, "{fault:?}: {:?}", w.record);
@@ -655,7 +667,7 @@ mod tests {
         assert!(maybe_acted(&unreachable()));
         // Withdrawn: the next reconcile decides again and sends it.
         let (w, _) = setup
-            .reconcile(&s, 0, (None, true), None)
+            .reconcile(&s, 0, (None, true, s.etcd), None)
             .expect("a reconcile");
         assert_eq!(w.etcd[0], Etcd::Starting);
         assert!(
@@ -687,9 +699,9 @@ mod tests {
             again: false,
             step: 0,
         };
-        // The controller stops right after recording (call 3: the record write).
+        // The controller stops right after recording (call 6: the record write).
         let (w, ended) = setup
-            .reconcile(&s, 0, (None, true), Some((3, Fault::CrashAfter)))
+            .reconcile(&s, 0, (None, true, s.etcd), Some((6, Fault::CrashAfter)))
             .expect("a reconcile");
         assert!(!ended);
         let recorded = w.record.clone().expect("recorded");
@@ -699,7 +711,7 @@ mod tests {
         for step in 1..=4u8 {
             s.step = step;
             let (w, _) = setup
-                .reconcile(&s, 0, (s.record.clone().as_deref(), true), None)
+                .reconcile(&s, 0, (s.record.clone().as_deref(), true, s.etcd), None)
                 .expect("a reconcile");
             assert_eq!(w.etcd, [Etcd::None; NODES], "never sent again");
             let r = w.record.clone().expect("kept");

@@ -1118,6 +1118,39 @@ impl MachineService for Service {
         Ok(Response::new(SnapshotStream::snapshot(self).await?))
     }
 
+    type ListStream = Stream<pb::FileInfo>;
+
+    /// `List`, of `/var/lib/etcd` only (as Talos streams it: the directory itself, then its
+    /// entries): one entry, `member`, while the node's etcd has data.
+    async fn list(
+        &self,
+        request: Request<pb::ListRequest>,
+    ) -> Result<Response<Self::ListStream>, Status> {
+        self.direct("List", request.metadata())?;
+        let root = request.get_ref().root.trim_end_matches('/').to_string();
+        if root != "/var/lib/etcd" {
+            return Err(Status::unimplemented(format!(
+                "the stand-in lists /var/lib/etcd only, not {root}"
+            )));
+        }
+        let node = &self.node;
+        let mut entries = vec![Ok(pb::FileInfo {
+            name: root.clone(),
+            relative_name: ".".into(),
+            is_dir: true,
+            ..Default::default()
+        })];
+        if !node.worker && node.etcd.has_data(node.index) {
+            entries.push(Ok(pb::FileInfo {
+                name: format!("{root}/member"),
+                relative_name: "member".into(),
+                is_dir: true,
+                ..Default::default()
+            }));
+        }
+        Ok(Response::new(Box::pin(tokio_stream::iter(entries))))
+    }
+
     async fn version(&self, request: Request<()>) -> Result<Response<pb::VersionResponse>, Status> {
         let messages = self
             .answer("Version", request.metadata(), Node::version, |metadata| {

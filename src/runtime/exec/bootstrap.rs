@@ -15,7 +15,7 @@
 //! control plane). Talos itself refuses a second bootstrap on a node whose etcd data
 //! directory is not empty.
 
-use super::{Call, Node, NodeError, Note, Outcome, Timing, Wait, World, calls};
+use super::{Call, Node, NodeError, Note, Outcome, Reply, Timing, Wait, World, calls};
 use crate::runtime::decide::bootstrap_event;
 use crate::runtime::objects::{BootstrapRecord, Role, Snapshot, TalosCluster, TalosMachine};
 use crate::runtime::talos::TalosError;
@@ -55,20 +55,46 @@ fn control_planes<'s>(snapshot: &'s Snapshot, m: &TalosMachine) -> Vec<&'s Talos
         .collect()
 }
 
-/// `etcd.members`, asked live: the most members any control plane's etcd lists. A node
-/// that answers with an error (its etcd is not running) lists none; one that does not
-/// answer (or cannot be dialled) makes the count unreadable: `Ok(Err(why))`.
+/// Where Talos keeps a node's etcd data (`constants.EtcdDataPath`): Talos refuses a
+/// `Bootstrap` where it is not empty.
+pub const ETCD_DATA: &str = "/var/lib/etcd";
+
+/// `etcd.members`, asked live: the most members any control plane's etcd lists; a control
+/// plane whose etcd is not running (Talos answers the call with an error) counts 1 when its
+/// etcd data directory is not empty (`List` of [`ETCD_DATA`]: etcd ran there, and stopped),
+/// else none. A node that does not answer either (or cannot be dialled) makes the count
+/// unreadable: `Ok(Err(why))`.
 pub async fn etcd_members<W: World>(
     w: &mut W,
     snapshot: &Snapshot,
     m: &TalosMachine,
 ) -> Result<Result<i64, String>, W::Error> {
-    let mut most = 0usize;
+    let mut most = 0u64;
     for cp in control_planes(snapshot, m) {
         match calls::members(w, m.cluster(), Node::Endpoint(cp)).await? {
-            Ok(list) => most = most.max(list.len()),
-            // The node answered: its etcd is not running (or not yet).
-            Err(NodeError::Talos(TalosError::Failed { .. })) => {}
+            Ok(list) => most = most.max(u64::try_from(list.len()).unwrap_or(u64::MAX)),
+            // The node answered: its etcd is not running (or not yet). Has it data?
+            Err(NodeError::Talos(TalosError::Failed { .. })) => {
+                let call = Call::List {
+                    root: ETCD_DATA.into(),
+                };
+                match w.talos(m.cluster(), Node::Endpoint(cp), call).await? {
+                    Ok(Reply::Entries(0)) => {}
+                    Ok(Reply::Entries(_)) => most = most.max(1),
+                    Ok(_) => {
+                        return Ok(Err(format!(
+                            "{}: the answer to List was not of its kind",
+                            cp.name()
+                        )));
+                    }
+                    Err(e) => {
+                        return Ok(Err(format!(
+                            "{}: its etcd is not running and {ETCD_DATA} could not be listed: {e}",
+                            cp.name()
+                        )));
+                    }
+                }
+            }
             Err(e @ (NodeError::NoCredentials(_) | NodeError::NoEndpoint(_))) => {
                 return Ok(Err(format!("{}: {e}", cp.name())));
             }
@@ -187,7 +213,7 @@ pub async fn reconcile<W: BootstrapWorld>(
                 by: Some(identity.to_string()),
                 confirmed: true,
                 message: Some(format!(
-                    "etcd already ran ({n} member(s) listed) when {} was configured: no Bootstrap sent",
+                    "etcd already ran ({n} member(s) listed, or an etcd data directory not empty) when {} was configured: no Bootstrap sent",
                     live.name()
                 )),
             };
@@ -218,6 +244,29 @@ pub async fn reconcile<W: BootstrapWorld>(
             w.note(live, Note::Info("bootstrapped"));
             let note = format!("etcd bootstrapped on {}", live.name());
             w.cluster_event(cluster, false, "Bootstrapped", note).await;
+            Ok(Outcome::AwaitChange)
+        }
+        // Talos refused it because the node's etcd data directory is not empty: etcd ran
+        // there, the cluster is not new. Recorded as found (never sent again).
+        Err(NodeError::Talos(TalosError::Failed {
+            code: tonic::Code::AlreadyExists,
+            message,
+            ..
+        })) => {
+            let found = BootstrapRecord {
+                machine: String::new(),
+                sent_at: None,
+                by: Some(identity.to_string()),
+                confirmed: true,
+                message: Some(format!(
+                    "Talos refused the Bootstrap of {} ({message}): etcd ran there, so the \
+                     cluster is not new; no Bootstrap is sent",
+                    live.name()
+                )),
+            };
+            w.record_bootstrap(cluster, Some(&found), false).await?;
+            let said = format!("bootstrap refused by Talos: {message}");
+            w.note(live, Note::Warn(&said));
             Ok(Outcome::AwaitChange)
         }
         // Never sent (nothing to dial with), or refused by Talos before it acted: the
