@@ -319,7 +319,22 @@ struct Setup<'t> {
     mutant: Option<Mutant>,
 }
 
-impl Setup<'_> {
+impl<'t> Setup<'t> {
+    fn new(table: &'t Table, mutant: Option<Mutant>, epoch: Timestamp) -> Option<Setup<'t>> {
+        Some(Setup {
+            table,
+            machines: machines()?,
+            timing: Timing {
+                refused_requeue: Duration::from_secs(60),
+                lock_retry: Duration::from_secs(5),
+                drain_retry: Duration::from_secs(5),
+                reset_settle: Duration::from_secs(5),
+            },
+            epoch,
+            mutant,
+        })
+    }
+
     fn now(&self, step: u8) -> Timestamp {
         self.epoch
             .checked_add(Duration::from_secs(60 * u64::from(step)))
@@ -428,20 +443,9 @@ impl Setup<'_> {
 /// calls. `table`: the rules that decide the bootstrap; `mutant` makes the world misbehave.
 pub fn explore(table: &Table, depth: u8, mutant: Option<Mutant>) -> Report {
     let mut report = Report::default();
-    let Some(machines) = machines() else {
+    let epoch = Timestamp::from_second(1_800_000_000).unwrap_or(Timestamp::UNIX_EPOCH);
+    let Some(setup) = Setup::new(table, mutant, epoch) else {
         return report;
-    };
-    let setup = Setup {
-        table,
-        machines,
-        timing: Timing {
-            refused_requeue: Duration::from_secs(60),
-            lock_retry: Duration::from_secs(5),
-            drain_retry: Duration::from_secs(5),
-            reset_settle: Duration::from_secs(5),
-        },
-        epoch: Timestamp::from_second(1_800_000_000).unwrap_or(Timestamp::UNIX_EPOCH),
-        mutant,
     };
     let starts = [
         [Etcd::None, Etcd::None, Etcd::None],
@@ -624,18 +628,7 @@ mod tests {
     fn a_bootstrap_that_certainly_did_not_act_is_withdrawn_and_decided_again() {
         use crate::runtime::exec::bootstrap::maybe_acted;
         let t = shipped();
-        let setup = Setup {
-            table: &t,
-            machines: machines().expect("machines"),
-            timing: Timing {
-                refused_requeue: Duration::from_secs(60),
-                lock_retry: Duration::from_secs(5),
-                drain_retry: Duration::from_secs(5),
-                reset_settle: Duration::from_secs(5),
-            },
-            epoch: Timestamp::UNIX_EPOCH,
-            mutant: None,
-        };
+        let setup = Setup::new(&t, None, Timestamp::UNIX_EPOCH).expect("the model's objects");
         let s = State {
             record: None,
             etcd: [Etcd::None; NODES],
@@ -680,18 +673,7 @@ mod tests {
     #[test]
     fn a_recorded_bootstrap_etcd_never_confirms_is_explained_once_after_two_minutes() {
         let t = shipped();
-        let setup = Setup {
-            table: &t,
-            machines: machines().expect("machines"),
-            timing: Timing {
-                refused_requeue: Duration::from_secs(60),
-                lock_retry: Duration::from_secs(5),
-                drain_retry: Duration::from_secs(5),
-                reset_settle: Duration::from_secs(5),
-            },
-            epoch: Timestamp::UNIX_EPOCH,
-            mutant: None,
-        };
+        let setup = Setup::new(&t, None, Timestamp::UNIX_EPOCH).expect("the model's objects");
         let mut s = State {
             record: None,
             etcd: [Etcd::None; NODES],
