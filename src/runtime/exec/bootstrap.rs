@@ -104,6 +104,17 @@ pub async fn etcd_members<W: World>(
     Ok(Ok(i64::try_from(most).unwrap_or(i64::MAX)))
 }
 
+/// The record of a cluster found with etcd (none sent): confirmed, naming no machine.
+fn found(identity: &str, message: String) -> BootstrapRecord {
+    BootstrapRecord {
+        machine: String::new(),
+        sent_at: None,
+        by: Some(identity.to_string()),
+        confirmed: true,
+        message: Some(message),
+    }
+}
+
 fn again(after: Duration, why: &str) -> Outcome {
     Outcome::Requeue {
         after,
@@ -207,16 +218,13 @@ pub async fn reconcile<W: BootstrapWorld>(
         // etcd runs already (an existing cluster, or one bootstrapped by hand): recorded,
         // so it is not asked again on every reconcile.
         if let Some((_, n)) = supplied.iter().find(|(_, n)| *n > 0) {
-            let found = BootstrapRecord {
-                machine: String::new(),
-                sent_at: None,
-                by: Some(identity.to_string()),
-                confirmed: true,
-                message: Some(format!(
+            let found = found(
+                identity,
+                format!(
                     "etcd already ran ({n} member(s) listed, or an etcd data directory not empty) when {} was configured: no Bootstrap sent",
                     live.name()
-                )),
-            };
+                ),
+            );
             w.record_bootstrap(cluster, Some(&found), true).await?;
         }
         return Ok(Outcome::AwaitChange);
@@ -253,17 +261,14 @@ pub async fn reconcile<W: BootstrapWorld>(
             message,
             ..
         })) => {
-            let found = BootstrapRecord {
-                machine: String::new(),
-                sent_at: None,
-                by: Some(identity.to_string()),
-                confirmed: true,
-                message: Some(format!(
+            let found = found(
+                identity,
+                format!(
                     "Talos refused the Bootstrap of {} ({message}): etcd ran there, so the \
                      cluster is not new; no Bootstrap is sent",
                     live.name()
-                )),
-            };
+                ),
+            );
             w.record_bootstrap(cluster, Some(&found), false).await?;
             let said = format!("bootstrap refused by Talos: {message}");
             w.note(live, Note::Warn(&said));
