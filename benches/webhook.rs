@@ -14,7 +14,10 @@
 //! do); `-- --with-controller` runs the controller in the same process too.
 //!
 //! Run: `cargo bench --bench webhook` (`-- --quick` for fewer requests). Extra `serve` flags
-//! for an experiment go in `BENCH_SERVE_ARGS` (e.g. `--max-inflight-reads 64`).
+//! for an experiment go in `BENCH_SERVE_ARGS` (e.g. `--max-inflight-reads 64`;
+//! `--decision-log off` for the cost of decision records, which are on by default, to
+//! stderr); `BENCH_SERVE_BIN` serves with another build of the binary (an A/B of two
+//! commits: the in-process columns stay this build's).
 
 // Test and benchmark code: a failed setup step is a failed run.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -240,8 +243,9 @@ fn decide_only(snapshot: &ichor_rules::runtime::objects::Snapshot, body: &Bytes)
 }
 
 /// The same decision with its record (each event's facts and their sources read out after
-/// it, as `serve` does with a decision log) and the record serialised as the sink's writer
-/// thread writes it: what a record adds to [`decide_only`], without I/O.
+/// it, as `serve` does with a decision log) and the record's line written as the deciding
+/// thread writes it, into a reused buffer: what a record adds to [`decide_only`], without
+/// I/O.
 fn record_only(snapshot: &ichor_rules::runtime::objects::Snapshot, body: &Bytes) -> Duration {
     use ichor_rules::runtime::admission::parse_review;
     use ichor_rules::runtime::decide::request_events;
@@ -259,26 +263,39 @@ fn record_only(snapshot: &ichor_rules::runtime::objects::Snapshot, body: &Bytes)
         req.new.as_ref(),
     );
     let n = 200;
+    let (mut json, mut line) = (Vec::new(), Vec::new());
     let start = Instant::now();
     for _ in 0..n {
-        let (d, events) =
-            records::decide_recorded(&table, snapshot, &events, Expensive::FromObjects, false);
-        let record = records::Record {
-            record: "decision".into(),
-            id: records::decision_id(),
-            time: String::new(),
-            site: "webhook".into(),
-            request: None,
-            rules: records::RulesInfo::default(),
-            events,
-            verdict: records::verdict_name(d.verdict()).into(),
-            deciding: d.deciding().iter().map(|f| f.rule.clone()).collect(),
-            warnings: Vec::new(),
-            would_verdict: records::would_verdict(&d).into(),
+        json.clear();
+        line.clear();
+        let d = records::decide_recorded_into(
+            &table,
+            snapshot,
+            &events,
+            Expensive::FromObjects,
+            false,
+            &mut json,
+        );
+        let id = records::decision_id();
+        records::WebhookRecord {
+            id: &id,
+            time: k8s_openapi::jiff::Timestamp::now(),
+            request: records::RequestRef {
+                uid: records::clipped(req.uid()),
+                user: records::clipped(req.inner.user_info.username.as_deref().unwrap_or("")),
+                operation: "DELETE",
+                kind: records::clipped(&req.inner.kind.kind),
+                namespace: records::clipped(&req.namespace),
+                name: records::clipped(&req.inner.name),
+            },
+            table: Some(&table),
+            events: &json,
+            decision: &d,
             refused_without_rules: None,
             latency_us: 0,
-        };
-        std::hint::black_box(serde_json::to_vec(&record).expect("json"));
+        }
+        .write(&mut line);
+        std::hint::black_box(&line);
     }
     start.elapsed() / n
 }
@@ -365,7 +382,10 @@ async fn main() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
         l.local_addr().expect("addr")
     };
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ichor-rules"))
+    // `BENCH_SERVE_BIN`: another build of `ichor-rules` to serve (an A/B of two commits).
+    let bin = std::env::var_os("BENCH_SERVE_BIN")
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_ichor-rules").into());
+    let mut child = std::process::Command::new(bin)
         .args(["serve", "--rules", "rules", "--listen", &listen.to_string()])
         .args(["--api-server", &api.url()])
         .arg("--tls-cert")

@@ -22,9 +22,8 @@ use crate::vocab::{Fact, Verdict};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// The digest of a rule set's text: `sha256:` and the hex of SHA-256 over each file's name
@@ -60,7 +59,19 @@ pub fn digest(files: &[SourceFile]) -> String {
 
 /// A caller's text as a record keeps it: at most 256 characters.
 pub fn clip(s: &str) -> String {
-    s.chars().take(256).collect()
+    clipped(s).to_string()
+}
+
+/// [`clip`] without a copy: the first 256 characters of `s`.
+pub fn clipped(s: &str) -> &str {
+    // No more bytes than that: no more characters.
+    if s.len() <= 256 {
+        return s;
+    }
+    match s.char_indices().nth(256) {
+        Some((end, _)) => s.get(..end).unwrap_or(s),
+        None => s,
+    }
 }
 
 /// A new decision id: 32 hex digits, the first 16 random once per process (so replicas and
@@ -81,7 +92,10 @@ pub fn decision_id() -> String {
         }
         u64::from_le_bytes(bytes)
     });
-    format!("{prefix:016x}{:016x}", NEXT.fetch_add(1, Ordering::Relaxed))
+    let mut id = String::with_capacity(32);
+    json::hex(&mut id, prefix, 16);
+    json::hex(&mut id, NEXT.fetch_add(1, Ordering::Relaxed), 16);
+    id
 }
 
 /// One decision.
@@ -126,6 +140,31 @@ pub struct RequestInfo {
     pub kind: String,
     pub namespace: String,
     pub name: String,
+}
+
+/// [`RequestInfo`] borrowed: what a webhook record is written from
+/// ([`WebhookRecord`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestRef<'a> {
+    pub uid: &'a str,
+    pub user: &'a str,
+    pub operation: &'a str,
+    pub kind: &'a str,
+    pub namespace: &'a str,
+    pub name: &'a str,
+}
+
+impl RequestInfo {
+    pub fn as_ref(&self) -> RequestRef<'_> {
+        RequestRef {
+            uid: &self.uid,
+            user: &self.user,
+            operation: &self.operation,
+            kind: &self.kind,
+            namespace: &self.namespace,
+            name: &self.name,
+        }
+    }
 }
 
 /// The rules that decided.
@@ -325,6 +364,407 @@ pub fn decide_recorded(
     (decision, records)
 }
 
+/// [`decide_recorded`] with the events written as JSON straight into `out` (the bytes
+/// `serde_json` writes for the [`EventRecord`]s, `[...]`), without building them: the
+/// webhook's path. The same decision: the same sessions, the same provider.
+pub fn decide_recorded_into(
+    table: &Table,
+    snapshot: &Snapshot,
+    events: &[EventFacts<'_>],
+    expensive: Expensive,
+    by_controller: bool,
+    out: &mut Vec<u8>,
+) -> Decision {
+    let mut decision = Decision::default();
+    let mut seen = Vec::new();
+    out.push(b'[');
+    for (i, ev) in events.iter().enumerate() {
+        let facts =
+            SnapshotFacts::new(table, snapshot, *ev, expensive).by_controller(by_controller);
+        let mut session = Session::new(table, facts);
+        let before = lengths(&decision);
+        super::decide::decide_event(&mut session, ev.event, &mut decision);
+        if i > 0 {
+            out.push(b',');
+        }
+        write_event(out, table, &mut session, ev, &decision, before, &mut seen);
+    }
+    out.push(b']');
+    decision
+}
+
+/// One event as [`event_record`] and `serde_json` would write it, written directly.
+fn write_event<'s>(
+    out: &mut Vec<u8>,
+    table: &Table,
+    session: &mut Session<'s, SnapshotFacts<'s>>,
+    ev: &EventFacts<'s>,
+    decision: &Decision,
+    before: [usize; 4],
+    seen: &mut Vec<super::facts::Source<'s>>,
+) {
+    let (verb, subject, site) = ev.event;
+    seen.clear();
+    out.extend_from_slice(b"{\"verb\":");
+    json::str(out, verb.name());
+    out.extend_from_slice(b",\"subject\":");
+    json::str(out, subject.name());
+    out.extend_from_slice(b",\"cluster\":");
+    json::str(out, ev.cluster);
+    out.extend_from_slice(b",\"facts\":[");
+    let values = session.read_facts(table.facts_read(verb, subject, site));
+    let provider = session.facts_mut();
+    for (i, (fact, value)) in values.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"name\":");
+        json::str(out, fact.name());
+        out.extend_from_slice(b",\"value\":");
+        match value {
+            Value::Int(n) => json::int(out, n),
+            Value::Bool(true) => out.extend_from_slice(b"true"),
+            Value::Bool(false) => out.extend_from_slice(b"false"),
+            Value::Str(s) => json::str(out, s),
+        }
+        let sources = provider.sources(fact);
+        if !sources.is_empty() {
+            out.extend_from_slice(b",\"from\":[");
+            for (j, s) in sources.into_iter().enumerate() {
+                // The same object is nearly always the same borrowed text: that first.
+                let at = seen
+                    .iter()
+                    .position(|o| same_source(o, &s))
+                    .or_else(|| seen.iter().position(|o| *o == s))
+                    .unwrap_or_else(|| {
+                        seen.push(s);
+                        seen.len() - 1
+                    });
+                if j > 0 {
+                    out.push(b',');
+                }
+                json::int(out, i64::from(u32::try_from(at).unwrap_or(u32::MAX)));
+            }
+            out.push(b']');
+        }
+        out.push(b'}');
+    }
+    out.push(b']');
+    if !seen.is_empty() {
+        out.extend_from_slice(b",\"objects\":[");
+        for (i, (kind, name, rv)) in seen.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(b"{\"kind\":");
+            json::str(out, kind);
+            out.extend_from_slice(b",\"name\":");
+            json::str(out, name);
+            if let Some(rv) = rv {
+                out.extend_from_slice(b",\"resourceVersion\":");
+                json::str(out, rv);
+            }
+            out.push(b'}');
+        }
+        out.push(b']');
+    }
+    let lists: [(&[Finding], &str); 4] = [
+        (&decision.refusals, "enforce"),
+        (&decision.holds, "enforce"),
+        (&decision.warnings, "enforce"),
+        (&decision.audited, "audit"),
+    ];
+    let mut first = true;
+    for ((list, mode), start) in lists.into_iter().zip(before) {
+        for f in list.iter().skip(start) {
+            out.extend_from_slice(if first {
+                b",\"matched\":[{\"rule\":"
+            } else {
+                b",{\"rule\":"
+            });
+            first = false;
+            json::str(out, &f.rule);
+            out.extend_from_slice(b",\"verdict\":");
+            json::str(out, f.verdict.name());
+            out.extend_from_slice(b",\"mode\":");
+            json::str(out, mode);
+            out.extend_from_slice(b",\"message\":");
+            json::str(out, &f.message);
+            out.push(b'}');
+        }
+    }
+    if !first {
+        out.push(b']');
+    }
+    out.push(b'}');
+}
+
+/// Whether two sources are the very same text (equal too, then; equal sources need not be
+/// the same text).
+fn same_source(a: &super::facts::Source<'_>, b: &super::facts::Source<'_>) -> bool {
+    let same = |x: &str, y: &str| x.as_ptr() == y.as_ptr() && x.len() == y.len();
+    same(a.0, b.0)
+        && same(a.1, b.1)
+        && match (a.2, b.2) {
+            (Some(x), Some(y)) => same(x, y),
+            (None, None) => true,
+            _ => false,
+        }
+}
+
+/// A webhook decision's record, borrowed from what decided it, written as the line a
+/// [`Record`] with the same values serialises to ([`WebhookRecord::write`]) without
+/// building one.
+pub struct WebhookRecord<'a> {
+    pub id: &'a str,
+    pub time: k8s_openapi::jiff::Timestamp,
+    /// The caller's text, each field at most 256 characters ([`clipped`]).
+    pub request: RequestRef<'a>,
+    /// The table that decided (its digest and audit rules); none when refused without it.
+    pub table: Option<&'a Table>,
+    /// The events, as [`decide_recorded_into`] wrote them (`[...]`); empty: none.
+    pub events: &'a [u8],
+    pub decision: &'a Decision,
+    pub refused_without_rules: Option<&'a str>,
+    pub latency_us: u64,
+}
+
+impl WebhookRecord<'_> {
+    /// The verdict it records: `refuse` when refused without the rules.
+    pub fn verdict(&self) -> &'static str {
+        if self.refused_without_rules.is_some() {
+            "refuse"
+        } else {
+            verdict_name(self.decision.verdict())
+        }
+    }
+
+    /// The record as one NDJSON line (with its `\n`), appended to `out`: byte for byte what
+    /// `serde_json` writes for the [`Record`] of the same values (a test compares them).
+    pub fn write(&self, out: &mut Vec<u8>) {
+        let d = self.decision;
+        out.extend_from_slice(b"{\"record\":\"decision\",\"id\":");
+        json::str(out, self.id);
+        out.extend_from_slice(b",\"time\":\"");
+        // A timestamp's text needs no escapes.
+        json::time(out, self.time);
+        out.extend_from_slice(b"\",\"site\":\"webhook\",\"request\":{\"uid\":");
+        let r = &self.request;
+        json::str(out, r.uid);
+        out.extend_from_slice(b",\"user\":");
+        json::str(out, r.user);
+        out.extend_from_slice(b",\"operation\":");
+        json::str(out, r.operation);
+        out.extend_from_slice(b",\"kind\":");
+        json::str(out, r.kind);
+        out.extend_from_slice(b",\"namespace\":");
+        json::str(out, r.namespace);
+        out.extend_from_slice(b",\"name\":");
+        json::str(out, r.name);
+        out.extend_from_slice(b"},\"rules\":{\"digest\":");
+        json::str(out, self.table.map_or("", |t| t.digest.as_str()));
+        if let Some(t) = self.table {
+            json::list(
+                out,
+                b",\"audit\":[",
+                t.audit_rules().map(|r| r.name.as_str()),
+            );
+        }
+        out.extend_from_slice(b"},\"events\":");
+        if self.events.is_empty() {
+            out.extend_from_slice(b"[]");
+        } else {
+            out.extend_from_slice(self.events);
+        }
+        out.extend_from_slice(b",\"verdict\":");
+        json::str(out, self.verdict());
+        json::list(
+            out,
+            b",\"deciding\":[",
+            d.deciding().iter().map(|f| f.rule.as_str()),
+        );
+        json::list(
+            out,
+            b",\"warnings\":[",
+            d.warnings.iter().map(|f| f.rule.as_str()),
+        );
+        out.extend_from_slice(b",\"would_verdict\":");
+        json::str(
+            out,
+            if self.refused_without_rules.is_some() {
+                "refuse"
+            } else {
+                would_verdict(d)
+            },
+        );
+        if let Some(why) = self.refused_without_rules {
+            out.extend_from_slice(b",\"refused_without_rules\":");
+            json::str(out, why);
+        }
+        out.extend_from_slice(b",\"latency_us\":");
+        json::uint(out, self.latency_us);
+        out.extend_from_slice(b"}\n");
+    }
+}
+
+/// JSON written by hand, the same bytes `serde_json` writes.
+mod json {
+    /// Whether `b` is written escaped in a JSON string.
+    fn escaped(b: u8) -> bool {
+        (b < 0x20) | (b == b'"') | (b == b'\\')
+    }
+
+    /// `s` as a JSON string: `"` and `\` escaped, the control characters as `\b`, `\t`,
+    /// `\n`, `\f`, `\r` or `\u00XX`, everything else (non-ASCII too) as it is (a test
+    /// compares it with `serde_json`). Text with nothing to escape, nearly all of it, is
+    /// tested without a branch per byte and copied whole.
+    pub fn str(out: &mut Vec<u8>, s: &str) {
+        let bytes = s.as_bytes();
+        out.reserve(bytes.len() + 2);
+        out.push(b'"');
+        if bytes.iter().fold(false, |any, &b| any | escaped(b)) {
+            escape(out, bytes);
+        } else {
+            out.extend_from_slice(bytes);
+        }
+        out.push(b'"');
+    }
+
+    #[cold]
+    fn escape(out: &mut Vec<u8>, bytes: &[u8]) {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        // Written up to `start`.
+        let mut start = 0;
+        for (i, &b) in bytes.iter().enumerate() {
+            if !escaped(b) {
+                continue;
+            }
+            out.extend_from_slice(bytes.get(start..i).unwrap_or_default());
+            start = i + 1;
+            let short = match b {
+                b'"' => b'"',
+                b'\\' => b'\\',
+                0x08 => b'b',
+                0x09 => b't',
+                0x0a => b'n',
+                0x0c => b'f',
+                0x0d => b'r',
+                _ => b'u',
+            };
+            if short == b'u' {
+                out.extend_from_slice(b"\\u00");
+                out.push(HEX[usize::from(b >> 4)]);
+                out.push(HEX[usize::from(b & 0xf)]);
+            } else {
+                out.push(b'\\');
+                out.push(short);
+            }
+        }
+        out.extend_from_slice(bytes.get(start..).unwrap_or_default());
+    }
+
+    /// `n` in `width` lower-case hex digits, zero-padded.
+    pub fn hex(out: &mut String, n: u64, width: u32) {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        for i in (0..width).rev() {
+            out.push(char::from(HEX[((n >> (4 * i)) & 0xf) as usize]));
+        }
+    }
+
+    /// `n` in `width` decimal digits, zero-padded.
+    fn padded(out: &mut Vec<u8>, n: u64, width: u32) {
+        for i in (0..width).rev() {
+            out.push(b'0' + (n / 10u64.pow(i) % 10) as u8);
+        }
+    }
+
+    /// A timestamp as jiff writes it (RFC 3339 in UTC, `Z`, the fraction of a second only
+    /// when there is one and without its trailing zeros; a test compares them), without the
+    /// formatting machinery: days to a civil date as in Howard Hinnant's `civil_from_days`.
+    pub fn time(out: &mut Vec<u8>, t: k8s_openapi::jiff::Timestamp) {
+        use std::io::Write;
+        let (secs, nanos) = (t.as_second(), t.subsec_nanosecond());
+        // Years 1970 to 9999; jiff itself for anything else.
+        let (Ok(secs), Ok(nanos)) = (u64::try_from(secs), u32::try_from(nanos)) else {
+            let _ = write!(out, "{t}");
+            return;
+        };
+        if secs >= 253_402_300_800 {
+            let _ = write!(out, "{t}");
+            return;
+        }
+        let (days, of_day) = (secs / 86_400, secs % 86_400);
+        let z = days + 719_468;
+        let era = z / 146_097;
+        let doe = z % 146_097;
+        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let day = doy - (153 * mp + 2) / 5 + 1;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 };
+        let year = yoe + era * 400 + u64::from(month <= 2);
+        padded(out, year, 4);
+        out.push(b'-');
+        padded(out, month, 2);
+        out.push(b'-');
+        padded(out, day, 2);
+        out.push(b'T');
+        padded(out, of_day / 3600, 2);
+        out.push(b':');
+        padded(out, of_day / 60 % 60, 2);
+        out.push(b':');
+        padded(out, of_day % 60, 2);
+        if nanos != 0 {
+            let (mut n, mut digits) = (nanos, 9);
+            while n % 10 == 0 {
+                n /= 10;
+                digits -= 1;
+            }
+            out.push(b'.');
+            padded(out, u64::from(n), digits);
+        }
+        out.push(b'Z');
+    }
+
+    pub fn uint(out: &mut Vec<u8>, mut n: u64) {
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        out.extend_from_slice(digits.get(at..).unwrap_or_default());
+    }
+
+    pub fn int(out: &mut Vec<u8>, n: i64) {
+        if n < 0 {
+            out.push(b'-');
+        }
+        uint(out, n.unsigned_abs());
+    }
+
+    /// `,"key":[...]` of strings (`open` is `,"key":[`); nothing when there are none.
+    pub fn list<'a>(out: &mut Vec<u8>, open: &[u8], items: impl Iterator<Item = &'a str>) {
+        let mut first = true;
+        for item in items {
+            if first {
+                out.extend_from_slice(open);
+                first = false;
+            } else {
+                out.push(b',');
+            }
+            str(out, item);
+        }
+        if !first {
+            out.push(b']');
+        }
+    }
+}
+
 /// The facts of a record, as a session's provider: replay decides from them. A fact the
 /// record does not hold is [`crate::interp::Lookup::Later`]: the decision stops there, and
 /// replay says which fact was missing.
@@ -511,10 +951,10 @@ impl Sink {
 
 /// The queue between decisions and the sink's writer thread.
 pub struct Recorder {
-    /// Records as NDJSON lines, serialised by the deciding thread: what crosses to the
-    /// writer thread is one buffer, not a tree of strings the allocator would have to free
-    /// across threads.
-    tx: SyncSender<Vec<u8>>,
+    /// Records as NDJSON lines, serialised by the deciding thread and appended to one
+    /// buffer the writer thread takes whole: what crosses to the writer thread is bytes, not
+    /// a tree of strings (nor a buffer per record) the allocator would free across threads.
+    queue: Arc<Queue>,
     /// The webhook's allowed admissions of work, for the controller's records to link to
     /// (`step_records`).
     pub admissions: super::step_records::Admissions,
@@ -528,24 +968,119 @@ pub struct Recorder {
     started: Instant,
 }
 
+/// The records waiting for the sink.
+struct Queue {
+    pending: Mutex<Pending>,
+    /// Wakes the writer thread when it waits for a record ([`Pending::idle`]).
+    wake: Condvar,
+    /// How many records may wait: queued and taken by the writer thread but not yet
+    /// written, less the one being written (as a channel of `capacity` with the one
+    /// record in the writer's hands).
+    capacity: usize,
+    /// Records the writer thread took and has not written yet.
+    in_flight: AtomicUsize,
+}
+
+#[derive(Default)]
+struct Pending {
+    /// Whole lines, each ending in `\n` (a record's JSON has no raw newline).
+    lines: Vec<u8>,
+    count: usize,
+    /// The writer thread waits for a record: the next one wakes it (and only that one: a
+    /// busy webhook's records wake nobody).
+    idle: bool,
+    /// The [`Recorder`] is gone: the writer thread writes what is left and ends.
+    closed: bool,
+}
+
+impl Queue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
+        // A panic while holding the lock leaves whole lines behind: still usable.
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Appends one line; `false` (and nothing appended) when the queue is full.
+    fn push(&self, line: &[u8]) -> bool {
+        let mut p = self.lock();
+        let waiting = p.count + self.in_flight.load(Ordering::Relaxed).saturating_sub(1);
+        if waiting >= self.capacity {
+            return false;
+        }
+        p.lines.extend_from_slice(line);
+        p.count += 1;
+        let wake = std::mem::take(&mut p.idle);
+        drop(p);
+        if wake {
+            self.wake.notify_one();
+        }
+        true
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.queue.lock().closed = true;
+        self.queue.wake.notify_one();
+    }
+}
+
 /// How many records wait for the sink at most, by default.
 pub const DEFAULT_BUFFER: usize = 1024;
 
 /// A drop is logged at most this often (with how many were dropped since).
 const DROP_LOG_EVERY: Duration = Duration::from_secs(1);
 
+thread_local! {
+    /// The deciding thread's buffers for a record's line and a webhook decision's events:
+    /// reused, so a record allocates nothing once they have grown.
+    static BUFFERS: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A buffer of this thread's ([`give_buffer`] it back): empty, with the capacity an
+/// earlier record left it.
+pub fn take_buffer() -> Vec<u8> {
+    BUFFERS
+        .try_with(|b| b.borrow_mut().pop())
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| Vec::with_capacity(2048))
+}
+
+/// Returns a buffer from [`take_buffer`] for the next record on this thread (a huge one is
+/// let go).
+pub fn give_buffer(mut buf: Vec<u8>) {
+    if buf.capacity() > 256 * 1024 {
+        return;
+    }
+    buf.clear();
+    let _ = BUFFERS.try_with(|b| {
+        let mut b = b.borrow_mut();
+        if b.len() < 4 {
+            b.push(buf);
+        }
+    });
+}
+
 impl Recorder {
     /// Starts the writer thread. `buffer` records may wait for the sink; past that, records
     /// are dropped.
     pub fn start(sink: Sink, buffer: usize, metrics: Arc<Metrics>) -> std::io::Result<Arc<Self>> {
         let writer = Writer::open(sink)?;
-        let (tx, rx) = sync_channel(buffer.max(1));
+        let queue = Arc::new(Queue {
+            pending: Mutex::new(Pending::default()),
+            wake: Condvar::new(),
+            capacity: buffer.max(1),
+            in_flight: AtomicUsize::new(0),
+        });
         let thread_metrics = metrics.clone();
+        let thread_queue = queue.clone();
         std::thread::Builder::new()
             .name("decision-records".into())
-            .spawn(move || write_loop(rx, writer, thread_metrics))?;
+            .spawn(move || write_loop(&thread_queue, writer, &thread_metrics))?;
         Ok(Arc::new(Recorder {
-            tx,
+            queue,
             admissions: Default::default(),
             citations: Default::default(),
             metrics,
@@ -559,61 +1094,81 @@ impl Recorder {
     /// second, with the number dropped).
     pub fn record(&self, record: Record) {
         self.admissions.note(&record);
-        self.queue(&record.id, &record);
+        self.queue_serialized(&record.id, &record);
+    }
+
+    /// Queues a webhook decision's record, written straight from what decided it
+    /// ([`WebhookRecord::write`]; [`Recorder::record`]'s queue and drops).
+    pub fn record_webhook(&self, record: &WebhookRecord<'_>) {
+        self.admissions.note_request(
+            record.verdict(),
+            &record.request,
+            record.id,
+            record.table.map_or("", |t| t.digest.as_str()),
+            || record.time.to_string(),
+        );
+        let mut line = take_buffer();
+        record.write(&mut line);
+        self.queue_line(record.id, &line);
+        give_buffer(line);
     }
 
     /// Queues a controller decision ([`Recorder::record`]'s queue and drops).
     pub fn record_controller(&self, record: super::step_records::ControllerRecord) {
-        self.queue(&record.decision.id, &record);
+        self.queue_serialized(&record.decision.id, &record);
     }
 
     /// Queues a controller's plan step ([`Recorder::record`]'s queue and drops).
     pub fn record_step(&self, record: super::step_records::StepRecord) {
-        self.queue(&record.id, &record);
+        self.queue_serialized(&record.id, &record);
     }
 
     /// Serialises a record on the caller's thread and queues its line.
-    fn queue<T: Serialize>(&self, id: &str, record: &T) {
-        let mut line = Vec::with_capacity(2048);
+    fn queue_serialized<T: Serialize>(&self, id: &str, record: &T) {
+        let mut line = take_buffer();
         if serde_json::to_writer(&mut line, record).is_err() {
             self.metrics.record_written(false);
+            give_buffer(line);
             return;
         }
         line.push(b'\n');
-        match self.tx.try_send(line) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                self.metrics.record_dropped();
-                self.unlogged_drops.fetch_add(1, Ordering::Relaxed);
-                let now = u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX);
-                let last = self.last_drop_log.load(Ordering::Relaxed);
-                let due =
-                    last == 0 || now.saturating_sub(last) >= DROP_LOG_EVERY.as_micros() as u64;
-                if due
-                    && self
-                        .last_drop_log
-                        .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
-                        .is_ok()
-                {
-                    let dropped = self.unlogged_drops.swap(0, Ordering::Relaxed);
-                    tracing::warn!(
-                        dropped,
-                        decision = %id,
-                        "the decision-record sink is behind: records dropped"
-                    );
-                }
-            }
+        self.queue_line(id, &line);
+        give_buffer(line);
+    }
+
+    /// Queues one whole line (ending in `\n`), or drops it when the queue is full.
+    fn queue_line(&self, id: &str, line: &[u8]) {
+        if self.queue.push(line) {
+            return;
+        }
+        self.metrics.record_dropped();
+        self.unlogged_drops.fetch_add(1, Ordering::Relaxed);
+        let now = u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let last = self.last_drop_log.load(Ordering::Relaxed);
+        let due = last == 0 || now.saturating_sub(last) >= DROP_LOG_EVERY.as_micros() as u64;
+        if due
+            && self
+                .last_drop_log
+                .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let dropped = self.unlogged_drops.swap(0, Ordering::Relaxed);
+            tracing::warn!(
+                dropped,
+                decision = %id,
+                "the decision-record sink is behind: records dropped"
+            );
         }
     }
 }
 
 enum Writer {
-    /// Whole lines gathered during a pass and written at its end ([`Writer::flush`]) in one
-    /// call under stderr's lock, so that no log line lands inside a record.
-    Stderr(Vec<u8>),
+    /// A pass's lines written in one call under stderr's lock, so that no log line lands
+    /// inside a record.
+    Stderr,
     File {
         path: PathBuf,
-        /// Flushed whenever the queue is empty ([`Writer::flush`]) and before a rotation.
+        /// Flushed at the end of every pass ([`Writer::flush`]) and before a rotation.
         file: std::io::BufWriter<std::fs::File>,
         size: u64,
         max_bytes: u64,
@@ -625,7 +1180,7 @@ enum Writer {
 impl Writer {
     fn open(sink: Sink) -> std::io::Result<Writer> {
         Ok(match sink {
-            Sink::Stderr => Writer::Stderr(Vec::with_capacity(64 * 1024)),
+            Sink::Stderr => Writer::Stderr,
             Sink::Writer(w) => Writer::Any(w),
             Sink::File {
                 path,
@@ -648,17 +1203,55 @@ impl Writer {
         })
     }
 
+    /// Writes a pass's `lines` (`count` whole lines): at once when the sink allows it (stderr;
+    /// a file that will not rotate), else line by line. `in_flight` counts down as they go.
+    fn write_lines(
+        &mut self,
+        lines: &[u8],
+        count: usize,
+        metrics: &Metrics,
+        failing: &mut bool,
+        in_flight: &AtomicUsize,
+    ) {
+        let whole = match self {
+            Writer::Stderr => Some(std::io::stderr().lock().write_all(lines)),
+            Writer::File {
+                file,
+                size,
+                max_bytes,
+                ..
+            } if *size + lines.len() as u64 <= *max_bytes => {
+                let out = file.write_all(lines);
+                if out.is_ok() {
+                    *size += lines.len() as u64;
+                }
+                Some(out)
+            }
+            Writer::File { .. } | Writer::Any(_) => None,
+        };
+        match whole {
+            Some(out) => {
+                let ok = out.is_ok();
+                for _ in 0..count {
+                    metrics.record_written(ok);
+                }
+                report(out, "writing decision records failed", failing);
+                in_flight.store(0, Ordering::Relaxed);
+            }
+            None => {
+                for line in lines.split_inclusive(|&b| b == b'\n') {
+                    let out = self.write_line(line);
+                    metrics.record_written(out.is_ok());
+                    report(out, "writing a decision record failed", failing);
+                    in_flight.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
     fn write_line(&mut self, line: &[u8]) -> std::io::Result<()> {
         match self {
-            Writer::Stderr(pending) => {
-                pending.extend_from_slice(line);
-                if pending.len() >= 64 * 1024 {
-                    let out = std::io::stderr().lock().write_all(pending);
-                    pending.clear();
-                    out?;
-                }
-                Ok(())
-            }
+            Writer::Stderr => std::io::stderr().lock().write_all(line),
             Writer::Any(w) => {
                 w.write_all(line)?;
                 w.flush()
@@ -688,19 +1281,10 @@ impl Writer {
             }
         }
     }
-}
 
-impl Writer {
     fn flush(&mut self) -> std::io::Result<()> {
         match self {
-            Writer::Stderr(pending) => {
-                if pending.is_empty() {
-                    return Ok(());
-                }
-                let out = std::io::stderr().lock().write_all(pending);
-                pending.clear();
-                out
-            }
+            Writer::Stderr => Ok(()),
             Writer::Any(w) => w.flush(),
             Writer::File { file, .. } => file.flush(),
         }
@@ -727,42 +1311,53 @@ fn rotate(path: &std::path::Path, keep: u32) -> std::io::Result<()> {
 }
 
 /// How long the writer thread rests after a pass before it looks at the queue again: a busy
-/// webhook's records go out in batches, one wake-up of this thread each, instead of one
-/// wake-up per decision (a futex call on the deciding thread and a context switch). A record
-/// reaches the sink at most this much later; the default queue (1,024 records) holds more
-/// than 100,000 decisions a second meanwhile. An idle webhook's thread waits in `recv` and
-/// costs nothing.
+/// webhook's records go out in batches, one wake-up of this thread and one write each,
+/// instead of one wake-up per decision (a futex call on the deciding thread and a context
+/// switch). A record reaches the sink at most this much later; the default queue (1,024
+/// records) holds more than 100,000 decisions a second meanwhile. An idle webhook's thread
+/// waits for the next record and costs nothing.
 const BATCH_EVERY: Duration = Duration::from_millis(10);
 
-fn write_loop(rx: Receiver<Vec<u8>>, mut writer: Writer, metrics: Arc<Metrics>) {
+fn write_loop(queue: &Queue, mut writer: Writer, metrics: &Metrics) {
     let mut failing = false;
-    while let Ok(line) = rx.recv() {
-        write_one(&line, &mut writer, &metrics, &mut failing);
-        // What queued meanwhile goes out in the same pass.
-        while let Ok(line) = rx.try_recv() {
-            write_one(&line, &mut writer, &metrics, &mut failing);
-        }
-        if let Err(e) = writer.flush() {
-            if !failing {
-                tracing::error!(error = %e, "writing decision records failed");
+    let mut batch: Vec<u8> = Vec::with_capacity(64 * 1024);
+    loop {
+        let count = {
+            let mut p = queue.lock();
+            while p.count == 0 {
+                if p.closed {
+                    return;
+                }
+                p.idle = true;
+                p = queue
+                    .wake
+                    .wait(p)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
             }
-            failing = true;
+            p.idle = false;
+            std::mem::swap(&mut p.lines, &mut batch);
+            queue.in_flight.store(p.count, Ordering::Relaxed);
+            std::mem::take(&mut p.count)
+        };
+        writer.write_lines(&batch, count, metrics, &mut failing, &queue.in_flight);
+        // A burst's buffer is let go rather than kept at its peak.
+        if batch.capacity() > 1024 * 1024 {
+            batch = Vec::with_capacity(64 * 1024);
         }
+        batch.clear();
+        let flushed = writer.flush();
+        report(flushed, "writing decision records failed", &mut failing);
         std::thread::sleep(BATCH_EVERY);
     }
 }
 
-/// Writes one record's line.
-fn write_one(line: &[u8], writer: &mut Writer, metrics: &Metrics, failing: &mut bool) {
-    match writer.write_line(line) {
-        Ok(()) => {
-            metrics.record_written(true);
-            *failing = false;
-        }
+/// Notes a write's outcome: a failure is logged once, until a write succeeds again.
+fn report(out: std::io::Result<()>, what: &str, failing: &mut bool) {
+    match out {
+        Ok(()) => *failing = false,
         Err(e) => {
-            metrics.record_written(false);
             if !*failing {
-                tracing::error!(error = %e, "writing a decision record failed");
+                tracing::error!(error = %e, "{what}");
             }
             *failing = true;
         }
@@ -852,6 +1447,216 @@ mod tests {
                 .as_deref(),
             Some("event obliterate controlplane: unknown verb")
         );
+    }
+
+    /// The webhook's records are written by hand ([`decide_recorded_into`],
+    /// [`WebhookRecord::write`]): byte for byte what `serde_json` writes for the [`Record`]
+    /// of the same decision, so `replay`, the tests and `docs/operators.md` read the same
+    /// format. Hostile text (quotes, backslashes, every kind of control character, DEL,
+    /// non-ASCII, a lone `</script>`) in the caller's fields, the objects' resourceVersions
+    /// and the rules' names and messages is escaped as `serde_json` escapes it and reads
+    /// back exactly; every optional field is there in one of the cases and absent in another.
+    #[test]
+    fn a_written_record_is_the_serialised_record() {
+        use super::super::admission::parse_review;
+        use super::super::decide::request_events;
+        let hostile = "a\"b\\c/d\ne\rf\tg\u{0}h\u{8}i\u{c}j\u{1b}k\u{1f}l\u{7f}m ü€😀 </script>";
+        let mut snapshot =
+            crate::runtime::objects::load_snapshot(include_str!("../../examples/objects.yaml"))
+                .expect("the example objects");
+        for (i, m) in snapshot.machines.iter_mut().enumerate() {
+            m.metadata.resource_version = Some(format!("{i}{hostile}"));
+        }
+        let review =
+            parse_review(include_bytes!("../../examples/delete-cp.json")).expect("the review");
+        let events = request_events(
+            review.operation(),
+            &review.namespace,
+            review.old.as_ref(),
+            review.new.as_ref(),
+        );
+        assert!(!events.is_empty());
+        for audit in [false, true] {
+            let mut table = crate::ruleset::shipped_table();
+            if audit {
+                assert!(table.set_audit("declared-count", true));
+            }
+            let (expected_decision, tree) =
+                decide_recorded(&table, &snapshot, &events, Expensive::FromObjects, false);
+            let mut json = Vec::new();
+            let mut decision = decide_recorded_into(
+                &table,
+                &snapshot,
+                &events,
+                Expensive::FromObjects,
+                false,
+                &mut json,
+            );
+            assert_eq!(decision, expected_decision);
+            assert!(tree.iter().all(|e| !e.facts.is_empty()));
+            assert!(
+                tree.iter()
+                    .any(|e| !e.objects.is_empty() && !e.matched.is_empty())
+            );
+            assert_eq!(
+                String::from_utf8(json.clone()).expect("UTF-8"),
+                serde_json::to_string(&tree).expect("JSON")
+            );
+            decision.warnings.push(Finding {
+                rule: hostile.into(),
+                verdict: Verdict::Warn,
+                message: hostile.into(),
+                reason: None,
+            });
+            for without_rules in [None, Some(hostile)] {
+                let time = k8s_openapi::jiff::Timestamp::now();
+                let user = format!("{}{hostile}", "ü".repeat(300));
+                let written = WebhookRecord {
+                    id: &decision_id(),
+                    time,
+                    request: RequestRef {
+                        uid: hostile,
+                        user: clipped(&user),
+                        operation: "DELETE",
+                        kind: "TalosMachine",
+                        namespace: "in\"fra",
+                        name: hostile,
+                    },
+                    table: without_rules.is_none().then_some(&table),
+                    events: if without_rules.is_none() { &json } else { &[] },
+                    decision: &decision,
+                    refused_without_rules: without_rules,
+                    latency_us: u64::MAX,
+                };
+                let mut line = Vec::new();
+                written.write(&mut line);
+                let record = Record {
+                    record: "decision".into(),
+                    id: written.id.to_string(),
+                    time: time.to_string(),
+                    site: "webhook".into(),
+                    request: Some(RequestInfo {
+                        uid: clip(hostile),
+                        user: clip(&user),
+                        operation: "DELETE".into(),
+                        kind: "TalosMachine".into(),
+                        namespace: "in\"fra".into(),
+                        name: clip(hostile),
+                    }),
+                    rules: RulesInfo {
+                        digest: if without_rules.is_none() {
+                            table.digest.clone()
+                        } else {
+                            String::new()
+                        },
+                        audit: if without_rules.is_none() {
+                            table.audit_rules().map(|r| r.name.clone()).collect()
+                        } else {
+                            Vec::new()
+                        },
+                    },
+                    events: if without_rules.is_none() {
+                        tree.clone()
+                    } else {
+                        Vec::new()
+                    },
+                    verdict: written.verdict().into(),
+                    deciding: decision.deciding().iter().map(|f| f.rule.clone()).collect(),
+                    warnings: decision.warnings.iter().map(|f| f.rule.clone()).collect(),
+                    would_verdict: if without_rules.is_some() {
+                        "refuse".into()
+                    } else {
+                        would_verdict(&decision).into()
+                    },
+                    refused_without_rules: without_rules.map(str::to_string),
+                    latency_us: u64::MAX,
+                };
+                let mut expected = serde_json::to_vec(&record).expect("JSON");
+                expected.push(b'\n');
+                let text = String::from_utf8(line).expect("UTF-8");
+                assert_eq!(text, String::from_utf8(expected).expect("UTF-8"));
+                assert_eq!(text.matches('\n').count(), 1, "one line: {text}");
+                assert_eq!(read_log(&text), Ok(vec![record.clone()]));
+                let request = record.request.as_ref().expect("request");
+                assert_eq!(request.user.chars().count(), 256);
+                assert_eq!(request.uid, hostile);
+                assert_eq!(
+                    record.verdict,
+                    if audit && without_rules.is_none() {
+                        "allow"
+                    } else {
+                        "refuse"
+                    }
+                );
+            }
+        }
+    }
+
+    /// Times are written by hand as jiff writes them: every date (leap days, centuries),
+    /// fractions of every length, the ends of the range, and times before 1970 (jiff's).
+    #[test]
+    fn times_are_written_as_jiff_writes_them() {
+        use k8s_openapi::jiff::Timestamp;
+        let mut cases: Vec<(i64, i32)> = vec![
+            (0, 0),
+            (0, 1),
+            (59, 10),
+            (951_782_399, 999_999_999),
+            (951_782_400, 0),
+            (951_868_800, 100_000_000),
+            (4_107_542_399, 120_000_000),
+            (4_107_542_400, 123_456_780),
+            (253_402_207_200, 0),
+            (253_402_207_199, 999_999_999),
+            (-1, 0),
+            (-1, -500_000_000),
+            (-62_135_596_800, 0),
+        ];
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for i in 0..200_000u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let secs = (x % 253_402_207_200) as i64;
+            let nanos = ((x >> 24) % 1_000_000_000) as i32;
+            // Whole seconds, milliseconds and microseconds too.
+            let nanos = match i % 4 {
+                0 => 0,
+                1 => nanos / 1_000_000 * 1_000_000,
+                2 => nanos / 1000 * 1000,
+                _ => nanos,
+            };
+            cases.push((secs, nanos));
+        }
+        for (secs, nanos) in cases {
+            let t = Timestamp::new(secs, nanos).expect("a timestamp");
+            let mut out = Vec::new();
+            json::time(&mut out, t);
+            assert_eq!(String::from_utf8(out).expect("UTF-8"), t.to_string());
+        }
+    }
+
+    #[test]
+    fn decision_ids_are_32_hex_digits_counting_up() {
+        let (a, b) = (decision_id(), decision_id());
+        assert_eq!(a.len(), 32);
+        assert!(
+            a.bytes()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
+        assert_eq!(a.get(..16), b.get(..16));
+        let n = |id: &str| u64::from_str_radix(id.get(16..).unwrap_or_default(), 16);
+        assert!(n(&b).expect("hex") > n(&a).expect("hex"));
+    }
+
+    #[test]
+    fn clipped_keeps_256_characters() {
+        assert_eq!(clipped("short"), "short");
+        let long = "é".repeat(300);
+        assert_eq!(clipped(&long), "é".repeat(256));
+        assert_eq!(clipped(&long), clip(&long));
+        let exact = "x".repeat(256);
+        assert_eq!(clipped(&exact), exact);
     }
 
     #[test]

@@ -215,21 +215,36 @@ impl Admissions {
     /// webhook calls this for every record).
     pub fn note(&self, r: &Record) {
         let Some(req) = &r.request else { return };
-        if r.verdict == "refuse" || !admits_work(&req.kind, &req.operation) {
+        self.note_request(&r.verdict, &req.as_ref(), &r.id, &r.rules.digest, || {
+            r.time.clone()
+        });
+    }
+
+    /// [`Admissions::note`] of a webhook decision not built as a [`Record`]
+    /// ([`records::WebhookRecord`]): `time` is asked only when it is kept.
+    pub fn note_request(
+        &self,
+        verdict: &str,
+        req: &records::RequestRef<'_>,
+        id: &str,
+        digest: &str,
+        time: impl FnOnce() -> String,
+    ) {
+        if verdict == "refuse" || !admits_work(req.kind, req.operation) {
             return;
         }
         let key = (
-            req.kind.clone(),
-            req.namespace.clone(),
-            req.name.clone(),
-            req.operation.clone(),
+            req.kind.to_string(),
+            req.namespace.to_string(),
+            req.name.to_string(),
+            req.operation.to_string(),
         );
         let admitted = Admission {
-            decision: r.id.clone(),
-            request_uid: req.uid.clone(),
-            operation: req.operation.clone(),
-            digest: r.rules.digest.clone(),
-            time: r.time.clone(),
+            decision: id.to_string(),
+            request_uid: req.uid.to_string(),
+            operation: req.operation.to_string(),
+            digest: digest.to_string(),
+            time: time(),
         };
         if let Ok(mut inner) = self.inner.lock() {
             inner.insert(key, admitted, ADMISSIONS_KEPT);

@@ -8,7 +8,7 @@ use super::facts::Expensive;
 use super::live::{LiveReader, Reads};
 use super::logs::Clipped;
 use super::metrics::Metrics;
-use super::records::{self, Record, Recorder};
+use super::records::{self, Recorder};
 use super::reload::Rules;
 use crate::vocab::Verdict;
 use axum::Router;
@@ -195,7 +195,7 @@ pub async fn decide_request(
     state: &Webhook,
     req: &Request,
 ) -> kube::core::admission::AdmissionReview<kube::core::DynamicObject> {
-    let op = format!("{:?}", req.operation()).to_uppercase();
+    let op = operation_name(req.operation());
     // The caller's values, escaped and clipped: no forged lines, no megabyte fields.
     let span = tracing::info_span!(
         "admission",
@@ -238,57 +238,48 @@ pub async fn decide_request(
         }
     }
     if let Some(recorder) = &state.records {
-        let record = Record {
-            record: "decision".into(),
-            id,
-            time: k8s_openapi::jiff::Timestamp::now().to_string(),
-            site: "webhook".into(),
-            // The caller's text, at most 256 characters a field: a queued record stays small
-            // whatever a caller sends (the API server's own values are far shorter).
-            request: Some(records::RequestInfo {
-                uid: records::clip(req.uid()),
-                user: records::clip(req.inner.user_info.username.as_deref().unwrap_or("")),
-                operation: format!("{:?}", req.operation()).to_uppercase(),
-                kind: records::clip(&req.inner.kind.kind),
-                namespace: records::clip(&req.namespace),
-                name: records::clip(&req.inner.name),
-            }),
-            rules: records::RulesInfo {
-                digest,
-                audit: table
-                    .as_ref()
-                    .map(|t| t.audit_rules().map(|r| r.name.clone()).collect())
-                    .unwrap_or_default(),
+        // The caller's text, at most 256 characters a field: a queued record stays small
+        // whatever a caller sends (the API server's own values are far shorter).
+        recorder.record_webhook(&records::WebhookRecord {
+            id: &id,
+            time: k8s_openapi::jiff::Timestamp::now(),
+            request: records::RequestRef {
+                uid: records::clipped(req.uid()),
+                user: records::clipped(req.inner.user_info.username.as_deref().unwrap_or("")),
+                operation: op,
+                kind: records::clipped(&req.inner.kind.kind),
+                namespace: records::clipped(&req.namespace),
+                name: records::clipped(&req.inner.name),
             },
-            events,
-            verdict: if without_rules.is_some() {
-                "refuse"
-            } else {
-                records::verdict_name(d.verdict())
-            }
-            .into(),
-            deciding: d.deciding().iter().map(|f| f.rule.clone()).collect(),
-            warnings: d.warnings.iter().map(|f| f.rule.clone()).collect(),
-            would_verdict: if without_rules.is_some() {
-                "refuse"
-            } else {
-                records::would_verdict(d)
-            }
-            .into(),
-            refused_without_rules: without_rules,
+            table: table.as_deref(),
+            events: &events,
+            decision: d,
+            refused_without_rules: without_rules.as_deref(),
             latency_us: u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
-        };
-        recorder.record(record);
+        });
     }
+    records::give_buffer(events);
     review
 }
 
+/// An AdmissionRequest's operation as the API server spells it.
+fn operation_name(op: &kube::core::admission::Operation) -> &'static str {
+    use kube::core::admission::Operation;
+    match op {
+        Operation::Create => "CREATE",
+        Operation::Update => "UPDATE",
+        Operation::Delete => "DELETE",
+        Operation::Connect => "CONNECT",
+    }
+}
+
 /// What deciding a request gave: the answer, and for its record the decision, its events
-/// (with their facts) and the table that decided, or why it was refused without rules.
+/// (with their facts, as the JSON of the record's `events`: [`records::decide_recorded_into`])
+/// and the table that decided, or why it was refused without rules.
 struct Decided {
     review: kube::core::admission::AdmissionReview<kube::core::DynamicObject>,
     decision: Option<crate::interp::Decision>,
-    events: Vec<records::EventRecord>,
+    events: Vec<u8>,
     table: Option<Arc<crate::compile::Table>>,
     without_rules: Option<String>,
 }
@@ -404,7 +395,16 @@ async fn decide_request_inner(state: &Webhook, req: &Request) -> Decided {
     let ours = req.by_controller(state.controller_username.as_deref());
     // With records kept, the same decision with each event's facts read out after it.
     let (decision, recorded) = if state.records.is_some() {
-        records::decide_recorded(&table, &snapshot, &events, Expensive::FromObjects, ours)
+        let mut json = records::take_buffer();
+        let d = records::decide_recorded_into(
+            &table,
+            &snapshot,
+            &events,
+            Expensive::FromObjects,
+            ours,
+            &mut json,
+        );
+        (d, json)
     } else {
         let (d, _) = decide_request_events(
             &table,
