@@ -620,6 +620,7 @@ fn pack(f: &Facts, concurrent: bool) -> Option<Packed> {
         Some(super::model::OpKind::Reset) => 2,
         Some(super::model::OpKind::Restore) => 3,
         Some(super::model::OpKind::Roll) => 4,
+        Some(super::model::OpKind::UpgradeRoll) => 5,
     };
     let word = |k: usize| {
         let mut w = [0u8; 8];

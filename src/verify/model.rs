@@ -87,11 +87,14 @@ pub struct Bounds {
     /// collector's deletions are not people's.
     pub max_requests: Option<u8>,
     pub depth: u32,
-    /// The operations people create are reboots rolled over the whole cluster
-    /// ([`OpKind::Roll`]) instead of one machine's upgrade or reset.
+    /// The operations people create are rolls over the whole cluster (of
+    /// [`Bounds::roll_kind`]) instead of one machine's upgrade or reset.
     pub rolls: bool,
     /// A roll's `spec.maxUnavailable` (1: none written), at most [`MAX_ROLL_WIDTH`].
     pub roll_width: u8,
+    /// What a roll does to each node: a reboot ([`OpKind::Roll`]) or an upgrade
+    /// ([`OpKind::UpgradeRoll`]).
+    pub roll_kind: RollKind,
 }
 
 /// The widest roll a model holds: its records of nodes in flight are the one of
@@ -173,6 +176,7 @@ impl Default for Bounds {
             depth: 64,
             rolls: false,
             roll_width: 1,
+            roll_kind: RollKind::Reboot,
         }
     }
 }
@@ -308,22 +312,59 @@ pub enum OpKind {
     /// plane, then every approved worker, one at a time, as the controller's
     /// configuration roll creates it ([`Bounds::rolls`]).
     Roll,
+    /// An upgrade rolled over the whole cluster (no `spec.machine`, `spec.image` set): the
+    /// same order and the same executor as [`OpKind::Roll`], each node coming back running
+    /// the new version ([`Bounds::roll_kind`]).
+    UpgradeRoll,
 }
 
 impl OpKind {
-    pub const ALL: [OpKind; 4] = [
+    pub const ALL: [OpKind; 5] = [
         OpKind::Upgrade,
         OpKind::Reset,
         OpKind::Restore,
         OpKind::Roll,
+        OpKind::UpgradeRoll,
     ];
 
     pub fn name(self) -> &'static str {
         match self {
-            OpKind::Upgrade => "upgrade",
+            OpKind::Upgrade | OpKind::UpgradeRoll => "upgrade",
             OpKind::Reset => "reset",
             OpKind::Restore => "etcd-restore",
             OpKind::Roll => "reboot",
+        }
+    }
+
+    /// It rolls over the whole cluster (no `spec.machine`).
+    pub fn rolls(self) -> bool {
+        matches!(self, OpKind::Roll | OpKind::UpgradeRoll)
+    }
+
+    /// Its nodes come back running a new version (`spec.image`).
+    pub fn upgrades(self) -> bool {
+        matches!(self, OpKind::Upgrade | OpKind::UpgradeRoll)
+    }
+}
+
+/// The kind of the operations rolled over the cluster when [`Bounds::rolls`] is set.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RollKind {
+    /// `reboot` (as the controller's configuration roll creates it): [`OpKind::Roll`].
+    #[default]
+    Reboot,
+    /// `upgrade` to `spec.image`, control planes first, then workers:
+    /// [`OpKind::UpgradeRoll`].
+    Upgrade,
+}
+
+impl RollKind {
+    /// The model's operation kind of such a roll.
+    pub fn op_kind(self) -> OpKind {
+        match self {
+            RollKind::Reboot => OpKind::Roll,
+            RollKind::Upgrade => OpKind::UpgradeRoll,
         }
     }
 }
@@ -451,7 +492,7 @@ impl Op {
 
     /// The machine a roll is at (or the operation's target).
     pub fn at(&self) -> u8 {
-        if self.kind == OpKind::Roll {
+        if self.kind.rolls() {
             self.order
                 .get(usize::from(self.cur))
                 .copied()
@@ -908,7 +949,7 @@ impl State {
     pub fn roll_down(&self) -> (usize, u8) {
         self.ops
             .iter()
-            .filter(|o| o.kind == OpKind::Roll && o.phase != Phase::Succeeded)
+            .filter(|o| o.kind.rolls() && o.phase != Phase::Succeeded)
             .map(|o| {
                 let down = o
                     .roll_order()
@@ -1333,11 +1374,7 @@ impl Objects<'_> {
     /// A new operation of `kind` on `target` (a roll as wide as the bounds say).
     pub fn new_op(&self, kind: OpKind, target: u8) -> Op {
         Op {
-            width: if kind == OpKind::Roll {
-                self.roll_width
-            } else {
-                1
-            },
+            width: if kind.rolls() { self.roll_width } else { 1 },
             ..Op::new(kind, target)
         }
     }
@@ -1527,13 +1564,13 @@ impl Objects<'_> {
             GONE => Some("cp-gone".to_string()),
             t => Some(s.name(t)),
         };
-        let target = if o.kind == OpKind::Roll {
+        let target = if o.kind.rolls() {
             None
         } else {
             name_of(o.target)
         };
         // The order the executor recorded: a roll's machines, or the one target.
-        let order: Vec<String> = if o.kind == OpKind::Roll {
+        let order: Vec<String> = if o.kind.rolls() {
             o.roll_order().filter_map(name_of).collect()
         } else {
             target.iter().cloned().collect()
@@ -1546,11 +1583,13 @@ impl Objects<'_> {
                 },
                 kind: o.kind.name().into(),
                 machine: target,
-                image: (o.kind == OpKind::Upgrade).then(|| super::world::UPGRADE_IMAGE.into()),
+                image: o
+                    .kind
+                    .upgrades()
+                    .then(|| super::world::UPGRADE_IMAGE.into()),
                 backup_ref: None,
                 machines: Vec::new(),
-                max_unavailable: (o.kind == OpKind::Roll && o.width > 1)
-                    .then(|| i64::from(o.width)),
+                max_unavailable: (o.kind.rolls() && o.width > 1).then(|| i64::from(o.width)),
             },
         );
         op.metadata.namespace = Some(NAMESPACE.into());
@@ -1896,7 +1935,7 @@ impl<'t> Model<'t> {
             if made < usize::from(self.bounds.max_operations) {
                 out.push(Req::CreateOperation(OpKind::Restore, NONE));
                 if self.bounds.rolls {
-                    out.push(Req::CreateOperation(OpKind::Roll, NONE));
+                    out.push(Req::CreateOperation(self.bounds.roll_kind.op_kind(), NONE));
                 }
                 for (i, m) in ix(&s.machines).filter(|_| !self.bounds.rolls) {
                     // An upgrade of one machine (a roll over the cluster is the same
@@ -2708,13 +2747,13 @@ impl<'t> Model<'t> {
                     e.left_down =
                         t.machines.get(usize::from(o.target)).is_none() || !back(o.target, true);
                 }
-                (OpKind::Roll, Some(x)) => {
+                (kind, Some(x)) if kind.rolls() => {
                     let before: Vec<usize> = o.finished().collect();
                     e.left_down = x
                         .finished()
                         .filter(|n| !before.contains(n))
                         .filter_map(|n| x.order.get(n).copied())
-                        .any(|j| !back(j, false))
+                        .any(|j| !back(j, kind.upgrades()))
                         && o.phase != Phase::Succeeded;
                 }
                 _ => {}
@@ -2853,6 +2892,7 @@ pub(crate) mod tests {
             depth: 64,
             rolls: false,
             roll_width: 1,
+            roll_kind: RollKind::Reboot,
         };
         (table, bounds)
     }
