@@ -207,6 +207,18 @@ impl Machine {
     pub fn approved_worker(&self) -> bool {
         self.approved && !self.moved && !self.cp()
     }
+
+    /// An approved worker, not being deleted, in service: its node up (not taken down by
+    /// an operation's call) and its Kubernetes Node not cordoned, where the workloads of an
+    /// unschedulable cluster run (`workers.serving`).
+    pub fn serving(&self) -> bool {
+        self.approved_worker()
+            && !self.deleting
+            && self.up
+            && !self.wiped
+            && !self.boots.rebooting
+            && !self.boots.unsched
+    }
 }
 
 /// One TalosMachine and what stands behind it (its node, its etcd member).
@@ -485,6 +497,18 @@ impl Op {
         })
     }
 
+    /// The roll's machines out of service in `s`: taken down by a call and not back, or
+    /// their Kubernetes Node cordoned.
+    pub fn out_of_service(&self, s: &State) -> Vec<u8> {
+        self.roll_order()
+            .filter(|&j| {
+                s.machines
+                    .get(usize::from(j))
+                    .is_some_and(|m| m.boots.rebooting || m.boots.unsched)
+            })
+            .collect()
+    }
+
     /// The machines a roll takes, in order.
     pub fn roll_order(&self) -> impl Iterator<Item = u8> + '_ {
         self.order.iter().copied().take_while(|&x| x != NONE)
@@ -659,6 +683,8 @@ pub struct Tallies {
     pub approved_cps: usize,
     pub active: usize,
     pub workers: usize,
+    /// Approved workers not being deleted in service ([`Machine::serving`]).
+    pub serving: usize,
     pub running: usize,
     pub unfinished: usize,
     pub disruptive: usize,
@@ -854,6 +880,13 @@ pub struct Effect {
     pub left_running: bool,
     /// A committed request that admission let through with a warning.
     pub warned: bool,
+    /// An operation's reconcile took an approved worker out of service: it was up and
+    /// uncordoned before, and is cordoned or down after ([`Machine::serving`]).
+    pub worker_taken: bool,
+    /// A roll's reconcile took one of its nodes out of service (cordoned it, or took it
+    /// down) while another of its nodes was out of service too, one of the two a control
+    /// plane ([`Op::out_of_service`]).
+    pub beside_cp: bool,
 }
 
 pub fn step_index(name: &str) -> u8 {
@@ -933,6 +966,7 @@ impl State {
             t.approved_cps += usize::from(cp && !m.deleting);
             t.active += usize::from(cp && !m.deleting && m.joined && !m.held);
             t.workers += usize::from(m.approved_worker() && !m.deleting);
+            t.serving += usize::from(m.serving());
         }
         for (k, o) in ix(&self.ops) {
             t.running += usize::from(o.phase == Phase::Running);
@@ -2721,6 +2755,12 @@ impl<'t> Model<'t> {
         // (`no-operation-while-even` reads that before anything else it did), or ended it.
         let label = |t: &State, mut e: Effect| {
             e.kind = Some(o.kind);
+            // An approved worker in service before this reconcile, and no longer after it.
+            e.worker_taken = s
+                .machines
+                .iter()
+                .zip(&t.machines)
+                .any(|(a, b)| a.serving() && !b.serving() && b.approved_worker() && !b.deleting);
             let now = t.ops.get(k).map_or(o.phase, |x| x.phase);
             // An upgrade that ended here left its node back, running the new version? A roll,
             // each node it finished here (as far as it is still there)?
@@ -2748,6 +2788,14 @@ impl<'t> Model<'t> {
                         t.machines.get(usize::from(o.target)).is_none() || !back(o.target, true);
                 }
                 (kind, Some(x)) if kind.rolls() => {
+                    // A node it took out of service beside another out of service, one of
+                    // the two a control plane (one re-roled since it was taken is not
+                    // blamed on the roll: only what this reconcile took counts).
+                    let (was, now) = (o.out_of_service(s), x.out_of_service(t));
+                    let cp = |j: u8| t.machines.get(usize::from(j)).is_some_and(|m| m.ever_cp());
+                    e.beside_cp = now.iter().filter(|j| !was.contains(j)).any(|&j| {
+                        now.iter().any(|&k| k != j && (cp(j) || cp(k)))
+                    });
                     let before: Vec<usize> = o.finished().collect();
                     e.left_down = x
                         .finished()
