@@ -1049,6 +1049,11 @@ impl State {
             .count()
     }
 
+    /// Approved workers in service (`workers.serving`, [`Machine::serving`]).
+    pub fn serving(&self) -> usize {
+        self.machines.iter().filter(|m| m.serving()).count()
+    }
+
     pub fn running(&self) -> usize {
         self.ops
             .iter()
@@ -2756,11 +2761,10 @@ impl<'t> Model<'t> {
         let label = |t: &State, mut e: Effect| {
             e.kind = Some(o.kind);
             // An approved worker in service before this reconcile, and no longer after it.
-            e.worker_taken = s
-                .machines
-                .iter()
-                .zip(&t.machines)
-                .any(|(a, b)| a.serving() && !b.serving() && b.approved_worker() && !b.deleting);
+            e.worker_taken =
+                s.machines.iter().zip(&t.machines).any(|(a, b)| {
+                    a.serving() && !b.serving() && b.approved_worker() && !b.deleting
+                });
             let now = t.ops.get(k).map_or(o.phase, |x| x.phase);
             // An upgrade that ended here left its node back, running the new version? A roll,
             // each node it finished here (as far as it is still there)?
@@ -2793,9 +2797,10 @@ impl<'t> Model<'t> {
                     // blamed on the roll: only what this reconcile took counts).
                     let (was, now) = (o.out_of_service(s), x.out_of_service(t));
                     let cp = |j: u8| t.machines.get(usize::from(j)).is_some_and(|m| m.ever_cp());
-                    e.beside_cp = now.iter().filter(|j| !was.contains(j)).any(|&j| {
-                        now.iter().any(|&k| k != j && (cp(j) || cp(k)))
-                    });
+                    e.beside_cp = now
+                        .iter()
+                        .filter(|j| !was.contains(j))
+                        .any(|&j| now.iter().any(|&k| k != j && (cp(j) || cp(k))));
                     let before: Vec<usize> = o.finished().collect();
                     e.left_down = x
                         .finished()
@@ -3047,6 +3052,7 @@ pub(crate) mod tests {
                 approved_cps: s.approved_cps(),
                 active: s.active(),
                 workers: s.workers(),
+                serving: s.serving(),
                 running: s.running(),
                 unfinished: s.unfinished(),
                 disruptive: s.disruptive(),
