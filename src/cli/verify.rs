@@ -39,10 +39,11 @@ pub struct VerifyArgs {
     /// not given.
     #[arg(long, value_parser = clap::value_parser!(u8).range(1..=64))]
     pub max_requests: Option<u8>,
-    /// The operations people create in the model are reboots rolled over the whole cluster
-    /// (no `spec.machine`: every approved control plane, then every approved worker, one at
-    /// a time, as the controller's configuration roll creates them) instead of one
-    /// machine's upgrade or reset. At most 6 machines.
+    /// The operations people create in the model are reboots (or, with `--roll-kind
+    /// upgrade`, upgrades) rolled over the whole cluster (no `spec.machine`: every approved
+    /// control plane, then every approved worker, one at a time, as the controller's
+    /// configuration roll creates them) instead of one machine's upgrade or reset. At most
+    /// 6 machines.
     #[arg(long)]
     pub rolls: bool,
     /// With `--rolls`: the rolls' `spec.maxUnavailable`, how many workers they may take
