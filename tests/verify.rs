@@ -2228,3 +2228,28 @@ fn an_unschedulable_cluster_keeps_a_worker_in_service_under_a_wide_roll() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// An upgrade roll under the default suite's roll bounds (3 control planes, a worker, a
+/// failure, 2 requests) verifies: a roll that passes a control plane being deleted (the
+/// cluster deleted under it, the garbage collector deleting the machine), untouched, has
+/// not left it running its old version. Before, `upgrade-ends-back` blamed the roll for it.
+#[test]
+fn an_upgrade_roll_passing_a_machine_being_deleted_is_not_blamed_for_its_version() {
+    let bounds = [
+        "--rolls",
+        "--roll-kind",
+        "upgrade",
+        "--max-workers",
+        "1",
+        "--max-failures",
+        "1",
+        "--max-operations",
+        "1",
+        "--max-requests",
+        "2",
+    ];
+    let (out, json) = verify(&root().join("rules"), "3", &bounds);
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    assert!(violated(&json).is_empty(), "{}", out.stdout);
+    assert!(json["states"].as_u64().unwrap_or(0) > 50_000, "{json}");
+}

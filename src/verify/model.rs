@@ -2775,11 +2775,13 @@ impl<'t> Model<'t> {
             // A machine being deleted that the roll passed without cordoning it (the
             // executor skips one no step touched: `NodeSkipped`) was not taken down by the
             // operation: if its node is down, something else did it, and its removal takes
-            // it out of service anyway.
+            // it out of service anyway; nor was it upgraded by an upgrade roll, which passed
+            // it (`verify --rolls --roll-kind upgrade` found the roll blamed for the old
+            // version of a control plane the garbage collector was deleting).
             let back = |j: u8, upgraded: bool| {
                 let cordon_kept = o.record_of(j).is_some_and(|r| r.has(OpRun::WAS_CORDONED));
                 t.machines.get(usize::from(j)).is_none_or(|m| {
-                    (m.deleting && !m.boots.unsched && !upgraded)
+                    (m.deleting && !m.boots.unsched && (!upgraded || o.kind.rolls()))
                         || m.etcd_ok()
                             && !m.boots.rebooting
                             && (m.boots.upgraded || !upgraded)
