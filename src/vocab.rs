@@ -703,11 +703,11 @@ facts! {
     Backups "backups" Type::Int, Cheap, Backups, ON_OPERATIONS,
         "TalosEtcdBackups of the operation's cluster (0: the cluster is backed up some other way, or not at all)";
     SnapshotTaken "snapshot.taken" Type::Bool, Cheap, Backups, ON_OPERATIONS,
-        "some TalosEtcdBackup of the operation's cluster has a verified snapshot (its status.lastSnapshot, read live)";
+        "some TalosEtcdBackup of the operation's cluster whose store is outside the cluster (not `backup.in_cluster`: a restore cannot use one inside) has a verified snapshot (its status.lastSnapshot, read live)";
     SnapshotAge "snapshot.age" Type::Int, Cheap, Backups, ON_OPERATIONS,
-        "minutes since the newest verified snapshot of the operation's cluster was taken (status.lastSnapshot.time of its TalosEtcdBackups, read live, against the clock of the decision); 0 when none has one (see `snapshot.taken`), and for a time ahead of the clock";
+        "minutes since the newest verified snapshot of the operation's cluster in a store outside it was taken (status.lastSnapshot.time of its TalosEtcdBackups, read live, against the clock of the decision); 0 when none has one (see `snapshot.taken`), and for a time ahead of the clock";
     SnapshotBackup "snapshot.backup" Type::Name, Cheap, Backups, ON_OPERATIONS,
-        "the TalosEtcdBackup holding that newest verified snapshot; when none has one, the first of the cluster's backups by name (\"\" when it has none)";
+        "the TalosEtcdBackup holding that newest verified snapshot; when none has one, the first by name of the cluster's backups with a store outside it, else of all its backups (\"\" when it has none)";
     Patch "patch" Type::Name, Cheap, Request, ON_PATCH, "the TalosConfigPatch's name";
     PatchSelects "patch.selects" Type::Int, Cheap, Request, ON_PATCH,
         "approved machines of the cluster the patch selects (its dry render, ADR 0106 §1; 0 when the cluster is missing)";
@@ -718,7 +718,7 @@ facts! {
     Bootstrapped "bootstrapped" Type::Bool, Cheap, Cluster, ON_BOOTSTRAP,
         "the TalosCluster's status records the cluster's bootstrap (`status.bootstrap`): a `Bootstrap` sent (to which machine, when; written under a resourceVersion precondition before the call, whether its answer came back or not), or etcd found running when the first control plane was configured";
     EtcdMembers "etcd.members" Type::Int, Expensive, Machines, ON_BOOTSTRAP,
-        "the most etcd members any control plane of the cluster lists (approved or not, with an endpoint); one whose etcd is not running (Talos answers the call with an error) lists none. Expensive: the controller asks `EtcdMemberList` of each, live; a node that does not answer at all makes it unreadable, and the bootstrap is refused. Offline (`eval`): the approved control planes when `bootstrapped`, else 0";
+        "the most etcd members any control plane of the cluster lists (approved or not, with an endpoint); one whose etcd is not running (Talos answers the call with an error) counts 1 when its etcd data directory (`/var/lib/etcd`, Talos' `List`) is not empty (etcd ran there and stopped), else none. Expensive: the controller asks `EtcdMemberList` of each, live, and `List` of each whose etcd is not running; a node that does not answer either makes it unreadable, and the bootstrap is not decided. Offline (`eval`): the approved control planes when `bootstrapped`, else 0";
     MaxUnavailable "max_unavailable" Type::Int, Cheap, Request, ON_OPERATIONS,
         "spec.maxUnavailable: how many workers a roll over the cluster may take down at once (1 when omitted; what was written otherwise, even 0 or less, for a rule to refuse)";
     RollInFlight "roll.in_flight" Type::Int, Cheap, Request, ON_OPERATIONS,

@@ -1143,6 +1143,16 @@ async fn bad_stores_and_keys_get_a_condition_saying_so_and_count_no_snapshot() {
     use crate::support::s3::S3Server;
     use crate::support::talos::TalosApi;
     use base64::Engine;
+    // Every line the controller logs, at debug level (this test's process alone: nextest
+    // runs each test in a process of its own), to grep for the keys at the end.
+    let logged = LogBuffer::default();
+    let _log = tracing::subscriber::set_global_default(
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(logged.clone())
+            .finish(),
+    );
     let (s3, id, secret) = S3Server::start_with_keys("etcd").await;
     let talos = TalosApi::start(EtcdCluster::start(1).await).await;
     let api = ApiServer::start().await;
@@ -1312,6 +1322,46 @@ async fn bad_stores_and_keys_get_a_condition_saying_so_and_count_no_snapshot() {
                 assert!(!text.contains(k), "{kind} carries a key: {text}");
             }
         }
+    }
+    // Nor any line the controller logged through every one of these failures.
+    let text = logged.text();
+    // (Its reconciles of the failing backups are in it, the API requests included.)
+    assert!(
+        text.contains("talosetcdbackups/wrong-secret") && text.contains("no-bucket"),
+        "the controller logged {} bytes",
+        text.len()
+    );
+    for k in [secret.as_str(), wrong_secret] {
+        assert!(!text.contains(k), "a key in the log");
+        let b = base64::engine::general_purpose::STANDARD.encode(k);
+        assert!(!text.contains(&b), "a key, base64, in the log");
+    }
+}
+
+/// A log sink in memory, for `tracing_subscriber`'s writer.
+#[derive(Clone, Default)]
+struct LogBuffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl LogBuffer {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("log")).into_owned()
+    }
+}
+
+impl std::io::Write for LogBuffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogBuffer {
+    type Writer = LogBuffer;
+    fn make_writer(&'a self) -> LogBuffer {
+        self.clone()
     }
 }
 

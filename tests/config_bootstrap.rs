@@ -178,6 +178,38 @@ async fn a_bootstrap_whose_answer_is_lost_is_not_sent_again() {
     assert_eq!(bootstrap_calls(&talos), vec!["cp-1".to_string()]);
 }
 
+/// A `Bootstrap` Talos refused without acting: the record is withdrawn (a Warning Event
+/// says why), the rules decide again, and the next one bootstraps the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bootstrap_talos_refused_without_acting_is_withdrawn_and_sent_again() {
+    let (api, talos) = world(EtcdCluster::unstarted(&["cp-1", "cp-2", "cp-3"])).await;
+    talos.node(0).refuse_bootstraps(1);
+    let _a = Running::start(controller(&api, &talos, "controller-0"));
+    wait_for("the refusal said", WAIT, || {
+        !events(&api, "prod", "BootstrapNotSent").is_empty()
+    })
+    .await;
+    wait_for("the bootstrap confirmed", WAIT, || {
+        record(&api)["confirmed"] == true
+    })
+    .await;
+    let said = events(&api, "prod", "BootstrapNotSent");
+    let note = said[0]["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("not ready to be bootstrapped") && note.contains("decides again"),
+        "{said:?}"
+    );
+    assert_eq!(
+        bootstrap_calls(&talos),
+        vec!["cp-1".to_string(), "cp-1".to_string()]
+    );
+    assert!(talos.node(0).bootstraps() == 2);
+    let r = record(&api);
+    assert_eq!(r["machine"], "cp-1", "{r}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(bootstrap_calls(&talos).len(), 2, "never a third");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_whose_etcd_runs_is_never_bootstrapped() {
     let (api, talos) = world(EtcdCluster::start(3).await).await;
@@ -197,6 +229,43 @@ async fn a_cluster_whose_etcd_runs_is_never_bootstrapped() {
     );
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(bootstrap_calls(&talos).is_empty());
+}
+
+/// A cluster whose etcd stopped on every control plane that has it, and whose first
+/// control plane is new (no etcd data): no member answers, but `List` finds data in the
+/// others' etcd directories, so the new one is never bootstrapped beside them (a second
+/// etcd cluster).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_whose_etcd_stopped_with_its_data_is_never_bootstrapped() {
+    let etcd = EtcdCluster::start_named(&["cp-1", "cp-2", "cp-3"]).await;
+    etcd.kill_and_wipe(0);
+    etcd.kill(1);
+    etcd.kill(2);
+    assert!(!etcd.has_data(0) && etcd.has_data(1) && etcd.has_data(2));
+    let (api, talos) = world(etcd).await;
+    let _a = Running::start(controller(&api, &talos, "controller-0"));
+    wait_for("etcd data found and recorded", WAIT, || {
+        record(&api)["confirmed"] == true
+    })
+    .await;
+    let r = record(&api);
+    assert_eq!(r["machine"], "", "{r}");
+    assert!(
+        r["message"]
+            .as_str()
+            .unwrap()
+            .contains("1 member(s) listed, or an etcd data directory not empty"),
+        "{r}"
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(bootstrap_calls(&talos).is_empty());
+    assert!(
+        talos
+            .calls()
+            .iter()
+            .any(|c| c.rpc == "List" && c.node == "cp-2")
+    );
+    assert!(!talos.etcd.has_data(0), "nothing started on cp-1");
 }
 
 /// The bootstrap on the executor, logged (`serve --step-log`, procedure `bootstrap`): two

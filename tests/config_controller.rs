@@ -162,6 +162,20 @@ async fn approved_machines_get_their_configuration_and_a_patch_reaches_exactly_i
             cond(&api, "TalosMachine", &name, "Configured"),
             Some(("True".into(), "Applied".into()))
         );
+        // Ready follows: what was applied (with Talos' dry-run answer) and since when.
+        assert_eq!(
+            cond(&api, "TalosMachine", &name, "Ready"),
+            Some(("True".into(), "Configured".into()))
+        );
+        let m = get(&api, "TalosMachine", &name).unwrap();
+        let ready = condition(&m, "Ready").unwrap()["message"].to_string();
+        let hash = applied(&api, &name).unwrap();
+        assert!(
+            ready.contains(&hash[..12])
+                && ready.contains("Talos' dry run: it applies without a reboot")
+                && ready.contains("(since 20"),
+            "{ready}"
+        );
         // A dry run before the apply, and the configuration itself in no status.
         assert!(talos.calls_to("ApplyConfiguration", &name) >= 2);
         let status = get(&api, "TalosMachine", &name).unwrap()["status"].to_string();
@@ -216,6 +230,55 @@ async fn a_patch_that_breaks_the_render_is_said_and_nothing_is_applied() {
         "{msg}"
     );
     assert_eq!(talos.calls_to("ApplyConfiguration", "cp-1"), calls);
+}
+
+/// One node whose Talos refuses the configuration while the others take it: the others
+/// are applied; the refused one says Talos' words in `Configured` and `Ready` (False,
+/// `DryRunRefused`), gets nothing, and is tried again until Talos takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_talos_refuses_is_said_and_retried_while_the_others_apply() {
+    let (api, talos, _running) = start(3).await;
+    wait_for("every control plane configured", WAIT, || {
+        (1..=3).all(|i| applied(&api, &format!("cp-{i}")).is_some())
+    })
+    .await;
+    let words = "unknown keys found during decoding: machine.frobnicate (a Talos of its own)";
+    talos.node(1).refuse_configs(Some(words));
+    let refused_before = talos.node(1).config();
+    api.insert(patch(
+        "sysctl",
+        json!({"role": "controlplane"}),
+        "version: v1alpha1\nmachine:\n  sysctls:\n    vm.max_map_count: \"262144\"\n",
+    ));
+    wait_for("cp-1 and cp-3 apply it, cp-2 says why not", WAIT, || {
+        [0, 2].iter().all(|&i| {
+            talos.node(i).config().is_some_and(|c| {
+                c.contains("vm.max_map_count")
+                    && applied(&api, &format!("cp-{}", i + 1)) == Some(sha(&c))
+            })
+        }) && cond(&api, "TalosMachine", "cp-2", "Configured")
+            == Some(("False".into(), "DryRunRefused".into()))
+    })
+    .await;
+    let m = get(&api, "TalosMachine", "cp-2").unwrap();
+    let configured = condition(&m, "Configured").unwrap()["message"].to_string();
+    assert!(configured.contains("machine.frobnicate"), "{configured}");
+    assert_eq!(
+        cond(&api, "TalosMachine", "cp-2", "Ready"),
+        Some(("False".into(), "DryRunRefused".into()))
+    );
+    // Nothing reached cp-2's node; its old configuration is still the one recorded.
+    assert_eq!(talos.node(1).config(), refused_before);
+    assert_eq!(applied(&api, "cp-2"), refused_before.as_deref().map(sha));
+    // Talos takes it again: cp-2 is applied at its next try (a backoff of 5 s at first).
+    talos.node(1).refuse_configs(None);
+    wait_for("cp-2 applied after all", WAIT, || {
+        talos.node(1).config().is_some_and(|c| {
+            c.contains("vm.max_map_count") && applied(&api, "cp-2") == Some(sha(&c))
+        }) && cond(&api, "TalosMachine", "cp-2", "Ready")
+            == Some(("True".into(), "Configured".into()))
+    })
+    .await;
 }
 
 /// ADR 0054: a control plane held over the cap gets nothing applied.

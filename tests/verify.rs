@@ -2012,6 +2012,67 @@ fn a_roll_wider_than_max_unavailable_is_refuted() {
     );
 }
 
+/// The bootstrap is explored with the rules verified (issue 37): without
+/// `bootstrap-etcd-exists`, a cluster whose first control plane was replaced gets a second
+/// etcd, and `verify` says so, in words and in JSON, and exits 1.
+#[test]
+fn a_bootstrap_rule_dropped_is_refuted_by_the_bootstrap_exploration() {
+    let dir = mutant("no-bootstrap-etcd-exists", "admission.rules", |t| {
+        without(t, "rule bootstrap-etcd-exists\n")
+    });
+    let (out, json) = verify(&dir, "1", &[]);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert_eq!(json["result"], "violated");
+    let bootstrap = json["procedures"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["name"] == "bootstrap"))
+        .expect("the bootstrap exploration");
+    assert_eq!(bootstrap["violations"][0]["invariant"], "bootstrap-once");
+    let steps = bootstrap["violations"][0]["steps"].to_string();
+    assert!(steps.contains("etcd runs on cp-2 and cp-3"), "{steps}");
+    // The cluster's runs found nothing: the verdict is the procedure's.
+    assert!(violated(&json).is_empty(), "{json}");
+    let human = run(&[
+        "verify",
+        dir.to_str().expect("utf-8"),
+        "--max-control-planes",
+        "1",
+        "--max-workers",
+        "0",
+        "--max-failures",
+        "0",
+        "--max-operations",
+        "0",
+        "--in-flight",
+        "0",
+    ]);
+    assert_eq!(human.code, 1);
+    assert!(
+        human
+            .stdout
+            .contains("VIOLATED: bootstrap-once (bootstrap)"),
+        "{}",
+        human.stdout
+    );
+    assert!(!human.stdout.contains("\nverified:"), "{}", human.stdout);
+    // The shipped rules: both procedures hold, in JSON too.
+    let (out, json) = verify(&root().join("rules"), "1", &[]);
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    let names: Vec<&str> = json["procedures"]
+        .as_array()
+        .expect("procedures")
+        .iter()
+        .filter_map(|p| {
+            p["violations"]
+                .as_array()
+                .filter(|v| v.is_empty())
+                .and(p["name"].as_str())
+        })
+        .collect();
+    assert_eq!(names, ["backup", "bootstrap", "apply"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// An upgrade rolled over the whole cluster (`--rolls --roll-kind upgrade`: no
 /// `spec.machine`, control planes first, then workers) runs through the executor in the
 /// model as a reboot roll does, each node coming back with the new version: the shipped

@@ -218,38 +218,45 @@ pub fn run(args: &VerifyArgs, paths: &[PathBuf]) -> u8 {
         eprintln!("error: {e}");
         return EXIT_BAD_INPUT;
     }
+    // The procedures explored beside the cluster: a backup in flight (the snapshot
+    // procedure under every fault at its acting calls) and a new cluster's bootstrap (the
+    // procedure, decided by these rules, raced by two controllers, under every fault at
+    // its calls).
+    let procedures = [
+        procedure_backup(),
+        procedure_bootstrap(table),
+        procedure_apply(),
+    ];
+    let refuted = procedures.iter().any(|p| !p.violations.is_empty());
     let text = match args.format {
         Format::Json => {
-            serde_json::to_string_pretty(&to_json(&runs, paths)).unwrap_or_default() + "\n"
+            let mut json = to_json(&runs, paths);
+            json["procedures"] = serde_json::json!(
+                procedures
+                    .iter()
+                    .map(|p| serde_json::json!({
+                        "name": p.name,
+                        "states": p.states,
+                        "reconciles": p.reconciles,
+                        "invariants": p.invariants,
+                        "violations": p.violations.iter().map(|(i, why, steps)| serde_json::json!({
+                            "invariant": i, "why": why, "steps": steps,
+                        })).collect::<Vec<_>>(),
+                    }))
+                    .collect::<Vec<_>>()
+            );
+            // A procedure's violation refutes the rules as a cluster's does.
+            if refuted && json["result"] != "violated" {
+                json["result"] = "violated".into();
+            }
+            serde_json::to_string_pretty(&json).unwrap_or_default() + "\n"
         }
-        Format::Human => to_text(&runs, paths),
+        Format::Human => to_text(&runs, paths, &procedures),
     };
     if let Err(code) = emit(&text) {
         return code;
     }
-    // A backup in flight: the snapshot procedure under every fault at its acting calls.
-    let backup = crate::verify::backup::explore(BACKUP_RECONCILES, None);
-    if matches!(args.format, Format::Human) {
-        let mut t = format!(
-            "\nbackup in flight: the snapshot procedure (exec::backup) over {BACKUP_RECONCILES} \
-             reconciles, a crash, lost answer or refusal at any of its acting calls: {} states, \
-             {} reconciles; ",
-            backup.states, backup.reconciles
-        );
-        if backup.violations.is_empty() {
-            t.push_str("counted-verified and interrupted-cleaned hold\n");
-        }
-        for v in &backup.violations {
-            t.push_str(&format!(
-                "\nVIOLATED: {} (backup): {}\n  faults per reconcile: {:?}\n",
-                v.invariant, v.why, v.trace
-            ));
-        }
-        if let Err(code) = emit(&t) {
-            return code;
-        }
-    }
-    if !backup.violations.is_empty() {
+    if refuted {
         return EXIT_FINDINGS;
     }
     // A counterexample that could not be replayed on concrete states is a bug of the model
@@ -290,6 +297,101 @@ pub fn run(args: &VerifyArgs, paths: &[PathBuf]) -> u8 {
 
 /// Reconciles of the backup in flight explored after the cluster's runs.
 const BACKUP_RECONCILES: u8 = 4;
+
+/// A procedure explored beside the cluster model, as `verify` reports it.
+struct Procedure {
+    name: &'static str,
+    /// What was explored, in words.
+    what: String,
+    invariants: &'static [&'static str],
+    states: usize,
+    reconciles: usize,
+    /// Each violation: the invariant, why, and the steps to it.
+    violations: Vec<(&'static str, String, Vec<String>)>,
+}
+
+impl From<crate::verify::procedure::Report> for Procedure {
+    fn from(r: crate::verify::procedure::Report) -> Procedure {
+        Procedure {
+            name: "",
+            what: String::new(),
+            invariants: &[],
+            states: r.states,
+            reconciles: r.reconciles,
+            violations: r
+                .violations
+                .into_iter()
+                .map(|v| (v.invariant, v.why, v.trace))
+                .collect(),
+        }
+    }
+}
+
+fn procedure_backup() -> Procedure {
+    let r = crate::verify::backup::explore(BACKUP_RECONCILES, None);
+    Procedure {
+        name: "backup",
+        what: format!(
+            "backup in flight: the snapshot procedure (exec::backup) over {BACKUP_RECONCILES} \
+             reconciles, a crash, lost answer or refusal at any of its acting calls"
+        ),
+        invariants: &["counted-verified", "interrupted-cleaned"],
+        states: r.states,
+        reconciles: r.reconciles,
+        violations: r
+            .violations
+            .into_iter()
+            .map(|v| {
+                let steps = v
+                    .trace
+                    .iter()
+                    .enumerate()
+                    .map(|(k, f)| match f {
+                        None => format!("reconcile {}", k + 1),
+                        Some((c, f)) => format!("reconcile {}, {f:?} at acting call {c}", k + 1),
+                    })
+                    .collect();
+                (v.invariant, v.why, steps)
+            })
+            .collect(),
+    }
+}
+
+fn procedure_bootstrap(table: &crate::compile::Table) -> Procedure {
+    let r = crate::verify::bootstrap::explore(table, BOOTSTRAP_STEPS, None);
+    Procedure {
+        name: "bootstrap",
+        what: format!(
+            "bootstrap: the bootstrap procedure (exec::bootstrap) decided by these rules, two \
+             controllers (one reading a step late) over {BOOTSTRAP_STEPS} steps, from a new \
+             cluster and from one whose first control plane is new, a crash, lost answer, \
+             unreached node or refusal at any of its calls"
+        ),
+        invariants: &["bootstrap-once", "bootstrap-ends"],
+        ..Procedure::from(r)
+    }
+}
+
+fn procedure_apply() -> Procedure {
+    let r = crate::verify::apply::explore(APPLY_STEPS, None);
+    Procedure {
+        name: "apply",
+        what: format!(
+            "apply: a machine's configuration applied (exec::apply) over {APPLY_STEPS} steps \
+             (reconciles, a new base, the roll's reboot), from a node whose changes need no \
+             reboot, one whose changes need one and one in maintenance mode, a crash, lost \
+             answer, refusal or no node to dial at any of its calls and the status write"
+        ),
+        invariants: &["applied-runs", "no-reboot-by-apply", "apply-ends"],
+        ..Procedure::from(r)
+    }
+}
+
+/// Steps of a machine's configuration explored after the bootstrap.
+const APPLY_STEPS: u8 = 5;
+
+/// Steps of the bootstrap explored after the backup.
+const BOOTSTRAP_STEPS: u8 = 5;
 
 /// The bounds to explore: the ones given (the rest from [`SINGLE`]), or, when no bound is
 /// given, the default suite: one base cluster, and that base with each kind of trouble
@@ -582,7 +684,7 @@ fn interleavings(sequential: bool) -> &'static str {
     }
 }
 
-fn to_text(runs: &[Report], paths: &[PathBuf]) -> String {
+fn to_text(runs: &[Report], paths: &[PathBuf], procedures: &[Procedure]) -> String {
     let mut out = String::new();
     let shown: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
     let _ = writeln!(out, "verify {}", shown.join(" "));
@@ -682,6 +784,26 @@ fn to_text(runs: &[Report], paths: &[PathBuf]) -> String {
                     "  error: the counterexample could not be replayed: {e}"
                 );
             }
+        }
+    }
+    // The procedures explored beside the cluster.
+    for p in procedures {
+        let _ = write!(
+            out,
+            "\n{}: {} states, {} reconciles; ",
+            p.what, p.states, p.reconciles
+        );
+        if p.violations.is_empty() {
+            let _ = writeln!(out, "{} hold", p.invariants.join(" and "));
+        }
+        for (invariant, why, steps) in &p.violations {
+            violations += 1;
+            let _ = writeln!(
+                out,
+                "\nVIOLATED: {invariant} ({}): {why}\n  steps: {}",
+                p.name,
+                steps.join("; ")
+            );
         }
     }
     if runs.iter().any(|r| r.exploration.incomplete.is_some()) {

@@ -305,10 +305,18 @@ impl<'s> SnapshotFacts<'s> {
             .filter(move |b| b.namespace() == namespace && b.cluster() == cluster)
     }
 
-    /// The newest verified snapshot of the event's cluster: its backup, and when it was
-    /// taken (status.lastSnapshot; ties by the backup's name).
-    fn newest_snapshot(&self) -> Option<(&'s TalosEtcdBackup, Timestamp)> {
+    /// The TalosEtcdBackups of the event's cluster whose store is outside it: the ones a
+    /// restore can use (ADR 0106 §2).
+    fn backups_outside(&mut self) -> impl Iterator<Item = &'s TalosEtcdBackup> + use<'s> {
+        let cluster = self.cluster_obj();
         self.backups()
+            .filter(move |b| b.store_in_cluster(cluster).is_none())
+    }
+
+    /// The newest verified snapshot of the event's cluster in a store outside it: its
+    /// backup, and when it was taken (status.lastSnapshot; ties by the backup's name).
+    fn newest_snapshot(&mut self) -> Option<(&'s TalosEtcdBackup, Timestamp)> {
+        self.backups_outside()
             .filter_map(|b| {
                 let t = b.status.as_ref()?.last_snapshot.as_ref()?.time.0;
                 Some((b, t))
@@ -626,7 +634,12 @@ impl<'s> Facts<'s> for SnapshotFacts<'s> {
             })),
             Fact::SnapshotBackup => Value::Str(match self.newest_snapshot() {
                 Some((b, _)) => b.name(),
-                None => self.backups().map(|b| b.name()).min().unwrap_or(""),
+                None => self
+                    .backups_outside()
+                    .map(|b| b.name())
+                    .min()
+                    .or_else(|| self.backups().map(|b| b.name()).min())
+                    .unwrap_or(""),
             }),
             Fact::Patch => Value::Str(match self.ev.subject {
                 Subject::Patch { name, .. } => name,

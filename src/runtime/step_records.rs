@@ -531,6 +531,7 @@ fn summary(reply: &Reply) -> Option<String> {
             exit_code,
             last_message,
         } => format!("installed: exit code {exit_code}, {last_message}"),
+        Reply::Entries(n) => format!("{n} entries"),
     })
     .map(|s| records::clip(&s))
 }

@@ -11,7 +11,7 @@ use crate::runtime::crypt::{CryptError, Key, Opener, Sealer};
 use crate::runtime::objects::{StoreSpec, parse_endpoint};
 use crate::runtime::snapshot::{Checked, SnapshotCheck, SnapshotError};
 use futures::StreamExt;
-use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::aws::AmazonS3Builder;
 use object_store::path::Path;
 use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig};
 use std::fmt;
@@ -87,7 +87,8 @@ impl StoreError {
 
 /// One backup's store: its bucket, under its prefix.
 pub struct Store {
-    s3: AmazonS3,
+    /// The S3 client (any object store, for the tests of what the store answers).
+    s3: std::sync::Arc<dyn ObjectStore>,
     endpoint: String,
     bucket: String,
     prefix: String,
@@ -140,7 +141,7 @@ impl Store {
             .map_err(|e| StoreError::Spec(format!("spec.store: {e}")))?;
         let prefix = spec.prefix.clone().unwrap_or_default();
         Ok(Store {
-            s3,
+            s3: std::sync::Arc::new(s3),
             endpoint,
             bucket: spec.bucket.clone(),
             prefix,
@@ -409,4 +410,132 @@ fn chain(e: &dyn std::error::Error) -> String {
         cause = c.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::memory::InMemory;
+    use object_store::{
+        CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta,
+        PutMultipartOptions, PutOptions, PutResult,
+    };
+    use std::sync::Arc;
+
+    /// An in-memory store whose `HEAD` answers one byte more than it keeps: a store that
+    /// kept something else than what was streamed.
+    #[derive(Debug)]
+    struct LyingHead(InMemory);
+
+    impl fmt::Display for LyingHead {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("LyingHead")
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl ObjectStore for LyingHead {
+        async fn put_opts(
+            &self,
+            location: &Path,
+            payload: PutPayload,
+            opts: PutOptions,
+        ) -> object_store::Result<PutResult> {
+            self.0.put_opts(location, payload, opts).await
+        }
+
+        async fn put_multipart_opts(
+            &self,
+            location: &Path,
+            opts: PutMultipartOptions,
+        ) -> object_store::Result<Box<dyn MultipartUpload>> {
+            self.0.put_multipart_opts(location, opts).await
+        }
+
+        async fn get_opts(
+            &self,
+            location: &Path,
+            options: GetOptions,
+        ) -> object_store::Result<GetResult> {
+            let head = options.head;
+            let mut r = self.0.get_opts(location, options).await?;
+            if head {
+                r.meta.size += 1;
+            }
+            Ok(r)
+        }
+
+        fn delete_stream(
+            &self,
+            locations: futures::stream::BoxStream<'static, object_store::Result<Path>>,
+        ) -> futures::stream::BoxStream<'static, object_store::Result<Path>> {
+            self.0.delete_stream(locations)
+        }
+
+        fn list(
+            &self,
+            prefix: Option<&Path>,
+        ) -> futures::stream::BoxStream<'static, object_store::Result<ObjectMeta>> {
+            self.0.list(prefix)
+        }
+
+        async fn list_with_delimiter(
+            &self,
+            prefix: Option<&Path>,
+        ) -> object_store::Result<ListResult> {
+            self.0.list_with_delimiter(prefix).await
+        }
+
+        async fn copy_opts(
+            &self,
+            from: &Path,
+            to: &Path,
+            options: CopyOptions,
+        ) -> object_store::Result<()> {
+            self.0.copy_opts(from, to, options).await
+        }
+    }
+
+    fn snapshot(db: &[u8]) -> Vec<u8> {
+        let mut out = db.to_vec();
+        out.extend_from_slice(ring::digest::digest(&ring::digest::SHA256, db).as_ref());
+        out
+    }
+
+    fn store(s3: Arc<dyn ObjectStore>) -> Store {
+        Store {
+            s3,
+            endpoint: "http://127.0.0.1:1".into(),
+            bucket: "etcd".into(),
+            prefix: "prod/".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stored_size_other_than_the_streamed_one_is_refused_and_deleted() {
+        let snap = snapshot(&vec![7u8; 10_000]);
+        // A store that keeps what it is sent: checked and stored.
+        let honest = store(Arc::new(InMemory::new()));
+        let (checked, size) = honest
+            .put_snapshot("prod/a.db", &snap[..], None)
+            .await
+            .expect("stored");
+        assert_eq!(size, snap.len() as u64);
+        assert_eq!(checked.size, snap.len() as u64);
+        assert_eq!(honest.list().await.expect("listed").len(), 1);
+        // One that says it keeps another size: refused, and nothing is left under the key.
+        let lying = store(Arc::new(LyingHead(InMemory::new())));
+        let e = lying
+            .put_snapshot("prod/b.db", &snap[..], None)
+            .await
+            .expect_err("a size mismatch");
+        match e {
+            PutError::Size { streamed, stored } => {
+                assert_eq!(streamed, snap.len() as u64);
+                assert_eq!(stored, snap.len() as u64 + 1);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(lying.list().await.expect("listed").is_empty());
+    }
 }

@@ -824,6 +824,43 @@ impl TalosClient {
         self.check_all(&resp.messages, |m| m.metadata.as_ref())
     }
 
+    /// How many entries the directory `root` of the node holds (`MachineService/List`, not
+    /// recursing: the directory itself, then its entries; counted, never kept, so a node
+    /// that streams without end costs nothing but the deadline). An entry Talos could not
+    /// read, or a listing of the node that reports an error, is a failure.
+    pub async fn list_entries(&self, root: &str) -> Result<u64, TalosError> {
+        let req = pb::ListRequest {
+            root: root.to_string(),
+            recurse: false,
+            recursion_depth: 0,
+        };
+        let stream = self
+            .call_on(
+                self.inner.clone(),
+                |mut c, r| async move { c.list(r).await },
+                req,
+                self.timeout,
+            )
+            .await?;
+        let root = root.trim_end_matches('/');
+        let mut entries: u64 = 0;
+        let mut failed: Option<String> = None;
+        self.drain_stream(stream, self.timeout, |f: pb::FileInfo| {
+            if let Some(e) = self.entry_error(f.metadata.as_ref()) {
+                failed.get_or_insert(e.to_string());
+            } else if !f.error.is_empty() {
+                failed.get_or_insert(format!("{}: {}", f.name, f.error));
+            } else if f.relative_name != "." && f.name.trim_end_matches('/') != root {
+                entries = entries.saturating_add(1);
+            }
+        })
+        .await?;
+        match failed {
+            Some(why) => Err(self.failed(Code::Internal, &format!("listing {root}: {why}"))),
+            None => Ok(entries),
+        }
+    }
+
     /// Reboots the node (`Reboot`). Talos does not cordon or drain for it: the caller does.
     /// Returns the `actor_id` of the reboot's events.
     pub async fn reboot(&self, mode: RebootMode) -> Result<String, TalosError> {

@@ -22,9 +22,10 @@
 //! small exploration beside the cluster model; `Mutant` makes the procedure's world
 //! misbehave to show each invariant can fail.
 
+use super::procedure::{Crashed, unused_world_parts};
 use crate::interp::Decision;
 use crate::runtime::exec::backup::{BackupTiming, BackupWorld, Failure, Stored, reconcile};
-use crate::runtime::exec::{Call, Drained, LockOp, Node, NodeError, Note, Reply, World, run_now};
+use crate::runtime::exec::{Call, Node, NodeError, Reply, World, run_now};
 use crate::runtime::live::Reads;
 use crate::runtime::objects::{Snapshot, TalosEtcdBackup, TalosMachine};
 use crate::runtime::talos::EtcdStatus;
@@ -72,16 +73,6 @@ struct State {
     step: u8,
 }
 
-/// Why a run of the world stopped: the controller crashed (or lost an answer).
-#[derive(Debug)]
-pub struct Crashed;
-
-impl std::fmt::Display for Crashed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the controller stopped")
-    }
-}
-
 struct ModelBackup<'a> {
     backup: TalosEtcdBackup,
     store: BTreeMap<String, bool>,
@@ -109,9 +100,7 @@ impl World for ModelBackup<'_> {
         self.now
     }
 
-    async fn credentials(&mut self, _cluster: &str) -> Result<(), String> {
-        Ok(())
-    }
+    unused_world_parts!("backup");
 
     async fn talos(
         &mut self,
@@ -138,33 +127,9 @@ impl World for ModelBackup<'_> {
         })
     }
 
-    async fn lock(&mut self, _c: &str, _op: LockOp) -> Result<Result<(), String>, Crashed> {
-        Ok(Err("the backup model takes no lock".into()))
-    }
-
     async fn read(&mut self, _cluster: &str, _reads: Reads) -> Result<Arc<Snapshot>, Crashed> {
         Ok(self.machines.clone())
     }
-
-    async fn drain(&mut self, _node: &str) -> Result<Result<Drained, String>, Crashed> {
-        Ok(Err("the backup model drains nothing".into()))
-    }
-
-    async fn write_status(
-        &mut self,
-        _before: &TalosMachine,
-        _after: &TalosMachine,
-    ) -> Result<Option<String>, Crashed> {
-        Ok(None)
-    }
-
-    async fn release_finalizer(&mut self, _m: &TalosMachine) -> Result<(), Crashed> {
-        Ok(())
-    }
-
-    async fn event(&mut self, _on: &TalosMachine, _warning: bool, _reason: &str, _note: String) {}
-
-    fn note(&mut self, _on: &TalosMachine, _note: Note<'_>) {}
 
     fn decide(
         &mut self,

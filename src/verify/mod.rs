@@ -7,13 +7,16 @@
 //! - [`invariant`]: the model's facts and the invariants' evaluation;
 //! - [`trace`]: counterexamples in words, and the fixtures `eval` replays.
 
+pub mod apply;
 pub mod backup;
+pub mod bootstrap;
 pub mod conform;
 pub mod diff;
 pub mod explore;
 pub mod invariant;
 pub mod memory;
 pub mod model;
+pub mod procedure;
 pub mod trace;
 pub mod world;
 

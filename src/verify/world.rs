@@ -538,6 +538,8 @@ impl<'a> ModelWorld<'a> {
                 tonic::Code::FailedPrecondition,
                 "etcd is already running on the node",
             )),
+            // Their etcd data directories hold data (the cluster's etcd).
+            Call::List { .. } => Ok(Reply::Entries(1)),
             Call::ImagePull { .. } | Call::LifecycleUpgrade { .. } => Err(self.failed(
                 j,
                 tonic::Code::Unimplemented,

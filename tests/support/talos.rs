@@ -16,9 +16,13 @@
 //!   answers `Unavailable` like a rebooting node (until [`TalosNode::start_again`]).
 //! - `Version`: the node's tag, [`VERSION_TAG`] until an upgrade or a rollback changes it.
 //! - `SystemStat`: the node's `boot_time`, which every reboot advances.
-//! - `ApplyConfiguration` (issue 37): the configuration is validated as Talos does (YAML,
-//!   known documents, `machine.type`, the v1alpha1 conflict table: refused `InvalidArgument`
-//!   with Talos' words); a change of `machine.install` needs a reboot. `dry_run` answers the
+//! - `ApplyConfiguration` (issue 37): the configuration is checked as Talos does, by code of
+//!   the stand-in's own (never the product's validator, so that the two cannot agree on the
+//!   same mistake): the YAML parses, a `v1alpha1` document with a `machine.type`, and the
+//!   conflicts of [`TALOS_CONFLICTS`] (a few rows of Talos' `V1Alpha1ConflictValidate`,
+//!   copied from its source with its words), refused `InvalidArgument`; every call refused
+//!   with given words while [`TalosNode::refuse_configs`] says so. A change of
+//!   `machine.install` needs a reboot. `dry_run` answers the
 //!   mode it would take and changes nothing; `AUTO` keeps it and reboots when needed,
 //!   `NO_REBOOT` refuses a change that needs one, `STAGED` keeps it for the next boot.
 //! - Maintenance mode ([`TalosNode::maintenance`], issue 37): a node before its first
@@ -279,6 +283,10 @@ struct Node {
     bootstraps: AtomicUsize,
     /// The next `Bootstrap`s act and then answer `Unavailable` (an answer lost).
     lose_bootstrap_answer: AtomicBool,
+    /// Every `ApplyConfiguration` refused with these words.
+    refuse_configs: std::sync::Mutex<Option<String>>,
+    /// `Bootstrap` calls still to be refused without acting.
+    refuse_bootstraps: AtomicUsize,
     /// In Talos' maintenance mode: not configured yet (see the module's doc).
     maintenance: AtomicBool,
 }
@@ -588,7 +596,10 @@ impl Node {
         self.check_up()?;
         let text = String::from_utf8(data)
             .map_err(|_| Status::invalid_argument("failed to parse config: not UTF-8"))?;
-        if let Err(e) = ichor_rules::runtime::render::validate_text(&text) {
+        if let Some(words) = self.refuse_configs.lock().expect("refusal").clone() {
+            return Err(Status::invalid_argument(words));
+        }
+        if let Err(e) = talos_checks(&text) {
             return Err(Status::invalid_argument(format!(
                 "1 error occurred:\n\t* {e}\n\n"
             )));
@@ -658,6 +669,15 @@ impl Node {
         self.check_up()?;
         self.etcd_here()?;
         self.bootstraps.fetch_add(1, Ordering::SeqCst);
+        if self
+            .refuse_bootstraps
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(Status::failed_precondition(
+                "the machine is not ready to be bootstrapped",
+            ));
+        }
         // A node whose etcd runs has data; one that never ran starts a cluster of its own.
         if self.etcd.is_running(self.index) || self.etcd.has_data(self.index) {
             return Err(Status::failed_precondition(
@@ -1098,6 +1118,39 @@ impl MachineService for Service {
         Ok(Response::new(SnapshotStream::snapshot(self).await?))
     }
 
+    type ListStream = Stream<pb::FileInfo>;
+
+    /// `List`, of `/var/lib/etcd` only (as Talos streams it: the directory itself, then its
+    /// entries): one entry, `member`, while the node's etcd has data.
+    async fn list(
+        &self,
+        request: Request<pb::ListRequest>,
+    ) -> Result<Response<Self::ListStream>, Status> {
+        self.direct("List", request.metadata())?;
+        let root = request.get_ref().root.trim_end_matches('/').to_string();
+        if root != "/var/lib/etcd" {
+            return Err(Status::unimplemented(format!(
+                "the stand-in lists /var/lib/etcd only, not {root}"
+            )));
+        }
+        let node = &self.node;
+        let mut entries = vec![Ok(pb::FileInfo {
+            name: root.clone(),
+            relative_name: ".".into(),
+            is_dir: true,
+            ..Default::default()
+        })];
+        if !node.worker && node.etcd.has_data(node.index) {
+            entries.push(Ok(pb::FileInfo {
+                name: format!("{root}/member"),
+                relative_name: "member".into(),
+                is_dir: true,
+                ..Default::default()
+            }));
+        }
+        Ok(Response::new(Box::pin(tokio_stream::iter(entries))))
+    }
+
     async fn version(&self, request: Request<()>) -> Result<Response<pb::VersionResponse>, Status> {
         let messages = self
             .answer("Version", request.metadata(), Node::version, |metadata| {
@@ -1389,6 +1442,17 @@ impl TalosNode {
             .store(true, Ordering::SeqCst);
     }
 
+    /// While `Some(words)`, every `ApplyConfiguration` (dry run or not) is refused
+    /// (`InvalidArgument`) with these words, and changes nothing.
+    pub fn refuse_configs(&self, words: Option<&str>) {
+        *self.node.refuse_configs.lock().expect("refusal") = words.map(str::to_string);
+    }
+
+    /// The next `n` `Bootstrap` calls are refused (`FailedPrecondition`) without acting.
+    pub fn refuse_bootstraps(&self, n: usize) {
+        self.node.refuse_bootstraps.store(n, Ordering::SeqCst);
+    }
+
     /// How many `Bootstrap` calls reached this node.
     pub fn bootstraps(&self) -> usize {
         self.node.bootstraps.load(Ordering::SeqCst)
@@ -1548,6 +1612,8 @@ impl TalosApi {
             staged_config: Mutex::new(None),
             bootstraps: AtomicUsize::new(0),
             lose_bootstrap_answer: AtomicBool::new(false),
+            refuse_bootstraps: AtomicUsize::new(0),
+            refuse_configs: std::sync::Mutex::new(None),
             maintenance: AtomicBool::new(false),
         });
         {
@@ -1633,4 +1699,62 @@ impl TalosApi {
         let nodes: Vec<String> = self.nodes.iter().map(|n| n.name().to_string()).collect();
         self.pki.talosconfig("ichor-test", &endpoints, &nodes)
     }
+}
+
+/// Rows of Talos' `V1Alpha1ConflictValidate` (Talos `main`,
+/// `pkg/machinery/config/configloader`): the `v1alpha1` path that must be empty when a
+/// document of the kind is present, and Talos' words.
+pub const TALOS_CONFLICTS: &[(&[&str], &str, &str)] = &[
+    (
+        &["cluster", "apiServer"],
+        "KubeAPIServerConfig",
+        "kube-apiserver config is already set in v1alpha1 config (.cluster.apiServer)",
+    ),
+    (
+        &["machine", "kubelet"],
+        "KubeletConfig",
+        "kubelet config is already set in v1alpha1 config (.machine.kubelet)",
+    ),
+];
+
+/// What the stand-in checks of a configuration, as Talos does: it parses, it has a
+/// `v1alpha1` document with a `machine.type`, and no row of [`TALOS_CONFLICTS`] is hit.
+fn talos_checks(text: &str) -> Result<(), String> {
+    use serde::Deserialize;
+    let mut docs = Vec::new();
+    for d in serde_yaml::Deserializer::from_str(text) {
+        let v = serde_json::Value::deserialize(d)
+            .map_err(|e| format!("failed to parse config: {e}"))?;
+        if !v.is_null() {
+            docs.push(v);
+        }
+    }
+    let v1 = docs
+        .iter()
+        .find(|d| d.get("version").and_then(|v| v.as_str()) == Some("v1alpha1"))
+        .ok_or("no v1alpha1 document: machine config is required")?;
+    if v1
+        .pointer("/machine/type")
+        .and_then(|t| t.as_str())
+        .is_none()
+    {
+        return Err("machine type is required".into());
+    }
+    for (path, kind, words) in TALOS_CONFLICTS {
+        let set = path
+            .iter()
+            .try_fold(v1, |at, k| at.get(k))
+            .is_some_and(|v| match v {
+                serde_json::Value::Null => false,
+                serde_json::Value::Object(m) => !m.is_empty(),
+                _ => true,
+            });
+        let present = docs
+            .iter()
+            .any(|d| d.get("kind").and_then(|k| k.as_str()) == Some(*kind));
+        if set && present {
+            return Err((*words).to_string());
+        }
+    }
+    Ok(())
 }

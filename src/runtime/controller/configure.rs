@@ -199,7 +199,7 @@ impl BootstrapWorld for MachineLive<'_, '_> {
     async fn record_bootstrap(
         &mut self,
         cluster: &TalosCluster,
-        record: &BootstrapRecord,
+        record: Option<&BootstrapRecord>,
         guard: bool,
     ) -> Result<bool, ReconcileError> {
         let api: kube::Api<TalosCluster> =

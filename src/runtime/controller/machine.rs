@@ -104,9 +104,11 @@ pub async fn reconcile(m: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action
                 if next.reachable_state() == Some("False") {
                     again
                 } else {
-                    match super::configure::configure(&ctx, &dialer, cluster, live, &mut next)
-                        .await?
-                    {
+                    let configured =
+                        super::configure::configure(&ctx, &dialer, cluster, live, &mut next)
+                            .await?;
+                    ready_follows_configured(&mut next);
+                    match configured {
                         Some(retry) => again.min(retry),
                         // 5. Configured: the bootstrap of a new cluster, when the rules let it.
                         None if next.configured()
@@ -130,6 +132,28 @@ pub async fn reconcile(m: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action
     };
     status::write(&ctx.client, live, &next).await?;
     Ok(Action::requeue(requeue))
+}
+
+/// `Ready` follows the configuration (issue 37): True (reason `Configured`) once the node
+/// runs the configuration rendered for it, with what was applied and since when; False
+/// with the `Configured` condition's reason and words while it does not (a failed apply, a
+/// refusal of Talos' dry run, a reboot still to come). Runs only for a machine neither held
+/// nor unreachable (those set Ready themselves), and only when its cluster's configuration
+/// is managed (a `Configured` condition exists).
+fn ready_follows_configured(next: &mut TalosMachine) {
+    let Some((ok, reason, message, since)) = next.configured_state() else {
+        return;
+    };
+    let reason = if ok {
+        "Configured".to_string()
+    } else {
+        reason.unwrap_or("NotConfigured").to_string()
+    };
+    let message = match (ok, since) {
+        (true, Some(t)) => format!("{} (since {})", message.unwrap_or_default(), t.0),
+        _ => message.unwrap_or_default().to_string(),
+    };
+    status::set(next.conditions_mut(), "Ready", ok, &reason, &message);
 }
 
 /// Probes the node through the Talos API and records what it found (ADR 0106 §3). Returns

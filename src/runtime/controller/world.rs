@@ -169,6 +169,7 @@ impl World for Live<'_> {
                 .await
                 .map(Reply::Pulled),
             Call::Bootstrap => c.bootstrap().await.map(|()| Reply::Done),
+            Call::List { root } => c.list_entries(&root).await.map(Reply::Entries),
             Call::LifecycleUpgrade { image_name } => c
                 .lifecycle_upgrade(&image_name, self.ctx.settings.install_deadline)
                 .await

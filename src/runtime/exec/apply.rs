@@ -160,6 +160,19 @@ fn backoff(next: &TalosMachine, now: Timestamp) -> Duration {
     since.clamp(Duration::from_secs(5), Duration::from_secs(300))
 }
 
+/// What Talos' dry run answered, in words: the mode it would apply in. Only the mode: the
+/// rest of a real dry run's answer is a diff of the configuration, which may carry its
+/// secrets, so it never reaches a status, an Event or a log.
+fn dry_answer(dry: &Applied) -> &'static str {
+    match dry.mode {
+        ApplyMode::Reboot => "it needs a reboot",
+        ApplyMode::NoReboot => "it applies without a reboot",
+        ApplyMode::Staged => "it is staged",
+        ApplyMode::Auto => "it applies",
+        ApplyMode::Try => "it applies on trial",
+    }
+}
+
 fn config_status(next: &mut TalosMachine) -> &mut MachineConfigStatus {
     next.status
         .get_or_insert_with(Default::default)
@@ -292,8 +305,9 @@ async fn configure<W: ApplyWorld>(
                     c.staged_hash = None;
                     status::remove(next.conditions_mut(), "Maintenance");
                     let message = format!(
-                        "first configuration {} applied over the maintenance API: the node installs it and reboots ({})",
+                        "first configuration {} applied over the maintenance API (Talos' dry run: {}): the node installs it and reboots ({})",
                         short(&hash),
+                        dry_answer(&dry),
                         applied.details
                     );
                     set(w, next, true, "Applied", &message);
@@ -320,8 +334,9 @@ async fn configure<W: ApplyWorld>(
         // Staged already, and the node does not run it yet: staging it again would change
         // nothing. Its reboot (the roll) applies it.
         let message = format!(
-            "configuration {} needs a reboot: it is staged on the node and takes effect at its next reboot, which the controller rolls with a `reboot` TalosOperation, one node at a time",
-            short(&hash)
+            "configuration {} needs a reboot (Talos' dry run: {}): it is staged on the node and takes effect at its next reboot, which the controller rolls with a `reboot` TalosOperation, one node at a time",
+            short(&hash),
+            dry_answer(&dry)
         );
         set(w, next, false, "RebootRequired", &message);
         return Ok(Outcome::Requeue {
@@ -342,8 +357,9 @@ async fn configure<W: ApplyWorld>(
             Ok(applied) if needs_reboot => {
                 config_status(next).staged_hash = Some(hash.clone());
                 let message = format!(
-                    "configuration {} needs a reboot: it is staged on the node and takes effect at its next reboot, which the controller rolls with a `reboot` TalosOperation, one node at a time; Talos: {}",
+                    "configuration {} needs a reboot (Talos' dry run: {}): it is staged on the node and takes effect at its next reboot, which the controller rolls with a `reboot` TalosOperation, one node at a time; Talos: {}",
                     short(&hash),
+                    dry_answer(&dry),
                     applied.details
                 );
                 set(w, next, false, "RebootRequired", &message);
@@ -362,8 +378,9 @@ async fn configure<W: ApplyWorld>(
                 c.applied_hash = Some(hash.clone());
                 c.staged_hash = None;
                 let message = format!(
-                    "configuration {} applied without a reboot ({})",
+                    "configuration {} applied without a reboot (Talos' dry run: {}; Talos: {})",
                     short(&hash),
+                    dry_answer(&dry),
                     applied.details
                 );
                 set(w, next, true, "Applied", &message);

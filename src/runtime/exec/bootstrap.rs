@@ -15,7 +15,7 @@
 //! control plane). Talos itself refuses a second bootstrap on a node whose etcd data
 //! directory is not empty.
 
-use super::{Call, Node, NodeError, Note, Outcome, Timing, Wait, World, calls};
+use super::{Call, Node, NodeError, Note, Outcome, Reply, Timing, Wait, World, calls};
 use crate::runtime::decide::bootstrap_event;
 use crate::runtime::objects::{BootstrapRecord, Role, Snapshot, TalosCluster, TalosMachine};
 use crate::runtime::talos::TalosError;
@@ -26,12 +26,13 @@ use std::time::Duration;
 /// What the bootstrap needs of the world beyond the [`World`].
 #[allow(async_fn_in_trait)]
 pub trait BootstrapWorld: World {
-    /// Writes `record` as `cluster`'s `status.bootstrap`. With `guard`, the write names the
-    /// resourceVersion read: `Ok(false)` when another writer came first (a conflict).
+    /// Writes `record` as `cluster`'s `status.bootstrap` (`None`: removes it). With
+    /// `guard`, the write names the resourceVersion read: `Ok(false)` when another writer
+    /// came first (a conflict).
     async fn record_bootstrap(
         &mut self,
         cluster: &TalosCluster,
-        record: &BootstrapRecord,
+        record: Option<&BootstrapRecord>,
         guard: bool,
     ) -> Result<bool, Self::Error>;
 
@@ -54,20 +55,46 @@ fn control_planes<'s>(snapshot: &'s Snapshot, m: &TalosMachine) -> Vec<&'s Talos
         .collect()
 }
 
-/// `etcd.members`, asked live: the most members any control plane's etcd lists. A node
-/// that answers with an error (its etcd is not running) lists none; one that does not
-/// answer (or cannot be dialled) makes the count unreadable: `Ok(Err(why))`.
+/// Where Talos keeps a node's etcd data (`constants.EtcdDataPath`): Talos refuses a
+/// `Bootstrap` where it is not empty.
+pub const ETCD_DATA: &str = "/var/lib/etcd";
+
+/// `etcd.members`, asked live: the most members any control plane's etcd lists; a control
+/// plane whose etcd is not running (Talos answers the call with an error) counts 1 when its
+/// etcd data directory is not empty (`List` of [`ETCD_DATA`]: etcd ran there, and stopped),
+/// else none. A node that does not answer either (or cannot be dialled) makes the count
+/// unreadable: `Ok(Err(why))`.
 pub async fn etcd_members<W: World>(
     w: &mut W,
     snapshot: &Snapshot,
     m: &TalosMachine,
 ) -> Result<Result<i64, String>, W::Error> {
-    let mut most = 0usize;
+    let mut most = 0u64;
     for cp in control_planes(snapshot, m) {
         match calls::members(w, m.cluster(), Node::Endpoint(cp)).await? {
-            Ok(list) => most = most.max(list.len()),
-            // The node answered: its etcd is not running (or not yet).
-            Err(NodeError::Talos(TalosError::Failed { .. })) => {}
+            Ok(list) => most = most.max(u64::try_from(list.len()).unwrap_or(u64::MAX)),
+            // The node answered: its etcd is not running (or not yet). Has it data?
+            Err(NodeError::Talos(TalosError::Failed { .. })) => {
+                let call = Call::List {
+                    root: ETCD_DATA.into(),
+                };
+                match w.talos(m.cluster(), Node::Endpoint(cp), call).await? {
+                    Ok(Reply::Entries(0)) => {}
+                    Ok(Reply::Entries(_)) => most = most.max(1),
+                    Ok(_) => {
+                        return Ok(Err(format!(
+                            "{}: the answer to List was not of its kind",
+                            cp.name()
+                        )));
+                    }
+                    Err(e) => {
+                        return Ok(Err(format!(
+                            "{}: its etcd is not running and {ETCD_DATA} could not be listed: {e}",
+                            cp.name()
+                        )));
+                    }
+                }
+            }
             Err(e @ (NodeError::NoCredentials(_) | NodeError::NoEndpoint(_))) => {
                 return Ok(Err(format!("{}: {e}", cp.name())));
             }
@@ -101,7 +128,8 @@ pub async fn reconcile<W: BootstrapWorld>(
     let retry = timing.refused_requeue;
     match cluster.bootstrap_record() {
         Some(r) if r.confirmed => return Ok(Outcome::AwaitChange),
-        // Sent, its answer lost: confirmed by etcd, never sent again.
+        // Sent (or about to be when the controller stopped), its answer lost: confirmed by
+        // etcd, never sent again.
         Some(r) => {
             if r.machine != live.name() {
                 return Ok(Outcome::AwaitChange);
@@ -114,11 +142,14 @@ pub async fn reconcile<W: BootstrapWorld>(
                         "etcd runs: {n} member(s) listed after the Bootstrap sent to {}",
                         r.machine
                     ));
-                    w.record_bootstrap(cluster, &done, false).await?;
+                    w.record_bootstrap(cluster, Some(&done), false).await?;
                     w.note(live, Note::Info("bootstrap confirmed by etcd"));
                     Outcome::AwaitChange
                 }
-                _ => again(retry, "BootstrapUnconfirmed"),
+                _ => {
+                    unconfirmed(w, cluster, live, r).await?;
+                    again(retry, "BootstrapUnconfirmed")
+                }
             });
         }
         None => {}
@@ -182,11 +213,11 @@ pub async fn reconcile<W: BootstrapWorld>(
                 by: Some(identity.to_string()),
                 confirmed: true,
                 message: Some(format!(
-                    "etcd already ran ({n} member(s) listed) when {} was configured: no Bootstrap sent",
+                    "etcd already ran ({n} member(s) listed, or an etcd data directory not empty) when {} was configured: no Bootstrap sent",
                     live.name()
                 )),
             };
-            w.record_bootstrap(cluster, &found, true).await?;
+            w.record_bootstrap(cluster, Some(&found), true).await?;
         }
         return Ok(Outcome::AwaitChange);
     }
@@ -198,7 +229,7 @@ pub async fn reconcile<W: BootstrapWorld>(
         confirmed: false,
         message: None,
     };
-    if !w.record_bootstrap(cluster, &r, true).await? {
+    if !w.record_bootstrap(cluster, Some(&r), true).await? {
         w.note(
             live,
             Note::Info("bootstrap recorded by another writer first: not sent"),
@@ -209,19 +240,49 @@ pub async fn reconcile<W: BootstrapWorld>(
         Ok(()) => {
             r.confirmed = true;
             r.message = Some(format!("Talos bootstrapped etcd on {}", live.name()));
-            w.record_bootstrap(cluster, &r, false).await?;
+            w.record_bootstrap(cluster, Some(&r), false).await?;
             w.note(live, Note::Info("bootstrapped"));
             let note = format!("etcd bootstrapped on {}", live.name());
             w.cluster_event(cluster, false, "Bootstrapped", note).await;
             Ok(Outcome::AwaitChange)
         }
-        Err(e @ (NodeError::NoCredentials(_) | NodeError::NoEndpoint(_))) => {
-            r.message = Some(format!(
-                "recorded, but {} could not be dialled ({e}); the bootstrap is not sent again by the controller",
-                live.name()
-            ));
-            w.record_bootstrap(cluster, &r, false).await?;
-            Ok(again(retry, "BootstrapUnconfirmed"))
+        // Talos refused it because the node's etcd data directory is not empty: etcd ran
+        // there, the cluster is not new. Recorded as found (never sent again).
+        Err(NodeError::Talos(TalosError::Failed {
+            code: tonic::Code::AlreadyExists,
+            message,
+            ..
+        })) => {
+            let found = BootstrapRecord {
+                machine: String::new(),
+                sent_at: None,
+                by: Some(identity.to_string()),
+                confirmed: true,
+                message: Some(format!(
+                    "Talos refused the Bootstrap of {} ({message}): etcd ran there, so the \
+                     cluster is not new; no Bootstrap is sent",
+                    live.name()
+                )),
+            };
+            w.record_bootstrap(cluster, Some(&found), false).await?;
+            let said = format!("bootstrap refused by Talos: {message}");
+            w.note(live, Note::Warn(&said));
+            Ok(Outcome::AwaitChange)
+        }
+        // Never sent (nothing to dial with), or refused by Talos before it acted: the
+        // record is withdrawn, so the rules decide again once the cause is gone.
+        Err(e) if !maybe_acted(&e) => {
+            w.record_bootstrap(cluster, None, false).await?;
+            let message = format!(
+                "Bootstrap was not sent to {} or Talos refused it without acting ({e}); \
+                 the controller decides again in {}s",
+                live.name(),
+                retry.as_secs()
+            );
+            w.note(live, Note::Warn(&message));
+            w.cluster_event(cluster, true, "BootstrapNotSent", message)
+                .await;
+            Ok(again(retry, "BootstrapNotSent"))
         }
         Err(e) => {
             // Maybe it acted: never sent again; etcd will tell.
@@ -231,7 +292,7 @@ pub async fn reconcile<W: BootstrapWorld>(
                 live.name()
             );
             r.message = Some(message.clone());
-            w.record_bootstrap(cluster, &r, false).await?;
+            w.record_bootstrap(cluster, Some(&r), false).await?;
             let said = format!("bootstrap answer lost or refused: {e}");
             w.note(live, Note::Warn(&said));
             w.cluster_event(cluster, true, "BootstrapUnconfirmed", message)
@@ -239,6 +300,81 @@ pub async fn reconcile<W: BootstrapWorld>(
             Ok(again(retry, "BootstrapUnconfirmed"))
         }
     }
+}
+
+/// How long a recorded Bootstrap may go unconfirmed (no control plane's etcd lists a
+/// member) before the record says what a person should do: etcd starts within seconds of a
+/// Bootstrap that reached its node.
+pub const UNCONFIRMED_AFTER: Duration = Duration::from_secs(120);
+
+/// Whether a failed `Bootstrap` may have acted on the node. Only a call that was never
+/// made (no credentials, no endpoint, an unusable configuration) or one Talos refused
+/// with an answer that says it did nothing (the etcd data directory is not empty, the
+/// request is not allowed, the call is unknown) certainly did not; a call with no answer,
+/// or an answer that may come after the work began, may have.
+pub fn maybe_acted(e: &NodeError) -> bool {
+    use tonic::Code;
+    match e {
+        NodeError::NoCredentials(_) | NodeError::NoEndpoint(_) => false,
+        NodeError::Talos(TalosError::Config(_)) => false,
+        NodeError::Talos(TalosError::Failed { code, .. }) => !matches!(
+            code,
+            Code::InvalidArgument
+                | Code::FailedPrecondition
+                | Code::AlreadyExists
+                | Code::PermissionDenied
+                | Code::Unauthenticated
+                | Code::Unimplemented
+        ),
+        NodeError::Talos(TalosError::Unreachable { .. }) => true,
+    }
+}
+
+/// A recorded Bootstrap that etcd does not confirm: once [`UNCONFIRMED_AFTER`] has passed
+/// since it was recorded, the record says (once) what happened and what a person does
+/// about it, and a Warning Event says the same. The controller never sends it again: the
+/// call may have reached the node (its answer lost, or the controller stopped right after
+/// recording it), and only a person can look at the node.
+async fn unconfirmed<W: BootstrapWorld>(
+    w: &mut W,
+    cluster: &TalosCluster,
+    live: &TalosMachine,
+    r: &BootstrapRecord,
+) -> Result<(), W::Error> {
+    let since = r
+        .sent_at
+        .as_ref()
+        .and_then(|t| w.now().duration_since(t.0).try_into().ok())
+        .unwrap_or(Duration::ZERO);
+    if since < UNCONFIRMED_AFTER {
+        return Ok(());
+    }
+    let at = r
+        .sent_at
+        .as_ref()
+        .map(|t| t.0.to_string())
+        .unwrap_or_default();
+    let message = format!(
+        "Bootstrap was recorded for {m} at {at}, and after {wait} s no control plane's etcd \
+         lists a member: the call may never have reached the node (the controller stopped \
+         between recording and sending it, or the node did not take it). The controller never \
+         sends it again. If `talosctl -n {m} service etcd` shows etcd waiting to be \
+         bootstrapped, run `talosctl -n {m} bootstrap` once; Talos refuses it where etcd has \
+         data",
+        m = live.name(),
+        wait = UNCONFIRMED_AFTER.as_secs(),
+    );
+    // Said once.
+    if r.message.as_deref() == Some(message.as_str()) {
+        return Ok(());
+    }
+    let mut said = r.clone();
+    said.message = Some(message.clone());
+    w.record_bootstrap(cluster, Some(&said), false).await?;
+    w.note(live, Note::Warn(&message));
+    w.cluster_event(cluster, true, "BootstrapUnconfirmed", message)
+        .await;
+    Ok(())
 }
 
 #[cfg(test)]

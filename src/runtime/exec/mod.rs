@@ -102,6 +102,10 @@ pub enum Call {
     },
     /// `Bootstrap`: starts etcd on a new cluster's first control plane.
     Bootstrap,
+    /// `MachineService/List` of this directory: how many entries it holds.
+    List {
+        root: String,
+    },
 }
 
 impl Call {
@@ -123,6 +127,7 @@ impl Call {
             Call::ImagePull { .. } => "ImageService/Pull",
             Call::LifecycleUpgrade { .. } => "LifecycleService/Upgrade",
             Call::Bootstrap => "Bootstrap",
+            Call::List { .. } => "List",
         }
     }
 
@@ -160,6 +165,8 @@ pub enum Reply {
         exit_code: i32,
         last_message: String,
     },
+    /// How many entries a directory holds (`List`).
+    Entries(u64),
 }
 
 /// A lock operation on the cluster lock, for the work being reconciled.

@@ -189,7 +189,8 @@ pub enum Entry {
     /// read); `false`: another writer came first.
     RecordBootstrap {
         cluster: String,
-        record: BootstrapRecord,
+        /// `None`: the record withdrawn (a Bootstrap that was never sent).
+        record: Option<BootstrapRecord>,
         guard: bool,
         answer: Result<bool, String>,
     },
@@ -932,7 +933,7 @@ where
     async fn record_bootstrap(
         &mut self,
         cluster: &TalosCluster,
-        record: &BootstrapRecord,
+        record: Option<&BootstrapRecord>,
         guard: bool,
     ) -> Result<bool, Self::Error> {
         let answer = self.inner.record_bootstrap(cluster, record, guard).await;
@@ -940,7 +941,7 @@ where
             self.id,
             Entry::RecordBootstrap {
                 cluster: cluster_key(cluster),
-                record: record.clone(),
+                record: record.cloned(),
                 guard,
                 answer: answer.as_ref().map(|b| *b).map_err(err_text),
             },
@@ -1522,7 +1523,7 @@ impl BootstrapWorld for Replay<'_> {
     async fn record_bootstrap(
         &mut self,
         cluster: &TalosCluster,
-        record: &BootstrapRecord,
+        record: Option<&BootstrapRecord>,
         guard: bool,
     ) -> Result<bool, Stop> {
         let entry = self.take("record_bootstrap", |e| match e {
@@ -1534,8 +1535,12 @@ impl BootstrapWorld for Replay<'_> {
             } => differs("bootstrap record of", c, &cluster_key(cluster))
                 .or_else(|| {
                     // As written (a time in whole seconds, as the API server keeps it).
-                    let as_written = |r: &BootstrapRecord| serde_json::to_value(r).ok();
-                    differs("bootstrap record", &as_written(r), &as_written(record))
+                    let as_written = |r: Option<&BootstrapRecord>| serde_json::to_value(r).ok();
+                    differs(
+                        "bootstrap record",
+                        &as_written(r.as_ref()),
+                        &as_written(record),
+                    )
                 })
                 .or_else(|| differs("record's guard", g, &guard)),
             _ => None,

@@ -155,3 +155,55 @@ pub struct RedactedBase {
     pub controlplane: String,
     pub worker: String,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn selector(json: serde_json::Value) -> LabelSelector {
+        serde_json::from_value(json).expect("a label selector")
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_label_selector_matches_as_kubernetes_does() {
+        let zone_a = labels(&[("zone", "a"), ("disk", "nvme")]);
+        let zone_b = labels(&[("zone", "b")]);
+        let by_label = selector(serde_json::json!({"matchLabels": {"zone": "a"}}));
+        assert!(labels_match(&by_label, Some(&zone_a)));
+        assert!(!labels_match(&by_label, Some(&zone_b)));
+        assert!(!labels_match(&by_label, None));
+        let in_ = selector(serde_json::json!({"matchExpressions": [
+            {"key": "zone", "operator": "In", "values": ["a", "c"]}]}));
+        assert!(labels_match(&in_, Some(&zone_a)));
+        assert!(!labels_match(&in_, Some(&zone_b)));
+        let not_in = selector(serde_json::json!({"matchExpressions": [
+            {"key": "zone", "operator": "NotIn", "values": ["a"]}]}));
+        assert!(!labels_match(&not_in, Some(&zone_a)));
+        assert!(labels_match(&not_in, Some(&zone_b)));
+        assert!(labels_match(&not_in, None), "NotIn matches a missing label");
+        let exists = selector(serde_json::json!({"matchExpressions": [
+            {"key": "disk", "operator": "Exists"}]}));
+        assert!(labels_match(&exists, Some(&zone_a)));
+        assert!(!labels_match(&exists, Some(&zone_b)));
+        let absent = selector(serde_json::json!({"matchExpressions": [
+            {"key": "disk", "operator": "DoesNotExist"}]}));
+        assert!(!labels_match(&absent, Some(&zone_a)));
+        assert!(labels_match(&absent, Some(&zone_b)));
+        // Every term must hold; an unknown operator matches nothing.
+        let both = selector(serde_json::json!({"matchLabels": {"zone": "a"},
+            "matchExpressions": [{"key": "disk", "operator": "In", "values": ["hdd"]}]}));
+        assert!(!labels_match(&both, Some(&zone_a)));
+        let odd = selector(serde_json::json!({"matchExpressions": [
+            {"key": "zone", "operator": "Gt", "values": ["a"]}]}));
+        assert!(!labels_match(&odd, Some(&zone_a)));
+        // An empty selector selects every machine.
+        assert!(labels_match(&selector(serde_json::json!({})), None));
+    }
+}

@@ -339,6 +339,9 @@ macro_rules! status_reads {
     };
 }
 
+/// A condition as read: True or not, its reason, its message, and since when.
+pub type ConditionState<'a> = (bool, Option<&'a str>, Option<&'a str>, Option<&'a Time>);
+
 /// The condition types of a TalosMachine's status that the reads below look at.
 pub const MACHINE_CONDITIONS_READ: &[&str] = &[
     "Ready",
@@ -411,6 +414,19 @@ status_reads! {
     /// (the bootstrap waits for it).
     fn configured(&self) -> bool {
         self.condition("Configured").is_some_and(|c| c.status == "True")
+    }
+
+    /// The Configured condition: True or not, its reason, its message, and since when
+    /// (`Ready` follows it, issue 37).
+    fn configured_state(&self) -> Option<ConditionState<'_>> {
+        self.condition("Configured").map(|c| {
+            (
+                c.status == "True",
+                c.reason.as_deref(),
+                c.message.as_deref(),
+                c.last_transition_time.as_ref(),
+            )
+        })
     }
 
     /// The hash of a configuration staged on the node for its next reboot
