@@ -25,6 +25,7 @@ fn explore(c: &mut Criterion) {
         depth: 64,
         rolls: false,
         roll_width: 1,
+        roll_kind: ichor_rules::verify::RollKind::Reboot,
     };
     let states = verify(&table, bounds)
         .expect("bounds a model holds")

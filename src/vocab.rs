@@ -1200,6 +1200,9 @@ pub enum ModelFact {
     CureBlocked,
     RollDown,
     RollMaxUnavailable,
+    WorkersServing,
+    WorkerTaken,
+    RollBesideControlPlane,
 }
 
 /// What the checker knows about a model fact.
@@ -1276,7 +1279,7 @@ model_facts! {
     DownOthers "down.others" Type::Int,
         "for a step in which an operation took the node of an etcd member down (a reboot, a shutdown, an upgrade, a rollback): how many other etcd members' nodes were down at that moment (0 for any other step)";
     OperationLeftDown "operation.left_down" Type::Bool,
-        "the step just taken ended an upgrade (phase Succeeded) while its machine's node did not answer, its etcd member had not caught up, it was left cordoned (not cordoned before the operation), or it did not run the upgrade's version; or a reboot rolled over the cluster finished a node (went on to the next, or ended) while that node did not answer, its etcd member had not caught up or it was left cordoned";
+        "the step just taken ended an upgrade (phase Succeeded) while its machine's node did not answer, its etcd member had not caught up, it was left cordoned (not cordoned before the operation), or it did not run the upgrade's version; or a roll over the cluster (a reboot or an upgrade) finished a node (went on to the next, or ended) while that node did not answer, its etcd member had not caught up, it was left cordoned or, for an upgrade, it did not run the upgrade's version";
     FailedTouched "failed.touched" Type::Bool,
         "the step just taken was the controller's reconcile of a failed operation (which only a person resumes) and it acted on a node: a cordon, an uncordon, a Talos call";
     CureBlocked "cure.blocked" Type::Bool,
@@ -1285,6 +1288,12 @@ model_facts! {
         "of the unfinished rolls over the cluster, the one furthest past its spec.maxUnavailable: how many of its workers are down or cordoned (taken down by a call and not back, or their Kubernetes Node cordoned); 0 without a roll";
     RollMaxUnavailable "roll.max_unavailable" Type::Int,
         "that roll's spec.maxUnavailable (1 when not written, and without a roll)";
+    WorkersServing "workers.serving" Type::Int,
+        "approved workers not being deleted in service: their node up (not taken down by an operation's call and not back) and their Kubernetes Node not cordoned";
+    WorkerTaken "worker.taken" Type::Bool,
+        "the step just taken was an operation's reconcile that took an approved worker out of service (cordoned its Kubernetes Node, or took its node down)";
+    RollBesideControlPlane "roll.beside_control_plane" Type::Bool,
+        "the step just taken was the reconcile of a roll over the cluster that took one of its nodes out of service (cordoned its Kubernetes Node, or took it down) while another of its nodes was out of service too (cordoned, or down and not back), one of the two a control plane (a machine that is or was one: it may hold an etcd member)";
 }
 
 impl ModelFact {

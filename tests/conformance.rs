@@ -59,6 +59,7 @@ fn bounds() -> Bounds {
         depth: 32,
         rolls: false,
         roll_width: 1,
+        roll_kind: ichor_rules::verify::RollKind::Reboot,
     }
 }
 

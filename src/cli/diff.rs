@@ -70,6 +70,7 @@ pub fn run(args: &DiffArgs) -> u8 {
         depth: 64,
         rolls: false,
         roll_width: 1,
+        roll_kind: crate::verify::RollKind::Reboot,
     };
     let report = match diff(&tables[0], &tables[1], bounds) {
         Ok(r) => r,

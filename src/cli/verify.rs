@@ -39,16 +39,23 @@ pub struct VerifyArgs {
     /// not given.
     #[arg(long, value_parser = clap::value_parser!(u8).range(1..=64))]
     pub max_requests: Option<u8>,
-    /// The operations people create in the model are reboots rolled over the whole cluster
-    /// (no `spec.machine`: every approved control plane, then every approved worker, one at
-    /// a time, as the controller's configuration roll creates them) instead of one
-    /// machine's upgrade or reset. At most 6 machines.
+    /// The operations people create in the model are reboots (or, with `--roll-kind
+    /// upgrade`, upgrades) rolled over the whole cluster (no `spec.machine`: every approved
+    /// control plane, then every approved worker, one at a time, as the controller's
+    /// configuration roll creates them) instead of one machine's upgrade or reset. At most
+    /// 6 machines.
     #[arg(long)]
     pub rolls: bool,
     /// With `--rolls`: the rolls' `spec.maxUnavailable`, how many workers they may take
     /// down at once (the rules decide it: `step-max-unavailable`). 1 when not given.
     #[arg(long, requires = "rolls", value_parser = clap::value_parser!(u8).range(1..=2))]
     pub max_unavailable: Option<u8>,
+    /// With `--rolls`: what the rolls do to each node, `reboot` (the default, as the
+    /// controller's configuration roll) or `upgrade` (to `spec.image`, each node coming
+    /// back running the new version, which `wait node-back` checks; the plan
+    /// `run operation "upgrade"`).
+    #[arg(long, requires = "rolls", value_enum, default_value_t = RollKindArg::Reboot)]
+    pub roll_kind: RollKindArg,
     /// Steps from a starting state after which exploration stops (reported when reached).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub depth: u32,
@@ -73,6 +80,22 @@ pub struct VerifyArgs {
     /// not, 2 when the log cannot be read.
     #[arg(long, value_name = "FILE")]
     pub check_trace: Option<PathBuf>,
+}
+
+/// `verify --roll-kind`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RollKindArg {
+    Reboot,
+    Upgrade,
+}
+
+impl From<RollKindArg> for crate::verify::RollKind {
+    fn from(k: RollKindArg) -> Self {
+        match k {
+            RollKindArg::Reboot => crate::verify::RollKind::Reboot,
+            RollKindArg::Upgrade => crate::verify::RollKind::Upgrade,
+        }
+    }
 }
 
 /// `verify --check-trace FILE`.
@@ -407,6 +430,7 @@ fn suite(args: &VerifyArgs) -> Vec<Bounds> {
             depth: args.depth,
             rolls: args.rolls,
             roll_width: args.max_unavailable.unwrap_or(1),
+            roll_kind: args.roll_kind.into(),
         }];
     }
     let depth = args.depth;
@@ -423,6 +447,7 @@ fn suite(args: &VerifyArgs) -> Vec<Bounds> {
         depth,
         rolls: false,
         roll_width: 1,
+        roll_kind: crate::verify::RollKind::Reboot,
     };
     vec![
         // A small cluster under any number of requests: alone, with a failure, with a
@@ -537,6 +562,7 @@ pub const SINGLE: Bounds = Bounds {
     depth: 64,
     rolls: false,
     roll_width: 1,
+    roll_kind: crate::verify::RollKind::Reboot,
 };
 
 fn slug(name: &str) -> String {

@@ -359,6 +359,7 @@ mod tests {
                 depth: 32,
                 rolls: false,
                 roll_width: 1,
+                roll_kind: crate::verify::RollKind::Reboot,
             },
         )
         .expect("model")

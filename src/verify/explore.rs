@@ -316,6 +316,7 @@ pub fn encode(s: &State, out: &mut Vec<u8>) {
             Req::Reschedule => (6, 0),
             Req::DeleteCluster => (7, 0),
             Req::CreateOperation(OpKind::Roll, x) => (16, x),
+            Req::CreateOperation(OpKind::UpgradeRoll, x) => (17, x),
             Req::CreateOperation(k, x) => (8 + k as u8, x),
             Req::ForgeStatus(x) => (11, x),
             Req::Prune(x) => (12, x),
@@ -386,7 +387,8 @@ pub fn decode(b: &[u8]) -> Option<State> {
             0 => OpKind::Upgrade,
             1 => OpKind::Reset,
             2 => OpKind::Restore,
-            _ => OpKind::Roll,
+            3 => OpKind::Roll,
+            _ => OpKind::UpgradeRoll,
         };
         let target = next()?;
         let phase = Phase::from_byte(next()?);
@@ -444,6 +446,7 @@ pub fn decode(b: &[u8]) -> Option<State> {
             14 => Req::Reassign(arg),
             15 => Req::Move(arg),
             16 => Req::CreateOperation(OpKind::Roll, arg),
+            17 => Req::CreateOperation(OpKind::UpgradeRoll, arg),
             _ => return None,
         };
         if b1 > 3 {
@@ -1513,6 +1516,7 @@ mod parallel {
             depth: 64,
             rolls: false,
             roll_width: 1,
+            roll_kind: crate::verify::RollKind::Reboot,
         };
         let model = Model::new(&table, bounds).expect("bounds a model holds");
         let checks: Vec<InvariantCheck> =
@@ -1571,6 +1575,7 @@ mod parallel {
                     depth: 64,
                     rolls: false,
                     roll_width: 1,
+                    roll_kind: crate::verify::RollKind::Reboot,
                 },
             )
             .expect("bounds a model holds");

@@ -48,6 +48,9 @@ pub struct Facts {
     pub cure_blocked: bool,
     pub roll_down: i64,
     pub roll_width: i64,
+    pub workers_serving: i64,
+    pub worker_taken: bool,
+    pub roll_beside_cp: bool,
 }
 
 fn int(n: usize) -> i64 {
@@ -63,6 +66,7 @@ impl Facts {
         let f = Facts {
             roll_down: int(roll_down),
             roll_width: i64::from(roll_width),
+            workers_serving: int(t.serving),
             members: int(t.members),
             healthy: int(t.healthy),
             count: i64::from(s.count),
@@ -111,6 +115,8 @@ impl Facts {
             undrained: e.undrained,
             down_others: i64::from(e.down_others),
             left_down: e.left_down,
+            worker_taken: e.worker_taken,
+            roll_beside_cp: e.beside_cp,
             failed_touched: e.failed_touched,
             left_running: e.left_running,
             warned: e.warned,
@@ -166,6 +172,9 @@ impl Facts {
             CureBlocked => V::Bool(self.cure_blocked),
             RollDown => V::Int(self.roll_down),
             RollMaxUnavailable => V::Int(self.roll_width),
+            WorkersServing => V::Int(self.workers_serving),
+            WorkerTaken => V::Bool(self.worker_taken),
+            RollBesideControlPlane => V::Bool(self.roll_beside_cp),
         }
     }
 }
@@ -516,7 +525,7 @@ pub struct Verdicts {
 
 /// Facts and whether requests overlapped, packed a byte per count and a bit per flag
 /// (a shorter key to hash and compare than the facts).
-type Packed = [u64; 3];
+type Packed = [u64; 4];
 
 /// The packed form of facts, when every count fits in a byte.
 fn pack(f: &Facts, concurrent: bool) -> Option<Packed> {
@@ -561,8 +570,11 @@ fn pack(f: &Facts, concurrent: bool) -> Option<Packed> {
         cure_blocked,
         roll_down,
         roll_width,
+        workers_serving,
+        worker_taken,
+        roll_beside_cp,
     } = *f;
-    let mut bytes = [0u8; 24];
+    let mut bytes = [0u8; 32];
     let ints = [
         members,
         healthy,
@@ -605,6 +617,8 @@ fn pack(f: &Facts, concurrent: bool) -> Option<Packed> {
         cure_blocked,
         concurrent,
         failed_touched,
+        worker_taken,
+        roll_beside_cp,
     ];
     let bits = flags
         .iter()
@@ -614,19 +628,21 @@ fn pack(f: &Facts, concurrent: bool) -> Option<Packed> {
     bytes[20] = step;
     bytes[22] = u8::try_from(roll_down).ok()?;
     bytes[23] = u8::try_from(roll_width).ok()?;
+    bytes[24] = u8::try_from(workers_serving).ok()?;
     bytes[21] = match step_kind {
         None => 0,
         Some(super::model::OpKind::Upgrade) => 1,
         Some(super::model::OpKind::Reset) => 2,
         Some(super::model::OpKind::Restore) => 3,
         Some(super::model::OpKind::Roll) => 4,
+        Some(super::model::OpKind::UpgradeRoll) => 5,
     };
     let word = |k: usize| {
         let mut w = [0u8; 8];
         w.copy_from_slice(&bytes[k * 8..k * 8 + 8]);
         u64::from_le_bytes(w)
     };
-    Some([word(0), word(1), word(2)])
+    Some([word(0), word(1), word(2), word(3)])
 }
 
 impl Verdicts {
@@ -722,7 +738,7 @@ mod tests {
             ..Facts::default()
         };
         let mut variants: Vec<(Facts, bool)> = vec![(base, false), (base, true)];
-        let ints: [fn(&mut Facts) -> &mut i64; 18] = [
+        let ints: [fn(&mut Facts) -> &mut i64; 19] = [
             |f| &mut f.members,
             |f| &mut f.healthy,
             |f| &mut f.members_before,
@@ -741,6 +757,7 @@ mod tests {
             |f| &mut f.down_others,
             |f| &mut f.roll_down,
             |f| &mut f.roll_width,
+            |f| &mut f.workers_serving,
         ];
         for field in ints {
             for n in [1, 255] {
@@ -756,7 +773,7 @@ mod tests {
             *field(&mut past) = -1;
             assert_eq!(pack(&past, false), None);
         }
-        let flags: [fn(&mut Facts) -> &mut bool; 19] = [
+        let flags: [fn(&mut Facts) -> &mut bool; 21] = [
             |f| &mut f.cluster_deleting,
             |f| &mut f.cluster_exists,
             |f| &mut f.schedulable,
@@ -776,6 +793,8 @@ mod tests {
             |f| &mut f.left_down,
             |f| &mut f.cure_blocked,
             |f| &mut f.failed_touched,
+            |f| &mut f.worker_taken,
+            |f| &mut f.roll_beside_cp,
         ];
         for flag in flags {
             let mut f = base;

@@ -25,7 +25,7 @@ use explore::{Exploration, explore_within};
 use invariant::InvariantCheck;
 use memory::Budget;
 use model::Model;
-pub use model::{Bounds, BoundsError};
+pub use model::{Bounds, BoundsError, RollKind};
 
 /// What a run found.
 pub struct Report {

@@ -87,11 +87,14 @@ pub struct Bounds {
     /// collector's deletions are not people's.
     pub max_requests: Option<u8>,
     pub depth: u32,
-    /// The operations people create are reboots rolled over the whole cluster
-    /// ([`OpKind::Roll`]) instead of one machine's upgrade or reset.
+    /// The operations people create are rolls over the whole cluster (of
+    /// [`Bounds::roll_kind`]) instead of one machine's upgrade or reset.
     pub rolls: bool,
     /// A roll's `spec.maxUnavailable` (1: none written), at most [`MAX_ROLL_WIDTH`].
     pub roll_width: u8,
+    /// What a roll does to each node: a reboot ([`OpKind::Roll`]) or an upgrade
+    /// ([`OpKind::UpgradeRoll`]).
+    pub roll_kind: RollKind,
 }
 
 /// The widest roll a model holds: its records of nodes in flight are the one of
@@ -173,6 +176,7 @@ impl Default for Bounds {
             depth: 64,
             rolls: false,
             roll_width: 1,
+            roll_kind: RollKind::Reboot,
         }
     }
 }
@@ -202,6 +206,18 @@ impl Machine {
     /// Approved as a worker: one of the workers, or a control plane re-roled to a worker.
     pub fn approved_worker(&self) -> bool {
         self.approved && !self.moved && !self.cp()
+    }
+
+    /// An approved worker, not being deleted, in service: its node up (not taken down by
+    /// an operation's call) and its Kubernetes Node not cordoned, where the workloads of an
+    /// unschedulable cluster run (`workers.serving`).
+    pub fn serving(&self) -> bool {
+        self.approved_worker()
+            && !self.deleting
+            && self.up
+            && !self.wiped
+            && !self.boots.rebooting
+            && !self.boots.unsched
     }
 }
 
@@ -308,22 +324,59 @@ pub enum OpKind {
     /// plane, then every approved worker, one at a time, as the controller's
     /// configuration roll creates it ([`Bounds::rolls`]).
     Roll,
+    /// An upgrade rolled over the whole cluster (no `spec.machine`, `spec.image` set): the
+    /// same order and the same executor as [`OpKind::Roll`], each node coming back running
+    /// the new version ([`Bounds::roll_kind`]).
+    UpgradeRoll,
 }
 
 impl OpKind {
-    pub const ALL: [OpKind; 4] = [
+    pub const ALL: [OpKind; 5] = [
         OpKind::Upgrade,
         OpKind::Reset,
         OpKind::Restore,
         OpKind::Roll,
+        OpKind::UpgradeRoll,
     ];
 
     pub fn name(self) -> &'static str {
         match self {
-            OpKind::Upgrade => "upgrade",
+            OpKind::Upgrade | OpKind::UpgradeRoll => "upgrade",
             OpKind::Reset => "reset",
             OpKind::Restore => "etcd-restore",
             OpKind::Roll => "reboot",
+        }
+    }
+
+    /// It rolls over the whole cluster (no `spec.machine`).
+    pub fn rolls(self) -> bool {
+        matches!(self, OpKind::Roll | OpKind::UpgradeRoll)
+    }
+
+    /// Its nodes come back running a new version (`spec.image`).
+    pub fn upgrades(self) -> bool {
+        matches!(self, OpKind::Upgrade | OpKind::UpgradeRoll)
+    }
+}
+
+/// The kind of the operations rolled over the cluster when [`Bounds::rolls`] is set.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RollKind {
+    /// `reboot` (as the controller's configuration roll creates it): [`OpKind::Roll`].
+    #[default]
+    Reboot,
+    /// `upgrade` to `spec.image`, control planes first, then workers:
+    /// [`OpKind::UpgradeRoll`].
+    Upgrade,
+}
+
+impl RollKind {
+    /// The model's operation kind of such a roll.
+    pub fn op_kind(self) -> OpKind {
+        match self {
+            RollKind::Reboot => OpKind::Roll,
+            RollKind::Upgrade => OpKind::UpgradeRoll,
         }
     }
 }
@@ -444,6 +497,18 @@ impl Op {
         })
     }
 
+    /// The roll's machines out of service in `s`: taken down by a call and not back, or
+    /// their Kubernetes Node cordoned.
+    pub fn out_of_service(&self, s: &State) -> Vec<u8> {
+        self.roll_order()
+            .filter(|&j| {
+                s.machines
+                    .get(usize::from(j))
+                    .is_some_and(|m| m.boots.rebooting || m.boots.unsched)
+            })
+            .collect()
+    }
+
     /// The machines a roll takes, in order.
     pub fn roll_order(&self) -> impl Iterator<Item = u8> + '_ {
         self.order.iter().copied().take_while(|&x| x != NONE)
@@ -451,7 +516,7 @@ impl Op {
 
     /// The machine a roll is at (or the operation's target).
     pub fn at(&self) -> u8 {
-        if self.kind == OpKind::Roll {
+        if self.kind.rolls() {
             self.order
                 .get(usize::from(self.cur))
                 .copied()
@@ -618,6 +683,8 @@ pub struct Tallies {
     pub approved_cps: usize,
     pub active: usize,
     pub workers: usize,
+    /// Approved workers not being deleted in service ([`Machine::serving`]).
+    pub serving: usize,
     pub running: usize,
     pub unfinished: usize,
     pub disruptive: usize,
@@ -813,6 +880,13 @@ pub struct Effect {
     pub left_running: bool,
     /// A committed request that admission let through with a warning.
     pub warned: bool,
+    /// An operation's reconcile took an approved worker out of service: it was up and
+    /// uncordoned before, and is cordoned or down after ([`Machine::serving`]).
+    pub worker_taken: bool,
+    /// A roll's reconcile took one of its nodes out of service (cordoned it, or took it
+    /// down) while another of its nodes was out of service too, one of the two a control
+    /// plane ([`Op::out_of_service`]).
+    pub beside_cp: bool,
 }
 
 pub fn step_index(name: &str) -> u8 {
@@ -892,6 +966,7 @@ impl State {
             t.approved_cps += usize::from(cp && !m.deleting);
             t.active += usize::from(cp && !m.deleting && m.joined && !m.held);
             t.workers += usize::from(m.approved_worker() && !m.deleting);
+            t.serving += usize::from(m.serving());
         }
         for (k, o) in ix(&self.ops) {
             t.running += usize::from(o.phase == Phase::Running);
@@ -908,7 +983,7 @@ impl State {
     pub fn roll_down(&self) -> (usize, u8) {
         self.ops
             .iter()
-            .filter(|o| o.kind == OpKind::Roll && o.phase != Phase::Succeeded)
+            .filter(|o| o.kind.rolls() && o.phase != Phase::Succeeded)
             .map(|o| {
                 let down = o
                     .roll_order()
@@ -972,6 +1047,11 @@ impl State {
             .iter()
             .filter(|m| m.approved_worker() && !m.deleting)
             .count()
+    }
+
+    /// Approved workers in service (`workers.serving`, [`Machine::serving`]).
+    pub fn serving(&self) -> usize {
+        self.machines.iter().filter(|m| m.serving()).count()
     }
 
     pub fn running(&self) -> usize {
@@ -1333,11 +1413,7 @@ impl Objects<'_> {
     /// A new operation of `kind` on `target` (a roll as wide as the bounds say).
     pub fn new_op(&self, kind: OpKind, target: u8) -> Op {
         Op {
-            width: if kind == OpKind::Roll {
-                self.roll_width
-            } else {
-                1
-            },
+            width: if kind.rolls() { self.roll_width } else { 1 },
             ..Op::new(kind, target)
         }
     }
@@ -1527,13 +1603,13 @@ impl Objects<'_> {
             GONE => Some("cp-gone".to_string()),
             t => Some(s.name(t)),
         };
-        let target = if o.kind == OpKind::Roll {
+        let target = if o.kind.rolls() {
             None
         } else {
             name_of(o.target)
         };
         // The order the executor recorded: a roll's machines, or the one target.
-        let order: Vec<String> = if o.kind == OpKind::Roll {
+        let order: Vec<String> = if o.kind.rolls() {
             o.roll_order().filter_map(name_of).collect()
         } else {
             target.iter().cloned().collect()
@@ -1546,11 +1622,13 @@ impl Objects<'_> {
                 },
                 kind: o.kind.name().into(),
                 machine: target,
-                image: (o.kind == OpKind::Upgrade).then(|| super::world::UPGRADE_IMAGE.into()),
+                image: o
+                    .kind
+                    .upgrades()
+                    .then(|| super::world::UPGRADE_IMAGE.into()),
                 backup_ref: None,
                 machines: Vec::new(),
-                max_unavailable: (o.kind == OpKind::Roll && o.width > 1)
-                    .then(|| i64::from(o.width)),
+                max_unavailable: (o.kind.rolls() && o.width > 1).then(|| i64::from(o.width)),
             },
         );
         op.metadata.namespace = Some(NAMESPACE.into());
@@ -1896,7 +1974,7 @@ impl<'t> Model<'t> {
             if made < usize::from(self.bounds.max_operations) {
                 out.push(Req::CreateOperation(OpKind::Restore, NONE));
                 if self.bounds.rolls {
-                    out.push(Req::CreateOperation(OpKind::Roll, NONE));
+                    out.push(Req::CreateOperation(self.bounds.roll_kind.op_kind(), NONE));
                 }
                 for (i, m) in ix(&s.machines).filter(|_| !self.bounds.rolls) {
                     // An upgrade of one machine (a roll over the cluster is the same
@@ -2682,6 +2760,11 @@ impl<'t> Model<'t> {
         // (`no-operation-while-even` reads that before anything else it did), or ended it.
         let label = |t: &State, mut e: Effect| {
             e.kind = Some(o.kind);
+            // An approved worker in service before this reconcile, and no longer after it.
+            e.worker_taken =
+                s.machines.iter().zip(&t.machines).any(|(a, b)| {
+                    a.serving() && !b.serving() && b.approved_worker() && !b.deleting
+                });
             let now = t.ops.get(k).map_or(o.phase, |x| x.phase);
             // An upgrade that ended here left its node back, running the new version? A roll,
             // each node it finished here (as far as it is still there)?
@@ -2692,11 +2775,13 @@ impl<'t> Model<'t> {
             // A machine being deleted that the roll passed without cordoning it (the
             // executor skips one no step touched: `NodeSkipped`) was not taken down by the
             // operation: if its node is down, something else did it, and its removal takes
-            // it out of service anyway.
+            // it out of service anyway; nor was it upgraded by an upgrade roll, which passed
+            // it (`verify --rolls --roll-kind upgrade` found the roll blamed for the old
+            // version of a control plane the garbage collector was deleting).
             let back = |j: u8, upgraded: bool| {
                 let cordon_kept = o.record_of(j).is_some_and(|r| r.has(OpRun::WAS_CORDONED));
                 t.machines.get(usize::from(j)).is_none_or(|m| {
-                    (m.deleting && !m.boots.unsched && !upgraded)
+                    (m.deleting && !m.boots.unsched && (!upgraded || o.kind.rolls()))
                         || m.etcd_ok()
                             && !m.boots.rebooting
                             && (m.boots.upgraded || !upgraded)
@@ -2708,13 +2793,22 @@ impl<'t> Model<'t> {
                     e.left_down =
                         t.machines.get(usize::from(o.target)).is_none() || !back(o.target, true);
                 }
-                (OpKind::Roll, Some(x)) => {
+                (kind, Some(x)) if kind.rolls() => {
+                    // A node it took out of service beside another out of service, one of
+                    // the two a control plane (one re-roled since it was taken is not
+                    // blamed on the roll: only what this reconcile took counts).
+                    let (was, now) = (o.out_of_service(s), x.out_of_service(t));
+                    let cp = |j: u8| t.machines.get(usize::from(j)).is_some_and(|m| m.ever_cp());
+                    e.beside_cp = now
+                        .iter()
+                        .filter(|j| !was.contains(j))
+                        .any(|&j| now.iter().any(|&k| k != j && (cp(j) || cp(k))));
                     let before: Vec<usize> = o.finished().collect();
                     e.left_down = x
                         .finished()
                         .filter(|n| !before.contains(n))
                         .filter_map(|n| x.order.get(n).copied())
-                        .any(|j| !back(j, false))
+                        .any(|j| !back(j, kind.upgrades()))
                         && o.phase != Phase::Succeeded;
                 }
                 _ => {}
@@ -2853,6 +2947,7 @@ pub(crate) mod tests {
             depth: 64,
             rolls: false,
             roll_width: 1,
+            roll_kind: RollKind::Reboot,
         };
         (table, bounds)
     }
@@ -2959,6 +3054,7 @@ pub(crate) mod tests {
                 approved_cps: s.approved_cps(),
                 active: s.active(),
                 workers: s.workers(),
+                serving: s.serving(),
                 running: s.running(),
                 unfinished: s.unfinished(),
                 disruptive: s.disruptive(),

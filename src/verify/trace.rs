@@ -156,7 +156,7 @@ pub fn describe(s: &State, req: Req) -> String {
             s.name(i)
         ),
         Req::CreateOperation(kind, t) => {
-            let target = if kind == super::model::OpKind::Roll {
+            let target = if kind.rolls() {
                 ", no machine: a roll over the cluster".to_string()
             } else if t == super::model::NONE {
                 String::new()
@@ -382,7 +382,7 @@ fn text_of(
         | Move::OperationRefused(k) => {
             let o = s.ops[usize::from(k)];
             let at = o.at();
-            let target = if o.kind == super::model::OpKind::Roll {
+            let target = if o.kind.rolls() {
                 if at == super::model::NONE || at == super::model::GONE {
                     " over the cluster".to_string()
                 } else {

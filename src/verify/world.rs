@@ -9,8 +9,8 @@
 //! controller crash right after it (nothing after it happens; what was recorded stays).
 
 use super::model::{
-    Effect, Fired, GONE, Lock, MRole, Memo, NONE, Op, OpKind, OpRun, Phase, ROLL_MAX, SIDE, Side,
-    State, remove_machine, step_index,
+    Effect, Fired, GONE, Lock, MRole, Memo, NONE, Op, OpRun, Phase, ROLL_MAX, SIDE, Side, State,
+    remove_machine, step_index,
 };
 use crate::compile::PlanStep;
 use crate::runtime::exec::{Call, Drained, LockOp, Node, NodeError, Note, Reply, World};
@@ -49,7 +49,7 @@ fn destructive_step(plan: &[PlanStep]) -> Option<&PlanStep> {
 /// ([`operation_run`] is its inverse on everything the procedure reads).
 pub fn operation_status(plan: &[PlanStep], o: &Op, order: &[String]) -> OperationStatus {
     let (phase, r) = (o.phase, o.run);
-    let roll = o.kind == OpKind::Roll;
+    let roll = o.kind.rolls();
     let started = r.has(OpRun::STARTED);
     let order: Vec<String> = if started { order.to_vec() } else { Vec::new() };
     // One machine's operation keeps "its node is done" as `steps == u8::MAX`.
@@ -372,7 +372,7 @@ impl<'a> ModelWorld<'a> {
         let roll = self
             .op
             .and_then(|k| self.t.ops.get(usize::from(k)))
-            .is_some_and(|o| o.kind == OpKind::Roll);
+            .is_some_and(|o| o.kind.rolls());
         roll || usize::from(self.idx) == j
     }
 
@@ -653,7 +653,7 @@ impl crate::runtime::exec::operation::OperationWorld for ModelWorld<'_> {
             .t
             .ops
             .get(usize::from(k))
-            .is_some_and(|o| o.kind == OpKind::Roll);
+            .is_some_and(|o| o.kind.rolls());
         let Some(rec) = operation_run(status, roll) else {
             return Ok(());
         };
@@ -1047,6 +1047,7 @@ mod tests {
             depth: 64,
             rolls: false,
             roll_width: 1,
+            roll_kind: crate::verify::RollKind::Reboot,
         };
         let model = Model::new(table, bounds).expect("model");
         let s = State::initial(&bounds)
@@ -1188,6 +1189,7 @@ mod tests {
             depth: 64,
             rolls: true,
             roll_width: 1,
+            roll_kind: crate::verify::RollKind::Reboot,
         };
         let model = Model::new(&table, bounds).expect("model");
         let mut state = State::initial(&bounds)
