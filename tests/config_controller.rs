@@ -118,6 +118,47 @@ async fn start_with(count: i64, before: impl FnOnce(&TalosApi)) -> (ApiServer, T
     )
 }
 
+/// The `apply` reconciles of machine `name` in a step log, in order: each one's lines
+/// without its number and the times it asked, and whether it acted (an
+/// `ApplyConfiguration` or an event).
+fn apply_reconciles(log: &str, name: &str) -> Vec<(String, bool)> {
+    let mut open: std::collections::BTreeMap<u64, (Vec<Value>, bool)> = Default::default();
+    let mut done = Vec::new();
+    for line in log.lines() {
+        let Ok(mut v) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        let Some(n) = v["reconcile"].as_u64() else {
+            continue;
+        };
+        let op = v["op"].as_str().unwrap_or_default().to_string();
+        if op == "begin" {
+            if v["procedure"] == "apply" && v["object"]["machine"]["metadata"]["name"] == name {
+                open.insert(n, (Vec::new(), false));
+            } else {
+                continue;
+            }
+        }
+        let Some((lines, acted)) = open.get_mut(&n) else {
+            continue;
+        };
+        *acted |= op == "apply_configuration" || op == "event";
+        if op == "now" {
+            continue;
+        }
+        if let Some(o) = v.as_object_mut() {
+            o.remove("reconcile");
+        }
+        lines.push(v);
+        if op == "end"
+            && let Some((lines, acted)) = open.remove(&n)
+        {
+            done.push((Value::Array(lines).to_string(), acted));
+        }
+    }
+    done
+}
+
 fn applied(api: &ApiServer, name: &str) -> Option<String> {
     get(api, "TalosMachine", name)?["status"]["config"]["appliedHash"]
         .as_str()
@@ -140,7 +181,7 @@ fn patch(name: &str, selector: Value, strategic: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn approved_machines_get_their_configuration_and_a_patch_reaches_exactly_its_machines() {
-    let (api, talos, _running) = start(3).await;
+    let (api, talos, ctl) = start(3).await;
     wait_for("every control plane configured", WAIT, || {
         (0..3).all(|i| {
             let name = format!("cp-{}", i + 1);
@@ -198,6 +239,22 @@ async fn approved_machines_get_their_configuration_and_a_patch_reaches_exactly_i
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(talos.node(0).config().unwrap(), before[0]);
     assert_eq!(talos.node(2).config().unwrap(), before[2]);
+    // Each probe (500 ms apart) reconciled cp-1's configuration again, but the step log
+    // holds no quiet reconcile twice in a row: the repeats are not logged.
+    let logged = apply_reconciles(&ctl.text(), "cp-1");
+    let probes = talos.calls_to("Version", "cp-1");
+    assert!(
+        !logged.is_empty() && logged.len() < probes,
+        "{} apply reconciles of cp-1 logged for {probes} probes",
+        logged.len(),
+    );
+    for pair in logged.windows(2) {
+        assert!(
+            pair[0].1 || pair[1].1 || pair[0].0 != pair[1].0,
+            "a quiet repeat logged twice: {}",
+            pair[1].0
+        );
+    }
     assert_eq!(
         talos.node(0).reboots() + talos.node(1).reboots() + talos.node(2).reboots(),
         0

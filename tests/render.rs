@@ -2,6 +2,7 @@
 //! identity, validation with Talos' conflict table, deterministic bytes and their sha256,
 //! hostile input bounded, and the redacted base failing exactly when the real one does.
 
+use ichor_rules::runtime::render::required::{Present, REQUIRED_FIELDS, Required};
 use ichor_rules::runtime::render::{
     self, Base, Identity, Patch, RenderError, Role, conflicts::CONFLICTS, conflicts::Conflict,
     conflicts::Set, conflicts::Want,
@@ -138,10 +139,8 @@ fn conflict_leaf(c: &Conflict) -> serde_json::Value {
 
 /// The newer document of a conflict, with the fields its entry asks of it.
 fn conflict_doc(c: &Conflict) -> serde_json::Value {
-    let mut doc = serde_json::json!({"apiVersion": "v1alpha1", "kind": c.kind});
-    if render::NAMED_KINDS.contains(&c.kind) {
-        doc["name"] = "n".into();
-    }
+    // The fields Talos requires of the kind, then the ones the entry asks.
+    let mut doc = complete(c.kind);
     for (path, want) in c.doc {
         let v = match want {
             Want::Set(set) => leaf(*set),
@@ -213,11 +212,7 @@ fn every_conflict_is_refused_with_talos_message() {
         }
         // The document without the fields its entry asks of it is no conflict.
         if !c.doc.is_empty() {
-            let mut bare = serde_json::json!({"apiVersion": "v1alpha1", "kind": c.kind});
-            if render::NAMED_KINDS.contains(&c.kind) {
-                bare["name"] = "n".into();
-            }
-            let bare = strategic(&serde_json::to_string(&bare).unwrap());
+            let bare = strategic(&serde_json::to_string(&complete(c.kind)).unwrap());
             render::render(
                 &base,
                 Role::ControlPlane,
@@ -262,8 +257,10 @@ endpoint: {endpoint}
     let err = Base::parse(&text, &text.replace("controlplane", "worker"), true)
         .and_then(|base| render::render(&base, Role::ControlPlane, &[], Identity::default()))
         .unwrap_err();
+    // Talos' own words for the document's empty endpoint.
     assert!(
-        err.to_string().contains("cluster.controlPlane.endpoint"),
+        err.to_string()
+            .contains("document KubeClusterConfig: endpoint must be specified (`endpoint`"),
         "{err}"
     );
 }
@@ -468,7 +465,9 @@ fn a_new_document_is_appended_without_its_markers() {
         r.text
     );
     // Named documents are told apart by name.
-    let q = strategic("apiVersion: v1alpha1\nkind: ExtensionServiceConfig\nname: other\n");
+    let q = strategic(
+        "apiVersion: v1alpha1\nkind: ExtensionServiceConfig\nname: other\nenvironment: [B=2]\n",
+    );
     let r = cp(&[&p, &q]).unwrap();
     assert_eq!(r.text.matches("kind: ExtensionServiceConfig").count(), 2);
 }
@@ -572,7 +571,12 @@ fn validation_names_what_is_wrong() {
     let e = cp(&[&strategic("apiVersion: v1alpha1\nkind: UserVolumeConfig\n")])
         .unwrap_err()
         .to_string();
-    assert!(e.contains("UserVolumeConfig: `name` is required"), "{e}");
+    assert!(
+        e.contains(
+            "document UserVolumeConfig: name is required (`name` in a UserVolumeConfig document"
+        ),
+        "{e}"
+    );
     let e = cp(&[&json("[{op: remove, path: /machine/token}]")])
         .unwrap_err()
         .to_string();
@@ -804,4 +808,202 @@ fn a_machines_install_disk_is_its_identity() {
     assert_eq!(yaml(&r)[0]["machine"]["install"]["disk"], "/dev/sdb");
     let r = render_machine(&base(), &plain, &[]).unwrap();
     assert_eq!(yaml(&r)[0]["machine"]["install"]["disk"], "/dev/sda");
+}
+
+/// Sets `path` in `doc` to `v`, making the maps on the way (a value in the way replaced).
+fn set_at(doc: &mut serde_json::Value, path: &[&str], v: serde_json::Value) {
+    let (last, init) = path.split_last().unwrap();
+    let mut at = doc;
+    for p in init {
+        if !at.get(*p).is_some_and(serde_json::Value::is_object) {
+            at[*p] = serde_json::json!({});
+        }
+        at = at.get_mut(*p).unwrap();
+    }
+    at[*last] = v;
+}
+
+fn remove_at(doc: &mut serde_json::Value, path: &[&str]) {
+    let (last, init) = path.split_last().unwrap();
+    let mut at = &mut *doc;
+    for p in init {
+        match at.get_mut(*p) {
+            Some(next) => at = next,
+            None => return,
+        }
+    }
+    if let Some(m) = at.as_object_mut() {
+        m.remove(*last);
+    }
+}
+
+/// A document of `kind` holding every field the table requires of it (each entry's first
+/// path).
+fn complete(kind: &str) -> serde_json::Value {
+    let mut doc = serde_json::json!({"apiVersion": "v1alpha1", "kind": kind});
+    for r in REQUIRED_FIELDS.iter().filter(|r| r.kind == kind) {
+        if !r.paths.iter().any(|p| {
+            let mut v = &doc;
+            p.iter().all(|k| match v.get(*k) {
+                Some(next) => {
+                    v = next;
+                    true
+                }
+                None => false,
+            }) && r.present.holds(v)
+        }) {
+            set_at(&mut doc, r.paths[0], r.present.example());
+        }
+    }
+    doc
+}
+
+/// The control plane's base with `doc` in place of its documents of the same kind.
+fn base_with(doc: &serde_json::Value) -> String {
+    let kind = doc["kind"].as_str().unwrap();
+    let mut docs = render::parse_documents(CP, "controlplane.yaml", true).unwrap();
+    docs.retain(|d| d.get("kind").and_then(|k| k.as_str()) != Some(kind));
+    docs.push(doc.as_object().unwrap().clone());
+    render::to_yaml(&docs).unwrap()
+}
+
+/// The required-field error Talos' checks (as the stand-in and the render run them) give
+/// a configuration holding `doc`.
+fn required_error(doc: &serde_json::Value) -> Option<String> {
+    let e = render::validate_text(&base_with(doc)).err()?.to_string();
+    e.contains("Talos refuses it without").then_some(e)
+}
+
+fn row(r: &Required) -> String {
+    format!("{} {} ({})", r.kind, r.paths_text(), r.message)
+}
+
+#[test]
+fn every_required_field_is_refused_with_talos_message_when_missing() {
+    for r in REQUIRED_FIELDS {
+        assert!(
+            render::KNOWN_KINDS.contains(&r.kind),
+            "{}: not a known kind",
+            row(r)
+        );
+        let full = complete(r.kind);
+        assert_eq!(
+            required_error(&full),
+            None,
+            "{}: the complete document",
+            row(r)
+        );
+        // Without it (every alternative): refused with Talos' words and the path.
+        let mut without = full.clone();
+        for p in r.paths {
+            remove_at(&mut without, p);
+        }
+        let e = required_error(&without).unwrap_or_else(|| panic!("{}: accepted without", row(r)));
+        assert!(
+            e.contains(r.message) && e.contains(&r.paths_text()) && e.contains(r.kind),
+            "{}: {e}",
+            row(r)
+        );
+        // Present but empty or wrong (a string field as "", a list as []): refused too.
+        let wrong = match r.present {
+            Present::Text | Present::OneOf(_) => Some(serde_json::json!("")),
+            Present::List => Some(serde_json::json!([])),
+            Present::Map => Some(serde_json::json!({})),
+            Present::NonZero | Present::Range(..) => Some(serde_json::json!(0)),
+            Present::Value => None,
+        };
+        if let Some(wrong) = wrong {
+            let mut doc = without.clone();
+            for p in r.paths {
+                set_at(&mut doc, p, wrong.clone());
+            }
+            let e = required_error(&doc).unwrap_or_else(|| panic!("{}: accepted empty", row(r)));
+            assert!(e.contains(r.message), "{}: {e}", row(r));
+        }
+        // Any one alternative is enough.
+        for p in r.paths.iter().filter(|_| r.paths.len() > 1) {
+            let mut doc = full.clone();
+            for q in r.paths.iter().filter(|q| *q != p) {
+                remove_at(&mut doc, q);
+            }
+            set_at(&mut doc, p, r.present.example());
+            assert_eq!(
+                required_error(&doc),
+                None,
+                "{}: with {}",
+                row(r),
+                p.join(".")
+            );
+        }
+        // Waived where the same document says so.
+        if let Some((path, values)) = r.unless {
+            for v in values {
+                let mut doc = without.clone();
+                let v = match v {
+                    render::required::Scalar::Bool(b) => serde_json::json!(b),
+                    render::required::Scalar::Str(s) => serde_json::json!(s),
+                };
+                set_at(&mut doc, path, v.clone());
+                assert_eq!(required_error(&doc), None, "{}: with {v}", row(r));
+            }
+        }
+    }
+}
+
+#[test]
+fn a_named_document_missing_a_field_is_named_as_talos_names_it() {
+    let e = cp(&[&strategic(
+        "apiVersion: v1alpha1\nkind: VLANConfig\nname: eth0.10\nvlanID: 10\n",
+    )])
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("document VLANConfig/eth0.10: parent must be specified (`parent`"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_redacted_render_fails_exactly_when_the_real_one_does_on_required_fields() {
+    // Each required field missing or empty in the base itself (secrets among them: an
+    // empty private key stays empty when redacted), and present.
+    for r in REQUIRED_FIELDS {
+        let full = complete(r.kind);
+        let mut empty = full.clone();
+        for p in r.paths {
+            set_at(&mut empty, p, serde_json::json!(""));
+        }
+        let mut without = full.clone();
+        for p in r.paths {
+            remove_at(&mut without, p);
+        }
+        for doc in [&full, &empty, &without] {
+            let real = Base::parse(&base_with(doc), WORKER, true).unwrap();
+            let red = real.redacted();
+            assert_eq!(
+                outcome(&real, Role::ControlPlane, &[]),
+                outcome(&red, Role::ControlPlane, &[]),
+                "{}: {doc}",
+                row(r)
+            );
+        }
+    }
+}
+
+#[test]
+fn the_newer_documents_secrets_are_redacted() {
+    let docs = "apiVersion: v1alpha1\nkind: WireguardConfig\nname: wg0\nprivateKey: SECRET-BASE-wg\n\
+        peers:\n  - publicKey: pub\n    presharedKey: SECRET-BASE-psk\n---\n\
+        apiVersion: v1alpha1\nkind: HCloudVIPConfig\nname: 10.0.0.1\nlink: eth0\napiToken: SECRET-BASE-hc\n---\n\
+        apiVersion: v1alpha1\nkind: DiscoveryIdentityConfig\nclusterID: SECRET-BASE-id\nclusterSecret: SECRET-BASE-cs\n---\n\
+        apiVersion: v1alpha1\nkind: RegistryAuthConfig\nname: r.io\nusername: u\npassword: SECRET-BASE-pw\nauth: SECRET-BASE-auth\nidentityToken: SECRET-BASE-it\n---\n\
+        apiVersion: v1alpha1\nkind: SideroLinkConfig\napiUrl: https://s.example/?jointoken=SECRET-BASE-jt\n";
+    let text = format!("{CP}\n---\n{docs}");
+    let real = Base::parse(&text, WORKER, true).unwrap();
+    let (c, _) = real.redacted().texts().unwrap();
+    assert!(!c.contains("SECRET-BASE"), "{c}");
+    assert!(
+        c.contains("publicKey: pub"),
+        "what is not secret stays: {c}"
+    );
 }

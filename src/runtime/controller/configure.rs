@@ -251,7 +251,9 @@ pub async fn configure(
         // Every step logged, for `verify --check-trace`, with the status left to write.
         Some(log) => {
             let begin = crate::runtime::exec::trace::ApplyBegin::new(cluster, live, next);
-            let id = log.begin("apply", &begin, &super::removal::timing(ctx));
+            // Looked at every probe: a quiet repeat is not logged again.
+            let key = format!("{}/{}", live.namespace(), live.name());
+            let id = log.begin_repeatable("apply", &key, &begin, &super::removal::timing(ctx));
             let mut traced = crate::runtime::exec::trace::Traced::new(world, log, id);
             let outcome = apply::reconcile(&mut traced, cluster, live, next).await;
             log.end_with_status(id, &outcome, &next.status);

@@ -270,7 +270,16 @@ async fn configure<W: ApplyWorld>(
     config_status(next).rendered_hash = Some(hash.clone());
     if live.applied_config_hash() == Some(hash.as_str()) {
         let message = format!("configuration {} applied", short(&hash));
-        set(w, next, true, "Applied", &message);
+        // What the apply of this very configuration said (Talos' dry run and answer) is
+        // kept; anything else is replaced.
+        let said = next
+            .configured_state()
+            .is_some_and(|(ok, reason, said, _)| {
+                ok && reason == Some("Applied") && said.is_some_and(|m| m.starts_with(&message))
+            });
+        if !said {
+            set(w, next, true, "Applied", &message);
+        }
         return Ok(Outcome::AwaitChange);
     }
     // 3. Talos' own check first, where the configuration will go: a node in maintenance

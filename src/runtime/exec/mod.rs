@@ -109,6 +109,29 @@ pub enum Call {
 }
 
 impl Call {
+    /// Whether the call only asks (a version, members, a status, a boot time, a listing)
+    /// and never changes the node.
+    pub fn reads_only(&self) -> bool {
+        match self {
+            Call::Version
+            | Call::EtcdMemberList
+            | Call::EtcdStatus
+            | Call::SystemStat
+            | Call::List { .. } => true,
+            Call::EtcdForfeitLeadership
+            | Call::EtcdLeaveCluster
+            | Call::EtcdRemoveMemberById(_)
+            | Call::Reset { .. }
+            | Call::Reboot
+            | Call::Shutdown { .. }
+            | Call::UpgradeLegacy { .. }
+            | Call::Rollback
+            | Call::ImagePull { .. }
+            | Call::LifecycleUpgrade { .. }
+            | Call::Bootstrap => false,
+        }
+    }
+
     /// Talos' name of the call.
     pub fn name(&self) -> &'static str {
         match self {

@@ -209,6 +209,42 @@ pub enum Entry {
 }
 
 impl Entry {
+    /// Whether the entry records something done (a write, an event, a Talos call that
+    /// changes the node, a lock, a drain, a cordon), as opposed to something read or
+    /// decided.
+    pub fn acts(&self) -> bool {
+        match self {
+            Entry::Begin { .. }
+            | Entry::Now { .. }
+            | Entry::Credentials { .. }
+            | Entry::Read { .. }
+            | Entry::NodeReady { .. }
+            | Entry::Decided { .. }
+            | Entry::Fact { .. }
+            | Entry::Base { .. }
+            | Entry::Patches { .. }
+            | Entry::Render { .. }
+            | Entry::End { .. } => false,
+            Entry::Talos { call, .. } => !call.reads_only(),
+            Entry::Lock { .. }
+            | Entry::Drain { .. }
+            | Entry::WriteStatus { .. }
+            | Entry::ReleaseFinalizer { .. }
+            | Entry::Event { .. }
+            | Entry::Step { .. }
+            | Entry::WriteOperation { .. }
+            | Entry::OperationEvent { .. }
+            | Entry::Cordon { .. }
+            | Entry::WriteBackup { .. }
+            | Entry::BackupEvent { .. }
+            | Entry::StreamSnapshot { .. }
+            | Entry::DeleteObject { .. }
+            | Entry::ApplyConfiguration { .. }
+            | Entry::RecordBootstrap { .. }
+            | Entry::ClusterEvent { .. } => true,
+        }
+    }
+
     fn op(&self) -> &'static str {
         match self {
             Entry::Begin { .. } => "begin",
@@ -414,9 +450,39 @@ pub fn outcome_text<E>(o: &Result<Outcome, E>) -> String {
 }
 
 /// Where step logs go: one line per write, whole lines only.
+///
+/// A reconcile begun with [`StepLog::begin_repeatable`] (a machine's configuration, looked
+/// at again every probe) is held back while it only reads: once it acts (any entry
+/// [`Entry::acts`]) its lines so far are written and the rest go straight through; if it
+/// ends having only read, it is written unless it is an exact repeat of the last quiet
+/// reconcile logged for the same key (the same reads, answers, decisions and status, the
+/// times asked excepted), whose replay would be the same. A repeat is counted, not logged.
 pub struct StepLog {
     out: std::sync::Mutex<Box<dyn Write + Send>>,
     next: AtomicU64,
+    held: std::sync::Mutex<HeldReconciles>,
+    repeats: AtomicU64,
+}
+
+/// The quiet reconciles not written yet, and the digest of the last quiet one written per
+/// key.
+#[derive(Default)]
+struct HeldReconciles {
+    open: std::collections::HashMap<u64, Held>,
+    last: std::collections::HashMap<String, Vec<u8>>,
+}
+
+/// At most this many keys remembered (machines): past it, the memory starts over, and a
+/// repeat is written once more.
+const REPEAT_KEYS: usize = 65_536;
+
+/// At most this many quiet reconciles held at once.
+const OPEN_HELD: usize = 4096;
+
+struct Held {
+    key: String,
+    text: Vec<u8>,
+    digest: ring::digest::Context,
 }
 
 impl StepLog {
@@ -424,7 +490,14 @@ impl StepLog {
         StepLog {
             out: std::sync::Mutex::new(out),
             next: AtomicU64::new(1),
+            held: std::sync::Mutex::new(HeldReconciles::default()),
+            repeats: AtomicU64::new(0),
         }
+    }
+
+    /// How many quiet reconciles were not written, each the repeat of one that was.
+    pub fn repeats(&self) -> u64 {
+        self.repeats.load(Ordering::Relaxed)
     }
 
     /// Appends to `path` (created when missing).
@@ -437,15 +510,68 @@ impl StepLog {
     }
 
     fn write(&self, reconcile: u64, entry: Entry) {
+        let acts = entry.acts();
+        let ends = matches!(entry, Entry::End { .. });
         let line = Line { reconcile, entry };
         let Ok(mut text) = serde_json::to_vec(&line) else {
             return;
         };
         text.push(b'\n');
+        if let Some(text) = self.hold(reconcile, &line.entry, text, acts, ends) {
+            self.put(&text);
+        }
+    }
+
+    /// Holds a line of a quiet reconcile back; `Some`: what to write now.
+    fn hold(
+        &self,
+        reconcile: u64,
+        entry: &Entry,
+        text: Vec<u8>,
+        acts: bool,
+        ends: bool,
+    ) -> Option<Vec<u8>> {
+        let Ok(mut held) = self.held.lock() else {
+            return Some(text);
+        };
+        let held = &mut *held;
+        let Some(mut h) = held.open.remove(&reconcile) else {
+            // Not held (any other reconcile, or one that acted): written now.
+            return Some(text);
+        };
+        h.text.extend_from_slice(&text);
+        if acts {
+            // It acts: everything so far, and it is no longer a quiet one to compare with.
+            held.last.remove(&h.key);
+            return Some(h.text);
+        }
+        if !matches!(entry, Entry::Now { .. }) {
+            // The entry without its reconcile's number: repeats compare by what they say.
+            if let Ok(bytes) = serde_json::to_vec(entry) {
+                h.digest.update(&bytes);
+            }
+        }
+        if !ends {
+            held.open.insert(reconcile, h);
+            return None;
+        }
+        let digest = h.digest.finish().as_ref().to_vec();
+        if held.last.get(&h.key) == Some(&digest) {
+            self.repeats.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        if held.last.len() >= REPEAT_KEYS {
+            held.last.clear();
+        }
+        held.last.insert(h.key, digest);
+        Some(h.text)
+    }
+
+    fn put(&self, text: &[u8]) {
         if let Ok(mut out) = self.out.lock() {
             // A log that cannot be written never stops the controller; it says so once
             // per failed write.
-            if let Err(e) = out.write_all(&text).and_then(|()| out.flush()) {
+            if let Err(e) = out.write_all(text).and_then(|()| out.flush()) {
                 tracing::warn!(error = %e, "the step log could not be written");
             }
         }
@@ -455,6 +581,45 @@ impl StepLog {
     /// an `operation`, the [`BackupBegin`] of a `backup`) by `procedure`: its number.
     pub fn begin<T: Serialize>(&self, procedure: &str, object: &T, timing: &Timing) -> u64 {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.begin_as(id, procedure, object, timing);
+        id
+    }
+
+    /// [`StepLog::begin`] of a reconcile that repeats while nothing changes (`key`: what
+    /// it reconciles): held back while it only reads, and not written when it is the exact
+    /// repeat of the last quiet one of `key` (see [`StepLog`]).
+    pub fn begin_repeatable<T: Serialize>(
+        &self,
+        procedure: &str,
+        key: &str,
+        object: &T,
+        timing: &Timing,
+    ) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut held) = self.held.lock() {
+            if held.open.len() >= OPEN_HELD {
+                // Reconciles that never ended (their tasks dropped): written as they are,
+                // as a reconcile cut short is.
+                let mut open: Vec<_> = held.open.drain().collect();
+                open.sort_by_key(|(id, _)| *id);
+                for (_, h) in open {
+                    self.put(&h.text);
+                }
+            }
+            held.open.insert(
+                id,
+                Held {
+                    key: format!("{procedure} {key}"),
+                    text: Vec::new(),
+                    digest: ring::digest::Context::new(&ring::digest::SHA256),
+                },
+            );
+        }
+        self.begin_as(id, procedure, object, timing);
+        id
+    }
+
+    fn begin_as<T: Serialize>(&self, id: u64, procedure: &str, object: &T, timing: &Timing) {
         self.write(
             id,
             Entry::Begin {
@@ -463,7 +628,6 @@ impl StepLog {
                 timing: timing.into(),
             },
         );
-        id
     }
 
     pub fn end<E>(&self, id: u64, outcome: &Result<Outcome, E>) {
@@ -1762,4 +1926,160 @@ pub fn check(table: &crate::compile::Table, text: &str) -> Result<Checked, NotAB
         }
     }
     Ok(checked)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// A writer whose bytes the test reads.
+    #[derive(Clone, Default)]
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Shared {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("the buffer").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Shared {
+        fn lines(&self) -> Vec<Line> {
+            let text =
+                String::from_utf8(self.0.lock().expect("the buffer").clone()).expect("UTF-8");
+            text.lines()
+                .map(|l| serde_json::from_str(l).expect("a line"))
+                .collect()
+        }
+    }
+
+    fn timing() -> Timing {
+        Timing {
+            refused_requeue: Duration::from_millis(4),
+            lock_retry: Duration::from_millis(1),
+            drain_retry: Duration::from_millis(2),
+            reset_settle: Duration::from_millis(3),
+        }
+    }
+
+    /// A quiet reconcile of `key`: a probe answering `version`, at `at`, ending with
+    /// `status`.
+    fn quiet(log: &StepLog, key: &str, at: &str, version: &str, status: &str) -> u64 {
+        let id = log.begin_repeatable("apply", key, &serde_json::json!({"m": key}), &timing());
+        log.write(id, Entry::Now { at: at.into() });
+        log.write(
+            id,
+            Entry::Decided {
+                verdict: version.into(),
+                rules: vec!["apply".into()],
+            },
+        );
+        let done: Result<Outcome, ()> = Ok(Outcome::AwaitChange);
+        log.end_with_status(id, &done, &serde_json::json!({ "s": status }));
+        id
+    }
+
+    fn reconciles(lines: &[Line]) -> Vec<u64> {
+        let mut ids: Vec<u64> = lines.iter().map(|l| l.reconcile).collect();
+        ids.dedup();
+        ids
+    }
+
+    #[test]
+    fn a_quiet_repeat_is_counted_not_logged_and_anything_new_is_logged() {
+        let out = Shared::default();
+        let log = StepLog::new(Box::new(out.clone()));
+        let first = quiet(&log, "ns/cp-1", "t1", "v1", "ok");
+        // The same, asked at another time: a repeat.
+        quiet(&log, "ns/cp-1", "t2", "v1", "ok");
+        assert_eq!(log.repeats(), 1);
+        assert_eq!(reconciles(&out.lines()), vec![first]);
+        // Another machine's first is logged, whatever cp-1 did.
+        let other = quiet(&log, "ns/cp-2", "t3", "v1", "ok");
+        // A different answer, then a different status: logged, each.
+        let answer = quiet(&log, "ns/cp-1", "t4", "v2", "ok");
+        let status = quiet(&log, "ns/cp-1", "t5", "v2", "changed");
+        assert_eq!(reconciles(&out.lines()), vec![first, other, answer, status]);
+        // Whole reconciles, begin to end, in order.
+        let lines = out.lines();
+        assert!(matches!(lines[0].entry, Entry::Begin { .. }));
+        assert!(matches!(lines[3].entry, Entry::End { .. }));
+        assert_eq!(log.repeats(), 1);
+    }
+
+    #[test]
+    fn a_reconcile_that_acts_is_written_at_once_and_the_next_quiet_one_too() {
+        let out = Shared::default();
+        let log = StepLog::new(Box::new(out.clone()));
+        let first = quiet(&log, "ns/cp-1", "t1", "v1", "ok");
+        let id = log.begin_repeatable("apply", "ns/cp-1", &serde_json::json!({}), &timing());
+        log.write(id, Entry::Now { at: "t2".into() });
+        assert_eq!(
+            reconciles(&out.lines()),
+            vec![first],
+            "held while it only reads"
+        );
+        log.write(
+            id,
+            Entry::Talos {
+                cluster: "ns/c".into(),
+                node: NodeRec::Endpoint {
+                    machine: "ns/cp-1".into(),
+                },
+                call: Call::Reboot,
+                answer: Err("lost".into()),
+            },
+        );
+        // Written before its end: a controller killed now leaves the call in the log.
+        let lines = out.lines();
+        assert_eq!(reconciles(&lines), vec![first, id]);
+        assert!(matches!(
+            lines.last().map(|l| &l.entry),
+            Some(Entry::Talos { .. })
+        ));
+        log.write(id, Entry::Now { at: "t3".into() });
+        assert_eq!(out.lines().len(), lines.len() + 1, "then written through");
+        let done: Result<Outcome, ()> = Ok(Outcome::AwaitChange);
+        log.end(id, &done);
+        // The same quiet reconcile as the first is logged again after one that acted.
+        let again = quiet(&log, "ns/cp-1", "t4", "v1", "ok");
+        assert_eq!(reconciles(&out.lines()), vec![first, id, again]);
+        assert_eq!(log.repeats(), 0);
+    }
+
+    #[test]
+    fn reads_only_calls_are_exactly_the_ones_that_change_nothing() {
+        for call in [
+            Call::Version,
+            Call::EtcdMemberList,
+            Call::EtcdStatus,
+            Call::SystemStat,
+            Call::List {
+                root: "/var/lib/etcd".into(),
+            },
+        ] {
+            assert!(call.reads_only(), "{call:?}");
+        }
+        for call in [
+            Call::EtcdForfeitLeadership,
+            Call::EtcdLeaveCluster,
+            Call::EtcdRemoveMemberById(1),
+            Call::Reset { graceful: true },
+            Call::Reboot,
+            Call::Shutdown { force: false },
+            Call::UpgradeLegacy { image: "i".into() },
+            Call::Rollback,
+            Call::ImagePull { image: "i".into() },
+            Call::LifecycleUpgrade {
+                image_name: "i".into(),
+            },
+            Call::Bootstrap,
+        ] {
+            assert!(!call.reads_only(), "{call:?}");
+        }
+    }
 }

@@ -17,6 +17,7 @@
 
 pub mod conflicts;
 pub mod merge;
+pub mod required;
 
 pub use crate::runtime::objects::Role;
 use serde::Deserialize;
@@ -107,6 +108,19 @@ pub fn secret_key(k: &str) -> bool {
             | "aescbcEncryptionSecret"
             | "bootstrapToken"
             | "password"
+            // Newer documents' and the machine config's other secrets: Wireguard keys,
+            // the service-account issuer's key, a cloud API token, the discovery
+            // identity, registry credentials, disk-encryption passphrases, SideroLink's
+            // join URL (its token rides in the query).
+            | "privateKey"
+            | "presharedKey"
+            | "apiToken"
+            | "clusterID"
+            | "clusterSecret"
+            | "identityToken"
+            | "auth"
+            | "passphrase"
+            | "apiUrl"
     )
 }
 
@@ -236,7 +250,9 @@ impl Base {
 fn redact(key: &str, v: &Value, under_secret: bool) -> Value {
     let secret = under_secret || secret_key(key);
     match v {
-        Value::String(_) if secret => Value::String(PLACEHOLDER.to_string()),
+        // An empty value stays empty: that it is empty is no secret, and a render that
+        // fails for it must fail on the redacted base too.
+        Value::String(s) if secret && !s.is_empty() => Value::String(PLACEHOLDER.to_string()),
         Value::Object(m) => Value::Object(
             m.iter()
                 .map(|(k, v)| (k.clone(), redact(k, v, secret)))
@@ -597,6 +613,8 @@ pub const KNOWN_KINDS: &[&str] = &[
     "RAIDArrayConfig",
     "RawVolumeConfig",
     "RegistryAuthConfig",
+    "RegistryMirrorConfig",
+    "RegistryTLSConfig",
     "ResolverConfig",
     "RoutingRuleConfig",
     "SecurityProfileConfig",
@@ -618,35 +636,6 @@ pub const KNOWN_KINDS: &[&str] = &[
     "WatchdogTimerConfig",
     "WireguardConfig",
     "ZswapConfig",
-];
-
-/// Kinds of which a configuration may hold several, told apart by `name` (required).
-pub const NAMED_KINDS: &[&str] = &[
-    "BlackholeRouteConfig",
-    "BondConfig",
-    "BridgeConfig",
-    "DummyLinkConfig",
-    "EthernetConfig",
-    "ExistingVolumeConfig",
-    "ExtensionServiceConfig",
-    "ExternalVolumeConfig",
-    "HCloudVIPConfig",
-    "HTTPProbeConfig",
-    "KubeInlineManifestConfig",
-    "KubeExternalManifestConfig",
-    "LinkAliasConfig",
-    "LinkConfig",
-    "NetworkRuleConfig",
-    "RawVolumeConfig",
-    "StaticHostConfig",
-    "SwapVolumeConfig",
-    "TCPProbeConfig",
-    "UserVolumeConfig",
-    "VLANConfig",
-    "VRFConfig",
-    "VethConfig",
-    "VolumeConfig",
-    "WireguardConfig",
 ];
 
 /// Where a configuration of Talos' multi-document Kubernetes contract keeps the cluster's
@@ -713,13 +702,16 @@ fn validate(docs: &[Document], role: Role) -> Result<(), RenderError> {
                         "document {kind}: `apiVersion` must be `v1alpha1`"
                     )));
                 }
-                if NAMED_KINDS.contains(&kind)
-                    && d.get("name")
-                        .and_then(Value::as_str)
-                        .is_none_or(str::is_empty)
-                {
+                if let Some(r) = required::first_missing(kind, d) {
+                    // As Talos names it: `Kind/name`, or `Kind`.
+                    let shown = match d.get("name").and_then(Value::as_str) {
+                        Some(n) if !n.is_empty() => format!("{kind}/{n}"),
+                        _ => kind.to_string(),
+                    };
                     return Err(RenderError::Invalid(format!(
-                        "document {kind}: `name` is required"
+                        "document {shown}: {} ({} in a {kind} document; Talos refuses it without)",
+                        r.message,
+                        r.paths_text()
                     )));
                 }
             }
