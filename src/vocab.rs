@@ -123,16 +123,19 @@ pub enum Subject {
     Operation,
     /// A TalosConfigPatch (a change of the Talos configuration of the machines it selects).
     Patch,
+    /// A TalosEtcdBackup (its status: the snapshots it took, kept and is deleting).
+    Backup,
 }
 
 impl Subject {
-    pub const ALL: [Subject; 6] = [
+    pub const ALL: [Subject; 7] = [
         Subject::ControlPlane,
         Subject::Worker,
         Subject::Machine,
         Subject::Cluster,
         Subject::Operation,
         Subject::Patch,
+        Subject::Backup,
     ];
 
     pub fn name(self) -> &'static str {
@@ -143,6 +146,7 @@ impl Subject {
             Subject::Cluster => "cluster",
             Subject::Operation => "operation",
             Subject::Patch => "patch",
+            Subject::Backup => "backup",
         }
     }
 
@@ -239,6 +243,9 @@ pub const RUNTIME_EVENTS: &[(Verb, Subject, Site)] = &[
     (Verb::Start, Subject::Operation, Site::Webhook),
     // A status write (talosmachines/status) that changes what decisions read.
     (Verb::Report, Subject::Machine, Site::Webhook),
+    // A TalosEtcdBackup's status changing (talosetcdbackups/status): its snapshots, which
+    // the fresh-backup rules read and retention deletes.
+    (Verb::Report, Subject::Backup, Site::Webhook),
     // spec.endpoint or spec.hostname of an approved machine changing.
     (Verb::Readdress, Subject::ControlPlane, Site::Webhook),
     (Verb::Readdress, Subject::Worker, Site::Webhook),

@@ -1310,6 +1310,8 @@ fn webhooks_match_the_seeds_operations_and_the_servers_routes() {
                 ("talosclusters".to_string(), ops(&["DELETE", "UPDATE"])),
                 // ADR 0106 §1: a written TalosConfigPatch is dry-rendered (deletes are not).
                 ("talosconfigpatches".to_string(), ops(&["CREATE", "UPDATE"])),
+                // Issue 36: only the controller records a backup's snapshots.
+                ("talosetcdbackups/status".to_string(), ops(&["UPDATE"])),
                 (
                     "talosmachines".to_string(),
                     ops(&["CREATE", "DELETE", "UPDATE"])
@@ -1323,7 +1325,7 @@ fn webhooks_match_the_seeds_operations_and_the_servers_routes() {
             .iter()
             .map(|h| h["name"].as_str().expect("name"))
             .collect();
-        assert_eq!(names.len(), 5, "{name}: webhook names are unique");
+        assert_eq!(names.len(), 6, "{name}: webhook names are unique");
     }
 }
 
@@ -1949,6 +1951,7 @@ fn the_notes_list_every_write_refused_while_the_webhook_is_down() {
         "TalosCluster delete, and EVERY update",
         "TalosOperation creation, and EVERY update",
         "TalosConfigPatch create, and EVERY update",
+        "TalosEtcdBackup EVERY update of its status",
     ] {
         assert!(flat.contains(says), "the notes lack {says:?}:\n{default}");
     }
@@ -1963,6 +1966,7 @@ fn the_notes_list_every_write_refused_while_the_webhook_is_down() {
             "talosclusters" => "TalosCluster",
             "talosoperations" => "TalosOperation",
             "talosconfigpatches" => "TalosConfigPatch",
+            "talosetcdbackups/status" => "TalosEtcdBackup",
             other => panic!("{other}"),
         };
         for op in strings(&h["rules"][0]["operations"]) {

@@ -276,6 +276,69 @@ fn with_ready(m: &Value, status: &str, reason: &str) -> Value {
     m
 }
 
+/// Issue 36: the fresh-backup rules read a TalosEtcdBackup's last snapshot and retention
+/// deletes what its status names, so only the controller's own identity may change what
+/// that status records (`talosetcdbackups/status`, over HTTPS); a change of its conditions
+/// alone is no event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_backup_status_is_refused_and_the_controllers_own_is_not() {
+    let h = harness("backup-status", Duration::from_secs(2)).await;
+    three_control_planes(&h).await;
+    let backup = json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosEtcdBackup",
+        "metadata": {"name": "b", "namespace": "infra", "uid": "uid-b"},
+        "spec": {"clusterRef": {"name": "prod"},
+                 "store": {"endpoint": "https://s3.example.com", "bucket": "etcd",
+                           "credentialsSecretRef": {"name": "s3"}},
+                 "schedule": {"interval": "6h"}},
+        "status": {"conditions": [{"type": "Snapshot", "status": "False",
+                   "reason": "StoreUnreachable", "message": "the store did not answer"}]}
+    });
+    let mut fresh = backup.clone();
+    fresh["status"]["lastSnapshot"] = json!({"time": "2026-12-06T00:00:00Z",
+        "key": "b-20261206T000000Z.snapshot", "size": 4096, "sha256": "ab", "node": "cp-1"});
+    let mut pruning = backup.clone();
+    pruning["status"]["pruning"] = json!(["other-team/production.dump"]);
+    let mut reworded = backup.clone();
+    reworded["status"]["conditions"][0]["message"] = json!("edited");
+    let before = h.api.store.faults.requests();
+    let send = |uid: &'static str, user: &'static str, old: &Value, new: &Value| {
+        objects::review(uid, "UPDATE", Some(old), Some(new))
+            .status_subresource()
+            .authenticated_user(user)
+            .build()
+    };
+    for (uid, user, new) in [
+        ("b-1", "admin", &fresh),
+        ("b-2", "system:serviceaccount:ichor-system:default", &fresh),
+        ("b-3", "admin", &pruning),
+    ] {
+        let body = send(uid, user, &backup, new);
+        assert_eq!(body["request"]["resource"]["resource"], "talosetcdbackups");
+        let r = review(&h, &body).await;
+        assert_eq!(r["response"]["allowed"], false, "{user}: {r}");
+        assert_eq!(r["response"]["status"]["code"], 403);
+        let msg = r["response"]["status"]["message"].as_str().unwrap_or("");
+        assert!(
+            msg.starts_with("only the ichor-rules controller may change the snapshots a TalosEtcdBackup's status records"),
+            "{msg}"
+        );
+    }
+    // Clearing the last snapshot is refused too.
+    let r = review(&h, &send("b-4", "admin", &fresh, &backup)).await;
+    assert_eq!(r["response"]["allowed"], false, "{r}");
+    // The controller records its snapshots.
+    for (uid, old, new) in [("b-5", &backup, &fresh), ("b-6", &fresh, &backup)] {
+        let r = review(&h, &send(uid, CONTROLLER_USER, old, new)).await;
+        assert_eq!(r["response"]["allowed"], true, "{r}");
+    }
+    // A condition's words are no event, whoever changes them.
+    let r = review(&h, &send("b-7", "admin", &backup, &reworded)).await;
+    assert_eq!(r["response"]["allowed"], true, "{r}");
+    // Deciding who wrote a status reads nothing live.
+    assert_eq!(h.api.store.faults.requests(), before);
+}
+
 /// Issue 13: admission reads Ready=False NodeUnreachable as `member.dead`, so a forged one
 /// would bend the declared count. Only the controller's own identity may set or clear what
 /// the rules read in a machine's status; other status edits are no event and read nothing.

@@ -28,7 +28,7 @@ use serde_json::{Value, json};
 use std::path::Path;
 
 /// The kinds a request names, as `kubectl` accepts them.
-const KINDS: [(&str, &str, &[&str]); 4] = [
+const KINDS: [(&str, &str, &[&str]); 5] = [
     (
         "TalosMachine",
         "talosmachines",
@@ -48,6 +48,11 @@ const KINDS: [(&str, &str, &[&str]); 4] = [
         "TalosConfigPatch",
         "talosconfigpatches",
         &["talosconfigpatch", "talosconfigpatches", "tcp"],
+    ),
+    (
+        "TalosEtcdBackup",
+        "talosetcdbackups",
+        &["talosetcdbackup", "talosetcdbackups", "teb"],
     ),
 ];
 
@@ -132,7 +137,7 @@ pub fn parse_target(text: &str) -> Result<Target, String> {
     else {
         return Err(format!(
             "{:?}: `{}` is not a kind ichor-rules decides about; use talosmachine, \
-             taloscluster, talosoperation or talosconfigpatch",
+             taloscluster, talosoperation, talosconfigpatch or talosetcdbackup",
             clip(text),
             clip(kind)
         ));

@@ -132,9 +132,15 @@ pub fn parse_review(body: &[u8]) -> Result<Request, ReviewError> {
         })
         .unwrap_or_else(|| "default".into());
     let kind = if inner.kind.group == super::objects::GROUP {
-        ["TalosMachine", "TalosCluster", "TalosOperation"]
-            .into_iter()
-            .find(|k| *k == inner.kind.kind)
+        // (A TalosConfigPatch is decoded apart, with its dry render: `configpatch`.)
+        [
+            "TalosMachine",
+            "TalosCluster",
+            "TalosOperation",
+            "TalosEtcdBackup",
+        ]
+        .into_iter()
+        .find(|k| *k == inner.kind.kind)
     } else {
         None
     };

@@ -2,7 +2,9 @@
 //! controller and the CLI all go through here, so they decide with the same code.
 
 use super::facts::{EventFacts, Expensive, SnapshotFacts, Subject};
-use super::objects::{Object, Role, Snapshot, TalosCluster, TalosMachine, TalosOperation};
+use super::objects::{
+    Object, Role, Snapshot, TalosCluster, TalosEtcdBackup, TalosMachine, TalosOperation,
+};
 use crate::compile::Table;
 use crate::interp::Facts;
 use crate::interp::explain::{EventTrace, trace_event};
@@ -152,6 +154,32 @@ pub fn status_event<'s>(
     })
 }
 
+/// The `report backup` event of a TalosEtcdBackup request whose status changes anything
+/// but its conditions ([`TalosEtcdBackup::same_status_reads`]): an update (through
+/// `talosetcdbackups/status` or otherwise) or a create carrying such a status. A restore of
+/// a backup (`etcd-restore`) is decided as an operation.
+pub fn backup_status_event<'s>(
+    op: &Operation,
+    namespace: &'s str,
+    old: Option<&'s TalosEtcdBackup>,
+    new: Option<&'s TalosEtcdBackup>,
+) -> Option<EventFacts<'s>> {
+    let new = match op {
+        Operation::Create | Operation::Update => new?,
+        Operation::Delete | Operation::Connect => return None,
+    };
+    let changed = match old {
+        Some(old) => !old.same_status_reads(new),
+        None => !TalosEtcdBackup::default().same_status_reads(new),
+    };
+    changed.then_some(EventFacts {
+        event: (Verb::Report, S::Backup, Site::Webhook),
+        namespace,
+        cluster: new.cluster(),
+        subject: Subject::Backup(new),
+    })
+}
+
 /// The events of a TalosCluster request: `unschedule` on the transition into "false",
 /// `remove` on delete.
 pub fn cluster_events<'s>(
@@ -231,10 +259,18 @@ pub fn request_events<'s>(
             };
             operation_events(op, namespace, o)
         }
-        // No rule decides about a backup itself (its restore is decided as an operation).
+        Some(Object::Backup(_)) => {
+            let b = |o: Option<&'s Object>| match o {
+                Some(Object::Backup(b)) => Some(b),
+                _ => None,
+            };
+            backup_status_event(op, namespace, b(old), b(new))
+                .into_iter()
+                .collect()
+        }
         // A TalosConfigPatch's `apply patch` event carries its dry render
         // (`configpatch::patch_event`).
-        Some(Object::Backup(_) | Object::Patch(_)) | None => Vec::new(),
+        Some(Object::Patch(_)) | None => Vec::new(),
     }
 }
 

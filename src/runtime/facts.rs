@@ -33,6 +33,8 @@ pub enum Subject<'s> {
         name: &'s str,
         render: &'s super::configpatch::DryRender,
     },
+    /// A TalosEtcdBackup (the request's object).
+    Backup(&'s TalosEtcdBackup),
 }
 
 /// One event with what the facts are computed from.
@@ -265,7 +267,7 @@ impl<'s> SnapshotFacts<'s> {
         let leaving: Option<&str> = match self.ev.subject {
             Subject::Machine { name, .. } => Some(name),
             Subject::Operation(o) => o.spec.machine.as_deref(),
-            Subject::Cluster(_) | Subject::Patch { .. } => None,
+            Subject::Cluster(_) | Subject::Patch { .. } | Subject::Backup(_) => None,
         };
         self.control_planes()
             .iter()
@@ -280,7 +282,7 @@ impl<'s> SnapshotFacts<'s> {
         let leaving: Option<&str> = match self.ev.subject {
             Subject::Machine { name, .. } => Some(name),
             Subject::Operation(o) => o.spec.machine.as_deref(),
-            Subject::Cluster(_) | Subject::Patch { .. } => None,
+            Subject::Cluster(_) | Subject::Patch { .. } | Subject::Backup(_) => None,
         };
         self.control_planes()
             .iter()
@@ -393,6 +395,7 @@ impl<'s> SnapshotFacts<'s> {
                 Subject::Cluster(c) => vec![object_ref("TalosCluster", &c.metadata)],
                 Subject::Operation(o) => vec![object_ref("TalosOperation", &o.metadata)],
                 Subject::Patch { name, .. } => vec![("TalosConfigPatch", name, None)],
+                Subject::Backup(b) => vec![object_ref("TalosEtcdBackup", &b.metadata)],
             }
         };
         let cluster = |s: &mut Self| -> Vec<Source<'s>> {
@@ -520,12 +523,13 @@ impl<'s> Facts<'s> for SnapshotFacts<'s> {
                 Subject::Machine { view, .. } => view.deleting(),
                 Subject::Cluster(c) => c.deleting(),
                 Subject::Operation(o) => o.metadata.deletion_timestamp.is_some(),
+                Subject::Backup(b) => b.metadata.deletion_timestamp.is_some(),
                 Subject::Patch { .. } => false,
             }),
             Fact::AllowDelete => Value::Bool(match self.ev.subject {
                 Subject::Machine { view, .. } => view.allow_delete(),
                 Subject::Cluster(c) => c.allow_delete(),
-                Subject::Operation(_) | Subject::Patch { .. } => false,
+                Subject::Operation(_) | Subject::Patch { .. } | Subject::Backup(_) => false,
             }),
             Fact::Rank => {
                 let name = self.machine().map(|m| m.name());

@@ -478,8 +478,12 @@ impl ApplyMode {
     }
 }
 
+/// What stands for a dry run's details (see [`TalosClient::apply_configuration`]).
+pub const DRY_RUN_DETAILS_WITHHELD: &str = "(the dry run's diff is not kept: it may carry secrets)";
+
 /// What Talos answered to an `ApplyConfiguration`: the mode it chose (or, for a dry run,
-/// would choose), its explanation and its validation warnings.
+/// would choose), its explanation (never a dry run's, which is a diff of the configuration)
+/// and its validation warnings.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Applied {
     pub mode: ApplyMode,
@@ -808,7 +812,15 @@ impl TalosClient {
         let m = self.single(resp.messages, |m| m.metadata.as_ref())?;
         Ok(Applied {
             mode: ApplyMode::from_wire(m.mode),
-            details: m.mode_details,
+            // A dry run's details are a diff of the configuration (Talos'
+            // `configdiff.DiffConfigs`, of the whole configuration for a node in
+            // maintenance mode): they carry the cluster's secrets, so they are dropped
+            // here, before anything (a status, an Event, a log, a step log) can see them.
+            details: if dry_run {
+                DRY_RUN_DETAILS_WITHHELD.to_string()
+            } else {
+                m.mode_details
+            },
             warnings: m.warnings,
         })
     }

@@ -77,6 +77,10 @@ pub fn webhook_router(state: Arc<Webhook>) -> Router {
         .route("/validate/talosclusters", post(validate))
         .route("/validate/talosoperations", post(validate))
         .route("/validate/talosconfigpatches", post(validate))
+        // Writes of talosetcdbackups/status (the snapshots the fresh-backup rules read),
+        // and of the backups themselves for a caller that registers them.
+        .route("/validate/talosetcdbackups/status", post(validate))
+        .route("/validate/talosetcdbackups", post(validate))
         .route("/validate", post(validate))
         .with_state(state.clone())
         .merge(health_router(state))

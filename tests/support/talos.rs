@@ -643,6 +643,25 @@ impl Node {
                 mode_details: "Applied configuration with a reboot".into(),
             });
         }
+        // As Talos answers a dry run: its summary, then a diff of the configuration
+        // (`configdiff.DiffConfigs`), secrets and all: the whole of it against a node that
+        // has none yet.
+        let diff = dry_run.then(|| {
+            let old = self
+                .config
+                .lock()
+                .expect("config")
+                .clone()
+                .unwrap_or_default();
+            let mut diff = String::new();
+            for l in old.lines().filter(|l| !text.lines().any(|n| n == *l)) {
+                diff.push_str(&format!("-{l}\n"));
+            }
+            for l in text.lines().filter(|l| !old.lines().any(|o| o == *l)) {
+                diff.push_str(&format!("+{l}\n"));
+            }
+            diff
+        });
         if !dry_run {
             match chosen {
                 M::Staged => *self.staged_config.lock().expect("staged config") = Some(text),
@@ -657,8 +676,10 @@ impl Node {
             metadata: self.metadata(),
             warnings: Vec::new(),
             mode: chosen as i32,
-            mode_details: if dry_run {
-                format!("Dry run summary:\n{details} (skipped in dry-run).")
+            mode_details: if let Some(diff) = diff {
+                format!(
+                    "Dry run summary:\n{details} (skipped in dry-run).\n\nConfig diff:\n\n{diff}"
+                )
             } else {
                 details.to_string()
             },

@@ -277,6 +277,20 @@ impl TalosEtcdBackup {
         find(self.conditions(), type_)
     }
 
+    /// Whether `other`'s status holds the same as this one's in everything but its
+    /// conditions: the snapshots (the fresh-backup rules read the last one; retention
+    /// deletes what `snapshots` and `pruning` name), the one in progress, the last attempt
+    /// and the last request served (the schedule and the on-demand requests count from
+    /// them). A status that is absent holds nothing.
+    pub fn same_status_reads(&self, other: &TalosEtcdBackup) -> bool {
+        let reads = |b: &TalosEtcdBackup| {
+            let mut s = b.status.clone().unwrap_or_default();
+            s.conditions.clear();
+            s
+        };
+        reads(self) == reads(other)
+    }
+
     /// Why its store is inside `cluster` (ADR 0106 §2), or `None`.
     pub fn store_in_cluster(&self, cluster: Option<&TalosCluster>) -> Option<String> {
         let network = cluster.and_then(|c| c.spec.network.as_ref());
