@@ -76,7 +76,7 @@ impl rustls::client::danger::ServerCertVerifier for AnyServer {
     }
 }
 
-fn client_config(ca: Option<&CertificateDer<'static>>) -> Arc<rustls::ClientConfig> {
+pub(crate) fn client_config(ca: Option<&CertificateDer<'static>>) -> Arc<rustls::ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -97,7 +97,7 @@ fn client_config(ca: Option<&CertificateDer<'static>>) -> Arc<rustls::ClientConf
 
 /// One `GET path` (with a bearer token if given) over a new connection, TLS when `tls` is
 /// given: the status code and the body.
-async fn get(
+pub(crate) async fn get(
     addr: SocketAddr,
     tls: Option<&Arc<rustls::ClientConfig>>,
     path: &str,
