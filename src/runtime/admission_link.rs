@@ -227,6 +227,9 @@ pub struct LookupConfig {
     pub timeout: Duration,
 }
 
+/// An object's answers are kept by kind, uid and operation.
+type CacheKey = (String, String, String);
+
 /// The controller's side of the link.
 pub struct Lookup {
     host: String,
@@ -234,7 +237,7 @@ pub struct Lookup {
     path: String,
     config: LookupConfig,
     metrics: Arc<Metrics>,
-    cache: Mutex<HashMap<(String, String, String), (Instant, Linked)>>,
+    cache: Mutex<HashMap<CacheKey, (Instant, Linked)>>,
 }
 
 /// What a replica answered.
