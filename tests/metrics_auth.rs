@@ -394,6 +394,16 @@ async fn metrics_insecure_serves_anyone_for_local_use() {
     let tls = client_config(Some(&ca));
     let body = wait_status(metrics, Some(&tls), "/metrics", None, 200).await;
     assert!(body.contains("ichor_rules_"), "{body}");
+    // The admissions are never served to anyone: not served at all.
+    let (code, _) = get(
+        metrics,
+        Some(&tls),
+        "/admissions?kind=TalosMachine&namespace=infra&name=cp-4&operation=DELETE",
+        None,
+    )
+    .await
+    .expect("get");
+    assert_eq!(code, 404);
     let log = api.store.faults.take_log();
     assert!(
         !log.iter().any(|r| r.path.ends_with("reviews")),
