@@ -103,8 +103,8 @@ pub struct Target {
     )]
     pub resource_version: Option<String>,
     /// Its `creationTimestamp`, and its `deletionTimestamp` once being deleted: an
-    /// admission decided in another process (the chart's webhook Deployment) is found in
-    /// the webhook's log by kind, namespace, name and operation within these
+    /// admission the record could not link (`admission_lookup` says why) is found in the
+    /// webhook's log by kind, namespace, name and operation within these
     /// (`docs/operators.md`, "Following a decision to its node action").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created: Option<String>,
@@ -169,8 +169,10 @@ pub struct Admission {
 
 /// The admission decisions that let a TalosMachine's deletion or a TalosOperation's
 /// creation in, as this process's webhook allowed them (see `docs/operators.md`, "Decision
-/// records": why this is kept in the process and not on the object). Bounded: the oldest
-/// goes first.
+/// records": why this is kept in the process and not on the object), read by this
+/// process's controller ([`Admissions::find`]) and answered to a controller in another
+/// process (`runtime::admission_link`, [`Admissions::kept`]). Bounded: the oldest goes
+/// first.
 #[derive(Default)]
 pub struct Admissions {
     inner: Mutex<Kept<AdmissionKey, Admission>>,
