@@ -112,6 +112,17 @@ fn one<'a>(objs: &'a [Value], kind: &str) -> &'a Value {
     found[0]
 }
 
+/// The webhook's Service (the API server calls it); the headless one that lists the
+/// webhook pods for the controller's admission lookups is not it.
+fn webhook_service(objs: &[Value]) -> &Value {
+    let found: Vec<&Value> = all(objs, "Service")
+        .into_iter()
+        .filter(|s| s["spec"]["clusterIP"] != "None")
+        .collect();
+    assert_eq!(found.len(), 1, "exactly one Service with a cluster IP");
+    found[0]
+}
+
 fn strings(v: &Value) -> Vec<String> {
     v.as_array()
         .unwrap_or_else(|| panic!("not a list: {v}"))
@@ -314,6 +325,17 @@ fn the_charts_access_file_is_generated_from_access_rs() {
 
 type Grant = (Scope, String, String, String);
 
+/// The one non-resource grant the chart renders: the controller's `get` on
+/// `/admissions` (asking the webhook pods for admissions), as a [`Grant`].
+fn admissions_grant() -> Grant {
+    (
+        Scope::Cluster,
+        "nonResourceURLs".into(),
+        "/admissions".into(),
+        "get".into(),
+    )
+}
+
 fn grants(rules: &Value, scope: Scope) -> Vec<Grant> {
     let mut out = Vec::new();
     for rule in rules.as_array().expect("rules") {
@@ -323,6 +345,16 @@ fn grants(rules: &Value, scope: Scope) -> Vec<Grant> {
             .keys()
             .map(String::as_str)
             .collect();
+        if keys.contains("nonResourceURLs") {
+            assert_eq!(keys, BTreeSet::from(["nonResourceURLs", "verbs"]), "{rule}");
+            assert_eq!(scope, Scope::Cluster, "{rule}");
+            for url in strings(&rule["nonResourceURLs"]) {
+                for v in strings(&rule["verbs"]) {
+                    out.push((scope, "nonResourceURLs".into(), url.clone(), v));
+                }
+            }
+            continue;
+        }
         assert!(
             keys.is_subset(&BTreeSet::from([
                 "apiGroups",
@@ -472,12 +504,12 @@ fn each_deployments_service_account_is_granted_exactly_what_it_calls() {
             let csa = service_account(controller);
             assert_ne!(csa, wsa, "{name}: two ServiceAccounts");
             assert_eq!(metrics_authenticated(container_of(controller)), auth);
-            assert_same(
-                &name,
-                "controller",
-                &granted_to(&name, &objs, &csa),
-                &grant_set(&access::controller_role(auth)),
-            );
+            let mut want = grant_set(&access::controller_role(auth));
+            // Asking the webhook pods for admissions: no API call, a non-resource URL.
+            if flag_of(container_of(controller), "--admissions-url").is_some() {
+                want.insert(admissions_grant());
+            }
+            assert_same(&name, "controller", &granted_to(&name, &objs, &csa), &want);
         }
         // Every ServiceAccount rendered is one a Deployment runs as.
         let sas: BTreeSet<String> = all(&objs, "Deployment")
@@ -756,7 +788,7 @@ fn two_deployments_each_spread_over_nodes_with_a_disruption_budget() {
     );
     // The Service routes to the webhook pods only.
     assert_eq!(
-        &one(&objs, "Service")["spec"]["selector"],
+        &webhook_service(&objs)["spec"]["selector"],
         selector_of(w, "webhook")
     );
 
@@ -861,7 +893,7 @@ fn probes_use_the_https_port_the_server_listens_on() {
             assert_eq!(ca, format!("{dir}/ca.crt"), "{name}");
             assert!(volume(&objs, "client-ca").expect("volume")["configMap"]["name"].is_string());
         }
-        let svc = one(&objs, "Service");
+        let svc = webhook_service(&objs);
         assert_eq!(svc["spec"]["ports"][0]["targetPort"], "https", "{name}");
         for (k, v) in svc["spec"]["selector"].as_object().expect("selector") {
             assert_eq!(
@@ -889,6 +921,93 @@ fn port_and_flag(c: &Value, name: &str, flag: &str) -> (u64, std::net::SocketAdd
         .parse()
         .expect("an address");
     (port, addr)
+}
+
+/// The controller links its records to the webhook's admissions across the two
+/// Deployments: it asks every webhook pod (a headless Service of them, on the metrics
+/// port) at `/admissions`, checking their certificate against the webhook's CA (only
+/// `ca.crt` of the TLS Secret is mounted, never a key) for the name of the webhook's
+/// Service; the webhook's NetworkPolicy lets the controller pods reach that port; the
+/// controller may `get` `/admissions` and nothing more is granted (checked with the rest of
+/// its RBAC). Without token checks or without the webhook's records, none of it.
+#[test]
+fn the_controller_asks_every_webhook_pod_for_admissions() {
+    for (name, objs) in [
+        ("default", render(&[])),
+        (
+            "cert-manager",
+            render(&["--set", "certManager.enabled=true"]),
+        ),
+    ] {
+        let d = deployment(&objs, "controller").expect("controller");
+        let c = container_of(d);
+        let url = flag_of(c, "--admissions-url").expect("--admissions-url");
+        let svc = webhook_service(&objs)["metadata"]["name"]
+            .as_str()
+            .expect("name")
+            .to_string();
+        assert_eq!(
+            url,
+            format!("https://{svc}.{NAMESPACE}.svc:8080/admissions"),
+            "{name}: the webhook Service's name, which its certificate carries; the metrics port"
+        );
+        let peers = flag_of(c, "--admissions-peers").expect("--admissions-peers");
+        let headless = all(&objs, "Service")
+            .into_iter()
+            .find(|s| {
+                format!(
+                    "{}.{NAMESPACE}.svc",
+                    s["metadata"]["name"].as_str().unwrap_or("")
+                ) == peers
+            })
+            .unwrap_or_else(|| panic!("{name}: no Service {peers}"));
+        assert_eq!(headless["spec"]["clusterIP"], "None", "{name}");
+        let w = deployment(&objs, "webhook").expect("webhook");
+        assert_eq!(
+            headless["spec"]["selector"], w["spec"]["selector"]["matchLabels"],
+            "{name}: the webhook pods"
+        );
+        assert_eq!(
+            headless["spec"]["ports"],
+            serde_json::json!([{"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}]),
+            "{name}"
+        );
+        let ca = flag_of(c, "--admissions-ca").expect("--admissions-ca");
+        let dir = mount_path_of(c, "webhook-ca").expect("the CA mounted");
+        assert_eq!(ca, format!("{dir}/ca.crt"), "{name}");
+        let v = volume_of(d, "webhook-ca").expect("volume");
+        assert_eq!(
+            v["secret"]["secretName"],
+            format!("{FULLNAME}-tls"),
+            "{name}"
+        );
+        assert_eq!(
+            v["secret"]["optional"], true,
+            "{name}: the webhook writes it"
+        );
+        assert_eq!(
+            v["secret"]["items"],
+            serde_json::json!([{"key": "ca.crt", "path": "ca.crt"}]),
+            "{name}: the CA only, never a key"
+        );
+    }
+    for off in [
+        vec!["--set", "metrics.insecure=true"],
+        vec!["--set", "webhook.decisionLog=off"],
+    ] {
+        let objs = render(&off);
+        let c = controller_container(&objs).expect("controller");
+        for f in ["--admissions-url", "--admissions-peers", "--admissions-ca"] {
+            assert_eq!(flag_of(c, f), None, "{off:?}");
+        }
+        assert_eq!(
+            all(&objs, "Service").len(),
+            1,
+            "{off:?}: no headless Service"
+        );
+        let text = template(&off).expect("renders");
+        assert!(!text.contains("/admissions"), "{off:?}");
+    }
 }
 
 #[test]
@@ -1217,7 +1336,21 @@ fn network_policies_admit_only_the_webhook_port_by_default() {
     let ingress = of("webhook")["spec"]["ingress"]
         .as_array()
         .expect("ingress");
-    assert_eq!(ingress.len(), 1, "the webhook port only");
+    assert_eq!(
+        ingress.len(),
+        2,
+        "the webhook port, and the metrics port for the controller's admission lookups"
+    );
+    assert_eq!(
+        ingress[1]["ports"],
+        serde_json::json!([{"port": 8080, "protocol": "TCP"}])
+    );
+    let c = deployment(&objs, "controller").expect("controller");
+    assert_eq!(
+        ingress[1]["from"],
+        serde_json::json!([{"podSelector": {"matchLabels": c["spec"]["selector"]["matchLabels"]}}]),
+        "the controller pods only"
+    );
     assert_eq!(
         ingress[0]["ports"],
         serde_json::json!([{"port": 8443, "protocol": "TCP"}])
@@ -1262,7 +1395,7 @@ fn webhooks_match_the_seeds_operations_and_the_servers_routes() {
     let routes = std::fs::read_to_string("src/runtime/webhook.rs").expect("source");
     for (name, objs) in scenarios() {
         let vwc = one(&objs, "ValidatingWebhookConfiguration");
-        let svc = one(&objs, "Service");
+        let svc = webhook_service(&objs);
         let hooks = vwc["webhooks"].as_array().expect("webhooks");
         let mut seen = Vec::new();
         for h in hooks {
@@ -1499,7 +1632,7 @@ fn by_default_the_webhook_keeps_its_own_certificates_and_every_render_is_the_sam
     );
     assert_eq!(
         flag(&objs, "--service-name").as_deref(),
-        one(&objs, "Service")["metadata"]["name"].as_str()
+        webhook_service(&objs)["metadata"]["name"].as_str()
     );
     assert_eq!(
         flag(&objs, "--lease-namespace").as_deref(),
@@ -1577,7 +1710,7 @@ fn cert_manager_issues_the_certificate_and_injects_the_ca() {
             "{values_name}"
         );
         let dns = strings(&spec["dnsNames"]);
-        let svc = one(&objs, "Service")["metadata"]["name"]
+        let svc = webhook_service(&objs)["metadata"]["name"]
             .as_str()
             .expect("svc")
             .to_string();

@@ -76,7 +76,7 @@ impl rustls::client::danger::ServerCertVerifier for AnyServer {
     }
 }
 
-fn client_config(ca: Option<&CertificateDer<'static>>) -> Arc<rustls::ClientConfig> {
+pub(crate) fn client_config(ca: Option<&CertificateDer<'static>>) -> Arc<rustls::ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -97,7 +97,7 @@ fn client_config(ca: Option<&CertificateDer<'static>>) -> Arc<rustls::ClientConf
 
 /// One `GET path` (with a bearer token if given) over a new connection, TLS when `tls` is
 /// given: the status code and the body.
-async fn get(
+pub(crate) async fn get(
     addr: SocketAddr,
     tls: Option<&Arc<rustls::ClientConfig>>,
     path: &str,
@@ -171,6 +171,12 @@ async fn api_with_tokens() -> ApiServer {
     api.add_service_account_token("tok-prometheus", "monitoring", "prometheus");
     api.add_service_account_token("tok-app", "shop", "frontend");
     api.allow_non_resource(PROMETHEUS, "get", "/metrics");
+    api.add_service_account_token("tok-controller", "ichor-system", "controller");
+    api.allow_non_resource(
+        "system:serviceaccount:ichor-system:controller",
+        "get",
+        "/admissions",
+    );
     api
 }
 
@@ -250,11 +256,39 @@ async fn metrics_answer_401_without_a_token_403_without_the_permission_and_200_w
         .await
         .expect("get");
     assert_eq!(code, 404);
-    // ... and the metrics port nothing but /metrics.
+    // ... and the metrics port nothing but /metrics and the webhook's /admissions, each
+    // for the users allowed that URL: a token allowed /metrics is not allowed /admissions.
     let (code, _) = get(metrics, Some(&tls), "/readyz", Some("tok-prometheus"))
         .await
         .expect("get");
     assert_eq!(code, 404);
+    let query = "/admissions?kind=TalosMachine&namespace=infra&name=cp-4&operation=DELETE";
+    let (code, body) = get(metrics, Some(&tls), query, Some("tok-prometheus"))
+        .await
+        .expect("get");
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("may not get /admissions"), "{body}");
+    let (code, body) = get(metrics, Some(&tls), query, Some("tok-controller"))
+        .await
+        .expect("get");
+    assert_eq!((code, body.as_str()), (200, "{\"admissions\":[]}"));
+    let (code, body) = get(
+        metrics,
+        Some(&tls),
+        "/admissions?name=cp-4",
+        Some("tok-controller"),
+    )
+    .await
+    .expect("get");
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("`kind` is missing"), "{body}");
+    let (code, _) = get(metrics, Some(&tls), "/metrics", Some("tok-controller"))
+        .await
+        .expect("get");
+    assert_eq!(
+        code, 403,
+        "a token allowed /admissions is not allowed /metrics"
+    );
 }
 
 /// The controller alone: no webhook listener and no serving certificate; its probes over
@@ -302,6 +336,16 @@ async fn the_controller_alone_listens_only_for_its_probes_and_metrics() {
         .await
         .expect("get");
     assert_eq!(code, 403);
+    // No webhook here: no admissions to answer.
+    let (code, _) = get(
+        metrics,
+        Some(&tls),
+        "/admissions?kind=TalosMachine&namespace=infra&name=cp-4&operation=DELETE",
+        Some("tok-controller"),
+    )
+    .await
+    .expect("get");
+    assert_eq!(code, 404);
     let mut leading = false;
     for _ in 0..100 {
         let (code, body) = get(metrics, Some(&tls), "/metrics", Some("tok-prometheus"))
@@ -350,6 +394,16 @@ async fn metrics_insecure_serves_anyone_for_local_use() {
     let tls = client_config(Some(&ca));
     let body = wait_status(metrics, Some(&tls), "/metrics", None, 200).await;
     assert!(body.contains("ichor_rules_"), "{body}");
+    // The admissions are never served to anyone: not served at all.
+    let (code, _) = get(
+        metrics,
+        Some(&tls),
+        "/admissions?kind=TalosMachine&namespace=infra&name=cp-4&operation=DELETE",
+        None,
+    )
+    .await
+    .expect("get");
+    assert_eq!(code, 404);
     let log = api.store.faults.take_log();
     assert!(
         !log.iter().any(|r| r.path.ends_with("reviews")),
@@ -392,6 +446,26 @@ fn serve_says_what_is_missing_for_each_role() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("cannot be used with"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+    // The controller's admission lookups: over HTTPS, with the webhook's CA.
+    let (code, err) = run(&[
+        "--no-webhook",
+        "--admissions-url",
+        "http://ichor-rules.ichor-system.svc:8080/admissions",
+        "--admissions-ca",
+        "ca.crt",
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--admissions-url \"http://ichor-rules.ichor-system.svc:8080/admissions\": the webhook is asked over HTTPS only"),
+        "{err}"
+    );
+    let (code, err) = run(&[
+        "--no-webhook",
+        "--admissions-url",
+        "https://ichor-rules.ichor-system.svc:8080/admissions",
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--admissions-ca"), "{err}");
 }
 
 /// A flood of distinct bad tokens on `/metrics` (issue 33, item 6): each token never seen

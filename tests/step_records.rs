@@ -675,3 +675,273 @@ async fn a_parked_operation_is_recorded_and_cited() {
     let (code, out) = replay(&rec.path);
     assert_eq!(code, Some(0), "{out}");
 }
+
+/// The webhook's side of the chart's two Deployments: its own recorder (its admissions),
+/// and its metrics port over HTTPS with `/admissions`, tokens reviewed by the API server.
+async fn webhook_port(
+    api: &ApiServer,
+    webhook: &Recording,
+    dir: &Path,
+) -> (
+    std::net::SocketAddr,
+    rustls::pki_types::CertificateDer<'static>,
+) {
+    use ichor_rules::runtime::metrics_auth::{Access, Reviewer, metrics_router};
+    let ca = crate::support::https::write_cert(dir);
+    let cert = Arc::new(
+        ichor_rules::runtime::tls::ReloadingCert::new(dir.join("tls.crt"), dir.join("tls.key"))
+            .expect("the certificate"),
+    );
+    let tls = Arc::new(cert.server_config().expect("a TLS configuration"));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let metrics = Arc::new(Metrics::default());
+    let app = metrics_router(
+        metrics.clone(),
+        Access::Reviewed(Box::new(Reviewer::new(api.client()))),
+        true,
+        Some(webhook.recorder.clone()),
+    );
+    tokio::spawn(ichor_rules::runtime::server::serve_tls_with(
+        listener,
+        tls,
+        app,
+        ichor_rules::runtime::server::Limits::default(),
+        metrics,
+        std::future::pending(),
+    ));
+    (addr, ca)
+}
+
+/// The metadata of a stored object, as the controller reads it, being deleted now.
+fn deleting_meta(obj: &Value) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+    let mut meta: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta =
+        serde_json::from_value(obj["metadata"].clone()).expect("metadata");
+    meta.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
+    meta
+}
+
+/// The chart's two Deployments: the webhook decides in one process and keeps its
+/// admissions, the controller runs in another (its own recorder: nothing kept in its
+/// process) and asks the webhook's `/admissions` over HTTPS with its token. The removal's
+/// decision and every step record carry the webhook's decision id and request uid. The
+/// endpoint answers no token 401, a user without `get` on `/admissions` 403 and a bad
+/// query 400; a controller without the permission records `admission_lookup: forbidden`
+/// and no `admission`, and counts it; an earlier same-named object's admission is not
+/// taken for a new one's deletion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_in_another_process_links_to_the_webhooks_admission() {
+    use crate::metrics_auth::{client_config, get as get_url};
+    use ichor_rules::runtime::admission_link::{Linked, Lookup, LookupConfig};
+    const CONTROLLER: &str = "system:serviceaccount:ichor-system:ichor-rules-controller";
+    let names = ["cp-1", "cp-2", "cp-3", "cp-4"];
+    let talos = TalosApi::start(EtcdCluster::start_named(&names).await).await;
+    let api = ApiServer::start().await;
+    api.add_service_account_token("tok-controller", "ichor-system", "ichor-rules-controller");
+    api.add_service_account_token("tok-app", "shop", "frontend");
+    api.allow_non_resource(CONTROLLER, "get", "/admissions");
+    let encoded = base64::engine::general_purpose::STANDARD.encode(talos.talosconfig_yaml());
+    api.insert(
+        objects::cluster("prod", 3)
+            .namespace(NS)
+            .schedulable("true")
+            .secret(json!({"name": "prod-talos", "key": "talosconfig"}))
+            .build(),
+    );
+    api.insert(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "prod-talos", "namespace": NS},
+        "type": "Opaque",
+        "data": {"talosconfig": encoded}
+    }));
+    for (i, n) in names.iter().enumerate() {
+        add_machine(&api, &talos, n, i);
+    }
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("admission-link-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let webhook = Recording::start("split-webhook", &api);
+    let (addr, ca) = webhook_port(&api, &webhook, &dir).await;
+    let token = dir.join("token");
+    std::fs::write(&token, "tok-controller\n").expect("token");
+    let lookup_config = |token: PathBuf| LookupConfig {
+        url: format!("https://127.0.0.1:{}/admissions", addr.port()),
+        ca: dir.join("tls.crt"),
+        peers: None,
+        token,
+        timeout: Duration::from_secs(3),
+    };
+    let metrics = Arc::new(Metrics::default());
+    let lookup =
+        Arc::new(Lookup::new(lookup_config(token.clone()), metrics.clone()).expect("lookup"));
+    let controller = Recording::start("split-controller", &api);
+    let ctx = Arc::new(
+        Context::new(
+            api.client(),
+            rules(),
+            Some(Arc::new(talos.tls())),
+            fast_settings("controller-1"),
+            metrics.clone(),
+        )
+        .with_records(controller.recorder.clone())
+        .with_admission_lookup(lookup.clone()),
+    );
+    let _c = Running::start(ctx);
+    wait_for("finalizers", WAIT, || {
+        names.iter().all(|n| has_finalizer(&api, n))
+    })
+    .await;
+
+    // 1. The webhook allows cp-4's deletion; its port answers it to the controller only.
+    let stored = get(&api, "TalosMachine", "cp-4").expect("cp-4");
+    let admitted = webhook
+        .admit(objects::review("req-delete-cp-4", "DELETE", Some(&stored), None).build())
+        .await;
+    let tls = client_config(Some(&ca));
+    let query = "/admissions?kind=TalosMachine&namespace=infra&name=cp-4&operation=DELETE";
+    let (code, _) = get_url(addr, Some(&tls), query, None).await.expect("get");
+    assert_eq!(code, 401, "no token");
+    let (code, body) = get_url(addr, Some(&tls), query, Some("tok-app"))
+        .await
+        .expect("get");
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("may not get /admissions"), "{body}");
+    let (code, body) = get_url(
+        addr,
+        Some(&tls),
+        "/admissions?kind=Secret&namespace=infra&name=cp-4&operation=DELETE",
+        Some("tok-controller"),
+    )
+    .await
+    .expect("get");
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("no admission of Secret"), "{body}");
+    let (code, body) = get_url(addr, Some(&tls), query, Some("tok-controller"))
+        .await
+        .expect("get");
+    assert_eq!(code, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(
+        answer["admissions"][0]["decision"],
+        json!(admitted),
+        "{body}"
+    );
+    assert_eq!(answer["admissions"][0]["request_uid"], "req-delete-cp-4");
+    // The webhook's metrics never name what a caller asked.
+    let (_, scraped) = get_url(addr, Some(&tls), "/metrics", Some("tok-controller"))
+        .await
+        .expect("get");
+    assert!(
+        !scraped.contains("cp-4") && !scraped.contains("Secret"),
+        "{scraped}"
+    );
+
+    // 2. The controller, in its own process, links every record of the removal to it.
+    delete(&api, "TalosMachine", "cp-4").await;
+    controller.step_done("cp-4", "release finalizer").await;
+    assert!(
+        webhook.steps().is_empty(),
+        "the webhook's log holds no step"
+    );
+    let decisions = controller.decisions();
+    let d = decisions
+        .iter()
+        .find(|d| d.target.name == "cp-4" && d.decision.verdict == "allow")
+        .expect("the removal decided");
+    let link = d.admission.as_ref().expect("linked across processes");
+    assert_eq!(link.decision, admitted);
+    assert_eq!(link.request_uid, "req-delete-cp-4");
+    assert_eq!(link.operation, "DELETE");
+    assert_eq!(link.digest, d.decision.rules.digest);
+    assert_eq!(d.admission_lookup, None);
+    let steps: Vec<StepRecord> = controller
+        .steps()
+        .into_iter()
+        .filter(|s| s.target.name == "cp-4")
+        .collect();
+    assert!(
+        steps.iter().any(|s| s.step.text == "talos reset"),
+        "{steps:#?}"
+    );
+    for s in &steps {
+        assert_eq!(s.admission.as_ref(), Some(link), "{s:?}");
+        assert_eq!(s.admission_lookup, None, "{s:?}");
+    }
+
+    // 3. A new cp-4, deleted: the webhook still keeps the first one's admission, decided
+    // before this object existed; it is not taken for this one.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let mut again = stored.clone();
+    again["metadata"]["uid"] = json!("uid-of-the-second-cp-4");
+    again["metadata"]["creationTimestamp"] = json!(
+        k8s_openapi::jiff::Timestamp::now()
+            .round(k8s_openapi::jiff::Unit::Second)
+            .expect("round")
+            .to_string()
+    );
+    let second = deleting_meta(&again);
+    let linked = lookup.find("TalosMachine", &second, "DELETE").await;
+    assert_eq!(
+        linked,
+        Linked {
+            admission: None,
+            why: Some("not-this-object")
+        }
+    );
+    // The first cp-4 itself still links (the same answer, checked the same way).
+    let first = deleting_meta(&stored);
+    let linked = lookup.find("TalosMachine", &first, "DELETE").await;
+    assert_eq!(linked.admission.map(|a| a.decision), Some(admitted.clone()));
+
+    // 4. Without the permission: 403, no link, the record says why, and it is counted.
+    std::fs::write(&token, "tok-app\n").expect("token");
+    let fresh =
+        Lookup::new(lookup_config(token.clone()), Arc::new(Metrics::default())).expect("lookup");
+    assert_eq!(
+        fresh.find("TalosMachine", &first, "DELETE").await,
+        Linked {
+            admission: None,
+            why: Some("forbidden")
+        }
+    );
+    delete(&api, "TalosMachine", "cp-3").await;
+    let mut refused = None;
+    wait_for("cp-3's removal decided", WAIT, || {
+        refused = controller
+            .decisions()
+            .into_iter()
+            .find(|d| d.target.name == "cp-3");
+        refused.is_some()
+    })
+    .await;
+    let refused = refused.expect("decided");
+    assert_eq!(refused.admission, None, "{refused:?}");
+    assert_eq!(
+        refused.admission_lookup.as_deref(),
+        Some("forbidden"),
+        "{refused:?}"
+    );
+    let text = controller.text();
+    assert!(
+        text.contains("\"admission_lookup\":\"forbidden\""),
+        "{text}"
+    );
+    let rendered = metrics.render();
+    let failed: u64 = rendered
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("ichor_rules_admission_lookup_failures_total{reason=\"forbidden\"} ")
+        })
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(failed >= 1, "{rendered}");
+    assert!(
+        !rendered.contains("admission_lookup_failures_total{reason=\"not-"),
+        "finding none is no failure: {rendered}"
+    );
+}

@@ -176,6 +176,38 @@ pub struct ServeArgs {
     /// Repeatable; a rule named by both is enforced.
     #[arg(long, value_name = "RULE")]
     pub enforce_rule: Vec<String>,
+    /// The controller links its decision and step records to the admission that let the
+    /// work in (a TalosMachine's deletion, a TalosOperation's creation) by asking the
+    /// webhook for it at this URL (`https://HOST:PORT/admissions`: the webhook's
+    /// --metrics-listen port, which answers a caller allowed `get` on the non-resource URL
+    /// /admissions), with its ServiceAccount token, when this process's webhook did not
+    /// decide it. A lookup that fails leaves `admission` out and says why
+    /// (`admission_lookup`); it never delays a step more than --admissions-timeout-ms.
+    #[arg(long, value_name = "URL", requires = "admissions_ca")]
+    pub admissions_url: Option<String>,
+    /// PEM CA certificate(s) that signed the webhook's serving certificate (the chart
+    /// mounts `ca.crt` of the webhook's TLS Secret); the certificate must carry the host of
+    /// --admissions-url. Read at each lookup, so a rotated CA is taken up.
+    #[arg(long, value_name = "FILE", requires = "admissions_url")]
+    pub admissions_ca: Option<PathBuf>,
+    /// A DNS name whose every address (up to 16) is asked on the port of --admissions-url,
+    /// each checked against the host of --admissions-url: a headless Service of the webhook
+    /// pods, since each replica keeps the admissions it decided. Without it, the host of
+    /// --admissions-url is asked.
+    #[arg(long, value_name = "DNS-NAME", requires = "admissions_url")]
+    pub admissions_peers: Option<String>,
+    /// The bearer token sent to --admissions-url (read at each lookup: projected tokens
+    /// rotate).
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    )]
+    pub admissions_token: PathBuf,
+    /// How long a lookup at --admissions-url may take, in milliseconds, every replica
+    /// included. Answers are kept a while (an admission found 60 s, none 5 s).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=30_000))]
+    pub admissions_timeout_ms: u64,
 }
 
 pub fn run(args: &ServeArgs) -> u8 {
@@ -265,6 +297,15 @@ fn config(a: &ServeArgs) -> OperatorConfig {
         decision_log_max_bytes: a.decision_log_max_bytes,
         decision_log_keep: a.decision_log_keep,
         decision_log_buffer: usize::try_from(a.decision_log_buffer).unwrap_or(1024),
+        admissions: a.admissions_url.as_ref().map(|url| {
+            crate::runtime::admission_link::LookupConfig {
+                url: url.clone(),
+                ca: a.admissions_ca.clone().unwrap_or_default(),
+                peers: a.admissions_peers.clone(),
+                token: a.admissions_token.clone(),
+                timeout: Duration::from_millis(a.admissions_timeout_ms),
+            }
+        }),
         rule_modes: a
             .audit_rule
             .iter()

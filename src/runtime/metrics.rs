@@ -66,6 +66,9 @@ pub struct Metrics {
     latency_sum_micros: AtomicU64,
     /// reason -> live reads that failed.
     live_read_errors: Mutex<BTreeMap<&'static str, u64>>,
+    /// reason (`runtime::admission_link::REASONS`) -> lookups of an admission at the
+    /// webhook's `/admissions` that failed.
+    admission_lookup_failures: Mutex<BTreeMap<&'static str, u64>>,
     reloads_ok: AtomicU64,
     reloads_failed: AtomicU64,
     bad_requests: AtomicU64,
@@ -199,6 +202,11 @@ impl Metrics {
 
     pub fn live_read_error(&self, reason: &'static str) {
         bump(&self.live_read_errors, reason);
+    }
+
+    /// A lookup of an admission at the webhook failed (`reason`: a fixed word).
+    pub fn admission_lookup_failed(&self, reason: &'static str) {
+        bump(&self.admission_lookup_failures, reason);
     }
 
     pub fn reload(&self, ok: bool) {
@@ -369,6 +377,18 @@ impl Metrics {
                 let _ = writeln!(
                     out,
                     "ichor_rules_live_read_errors_total{{reason=\"{reason}\"}} {n}"
+                );
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP ichor_rules_admission_lookup_failures_total Lookups of an admission at the webhook's /admissions that failed (the record says why, without the link).\n# TYPE ichor_rules_admission_lookup_failures_total counter"
+        );
+        if let Ok(m) = self.admission_lookup_failures.lock() {
+            for (reason, n) in m.iter() {
+                let _ = writeln!(
+                    out,
+                    "ichor_rules_admission_lookup_failures_total{{reason=\"{reason}\"}} {n}"
                 );
             }
         }

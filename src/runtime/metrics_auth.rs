@@ -4,7 +4,9 @@
 //! names must then be allowed `get` on the non-resource URL `/metrics` (a
 //! SubjectAccessReview). No token, or one the API server does not authenticate: 401. A
 //! user without the permission: 403. A review the API server does not answer: 503 (never
-//! served by default).
+//! served by default). The webhook also answers `/admissions` there
+//! (`runtime::admission_link`: the admissions it keeps, for a controller in another
+//! process), behind the same check for the non-resource URL `/admissions`.
 //!
 //! A Prometheus ServiceAccount gets the permission from a ClusterRole such as
 //!
@@ -62,7 +64,7 @@ pub enum Verdict {
     Allowed,
     /// 401: no token, or the API server does not authenticate it.
     Unauthenticated(String),
-    /// 403: the user may not `get` `/metrics`.
+    /// 403: the user may not `get` the path asked.
     Forbidden(String),
     /// 503: the API server did not answer a review (not kept).
     Unavailable(String),
@@ -156,8 +158,14 @@ impl Bucket {
     }
 }
 
-fn token_key(token: &str) -> Key {
-    let d = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+/// The key of a token's outcome for `path`: the SHA-256 of both (a token allowed
+/// `/metrics` is not thereby allowed `/admissions`).
+fn token_key(token: &str, path: &str) -> Key {
+    let mut c = ring::digest::Context::new(&ring::digest::SHA256);
+    c.update(path.as_bytes());
+    c.update(b"\0");
+    c.update(token.as_bytes());
+    let d = c.finish();
     let mut key = [0u8; 32];
     key.copy_from_slice(d.as_ref());
     key
@@ -183,9 +191,10 @@ impl Reviewer {
         }
     }
 
-    /// Whether the holder of `token` may read `/metrics`.
-    pub async fn review(&self, token: &str) -> Verdict {
-        let key = token_key(token);
+    /// Whether the holder of `token` may `get` the non-resource URL `path` (`/metrics`,
+    /// `/admissions`).
+    pub async fn review(&self, token: &str, path: &str) -> Verdict {
+        let key = token_key(token, path);
         let mut known = false;
         if let Ok(cache) = self.cache.lock() {
             if let Some((at, v)) = cache.known.get(&key) {
@@ -207,14 +216,14 @@ impl Reviewer {
         if !known && !self.permits.lock().is_ok_and(|mut b| b.take()) {
             return Verdict::Limited;
         }
-        let verdict = self.ask(token).await;
+        let verdict = self.ask(token, path).await;
         if let Ok(mut cache) = self.cache.lock() {
             cache.remember(key, &verdict);
         }
         verdict
     }
 
-    async fn ask(&self, token: &str) -> Verdict {
+    async fn ask(&self, token: &str, path: &str) -> Verdict {
         let reviews: Api<TokenReview> = Api::all(self.client.clone());
         let review = TokenReview {
             spec: TokenReviewSpec {
@@ -254,7 +263,7 @@ impl Reviewer {
                 uid: user.uid,
                 extra: user.extra,
                 non_resource_attributes: Some(NonResourceAttributes {
-                    path: Some("/metrics".into()),
+                    path: Some(path.into()),
                     verb: Some("get".into()),
                 }),
                 resource_attributes: None,
@@ -269,7 +278,7 @@ impl Reviewer {
                     Verdict::Allowed
                 } else {
                     Verdict::Forbidden(format!(
-                        "{username:?} may not get /metrics{}",
+                        "{username:?} may not get {path}{}",
                         s.reason
                             .filter(|r| !r.is_empty())
                             .map(|r| format!(": {r}"))
@@ -286,13 +295,30 @@ impl Reviewer {
 struct MetricsState {
     metrics: Arc<Metrics>,
     access: Access,
+    admissions: Option<Arc<super::records::Recorder>>,
 }
 
-/// The routes of the metrics port: `/metrics` only.
-pub fn metrics_router(metrics: Arc<Metrics>, access: Access) -> Router {
-    Router::new()
-        .route("/metrics", get(serve_metrics))
-        .with_state(Arc::new(MetricsState { metrics, access }))
+/// The routes of the metrics port: `/metrics`, and for a webhook (`webhook`)
+/// `/admissions`, answered from `admissions` (its recorder, which keeps them; none with
+/// `--decision-log off`: no decision to link to, every answer empty) and only to a
+/// reviewed caller (never with [`Access::Open`]).
+pub fn metrics_router(
+    metrics: Arc<Metrics>,
+    access: Access,
+    webhook: bool,
+    admissions: Option<Arc<super::records::Recorder>>,
+) -> Router {
+    let router = Router::new().route("/metrics", get(serve_metrics));
+    let router = if webhook && matches!(access, Access::Reviewed(_)) {
+        router.route(super::admission_link::PATH, get(serve_admissions))
+    } else {
+        router
+    };
+    router.with_state(Arc::new(MetricsState {
+        metrics,
+        access,
+        admissions,
+    }))
 }
 
 fn text(code: StatusCode, message: &str) -> Response {
@@ -304,53 +330,81 @@ fn text(code: StatusCode, message: &str) -> Response {
         .into_response()
 }
 
-async fn serve_metrics(State(state): State<Arc<MetricsState>>, headers: HeaderMap) -> Response {
-    if let Access::Reviewed(reviewer) = &state.access {
-        let verdict = match bearer(&headers) {
+/// `None` when the caller may `get` `path`; otherwise the answer that says why not.
+async fn refused(access: &Access, headers: &HeaderMap, path: &str) -> Option<Response> {
+    if let Access::Reviewed(reviewer) = access {
+        let verdict = match bearer(headers) {
             None => Verdict::Unauthenticated("no bearer token".into()),
-            Some(token) => reviewer.review(token).await,
+            Some(token) => reviewer.review(token, path).await,
         };
         match verdict {
             Verdict::Allowed => {}
             Verdict::Unauthenticated(why) => {
-                tracing::debug!(%why, "metrics scrape refused: 401");
-                return (
-                    StatusCode::UNAUTHORIZED,
-                    [(header::WWW_AUTHENTICATE, "Bearer")],
-                    "Unauthorized\n",
-                )
-                    .into_response();
-            }
-            Verdict::Forbidden(why) => {
-                tracing::debug!(%why, "metrics scrape refused: 403");
-                return text(StatusCode::FORBIDDEN, &format!("Forbidden: {why}"));
-            }
-            Verdict::Limited => {
-                tracing::debug!("metrics scrape refused: 429, no review permit left");
-                return (
-                    StatusCode::TOO_MANY_REQUESTS,
-                    [
-                        (header::RETRY_AFTER, "1"),
-                        (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
-                    ],
-                    "too many tokens to review at the moment; retry shortly\n",
-                )
-                    .into_response();
-            }
-            Verdict::Unavailable(why) => {
-                tracing::warn!(%why, "metrics scrape refused: the API server did not review it");
-                return text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "the API server did not review the token; retry shortly",
+                tracing::debug!(%why, path, "refused: 401");
+                return Some(
+                    (
+                        StatusCode::UNAUTHORIZED,
+                        [(header::WWW_AUTHENTICATE, "Bearer")],
+                        "Unauthorized\n",
+                    )
+                        .into_response(),
                 );
             }
+            Verdict::Forbidden(why) => {
+                tracing::debug!(%why, path, "refused: 403");
+                return Some(text(StatusCode::FORBIDDEN, &format!("Forbidden: {why}")));
+            }
+            Verdict::Limited => {
+                tracing::debug!(path, "refused: 429, no review permit left");
+                return Some(
+                    (
+                        StatusCode::TOO_MANY_REQUESTS,
+                        [
+                            (header::RETRY_AFTER, "1"),
+                            (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+                        ],
+                        "too many tokens to review at the moment; retry shortly\n",
+                    )
+                        .into_response(),
+                );
+            }
+            Verdict::Unavailable(why) => {
+                tracing::warn!(%why, path, "refused: the API server did not review the token");
+                return Some(text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the API server did not review the token; retry shortly",
+                ));
+            }
         }
+    }
+    None
+}
+
+async fn serve_metrics(State(state): State<Arc<MetricsState>>, headers: HeaderMap) -> Response {
+    if let Some(no) = refused(&state.access, &headers, "/metrics").await {
+        return no;
     }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         state.metrics.render(),
     )
         .into_response()
+}
+
+/// `GET /admissions` (`runtime::admission_link`): the same check as `/metrics`, for the
+/// non-resource URL `/admissions`; then the kept admissions asked for.
+async fn serve_admissions(
+    State(state): State<Arc<MetricsState>>,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
+) -> Response {
+    if let Some(no) = refused(&state.access, &headers, super::admission_link::PATH).await {
+        return no;
+    }
+    super::admission_link::answer(
+        state.admissions.as_deref().map(|r| &r.admissions),
+        uri.query(),
+    )
 }
 
 #[cfg(test)]

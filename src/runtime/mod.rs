@@ -3,6 +3,7 @@
 
 pub mod access;
 pub mod admission;
+pub mod admission_link;
 pub mod bbolt;
 pub mod certs;
 pub mod configpatch;

@@ -61,6 +61,9 @@ pub struct OperatorConfig {
     pub decision_log_buffer: usize,
     /// `serve --audit-rule` (`true`) and `--enforce-rule` (`false`).
     pub rule_modes: Vec<(String, bool)>,
+    /// `serve --admissions-url` and its companions: where the controller asks a webhook
+    /// in another process for the admissions its records link to.
+    pub admissions: Option<crate::runtime::admission_link::LookupConfig>,
 }
 
 /// Why the operator did not start (or stopped): one sentence, and the lines that explain
@@ -424,6 +427,14 @@ async fn serve(args: &OperatorConfig, rules: Arc<Rules>) -> Result<(), StartErro
         if let Some(records) = &state.records {
             ctx = ctx.with_records(records.clone());
         }
+        if let Some(cfg) = &args.admissions {
+            match crate::runtime::admission_link::Lookup::new(cfg.clone(), metrics.clone()) {
+                Ok(lookup) => ctx = ctx.with_admission_lookup(Arc::new(lookup)),
+                Err(e) => {
+                    return Err(StartError::new(format!("--admissions-url {e}")));
+                }
+            }
+        }
         if let Some(path) = &args.step_log {
             match crate::runtime::exec::trace::StepLog::open(path) {
                 Ok(log) => ctx = ctx.with_step_log(Arc::new(log)),
@@ -560,7 +571,12 @@ async fn serve(args: &OperatorConfig, rules: Arc<Rules>) -> Result<(), StartErro
             metrics_auth::Access::Reviewed(Box::new(metrics_auth::Reviewer::new(client.clone())))
         };
         tracing::info!(listen = %args.metrics_listen.map(|a| a.to_string()).unwrap_or_default(), "serving /metrics");
-        let app = metrics_auth::metrics_router(metrics.clone(), access);
+        let app = metrics_auth::metrics_router(
+            metrics.clone(),
+            access,
+            !args.no_webhook,
+            state.records.clone(),
+        );
         let (limits, metrics, stop) = (limits.clone(), metrics.clone(), side_stop());
         side.push(tokio::spawn(async move {
             serve_tls_with(l, t, app, limits, metrics, stop).await;

@@ -43,6 +43,11 @@ pub struct ControllerRecord {
     pub etcd: Vec<EtcdAsked>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<Admission>,
+    /// Why `admission` is absent when the webhook of another process was asked for it
+    /// (`runtime::admission_link::REASONS`: `not-found`, `not-this-object`, `timeout`,
+    /// `unauthorized`, `forbidden`, `unavailable`, `bad-answer`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission_lookup: Option<String>,
 }
 
 /// A plan step the controller ran: its effect and how it ended.
@@ -76,6 +81,9 @@ pub struct StepRecord {
     pub message: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<Admission>,
+    /// Why `admission` is absent, as in [`ControllerRecord::admission_lookup`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission_lookup: Option<String>,
     /// From the step's start to its end in this reconcile.
     pub latency_us: u64,
 }
@@ -95,8 +103,8 @@ pub struct Target {
     )]
     pub resource_version: Option<String>,
     /// Its `creationTimestamp`, and its `deletionTimestamp` once being deleted: an
-    /// admission decided in another process (the chart's webhook Deployment) is found in
-    /// the webhook's log by kind, namespace, name and operation within these
+    /// admission the record could not link (`admission_lookup` says why) is found in the
+    /// webhook's log by kind, namespace, name and operation within these
     /// (`docs/operators.md`, "Following a decision to its node action").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created: Option<String>,
@@ -161,8 +169,10 @@ pub struct Admission {
 
 /// The admission decisions that let a TalosMachine's deletion or a TalosOperation's
 /// creation in, as this process's webhook allowed them (see `docs/operators.md`, "Decision
-/// records": why this is kept in the process and not on the object). Bounded: the oldest
-/// goes first.
+/// records": why this is kept in the process and not on the object), read by this
+/// process's controller ([`Admissions::find`]) and answered to a controller in another
+/// process (`runtime::admission_link`, [`Admissions::kept`]). Bounded: the oldest goes
+/// first.
 #[derive(Default)]
 pub struct Admissions {
     inner: Mutex<Kept<AdmissionKey, Admission>>,
@@ -203,7 +213,7 @@ pub const ADMISSIONS_KEPT: usize = 4096;
 
 /// Whether an allowed webhook decision of this kind and operation admits work the
 /// controller then does.
-fn admits_work(kind: &str, operation: &str) -> bool {
+pub fn admits_work(kind: &str, operation: &str) -> bool {
     matches!(
         (kind, operation),
         ("TalosMachine", "DELETE") | ("TalosOperation", "CREATE")
@@ -252,9 +262,8 @@ impl Admissions {
     }
 
     /// The admission of `operation` on the object `meta` of `kind`, checked against the
-    /// object itself: decided while this object existed (not before it was created; for a
-    /// deletion, not after its deletion began), so a same-named earlier object's admission
-    /// is never taken for this one's.
+    /// object itself ([`Admission::admits`]), so a same-named earlier object's admission is
+    /// never taken for this one's.
     pub fn find(&self, kind: &str, meta: &ObjectMeta, operation: &str) -> Option<Admission> {
         let key = (
             kind.to_string(),
@@ -263,8 +272,58 @@ impl Admissions {
             operation.to_string(),
         );
         let found = self.inner.lock().ok()?.map.get(&key).cloned()?;
-        let at: k8s_openapi::jiff::Timestamp = found.time.parse().ok()?;
-        // The API server's timestamps are whole seconds; the webhook's are not.
+        found.admits(meta, operation).then_some(found)
+    }
+
+    /// The kept admission of `operation` on `kind` `namespace/name`, unchecked: what the
+    /// webhook answers at `/admissions` (the asking controller checks it against the
+    /// object, [`Admission::admits`]).
+    pub fn kept(
+        &self,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+        operation: &str,
+    ) -> Option<Admission> {
+        let key = (
+            kind.to_string(),
+            namespace.to_string(),
+            name.to_string(),
+            operation.to_string(),
+        );
+        self.inner.lock().ok()?.map.get(&key).cloned()
+    }
+}
+
+/// Whether `digest` is the form of a rule-set digest ([`records::digest`]): `sha256:`
+/// and 64 lowercase hex digits.
+pub fn is_rules_digest(digest: &str) -> bool {
+    digest.strip_prefix("sha256:").is_some_and(|hex| {
+        hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+impl Admission {
+    /// Whether this admission let `operation` on the object `meta` in: the one check of
+    /// both paths (this process's webhook, [`Admissions::find`]; another process's, asked
+    /// at its `/admissions`, `runtime::admission_link`). It is of that operation, names a
+    /// well-formed rule-set digest, and was decided while this object existed: a creation
+    /// at most 30 s before its `creationTimestamp`, a deletion after it and no later than
+    /// its `deletionTimestamp` (one second of slack: the API server's timestamps are whole
+    /// seconds, the webhook's are not). A same-named earlier object's admission is older
+    /// than this one's creation, so it never passes.
+    pub fn admits(&self, meta: &ObjectMeta, operation: &str) -> bool {
+        self.admits_at(meta, operation).unwrap_or(false)
+    }
+
+    fn admits_at(&self, meta: &ObjectMeta, operation: &str) -> Option<bool> {
+        if self.operation != operation || !is_rules_digest(&self.digest) {
+            return Some(false);
+        }
+        let at: k8s_openapi::jiff::Timestamp = self.time.parse().ok()?;
         let slack = k8s_openapi::jiff::SignedDuration::from_secs(1);
         let created = meta.creation_timestamp.as_ref().map(|t| t.0);
         let deleted = meta.deletion_timestamp.as_ref().map(|t| t.0);
@@ -283,7 +342,7 @@ impl Admissions {
             ("DELETE", None) => false,
             _ => true,
         };
-        (after_creation && before_deletion).then_some(found)
+        Some(after_creation && before_deletion)
     }
 }
 
@@ -293,6 +352,12 @@ pub struct Journal {
     recorder: Arc<Recorder>,
     target: Target,
     admission: Option<Admission>,
+    /// Why the webhook of another process gave no admission ([`Journal::link_remote`]).
+    admission_lookup: Option<&'static str>,
+    /// The operation whose admission let this work in, and what of the object its check
+    /// reads ([`Admission::admits`]).
+    operation: String,
+    meta: ObjectMeta,
     /// Talos calls since the last fact, decision or step began.
     calls: Vec<Effect>,
     etcd: Vec<EtcdAsked>,
@@ -324,6 +389,16 @@ impl Journal {
                 deleted: meta.deletion_timestamp.as_ref().map(|t| t.0.to_string()),
             },
             admission,
+            admission_lookup: None,
+            operation: operation.to_string(),
+            meta: ObjectMeta {
+                name: meta.name.clone(),
+                namespace: meta.namespace.clone(),
+                uid: meta.uid.clone(),
+                creation_timestamp: meta.creation_timestamp.clone(),
+                deletion_timestamp: meta.deletion_timestamp.clone(),
+                ..ObjectMeta::default()
+            },
             calls: Vec::new(),
             etcd: Vec::new(),
             decided: None,
@@ -336,6 +411,28 @@ impl Journal {
     /// The admission this journal links its records to.
     pub fn admission(&self) -> Option<&Admission> {
         self.admission.as_ref()
+    }
+
+    /// Why the webhook of another process gave no admission, when it was asked.
+    pub fn admission_lookup(&self) -> Option<&'static str> {
+        self.admission_lookup
+    }
+
+    /// Links this journal's records to the admission of its work through the webhook of
+    /// another process (`lookup`, `serve --admissions-url`) when this process's webhook
+    /// did not let it in: asked once per reconcile, within the lookup's timeout (answers
+    /// are kept a while), and checked with the same [`Admission::admits`]. Without a
+    /// lookup, or for work no admission lets in, nothing is asked.
+    pub async fn link_remote(&mut self, lookup: Option<&super::admission_link::Lookup>) {
+        let Some(lookup) = lookup else { return };
+        if self.admission.is_some() || !admits_work(&self.target.kind, &self.operation) {
+            return;
+        }
+        let linked = lookup
+            .find(&self.target.kind, &self.meta, &self.operation)
+            .await;
+        self.admission = linked.admission;
+        self.admission_lookup = linked.why;
     }
 
     /// A Talos call the world made, with what came back (`actor_id`: what Talos gave the
@@ -441,6 +538,7 @@ impl Journal {
             target: self.target.clone(),
             etcd: std::mem::take(&mut self.etcd),
             admission: self.admission.clone(),
+            admission_lookup: self.admission_lookup.map(str::to_string),
         };
         self.calls.clear();
         self.recorder.record_controller(record);
@@ -500,6 +598,7 @@ impl Journal {
             reason: reason.map(str::to_string),
             message: message.map(str::to_string),
             admission: self.admission.clone(),
+            admission_lookup: self.admission_lookup.map(str::to_string),
             latency_us: micros(started),
         });
     }
@@ -708,6 +807,8 @@ mod tests {
         }
     }
 
+    const DIGEST: &str = "sha256:4be1c0ffee4be1c0ffee4be1c0ffee4be1c0ffee4be1c0ffee4be1c0ffee4be1";
+
     fn webhook_record(kind: &str, op: &str, verdict: &str, time: &str) -> Record {
         Record {
             record: "decision".into(),
@@ -723,7 +824,7 @@ mod tests {
                 name: "cp-3".into(),
             }),
             rules: RulesInfo {
-                digest: "sha256:ab".into(),
+                digest: DIGEST.into(),
                 audit: Vec::new(),
             },
             events: Vec::new(),
@@ -759,7 +860,12 @@ mod tests {
         let found = a.find("TalosMachine", &m, "DELETE").expect("linked");
         assert_eq!(found.decision, "DELETE-2026-12-05T11:00:00.400Z");
         assert_eq!(found.request_uid, "req-1");
-        assert_eq!(found.digest, "sha256:ab");
+        assert_eq!(found.digest, DIGEST);
+        // The same admission naming no well-formed rule-set digest is not taken.
+        let mut forged = found.clone();
+        forged.digest = "sha256:ab".into();
+        assert!(!forged.admits(&m, "DELETE"));
+        assert!(found.admits(&m, "DELETE") && !found.admits(&m, "CREATE"));
         let recreated = meta("2026-12-05T12:00:00Z", Some("2026-12-05T13:00:00Z"));
         assert_eq!(a.find("TalosMachine", &recreated, "DELETE"), None);
         let not_deleting = meta("2026-12-05T10:00:00Z", None);

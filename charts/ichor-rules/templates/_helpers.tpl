@@ -309,6 +309,20 @@ podAntiAffinity:
   value: {{ .Values.server.logLevel | quote }}
 {{- end }}
 
+{{/* "true" when the controller links its records to the webhook's admissions by asking
+the webhook pods (`serve --admissions-url`): a controller runs, the webhook keeps its
+decisions (webhook.decisionLog is not off) and its metrics port checks tokens (the lookup
+is answered only to a caller allowed `get` on the non-resource URL /admissions). */}}
+{{- define "ichor-rules.admissionsLink" -}}
+{{- if and .Values.controller.enabled (not .Values.metrics.insecure) (ne (toString .Values.webhook.decisionLog) "off") }}true{{ end }}
+{{- end }}
+
+{{/* The headless Service whose addresses are the webhook pods (each asked for the
+admissions it kept). */}}
+{{- define "ichor-rules.webhookPeersName" -}}
+{{- printf "%s-webhook-peers" (include "ichor-rules.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{/* "true" when the webhook pods make and keep their certificates themselves (`serve
 --tls-secret`, the default): neither cert-manager nor selfSignedCert.generateInChart. */}}
 {{- define "ichor-rules.ownCerts" -}}

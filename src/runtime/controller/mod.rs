@@ -153,6 +153,9 @@ pub struct Context {
     /// Where the controller's decision records go (`serve --decision-log`: the webhook's
     /// queue and sink, `runtime::step_records`).
     pub records: Option<Arc<crate::runtime::records::Recorder>>,
+    /// Where the admissions decided by a webhook in another process are asked
+    /// (`serve --admissions-url`, `runtime::admission_link`).
+    pub admission_lookup: Option<Arc<crate::runtime::admission_link::Lookup>>,
 }
 
 impl Context {
@@ -182,6 +185,7 @@ impl Context {
             leases: Arc::default(),
             steps: None,
             records: None,
+            admission_lookup: None,
         }
     }
 
@@ -194,6 +198,16 @@ impl Context {
     /// Keeps decision records of the controller's decisions and steps in `records`.
     pub fn with_records(mut self, records: Arc<crate::runtime::records::Recorder>) -> Context {
         self.records = Some(records);
+        self
+    }
+
+    /// Asks `lookup` for the admissions this process's webhook did not decide (the chart's
+    /// webhook Deployment decides them), to link the records to.
+    pub fn with_admission_lookup(
+        mut self,
+        lookup: Arc<crate::runtime::admission_link::Lookup>,
+    ) -> Context {
+        self.admission_lookup = Some(lookup);
         self
     }
 

@@ -72,6 +72,7 @@ async fn start_again(
         &next.metadata,
         "CREATE",
     );
+    world.link_admission().await;
     let asked = crate::runtime::exec::rules::decide_asking(
         &mut world, table, snapshot, ev, target, false, &cannot,
     )
@@ -183,6 +184,7 @@ pub async fn reconcile(
             )
         });
     if let Some(j) = journal.as_mut() {
+        j.link_remote(ctx.admission_lookup.as_deref()).await;
         for ev in &events {
             j.decision(&table, &snapshot, *ev, &[], &decision, started);
         }
@@ -243,7 +245,8 @@ async fn run(
     table: &crate::compile::Table,
     o: &TalosOperation,
 ) -> Result<Action, ReconcileError> {
-    let world = super::operation_world::OperationLive::new(ctx, o);
+    let mut world = super::operation_world::OperationLive::new(ctx, o);
+    world.link_admission().await;
     let timing = super::removal::timing(ctx);
     let (outcome, mut world) = match &ctx.steps {
         // Every step logged, for `verify --check-trace`.

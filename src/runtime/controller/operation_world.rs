@@ -42,6 +42,11 @@ impl<'c> OperationLive<'c> {
         }
     }
 
+    /// Links this reconcile's records to the operation's admission ([`Live::link_admission`]).
+    pub async fn link_admission(&mut self) {
+        self.live.link_admission().await;
+    }
+
     /// Keeps a lock still held (an error ended the reconcile): the operation resumes it,
     /// or it expires after the lock duration.
     pub fn keep_lock(&mut self) {

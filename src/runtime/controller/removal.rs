@@ -28,11 +28,12 @@ pub async fn run(ctx: &Context, m: &TalosMachine) -> Result<Action, ReconcileErr
     let Some(table) = ctx.rules.current() else {
         return Err(ReconcileError::NoRules);
     };
-    let world = Live::new(ctx, m.namespace(), Some(m.name())).recording(
+    let mut world = Live::new(ctx, m.namespace(), Some(m.name())).recording(
         "TalosMachine",
         &m.metadata,
         "DELETE",
     );
+    world.link_admission().await;
     let timing = timing(ctx);
     let (outcome, mut world) = match &ctx.steps {
         // Every step logged, for `verify --check-trace`.

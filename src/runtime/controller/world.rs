@@ -59,6 +59,15 @@ impl<'c> Live<'c> {
         self
     }
 
+    /// Links this reconcile's records to the admission of its work when this process's
+    /// webhook did not decide it: asks the webhook of another process
+    /// ([`Context::admission_lookup`]), within the lookup's timeout.
+    pub async fn link_admission(&mut self) {
+        if let Some(j) = self.journal.as_mut() {
+            j.link_remote(self.ctx.admission_lookup.as_deref()).await;
+        }
+    }
+
     /// The world of one reconcile of the operation `namespace/name`: the cluster lock is
     /// taken in the operation's name.
     pub fn for_operation(ctx: &'c Context, namespace: &str, name: &str) -> Live<'c> {
