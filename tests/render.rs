@@ -437,8 +437,109 @@ fn deleting_what_is_not_there_is_an_error_naming_the_path() {
         e.contains("machine.network.interfaces") && e.contains("no item"),
         "{e}"
     );
+    // A whole document that is not there: skipped, as Talos does (its strategic patcher
+    // appends no delete selector).
     let p = strategic("apiVersion: v1alpha1\nkind: KubeletConfig\n$patch: delete\n");
-    assert!(cp(&[&p]).unwrap_err().to_string().contains("not there"));
+    assert_eq!(cp(&[&p]).unwrap().text, cp(&[]).unwrap().text);
+}
+
+/// The document of `kind` in a render.
+fn document(r: &render::Rendered, kind: &str) -> serde_json::Value {
+    yaml(r)
+        .into_iter()
+        .find(|d| d["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} in {}", r.text))
+}
+
+#[test]
+fn newer_documents_merge_as_talos_merges_them() {
+    // Replaced whole (`merge:"replace"`), each row of the table (the merge alone: some of
+    // these documents conflict with the fixture's machine config).
+    for (kind, path) in render::merge::REPLACED {
+        let (first, second) = if matches!(
+            *path,
+            ["ingress"] | ["configuration"] | ["pod"] | ["overrides"]
+        ) {
+            (serde_json::json!({"a": "1"}), serde_json::json!({"b": "2"}))
+        } else {
+            (
+                serde_json::json!(["10.1.0.0/16"]),
+                serde_json::json!(["10.2.0.0/16"]),
+            )
+        };
+        let with = |v: &serde_json::Value| {
+            let mut d = if *kind == render::merge::MACHINE_CONFIG {
+                serde_json::json!({"version": "v1alpha1"})
+            } else {
+                complete(kind)
+            };
+            set_at(&mut d, path, v.clone());
+            d.as_object().unwrap().clone()
+        };
+        let mut docs = vec![with(&first)];
+        render::merge::merge_documents(&mut docs, &[with(&second)], "p").unwrap();
+        let mut got = &serde_json::Value::Object(docs[0].clone());
+        for p in *path {
+            got = &got[*p];
+        }
+        assert_eq!(*got, second, "{kind} {}: replaced whole", path.join("."));
+    }
+    // Every `extraArgs`: an argument replaces the base's whole, a list too, "" included.
+    let doc = |v: serde_json::Value| {
+        serde_json::json!({"apiVersion": "v1alpha1", "kind": "KubeletConfig", "extraArgs": v})
+            .as_object()
+            .unwrap()
+            .clone()
+    };
+    let mut docs = vec![doc(
+        serde_json::json!({"feature-gates": ["A=true", "B=true"], "v": "2", "keep": "x"}),
+    )];
+    render::merge::merge_documents(
+        &mut docs,
+        &[doc(
+            serde_json::json!({"feature-gates": ["C=true"], "v": ""}),
+        )],
+        "p",
+    )
+    .unwrap();
+    assert_eq!(
+        docs[0]["extraArgs"],
+        serde_json::json!({"feature-gates": ["C=true"], "v": "", "keep": "x"})
+    );
+    // The machine config's too.
+    let p =
+        strategic("version: v1alpha1\nmachine:\n  kubelet:\n    extraArgs:\n      rotate: [a]\n");
+    let q =
+        strategic("version: v1alpha1\nmachine:\n  kubelet:\n    extraArgs:\n      rotate: [b]\n");
+    let r = cp(&[&p, &q]).unwrap();
+    assert_eq!(
+        machine_config(&r)["machine"]["kubelet"]["extraArgs"]["rotate"],
+        serde_json::json!(["b"])
+    );
+    // An extension's config files by mount path: merged.
+    let ext = "apiVersion: v1alpha1\nkind: ExtensionServiceConfig\nname: nut\nconfigFiles:\n  - {content: a, mountPath: /etc/a}\n  - {content: b, mountPath: /etc/b}\n";
+    let p = strategic(
+        "apiVersion: v1alpha1\nkind: ExtensionServiceConfig\nname: nut\nconfigFiles:\n  - {content: A, mountPath: /etc/a}\n  - {content: c, mountPath: /etc/c}\n",
+    );
+    let r = cp(&[&strategic(ext), &p]).unwrap();
+    assert_eq!(
+        document(&r, "ExtensionServiceConfig")["configFiles"],
+        serde_json::json!([
+            {"content": "A", "mountPath": "/etc/a"},
+            {"content": "b", "mountPath": "/etc/b"},
+            {"content": "c", "mountPath": "/etc/c"}
+        ])
+    );
+    // Image verification rules by image pattern: replaced, the others kept.
+    let iv = "apiVersion: v1alpha1\nkind: ImageVerificationConfig\nrules:\n  - {imagePattern: 'a/*', deny: true, skip: false}\n  - {imagePattern: 'b/*', skip: true}\n";
+    let p = strategic(
+        "apiVersion: v1alpha1\nkind: ImageVerificationConfig\nrules:\n  - {imagePattern: 'a/*', skip: true}\n",
+    );
+    let r = cp(&[&strategic(iv), &p]).unwrap();
+    assert_eq!(
+        document(&r, "ImageVerificationConfig")["rules"],
+        serde_json::json!([{"imagePattern": "a/*", "skip": true}, {"imagePattern": "b/*", "skip": true}])
+    );
 }
 
 #[test]

@@ -6,36 +6,92 @@
 //! - maps merge key by key; a scalar replaces the base's unless it is `""` or `0` (Talos
 //!   skips zero values; `false` always replaces); `null` changes nothing;
 //! - lists append, except the keyed lists ([`KEYED_LISTS`]: an item with the same key
-//!   merges into the base's) and the replaced ones ([`REPLACED`]);
-//! - `$patch: delete` deletes: a whole document (at its top level), a map key
-//!   (`key: {$patch: delete}`), or the list items whose `key: value` the item names; deleting
-//!   something that is not there is an error, as in Talos;
+//!   merges into the base's, or replaces it) and the replaced values ([`REPLACED`]), in the
+//!   machine config and the newer documents alike;
+//! - an argument of an `extraArgs` map ([`ARGS`]) replaces the base's whole (a list of
+//!   values too; `""` is set);
+//! - `$patch: delete` deletes: a whole document (at its top level; one that is not there is
+//!   skipped, as in Talos), a map key (`key: {$patch: delete}`), or the list items whose
+//!   `key: value` the item names; deleting a key or items that are not there is an error,
+//!   as in Talos;
 //! - a map, a list and a scalar never merge into one another (an error names the path).
 
 use super::{RenderError, secret_key};
 use serde_json::{Map, Value};
 
-/// Lists merged item by item on a key (Talos' `NetworkDeviceList`, `VlanList`,
-/// `AdmissionPluginConfigList`), in the machine config: the path (`*` is any list item) and
-/// the keys, the first one an item has deciding.
-pub const KEYED_LISTS: &[(&[&str], &[&str])] = &[
+/// The machine config's name in [`KEYED_LISTS`] and [`REPLACED`]; any other document is
+/// named by its `kind`.
+pub const MACHINE_CONFIG: &str = "v1alpha1";
+
+/// How a keyed list's item with the same key as one of the base's lands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keyed {
+    /// Merged into the base's item.
+    Merge,
+    /// In place of the base's item.
+    Replace,
+}
+
+/// Lists merged item by item on a key (Talos' own `Merge` of `NetworkDeviceList`,
+/// `VlanList`, `AdmissionPluginConfigList`, `ConfigFileList` and `ImageVerificationRules`):
+/// the document, the path (`*` is any list item), the keys (the first one an item has
+/// deciding) and what a matching item does.
+pub const KEYED_LISTS: &[(&str, &[&str], &[&str], Keyed)] = &[
     (
+        MACHINE_CONFIG,
         &["machine", "network", "interfaces"],
         &["interface", "deviceSelector"],
+        Keyed::Merge,
     ),
     (
+        MACHINE_CONFIG,
         &["machine", "network", "interfaces", "*", "vlans"],
         &["vlanId"],
+        Keyed::Merge,
     ),
-    (&["cluster", "apiServer", "admissionControl"], &["name"]),
+    (
+        MACHINE_CONFIG,
+        &["cluster", "apiServer", "admissionControl"],
+        &["name"],
+        Keyed::Merge,
+    ),
+    (
+        "ExtensionServiceConfig",
+        &["configFiles"],
+        &["mountPath"],
+        Keyed::Merge,
+    ),
+    (
+        "ImageVerificationConfig",
+        &["rules"],
+        &["imagePattern"],
+        Keyed::Replace,
+    ),
 ];
 
-/// Values of the machine config a patch replaces whole (Talos' `merge:"replace"`).
-pub const REPLACED: &[&[&str]] = &[
-    &["cluster", "network", "podSubnets"],
-    &["cluster", "network", "serviceSubnets"],
-    &["cluster", "apiServer", "auditPolicy"],
+/// Values a patch replaces whole (Talos' `merge:"replace"`), by document.
+pub const REPLACED: &[(&str, &[&str])] = &[
+    (MACHINE_CONFIG, &["cluster", "network", "podSubnets"]),
+    (MACHINE_CONFIG, &["cluster", "network", "serviceSubnets"]),
+    (MACHINE_CONFIG, &["cluster", "apiServer", "auditPolicy"]),
+    ("CRIBaseRuntimeSpecConfig", &["overrides"]),
+    ("KubeAuditPolicyConfig", &["configuration"]),
+    ("KubeAuthenticationConfig", &["configuration"]),
+    ("KubeCredentialProviderConfig", &["configuration"]),
+    ("KubeNetworkConfig", &["podSubnets"]),
+    ("KubeNetworkConfig", &["serviceSubnets"]),
+    ("KubeStaticPodConfig", &["pod"]),
+    ("BGPInstanceConfig", &["advertise"]),
+    ("BGPInstanceConfig", &["importRoutes"]),
+    ("BGPInstanceConfig", &["neighbors"]),
+    ("NetworkRuleConfig", &["ingress"]),
+    ("NetworkRuleConfig", &["portSelector", "ports"]),
 ];
+
+/// The maps of arguments (Talos' `meta.Args`: every `extraArgs`, in the machine config and
+/// the Kubernetes component documents): a patch's argument replaces the base's whole, a
+/// list of values included (Talos' `maps.Copy`), and an empty one is set as it is.
+pub const ARGS: &str = "extraArgs";
 
 pub(super) const DELETE: &str = "$patch";
 
@@ -118,18 +174,16 @@ pub fn merge_documents(
             (Some(i), true) => {
                 base.remove(i);
             }
-            (None, true) => {
-                return Err(RenderError::merge(
-                    source,
-                    &id,
-                    "(the document)",
-                    "the document to delete is not there",
-                ));
-            }
+            // As Talos: a delete of a document that is not there is skipped.
+            (None, true) => {}
             (Some(i), false) => {
                 let mut path = Vec::new();
-                let v1 = !doc.contains_key("kind");
-                merge_map(&mut base[i], doc, &mut path, v1, source, &id)?;
+                let kind = doc
+                    .get("kind")
+                    .and_then(Value::as_str)
+                    .unwrap_or(MACHINE_CONFIG)
+                    .to_string();
+                merge_map(&mut base[i], doc, &mut path, &kind, source, &id)?;
             }
             (None, false) => {
                 if let Value::Object(m) = clean(&Value::Object(doc.clone())) {
@@ -145,7 +199,7 @@ fn merge_map(
     left: &mut Map<String, Value>,
     right: &Map<String, Value>,
     path: &mut Vec<String>,
-    v1: bool,
+    kind: &str,
     source: &str,
     doc: &str,
 ) -> Result<(), RenderError> {
@@ -170,7 +224,7 @@ fn merge_map(
                         left.insert(k.clone(), clean(rv));
                     }
                 }
-                Some(lv) => merge_value(lv, rv, path, v1, source, doc)?,
+                Some(lv) => merge_value(lv, rv, path, kind, source, doc)?,
             }
         }
         path.pop();
@@ -182,14 +236,19 @@ fn merge_value(
     left: &mut Value,
     right: &Value,
     path: &mut Vec<String>,
-    v1: bool,
+    kind: &str,
     source: &str,
     doc: &str,
 ) -> Result<(), RenderError> {
     if right.is_null() {
         return Ok(());
     }
-    if v1 && REPLACED.iter().any(|p| path_is(path, p)) {
+    // An argument of an `extraArgs` map: replaced whole, whatever it holds.
+    if path.len() >= 2 && path[path.len() - 2] == ARGS {
+        *left = clean(right);
+        return Ok(());
+    }
+    if REPLACED.iter().any(|(k, p)| *k == kind && path_is(path, p)) {
         let empty = match right {
             Value::Array(a) => a.is_empty(),
             Value::Object(m) => m.is_empty(),
@@ -201,17 +260,13 @@ fn merge_value(
         return Ok(());
     }
     match (&mut *left, right) {
-        (Value::Object(l), Value::Object(r)) => merge_map(l, r, path, v1, source, doc),
+        (Value::Object(l), Value::Object(r)) => merge_map(l, r, path, kind, source, doc),
         (Value::Array(l), Value::Array(r)) => {
-            let keys = if v1 {
-                KEYED_LISTS
-                    .iter()
-                    .find(|(p, _)| path_is(path, p))
-                    .map(|(_, keys)| *keys)
-            } else {
-                None
-            };
-            merge_list(l, r, keys, path, v1, source, doc)
+            let keys = KEYED_LISTS
+                .iter()
+                .find(|(k, p, _, _)| *k == kind && path_is(path, p))
+                .map(|(_, _, keys, how)| (*keys, *how));
+            merge_list(l, r, keys, path, kind, source, doc)
         }
         (Value::Object(_) | Value::Array(_), _) | (_, Value::Object(_) | Value::Array(_)) => {
             Err(RenderError::merge(
@@ -242,9 +297,9 @@ fn merge_value(
 fn merge_list(
     left: &mut Vec<Value>,
     right: &[Value],
-    keys: Option<&[&str]>,
+    keys: Option<(&[&str], Keyed)>,
     path: &mut Vec<String>,
-    v1: bool,
+    kind: &str,
     source: &str,
     doc: &str,
 ) -> Result<(), RenderError> {
@@ -280,7 +335,7 @@ fn merge_list(
             }
             continue;
         }
-        let existing = keys.and_then(|keys| {
+        let existing = keys.and_then(|(keys, _)| {
             let key = keys.iter().find(|k| {
                 item.get(**k)
                     .is_some_and(|v| !v.is_null() && v.as_str() != Some(""))
@@ -289,9 +344,10 @@ fn merge_list(
             left.iter_mut().find(|l| l.get(*key) == Some(want))
         });
         match existing {
+            Some(l) if keys.is_some_and(|(_, how)| how == Keyed::Replace) => *l = clean(item),
             Some(l) => {
                 path.push("*".to_string());
-                let r = merge_value(l, item, path, v1, source, doc);
+                let r = merge_value(l, item, path, kind, source, doc);
                 path.pop();
                 r?;
             }
