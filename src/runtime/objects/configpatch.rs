@@ -206,4 +206,37 @@ mod tests {
         // An empty selector selects every machine.
         assert!(labels_match(&selector(serde_json::json!({})), None));
     }
+
+    #[test]
+    fn patches_apply_by_order_then_name_and_only_the_selecting_ones() {
+        let patch = |name: &str, order: i32, machines: &[&str]| -> TalosConfigPatch {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosConfigPatch",
+                "metadata": {"name": name, "namespace": "ns"},
+                "spec": {"clusterRef": {"name": "c"}, "order": order,
+                         "selector": {"machines": machines},
+                         "patches": {"strategic": "version: v1alpha1\n"}}
+            }))
+            .expect("a patch")
+        };
+        let m: TalosMachine = serde_json::from_value(serde_json::json!({
+            "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosMachine",
+            "metadata": {"name": "cp-1", "namespace": "ns"},
+            "spec": {"clusterRef": {"name": "c"}, "role": "controlplane", "approved": true}
+        }))
+        .expect("a machine");
+        // A lower name with a higher order comes later, and so wins what both set.
+        let all = [
+            patch("a-late", 10, &["cp-1"]),
+            patch("z-early", -5, &["cp-1"]),
+            patch("m", 0, &["cp-1"]),
+            patch("b", 0, &["cp-1"]),
+            patch("other", 0, &["cp-2"]),
+        ];
+        let names: Vec<&str> = patches_for(all.iter(), &m)
+            .iter()
+            .map(|p| p.name())
+            .collect();
+        assert_eq!(names, ["z-early", "b", "m", "a-late"]);
+    }
 }
