@@ -207,7 +207,9 @@ fn world_log(c: &Cluster) -> Vec<String> {
                 }
                 Entry::Drain { node, .. } => format!("drain {node}"),
                 Entry::Cordon { node, on: true, .. } => format!("cordon {node}"),
-                Entry::Cordon { node, on: false, .. } => format!("uncordon {node}"),
+                Entry::Cordon {
+                    node, on: false, ..
+                } => format!("uncordon {node}"),
                 _ => continue,
             };
             out.push(said);
@@ -484,8 +486,14 @@ async fn an_upgrade_takes_the_path_its_version_says() {
     // own record of what it did, in order).
     let log = world_log(&c);
     let at = |what: &str| first(&log, what);
-    assert!(at("ImageService/Pull cp-1") < at("LifecycleService/Upgrade cp-1"), "{log:#?}");
-    assert!(at("LifecycleService/Upgrade cp-1") < at("cordon cp-1"), "{log:#?}");
+    assert!(
+        at("ImageService/Pull cp-1") < at("LifecycleService/Upgrade cp-1"),
+        "{log:#?}"
+    );
+    assert!(
+        at("LifecycleService/Upgrade cp-1") < at("cordon cp-1"),
+        "{log:#?}"
+    );
     assert!(at("cordon cp-1") < at("drain cp-1"), "{log:#?}");
     assert!(last(&log, "drain cp-1") < at("Reboot cp-1"), "{log:#?}");
     let op = c.operation("up-cp-1");
@@ -547,7 +555,8 @@ async fn a_failed_install_fails_the_upgrade_without_a_reboot() {
     assert!(!c.cordoned("cp-2"), "a bad image never cordons the node");
     let log = world_log(&c);
     assert!(
-        !log.iter().any(|l| l.starts_with("cordon ") || l.starts_with("drain ")),
+        !log.iter()
+            .any(|l| l.starts_with("cordon ") || l.starts_with("drain ")),
         "{log:#?}"
     );
     assert_eq!(c.talos.calls_to("LifecycleService/Upgrade", "cp-2"), 1);
@@ -740,7 +749,12 @@ async fn a_gate_that_does_not_pass_in_time_fails_the_upgrade_before_any_talos_ca
             && reason.contains("is a learner"),
         "{reason}"
     );
-    for rpc in ["ImageService/Pull", "LifecycleService/Upgrade", "Reboot", "Upgrade"] {
+    for rpc in [
+        "ImageService/Pull",
+        "LifecycleService/Upgrade",
+        "Reboot",
+        "Upgrade",
+    ] {
         for n in ["cp-1", "cp-2", "cp-3"] {
             assert_eq!(c.talos.calls_to(rpc, n), 0, "{rpc} {n}");
         }
@@ -1240,38 +1254,49 @@ async fn a_rolling_upgrade_of_five_nodes_goes_control_planes_first_one_at_a_time
     let ctl = Running::start(c.ctx("controller-1", rules()));
     // The printer columns `kubectl get talosoperations` shows, and what they point at.
     let crd = serde_json::to_value(TalosOperation::crd()).expect("the CRD");
-    let columns: Vec<(String, String, String)> = crd["spec"]["versions"][0]
-        ["additionalPrinterColumns"]
-        .as_array()
-        .expect("printer columns")
-        .iter()
-        .map(|p| {
-            let s = |k: &str| p[k].as_str().unwrap_or("").to_string();
-            (s("name"), s("type"), s("jsonPath"))
-        })
-        .collect();
+    let columns: Vec<(String, String, String)> =
+        crd["spec"]["versions"][0]["additionalPrinterColumns"]
+            .as_array()
+            .expect("printer columns")
+            .iter()
+            .map(|p| {
+                let s = |k: &str| p[k].as_str().unwrap_or("").to_string();
+                (s("name"), s("type"), s("jsonPath"))
+            })
+            .collect();
     for want in ["Kind", "Phase", "Done", "Of", "Node", "Step"] {
-        assert!(columns.iter().any(|(n, ..)| n == want), "{want}: {columns:?}");
+        assert!(
+            columns.iter().any(|(n, ..)| n == want),
+            "{want}: {columns:?}"
+        );
     }
+    // A roll names no spec.machine: its Machine column is empty, and Node says where it is.
     let filled = |op: &Value| {
-        columns.iter().all(|(_, ty, path)| {
-            let v = at_path(op, path);
-            match ty.as_str() {
-                "integer" => v.is_u64(),
-                _ => v.as_str().is_some_and(|s| !s.is_empty()),
-            }
-        })
+        columns
+            .iter()
+            .filter(|(n, ..)| n != "Machine")
+            .all(|(_, ty, path)| {
+                let v = at_path(op, path);
+                match ty.as_str() {
+                    "integer" => v.is_u64(),
+                    _ => v.as_str().is_some_and(|s| !s.is_empty()),
+                }
+            })
     };
     // Mid-roll, a node and a step in progress: every column shows something.
     let mut seen_mid_roll = None;
-    wait_for("every column filled mid-roll", Duration::from_secs(120), || {
-        let op = c.operation("roll-up");
-        let mid = op["status"]["phase"] == "Running" && filled(&op);
-        if mid {
-            seen_mid_roll = Some(op);
-        }
-        mid || c.phase("roll-up") == "Succeeded"
-    })
+    wait_for(
+        "every column filled mid-roll",
+        Duration::from_secs(120),
+        || {
+            let op = c.operation("roll-up");
+            let mid = op["status"]["phase"] == "Running" && filled(&op);
+            if mid {
+                seen_mid_roll = Some(op);
+            }
+            mid || c.phase("roll-up") == "Succeeded"
+        },
+    )
     .await;
     let mid = seen_mid_roll.expect("a moment mid-roll with every column filled");
     assert_eq!(at_path(&mid, ".status.progress.total"), 5, "{mid}");
@@ -1292,11 +1317,12 @@ async fn a_rolling_upgrade_of_five_nodes_goes_control_planes_first_one_at_a_time
         };
         assert_eq!(at_path(&op, path), &want, "column {name}: {op}");
     }
-    // One NodeStarted and one NodeFinished per node.
+    // One NodeStarted and one NodeFinished per node, each about its machine (the Event's
+    // related object), not folded into one series with the first node's note.
     let events = c.api.objects("Event", Some(NS));
     for reason in ["NodeStarted", "NodeFinished"] {
         for n in nodes {
-            let of_node = events
+            let of_node: Vec<&Value> = events
                 .iter()
                 .filter(|e| {
                     e["reason"] == reason
@@ -1304,8 +1330,11 @@ async fn a_rolling_upgrade_of_five_nodes_goes_control_planes_first_one_at_a_time
                             .as_str()
                             .is_some_and(|t| t.starts_with(&format!("{n}:")))
                 })
-                .count();
-            assert_eq!(of_node, 1, "{reason} {n}: {events:#?}");
+                .collect();
+            assert_eq!(of_node.len(), 1, "{reason} {n}: {events:#?}");
+            assert_eq!(of_node[0]["related"]["name"], n, "{:#?}", of_node[0]);
+            assert_eq!(of_node[0]["related"]["kind"], "TalosMachine");
+            assert!(of_node[0]["series"].is_null(), "{:#?}", of_node[0]);
         }
     }
     // The metrics: the operation counted once it ended, each step's count and time.
@@ -1324,7 +1353,12 @@ async fn a_rolling_upgrade_of_five_nodes_goes_control_planes_first_one_at_a_time
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or_else(|| panic!("no {head}in {text}"))
     };
-    for action in ["talos-install", "talos-upgrade", "wait-node-back", "drain-node"] {
+    for action in [
+        "talos-install",
+        "talos-upgrade",
+        "wait-node-back",
+        "drain-node",
+    ] {
         assert_eq!(
             metric("ichor_rules_operation_steps_total", action),
             5.0,

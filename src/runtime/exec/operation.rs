@@ -55,6 +55,15 @@ pub trait OperationWorld: World {
         note: String,
     );
 
+    /// Publishes a Normal Event on the operation about one of its machines (`NodeStarted`,
+    /// `NodeFinished`, `NodeSkipped`). The controller's world names the machine as the
+    /// Event's related object, so the Events of different machines with the same reason
+    /// are not folded into one series (which keeps only the first one's note).
+    async fn node_event(&mut self, on: &TalosOperation, machine: &str, reason: &str, note: String) {
+        let _ = machine;
+        self.operation_event(on, false, reason, note).await;
+    }
+
     /// Cordons (`on`) or uncordons the Kubernetes Node `node`: whether it was cordoned
     /// before (`None`: there is no such Node).
     async fn cordon(
@@ -342,7 +351,7 @@ pub async fn reconcile<W: OperationWorld>(
             let msg = format!(
                 "{target}: the machine is gone or being deleted; the roll goes on without it"
             );
-            w.operation_event(live, false, "NodeSkipped", msg).await;
+            w.node_event(live, &target, "NodeSkipped", msg).await;
             next_node(&mut p);
             set_progress(&mut next, &p);
             w.write_operation(&before, &next).await?;
@@ -366,7 +375,7 @@ pub async fn reconcile<W: OperationWorld>(
         else {
             // This node is done: the next one, from a clean record.
             let msg = format!("{target}: every step of the plan ran");
-            w.operation_event(live, false, "NodeFinished", msg).await;
+            w.node_event(live, &target, "NodeFinished", msg).await;
             next_node(&mut p);
             set_progress(&mut next, &p);
             w.write_operation(&before, &next).await?;
@@ -487,7 +496,7 @@ pub async fn reconcile<W: OperationWorld>(
             set_progress(&mut next, &p);
             w.write_operation(&before, &next).await?;
             if k == 0 {
-                w.operation_event(live, false, "NodeStarted", format!("{target}: started"))
+                w.node_event(live, &target, "NodeStarted", format!("{target}: started"))
                     .await;
             }
         }
