@@ -918,15 +918,15 @@ impl Action {
             | Action::TalosReboot
             | Action::TalosShutdown
             | Action::TalosUpgrade
-            | Action::TalosRollback => true,
+            | Action::TalosRollback
+            | Action::TalosInstall => true,
             Action::LockCluster
             | Action::EventWarning
             | Action::EventNormal
             | Action::ReleaseFinalizer
             | Action::EtcdHealthy
             | Action::UncordonNode
-            | Action::WaitNodeBack
-            | Action::TalosInstall => false,
+            | Action::WaitNodeBack => false,
         }
     }
 
