@@ -824,6 +824,7 @@ pub enum Action {
     TalosUpgrade,
     TalosRollback,
     WaitNodeBack,
+    TalosInstall,
 }
 
 /// Which procedures run an action: a plan of another may not name it.
@@ -875,7 +876,7 @@ pub const MAX_STEP_TIMEOUT_SECS: u64 = 24 * 3600;
 
 impl Action {
     /// Every action, in the order of [`ACTIONS`].
-    pub const ALL: [Action; 18] = [
+    pub const ALL: [Action; 19] = [
         Action::LockCluster,
         Action::DrainNode,
         Action::EtcdForfeitLeadership,
@@ -894,6 +895,7 @@ impl Action {
         Action::TalosUpgrade,
         Action::TalosRollback,
         Action::WaitNodeBack,
+        Action::TalosInstall,
     ];
 
     pub fn info(self) -> &'static ActionInfo {
@@ -923,7 +925,8 @@ impl Action {
             | Action::TalosReboot
             | Action::TalosShutdown
             | Action::TalosUpgrade
-            | Action::TalosRollback => true,
+            | Action::TalosRollback
+            | Action::TalosInstall => true,
             Action::LockCluster
             | Action::EventWarning
             | Action::EventNormal
@@ -1122,6 +1125,15 @@ pub const ACTIONS: &[ActionInfo] = &[
         scope: Scope::Operation,
         timeout: Timeout::Required,
         doc: "a gate: the node answers with a new `SystemStat.boot_time` (and, after an upgrade, the image's tag as its `Version`), and its Kubernetes Node is Ready, within the step's `within`",
+    },
+    ActionInfo {
+        action: Action::TalosInstall,
+        words: &["talos", "install"],
+        argument: None,
+        needs_message: false,
+        scope: Scope::Operation,
+        timeout: Timeout::None,
+        doc: "install spec.image on the node without rebooting it, before it is cordoned or drained, so a bad image fails the operation with the node untouched: on Talos 1.13 and later (its `Version`) `ImageService/Pull`, then `LifecycleService/Upgrade` with its `exit_code` read (the `talos upgrade` after it only reboots); on an older Talos nothing (the legacy `MachineService/Upgrade` of `talos upgrade` installs). Sent once: recorded in status before and after, and an install whose end was not seen fails the operation rather than being sent again",
     },
 ];
 

@@ -1224,3 +1224,77 @@ fn eval_reconcile_decides_a_pending_operations_start_again() {
         "{v}"
     );
 }
+
+/// `ichor-rules table` shows each operation kind's plan, its steps in order with their
+/// timeouts, guards and what each does: an upgrade installs its image before it cordons
+/// and drains the node (issue 35), in the text and in the JSON alike.
+#[test]
+fn table_shows_the_operation_plans_step_by_step() {
+    let out = run(&["table", "rules"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let text = &out.stdout;
+    for kind in ["reboot", "upgrade", "rollback", "shutdown", "reset"] {
+        assert!(
+            text.contains(&format!("plan run operation \"{kind}\"")),
+            "{kind}: {text}"
+        );
+    }
+    let upgrade = text
+        .split("plan run operation \"upgrade\"")
+        .nth(1)
+        .and_then(|rest| rest.split("\n\n").next())
+        .expect("the upgrade's plan");
+    let steps: Vec<&str> = upgrade
+        .lines()
+        .filter_map(|l| l.trim().split("   -- ").next())
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            "1. lock cluster",
+            "2. etcd healthy within 2m when target.controlplane or target.uncounted",
+            "3. talos install",
+            "4. cordon node",
+            "5. drain node",
+            "6. etcd forfeit-leadership when (target.controlplane or target.uncounted) and approved > 1",
+            "7. talos upgrade",
+            "8. wait node-back within 15m",
+            "9. etcd healthy within 5m when target.controlplane or target.uncounted",
+            "10. uncordon node",
+        ],
+        "{upgrade}"
+    );
+    assert!(
+        upgrade.contains("LifecycleService/Upgrade"),
+        "each step says what it does: {upgrade}"
+    );
+
+    let out = run(&["table", "rules", "--format", "json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v = out.json();
+    let plan = v["plans"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["kind"] == "upgrade"))
+        .unwrap_or_else(|| panic!("no upgrade plan: {v}"));
+    let actions: Vec<&str> = plan["steps"]
+        .as_array()
+        .map(|s| s.iter().filter_map(|x| x["action"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        actions,
+        [
+            "lock cluster",
+            "etcd healthy",
+            "talos install",
+            "cordon node",
+            "drain node",
+            "etcd forfeit-leadership",
+            "talos upgrade",
+            "wait node-back",
+            "etcd healthy",
+            "uncordon node",
+        ]
+    );
+    assert_eq!(plan["steps"][7]["within"], "within 15m", "{plan}");
+}

@@ -169,6 +169,69 @@ fn reboot_of(name: &str, machine: &str) -> Value {
     o
 }
 
+/// What the operations' reconciles did to the world, in order, from this test's step logs
+/// (the controllers' own record, written as it happens): each plan step as it began
+/// (`step <k>`, 0-based; again each time a step that waited begins again), each Talos call (`<Rpc> <machine>`, the machine dialled), each
+/// drain pass (`drain <node>`) and each cordon (`cordon <node>`, `uncordon <node>`).
+fn world_log(c: &Cluster) -> Vec<String> {
+    use ichor_rules::runtime::exec::trace::{Entry, Line, NodeRec};
+    let logs: Vec<PathBuf> = c
+        .logs
+        .lock()
+        .expect("logs")
+        .iter()
+        .map(|(l, _)| l.clone())
+        .collect();
+    let mut out: Vec<String> = Vec::new();
+    for log in logs {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let mut procedures = std::collections::HashMap::new();
+        for l in text.lines() {
+            let Ok(line) = serde_json::from_str::<Line>(l) else {
+                continue;
+            };
+            if let Entry::Begin { procedure, .. } = &line.entry {
+                procedures.insert(line.reconcile, procedure.clone());
+            }
+            if procedures.get(&line.reconcile).map(String::as_str) != Some("operation") {
+                continue;
+            }
+            let short = |m: &str| m.rsplit('/').next().unwrap_or(m).to_string();
+            let said = match line.entry {
+                Entry::Step { k, .. } => format!("step {k}"),
+                Entry::Talos { node, call, .. } => {
+                    let machine = match node {
+                        NodeRec::Endpoint { machine } | NodeRec::Via { machine, .. } => machine,
+                    };
+                    format!("{} {}", call.name(), short(&machine))
+                }
+                Entry::Drain { node, .. } => format!("drain {node}"),
+                Entry::Cordon { node, on: true, .. } => format!("cordon {node}"),
+                Entry::Cordon {
+                    node, on: false, ..
+                } => format!("uncordon {node}"),
+                _ => continue,
+            };
+            out.push(said);
+        }
+    }
+    out
+}
+
+/// Where `what` first happens in `log` (a failure shows the log).
+fn first(log: &[String], what: &str) -> usize {
+    log.iter()
+        .position(|l| l == what)
+        .unwrap_or_else(|| panic!("no `{what}` in {log:#?}"))
+}
+
+/// Where `what` last happens in `log`.
+fn last(log: &[String], what: &str) -> usize {
+    log.iter()
+        .rposition(|l| l == what)
+        .unwrap_or_else(|| panic!("no `{what}` in {log:#?}"))
+}
+
 /// A control plane's reboot runs its whole plan: the node goes down once and comes back
 /// with a new boot time, etcd never has more than one member down (from the stand-ins' own
 /// record), the Node is cordoned for it and uncordoned after, and the operation ends
@@ -214,17 +277,36 @@ async fn a_control_plane_reboot_completes_keeping_etcd_majority() {
         cond(&c.api, "TalosOperation", "reboot-cp-2", "Running"),
         Some(("False".into(), "Succeeded".into()))
     );
-    // The drain and cordon came before the reboot, the forfeit on cp-2 only.
-    let calls = c.talos.calls();
-    let reboot_at = calls
-        .iter()
-        .position(|k| k.rpc == "Reboot")
-        .expect("a reboot");
+    // The plan's order, from the controller's own record: etcd healthy, cordon, drain,
+    // forfeit (cp-2 asked whether it leads), reboot, node back (a new boot time), etcd
+    // healthy again, uncordon; each step begun in that order and never after a later one.
+    let log = world_log(&c);
+    let mut steps: Vec<&String> = log.iter().filter(|l| l.starts_with("step ")).collect();
+    steps.dedup();
+    let want: Vec<String> = (0..9).map(|k| format!("step {k}")).collect();
+    assert_eq!(steps, want.iter().collect::<Vec<_>>(), "{log:#?}");
+    let at = |what: &str| first(&log, what);
+    let (gate, cordon, drain) = (at("step 1"), at("cordon cp-2"), at("drain cp-2"));
+    let (forfeit, reboot, back) = (at("step 4"), at("Reboot cp-2"), at("step 6"));
+    let (gate_again, uncordon) = (at("step 7"), at("uncordon cp-2"));
+    assert!(gate < at("step 2") && at("step 2") < cordon, "{log:#?}");
+    assert!(cordon < at("step 3") && at("step 3") < drain, "{log:#?}");
+    assert!(last(&log, "drain cp-2") < forfeit, "{log:#?}");
+    assert!(forfeit < at("step 5") && at("step 5") < reboot, "{log:#?}");
     assert!(
-        calls[..reboot_at]
-            .iter()
-            .any(|k| k.rpc == "SystemStat" && k.node == "cp-2")
+        log[forfeit..at("step 5")].contains(&"EtcdStatus cp-2".to_string()),
+        "the forfeit asks cp-2 whether it leads: {log:#?}"
     );
+    assert!(reboot < back, "{log:#?}");
+    // The node came back: a SystemStat after the reboot answered (the gate passed) before
+    // etcd was judged again, and the uncordon came last.
+    assert!(back < gate_again && gate_again < at("step 8"), "{log:#?}");
+    assert!(at("step 8") < uncordon, "{log:#?}");
+    assert_eq!(last(&log, "Reboot cp-2"), reboot, "one reboot");
+    for other in ["cp-1", "cp-3"] {
+        assert!(!log.contains(&format!("cordon {other}")), "{log:#?}");
+    }
+    let calls = c.talos.calls();
     eprintln!(
         "reboot of a control plane: {:.1}s, {} Talos calls",
         took.as_secs_f64(),
@@ -374,9 +456,10 @@ fn upgrade_of(name: &str, machine: &str, image: &str) -> Value {
 }
 
 /// An upgrade takes the path the node's `Version` says: a node on Talos 1.13 or later is
-/// pulled and installed (`ImageService/Pull`, `LifecycleService/Upgrade`) and then
-/// rebooted by the controller; an older one gets the legacy `MachineService/Upgrade`. Both
-/// come back running the image's tag, which the gate checks.
+/// pulled and installed (`ImageService/Pull`, `LifecycleService/Upgrade`) before it is
+/// cordoned or drained (`talos install`, so a bad image never drains a node), and then
+/// rebooted by the controller; an older one gets the legacy `MachineService/Upgrade` after
+/// its drain. Both come back running the image's tag, which the gate checks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgrade_takes_the_path_its_version_says() {
     let c = Cluster::start(3).await;
@@ -399,6 +482,25 @@ async fn an_upgrade_takes_the_path_its_version_says() {
     assert_eq!(c.talos.calls_to("LifecycleService/Upgrade", "cp-1"), 1);
     assert_eq!(c.talos.calls_to("Reboot", "cp-1"), 1);
     assert_eq!(c.talos.calls_to("Upgrade", "cp-1"), 0);
+    // Pulled, then installed, then cordoned and drained, then rebooted (the controller's
+    // own record of what it did, in order).
+    let log = world_log(&c);
+    let at = |what: &str| first(&log, what);
+    assert!(
+        at("ImageService/Pull cp-1") < at("LifecycleService/Upgrade cp-1"),
+        "{log:#?}"
+    );
+    assert!(
+        at("LifecycleService/Upgrade cp-1") < at("cordon cp-1"),
+        "{log:#?}"
+    );
+    assert!(at("cordon cp-1") < at("drain cp-1"), "{log:#?}");
+    assert!(last(&log, "drain cp-1") < at("Reboot cp-1"), "{log:#?}");
+    let op = c.operation("up-cp-1");
+    assert_eq!(
+        op["status"]["progress"]["done"], 1,
+        "the node's record cleared once it is done: {op}"
+    );
 
     // The legacy path, on a node of an older Talos (the stand-ins' default, v1.9.5).
     c.api.insert(upgrade_of(
@@ -414,12 +516,18 @@ async fn an_upgrade_takes_the_path_its_version_says() {
     assert_eq!(c.talos.calls_to("Upgrade", "cp-2"), 1);
     assert_eq!(c.talos.calls_to("Reboot", "cp-2"), 0);
     assert_eq!(c.talos.calls_to("LifecycleService/Upgrade", "cp-2"), 0);
+    assert_eq!(c.talos.calls_to("ImageService/Pull", "cp-2"), 0);
+    let log = world_log(&c);
+    assert!(
+        last(&log, "drain cp-2") < first(&log, "Upgrade cp-2"),
+        "{log:#?}"
+    );
     assert_eq!(c.most_down_at_once(), 1);
     c.talos.etcd.wait_healthy(3).await.expect("etcd healthy");
 }
 
 /// An install whose stream ends with a non-zero `exit_code` fails the operation, saying
-/// so; the node is not rebooted.
+/// so, at the `talos install` step: the node is neither cordoned, drained nor rebooted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_install_fails_the_upgrade_without_a_reboot() {
     let c = Cluster::start(3).await;
@@ -436,13 +544,223 @@ async fn a_failed_install_fails_the_upgrade_without_a_reboot() {
     let reason = op["status"]["failureReason"].as_str().unwrap_or("");
     assert!(
         reason.contains("cp-2")
-            && reason.contains("talos upgrade")
+            && reason.contains("talos install")
             && reason.contains("exit code 2"),
         "{reason}"
     );
+    assert_eq!(
+        cond(&c.api, "TalosOperation", "up-cp-2", "Running"),
+        Some(("False".into(), "UpgradeFailed".into()))
+    );
+    assert!(!c.cordoned("cp-2"), "a bad image never cordons the node");
+    let log = world_log(&c);
+    assert!(
+        !log.iter()
+            .any(|l| l.starts_with("cordon ") || l.starts_with("drain ")),
+        "{log:#?}"
+    );
+    assert_eq!(c.talos.calls_to("LifecycleService/Upgrade", "cp-2"), 1);
     assert_eq!(c.talos.calls_to("Reboot", "cp-2"), 0);
     assert!(c.talos.downtimes().is_empty());
     assert_eq!(c.talos.node(1).version(), "v1.13.0");
+}
+
+/// A pod of `apps` on `node`, and the PodDisruptionBudget `apps/web` that keeps it
+/// (minAvailable 1 of 1: its eviction is refused).
+fn guarded_pod_on(api: &ApiServer, node: &str) {
+    api.insert(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web-1", "namespace": "apps", "labels": {"app": "web"}},
+        "spec": {"nodeName": node, "containers": [{"name": "web", "image": "nginx"}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    }));
+    api.insert(json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "web", "namespace": "apps"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}
+    }));
+}
+
+/// The budget `apps/web` lets its pod go now (minAvailable 0).
+async fn lift_budget(api: &ApiServer) {
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    let mut pdb = get(api, "PodDisruptionBudget", "web").expect("pdb");
+    pdb["spec"]["minAvailable"] = json!(0);
+    let pdbs: kube::Api<PodDisruptionBudget> = kube::Api::namespaced(api.test_client(), "apps");
+    let pdb: PodDisruptionBudget = serde_json::from_value(pdb).expect("pdb");
+    pdbs.replace("web", &kube::api::PostParams::default(), &pdb)
+        .await
+        .expect("replace pdb");
+}
+
+/// Talos 1.13 and later, killed between the install and the reboot: the image is installed
+/// before the drain, which a PodDisruptionBudget holds (`DrainFailed`, naming the pod and
+/// the budget); the controller is killed there, and the next one resumes from the record
+/// (`progress.installed`) without installing again. Once the budget lets the pod go, the
+/// node is drained and rebooted once, and comes back on the image's tag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_controller_resumes_an_upgrade_after_its_install_without_installing_again() {
+    let c = Cluster::start(3).await;
+    c.talos.node(0).set_downtime(Duration::from_millis(700));
+    c.talos.node(0).set_version("v1.13.2");
+    guarded_pod_on(&c.api, "cp-1");
+    let image = "ghcr.io/siderolabs/installer:v1.14.0";
+    c.api.insert(upgrade_of("up-cp-1", "cp-1", image));
+    let first_ctl = Running::start(c.ctx("controller-1", rules()));
+    wait_for("the drain is held by the budget", WAIT, || {
+        cond(&c.api, "TalosOperation", "up-cp-1", "Running")
+            == Some(("False".into(), "DrainFailed".into()))
+    })
+    .await;
+    let op = c.operation("up-cp-1");
+    let message = condition(&op, "Running").expect("Running")["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        message.contains("cp-1")
+            && message.contains("apps/web-1")
+            && message.contains("The disruption budget web needs 1 healthy pods"),
+        "{message}"
+    );
+    assert_eq!(op["status"]["progress"]["installed"], image, "{op}");
+    assert!(op["status"]["progress"]["installing"].is_null(), "{op}");
+    assert_eq!(c.talos.calls_to("LifecycleService/Upgrade", "cp-1"), 1);
+    assert_eq!(c.talos.calls_to("Reboot", "cp-1"), 0);
+    assert!(c.cordoned("cp-1"));
+    first_ctl.kill().await;
+    let _second = Running::start(c.ctx("controller-2", rules()));
+    // The new controller takes the lock over and waits on the same budget.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    lift_budget(&c.api).await;
+    wait_for("the upgrade succeeds", WAIT, || {
+        c.phase("up-cp-1") == "Succeeded"
+    })
+    .await;
+    assert_eq!(c.talos.calls_to("ImageService/Pull", "cp-1"), 1);
+    assert_eq!(
+        c.talos.calls_to("LifecycleService/Upgrade", "cp-1"),
+        1,
+        "installed once: {:?}",
+        c.talos.calls()
+    );
+    assert_eq!(c.talos.calls_to("Reboot", "cp-1"), 1);
+    assert_eq!(c.talos.node(0).version(), "v1.14.0");
+    assert!(get(&c.api, "Pod", "web-1").is_none(), "evicted");
+    assert!(!c.cordoned("cp-1"));
+}
+
+/// An install whose end no controller saw (recorded as sent, `progress.installing`, by a
+/// controller that stopped while it ran) is not sent again by itself: whether it installed
+/// cannot be read back, so the operation fails (`InstallUnknown`) with the node untouched.
+/// A person's resume sends it again, and the upgrade completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_install_whose_end_was_not_seen_is_not_sent_again_until_a_person_resumes() {
+    let c = Cluster::start(3).await;
+    c.talos.node(1).set_downtime(Duration::from_millis(500));
+    c.talos.node(1).set_version("v1.13.2");
+    let image = "ghcr.io/siderolabs/installer:v1.14.0";
+    let mut op = upgrade_of("up-cp-2", "cp-2", image);
+    op["status"] = json!({
+        "phase": "Running",
+        "progress": {
+            "done": 0, "total": 1, "order": ["cp-2"], "node": "cp-2",
+            "startedAt": "2026-12-05T05:00:00Z",
+            "step": "3. talos install", "stepStartedAt": "2026-12-05T05:00:00Z",
+            "stepsDone": ["1. lock cluster", "2. etcd healthy"],
+            "installing": image
+        }
+    });
+    c.api.insert(op);
+    let _ctl = Running::start(c.ctx("controller-1", rules()));
+    wait_for("the upgrade fails", WAIT, || c.phase("up-cp-2") == "Failed").await;
+    assert_eq!(
+        cond(&c.api, "TalosOperation", "up-cp-2", "Running"),
+        Some(("False".into(), "InstallUnknown".into()))
+    );
+    let reason = c.operation("up-cp-2")["status"]["failureReason"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        reason.contains("cp-2: talos install") && reason.contains("not sent again"),
+        "{reason}"
+    );
+    assert_eq!(c.talos.calls_to("LifecycleService/Upgrade", "cp-2"), 0);
+    assert!(!c.cordoned("cp-2"));
+    let api: kube::Api<ichor_rules::runtime::objects::TalosOperation> =
+        kube::Api::namespaced(c.api.client(), NS);
+    let patch =
+        json!({"metadata": {"annotations": {"ichor.maesh.dev/resume": "2026-12-05T06:00:00Z"}}});
+    api.patch(
+        "up-cp-2",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .expect("annotate");
+    wait_for("the resumed upgrade succeeds", WAIT, || {
+        c.phase("up-cp-2") == "Succeeded"
+    })
+    .await;
+    assert_eq!(c.talos.calls_to("LifecycleService/Upgrade", "cp-2"), 1);
+    assert_eq!(c.talos.calls_to("Reboot", "cp-2"), 1);
+    assert_eq!(c.talos.node(1).version(), "v1.14.0");
+}
+
+/// The `etcd healthy` gate, end to end: a learner in etcd's membership (not a voter, so the
+/// step rules' counts pass) keeps the gate from passing; once its `within` is over the
+/// upgrade fails (`EtcdUnhealthy`, naming the node, the step and the learner) and nothing
+/// was sent: no pull, no install, no `Reboot`, no `Upgrade`, no cordon.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gate_that_does_not_pass_in_time_fails_the_upgrade_before_any_talos_call() {
+    let c = Cluster::start(3).await;
+    c.talos.node(1).set_version("v1.13.2");
+    c.talos
+        .etcd
+        .post_at(
+            0,
+            "/v3/cluster/member/add",
+            json!({"peerURLs": ["http://127.0.0.1:9"], "isLearner": true}),
+        )
+        .await
+        .expect("a learner added");
+    c.api.insert(upgrade_of(
+        "up-cp-2",
+        "cp-2",
+        "ghcr.io/siderolabs/installer:v1.14.0",
+    ));
+    let _ctl = Running::start(c.ctx("controller-1", rules_with_timeouts("gate", "2s")));
+    wait_for("the gate fails the upgrade", WAIT, || {
+        c.phase("up-cp-2") == "Failed"
+    })
+    .await;
+    assert_eq!(
+        cond(&c.api, "TalosOperation", "up-cp-2", "Running"),
+        Some(("False".into(), "EtcdUnhealthy".into()))
+    );
+    let reason = c.operation("up-cp-2")["status"]["failureReason"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        reason.contains("cp-2: etcd healthy")
+            && reason.contains("did not pass within 2s")
+            && reason.contains("is a learner"),
+        "{reason}"
+    );
+    for rpc in [
+        "ImageService/Pull",
+        "LifecycleService/Upgrade",
+        "Reboot",
+        "Upgrade",
+    ] {
+        for n in ["cp-1", "cp-2", "cp-3"] {
+            assert_eq!(c.talos.calls_to(rpc, n), 0, "{rpc} {n}");
+        }
+    }
+    assert!(!c.cordoned("cp-2"));
+    assert!(c.talos.downtimes().is_empty());
 }
 
 /// The step rules are decided again before every step, under the lock, from etcd itself:
@@ -903,22 +1221,85 @@ async fn an_operations_step_log_is_checked_against_the_executor() {
     assert_eq!(code, Some(1), "{said}");
 }
 
+/// The value at a printer column's `jsonPath` (a plain `.a.b.c` path) in `obj`.
+fn at_path<'a>(obj: &'a Value, path: &str) -> &'a Value {
+    path.trim_start_matches('.')
+        .split('.')
+        .fold(obj, |v, k| &v[k])
+}
+
 /// A rolling upgrade over a five-node cluster (three control planes, two workers): the
 /// control planes first, then the workers, one node at a time (never two down at once, from
 /// the stand-ins' own record), each upgraded once and back on the image's tag; the figures
-/// are printed (`--nocapture`).
+/// are printed (`--nocapture`). What it shows while it runs is pinned too: the
+/// TalosOperation CRD's printer columns (kind, phase, nodes done of total, the node and the
+/// step) are filled by its status mid-roll and at the end, one `NodeStarted` and one
+/// `NodeFinished` Event per node, and the metrics count the operation and the time of its
+/// steps.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_upgrade_of_five_nodes_goes_control_planes_first_one_at_a_time() {
+    use ichor_rules::runtime::objects::TalosOperation;
+    use kube::CustomResourceExt;
     let started = Instant::now();
     let mut c = Cluster::start(3).await;
     c.add_workers(&["w-1", "w-2"], 10).await;
     for i in 0..5 {
         c.talos.node(i).set_downtime(Duration::from_millis(500));
     }
+    // Down long enough for its `wait node-back` to take a whole second, at least.
+    c.talos.node(0).set_downtime(Duration::from_millis(2000));
     let mut op = operation("roll-up", "upgrade");
     op["spec"]["image"] = json!("ghcr.io/siderolabs/installer:v1.13.1");
     c.api.insert(op);
-    let _ctl = Running::start(c.ctx("controller-1", rules()));
+    let ctl = Running::start(c.ctx("controller-1", rules()));
+    // The printer columns `kubectl get talosoperations` shows, and what they point at.
+    let crd = serde_json::to_value(TalosOperation::crd()).expect("the CRD");
+    let columns: Vec<(String, String, String)> =
+        crd["spec"]["versions"][0]["additionalPrinterColumns"]
+            .as_array()
+            .expect("printer columns")
+            .iter()
+            .map(|p| {
+                let s = |k: &str| p[k].as_str().unwrap_or("").to_string();
+                (s("name"), s("type"), s("jsonPath"))
+            })
+            .collect();
+    for want in ["Kind", "Phase", "Done", "Of", "Node", "Step"] {
+        assert!(
+            columns.iter().any(|(n, ..)| n == want),
+            "{want}: {columns:?}"
+        );
+    }
+    // A roll names no spec.machine: its Machine column is empty, and Node says where it is.
+    let filled = |op: &Value| {
+        columns
+            .iter()
+            .filter(|(n, ..)| n != "Machine")
+            .all(|(_, ty, path)| {
+                let v = at_path(op, path);
+                match ty.as_str() {
+                    "integer" => v.is_u64(),
+                    _ => v.as_str().is_some_and(|s| !s.is_empty()),
+                }
+            })
+    };
+    // Mid-roll, a node and a step in progress: every column shows something.
+    let mut seen_mid_roll = None;
+    wait_for(
+        "every column filled mid-roll",
+        Duration::from_secs(120),
+        || {
+            let op = c.operation("roll-up");
+            let mid = op["status"]["phase"] == "Running" && filled(&op);
+            if mid {
+                seen_mid_roll = Some(op);
+            }
+            mid || c.phase("roll-up") == "Succeeded"
+        },
+    )
+    .await;
+    let mid = seen_mid_roll.expect("a moment mid-roll with every column filled");
+    assert_eq!(at_path(&mid, ".status.progress.total"), 5, "{mid}");
     wait_for("the roll succeeds", Duration::from_secs(120), || {
         c.phase("roll-up") == "Succeeded"
     })
@@ -927,6 +1308,68 @@ async fn a_rolling_upgrade_of_five_nodes_goes_control_planes_first_one_at_a_time
     let op = c.operation("roll-up");
     let nodes = ["cp-1", "cp-2", "cp-3", "w-1", "w-2"];
     assert_eq!(op["status"]["progress"]["order"], json!(nodes), "{op}");
+    for (name, _, path) in &columns {
+        let want = match name.as_str() {
+            "Kind" => json!("upgrade"),
+            "Phase" => json!("Succeeded"),
+            "Done" | "Of" => json!(5),
+            _ => continue,
+        };
+        assert_eq!(at_path(&op, path), &want, "column {name}: {op}");
+    }
+    // One NodeStarted and one NodeFinished per node, each about its machine (the Event's
+    // related object), not folded into one series with the first node's note.
+    let events = c.api.objects("Event", Some(NS));
+    for reason in ["NodeStarted", "NodeFinished"] {
+        for n in nodes {
+            let of_node: Vec<&Value> = events
+                .iter()
+                .filter(|e| {
+                    e["reason"] == reason
+                        && e["note"]
+                            .as_str()
+                            .is_some_and(|t| t.starts_with(&format!("{n}:")))
+                })
+                .collect();
+            assert_eq!(of_node.len(), 1, "{reason} {n}: {events:#?}");
+            assert_eq!(of_node[0]["related"]["name"], n, "{:#?}", of_node[0]);
+            assert_eq!(of_node[0]["related"]["kind"], "TalosMachine");
+            assert!(of_node[0]["series"].is_null(), "{:#?}", of_node[0]);
+        }
+    }
+    // The metrics: the operation counted once it ended, each step's count and time.
+    wait_for("the operation counted", WAIT, || {
+        ctl.ctx
+            .metrics
+            .render()
+            .contains("ichor_rules_operations_total{kind=\"upgrade\",result=\"succeeded\"} 1")
+    })
+    .await;
+    let text = ctl.ctx.metrics.render();
+    let metric = |name: &str, action: &str| -> f64 {
+        let head = format!("{name}{{action=\"{action}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(head.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {head}in {text}"))
+    };
+    for action in [
+        "talos-install",
+        "talos-upgrade",
+        "wait-node-back",
+        "drain-node",
+    ] {
+        assert_eq!(
+            metric("ichor_rules_operation_steps_total", action),
+            5.0,
+            "{action}"
+        );
+    }
+    let back = metric("ichor_rules_operation_step_seconds_total", "wait-node-back");
+    assert!(
+        (1.0..=took.as_secs_f64()).contains(&back),
+        "wait-node-back took {back}s in all (cp-1 was down 2s; the roll took {took:?})"
+    );
     let downs = c.talos.downtimes();
     let order: Vec<&str> = downs.iter().map(|d| d.node.as_str()).collect();
     assert_eq!(order, nodes, "{downs:?}");

@@ -192,6 +192,7 @@ impl Metrics {
             A::TalosUpgrade => "talos-upgrade",
             A::TalosRollback => "talos-rollback",
             A::WaitNodeBack => "wait-node-back",
+            A::TalosInstall => "talos-install",
         };
         if let Ok(mut m) = self.operation_steps.lock() {
             let e = m.entry(label).or_insert((0, 0.0));

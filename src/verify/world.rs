@@ -92,6 +92,10 @@ pub fn operation_status(plan: &[PlanStep], o: &Op, order: &[String]) -> Operatio
         boot_time: rec.boot_time,
         version: rec.version.take(),
         sent: rec.sent.take(),
+        // The model's nodes run a Talos before 1.13: nothing is installed apart from the
+        // legacy `Upgrade` call.
+        installing: None,
+        installed: None,
         resumed: None,
         cordoned: rec.cordoned,
         was_cordoned: rec.was_cordoned,
@@ -135,6 +139,8 @@ fn node_record(plan: &[PlanStep], r: OpRun) -> NodeProgress {
             .has(OpRun::SENT)
             .then(|| destructive_step(plan).map(|st| st.text.clone()))
             .flatten(),
+        installing: None,
+        installed: None,
         cordoned: r.has(OpRun::CORDONED),
         was_cordoned: r.has(OpRun::WAS_CORDONED),
         node_registered: r.has(OpRun::REGISTERED),

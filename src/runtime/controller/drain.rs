@@ -73,7 +73,7 @@ pub async fn drain(client: &Client, node: &str) -> Result<Drained, kube::Error> 
             Err(kube::Error::Api(s)) => {
                 return Ok(Drained::Blocked {
                     pod: format!("{ns}/{name}"),
-                    message: s.message,
+                    message: refusal(&s),
                 });
             }
             Err(e) => return Err(e),
@@ -93,6 +93,28 @@ pub async fn drain(client: &Client, node: &str) -> Result<Drained, kube::Error> 
     } else {
         Drained::Waiting { remaining: left }
     })
+}
+
+/// What a refused eviction says: its message, and the causes the API server gave with it
+/// (for a PodDisruptionBudget, `The disruption budget web needs 1 healthy pods and has 1
+/// currently`: the budget by name, which the message alone does not say).
+fn refusal(s: &kube::core::Status) -> String {
+    let causes: Vec<&str> = s
+        .details
+        .as_ref()
+        .map(|d| {
+            d.causes
+                .iter()
+                .map(|c| c.message.trim())
+                .filter(|m| !m.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    if causes.is_empty() {
+        s.message.clone()
+    } else {
+        format!("{} ({})", s.message, causes.join("; "))
+    }
 }
 
 /// Cordons (`on`) or uncordons the Kubernetes Node `node`; whether it was cordoned before

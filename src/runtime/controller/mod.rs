@@ -235,6 +235,20 @@ impl Context {
         reason: &str,
         note: String,
     ) {
+        self.event_about(object, None, warning, reason, note).await;
+    }
+
+    /// [`Context::event`] with a related object (`secondary`: the Event's `related`), which
+    /// is part of what the recorder folds repeated Events by: Events of the same reason
+    /// about different related objects stay apart, each with its note.
+    pub async fn event_about<K: Resource<DynamicType = ()>>(
+        &self,
+        object: &K,
+        secondary: Option<k8s_openapi::api::core::v1::ObjectReference>,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
         let ev = Event {
             type_: if warning {
                 EventType::Warning
@@ -244,7 +258,7 @@ impl Context {
             reason: reason.into(),
             note: Some(note),
             action: reason.into(),
-            secondary: None,
+            secondary,
         };
         if let Err(e) = self.recorder.publish(&ev, &object.object_ref(&())).await {
             tracing::warn!(error = %e, reason, "publishing an event failed");

@@ -165,6 +165,19 @@ impl OperationWorld for OperationLive<'_> {
         self.ctx.event(on, warning, reason, note).await;
     }
 
+    async fn node_event(&mut self, on: &TalosOperation, machine: &str, reason: &str, note: String) {
+        let related = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some(<TalosMachine as kube::Resource>::api_version(&()).into()),
+            kind: Some(<TalosMachine as kube::Resource>::kind(&()).into()),
+            namespace: Some(on.namespace().to_string()),
+            name: Some(machine.to_string()),
+            ..Default::default()
+        };
+        self.ctx
+            .event_about(on, Some(related), false, reason, note)
+            .await;
+    }
+
     async fn cordon(
         &mut self,
         node: &str,

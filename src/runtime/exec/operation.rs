@@ -55,6 +55,15 @@ pub trait OperationWorld: World {
         note: String,
     );
 
+    /// Publishes a Normal Event on the operation about one of its machines (`NodeStarted`,
+    /// `NodeFinished`, `NodeSkipped`). The controller's world names the machine as the
+    /// Event's related object, so the Events of different machines with the same reason
+    /// are not folded into one series (which keeps only the first one's note).
+    async fn node_event(&mut self, on: &TalosOperation, machine: &str, reason: &str, note: String) {
+        let _ = machine;
+        self.operation_event(on, false, reason, note).await;
+    }
+
     /// Cordons (`on`) or uncordons the Kubernetes Node `node`: whether it was cordoned
     /// before (`None`: there is no such Node).
     async fn cordon(
@@ -110,6 +119,9 @@ pub fn resume(next: &mut TalosOperation, asked: &str) {
     let mut p = progress(next);
     p.resumed = Some(asked.to_string());
     p.step_started_at = None;
+    // An install sent whose end was not seen (`InstallUnknown`): the person who resumes
+    // asks for it to be sent again.
+    p.installing = None;
     let s = next.status.get_or_insert_with(Default::default);
     s.phase = Some("Running".into());
     // Written empty (a merge patch would keep an absent field): not a failure any more.
@@ -339,7 +351,7 @@ pub async fn reconcile<W: OperationWorld>(
             let msg = format!(
                 "{target}: the machine is gone or being deleted; the roll goes on without it"
             );
-            w.operation_event(live, false, "NodeSkipped", msg).await;
+            w.node_event(live, &target, "NodeSkipped", msg).await;
             next_node(&mut p);
             set_progress(&mut next, &p);
             w.write_operation(&before, &next).await?;
@@ -363,7 +375,7 @@ pub async fn reconcile<W: OperationWorld>(
         else {
             // This node is done: the next one, from a clean record.
             let msg = format!("{target}: every step of the plan ran");
-            w.operation_event(live, false, "NodeFinished", msg).await;
+            w.node_event(live, &target, "NodeFinished", msg).await;
             next_node(&mut p);
             set_progress(&mut next, &p);
             w.write_operation(&before, &next).await?;
@@ -414,6 +426,8 @@ pub async fn reconcile<W: OperationWorld>(
             // to other work meanwhile.
             let touched = p.cordoned
                 || p.sent.is_some()
+                || p.installing.is_some()
+                || p.installed.is_some()
                 || p.steps_done
                     .iter()
                     .any(|d| !d.ends_with(". lock cluster") && !d.ends_with(". etcd healthy"));
@@ -482,7 +496,7 @@ pub async fn reconcile<W: OperationWorld>(
             set_progress(&mut next, &p);
             w.write_operation(&before, &next).await?;
             if k == 0 {
-                w.operation_event(live, false, "NodeStarted", format!("{target}: started"))
+                w.node_event(live, &target, "NodeStarted", format!("{target}: started"))
                     .await;
             }
         }
@@ -913,47 +927,28 @@ async fn send_once<W: OperationWorld>(
         BuiltIn::TalosRollback => Call::Rollback,
         BuiltIn::TalosReset => Call::Reset { graceful: true },
         BuiltIn::TalosUpgrade => {
-            let Some(image) = op.spec.image.as_deref().filter(|i| !i.is_empty()) else {
-                return Ok(Step::Fail {
-                    reason: "NoImage",
-                    message: "an upgrade needs spec.image, the Talos installer image to go to; \
-                              create the operation again with it"
-                        .into(),
-                });
+            let image = match upgrade_image(op) {
+                Ok(i) => i.to_string(),
+                Err(fail) => return Ok(fail),
             };
-            if image_tag(image).is_none() {
-                return Ok(Step::Fail {
-                    reason: "NoImage",
-                    message: format!(
-                        "spec.image {image} names no tag, so the version the node must come back \
-                         with is unknown; name the image with its tag (…/installer:v1.x.y)"
-                    ),
-                });
-            }
             if lifecycle_path(&version) {
-                // Talos >= 1.13: pull, install (its exit code read), then reboot.
-                let pulled = match calls::pull(w, cluster, here, image).await? {
-                    Ok(n) => n,
-                    Err(e) => return Ok(talos_wait(timing, e)),
-                };
-                match calls::install(w, cluster, here, &pulled).await? {
-                    Ok((0, _)) => {}
-                    Ok((code, last)) => {
-                        return Ok(Step::Fail {
-                            reason: "UpgradeFailed",
-                            message: format!(
-                                "LifecycleService/Upgrade of {image} ended with exit code {code} ({last}); \
-                                 the node was not rebooted"
-                            ),
-                        });
+                // Talos >= 1.13: installed (pulled, its exit code read) by the plan's `talos
+                // install` before the node was cordoned; a plan without that step installs
+                // here, with the same records. Then the controller reboots the node.
+                if p.installed.as_deref() != Some(image.as_str()) {
+                    let mut again = Record {
+                        before: rec.before,
+                        next: &mut *rec.next,
+                        p: &mut *p,
+                    };
+                    match install(w, timing, m, &mut again, &image).await? {
+                        Step::Done => {}
+                        other => return Ok(other),
                     }
-                    Err(e) => return Ok(talos_wait(timing, e)),
                 }
                 Call::Reboot
             } else {
-                Call::UpgradeLegacy {
-                    image: image.to_string(),
-                }
+                Call::UpgradeLegacy { image }
             }
         }
         _ => return Ok(Step::Done),
@@ -973,6 +968,121 @@ async fn send_once<W: OperationWorld>(
             Ok(talos_wait(timing, e))
         }
     }
+}
+
+/// The installer image of an upgrade, with a tag (the version the node must come back
+/// with): otherwise the operation fails, saying what to do.
+fn upgrade_image(op: &TalosOperation) -> Result<&str, Step> {
+    let Some(image) = op.spec.image.as_deref().filter(|i| !i.is_empty()) else {
+        return Err(Step::Fail {
+            reason: "NoImage",
+            message: "an upgrade needs spec.image, the Talos installer image to go to; create \
+                      the operation again with it"
+                .into(),
+        });
+    };
+    if image_tag(image).is_none() {
+        return Err(Step::Fail {
+            reason: "NoImage",
+            message: format!(
+                "spec.image {image} names no tag, so the version the node must come back with is \
+                 unknown; name the image with its tag (…/installer:v1.x.y)"
+            ),
+        });
+    }
+    Ok(image)
+}
+
+/// The `talos install` step: on a node of Talos 1.13 or later, spec.image pulled and
+/// installed without a reboot ([`install`]), before the node is cordoned or drained; on an
+/// older Talos nothing (the legacy `MachineService/Upgrade` installs when `talos upgrade`
+/// sends it).
+async fn install_once<W: OperationWorld>(
+    w: &mut W,
+    timing: &Timing,
+    m: &TalosMachine,
+    rec: &mut Record<'_>,
+) -> Result<Step, W::Error> {
+    let image = match upgrade_image(rec.before) {
+        Ok(i) => i.to_string(),
+        Err(fail) => return Ok(fail),
+    };
+    if rec.p.installed.as_deref() == Some(image.as_str()) {
+        return Ok(Step::Done);
+    }
+    if rec.p.installing.is_none() {
+        let version = match calls::version(w, m.cluster(), Node::Endpoint(m)).await? {
+            Ok(v) => v,
+            Err(e) => return Ok(talos_wait(timing, e)),
+        };
+        if !lifecycle_path(&version) {
+            return Ok(Step::Done);
+        }
+    }
+    install(w, timing, m, rec, &image).await
+}
+
+/// Talos 1.13 and later: `ImageService/Pull` of `image`, then `LifecycleService/Upgrade`
+/// of the pulled name, its stream's `exit_code` read; it neither drains nor reboots.
+/// Recorded before it is sent (`progress.installing`) and after it ended
+/// (`progress.installed`), so it is sent once: an install whose end was not seen (the
+/// controller stopped while it ran, or its stream broke) is not sent again by itself,
+/// since whether it installed cannot be read back; the operation fails saying so, with the
+/// node not yet cordoned, and a person's resume sends it again.
+async fn install<W: OperationWorld>(
+    w: &mut W,
+    timing: &Timing,
+    m: &TalosMachine,
+    rec: &mut Record<'_>,
+    image: &str,
+) -> Result<Step, W::Error> {
+    let (cluster, here) = (m.cluster(), Node::Endpoint(m));
+    if rec.p.installed.as_deref() == Some(image) {
+        return Ok(Step::Done);
+    }
+    if let Some(sent) = rec.p.installing.as_deref() {
+        return Ok(Step::Fail {
+            reason: "InstallUnknown",
+            message: format!(
+                "LifecycleService/Upgrade of {sent} was sent to the node and its end was not seen \
+                 (the controller stopped, or the stream broke, while it ran): whether it installed \
+                 cannot be read back, so it is not sent again by itself. Once the node's install \
+                 is over, resume the operation (`kubectl annotate talosoperation {} \
+                 {RESUME_ANNOTATION}=\"$(date -u +%FT%TZ)\" --overwrite`) to send it again",
+                rec.before.name()
+            ),
+        });
+    }
+    let pulled = match calls::pull(w, cluster, here, image).await? {
+        Ok(n) => n,
+        Err(e) => return Ok(talos_wait(timing, e)),
+    };
+    rec.p.installing = Some(image.to_string());
+    set_progress(rec.next, rec.p);
+    w.write_operation(rec.before, rec.next).await?;
+    let answer = calls::install(w, cluster, here, &pulled).await?;
+    // What the stream said: the install is over, one way or the other, unless no answer
+    // came (it may still run, or have installed: the record stays).
+    if !matches!(
+        answer,
+        Err(NodeError::Talos(TalosError::Unreachable { .. }))
+    ) {
+        rec.p.installing = None;
+    }
+    Ok(match answer {
+        Ok((0, _)) => {
+            rec.p.installed = Some(image.to_string());
+            Step::Done
+        }
+        Ok((code, last)) => Step::Fail {
+            reason: "UpgradeFailed",
+            message: format!(
+                "LifecycleService/Upgrade of {image} ended with exit code {code} ({last}); the \
+                 node was not rebooted"
+            ),
+        },
+        Err(e) => talos_wait(timing, e),
+    })
 }
 
 fn settled(w: &impl World, p: &OperationProgress, timing: &Timing) -> bool {
@@ -1055,6 +1165,7 @@ async fn execute<W: OperationWorld>(
         | BuiltIn::TalosUpgrade
         | BuiltIn::TalosRollback
         | BuiltIn::TalosReset => send_once(w, timing, m, rec, step).await,
+        BuiltIn::TalosInstall => install_once(w, timing, m, rec).await,
         BuiltIn::WaitNodeBack => {
             let p = &*rec.p;
             let seen = match calls::boot_time(w, cluster, here).await? {

@@ -834,7 +834,8 @@ async fn execute<W: World>(
         | BuiltIn::TalosShutdown
         | BuiltIn::TalosUpgrade
         | BuiltIn::TalosRollback
-        | BuiltIn::WaitNodeBack => Ok(Step::Wait {
+        | BuiltIn::WaitNodeBack
+        | BuiltIn::TalosInstall => Ok(Step::Wait {
             reason: "NotARemovalStep",
             message: format!(
                 "`{}` is a step of an operation, not of a removal; remove it from `plan remove controlplane`",

@@ -856,6 +856,19 @@ where
         self.inner.operation_event(on, warning, reason, note).await;
     }
 
+    async fn node_event(&mut self, on: &TalosOperation, machine: &str, reason: &str, note: String) {
+        self.log.write(
+            self.id,
+            Entry::OperationEvent {
+                operation: op_key(on),
+                warning: false,
+                reason: reason.into(),
+                note: note.clone(),
+            },
+        );
+        self.inner.node_event(on, machine, reason, note).await;
+    }
+
     async fn cordon(
         &mut self,
         node: &str,

@@ -761,6 +761,15 @@ pub struct OperationProgress {
     /// The destructive call sent (a restarted controller does not send it again).
     #[serde(default)]
     pub sent: Option<String>,
+    /// The image whose install (`LifecycleService/Upgrade`, Talos 1.13 and later) was sent
+    /// and whose end was not seen yet: a restarted controller that finds it does not send
+    /// it again (the operation fails, saying so, until a person resumes it).
+    #[serde(default)]
+    pub installing: Option<String>,
+    /// The image installed on the node (its install ended with exit code 0), waiting for
+    /// the reboot: it is not installed again.
+    #[serde(default)]
+    pub installed: Option<String>,
     /// The value of the annotation `ichor.maesh.dev/resume` this operation was last
     /// resumed by (a new value resumes a failed operation once more).
     #[serde(default)]
@@ -800,6 +809,10 @@ pub struct NodeProgress {
     pub version: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub installing: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub installed: Option<String>,
     #[serde(default)]
     pub cordoned: bool,
     #[serde(default)]
@@ -826,6 +839,8 @@ impl OperationProgress {
             boot_time: self.boot_time.take(),
             version: self.version.take(),
             sent: self.sent.take(),
+            installing: self.installing.take(),
+            installed: self.installed.take(),
             cordoned: std::mem::take(&mut self.cordoned),
             was_cordoned: std::mem::take(&mut self.was_cordoned),
             node_registered: std::mem::take(&mut self.node_registered),
@@ -841,6 +856,8 @@ impl OperationProgress {
         self.boot_time = r.boot_time;
         self.version = r.version;
         self.sent = r.sent;
+        self.installing = r.installing;
+        self.installed = r.installed;
         self.cordoned = r.cordoned;
         self.was_cordoned = r.was_cordoned;
         self.node_registered = r.node_registered;
