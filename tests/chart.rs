@@ -2235,3 +2235,56 @@ fn the_chart_switches_rules_between_audit_and_enforce() {
     let err = template(&["--set", "controller.decisionLog=/var/log/x"]).expect_err("refused");
     assert!(err.contains("controller.decisionLog"), "{err}");
 }
+
+/// Issue 37: the webhook never reads the cluster's Secrets (it dry-renders patches against
+/// the redacted base the controller publishes). Its one Secret is its own certificates:
+/// every grant of `secrets` to its ServiceAccount other than `create` (which cannot be
+/// narrowed by name) names exactly that Secret, in every rendering.
+#[test]
+fn the_webhook_is_granted_no_secret_but_its_own_certificates() {
+    let webhook_sa = format!("{FULLNAME}-webhook");
+    let tls = format!("{FULLNAME}-tls");
+    for (name, objs) in scenarios() {
+        let mut granted = 0;
+        for (binding, role_kind) in [
+            ("ClusterRoleBinding", "ClusterRole"),
+            ("RoleBinding", "Role"),
+        ] {
+            for b in all(&objs, binding) {
+                let to_webhook = b["subjects"]
+                    .as_array()
+                    .is_some_and(|s| s.iter().any(|s| s["name"] == webhook_sa.as_str()));
+                if !to_webhook {
+                    continue;
+                }
+                let role = all(&objs, role_kind)
+                    .into_iter()
+                    .find(|r| r["metadata"]["name"] == b["roleRef"]["name"])
+                    .unwrap_or_else(|| panic!("{name}: {binding} names no {role_kind}"));
+                for rule in role["rules"].as_array().into_iter().flatten() {
+                    let resources = strings(&rule["resources"]);
+                    if !resources.iter().any(|r| r == "secrets" || r == "*") {
+                        continue;
+                    }
+                    let verbs = strings(&rule["verbs"]);
+                    if verbs == ["create"] {
+                        continue;
+                    }
+                    granted += 1;
+                    assert_eq!(
+                        strings(&rule["resourceNames"]),
+                        std::slice::from_ref(&tls),
+                        "{name}: {role_kind} {} grants the webhook {verbs:?} on Secrets beyond its own",
+                        role["metadata"]["name"]
+                    );
+                    assert!(
+                        verbs.iter().all(|v| v == "get" || v == "update"),
+                        "{name}: {verbs:?}"
+                    );
+                }
+            }
+        }
+        // With its own certificates (not cert-manager's), it does read that one.
+        assert!(granted <= 1, "{name}: {granted} grants");
+    }
+}

@@ -312,6 +312,13 @@ async fn a_refused_reload_keeps_the_table_and_is_reported() {
         .find(|l| l.starts_with("ichor_rules_rules_info"))
         .expect("rules info")
         .to_string();
+    // Its digest is the one decision records name for these rules.
+    let files = ichor_rules::ruleset::read_sources(std::slice::from_ref(&rules)).expect("rules");
+    let digest = ichor_rules::runtime::records::digest(&files);
+    assert!(
+        serving.ends_with(&format!("digest=\"{digest}\"}} 1")),
+        "{serving} vs {digest}"
+    );
 
     // 1. An arithmetic error `check` refuses.
     std::fs::write(rules.join("extra.rules"), ARITHMETIC).expect("edit");

@@ -1535,6 +1535,11 @@ async fn a_refusal_is_recorded_and_replays() {
     assert_eq!(annotation(&r, "rules-digest"), digest);
     let id = annotation(&r, "decision-id").to_string();
     assert_eq!(id.len(), 32, "{id}");
+    // The same digest in /readyz.
+    let (status, body, _) = https(&h, "GET", "/readyz", "text/plain", Vec::new()).await;
+    assert_eq!(status, 200);
+    let ready = String::from_utf8_lossy(&body).into_owned();
+    assert!(ready.contains(&format!("rules {digest}")), "{ready}");
 
     let rec = captured.record(&id).await;
     assert_eq!(rec.site, "webhook");
@@ -1650,6 +1655,52 @@ async fn a_refusal_is_recorded_and_replays() {
     assert_eq!(report["decisions"], 3, "{report}");
     assert_eq!(report["reproduced"], 3, "{report}");
     assert_eq!(report["mismatches"], json!([]));
+    // Under its own rules, a record must reproduce: one whose verdict was edited, or one
+    // missing a fact its rules read, is a failure (exit 1), never "cannot replay" and 0.
+    let tamper = |name: &str, edit: &dyn Fn(&mut Value)| -> std::path::PathBuf {
+        let mut out = String::new();
+        for line in log_text.lines() {
+            match serde_json::from_str::<Value>(line) {
+                Ok(mut v) if v["record"] == "decision" && v["verdict"] == "refuse" => {
+                    edit(&mut v);
+                    out.push_str(&v.to_string());
+                }
+                _ => out.push_str(line),
+            }
+            out.push('\n');
+        }
+        let path = h.dir.join(name);
+        std::fs::write(&path, out).expect("log");
+        path
+    };
+    let run = |log: &std::path::Path| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ichor-rules"))
+            .arg("replay")
+            .arg(log)
+            .arg("--rules")
+            .arg(h.dir.join("rules"))
+            .output()
+            .expect("runs");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let flipped = tamper("flipped.ndjson", &|v| v["verdict"] = json!("allow"));
+    let (code, said) = run(&flipped);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains(&format!("MISMATCH {id}")), "{said}");
+    let factless = tamper("factless.ndjson", &|v| {
+        for e in v["events"].as_array_mut().into_iter().flatten() {
+            e["facts"] = json!([]);
+        }
+    });
+    let (code, said) = run(&factless);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(
+        said.contains(&format!("MISMATCH {id}: cannot be decided again")),
+        "{said}"
+    );
     // An edit that lets a removal down to one below the declared count through.
     let edited = h.dir.join("edited");
     std::fs::create_dir_all(&edited).expect("dir");

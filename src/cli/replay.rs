@@ -79,6 +79,9 @@ struct ChangeGroup {
 struct Unreplayable {
     id: String,
     why: String,
+    /// Under the rules that decided it: it had to reproduce, so this is a failure (exit 1).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    own_rules: bool,
 }
 
 /// The order directions are reported in: what the change lets through first.
@@ -192,6 +195,7 @@ pub fn run(args: &ReplayArgs) -> u8 {
                 report.unreplayable.push(Unreplayable {
                     id: record.id.clone(),
                     why: e.to_string(),
+                    own_rules: same,
                 });
                 continue;
             }
@@ -257,7 +261,9 @@ pub fn run(args: &ReplayArgs) -> u8 {
     if let Err(code) = emit(&out) {
         return code;
     }
-    if report.mismatches.is_empty() {
+    // Under the rules that decided them, every record reproduces: a difference, or a record
+    // that cannot be decided again from what it holds, is a failure.
+    if report.mismatches.is_empty() && !report.unreplayable.iter().any(|u| u.own_rules) {
         EXIT_OK
     } else {
         EXIT_FINDINGS
@@ -313,7 +319,16 @@ fn human(r: &Report) -> String {
         );
     }
     for u in &r.unreplayable {
-        let _ = writeln!(out, "cannot replay {}: {}", u.id, u.why);
+        if u.own_rules {
+            let _ = writeln!(
+                out,
+                "MISMATCH {}: cannot be decided again by the rules that decided it: {} (a bug, \
+                 or a record edited)",
+                u.id, u.why
+            );
+        } else {
+            let _ = writeln!(out, "cannot replay {}: {}", u.id, u.why);
+        }
     }
     if r.skipped_without_rules > 0 {
         let _ = writeln!(

@@ -241,7 +241,8 @@ impl Base {
         }
     }
 
-    /// The redacted texts (for the ConfigMap the webhook reads).
+    /// The redacted texts (published in the TalosCluster's `status.redactedBase`, which the
+    /// webhook reads).
     pub fn texts(&self) -> Result<(String, String), RenderError> {
         Ok((to_yaml(&self.controlplane)?, to_yaml(&self.worker)?))
     }
