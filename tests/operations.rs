@@ -429,6 +429,94 @@ async fn a_recorded_reboot_with_a_new_boot_time_is_not_sent_again() {
     assert_eq!(c.talos.calls_to("Reboot", "cp-2"), 1, "only the one before");
 }
 
+/// A destructive call recorded as sent on a node that still answers with its old boot
+/// time (the answer was lost, or the controller stopped right after it; or the node is
+/// slow to go down, as a legacy upgrade that installs first is) is never sent again by
+/// itself: the operation waits, well past the old settle time, then fails `SentUnknown`
+/// saying why; only a person's resume sends it again, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sent_call_the_node_shows_no_sign_of_is_never_sent_again_by_itself() {
+    let c = Cluster::start(3).await;
+    c.talos.node(1).set_downtime(Duration::from_millis(300));
+    let boot = c.talos.node(1).boot_time();
+    // Cordoned and drained by the controller that sent the reboot.
+    ichor_rules::runtime::controller::drain::cordon(&c.api.client(), "cp-2", true)
+        .await
+        .expect("cordon");
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let mut op = reboot_of("reboot-cp-2", "cp-2");
+    op["status"] = json!({
+        "phase": "Running",
+        "progress": {
+            "done": 0, "total": 1, "order": ["cp-2"], "node": "cp-2",
+            "startedAt": now, "step": "6. talos reboot", "stepStartedAt": now,
+            "stepsDone": ["1. lock cluster", "2. etcd healthy", "3. cordon node",
+                          "4. drain node", "5. etcd forfeit-leadership"],
+            "bootTime": boot, "version": talos::VERSION_TAG,
+            "sent": "talos reboot", "cordoned": true, "wasCordoned": false
+        }
+    });
+    c.api.insert(op);
+    let settings = fast_settings("controller-1");
+    assert!(settings.reset_settle * 2 < settings.install_deadline);
+    let _ctl = Running::start(c.ctx("controller-1", rules()));
+    // Past the settle time (after which the call used to be sent again): still waiting.
+    tokio::time::sleep(settings.reset_settle * 3).await;
+    assert_eq!(c.phase("reboot-cp-2"), "Running");
+    assert_eq!(
+        cond(&c.api, "TalosOperation", "reboot-cp-2", "Running").map(|(_, r)| r),
+        Some("Sent".into())
+    );
+    assert_eq!(c.talos.calls_to("Reboot", "cp-2"), 0);
+    wait_for("the operation fails", WAIT, || {
+        c.phase("reboot-cp-2") == "Failed"
+    })
+    .await;
+    assert_eq!(
+        cond(&c.api, "TalosOperation", "reboot-cp-2", "Running"),
+        Some(("False".into(), "SentUnknown".into()))
+    );
+    let reason = c.operation("reboot-cp-2")["status"]["failureReason"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        reason.contains("`talos reboot` was sent")
+            && reason.contains("not sent again by itself")
+            && reason.contains("ichor.maesh.dev/resume"),
+        "{reason}"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        c.talos.calls_to("Reboot", "cp-2"),
+        0,
+        "{:?}",
+        c.talos.calls()
+    );
+    assert!(
+        c.cordoned("cp-2"),
+        "a failed operation leaves its node as it is"
+    );
+    let api: kube::Api<ichor_rules::runtime::objects::TalosOperation> =
+        kube::Api::namespaced(c.api.client(), NS);
+    let patch =
+        json!({"metadata": {"annotations": {"ichor.maesh.dev/resume": "2026-12-06T04:00:00Z"}}});
+    api.patch(
+        "reboot-cp-2",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .expect("annotate");
+    wait_for("the resumed reboot succeeds", WAIT, || {
+        c.phase("reboot-cp-2") == "Succeeded"
+    })
+    .await;
+    assert_eq!(c.talos.calls_to("Reboot", "cp-2"), 1);
+    assert_ne!(c.talos.node(1).boot_time(), boot);
+    assert!(!c.cordoned("cp-2"));
+}
+
 /// A node an administrator cordoned stays cordoned after the operation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_administrators_cordon_stays() {

@@ -329,6 +329,7 @@ impl<'t> Setup<'t> {
                 lock_retry: Duration::from_secs(5),
                 drain_retry: Duration::from_secs(5),
                 reset_settle: Duration::from_secs(5),
+                sent_deadline: Duration::from_secs(600),
             },
             epoch,
             mutant,

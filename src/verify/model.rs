@@ -2554,6 +2554,7 @@ impl<'t> Model<'t> {
             lock_retry: std::time::Duration::from_secs(5),
             drain_retry: std::time::Duration::from_secs(15),
             reset_settle: std::time::Duration::from_secs(60),
+            sent_deadline: std::time::Duration::from_secs(600),
         };
         let run = |faults: Faults, fired: &mut Fired, memo: &mut Memo| {
             let mut w = ModelWorld::new(
@@ -2881,6 +2882,7 @@ fn model_timing() -> Timing {
         lock_retry: std::time::Duration::from_secs(5),
         drain_retry: std::time::Duration::from_secs(15),
         reset_settle: std::time::Duration::from_secs(60),
+        sent_deadline: std::time::Duration::from_secs(600),
     }
 }
 

@@ -86,7 +86,10 @@ pub struct Settings {
     pub read_timeout: Duration,
     /// Each Talos API call.
     pub talos_timeout: Duration,
-    /// An installer image pull, and the install of an upgrade (streams read to their end).
+    /// An installer image pull, and the install of an upgrade (streams read to their end);
+    /// also how long a node sent an operation's destructive call may go on answering with
+    /// its old boot time (a legacy upgrade installs first) before the operation fails
+    /// rather than send it again.
     pub install_deadline: Duration,
     /// A backup's failed snapshot is tried again after this (or at its next scheduled
     /// time, when sooner).

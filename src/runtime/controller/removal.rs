@@ -20,6 +20,7 @@ pub fn timing(ctx: &Context) -> Timing {
         lock_retry: ctx.settings.lock_retry,
         drain_retry: ctx.settings.drain_retry,
         reset_settle: ctx.settings.reset_settle,
+        sent_deadline: ctx.settings.install_deadline,
     }
 }
 

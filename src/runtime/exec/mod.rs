@@ -334,6 +334,10 @@ pub struct Timing {
     pub lock_retry: Duration,
     pub drain_retry: Duration,
     pub reset_settle: Duration,
+    /// How long a node that was sent an operation's destructive call may go on answering
+    /// with its old boot time (a legacy upgrade installs before it reboots) before the
+    /// operation fails, the call not sent again by itself.
+    pub sent_deadline: Duration,
 }
 
 /// Typed Talos calls over [`World::talos`]: a reply of another kind than the call's is the

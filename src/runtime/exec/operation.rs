@@ -122,6 +122,14 @@ pub fn resume(next: &mut TalosOperation, asked: &str) {
     // An install sent whose end was not seen (`InstallUnknown`): the person who resumes
     // asks for it to be sent again.
     p.installing = None;
+    // Likewise a destructive call not known to have taken (`SentUnknown`); a resume of any
+    // other failure keeps the record, so a call that took is not sent again.
+    if next
+        .condition(RUNNING)
+        .is_some_and(|c| c.status == "False" && c.reason.as_deref() == Some(SENT_UNKNOWN))
+    {
+        p.sent = None;
+    }
     let s = next.status.get_or_insert_with(Default::default);
     s.phase = Some("Running".into());
     // Written empty (a merge patch would keep an absent field): not a failure any more.
@@ -133,6 +141,10 @@ pub fn resume(next: &mut TalosOperation, asked: &str) {
     );
     status::set(next.conditions_mut(), RUNNING, false, "Resumed", &msg);
 }
+
+/// The failure of a destructive call sent and not known to have taken (the node still
+/// answers with its old boot time past the deadline); a resume sends it again.
+pub const SENT_UNKNOWN: &str = "SentUnknown";
 
 /// Whether plan step `step` sends the operation's destructive call once (a reboot, a
 /// shutdown, an upgrade, a rollback, a reset): the one `progress.sent` names.
@@ -876,25 +888,41 @@ async fn send_once<W: OperationWorld>(
     let cluster = m.cluster();
     let here = Node::Endpoint(m);
     if p.sent.as_deref() == Some(step.text.as_str()) {
-        // Sent before (this reconcile or an earlier one): it took once the node is down or
-        // back with a new boot time; a node that still answers with the old boot time long
-        // after did not get it.
+        // Sent before (this reconcile or an earlier one, its answer lost or its record of
+        // being done): it took once the node is down or back with a new boot time. A node
+        // that still answers with the old boot time may not have got it, or may still be
+        // on its way down (a legacy upgrade installs before it reboots): which, cannot be
+        // told, so the call is never sent again by itself. Past `sent_deadline` the
+        // operation fails saying so, and a person's resume sends it again.
         return Ok(match calls::boot_time(w, cluster, here).await? {
             Err(NodeError::Talos(TalosError::Unreachable { .. })) => Step::Done,
             Ok(t) if Some(t) != p.boot_time => Step::Done,
-            Ok(_) if !settled(w, p, timing) => Step::Wait {
+            Ok(_) if !past(w, p, timing.sent_deadline) => Step::Wait {
                 reason: "Sent",
-                message: "sent; waiting for the node to go down".into(),
+                message: format!(
+                    "`{}` was sent; waiting for the node to go down (it still answers with the \
+                     boot time it had before; after {}s without going down the operation fails \
+                     and it is not sent again by itself)",
+                    step.text,
+                    timing.sent_deadline.as_secs()
+                ),
                 after: Duration::from_millis(500),
             },
-            Ok(_) => {
-                w.note(
-                    m,
-                    Note::Warn("the node still answers with its old boot time well after the call: sending it again"),
-                );
-                p.sent = None;
-                return Box::pin(send_once(w, timing, m, rec, step)).await;
-            }
+            Ok(_) => Step::Fail {
+                reason: SENT_UNKNOWN,
+                message: format!(
+                    "`{}` was sent to the node and, {}s later, it still answers with the boot \
+                     time it had before: whether the call took cannot be told (its answer was \
+                     lost, or the controller stopped right after it; a node may also be slow to \
+                     go down), so it is not sent again by itself. Once you have looked at the \
+                     node (`talosctl dmesg`, `talosctl version`), resume the operation \
+                     (`kubectl annotate talosoperation {} {RESUME_ANNOTATION}=\"$(date -u \
+                     +%FT%TZ)\" --overwrite`) to send it again",
+                    step.text,
+                    timing.sent_deadline.as_secs(),
+                    op.name()
+                ),
+            },
             Err(e) => talos_wait(timing, e),
         });
     }
@@ -1085,10 +1113,10 @@ async fn install<W: OperationWorld>(
     })
 }
 
-fn settled(w: &impl World, p: &OperationProgress, timing: &Timing) -> bool {
+fn past(w: &impl World, p: &OperationProgress, bound: Duration) -> bool {
     p.step_started_at.as_ref().is_some_and(|t| {
         let secs = w.now().duration_since(t.0).as_secs();
-        u64::try_from(secs).unwrap_or(0) >= timing.reset_settle.as_secs().max(1)
+        u64::try_from(secs).unwrap_or(0) >= bound.as_secs().max(1)
     })
 }
 

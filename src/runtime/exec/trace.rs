@@ -412,6 +412,13 @@ pub struct TimingRec {
     pub lock_retry_ms: u64,
     pub drain_retry_ms: u64,
     pub reset_settle_ms: u64,
+    /// Absent from logs written before it was recorded: the controller's default then.
+    #[serde(default = "default_sent_deadline_ms")]
+    pub sent_deadline_ms: u64,
+}
+
+fn default_sent_deadline_ms() -> u64 {
+    ms(crate::runtime::controller::Settings::default().install_deadline)
 }
 
 fn ms(d: Duration) -> u64 {
@@ -425,6 +432,7 @@ impl From<&Timing> for TimingRec {
             lock_retry_ms: ms(t.lock_retry),
             drain_retry_ms: ms(t.drain_retry),
             reset_settle_ms: ms(t.reset_settle),
+            sent_deadline_ms: ms(t.sent_deadline),
         }
     }
 }
@@ -436,6 +444,7 @@ impl From<TimingRec> for Timing {
             lock_retry: Duration::from_millis(t.lock_retry_ms),
             drain_retry: Duration::from_millis(t.drain_retry_ms),
             reset_settle: Duration::from_millis(t.reset_settle_ms),
+            sent_deadline: Duration::from_millis(t.sent_deadline_ms),
         }
     }
 }
@@ -1976,6 +1985,7 @@ mod tests {
             lock_retry: Duration::from_millis(1),
             drain_retry: Duration::from_millis(2),
             reset_settle: Duration::from_millis(3),
+            sent_deadline: Duration::from_millis(3),
         }
     }
 

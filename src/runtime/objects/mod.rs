@@ -917,6 +917,12 @@ impl TalosOperation {
         FINISHED_PHASES.contains(&self.phase())
     }
 
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.status
+            .as_ref()
+            .and_then(|s| find(&s.conditions, type_))
+    }
+
     /// Paused for a reason the rules do not park with ([`Table::parks`]): by a person
     /// (Operator), the lock (ClusterLockHeld), a shutdown or a failure. The controller
     /// leaves such a pause alone.
