@@ -1339,6 +1339,7 @@ async fn a_rolling_upgrade_of_five_nodes_goes_control_planes_first_one_at_a_time
     let mut op = operation("roll-up", "upgrade");
     op["spec"]["image"] = json!("ghcr.io/siderolabs/installer:v1.13.1");
     c.api.insert(op);
+    c.api.store.faults.take_log();
     let ctl = Running::start(c.ctx("controller-1", rules()));
     // The printer columns `kubectl get talosoperations` shows, and what they point at.
     let crd = serde_json::to_value(TalosOperation::crd()).expect("the CRD");
@@ -1468,11 +1469,62 @@ async fn a_rolling_upgrade_of_five_nodes_goes_control_planes_first_one_at_a_time
     }
     c.talos.etcd.wait_healthy(3).await.expect("etcd healthy");
     let calls = c.talos.calls();
+    // The Kubernetes API requests the controller made for the roll (the test's own left
+    // out), by method, and the Talos calls by RPC.
+    let requests: Vec<_> = c
+        .api
+        .store
+        .faults
+        .take_log()
+        .into_iter()
+        .filter(|r| !r.by_test)
+        .collect();
+    let mut by_kind: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut by_resource: std::collections::BTreeMap<String, usize> = Default::default();
+    for r in &requests {
+        let what = if r.watch { "WATCH" } else { r.method.as_str() };
+        *by_kind.entry(what.to_string()).or_default() += 1;
+        *by_resource
+            .entry(format!("{what} {}", resource_of(&r.path)))
+            .or_default() += 1;
+    }
+    let mut by_rpc: std::collections::BTreeMap<String, usize> = Default::default();
+    for k in &calls {
+        *by_rpc.entry(k.rpc.to_string()).or_default() += 1;
+    }
     eprintln!(
-        "rolling upgrade of 5 nodes (3 control planes, 2 workers): {:.1}s, {} Talos calls",
+        "rolling upgrade of 5 nodes (3 control planes, 2 workers): {:.1}s, {} Talos calls \
+         {by_rpc:?}, {} Kubernetes API requests {by_kind:?} {by_resource:?}",
         took.as_secs_f64(),
-        calls.len()
+        calls.len(),
+        requests.len()
     );
+}
+
+/// A request path's resource, and whether it names one object (`get`) or the collection
+/// (`list`): `/apis/g/v/namespaces/ns/talosmachines/cp-1` is `talosmachines get`.
+fn resource_of(path: &str) -> String {
+    let segs: Vec<&str> = path
+        .split('?')
+        .next()
+        .unwrap_or("")
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .collect();
+    // After `api/v1` or `apis/<group>/<version>`, and after `namespaces/<ns>` when there.
+    let mut rest = match segs.first() {
+        Some(&"api") => segs.get(2..).unwrap_or(&[]),
+        _ => segs.get(3..).unwrap_or(&[]),
+    };
+    if rest.first() == Some(&"namespaces") && rest.len() > 2 {
+        rest = &rest[2..];
+    }
+    match rest {
+        [r] => format!("{r} list"),
+        [r, _] => format!("{r} get"),
+        [r, _, sub, ..] => format!("{r}/{sub}"),
+        [] => "namespaces".into(),
+    }
 }
 
 /// The most workers (of `workers`) down at once in the stand-ins' record.
