@@ -39,13 +39,6 @@ async fn patch_backup(api: &ApiServer, name: &str, spec: Value) {
         .expect("patch the backup");
 }
 
-fn message(api: &ApiServer, kind: &str, name: &str, type_: &str) -> String {
-    get(api, kind, name)
-        .and_then(|o| condition(&o, type_))
-        .and_then(|c| c["message"].as_str().map(str::to_string))
-        .unwrap_or_default()
-}
-
 /// ADR 0106 §2: a backup whose store is a Service of the cluster, or an address in its
 /// declared pod range, gets the warning condition StoreInCluster=True (and a Warning
 /// Event), while Ready stays True; moving the endpoint out removes it.

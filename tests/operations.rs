@@ -1199,6 +1199,62 @@ async fn a_workers_reset_is_sent_once() {
     assert!(c.cordoned("w-1"));
 }
 
+/// A control plane's reset through the controller (ADR 0106 §4: a reset keeps the count
+/// check). With five approved, declared three, the reset of cp-5 runs: cordoned, drained,
+/// `Reset` sent once (graceful: Talos leaves etcd first, so the member is gone from etcd's
+/// own list), the other control planes untouched. With three approved, declared three, the
+/// same operation is refused at its start by `reset-below-count`, in the rules' words,
+/// and nothing is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_planes_reset_keeps_the_count_check() {
+    let c = Cluster::start_declaring(5, 3).await;
+    let mut op = operation("reset-cp-5", "reset");
+    op["spec"]["machine"] = json!("cp-5");
+    c.api.insert(op);
+    let ctl = Running::start(c.ctx("controller-1", rules()));
+    wait_for("the reset succeeds", WAIT, || {
+        c.phase("reset-cp-5") == "Succeeded"
+    })
+    .await;
+    assert_eq!(
+        c.talos.calls_to("Reset", "cp-5"),
+        1,
+        "{:?}",
+        c.talos.calls()
+    );
+    for cp in ["cp-1", "cp-2", "cp-3", "cp-4"] {
+        assert_eq!(c.talos.calls_to("Reset", cp), 0);
+        assert_eq!(c.talos.calls_to("Reboot", cp), 0);
+        assert!(!c.cordoned(cp));
+    }
+    assert!(c.cordoned("cp-5"));
+    let members = c.talos.etcd.member_names().await;
+    assert_eq!(members.len(), 4, "{members:?}");
+    assert!(!members.iter().any(|m| m == "cp-5"), "{members:?}");
+    c.talos.etcd.wait_healthy(4).await.expect("etcd healthy");
+    drop(ctl);
+
+    let c = Cluster::start_declaring(3, 3).await;
+    let mut op = operation("reset-cp-3", "reset");
+    op["spec"]["machine"] = json!("cp-3");
+    c.api.insert(op);
+    let _ctl = Running::start(c.ctx("controller-1", rules()));
+    wait_for("the reset refused at its start", WAIT, || {
+        cond(&c.api, "TalosOperation", "reset-cp-3", "Accepted")
+            == Some(("False".into(), "StartRefused".into()))
+    })
+    .await;
+    let m = message(&c.api, "TalosOperation", "reset-cp-3", "Accepted");
+    assert!(
+        m.contains("node reset: control planes 3 -> 2, below the declared count of 3"),
+        "{m}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(c.talos.calls_to("Reset", "cp-3"), 0);
+    assert!(!c.cordoned("cp-3"));
+    assert_eq!(c.talos.etcd.member_names().await.len(), 3);
+}
+
 /// ADR 0137 end to end: a reboot created while the count is even (4 control planes,
 /// declared 3) is parked and touches nothing; the removal of the fourth control plane is
 /// not blocked by it (the cure of the even count), and once the count is odd the parked

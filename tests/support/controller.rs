@@ -246,6 +246,14 @@ pub fn cond(api: &ApiServer, kind: &str, name: &str, type_: &str) -> Option<(Str
     ))
 }
 
+/// The message of a condition of a stored object ("" when none).
+pub fn message(api: &ApiServer, kind: &str, name: &str, type_: &str) -> String {
+    get(api, kind, name)
+        .and_then(|o| condition(&o, type_))
+        .and_then(|c| c["message"].as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
 pub fn has_finalizer(api: &ApiServer, name: &str) -> bool {
     get(api, "TalosMachine", name).is_some_and(|m| {
         m["metadata"]["finalizers"]
