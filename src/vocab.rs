@@ -414,6 +414,7 @@ pub enum Fact {
     MaxUnavailable,
     RollInFlight,
     RollControlPlaneInFlight,
+    WorkersOthersUp,
 }
 
 /// The number of fact slots (one per row of [`FACTS`], which the test below keeps in the
@@ -732,6 +733,8 @@ facts! {
         "the nodes of this roll in flight beside the target (started, not finished: `status.progress.node` and `status.progress.alongside`, the target left out); 0 before the roll starts and for an operation on one machine";
     RollControlPlaneInFlight "roll.controlplane_in_flight" Type::Bool, Cheap, Machines, ON_OPERATIONS,
         "one of those nodes in flight beside the target is a control plane (approved as one, or holding the removal finalizer: it may still be an etcd member)";
+    WorkersOthersUp "workers.others_up" Type::Int, Cheap, Machines, ON_OPERATIONS,
+        "approved workers of the operation's cluster, not being deleted, other than its target and the roll's nodes in flight (`roll.in_flight`), that the controller's probe does not report unreachable (Ready=False NodeUnreachable): where an unschedulable cluster's workloads can run while the target is down";
 }
 
 impl Fact {

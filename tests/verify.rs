@@ -2235,7 +2235,8 @@ fn the_control_planes_of_a_roll_go_alone() {
 
 /// An unschedulable cluster keeps a worker in service while its workers roll two at a
 /// time (`--max-unavailable 2`, two workers): `step-last-worker` counts the roll's other
-/// nodes in flight as gone, so the second worker waits while the first is away. Written
+/// nodes in flight as gone (`workers.others_up`), so the second worker waits while the
+/// first is away. Written
 /// as before rolls went wide (`workers <= 1`), the rule lets the second go too:
 /// `worker-in-service-while-unschedulable` refutes it, and only with the wider roll (one
 /// at a time it verifies); without the rule at all, likewise.
@@ -2260,7 +2261,9 @@ fn an_unschedulable_cluster_keeps_a_worker_in_service_under_a_wide_roll() {
     assert_eq!(out.code, 0, "{}", out.stdout);
     assert!(violated(&json).is_empty(), "{}", out.stdout);
     let narrow = mutant("last-worker-narrow", "operations.rules", |t| {
-        t.replace("and workers - roll.in_flight <= 1", "and workers <= 1")
+        let narrowed = t.replace("and workers.others_up == 0", "and workers <= 1");
+        assert_ne!(narrowed, t, "the rule as shipped");
+        narrowed
     });
     let gone = mutant("last-worker-gone", "operations.rules", |t| {
         without(t, "rule step-last-worker\n")

@@ -353,6 +353,27 @@ impl<'s> SnapshotFacts<'s> {
             .unwrap_or_default()
     }
 
+    /// `workers.others_up`: the approved workers of the operation's cluster, not being
+    /// deleted, other than its target and the roll's nodes in flight, not reported
+    /// unreachable by the probe.
+    fn workers_others_up(&self) -> Vec<&'s TalosMachine> {
+        let Some(o) = self.operation() else {
+            return Vec::new();
+        };
+        let target = o.spec.machine.as_deref().unwrap_or("");
+        let away = self.roll_in_flight();
+        approved_members(
+            self.snapshot,
+            self.ev.namespace,
+            self.ev.cluster,
+            Role::Worker,
+            None,
+        )
+        .into_iter()
+        .filter(|m| m.name() != target && !away.contains(&m.name()) && !m.node_unreachable())
+        .collect()
+    }
+
     /// Their TalosMachines, of the operation's cluster.
     fn roll_in_flight_machines(&self) -> Vec<&'s TalosMachine> {
         let (ns, cluster) = (self.ev.namespace, self.ev.cluster);
@@ -454,6 +475,13 @@ impl<'s> SnapshotFacts<'s> {
             | Fact::PatchError
             | Fact::MaxUnavailable
             | Fact::RollInFlight => subject(self),
+            Fact::WorkersOthersUp => {
+                let mut v = subject(self);
+                for m in self.workers_others_up() {
+                    v.push(object_ref("TalosMachine", &m.metadata));
+                }
+                v
+            }
             Fact::RollControlPlaneInFlight => {
                 let mut v = subject(self);
                 for m in self.roll_in_flight_machines() {
@@ -678,6 +706,7 @@ impl<'s> Facts<'s> for SnapshotFacts<'s> {
                     .map_or(1, |o| o.spec.max_unavailable.unwrap_or(1)),
             ),
             Fact::RollInFlight => int(self.roll_in_flight().len()),
+            Fact::WorkersOthersUp => int(self.workers_others_up().len()),
             Fact::RollControlPlaneInFlight => {
                 Value::Bool(self.roll_in_flight_machines().into_iter().any(|m| {
                     m.approved_role() == Some(Role::ControlPlane) || m.holds_removal_finalizer()
