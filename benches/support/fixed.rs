@@ -39,6 +39,7 @@ impl<'a> Facts<'a> for Fixed {
         Lookup::Value(match fact {
             Fact::Approved => Value::Int(self.approved),
             Fact::Workers => Value::Int(2),
+            Fact::WorkersOthersUp => Value::Int(1),
             Fact::Count => Value::Int(self.count),
             Fact::Rank | Fact::HealthyAfter | Fact::MembersAfter => Value::Int(self.approved),
             Fact::Schedulable | Fact::ClusterExists => Value::Bool(true),
