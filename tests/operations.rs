@@ -394,6 +394,65 @@ async fn a_killed_controller_resumes_without_rebooting_again() {
     assert!(!c.cordoned("cp-1"));
 }
 
+/// A controller killed at every step of a reboot's plan in turn (one reboot per step, on
+/// the same cluster): each time, it restarts (the same identity, as a container restarted
+/// in its pod) and the reboot completes, the
+/// node rebooted exactly once for it (never a second `Reboot`, whatever step the kill came
+/// at), back, uncordoned, etcd healthy, and never two nodes down at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_killed_at_any_step_of_a_reboot_never_reboots_twice() {
+    let c = Cluster::start(3).await;
+    c.talos.node(0).set_downtime(Duration::from_millis(400));
+    let plan_steps = 9;
+    let mut killed_at = Vec::new();
+    for k in 0..plan_steps {
+        let name = format!("reboot-{k}");
+        c.api.insert(reboot_of(&name, "cp-1"));
+        let first = Running::start(c.ctx("controller-1", rules()));
+        // Killed once step k+1 has begun (or later, if it went by between two looks).
+        wait_for("the step to kill at", WAIT, || {
+            let op = c.operation(&name);
+            let p = &op["status"]["progress"];
+            let done = p["stepsDone"].as_array().map_or(0, Vec::len);
+            let at = p["step"]
+                .as_str()
+                .is_some_and(|s| s.starts_with(&format!("{}. ", k + 1)));
+            at || done > k || c.phase(&name) == "Succeeded"
+        })
+        .await;
+        first.kill().await;
+        let op = c.operation(&name);
+        let p = &op["status"]["progress"];
+        killed_at.push(format!(
+            "{} done, at {}",
+            p["stepsDone"].as_array().map_or(0, Vec::len),
+            p["step"].as_str().unwrap_or("-")
+        ));
+        let reboots_before = c.talos.calls_to("Reboot", "cp-1");
+        let second = Running::start(c.ctx("controller-1", rules()));
+        wait_for("the reboot succeeds", WAIT, || {
+            c.phase(&name) == "Succeeded"
+        })
+        .await;
+        second.kill().await;
+        assert_eq!(
+            c.talos.calls_to("Reboot", "cp-1"),
+            k + 1,
+            "killed at {:?} (Reboot calls before the second controller: {reboots_before}): {:?}",
+            killed_at.last(),
+            c.talos.calls()
+        );
+        assert!(!c.cordoned("cp-1"), "killed at {:?}", killed_at.last());
+        c.talos.etcd.wait_healthy(3).await.expect("etcd healthy");
+    }
+    assert_eq!(c.talos.downtimes().len(), plan_steps, "{killed_at:?}");
+    assert_eq!(c.most_down_at_once(), 1);
+    for other in ["cp-2", "cp-3"] {
+        assert_eq!(c.talos.calls_to("Reboot", other), 0);
+    }
+    eprintln!("killed at: {killed_at:?}");
+}
+
 /// The record alone tells a restarted controller what happened: an operation whose
 /// progress says the reboot was sent (the step not yet recorded done), on a node that has
 /// since rebooted (a new boot time), is not rebooted again.
