@@ -574,6 +574,70 @@ fn explain_reconcile_names_rules_and_matches() {
     }
 }
 
+/// `explain` of a reconcile shows the plan that runs once the rules let it: an operation's
+/// (by its kind), a control plane's removal; in JSON as `table --format json` has it. A
+/// machine with nothing to remove has no plan.
+#[test]
+fn explain_reconcile_shows_the_plan_that_runs() {
+    const PLANS: &str = "tests/fixtures/objects-plans.yaml";
+    let out = run(&[
+        "explain",
+        "--objects",
+        PLANS,
+        "--reconcile",
+        "ns/reboot-cp1",
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let s = &out.stdout;
+    let at = s
+        .find("then, once it may proceed, plan run operation \"reboot\"")
+        .unwrap_or_else(|| panic!("no plan:\n{s}"));
+    assert!(at > s.find("verdict: proceed").expect("the verdict"), "{s}");
+    for step in [
+        "  1. lock cluster",
+        "  2. etcd healthy within 2m when target.controlplane or target.uncounted",
+        "  6. talos reboot   -- Talos `Reboot`",
+        "  9. uncordon node",
+    ] {
+        assert!(s[at..].contains(step), "{step:?}:\n{s}");
+    }
+    let out = run(&["explain", "--objects", PLANS, "--reconcile", "ns/cp4"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stdout.contains("plan remove controlplane")
+            && out
+                .stdout
+                .contains("  4. etcd leave unless cluster.deleting or member.dead"),
+        "{}",
+        out.stdout
+    );
+    let out = run(&["explain", "--objects", PLANS, "--reconcile", "ns/cp2"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(!out.stdout.contains("then, once"), "{}", out.stdout);
+    let out = run(&[
+        "explain",
+        "--objects",
+        PLANS,
+        "--reconcile",
+        "ns/reboot-cp1",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v = out.json();
+    assert_eq!(v["plan"]["kind"], "reboot", "{v}");
+    assert_eq!(v["plan"]["steps"][5]["action"], "talos reboot", "{v}");
+    let table = run(&["table", "--format", "json"]);
+    let shipped = table.json()["plans"]
+        .as_array()
+        .expect("plans")
+        .iter()
+        .find(|p| p["kind"] == "reboot")
+        .cloned()
+        .expect("the reboot plan");
+    assert_eq!(v["plan"], shipped);
+}
+
 /// A rule in audit mode is shown as such: it matches, and the request is still allowed.
 #[test]
 fn explain_shows_a_rule_in_audit_mode() {

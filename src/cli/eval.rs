@@ -238,7 +238,29 @@ fn run_as(args: &EvalArgs, mode: Mode) -> u8 {
         Ok(o) => o,
         Err(e) => return bad(format!("{}: {e}", args.objects.display())),
     };
-    answer_reconcile(table, &outcome, mode)
+    let plan = reconcile_plan(table, &snapshot, &outcome, ns, name);
+    answer_reconcile(table, &outcome, plan, mode)
+}
+
+/// The plan a reconcile runs once its rules let it: an operation's (`plan run operation
+/// "<kind>"`), or a machine's removal (`plan remove <role>`, when the reconcile decides
+/// one). None when the rules hold none for it.
+fn reconcile_plan<'t>(
+    table: &'t crate::compile::Table,
+    snapshot: &crate::runtime::objects::Snapshot,
+    outcome: &Outcome,
+    ns: &str,
+    name: &str,
+) -> Option<&'t crate::compile::Plan> {
+    use crate::vocab::{Site, Verb};
+    if let Some(op) = snapshot.operation(ns, name) {
+        return table.operation_plan(&op.spec.kind);
+    }
+    outcome
+        .kinds
+        .iter()
+        .find(|(v, _, site)| *v == Verb::Remove && *site == Site::Controller)
+        .and_then(|(v, s, _)| table.plan(*v, *s))
 }
 
 /// `note: ...` lines.
@@ -324,7 +346,23 @@ fn answer_admission(table: &crate::compile::Table, outcome: &Outcome, mode: Mode
     }
 }
 
-fn answer_reconcile(table: &crate::compile::Table, outcome: &Outcome, mode: Mode) -> u8 {
+/// The plan's lines under an explanation: what runs once the verdict is proceed, each
+/// step decided again before it runs.
+fn plan_lines(plan: &crate::compile::Plan) -> String {
+    let head = format!(
+        "then, once it may proceed, {} (the rules decided again before each step, and a \
+         step with `when`/`unless` run only when it says so):",
+        plan.header()
+    );
+    super::table::plan_text(plan, &head)
+}
+
+fn answer_reconcile(
+    table: &crate::compile::Table,
+    outcome: &Outcome,
+    plan: Option<&crate::compile::Plan>,
+    mode: Mode,
+) -> u8 {
     if mode == Mode::Explain(Format::Json) {
         let mut notes = outcome.notes.clone();
         if outcome.member_dead_offline {
@@ -340,6 +378,7 @@ fn answer_reconcile(table: &crate::compile::Table, outcome: &Outcome, mode: Mode
             &notes,
         );
         v["refused_not_by_rule"] = serde_json::Value::Null;
+        v["plan"] = plan.map_or(serde_json::Value::Null, super::table::plan_json);
         return print_json(&v);
     }
     if mode != Mode::Eval {
@@ -351,6 +390,10 @@ fn answer_reconcile(table: &crate::compile::Table, outcome: &Outcome, mode: Mode
             &outcome.decision,
             &line,
         );
+        if let Some(plan) = plan {
+            text.push('\n');
+            text.push_str(&plan_lines(plan));
+        }
         if outcome.member_dead_offline {
             text.push_str(&format!("note: {MEMBER_DEAD_OFFLINE}\n"));
         }

@@ -64,24 +64,7 @@ pub fn to_json(table: &Table) -> serde_json::Value {
             })
         })
         .collect();
-    let plans: Vec<serde_json::Value> = table
-        .plans
-        .iter()
-        .map(|p| {
-            serde_json::json!({
-                "verb": p.verb.name(),
-                "subject": p.subject.name(),
-                "kind": p.kind,
-                "steps": p.steps.iter().map(|s| serde_json::json!({
-                    "action": s.text,
-                    "within": s.within_text(),
-                    "doc": s.action.doc(),
-                    "guard": s.guard_text,
-                    "say": s.say.as_deref().map(message_text),
-                })).collect::<Vec<_>>(),
-            })
-        })
-        .collect();
+    let plans: Vec<serde_json::Value> = table.plans.iter().map(plan_json).collect();
     let allowed: Vec<String> = table
         .allowed
         .iter()
@@ -147,20 +130,7 @@ pub fn to_text(table: &Table, colour: bool) -> String {
         out.push('\n');
     }
     for plan in &table.plans {
-        let _ = writeln!(out, "{}", bold(&plan.header()));
-        for (i, s) in plan.steps.iter().enumerate() {
-            let doc = s.action.doc();
-            let guard = s
-                .guard_text
-                .as_ref()
-                .map(|g| format!(" {g}"))
-                .unwrap_or_default();
-            let within = s.within_text().map(|w| format!(" {w}")).unwrap_or_default();
-            let _ = writeln!(out, "  {}. {}{within}{guard}   -- {doc}", i + 1, s.text);
-            if let Some(say) = &s.say {
-                let _ = writeln!(out, "       say {say}");
-            }
-        }
+        out.push_str(&plan_text(plan, &bold(&plan.header())));
         out.push('\n');
     }
     if !table.invariants.is_empty() {
@@ -275,4 +245,42 @@ mod tests {
             r#"kind {kind == "reset"} done"#
         );
     }
+}
+
+/// One plan as `table` prints it (and `explain`, for the plan a reconcile runs): `head`,
+/// then each step numbered, with its `within`, its guard and what the action does.
+pub fn plan_text(plan: &crate::compile::Plan, head: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{head}");
+    for (i, s) in plan.steps.iter().enumerate() {
+        let doc = s.action.doc();
+        let guard = s
+            .guard_text
+            .as_ref()
+            .map(|g| format!(" {g}"))
+            .unwrap_or_default();
+        let within = s.within_text().map(|w| format!(" {w}")).unwrap_or_default();
+        let _ = writeln!(out, "  {}. {}{within}{guard}   -- {doc}", i + 1, s.text);
+        if let Some(say) = &s.say {
+            let _ = writeln!(out, "       say {say}");
+        }
+    }
+    out
+}
+
+/// One plan as JSON (`table --format json`'s `plans`, and `explain --format json`'s
+/// `plan`).
+pub fn plan_json(p: &crate::compile::Plan) -> serde_json::Value {
+    serde_json::json!({
+        "verb": p.verb.name(),
+        "subject": p.subject.name(),
+        "kind": p.kind,
+        "steps": p.steps.iter().map(|s| serde_json::json!({
+            "action": s.text,
+            "within": s.within_text(),
+            "doc": s.action.doc(),
+            "guard": s.guard_text,
+            "say": s.say.as_deref().map(message_text),
+        })).collect::<Vec<_>>(),
+    })
 }
