@@ -1308,7 +1308,9 @@ fn check_and_table_show_the_rules_in_audit_mode() {
     assert_eq!(out.code, 0, "warnings only: {}", out.stderr);
     let said = format!("{}{}", out.stdout, out.stderr);
     assert!(
-        said.contains("in audit mode (recorded, not enforced): declared-count, staged-worker-floor"),
+        said.contains(
+            "in audit mode (recorded, not enforced): declared-count, staged-worker-floor"
+        ),
         "{said}"
     );
     assert!(said.contains("audit_destructive"), "{said}");
@@ -1334,8 +1336,16 @@ fn check_and_table_show_the_rules_in_audit_mode() {
             .unwrap_or_else(|| panic!("no row of {rule}:\n{}", out.stdout))
             .to_string()
     };
-    assert!(line("declared-count").contains("declared-count [audit]"), "{}", out.stdout);
-    assert!(line("staged-worker-floor").contains("[audit]"), "{}", out.stdout);
+    assert!(
+        line("declared-count").contains("declared-count [audit]"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        line("staged-worker-floor").contains("[audit]"),
+        "{}",
+        out.stdout
+    );
     let out = run(&["table", "rules"]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert!(!out.stdout.contains("[audit]"), "{}", out.stdout);
@@ -1406,7 +1416,9 @@ fn replay_groups_a_change_under_every_rule_that_decided_it() {
         path.to_str().expect("utf-8").to_string(),
         dir.join("new").to_str().expect("utf-8").to_string(),
     );
-    let out = run(&["replay", &log_arg, "--rules", &rules_arg, "--format", "json"]);
+    let out = run(&[
+        "replay", &log_arg, "--rules", &rules_arg, "--format", "json",
+    ]);
     assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
     let v = out.json();
     assert_eq!(v["decisions"], 4, "{v}");

@@ -647,9 +647,7 @@ async fn applying_configuration_leaves_no_secret_in_logs_events_statuses_or_metr
         "no controller decision record in the log:\n{text}"
     );
     assert!(
-        records
-            .iter()
-            .any(|l| l.contains("\"verb\":\"bootstrap\"")),
+        records.iter().any(|l| l.contains("\"verb\":\"bootstrap\"")),
         "no record of the bootstrap's decision:\n{}",
         records.join("\n")
     );

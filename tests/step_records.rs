@@ -272,7 +272,10 @@ async fn a_removal_is_recorded_from_its_admission_to_the_reset() {
     assert_eq!(link.request_uid, "req-delete-cp-4");
     assert_eq!(link.operation, "DELETE");
     assert_eq!(link.digest, d.decision.rules.digest);
-    assert_eq!(Some(link.object_uid.as_str()), stored["metadata"]["uid"].as_str());
+    assert_eq!(
+        Some(link.object_uid.as_str()),
+        stored["metadata"]["uid"].as_str()
+    );
     assert_eq!(link.object_uid, d.target.uid);
     assert!(d.decision.rules.digest.starts_with("sha256:"), "{d:?}");
     // The webhook's records: the dry run says so; both name the object's uid.
@@ -537,7 +540,10 @@ async fn an_operation_is_recorded_step_by_step_with_the_new_boot_time() {
         assert_eq!(link.decision, admitted);
         assert_eq!(link.request_uid, "req-create-reboot");
         assert_eq!(link.operation, "CREATE");
-        assert_eq!(Some(link.object_uid.as_str()), stored["metadata"]["uid"].as_str());
+        assert_eq!(
+            Some(link.object_uid.as_str()),
+            stored["metadata"]["uid"].as_str()
+        );
     }
     // Each step that ran names a recorded decision of its own operation, taken before it.
     for s in steps.iter().filter(|s| s.target.name == "reboot-cp-2") {

@@ -279,7 +279,10 @@ fn verify_ignores_a_rule_in_audit_mode() {
         t.replacen("rule declared-count\n", "rule declared-count audit\n", 1)
     });
     let text = std::fs::read_to_string(dir.join("removal.rules")).expect("copied");
-    assert!(text.contains("rule declared-count audit\n"), "the edit applies");
+    assert!(
+        text.contains("rule declared-count audit\n"),
+        "the edit applies"
+    );
     let (out, json) = verify(&dir, "3", &[]);
     assert_eq!(out.code, 1, "{}", out.stdout);
     assert!(

@@ -1046,7 +1046,9 @@ fn audit_destructive(files: &[SourceFile], program: &Program, diags: &mut Vec<Di
         .filter(|r| r.audit && r.verdict == Verdict::Refuse)
     {
         let destructive = destructive_event(
-            rule.events.iter().map(|(verb, subject, _)| (*verb, *subject)),
+            rule.events
+                .iter()
+                .map(|(verb, subject, _)| (*verb, *subject)),
             rule.when_text.as_deref(),
             rule.unless_text.as_deref(),
         );

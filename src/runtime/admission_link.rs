@@ -476,7 +476,10 @@ impl Lookup {
 /// Whether `why` says an admission was found and the check refused it, or none was kept:
 /// no failure of the lookup (not counted in the failure metric).
 pub fn is_refusal(why: &str) -> bool {
-    matches!(why, "not-found" | "not-this-object" | "uid-mismatch" | "no-uid")
+    matches!(
+        why,
+        "not-found" | "not-this-object" | "uid-mismatch" | "no-uid"
+    )
 }
 
 /// The replicas' answers together: the newest admission of this object that the check

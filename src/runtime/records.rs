@@ -1756,7 +1756,9 @@ mod drops {
     fn dropped(m: &Metrics) -> u64 {
         m.render()
             .lines()
-            .find_map(|l| l.strip_prefix("ichor_rules_decision_records_total{outcome=\"dropped\"} "))
+            .find_map(|l| {
+                l.strip_prefix("ichor_rules_decision_records_total{outcome=\"dropped\"} ")
+            })
             .and_then(|v| v.parse().ok())
             .expect("the dropped counter")
     }
@@ -1801,7 +1803,9 @@ mod drops {
             .collect();
         assert_eq!(lines.len(), 1, "one line for the burst: {text}");
         assert!(
-            lines[0].contains("WARN") && lines[0].contains("dropped=1") && lines[0].contains("decision=id-"),
+            lines[0].contains("WARN")
+                && lines[0].contains("dropped=1")
+                && lines[0].contains("decision=id-"),
             "{text}"
         );
         // A second later, the next drop is logged with every drop since the last line.

@@ -394,8 +394,10 @@ mod tests {
             .with_ansi(false)
             .with_writer(logged.clone())
             .finish();
-        let rules = Rules::new(vec![PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rules")])
-            .with_modes(modes);
+        let rules = Rules::new(vec![
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rules"),
+        ])
+        .with_modes(modes);
         let reload = tracing::subscriber::with_default(subscriber, || rules.reload());
         let text = String::from_utf8_lossy(&logged.0.lock().expect("log")).into_owned();
         (reload, rules.status(), text)
@@ -409,23 +411,29 @@ mod tests {
     #[test]
     fn a_safety_rule_switched_to_audit_is_warned_at_reload() {
         let audit = |n: &str| (n.to_string(), true);
-        let (reload, status, log) = reload_logged(vec![audit("declared-count"), audit("no-such-rule")]);
+        let (reload, status, log) =
+            reload_logged(vec![audit("declared-count"), audit("no-such-rule")]);
         let Reload::Replaced { warnings, .. } = reload else {
             panic!("the rules serve: {reload:?}");
         };
         assert!(
-            warnings.iter().any(|w| w.contains("rule `declared-count` refuses `remove controlplane`")
+            warnings.iter().any(|w| w
+                .contains("rule `declared-count` refuses `remove controlplane`")
                 && w.contains("switched to audit by the deployment")),
             "{warnings:#?}"
         );
         assert!(
-            warnings.iter().any(|w| w.contains("--audit-rule no-such-rule: no rule has this name")),
+            warnings
+                .iter()
+                .any(|w| w.contains("--audit-rule no-such-rule: no rule has this name")),
             "{warnings:#?}"
         );
         assert_eq!(status.audit_destructive, vec!["declared-count".to_string()]);
         assert_eq!(status.warnings, warnings);
         assert!(
-            log.contains("WARN") && log.contains("a safety rule is in audit mode") && log.contains("declared-count"),
+            log.contains("WARN")
+                && log.contains("a safety rule is in audit mode")
+                && log.contains("declared-count"),
             "{log}"
         );
         // Switched back by `rules.enforce` (which wins): nothing to warn of.

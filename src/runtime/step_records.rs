@@ -426,8 +426,7 @@ impl Journal {
         // This process's webhook: what it keeps for the object's name, checked. Keeping none
         // is no reason to give (the webhook may be another process's: `link_remote`); a kept
         // one the check refuses is (a same-named predecessor's: `uid-mismatch`).
-        let (admission, admission_lookup) = match recorder.admissions.find(kind, meta, operation)
-        {
+        let (admission, admission_lookup) = match recorder.admissions.find(kind, meta, operation) {
             Ok(a) => (Some(a), None),
             Err("not-found") => (None, None),
             Err(why) => (None, Some(why)),
@@ -995,7 +994,12 @@ mod tests {
             Err("uid-mismatch")
         );
         // An admission that names no object (a review without a uid).
-        let mut unnamed = webhook_record("TalosMachine", "DELETE", "allow", "2026-12-05T10:00:00.600Z");
+        let mut unnamed = webhook_record(
+            "TalosMachine",
+            "DELETE",
+            "allow",
+            "2026-12-05T10:00:00.600Z",
+        );
         if let Some(r) = unnamed.request.as_mut() {
             r.object_uid.clear();
         }
