@@ -865,6 +865,10 @@ async fn a_controller_in_another_process_links_to_the_webhooks_admission() {
         "{body}"
     );
     assert_eq!(answer["admissions"][0]["request_uid"], "req-delete-cp-4");
+    assert_eq!(
+        answer["admissions"][0]["object_uid"], stored["metadata"]["uid"],
+        "{body}"
+    );
     // The webhook's metrics never name what a caller asked.
     let (_, scraped) = get_url(addr, Some(&tls), "/metrics", Some("tok-controller"))
         .await
