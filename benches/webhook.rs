@@ -287,6 +287,8 @@ fn record_only(snapshot: &ichor_rules::runtime::objects::Snapshot, body: &Bytes)
                 kind: records::clipped(&req.inner.kind.kind),
                 namespace: records::clipped(&req.namespace),
                 name: records::clipped(&req.inner.name),
+                object_uid: records::clipped(req.object_uid()),
+                dry_run: req.dry_run(),
             },
             table: Some(&table),
             events: &json,

@@ -3,7 +3,7 @@
 //! AdmissionReview v1 JSON), `check` on the shipped rules and on broken copies, and the
 //! exit-2 contract for bad input (one line on stderr naming the file, never a panic).
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -1361,4 +1361,169 @@ fn table_shows_the_operation_plans_step_by_step() {
         ]
     );
     assert_eq!(plan["steps"][7]["within"], "within 15m", "{plan}");
+}
+
+/// `check` and `table` say which rules are in audit mode (recorded, never enforced), in
+/// both formats, and only those: `check` also warns of the safety rule shipped in audit.
+#[test]
+fn check_and_table_show_the_rules_in_audit_mode() {
+    const FILE: &str = "tests/rules/bad/audit_destructive.rules";
+    let out = run(&["check", FILE]);
+    assert_eq!(out.code, 0, "warnings only: {}", out.stderr);
+    let said = format!("{}{}", out.stdout, out.stderr);
+    assert!(
+        said.contains(
+            "in audit mode (recorded, not enforced): declared-count, staged-worker-floor"
+        ),
+        "{said}"
+    );
+    assert!(said.contains("audit_destructive"), "{said}");
+    let out = run(&["check", FILE, "--format", "json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v = out.json();
+    assert_eq!(
+        v["audit"],
+        serde_json::json!(["declared-count", "staged-worker-floor"]),
+        "{v}"
+    );
+    // The shipped rules have none in audit mode: no `audit` at all.
+    let out = run(&["check", "rules", "--format", "json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.json().get("audit").is_none(), "{}", out.stdout);
+
+    let out = run(&["table", FILE]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let line = |rule: &str| {
+        out.stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("refuse {rule}")))
+            .unwrap_or_else(|| panic!("no row of {rule}:\n{}", out.stdout))
+            .to_string()
+    };
+    assert!(
+        line("declared-count").contains("declared-count [audit]"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        line("staged-worker-floor").contains("[audit]"),
+        "{}",
+        out.stdout
+    );
+    let out = run(&["table", "rules"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(!out.stdout.contains("[audit]"), "{}", out.stdout);
+    let out = run(&["table", FILE, "--format", "json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v = out.json();
+    let rows: Vec<&serde_json::Value> = v["groups"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no groups: {v}"))
+        .iter()
+        .flat_map(|g| g["rows"].as_array().into_iter().flatten())
+        .collect();
+    for rule in ["declared-count", "staged-worker-floor"] {
+        let row = rows
+            .iter()
+            .find(|r| r["rule"] == rule || r["name"] == rule)
+            .unwrap_or_else(|| panic!("no row of {rule}: {v}"));
+        assert_eq!(row["audit"], true, "{row}");
+    }
+    assert!(
+        rows.iter()
+            .filter(|r| r["audit"] == true)
+            .all(|r| r["name"] == "declared-count" || r["name"] == "staged-worker-floor"),
+        "{v}"
+    );
+}
+
+/// `replay --rules NEW` of a log whose decisions were refused by several rules: a decision
+/// is listed under each rule that decided it (the old deciding rules when it would now be
+/// allowed, the new ones when it would now be refused), directions in their order
+/// (refuse -> allow first), rules by name within a direction, decisions in log order; the
+/// human report counts each changed decision once, and per direction.
+#[test]
+fn replay_groups_a_change_under_every_rule_that_decided_it() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("replay-several-rules-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("new")).expect("dir");
+    std::fs::write(
+        dir.join("new/new.rules"),
+        "rule too-many\n  refuse remove controlplane\n  when approved > 10\n  say \"{approved} approved\"\n",
+    )
+    .expect("rules");
+    let record = |id: &str, name: &str, approved: i64, verdict: &str, deciding: &[&str]| {
+        json!({
+            "record": "decision", "id": id, "time": "2026-12-05T10:00:00Z", "site": "webhook",
+            "request": {"uid": format!("u-{name}"), "user": "alice", "operation": "DELETE",
+                        "kind": "TalosMachine", "namespace": "infra", "name": name},
+            "rules": {"digest": "sha256:0000000000000000000000000000000000000000000000000000000000000000"},
+            "events": [{"verb": "remove", "subject": "controlplane", "cluster": "prod",
+                        "facts": [{"name": "approved", "value": approved},
+                                  {"name": "count", "value": 3}]}],
+            "verdict": verdict, "deciding": deciding, "would_verdict": verdict,
+            "latency_us": 10
+        })
+        .to_string()
+    };
+    let log = [
+        record("d1", "cp-1", 3, "refuse", &["quorum", "declared-count"]),
+        record("d2", "cp-2", 3, "refuse", &["declared-count"]),
+        record("d3", "cp-3", 20, "allow", &[]),
+        record("d4", "cp-4", 5, "allow", &[]),
+    ]
+    .join("\n");
+    let path = dir.join("decisions.ndjson");
+    std::fs::write(&path, log + "\n").expect("log");
+    let (log_arg, rules_arg) = (
+        path.to_str().expect("utf-8").to_string(),
+        dir.join("new").to_str().expect("utf-8").to_string(),
+    );
+    let out = run(&[
+        "replay", &log_arg, "--rules", &rules_arg, "--format", "json",
+    ]);
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let v = out.json();
+    assert_eq!(v["decisions"], 4, "{v}");
+    assert_eq!(v["compared"], 4, "{v}");
+    assert_eq!(v["reproduced"], 0, "{v}");
+    let change = |id: &str, name: &str, from: &str, to: &str| {
+        json!({"id": id, "what": format!("DELETE TalosMachine infra/{name} (uid u-{name})"),
+               "from": from, "to": to})
+    };
+    assert_eq!(
+        v["changes"],
+        json!([
+            {"from": "refuse", "to": "allow", "rule": "declared-count",
+             "decisions": [change("d1", "cp-1", "refuse", "allow"),
+                           change("d2", "cp-2", "refuse", "allow")]},
+            {"from": "refuse", "to": "allow", "rule": "quorum",
+             "decisions": [change("d1", "cp-1", "refuse", "allow")]},
+            {"from": "allow", "to": "refuse", "rule": "too-many",
+             "decisions": [change("d3", "cp-3", "allow", "refuse")]},
+        ]),
+        "{v}"
+    );
+    let out = run(&["replay", &log_arg, "--rules", &rules_arg]);
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let lines: Vec<&str> = out.stdout.lines().skip(1).collect();
+    assert_eq!(
+        lines,
+        [
+            "3 decision(s) would change:",
+            "refuse -> allow (2)",
+            "  declared-count (2)",
+            "    d1 DELETE TalosMachine infra/cp-1 (uid u-cp-1)",
+            "    d2 DELETE TalosMachine infra/cp-2 (uid u-cp-2)",
+            "  quorum (1)",
+            "    d1 DELETE TalosMachine infra/cp-1 (uid u-cp-1)",
+            "allow -> refuse (1)",
+            "  too-many (1)",
+            "    d3 DELETE TalosMachine infra/cp-3 (uid u-cp-3)",
+        ],
+        "{}",
+        out.stdout
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

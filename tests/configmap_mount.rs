@@ -139,7 +139,7 @@ fn a_swap_of_the_data_link_reloads_and_a_broken_swap_keeps_the_table() {
     volume.publish(&[("admission.rules", &admission), ("removal.rules", &removal)]);
     let rules = Rules::new(vec![dir.clone()]);
     let full = match rules.reload() {
-        Reload::Replaced { rows } => rows,
+        Reload::Replaced { rows, .. } => rows,
         other => panic!("first load: {other:?}"),
     };
     assert_eq!(rules.reload(), Reload::Unchanged);
@@ -150,7 +150,7 @@ fn a_swap_of_the_data_link_reloads_and_a_broken_swap_keeps_the_table() {
         ("removal.rules", &removal),
     ]);
     let fewer = match rules.reload() {
-        Reload::Replaced { rows } => rows,
+        Reload::Replaced { rows, .. } => rows,
         other => panic!("after the swap: {other:?}"),
     };
     assert!(fewer < full, "a rule was dropped: {fewer} rows, was {full}");
@@ -187,7 +187,7 @@ fn a_swap_of_the_data_link_reloads_and_a_broken_swap_keeps_the_table() {
         .table
         .expect("admission.rules with the allows checks on its own")
         .row_count();
-    assert_eq!(rules.reload(), Reload::Replaced { rows: alone });
+    assert!(matches!(rules.reload(), Reload::Replaced { rows, .. } if rows == alone));
 }
 
 #[test]

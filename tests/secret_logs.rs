@@ -633,5 +633,23 @@ async fn applying_configuration_leaves_no_secret_in_logs_events_statuses_or_metr
     let text = std::fs::read_to_string(&log).expect("log");
     assert!(text.contains("configuration applied"), "{text}");
     assert!(text.contains("bootstrapped"), "{text}");
+    // The decision records share the log (`--decision-log` is stderr by default): the
+    // search above covers them only if there are some. The bootstrap was decided by the
+    // rules, and recorded with the facts it read.
+    let records: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("{\"record\":"))
+        .collect();
+    assert!(
+        records
+            .iter()
+            .any(|l| l.contains("\"record\":\"decision\"") && l.contains("\"site\":\"controller\"")),
+        "no controller decision record in the log:\n{text}"
+    );
+    assert!(
+        records.iter().any(|l| l.contains("\"verb\":\"bootstrap\"")),
+        "no record of the bootstrap's decision:\n{}",
+        records.join("\n")
+    );
     assert_no_marker("the controller's log", &text);
 }

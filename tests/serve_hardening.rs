@@ -292,6 +292,33 @@ fn serve_does_not_start_on_rules_check_refuses_or_that_cover_nothing() {
     );
 }
 
+/// `serve --audit-rule declared-count` (the chart's `rules.audit` naming a safety rule):
+/// it serves as told, and never silently: the log warns of the rule from the start, and
+/// the gauge counts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_safety_rule_switched_to_audit_is_warned_and_counted() {
+    let api = three_control_planes().await;
+    let dir = scratch("audit-safety");
+    shipped_rules(&dir);
+    let serve = Serve::start(
+        &api,
+        &dir,
+        &["--log-format", "text", "--audit-rule", "declared-count"],
+    )
+    .await;
+    serve
+        .wait_metric("ichor_rules_rules_audit_destructive", 1.0)
+        .await;
+    let log = serve.log();
+    assert!(
+        log.lines().any(|l| l.contains("WARN")
+            && l.contains("a safety rule is in audit mode")
+            && l.contains("declared-count")
+            && l.contains("remove controlplane")),
+        "{log}"
+    );
+}
+
 /// A refused edit keeps the serving table, readiness and decisions, and is reported:
 /// counted, flagged, and logged with its diagnostics from the reload thread.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -220,6 +220,11 @@ async fn a_removal_is_recorded_from_its_admission_to_the_reset() {
     let admitted = rec
         .admit(objects::review("req-delete-cp-4", "DELETE", Some(&stored), None).build())
         .await;
+    // A dry run of the same deletion afterwards (`kubectl delete --dry-run=server`): it is
+    // recorded as one, and is not the admission the removal links to.
+    let mut dry = objects::review("req-dry-delete-cp-4", "DELETE", Some(&stored), None).build();
+    dry["request"]["dryRun"] = json!(true);
+    let dry_id = rec.admit(dry).await;
     delete(&api, "TalosMachine", "cp-4").await;
     wait_for("cp-4 removed", WAIT, || {
         get(&api, "TalosMachine", "cp-4").is_none()
@@ -267,7 +272,29 @@ async fn a_removal_is_recorded_from_its_admission_to_the_reset() {
     assert_eq!(link.request_uid, "req-delete-cp-4");
     assert_eq!(link.operation, "DELETE");
     assert_eq!(link.digest, d.decision.rules.digest);
+    assert_eq!(
+        Some(link.object_uid.as_str()),
+        stored["metadata"]["uid"].as_str()
+    );
+    assert_eq!(link.object_uid, d.target.uid);
     assert!(d.decision.rules.digest.starts_with("sha256:"), "{d:?}");
+    // The webhook's records: the dry run says so; both name the object's uid.
+    let webhook: Vec<records::Record> = records::read_log(&rec.text())
+        .expect("the log parses")
+        .into_iter()
+        .filter(|r| r.site == "webhook")
+        .collect();
+    let request = |id: &str| {
+        webhook
+            .iter()
+            .find(|r| r.id == id)
+            .and_then(|r| r.request.clone())
+            .unwrap_or_else(|| panic!("no webhook record {id}: {webhook:#?}"))
+    };
+    assert!(request(&dry_id).dry_run);
+    assert!(!request(&admitted).dry_run);
+    assert_eq!(request(&admitted).object_uid, link.object_uid);
+    assert_eq!(request(&dry_id).object_uid, link.object_uid);
 
     // One record per step that ran, each done once, in the plan's order, each naming the
     // decision that let it run and the admission.
@@ -476,10 +503,12 @@ async fn an_operation_is_recorded_step_by_step_with_the_new_boot_time() {
     let mut op = objects::operation("reboot-cp-2", "reboot").build();
     op["spec"]["machine"] = json!("cp-2");
     op["metadata"]["namespace"] = json!(NS);
+    // As the API server does: the object is stamped (its uid, its creation time) before
+    // the validating webhook is asked, which sees it so and keeps its uid.
+    let stored = api.insert(op);
     let admitted = rec
-        .admit(objects::review("req-create-reboot", "CREATE", None, Some(&op)).build())
+        .admit(objects::review("req-create-reboot", "CREATE", None, Some(&stored)).build())
         .await;
-    api.insert(op);
     let _c = Running::start(rec.ctx(&api, &talos, "controller-1"));
     wait_for("the reboot succeeds", WAIT, || {
         get(&api, "TalosOperation", "reboot-cp-2")
@@ -511,6 +540,10 @@ async fn an_operation_is_recorded_step_by_step_with_the_new_boot_time() {
         assert_eq!(link.decision, admitted);
         assert_eq!(link.request_uid, "req-create-reboot");
         assert_eq!(link.operation, "CREATE");
+        assert_eq!(
+            Some(link.object_uid.as_str()),
+            stored["metadata"]["uid"].as_str()
+        );
     }
     // Each step that ran names a recorded decision of its own operation, taken before it.
     for s in steps.iter().filter(|s| s.target.name == "reboot-cp-2") {
@@ -832,6 +865,10 @@ async fn a_controller_in_another_process_links_to_the_webhooks_admission() {
         "{body}"
     );
     assert_eq!(answer["admissions"][0]["request_uid"], "req-delete-cp-4");
+    assert_eq!(
+        answer["admissions"][0]["object_uid"], stored["metadata"]["uid"],
+        "{body}"
+    );
     // The webhook's metrics never name what a caller asked.
     let (_, scraped) = get_url(addr, Some(&tls), "/metrics", Some("tok-controller"))
         .await
@@ -873,8 +910,8 @@ async fn a_controller_in_another_process_links_to_the_webhooks_admission() {
         assert_eq!(s.admission_lookup, None, "{s:?}");
     }
 
-    // 3. A new cp-4, deleted: the webhook still keeps the first one's admission, decided
-    // before this object existed; it is not taken for this one.
+    // 3. A new cp-4, deleted: the webhook still keeps the first one's admission, of
+    // another uid (and decided before this object existed); it is not taken for this one.
     tokio::time::sleep(Duration::from_millis(2100)).await;
     let mut again = stored.clone();
     again["metadata"]["uid"] = json!("uid-of-the-second-cp-4");
@@ -890,7 +927,7 @@ async fn a_controller_in_another_process_links_to_the_webhooks_admission() {
         linked,
         Linked {
             admission: None,
-            why: Some("not-this-object")
+            why: Some("uid-mismatch")
         }
     );
     // The first cp-4 itself still links (the same answer, checked the same way).

@@ -269,6 +269,30 @@ fn weakening_the_declared_count_drops_below_it() {
     );
 }
 
+/// `verify` verifies with the rules in audit mode ignored (they are evaluated and recorded,
+/// and refuse nothing), so it shows what enforcing them would still have to catch: the
+/// declared-count rule staged in audit is a weakening like its removal, and `verify`
+/// finds the count broken.
+#[test]
+fn verify_ignores_a_rule_in_audit_mode() {
+    let dir = mutant("audit", "removal.rules", |t| {
+        t.replacen("rule declared-count\n", "rule declared-count audit\n", 1)
+    });
+    let text = std::fs::read_to_string(dir.join("removal.rules")).expect("copied");
+    assert!(
+        text.contains("rule declared-count audit\n"),
+        "the edit applies"
+    );
+    let (out, json) = verify(&dir, "3", &[]);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert!(
+        violated(&json).contains(&"count-kept".to_string()),
+        "{}",
+        out.stdout
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_last_control_plane_rule_without_the_teardown_exception_never_ends_a_teardown() {
     let dir = mutant("teardown", "removal.rules", |t| {

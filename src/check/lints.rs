@@ -1010,30 +1010,49 @@ fn subsumption(
     }
 }
 
+/// The first destructive event of a rule's `events`, with its conditions' text: a control
+/// plane removed or leaving (`remove`, `unapprove`, `reassign`, `move`), or an operation
+/// the conditions do not narrow to kinds other than `reset` (they do not read `kind`, or
+/// name `"reset"`). What [`Code::AuditDestructive`] warns of for a `refuse` in audit mode,
+/// and what a reload warns of for a rule the deployment switches to audit
+/// (`compile::Table::audit_destructive`).
+pub fn destructive_event(
+    events: impl IntoIterator<Item = (crate::vocab::Verb, crate::vocab::Subject)>,
+    when: Option<&str>,
+    unless: Option<&str>,
+) -> Option<(crate::vocab::Verb, crate::vocab::Subject)> {
+    use crate::vocab::{Subject, Verb};
+    let conditions = format!("{} {}", when.unwrap_or(""), unless.unwrap_or(""));
+    let may_reset = !conditions.contains("kind") || conditions.contains("\"reset\"");
+    events.into_iter().find(|(verb, subject)| match subject {
+        Subject::ControlPlane => matches!(
+            verb,
+            Verb::Remove | Verb::Unapprove | Verb::Reassign | Verb::Move
+        ),
+        Subject::Operation => may_reset,
+        _ => false,
+    })
+}
+
 /// A `refuse` in audit mode on a destructive event: a control plane removed or leaving
 /// (`remove`, `unapprove`, `reassign`, `move`), or an operation the rule does not narrow
 /// to kinds other than `reset` (its conditions do not read `kind`, or name `"reset"`). The
 /// safety rules themselves shipped in audit mode would refuse nothing; staging a new one
 /// is what audit mode is for, so a warning, not an error.
 fn audit_destructive(files: &[SourceFile], program: &Program, diags: &mut Vec<Diagnostic>) {
-    use crate::vocab::{Subject, Verb};
     for rule in program
         .rules
         .iter()
         .filter(|r| r.audit && r.verdict == Verdict::Refuse)
     {
-        let text = |t: &Option<String>| t.as_deref().unwrap_or("").to_string();
-        let conditions = format!("{} {}", text(&rule.when_text), text(&rule.unless_text));
-        let may_reset = !conditions.contains("kind") || conditions.contains("\"reset\"");
-        let destructive = rule.events.iter().find(|(verb, subject, _)| match subject {
-            Subject::ControlPlane => matches!(
-                verb,
-                Verb::Remove | Verb::Unapprove | Verb::Reassign | Verb::Move
-            ),
-            Subject::Operation => may_reset,
-            _ => false,
-        });
-        let Some((verb, subject, _)) = destructive else {
+        let destructive = destructive_event(
+            rule.events
+                .iter()
+                .map(|(verb, subject, _)| (*verb, *subject)),
+            rule.when_text.as_deref(),
+            rule.unless_text.as_deref(),
+        );
+        let Some((verb, subject)) = destructive else {
             continue;
         };
         diags.push(

@@ -13,7 +13,7 @@ mod types;
 
 use types::Ty;
 
-pub use lints::Lints;
+pub use lints::{Lints, destructive_event};
 pub use typed::{Info, Typed, TypedKind, TypedPart, ValueKind, can_fail};
 
 use crate::diagnostics::{Code, Diagnostic, SourceFile, did_you_mean};

@@ -287,6 +287,32 @@ impl Table {
         self.rules.iter().filter(|r| r.audit)
     }
 
+    /// The `refuse` rules in audit mode (written so, or switched by the deployment) on a
+    /// destructive event, each with the first such event: the safety rules that refuse
+    /// nothing as this table stands (`check::destructive_event`, the test of the
+    /// `audit_destructive` lint).
+    pub fn audit_destructive(&self) -> Vec<(&RuleMeta, Verb, Subject)> {
+        let groups = self.groups();
+        self.rules
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.audit && r.verdict == Verdict::Refuse)
+            .filter_map(|(i, r)| {
+                let events = groups.iter().filter_map(|((verb, subject, _), rows)| {
+                    rows.iter()
+                        .any(|row| row.rule as usize == i)
+                        .then_some((*verb, *subject))
+                });
+                crate::check::destructive_event(
+                    events,
+                    r.when_text.as_deref(),
+                    r.unless_text.as_deref(),
+                )
+                .map(|(verb, subject)| (r, verb, subject))
+            })
+            .collect()
+    }
+
     /// The rows for one (verb, subject, site), in source order.
     pub fn rows(&self, verb: Verb, subject: Subject, site: Site) -> &[Row] {
         self.groups

@@ -54,6 +54,28 @@ impl Request {
         &self.inner.uid
     }
 
+    /// The uid of the object the request is about: `oldObject`'s (an UPDATE, a DELETE), else
+    /// `object`'s (a CREATE: the API server stamps a new object's uid before it asks a
+    /// validating webhook). Empty when the review carries none.
+    pub fn object_uid(&self) -> &str {
+        self.inner
+            .old_object
+            .as_ref()
+            .and_then(|o| o.metadata.uid.as_deref())
+            .or_else(|| {
+                self.inner
+                    .object
+                    .as_ref()
+                    .and_then(|o| o.metadata.uid.as_deref())
+            })
+            .unwrap_or("")
+    }
+
+    /// `request.dryRun`: the API server will persist nothing of it.
+    pub fn dry_run(&self) -> bool {
+        self.inner.dry_run
+    }
+
     /// Whether the request was made by the controller's own identity: its
     /// `userInfo.username` is exactly `controller_username` (`request.by_controller`). No
     /// configured name trusts no one.

@@ -29,9 +29,11 @@ pub const PATH: &str = "/admissions";
 
 /// Why a record has no `admission` although the webhook was asked: every value
 /// `admission_lookup` (and the failure metric's `reason`) can take.
-pub const REASONS: [&str; 7] = [
+pub const REASONS: [&str; 9] = [
     "not-found",
     "not-this-object",
+    "uid-mismatch",
+    "no-uid",
     "timeout",
     "unauthorized",
     "forbidden",
@@ -314,7 +316,7 @@ impl Lookup {
         let deadline = tokio::time::Instant::now() + self.config.timeout;
         let linked = self.ask_all(kind, meta, operation, deadline).await;
         if let Some(why) = linked.why
-            && !matches!(why, "not-found" | "not-this-object")
+            && !is_refusal(why)
         {
             self.metrics.admission_lookup_failed(why);
         }
@@ -471,16 +473,25 @@ impl Lookup {
     }
 }
 
+/// Whether `why` says an admission was found and the check refused it, or none was kept:
+/// no failure of the lookup (not counted in the failure metric).
+pub fn is_refusal(why: &str) -> bool {
+    matches!(
+        why,
+        "not-found" | "not-this-object" | "uid-mismatch" | "no-uid"
+    )
+}
+
 /// The replicas' answers together: the newest admission of this object that the check
 /// accepts; else, when a replica could not be asked, why (it may hold the admission);
-/// else `not-this-object` (one was kept, of another object: a same-named predecessor's)
-/// or `not-found`.
+/// else why the check refused the one kept (`uid-mismatch`: another object's of the same
+/// name; `no-uid`; `not-this-object`), or `not-found`.
 fn judge(answers: &[Asked], kind: &str, meta: &ObjectMeta, operation: &str) -> Linked {
     let (namespace, name) = (
         meta.namespace.as_deref().unwrap_or_default(),
         meta.name.as_deref().unwrap_or_default(),
     );
-    let mut seen = false;
+    let mut refused: Option<&'static str> = None;
     let mut best: Option<&Admission> = None;
     for a in answers {
         let Asked::Answer(answer) = a else { continue };
@@ -488,14 +499,23 @@ fn judge(answers: &[Asked], kind: &str, meta: &ObjectMeta, operation: &str) -> L
             if k.kind != kind || k.namespace != namespace || k.name != name {
                 continue;
             }
-            seen = true;
             let a = &k.admission;
             let sane = a.decision.len() <= 64
                 && a.request_uid.len() <= 128
+                && a.object_uid.len() <= 128
                 && a.time.len() <= 64
                 && !a.decision.is_empty();
-            if sane && a.admits(meta, operation) && best.is_none_or(|b| newer(a, b)) {
-                best = Some(a);
+            let checked = if sane {
+                a.check(meta, operation)
+            } else {
+                Err("not-this-object")
+            };
+            match checked {
+                Ok(()) if best.is_none_or(|b| newer(a, b)) => best = Some(a),
+                Ok(()) => {}
+                Err(why) => {
+                    refused.get_or_insert(why);
+                }
             }
         }
     }
@@ -514,7 +534,7 @@ fn judge(answers: &[Asked], kind: &str, meta: &ObjectMeta, operation: &str) -> L
     if answers.is_empty() {
         return Linked::missing("unavailable");
     }
-    Linked::missing(if seen { "not-this-object" } else { "not-found" })
+    Linked::missing(refused.unwrap_or("not-found"))
 }
 
 /// Whether `a` was decided after `b` (both already accepted: their times parse).
@@ -549,6 +569,7 @@ mod tests {
             admission: Admission {
                 decision: format!("d-{time}"),
                 request_uid: "req".into(),
+                object_uid: "u-2".into(),
                 operation: "DELETE".into(),
                 digest: digest.into(),
                 time: time.into(),
@@ -616,6 +637,15 @@ mod tests {
         assert_eq!(l.why, None);
         let l = judge(&[answer(vec![stale, forged])], "TalosMachine", &m, "DELETE");
         assert_eq!(l, Linked::missing("not-this-object"));
+        // Another object's of the same name, within this one's lifetime: its uid tells.
+        let mut predecessor = ok.clone();
+        predecessor.admission.object_uid = "u-1".into();
+        let l = judge(&[answer(vec![predecessor])], "TalosMachine", &m, "DELETE");
+        assert_eq!(l, Linked::missing("uid-mismatch"));
+        let mut unnamed = ok.clone();
+        unnamed.admission.object_uid.clear();
+        let l = judge(&[answer(vec![unnamed])], "TalosMachine", &m, "DELETE");
+        assert_eq!(l, Linked::missing("no-uid"));
         let l = judge(
             &[answer(vec![other]), answer(vec![])],
             "TalosMachine",

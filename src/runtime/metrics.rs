@@ -94,6 +94,8 @@ pub struct Metrics {
     /// rule (from the serving table) -> decisions an audit-mode rule would have refused.
     would_refuse: Mutex<BTreeMap<String, u64>>,
     rules_refused: AtomicU64,
+    /// Safety rules (a `refuse` on a destructive event) the serving table has in audit mode.
+    rules_audit_destructive: AtomicU64,
     /// Connections open now; refused over the cap; closed by a timeout, by reason.
     connections_open: AtomicU64,
     connections_refused: AtomicU64,
@@ -246,6 +248,8 @@ impl Metrics {
             .store(status.serving.unwrap_or(0), Ordering::Relaxed);
         self.rules_refused
             .store(u64::from(status.refused), Ordering::Relaxed);
+        self.rules_audit_destructive
+            .store(status.audit_destructive.len() as u64, Ordering::Relaxed);
         if let Ok(mut d) = self.rules_digest.lock() {
             d.clone_from(&status.digest);
         }
@@ -442,6 +446,11 @@ impl Metrics {
             out,
             "# HELP ichor_rules_rules_refused 1 when the rule files as they are now were refused and an older table serves.\n# TYPE ichor_rules_rules_refused gauge\nichor_rules_rules_refused {}",
             self.rules_refused.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP ichor_rules_rules_audit_destructive Rules of the serving table that refuse a destructive event (a control plane removed or leaving, a reset) and are in audit mode: they refuse nothing (the reload logs each by name).\n# TYPE ichor_rules_rules_audit_destructive gauge\nichor_rules_rules_audit_destructive {}",
+            self.rules_audit_destructive.load(Ordering::Relaxed)
         );
         let _ = writeln!(
             out,

@@ -89,7 +89,10 @@ impl StartError {
 pub fn start(args: &OperatorConfig) -> Result<(), StartError> {
     let rules = Arc::new(Rules::new(args.rules.clone()).with_modes(args.rule_modes.clone()));
     match on_reload_thread(|| rules.reload()) {
-        Ok(Reload::Replaced { rows }) => tracing::info!(rows, "rules loaded"),
+        // Warnings (a safety rule in audit mode) are logged by the reload itself.
+        Ok(Reload::Replaced { rows, warnings }) => {
+            tracing::info!(rows, warnings = warnings.len(), "rules loaded")
+        }
         Ok(Reload::Rejected {
             reason,
             diagnostics,
@@ -461,9 +464,9 @@ async fn serve(args: &OperatorConfig, rules: Arc<Rules>) -> Result<(), StartErro
         let (rules, cert, metrics) = (rules.clone(), cert.clone(), metrics.clone());
         Reloader::start(interval, move || {
             match rules.reload() {
-                Reload::Replaced { rows } => {
+                Reload::Replaced { rows, warnings } => {
                     metrics.reload(true);
-                    tracing::info!(rows, "rules reloaded");
+                    tracing::info!(rows, warnings = warnings.len(), "rules reloaded");
                 }
                 Reload::Rejected {
                     reason,

@@ -140,6 +140,14 @@ pub struct RequestInfo {
     pub kind: String,
     pub namespace: String,
     pub name: String,
+    /// The uid of the object the request is about (`request.oldObject`'s for an UPDATE or
+    /// DELETE, `request.object`'s for a CREATE); absent when the review carried none.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub object_uid: String,
+    /// `request.dryRun`: the API server persisted nothing, whatever the verdict. Such a
+    /// decision is recorded, and never kept as the admission a controller step links to.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
 }
 
 /// [`RequestInfo`] borrowed: what a webhook record is written from
@@ -152,6 +160,8 @@ pub struct RequestRef<'a> {
     pub kind: &'a str,
     pub namespace: &'a str,
     pub name: &'a str,
+    pub object_uid: &'a str,
+    pub dry_run: bool,
 }
 
 impl RequestInfo {
@@ -163,6 +173,8 @@ impl RequestInfo {
             kind: &self.kind,
             namespace: &self.namespace,
             name: &self.name,
+            object_uid: &self.object_uid,
+            dry_run: self.dry_run,
         }
     }
 }
@@ -561,6 +573,13 @@ impl WebhookRecord<'_> {
         json::str(out, r.namespace);
         out.extend_from_slice(b",\"name\":");
         json::str(out, r.name);
+        if !r.object_uid.is_empty() {
+            out.extend_from_slice(b",\"object_uid\":");
+            json::str(out, r.object_uid);
+        }
+        if r.dry_run {
+            out.extend_from_slice(b",\"dry_run\":true");
+        }
         out.extend_from_slice(b"},\"rules\":{\"digest\":");
         json::str(out, self.table.map_or("", |t| t.digest.as_str()));
         if let Some(t) = self.table {
@@ -1511,6 +1530,12 @@ mod tests {
             for without_rules in [None, Some(hostile)] {
                 let time = k8s_openapi::jiff::Timestamp::now();
                 let user = format!("{}{hostile}", "ü".repeat(300));
+                // Both ways of the optional fields: present (and escaped), and absent.
+                let (object_uid, dry_run) = if without_rules.is_none() {
+                    (hostile, true)
+                } else {
+                    ("", false)
+                };
                 let written = WebhookRecord {
                     id: &decision_id(),
                     time,
@@ -1521,6 +1546,8 @@ mod tests {
                         kind: "TalosMachine",
                         namespace: "in\"fra",
                         name: hostile,
+                        object_uid,
+                        dry_run,
                     },
                     table: without_rules.is_none().then_some(&table),
                     events: if without_rules.is_none() { &json } else { &[] },
@@ -1542,6 +1569,8 @@ mod tests {
                         kind: "TalosMachine".into(),
                         namespace: "in\"fra".into(),
                         name: clip(hostile),
+                        object_uid: object_uid.into(),
+                        dry_run,
                     }),
                     rules: RulesInfo {
                         digest: if without_rules.is_none() {
@@ -1681,5 +1710,115 @@ mod tests {
         assert_eq!(read(&dir.join("decisions.ndjson.2")), "bbbbbb\n");
         assert!(!dir.join("decisions.ndjson.3").exists(), "only two kept");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[cfg(test)]
+mod drops {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    /// A sink that never finishes a write until released.
+    struct Stuck(Arc<AtomicBool>);
+
+    impl Write for Stuck {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            while !self.0.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[derive(Clone, Default)]
+    struct Logged(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Logged {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("log").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logged {
+        type Writer = Logged;
+        fn make_writer(&'a self) -> Logged {
+            self.clone()
+        }
+    }
+
+    fn dropped(m: &Metrics) -> u64 {
+        m.render()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("ichor_rules_decision_records_total{outcome=\"dropped\"} ")
+            })
+            .and_then(|v| v.parse().ok())
+            .expect("the dropped counter")
+    }
+
+    /// A record dropped because the sink is behind is counted, and the drop is logged with
+    /// the decision and how many were dropped: at once for the first, then at most once a
+    /// second with the number dropped since (a stuck sink does not flood the log).
+    #[test]
+    fn a_dropped_record_is_logged_and_counted() {
+        let release = Arc::new(AtomicBool::new(false));
+        let metrics = Arc::new(Metrics::default());
+        let recorder = Recorder::start(
+            Sink::Writer(Box::new(Stuck(release.clone()))),
+            1,
+            metrics.clone(),
+        )
+        .expect("the recorder starts");
+        let logged = Logged::default();
+        let log = || String::from_utf8_lossy(&logged.0.lock().expect("log")).into_owned();
+        let subscriber = || {
+            tracing_subscriber::fmt()
+                .with_ansi(false)
+                .with_writer(logged.clone())
+                .finish()
+        };
+        let burst = |from: usize| {
+            for i in from..from + 10 {
+                recorder.queue_line(&format!("id-{i}"), b"{}\n");
+            }
+        };
+        // One record in the writer's hands (it never returns)...
+        recorder.queue_line("id-stuck", b"{}\n");
+        std::thread::sleep(Duration::from_millis(300));
+        tracing::subscriber::with_default(subscriber(), || burst(0));
+        // ... one waiting: the other nine dropped.
+        let first = dropped(&metrics);
+        assert_eq!(first, 9);
+        let text = log();
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("the decision-record sink is behind: records dropped"))
+            .collect();
+        assert_eq!(lines.len(), 1, "one line for the burst: {text}");
+        assert!(
+            lines[0].contains("WARN")
+                && lines[0].contains("dropped=1")
+                && lines[0].contains("decision=id-"),
+            "{text}"
+        );
+        // A second later, the next drop is logged with every drop since the last line.
+        std::thread::sleep(DROP_LOG_EVERY + Duration::from_millis(50));
+        tracing::subscriber::with_default(subscriber(), || {
+            recorder.queue_line("id-late", b"{}\n");
+        });
+        assert_eq!(dropped(&metrics), first + 1);
+        let text = log();
+        assert!(
+            text.contains(&format!("dropped={first} decision=id-late")),
+            "{text}"
+        );
+        release.store(true, Ordering::SeqCst);
     }
 }

@@ -61,6 +61,11 @@ pub struct Status {
     pub refused: bool,
     /// The digest of the serving table's text (`records::digest`; empty: none serves).
     pub digest: String,
+    /// The serving table's warnings (see [`Reload::Replaced`]).
+    pub warnings: Vec<String>,
+    /// The `refuse` rules on a destructive event that the serving table has in audit mode
+    /// (written so, or switched by `--audit-rule`): safety rules that refuse nothing.
+    pub audit_destructive: Vec<String>,
 }
 
 /// What a reload did.
@@ -68,8 +73,11 @@ pub struct Status {
 pub enum Reload {
     /// The files did not change.
     Unchanged,
-    /// A new table serves.
-    Replaced { rows: usize },
+    /// A new table serves. `warnings`: one line each (also logged at `warn`), what the
+    /// operator must know of it: a `refuse` rule on a destructive event in audit mode (a
+    /// safety rule switched to audit by `--audit-rule`, the chart's `rules.audit`, or
+    /// written so), which refuses nothing; a mode switched for a name no rule has.
+    Replaced { rows: usize, warnings: Vec<String> },
     /// The files changed but are refused (they do not check, leave a runtime event
     /// uncovered, cannot be read, are too large, or checking them panicked); the old table
     /// keeps serving. `reason` is one line naming the first findings; `diagnostics` lists
@@ -229,14 +237,44 @@ impl Rules {
         };
         let rows = table.row_count();
         table.digest.clone_from(&digest);
+        let mut warnings = Vec::new();
         for (rule, audit) in &self.modes {
             if !table.set_audit(rule, *audit) {
+                let mode = if *audit { "audit" } else { "enforce" };
                 tracing::warn!(
                     rule = %rule,
-                    mode = if *audit { "audit" } else { "enforce" },
+                    mode,
                     "no rule has this name: its mode is not switched"
                 );
+                warnings.push(format!(
+                    "--{mode}-rule {rule}: no rule has this name: its mode is not switched"
+                ));
             }
+        }
+        // A safety rule in audit mode refuses nothing: never silently (`check` warns of one
+        // written so; one switched by the deployment is seen only here).
+        let mut audit_destructive = Vec::new();
+        for (rule, verb, subject) in table.audit_destructive() {
+            let switched = self.modes.iter().any(|(n, a)| *a && *n == rule.name);
+            let by = if switched {
+                "switched to audit by the deployment (`--audit-rule`, the chart's `rules.audit`)"
+            } else {
+                "written `audit` in its text"
+            };
+            tracing::warn!(
+                rule = %rule.name,
+                event = %format!("{} {}", verb.name(), subject.name()),
+                switched,
+                "a safety rule is in audit mode: it refuses nothing, its refusals are only recorded"
+            );
+            warnings.push(format!(
+                "rule `{}` refuses `{} {}` and is in audit mode, {by}: it refuses nothing; \
+                 enforce it (`rules.enforce`, `--enforce-rule`) unless that is what you want",
+                rule.name,
+                verb.name(),
+                subject.name()
+            ));
+            audit_destructive.push(rule.name.clone());
         }
         if let Ok(mut t) = self.table.write() {
             *t = Some(Arc::new(table));
@@ -246,8 +284,10 @@ impl Rules {
             s.loaded_at = Some(SystemTime::now());
             s.rows = rows;
             s.digest = digest;
+            s.warnings.clone_from(&warnings);
+            s.audit_destructive = audit_destructive;
         }
-        Reload::Replaced { rows }
+        Reload::Replaced { rows, warnings }
     }
 }
 
@@ -324,6 +364,92 @@ mod tests {
             calls.load(Ordering::SeqCst) >= 3,
             "polls went on after a panic"
         );
+    }
+
+    /// Collects what is logged, for `tracing_subscriber`'s writer.
+    #[derive(Clone, Default)]
+    struct Logged(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Logged {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("log").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logged {
+        type Writer = Logged;
+        fn make_writer(&'a self) -> Logged {
+            self.clone()
+        }
+    }
+
+    /// The reload of `rules/` with `modes`, and what it logged.
+    fn reload_logged(modes: Vec<(String, bool)>) -> (Reload, Status, String) {
+        let logged = Logged::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(logged.clone())
+            .finish();
+        let rules = Rules::new(vec![
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rules"),
+        ])
+        .with_modes(modes);
+        let reload = tracing::subscriber::with_default(subscriber, || rules.reload());
+        let text = String::from_utf8_lossy(&logged.0.lock().expect("log")).into_owned();
+        (reload, rules.status(), text)
+    }
+
+    /// The chart's `rules.audit` naming a safety rule (a `refuse` of a control plane's
+    /// removal) turns it into a rule that refuses nothing: the reload serves it (the chart
+    /// asked for it), and says so in its warnings, its status and its log. Enforced again
+    /// by `rules.enforce`, nothing is said; a staging of a rule that refuses nothing
+    /// destructive is what audit mode is for.
+    #[test]
+    fn a_safety_rule_switched_to_audit_is_warned_at_reload() {
+        let audit = |n: &str| (n.to_string(), true);
+        let (reload, status, log) =
+            reload_logged(vec![audit("declared-count"), audit("no-such-rule")]);
+        let Reload::Replaced { warnings, .. } = reload else {
+            panic!("the rules serve: {reload:?}");
+        };
+        assert!(
+            warnings.iter().any(|w| w
+                .contains("rule `declared-count` refuses `remove controlplane`")
+                && w.contains("switched to audit by the deployment")),
+            "{warnings:#?}"
+        );
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains("--audit-rule no-such-rule: no rule has this name")),
+            "{warnings:#?}"
+        );
+        assert_eq!(status.audit_destructive, vec!["declared-count".to_string()]);
+        assert_eq!(status.warnings, warnings);
+        assert!(
+            log.contains("WARN")
+                && log.contains("a safety rule is in audit mode")
+                && log.contains("declared-count"),
+            "{log}"
+        );
+        // Switched back by `rules.enforce` (which wins): nothing to warn of.
+        let (reload, status, log) = reload_logged(vec![
+            audit("declared-count"),
+            ("declared-count".to_string(), false),
+        ]);
+        assert_eq!(
+            reload,
+            Reload::Replaced {
+                rows: status.rows,
+                warnings: Vec::new()
+            }
+        );
+        assert!(status.audit_destructive.is_empty());
+        assert!(!log.contains("audit mode"), "{log}");
     }
 
     #[test]

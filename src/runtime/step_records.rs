@@ -43,8 +43,9 @@ pub struct ControllerRecord {
     pub etcd: Vec<EtcdAsked>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<Admission>,
-    /// Why `admission` is absent when the webhook of another process was asked for it
-    /// (`runtime::admission_link::REASONS`: `not-found`, `not-this-object`, `timeout`,
+    /// Why `admission` is absent when a kept admission of the object's name was refused
+    /// (`uid-mismatch`, `no-uid`, `not-this-object`) or the webhook of another process was
+    /// asked for it (`runtime::admission_link::REASONS`: also `not-found`, `timeout`,
     /// `unauthorized`, `forbidden`, `unavailable`, `bad-answer`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission_lookup: Option<String>,
@@ -161,6 +162,12 @@ pub struct Admission {
     pub decision: String,
     /// The AdmissionReview's uid.
     pub request_uid: String,
+    /// The uid of the object admitted: `request.oldObject`'s for a DELETE, `request.object`'s
+    /// for a CREATE (a validating webhook is asked after the API server gave the new object
+    /// its uid). Empty: the review carried none (or an older webhook kept it); such an
+    /// admission links to nothing ([`Admission::check`]).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub object_uid: String,
     pub operation: String,
     /// The digest of the rules that admitted it.
     pub digest: String,
@@ -240,7 +247,9 @@ impl Admissions {
         digest: &str,
         time: impl FnOnce() -> String,
     ) {
-        if verdict == "refuse" || !admits_work(req.kind, req.operation) {
+        // A dry run changes nothing: no work follows it, and it must never stand in for
+        // (nor replace) the admission of the request that does.
+        if req.dry_run || verdict == "refuse" || !admits_work(req.kind, req.operation) {
             return;
         }
         let key = (
@@ -252,6 +261,7 @@ impl Admissions {
         let admitted = Admission {
             decision: id.to_string(),
             request_uid: req.uid.to_string(),
+            object_uid: req.object_uid.to_string(),
             operation: req.operation.to_string(),
             digest: digest.to_string(),
             time: time(),
@@ -262,22 +272,33 @@ impl Admissions {
     }
 
     /// The admission of `operation` on the object `meta` of `kind`, checked against the
-    /// object itself ([`Admission::admits`]), so a same-named earlier object's admission is
-    /// never taken for this one's.
-    pub fn find(&self, kind: &str, meta: &ObjectMeta, operation: &str) -> Option<Admission> {
+    /// object itself ([`Admission::check`]), so a same-named earlier object's admission is
+    /// never taken for this one's. `Err`: why not (`not-found` when none is kept for the
+    /// name, else the check's reason: `uid-mismatch`, `no-uid`, `not-this-object`).
+    pub fn find(
+        &self,
+        kind: &str,
+        meta: &ObjectMeta,
+        operation: &str,
+    ) -> Result<Admission, &'static str> {
         let key = (
             kind.to_string(),
             meta.namespace.clone().unwrap_or_default(),
             meta.name.clone().unwrap_or_default(),
             operation.to_string(),
         );
-        let found = self.inner.lock().ok()?.map.get(&key).cloned()?;
-        found.admits(meta, operation).then_some(found)
+        let found = self
+            .inner
+            .lock()
+            .ok()
+            .and_then(|inner| inner.map.get(&key).cloned())
+            .ok_or("not-found")?;
+        found.check(meta, operation).map(|()| found)
     }
 
     /// The kept admission of `operation` on `kind` `namespace/name`, unchecked: what the
     /// webhook answers at `/admissions` (the asking controller checks it against the
-    /// object, [`Admission::admits`]).
+    /// object, [`Admission::check`]).
     pub fn kept(
         &self,
         kind: &str,
@@ -307,16 +328,39 @@ pub fn is_rules_digest(digest: &str) -> bool {
 }
 
 impl Admission {
+    /// Whether this admission let `operation` on the object `meta` in ([`Admission::check`]).
+    pub fn admits(&self, meta: &ObjectMeta, operation: &str) -> bool {
+        self.check(meta, operation).is_ok()
+    }
+
     /// Whether this admission let `operation` on the object `meta` in: the one check of
     /// both paths (this process's webhook, [`Admissions::find`]; another process's, asked
-    /// at its `/admissions`, `runtime::admission_link`). It is of that operation, names a
-    /// well-formed rule-set digest, and was decided while this object existed: a creation
-    /// at most 30 s before its `creationTimestamp`, a deletion after it and no later than
-    /// its `deletionTimestamp` (one second of slack: the API server's timestamps are whole
-    /// seconds, the webhook's are not). A same-named earlier object's admission is older
-    /// than this one's creation, so it never passes.
-    pub fn admits(&self, meta: &ObjectMeta, operation: &str) -> bool {
-        self.admits_at(meta, operation).unwrap_or(false)
+    /// at its `/admissions`, `runtime::admission_link`). `Err`: why not, as a record's
+    /// `admission_lookup` says it.
+    ///
+    /// - It names the object's uid (`no-uid` when it names none: a review without one, or a
+    ///   webhook of an older version; `uid-mismatch` when it names another object's: a
+    ///   same-named object deleted and created again). The uid is what tells one object
+    ///   from a same-named predecessor; names and times cannot, within a second.
+    /// - It is of that operation, names a well-formed rule-set digest, and was decided while
+    ///   this object existed (`not-this-object` otherwise): a creation within 30 s of its
+    ///   `creationTimestamp` either way (the API server gives a new object its uid and
+    ///   creation time before it asks a validating webhook, then the webhook may take up to
+    ///   its timeout), a deletion after it and no later than its `deletionTimestamp` (one
+    ///   second of slack: the API server's timestamps are whole seconds, the webhook's are
+    ///   not).
+    pub fn check(&self, meta: &ObjectMeta, operation: &str) -> Result<(), &'static str> {
+        if self.object_uid.is_empty() {
+            return Err("no-uid");
+        }
+        if meta.uid.as_deref() != Some(self.object_uid.as_str()) {
+            return Err("uid-mismatch");
+        }
+        if self.admits_at(meta, operation).unwrap_or(false) {
+            Ok(())
+        } else {
+            Err("not-this-object")
+        }
     }
 
     fn admits_at(&self, meta: &ObjectMeta, operation: &str) -> Option<bool> {
@@ -328,11 +372,13 @@ impl Admission {
         let created = meta.creation_timestamp.as_ref().map(|t| t.0);
         let deleted = meta.deletion_timestamp.as_ref().map(|t| t.0);
         let after_creation = match (operation, created) {
-            // A creation is admitted just before the object exists (a same-named
-            // predecessor's creation is older than the webhook's answer takes).
+            // A creation is admitted once the API server stamped the object (its uid and
+            // creation time), within the webhook's timeout; 30 s before it as well, as an
+            // admission's clock may run ahead.
             ("CREATE", Some(c)) => {
                 let answer = k8s_openapi::jiff::SignedDuration::from_secs(30);
-                at <= c.checked_add(slack).ok()? && at.checked_add(answer).ok()? >= c
+                at <= c.checked_add(slack).ok()?.checked_add(answer).ok()?
+                    && at.checked_add(answer).ok()? >= c
             }
             (_, Some(c)) => at.checked_add(slack).ok()? >= c,
             (_, None) => false,
@@ -352,7 +398,8 @@ pub struct Journal {
     recorder: Arc<Recorder>,
     target: Target,
     admission: Option<Admission>,
-    /// Why the webhook of another process gave no admission ([`Journal::link_remote`]).
+    /// Why no admission links: the one this process's webhook kept failed the check, or
+    /// the webhook of another process gave none ([`Journal::link_remote`]).
     admission_lookup: Option<&'static str>,
     /// The operation whose admission let this work in, and what of the object its check
     /// reads ([`Admission::admits`]).
@@ -376,7 +423,14 @@ impl Journal {
     /// The journal of one reconcile of `meta` (a `kind`); `operation`: the admission that
     /// let this work in (`DELETE` of a TalosMachine, `CREATE` of a TalosOperation).
     pub fn new(recorder: Arc<Recorder>, kind: &str, meta: &ObjectMeta, operation: &str) -> Self {
-        let admission = recorder.admissions.find(kind, meta, operation);
+        // This process's webhook: what it keeps for the object's name, checked. Keeping none
+        // is no reason to give (the webhook may be another process's: `link_remote`); a kept
+        // one the check refuses is (a same-named predecessor's: `uid-mismatch`).
+        let (admission, admission_lookup) = match recorder.admissions.find(kind, meta, operation) {
+            Ok(a) => (Some(a), None),
+            Err("not-found") => (None, None),
+            Err(why) => (None, Some(why)),
+        };
         Journal {
             recorder,
             target: Target {
@@ -389,7 +443,7 @@ impl Journal {
                 deleted: meta.deletion_timestamp.as_ref().map(|t| t.0.to_string()),
             },
             admission,
-            admission_lookup: None,
+            admission_lookup,
             operation: operation.to_string(),
             meta: ObjectMeta {
                 name: meta.name.clone(),
@@ -413,7 +467,7 @@ impl Journal {
         self.admission.as_ref()
     }
 
-    /// Why the webhook of another process gave no admission, when it was asked.
+    /// Why no admission links, when one was kept for the name or another process was asked.
     pub fn admission_lookup(&self) -> Option<&'static str> {
         self.admission_lookup
     }
@@ -421,7 +475,7 @@ impl Journal {
     /// Links this journal's records to the admission of its work through the webhook of
     /// another process (`lookup`, `serve --admissions-url`) when this process's webhook
     /// did not let it in: asked once per reconcile, within the lookup's timeout (answers
-    /// are kept a while), and checked with the same [`Admission::admits`]. Without a
+    /// are kept a while), and checked with the same [`Admission::check`]. Without a
     /// lookup, or for work no admission lets in, nothing is asked.
     pub async fn link_remote(&mut self, lookup: Option<&super::admission_link::Lookup>) {
         let Some(lookup) = lookup else { return };
@@ -432,7 +486,11 @@ impl Journal {
             .find(&self.target.kind, &self.meta, &self.operation)
             .await;
         self.admission = linked.admission;
-        self.admission_lookup = linked.why;
+        // The other webhook keeping nothing says less than this one's refused admission.
+        self.admission_lookup = match (linked.why, self.admission_lookup) {
+            (Some("not-found"), Some(here)) => Some(here),
+            (why, _) => why,
+        };
     }
 
     /// A Talos call the world made, with what came back (`actor_id`: what Talos gave the
@@ -822,6 +880,8 @@ mod tests {
                 kind: kind.into(),
                 namespace: "infra".into(),
                 name: "cp-3".into(),
+                object_uid: "u-1".into(),
+                dry_run: false,
             }),
             rules: RulesInfo {
                 digest: DIGEST.into(),
@@ -850,7 +910,7 @@ mod tests {
             "refuse",
             "2026-12-05T10:30:00Z",
         ));
-        assert_eq!(a.find("TalosMachine", &m, "DELETE"), None);
+        assert_eq!(a.find("TalosMachine", &m, "DELETE"), Err("not-found"));
         a.note(&webhook_record(
             "TalosMachine",
             "DELETE",
@@ -867,9 +927,15 @@ mod tests {
         assert!(!forged.admits(&m, "DELETE"));
         assert!(found.admits(&m, "DELETE") && !found.admits(&m, "CREATE"));
         let recreated = meta("2026-12-05T12:00:00Z", Some("2026-12-05T13:00:00Z"));
-        assert_eq!(a.find("TalosMachine", &recreated, "DELETE"), None);
+        assert_eq!(
+            a.find("TalosMachine", &recreated, "DELETE"),
+            Err("not-this-object")
+        );
         let not_deleting = meta("2026-12-05T10:00:00Z", None);
-        assert_eq!(a.find("TalosMachine", &not_deleting, "DELETE"), None);
+        assert_eq!(
+            a.find("TalosMachine", &not_deleting, "DELETE"),
+            Err("not-this-object")
+        );
         // An update is no admission of work.
         a.note(&webhook_record(
             "TalosMachine",
@@ -877,7 +943,7 @@ mod tests {
             "allow",
             "2026-12-05T10:30:00Z",
         ));
-        assert_eq!(a.find("TalosMachine", &m, "UPDATE"), None);
+        assert_eq!(a.find("TalosMachine", &m, "UPDATE"), Err("not-found"));
         // A creation is admitted just before the object exists.
         a.note(&webhook_record(
             "TalosOperation",
@@ -886,6 +952,88 @@ mod tests {
             "2026-12-05T09:59:59.800Z",
         ));
         let op = meta("2026-12-05T10:00:00Z", None);
-        assert!(a.find("TalosOperation", &op, "CREATE").is_some());
+        assert!(a.find("TalosOperation", &op, "CREATE").is_ok());
+        // ... or just after the API server stamped it, the webhook taking its time.
+        let late = meta("2026-12-05T09:59:59Z", None);
+        assert!(a.find("TalosOperation", &late, "CREATE").is_ok());
+    }
+
+    /// The link is by the object's uid: a same-named object deleted and created again
+    /// within the second (its times cannot tell it from its predecessor) does not inherit
+    /// the predecessor's admission, and an admission naming no uid links to nothing.
+    #[test]
+    fn an_admission_links_only_to_the_object_of_its_uid() {
+        let a = Admissions::default();
+        a.note(&webhook_record(
+            "TalosMachine",
+            "DELETE",
+            "allow",
+            "2026-12-05T10:00:00.500Z",
+        ));
+        // The predecessor (uid u-1) was deleted at 10:00:00.5; its successor, created and
+        // deleted within the same second, has the same name and the same timestamps.
+        let mut successor = meta("2026-12-05T10:00:00Z", Some("2026-12-05T10:00:00Z"));
+        successor.uid = Some("u-2".into());
+        assert_eq!(
+            a.find("TalosMachine", &successor, "DELETE"),
+            Err("uid-mismatch")
+        );
+        let predecessor = meta("2026-12-05T10:00:00Z", Some("2026-12-05T10:00:00Z"));
+        assert!(a.find("TalosMachine", &predecessor, "DELETE").is_ok());
+        // The same for a creation.
+        a.note(&webhook_record(
+            "TalosOperation",
+            "CREATE",
+            "allow",
+            "2026-12-05T10:00:00.200Z",
+        ));
+        let mut created = meta("2026-12-05T10:00:00Z", None);
+        created.uid = Some("u-2".into());
+        assert_eq!(
+            a.find("TalosOperation", &created, "CREATE"),
+            Err("uid-mismatch")
+        );
+        // An admission that names no object (a review without a uid).
+        let mut unnamed = webhook_record(
+            "TalosMachine",
+            "DELETE",
+            "allow",
+            "2026-12-05T10:00:00.600Z",
+        );
+        if let Some(r) = unnamed.request.as_mut() {
+            r.object_uid.clear();
+        }
+        a.note(&unnamed);
+        assert_eq!(
+            a.find("TalosMachine", &predecessor, "DELETE"),
+            Err("no-uid")
+        );
+    }
+
+    /// A dry run is recorded as one, and never kept as an admission: not on its own, and
+    /// not in place of the real request's admission kept before it.
+    #[test]
+    fn a_dry_run_is_no_admission() {
+        let a = Admissions::default();
+        let m = meta("2026-12-05T10:00:00Z", Some("2026-12-05T11:00:00Z"));
+        let mut dry = webhook_record("TalosMachine", "DELETE", "allow", "2026-12-05T10:30:00Z");
+        if let Some(r) = dry.request.as_mut() {
+            r.dry_run = true;
+        }
+        a.note(&dry);
+        assert_eq!(a.find("TalosMachine", &m, "DELETE"), Err("not-found"));
+        let real = webhook_record("TalosMachine", "DELETE", "allow", "2026-12-05T10:40:00Z");
+        a.note(&real);
+        let mut later_dry = dry.clone();
+        later_dry.id = "dry-later".into();
+        later_dry.time = "2026-12-05T10:50:00Z".into();
+        a.note(&later_dry);
+        let found = a.find("TalosMachine", &m, "DELETE").expect("the real one");
+        assert_eq!(found.decision, real.id);
+        assert_eq!(found.object_uid, "u-1");
+        let line = serde_json::to_string(&dry).expect("JSON");
+        assert!(line.contains("\"dry_run\":true"), "{line}");
+        let line = serde_json::to_string(&real).expect("JSON");
+        assert!(!line.contains("dry_run"), "{line}");
     }
 }

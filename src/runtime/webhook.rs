@@ -254,6 +254,8 @@ pub async fn decide_request(
                 kind: records::clipped(&req.inner.kind.kind),
                 namespace: records::clipped(&req.namespace),
                 name: records::clipped(&req.inner.name),
+                object_uid: records::clipped(req.object_uid()),
+                dry_run: req.dry_run(),
             },
             table: table.as_deref(),
             events: &events,
