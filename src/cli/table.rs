@@ -229,24 +229,6 @@ pub fn message_text(say: &str) -> String {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::message_text;
-
-    #[test]
-    fn message_text_drops_quotes_and_joins() {
-        assert_eq!(message_text(r#""a {x + 1}" "b""#), "a {x + 1}b");
-        assert_eq!(
-            message_text(r#""say \"hi\" {{not}}""#),
-            r#"say "hi" {{not}}"#
-        );
-        assert_eq!(
-            message_text(r#""kind {kind == "reset"} done""#),
-            r#"kind {kind == "reset"} done"#
-        );
-    }
-}
-
 /// One plan as `table` prints it (and `explain`, for the plan a reconcile runs): `head`,
 /// then each step numbered, with its `within`, its guard and what the action does.
 pub fn plan_text(plan: &crate::compile::Plan, head: &str) -> String {
@@ -283,4 +265,22 @@ pub fn plan_json(p: &crate::compile::Plan) -> serde_json::Value {
             "say": s.say.as_deref().map(message_text),
         })).collect::<Vec<_>>(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::message_text;
+
+    #[test]
+    fn message_text_drops_quotes_and_joins() {
+        assert_eq!(message_text(r#""a {x + 1}" "b""#), "a {x + 1}b");
+        assert_eq!(
+            message_text(r#""say \"hi\" {{not}}""#),
+            r#"say "hi" {{not}}"#
+        );
+        assert_eq!(
+            message_text(r#""kind {kind == "reset"} done""#),
+            r#"kind {kind == "reset"} done"#
+        );
+    }
 }
