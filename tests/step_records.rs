@@ -277,6 +277,8 @@ async fn a_removal_is_recorded_from_its_admission_to_the_reset() {
         stored["metadata"]["uid"].as_str()
     );
     assert_eq!(link.object_uid, d.target.uid);
+    // This webhook asks no client certificate: the link says its caller was not verified.
+    assert!(!link.caller_verified, "{link:?}");
     assert!(d.decision.rules.digest.starts_with("sha256:"), "{d:?}");
     // The webhook's records: the dry run says so; both name the object's uid.
     let webhook: Vec<records::Record> = records::read_log(&rec.text())

@@ -573,6 +573,7 @@ mod tests {
                 operation: "DELETE".into(),
                 digest: digest.into(),
                 time: time.into(),
+                caller_verified: false,
             },
         }
     }

@@ -367,6 +367,13 @@ async fn serve(args: &OperatorConfig, rules: Arc<Rules>) -> Result<(), StartErro
             ),
         },
     });
+    // Only the API server gets through a webhook that asks for a client certificate: its
+    // admissions are the API server's, and the link says so.
+    if let Some(records) = &state.records {
+        records
+            .admissions
+            .set_callers_verified(client_ca.is_some() && tls.is_some());
+    }
     let listener = match tls.as_ref() {
         _ if args.no_webhook => None,
         None => None,

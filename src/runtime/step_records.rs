@@ -172,6 +172,12 @@ pub struct Admission {
     /// The digest of the rules that admitted it.
     pub digest: String,
     pub time: String,
+    /// The webhook that decided it authenticates its callers (`serve --client-ca`: only a
+    /// client with a certificate of that CA, the API server, completes the handshake).
+    /// False: anyone who can reach the webhook's port could have sent the review this
+    /// admission stands for, so the link is as good as that port's network policy.
+    #[serde(default)]
+    pub caller_verified: bool,
 }
 
 /// The admission decisions that let a TalosMachine's deletion or a TalosOperation's
@@ -183,6 +189,8 @@ pub struct Admission {
 #[derive(Default)]
 pub struct Admissions {
     inner: Mutex<Kept<AdmissionKey, Admission>>,
+    /// [`Admission::caller_verified`] of the admissions kept from now on.
+    callers_verified: std::sync::atomic::AtomicBool,
 }
 
 /// A map that keeps its newest `cap` entries.
@@ -228,6 +236,13 @@ pub fn admits_work(kind: &str, operation: &str) -> bool {
 }
 
 impl Admissions {
+    /// Whether the webhook authenticates its callers (`serve --client-ca`), said by every
+    /// admission kept from now on ([`Admission::caller_verified`]).
+    pub fn set_callers_verified(&self, verified: bool) {
+        self.callers_verified
+            .store(verified, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Keeps `r` when it is a webhook decision that let work in (a cheap test first: the
     /// webhook calls this for every record).
     pub fn note(&self, r: &Record) {
@@ -258,15 +273,32 @@ impl Admissions {
             req.name.to_string(),
             req.operation.to_string(),
         );
-        let admitted = Admission {
-            decision: id.to_string(),
-            request_uid: req.uid.to_string(),
-            object_uid: req.object_uid.to_string(),
-            operation: req.operation.to_string(),
-            digest: digest.to_string(),
-            time: time(),
-        };
         if let Ok(mut inner) = self.inner.lock() {
+            // A CREATE's first admission of a uid is the API server's: the uid is made for
+            // the request just before the webhook is asked, and nobody can read it before
+            // the object is stored, after the webhook answered. A later review naming the
+            // same uid (a retry, or one forged by someone who read the object since) never
+            // replaces it.
+            if req.operation == "CREATE"
+                && !req.object_uid.is_empty()
+                && inner
+                    .map
+                    .get(&key)
+                    .is_some_and(|a| a.object_uid == req.object_uid)
+            {
+                return;
+            }
+            let admitted = Admission {
+                decision: id.to_string(),
+                request_uid: req.uid.to_string(),
+                object_uid: req.object_uid.to_string(),
+                operation: req.operation.to_string(),
+                digest: digest.to_string(),
+                time: time(),
+                caller_verified: self
+                    .callers_verified
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            };
             inner.insert(key, admitted, ADMISSIONS_KEPT);
         }
     }
@@ -1035,5 +1067,43 @@ mod tests {
         assert!(line.contains("\"dry_run\":true"), "{line}");
         let line = serde_json::to_string(&real).expect("JSON");
         assert!(!line.contains("dry_run"), "{line}");
+    }
+
+    /// A CREATE's first admission of a uid stays: a later review naming the same uid (one
+    /// forged by whoever read the object after it was stored, or a retry) does not replace
+    /// it. Each kept admission says whether the webhook authenticated its callers.
+    #[test]
+    fn a_creations_first_admission_stays_and_says_whether_its_caller_was_verified() {
+        let a = Admissions::default();
+        let real = webhook_record(
+            "TalosOperation",
+            "CREATE",
+            "allow",
+            "2026-12-05T10:00:00.200Z",
+        );
+        a.note(&real);
+        let mut forged = real.clone();
+        forged.id = "forged".into();
+        forged.time = "2026-12-05T10:00:00.400Z".into();
+        a.note(&forged);
+        let created = meta("2026-12-05T10:00:00Z", None);
+        let found = a.find("TalosOperation", &created, "CREATE").expect("kept");
+        assert_eq!(found.decision, real.id);
+        assert!(!found.caller_verified);
+        // A DELETE's newest admission is kept (the real one comes after any forged before
+        // it, and its time is checked against the deletion).
+        let b = Admissions::default();
+        b.set_callers_verified(true);
+        let first = webhook_record("TalosMachine", "DELETE", "allow", "2026-12-05T11:00:00Z");
+        b.note(&first);
+        let mut second = first.clone();
+        second.id = "second".into();
+        b.note(&second);
+        let gone = meta("2026-12-05T10:00:00Z", Some("2026-12-05T11:00:00Z"));
+        let found = b.find("TalosMachine", &gone, "DELETE").expect("kept");
+        assert_eq!(found.decision, "second");
+        assert!(found.caller_verified);
+        let line = serde_json::to_string(&found).expect("JSON");
+        assert!(line.contains("\"caller_verified\":true"), "{line}");
     }
 }
