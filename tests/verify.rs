@@ -2357,7 +2357,12 @@ fn each_step_of_a_rollback_shutdown_or_reset_is_refuted_when_dropped() {
         ("rollback", "drain node", &["drained-before-down"][..], &one),
         ("rollback", "cordon node", &["upgrade-ends-back"], &one),
         ("rollback", "wait node-back", &["upgrade-ends-back"], &one),
-        ("rollback", "etcd healthy within 5m", &["upgrade-ends-back"], &one),
+        (
+            "rollback",
+            "etcd healthy within 5m",
+            &["upgrade-ends-back"],
+            &one,
+        ),
         ("rollback", "uncordon node", &["upgrade-ends-back"], &one),
         ("shutdown", "drain node", &["drained-before-down"], &one),
         (
@@ -2374,7 +2379,9 @@ fn each_step_of_a_rollback_shutdown_or_reset_is_refuted_when_dropped() {
         assert_eq!(violated(&json), invariants, "{name}: {}", out.stdout);
         let steps = step_texts(&json);
         assert!(
-            steps.iter().any(|s| s.contains(&format!("(kind {kind}, machine"))),
+            steps
+                .iter()
+                .any(|s| s.contains(&format!("(kind {kind}, machine"))),
             "{name}: {steps:?}"
         );
         let _ = std::fs::remove_dir_all(&dir);
@@ -2457,7 +2464,9 @@ fn the_first_gate_and_the_step_rules_of_a_rollback_shutdown_or_reset_back_each_o
     let mut verified: Vec<(String, PathBuf, &str)> = Vec::new();
     for kind in ["rollback", "shutdown"] {
         let name = format!("{kind}-rules-only");
-        let dir = mutant(&name, "operations.rules", |t| cordon(&exempt(t, kind), kind));
+        let dir = mutant(&name, "operations.rules", |t| {
+            cordon(&exempt(t, kind), kind)
+        });
         verified.push((name, dir, "1"));
         let name = format!("{kind}-gate-only");
         let dir = mutant(&name, "operations.rules", |t| {
