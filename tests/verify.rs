@@ -2335,7 +2335,8 @@ fn plan_without(text: &str, kind: &str, step: &str) -> String {
 /// plane's `etcd healthy` gate after the call waits for it anyway), the `etcd healthy` gate
 /// after its call, its cordon (the drain cordons the node, but the operation did not record
 /// it as its own, so it never uncordons it) or its uncordon succeeds with its node not back
-/// in service (`upgrade-ends-back`). A reset of one of three control planes is refused
+/// in service (`upgrade-ends-back`), as does an upgrade of one machine without its cordon
+/// or its uncordon. A reset of one of three control planes is refused
 /// below the declared count, so its run takes two requests (an approval first).
 #[test]
 fn each_step_of_a_rollback_shutdown_or_reset_is_refuted_when_dropped() {
@@ -2365,6 +2366,8 @@ fn each_step_of_a_rollback_shutdown_or_reset_is_refuted_when_dropped() {
         ),
         ("rollback", "uncordon node", &["upgrade-ends-back"], &one),
         ("shutdown", "drain node", &["drained-before-down"], &one),
+        ("upgrade", "cordon node", &["upgrade-ends-back"], &one),
+        ("upgrade", "uncordon node", &["upgrade-ends-back"], &one),
         (
             "reset",
             "drain node",
