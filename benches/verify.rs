@@ -26,6 +26,7 @@ fn explore(c: &mut Criterion) {
         rolls: false,
         roll_width: 1,
         roll_kind: ichor_rules::verify::RollKind::Reboot,
+        all_kinds: false,
     };
     let states = verify(&table, bounds)
         .expect("bounds a model holds")

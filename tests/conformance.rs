@@ -60,6 +60,7 @@ fn bounds() -> Bounds {
         rolls: false,
         roll_width: 1,
         roll_kind: ichor_rules::verify::RollKind::Reboot,
+        all_kinds: false,
     }
 }
 

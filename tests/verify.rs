@@ -2341,3 +2341,179 @@ fn an_upgrade_roll_passing_a_machine_being_deleted_is_not_blamed_for_its_version
     assert!(violated(&json).is_empty(), "{}", out.stdout);
     assert!(json["states"].as_u64().unwrap_or(0) > 50_000, "{json}");
 }
+
+/// The plan `run operation "<kind>"` of `text` without its step that starts with `step`.
+fn plan_without(text: &str, kind: &str, step: &str) -> String {
+    let head = format!("plan run operation \"{kind}\"\n");
+    let start = text.find(&head).unwrap_or_else(|| panic!("no plan {kind}"));
+    let end = start + text[start..].find("\n\n").unwrap_or(text.len() - start);
+    assert!(
+        text[start..end].contains(&format!("  do {step}")),
+        "the {kind} plan has no `{step}`"
+    );
+    format!("{}{}", &text[..start], without_step(&text[start..], step))
+}
+
+/// Issue 35: one machine's rollback and shutdown run through the executor in the model as
+/// its upgrade and reset do (every run with bounds given creates them; the default suite in
+/// a run of its own). Each step whose absence breaks a safety invariant is refuted when
+/// dropped, the invariant named: without the drain, a node goes down undrained (a reset's
+/// node is reset undrained too); a rollback without `wait node-back` (a worker's: a control
+/// plane's `etcd healthy` gate after the call waits for it anyway), the `etcd healthy` gate
+/// after its call, its cordon (the drain cordons the node, but the operation did not record
+/// it as its own, so it never uncordons it) or its uncordon succeeds with its node not back
+/// in service (`upgrade-ends-back`), as does an upgrade of one machine without its cordon
+/// or its uncordon. A reset of one of three control planes is refused
+/// below the declared count, so its run takes two requests (an approval first).
+#[test]
+fn each_step_of_a_rollback_shutdown_or_reset_is_refuted_when_dropped() {
+    let bounds = |workers: &'static str, requests: &'static str| {
+        [
+            "--max-workers",
+            workers,
+            "--max-failures",
+            "1",
+            "--max-operations",
+            "1",
+            "--max-requests",
+            requests,
+        ]
+    };
+    let one = bounds("1", "1");
+    let reset = bounds("0", "2");
+    for (kind, step, invariants, bounds) in [
+        ("rollback", "drain node", &["drained-before-down"][..], &one),
+        ("rollback", "cordon node", &["upgrade-ends-back"], &one),
+        ("rollback", "wait node-back", &["upgrade-ends-back"], &one),
+        (
+            "rollback",
+            "etcd healthy within 5m",
+            &["upgrade-ends-back"],
+            &one,
+        ),
+        ("rollback", "uncordon node", &["upgrade-ends-back"], &one),
+        ("shutdown", "drain node", &["drained-before-down"], &one),
+        ("upgrade", "cordon node", &["upgrade-ends-back"], &one),
+        ("upgrade", "uncordon node", &["upgrade-ends-back"], &one),
+        (
+            "reset",
+            "drain node",
+            &["drained-before-down", "drained-before-reset"],
+            &reset,
+        ),
+    ] {
+        let name = format!("{kind}-{}", step.replace(' ', "-"));
+        let dir = mutant(&name, "operations.rules", |t| plan_without(t, kind, step));
+        let (out, json) = verify(&dir, "3", bounds);
+        assert_eq!(out.code, 1, "{name}: {}", out.stdout);
+        assert_eq!(violated(&json), invariants, "{name}: {}", out.stdout);
+        let steps = step_texts(&json);
+        assert!(
+            steps
+                .iter()
+                .any(|s| s.contains(&format!("(kind {kind}, machine"))),
+            "{name}: {steps:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    // The same bounds verify with the shipped rules.
+    for bounds in [&one, &reset] {
+        let (out, json) = verify(&root().join("rules"), "3", bounds);
+        assert_eq!(out.code, 0, "{}", out.stdout);
+        assert!(violated(&json).is_empty(), "{}", out.stdout);
+    }
+}
+
+/// Defence in depth in the rollback, shutdown and reset plans, pinned: the first `etcd
+/// healthy` gate and the step rules (`step-healthy-majority`, `step-member-down`) each keep
+/// a control plane from going down beside another member down. Without both, for that kind
+/// alone, a rollback or a shutdown takes etcd below its majority with two members down
+/// (`healthy-majority`, `one-member-down`); without either one, the other refuses every
+/// unsafe step and the same bounds verify. A reset's start and step rules of
+/// admission.rules (quorum, healthy majority, declared count) cover it without both (as
+/// `without_step_guards` shows for its start rules). A shutdown's or a reset's cordon is
+/// covered by its drain (which cordons the node; neither plan uncordons), and `etcd
+/// forfeit-leadership` keeps etcd available (no election when the leader goes down), which
+/// no safety invariant states: the verified mutants drop those steps too.
+#[test]
+fn the_first_gate_and_the_step_rules_of_a_rollback_shutdown_or_reset_back_each_other_up() {
+    let bounds = [
+        "--max-workers",
+        "0",
+        "--max-failures",
+        "1",
+        "--max-operations",
+        "1",
+        "--max-requests",
+        "2",
+    ];
+    let gate = "etcd healthy within 2m";
+    // The step rules no longer decide the steps of `kind`.
+    let exempt = |t: &str, kind: &str| {
+        let mut t = t.to_string();
+        for rule in ["rule step-healthy-majority\n", "rule step-member-down\n"] {
+            let at = t.find(rule).expect("the step rule");
+            let when = at + t[at..].find("\n  say ").expect("its message");
+            t = format!("{}\n  unless kind == \"{kind}\"{}", &t[..when], &t[when..]);
+        }
+        t
+    };
+    for kind in ["rollback", "shutdown"] {
+        let dir = mutant(&format!("{kind}-unguarded"), "operations.rules", |t| {
+            plan_without(&exempt(t, kind), kind, gate)
+        });
+        let mut bounds = bounds;
+        bounds[7] = "1";
+        let (out, json) = verify(&dir, "3", &bounds);
+        assert_eq!(out.code, 1, "{kind}: {}", out.stdout);
+        assert_eq!(
+            violated(&json),
+            ["healthy-majority", "one-member-down"],
+            "{kind}: {}",
+            out.stdout
+        );
+        assert!(
+            step_texts(&json)
+                .iter()
+                .any(|s| s.contains(&format!("(kind {kind}, machine"))),
+            "{kind}: {}",
+            out.stdout
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    // Each mutant drops one of the two guards and the steps no invariant needs; a reset
+    // drops both (its admission rules stand), so it is made two approvals deep.
+    let cordon = |t: &str, kind: &str| {
+        let t = plan_without(t, kind, "etcd forfeit-leadership");
+        if kind == "rollback" {
+            t
+        } else {
+            plan_without(&t, kind, "cordon node")
+        }
+    };
+    let mut verified: Vec<(String, PathBuf, &str)> = Vec::new();
+    for kind in ["rollback", "shutdown"] {
+        let name = format!("{kind}-rules-only");
+        let dir = mutant(&name, "operations.rules", |t| {
+            cordon(&exempt(t, kind), kind)
+        });
+        verified.push((name, dir, "1"));
+        let name = format!("{kind}-gate-only");
+        let dir = mutant(&name, "operations.rules", |t| {
+            cordon(&plan_without(t, kind, gate), kind)
+        });
+        verified.push((name, dir, "1"));
+    }
+    let dir = mutant("reset-unguarded", "operations.rules", |t| {
+        cordon(&plan_without(&exempt(t, "reset"), "reset", gate), "reset")
+    });
+    verified.push(("reset-unguarded".into(), dir, "2"));
+    for (name, dir, requests) in verified {
+        let mut bounds = bounds;
+        bounds[7] = requests;
+        let (out, json) = verify(&dir, "3", &bounds);
+        assert_eq!(out.code, 0, "{name}: {}", out.stdout);
+        assert!(violated(&json).is_empty(), "{name}: {}", out.stdout);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -71,6 +71,7 @@ pub fn run(args: &DiffArgs) -> u8 {
         rolls: false,
         roll_width: 1,
         roll_kind: crate::verify::RollKind::Reboot,
+        all_kinds: false,
     };
     let report = match diff(&tables[0], &tables[1], bounds) {
         Ok(r) => r,

@@ -42,8 +42,8 @@ pub struct VerifyArgs {
     /// The operations people create in the model are reboots (or, with `--roll-kind
     /// upgrade`, upgrades) rolled over the whole cluster (no `spec.machine`: every approved
     /// control plane, then every approved worker, one at a time, as the controller's
-    /// configuration roll creates them) instead of one machine's upgrade or reset. At most
-    /// 6 machines.
+    /// configuration roll creates them) instead of one machine's upgrade, reset, rollback or
+    /// shutdown. At most 6 machines.
     #[arg(long)]
     pub rolls: bool,
     /// With `--rolls`: the rolls' `spec.maxUnavailable`, how many workers they may take
@@ -431,6 +431,7 @@ fn suite(args: &VerifyArgs) -> Vec<Bounds> {
             rolls: args.rolls,
             roll_width: args.max_unavailable.unwrap_or(1),
             roll_kind: args.roll_kind.into(),
+            all_kinds: true,
         }];
     }
     let depth = args.depth;
@@ -448,6 +449,7 @@ fn suite(args: &VerifyArgs) -> Vec<Bounds> {
         rolls: false,
         roll_width: 1,
         roll_kind: crate::verify::RollKind::Reboot,
+        all_kinds: false,
     };
     vec![
         // A small cluster under any number of requests: alone, with a failure, with a
@@ -548,6 +550,18 @@ fn suite(args: &VerifyArgs) -> Vec<Bounds> {
             rolls: true,
             ..large
         },
+        // One machine's operation of every kind the model runs (a rollback and a shutdown
+        // besides the upgrades and resets of the runs above) on three control planes and a
+        // worker, with a failure and two requests: each plan's drain and gates.
+        Bounds {
+            max_control_planes: 3,
+            max_workers: 1,
+            max_failures: 1,
+            max_operations: 1,
+            max_requests: Some(2),
+            all_kinds: true,
+            ..large
+        },
     ]
 }
 
@@ -563,6 +577,7 @@ pub const SINGLE: Bounds = Bounds {
     rolls: false,
     roll_width: 1,
     roll_kind: crate::verify::RollKind::Reboot,
+    all_kinds: true,
 };
 
 fn slug(name: &str) -> String {

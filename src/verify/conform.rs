@@ -360,6 +360,7 @@ mod tests {
                 rolls: false,
                 roll_width: 1,
                 roll_kind: crate::verify::RollKind::Reboot,
+                all_kinds: false,
             },
         )
         .expect("model")

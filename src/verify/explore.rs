@@ -317,6 +317,8 @@ pub fn encode(s: &State, out: &mut Vec<u8>) {
             Req::DeleteCluster => (7, 0),
             Req::CreateOperation(OpKind::Roll, x) => (16, x),
             Req::CreateOperation(OpKind::UpgradeRoll, x) => (17, x),
+            Req::CreateOperation(OpKind::Shutdown, x) => (18, x),
+            Req::CreateOperation(OpKind::Rollback, x) => (19, x),
             Req::CreateOperation(k, x) => (8 + k as u8, x),
             Req::ForgeStatus(x) => (11, x),
             Req::Prune(x) => (12, x),
@@ -388,7 +390,10 @@ pub fn decode(b: &[u8]) -> Option<State> {
             1 => OpKind::Reset,
             2 => OpKind::Restore,
             3 => OpKind::Roll,
-            _ => OpKind::UpgradeRoll,
+            4 => OpKind::UpgradeRoll,
+            5 => OpKind::Shutdown,
+            6 => OpKind::Rollback,
+            _ => return None,
         };
         let target = next()?;
         let phase = Phase::from_byte(next()?);
@@ -447,6 +452,8 @@ pub fn decode(b: &[u8]) -> Option<State> {
             15 => Req::Move(arg),
             16 => Req::CreateOperation(OpKind::Roll, arg),
             17 => Req::CreateOperation(OpKind::UpgradeRoll, arg),
+            18 => Req::CreateOperation(OpKind::Shutdown, arg),
+            19 => Req::CreateOperation(OpKind::Rollback, arg),
             _ => return None,
         };
         if b1 > 3 {
@@ -1517,6 +1524,7 @@ mod parallel {
             rolls: false,
             roll_width: 1,
             roll_kind: crate::verify::RollKind::Reboot,
+            all_kinds: false,
         };
         let model = Model::new(&table, bounds).expect("bounds a model holds");
         let checks: Vec<InvariantCheck> =
@@ -1576,6 +1584,7 @@ mod parallel {
                     rolls: false,
                     roll_width: 1,
                     roll_kind: crate::verify::RollKind::Reboot,
+                    all_kinds: false,
                 },
             )
             .expect("bounds a model holds");

@@ -636,6 +636,8 @@ fn pack(f: &Facts, concurrent: bool) -> Option<Packed> {
         Some(super::model::OpKind::Restore) => 3,
         Some(super::model::OpKind::Roll) => 4,
         Some(super::model::OpKind::UpgradeRoll) => 5,
+        Some(super::model::OpKind::Shutdown) => 6,
+        Some(super::model::OpKind::Rollback) => 7,
     };
     let word = |k: usize| {
         let mut w = [0u8; 8];

@@ -88,13 +88,16 @@ pub struct Bounds {
     pub max_requests: Option<u8>,
     pub depth: u32,
     /// The operations people create are rolls over the whole cluster (of
-    /// [`Bounds::roll_kind`]) instead of one machine's upgrade or reset.
+    /// [`Bounds::roll_kind`]) instead of one machine's operation.
     pub rolls: bool,
     /// A roll's `spec.maxUnavailable` (1: none written), at most [`MAX_ROLL_WIDTH`].
     pub roll_width: u8,
     /// What a roll does to each node: a reboot ([`OpKind::Roll`]) or an upgrade
     /// ([`OpKind::UpgradeRoll`]).
     pub roll_kind: RollKind,
+    /// One machine's operations people create are of every kind the model runs on one
+    /// machine (an upgrade, a reset, a rollback, a shutdown), not only upgrades and resets.
+    pub all_kinds: bool,
 }
 
 /// The widest roll a model holds: its records of nodes in flight are the one of
@@ -177,6 +180,7 @@ impl Default for Bounds {
             rolls: false,
             roll_width: 1,
             roll_kind: RollKind::Reboot,
+            all_kinds: true,
         }
     }
 }
@@ -328,15 +332,21 @@ pub enum OpKind {
     /// same order and the same executor as [`OpKind::Roll`], each node coming back running
     /// the new version ([`Bounds::roll_kind`]).
     UpgradeRoll,
+    /// A shutdown of one machine: its node goes down and stays down (and cordoned).
+    Shutdown,
+    /// A rollback of one machine: its node reboots into the image it ran before.
+    Rollback,
 }
 
 impl OpKind {
-    pub const ALL: [OpKind; 5] = [
+    pub const ALL: [OpKind; 7] = [
         OpKind::Upgrade,
         OpKind::Reset,
         OpKind::Restore,
         OpKind::Roll,
         OpKind::UpgradeRoll,
+        OpKind::Shutdown,
+        OpKind::Rollback,
     ];
 
     pub fn name(self) -> &'static str {
@@ -345,6 +355,8 @@ impl OpKind {
             OpKind::Reset => "reset",
             OpKind::Restore => "etcd-restore",
             OpKind::Roll => "reboot",
+            OpKind::Shutdown => "shutdown",
+            OpKind::Rollback => "rollback",
         }
     }
 
@@ -1986,6 +1998,12 @@ impl<'t> Model<'t> {
                     if m.ever_cp() && m.approved && !m.deleting && !m.moved {
                         out.push(Req::CreateOperation(OpKind::Reset, i));
                     }
+                    // A rollback (its node back, running the image before) and a shutdown
+                    // (its node down for good) of any approved machine.
+                    if self.bounds.all_kinds && m.approved && !m.deleting && !m.moved {
+                        out.push(Req::CreateOperation(OpKind::Rollback, i));
+                        out.push(Req::CreateOperation(OpKind::Shutdown, i));
+                    }
                 }
             }
         }
@@ -2790,9 +2808,11 @@ impl<'t> Model<'t> {
                 })
             };
             match (o.kind, t.ops.get(k)) {
-                (OpKind::Upgrade, _) if now == Phase::Succeeded && o.phase != Phase::Succeeded => {
-                    e.left_down =
-                        t.machines.get(usize::from(o.target)).is_none() || !back(o.target, true);
+                (OpKind::Upgrade | OpKind::Rollback, _)
+                    if now == Phase::Succeeded && o.phase != Phase::Succeeded =>
+                {
+                    e.left_down = t.machines.get(usize::from(o.target)).is_none()
+                        || !back(o.target, o.kind.upgrades());
                 }
                 (kind, Some(x)) if kind.rolls() => {
                     // A node it took out of service beside another out of service, one of
@@ -2950,6 +2970,7 @@ pub(crate) mod tests {
             rolls: false,
             roll_width: 1,
             roll_kind: RollKind::Reboot,
+            all_kinds: false,
         };
         (table, bounds)
     }

@@ -1054,6 +1054,7 @@ mod tests {
             rolls: false,
             roll_width: 1,
             roll_kind: crate::verify::RollKind::Reboot,
+            all_kinds: false,
         };
         let model = Model::new(table, bounds).expect("model");
         let s = State::initial(&bounds)
@@ -1196,6 +1197,7 @@ mod tests {
             rolls: true,
             roll_width: 1,
             roll_kind: crate::verify::RollKind::Reboot,
+            all_kinds: false,
         };
         let model = Model::new(&table, bounds).expect("model");
         let mut state = State::initial(&bounds)
