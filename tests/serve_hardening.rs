@@ -105,6 +105,10 @@ impl Serve {
             .arg(dir.join("tls.key"))
             .args(extra)
             .env("RUST_LOG", "info")
+            // mimalloc gives freed memory back to the system at once rather than after a
+            // delay, so the resident memory the tests measure is what the server holds,
+            // not what its allocator kept for reuse (which varies from run to run).
+            .env("MIMALLOC_PURGE_DELAY", "0")
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()
@@ -954,8 +958,11 @@ async fn answers_nobody_reads_are_bounded_too() {
     tokio::time::sleep(Duration::from_secs(4)).await;
     let during = rss_kib(serve.pid());
     eprintln!("12 unread 4 MiB answers: RSS {before} KiB before, {during} KiB while they wait");
+    // One answer held (4 MiB) and the budget's 1 MiB for the others, with the buffers and
+    // the decision in progress: 7 to 13 MiB measured, idle or under load; twelve answers
+    // held would be 48 MiB at least.
     assert!(
-        during < before + 40 * 1024,
+        during < before + 28 * 1024,
         "RSS grew from {before} KiB to {during} KiB"
     );
     for h in held {
