@@ -1218,6 +1218,7 @@ pub enum ModelFact {
     OperationStuck,
     DownOthers,
     OperationLeftDown,
+    OperationUndone,
     FailedTouched,
     CureBlocked,
     RollDown,
@@ -1302,6 +1303,8 @@ model_facts! {
         "for a step in which an operation took the node of an etcd member down (a reboot, a shutdown, an upgrade, a rollback): how many other etcd members' nodes were down at that moment (0 for any other step)";
     OperationLeftDown "operation.left_down" Type::Bool,
         "the step just taken ended an upgrade (phase Succeeded) while its machine's node did not answer, its etcd member had not caught up, it was left cordoned (not cordoned before the operation), or it did not run the upgrade's version; or a roll over the cluster (a reboot or an upgrade) finished a node (went on to the next, or ended) while that node did not answer, its etcd member had not caught up, it was left cordoned or, for an upgrade, it did not run the upgrade's version";
+    OperationUndone "operation.undone" Type::Bool,
+        "the step just taken ended an operation on one machine (phase Succeeded), or a roll over the cluster finished a node (went on to the next, or ended), without the operation's own call of its kind having taken effect on that node: a reboot's `Reboot`, a shutdown's `Shutdown`, an upgrade's `Upgrade`, a rollback's `Rollback`, a reset's `Reset` (a machine gone or being deleted is not counted)";
     FailedTouched "failed.touched" Type::Bool,
         "the step just taken was the controller's reconcile of a failed operation (which only a person resumes) and it acted on a node: a cordon, an uncordon, a Talos call";
     CureBlocked "cure.blocked" Type::Bool,

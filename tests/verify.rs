@@ -2424,6 +2424,58 @@ fn each_step_of_a_rollback_shutdown_or_reset_is_refuted_when_dropped() {
     }
 }
 
+/// Issue 35: an operation does what its kind says (`operation-does-its-work`). A plan
+/// that lost its Talos call would otherwise succeed: dropping the call leaves a reboot
+/// roll's, a rollback's, a shutdown's and a reset's every gate passing (the node never
+/// went down, so `wait node-back` sees it answer and its member healthy), and before the
+/// invariant `verify` said verified. Each is refuted now, on the bounds each kind's other
+/// steps are refuted on. (An upgrade without its call never succeeds: `wait node-back`
+/// waits for the new version, and fails the operation past its `within` in a real run.)
+#[test]
+fn an_operation_plan_without_its_talos_call_is_refuted() {
+    let bounds = |workers: &'static str, requests: &'static str, rolls: bool| {
+        let mut b = vec![
+            "--max-workers",
+            workers,
+            "--max-failures",
+            "1",
+            "--max-operations",
+            "1",
+            "--max-requests",
+            requests,
+        ];
+        if rolls {
+            b.insert(0, "--rolls");
+        }
+        b
+    };
+    for (kind, call, bounds) in [
+        ("reboot", "talos reboot", bounds("1", "1", true)),
+        ("rollback", "talos rollback", bounds("1", "1", false)),
+        ("shutdown", "talos shutdown", bounds("1", "1", false)),
+        ("reset", "talos reset", bounds("0", "2", false)),
+    ] {
+        let name = format!("{kind}-without-its-call");
+        let dir = mutant(&name, "operations.rules", |t| plan_without(t, kind, call));
+        let (out, json) = verify(&dir, "3", &bounds);
+        assert_eq!(out.code, 1, "{name}: {}", out.stdout);
+        assert!(
+            violated(&json)
+                .iter()
+                .any(|v| v == "operation-does-its-work"),
+            "{name}: {:?}\n{}",
+            violated(&json),
+            out.stdout
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    // The same bounds verify with the shipped rules (the single-machine ones are
+    // `each_step_of_a_rollback_shutdown_or_reset_is_refuted_when_dropped`'s).
+    let (out, json) = verify(&root().join("rules"), "3", &bounds("1", "1", true));
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    assert!(violated(&json).is_empty(), "{}", out.stdout);
+}
+
 /// Defence in depth in the rollback, shutdown and reset plans, pinned: the first `etcd
 /// healthy` gate and the step rules (`step-healthy-majority`, `step-member-down`) each keep
 /// a control plane from going down beside another member down. Without both, for that kind

@@ -297,7 +297,7 @@ pub fn encode(s: &State, out: &mut Vec<u8>) {
         out.push(o.run.flags);
         out.push(o.done);
         out.extend(o.order);
-        out.extend([o.cur, o.width]);
+        out.extend([o.cur, o.width, o.did]);
         for x in o.side {
             out.extend([x.at, x.run.steps, x.run.flags]);
         }
@@ -406,7 +406,7 @@ pub fn decode(b: &[u8]) -> Option<State> {
         for x in &mut order {
             *x = next()?;
         }
-        let (cur, width) = (next()?, next()?);
+        let (cur, width, did) = (next()?, next()?, next()?);
         let mut side = [super::model::Side::NONE; super::model::SIDE];
         for x in &mut side {
             *x = super::model::Side {
@@ -427,6 +427,7 @@ pub fn decode(b: &[u8]) -> Option<State> {
             cur,
             side,
             width,
+            did,
         });
     }
     let np = next()?;

@@ -44,6 +44,7 @@ pub struct Facts {
     pub stuck: bool,
     pub op_stuck: bool,
     pub left_down: bool,
+    pub undone: bool,
     pub failed_touched: bool,
     pub cure_blocked: bool,
     pub roll_down: i64,
@@ -115,6 +116,7 @@ impl Facts {
             undrained: e.undrained,
             down_others: i64::from(e.down_others),
             left_down: e.left_down,
+            undone: e.undone,
             worker_taken: e.worker_taken,
             roll_beside_cp: e.beside_cp,
             failed_touched: e.failed_touched,
@@ -168,6 +170,7 @@ impl Facts {
             OperationStuck => V::Bool(self.op_stuck),
             DownOthers => V::Int(self.down_others),
             OperationLeftDown => V::Bool(self.left_down),
+            OperationUndone => V::Bool(self.undone),
             FailedTouched => V::Bool(self.failed_touched),
             CureBlocked => V::Bool(self.cure_blocked),
             RollDown => V::Int(self.roll_down),
@@ -566,6 +569,7 @@ fn pack(f: &Facts, concurrent: bool) -> Option<Packed> {
         stuck,
         op_stuck,
         left_down,
+        undone,
         failed_touched,
         cure_blocked,
         roll_down,
@@ -619,6 +623,7 @@ fn pack(f: &Facts, concurrent: bool) -> Option<Packed> {
         failed_touched,
         worker_taken,
         roll_beside_cp,
+        undone,
     ];
     let bits = flags
         .iter()
@@ -775,7 +780,7 @@ mod tests {
             *field(&mut past) = -1;
             assert_eq!(pack(&past, false), None);
         }
-        let flags: [fn(&mut Facts) -> &mut bool; 21] = [
+        let flags: [fn(&mut Facts) -> &mut bool; 22] = [
             |f| &mut f.cluster_deleting,
             |f| &mut f.cluster_exists,
             |f| &mut f.schedulable,
@@ -797,6 +802,7 @@ mod tests {
             |f| &mut f.failed_touched,
             |f| &mut f.worker_taken,
             |f| &mut f.roll_beside_cp,
+            |f| &mut f.undone,
         ];
         for flag in flags {
             let mut f = base;

@@ -369,6 +369,29 @@ impl OpKind {
     pub fn upgrades(self) -> bool {
         matches!(self, OpKind::Upgrade | OpKind::UpgradeRoll)
     }
+
+    /// Whether `call` is the one Talos call its kind names: what an operation of the kind
+    /// does to each of its nodes (`operation.undone`). An etcd restore names none here.
+    pub fn does(self, call: &crate::runtime::exec::Call) -> bool {
+        use crate::runtime::exec::Call;
+        match self {
+            OpKind::Roll => matches!(call, Call::Reboot),
+            OpKind::Shutdown => matches!(call, Call::Shutdown { .. }),
+            OpKind::Rollback => matches!(call, Call::Rollback),
+            OpKind::Reset => matches!(call, Call::Reset { .. }),
+            // The model's nodes run a Talos before 1.13: the legacy upgrade.
+            OpKind::Upgrade | OpKind::UpgradeRoll => {
+                matches!(call, Call::UpgradeLegacy { .. })
+            }
+            OpKind::Restore => false,
+        }
+    }
+
+    /// Whether an operation of the kind must have done its call ([`OpKind::does`]) on
+    /// each node it finishes.
+    pub fn has_call(self) -> bool {
+        !matches!(self, OpKind::Restore)
+    }
 }
 
 /// The kind of the operations rolled over the cluster when [`Bounds::rolls`] is set.
@@ -447,6 +470,10 @@ pub struct Op {
     pub side: [Side; SIDE],
     /// Its `spec.maxUnavailable` ([`Bounds::roll_width`]).
     pub width: u8,
+    /// The nodes on which this operation's own call of its kind took effect (the world's
+    /// record, never the product's): bit 0 for an operation on one machine, bit `n` for
+    /// the `n`-th node of a roll's order ([`Op::did_on`]).
+    pub did: u8,
 }
 
 /// A roll's record of a node in flight beside `progress.node`.
@@ -477,7 +504,25 @@ impl Op {
             cur: 0,
             side: [Side::NONE; SIDE],
             width: 1,
+            did: 0,
         }
+    }
+
+    /// The bit of [`Op::did`] that stands for machine `j`: an operation on one machine
+    /// has its target's; a roll, the node's position in its order (`None`: not the
+    /// operation's, or not in the order).
+    pub fn did_bit(&self, j: u8) -> Option<u8> {
+        if self.kind.rolls() {
+            let n = self.roll_order().position(|x| x == j)?;
+            1u8.checked_shl(u32::try_from(n).ok()?)
+        } else {
+            (j == self.target).then_some(1)
+        }
+    }
+
+    /// Whether this operation's own call of its kind took effect on machine `j`.
+    pub fn did_on(&self, j: u8) -> bool {
+        self.did_bit(j).is_some_and(|b| self.did & b != 0)
     }
 
     /// A roll's records beside `progress.node`.
@@ -884,6 +929,9 @@ pub struct Effect {
     pub down_others: u8,
     /// An upgrade succeeded while its node was not back running the new version.
     pub left_down: bool,
+    /// An operation succeeded on its machine, or a roll finished a node, without its
+    /// kind's call having taken effect there ([`OpKind::does`], [`Op::did`]).
+    pub undone: bool,
     /// A reconcile of a failed operation (no person resumed it) acted on a node: a
     /// cordon, an uncordon, a Talos call.
     pub failed_touched: bool,
@@ -1329,6 +1377,8 @@ pub fn object_key(s: &State, out: &mut Vec<u8>) {
             cur,
             side,
             width,
+            // The world's record, which no object shows.
+            did: _,
         } = *o;
         out.extend([kind as u8, target, phase.byte(), run.steps, run.flags, done]);
         out.extend(order);
@@ -2807,6 +2857,27 @@ impl<'t> Model<'t> {
                             && (!m.boots.unsched || cordon_kept)
                 })
             };
+            // Did what its kind says: its call took effect on each node it finished, as far
+            // as the machine is still there and not being deleted (a roll passes one being
+            // deleted: `NodeSkipped`).
+            if let Some(x) = t.ops.get(k)
+                && o.kind.has_call()
+            {
+                let undone = |j: u8| {
+                    t.machines
+                        .get(usize::from(j))
+                        .is_some_and(|m| !m.deleting && !x.did_on(j))
+                };
+                e.undone = if o.kind.rolls() {
+                    let before: Vec<usize> = o.finished().collect();
+                    x.finished()
+                        .filter(|n| !before.contains(n))
+                        .filter_map(|n| x.order.get(n).copied())
+                        .any(undone)
+                } else {
+                    now == Phase::Succeeded && o.phase != Phase::Succeeded && undone(o.target)
+                };
+            }
             match (o.kind, t.ops.get(k)) {
                 (OpKind::Upgrade | OpKind::Rollback, _)
                     if now == Phase::Succeeded && o.phase != Phase::Succeeded =>

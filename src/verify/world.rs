@@ -472,6 +472,17 @@ impl<'a> ModelWorld<'a> {
             .collect()
     }
 
+    /// The world's record of what an operation's own calls did: `call`, of the kind of
+    /// the operation reconciled, took effect on machine `j` (`operation.undone` reads it).
+    fn did(&mut self, j: usize, call: &Call) {
+        if let Some(o) = self.op.and_then(|k| self.t.ops.get_mut(usize::from(k)))
+            && o.kind.does(call)
+            && let Some(bit) = u8::try_from(j).ok().and_then(|j| o.did_bit(j))
+        {
+            o.did |= bit;
+        }
+    }
+
     /// What a call to the node of machine `j` answers, and what it changes.
     fn call(&mut self, j: usize, call: Call) -> Result<Reply, NodeError> {
         let m = self.t.machines[j];
@@ -534,6 +545,7 @@ impl<'a> ModelWorld<'a> {
                     self.effect.down_others = self.effect.down_others.max(others);
                 }
                 self.effect.undrained |= self.acts_on(j) && !drained;
+                self.did(j, &call);
                 self.step("node-down");
                 Ok(Reply::Done)
             }
@@ -629,6 +641,7 @@ impl<'a> ModelWorld<'a> {
                 tm.unreachable = false;
                 self.effect.ours |= m.member;
                 self.effect.undrained |= self.acts_on(j) && !drained;
+                self.did(j, &call);
                 self.step(if graceful { "reset" } else { "wipe" });
                 Ok(Reply::Done)
             }
