@@ -79,8 +79,9 @@ pub struct Settings {
     pub leader_duration: Duration,
     /// A failed reconcile is retried after this.
     pub error_requeue: Duration,
-    /// After a restart, a Talos reset that may have been sent is sent again only if the
-    /// node still answers normally this long after it was started.
+    /// A Talos reset that may have been sent (its answer lost, or the controller stopped
+    /// right after it) is sent again only if the node still answers normally this long
+    /// after it was started: a graceful reset can take minutes before the node goes down.
     pub reset_settle: Duration,
     /// Each live read.
     pub read_timeout: Duration,
@@ -120,7 +121,7 @@ impl Default for Settings {
             lock_duration: Duration::from_secs(120),
             leader_duration: Duration::from_secs(15),
             error_requeue: Duration::from_secs(5),
-            reset_settle: Duration::from_secs(60),
+            reset_settle: Duration::from_secs(600),
             read_timeout: Duration::from_secs(5),
             talos_timeout: Duration::from_secs(10),
             install_deadline: Duration::from_secs(600),
