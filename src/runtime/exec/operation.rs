@@ -119,16 +119,16 @@ pub fn resume(next: &mut TalosOperation, asked: &str) {
     let mut p = progress(next);
     p.resumed = Some(asked.to_string());
     p.step_started_at = None;
-    // An install sent whose end was not seen (`InstallUnknown`): the person who resumes
-    // asks for it to be sent again.
-    p.installing = None;
-    // Likewise a destructive call not known to have taken (`SentUnknown`); a resume of any
-    // other failure keeps the record, so a call that took is not sent again.
-    if next
+    // A call whose outcome could not be told (`InstallUnknown`, `SentUnknown`): the person
+    // who resumes asks for it to be sent again. A resume of any other failure keeps the
+    // records, so a call that took is not sent again.
+    if let Some(reason) = next
         .condition(RUNNING)
-        .is_some_and(|c| c.status == "False" && c.reason.as_deref() == Some(SENT_UNKNOWN))
+        .filter(|c| c.status == "False")
+        .and_then(|c| c.reason.as_deref())
+        && let Some((_, forget)) = UNKNOWN_OUTCOMES.iter().find(|(r, _)| *r == reason)
     {
-        p.sent = None;
+        forget(&mut p);
     }
     let s = next.status.get_or_insert_with(Default::default);
     s.phase = Some("Running".into());
@@ -145,6 +145,32 @@ pub fn resume(next: &mut TalosOperation, asked: &str) {
 /// The failure of a destructive call sent and not known to have taken (the node still
 /// answers with its old boot time past the deadline); a resume sends it again.
 pub const SENT_UNKNOWN: &str = "SentUnknown";
+
+/// The failure of a Talos 1.13 install sent whose end was not seen; a resume sends it
+/// again.
+pub const INSTALL_UNKNOWN: &str = "InstallUnknown";
+
+/// The failures of a call sent whose outcome cannot be read back, each with the record a
+/// person's resume forgets so that the call is sent again ([`resume`]).
+const UNKNOWN_OUTCOMES: [(&str, fn(&mut OperationProgress)); 2] = [
+    (INSTALL_UNKNOWN, |p| p.installing = None),
+    (SENT_UNKNOWN, |p| p.sent = None),
+];
+
+/// The failure `reason` (one of [`UNKNOWN_OUTCOMES`]): `what` happened and whether the call
+/// took cannot be told, so it is not sent again by itself; once the person has done
+/// `first`, their resume of `op` sends it again.
+fn outcome_unknown(reason: &'static str, what: String, first: &str, op: &TalosOperation) -> Step {
+    Step::Fail {
+        reason,
+        message: format!(
+            "{what}: whether it took cannot be told, so it is not sent again by itself. Once \
+             {first}, resume the operation (`kubectl annotate talosoperation {} \
+             {RESUME_ANNOTATION}=\"$(date -u +%FT%TZ)\" --overwrite`) to send it again",
+            op.name()
+        ),
+    }
+}
 
 /// Whether plan step `step` sends the operation's destructive call once (a reboot, a
 /// shutdown, an upgrade, a rollback, a reset): the one `progress.sent` names.
@@ -908,21 +934,18 @@ async fn send_once<W: OperationWorld>(
                 ),
                 after: Duration::from_millis(500),
             },
-            Ok(_) => Step::Fail {
-                reason: SENT_UNKNOWN,
-                message: format!(
+            Ok(_) => outcome_unknown(
+                SENT_UNKNOWN,
+                format!(
                     "`{}` was sent to the node and, {}s later, it still answers with the boot \
-                     time it had before: whether the call took cannot be told (its answer was \
-                     lost, or the controller stopped right after it; a node may also be slow to \
-                     go down), so it is not sent again by itself. Once you have looked at the \
-                     node (`talosctl dmesg`, `talosctl version`), resume the operation \
-                     (`kubectl annotate talosoperation {} {RESUME_ANNOTATION}=\"$(date -u \
-                     +%FT%TZ)\" --overwrite`) to send it again",
+                     time it had before (its answer was lost, or the controller stopped right \
+                     after it; a node may also be slow to go down)",
                     step.text,
-                    timing.sent_deadline.as_secs(),
-                    op.name()
+                    timing.sent_deadline.as_secs()
                 ),
-            },
+                "you have looked at the node (`talosctl dmesg`, `talosctl version`)",
+                op,
+            ),
             Err(e) => talos_wait(timing, e),
         });
     }
@@ -1069,17 +1092,15 @@ async fn install<W: OperationWorld>(
         return Ok(Step::Done);
     }
     if let Some(sent) = rec.p.installing.as_deref() {
-        return Ok(Step::Fail {
-            reason: "InstallUnknown",
-            message: format!(
+        return Ok(outcome_unknown(
+            INSTALL_UNKNOWN,
+            format!(
                 "LifecycleService/Upgrade of {sent} was sent to the node and its end was not seen \
-                 (the controller stopped, or the stream broke, while it ran): whether it installed \
-                 cannot be read back, so it is not sent again by itself. Once the node's install \
-                 is over, resume the operation (`kubectl annotate talosoperation {} \
-                 {RESUME_ANNOTATION}=\"$(date -u +%FT%TZ)\" --overwrite`) to send it again",
-                rec.before.name()
+                 (the controller stopped, or the stream broke, while it ran)"
             ),
-        });
+            "the node's install is over",
+            rec.before,
+        ));
     }
     let pulled = match calls::pull(w, cluster, here, image).await? {
         Ok(n) => n,
