@@ -1719,10 +1719,11 @@ async fn a_refusal_is_recorded_and_replays() {
     assert_eq!(
         report["changes"],
         json!([{
-            "from": "refuse", "to": "allow", "rule": "declared-count",
+            "from": "refuse", "to": "allow", "would_from": "refuse", "would_to": "allow",
+            "rule": "declared-count",
             "decisions": [{
                 "id": id, "what": "DELETE TalosMachine infra/cp-3 (uid u-1)",
-                "from": "refuse", "to": "allow"
+                "from": "refuse", "to": "allow", "would_from": "refuse", "would_to": "allow"
             }]
         }]),
         "{report}"

@@ -834,8 +834,29 @@ pub struct Replayed {
     pub deciding: Vec<String>,
     pub warnings: Vec<String>,
     pub would_verdict: String,
+    /// The rules behind `would_verdict` ([`would_deciding`]).
+    pub would_deciding: Vec<String>,
     /// Every rule that matched, enforced or audited, with its verdict (`rule: verdict`).
     pub matched: Vec<String>,
+}
+
+/// The rules behind a would-be verdict: each rule that matched with that verdict, enforced
+/// or in audit mode, once, in the order they matched (none for `allow`).
+pub fn would_deciding<'m>(matched: impl Iterator<Item = &'m Matched>, would: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    if would == "allow" {
+        return out;
+    }
+    for m in matched.filter(|m| m.verdict == would) {
+        if !out.contains(&m.rule) {
+            out.push(m.rule.clone());
+        }
+    }
+    out
+}
+
+fn matched_text(m: &Matched) -> String {
+    format!("{}: {} ({})", m.rule, m.verdict, m.mode)
 }
 
 impl Replayed {
@@ -846,11 +867,15 @@ impl Replayed {
             deciding: r.deciding.clone(),
             warnings: r.warnings.clone(),
             would_verdict: r.would_verdict.clone(),
+            would_deciding: would_deciding(
+                r.events.iter().flat_map(|e| &e.matched),
+                &r.would_verdict,
+            ),
             matched: r
                 .events
                 .iter()
                 .flat_map(|e| &e.matched)
-                .map(|m| format!("{}: {} ({})", m.rule, m.verdict, m.mode))
+                .map(matched_text)
                 .collect(),
         }
     }
@@ -906,18 +931,16 @@ pub fn replay(table: &Table, record: &Record) -> Result<Replayed, ReplayError> {
         {
             return Err(ReplayError::MissingFact(fact.name().to_string()));
         }
-        matched.extend(
-            matched_since(&decision, before)
-                .into_iter()
-                .map(|m| format!("{}: {} ({})", m.rule, m.verdict, m.mode)),
-        );
+        matched.extend(matched_since(&decision, before));
     }
+    let would = would_verdict(&decision);
     Ok(Replayed {
         verdict: verdict_name(decision.verdict()).into(),
         deciding: decision.deciding().iter().map(|f| f.rule.clone()).collect(),
         warnings: decision.warnings.iter().map(|f| f.rule.clone()).collect(),
-        would_verdict: would_verdict(&decision).into(),
-        matched,
+        would_verdict: would.into(),
+        would_deciding: would_deciding(matched.iter(), would),
+        matched: matched.iter().map(matched_text).collect(),
     })
 }
 
