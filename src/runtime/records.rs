@@ -1155,9 +1155,11 @@ impl Recorder {
         give_buffer(line);
     }
 
-    /// Queues a controller decision ([`Recorder::record`]'s queue and drops).
-    pub fn record_controller(&self, record: super::step_records::ControllerRecord) {
-        self.queue_serialized(&record.decision.id, &record);
+    /// Queues a controller decision ([`Recorder::record`]'s queue and drops). `false` when
+    /// it was dropped: no log will hold it, so nothing may cite it
+    /// (`step_records::Citations`).
+    pub fn record_controller(&self, record: super::step_records::ControllerRecord) -> bool {
+        self.queue_serialized(&record.decision.id, &record)
     }
 
     /// Queues a controller's plan step ([`Recorder::record`]'s queue and drops).
@@ -1165,23 +1167,25 @@ impl Recorder {
         self.queue_serialized(&record.id, &record);
     }
 
-    /// Serialises a record on the caller's thread and queues its line.
-    fn queue_serialized<T: Serialize>(&self, id: &str, record: &T) {
+    /// Serialises a record on the caller's thread and queues its line: `true` when queued.
+    fn queue_serialized<T: Serialize>(&self, id: &str, record: &T) -> bool {
         let mut line = take_buffer();
         if serde_json::to_writer(&mut line, record).is_err() {
             self.metrics.record_written(false);
             give_buffer(line);
-            return;
+            return false;
         }
         line.push(b'\n');
-        self.queue_line(id, &line);
+        let queued = self.queue_line(id, &line);
         give_buffer(line);
+        queued
     }
 
-    /// Queues one whole line (ending in `\n`), or drops it when the queue is full.
-    fn queue_line(&self, id: &str, line: &[u8]) {
+    /// Queues one whole line (ending in `\n`), or drops it when the queue is full: `true`
+    /// when queued.
+    fn queue_line(&self, id: &str, line: &[u8]) -> bool {
         if self.queue.push(line) {
-            return;
+            return true;
         }
         self.metrics.record_dropped();
         self.unlogged_drops.fetch_add(1, Ordering::Relaxed);
@@ -1201,6 +1205,7 @@ impl Recorder {
                 "the decision-record sink is behind: records dropped"
             );
         }
+        false
     }
 }
 
