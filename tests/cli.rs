@@ -1490,17 +1490,20 @@ fn replay_groups_a_change_under_every_rule_that_decided_it() {
     assert_eq!(v["reproduced"], 0, "{v}");
     let change = |id: &str, name: &str, from: &str, to: &str| {
         json!({"id": id, "what": format!("DELETE TalosMachine infra/{name} (uid u-{name})"),
-               "from": from, "to": to})
+               "from": from, "to": to, "would_from": from, "would_to": to})
     };
     assert_eq!(
         v["changes"],
         json!([
-            {"from": "refuse", "to": "allow", "rule": "declared-count",
+            {"from": "refuse", "to": "allow", "would_from": "refuse", "would_to": "allow",
+             "rule": "declared-count",
              "decisions": [change("d1", "cp-1", "refuse", "allow"),
                            change("d2", "cp-2", "refuse", "allow")]},
-            {"from": "refuse", "to": "allow", "rule": "quorum",
+            {"from": "refuse", "to": "allow", "would_from": "refuse", "would_to": "allow",
+             "rule": "quorum",
              "decisions": [change("d1", "cp-1", "refuse", "allow")]},
-            {"from": "allow", "to": "refuse", "rule": "too-many",
+            {"from": "allow", "to": "refuse", "would_from": "allow", "would_to": "refuse",
+             "rule": "too-many",
              "decisions": [change("d3", "cp-3", "allow", "refuse")]},
         ]),
         "{v}"
@@ -1524,6 +1527,196 @@ fn replay_groups_a_change_under_every_rule_that_decided_it() {
         ],
         "{}",
         out.stdout
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `replay --audit-rule` / `--enforce-rule` switch rules of the rules given as `serve`
+/// switches them (a rule named by both is enforced; a name no rule has is an error, exit 2),
+/// and a decision whose would-be verdict changes is reported in a direction of its own: a
+/// refusal whose rule is switched to audit becomes `refuse -> allow (would refuse)`; an
+/// allowed decision that a rule in audit mode now would refuse, `allow -> allow (would
+/// refuse)`, which a report of the enforced verdicts alone never shows. A record decided
+/// by the same rules text in other modes is compared, not reproduced; in the same modes,
+/// reproduced.
+#[test]
+fn replay_takes_the_rollout_switches_and_reports_would_be_changes() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("replay-switches-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("new")).expect("dir");
+    std::fs::write(
+        dir.join("new/new.rules"),
+        "rule floor\n  refuse remove controlplane\n  when approved <= 3\n  say \"{approved} approved\"\n\n\
+         rule too-many audit\n  refuse remove controlplane\n  when approved > 10\n  say \"{approved} approved\"\n",
+    )
+    .expect("rules");
+    let record = |digest: &str, id: &str, approved: i64, verdict: &str, matched: Value| {
+        let deciding: Vec<&str> = matched
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|m| m["mode"] == "enforce" && m["verdict"] == "refuse")
+            .filter_map(|m| m["rule"].as_str())
+            .collect();
+        let would = if matched
+            .as_array()
+            .is_some_and(|ms| ms.iter().any(|m| m["verdict"] == "refuse"))
+        {
+            "refuse"
+        } else {
+            "allow"
+        };
+        json!({
+            "record": "decision", "id": id, "time": "2026-12-05T10:00:00Z", "site": "webhook",
+            "request": {"uid": format!("u-{id}"), "user": "alice", "operation": "DELETE",
+                        "kind": "TalosMachine", "namespace": "infra", "name": format!("cp-{id}")},
+            "rules": {"digest": digest, "audit": ["too-many"]},
+            "events": [{"verb": "remove", "subject": "controlplane", "cluster": "prod",
+                        "facts": [{"name": "approved", "value": approved}],
+                        "matched": matched}],
+            "verdict": verdict, "deciding": deciding, "would_verdict": would,
+            "latency_us": 10
+        })
+        .to_string()
+    };
+    let floor =
+        json!([{"rule": "floor", "verdict": "refuse", "mode": "enforce", "message": "3 approved"}]);
+    let other = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+    let log = [
+        record(other, "d1", 3, "refuse", floor.clone()),
+        record(other, "d2", 20, "allow", json!([])),
+        record(other, "d3", 5, "allow", json!([])),
+    ]
+    .join("\n");
+    let path = dir.join("decisions.ndjson");
+    std::fs::write(&path, log + "\n").expect("log");
+    let (log_arg, rules_arg) = (
+        path.to_str().expect("utf-8").to_string(),
+        dir.join("new").to_str().expect("utf-8").to_string(),
+    );
+    let replay = |extra: &[&str]| {
+        let mut args = vec!["replay", &log_arg, "--rules", &rules_arg];
+        args.extend_from_slice(extra);
+        run(&args)
+    };
+    let change = |id: &str, from: &str, to: &str, would_from: &str, would_to: &str| {
+        json!({"id": id, "what": format!("DELETE TalosMachine infra/cp-{id} (uid u-{id})"),
+               "from": from, "to": to, "would_from": would_from, "would_to": would_to})
+    };
+    // As the text says (too-many in audit): d2 would now be refused, and is not.
+    let out = replay(&["--format", "json"]);
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let v = out.json();
+    assert_eq!(v["compared"], 3, "{v}");
+    assert_eq!(
+        v["changes"],
+        json!([
+            {"from": "allow", "to": "allow", "would_from": "allow", "would_to": "refuse",
+             "rule": "too-many", "decisions": [change("d2", "allow", "allow", "allow", "refuse")]},
+        ]),
+        "{v}"
+    );
+    let digest = v["digest"].as_str().expect("the digest").to_string();
+    // floor switched to audit: d1's refusal becomes an allow it would still refuse.
+    let out = replay(&["--audit-rule", "floor", "--format", "json"]);
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let v = out.json();
+    assert_eq!(
+        v["changes"],
+        json!([
+            {"from": "refuse", "to": "allow", "would_from": "refuse", "would_to": "refuse",
+             "rule": "floor", "decisions": [change("d1", "refuse", "allow", "refuse", "refuse")]},
+            {"from": "allow", "to": "allow", "would_from": "allow", "would_to": "refuse",
+             "rule": "too-many", "decisions": [change("d2", "allow", "allow", "allow", "refuse")]},
+        ]),
+        "{v}"
+    );
+    let out = replay(&["--audit-rule", "floor"]);
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let lines: Vec<&str> = out.stdout.lines().skip(1).collect();
+    assert_eq!(
+        lines,
+        [
+            "2 decision(s) would change:",
+            "refuse -> allow (would refuse) (1)",
+            "  floor (1)",
+            "    d1 DELETE TalosMachine infra/cp-d1 (uid u-d1)",
+            "allow -> allow (would refuse) (1)",
+            "  too-many (1)",
+            "    d2 DELETE TalosMachine infra/cp-d2 (uid u-d2)",
+        ],
+        "{}",
+        out.stdout
+    );
+    // too-many enforced (also when named by both, as `serve` does): d2 is now refused.
+    for extra in [
+        &["--enforce-rule", "too-many"][..],
+        &["--audit-rule", "too-many", "--enforce-rule", "too-many"][..],
+    ] {
+        let mut args = extra.to_vec();
+        args.extend(["--format", "json"]);
+        let out = replay(&args);
+        assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+        let v = out.json();
+        assert_eq!(
+            v["changes"],
+            json!([
+                {"from": "allow", "to": "refuse", "would_from": "allow", "would_to": "refuse",
+                 "rule": "too-many", "decisions": [change("d2", "allow", "refuse", "allow", "refuse")]},
+            ]),
+            "{extra:?}: {v}"
+        );
+    }
+    // A name no rule has: an error naming it, nothing replayed.
+    for (flag, mode) in [("--audit-rule", "audit"), ("--enforce-rule", "enforce")] {
+        let out = replay(&[flag, "flor"]);
+        assert_eq!(out.code, 2, "{}{}", out.stdout, out.stderr);
+        assert!(
+            out.stderr
+                .contains(&format!("error: --{mode}-rule flor: no rule has this name")),
+            "{}",
+            out.stderr
+        );
+        assert_eq!(out.stdout, "", "nothing replayed");
+    }
+
+    // Decided by these very rules (too-many in audit, as recorded): reproduced, with or
+    // without switches that give the same modes; switched otherwise, compared.
+    let too_many = json!([{"rule": "too-many", "verdict": "refuse", "mode": "audit", "message": "20 approved"}]);
+    let same = [
+        record(&digest, "s1", 3, "refuse", floor),
+        record(&digest, "s2", 20, "allow", too_many),
+    ]
+    .join("\n");
+    std::fs::write(&path, same + "\n").expect("log");
+    for extra in [&[][..], &["--audit-rule", "too-many"][..]] {
+        let mut args = extra.to_vec();
+        args.extend(["--format", "json"]);
+        let out = replay(&args);
+        assert_eq!(out.code, 0, "{extra:?}: {}{}", out.stdout, out.stderr);
+        let v = out.json();
+        assert_eq!(
+            (v["reproduced"].clone(), v["compared"].clone()),
+            (json!(2), json!(0)),
+            "{v}"
+        );
+    }
+    let out = replay(&["--audit-rule", "floor", "--format", "json"]);
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let v = out.json();
+    assert_eq!(
+        (v["reproduced"].clone(), v["compared"].clone()),
+        (json!(0), json!(2)),
+        "{v}"
+    );
+    assert_eq!(
+        v["changes"],
+        json!([
+            {"from": "refuse", "to": "allow", "would_from": "refuse", "would_to": "refuse",
+             "rule": "floor", "decisions": [change("s1", "refuse", "allow", "refuse", "refuse")]},
+        ]),
+        "{v}"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1485,13 +1485,49 @@ fn annotation<'a>(r: &'a Value, key: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no audit annotation {key}: {r}"))
 }
 
+/// A TalosConfigPatch review, as the API server sends it to `/validate/talosconfigpatches`.
+async fn review_patch(h: &Harness, uid: &str, patch: &Value) -> Value {
+    let body = objects::review(uid, "CREATE", None, Some(patch)).build();
+    let (status, bytes, _) = https(
+        h,
+        "POST",
+        "/validate/talosconfigpatches",
+        "application/json",
+        serde_json::to_vec(&body).expect("json"),
+    )
+    .await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&bytes));
+    serde_json::from_slice(&bytes).expect("an AdmissionReview")
+}
+
+/// A TalosConfigPatch of cluster `prod` selecting its control planes.
+fn control_plane_patch(name: &str, strategic: &str) -> Value {
+    json!({
+        "apiVersion": "ichor.maesh.dev/v1alpha1",
+        "kind": "TalosConfigPatch",
+        "metadata": {"name": name, "namespace": "infra"},
+        "spec": {"clusterRef": {"name": "prod"}, "selector": {"role": "controlplane"},
+                 "patches": {"strategic": strategic}}
+    })
+}
+
 /// A refusal over HTTPS: its answer names the deciding rule, the decision id and the rules'
 /// digest for the audit log; its record holds every fact the rows read with its value and
 /// the objects (and resourceVersions) it came from; decided again from those facts with
 /// the same rules it gives the same verdict; no Secret's value is in any record; and
 /// `replay` with an edited rule set reports exactly the one decision the edit changes.
+///
+/// The webhook reads no Secret: what it reads that a Secret's values were derived from is
+/// the base the controller publishes, redacted, in the TalosCluster's status (from the
+/// Secret `spec.baseConfigSecretRef` names), which a TalosConfigPatch's dry render reads.
+/// So the records grepped include such a decision (its `patch.error` is the render of that
+/// base), the Secret's values are grepped as they would leak (decoded, and as stored), and
+/// a positive control shows a value reaching `patch.error` on that path is found by the
+/// same grep.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_is_recorded_and_replays() {
+    use base64::Engine;
+    use ichor_rules::runtime::render::Base;
     let captured = Captured::default();
     let h = harness_with(
         "records",
@@ -1500,8 +1536,41 @@ async fn a_refusal_is_recorded_and_replays() {
         Vec::new(),
     )
     .await;
-    three_control_planes(&h).await;
+    // The base Secret, each of its secret values carrying MARKER; the cluster names it and
+    // carries the base as the controller publishes it (redacted, `Base::redacted`).
+    const MARKER: &str = "ICHOR-SECRET-MARKER-records-5d1e";
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let (cp_yaml, worker_yaml) = (
+        include_str!("fixtures/talos/controlplane.yaml").replace("SECRET-BASE", MARKER),
+        include_str!("fixtures/talos/worker.yaml").replace("SECRET-BASE", MARKER),
+    );
+    h.api.insert(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "prod-base", "namespace": "infra"},
+        "data": {"controlplane.yaml": b64(&cp_yaml), "worker.yaml": b64(&worker_yaml)}
+    }));
+    let base = Base::parse(&cp_yaml, &worker_yaml, true).expect("the base");
+    let (cp_redacted, worker_redacted) = base.redacted().texts().expect("redacted");
+    assert!(!cp_redacted.contains(MARKER) && !worker_redacted.contains(MARKER));
+    let mut prod = cluster("prod", 3);
+    prod["spec"]["baseConfigSecretRef"] = json!({"name": "prod-base"});
+    prod["status"] = json!({"redactedBase": {
+        "digest": base.digest, "controlplane": cp_redacted, "worker": worker_redacted}});
+    h.api.insert(prod);
+    for (i, at) in [
+        "2026-10-01T00:00:00Z",
+        "2026-10-02T00:00:00Z",
+        "2026-10-03T00:00:00Z",
+    ]
+    .iter()
+    .enumerate()
+    {
+        h.api
+            .insert(machine(&format!("cp-{}", i + 1), "controlplane", true, at));
+    }
+    const SECRET_VALUE: &str = "secret-talosconfig-value";
     const SECRET: &str = "c2VjcmV0LXRhbG9zY29uZmlnLXZhbHVl";
+    assert_eq!(b64(SECRET_VALUE), SECRET);
     h.api.insert(json!({
         "apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": "prod-talosconfig", "namespace": "infra"},
@@ -1627,12 +1696,35 @@ async fn a_refusal_is_recorded_and_replays() {
     .await;
     assert_eq!(r3["response"]["allowed"], false, "{r3}");
     captured.record(annotation(&r3, "decision-id")).await;
-    let log_text = captured.text();
-    assert!(!log_text.contains(SECRET), "a Secret's value in a record");
+    // A patch the dry render refuses: its decision read the base derived from the Secret.
+    const API_SERVER_PATCH: &str = "version: v1alpha1\ncluster:\n  apiServer:\n    extraArgs:\n      feature-gates: Foo=true\n";
+    let r4 = review_patch(&h, "u-4", &control_plane_patch("api", API_SERVER_PATCH)).await;
+    assert_eq!(r4["response"]["allowed"], false, "{r4}");
+    assert_eq!(annotation(&r4, "deciding-rules"), "patch-breaks-render");
+    let patched = captured.record(annotation(&r4, "decision-id")).await;
+    let error = patched
+        .events
+        .iter()
+        .flat_map(|e| &e.facts)
+        .find(|f| f.name == "patch.error")
+        .unwrap_or_else(|| panic!("no patch.error in {patched:?}"));
     assert!(
-        !log_text.contains("prod-talosconfig"),
-        "a Secret's name in a record"
+        error.value.as_str().is_some_and(|e| e.contains(
+            "kube-apiserver config is already set in v1alpha1 config (.cluster.apiServer)"
+        )),
+        "the render of the published base: {error:?}"
     );
+    let log_text = captured.text();
+    assert_eq!(records::read_log(&log_text).expect("the log").len(), 4);
+    for (leak, what) in [
+        (MARKER, "a value of the base Secret"),
+        (SECRET_VALUE, "a Secret's value"),
+        (SECRET, "a Secret's value as stored"),
+        ("prod-talosconfig", "a Secret's name"),
+        ("prod-base", "a Secret's name"),
+    ] {
+        assert!(!log_text.contains(leak), "{what} in a record: {log_text}");
+    }
     let log = h.dir.join("decisions.ndjson");
     std::fs::write(&log, &log_text).expect("log");
 
@@ -1652,8 +1744,8 @@ async fn a_refusal_is_recorded_and_replays() {
     // The rules that decided: every decision reproduced.
     let (code, report) = replay(&h.dir.join("rules"));
     assert_eq!(code, Some(0), "{report}");
-    assert_eq!(report["decisions"], 3, "{report}");
-    assert_eq!(report["reproduced"], 3, "{report}");
+    assert_eq!(report["decisions"], 4, "{report}");
+    assert_eq!(report["reproduced"], 4, "{report}");
     assert_eq!(report["mismatches"], json!([]));
     // Under its own rules, a record must reproduce: one whose verdict was edited, or one
     // missing a fact its rules read, is a failure (exit 1), never "cannot replay" and 0.
@@ -1715,14 +1807,15 @@ async fn a_refusal_is_recorded_and_replays() {
     }
     let (code, report) = replay(&edited);
     assert_eq!(code, Some(0), "{report}");
-    assert_eq!(report["compared"], 3, "{report}");
+    assert_eq!(report["compared"], 4, "{report}");
     assert_eq!(
         report["changes"],
         json!([{
-            "from": "refuse", "to": "allow", "rule": "declared-count",
+            "from": "refuse", "to": "allow", "would_from": "refuse", "would_to": "allow",
+            "rule": "declared-count",
             "decisions": [{
                 "id": id, "what": "DELETE TalosMachine infra/cp-3 (uid u-1)",
-                "from": "refuse", "to": "allow"
+                "from": "refuse", "to": "allow", "would_from": "refuse", "would_to": "allow"
             }]
         }]),
         "{report}"
@@ -1742,6 +1835,19 @@ async fn a_refusal_is_recorded_and_replays() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("was decided by rules sha256:"), "{err}");
+
+    // The positive control: a value that does reach `patch.error` on this path (a patch's
+    // own `machine.type`, which its render error quotes) is in the record, verbatim, and the
+    // grep above finds it: had the base's secret values reached the render, it would have.
+    let control = format!("version: v1alpha1\nmachine:\n  type: {MARKER}\n");
+    let r5 = review_patch(&h, "u-5", &control_plane_patch("control", &control)).await;
+    assert_eq!(r5["response"]["allowed"], false, "{r5}");
+    captured.record(annotation(&r5, "decision-id")).await;
+    assert!(
+        captured.text().contains(MARKER),
+        "the grep misses a value the record holds: {}",
+        captured.text()
+    );
 }
 
 /// A sink that never finishes a write: decisions are answered all the same, and the

@@ -6,16 +6,20 @@
 //! deciding rule, warning and match must come out the same (a difference is a bug: exit 1).
 //! A record decided by other rules is an error without `--rules` (the log names rules that
 //! are not at hand); with `--rules NEW` it is decided by NEW, and the decisions whose
-//! verdict would change are reported, grouped by direction (refuse → allow first) and by
-//! rule. Records refused before the rules were asked are counted and skipped, and so are
-//! the controller's step records (an effect, not a decision: the controller decision each
-//! followed is a record of its own, replayed like the webhook's).
+//! verdict, or would-be verdict (what its rules in audit mode would have decided), would
+//! change are reported, grouped by direction (refuse → allow first) and by rule.
+//! `--audit-rule` / `--enforce-rule` switch rules of the rules given as `serve` switches
+//! them ([`crate::runtime::reload::apply_modes`]): a record decided by the same text under
+//! other modes is then compared, not reproduced. Records refused before the rules were
+//! asked are counted and skipped, and so are the controller's step records (an effect, not
+//! a decision: the controller decision each followed is a record of its own, replayed like
+//! the webhook's).
 
 use super::{EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, Format, emit};
 use crate::runtime::records::{self, Record, ReplayError, Replayed};
 use clap::Args;
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
@@ -28,12 +32,22 @@ pub struct ReplayArgs {
     /// are an error unless this is given, and then report what would change.
     #[arg(long = "rules", value_name = "PATH")]
     pub rules: Vec<PathBuf>,
+    /// Decide with this rule in audit mode whatever its text says, as `serve --audit-rule`
+    /// runs it (the chart's `rules.audit`). Repeatable. A record decided by the same rules
+    /// in other modes is compared, not reproduced.
+    #[arg(long, value_name = "RULE")]
+    pub audit_rule: Vec<String>,
+    /// Decide with this rule enforced even when its text says `audit`, as `serve
+    /// --enforce-rule` (the chart's `rules.enforce`). Repeatable; a rule named by both is
+    /// enforced.
+    #[arg(long, value_name = "RULE")]
+    pub enforce_rule: Vec<String>,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Human)]
     pub format: Format,
 }
 
-/// A decision whose verdict the proposed rules change.
+/// A decision whose verdict, or would-be verdict, the proposed rules change.
 #[derive(Clone, Debug, Serialize)]
 struct Changed {
     id: String,
@@ -41,6 +55,9 @@ struct Changed {
     what: String,
     from: String,
     to: String,
+    /// The would-be verdicts (the rules in audit mode enforced), recorded and replayed.
+    would_from: String,
+    would_to: String,
 }
 
 /// A record the same rules did not decide the same way.
@@ -67,12 +84,38 @@ struct Report {
     skipped_steps: usize,
 }
 
+/// The decisions a rule changes in one direction: the enforced verdict `from` -> `to`,
+/// the would-be verdict `would_from` -> `would_to` (equal to the enforced ones unless a
+/// rule in audit mode decided more). A decision whose enforced verdict stays and whose
+/// would-be verdict changes (a rule in audit mode that now would refuse it) is a group of
+/// its own, after those whose enforced verdict changes.
 #[derive(Debug, Serialize)]
 struct ChangeGroup {
     from: String,
     to: String,
+    would_from: String,
+    would_to: String,
     rule: String,
     decisions: Vec<Changed>,
+}
+
+impl ChangeGroup {
+    /// The direction in words: `refuse -> allow`, `refuse -> allow (would refuse)`,
+    /// `allow -> allow (would refuse)`.
+    fn direction(&self) -> String {
+        let side = |verdict: &str, would: &str| {
+            if verdict == would {
+                verdict.to_string()
+            } else {
+                format!("{verdict} (would {would})")
+            }
+        };
+        format!(
+            "{} -> {}",
+            side(&self.from, &self.would_from),
+            side(&self.to, &self.would_to)
+        )
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -94,6 +137,48 @@ fn direction_rank(from: &str, to: &str) -> u8 {
         ("allow", "hold") => 4,
         ("allow", "refuse") => 5,
         _ => 6,
+    }
+}
+
+/// Where a change is reported: first the changes of the enforced verdict (by
+/// [`direction_rank`]; within one, a change the new rules would still not make when their
+/// rules in audit mode were enforced after one they would), then the changes of the
+/// would-be verdict alone (by [`direction_rank`] of the would-be verdicts).
+fn group_rank(recorded: &Replayed, replayed: &Replayed) -> (u8, u8, bool) {
+    if recorded.verdict == replayed.verdict {
+        (
+            1,
+            direction_rank(&recorded.would_verdict, &replayed.would_verdict),
+            false,
+        )
+    } else {
+        (
+            0,
+            direction_rank(&recorded.verdict, &replayed.verdict),
+            replayed.would_verdict != replayed.verdict
+                || recorded.would_verdict != recorded.verdict,
+        )
+    }
+}
+
+/// The rules responsible for a change: for a change to `allow`, the rules that decided it
+/// and no longer do; otherwise the rules that now decide. Of the enforced verdict when it
+/// changes, else of the would-be verdict.
+fn responsible(recorded: &Replayed, replayed: &Replayed) -> Vec<String> {
+    let (to, old, new) = if recorded.verdict == replayed.verdict {
+        (
+            &replayed.would_verdict,
+            &recorded.would_deciding,
+            &replayed.would_deciding,
+        )
+    } else {
+        (&replayed.verdict, &recorded.deciding, &replayed.deciding)
+    };
+    let rules = if to == "allow" { old } else { new };
+    if rules.is_empty() {
+        vec!["(none)".to_string()]
+    } else {
+        rules.clone()
     }
 }
 
@@ -143,6 +228,25 @@ pub fn run(args: &ReplayArgs) -> u8 {
         return EXIT_BAD_INPUT;
     };
     table.digest.clone_from(&digest);
+    // The switches, as `serve` applies them; one naming no rule is an error (a typo would
+    // otherwise compare the rules unswitched).
+    let switches = crate::runtime::reload::rule_modes(&args.audit_rule, &args.enforce_rule);
+    let unknown = crate::runtime::reload::apply_modes(&mut table, &switches);
+    if !unknown.is_empty() {
+        for (rule, audit) in &unknown {
+            eprintln!(
+                "error: {} in {}",
+                crate::runtime::reload::unknown_rule(rule, *audit),
+                paths
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        return EXIT_BAD_INPUT;
+    }
+    // The modes the rules given decide in: their text's, switched.
     let written: Vec<(String, bool)> = table
         .rules
         .iter()
@@ -154,10 +258,26 @@ pub fn run(args: &ReplayArgs) -> u8 {
         digest: digest.clone(),
         ..Report::default()
     };
-    let mut groups: BTreeMap<(u8, String, String, String), Vec<Changed>> = BTreeMap::new();
+    let proposed_audit: BTreeSet<&str> = written
+        .iter()
+        .filter(|(_, audit)| *audit)
+        .map(|(name, _)| name.as_str())
+        .collect();
+    type Key = ((u8, u8, bool), [String; 4], String);
+    let mut groups: BTreeMap<Key, Vec<Changed>> = BTreeMap::new();
     for record in &log {
-        let same = record.rules.digest == digest;
-        if !same && !explicit && record.refused_without_rules.is_none() {
+        // Decided by these rules: reproduced in the modes it was decided in. With switches,
+        // only when those are the modes the switches give; otherwise compared.
+        let same = record.rules.digest == digest
+            && (switches.is_empty()
+                || record
+                    .rules
+                    .audit
+                    .iter()
+                    .map(String::as_str)
+                    .collect::<BTreeSet<&str>>()
+                    == proposed_audit);
+        if record.rules.digest != digest && !explicit && record.refused_without_rules.is_none() {
             eprintln!(
                 "error: decision {} was decided by rules {}, and {} are {digest}; pass the rules it \
                  names with --rules to reproduce it, or the rules to compare with (`--rules PATH` \
@@ -176,7 +296,8 @@ pub fn run(args: &ReplayArgs) -> u8 {
             );
             return EXIT_BAD_INPUT;
         }
-        // The modes it was decided with (same rules), or as the rules text says (others).
+        // The modes it was decided with (same rules), or the proposal's: as the rules text
+        // says, switched.
         for (name, audit) in &written {
             let audit = if same {
                 record.rules.audit.contains(name)
@@ -214,45 +335,43 @@ pub fn run(args: &ReplayArgs) -> u8 {
             continue;
         }
         report.compared += 1;
-        if replayed.verdict == recorded.verdict {
+        if replayed.verdict == recorded.verdict && replayed.would_verdict == recorded.would_verdict
+        {
             continue;
         }
-        // The rules responsible: the new deciding ones, or the old ones that no longer.
-        let rules = if replayed.verdict == "allow" {
-            recorded.deciding.clone()
-        } else {
-            replayed.deciding.clone()
+        let changed = Changed {
+            id: record.id.clone(),
+            what: describe(record),
+            from: recorded.verdict.clone(),
+            to: replayed.verdict.clone(),
+            would_from: recorded.would_verdict.clone(),
+            would_to: replayed.would_verdict.clone(),
         };
-        let rules = if rules.is_empty() {
-            vec!["(none)".to_string()]
-        } else {
-            rules
-        };
-        for rule in rules {
+        for rule in responsible(&recorded, &replayed) {
+            let direction = [
+                changed.from.clone(),
+                changed.to.clone(),
+                changed.would_from.clone(),
+                changed.would_to.clone(),
+            ];
             groups
-                .entry((
-                    direction_rank(&recorded.verdict, &replayed.verdict),
-                    recorded.verdict.clone(),
-                    replayed.verdict.clone(),
-                    rule,
-                ))
+                .entry((group_rank(&recorded, &replayed), direction, rule))
                 .or_default()
-                .push(Changed {
-                    id: record.id.clone(),
-                    what: describe(record),
-                    from: recorded.verdict.clone(),
-                    to: replayed.verdict.clone(),
-                });
+                .push(changed.clone());
         }
     }
     report.changes = groups
         .into_iter()
-        .map(|((_, from, to, rule), decisions)| ChangeGroup {
-            from,
-            to,
-            rule,
-            decisions,
-        })
+        .map(
+            |((_, [from, to, would_from, would_to], rule), decisions)| ChangeGroup {
+                from,
+                to,
+                would_from,
+                would_to,
+                rule,
+                decisions,
+            },
+        )
         .collect();
     let out = match args.format {
         Format::Json => serde_json::to_string_pretty(&report).unwrap_or_default() + "\n",
@@ -293,17 +412,18 @@ fn human(r: &Report) -> String {
     if !r.changes.is_empty() {
         let _ = writeln!(out, "{} decision(s) would change:", changed.len());
     }
-    let mut last: Option<(&str, &str)> = None;
+    let mut last: Option<String> = None;
     for g in &r.changes {
-        if last != Some((&g.from, &g.to)) {
+        let direction = g.direction();
+        if last.as_deref() != Some(direction.as_str()) {
             let n: std::collections::BTreeSet<&str> = r
                 .changes
                 .iter()
-                .filter(|x| x.from == g.from && x.to == g.to)
+                .filter(|x| x.direction() == direction)
                 .flat_map(|x| x.decisions.iter().map(|d| d.id.as_str()))
                 .collect();
-            let _ = writeln!(out, "{} -> {} ({})", g.from, g.to, n.len());
-            last = Some((&g.from, &g.to));
+            let _ = writeln!(out, "{direction} ({})", n.len());
+            last = Some(direction);
         }
         let _ = writeln!(out, "  {} ({})", g.rule, g.decisions.len());
         for d in &g.decisions {

@@ -306,11 +306,6 @@ fn config(a: &ServeArgs) -> OperatorConfig {
                 timeout: Duration::from_millis(a.admissions_timeout_ms),
             }
         }),
-        rule_modes: a
-            .audit_rule
-            .iter()
-            .map(|r| (r.clone(), true))
-            .chain(a.enforce_rule.iter().map(|r| (r.clone(), false)))
-            .collect(),
+        rule_modes: crate::runtime::reload::rule_modes(&a.audit_rule, &a.enforce_rule),
     }
 }

@@ -834,8 +834,29 @@ pub struct Replayed {
     pub deciding: Vec<String>,
     pub warnings: Vec<String>,
     pub would_verdict: String,
+    /// The rules behind `would_verdict` ([`would_deciding`]).
+    pub would_deciding: Vec<String>,
     /// Every rule that matched, enforced or audited, with its verdict (`rule: verdict`).
     pub matched: Vec<String>,
+}
+
+/// The rules behind a would-be verdict: each rule that matched with that verdict, enforced
+/// or in audit mode, once, in the order they matched (none for `allow`).
+pub fn would_deciding<'m>(matched: impl Iterator<Item = &'m Matched>, would: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    if would == "allow" {
+        return out;
+    }
+    for m in matched.filter(|m| m.verdict == would) {
+        if !out.contains(&m.rule) {
+            out.push(m.rule.clone());
+        }
+    }
+    out
+}
+
+fn matched_text(m: &Matched) -> String {
+    format!("{}: {} ({})", m.rule, m.verdict, m.mode)
 }
 
 impl Replayed {
@@ -846,11 +867,15 @@ impl Replayed {
             deciding: r.deciding.clone(),
             warnings: r.warnings.clone(),
             would_verdict: r.would_verdict.clone(),
+            would_deciding: would_deciding(
+                r.events.iter().flat_map(|e| &e.matched),
+                &r.would_verdict,
+            ),
             matched: r
                 .events
                 .iter()
                 .flat_map(|e| &e.matched)
-                .map(|m| format!("{}: {} ({})", m.rule, m.verdict, m.mode))
+                .map(matched_text)
                 .collect(),
         }
     }
@@ -906,18 +931,16 @@ pub fn replay(table: &Table, record: &Record) -> Result<Replayed, ReplayError> {
         {
             return Err(ReplayError::MissingFact(fact.name().to_string()));
         }
-        matched.extend(
-            matched_since(&decision, before)
-                .into_iter()
-                .map(|m| format!("{}: {} ({})", m.rule, m.verdict, m.mode)),
-        );
+        matched.extend(matched_since(&decision, before));
     }
+    let would = would_verdict(&decision);
     Ok(Replayed {
         verdict: verdict_name(decision.verdict()).into(),
         deciding: decision.deciding().iter().map(|f| f.rule.clone()).collect(),
         warnings: decision.warnings.iter().map(|f| f.rule.clone()).collect(),
-        would_verdict: would_verdict(&decision).into(),
-        matched,
+        would_verdict: would.into(),
+        would_deciding: would_deciding(matched.iter(), would),
+        matched: matched.iter().map(matched_text).collect(),
     })
 }
 
@@ -1132,9 +1155,11 @@ impl Recorder {
         give_buffer(line);
     }
 
-    /// Queues a controller decision ([`Recorder::record`]'s queue and drops).
-    pub fn record_controller(&self, record: super::step_records::ControllerRecord) {
-        self.queue_serialized(&record.decision.id, &record);
+    /// Queues a controller decision ([`Recorder::record`]'s queue and drops). `false` when
+    /// it was dropped: no log will hold it, so nothing may cite it
+    /// (`step_records::Citations`).
+    pub fn record_controller(&self, record: super::step_records::ControllerRecord) -> bool {
+        self.queue_serialized(&record.decision.id, &record)
     }
 
     /// Queues a controller's plan step ([`Recorder::record`]'s queue and drops).
@@ -1142,23 +1167,25 @@ impl Recorder {
         self.queue_serialized(&record.id, &record);
     }
 
-    /// Serialises a record on the caller's thread and queues its line.
-    fn queue_serialized<T: Serialize>(&self, id: &str, record: &T) {
+    /// Serialises a record on the caller's thread and queues its line: `true` when queued.
+    fn queue_serialized<T: Serialize>(&self, id: &str, record: &T) -> bool {
         let mut line = take_buffer();
         if serde_json::to_writer(&mut line, record).is_err() {
             self.metrics.record_written(false);
             give_buffer(line);
-            return;
+            return false;
         }
         line.push(b'\n');
-        self.queue_line(id, &line);
+        let queued = self.queue_line(id, &line);
         give_buffer(line);
+        queued
     }
 
-    /// Queues one whole line (ending in `\n`), or drops it when the queue is full.
-    fn queue_line(&self, id: &str, line: &[u8]) {
+    /// Queues one whole line (ending in `\n`), or drops it when the queue is full: `true`
+    /// when queued.
+    fn queue_line(&self, id: &str, line: &[u8]) -> bool {
         if self.queue.push(line) {
-            return;
+            return true;
         }
         self.metrics.record_dropped();
         self.unlogged_drops.fetch_add(1, Ordering::Relaxed);
@@ -1178,6 +1205,7 @@ impl Recorder {
                 "the decision-record sink is behind: records dropped"
             );
         }
+        false
     }
 }
 
@@ -1709,6 +1737,190 @@ mod tests {
         assert_eq!(read(&dir.join("decisions.ndjson.1")), "cccccc\n");
         assert_eq!(read(&dir.join("decisions.ndjson.2")), "bbbbbb\n");
         assert!(!dir.join("decisions.ndjson.3").exists(), "only two kept");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The rotated files of `path` that exist (`PATH`, `PATH.1`, ...), oldest first, and
+    /// their text.
+    fn rotated(path: &std::path::Path, up_to: u32) -> Vec<(PathBuf, String)> {
+        let mut out = Vec::new();
+        for n in (0..=up_to).rev() {
+            let p = if n == 0 {
+                path.to_path_buf()
+            } else {
+                let mut p = path.as_os_str().to_owned();
+                p.push(format!(".{n}"));
+                PathBuf::from(p)
+            };
+            if let Ok(text) = std::fs::read_to_string(&p) {
+                out.push((p, text));
+            }
+        }
+        out
+    }
+
+    /// The writer thread writes a pass's records in one batch: a batch that fits the file is
+    /// written whole; one that crosses `--decision-log-max-bytes` rotates between two
+    /// records, never inside one, as often as it must. Every file then holds whole lines and
+    /// at most `max_bytes` (a single record larger than that alone in a file of its own), no
+    /// record is lost or written twice, they stay in order, and only `keep` rotated files
+    /// remain.
+    #[test]
+    fn a_batch_of_records_rotates_between_records() {
+        let dir = std::env::temp_dir().join(format!("records-batch-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("decisions.ndjson");
+        let max_bytes = 110;
+        let line = |i: usize| format!("{{\"record\":\"decision\",\"id\":\"{i:04}\"}}\n");
+        // 34 bytes each: three to a file.
+        assert_eq!(line(0).len(), 34);
+        let batch = |range: std::ops::Range<usize>| -> (Vec<u8>, usize) {
+            (
+                range.clone().flat_map(|i| line(i).into_bytes()).collect(),
+                range.len(),
+            )
+        };
+        let metrics = Metrics::default();
+        // One pass of the writer thread: `count` lines in one batch.
+        let pass = |w: &mut Writer, lines: &[u8], count: usize| {
+            let mut failing = false;
+            let in_flight = AtomicUsize::new(count);
+            w.write_lines(lines, count, &metrics, &mut failing, &in_flight);
+            w.flush().expect("flushes");
+            assert_eq!(in_flight.load(Ordering::Relaxed), 0);
+            assert!(!failing);
+        };
+        let mut w = Writer::open(Sink::File {
+            path: path.clone(),
+            max_bytes,
+            keep: 50,
+        })
+        .expect("opens");
+        // Fits: written whole, no rotation.
+        let (lines, count) = batch(0..2);
+        pass(&mut w, &lines, count);
+        assert_eq!(rotated(&path, 60).len(), 1);
+        // Crosses the limit several times in one batch.
+        let (lines, count) = batch(2..14);
+        pass(&mut w, &lines, count);
+        // A record larger than the limit, inside a batch: a file of its own.
+        let big = format!(
+            "{{\"record\":\"decision\",\"id\":\"big\",\"pad\":\"{}\"}}\n",
+            "x".repeat(150)
+        );
+        let mut lines = big.clone().into_bytes();
+        lines.extend(batch(14..16).0);
+        pass(&mut w, &lines, 3);
+        let files = rotated(&path, 60);
+        let mut all = String::new();
+        for (p, text) in &files {
+            assert!(
+                text.ends_with('\n'),
+                "{} ends inside a record: {text:?}",
+                p.display()
+            );
+            assert!(
+                text.len() as u64 <= max_bytes || text == &big,
+                "{} holds {} bytes: {text:?}",
+                p.display(),
+                text.len()
+            );
+            for l in text.lines() {
+                assert!(
+                    serde_json::from_str::<serde_json::Value>(l).is_ok(),
+                    "a split record in {}: {l:?}",
+                    p.display()
+                );
+            }
+            all.push_str(text);
+        }
+        let mut want: String = (0..14).map(line).collect();
+        want.push_str(&big);
+        want.extend((14..16).map(line));
+        assert_eq!(all, want, "every record once, in order");
+        // 0..14: 14 records three to a file (five files); the big one alone; two more.
+        assert_eq!(files.len(), 7, "{files:?}");
+        assert!(
+            metrics
+                .render()
+                .contains("ichor_rules_decision_records_total{outcome=\"written\"} 17\n"),
+            "{}",
+            metrics.render()
+        );
+
+        // Only `keep` rotated files remain, however many rotations one batch makes; the
+        // newest records are the ones kept.
+        let kept = dir.join("kept.ndjson");
+        let mut w = Writer::open(Sink::File {
+            path: kept.clone(),
+            max_bytes,
+            keep: 2,
+        })
+        .expect("opens");
+        let (lines, count) = batch(0..20);
+        pass(&mut w, &lines, count);
+        let files = rotated(&kept, 10);
+        assert_eq!(files.len(), 3, "PATH, PATH.1 and PATH.2: {files:?}");
+        assert!(!dir.join("kept.ndjson.3").exists(), "only two kept");
+        let all: String = files.iter().map(|(_, t)| t.as_str()).collect();
+        assert_eq!(
+            all,
+            (12..20).map(line).collect::<String>(),
+            "the newest kept"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Through the writer thread: records queued faster than it wakes (its 10 ms rest) reach
+    /// a rotating file in batches, every one of them, whole and in order.
+    #[test]
+    fn records_queued_in_a_burst_reach_a_rotating_file_whole() {
+        let dir = std::env::temp_dir().join(format!("records-burst-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("decisions.ndjson");
+        let metrics = Arc::new(Metrics::default());
+        let recorder = Recorder::start(
+            Sink::File {
+                path: path.clone(),
+                max_bytes: 1000,
+                keep: 1000,
+            },
+            1000,
+            metrics.clone(),
+        )
+        .expect("starts");
+        let n = 400;
+        for i in 0..n {
+            assert!(recorder.queue_line(
+                &format!("{i}"),
+                format!("{{\"record\":\"decision\",\"id\":\"{i:04}\"}}\n").as_bytes()
+            ));
+        }
+        let written = format!("ichor_rules_decision_records_total{{outcome=\"written\"}} {n}\n");
+        let until = Instant::now() + Duration::from_secs(20);
+        while !metrics.render().contains(&written) {
+            assert!(Instant::now() < until, "{}", metrics.render());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        drop(recorder);
+        let files = rotated(&path, 1000);
+        assert!(files.len() >= 10, "{} files", files.len());
+        let mut ids = Vec::new();
+        for (p, text) in &files {
+            assert!(
+                text.len() <= 1000 && text.ends_with('\n'),
+                "{}",
+                p.display()
+            );
+            for l in text.lines() {
+                let v: serde_json::Value = serde_json::from_str(l).expect("a whole record");
+                ids.push(v["id"].as_str().expect("id").to_string());
+            }
+        }
+        let want: Vec<String> = (0..n).map(|i| format!("{i:04}")).collect();
+        assert_eq!(ids, want);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

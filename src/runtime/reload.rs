@@ -238,18 +238,17 @@ impl Rules {
         let rows = table.row_count();
         table.digest.clone_from(&digest);
         let mut warnings = Vec::new();
-        for (rule, audit) in &self.modes {
-            if !table.set_audit(rule, *audit) {
-                let mode = if *audit { "audit" } else { "enforce" };
-                tracing::warn!(
-                    rule = %rule,
-                    mode,
-                    "no rule has this name: its mode is not switched"
-                );
-                warnings.push(format!(
-                    "--{mode}-rule {rule}: no rule has this name: its mode is not switched"
-                ));
-            }
+        for (rule, audit) in apply_modes(&mut table, &self.modes) {
+            let mode = mode_name(audit);
+            tracing::warn!(
+                rule = %rule,
+                mode,
+                "no rule has this name: its mode is not switched"
+            );
+            warnings.push(format!(
+                "{}: its mode is not switched",
+                unknown_rule(&rule, audit)
+            ));
         }
         // A safety rule in audit mode refuses nothing: never silently (`check` warns of one
         // written so; one switched by the deployment is seen only here).
@@ -289,6 +288,39 @@ impl Rules {
         }
         Reload::Replaced { rows, warnings }
     }
+}
+
+/// The modes `serve` and `replay` switch rules to, from their `--audit-rule` and
+/// `--enforce-rule` flags: each audit one, then each enforce one, so that a rule named by
+/// both is enforced ([`apply_modes`] applies them in order).
+pub fn rule_modes(audit: &[String], enforce: &[String]) -> Vec<(String, bool)> {
+    audit
+        .iter()
+        .map(|r| (r.clone(), true))
+        .chain(enforce.iter().map(|r| (r.clone(), false)))
+        .collect()
+}
+
+/// Switches the named rules of `table` to audit (`true`) or enforce (`false`), in order,
+/// whatever their text says. Returns the switches that name no rule of the table (their
+/// name and mode), in order: `serve` logs them, `replay` refuses them.
+pub fn apply_modes(table: &mut Table, modes: &[(String, bool)]) -> Vec<(String, bool)> {
+    let mut unknown = Vec::new();
+    for (rule, audit) in modes {
+        if !table.set_audit(rule, *audit) {
+            unknown.push((rule.clone(), *audit));
+        }
+    }
+    unknown
+}
+
+fn mode_name(audit: bool) -> &'static str {
+    if audit { "audit" } else { "enforce" }
+}
+
+/// What is wrong with a switch naming no rule: `--audit-rule NAME: no rule has this name`.
+pub fn unknown_rule(rule: &str, audit: bool) -> String {
+    format!("--{}-rule {rule}: no rule has this name", mode_name(audit))
 }
 
 fn refused_to_read(e: &LoadError) -> Reload {

@@ -440,8 +440,10 @@ pub struct Journal {
     /// Talos calls since the last fact, decision or step began.
     calls: Vec<Effect>,
     etcd: Vec<EtcdAsked>,
-    /// The id of this reconcile's last decision.
+    /// The id of this reconcile's last decision, and whether its record was queued to the
+    /// sink (`false`: dropped, a full queue; no log holds it).
     decided: Option<String>,
+    decided_queued: bool,
     step: Option<(StepInfo, Instant)>,
     digest: String,
     audit: Vec<String>,
@@ -488,6 +490,7 @@ impl Journal {
             calls: Vec::new(),
             etcd: Vec::new(),
             decided: None,
+            decided_queued: false,
             step: None,
             digest: String::new(),
             audit: Vec::new(),
@@ -631,7 +634,7 @@ impl Journal {
             admission_lookup: self.admission_lookup.map(str::to_string),
         };
         self.calls.clear();
-        self.recorder.record_controller(record);
+        self.decided_queued = self.recorder.record_controller(record);
         self.decided = Some(id.clone());
         id
     }
@@ -744,6 +747,8 @@ fn summary(reply: &Reply) -> Option<String> {
 /// refusal decided again cites its first decision, so its condition is not rewritten (nor
 /// its Event published again) at every reconcile. Kept here, never read back from the
 /// object's status, which a person could have written. Bounded: the oldest goes first.
+/// Only a decision whose record was queued to the sink is cited: one the sink dropped is
+/// in no log, and the next decision whose record is queued becomes the citation.
 #[derive(Default)]
 pub struct Citations {
     inner: Mutex<Kept<(String, String), String>>,
@@ -753,43 +758,54 @@ pub struct Citations {
 pub const CITATIONS_KEPT: usize = 4096;
 
 impl Citations {
-    /// The decision `message` of object `uid` first cited; `id` when none did.
-    pub fn first(&self, uid: &str, message: &str, id: &str) -> String {
+    /// The decision `message` of object `uid` first cited; else `id` when its record was
+    /// `queued` (it becomes the citation); else none (its record was dropped: nothing is
+    /// remembered, so the next decision whose record is queued is cited).
+    pub fn first(&self, uid: &str, message: &str, id: &str, queued: bool) -> Option<String> {
         let Ok(mut inner) = self.inner.lock() else {
-            return id.to_string();
+            return queued.then(|| id.to_string());
         };
         let key = (uid.to_string(), message.to_string());
         if let Some(first) = inner.map.get(&key) {
-            return first.clone();
+            return Some(first.clone());
+        }
+        if !queued {
+            return None;
         }
         inner.insert(key, id.to_string(), CITATIONS_KEPT);
-        id.to_string()
+        Some(id.to_string())
     }
 }
 
-/// A condition's message citing the decision that set it: `message (rule r; decision id)`.
-pub fn cite_as(message: &str, decision: &Decision, id: &str) -> String {
+/// A condition's message citing its rules and the decision that set it: `message (rule r;
+/// decision id)`; without a decision (its record was dropped), `message (rule r)`.
+pub fn cite_as(message: &str, decision: &Decision, id: Option<&str>) -> String {
     let rules: Vec<&str> = decision
         .deciding()
         .iter()
         .map(|f| f.rule.as_str())
         .collect();
-    if rules.is_empty() {
-        format!("{message} (decision {id})")
-    } else {
-        format!("{message} (rule {}; decision {id})", rules.join(", "))
+    match (rules.is_empty(), id) {
+        (true, None) => message.to_string(),
+        (true, Some(id)) => format!("{message} (decision {id})"),
+        (false, None) => format!("{message} (rule {})", rules.join(", ")),
+        (false, Some(id)) => format!("{message} (rule {}; decision {id})", rules.join(", ")),
     }
 }
 
 impl Journal {
     /// `message` citing the decision this reconcile recorded, or the one the same message
-    /// of the same object first cited ([`Citations`]).
+    /// of the same object first cited ([`Citations`]); never a decision whose record the
+    /// sink dropped.
     pub fn cite(&mut self, message: &str, decision: &Decision) -> String {
         let Some(id) = self.decided.as_deref() else {
             return message.to_string();
         };
-        let first = self.recorder.citations.first(&self.target.uid, message, id);
-        cite_as(message, decision, &first)
+        let first =
+            self.recorder
+                .citations
+                .first(&self.target.uid, message, id, self.decided_queued);
+        cite_as(message, decision, first.as_deref())
     }
 }
 
@@ -873,16 +889,162 @@ mod tests {
         let first = cite_as(
             "below the count",
             &d,
-            &c.first("u1", "below the count", "a1"),
+            c.first("u1", "below the count", "a1", true).as_deref(),
         );
         assert_eq!(first, "below the count (rule keep-quorum; decision a1)");
-        assert_eq!(c.first("u1", "below the count", "b2"), "a1");
-        assert_eq!(c.first("u1", "other", "b2"), "b2");
-        assert_eq!(c.first("u2", "below the count", "c3"), "c3");
         assert_eq!(
-            cite_as("go", &Decision::default(), "c3"),
+            c.first("u1", "below the count", "b2", true).as_deref(),
+            Some("a1")
+        );
+        assert_eq!(c.first("u1", "other", "b2", true).as_deref(), Some("b2"));
+        assert_eq!(
+            c.first("u2", "below the count", "c3", true).as_deref(),
+            Some("c3")
+        );
+        assert_eq!(
+            cite_as("go", &Decision::default(), Some("c3")),
             "go (decision c3)"
         );
+        // A dropped record's decision is never cited, nor remembered: the first one queued
+        // after it is; a standing citation stays whatever the later records' fate.
+        assert_eq!(c.first("u3", "below the count", "d4", false), None);
+        assert_eq!(
+            cite_as("below the count", &d, None),
+            "below the count (rule keep-quorum)"
+        );
+        assert_eq!(cite_as("go", &Decision::default(), None), "go");
+        assert_eq!(
+            c.first("u3", "below the count", "e5", true).as_deref(),
+            Some("e5")
+        );
+        assert_eq!(
+            c.first("u3", "below the count", "f6", false).as_deref(),
+            Some("e5")
+        );
+    }
+
+    /// A sink that never finishes a write until released (`.1`: a write began).
+    struct Stuck(
+        Arc<std::sync::atomic::AtomicBool>,
+        Arc<std::sync::atomic::AtomicBool>,
+    );
+
+    impl std::io::Write for Stuck {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.1.store(true, std::sync::atomic::Ordering::SeqCst);
+            while !self.0.load(std::sync::atomic::Ordering::SeqCst) {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn records_total(m: &crate::runtime::metrics::Metrics, outcome: &str) -> u64 {
+        let prefix = format!("ichor_rules_decision_records_total{{outcome=\"{outcome}\"}} ");
+        m.render()
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()).and_then(|v| v.parse().ok()))
+            .expect("the records counter")
+    }
+
+    /// Waits (at most 10 s) for `done`.
+    fn wait_for(what: &str, done: impl Fn() -> bool) {
+        let until = Instant::now() + std::time::Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < until, "waited 10 s for {what}");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    /// A controller decision whose record the sink dropped (its queue full) is cited by no
+    /// condition: its id is in no log. The condition names its rule alone; the next
+    /// decision of the same refusal whose record is queued becomes the citation, and stays
+    /// it.
+    #[test]
+    fn a_decision_whose_record_was_dropped_is_never_cited() {
+        use crate::runtime::facts::{EventFacts, Subject as On};
+        use crate::runtime::objects::{Snapshot, TalosCluster, TalosMachine};
+        use crate::vocab::{Site, Subject, Verb};
+        let release = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let metrics = Arc::new(crate::runtime::metrics::Metrics::default());
+        let recorder = Recorder::start(
+            records::Sink::Writer(Box::new(Stuck(release.clone(), writing.clone()))),
+            1,
+            metrics.clone(),
+        )
+        .expect("the recorder starts");
+        let machine: TalosMachine = serde_json::from_value(serde_json::json!({
+            "apiVersion": crate::runtime::objects::API_VERSION, "kind": "TalosMachine",
+            "metadata": {"name": "cp-3", "namespace": "infra", "uid": "u-cp-3"},
+            "spec": {"clusterRef": {"name": "prod"}, "role": "controlplane", "approved": true}
+        }))
+        .expect("machine");
+        let cluster: TalosCluster = serde_json::from_value(serde_json::json!({
+            "apiVersion": crate::runtime::objects::API_VERSION, "kind": "TalosCluster",
+            "metadata": {"name": "prod", "namespace": "infra"},
+            "spec": {"controlPlane": {"count": 3}}
+        }))
+        .expect("cluster");
+        let snapshot = Snapshot {
+            machines: vec![machine.clone()],
+            clusters: vec![cluster],
+            ..Snapshot::default()
+        };
+        let ev = EventFacts {
+            event: (Verb::Remove, Subject::ControlPlane, Site::Controller),
+            namespace: "infra",
+            cluster: "prod",
+            subject: On::Machine {
+                name: "cp-3",
+                view: &machine,
+                counted: Some(&machine),
+            },
+        };
+        let table = crate::ruleset::shipped_table();
+        let refusal = refused("declared-count");
+        let decide = || {
+            let mut j = Journal::new(
+                recorder.clone(),
+                "TalosMachine",
+                &machine.metadata,
+                "DELETE",
+            );
+            let id = j.decision(&table, &snapshot, ev, &[], &refusal, Instant::now());
+            let message = j.cite("below the count", &refusal);
+            (id, message)
+        };
+        // The writer holds one record and never finishes; one waits; the rest are dropped.
+        let filler = || webhook_record("TalosMachine", "DELETE", "refuse", "2026-12-05T10:00:00Z");
+        recorder.record(filler());
+        wait_for("the writer stuck", || {
+            writing.load(std::sync::atomic::Ordering::SeqCst)
+        });
+        wait_for("a record dropped", || {
+            recorder.record(filler());
+            records_total(&metrics, "dropped") > 0
+        });
+        let (dropped, message) = decide();
+        assert_eq!(
+            message, "below the count (rule declared-count)",
+            "decision {dropped} was dropped"
+        );
+        // The sink catches up: the next decision is written and cited, then kept.
+        release.store(true, std::sync::atomic::Ordering::SeqCst);
+        wait_for("the queue written", || {
+            records_total(&metrics, "written") >= 2
+        });
+        let (written, message) = decide();
+        assert_ne!(written, dropped);
+        assert_eq!(
+            message,
+            format!("below the count (rule declared-count; decision {written})")
+        );
+        let (_, again) = decide();
+        assert_eq!(again, message, "the first citation stays");
     }
 
     fn meta(created: &str, deleted: Option<&str>) -> ObjectMeta {
