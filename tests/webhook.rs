@@ -751,8 +751,10 @@ async fn the_webhook_answers_what_eval_answers() {
             let notes = live["response"]
                 .as_object_mut()
                 .and_then(|r| r.remove("auditAnnotations"));
+            // (This harness keeps no records: the answer names no decision id.)
             assert!(
-                notes.is_some_and(|n| n["decision-id"].is_string()),
+                notes.is_some_and(|n| n["decision-record"] == "off (--decision-log off)"
+                    && n.get("decision-id").is_none()),
                 "{objects} / {review_file}: {live}"
             );
             assert_eq!(live, offline, "{objects} / {review_file}");
@@ -1877,6 +1879,7 @@ async fn a_stuck_sink_drops_records_without_slowing_decisions() {
     three_control_planes(&h).await;
     let cp3 = machine("cp-3", "controlplane", true, "2026-10-03T00:00:00Z");
     let started = std::time::Instant::now();
+    let (mut named, mut unnamed) = (0, 0);
     for i in 0..12 {
         let r = review(
             &h,
@@ -1884,7 +1887,17 @@ async fn a_stuck_sink_drops_records_without_slowing_decisions() {
         )
         .await;
         assert_eq!(r["response"]["allowed"], false);
+        // The answer names its decision only when a log will hold the record; a dropped
+        // one says so, its rules still named.
+        let notes = &r["response"]["auditAnnotations"];
+        assert_eq!(notes["deciding-rules"], "declared-count", "{r}");
+        match (notes.get("decision-id"), notes["decision-record"].as_str()) {
+            (Some(_), None) => named += 1,
+            (None, Some(why)) if why.starts_with("dropped") => unnamed += 1,
+            _ => panic!("{r}"),
+        }
     }
+    assert_eq!((named, unnamed), (3, 9));
     // Each decision took what it takes without records (the writer never returned).
     assert!(
         started.elapsed() < Duration::from_secs(10),

@@ -1135,24 +1135,31 @@ impl Recorder {
     /// Queues a record; never waits. A full queue drops it (counted; logged at most once a
     /// second, with the number dropped).
     pub fn record(&self, record: Record) {
-        self.admissions.note(&record);
-        self.queue_serialized(&record.id, &record);
+        if self.queue_serialized(&record.id, &record) {
+            self.admissions.note(&record);
+        }
     }
 
     /// Queues a webhook decision's record, written straight from what decided it
-    /// ([`WebhookRecord::write`]; [`Recorder::record`]'s queue and drops).
-    pub fn record_webhook(&self, record: &WebhookRecord<'_>) {
-        self.admissions.note_request(
-            record.verdict(),
-            &record.request,
-            record.id,
-            record.table.map_or("", |t| t.digest.as_str()),
-            || record.time.to_string(),
-        );
+    /// ([`WebhookRecord::write`]; [`Recorder::record`]'s queue and drops). `false` when it
+    /// was dropped: no log will hold it, so the answer does not name it.
+    pub fn record_webhook(&self, record: &WebhookRecord<'_>) -> bool {
         let mut line = take_buffer();
         record.write(&mut line);
-        self.queue_line(record.id, &line);
+        let queued = self.queue_line(record.id, &line);
         give_buffer(line);
+        // Kept as an admission only when a log will hold it: the controller's records
+        // cite the admission by its id.
+        if queued {
+            self.admissions.note_request(
+                record.verdict(),
+                &record.request,
+                record.id,
+                record.table.map_or("", |t| t.digest.as_str()),
+                || record.time.to_string(),
+            );
+        }
+        queued
     }
 
     /// Queues a controller decision ([`Recorder::record`]'s queue and drops). `false` when

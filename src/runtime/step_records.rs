@@ -63,7 +63,8 @@ pub struct StepRecord {
     pub target: Target,
     pub rules: RulesInfo,
     /// The id of the decision of this reconcile that let the step run (none: the removal
-    /// had committed and was not decided again).
+    /// had committed and was not decided again, or that decision's record was dropped, so
+    /// no log holds it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decision: Option<String>,
     pub step: StepInfo,
@@ -683,7 +684,7 @@ impl Journal {
                 digest: self.digest.clone(),
                 audit: self.audit.clone(),
             },
-            decision: self.decided.clone(),
+            decision: self.step_decision(),
             step,
             effects,
             boot_time,
@@ -794,6 +795,11 @@ pub fn cite_as(message: &str, decision: &Decision, id: Option<&str>) -> String {
 }
 
 impl Journal {
+    /// The decision a step record names: this reconcile's, when a log holds its record.
+    fn step_decision(&self) -> Option<String> {
+        self.decided.clone().filter(|_| self.decided_queued)
+    }
+
     /// `message` citing the decision this reconcile recorded, or the one the same message
     /// of the same object first cited ([`Citations`]); never a decision whose record the
     /// sink dropped.
@@ -1015,7 +1021,9 @@ mod tests {
             );
             let id = j.decision(&table, &snapshot, ev, &[], &refusal, Instant::now());
             let message = j.cite("below the count", &refusal);
-            (id, message)
+            // Its steps' records name it only when a log holds it, too.
+            let named = j.step_decision();
+            (id, message, named)
         };
         // The writer holds one record and never finishes; one waits; the rest are dropped.
         let filler = || webhook_record("TalosMachine", "DELETE", "refuse", "2026-12-05T10:00:00Z");
@@ -1027,23 +1035,25 @@ mod tests {
             recorder.record(filler());
             records_total(&metrics, "dropped") > 0
         });
-        let (dropped, message) = decide();
+        let (dropped, message, named) = decide();
         assert_eq!(
             message, "below the count (rule declared-count)",
             "decision {dropped} was dropped"
         );
+        assert_eq!(named, None, "a step names the dropped decision {dropped}");
         // The sink catches up: the next decision is written and cited, then kept.
         release.store(true, std::sync::atomic::Ordering::SeqCst);
         wait_for("the queue written", || {
             records_total(&metrics, "written") >= 2
         });
-        let (written, message) = decide();
+        let (written, message, named) = decide();
         assert_ne!(written, dropped);
+        assert_eq!(named.as_deref(), Some(written.as_str()));
         assert_eq!(
             message,
             format!("below the count (rule declared-count; decision {written})")
         );
-        let (_, again) = decide();
+        let (_, again, _) = decide();
         assert_eq!(again, message, "the first citation stays");
     }
 

@@ -226,22 +226,8 @@ pub async fn decide_request(
     let digest = table.as_ref().map(|t| t.digest.clone()).unwrap_or_default();
     let empty = crate::interp::Decision::default();
     let d = decision.as_ref().unwrap_or(&empty);
-    if let Some(resp) = review.response.as_mut() {
-        let notes = &mut resp.audit_annotations;
-        notes.insert("decision-id".into(), id.clone());
-        if !digest.is_empty() {
-            notes.insert("rules-digest".into(), digest.clone());
-        }
-        let deciding: Vec<&str> = d.deciding().iter().map(|f| f.rule.as_str()).collect();
-        if !deciding.is_empty() {
-            notes.insert("deciding-rules".into(), deciding.join(","));
-        }
-        let audited: Vec<&str> = d.audited.iter().map(|f| f.rule.as_str()).collect();
-        if !audited.is_empty() {
-            notes.insert("audit-rules-matched".into(), audited.join(","));
-        }
-    }
-    if let Some(recorder) = &state.records {
+    // Recorded first: the answer names the decision only when a log will hold it.
+    let recorded = state.records.as_ref().map(|recorder| {
         // The caller's text, at most 256 characters a field: a queued record stays small
         // whatever a caller sends (the API server's own values are far shorter).
         recorder.record_webhook(&records::WebhookRecord {
@@ -262,7 +248,36 @@ pub async fn decide_request(
             decision: d,
             refused_without_rules: without_rules.as_deref(),
             latency_us: u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
-        });
+        })
+    });
+    if let Some(resp) = review.response.as_mut() {
+        let notes = &mut resp.audit_annotations;
+        match recorded {
+            Some(true) => {
+                notes.insert("decision-id".into(), id.clone());
+            }
+            // No log holds the decision: an id would lead nowhere.
+            Some(false) => {
+                notes.insert(
+                    "decision-record".into(),
+                    "dropped: the decision log's queue was full".into(),
+                );
+            }
+            None => {
+                notes.insert("decision-record".into(), "off (--decision-log off)".into());
+            }
+        }
+        if !digest.is_empty() {
+            notes.insert("rules-digest".into(), digest.clone());
+        }
+        let deciding: Vec<&str> = d.deciding().iter().map(|f| f.rule.as_str()).collect();
+        if !deciding.is_empty() {
+            notes.insert("deciding-rules".into(), deciding.join(","));
+        }
+        let audited: Vec<&str> = d.audited.iter().map(|f| f.rule.as_str()).collect();
+        if !audited.is_empty() {
+            notes.insert("audit-rules-matched".into(), audited.join(","));
+        }
     }
     records::give_buffer(events);
     review
