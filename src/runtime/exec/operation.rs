@@ -150,9 +150,12 @@ pub const SENT_UNKNOWN: &str = "SentUnknown";
 /// again.
 pub const INSTALL_UNKNOWN: &str = "InstallUnknown";
 
+/// Forgets the record of a call sent, so that it is sent again.
+type Forget = fn(&mut OperationProgress);
+
 /// The failures of a call sent whose outcome cannot be read back, each with the record a
 /// person's resume forgets so that the call is sent again ([`resume`]).
-const UNKNOWN_OUTCOMES: [(&str, fn(&mut OperationProgress)); 2] = [
+const UNKNOWN_OUTCOMES: [(&str, Forget); 2] = [
     (INSTALL_UNKNOWN, |p| p.installing = None),
     (SENT_UNKNOWN, |p| p.sent = None),
 ];
