@@ -87,6 +87,9 @@ codes! {
     StepTimeout "ichor::check::step_timeout" true;
     /// A step of one procedure in the plan of another (`etcd leave` in an operation).
     ActionNotInPlan "ichor::check::action_not_in_plan" true;
+    /// `wait node-back` with no step before it that takes the node down and back (a
+    /// reboot, an upgrade, a rollback): it would pass at once.
+    WaitWithoutReboot "ichor::check::wait_without_reboot" true;
     Arithmetic "ichor::check::arithmetic" true;
     UnusedLet "ichor::lint::unused_let" true;
     AlwaysTrue "ichor::lint::always_true" true;

@@ -940,6 +940,32 @@ impl Action {
         }
     }
 
+    /// Whether the node comes back from it with a new boot time, which `wait node-back`
+    /// waits for (the executor records the boot time before the call): a reboot, an
+    /// upgrade, a rollback. A shutdown does not come back by itself; a reset comes back
+    /// as another machine.
+    pub const fn reboots(self) -> bool {
+        match self {
+            Action::TalosReboot | Action::TalosUpgrade | Action::TalosRollback => true,
+            Action::LockCluster
+            | Action::DrainNode
+            | Action::EtcdForfeitLeadership
+            | Action::EtcdLeave
+            | Action::EtcdRemoveMember
+            | Action::TalosReset
+            | Action::TalosWipe
+            | Action::EventWarning
+            | Action::EventNormal
+            | Action::ReleaseFinalizer
+            | Action::EtcdHealthy
+            | Action::CordonNode
+            | Action::UncordonNode
+            | Action::TalosShutdown
+            | Action::WaitNodeBack
+            | Action::TalosInstall => false,
+        }
+    }
+
     /// Which procedures run it.
     pub fn scope(self) -> Scope {
         self.info().scope

@@ -2425,12 +2425,15 @@ fn each_step_of_a_rollback_shutdown_or_reset_is_refuted_when_dropped() {
 }
 
 /// Issue 35: an operation does what its kind says (`operation-does-its-work`). A plan
-/// that lost its Talos call would otherwise succeed: dropping the call leaves a reboot
-/// roll's, a rollback's, a shutdown's and a reset's every gate passing (the node never
-/// went down, so `wait node-back` sees it answer and its member healthy), and before the
-/// invariant `verify` said verified. Each is refuted now, on the bounds each kind's other
-/// steps are refuted on. (An upgrade without its call never succeeds: `wait node-back`
-/// waits for the new version, and fails the operation past its `within` in a real run.)
+/// whose Talos call does not run would otherwise succeed: a shutdown's or a reset's
+/// without it, or a reboot roll's or a rollback's with it guarded away from workers,
+/// leaves every gate passing (the node never went down, so `wait node-back` sees it answer
+/// and its member healthy), and before the invariant `verify` said verified. Each is
+/// refuted now, on the bounds each kind's other steps are refuted on. (A reboot's or a
+/// rollback's plan without its call at all is refused by `check`, its `wait node-back`
+/// having nothing to wait for: `ichor::check::wait_without_reboot`. An upgrade without
+/// its call never succeeds: `wait node-back` waits for the new version, and fails the
+/// operation past its `within` in a real run.)
 #[test]
 fn an_operation_plan_without_its_talos_call_is_refuted() {
     let bounds = |workers: &'static str, requests: &'static str, rolls: bool| {
@@ -2449,14 +2452,32 @@ fn an_operation_plan_without_its_talos_call_is_refuted() {
         }
         b
     };
-    for (kind, call, bounds) in [
-        ("reboot", "talos reboot", bounds("1", "1", true)),
-        ("rollback", "talos rollback", bounds("1", "1", false)),
-        ("shutdown", "talos shutdown", bounds("1", "1", false)),
-        ("reset", "talos reset", bounds("0", "2", false)),
+    // The call guarded so that a worker's operation skips it.
+    let guarded = |t: &str, kind: &str, call: &str| {
+        let head = format!("plan run operation \"{kind}\"\n");
+        let start = t.find(&head).unwrap_or_else(|| panic!("no plan {kind}"));
+        let line = format!("  do {call}\n");
+        let at = start + t[start..].find(&line).expect("the plan's call");
+        format!(
+            "{}  do {call} when target.controlplane\n{}",
+            &t[..at],
+            &t[at + line.len()..]
+        )
+    };
+    for (kind, call, bounds, skip) in [
+        ("reboot", "talos reboot", bounds("1", "1", true), true),
+        ("rollback", "talos rollback", bounds("1", "1", false), true),
+        ("shutdown", "talos shutdown", bounds("1", "1", false), false),
+        ("reset", "talos reset", bounds("0", "2", false), false),
     ] {
         let name = format!("{kind}-without-its-call");
-        let dir = mutant(&name, "operations.rules", |t| plan_without(t, kind, call));
+        let dir = mutant(&name, "operations.rules", |t| {
+            if skip {
+                guarded(t, kind, call)
+            } else {
+                plan_without(t, kind, call)
+            }
+        });
         let (out, json) = verify(&dir, "3", &bounds);
         assert_eq!(out.code, 1, "{name}: {}", out.stdout);
         assert!(

@@ -286,6 +286,42 @@ impl<'a, 'd> FileChecker<'a, 'd> {
             );
             return None;
         }
+        // `wait node-back` waits for a boot time other than the one recorded before the
+        // call that took the node down; with no such call before it, nothing was recorded
+        // and it passes at once, so the plan would go on with the node never taken down
+        // (and, with the call after it, never waited for).
+        if ok
+            && let Some(wait) = steps.iter().position(|s| s.action == Action::WaitNodeBack)
+            && !steps[..wait].iter().any(|s| s.action.reboots())
+        {
+            let mut d = Diagnostic::error(
+                Code::WaitWithoutReboot,
+                self.file,
+                steps[wait].span,
+                "`wait node-back` waits for the node to come back, and no step before it takes the node down",
+            )
+            .label("nothing to wait for: it would pass at once");
+            if let Some(later) = steps[wait..].iter().find(|s| s.action.reboots()) {
+                d = d.secondary(
+                    self.file,
+                    later.span,
+                    "the node goes down only here, after the wait",
+                );
+            } else if let Some(off) = steps[..wait]
+                .iter()
+                .find(|s| s.action == Action::TalosShutdown)
+            {
+                d = d.secondary(
+                    self.file,
+                    off.span,
+                    "a node shut down does not come back by itself",
+                );
+            }
+            self.diags.push(d.help(
+                "put the call that takes the node down and back (`do talos reboot`, `do talos upgrade` or `do talos rollback`) before the wait, or remove the wait",
+            ));
+            return None;
+        }
         ok.then_some(CheckedPlan {
             verb,
             subject,

@@ -217,6 +217,12 @@ pub fn run(args: &ReplayArgs) -> u8 {
         }
     };
     let digest = records::digest(&set.files);
+    // The rules given, as errors name them.
+    let named = paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
     let Some(mut table) = set
         .table
         .filter(|_| set.diagnostics.iter().all(|d| !d.is_error()))
@@ -237,11 +243,7 @@ pub fn run(args: &ReplayArgs) -> u8 {
             eprintln!(
                 "error: {} in {}",
                 crate::runtime::reload::unknown_rule(rule, *audit),
-                paths
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                named
             );
         }
         return EXIT_BAD_INPUT;
@@ -288,11 +290,7 @@ pub fn run(args: &ReplayArgs) -> u8 {
                 } else {
                     &record.rules.digest
                 },
-                paths
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                named
             );
             return EXIT_BAD_INPUT;
         }

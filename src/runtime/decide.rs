@@ -134,15 +134,8 @@ pub fn status_event<'s>(
     old: Option<&'s TalosMachine>,
     new: Option<&'s TalosMachine>,
 ) -> Option<EventFacts<'s>> {
-    let new = match op {
-        Operation::Create | Operation::Update => new?,
-        Operation::Delete | Operation::Connect => return None,
-    };
-    let changed = match old {
-        Some(old) => !old.same_status_reads(new),
-        None => !TalosMachine::default().same_status_reads(new),
-    };
-    changed.then_some(EventFacts {
+    let new = status_changed(op, old, new, TalosMachine::same_status_reads)?;
+    Some(EventFacts {
         event: (Verb::Report, S::Machine, Site::Webhook),
         namespace,
         cluster: new.cluster(),
@@ -152,6 +145,25 @@ pub fn status_event<'s>(
             counted: old,
         },
     })
+}
+
+/// The object a create or an update leaves whose status reads (`same`) differ from the old
+/// object's, or from an empty status on a create: what a `report` event is about.
+fn status_changed<'s, T: Default>(
+    op: &Operation,
+    old: Option<&'s T>,
+    new: Option<&'s T>,
+    same: impl Fn(&T, &T) -> bool,
+) -> Option<&'s T> {
+    let new = match op {
+        Operation::Create | Operation::Update => new?,
+        Operation::Delete | Operation::Connect => return None,
+    };
+    let changed = match old {
+        Some(old) => !same(old, new),
+        None => !same(&T::default(), new),
+    };
+    changed.then_some(new)
 }
 
 /// The `report backup` event of a TalosEtcdBackup request whose status changes anything
@@ -164,15 +176,8 @@ pub fn backup_status_event<'s>(
     old: Option<&'s TalosEtcdBackup>,
     new: Option<&'s TalosEtcdBackup>,
 ) -> Option<EventFacts<'s>> {
-    let new = match op {
-        Operation::Create | Operation::Update => new?,
-        Operation::Delete | Operation::Connect => return None,
-    };
-    let changed = match old {
-        Some(old) => !old.same_status_reads(new),
-        None => !TalosEtcdBackup::default().same_status_reads(new),
-    };
-    changed.then_some(EventFacts {
+    let new = status_changed(op, old, new, TalosEtcdBackup::same_status_reads)?;
+    Some(EventFacts {
         event: (Verb::Report, S::Backup, Site::Webhook),
         namespace,
         cluster: new.cluster(),

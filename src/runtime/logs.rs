@@ -174,6 +174,47 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Queue {
     }
 }
 
+/// What is logged, collected for a unit test's `tracing` subscriber
+/// ([`Logged::subscriber`]); [`Logged::text`] reads it back.
+#[cfg(test)]
+#[derive(Clone, Default)]
+pub(crate) struct Logged(Arc<std::sync::Mutex<Vec<u8>>>);
+
+#[cfg(test)]
+impl Logged {
+    /// A plain-text subscriber writing here.
+    pub(crate) fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync + 'static {
+        tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(self.clone())
+            .finish()
+    }
+
+    /// Everything logged so far.
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("log")).into_owned()
+    }
+}
+
+#[cfg(test)]
+impl std::io::Write for Logged {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logged {
+    type Writer = Logged;
+    fn make_writer(&'a self) -> Logged {
+        self.clone()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

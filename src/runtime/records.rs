@@ -1952,26 +1952,6 @@ mod drops {
         }
     }
 
-    #[derive(Clone, Default)]
-    struct Logged(Arc<Mutex<Vec<u8>>>);
-
-    impl Write for Logged {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().expect("log").extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logged {
-        type Writer = Logged;
-        fn make_writer(&'a self) -> Logged {
-            self.clone()
-        }
-    }
-
     fn dropped(m: &Metrics) -> u64 {
         m.render()
             .lines()
@@ -1995,14 +1975,9 @@ mod drops {
             metrics.clone(),
         )
         .expect("the recorder starts");
-        let logged = Logged::default();
-        let log = || String::from_utf8_lossy(&logged.0.lock().expect("log")).into_owned();
-        let subscriber = || {
-            tracing_subscriber::fmt()
-                .with_ansi(false)
-                .with_writer(logged.clone())
-                .finish()
-        };
+        let logged = crate::runtime::logs::Logged::default();
+        let log = || logged.text();
+        let subscriber = || logged.subscriber();
         let burst = |from: usize| {
             for i in from..from + 10 {
                 recorder.queue_line(&format!("id-{i}"), b"{}\n");

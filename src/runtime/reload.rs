@@ -398,41 +398,16 @@ mod tests {
         );
     }
 
-    /// Collects what is logged, for `tracing_subscriber`'s writer.
-    #[derive(Clone, Default)]
-    struct Logged(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Logged {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().expect("log").extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logged {
-        type Writer = Logged;
-        fn make_writer(&'a self) -> Logged {
-            self.clone()
-        }
-    }
-
     /// The reload of `rules/` with `modes`, and what it logged.
     fn reload_logged(modes: Vec<(String, bool)>) -> (Reload, Status, String) {
-        let logged = Logged::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_writer(logged.clone())
-            .finish();
+        let logged = crate::runtime::logs::Logged::default();
+        let subscriber = logged.subscriber();
         let rules = Rules::new(vec![
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rules"),
         ])
         .with_modes(modes);
         let reload = tracing::subscriber::with_default(subscriber, || rules.reload());
-        let text = String::from_utf8_lossy(&logged.0.lock().expect("log")).into_owned();
-        (reload, rules.status(), text)
+        (reload, rules.status(), logged.text())
     }
 
     /// The chart's `rules.audit` naming a safety rule (a `refuse` of a control plane's
