@@ -885,20 +885,7 @@ fn healthy_quorum_counts_etcds_members_not_the_approved_ones() {
     );
     assert!(texts.iter().any(|t| t.contains("dies")), "{texts:?}");
     assert!(texts.iter().any(|t| t.contains("etcd leave")), "{texts:?}");
-    // The shipped rules: no violation within the depth these bounds cut at (a depth cut
-    // proves nothing beyond it, so the run is incomplete, exit 2, not "verified").
-    let (out, json) = verify(&root().join("rules"), "4", &bounds);
-    assert!(violated(&json).is_empty(), "{}", out.stdout);
-    assert_eq!(
-        out.code,
-        if json["cut"].as_str().is_some_and(|c| c.contains("depth")) {
-            2
-        } else {
-            0
-        },
-        "{}",
-        out.stdout
-    );
+    shipped_hold_within_depth("4", &bounds);
 }
 
 /// The same for a reset (found with 4 machines, a failure and an operation): a control plane
@@ -931,20 +918,7 @@ fn reset_healthy_quorum_counts_etcds_members_too() {
     let texts = step_texts(&json);
     assert!(texts.iter().any(|t| t.contains("kind reset")), "{texts:?}");
     assert!(texts.iter().any(|t| t.contains("dies")), "{texts:?}");
-    // The shipped rules: no violation within the depth these bounds cut at (a depth cut
-    // proves nothing beyond it, so the run is incomplete, exit 2, not "verified").
-    let (out, json) = verify(&root().join("rules"), "4", &bounds);
-    assert!(violated(&json).is_empty(), "{}", out.stdout);
-    assert_eq!(
-        out.code,
-        if json["cut"].as_str().is_some_and(|c| c.contains("depth")) {
-            2
-        } else {
-            0
-        },
-        "{}",
-        out.stdout
-    );
+    shipped_hold_within_depth("4", &bounds);
 }
 
 /// Found by `verify` with 6 control-plane machines: count 5, a sixth approved, and a
@@ -1289,20 +1263,7 @@ fn without_reset_replacement_not_joined_a_reset_outruns_two_concurrent_approvals
         "{texts:?}"
     );
     assert!(texts.iter().any(|t| t.contains("kind reset")), "{texts:?}");
-    // The shipped rules: no violation within the depth these bounds cut at (a depth cut
-    // proves nothing beyond it, so the run is incomplete, exit 2, not "verified").
-    let (out, json) = verify(&root().join("rules"), "5", &bounds);
-    assert!(violated(&json).is_empty(), "{}", out.stdout);
-    assert_eq!(
-        out.code,
-        if json["cut"].as_str().is_some_and(|c| c.contains("depth")) {
-            2
-        } else {
-            0
-        },
-        "{}",
-        out.stdout
-    );
+    shipped_hold_within_depth("5", &bounds);
 }
 
 /// Found by `verify` with 3 control-plane machines, a failure, operations and a request in
@@ -1348,20 +1309,7 @@ fn without_reset_uncounted_control_plane_a_reset_of_a_deleted_member_loses_the_m
         "{reset} is neither deleted nor re-roled: {texts:?}"
     );
     assert!(texts.iter().any(|t| t.contains("dies")), "{texts:?}");
-    // The shipped rules: no violation within the depth these bounds cut at (a depth cut
-    // proves nothing beyond it, so the run is incomplete, exit 2, not "verified").
-    let (out, json) = verify(&root().join("rules"), "3", &bounds);
-    assert!(violated(&json).is_empty(), "{}", out.stdout);
-    assert_eq!(
-        out.code,
-        if json["cut"].as_str().is_some_and(|c| c.contains("depth")) {
-            2
-        } else {
-            0
-        },
-        "{}",
-        out.stdout
-    );
+    shipped_hold_within_depth("3", &bounds);
 }
 
 /// ADR 0137's own bug: an operation waiting for the even count blocked the removal that
@@ -2340,6 +2288,16 @@ fn an_upgrade_roll_passing_a_machine_being_deleted_is_not_blamed_for_its_version
     assert_eq!(out.code, 0, "{}", out.stdout);
     assert!(violated(&json).is_empty(), "{}", out.stdout);
     assert!(json["states"].as_u64().unwrap_or(0) > 50_000, "{json}");
+}
+
+/// The shipped rules hold under `bounds` at `size`: no violation within the depth the
+/// bounds cut at (a depth cut proves nothing beyond it, so the run is then incomplete,
+/// exit 2, never "verified"; exit 0 when nothing was cut).
+fn shipped_hold_within_depth(size: &str, bounds: &[&str]) {
+    let (out, json) = verify(&root().join("rules"), size, bounds);
+    assert!(violated(&json).is_empty(), "{}", out.stdout);
+    let cut = json["cut"].as_str().is_some_and(|c| c.contains("depth"));
+    assert_eq!(out.code, if cut { 2 } else { 0 }, "{}", out.stdout);
 }
 
 /// The plan `run operation "<kind>"` of `text` without its step that starts with `step`.

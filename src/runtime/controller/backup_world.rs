@@ -5,17 +5,13 @@
 
 use super::world::Live;
 use super::{Context, ReconcileError};
-use crate::interp::Decision;
 use crate::runtime::exec::backup::{BackupWorld, Failure, Stored};
-use crate::runtime::exec::{Call, Drained, LockOp, Node, NodeError, Note, Reply, World};
-use crate::runtime::live::Reads;
-use crate::runtime::objects::{Snapshot, SnapshotRecord, TalosEtcdBackup, TalosMachine};
+use crate::runtime::exec::{Note, World};
+use crate::runtime::objects::{SnapshotRecord, TalosEtcdBackup, TalosMachine};
 use crate::runtime::secrets;
 use crate::runtime::snapshot::StreamError;
 use crate::runtime::store::{Keys, PutError, Store, StoreError};
 use crate::runtime::talos::TalosError;
-use k8s_openapi::jiff::Timestamp;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// The controller's world of one reconcile of a backup.
@@ -204,69 +200,10 @@ fn stream_failure(from_node: Option<StreamError>, into_store: Option<PutError>) 
 }
 
 impl World for BackupLive<'_> {
-    type Error = ReconcileError;
-
-    fn now(&self) -> Timestamp {
-        self.live.now()
-    }
-
-    async fn credentials(&mut self, cluster: &str) -> Result<(), String> {
-        self.live.credentials(cluster).await
-    }
-
-    async fn talos(
-        &mut self,
-        cluster: &str,
-        node: Node<'_>,
-        call: Call,
-    ) -> Result<Result<Reply, NodeError>, ReconcileError> {
-        self.live.talos(cluster, node, call).await
-    }
-
-    async fn lock(
-        &mut self,
-        cluster: &str,
-        op: LockOp,
-    ) -> Result<Result<(), String>, ReconcileError> {
-        self.live.lock(cluster, op).await
-    }
-
-    async fn read(&mut self, cluster: &str, reads: Reads) -> Result<Arc<Snapshot>, ReconcileError> {
-        self.live.read(cluster, reads).await
-    }
-
-    async fn drain(&mut self, node: &str) -> Result<Result<Drained, String>, ReconcileError> {
-        self.live.drain(node).await
-    }
-
-    async fn write_status(
-        &mut self,
-        before: &TalosMachine,
-        after: &TalosMachine,
-    ) -> Result<Option<String>, ReconcileError> {
-        self.live.write_status(before, after).await
-    }
-
-    async fn release_finalizer(&mut self, m: &TalosMachine) -> Result<(), ReconcileError> {
-        self.live.release_finalizer(m).await
-    }
-
-    async fn event(&mut self, on: &TalosMachine, warning: bool, reason: &str, note: String) {
-        self.live.event(on, warning, reason, note).await;
-    }
+    super::world::through_live!();
 
     fn note(&mut self, on: &TalosMachine, note: Note<'_>) {
         self.live.note(on, note);
-    }
-
-    fn decide(
-        &mut self,
-        table: &crate::compile::Table,
-        snapshot: &Snapshot,
-        ev: crate::runtime::facts::EventFacts<'_>,
-        supplied: &[(crate::vocab::Fact, i64)],
-    ) -> Result<Decision, crate::vocab::Fact> {
-        self.live.decide(table, snapshot, ev, supplied)
     }
 }
 

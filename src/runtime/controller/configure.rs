@@ -10,18 +10,14 @@
 use super::nodes;
 use super::world::Live;
 use super::{Context, ReconcileError};
-use crate::interp::Decision;
 use crate::runtime::exec::apply::{self, ApplyError, ApplyWorld, BaseError, TalosApi};
 use crate::runtime::exec::bootstrap::BootstrapWorld;
-use crate::runtime::exec::{Call, Drained, LockOp, Node, NodeError, Note, Outcome, Reply, World};
-use crate::runtime::live::{Reads, cluster_selector, list_complete};
-use crate::runtime::objects::{
-    BootstrapRecord, Snapshot, TalosCluster, TalosConfigPatch, TalosMachine,
-};
+use crate::runtime::exec::{Note, Outcome, World};
+use crate::runtime::live::{cluster_selector, list_complete};
+use crate::runtime::objects::{BootstrapRecord, TalosCluster, TalosConfigPatch, TalosMachine};
 use crate::runtime::render::{Base, CONTROLPLANE_KEY, Rendered, WORKER_KEY};
 use crate::runtime::secrets;
 use crate::runtime::talos::{Applied, ApplyMode, TalosClient};
-use k8s_openapi::jiff::Timestamp;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,56 +58,7 @@ impl<'c, 'd> MachineLive<'c, 'd> {
 }
 
 impl World for MachineLive<'_, '_> {
-    type Error = ReconcileError;
-
-    fn now(&self) -> Timestamp {
-        self.live.now()
-    }
-
-    async fn credentials(&mut self, cluster: &str) -> Result<(), String> {
-        self.live.credentials(cluster).await
-    }
-
-    async fn talos(
-        &mut self,
-        cluster: &str,
-        node: Node<'_>,
-        call: Call,
-    ) -> Result<Result<Reply, NodeError>, ReconcileError> {
-        self.live.talos(cluster, node, call).await
-    }
-
-    async fn lock(
-        &mut self,
-        cluster: &str,
-        op: LockOp,
-    ) -> Result<Result<(), String>, ReconcileError> {
-        self.live.lock(cluster, op).await
-    }
-
-    async fn read(&mut self, cluster: &str, reads: Reads) -> Result<Arc<Snapshot>, ReconcileError> {
-        self.live.read(cluster, reads).await
-    }
-
-    async fn drain(&mut self, node: &str) -> Result<Result<Drained, String>, ReconcileError> {
-        self.live.drain(node).await
-    }
-
-    async fn write_status(
-        &mut self,
-        before: &TalosMachine,
-        after: &TalosMachine,
-    ) -> Result<Option<String>, ReconcileError> {
-        self.live.write_status(before, after).await
-    }
-
-    async fn release_finalizer(&mut self, m: &TalosMachine) -> Result<(), ReconcileError> {
-        self.live.release_finalizer(m).await
-    }
-
-    async fn event(&mut self, on: &TalosMachine, warning: bool, reason: &str, note: String) {
-        self.live.event(on, warning, reason, note).await;
-    }
+    super::world::through_live!();
 
     fn note(&mut self, on: &TalosMachine, note: Note<'_>) {
         // The bootstrap's decision: its audit-mode rules counted as `super::held` counts
@@ -131,16 +78,6 @@ impl World for MachineLive<'_, '_> {
 
     fn journal(&mut self) -> Option<&mut crate::runtime::step_records::Journal> {
         self.live.journal()
-    }
-
-    fn decide(
-        &mut self,
-        table: &crate::compile::Table,
-        snapshot: &Snapshot,
-        ev: crate::runtime::facts::EventFacts<'_>,
-        supplied: &[(crate::vocab::Fact, i64)],
-    ) -> Result<Decision, crate::vocab::Fact> {
-        self.live.decide(table, snapshot, ev, supplied)
     }
 }
 

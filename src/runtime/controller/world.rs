@@ -14,6 +14,102 @@ use k8s_openapi::jiff::Timestamp;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// The parts of a `World` (in an `impl World for …`) that a procedure's world takes from
+/// its [`Live`] (a field `live`) unchanged: the clock, credentials, Talos, the lock, reads,
+/// drains, the machine's status and finalizer, Events and decisions. Each world writes
+/// its own `note` (and `journal` when it keeps one).
+macro_rules! through_live {
+    () => {
+        type Error = $crate::runtime::controller::ReconcileError;
+
+        fn now(&self) -> ::k8s_openapi::jiff::Timestamp {
+            self.live.now()
+        }
+
+        async fn credentials(&mut self, cluster: &str) -> Result<(), String> {
+            self.live.credentials(cluster).await
+        }
+
+        async fn talos(
+            &mut self,
+            cluster: &str,
+            node: $crate::runtime::exec::Node<'_>,
+            call: $crate::runtime::exec::Call,
+        ) -> Result<
+            Result<$crate::runtime::exec::Reply, $crate::runtime::exec::NodeError>,
+            $crate::runtime::controller::ReconcileError,
+        > {
+            self.live.talos(cluster, node, call).await
+        }
+
+        async fn lock(
+            &mut self,
+            cluster: &str,
+            op: $crate::runtime::exec::LockOp,
+        ) -> Result<Result<(), String>, $crate::runtime::controller::ReconcileError> {
+            self.live.lock(cluster, op).await
+        }
+
+        async fn read(
+            &mut self,
+            cluster: &str,
+            reads: $crate::runtime::live::Reads,
+        ) -> Result<
+            ::std::sync::Arc<$crate::runtime::objects::Snapshot>,
+            $crate::runtime::controller::ReconcileError,
+        > {
+            self.live.read(cluster, reads).await
+        }
+
+        async fn drain(
+            &mut self,
+            node: &str,
+        ) -> Result<
+            Result<$crate::runtime::exec::Drained, String>,
+            $crate::runtime::controller::ReconcileError,
+        > {
+            self.live.drain(node).await
+        }
+
+        async fn write_status(
+            &mut self,
+            before: &$crate::runtime::objects::TalosMachine,
+            after: &$crate::runtime::objects::TalosMachine,
+        ) -> Result<Option<String>, $crate::runtime::controller::ReconcileError> {
+            self.live.write_status(before, after).await
+        }
+
+        async fn release_finalizer(
+            &mut self,
+            m: &$crate::runtime::objects::TalosMachine,
+        ) -> Result<(), $crate::runtime::controller::ReconcileError> {
+            self.live.release_finalizer(m).await
+        }
+
+        async fn event(
+            &mut self,
+            on: &$crate::runtime::objects::TalosMachine,
+            warning: bool,
+            reason: &str,
+            note: String,
+        ) {
+            self.live.event(on, warning, reason, note).await;
+        }
+
+        fn decide(
+            &mut self,
+            table: &$crate::compile::Table,
+            snapshot: &$crate::runtime::objects::Snapshot,
+            ev: $crate::runtime::facts::EventFacts<'_>,
+            supplied: &[($crate::vocab::Fact, i64)],
+        ) -> Result<$crate::interp::Decision, $crate::vocab::Fact> {
+            self.live.decide(table, snapshot, ev, supplied)
+        }
+    };
+}
+
+pub(crate) use through_live;
+
 /// The controller's world of one reconcile in `namespace`.
 pub struct Live<'c> {
     ctx: &'c Context,
