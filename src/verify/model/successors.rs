@@ -1,0 +1,372 @@
+//! The model ([`Model`]) and every successor of a state: people's requests (decided on
+//! it, committed at once or left in flight), commits of what is in flight, the
+//! controller's reconciles ([`super::controller`]) and the world's moves (a node dies
+//! or returns, etcd catches up, a PodDisruptionBudget blocks or lifts).
+
+use super::bounds::{Bounds, BoundsError, ix};
+use super::moves::{Fired, Move, Next, committed, effect};
+use super::objects::{Lazy, Memo, Objects};
+use super::requests::outcome;
+use super::state::{ClusterState, Lock, OpKind, Pending, Phase, Req, State};
+use crate::compile::{PlanStep, Table};
+use crate::runtime::objects::Snapshot;
+use crate::vocab::{Verb, Verdict};
+
+// Named by doc links only.
+#[cfg(doc)]
+use super::objects::object_key;
+
+/// Explores transitions with one rule set.
+pub struct Model<'t> {
+    pub table: &'t Table,
+    pub bounds: Bounds,
+    pub objects: Objects<'t>,
+}
+
+/// The controller's answer for a removal, for liveness: refused by a rule (a named wait).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Outcomes {
+    /// Removals in progress that wait, in this state, on something named: a rule's
+    /// refusal outside a teardown, a fact that cannot be read, a node that does not
+    /// answer, a PodDisruptionBudget, the lock held by other work, a member left behind.
+    pub removals_waiting: u8,
+    /// Operations in progress that wait, in this state, on something named: a rule's
+    /// refusal (parked for the even count, a start or step refused), or the executor's
+    /// named wait (a node or etcd not back yet, the lock held by other work).
+    pub ops_waiting: u8,
+    /// ADR 0137: the count is even, an operation waits for it to be odd, and removing a
+    /// control plane (which would end the even count) is refused although it would be
+    /// allowed without the waiting operations: they block their own cure.
+    /// The control plane whose delete is so refused, and the waiting operations (a bit
+    /// set of their indices).
+    pub cure_blocked: Option<(u8, u64)>,
+}
+
+impl<'t> Model<'t> {
+    /// A model of `table` within `bounds`, if a model can hold them ([`Bounds::check`]).
+    pub fn new(table: &'t Table, bounds: Bounds) -> Result<Self, BoundsError> {
+        bounds.check()?;
+        let plan = table
+            .plan(Verb::Remove, crate::vocab::Subject::ControlPlane)
+            .map(|p| p.steps.as_slice());
+        Ok(Model {
+            table,
+            bounds,
+            objects: Objects {
+                table,
+                plan,
+                parking_reason: table
+                    .parking_reasons()
+                    .first()
+                    .map_or("Refused", String::as_str),
+                roll_width: bounds.roll_width,
+            },
+        })
+    }
+
+    pub(super) fn plan(&self) -> &'t [PlanStep] {
+        self.objects.plan.unwrap_or(&[])
+    }
+
+    /// Every successor of `s`. `snap` is `s` (or a state with the same [`object_key`]) as
+    /// objects, built when first needed.
+    ///
+    /// `memo` holds the decisions made for another state with the same objects
+    /// ([`object_key`]), or none ([`Memo::clear`]); this state's are added.
+    pub fn successors(
+        &self,
+        s: &State,
+        snap: &Lazy<'_>,
+        memo: &mut Memo,
+        fired: &mut Fired,
+        out: &mut Vec<Next>,
+    ) -> Outcomes {
+        let mut outcomes = Outcomes::default();
+        // People: decided on this state; admitted ones commit at once or stay in flight.
+        for req in self.requests(s) {
+            let verdict = self.admitted(s, snap, memo, fired, req);
+            let Some(verdict) = verdict else {
+                continue;
+            };
+            if verdict == Some(Verdict::Refuse) {
+                continue;
+            }
+            let p = Pending {
+                req,
+                base: Self::base(s, req),
+                warned: verdict == Some(Verdict::Warn),
+            };
+            // Counted only under a budget (a count nobody reads would tell equal states
+            // apart).
+            let used = if self.bounds.max_requests.is_some() {
+                s.requests.saturating_add(u8::from(req.counts()))
+            } else {
+                0
+            };
+            if let Some(mut t) = self.commit(s, p) {
+                t.requests = used;
+                if !s.pending.is_empty() {
+                    t.concurrent = true;
+                }
+                out.push(Next {
+                    mv: Move::Admit {
+                        req,
+                        in_flight: false,
+                    },
+                    effect: committed(p, &t),
+                    state: t,
+                });
+            }
+            if s.pending.len() < usize::from(self.bounds.in_flight) {
+                let mut t = s.fork();
+                t.requests = used;
+                t.pending.push(p);
+                out.push(Next {
+                    mv: Move::Admit {
+                        req,
+                        in_flight: true,
+                    },
+                    state: t,
+                    effect: effect("admit"),
+                });
+            }
+        }
+        for (kidx, p) in ix(&s.pending) {
+            let k = usize::from(kidx);
+            let mut rest = s.fork();
+            rest.pending.remove(k);
+            let (t, e) = match self.commit(&rest, *p) {
+                Some(mut t) => {
+                    // Committed while another request is still in flight.
+                    t.concurrent |= !rest.pending.is_empty();
+                    let e = committed(*p, &t);
+                    (t, e)
+                }
+                None => (rest, effect("conflict")),
+            };
+            out.push(Next {
+                mv: Move::Commit(kidx),
+                state: t,
+                effect: e,
+            });
+        }
+        // The controller.
+        if s.cluster != ClusterState::Gone {
+            for (idx, m) in ix(&s.machines) {
+                let i = usize::from(idx);
+                if m.deleting {
+                    if m.finalizer {
+                        let named = self.removal(s, snap, idx, memo, fired, out);
+                        outcomes.removals_waiting += u8::from(named);
+                    }
+                    continue;
+                }
+                if m.approved_cp() {
+                    if let Some((t, e)) = self.apply(s, snap, i, memo, fired) {
+                        out.push(Next {
+                            mv: Move::Apply(idx),
+                            state: t,
+                            effect: e,
+                        });
+                    }
+                    if m.up == m.unreachable {
+                        let mut t = s.fork();
+                        t.machines[i].unreachable = !m.up;
+                        out.push(Next {
+                            mv: Move::Probe(idx),
+                            state: t,
+                            effect: effect("probe"),
+                        });
+                    }
+                }
+            }
+            // Operations the controller leaves waiting here while the count is even: not
+            // an etcd restore, not started, not holding the lock (ADR 0137).
+            let mut waiting: u64 = 0;
+            for (kidx, o) in ix(&s.ops) {
+                let (added, named) = self.operation(s, snap, kidx, memo, fired, out);
+                outcomes.ops_waiting += u8::from(named);
+                if !added
+                    && o.kind != OpKind::Restore
+                    && matches!(o.phase, Phase::Pending | Phase::Parked)
+                    && s.lock != Lock::Operation(kidx)
+                    && kidx < 64
+                {
+                    waiting |= 1 << kidx;
+                }
+            }
+            if waiting != 0 {
+                outcomes.cure_blocked = self
+                    .cure_blocked(s, snap, memo, fired, waiting)
+                    .map(|i| (i, waiting));
+            }
+            if s.cluster == ClusterState::Deleting && s.machines.iter().all(|m| m.moved) {
+                let mut t = s.fork();
+                t.cluster = ClusterState::Gone;
+                t.ops.clear();
+                t.op_names.clear();
+                t.pending.clear();
+                out.push(Next {
+                    mv: Move::Teardown,
+                    state: t,
+                    effect: effect("teardown"),
+                });
+            }
+        }
+        // The environment.
+        for (idx, m) in ix(&s.machines) {
+            let i = usize::from(idx);
+            if !m.up && !m.wiped && m.boots.rebooting {
+                // Taken down by an operation's call: it comes back (not assumed: a world
+                // move) with a new boot time, running what was staged.
+                let mut t = s.fork();
+                let b = &mut t.machines[i].boots;
+                b.boot = !b.boot;
+                b.rebooting = false;
+                if b.staged {
+                    // Within the failure budget, the upgrade does not take.
+                    if s.failures < self.bounds.max_failures {
+                        let mut u = t.clone();
+                        u.machines[i].boots.staged = false;
+                        u.machines[i].up = true;
+                        u.failures += 1;
+                        out.push(Next {
+                            mv: Move::UpgradeNotTaken(idx),
+                            state: u,
+                            effect: effect("node-returns"),
+                        });
+                    }
+                    let b = &mut t.machines[i].boots;
+                    b.upgraded = true;
+                    b.staged = false;
+                }
+                t.machines[i].up = true;
+                // Within the failure budget, its etcd member has not caught up yet when
+                // the node answers (it does, by a move of its own).
+                if m.member && s.failures < self.bounds.max_failures {
+                    let mut u = t.clone();
+                    u.machines[i].boots.syncing = true;
+                    u.failures += 1;
+                    out.push(Next {
+                        mv: Move::NodeReturnsBehind(idx),
+                        state: u,
+                        effect: effect("node-returns"),
+                    });
+                }
+                out.push(Next {
+                    mv: Move::NodeReturns(idx),
+                    state: t,
+                    effect: effect("node-returns"),
+                });
+                continue;
+            }
+            if m.up && m.boots.syncing {
+                let mut t = s.fork();
+                t.machines[i].boots.syncing = false;
+                out.push(Next {
+                    mv: Move::EtcdCatchesUp(idx),
+                    state: t,
+                    effect: effect("node-returns"),
+                });
+            }
+            if !m.ever_cp() || m.wiped || !(m.approved || m.member) {
+                continue;
+            }
+            if m.up && s.failures < self.bounds.max_failures {
+                let mut t = s.fork();
+                t.machines[i].up = false;
+                t.failures += 1;
+                out.push(Next {
+                    mv: Move::NodeDies(idx),
+                    state: t,
+                    effect: effect("node-dies"),
+                });
+            }
+            if !m.up {
+                let mut t = s.fork();
+                t.machines[i].up = true;
+                out.push(Next {
+                    mv: Move::NodeReturns(idx),
+                    state: t,
+                    effect: effect("node-returns"),
+                });
+            }
+        }
+        let draining = s
+            .machines
+            .iter()
+            .any(|m| m.deleting && m.finalizer && !m.committed);
+        if s.pdb {
+            let mut t = s.fork();
+            t.pdb = false;
+            out.push(Next {
+                mv: Move::PdbLifts,
+                state: t,
+                effect: effect("pdb"),
+            });
+        } else if draining && s.failures < self.bounds.max_failures {
+            let mut t = s.fork();
+            t.pdb = true;
+            t.failures += 1;
+            out.push(Next {
+                mv: Move::PdbBlocks,
+                state: t,
+                effect: effect("pdb"),
+            });
+        }
+        outcomes
+    }
+
+    /// [`Outcomes::cure_blocked`] for the operations in the bit set `waiting`: an approved
+    /// control plane whose annotated delete is refused here, and allowed on the same state
+    /// without those operations.
+    fn cure_blocked(
+        &self,
+        s: &State,
+        snap: &Lazy<'_>,
+        memo: &mut Memo,
+        fired: &mut Fired,
+        waiting: u64,
+    ) -> Option<u8> {
+        let approved = s.approved_cps();
+        if s.cluster != ClusterState::Live || approved == 0 || !approved.is_multiple_of(2) {
+            return None;
+        }
+        let mut without: Option<(State, Snapshot)> = None;
+        for (i, m) in ix(&s.machines) {
+            if !m.approved_cp() || m.deleting || m.moved {
+                continue;
+            }
+            let req = Req::Delete(i);
+            let verdict = self.admitted(s, snap, memo, fired, req);
+            if verdict != Some(Some(Verdict::Refuse)) {
+                continue;
+            }
+            let (u, usnap) = without.get_or_insert_with(|| {
+                let mut u = s.fork();
+                let mut k = u.ops.len();
+                while k > 0 {
+                    k -= 1;
+                    if waiting & (1 << k) != 0 {
+                        u.ops.remove(k);
+                        if k < u.op_names.len() {
+                            u.op_names.remove(k);
+                        }
+                        if let Lock::Operation(h) = u.lock
+                            && usize::from(h) > k
+                        {
+                            u.lock = Lock::Operation(h - 1);
+                        }
+                    }
+                }
+                let usnap = self.objects.snapshot(&u);
+                (u, usnap)
+            });
+            let alone = self.admit(u, usnap, req).map(|d| outcome(&d));
+            if matches!(alone, Some(v) if v != Some(Verdict::Refuse)) {
+                return Some(i);
+            }
+        }
+        None
+    }
+}

@@ -1,0 +1,224 @@
+use super::*;
+use crate::compile::Table;
+
+/// The shipped rules, and small bounds with a failure, an operation and a request in
+/// flight (every kind of field a state has).
+pub(crate) fn small_model() -> (Table, Bounds) {
+    let table = crate::ruleset::load(&[std::path::PathBuf::from("rules")])
+        .expect("rules")
+        .table
+        .expect("table");
+    let bounds = Bounds {
+        max_control_planes: 3,
+        max_workers: 1,
+        max_failures: 1,
+        max_operations: 1,
+        in_flight: 1,
+        max_requests: Some(2),
+        depth: 64,
+        rolls: false,
+        roll_width: 1,
+        roll_kind: RollKind::Reboot,
+        all_kinds: false,
+    };
+    (table, bounds)
+}
+
+/// Visits the states `model` reaches from its starting states, depth first, at most
+/// `limit` of them, each with its successors (expanded afresh). The number visited.
+pub(crate) fn walk(
+    model: &Model<'_>,
+    bounds: &Bounds,
+    limit: usize,
+    mut visit: impl FnMut(&State, &[Next]),
+) -> usize {
+    let mut frontier = State::initial(bounds);
+    let mut seen = std::collections::HashSet::new();
+    while let Some(s) = frontier.pop() {
+        if seen.len() >= limit || !seen.insert(s.clone()) {
+            continue;
+        }
+        let mut nexts = Vec::new();
+        model.successors(
+            &s,
+            &Lazy::new(&model.objects, &s),
+            &mut Memo::default(),
+            &mut Fired::default(),
+            &mut nexts,
+        );
+        visit(&s, &nexts);
+        frontier.extend(nexts.into_iter().map(|n| n.state));
+    }
+    seen.len()
+}
+
+/// What `object_key` leaves out is never read by the objects: in every state a small
+/// model reaches, changing each left-out field gives the same snapshot, the same
+/// request objects and the same decisions, so the explorer may share them between
+/// states with one key.
+#[test]
+fn states_with_one_object_key_have_the_same_objects() {
+    let (table, bounds) = small_model();
+    let model = Model::new(&table, bounds).expect("model");
+    let mut frontier = State::initial(&bounds);
+    let mut seen = std::collections::HashSet::new();
+    let (mut checked, mut key_a, mut key_b) = (0, Vec::new(), Vec::new());
+    while let Some(s) = frontier.pop() {
+        if !seen.insert(s.clone()) || seen.len() > 3000 {
+            continue;
+        }
+        let mut t = s.clone();
+        for m in &mut t.machines {
+            (m.joined, m.member, m.up, m.wiped, m.cordoned) =
+                (!m.joined, !m.member, !m.up, !m.wiped, !m.cordoned);
+        }
+        t.lock = if t.lock == Lock::Free {
+            Lock::Removal(0)
+        } else {
+            Lock::Free
+        };
+        t.pending = vec![Pending {
+            req: Req::Unschedule,
+            base: (1, true),
+            warned: true,
+        }];
+        (t.failures, t.requests) = (t.failures + 1, t.requests + 1);
+        (t.pdb, t.concurrent) = (!t.pdb, !t.concurrent);
+        object_key(&s, &mut key_a);
+        object_key(&t, &mut key_b);
+        assert_eq!(key_a, key_b, "only left-out fields were changed");
+        let (sa, sb) = (model.objects.snapshot(&s), model.objects.snapshot(&t));
+        assert_eq!(format!("{sa:?}"), format!("{sb:?}"), "snapshot of {s:?}");
+        for req in model.requests(&s) {
+            let (ra, rb) = (
+                model.objects.request(&s, &sa, req),
+                model.objects.request(&t, &sb, req),
+            );
+            assert_eq!(format!("{ra:?}"), format!("{rb:?}"), "{req:?} in {s:?}");
+            let (da, db) = (model.admit(&s, &sa, req), model.admit(&t, &sb, req));
+            assert_eq!(format!("{da:?}"), format!("{db:?}"), "{req:?} in {s:?}");
+            checked += 1;
+        }
+        let mut nexts = Vec::new();
+        model.successors(
+            &s,
+            &Lazy::new(&model.objects, &s),
+            &mut Memo::default(),
+            &mut Fired::default(),
+            &mut nexts,
+        );
+        frontier.extend(nexts.into_iter().map(|n| n.state));
+    }
+    assert!(checked > 1000, "only {checked} requests compared");
+}
+
+/// The one-pass tallies are the counts of the methods of their names, in every state
+/// a small model reaches.
+#[test]
+fn tallies_are_the_counts() {
+    let (table, bounds) = small_model();
+    let model = Model::new(&table, bounds).expect("model");
+    let visited = walk(&model, &bounds, 3000, |s, _| {
+        let want = Tallies {
+            members: s.members(),
+            healthy: s.healthy(),
+            approved_all: s.approved_all(),
+            approved_cps: s.approved_cps(),
+            active: s.active(),
+            workers: s.workers(),
+            serving: s.serving(),
+            running: s.running(),
+            unfinished: s.unfinished(),
+            disruptive: s.disruptive(),
+        };
+        assert_eq!(s.tallies(), want, "{s:?}");
+    });
+    assert_eq!(visited, 3000);
+}
+
+/// Expanding a state with a memo of another state with the same objects gives what
+/// expanding it afresh gives.
+#[test]
+fn a_shared_memo_changes_no_successor() {
+    let (table, bounds) = small_model();
+    let model = Model::new(&table, bounds).expect("model");
+    let mut by_key: std::collections::HashMap<Vec<u8>, State> = Default::default();
+    let (mut shared, mut key) = (0, Vec::new());
+    let (mut removals, mut guards) = (0usize, 0usize);
+    walk(&model, &bounds, 3000, |s, fresh| {
+        object_key(s, &mut key);
+        if let Some(other) = by_key.get(&key) {
+            let mut memo = Memo::default();
+            let mut scratch = Vec::new();
+            // As the explorer does: the other state's objects (built when first
+            // needed) and its decisions.
+            let olazy = Lazy::new(&model.objects, other);
+            model.successors(
+                other,
+                &olazy,
+                &mut memo,
+                &mut Fired::default(),
+                &mut scratch,
+            );
+            removals += usize::from(!memo.removals.is_empty());
+            guards += usize::from(!memo.guards.is_empty());
+            let mut again = Vec::new();
+            model.successors(s, &olazy, &mut memo, &mut Fired::default(), &mut again);
+            let moves = |v: &[Next]| -> Vec<String> {
+                v.iter()
+                    .map(|n| format!("{:?} {:?} {:?}", n.mv, n.state, n.effect))
+                    .collect()
+            };
+            assert_eq!(moves(fresh), moves(&again), "{s:?} after {other:?}");
+            shared += 1;
+        } else {
+            by_key.insert(key.clone(), s.clone());
+        }
+    });
+    assert!(shared > 100, "only {shared} states shared a key");
+    // Removal decisions and plan-step guards were among the remembered answers.
+    assert!(
+        removals > 10 && guards > 10,
+        "remembered removals {removals}, guards {guards}"
+    );
+}
+
+/// Bounds a model cannot hold (its indices are bytes) are an error that says the most
+/// it holds, never indices that wrap or collide with `NONE`.
+#[test]
+fn bounds_past_what_a_model_holds_are_refused() {
+    assert_eq!(Bounds::default().check(), Ok(()));
+    let at = |cps: u8, workers: u8| Bounds {
+        max_control_planes: cps,
+        max_workers: workers,
+        ..Bounds::default()
+    };
+    assert_eq!(at(60, 4).check(), Ok(()));
+    let e = at(60, 5).check().expect_err("65 machines");
+    assert!(
+        e.0.contains("65 machines") && e.0.contains("at most 64"),
+        "{e}"
+    );
+    assert!(at(255, 255).check().is_err());
+    assert!(at(0, 1).check().is_err());
+    let ops = Bounds {
+        max_operations: 17,
+        ..Bounds::default()
+    };
+    assert!(ops.check().expect_err("ops").0.contains("operations"));
+    let fly = Bounds {
+        in_flight: 17,
+        ..Bounds::default()
+    };
+    assert!(fly.check().expect_err("in flight").0.contains("in flight"));
+}
+
+/// `ix` numbers items from 0 as bytes and never hands out `NONE`.
+#[test]
+fn indices_are_bytes_below_none() {
+    let items: Vec<u32> = (0..300).collect();
+    let got: Vec<(u8, u32)> = ix(&items).map(|(i, v)| (i, *v)).collect();
+    assert_eq!(got.len(), usize::from(NONE));
+    assert!(got.iter().all(|(i, v)| u32::from(*i) == *v && *i != NONE));
+    assert_eq!(ix(&items[..MAX_MACHINES]).count(), MAX_MACHINES);
+}
