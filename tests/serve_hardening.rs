@@ -227,6 +227,11 @@ fn rss_kib(pid: u32) -> u64 {
 
 /// `serve` exits 2 before listening, printing why, when its rules are refused.
 fn refused_at_startup(name: &str, files: &[(&str, &str)]) -> String {
+    refused_at_startup_with(name, files, &[])
+}
+
+/// [`refused_at_startup`], `serve` given `extra` flags too.
+fn refused_at_startup_with(name: &str, files: &[(&str, &str)], extra: &[&str]) -> String {
     let dir = scratch(name);
     write_cert(&dir);
     for (f, text) in files {
@@ -241,6 +246,7 @@ fn refused_at_startup(name: &str, files: &[(&str, &str)]) -> String {
         .arg(dir.join("tls.crt"))
         .arg("--tls-key")
         .arg(dir.join("tls.key"))
+        .args(extra)
         .output()
         .expect("serve runs");
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -294,6 +300,34 @@ fn serve_does_not_start_on_rules_check_refuses_or_that_cover_nothing() {
         err.contains("`remove controlplane` at the webhook"),
         "{err}"
     );
+}
+
+/// A rule switch naming no rule (a typo in the chart's `rules.enforce`) keeps `serve` from
+/// starting, naming every unknown switch: serving would leave a rule in a mode nobody
+/// asked for.
+#[test]
+fn serve_does_not_start_on_a_switch_naming_no_rule() {
+    let files = [
+        ("admission.rules", shipped("admission.rules")),
+        ("removal.rules", shipped("removal.rules")),
+    ];
+    let files: Vec<(&str, &str)> = files.iter().map(|(f, t)| (*f, t.as_str())).collect();
+    let err = refused_at_startup_with(
+        "start-unknown-switch",
+        &files,
+        &[
+            "--audit-rule",
+            "declared-count",
+            "--enforce-rule",
+            "declared-cuont",
+        ],
+    );
+    assert!(
+        err.contains("--enforce-rule declared-cuont: no rule has this name")
+            && err.contains("rules.enforce"),
+        "{err}"
+    );
+    assert!(!err.contains("--audit-rule declared-count"), "{err}");
 }
 
 /// `serve --audit-rule declared-count` (the chart's `rules.audit` naming a safety rule):

@@ -76,10 +76,11 @@ pub enum Reload {
     /// A new table serves. `warnings`: one line each (also logged at `warn`), what the
     /// operator must know of it: a `refuse` rule on a destructive event in audit mode (a
     /// safety rule switched to audit by `--audit-rule`, the chart's `rules.audit`, or
-    /// written so), which refuses nothing; a mode switched for a name no rule has.
+    /// written so), which refuses nothing.
     Replaced { rows: usize, warnings: Vec<String> },
     /// The files changed but are refused (they do not check, leave a runtime event
-    /// uncovered, cannot be read, are too large, or checking them panicked); the old table
+    /// uncovered, have no rule of a name switched to audit or enforce, cannot be read, are
+    /// too large, or checking them panicked); the old table
     /// keeps serving. `reason` is one line naming the first findings; `diagnostics` lists
     /// them, one an entry (at most 20, then how many more).
     Rejected {
@@ -109,8 +110,8 @@ impl Rules {
     }
 
     /// Switches the named rules to audit (`true`) or enforce (`false`) in every table this
-    /// loads, whatever their text says. A name no rule has is logged at each reload and
-    /// otherwise ignored.
+    /// loads, whatever their text says. Rules with no rule of a name switched are refused
+    /// (at start, `serve` does not start; later, the old table keeps serving).
     pub fn with_modes(mut self, modes: Vec<(String, bool)>) -> Rules {
         self.modes = modes;
         self
@@ -237,19 +238,26 @@ impl Rules {
         };
         let rows = table.row_count();
         table.digest.clone_from(&digest);
-        let mut warnings = Vec::new();
-        for (rule, audit) in apply_modes(&mut table, &self.modes) {
-            let mode = mode_name(audit);
-            tracing::warn!(
-                rule = %rule,
-                mode,
-                "no rule has this name: its mode is not switched"
+        // A switch naming no rule of these rules (a typo in the chart's `rules.audit`, a
+        // rule renamed since) is refused like a rule that does not check: the deployment
+        // asked for a mode these rules cannot give, and serving them would quietly do less
+        // than it asked (an enforce switch lost leaves an `audit` rule refusing nothing).
+        let unknown: Vec<String> = apply_modes(&mut table, &self.modes)
+            .into_iter()
+            .map(|(rule, audit)| unknown_rule(&rule, audit))
+            .collect();
+        if let Some(first) = unknown.first() {
+            let reason = format!(
+                "{first}{}: fix the rule's name in the chart's `rules.audit`/`rules.enforce` \
+                 (`--audit-rule`/`--enforce-rule`) or restore the rule",
+                match unknown.len() {
+                    1 => String::new(),
+                    n => format!(" (and {} more)", n - 1),
+                }
             );
-            warnings.push(format!(
-                "{}: its mode is not switched",
-                unknown_rule(&rule, audit)
-            ));
+            return Reload::refused(reason, unknown);
         }
+        let mut warnings = Vec::new();
         // A safety rule in audit mode refuses nothing: never silently (`check` warns of one
         // written so; one switched by the deployment is seen only here).
         let mut audit_destructive = Vec::new();
@@ -418,8 +426,7 @@ mod tests {
     #[test]
     fn a_safety_rule_switched_to_audit_is_warned_at_reload() {
         let audit = |n: &str| (n.to_string(), true);
-        let (reload, status, log) =
-            reload_logged(vec![audit("declared-count"), audit("no-such-rule")]);
+        let (reload, status, log) = reload_logged(vec![audit("declared-count")]);
         let Reload::Replaced { warnings, .. } = reload else {
             panic!("the rules serve: {reload:?}");
         };
@@ -429,12 +436,7 @@ mod tests {
                 && w.contains("switched to audit by the deployment")),
             "{warnings:#?}"
         );
-        assert!(
-            warnings
-                .iter()
-                .any(|w| w.contains("--audit-rule no-such-rule: no rule has this name")),
-            "{warnings:#?}"
-        );
+        assert_eq!(warnings.len(), 1, "{warnings:#?}");
         assert_eq!(status.audit_destructive, vec!["declared-count".to_string()]);
         assert_eq!(status.warnings, warnings);
         assert!(
@@ -457,6 +459,38 @@ mod tests {
         );
         assert!(status.audit_destructive.is_empty());
         assert!(!log.contains("audit mode"), "{log}");
+    }
+
+    /// A switch naming no rule (a typo in the chart's `rules.enforce`, a rule renamed
+    /// since) refuses the rules: `serve` does not start on them, and a later reload keeps
+    /// the old table, whose switches all took. Every unknown name is listed.
+    #[test]
+    fn a_switch_naming_no_rule_refuses_the_rules() {
+        let (reload, status, _) = reload_logged(vec![
+            ("declared-count".to_string(), true),
+            ("no-such-rule".to_string(), true),
+            ("declared-cuont".to_string(), false),
+        ]);
+        let Reload::Rejected {
+            reason,
+            diagnostics,
+        } = reload
+        else {
+            panic!("refused: {reload:?}");
+        };
+        assert!(
+            reason.starts_with("--audit-rule no-such-rule: no rule has this name (and 1 more)")
+                && reason.contains("rules.audit"),
+            "{reason}"
+        );
+        assert_eq!(
+            diagnostics,
+            vec![
+                "--audit-rule no-such-rule: no rule has this name".to_string(),
+                "--enforce-rule declared-cuont: no rule has this name".to_string(),
+            ]
+        );
+        assert!(status.refused && status.serving.is_none(), "{status:?}");
     }
 
     #[test]
