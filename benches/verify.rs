@@ -27,6 +27,7 @@ fn explore(c: &mut Criterion) {
         roll_width: 1,
         roll_kind: ichor_rules::verify::RollKind::Reboot,
         all_kinds: false,
+        backups: false,
     };
     let states = verify(&table, bounds)
         .expect("bounds a model holds")

@@ -1202,6 +1202,8 @@ pub const MODEL_STEPS: &[&str] = &[
     "node-returns",
     "pdb",
     "teardown",
+    "snapshot",
+    "snapshot-ages",
 ];
 
 /// The facts of `verify`'s model: what an `invariant` may read about one explored state of
@@ -1252,6 +1254,8 @@ pub enum ModelFact {
     WorkersServing,
     WorkerTaken,
     RollBesideControlPlane,
+    StepControlPlane,
+    BackupStale,
 }
 
 /// What the checker knows about a model fact.
@@ -1345,6 +1349,10 @@ model_facts! {
         "the step just taken was an operation's reconcile that took an approved worker out of service (cordoned its Kubernetes Node, or took its node down)";
     RollBesideControlPlane "roll.beside_control_plane" Type::Bool,
         "the step just taken was the reconcile of a roll over the cluster that took one of its nodes out of service (cordoned its Kubernetes Node, or took it down) while another of its nodes was out of service too (cordoned, or down and not back), one of the two a control plane (a machine that is or was one: it may hold an etcd member)";
+    StepControlPlane "step.controlplane" Type::Bool,
+        "the operation the step just taken acted on is a control plane's (its spec.machine is, or was, a control plane: it may hold an etcd member) or rolls over the whole cluster (no spec.machine)";
+    BackupStale "backup.stale" Type::Bool,
+        "the cluster has a TalosEtcdBackup (with a store outside it) and no fresh verified snapshot: none taken yet, or the newest one older than any recovery point a rule would allow (`verify --backups`; false without a TalosEtcdBackup)";
 }
 
 impl ModelFact {

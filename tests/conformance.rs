@@ -61,6 +61,7 @@ fn bounds() -> Bounds {
         roll_width: 1,
         roll_kind: ichor_rules::verify::RollKind::Reboot,
         all_kinds: false,
+        backups: false,
     }
 }
 

@@ -2548,3 +2548,54 @@ fn the_first_gate_and_the_step_rules_of_a_rollback_shutdown_or_reset_back_each_o
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// Issue 36: with a TalosEtcdBackup in the model (`--backups`: no snapshot at first, then
+/// taken and ageing at any time), an upgrade, reset or rollback of a control plane starts
+/// only with a fresh snapshot. Without `fresh-backup` a stale snapshot lets one start;
+/// without `fresh-backup-none-yet`, no snapshot at all does: each is refuted by
+/// `fresh-snapshot-before-disruption`, its counterexample naming the backup's snapshot.
+/// The shipped rules hold on the same bounds, and the rules fired include both.
+#[test]
+fn without_the_fresh_backup_rules_disruptive_work_starts_without_a_snapshot() {
+    let bounds = [
+        "--backups",
+        "--max-workers",
+        "1",
+        "--max-operations",
+        "1",
+        "--max-requests",
+        "2",
+    ];
+    for (rule, stale) in [("fresh-backup", true), ("fresh-backup-none-yet", false)] {
+        let name = format!("without-{rule}");
+        let dir = mutant(&name, "operations.rules", |t| {
+            without(t, &format!("rule {rule}\n"))
+        });
+        let (out, json) = verify(&dir, "3", &bounds);
+        assert_eq!(out.code, 1, "{name}: {}", out.stdout);
+        assert_eq!(
+            violated(&json),
+            vec!["fresh-snapshot-before-disruption".to_string()],
+            "{name}: {}",
+            out.stdout
+        );
+        let steps = step_texts(&json);
+        assert_eq!(
+            steps
+                .iter()
+                .any(|s| s.contains("grows older than the rules allow")),
+            stale,
+            "{name}: {steps:#?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let (out, json) = verify(&root().join("rules"), "3", &bounds);
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    assert!(violated(&json).is_empty(), "{}", out.stdout);
+    let never = json["coverage"]["rules_never_fired"].to_string();
+    assert!(never.starts_with('['), "{}", out.stdout);
+    assert!(
+        !never.contains("\"fresh-backup\"") && !never.contains("\"fresh-backup-none-yet\""),
+        "{never}"
+    );
+}

@@ -72,6 +72,7 @@ pub fn run(args: &DiffArgs) -> u8 {
         roll_width: 1,
         roll_kind: crate::verify::RollKind::Reboot,
         all_kinds: false,
+        backups: false,
     };
     let report = match diff(&tables[0], &tables[1], bounds) {
         Ok(r) => r,

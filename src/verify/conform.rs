@@ -361,6 +361,7 @@ mod tests {
                 roll_width: 1,
                 roll_kind: crate::verify::RollKind::Reboot,
                 all_kinds: false,
+                backups: false,
             },
         )
         .expect("model")

@@ -229,6 +229,7 @@ pub fn canonical_into(s: &State, out: &mut State, scratch: &mut Scratch) {
         failures,
         requests,
         pdb,
+        backup,
         concurrent,
         names: _,
         op_names: _,
@@ -239,6 +240,7 @@ pub fn canonical_into(s: &State, out: &mut State, scratch: &mut Scratch) {
     out.failures = *failures;
     out.requests = *requests;
     out.pdb = *pdb;
+    out.backup = *backup;
     out.concurrent = *concurrent;
 }
 
@@ -255,7 +257,8 @@ pub fn encode(s: &State, out: &mut Vec<u8>) {
                 ClusterState::Missing => 3,
             } << 1)
             | (u8::from(s.pdb) << 3)
-            | (u8::from(s.concurrent) << 4),
+            | (u8::from(s.concurrent) << 4)
+            | (s.backup.byte() << 5),
     );
     out.push(s.failures);
     out.push(s.requests);
@@ -494,6 +497,7 @@ pub fn decode(b: &[u8]) -> Option<State> {
         failures,
         requests,
         pdb: flags & 8 != 0,
+        backup: super::model::Backup::from_byte(flags >> 5),
         concurrent: flags & 16 != 0,
         names,
         op_names,
@@ -1526,6 +1530,7 @@ mod parallel {
             roll_width: 1,
             roll_kind: crate::verify::RollKind::Reboot,
             all_kinds: false,
+            backups: false,
         };
         let model = Model::new(&table, bounds).expect("bounds a model holds");
         let checks: Vec<InvariantCheck> =
@@ -1586,6 +1591,7 @@ mod parallel {
                     roll_width: 1,
                     roll_kind: crate::verify::RollKind::Reboot,
                     all_kinds: false,
+                    backups: false,
                 },
             )
             .expect("bounds a model holds");

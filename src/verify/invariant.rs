@@ -52,6 +52,8 @@ pub struct Facts {
     pub workers_serving: i64,
     pub worker_taken: bool,
     pub roll_beside_cp: bool,
+    pub step_cp: bool,
+    pub backup_stale: bool,
 }
 
 fn int(n: usize) -> i64 {
@@ -85,6 +87,7 @@ impl Facts {
             ),
             schedulable: s.schedulable,
             transitioning: approved > 0 && approved.is_multiple_of(2),
+            backup_stale: s.backup.stale(),
             ..Facts::default()
         };
         Facts {
@@ -123,6 +126,7 @@ impl Facts {
             left_running: e.left_running,
             warned: e.warned,
             step_kind: e.kind.or(e.created),
+            step_cp: e.control_plane,
             ..now
         }
     }
@@ -178,6 +182,8 @@ impl Facts {
             WorkersServing => V::Int(self.workers_serving),
             WorkerTaken => V::Bool(self.worker_taken),
             RollBesideControlPlane => V::Bool(self.roll_beside_cp),
+            StepControlPlane => V::Bool(self.step_cp),
+            BackupStale => V::Bool(self.backup_stale),
         }
     }
 }
@@ -577,6 +583,8 @@ fn pack(f: &Facts, concurrent: bool) -> Option<Packed> {
         workers_serving,
         worker_taken,
         roll_beside_cp,
+        step_cp,
+        backup_stale,
     } = *f;
     let mut bytes = [0u8; 32];
     let ints = [
@@ -624,6 +632,8 @@ fn pack(f: &Facts, concurrent: bool) -> Option<Packed> {
         worker_taken,
         roll_beside_cp,
         undone,
+        step_cp,
+        backup_stale,
     ];
     let bits = flags
         .iter()

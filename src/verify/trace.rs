@@ -462,6 +462,20 @@ fn text_of(
             "a PodDisruptionBudget blocks evictions from the nodes being drained".into(),
         ),
         Move::PdbLifts => ("environment", "the PodDisruptionBudget lifts".into()),
+        Move::SnapshotTaken => (
+            "environment",
+            format!(
+                "TalosEtcdBackup {} takes a verified etcd snapshot",
+                super::model::BACKUP
+            ),
+        ),
+        Move::SnapshotAges => (
+            "environment",
+            format!(
+                "the newest snapshot of TalosEtcdBackup {} grows older than the rules allow",
+                super::model::BACKUP
+            ),
+        ),
     }
 }
 

@@ -1068,6 +1068,7 @@ mod tests {
             roll_width: 1,
             roll_kind: crate::verify::RollKind::Reboot,
             all_kinds: false,
+            backups: false,
         };
         let model = Model::new(table, bounds).expect("model");
         let s = State::initial(&bounds)
@@ -1211,6 +1212,7 @@ mod tests {
             roll_width: 1,
             roll_kind: crate::verify::RollKind::Reboot,
             all_kinds: false,
+            backups: false,
         };
         let model = Model::new(&table, bounds).expect("model");
         let mut state = State::initial(&bounds)

@@ -77,6 +77,10 @@ pub struct Bounds {
     /// One machine's operations people create are of every kind the model runs on one
     /// machine (an upgrade, a reset, a rollback, a shutdown), not only upgrades and resets.
     pub all_kinds: bool,
+    /// The cluster has a TalosEtcdBackup (issue 36), with no snapshot at first: the
+    /// snapshot is taken (its schedule, or a person asking for one) and ages, by moves of
+    /// their own, at any time.
+    pub backups: bool,
 }
 
 /// The widest roll a model holds: its records of nodes in flight are the one of
@@ -160,6 +164,7 @@ impl Default for Bounds {
             roll_width: 1,
             roll_kind: RollKind::Reboot,
             all_kinds: true,
+            backups: false,
         }
     }
 }

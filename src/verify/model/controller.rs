@@ -5,7 +5,7 @@
 use super::bounds::{GONE, NONE, ix};
 use super::moves::{Effect, Fired, Move, Next, effect, step_index};
 use super::objects::{Lazy, Memo};
-use super::state::{Lock, OpKind, OpRun, Phase, State};
+use super::state::{Lock, Machine, OpKind, OpRun, Phase, State};
 use super::successors::Model;
 use crate::runtime::decide::{
     decide_events, reconcile_machine_event, reconcile_operation_event, reconcile_start_event,
@@ -314,6 +314,10 @@ impl Model<'_> {
         // (`no-operation-while-even` reads that before anything else it did), or ended it.
         let label = |t: &State, mut e: Effect| {
             e.kind = Some(o.kind);
+            e.control_plane = o.kind.rolls()
+                || s.machines
+                    .get(usize::from(o.target))
+                    .is_some_and(Machine::ever_cp);
             // An approved worker in service before this reconcile, and no longer after it.
             e.worker_taken =
                 s.machines.iter().zip(&t.machines).any(|(a, b)| {

@@ -54,6 +54,11 @@ pub enum Move {
     EtcdCatchesUp(u8),
     PdbBlocks,
     PdbLifts,
+    /// The cluster's backup takes a verified snapshot (its schedule, or a person asking
+    /// for one).
+    SnapshotTaken,
+    /// The backup's newest snapshot grows older than the rules allow.
+    SnapshotAges,
 }
 
 impl Move {
@@ -66,6 +71,7 @@ impl Move {
             | Move::UpgradeNotTaken(_)
             | Move::NodeReturnsBehind(_)
             | Move::PdbBlocks
+            | Move::SnapshotAges
             | Move::RemovalLost(_)
             | Move::RemovalCrash(_)
             | Move::RemovalRefused(_)
@@ -83,6 +89,9 @@ pub struct Effect {
     /// Index into [`crate::vocab::MODEL_STEPS`].
     pub step: u8,
     pub kind: Option<OpKind>,
+    /// The operation the step acted on is a control plane's (its target is or was one) or
+    /// rolls over the whole cluster (`step.controlplane`).
+    pub control_plane: bool,
     /// One of ours that changes etcd: leave, remove-member, reset, wipe.
     pub ours: bool,
     pub removed_dead: bool,

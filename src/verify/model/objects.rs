@@ -4,14 +4,15 @@
 //! the same objects are expanded ([`Memo`]).
 
 use super::bounds::{CLUSTER, GONE, MAX_MACHINES, NAMESPACE, NONE, OTHER_CLUSTER, ix};
+use super::state::Backup;
 use super::state::{ClusterState, MRole, Machine, Op, OpKind, OpRun, Phase, Req, State};
 use crate::compile::{PlanStep, Table};
 use crate::interp::Decision;
 use crate::runtime::objects::{
-    ALLOW_DELETE_ANNOTATION, ApprovalDecision, ClusterRef, ClusterSpec, Condition,
+    ALLOW_DELETE_ANNOTATION, ApprovalDecision, BackupStatus, ClusterRef, ClusterSpec, Condition,
     ControlPlaneSpec, MachineSpec, MachineStatus, Object, OperationSpec, OperationStatus,
-    REMOVAL_FINALIZER, RemovalProgress, Role, Snapshot, TEARDOWN_FINALIZER, TalosCluster,
-    TalosMachine, TalosOperation,
+    REMOVAL_FINALIZER, RemovalProgress, Role, Snapshot, SnapshotRecord, TEARDOWN_FINALIZER,
+    TalosCluster, TalosEtcdBackup, TalosMachine, TalosOperation,
 };
 use crate::verify::world;
 use crate::vocab::{Fact, Verdict};
@@ -87,12 +88,18 @@ pub fn object_key(s: &State, out: &mut Vec<u8>) {
         failures: _,
         requests: _,
         pdb: _,
+        backup,
         concurrent: _,
         names,
         op_names,
     } = s;
     out.clear();
-    out.extend([*count, u8::from(*schedulable), *cluster as u8]);
+    out.extend([
+        *count,
+        u8::from(*schedulable),
+        *cluster as u8,
+        backup.byte(),
+    ]);
     out.push(len_byte(machines));
     for (k, m) in machines.iter().enumerate() {
         let Machine {
@@ -239,7 +246,18 @@ pub struct Objects<'t> {
     pub parking_reason: &'t str,
     /// A roll's `spec.maxUnavailable` ([`Bounds::roll_width`]).
     pub roll_width: u8,
+    /// When a fresh snapshot of the cluster's backup was taken ([`Backup::Fresh`]): the
+    /// model's start, so its age (read against the clock of each decision) stays within
+    /// minutes of 0 for any run.
+    pub fresh_at: Timestamp,
 }
+
+/// When a stale snapshot was taken ([`Backup::Stale`]): older than any recovery point
+/// objective a rule would set (more than 25 years).
+pub const STALE_SNAPSHOT: Timestamp = Timestamp::UNIX_EPOCH;
+
+/// The name of the cluster's TalosEtcdBackup in the model.
+pub const BACKUP: &str = "nightly";
 
 impl Objects<'_> {
     /// A new operation of `kind` on `target` (a roll as wide as the bounds say).
@@ -506,9 +524,46 @@ impl Objects<'_> {
             machines: (0..s.machines.len()).map(|i| self.machine(s, i)).collect(),
             clusters: self.cluster(s).into_iter().collect(),
             operations: (0..s.ops.len()).map(|i| self.operation(s, i)).collect(),
-            backups: Vec::new(),
+            backups: self.backup(s).into_iter().collect(),
             patches: Vec::new(),
         }
+    }
+
+    /// The cluster's TalosEtcdBackup ([`State::backup`]): a store outside the cluster, and
+    /// its newest verified snapshot as the state says.
+    fn backup(&self, s: &State) -> Option<TalosEtcdBackup> {
+        let taken = match s.backup {
+            Backup::None => return None,
+            Backup::Empty => None,
+            Backup::Fresh => Some(self.fresh_at),
+            Backup::Stale => Some(STALE_SNAPSHOT),
+        };
+        let mut b: TalosEtcdBackup = serde_json::from_value(serde_json::json!({
+            "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosEtcdBackup",
+            "metadata": {"name": BACKUP, "namespace": NAMESPACE},
+            "spec": {"clusterRef": {"name": CLUSTER},
+                     "store": {"endpoint": "https://s3.example.com", "bucket": "etcd",
+                               "prefix": "prod/", "credentialsSecretRef": {"name": "keys"}},
+                     "schedule": {"interval": "1h"},
+                     "retention": {"keepLast": 3}}
+        }))
+        .ok()?;
+        b.status = Some(BackupStatus {
+            last_snapshot: taken.map(|t| SnapshotRecord {
+                time: Time(t),
+                key: "prod/snapshot.db".into(),
+                size: 1,
+                revision: Some(1),
+                revision_unread: None,
+                sha256: String::new(),
+                node: String::new(),
+                raft_index: None,
+                encrypted: false,
+                request: None,
+            }),
+            ..BackupStatus::default()
+        });
+        Some(b)
     }
 
     /// The request as the API server sends it to the webhook: operation, old and new object.

@@ -439,6 +439,49 @@ impl OpRun {
     }
 }
 
+/// The cluster's TalosEtcdBackup as the model sees it (issue 36; [`Bounds::backups`]): the
+/// `fresh-backup` rules read its newest verified snapshot. Its store is outside the
+/// cluster; the restore's store rules are `eval`'s and `test`'s, not the model's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Backup {
+    /// No TalosEtcdBackup: the cluster is backed up some other way, or not at all.
+    #[default]
+    None,
+    /// One, with no verified snapshot yet.
+    Empty,
+    /// One whose newest verified snapshot was just taken.
+    Fresh,
+    /// One whose newest verified snapshot is older than any recovery point objective a
+    /// rule would set ([`super::objects::STALE_SNAPSHOT`]).
+    Stale,
+}
+
+impl Backup {
+    pub fn byte(self) -> u8 {
+        match self {
+            Backup::None => 0,
+            Backup::Empty => 1,
+            Backup::Fresh => 2,
+            Backup::Stale => 3,
+        }
+    }
+
+    pub fn from_byte(b: u8) -> Backup {
+        match b & 3 {
+            0 => Backup::None,
+            1 => Backup::Empty,
+            2 => Backup::Fresh,
+            _ => Backup::Stale,
+        }
+    }
+
+    /// There is a backup, and its newest verified snapshot is not fresh (none yet, or
+    /// stale): `backup.stale`.
+    pub fn stale(self) -> bool {
+        matches!(self, Backup::Empty | Backup::Stale)
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Lock {
     Free,
@@ -584,6 +627,8 @@ pub struct State {
     /// People's requests admitted so far (counted against `Bounds::max_requests`).
     pub requests: u8,
     pub pdb: bool,
+    /// The cluster's TalosEtcdBackup and its newest snapshot.
+    pub backup: Backup,
     /// A request was committed while another was in flight (the state is not one that
     /// serialized requests reach through this path).
     pub concurrent: bool,
@@ -636,6 +681,7 @@ impl State {
             failures,
             requests,
             pdb,
+            backup,
             concurrent,
             names,
             op_names,
@@ -650,6 +696,7 @@ impl State {
         self.failures = *failures;
         self.requests = *requests;
         self.pdb = *pdb;
+        self.backup = *backup;
         self.concurrent = *concurrent;
         self.names.clone_from(names);
         self.op_names.clone_from(op_names);

@@ -7,7 +7,7 @@ use super::bounds::{Bounds, BoundsError, ix};
 use super::moves::{Fired, Move, Next, committed, effect};
 use super::objects::{Lazy, Memo, Objects};
 use super::requests::outcome;
-use super::state::{ClusterState, Lock, OpKind, Pending, Phase, Req, State};
+use super::state::{Backup, ClusterState, Lock, OpKind, Pending, Phase, Req, State};
 use crate::compile::{PlanStep, Table};
 use crate::runtime::objects::Snapshot;
 use crate::vocab::{Verb, Verdict};
@@ -60,6 +60,7 @@ impl<'t> Model<'t> {
                     .first()
                     .map_or("Refused", String::as_str),
                 roll_width: bounds.roll_width,
+                fresh_at: k8s_openapi::jiff::Timestamp::now(),
             },
         })
     }
@@ -312,6 +313,22 @@ impl<'t> Model<'t> {
                 mv: Move::PdbBlocks,
                 state: t,
                 effect: effect("pdb"),
+            });
+        }
+        // The backup's snapshot: taken (by its schedule, or on demand) when there is none or
+        // it is stale; a fresh one grows stale (time passes; not a failure).
+        let snapshot = match s.backup {
+            Backup::None => None,
+            Backup::Empty | Backup::Stale => Some((Backup::Fresh, Move::SnapshotTaken, "snapshot")),
+            Backup::Fresh => Some((Backup::Stale, Move::SnapshotAges, "snapshot-ages")),
+        };
+        if let Some((backup, mv, step)) = snapshot {
+            let mut t = s.fork();
+            t.backup = backup;
+            out.push(Next {
+                mv,
+                state: t,
+                effect: effect(step),
             });
         }
         outcomes

@@ -20,6 +20,7 @@ pub(crate) fn small_model() -> (Table, Bounds) {
         roll_width: 1,
         roll_kind: RollKind::Reboot,
         all_kinds: false,
+        backups: false,
     };
     (table, bounds)
 }

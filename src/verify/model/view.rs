@@ -4,7 +4,9 @@
 
 use super::bounds::{Bounds, ix};
 use super::objects::{Text, text};
-use super::state::{Boots, ClusterState, Lock, MRole, Machine, Op, OpRun, Phase, State, Tallies};
+use super::state::{
+    Backup, Boots, ClusterState, Lock, MRole, Machine, Op, OpRun, Phase, State, Tallies,
+};
 
 /// The model's view of the world the product reads through I/O.
 impl State {
@@ -239,6 +241,12 @@ impl State {
                 failures: 0,
                 requests: 0,
                 pdb: false,
+                // The backup's snapshot is taken, and ages, by moves of their own.
+                backup: if bounds.backups {
+                    Backup::Empty
+                } else {
+                    Backup::None
+                },
                 concurrent: false,
                 names,
                 op_names: Vec::new(),
