@@ -2553,8 +2553,9 @@ fn the_first_gate_and_the_step_rules_of_a_rollback_shutdown_or_reset_back_each_o
 /// taken and ageing at any time), an upgrade, reset or rollback of a control plane starts
 /// only with a fresh snapshot. Without `fresh-backup` a stale snapshot lets one start;
 /// without `fresh-backup-none-yet`, no snapshot at all does: each is refuted by
-/// `fresh-snapshot-before-disruption`, its counterexample naming the backup's snapshot.
-/// The shipped rules hold on the same bounds, and the rules fired include both.
+/// `fresh-snapshot-before-disruption`, its counterexample naming the backup's snapshot;
+/// and an upgrade rolled over the cluster exempted from them is refuted the same way. The
+/// shipped rules hold on the same bounds, and the rules fired include both.
 #[test]
 fn without_the_fresh_backup_rules_disruptive_work_starts_without_a_snapshot() {
     let bounds = [
@@ -2589,6 +2590,37 @@ fn without_the_fresh_backup_rules_disruptive_work_starts_without_a_snapshot() {
         );
         let _ = std::fs::remove_dir_all(&dir);
     }
+    // An upgrade rolled over the cluster names no machine, and touches its control planes:
+    // `touches_control_plane` without `target == ""` lets it start on a stale snapshot.
+    let rolls = [
+        "--backups",
+        "--rolls",
+        "--roll-kind",
+        "upgrade",
+        "--max-workers",
+        "1",
+        "--max-operations",
+        "1",
+        "--max-requests",
+        "2",
+    ];
+    let dir = mutant("fresh-backup-not-for-rolls", "operations.rules", |t| {
+        let guard = "(target.controlplane or target.uncounted or target == \"\")";
+        assert!(t.contains(guard), "the roll's guard");
+        t.replace(guard, "(target.controlplane or target.uncounted)")
+    });
+    let (out, json) = verify(&dir, "3", &rolls);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert_eq!(
+        violated(&json),
+        vec!["fresh-snapshot-before-disruption".to_string()],
+        "{}",
+        out.stdout
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let (out, json) = verify(&root().join("rules"), "3", &rolls);
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    assert!(violated(&json).is_empty(), "{}", out.stdout);
     let (out, json) = verify(&root().join("rules"), "3", &bounds);
     assert_eq!(out.code, 0, "{}", out.stdout);
     assert!(violated(&json).is_empty(), "{}", out.stdout);

@@ -585,6 +585,18 @@ fn suite(args: &VerifyArgs) -> Vec<Bounds> {
             backups: true,
             ..large
         },
+        // ... and an upgrade rolled over that cluster, which touches its control planes
+        // too (a roll names no machine).
+        Bounds {
+            max_control_planes: 3,
+            max_workers: 1,
+            max_operations: 1,
+            max_requests: Some(2),
+            rolls: true,
+            roll_kind: crate::verify::RollKind::Upgrade,
+            backups: true,
+            ..large
+        },
     ]
 }
 
