@@ -156,44 +156,17 @@ impl Store {
     fn error(&self, e: object_store::Error, key: &str) -> StoreError {
         let detail = chain(&e);
         let endpoint = self.endpoint.clone();
-        if let object_store::Error::NotFound { .. } = e {
-            if detail.contains("NoSuchBucket") {
-                return StoreError::NoBucket {
-                    endpoint,
-                    bucket: self.bucket.clone(),
-                };
-            }
-            return StoreError::NotFound {
-                key: key.to_string(),
-            };
-        }
-        if detail.contains("NoSuchBucket") {
-            StoreError::NoBucket {
+        match classify(&e, &detail) {
+            Class::NoBucket => StoreError::NoBucket {
                 endpoint,
                 bucket: self.bucket.clone(),
-            }
-        } else if [
-            "InvalidAccessKeyId",
-            "SignatureDoesNotMatch",
-            "AccessDenied",
-            "403",
-        ]
-        .iter()
-        .any(|w| detail.contains(w))
-        {
-            StoreError::Keys { endpoint, detail }
-        } else if [
-            "error sending request",
-            "onnection refused",
-            "dns error",
-            "timed out",
-        ]
-        .iter()
-        .any(|w| detail.contains(w))
-        {
-            StoreError::Unreachable { endpoint, detail }
-        } else {
-            StoreError::Failed { endpoint, detail }
+            },
+            Class::NotFound => StoreError::NotFound {
+                key: key.to_string(),
+            },
+            Class::Keys => StoreError::Keys { endpoint, detail },
+            Class::Unreachable => StoreError::Unreachable { endpoint, detail },
+            Class::Failed => StoreError::Failed { endpoint, detail },
         }
     }
 
@@ -398,6 +371,69 @@ pub enum PutError {
     Encrypted,
 }
 
+/// What an object-store error means for the one who reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    NoBucket,
+    NotFound,
+    Keys,
+    Unreachable,
+    Failed,
+}
+
+/// Classifies `e` (whose whole chain of causes is `detail`). The structure decides where
+/// it can: a connection that failed or timed out anywhere in the chain is an unreachable
+/// store, whatever the text says; a 403 or 401 the client recognised is a key problem.
+/// The words are read only for what the client does not classify (S3's error codes in a
+/// response body, a status it wrapped as a generic error), and never a bare number: the
+/// detail carries the request's URL, whose port or key may hold any digits.
+fn classify(e: &object_store::Error, detail: &str) -> Class {
+    use object_store::client::{HttpError, HttpErrorKind};
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if let Some(h) = c.downcast_ref::<HttpError>()
+            && matches!(
+                h.kind(),
+                HttpErrorKind::Connect
+                    | HttpErrorKind::Timeout
+                    | HttpErrorKind::Interrupted
+                    | HttpErrorKind::Request
+            )
+        {
+            return Class::Unreachable;
+        }
+        cause = c.source();
+    }
+    if detail.contains("NoSuchBucket") {
+        return Class::NoBucket;
+    }
+    match e {
+        object_store::Error::NotFound { .. } => return Class::NotFound,
+        object_store::Error::PermissionDenied { .. }
+        | object_store::Error::Unauthenticated { .. } => return Class::Keys,
+        _ => {}
+    }
+    if [
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "AccessDenied",
+        "403 Forbidden",
+        "401 Unauthorized",
+    ]
+    .iter()
+    .any(|w| detail.contains(w))
+    {
+        Class::Keys
+    } else if ["dns error", "onnection refused", "timed out"]
+        .iter()
+        .any(|w| detail.contains(w))
+    {
+        Class::Unreachable
+    } else {
+        Class::Failed
+    }
+}
+
 fn chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut cause = e.source();
@@ -508,6 +544,96 @@ mod tests {
             endpoint: "http://127.0.0.1:1".into(),
             bucket: "etcd".into(),
             prefix: "prod/".into(),
+        }
+    }
+
+    /// A store's error is classified by what happened, not by digits in its URL: CI once
+    /// called a refused connection to port 39503 "refused the access keys" for its "403".
+    #[test]
+    fn an_error_is_classified_by_what_happened_not_by_the_digits_in_its_url() {
+        use object_store::client::{HttpError, HttpErrorKind};
+        #[derive(Debug)]
+        struct Said(&'static str, Option<HttpError>);
+        impl fmt::Display for Said {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.0)
+            }
+        }
+        impl std::error::Error for Said {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                self.1.as_ref().map(|h| h as _)
+            }
+        }
+        let generic = |said: Said| object_store::Error::Generic {
+            store: "S3",
+            source: Box::new(said),
+        };
+        let http = |kind| {
+            Some(HttpError::new(
+                kind,
+                std::io::Error::other("tcp connect error"),
+            ))
+        };
+        let url = "Error performing GET http://127.0.0.1:40301/etcd?prefix=prod%2F403";
+        let cases: Vec<(object_store::Error, Class)> = vec![
+            (
+                generic(Said(url, http(HttpErrorKind::Connect))),
+                Class::Unreachable,
+            ),
+            (
+                generic(Said(url, http(HttpErrorKind::Timeout))),
+                Class::Unreachable,
+            ),
+            (
+                generic(Said(url, http(HttpErrorKind::Decode))),
+                Class::Failed,
+            ),
+            (
+                generic(Said(
+                    "GET http://127.0.0.1:40301/ - status code: 500 Internal Server Error",
+                    None,
+                )),
+                Class::Failed,
+            ),
+            (
+                generic(Said(
+                    "GET http://127.0.0.1:9000/ - status code: 403 Forbidden: <Code>SignatureDoesNotMatch</Code>",
+                    None,
+                )),
+                Class::Keys,
+            ),
+            (
+                object_store::Error::PermissionDenied {
+                    path: "prod/a".into(),
+                    source: Box::new(Said("denied", None)),
+                },
+                Class::Keys,
+            ),
+            (
+                object_store::Error::Unauthenticated {
+                    path: "prod/a".into(),
+                    source: Box::new(Said("who", None)),
+                },
+                Class::Keys,
+            ),
+            (
+                object_store::Error::NotFound {
+                    path: "prod/a".into(),
+                    source: Box::new(Said("<Code>NoSuchBucket</Code>", None)),
+                },
+                Class::NoBucket,
+            ),
+            (
+                object_store::Error::NotFound {
+                    path: "prod/a".into(),
+                    source: Box::new(Said("<Code>NoSuchKey</Code>", None)),
+                },
+                Class::NotFound,
+            ),
+        ];
+        for (e, want) in cases {
+            let detail = chain(&e);
+            assert_eq!(classify(&e, &detail), want, "{detail}");
         }
     }
 
