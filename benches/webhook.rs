@@ -18,6 +18,12 @@
 //! `--decision-log off` for the cost of decision records, which are on by default, to
 //! stderr); `BENCH_SERVE_BIN` serves with another build of the binary (an A/B of two
 //! commits: the in-process columns stay this build's).
+//!
+//! `BENCH_CALLGRIND=1` serves under `valgrind --tool=callgrind` and prints, for each size,
+//! the instructions the server executed per request over the sequential requests (counters
+//! zeroed before them and dumped after them: one request in flight, so no read is shared
+//! with another request's): a CPU-per-request figure that a busy machine does not move.
+//! Timing columns mean nothing then (valgrind runs the server some fifty times slower).
 
 // Test and benchmark code: a failed setup step is a failed run.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -166,6 +172,55 @@ fn cpu_time(pid: &str) -> Duration {
         })
         .unwrap_or(0);
     Duration::from_millis(ticks * 10)
+}
+
+/// Runs `callgrind_control OPTION PID` (the server runs under callgrind), waiting for it.
+fn callgrind_control(pid: u32, option: &str) {
+    let out = std::process::Command::new("callgrind_control")
+        .arg(option)
+        .arg(pid.to_string())
+        .output()
+        .expect("callgrind_control runs");
+    assert!(
+        out.status.success(),
+        "callgrind_control {option}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The instructions of the newest callgrind dump in `dir` (its `totals:` line), which it
+/// then deletes (the next size's dump is then the only one).
+fn callgrind_total(dir: &std::path::Path) -> u64 {
+    let dumps: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+        .expect("dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("callgrind.out."))
+        })
+        .collect();
+    let mut total = 0;
+    for d in &dumps {
+        let text = std::fs::read_to_string(d).expect("dump");
+        if let Some(line) = text
+            .lines()
+            .find(|l| l.starts_with("totals:") || l.starts_with("summary:"))
+        {
+            total += line
+                .split_whitespace()
+                .nth(1)
+                .and_then(|n| n.parse::<u64>().ok())
+                .expect("a count");
+        }
+        std::fs::remove_file(d).expect("remove the dump");
+    }
+    assert!(
+        !dumps.is_empty(),
+        "callgrind wrote no dump in {}",
+        dir.display()
+    );
+    total
 }
 
 fn vm_hwm_kib(pid: u32) -> u64 {
@@ -387,7 +442,20 @@ async fn main() {
     // `BENCH_SERVE_BIN`: another build of `ichor-rules` to serve (an A/B of two commits).
     let bin = std::env::var_os("BENCH_SERVE_BIN")
         .unwrap_or_else(|| env!("CARGO_BIN_EXE_ichor-rules").into());
-    let mut child = std::process::Command::new(bin)
+    let callgrind = std::env::var_os("BENCH_CALLGRIND").is_some_and(|v| v != "0");
+    let mut command = if callgrind {
+        let mut c = std::process::Command::new("valgrind");
+        c.arg("--tool=callgrind")
+            .arg(format!(
+                "--callgrind-out-file={}",
+                dir.join("callgrind.out").display()
+            ))
+            .arg(&bin);
+        c
+    } else {
+        std::process::Command::new(&bin)
+    };
+    let mut child = command
         .args(["serve", "--rules", "rules", "--listen", &listen.to_string()])
         .args(["--api-server", &api.url()])
         .arg("--tls-cert")
@@ -407,7 +475,7 @@ async fn main() {
     let pid = child.id();
     // Wait until it serves.
     let mut ready = false;
-    for _ in 0..100 {
+    for _ in 0..if callgrind { 2400 } else { 100 } {
         if tokio::net::TcpStream::connect(listen).await.is_ok() {
             ready = true;
             break;
@@ -439,12 +507,23 @@ async fn main() {
             Ok(false),
             "3 -> 2 below count 3 is refused by the rules"
         );
+        if callgrind {
+            callgrind_control(pid, "--zero");
+        }
         let mut lat = Vec::with_capacity(sequential);
         let mut failed = 0u64;
         for i in 0..sequential {
             let t = Instant::now();
             failed += u64::from(post(&mut send, &bodies[i * 7 % clusters]).await != Ok(false));
             lat.push(t.elapsed());
+        }
+        if callgrind {
+            callgrind_control(pid, "--dump");
+            let total = callgrind_total(&dir);
+            println!(
+                "{n:>8} machines: {:.0} server instructions per sequential request ({total} over {sequential}; callgrind)",
+                total as f64 / sequential as f64
+            );
         }
         lat.sort();
         let (p50, p99) = (percentile(&lat, 0.5), percentile(&lat, 0.99));

@@ -27,7 +27,9 @@ use crate::interp::Decision;
 use crate::runtime::exec::backup::{BackupTiming, BackupWorld, Failure, Stored, reconcile};
 use crate::runtime::exec::{Call, Node, NodeError, Reply, World, run_now};
 use crate::runtime::live::Reads;
-use crate::runtime::objects::{Snapshot, TalosEtcdBackup, TalosMachine};
+use crate::runtime::objects::{
+    ClusterRef, MachineSpec, Role, Snapshot, TalosEtcdBackup, TalosMachine,
+};
 use crate::runtime::talos::EtcdStatus;
 use k8s_openapi::jiff::Timestamp;
 use std::collections::{BTreeMap, HashSet, VecDeque};
@@ -242,31 +244,25 @@ pub struct BackupReport {
     pub violations: Vec<Violation>,
 }
 
-fn backup() -> Option<TalosEtcdBackup> {
-    serde_json::from_value(serde_json::json!({
-        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosEtcdBackup",
-        "metadata": {"name": "nightly", "namespace": "infra"},
-        "spec": {"clusterRef": {"name": "prod"},
-                 "store": {"endpoint": "https://s3.example", "bucket": "etcd",
-                           "prefix": "prod/", "credentialsSecretRef": {"name": "keys"}},
-                 "schedule": {"interval": "1h"},
-                 "retention": {"keepLast": 1}}
-    }))
-    .ok()
-}
-
-fn machines() -> Option<Snapshot> {
-    let m: TalosMachine = serde_json::from_value(serde_json::json!({
-        "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosMachine",
-        "metadata": {"name": "cp-1", "namespace": "infra"},
-        "spec": {"clusterRef": {"name": "prod"}, "role": "controlplane", "approved": true,
-                 "endpoint": "10.0.0.1"}
-    }))
-    .ok()?;
-    Some(Snapshot {
+/// The cluster the backup snapshots: one approved control plane.
+fn machines() -> Snapshot {
+    let mut m = TalosMachine::new(
+        "cp-1",
+        MachineSpec {
+            cluster_ref: ClusterRef {
+                name: "prod".into(),
+            },
+            role: Some(Role::ControlPlane),
+            approved: true,
+            endpoint: Some("10.0.0.1".into()),
+            ..MachineSpec::default()
+        },
+    );
+    m.metadata.namespace = Some("infra".into());
+    Snapshot {
         machines: vec![m],
         ..Snapshot::default()
-    })
+    }
 }
 
 /// The invariants of a state reached by a reconcile that ended (`ended`) or crashed.
@@ -309,10 +305,8 @@ fn check(
 /// and the store. `mutant` makes the world misbehave.
 pub fn explore(depth: u8, mutant: Option<Mutant>) -> BackupReport {
     let mut report = BackupReport::default();
-    let (Some(start), Some(machines)) = (backup(), machines()) else {
-        return report;
-    };
-    let machines = Arc::new(machines);
+    let start = crate::verify::model::outside_backup("infra", 1);
+    let machines = Arc::new(machines());
     let timing = BackupTiming {
         retry: Duration::from_secs(60),
         recheck: Duration::from_secs(3600),

@@ -39,7 +39,9 @@ pub use bounds::{
     MAX_PLAN_STEPS, MAX_ROLL_WIDTH, NAMESPACE, NONE, OTHER_CLUSTER, SIDE, ix, unsupported,
 };
 pub use moves::{Effect, Fired, Move, Next, step_index};
-pub use objects::{BACKUP, Lazy, Memo, Objects, STALE_SNAPSHOT, len_byte, object_key};
+pub use objects::{
+    BACKUP, Lazy, Memo, Objects, STALE_SNAPSHOT, len_byte, object_key, outside_backup,
+};
 pub use state::{
     Backup, Boots, ClusterState, Lock, MRole, Machine, Op, OpKind, OpRun, Pending, Phase, ROLL_MAX,
     Req, RollKind, Side, State, Tallies, remove_machine,

@@ -9,10 +9,11 @@ use super::state::{ClusterState, MRole, Machine, Op, OpKind, OpRun, Phase, Req, 
 use crate::compile::{PlanStep, Table};
 use crate::interp::Decision;
 use crate::runtime::objects::{
-    ALLOW_DELETE_ANNOTATION, ApprovalDecision, BackupStatus, ClusterRef, ClusterSpec, Condition,
-    ControlPlaneSpec, MachineSpec, MachineStatus, Object, OperationSpec, OperationStatus,
-    REMOVAL_FINALIZER, RemovalProgress, Role, Snapshot, SnapshotRecord, TEARDOWN_FINALIZER,
-    TalosCluster, TalosEtcdBackup, TalosMachine, TalosOperation,
+    ALLOW_DELETE_ANNOTATION, ApprovalDecision, BackupSpec, BackupStatus, ClusterRef, ClusterSpec,
+    Condition, ControlPlaneSpec, CredentialsSecretRef, MachineSpec, MachineStatus, Object,
+    OperationSpec, OperationStatus, REMOVAL_FINALIZER, RemovalProgress, RetentionSpec, Role,
+    ScheduleSpec, Snapshot, SnapshotRecord, StoreSpec, TEARDOWN_FINALIZER, TalosCluster,
+    TalosEtcdBackup, TalosMachine, TalosOperation,
 };
 use crate::verify::world;
 use crate::vocab::{Fact, Verdict};
@@ -250,6 +251,44 @@ pub struct Objects<'t> {
     /// model's start, so its age (read against the clock of each decision) stays within
     /// minutes of 0 for any run.
     pub fresh_at: Timestamp,
+    /// The cluster's TalosEtcdBackup without its status ([`outside_backup`]), built once.
+    pub backup: TalosEtcdBackup,
+}
+
+/// A TalosEtcdBackup named [`BACKUP`] of the model's cluster in `namespace`, whose store is
+/// outside the cluster (ADR 0106 §2), taking a snapshot every hour and keeping the last
+/// `keep_last`: the model's ([`Objects::backup`]) and the backup procedure's exploration's
+/// (`verify::backup`). Built, not parsed: nothing can fail and leave a model without it.
+pub fn outside_backup(namespace: &str, keep_last: u32) -> TalosEtcdBackup {
+    let mut b = TalosEtcdBackup::new(
+        BACKUP,
+        BackupSpec {
+            cluster_ref: ClusterRef {
+                name: CLUSTER.into(),
+            },
+            store: StoreSpec {
+                endpoint: "https://s3.example.com".into(),
+                bucket: "etcd".into(),
+                prefix: Some("prod/".into()),
+                region: None,
+                credentials_secret_ref: CredentialsSecretRef {
+                    name: "keys".into(),
+                    ..CredentialsSecretRef::default()
+                },
+            },
+            schedule: ScheduleSpec {
+                interval: Some("1h".into()),
+                cron: None,
+            },
+            retention: Some(RetentionSpec {
+                keep_last: Some(keep_last),
+                max_age: None,
+            }),
+            encryption: None,
+        },
+    );
+    b.metadata.namespace = Some(namespace.into());
+    b
 }
 
 /// When a stale snapshot was taken ([`Backup::Stale`]): older than any recovery point
@@ -538,16 +577,7 @@ impl Objects<'_> {
             Backup::Fresh => Some(self.fresh_at),
             Backup::Stale => Some(STALE_SNAPSHOT),
         };
-        let mut b: TalosEtcdBackup = serde_json::from_value(serde_json::json!({
-            "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosEtcdBackup",
-            "metadata": {"name": BACKUP, "namespace": NAMESPACE},
-            "spec": {"clusterRef": {"name": CLUSTER},
-                     "store": {"endpoint": "https://s3.example.com", "bucket": "etcd",
-                               "prefix": "prod/", "credentialsSecretRef": {"name": "keys"}},
-                     "schedule": {"interval": "1h"},
-                     "retention": {"keepLast": 3}}
-        }))
-        .ok()?;
+        let mut b = self.backup.clone();
         b.status = Some(BackupStatus {
             last_snapshot: taken.map(|t| SnapshotRecord {
                 time: Time(t),

@@ -61,6 +61,7 @@ impl<'t> Model<'t> {
                     .map_or("Refused", String::as_str),
                 roll_width: bounds.roll_width,
                 fresh_at: k8s_openapi::jiff::Timestamp::now(),
+                backup: super::objects::outside_backup(super::bounds::NAMESPACE, 3),
             },
         })
     }
