@@ -2265,6 +2265,61 @@ fn an_unschedulable_cluster_keeps_a_worker_in_service_under_a_wide_roll() {
     }
 }
 
+/// Workers die too, and the controller probes them as it probes control planes: a roll of
+/// an unschedulable cluster with two workers, one at a time, where one worker dies. Once the
+/// probe has recorded that death, `step-last-worker` (reading `workers.others_up`) keeps
+/// the other in service; without the rule the roll takes it, and
+/// `worker-in-service-while-unschedulable` refutes that, its counterexample the death, the
+/// probe, then the roll. A death no probe has seen yet is no decision's fault: the shipped
+/// rules verify (before workers.serving counted what the controller can know, they did not).
+#[test]
+fn a_dead_worker_the_probe_reported_is_not_counted_in_service_by_a_roll() {
+    let bounds = [
+        "--rolls",
+        "--max-workers",
+        "2",
+        "--max-failures",
+        "1",
+        "--max-operations",
+        "1",
+        "--max-requests",
+        "2",
+    ];
+    let (out, json) = verify(&root().join("rules"), "3", &bounds);
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    assert!(violated(&json).is_empty(), "{}", out.stdout);
+    assert!(
+        !out.stdout
+            .contains("vacuous   worker-in-service-while-unschedulable"),
+        "{}",
+        out.stdout
+    );
+    let gone = mutant("last-worker-dead", "operations.rules", |t| {
+        without(t, "rule step-last-worker\n")
+    });
+    let (out, json) = verify(&gone, "3", &bounds);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert_eq!(
+        violated(&json),
+        vec!["worker-in-service-while-unschedulable".to_string()],
+        "{}",
+        out.stdout
+    );
+    let steps = step_texts(&json);
+    let at = |what: &str| steps.iter().position(|s| s.contains(what));
+    let (died, probed) = (at("dies"), at("Ready=False NodeUnreachable"));
+    assert!(
+        died.is_some() && probed.is_some() && died < probed,
+        "{steps:#?}"
+    );
+    // Without the failure, one worker at a time never takes the last: the same mutant holds.
+    let mut none = bounds;
+    none[4] = "0";
+    let (out, _) = verify(&gone, "3", &none);
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    let _ = std::fs::remove_dir_all(&gone);
+}
+
 /// An upgrade roll under the default suite's roll bounds (3 control planes, a worker, a
 /// failure, 2 requests) verifies: a roll that passes a control plane being deleted (the
 /// cluster deleted under it, the garbage collector deleting the machine), untouched, has

@@ -560,6 +560,19 @@ fn suite(args: &VerifyArgs) -> Vec<Bounds> {
             rolls: true,
             ..large
         },
+        // ... and over two workers of an unschedulable cluster, one of which dies: the roll
+        // takes the other only while the probe has not seen that death
+        // (`step-last-worker` reads `workers.others_up`; `worker-in-service-while-
+        // unschedulable` counts what the controller can know).
+        Bounds {
+            max_control_planes: 3,
+            max_workers: 2,
+            max_failures: 1,
+            max_operations: 1,
+            max_requests: Some(2),
+            rolls: true,
+            ..large
+        },
         // One machine's operation of every kind the model runs (a rollback and a shutdown
         // besides the upgrades and resets of the runs above) on three control planes and a
         // worker, with a failure and two requests: each plan's drain and gates.

@@ -46,6 +46,19 @@ impl Machine {
             && !self.boots.rebooting
             && !self.boots.unsched
     }
+
+    /// In service as far as the controller can know (`workers.serving`): [`Machine::serving`],
+    /// or an approved worker that would be, whose node died since the controller's probe
+    /// last found it answering (no `unreachable` recorded). No decision can count that death
+    /// before a probe sees it; once one has, the worker no longer counts.
+    pub fn serving_as_known(&self) -> bool {
+        self.approved_worker()
+            && !self.deleting
+            && (self.up || !self.unreachable)
+            && !self.wiped
+            && !self.boots.rebooting
+            && !self.boots.unsched
+    }
 }
 
 /// One TalosMachine and what stands behind it (its node, its etcd member).
@@ -606,7 +619,8 @@ pub struct Tallies {
     pub approved_cps: usize,
     pub active: usize,
     pub workers: usize,
-    /// Approved workers not being deleted in service ([`Machine::serving`]).
+    /// Approved workers not being deleted in service as far as the controller can know
+    /// ([`Machine::serving_as_known`]).
     pub serving: usize,
     pub running: usize,
     pub unfinished: usize,

@@ -163,23 +163,25 @@ impl<'t> Model<'t> {
                     }
                     continue;
                 }
-                if m.approved_cp() {
-                    if let Some((t, e)) = self.apply(s, snap, i, memo, fired) {
-                        out.push(Next {
-                            mv: Move::Apply(idx),
-                            state: t,
-                            effect: e,
-                        });
-                    }
-                    if m.up == m.unreachable {
-                        let mut t = s.fork();
-                        t.machines[i].unreachable = !m.up;
-                        out.push(Next {
-                            mv: Move::Probe(idx),
-                            state: t,
-                            effect: effect("probe"),
-                        });
-                    }
+                if m.approved_cp()
+                    && let Some((t, e)) = self.apply(s, snap, i, memo, fired)
+                {
+                    out.push(Next {
+                        mv: Move::Apply(idx),
+                        state: t,
+                        effect: e,
+                    });
+                }
+                // The controller probes every approved machine's node (a worker's too:
+                // `workers.others_up` reads what it recorded).
+                if (m.approved_cp() || m.approved_worker()) && m.up == m.unreachable {
+                    let mut t = s.fork();
+                    t.machines[i].unreachable = !m.up;
+                    out.push(Next {
+                        mv: Move::Probe(idx),
+                        state: t,
+                        effect: effect("probe"),
+                    });
                 }
             }
             // Operations the controller leaves waiting here while the count is even: not
@@ -271,7 +273,9 @@ impl<'t> Model<'t> {
                     effect: effect("node-returns"),
                 });
             }
-            if !m.ever_cp() || m.wiped || !(m.approved || m.member) {
+            // A control plane's node, or an approved worker's, may die (a failure) and come
+            // back: the controller then learns of it only by what it reads.
+            if !(m.ever_cp() || m.approved_worker()) || m.wiped || !(m.approved || m.member) {
                 continue;
             }
             if m.up && s.failures < self.bounds.max_failures {

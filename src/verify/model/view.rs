@@ -22,7 +22,7 @@ impl State {
             t.approved_cps += usize::from(cp && !m.deleting);
             t.active += usize::from(cp && !m.deleting && m.joined && !m.held);
             t.workers += usize::from(m.approved_worker() && !m.deleting);
-            t.serving += usize::from(m.serving());
+            t.serving += usize::from(m.serving_as_known());
         }
         for (k, o) in ix(&self.ops) {
             t.running += usize::from(o.phase == Phase::Running);
@@ -105,9 +105,13 @@ impl State {
             .count()
     }
 
-    /// Approved workers in service (`workers.serving`, [`Machine::serving`]).
+    /// Approved workers in service as far as the controller can know (`workers.serving`,
+    /// [`Machine::serving_as_known`]).
     pub fn serving(&self) -> usize {
-        self.machines.iter().filter(|m| m.serving()).count()
+        self.machines
+            .iter()
+            .filter(|m| m.serving_as_known())
+            .count()
     }
 
     pub fn running(&self) -> usize {
