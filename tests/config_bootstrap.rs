@@ -394,3 +394,18 @@ async fn the_bootstraps_decisions_are_recorded() {
         }
     }
 }
+
+/// The stand-in's `Bootstrap` picks its etcd ports when etcd starts: a port the unstarted
+/// member was given, taken by someone else meanwhile (CI saw it: the etcd never started,
+/// the bootstrap was never confirmed), does not stop the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bootstrap_starts_etcd_though_the_port_first_picked_was_taken() {
+    let etcd = EtcdCluster::unstarted(&["cp-1", "cp-2", "cp-3"]);
+    let before = etcd.client_url(0);
+    let port: u16 = before.rsplit(':').next().unwrap().parse().unwrap();
+    // Held by another socket for the whole start, as an ephemeral client port would be.
+    let _held = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    etcd.bootstrap(0).await.unwrap();
+    assert_ne!(etcd.client_url(0), before);
+    assert!(etcd.has_data(0));
+}

@@ -299,33 +299,55 @@ impl EtcdCluster {
     }
 
     /// Starts member `i` as a new one-member cluster (Talos' `Bootstrap`) and waits until it
-    /// leads. Refused when its data directory is not empty, as Talos refuses it.
+    /// leads. Refused when its data directory is not empty, as Talos refuses it. The ports
+    /// are picked at the start, not when the cluster was made: an unstarted member's ports
+    /// sit unbound for seconds, and another test's connection may take one meanwhile (CI
+    /// saw an etcd that never started, its bootstrap never confirmed). A start that fails
+    /// that way (the process exits by itself) is retried with fresh ports on an emptied
+    /// data directory, as a node whose etcd failed to bind would be restarted by Talos.
     pub async fn bootstrap(&self, i: usize) -> Result<(), String> {
         if self.has_data(i) {
             return Err("etcd data directory is not empty".into());
         }
-        {
-            let mut members = self.members.lock().expect("members");
-            let m = &mut members[i];
-            let initial = format!("{}={}", m.name, peer_url(m.index, m.peer_port));
-            m.child = Some(spawn_member(m, &initial, &self.token, "new"));
-        }
-        let deadline = Instant::now() + HEALTHY_TIMEOUT;
-        loop {
-            if let Ok(st) = self.status_at(i).await
-                && st.leader != 0
+        let mut last = String::new();
+        for _ in 0..3 {
             {
-                return Ok(());
+                let mut members = self.members.lock().expect("members");
+                let m = &mut members[i];
+                if let Some(mut dead) = m.child.take() {
+                    let _ = dead.kill();
+                    let _ = dead.wait();
+                }
+                let _ = std::fs::remove_dir_all(&m.data_dir);
+                m.client_port = free_port();
+                m.peer_port = free_port();
+                let initial = format!("{}={}", m.name, peer_url(m.index, m.peer_port));
+                m.child = Some(spawn_member(m, &initial, &self.token, "new"));
             }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "{} not healthy within {HEALTHY_TIMEOUT:?} after its bootstrap: {}",
-                    self.name(i),
-                    self.logs()
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            let deadline = Instant::now() + HEALTHY_TIMEOUT;
+            last = loop {
+                if let Ok(st) = self.status_at(i).await
+                    && st.leader != 0
+                {
+                    return Ok(());
+                }
+                if let Some(dead) = self.exited_early() {
+                    break dead;
+                }
+                if Instant::now() > deadline {
+                    return Err(format!(
+                        "{} not healthy within {HEALTHY_TIMEOUT:?} after its bootstrap: {}",
+                        self.name(i),
+                        self.logs()
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
         }
+        Err(format!(
+            "{} did not start after its bootstrap: {last}",
+            self.name(i)
+        ))
     }
 
     fn spawn(names: &[&str]) -> EtcdCluster {
@@ -529,7 +551,7 @@ impl EtcdCluster {
     }
 
     /// Starts member `i` again from its data (a node back from a reboot), with the same
-    /// name and ports, and waits until it sees a leader. Its data dir still there, etcd
+    /// name and peer port, and waits until it sees a leader. Its data dir still there, etcd
     /// rejoins as the member it was (the initial-cluster flags are ignored then).
     pub async fn restart(&self, i: usize) -> Result<(), String> {
         {
@@ -537,6 +559,11 @@ impl EtcdCluster {
             let m = &mut members[i];
             if m.child.is_some() {
                 return Ok(());
+            }
+            // Its client port may have been taken while it was down (the peer port is its
+            // registered peer URL and stays; it is on a loopback host of its own).
+            if !port_free(m.client_port) {
+                m.client_port = free_port();
             }
             let initial = format!("{}={}", m.name, peer_url(m.index, m.peer_port));
             m.child = Some(spawn_member(m, &initial, &self.token, "existing"));

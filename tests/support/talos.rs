@@ -705,9 +705,12 @@ impl Node {
                 "bootstrap is not available yet: etcd data directory is not empty",
             ));
         }
-        self.etcd
-            .bootstrap(self.index)
+        // Talos starts etcd whether or not the caller waits for the answer: the start runs
+        // on its own, so a caller that gave up (its deadline passed) does not stop it.
+        let (etcd, index) = (self.etcd.clone(), self.index);
+        tokio::spawn(async move { etcd.bootstrap(index).await })
             .await
+            .map_err(|e| Status::internal(format!("the etcd start failed: {e}")))?
             .map_err(Status::failed_precondition)?;
         if self.lose_bootstrap_answer.load(Ordering::SeqCst) {
             return Err(Status::unavailable("connection reset by peer"));
