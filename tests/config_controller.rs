@@ -355,6 +355,28 @@ async fn an_over_cap_held_machine_receives_nothing() {
     assert_eq!(talos.calls_to("ApplyConfiguration", "cp-3"), 0);
     assert!(talos.node(2).config().is_none());
     assert!(applied(&api, "cp-3").is_none());
+    // A change needing a reboot rolls over the machines that get configuration: the held
+    // one, which never renders anything, does not keep the roll waiting (it did: the roll
+    // waited for every approved machine to render the change).
+    api.insert(patch(
+        "disk",
+        json!({}),
+        "version: v1alpha1\nmachine:\n  install:\n    disk: /dev/sdb\n",
+    ));
+    let rolls = || api.objects("TalosOperation", Some(NS));
+    wait_for(
+        "the controller's roll of cp-1 and cp-2 succeeds",
+        Duration::from_secs(60),
+        || {
+            rolls()
+                .first()
+                .is_some_and(|o| o["status"]["phase"] == "Succeeded")
+        },
+    )
+    .await;
+    assert_eq!(rolls()[0]["spec"]["machines"], json!(["cp-1", "cp-2"]));
+    assert_eq!(talos.calls_to("ApplyConfiguration", "cp-3"), 0);
+    assert!(talos.node(2).config().is_none());
 }
 
 /// A change that needs a reboot is staged on every node (nothing rebooted by the apply

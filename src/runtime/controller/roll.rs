@@ -95,8 +95,16 @@ fn roll_name(cluster: &str, staged: &[(&TalosMachine, &str)]) -> String {
 }
 
 /// The approved machines of `c` that have not rendered `inputs` yet and will: their node
-/// is not known unreachable (the configuration of one that is waits for it to answer).
-fn not_rendered<'s>(snapshot: &'s Snapshot, c: &TalosCluster, inputs: &str) -> Vec<&'s str> {
+/// is not known unreachable (the configuration of one that is waits for it to answer), and
+/// the rules do not hold them (a machine held over the cap, `Ready=False` with a reason a
+/// rule of `table` owns, gets no configuration at all: the roll of the others does not
+/// wait for it).
+fn not_rendered<'s>(
+    snapshot: &'s Snapshot,
+    table: &crate::compile::Table,
+    c: &TalosCluster,
+    inputs: &str,
+) -> Vec<&'s str> {
     snapshot
         .machines
         .iter()
@@ -106,6 +114,9 @@ fn not_rendered<'s>(snapshot: &'s Snapshot, c: &TalosCluster, inputs: &str) -> V
                 && m.approved_role().is_some()
                 && !m.deleting()
                 && m.reachable_state() != Some("False")
+                && !m
+                    .ready_state()
+                    .is_some_and(|(status, reason)| status == "False" && table.owns_reason(reason))
                 && m.config_inputs() != Some(inputs)
         })
         .map(|m| m.name())
@@ -154,7 +165,10 @@ pub async fn ensure(
         }
     };
     let inputs = crate::runtime::exec::apply::inputs_digest(base_digest, &patches);
-    let waiting = not_rendered(snapshot, c, &inputs);
+    let Some(table) = ctx.rules.current() else {
+        return Some(ctx.settings.refused_requeue);
+    };
+    let waiting = not_rendered(snapshot, &table, c, &inputs);
     if !waiting.is_empty() {
         tracing::debug!(cluster = %format!("{}/{}", c.namespace(), c.name()), machines = %waiting.join(", "), "the configuration roll waits for machines still rendering the change");
         return Some(settle.max(Duration::from_millis(100)));
@@ -282,13 +296,41 @@ mod tests {
             ],
             ..Snapshot::default()
         };
-        assert_eq!(not_rendered(&snapshot, &cluster, "now"), ["cp-2", "cp-3"]);
-        let mut held = machine("cp-5", "True", None);
-        held.spec.approved = false;
+        let table = crate::ruleset::shipped_table();
+        assert_eq!(
+            not_rendered(&snapshot, &table, &cluster, "now"),
+            ["cp-2", "cp-3"]
+        );
+        let mut unapproved = machine("cp-5", "True", None);
+        unapproved.spec.approved = false;
         let mut other = machine("cp-6", "True", None);
         other.spec.cluster_ref.name = "staging".into();
-        snapshot.machines = vec![machine("cp-1", "True", Some("now")), held, other];
-        assert!(not_rendered(&snapshot, &cluster, "now").is_empty());
+        snapshot.machines = vec![machine("cp-1", "True", Some("now")), unapproved, other];
+        assert!(not_rendered(&snapshot, &table, &cluster, "now").is_empty());
+        // Held over the cap by a rule (its reason the rules' own): it never renders, and
+        // the roll does not wait for it. Not ready for a reason of the controller's own
+        // (the node unreachable past its grace), it is waited for as before.
+        let ready_false = |name: &str, reason: &str| {
+            let mut m = machine(name, "True", Some("before"));
+            m.status
+                .get_or_insert_with(Default::default)
+                .conditions
+                .push(
+                    serde_json::from_value(serde_json::json!({
+                        "type": "Ready", "status": "False", "reason": reason,
+                        "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"
+                    }))
+                    .expect("a condition"),
+                );
+            m
+        };
+        assert!(table.owns_reason(Some("ControlPlaneOverCap")));
+        snapshot.machines = vec![
+            machine("cp-1", "True", Some("now")),
+            ready_false("cp-4", "ControlPlaneOverCap"),
+            ready_false("cp-5", "Rebooting"),
+        ];
+        assert_eq!(not_rendered(&snapshot, &table, &cluster, "now"), ["cp-5"]);
     }
 
     #[test]
