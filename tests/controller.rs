@@ -396,12 +396,36 @@ async fn a_removal_without_talos_credentials_does_not_start() {
     assert!(get(&api, "TalosMachine", "cp-4").is_some());
 }
 
+/// A control plane being deleted (its removal under way, held by its finalizer).
+async fn being_deleted(api: &ApiServer, name: &str, order: u32) {
+    let mut m = control_plane(name, order);
+    m["metadata"]["finalizers"] = json!(["ichor.maesh.dev/machine-removal"]);
+    api.insert(m);
+    delete(api, "TalosMachine", name).await;
+}
+
+/// Its finalizer released: the machine is gone.
+async fn finalizer_released(api: &ApiServer, name: &str) {
+    use ichor_rules::runtime::objects::TalosMachine;
+    use kube::api::{Api, Patch, PatchParams};
+    Api::<TalosMachine>::namespaced(api.test_client(), NS)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("finalizer released");
+    assert!(get(api, "TalosMachine", name).is_none());
+}
+
 #[tokio::test]
 async fn the_cluster_lock_serializes_work_and_resumes_its_own() {
     let api = ApiServer::start().await;
     let ctx = context(&api, "test", None);
-    for (i, n) in ["cp-1", "cp-2", "cp-3"].iter().enumerate() {
-        api.insert(control_plane(n, i as u32));
+    being_deleted(&api, "cp-1", 0).await;
+    for (i, n) in ["cp-2", "cp-3"].iter().enumerate() {
+        api.insert(control_plane(n, i as u32 + 1));
     }
     let a = Work::RemoveControlPlane {
         namespace: NS,
@@ -422,8 +446,129 @@ async fn the_cluster_lock_serializes_work_and_resumes_its_own() {
         other => panic!("expected held, got {other:?}"),
     }
     // The holder's machine is gone (its removal finished but did not release): stale.
-    delete(&api, "TalosMachine", "cp-1").await;
+    finalizer_released(&api, "cp-1").await;
     let got = disruptive::acquire(&ctx, NS, "prod", b).await.expect("api");
+    assert!(matches!(got, Ok(Acquired::Taken)), "{got:?}");
+}
+
+/// Issue 34: the lock's expiry. Work under way keeps the cluster's lock however long its
+/// Lease goes unrenewed (a removal waiting on its resetting node, an operation waiting for
+/// its node to come back, the controller restarted meanwhile): an expired Lease was taken
+/// by any other work, so two disruptions ran at once (`verify` refutes `one-disruption`
+/// when the lock's expiry is explored with that policy). Work that is over gives the lock
+/// up at once; a holder that names no work of this operator's, once its Lease expired.
+#[tokio::test]
+async fn an_expired_lock_stays_with_work_under_way() {
+    use ichor_rules::runtime::controller::disruptive::{HolderWork, may_take_over};
+    use ichor_rules::runtime::controller::lock::LeaseLock;
+    assert!(!may_take_over(HolderWork::Running, true));
+    assert!(may_take_over(HolderWork::Over, false));
+    assert!(may_take_over(HolderWork::Unknown, true));
+    assert!(!may_take_over(HolderWork::Unknown, false));
+    let api = ApiServer::start().await;
+    let mut settings = fast_settings("test");
+    settings.lock_duration = Duration::from_secs(1);
+    let ctx = Arc::new(ichor_rules::runtime::controller::Context::new(
+        api.client(),
+        rules(),
+        None,
+        settings,
+        Arc::new(ichor_rules::runtime::metrics::Metrics::default()),
+    ));
+    being_deleted(&api, "cp-1", 0).await;
+    api.insert(control_plane("cp-2", 1));
+    api.insert(operation("op-1", "reboot"));
+    let removal = Work::RemoveControlPlane {
+        namespace: NS,
+        machine: "cp-1",
+    };
+    let op = Work::Operation {
+        namespace: NS,
+        name: "op-1",
+    };
+    let expired = || tokio::time::sleep(Duration::from_millis(1300));
+    // A removal under way, its Lease expired: the operation waits.
+    let got = disruptive::acquire(&ctx, NS, "prod", removal)
+        .await
+        .expect("api");
+    assert!(matches!(got, Ok(Acquired::Taken)), "{got:?}");
+    expired().await;
+    match disruptive::acquire(&ctx, NS, "prod", op)
+        .await
+        .expect("api")
+    {
+        Err(Refused::Held { holder }) => assert_eq!(holder, "remove TalosMachine infra/cp-1"),
+        other => panic!("expected held, got {other:?}"),
+    }
+    // The removal resumes its own lock.
+    let got = disruptive::acquire(&ctx, NS, "prod", removal)
+        .await
+        .expect("api");
+    assert!(matches!(got, Ok(Acquired::Resumed)), "{got:?}");
+    // Its machine gone: the operation takes the lock at once, expired or not.
+    finalizer_released(&api, "cp-1").await;
+    let got = disruptive::acquire(&ctx, NS, "prod", op)
+        .await
+        .expect("api");
+    assert!(matches!(got, Ok(Acquired::Taken)), "{got:?}");
+    // An unfinished operation, its Lease expired: a removal waits.
+    being_deleted(&api, "cp-3", 2).await;
+    let other = Work::RemoveControlPlane {
+        namespace: NS,
+        machine: "cp-3",
+    };
+    expired().await;
+    match disruptive::acquire(&ctx, NS, "prod", other)
+        .await
+        .expect("api")
+    {
+        Err(Refused::Held { holder }) => assert_eq!(holder, "TalosOperation infra/op-1"),
+        other => panic!("expected held, got {other:?}"),
+    }
+    // The operation finished (without releasing): taken at once.
+    {
+        use ichor_rules::runtime::objects::TalosOperation;
+        use kube::api::{Api, Patch, PatchParams};
+        Api::<TalosOperation>::namespaced(api.test_client(), NS)
+            .patch_status(
+                "op-1",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"phase": "Succeeded"}})),
+            )
+            .await
+            .expect("op-1 finished");
+    }
+    let got = disruptive::acquire(&ctx, NS, "prod", other)
+        .await
+        .expect("api");
+    assert!(matches!(got, Ok(Acquired::Taken)), "{got:?}");
+    // A holder naming no work of ours: waited for until its Lease expires, then taken.
+    let lock = LeaseLock::new(
+        api.client(),
+        "ichor-system",
+        &disruptive::lock_name(NS, "prod"),
+        Duration::from_secs(1),
+        "someone",
+        Arc::default(),
+    );
+    lock.release("remove TalosMachine infra/cp-3")
+        .await
+        .expect("release");
+    assert_eq!(
+        lock.acquire("another tool").await.expect("taken"),
+        Acquired::Taken
+    );
+    match disruptive::acquire(&ctx, NS, "prod", other)
+        .await
+        .expect("api")
+    {
+        Err(Refused::Held { holder }) => assert_eq!(holder, "another tool"),
+        other => panic!("expected held, got {other:?}"),
+    }
+    expired().await;
+    let got = disruptive::acquire(&ctx, NS, "prod", other)
+        .await
+        .expect("api");
     assert!(matches!(got, Ok(Acquired::Taken)), "{got:?}");
 }
 

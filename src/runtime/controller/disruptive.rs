@@ -38,6 +38,77 @@ impl Work<'_> {
     }
 }
 
+/// What became of the work a lock's holder names, as the work that wants the lock reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HolderWork {
+    /// It is over: the machine whose removal it was is gone (or not being deleted), or the
+    /// TalosOperation is gone or finished. Nothing runs under the lock.
+    Over,
+    /// It is under way: the machine being deleted, or the operation unfinished.
+    Running,
+    /// The holder names no work of this operator's (another tool, a writer racing, a
+    /// name in another namespace): only its Lease's expiry says it is done with it.
+    Unknown,
+}
+
+/// Whether other work may take a cluster's lock from its holder, whose work is `work` and
+/// whose Lease has `expired` (not renewed for its duration). Work under way keeps the lock
+/// however long it goes unrenewed: its holder may wait longer than the Lease lasts (a reset
+/// settling, a node coming back, a controller restarted or partitioned meanwhile), and the
+/// disruption it began is still there. Before, an expired Lease went to any work, so a
+/// removal waiting on its node and an operation could both run (`verify` refutes
+/// `one-disruption` with the lock's expiry in its model when this says otherwise). Work
+/// that is over gives it up at once; a holder that names no work of ours, once expired.
+/// The controller ([`acquire`]) and `verify`'s model both decide with this.
+pub fn may_take_over(work: HolderWork, expired: bool) -> bool {
+    match work {
+        HolderWork::Over => true,
+        HolderWork::Running => false,
+        HolderWork::Unknown => expired,
+    }
+}
+
+/// What became of the work `holder` names (read live: a GET-like LIST of its TalosMachine
+/// or TalosOperation by name); a failed read fails the acquire.
+async fn holder_work(
+    ctx: &Context,
+    namespace: &str,
+    holder: &str,
+) -> Result<HolderWork, ReconcileError> {
+    if let Some((ns, name)) = crate::runtime::exec::removal::holder_machine(holder) {
+        if ns != namespace {
+            return Ok(HolderWork::Unknown);
+        }
+        // A machine of that name not being deleted is not being removed (one made again
+        // after its removal finished): nothing runs under the lock.
+        return Ok(match ctx.reader.machine(ns, name).await? {
+            Some(m) if m.deleting() => HolderWork::Running,
+            _ => HolderWork::Over,
+        });
+    }
+    if let Some((ns, name)) = crate::runtime::exec::operation::holder_operation(holder) {
+        if ns != namespace {
+            return Ok(HolderWork::Unknown);
+        }
+        let api: kube::Api<crate::runtime::objects::TalosOperation> =
+            kube::Api::namespaced(ctx.client.clone(), ns);
+        let params = kube::api::ListParams::default().fields(&format!("metadata.name={name}"));
+        let list = api.list(&params).await?;
+        return Ok(
+            match list
+                .items
+                .iter()
+                .find(|o| o.metadata.name.as_deref() == Some(name))
+            {
+                None => HolderWork::Over,
+                Some(o) if o.finished() => HolderWork::Over,
+                Some(_) => HolderWork::Running,
+            },
+        );
+    }
+    Ok(HolderWork::Unknown)
+}
+
 /// The longest Lease name (a DNS subdomain).
 const MAX_LEASE_NAME: usize = 253;
 
@@ -146,9 +217,11 @@ pub async fn hold(
         .map(|_| Held::new(ctx, cluster_lock(ctx, namespace, cluster), work.holder())))
 }
 
-/// Takes `cluster`'s lock for `work` (the same work resumes its own lock); a lock held by the
-/// removal of a machine that is gone is stale and taken over. Nothing renews it: work
-/// takes the lock through [`hold`].
+/// Takes `cluster`'s lock for `work` (the same work resumes its own lock). A lock held by
+/// other work is taken over only as [`may_take_over`] says: at once when that work is over
+/// (its machine gone, its operation gone or finished), never while it is under way however
+/// long its Lease went unrenewed, and once expired when its holder names no work of ours.
+/// Nothing renews it: work takes the lock through [`hold`].
 pub async fn acquire(
     ctx: &Context,
     namespace: &str,
@@ -174,30 +247,30 @@ pub async fn acquire(
     }
     let lock = cluster_lock(ctx, namespace, cluster);
     let holder = work.holder();
-    match lock.acquire(&holder).await {
+    match lock.acquire_with(&holder, false).await {
         Ok(a) => Ok(Ok(a)),
         Err(LockError::Held {
-            holder: current, ..
+            holder: current,
+            expired,
+            ..
         }) => {
-            // A removal that finished (its machine is gone) but did not get to release the
-            // lock: nothing is running under it. Its machine is read live by name (a GET,
-            // not a LIST of the namespace); a failed read fails the acquire.
-            let stale = match crate::runtime::exec::removal::holder_machine(&current) {
-                Some((ns, name)) if ns == namespace => {
-                    ctx.reader.machine(ns, name).await?.is_none()
-                }
-                _ => false,
-            };
-            if stale {
-                tracing::info!(lock = %lock.name(), stale = %current, "taking over a lock left by a finished removal");
-                lock.release(&current).await?;
-                return match lock.acquire(&holder).await {
-                    Ok(a) => Ok(Ok(a)),
-                    Err(LockError::Held { holder, .. }) => Ok(Err(Refused::Held { holder })),
-                    Err(e) => Err(e.into()),
-                };
+            let done = holder_work(ctx, namespace, &current).await?;
+            if !may_take_over(done, expired) {
+                return Ok(Err(Refused::Held { holder: current }));
             }
-            Ok(Err(Refused::Held { holder: current }))
+            if done == HolderWork::Over {
+                // Work that finished without releasing the lock (its machine gone, its
+                // operation finished): nothing is running under it.
+                tracing::info!(lock = %lock.name(), stale = %current, "taking over a lock left by finished work");
+                lock.release(&current).await?;
+            } else {
+                tracing::info!(lock = %lock.name(), expired = %current, "taking over an expired lock whose holder names no work of this operator's");
+            }
+            match lock.acquire_with(&holder, done != HolderWork::Over).await {
+                Ok(a) => Ok(Ok(a)),
+                Err(LockError::Held { holder, .. }) => Ok(Err(Refused::Held { holder })),
+                Err(e) => Err(e.into()),
+            }
         }
         Err(e) => Err(e.into()),
     }

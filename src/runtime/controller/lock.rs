@@ -26,7 +26,12 @@ pub enum Acquired {
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
     #[error("the lock {lease} is held by {holder:?}")]
-    Held { lease: String, holder: String },
+    Held {
+        lease: String,
+        holder: String,
+        /// Its holder has not renewed it for its duration (as this replica has seen it).
+        expired: bool,
+    },
     #[error("the lock {lease} was lost to {holder:?}")]
     Lost { lease: String, holder: String },
     #[error("lock {lease}: {source}")]
@@ -225,6 +230,16 @@ impl LeaseLock {
     /// Takes the lock for `holder`, or resumes it when `holder` has it already. A write
     /// that races another one fails with a conflict and reports the lock as held.
     pub async fn acquire(&self, holder: &str) -> Result<Acquired, LockError> {
+        self.acquire_with(holder, true).await
+    }
+
+    /// As [`LeaseLock::acquire`]; with `take_expired` false, a Lease another holder let
+    /// expire is not taken either: `Held` says it expired, and the caller decides.
+    pub async fn acquire_with(
+        &self,
+        holder: &str,
+        take_expired: bool,
+    ) -> Result<Acquired, LockError> {
         let existing = self
             .api
             .get_opt(&self.name)
@@ -252,6 +267,7 @@ impl LeaseLock {
                 Err(kube::Error::Api(s)) if s.code == 409 => Err(LockError::Held {
                     lease: self.name(),
                     holder: "(another writer, just now)".into(),
+                    expired: false,
                 }),
                 Err(e) => Err(self.api_err(e)),
             };
@@ -261,7 +277,7 @@ impl LeaseLock {
         let current = spec.holder_identity.clone().unwrap_or_default();
         let outcome = if current == holder {
             Acquired::Resumed
-        } else if current.is_empty() || expired {
+        } else if current.is_empty() || (expired && take_expired) {
             spec.holder_identity = Some(holder.to_string());
             spec.acquire_time = Some(now());
             spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
@@ -270,6 +286,7 @@ impl LeaseLock {
             return Err(LockError::Held {
                 lease: self.name(),
                 holder: current,
+                expired,
             });
         };
         spec.renew_time = Some(now());
@@ -284,6 +301,7 @@ impl LeaseLock {
             Err(kube::Error::Api(s)) if s.code == 409 => Err(LockError::Held {
                 lease: self.name(),
                 holder: "(another writer, just now)".into(),
+                expired: false,
             }),
             Err(e) => Err(self.api_err(e)),
         }

@@ -190,7 +190,15 @@ pub fn sends_once(step: &PlanStep) -> bool {
 
 /// The holder of the cluster lock for an operation.
 pub fn holder(namespace: &str, name: &str) -> String {
-    format!("TalosOperation {namespace}/{name}")
+    format!("{HOLDER_PREFIX}{namespace}/{name}")
+}
+
+const HOLDER_PREFIX: &str = "TalosOperation ";
+
+/// The operation (`namespace`, `name`) a lock holder's name is ([`holder`]'s inverse);
+/// `None` for any other holder.
+pub fn holder_operation(holder: &str) -> Option<(&str, &str)> {
+    holder.strip_prefix(HOLDER_PREFIX)?.split_once('/')
 }
 
 /// Which upgrade path a node takes, from its Talos version tag: `LifecycleService/Upgrade`
