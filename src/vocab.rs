@@ -1204,6 +1204,7 @@ pub const MODEL_STEPS: &[&str] = &[
     "teardown",
     "snapshot",
     "snapshot-ages",
+    "lock-expires",
 ];
 
 /// The facts of `verify`'s model: what an `invariant` may read about one explored state of

@@ -1215,7 +1215,9 @@ async fn a_lock_the_previous_version_held_is_honoured_until_it_expires() {
     task.abort();
     let _ = task.await;
     leader::step_down(&ctx).await;
-    // The next leader of this version finds the lock at once (held by the work above).
+    // The next leader of this version finds the lock at once (held by the work above,
+    // still under way).
+    api.insert(operation("upgrade-1", "upgrade"));
     let next = context(&api, "replica-next", None);
     let leading = Arc::new(AtomicBool::new(false));
     let task = tokio::spawn(leader::run(next.clone(), leading.clone()));

@@ -225,6 +225,7 @@ pub fn canonical_into(s: &State, out: &mut State, scratch: &mut Scratch) {
         machines: _,
         ops: _,
         lock: _,
+        lock_expired,
         pending: _,
         failures,
         requests,
@@ -237,6 +238,7 @@ pub fn canonical_into(s: &State, out: &mut State, scratch: &mut Scratch) {
     out.count = *count;
     out.schedulable = *schedulable;
     out.cluster = *cluster;
+    out.lock_expired = *lock_expired;
     out.failures = *failures;
     out.requests = *requests;
     out.pdb = *pdb;
@@ -262,10 +264,11 @@ pub fn encode(s: &State, out: &mut Vec<u8>) {
     );
     out.push(s.failures);
     out.push(s.requests);
+    let expired = if s.lock_expired { 0x80 } else { 0 };
     match s.lock {
-        Lock::Free => out.extend([0, 0]),
-        Lock::Removal(h) => out.extend([1, h]),
-        Lock::Operation(h) => out.extend([2, h]),
+        Lock::Free => out.extend([expired, 0]),
+        Lock::Removal(h) => out.extend([1 | expired, h]),
+        Lock::Operation(h) => out.extend([2 | expired, h]),
     }
     out.push(len_byte(&s.machines));
     for m in &s.machines {
@@ -344,7 +347,9 @@ pub fn decode(b: &[u8]) -> Option<State> {
     let flags = next()?;
     let failures = next()?;
     let requests = next()?;
-    let lock = match (next()?, next()?) {
+    let (tag, h) = (next()?, next()?);
+    let lock_expired = tag & 0x80 != 0;
+    let lock = match (tag & 0x7f, h) {
         (1, h) => Lock::Removal(h),
         (2, h) => Lock::Operation(h),
         _ => Lock::Free,
@@ -493,6 +498,7 @@ pub fn decode(b: &[u8]) -> Option<State> {
         machines,
         ops,
         lock,
+        lock_expired,
         pending,
         failures,
         requests,

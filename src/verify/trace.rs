@@ -462,6 +462,18 @@ fn text_of(
             "a PodDisruptionBudget blocks evictions from the nodes being drained".into(),
         ),
         Move::PdbLifts => ("environment", "the PodDisruptionBudget lifts".into()),
+        Move::LockExpires => (
+            "environment",
+            format!(
+                "the cluster's lock, held by {}, expires: its holder kept it past the lock's \
+                 duration without renewing it",
+                match s.lock {
+                    super::model::Lock::Removal(h) => format!("the removal of {}", s.name(h)),
+                    super::model::Lock::Operation(k) => format!("TalosOperation {}", s.op_name(k)),
+                    super::model::Lock::Free => "nobody".into(),
+                }
+            ),
+        ),
         Move::SnapshotTaken => (
             "environment",
             format!(

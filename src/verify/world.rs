@@ -835,16 +835,45 @@ impl World for ModelWorld<'_> {
             Some(k) => Lock::Operation(k),
             None => Lock::Removal(self.idx),
         };
+        // Other work's lock is taken over as the controller's `acquire` decides: work of
+        // this model is over only as a finished operation (a removal's lock goes with its
+        // machine); the Lease's expiry is the state's.
+        use crate::runtime::controller::disruptive::{HolderWork, may_take_over};
+        let held_by_other = match self.t.lock {
+            Lock::Free => None,
+            l if l == mine => None,
+            Lock::Removal(_) => Some(HolderWork::Running),
+            Lock::Operation(k) => Some(match self.t.ops.get(usize::from(k)).map(|o| o.phase) {
+                Some(super::model::Phase::Succeeded | super::model::Phase::Failed) | None => {
+                    HolderWork::Over
+                }
+                Some(_) => HolderWork::Running,
+            }),
+        };
+        let take_over = held_by_other.is_some_and(|work| may_take_over(work, self.t.lock_expired));
         match op {
             LockOp::Take => match self.t.lock {
                 Lock::Free => {
                     self.t.lock = mine;
+                    self.t.lock_expired = false;
                     if self.op.is_none() {
                         self.step("lock");
                     }
                     Ok(Ok(()))
                 }
-                l if l == mine => Ok(Ok(())),
+                // Renewed by its holder.
+                l if l == mine => {
+                    self.t.lock_expired = false;
+                    Ok(Ok(()))
+                }
+                _ if take_over => {
+                    self.t.lock = mine;
+                    self.t.lock_expired = false;
+                    if self.op.is_none() {
+                        self.step("lock");
+                    }
+                    Ok(Ok(()))
+                }
                 // The holders' names are the product's (`exec::{removal, operation}::holder`).
                 Lock::Removal(h) => Ok(Err(crate::runtime::exec::removal::holder(
                     super::model::NAMESPACE,
@@ -858,6 +887,7 @@ impl World for ModelWorld<'_> {
             LockOp::Release => {
                 if self.t.lock == mine {
                     self.t.lock = Lock::Free;
+                    self.t.lock_expired = false;
                 }
                 Ok(Ok(()))
             }

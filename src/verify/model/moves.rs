@@ -54,6 +54,10 @@ pub enum Move {
     EtcdCatchesUp(u8),
     PdbBlocks,
     PdbLifts,
+    /// The cluster's lock expires while its work is between reconciles (its holder kept it
+    /// past the lock's duration without renewing it: a long wait, a stalled or partitioned
+    /// controller; one of the failures): other work may take it.
+    LockExpires,
     /// The cluster's backup takes a verified snapshot (its schedule, or a person asking
     /// for one).
     SnapshotTaken,
@@ -71,6 +75,7 @@ impl Move {
             | Move::UpgradeNotTaken(_)
             | Move::NodeReturnsBehind(_)
             | Move::PdbBlocks
+            | Move::LockExpires
             | Move::SnapshotAges
             | Move::RemovalLost(_)
             | Move::RemovalCrash(_)

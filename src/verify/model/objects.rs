@@ -85,6 +85,7 @@ pub fn object_key(s: &State, out: &mut Vec<u8>) {
         machines,
         ops,
         lock: _,
+        lock_expired: _,
         pending: _,
         failures: _,
         requests: _,

@@ -636,6 +636,10 @@ pub struct State {
     pub machines: Vec<Machine>,
     pub ops: Vec<Op>,
     pub lock: Lock,
+    /// The lock's Lease went unrenewed past its duration (its holder between reconciles
+    /// for longer than the Lease lasts): [`crate::runtime::controller::disruptive::may_take_over`]
+    /// decides whether other work may take it then. Renewed by its holder's next reconcile.
+    pub lock_expired: bool,
     pub pending: Vec<Pending>,
     pub failures: u8,
     /// People's requests admitted so far (counted against `Bounds::max_requests`).
@@ -691,6 +695,7 @@ impl State {
             machines,
             ops,
             lock,
+            lock_expired,
             pending,
             failures,
             requests,
@@ -706,6 +711,7 @@ impl State {
         self.machines.clone_from(machines);
         self.ops.clone_from(ops);
         self.lock = *lock;
+        self.lock_expired = *lock_expired;
         self.pending.clone_from(pending);
         self.failures = *failures;
         self.requests = *requests;
@@ -741,6 +747,9 @@ pub fn remove_machine(t: &mut State, i: u8) {
         for x in &mut o.order {
             *x = shift(*x);
         }
+    }
+    if t.lock == Lock::Removal(i) {
+        t.lock_expired = false;
     }
     t.lock = match t.lock {
         Lock::Removal(h) if h == i => Lock::Free,

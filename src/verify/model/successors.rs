@@ -320,6 +320,18 @@ impl<'t> Model<'t> {
                 effect: effect("pdb"),
             });
         }
+        // The lock's Lease, held by work between its reconciles, expires (a failure): who
+        // may take it then is the product's policy (`disruptive::may_take_over`).
+        if s.lock != Lock::Free && !s.lock_expired && s.failures < self.bounds.max_failures {
+            let mut t = s.fork();
+            t.lock_expired = true;
+            t.failures += 1;
+            out.push(Next {
+                mv: Move::LockExpires,
+                state: t,
+                effect: effect("lock-expires"),
+            });
+        }
         // The backup's snapshot: taken (by its schedule, or on demand) when there is none or
         // it is stale; a fresh one grows stale (time passes; not a failure).
         let snapshot = match s.backup {

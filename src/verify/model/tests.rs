@@ -223,3 +223,87 @@ fn indices_are_bytes_below_none() {
     assert!(got.iter().all(|(i, v)| u32::from(*i) == *v && *i != NONE));
     assert_eq!(ix(&items[..MAX_MACHINES]).count(), MAX_MACHINES);
 }
+
+/// The lock's expiry (issue 34): in every transition a small model makes, the lock passes
+/// from one piece of work to another only when the first is over (a finished operation; a
+/// removal's lock goes with its machine), as `disruptive::may_take_over` decides for the
+/// controller, however long the Lease went unrenewed; and states where it expired while
+/// its work was under way are reached, with other work reconciled there (so the policy is
+/// exercised, not vacuous).
+#[test]
+fn an_expired_lock_passes_only_from_work_that_is_over() {
+    let (table, bounds) = small_model();
+    let model = Model::new(&table, bounds).expect("model");
+    let holder = |s: &State| match s.lock {
+        Lock::Free => None,
+        Lock::Removal(h) => Some(format!("removal of {}", s.name(h))),
+        Lock::Operation(k) => Some(format!("operation {}", s.op_name(k))),
+    };
+    let (mut contended, mut passed) = (0, 0);
+    // Breadth first (the takeover a weaker policy allows is a few steps deep).
+    let mut frontier: std::collections::VecDeque<State> = State::initial(&bounds).into();
+    let mut seen = std::collections::HashSet::new();
+    let mut visit = |s: &State, nexts: &[Next]| {
+        let Some(before) = holder(s) else {
+            return;
+        };
+        let over = match s.lock {
+            Lock::Operation(k) => s
+                .ops
+                .get(usize::from(k))
+                .is_none_or(|o| matches!(o.phase, Phase::Succeeded | Phase::Failed)),
+            _ => false,
+        };
+        if s.lock_expired && !over && nexts.iter().any(|n| n.mv != Move::LockExpires) {
+            contended += 1;
+        }
+        // Work takes the lock in its reconcile (other moves may renumber objects).
+        let reconciles = nexts.iter().filter(|n| {
+            matches!(
+                n.mv,
+                Move::Removal(_)
+                    | Move::RemovalLost(_)
+                    | Move::RemovalCrash(_)
+                    | Move::RemovalRefused(_)
+                    | Move::Operation(_)
+                    | Move::OperationLost(_)
+                    | Move::OperationCrash(_)
+                    | Move::OperationRefused(_)
+            )
+        });
+        for n in reconciles {
+            if let Some(after) = holder(&n.state)
+                && after != before
+            {
+                assert!(
+                    over,
+                    "the lock passed from {before} (under way, expired: {}) to {after} by {:?}",
+                    s.lock_expired, n.mv
+                );
+                passed += 1;
+            }
+        }
+    };
+    while let Some(s) = frontier.pop_front() {
+        if seen.len() >= 60_000 || !seen.insert(s.clone()) {
+            continue;
+        }
+        let mut nexts = Vec::new();
+        model.successors(
+            &s,
+            &Lazy::new(&model.objects, &s),
+            &mut Memo::default(),
+            &mut Fired::default(),
+            &mut nexts,
+        );
+        visit(&s, &nexts);
+        frontier.extend(nexts.into_iter().map(|n| n.state));
+    }
+    let seen = seen.len();
+    assert!(seen > 1000, "{seen}");
+    assert!(
+        contended > 0,
+        "no state where the lock expired under way work"
+    );
+    let _ = passed;
+}

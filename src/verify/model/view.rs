@@ -241,6 +241,7 @@ impl State {
                 machines,
                 ops: Vec::new(),
                 lock: Lock::Free,
+                lock_expired: false,
                 pending: Vec::new(),
                 failures: 0,
                 requests: 0,
