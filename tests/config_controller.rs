@@ -339,6 +339,16 @@ async fn a_node_whose_talos_refuses_is_said_and_retried_while_the_others_apply()
 }
 
 /// ADR 0054: a control plane held over the cap gets nothing applied.
+/// Waits (up to a minute) until the first TalosOperation of the namespace succeeded.
+async fn first_roll_succeeds(api: &ApiServer, what: &str) {
+    wait_for(what, Duration::from_secs(60), || {
+        api.objects("TalosOperation", Some(NS))
+            .first()
+            .is_some_and(|o| o["status"]["phase"] == "Succeeded")
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_over_cap_held_machine_receives_nothing() {
     // count 1: cp-1 and cp-2 (count + 1) go on, cp-3 (the newest) is held.
@@ -364,16 +374,7 @@ async fn an_over_cap_held_machine_receives_nothing() {
         "version: v1alpha1\nmachine:\n  install:\n    disk: /dev/sdb\n",
     ));
     let rolls = || api.objects("TalosOperation", Some(NS));
-    wait_for(
-        "the controller's roll of cp-1 and cp-2 succeeds",
-        Duration::from_secs(60),
-        || {
-            rolls()
-                .first()
-                .is_some_and(|o| o["status"]["phase"] == "Succeeded")
-        },
-    )
-    .await;
+    first_roll_succeeds(&api, "the controller's roll of cp-1 and cp-2 succeeds").await;
     assert_eq!(rolls()[0]["spec"]["machines"], json!(["cp-1", "cp-2"]));
     assert_eq!(talos.calls_to("ApplyConfiguration", "cp-3"), 0);
     assert!(talos.node(2).config().is_none());
@@ -401,16 +402,7 @@ async fn a_change_needing_a_reboot_is_staged_then_rolled_one_node_at_a_time() {
     })
     .await;
     let rolls = || api.objects("TalosOperation", Some(NS));
-    wait_for(
-        "the controller's roll succeeds",
-        Duration::from_secs(60),
-        || {
-            rolls()
-                .first()
-                .is_some_and(|o| o["status"]["phase"] == "Succeeded")
-        },
-    )
-    .await;
+    first_roll_succeeds(&api, "the controller's roll succeeds").await;
     let roll = rolls().remove(0);
     assert!(
         roll["metadata"]["name"]

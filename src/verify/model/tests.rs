@@ -31,11 +31,26 @@ pub(crate) fn walk(
     model: &Model<'_>,
     bounds: &Bounds,
     limit: usize,
+    visit: impl FnMut(&State, &[Next]),
+) -> usize {
+    walk_in(model, bounds, limit, false, visit)
+}
+
+/// [`walk`], breadth first when `breadth` (what a few steps deep is reached first).
+pub(crate) fn walk_in(
+    model: &Model<'_>,
+    bounds: &Bounds,
+    limit: usize,
+    breadth: bool,
     mut visit: impl FnMut(&State, &[Next]),
 ) -> usize {
-    let mut frontier = State::initial(bounds);
+    let mut frontier: std::collections::VecDeque<State> = State::initial(bounds).into();
     let mut seen = std::collections::HashSet::new();
-    while let Some(s) = frontier.pop() {
+    while let Some(s) = if breadth {
+        frontier.pop_front()
+    } else {
+        frontier.pop_back()
+    } {
         if seen.len() >= limit || !seen.insert(s.clone()) {
             continue;
         }
@@ -239,11 +254,9 @@ fn an_expired_lock_passes_only_from_work_that_is_over() {
         Lock::Removal(h) => Some(format!("removal of {}", s.name(h))),
         Lock::Operation(k) => Some(format!("operation {}", s.op_name(k))),
     };
-    let (mut contended, mut passed) = (0, 0);
+    let mut contended = 0;
     // Breadth first (the takeover a weaker policy allows is a few steps deep).
-    let mut frontier: std::collections::VecDeque<State> = State::initial(&bounds).into();
-    let mut seen = std::collections::HashSet::new();
-    let mut visit = |s: &State, nexts: &[Next]| {
+    let seen = walk_in(&model, &bounds, 60_000, true, |s, nexts| {
         let Some(before) = holder(s) else {
             return;
         };
@@ -280,30 +293,12 @@ fn an_expired_lock_passes_only_from_work_that_is_over() {
                     "the lock passed from {before} (under way, expired: {}) to {after} by {:?}",
                     s.lock_expired, n.mv
                 );
-                passed += 1;
             }
         }
-    };
-    while let Some(s) = frontier.pop_front() {
-        if seen.len() >= 60_000 || !seen.insert(s.clone()) {
-            continue;
-        }
-        let mut nexts = Vec::new();
-        model.successors(
-            &s,
-            &Lazy::new(&model.objects, &s),
-            &mut Memo::default(),
-            &mut Fired::default(),
-            &mut nexts,
-        );
-        visit(&s, &nexts);
-        frontier.extend(nexts.into_iter().map(|n| n.state));
-    }
-    let seen = seen.len();
+    });
     assert!(seen > 1000, "{seen}");
     assert!(
         contended > 0,
         "no state where the lock expired under way work"
     );
-    let _ = passed;
 }
