@@ -201,7 +201,9 @@ fn world_log(c: &Cluster) -> Vec<String> {
                 Entry::Step { k, .. } => format!("step {k}"),
                 Entry::Talos { node, call, .. } => {
                     let machine = match node {
-                        NodeRec::Endpoint { machine } | NodeRec::Via { machine, .. } => machine,
+                        NodeRec::Endpoint { machine }
+                        | NodeRec::Via { machine, .. }
+                        | NodeRec::Maintenance { machine } => machine,
                     };
                     format!("{} {}", call.name(), short(&machine))
                 }

@@ -544,6 +544,9 @@ impl Journal {
         let node = match node {
             Node::Endpoint(m) => format!("TalosMachine {}", m.name()),
             Node::Via(m, host) => format!("{host} through TalosMachine {}", m.name()),
+            Node::Maintenance(m) => {
+                format!("TalosMachine {} over the maintenance API", m.name())
+            }
         };
         let (result, answer, boot_time) = match answer {
             Ok(reply) => ("ok".to_string(), summary(reply), boot_of(reply)),

@@ -9,9 +9,12 @@
 //! a `Bootstrap` lists no member until it has started (a step of the world of its own), and
 //! Talos refuses a `Bootstrap` on a node whose etcd has data, as it does.
 //!
-//! Two starting points: a new cluster (no etcd anywhere), and an existing one whose first
+//! Three starting points: a new cluster (no etcd anywhere); an existing one whose first
 //! control plane was replaced (etcd runs on the second and third, none on the new first
-//! one, and nothing is recorded on the TalosCluster: adopted, or restored from elsewhere).
+//! one, and nothing is recorded on the TalosCluster: adopted, or restored from elsewhere);
+//! and a new cluster whose third control plane is in Talos' maintenance mode, not
+//! configured (it fails the cluster's handshake and answers only the maintenance API; the
+//! controller decides no bootstrap for it).
 //!
 //! Every state reached is checked:
 //!
@@ -84,6 +87,10 @@ enum Etcd {
     /// Bootstrapped, not yet started: it lists no member yet.
     Starting,
     Running,
+    /// In Talos' maintenance mode: no configuration yet (an unconfigured spare), so no
+    /// etcd. Its cluster API fails the handshake; its maintenance API answers. The
+    /// controller does not decide its bootstrap (it is not configured).
+    Maintenance,
 }
 
 /// The world between reconciles.
@@ -125,7 +132,9 @@ impl ModelBootstrap {
     }
 
     fn started(&self) -> bool {
-        self.etcd.iter().any(|e| *e != Etcd::None)
+        self.etcd
+            .iter()
+            .any(|e| matches!(e, Etcd::Starting | Etcd::Running))
     }
 }
 
@@ -170,10 +179,14 @@ impl World for ModelBootstrap {
         node: Node<'_>,
         call: Call,
     ) -> Result<Result<Reply, NodeError>, Crashed> {
-        let Node::Endpoint(m) = node else {
-            return Ok(Err(NodeError::NoEndpoint(
-                "the model dials no proxy".into(),
-            )));
+        let (m, maintenance_api) = match node {
+            Node::Endpoint(m) => (m, false),
+            Node::Maintenance(m) => (m, true),
+            Node::Via(..) => {
+                return Ok(Err(NodeError::NoEndpoint(
+                    "the model dials no proxy".into(),
+                )));
+            }
         };
         let Some(i) = index(m) else {
             return Ok(Err(NodeError::NoEndpoint(m.name().to_string())));
@@ -181,6 +194,22 @@ impl World for ModelBootstrap {
         let fault = self.fault();
         if fault == Some(Fault::CrashBefore) {
             return Err(Crashed);
+        }
+        // Only a node in maintenance mode answers there, and only there.
+        let in_maintenance = self.etcd[i] == Etcd::Maintenance;
+        if maintenance_api || in_maintenance {
+            return Ok(match fault {
+                Some(Fault::NotDialled) => Err(NodeError::NoEndpoint(m.name().to_string())),
+                Some(Fault::Unreached | Fault::Lost) => Err(unreachable()),
+                _ if maintenance_api && in_maintenance && call == Call::Version => {
+                    Ok(Reply::Version("v1.12.0 (maintenance)".into()))
+                }
+                _ if maintenance_api && in_maintenance => Err(failed(
+                    Code::Unimplemented,
+                    "not available in maintenance mode",
+                )),
+                _ => Err(unreachable()),
+            });
         }
         match call {
             Call::EtcdMemberList => Ok(match fault {
@@ -238,7 +267,10 @@ impl World for ModelBootstrap {
             Call::List { .. } => Ok(match fault {
                 Some(Fault::Unreached | Fault::Lost) => Err(unreachable()),
                 Some(Fault::NotDialled) => Err(NodeError::NoEndpoint(m.name().to_string())),
-                _ => Ok(Reply::Entries(u64::from(self.seen[i] != Etcd::None))),
+                _ => Ok(Reply::Entries(u64::from(matches!(
+                    self.seen[i],
+                    Etcd::Starting | Etcd::Running
+                )))),
             }),
             _ => Ok(Err(NodeError::NoEndpoint(
                 "the bootstrap model makes no such call".into(),
@@ -405,6 +437,9 @@ impl<'t> Setup<'t> {
                 return Ok(());
             }
             for i in 0..NODES {
+                if s.etcd[i] == Etcd::Maintenance {
+                    continue;
+                }
                 let record = s.record.clone();
                 let Some((w, _)) = self.reconcile(&s, i, (record.as_deref(), true, s.etcd), None)
                 else {
@@ -451,12 +486,14 @@ pub fn explore(table: &Table, depth: u8, mutant: Option<Mutant>) -> Report {
     let starts = [
         [Etcd::None, Etcd::None, Etcd::None],
         [Etcd::None, Etcd::Running, Etcd::Running],
+        [Etcd::None, Etcd::None, Etcd::Maintenance],
     ];
     let mut seen: HashSet<State> = HashSet::new();
     let mut queue: VecDeque<(State, Vec<String>)> = VecDeque::new();
     for (etcd, start) in starts.into_iter().zip([
         "a new cluster (no etcd anywhere)",
         "a cluster whose etcd runs on cp-2 and cp-3, cp-1 new (nothing recorded)",
+        "a new cluster whose cp-3 is in Talos' maintenance mode (not configured yet)",
     ]) {
         let s = State {
             record: None,
@@ -495,6 +532,10 @@ pub fn explore(table: &Table, depth: u8, mutant: Option<Mutant>) -> Report {
         }
         for (ri, (read, current, seen)) in reads.iter().enumerate() {
             for i in 0..NODES {
+                // Not configured: the controller does not decide its bootstrap.
+                if s.etcd[i] == Etcd::Maintenance {
+                    continue;
+                }
                 let mut plans = vec![None];
                 let mut k = 0;
                 while k < plans.len() {
@@ -587,6 +628,35 @@ mod tests {
         assert!(r.violations.is_empty(), "{:?}", r.violations);
         assert!(r.states > 100, "{r:?}");
         assert!(r.reconciles > r.states, "{r:?}");
+    }
+
+    #[test]
+    fn an_unconfigured_control_plane_in_maintenance_mode_does_not_hold_the_bootstrap_up() {
+        let t = shipped();
+        let setup = Setup::new(&t, None, Timestamp::UNIX_EPOCH).expect("the model's objects");
+        let s = State {
+            record: None,
+            etcd: [Etcd::None, Etcd::None, Etcd::Maintenance],
+            stale: None,
+            again: false,
+            step: 0,
+        };
+        let (w, ended) = setup
+            .reconcile(&s, 0, (None, true, s.etcd), None)
+            .expect("a reconcile");
+        assert!(ended);
+        assert_eq!(w.etcd[0], Etcd::Starting, "{:?}", w.record);
+        // Its maintenance API not answering either: unreadable, nothing sent. cp-3 is the
+        // last control plane asked: its cluster-API call is call 4, its maintenance call 5.
+        let (w, _) = setup
+            .reconcile(&s, 0, (None, true, s.etcd), Some((5, Fault::Unreached)))
+            .expect("a reconcile");
+        assert_eq!(w.etcd, s.etcd);
+        assert!(w.record.is_none(), "{:?}", w.record);
+        assert_eq!(
+            w.calls, 6,
+            "members and data of cp-1, cp-2; cp-3 over both APIs"
+        );
     }
 
     #[test]

@@ -797,6 +797,8 @@ impl World for ModelWorld<'_> {
                 Some(_) => self.at_host(h),
                 None => None,
             },
+            // Every node of the model has its configuration: none answers there.
+            Node::Maintenance(_) => None,
         };
         let Some(j) = j else {
             return Ok(Err(NodeError::Talos(TalosError::Unreachable {

@@ -10,10 +10,25 @@ use crate::runtime::objects::{RedactedBase, TalosCluster};
 use crate::runtime::render::{Base, CONTROLPLANE_KEY, WORKER_KEY};
 use crate::runtime::secrets;
 
-/// What the controller found: the redacted base to publish (`None`: keep what is there),
-/// and the `BaseConfig` condition (status, reason, message), `None` without a base Secret.
+/// What becomes of `status.redactedBase`.
+#[derive(Debug, PartialEq)]
+pub enum Publish {
+    /// The base, redacted, read now.
+    Set(RedactedBase),
+    /// No base to render against (no `baseConfigSecretRef`; its Secret missing, incomplete
+    /// or invalid): what was published goes, so the webhook's dry render does not judge
+    /// patches against a base the controller no longer renders from (every render fails
+    /// now, and a machine that fails without the patch does not block it).
+    Clear,
+    /// The Secret could not be read (the API server failed to answer): what was published
+    /// is the last base known, and stays until a read says otherwise.
+    Keep,
+}
+
+/// What the controller found: what to publish, and the `BaseConfig` condition (status,
+/// reason, message), `None` without a base Secret (the condition goes).
 pub struct Published {
-    pub redacted: Option<RedactedBase>,
+    pub redacted: Publish,
     pub condition: Option<(bool, &'static str, String)>,
 }
 
@@ -21,13 +36,13 @@ pub struct Published {
 pub async fn publish(client: &kube::Client, c: &TalosCluster) -> Published {
     let Some(r) = &c.spec.base_config_secret_ref else {
         return Published {
-            redacted: None,
+            redacted: Publish::Clear,
             condition: None,
         };
     };
     let ns = c.namespace();
     let failed = |reason: &'static str, message: String| Published {
-        redacted: None,
+        redacted: Publish::Clear,
         condition: Some((false, reason, message)),
     };
     let raw = match secrets::get(client, ns, &r.name).await {
@@ -42,10 +57,17 @@ pub async fn publish(client: &kube::Client, c: &TalosCluster) -> Published {
             );
         }
         Err(e) => {
-            return failed(
-                "BaseSecretUnreadable",
-                format!("the base Secret {ns}/{} could not be read: {e}", r.name),
-            );
+            return Published {
+                redacted: Publish::Keep,
+                condition: Some((
+                    false,
+                    "BaseSecretUnreadable",
+                    format!(
+                        "the base Secret {ns}/{} could not be read: {e}; status.redactedBase keeps the last base read",
+                        r.name
+                    ),
+                )),
+            };
         }
     };
     let (Some(cp), Some(w)) = (raw.text(CONTROLPLANE_KEY), raw.text(WORKER_KEY)) else {
@@ -78,7 +100,7 @@ pub async fn publish(client: &kube::Client, c: &TalosCluster) -> Published {
                     &base.digest[..12.min(base.digest.len())]
                 ),
             )),
-            redacted: Some(RedactedBase {
+            redacted: Publish::Set(RedactedBase {
                 digest: base.digest,
                 controlplane,
                 worker,

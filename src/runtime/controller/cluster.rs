@@ -57,13 +57,21 @@ pub async fn reconcile(c: Arc<TalosCluster>, ctx: Arc<Context>) -> Result<Action
     // The redacted base for the webhook's dry render (issue 37).
     if !live.deleting() {
         let published = super::base::publish(&ctx.client, live).await;
-        if let Some((on, reason, message)) = &published.condition {
-            changed |= status::set(next.conditions_mut(), "BaseConfig", *on, reason, message);
-        }
-        if let Some(r) = published.redacted {
+        changed |= match &published.condition {
+            Some((on, reason, message)) => {
+                status::set(next.conditions_mut(), "BaseConfig", *on, reason, message)
+            }
+            None => status::remove(next.conditions_mut(), "BaseConfig"),
+        };
+        let redacted = match published.redacted {
+            super::base::Publish::Set(r) => Some(Some(r)),
+            super::base::Publish::Clear => Some(None),
+            super::base::Publish::Keep => None,
+        };
+        if let Some(r) = redacted {
             let st = next.status.get_or_insert_with(Default::default);
-            if st.redacted_base.as_ref() != Some(&r) {
-                st.redacted_base = Some(r);
+            if st.redacted_base != r {
+                st.redacted_base = r;
                 changed = true;
             }
         }

@@ -182,3 +182,18 @@ pub fn client(d: &Dialer<'_>, m: &TalosMachine) -> Result<TalosClient, NodeError
         .ok_or_else(|| NodeError::NoEndpoint(format!("{}/{}", m.namespace(), m.name())))?;
     Ok(TalosClient::new(endpoint, tls, ctx.settings.talos_timeout)?)
 }
+
+/// A client of `m`'s node over Talos' maintenance API (no client certificate): only a
+/// node with no configuration yet answers there.
+pub fn maintenance_client(d: &Dialer<'_>, m: &TalosMachine) -> Result<TalosClient, NodeError> {
+    let endpoint = m
+        .spec
+        .endpoint
+        .as_deref()
+        .filter(|e| !e.is_empty())
+        .ok_or_else(|| NodeError::NoEndpoint(format!("{}/{}", m.namespace(), m.name())))?;
+    Ok(TalosClient::maintenance(
+        endpoint,
+        d.ctx.settings.talos_timeout,
+    )?)
+}

@@ -226,6 +226,7 @@ impl World for Live<'_> {
         let client = match node {
             Node::Endpoint(m) => nodes::client(d, m),
             Node::Via(m, host) => nodes::client(d, m).map(|c| c.with_node(host)),
+            Node::Maintenance(m) => nodes::maintenance_client(d, m),
         };
         let c = match client {
             Ok(c) => c,

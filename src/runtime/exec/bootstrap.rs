@@ -62,8 +62,10 @@ pub const ETCD_DATA: &str = "/var/lib/etcd";
 /// `etcd.members`, asked live: the most members any control plane's etcd lists; a control
 /// plane whose etcd is not running (Talos answers the call with an error) counts 1 when its
 /// etcd data directory is not empty (`List` of [`ETCD_DATA`]: etcd ran there, and stopped),
-/// else none. A node that does not answer either (or cannot be dialled) makes the count
-/// unreadable: `Ok(Err(why))`.
+/// else none. One that fails the cluster's handshake but answers Talos' maintenance API
+/// (`Version`) is in maintenance mode, with no configuration: none. A node that answers
+/// neither, or cannot be dialled (no endpoint, no credentials), makes the count unreadable:
+/// `Ok(Err(why))`.
 pub async fn etcd_members<W: World>(
     w: &mut W,
     snapshot: &Snapshot,
@@ -95,7 +97,28 @@ pub async fn etcd_members<W: World>(
                     }
                 }
             }
-            Err(e @ (NodeError::NoCredentials(_) | NodeError::NoEndpoint(_))) => {
+            // No handshake with the cluster's credentials. A node in Talos' maintenance
+            // mode answers so, and answers its maintenance API: it has no configuration
+            // yet, so it runs no etcd and is a member of nothing (an unconfigured spare
+            // must not hold the bootstrap up). Asked live, not taken from its condition.
+            Err(e @ NodeError::Talos(TalosError::Unreachable { .. })) => {
+                match w
+                    .talos(m.cluster(), Node::Maintenance(cp), Call::Version)
+                    .await?
+                {
+                    Ok(Reply::Version(_)) => {}
+                    _ => return Ok(Err(format!("{} did not answer: {e}", cp.name()))),
+                }
+            }
+            Err(e @ NodeError::NoEndpoint(_)) => {
+                return Ok(Err(format!(
+                    "{}: {e}; a control plane of the cluster that cannot be asked may run \
+                     etcd: give it its spec.endpoint, or delete the TalosMachine if it is \
+                     not a node of this cluster",
+                    cp.name()
+                )));
+            }
+            Err(e @ NodeError::NoCredentials(_)) => {
                 return Ok(Err(format!("{}: {e}", cp.name())));
             }
             Err(e) => return Ok(Err(format!("{} did not answer: {e}", cp.name()))),
@@ -194,7 +217,7 @@ pub async fn reconcile<W: BootstrapWorld>(
                     Err(why) => {
                         let said =
                             format!("bootstrap not decided: etcd.members cannot be read ({why})");
-                        w.note(live, Note::Info(&said));
+                        w.note(live, Note::Warn(&said));
                         return Ok(again(retry, "EtcdMembersUnreadable"));
                     }
                 }

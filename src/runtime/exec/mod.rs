@@ -61,6 +61,10 @@ pub enum Node<'a> {
     /// The node at `host` (as etcd lists a member), through this machine's Talos API
     /// (`node: <host>`).
     Via(&'a TalosMachine, &'a str),
+    /// The machine's own node, at its `spec.endpoint`, over Talos' maintenance API (no
+    /// client certificate, `talosctl --insecure`): only a node with no configuration yet
+    /// answers there.
+    Maintenance(&'a TalosMachine),
 }
 
 /// A Talos machine-API call (the names are Talos' own: `../shared/TALOS-API.md`).

@@ -285,6 +285,7 @@ impl Entry {
 pub enum NodeRec {
     Endpoint { machine: String },
     Via { machine: String, host: String },
+    Maintenance { machine: String },
 }
 
 impl NodeRec {
@@ -295,6 +296,7 @@ impl NodeRec {
                 machine: key(m),
                 host: host.to_string(),
             },
+            Node::Maintenance(m) => NodeRec::Maintenance { machine: key(m) },
         }
     }
 }
