@@ -102,6 +102,22 @@ async fn apply_configuration_dry_runs_applies_and_refuses_as_talos_does() {
     );
     // The error carries Talos' message, never the configuration (its secrets).
     assert!(!e.contains("SECRET-BASE"), "{e}");
+    // Every document's conflict, as Talos reports them (its multierror), each in its words.
+    let two = format!(
+        "{conflicting}---\napiVersion: v1alpha1\nkind: KubeProxyConfig\n---\napiVersion: v1alpha1\nkind: KubeSpanConfig\n"
+    );
+    let e = client
+        .apply_configuration(two.as_bytes(), ApplyMode::Auto, true)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(
+            "2 errors occurred:\n\t* kubelet config is already set in v1alpha1 config (.machine.kubelet)\n\t* cluster proxy config in v1alpha1 config (.machine.cluster.proxy) can't be used with KubeProxyConfig document, please remove it to avoid conflicts\n\n"
+        ),
+        "{e}"
+    );
+    assert_eq!(api.node(0).config().as_deref(), Some(first.as_str()));
 }
 
 #[tokio::test]

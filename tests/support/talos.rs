@@ -17,10 +17,11 @@
 //! - `Version`: the node's tag, [`VERSION_TAG`] until an upgrade or a rollback changes it.
 //! - `SystemStat`: the node's `boot_time`, which every reboot advances.
 //! - `ApplyConfiguration` (issue 37): the configuration is checked as Talos does, by code of
-//!   the stand-in's own (never the product's validator, so that the two cannot agree on the
-//!   same mistake): the YAML parses, a `v1alpha1` document with a `machine.type`, and the
-//!   conflicts of [`TALOS_CONFLICTS`] (a few rows of Talos' `V1Alpha1ConflictValidate`,
-//!   copied from its source with its words), refused `InvalidArgument`; every call refused
+//!   the stand-in's own (never the product's validator or conflict table, so that the two
+//!   cannot agree on the same mistake): the YAML parses, a `v1alpha1` document with a
+//!   `machine.type`, and every document's `V1Alpha1ConflictValidate` ([`v1alpha1_conflict`],
+//!   written from Talos' source with its words, over its own reading of the YAML), every
+//!   error in one `InvalidArgument` as Talos' multierror; every call refused
 //!   with given words while [`TalosNode::refuse_configs`] says so. A change of
 //!   `machine.install` needs a reboot. `dry_run` answers the
 //!   mode it would take and changes nothing; `AUTO` keeps it and reboots when needed,
@@ -79,6 +80,7 @@ use ichor_rules::runtime::talos::proto::machine::machine_service_server::{
     MachineService, MachineServiceServer,
 };
 use ichor_rules::runtime::talos::{TalosClient, TalosTls};
+use serde_json::Value;
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -599,10 +601,8 @@ impl Node {
         if let Some(words) = self.refuse_configs.lock().expect("refusal").clone() {
             return Err(Status::invalid_argument(words));
         }
-        if let Err(e) = talos_checks(&text) {
-            return Err(Status::invalid_argument(format!(
-                "1 error occurred:\n\t* {e}\n\n"
-            )));
+        if let Err(errors) = talos_checks(&text) {
+            return Err(Status::invalid_argument(multierror(&errors)));
         }
         let install = |t: &str| -> Option<serde_json::Value> {
             use serde::Deserialize;
@@ -1725,30 +1725,382 @@ impl TalosApi {
     }
 }
 
-/// Rows of Talos' `V1Alpha1ConflictValidate` (Talos `main`,
-/// `pkg/machinery/config/configloader`): the `v1alpha1` path that must be empty when a
-/// document of the kind is present, and Talos' words.
-pub const TALOS_CONFLICTS: &[(&[&str], &str, &str)] = &[
-    (
-        &["cluster", "apiServer"],
-        "KubeAPIServerConfig",
-        "kube-apiserver config is already set in v1alpha1 config (.cluster.apiServer)",
-    ),
-    (
-        &["machine", "kubelet"],
-        "KubeletConfig",
-        "kubelet config is already set in v1alpha1 config (.machine.kubelet)",
-    ),
+/// The document kinds that have a `V1Alpha1ConflictValidate` in Talos (`main` of 2026-08-21,
+/// `pkg/machinery/config/types/*/`): the ones [`v1alpha1_conflict`] knows.
+pub const CONFLICTING_KINDS: &[&str] = &[
+    "CRIBaseRuntimeSpecConfig",
+    "DiscoveryIdentityConfig",
+    "DiscoveryServiceConfig",
+    "HostnameConfig",
+    "ImageCacheConfig",
+    "KubeAPIServerCAConfig",
+    "KubeAPIServerConfig",
+    "KubeAdmissionControlConfig",
+    "KubeAggregatorCAConfig",
+    "KubeAuditPolicyConfig",
+    "KubeAuthorizerConfig",
+    "KubeClusterConfig",
+    "KubeControllerManagerConfig",
+    "KubeCoreDNSConfig",
+    "KubeCredentialProviderConfig",
+    "KubeEtcdEncryptionConfig",
+    "KubeFlannelCNIConfig",
+    "KubeNetworkConfig",
+    "KubeNodeConfig",
+    "KubePrismConfig",
+    "KubeProxyConfig",
+    "KubeSchedulerConfig",
+    "KubeServiceAccountConfig",
+    "KubeSpanConfig",
+    "KubeTalosAPIAccessConfig",
+    "KubeletConfig",
+    "ResolverConfig",
+    "TimeSyncConfig",
+    "UnattendedInstallConfig",
+    "VolumeConfig",
 ];
 
-/// What the stand-in checks of a configuration, as Talos does: it parses, it has a
-/// `v1alpha1` document with a `machine.type`, and no row of [`TALOS_CONFLICTS`] is hit.
-fn talos_checks(text: &str) -> Result<(), String> {
+/// What Talos' typed config makes of a value of the YAML (`go.yaml.in/yaml/v4` decoding
+/// into Talos' structs), for the fields its conflict checks read.
+mod typed {
+    use serde_json::Value;
+
+    /// The value at `path` (a JSON pointer), if there and not null: a Go pointer, map or
+    /// slice that is not nil (`{}` and `[]` are not).
+    pub fn non_nil<'v>(doc: &'v Value, path: &str) -> Option<&'v Value> {
+        doc.pointer(path).filter(|v| !v.is_null())
+    }
+
+    /// A Go string that is not `""`.
+    pub fn text(doc: &Value, path: &str) -> bool {
+        non_nil(doc, path).is_some_and(|v| v.as_str() != Some(""))
+    }
+
+    /// A Go number that is not 0.
+    pub fn number(doc: &Value, path: &str) -> bool {
+        non_nil(doc, path).is_some_and(|v| v.as_f64().is_none_or(|n| n != 0.0))
+    }
+
+    /// A `*bool` read through `pointer.SafeDeref`: `true`.
+    pub fn yes(doc: &Value, path: &str) -> bool {
+        non_nil(doc, path).and_then(Value::as_bool) == Some(true)
+    }
+
+    /// `len(...) > 0` of a slice or a map.
+    pub fn some(doc: &Value, path: &str) -> bool {
+        match non_nil(doc, path) {
+            Some(Value::Array(a)) => !a.is_empty(),
+            Some(Value::Object(m)) => !m.is_empty(),
+            _ => false,
+        }
+    }
+
+    /// A `time.Duration` (Go's text: `1h2m3.5s`) that is not 0.
+    pub fn duration(doc: &Value, path: &str) -> bool {
+        match non_nil(doc, path) {
+            Some(Value::String(t)) => t
+                .split(|c: char| c.is_ascii_alphabetic() || c == 'µ')
+                .filter(|n| !n.is_empty())
+                .any(|n| n.parse::<f64>().is_ok_and(|n| n != 0.0)),
+            Some(Value::Number(n)) => n.as_f64() != Some(0.0),
+            _ => false,
+        }
+    }
+
+    /// `Resolvers()`: the nameservers Go's `netip.ParseAddr` reads (others are dropped).
+    pub fn addresses(doc: &Value, path: &str) -> bool {
+        non_nil(doc, path)
+            .and_then(Value::as_array)
+            .is_some_and(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .any(|s| match s.rsplit_once('%') {
+                        Some((ip, zone)) => {
+                            !zone.is_empty() && ip.parse::<std::net::Ipv6Addr>().is_ok()
+                        }
+                        None => s.parse::<std::net::IpAddr>().is_ok(),
+                    })
+            })
+    }
+
+    /// A struct of pointers that is not its zero value (`value.IsZero`): a field not null.
+    pub fn not_zero(doc: &Value, path: &str) -> bool {
+        non_nil(doc, path)
+            .and_then(Value::as_object)
+            .is_some_and(|m| m.values().any(|v| !v.is_null()))
+    }
+}
+
+/// Talos' `V1Alpha1ConflictValidate` of a document `doc` of `kind` against the machine
+/// config `v1`: the error it returns (the first check that fails, in Talos' order, in
+/// Talos' words), or none. Written from Talos' source for the stand-in, one arm per
+/// document's validator (the file is named in each).
+pub fn v1alpha1_conflict(kind: &str, doc: &Value, v1: &Value) -> Option<&'static str> {
+    use typed::{addresses, duration, non_nil, not_zero, number, some, text, yes};
+    let set = |p: &str| non_nil(v1, p).is_some();
+    let first = |checks: &[(bool, &'static str)]| {
+        checks.iter().find(|(hit, _)| *hit).map(|(_, words)| *words)
+    };
+    match kind {
+        // k8s/apiserver.go
+        "KubeAPIServerConfig" => first(&[
+            (
+                set("/cluster/apiServer"),
+                "kube-apiserver config is already set in v1alpha1 config (.cluster.apiServer)",
+            ),
+            (
+                number(v1, "/cluster/controlPlane/localAPIServerPort"),
+                "kube-apiserver API port is already set in v1alpha1 config (.cluster.controlPlane.localAPIServerPort)",
+            ),
+        ]),
+        // k8s/apiserver_ca.go
+        "KubeAPIServerCAConfig" => first(&[(
+            set("/cluster/ca"),
+            "kube-apiserver CA is already set in v1alpha1 config (.cluster.ca)",
+        )]),
+        // k8s/aggregator_ca.go
+        "KubeAggregatorCAConfig" => first(&[(
+            set("/cluster/aggregatorCA"),
+            "kube-apiserver aggregator CA is already set in v1alpha1 config (.cluster.aggregatorCA), please remove it and use the new KubeAggregatorCAConfig document instead",
+        )]),
+        // k8s/controller_manager.go (the field `MachineControlPlane` is `controlPlane`)
+        "KubeControllerManagerConfig" => first(&[
+            (
+                set("/cluster/controllerManager"),
+                "kube-controller-manager config is already set in v1alpha1 config (.cluster.controllerManager)",
+            ),
+            (
+                set("/machine/controlPlane/controllerManager"),
+                "kube-controller-manager config is already set in v1alpha1 config (.machine.controlplane.controllerManager)",
+            ),
+        ]),
+        // k8s/scheduler.go
+        "KubeSchedulerConfig" => first(&[
+            (
+                set("/cluster/scheduler"),
+                "kube-scheduler config is already set in v1alpha1 config (.cluster.scheduler)",
+            ),
+            (
+                set("/machine/controlPlane/scheduler"),
+                "kube-scheduler config is already set in v1alpha1 config (.machine.controlplane.scheduler)",
+            ),
+        ]),
+        // k8s/coredns.go
+        "KubeCoreDNSConfig" => first(&[(
+            set("/cluster/coreDNS"),
+            "CoreDNS config is already set in v1alpha1 config (.cluster.coreDNS)",
+        )]),
+        // k8s/kubelet.go
+        "KubeletConfig" => first(&[(
+            set("/machine/kubelet"),
+            "kubelet config is already set in v1alpha1 config (.machine.kubelet)",
+        )]),
+        // k8s/service_account.go
+        "KubeServiceAccountConfig" => first(&[(
+            set("/cluster/serviceAccount"),
+            "service account is already set in v1alpha1 config (.cluster.serviceAccount)",
+        )]),
+        // k8s/node.go
+        "KubeNodeConfig" => first(&[
+            (
+                set("/cluster/allowSchedulingOnControlPlanes"),
+                ".cluster.allowSchedulingOnControlPlanes is already set in v1alpha1 config",
+            ),
+            (
+                set("/cluster/allowSchedulingOnMasters"),
+                ".cluster.allowSchedulingOnMasters is already set in v1alpha1 config",
+            ),
+            (
+                set("/machine/kubelet/skipNodeRegistration"),
+                ".machine.kubelet.skipNodeRegistration is already set in v1alpha1 config",
+            ),
+            (
+                set("/machine/kubelet/registerWithFQDN"),
+                ".machine.kubelet.registerWithFQDN is already set in v1alpha1 config",
+            ),
+            (
+                set("/machine/kubelet/nodeIP"),
+                ".machine.kubelet.nodeIP is already set in v1alpha1 config",
+            ),
+            (
+                set("/machine/nodeLabels"),
+                ".machine.nodeLabels is already set in v1alpha1 config",
+            ),
+            (
+                set("/machine/nodeAnnotations"),
+                ".machine.nodeAnnotations is already set in v1alpha1 config",
+            ),
+            (
+                set("/machine/nodeTaints"),
+                ".machine.nodeTaints is already set in v1alpha1 config",
+            ),
+        ]),
+        // network/hostname.go
+        "HostnameConfig" => first(&[
+            (
+                text(v1, "/machine/network/hostname"),
+                "static hostname is already set in v1alpha1 config",
+            ),
+            (
+                yes(v1, "/machine/features/stableHostname"),
+                "stable hostname is already set in v1alpha1 config",
+            ),
+        ]),
+        // network/resolver.go
+        "ResolverConfig" => first(&[
+            (
+                set("/machine/network/searchDomains"),
+                ".machine.network.searchDomains is already set in v1alpha1 config",
+            ),
+            (
+                addresses(v1, "/machine/network/nameservers"),
+                ".machine.network.nameservers is already set in v1alpha1 config",
+            ),
+            (
+                yes(v1, "/machine/network/disableSearchDomain"),
+                ".machine.network.disableSearchDomain is already set in v1alpha1 config",
+            ),
+            (
+                not_zero(doc, "/hostDNS") && set("/machine/features/hostDNS"),
+                ".machine.features.hostDNS is already set in v1alpha1 config",
+            ),
+        ]),
+        // cluster/discovery_identity.go
+        "DiscoveryIdentityConfig" => first(&[(
+            text(v1, "/cluster/id") || text(v1, "/cluster/secret"),
+            "cluster identity is already configured in .cluster.id/.cluster.secret of the v1alpha1 config",
+        )]),
+        // cluster/discovery_service.go
+        "DiscoveryServiceConfig" => first(&[(
+            set("/cluster/discovery"),
+            "discovery service is already configured in .cluster.discovery of the v1alpha1 config",
+        )]),
+        // cri/base_runtime_spec.go: `.Object != nil` of an inline map, nil until a key.
+        "CRIBaseRuntimeSpecConfig" => first(&[(
+            some(v1, "/machine/baseRuntimeSpecOverrides"),
+            "base runtime spec overrides are already set in v1alpha1 config",
+        )]),
+        // cri/image_cache.go
+        "ImageCacheConfig" => first(&[(
+            set("/machine/features/imageCache"),
+            "image cache config is already set in v1alpha1 config",
+        )]),
+        // k8s/admission_control.go, k8s/authorization.go (the same check, the same words)
+        "KubeAdmissionControlConfig" | "KubeAuthorizerConfig" => first(&[(
+            some(v1, "/cluster/apiServer/admissionControl"),
+            "admission control plugin config is already set in v1alpha1 config",
+        )]),
+        // k8s/audit_policy.go
+        "KubeAuditPolicyConfig" => first(&[(
+            some(v1, "/cluster/apiServer/auditPolicy"),
+            "audit policy config is already set in v1alpha1 config",
+        )]),
+        // k8s/cluster.go (`Endpoint` is a `*Endpoint` that `""` parses into)
+        "KubeClusterConfig" => first(&[
+            (
+                text(v1, "/cluster/clusterName"),
+                "cluster name is already set in the v1alpha1 config (.cluster.clusterName). Please remove it and use only the new KubeClusterConfig document to avoid conflicts",
+            ),
+            (
+                set("/cluster/controlPlane/endpoint"),
+                "cluster endpoint is already set in the v1alpha1 config (.cluster.controlPlane.endpoint). Please remove it and use only the new KubeClusterConfig document to avoid conflicts",
+            ),
+        ]),
+        // k8s/credential_provider.go
+        "KubeCredentialProviderConfig" => first(&[(
+            set("/machine/kubelet"),
+            "cannot use KubeCredentialProviderConfig with legacy kubelet configuration (.machine.kubelet)",
+        )]),
+        // k8s/etcd_encryption.go
+        "KubeEtcdEncryptionConfig" => first(&[(
+            text(v1, "/cluster/secretboxEncryptionSecret")
+                || text(v1, "/cluster/aescbcEncryptionSecret"),
+            "etcd encryption config is already set in v1alpha1 config",
+        )]),
+        // k8s/flannel.go
+        "KubeFlannelCNIConfig" => first(&[(
+            set("/cluster/network"),
+            "cluster network config in v1alpha1 config (.machine.cluster.network) can't be used with KubeFlannelCNIConfig document, please remove it to avoid conflicts",
+        )]),
+        // k8s/kubeprism.go
+        "KubePrismConfig" => first(&[(
+            set("/machine/features/kubePrism"),
+            "KubePrism config in v1alpha1 config (.machine.features.kubePrism) can't be used with KubePrismConfig document, please remove it to avoid conflicts",
+        )]),
+        // k8s/network.go
+        "KubeNetworkConfig" => first(&[(
+            set("/cluster/network"),
+            "cluster network config is already set in the v1alpha1 config (.machine.cluster.network). Please remove it and use only the new KubeNetworkConfig document to avoid conflicts",
+        )]),
+        // k8s/proxy.go
+        "KubeProxyConfig" => first(&[(
+            set("/cluster/proxy"),
+            "cluster proxy config in v1alpha1 config (.machine.cluster.proxy) can't be used with KubeProxyConfig document, please remove it to avoid conflicts",
+        )]),
+        // k8s/talos_api_access.go
+        "KubeTalosAPIAccessConfig" => first(&[(
+            set("/machine/features/kubernetesTalosAPIAccess"),
+            ".machine.features.kubernetesTalosAPIAccess is already set in v1alpha1 config",
+        )]),
+        // network/kubespan.go
+        "KubeSpanConfig" => first(&[(
+            set("/machine/network/kubespan"),
+            "kubespan is already configured in v1alpha1 machine.network.kubespan",
+        )]),
+        // network/time_sync.go: nothing when `machine.time` is not there.
+        "TimeSyncConfig" if set("/machine/time") => first(&[
+            (
+                yes(v1, "/machine/time/disabled"),
+                "time sync cannot be disabled in both v1alpha1 and new-style configuration",
+            ),
+            (
+                some(v1, "/machine/time/servers"),
+                "time servers cannot be specified in both v1alpha1 and new-style configuration",
+            ),
+            (
+                duration(v1, "/machine/time/bootTimeout"),
+                "boot timeout cannot be specified in both v1alpha1 and new-style configuration",
+            ),
+        ]),
+        // runtime/unattended_install.go
+        "UnattendedInstallConfig" => first(&[(
+            set("/machine/install"),
+            "UnattendedInstallConfig config is incompatible with v1alpha1 config (.machine.install)",
+        )]),
+        // block/volume_config.go: STATE and EPHEMERAL only, encrypted (provider not
+        // `none`), next to the legacy encryption of that partition.
+        "VolumeConfig" => {
+            let encrypted = doc
+                .pointer("/encryption/provider")
+                .and_then(Value::as_str)
+                .is_some_and(|p| p != "none");
+            match doc.get("name").and_then(Value::as_str) {
+                Some("STATE") if encrypted && set("/machine/systemDiskEncryption/state") => Some(
+                    "system disk encryption for \"STATE\" is configured in both v1alpha1.Config and VolumeConfig",
+                ),
+                Some("EPHEMERAL")
+                    if encrypted && set("/machine/systemDiskEncryption/ephemeral") =>
+                {
+                    Some(
+                        "system disk encryption for \"EPHEMERAL\" is configured in both v1alpha1.Config and VolumeConfig",
+                    )
+                }
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+/// What the stand-in checks of a configuration, as Talos does (its container's `validate`):
+/// it parses, it has a `v1alpha1` document with a `machine.type`, and no document conflicts
+/// with it ([`v1alpha1_conflict`]). Every error, as Talos reports them all.
+pub fn talos_checks(text: &str) -> Result<(), Vec<String>> {
     use serde::Deserialize;
     let mut docs = Vec::new();
     for d in serde_yaml::Deserializer::from_str(text) {
         let v = serde_json::Value::deserialize(d)
-            .map_err(|e| format!("failed to parse config: {e}"))?;
+            .map_err(|e| vec![format!("failed to parse config: {e}")])?;
         if !v.is_null() {
             docs.push(v);
         }
@@ -1756,29 +2108,38 @@ fn talos_checks(text: &str) -> Result<(), String> {
     let v1 = docs
         .iter()
         .find(|d| d.get("version").and_then(|v| v.as_str()) == Some("v1alpha1"))
-        .ok_or("no v1alpha1 document: machine config is required")?;
+        .ok_or_else(|| vec!["no v1alpha1 document: machine config is required".to_string()])?;
+    let mut errors = Vec::new();
     if v1
         .pointer("/machine/type")
         .and_then(|t| t.as_str())
         .is_none()
     {
-        return Err("machine type is required".into());
+        errors.push("machine type is required".to_string());
     }
-    for (path, kind, words) in TALOS_CONFLICTS {
-        let set = path
-            .iter()
-            .try_fold(v1, |at, k| at.get(k))
-            .is_some_and(|v| match v {
-                serde_json::Value::Null => false,
-                serde_json::Value::Object(m) => !m.is_empty(),
-                _ => true,
-            });
-        let present = docs
-            .iter()
-            .any(|d| d.get("kind").and_then(|k| k.as_str()) == Some(*kind));
-        if set && present {
-            return Err((*words).to_string());
+    for d in &docs {
+        if let Some(kind) = d.get("kind").and_then(|k| k.as_str())
+            && let Some(words) = v1alpha1_conflict(kind, d, v1)
+        {
+            errors.push(words.to_string());
         }
     }
-    Ok(())
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors)
+    }
+}
+
+/// Errors as Talos' `hashicorp/go-multierror` writes them.
+fn multierror(errors: &[String]) -> String {
+    let mut text = match errors.len() {
+        1 => "1 error occurred:".to_string(),
+        n => format!("{n} errors occurred:"),
+    };
+    for e in errors {
+        text.push_str(&format!("\n\t* {e}"));
+    }
+    text.push_str("\n\n");
+    text
 }
