@@ -2,6 +2,7 @@
 //! identity, validation with Talos' conflict table, deterministic bytes and their sha256,
 //! hostile input bounded, and the redacted base failing exactly when the real one does.
 
+use crate::support::talos::{CONFLICTING_KINDS, talos_checks};
 use ichor_rules::runtime::render::required::{Present, REQUIRED_FIELDS, Required};
 use ichor_rules::runtime::render::{
     self, Base, Identity, Patch, RenderError, Role, conflicts::CONFLICTS, conflicts::Conflict,
@@ -124,6 +125,9 @@ fn leaf(set: Set) -> serde_json::Value {
         Set::True => serde_json::json!(true),
         Set::NonEmpty => serde_json::json!(["x"]),
         Set::NonZeroDuration => serde_json::json!("2m"),
+        Set::NotNull => serde_json::json!("x"),
+        Set::SomeAddress => serde_json::json!(["10.0.0.1"]),
+        Set::SomeField => serde_json::json!({"enabled": true}),
     }
 }
 
@@ -158,72 +162,436 @@ fn conflict_doc(c: &Conflict) -> serde_json::Value {
     doc
 }
 
-/// One test per entry of the conflict table: the document next to the path set is refused
-/// with Talos' message; the document alone, and the path alone, render.
-#[test]
-fn every_conflict_is_refused_with_talos_message() {
-    let base = Base::parse(
-        MINIMAL,
-        MINIMAL.replace("controlplane", "worker").as_str(),
-        true,
-    )
-    .unwrap();
-    for c in CONFLICTS {
-        let mut v1 = nest(c.path, conflict_leaf(c));
-        v1["version"] = "v1alpha1".into();
-        let doc = conflict_doc(c);
-        let set = strategic(&serde_json::to_string(&v1).unwrap());
-        let document = strategic(&serde_json::to_string(&doc).unwrap());
-        let err = render::render(
-            &base,
-            Role::ControlPlane,
-            &[&set, &document],
-            Identity::default(),
+/// The machine config without `cluster.controlPlane.endpoint` when `kind` is the document
+/// that may hold it instead (`KubeClusterConfig`): else every such document would conflict
+/// with the endpoint already.
+fn lean_text(kind: &str) -> String {
+    if kind == render::ENDPOINT_DOCUMENT.0 {
+        MINIMAL.replace(
+            "  controlPlane:\n    endpoint: https://10.0.0.10:6443\n",
+            "",
         )
-        .unwrap_err();
+    } else {
+        MINIMAL.to_string()
+    }
+}
+
+fn lean_base(kind: &str) -> Base {
+    let text = lean_text(kind);
+    Base::parse(&text, &text.replace("controlplane", "worker"), true).unwrap()
+}
+
+/// A configuration made by hand (not by the render library): [`lean_text`] with `path` set
+/// to `v`, and `doc` after it.
+fn by_hand(
+    kind: &str,
+    path: &[&str],
+    v: Option<&serde_json::Value>,
+    doc: Option<&serde_json::Value>,
+) -> String {
+    let mut v1: serde_json::Value = serde_yaml::from_str(&lean_text(kind)).unwrap();
+    if let Some(v) = v {
+        set_at(&mut v1, path, v.clone());
+    }
+    let mut text = serde_yaml::to_string(&v1).unwrap();
+    if let Some(doc) = doc {
+        text.push_str("---\n");
+        text.push_str(&serde_yaml::to_string(doc).unwrap());
+    }
+    text
+}
+
+/// A patch setting `path` of the machine config to `v`.
+fn set_patch(path: &[&str], v: &serde_json::Value) -> Patch {
+    let mut v1 = nest(path, v.clone());
+    v1["version"] = "v1alpha1".into();
+    strategic(&serde_json::to_string(&v1).unwrap())
+}
+
+fn cp_on(base: &Base, patches: &[&Patch]) -> Result<render::Rendered, RenderError> {
+    render::render(base, Role::ControlPlane, patches, Identity::default())
+}
+
+/// The test of one entry of the conflict table: the table holds `kind` next to `path` once,
+/// with `message` (Talos' words, written out again here from Talos' source); each of `set`
+/// at `path` next to the document is refused with it; each of `unset` (values Talos' typed
+/// config reads as unset) is not; the document alone, the path alone, and (for an entry
+/// asking fields of the document) the document without them render. The Talos stand-in
+/// (`support::talos::talos_checks`, its own reading of Talos' source) says the same of the
+/// same configurations made by hand: refused with these words alone, or accepted.
+fn conflict_entry(
+    kind: &str,
+    path: &[&str],
+    message: &str,
+    set: &[serde_json::Value],
+    unset: &[serde_json::Value],
+) {
+    let at = path.join(".");
+    let entries: Vec<&Conflict> = CONFLICTS
+        .iter()
+        .filter(|c| c.kind == kind && c.path == path)
+        .collect();
+    assert_eq!(entries.len(), 1, "{kind} next to {at}: in the table once");
+    let c = entries[0];
+    assert_eq!(c.message, message, "{kind} next to {at}: Talos' words");
+    let lean = lean_base(kind);
+    let doc = conflict_doc(c);
+    let document = strategic(&serde_json::to_string(&doc).unwrap());
+    for v in set {
+        let err = cp_on(&lean, &[&set_patch(path, v), &document])
+            .map(|r| r.text)
+            .unwrap_err();
         assert_eq!(
             err,
             RenderError::Conflict {
                 kind: c.kind,
                 message: c.message
             },
-            "{} next to {}",
-            c.kind,
-            c.path.join(".")
+            "{kind} next to {at}: {v}"
         );
-        let alone = render::render(&base, Role::ControlPlane, &[&document], Identity::default());
-        // A path every base sets (the render requires it): a document of that kind is
-        // refused alone already, for that path.
-        if let Some(required) = CONFLICTS
-            .iter()
-            .find(|o| o.kind == c.kind && o.doc.is_empty() && render::REQUIRED.contains(&o.path))
-        {
-            assert_eq!(
-                alone.unwrap_err(),
-                RenderError::Conflict {
-                    kind: required.kind,
-                    message: required.message
-                },
-                "{} alone",
-                c.kind
-            );
-        } else {
-            alone.unwrap_or_else(|e| panic!("{} alone: {e}", c.kind));
-        }
-        // The document without the fields its entry asks of it is no conflict.
-        if !c.doc.is_empty() {
-            let bare = strategic(&serde_json::to_string(&complete(c.kind)).unwrap());
-            render::render(
-                &base,
-                Role::ControlPlane,
-                &[&set, &bare],
-                Identity::default(),
-            )
-            .unwrap_or_else(|e| panic!("{} without its fields: {e}", c.kind));
-        }
-        render::render(&base, Role::ControlPlane, &[&set], Identity::default())
-            .unwrap_or_else(|e| panic!("{} alone: {e}", c.path.join(".")));
+        assert_eq!(err.to_string(), message);
+        assert_eq!(err.reason(), "ConfigConflict");
     }
+    for v in unset {
+        cp_on(&lean, &[&set_patch(path, v), &document])
+            .unwrap_or_else(|e| panic!("{kind} next to {at}: {v} is unset for Talos: {e}"));
+    }
+    // Without the conflicting half: the document alone, the path alone.
+    cp_on(&lean, &[&document]).unwrap_or_else(|e| panic!("{kind} alone: {e}"));
+    let full = Base::parse(MINIMAL, &MINIMAL.replace("controlplane", "worker"), true).unwrap();
+    cp_on(&full, &[&set_patch(path, &set[0])]).unwrap_or_else(|e| panic!("{at} alone: {e}"));
+    // The document without a field its entry asks of it is no conflict (a required
+    // `name`: naming another volume).
+    let mut partials = Vec::new();
+    for (p, _) in c.doc {
+        let mut partial = doc.clone();
+        if *p == ["name"] {
+            partial["name"] = "IMAGECACHE".into();
+        } else {
+            remove_at(&mut partial, p);
+        }
+        let patch = strategic(&serde_json::to_string(&partial).unwrap());
+        cp_on(&lean, &[&set_patch(path, &set[0]), &patch])
+            .unwrap_or_else(|e| panic!("{kind} without {}, next to {at}: {e}", p.join(".")));
+        partials.push(partial);
+    }
+    // The stand-in, on the same cases.
+    for v in set {
+        assert_eq!(
+            talos_checks(&by_hand(kind, path, Some(v), Some(&doc))),
+            Err(vec![message.to_string()]),
+            "the stand-in: {kind} next to {at}: {v}"
+        );
+    }
+    for v in unset {
+        assert_eq!(
+            talos_checks(&by_hand(kind, path, Some(v), Some(&doc))),
+            Ok(()),
+            "the stand-in: {kind} next to {at}: {v}"
+        );
+    }
+    for (v, d) in [(None, Some(&doc)), (Some(&set[0]), None)]
+        .into_iter()
+        .chain(partials.iter().map(|p| (Some(&set[0]), Some(p))))
+    {
+        assert_eq!(
+            talos_checks(&by_hand(kind, path, v, d)),
+            Ok(()),
+            "the stand-in: {kind} / {at}: {v:?} {d:?}"
+        );
+    }
+}
+
+/// One `#[test]` per entry of the conflict table (`conflicts::CONFLICTS`), in its order:
+/// the kind, the machine config path, Talos' words, values Talos counts as set there and
+/// values it does not (from the field's Go type: a pointer, map or slice is set once it is
+/// there and not null, `{}`, `[]` and `false` included; a string once not `""`; a number
+/// once not 0). `CONFLICT_TESTS` lists them, so that a table entry without its test fails
+/// `every_conflict_entry_has_its_own_test`.
+macro_rules! conflict_entries {
+    ($(
+        $(#[$doc:meta])*
+        $name:ident: $kind:literal, [$($p:literal),+], $message:literal,
+            set [$($set:tt),+], unset [$($unset:tt),*];
+    )+) => {
+        $(
+            $(#[$doc])*
+            #[test]
+            fn $name() {
+                conflict_entry(
+                    $kind,
+                    &[$($p),+],
+                    $message,
+                    &[$(serde_json::json!($set)),+],
+                    &[$(serde_json::json!($unset)),*],
+                );
+            }
+        )+
+        /// The entries the tests above cover, in the order they are written.
+        const CONFLICT_TESTS: &[(&str, &[&str])] = &[$(($kind, &[$($p),+])),+];
+    };
+}
+
+conflict_entries! {
+    /// `k8s/apiserver.go`
+    conflict_kube_apiserver_config_cluster_api_server:
+        "KubeAPIServerConfig", ["cluster", "apiServer"],
+        "kube-apiserver config is already set in v1alpha1 config (.cluster.apiServer)",
+        set [{"image": "x"}, {}], unset [];
+    conflict_kube_apiserver_config_local_api_server_port:
+        "KubeAPIServerConfig", ["cluster", "controlPlane", "localAPIServerPort"],
+        "kube-apiserver API port is already set in v1alpha1 config (.cluster.controlPlane.localAPIServerPort)",
+        set [6444], unset [0];
+    /// `k8s/apiserver_ca.go`
+    conflict_kube_apiserver_ca_config_cluster_ca:
+        "KubeAPIServerCAConfig", ["cluster", "ca"],
+        "kube-apiserver CA is already set in v1alpha1 config (.cluster.ca)",
+        set [{"crt": "c"}, {}], unset [];
+    /// `k8s/aggregator_ca.go`
+    conflict_kube_aggregator_ca_config_cluster_aggregator_ca:
+        "KubeAggregatorCAConfig", ["cluster", "aggregatorCA"],
+        "kube-apiserver aggregator CA is already set in v1alpha1 config (.cluster.aggregatorCA), please remove it and use the new KubeAggregatorCAConfig document instead",
+        set [{"crt": "c"}, {}], unset [];
+    /// `k8s/controller_manager.go`
+    conflict_kube_controller_manager_config_cluster_controller_manager:
+        "KubeControllerManagerConfig", ["cluster", "controllerManager"],
+        "kube-controller-manager config is already set in v1alpha1 config (.cluster.controllerManager)",
+        set [{"image": "x"}, {}], unset [];
+    /// Talos' words say `controlplane`; the field is `MachineControlPlane`,
+    /// `yaml:"controlPlane"`.
+    conflict_kube_controller_manager_config_machine_control_plane:
+        "KubeControllerManagerConfig", ["machine", "controlPlane", "controllerManager"],
+        "kube-controller-manager config is already set in v1alpha1 config (.machine.controlplane.controllerManager)",
+        set [{"disabled": true}, {}], unset [];
+    /// `k8s/scheduler.go`
+    conflict_kube_scheduler_config_cluster_scheduler:
+        "KubeSchedulerConfig", ["cluster", "scheduler"],
+        "kube-scheduler config is already set in v1alpha1 config (.cluster.scheduler)",
+        set [{"image": "x"}, {}], unset [];
+    conflict_kube_scheduler_config_machine_control_plane:
+        "KubeSchedulerConfig", ["machine", "controlPlane", "scheduler"],
+        "kube-scheduler config is already set in v1alpha1 config (.machine.controlplane.scheduler)",
+        set [{"disabled": true}, {}], unset [];
+    /// `k8s/coredns.go`
+    conflict_kube_core_dns_config_cluster_core_dns:
+        "KubeCoreDNSConfig", ["cluster", "coreDNS"],
+        "CoreDNS config is already set in v1alpha1 config (.cluster.coreDNS)",
+        set [{"disabled": true}, {}], unset [];
+    /// `k8s/kubelet.go`
+    conflict_kubelet_config_machine_kubelet:
+        "KubeletConfig", ["machine", "kubelet"],
+        "kubelet config is already set in v1alpha1 config (.machine.kubelet)",
+        set [{"image": "x"}, {}], unset [];
+    /// `k8s/service_account.go`
+    conflict_kube_service_account_config_cluster_service_account:
+        "KubeServiceAccountConfig", ["cluster", "serviceAccount"],
+        "service account is already set in v1alpha1 config (.cluster.serviceAccount)",
+        set [{"key": "k"}, {}], unset [];
+    /// `k8s/node.go`: `*bool` fields, so `false` is set.
+    conflict_kube_node_config_allow_scheduling_on_control_planes:
+        "KubeNodeConfig", ["cluster", "allowSchedulingOnControlPlanes"],
+        ".cluster.allowSchedulingOnControlPlanes is already set in v1alpha1 config",
+        set [true, false], unset [];
+    conflict_kube_node_config_allow_scheduling_on_masters:
+        "KubeNodeConfig", ["cluster", "allowSchedulingOnMasters"],
+        ".cluster.allowSchedulingOnMasters is already set in v1alpha1 config",
+        set [true, false], unset [];
+    conflict_kube_node_config_skip_node_registration:
+        "KubeNodeConfig", ["machine", "kubelet", "skipNodeRegistration"],
+        ".machine.kubelet.skipNodeRegistration is already set in v1alpha1 config",
+        set [true, false], unset [];
+    conflict_kube_node_config_register_with_fqdn:
+        "KubeNodeConfig", ["machine", "kubelet", "registerWithFQDN"],
+        ".machine.kubelet.registerWithFQDN is already set in v1alpha1 config",
+        set [true, false], unset [];
+    conflict_kube_node_config_node_ip:
+        "KubeNodeConfig", ["machine", "kubelet", "nodeIP"],
+        ".machine.kubelet.nodeIP is already set in v1alpha1 config",
+        set [{"validSubnets": ["10.0.0.0/8"]}, {}], unset [];
+    /// `map[string]string`: `{}` is a map, not nil.
+    conflict_kube_node_config_node_labels:
+        "KubeNodeConfig", ["machine", "nodeLabels"],
+        ".machine.nodeLabels is already set in v1alpha1 config",
+        set [{"a": "b"}, {}], unset [];
+    conflict_kube_node_config_node_annotations:
+        "KubeNodeConfig", ["machine", "nodeAnnotations"],
+        ".machine.nodeAnnotations is already set in v1alpha1 config",
+        set [{"a": "b"}, {}], unset [];
+    conflict_kube_node_config_node_taints:
+        "KubeNodeConfig", ["machine", "nodeTaints"],
+        ".machine.nodeTaints is already set in v1alpha1 config",
+        set [{"a": "b:NoSchedule"}, {}], unset [];
+    /// `network/hostname.go`: `Hostname() != ""`.
+    conflict_hostname_config_machine_network_hostname:
+        "HostnameConfig", ["machine", "network", "hostname"],
+        "static hostname is already set in v1alpha1 config",
+        set ["cp-1"], unset [""];
+    /// `network/resolver.go`: `SearchDomains().IsPresent()` (a non-nil slice, `[]` too).
+    conflict_resolver_config_search_domains:
+        "ResolverConfig", ["machine", "network", "searchDomains"],
+        ".machine.network.searchDomains is already set in v1alpha1 config",
+        set [["example.org"], []], unset [];
+    /// `Resolvers() != nil`: at least one nameserver `netip.ParseAddr` reads.
+    conflict_resolver_config_nameservers:
+        "ResolverConfig", ["machine", "network", "nameservers"],
+        ".machine.network.nameservers is already set in v1alpha1 config",
+        set [["10.0.0.1"], ["dns.example", "fe80::1%eth0"]], unset [[], ["dns.example"]];
+    conflict_resolver_config_disable_search_domain:
+        "ResolverConfig", ["machine", "network", "disableSearchDomain"],
+        ".machine.network.disableSearchDomain is already set in v1alpha1 config",
+        set [true], unset [false];
+    /// Only when the document's `hostDNS` is not its zero value.
+    conflict_resolver_config_host_dns:
+        "ResolverConfig", ["machine", "features", "hostDNS"],
+        ".machine.features.hostDNS is already set in v1alpha1 config",
+        set [{"enabled": true}, {}], unset [];
+    /// `AutoHostname() != AutoHostnameKindAddr`: `stableHostname: true`.
+    conflict_hostname_config_stable_hostname:
+        "HostnameConfig", ["machine", "features", "stableHostname"],
+        "stable hostname is already set in v1alpha1 config",
+        set [true], unset [false];
+    /// `cluster/discovery_identity.go`: strings.
+    conflict_discovery_identity_config_cluster_id:
+        "DiscoveryIdentityConfig", ["cluster", "id"],
+        "cluster identity is already configured in .cluster.id/.cluster.secret of the v1alpha1 config",
+        set ["abc"], unset [""];
+    conflict_discovery_identity_config_cluster_secret:
+        "DiscoveryIdentityConfig", ["cluster", "secret"],
+        "cluster identity is already configured in .cluster.id/.cluster.secret of the v1alpha1 config",
+        set ["abc"], unset [""];
+    /// `cluster/discovery_service.go`
+    conflict_discovery_service_config_cluster_discovery:
+        "DiscoveryServiceConfig", ["cluster", "discovery"],
+        "discovery service is already configured in .cluster.discovery of the v1alpha1 config",
+        set [{"enabled": true}, {}], unset [];
+    /// `cri/base_runtime_spec.go`: `.Object != nil` of an inline map, which `{}` leaves nil.
+    conflict_cri_base_runtime_spec_config_overrides:
+        "CRIBaseRuntimeSpecConfig", ["machine", "baseRuntimeSpecOverrides"],
+        "base runtime spec overrides are already set in v1alpha1 config",
+        set [{"process": {"cwd": "/"}}], unset [{}];
+    /// `cri/image_cache.go`
+    conflict_image_cache_config_machine_features_image_cache:
+        "ImageCacheConfig", ["machine", "features", "imageCache"],
+        "image cache config is already set in v1alpha1 config",
+        set [{"localEnabled": true}, {}], unset [];
+    /// `k8s/admission_control.go`: `len(...) > 0`.
+    conflict_kube_admission_control_config_admission_control:
+        "KubeAdmissionControlConfig", ["cluster", "apiServer", "admissionControl"],
+        "admission control plugin config is already set in v1alpha1 config",
+        set [[{"name": "PodSecurity", "configuration": {"a": "b"}}]], unset [[]];
+    /// `k8s/audit_policy.go`: `len(.Object) > 0`.
+    conflict_kube_audit_policy_config_audit_policy:
+        "KubeAuditPolicyConfig", ["cluster", "apiServer", "auditPolicy"],
+        "audit policy config is already set in v1alpha1 config",
+        set [{"apiVersion": "audit.k8s.io/v1"}], unset [{}];
+    /// `k8s/authorization.go`: Talos checks the admission plugins, in the admission
+    /// document's words.
+    conflict_kube_authorizer_config_admission_control:
+        "KubeAuthorizerConfig", ["cluster", "apiServer", "admissionControl"],
+        "admission control plugin config is already set in v1alpha1 config",
+        set [[{"name": "PodSecurity", "configuration": {"a": "b"}}]], unset [[]];
+    /// `k8s/cluster.go`
+    conflict_kube_cluster_config_cluster_name:
+        "KubeClusterConfig", ["cluster", "clusterName"],
+        "cluster name is already set in the v1alpha1 config (.cluster.clusterName). Please remove it and use only the new KubeClusterConfig document to avoid conflicts",
+        set ["prod"], unset [""];
+    /// A `*Endpoint` whose YAML is a URL: `""` parses, and is set.
+    conflict_kube_cluster_config_endpoint:
+        "KubeClusterConfig", ["cluster", "controlPlane", "endpoint"],
+        "cluster endpoint is already set in the v1alpha1 config (.cluster.controlPlane.endpoint). Please remove it and use only the new KubeClusterConfig document to avoid conflicts",
+        set ["https://10.0.0.11:6443", ""], unset [];
+    /// `k8s/credential_provider.go`
+    conflict_kube_credential_provider_config_machine_kubelet:
+        "KubeCredentialProviderConfig", ["machine", "kubelet"],
+        "cannot use KubeCredentialProviderConfig with legacy kubelet configuration (.machine.kubelet)",
+        set [{"image": "x"}, {}], unset [];
+    /// `k8s/etcd_encryption.go`: strings.
+    conflict_kube_etcd_encryption_config_secretbox:
+        "KubeEtcdEncryptionConfig", ["cluster", "secretboxEncryptionSecret"],
+        "etcd encryption config is already set in v1alpha1 config",
+        set ["s"], unset [""];
+    conflict_kube_etcd_encryption_config_aescbc:
+        "KubeEtcdEncryptionConfig", ["cluster", "aescbcEncryptionSecret"],
+        "etcd encryption config is already set in v1alpha1 config",
+        set ["s"], unset [""];
+    /// `k8s/flannel.go`
+    conflict_kube_flannel_cni_config_cluster_network:
+        "KubeFlannelCNIConfig", ["cluster", "network"],
+        "cluster network config in v1alpha1 config (.machine.cluster.network) can't be used with KubeFlannelCNIConfig document, please remove it to avoid conflicts",
+        set [{"dnsDomain": "cluster.local"}, {}], unset [];
+    /// `k8s/kubeprism.go`
+    conflict_kube_prism_config_machine_features_kube_prism:
+        "KubePrismConfig", ["machine", "features", "kubePrism"],
+        "KubePrism config in v1alpha1 config (.machine.features.kubePrism) can't be used with KubePrismConfig document, please remove it to avoid conflicts",
+        set [{"enabled": true}, {}], unset [];
+    /// `k8s/network.go`
+    conflict_kube_network_config_cluster_network:
+        "KubeNetworkConfig", ["cluster", "network"],
+        "cluster network config is already set in the v1alpha1 config (.machine.cluster.network). Please remove it and use only the new KubeNetworkConfig document to avoid conflicts",
+        set [{"dnsDomain": "cluster.local"}, {}], unset [];
+    /// `k8s/proxy.go`
+    conflict_kube_proxy_config_cluster_proxy:
+        "KubeProxyConfig", ["cluster", "proxy"],
+        "cluster proxy config in v1alpha1 config (.machine.cluster.proxy) can't be used with KubeProxyConfig document, please remove it to avoid conflicts",
+        set [{"disabled": true}, {}], unset [];
+    /// `k8s/talos_api_access.go`
+    conflict_kube_talos_api_access_config:
+        "KubeTalosAPIAccessConfig", ["machine", "features", "kubernetesTalosAPIAccess"],
+        ".machine.features.kubernetesTalosAPIAccess is already set in v1alpha1 config",
+        set [{"enabled": true}, {}], unset [];
+    /// `network/kubespan.go`
+    conflict_kube_span_config_machine_network_kubespan:
+        "KubeSpanConfig", ["machine", "network", "kubespan"],
+        "kubespan is already configured in v1alpha1 machine.network.kubespan",
+        set [{"enabled": true}, {}], unset [];
+    /// `network/time_sync.go`: `Disabled()` (a `*bool` read as its value), `len(Servers())
+    /// > 0`, `BootTimeout() != 0`.
+    conflict_time_sync_config_disabled:
+        "TimeSyncConfig", ["machine", "time", "disabled"],
+        "time sync cannot be disabled in both v1alpha1 and new-style configuration",
+        set [true], unset [false];
+    conflict_time_sync_config_servers:
+        "TimeSyncConfig", ["machine", "time", "servers"],
+        "time servers cannot be specified in both v1alpha1 and new-style configuration",
+        set [["time.cloudflare.com"]], unset [[]];
+    conflict_time_sync_config_boot_timeout:
+        "TimeSyncConfig", ["machine", "time", "bootTimeout"],
+        "boot timeout cannot be specified in both v1alpha1 and new-style configuration",
+        set ["2m", "1h0m10s"], unset ["0s", "0m0s"];
+    /// `runtime/unattended_install.go`
+    conflict_unattended_install_config_machine_install:
+        "UnattendedInstallConfig", ["machine", "install"],
+        "UnattendedInstallConfig config is incompatible with v1alpha1 config (.machine.install)",
+        set [{"disk": "/dev/sda"}, {}], unset [];
+    /// `block/volume_config.go`: a STATE or EPHEMERAL volume whose `Encryption()` is not
+    /// nil (provider `luks2`), next to the legacy encryption of the same partition.
+    conflict_volume_config_state_encryption:
+        "VolumeConfig", ["machine", "systemDiskEncryption", "state"],
+        "system disk encryption for \"STATE\" is configured in both v1alpha1.Config and VolumeConfig",
+        set [{"provider": "luks2"}, {}], unset [];
+    conflict_volume_config_ephemeral_encryption:
+        "VolumeConfig", ["machine", "systemDiskEncryption", "ephemeral"],
+        "system disk encryption for \"EPHEMERAL\" is configured in both v1alpha1.Config and VolumeConfig",
+        set [{"provider": "luks2"}, {}], unset [];
+}
+
+/// Every entry of the conflict table has its test above, and every test its entry: the
+/// same (kind, path) pairs in the same order (the order decides which message Talos gives
+/// first).
+#[test]
+fn every_conflict_entry_has_its_own_test() {
+    let table: Vec<(&str, &[&str])> = CONFLICTS.iter().map(|c| (c.kind, c.path)).collect();
+    assert_eq!(
+        CONFLICT_TESTS.len(),
+        CONFLICTS.len(),
+        "one test per entry of conflicts::CONFLICTS"
+    );
+    assert_eq!(CONFLICT_TESTS.to_vec(), table);
+    // The kinds Talos checks, as the stand-in knows them (from Talos' source), are the
+    // table's.
+    let kinds: std::collections::BTreeSet<&str> = CONFLICTS.iter().map(|c| c.kind).collect();
+    let stand_in: std::collections::BTreeSet<&str> = CONFLICTING_KINDS.iter().copied().collect();
+    assert_eq!(kinds, stand_in);
 }
 
 /// Talos' multi-document Kubernetes contract keeps the endpoint in a `KubeClusterConfig`

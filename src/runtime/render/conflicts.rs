@@ -4,13 +4,15 @@
 //! config has `path` set (and, for a few, the document itself has fields set: `doc`) is
 //! refused with Talos' own `message`. Complete against Talos' `main` of 2026-08-21
 //! (`ad88231`): every `V1Alpha1ConflictValidate` there has its entries here, in the order
-//! Talos checks them. Each entry has its test (`tests/render.rs`,
-//! `every_conflict_is_refused_with_talos_message`).
+//! Talos checks them. Each entry has a test of its own in `tests/render.rs` (the
+//! `conflict_entry!` table there; a test fails when an entry has none).
 //!
-//! Where Talos computes its condition, the entry says how it is read here: `nameservers`
-//! counts as set when non-empty (Talos: at least one entry that parses as an address; one
-//! that does not parse is refused by Talos' own validation anyway).
-
+//! "Set" is what Talos' typed config makes of the YAML (`go.yaml.in/yaml/v4` into Talos'
+//! structs), read from each validation and the field's type: a pointer, map or slice is set
+//! when the key is there and not null (`{}` and `[]` included), a string when not `""`, a
+//! number when not 0, a `*bool` when `true`. The paths are the YAML keys of the fields
+//! Talos reads, which are not always the ones its messages name: Talos' messages say
+//! `.machine.controlplane.controllerManager`, the key is `machine.controlPlane`.
 /// When a machine config value counts as set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Set {
@@ -25,6 +27,15 @@ pub enum Set {
     NonEmpty,
     /// A duration other than zero (`"2m"`, `"1h30m"`; a number other than 0).
     NonZeroDuration,
+    /// Present and not null, `""` included (Talos: a non-nil pointer to a type that takes
+    /// any string, as `cluster.controlPlane.endpoint`'s URL does `""`).
+    NotNull,
+    /// A list with an entry that parses as an IP address (Talos' `Resolvers()` keeps only
+    /// the nameservers `netip.ParseAddr` reads, and nothing refuses the others).
+    SomeAddress,
+    /// A map with a field that is not null (Talos: a struct of pointers that is not its zero
+    /// value, `value.IsZero`).
+    SomeField,
 }
 
 /// A condition on the newer document itself.
@@ -125,7 +136,7 @@ pub const CONFLICTS: &[Conflict] = &[
     ),
     c(
         "KubeControllerManagerConfig",
-        &["machine", "controlplane", "controllerManager"],
+        &["machine", "controlPlane", "controllerManager"],
         Set::Present,
         "kube-controller-manager config is already set in v1alpha1 config (.machine.controlplane.controllerManager)",
     ),
@@ -137,7 +148,7 @@ pub const CONFLICTS: &[Conflict] = &[
     ),
     c(
         "KubeSchedulerConfig",
-        &["machine", "controlplane", "scheduler"],
+        &["machine", "controlPlane", "scheduler"],
         Set::Present,
         "kube-scheduler config is already set in v1alpha1 config (.machine.controlplane.scheduler)",
     ),
@@ -222,7 +233,7 @@ pub const CONFLICTS: &[Conflict] = &[
     c(
         "ResolverConfig",
         &["machine", "network", "nameservers"],
-        Set::NonEmpty,
+        Set::SomeAddress,
         ".machine.network.nameservers is already set in v1alpha1 config",
     ),
     c(
@@ -233,7 +244,7 @@ pub const CONFLICTS: &[Conflict] = &[
     ),
     cd(
         "ResolverConfig",
-        &[(&["hostDNS"], Want::Set(Set::NonEmpty))],
+        &[(&["hostDNS"], Want::Set(Set::SomeField))],
         &["machine", "features", "hostDNS"],
         Set::Present,
         ".machine.features.hostDNS is already set in v1alpha1 config",
@@ -264,8 +275,9 @@ pub const CONFLICTS: &[Conflict] = &[
     ),
     c(
         "CRIBaseRuntimeSpecConfig",
+        // An inline map (`meta.Unstructured`): `{}` leaves it nil.
         &["machine", "baseRuntimeSpecOverrides"],
-        Set::Present,
+        Set::NonEmpty,
         "base runtime spec overrides are already set in v1alpha1 config",
     ),
     c(
@@ -302,7 +314,7 @@ pub const CONFLICTS: &[Conflict] = &[
     c(
         "KubeClusterConfig",
         &["cluster", "controlPlane", "endpoint"],
-        Set::Present,
+        Set::NotNull,
         "cluster endpoint is already set in the v1alpha1 config (.cluster.controlPlane.endpoint). Please remove it and use only the new KubeClusterConfig document to avoid conflicts",
     ),
     c(
@@ -387,7 +399,8 @@ pub const CONFLICTS: &[Conflict] = &[
         "VolumeConfig",
         &[
             (&["name"], Want::Is("STATE")),
-            (&["encryption"], Want::Set(Set::Present)),
+            // `Encryption()` is nil for provider `none`; `luks2` is the only other.
+            (&["encryption", "provider"], Want::Is("luks2")),
         ],
         &["machine", "systemDiskEncryption", "state"],
         Set::Present,
@@ -397,7 +410,8 @@ pub const CONFLICTS: &[Conflict] = &[
         "VolumeConfig",
         &[
             (&["name"], Want::Is("EPHEMERAL")),
-            (&["encryption"], Want::Set(Set::Present)),
+            // `Encryption()` is nil for provider `none`; `luks2` is the only other.
+            (&["encryption", "provider"], Want::Is("luks2")),
         ],
         &["machine", "systemDiskEncryption", "ephemeral"],
         Set::Present,
@@ -423,7 +437,23 @@ impl Set {
                 serde_json::Value::String(t) => t.chars().any(|c| c.is_ascii_digit() && c != '0'),
                 _ => false,
             },
+            Set::NotNull => !v.is_null(),
+            Set::SomeAddress => v
+                .as_array()
+                .is_some_and(|a| a.iter().filter_map(|e| e.as_str()).any(is_address)),
+            Set::SomeField => v
+                .as_object()
+                .is_some_and(|m| m.values().any(|f| !f.is_null())),
         }
+    }
+}
+
+/// Whether Go's `netip.ParseAddr` reads `text`: an IPv4 or IPv6 address, an IPv6 one with a
+/// non-empty zone (`fe80::1%eth0`).
+fn is_address(text: &str) -> bool {
+    match text.split_once('%') {
+        Some((addr, zone)) => !zone.is_empty() && addr.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => text.parse::<std::net::IpAddr>().is_ok(),
     }
 }
 
@@ -453,6 +483,22 @@ mod tests {
             assert!(!Set::NonZeroDuration.holds(&zero), "{zero}");
         }
         assert!(Set::Present.holds(&json!({})));
+        assert!(Set::NotNull.holds(&json!("")));
+        assert!(!Set::NotNull.holds(&json!(null)));
+        assert!(Set::SomeAddress.holds(&json!(["dns.example", "10.0.0.1"])));
+        assert!(Set::SomeAddress.holds(&json!(["fe80::1%eth0"])));
+        for none in [
+            json!(["dns.example"]),
+            json!(["fe80::1%"]),
+            json!(["10.0.0.1%eth0"]),
+            json!([]),
+            json!(null),
+        ] {
+            assert!(!Set::SomeAddress.holds(&none), "{none}");
+        }
+        assert!(Set::SomeField.holds(&json!({"enabled": false})));
+        assert!(!Set::SomeField.holds(&json!({"enabled": null})));
+        assert!(!Set::SomeField.holds(&json!({})));
         assert!(!Set::Present.holds(&json!("")));
         assert!(Want::Is("STATE").holds(&json!("STATE")));
         assert!(!Want::Is("STATE").holds(&json!("EPHEMERAL")));
