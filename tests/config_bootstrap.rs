@@ -409,3 +409,28 @@ async fn a_bootstrap_starts_etcd_though_the_port_first_picked_was_taken() {
     assert_ne!(etcd.client_url(0), before);
     assert!(etcd.has_data(0));
 }
+
+/// A spare control plane, not approved and never configured, sits in Talos' maintenance
+/// mode: it fails the cluster's mTLS handshake and answers only the maintenance API. It
+/// runs no etcd, so it counts no member and the new cluster is bootstrapped on cp-1 as
+/// without it (the audit of issue 37: it made `etcd.members` unreadable, and the bootstrap
+/// waited for good). The spare is left as it was: in maintenance, no configuration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spare_control_plane_in_maintenance_mode_does_not_hold_the_bootstrap_up() {
+    let etcd = EtcdCluster::unstarted(&["cp-1", "cp-2", "cp-3", "cp-4"]);
+    let (api, talos) = world(etcd).await;
+    talos.node(3).maintenance();
+    let mut spare = machine("cp-4", "controlplane", false, 4);
+    spare["spec"]["endpoint"] = json!(talos.node(3).endpoint());
+    api.insert(spare);
+    let _a = Running::start(controller(&api, &talos, "controller-0"));
+    wait_for("the bootstrap confirmed", WAIT, || {
+        record(&api)["confirmed"] == true
+    })
+    .await;
+    let r = record(&api);
+    assert_eq!(r["machine"], "cp-1", "{r}");
+    assert_eq!(bootstrap_calls(&talos), vec!["cp-1".to_string()]);
+    assert!(talos.node(3).in_maintenance());
+    assert!(talos.node(3).config().is_none());
+}
