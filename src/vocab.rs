@@ -28,9 +28,10 @@ pub enum Verb {
     Apply,
     /// The controller about to run an operation.
     Run,
-    /// A TalosMachine's status changing something a decision reads: Ready=False
+    /// A status changing something a decision reads. A TalosMachine's: Ready=False
     /// NodeUnreachable set or cleared, the Removal condition's DeadMemberRemoval marker set
-    /// or cleared, or `status.removal` (the controller's record of a removal) changed.
+    /// or cleared, or `status.removal` (the controller's record of a removal) changed. A
+    /// TalosEtcdBackup's snapshots. A TalosCluster's redacted base or `Bootstrap` record.
     Report,
     /// An approved machine staying approved with its role in its cluster, whose
     /// `spec.endpoint` or `spec.hostname` changes: how the controller finds its node (drain,
@@ -246,6 +247,9 @@ pub const RUNTIME_EVENTS: &[(Verb, Subject, Site)] = &[
     // A TalosEtcdBackup's status changing (talosetcdbackups/status): its snapshots, which
     // the fresh-backup rules read and retention deletes.
     (Verb::Report, Subject::Backup, Site::Webhook),
+    // A TalosCluster's status changing (talosclusters/status): the redacted base the webhook
+    // dry-renders patches against, and the record of the cluster's Bootstrap.
+    (Verb::Report, Subject::Cluster, Site::Webhook),
     // spec.endpoint or spec.hostname of an approved machine changing.
     (Verb::Readdress, Subject::ControlPlane, Site::Webhook),
     (Verb::Readdress, Subject::Worker, Site::Webhook),

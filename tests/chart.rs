@@ -1441,6 +1441,9 @@ fn webhooks_match_the_seeds_operations_and_the_servers_routes() {
             seen,
             vec![
                 ("talosclusters".to_string(), ops(&["DELETE", "UPDATE"])),
+                // Issue 37: only the controller publishes the redacted base and records the
+                // cluster's Bootstrap.
+                ("talosclusters/status".to_string(), ops(&["UPDATE"])),
                 // ADR 0106 §1: a written TalosConfigPatch is dry-rendered (deletes are not).
                 ("talosconfigpatches".to_string(), ops(&["CREATE", "UPDATE"])),
                 // Issue 36: only the controller records a backup's snapshots.
@@ -1458,7 +1461,7 @@ fn webhooks_match_the_seeds_operations_and_the_servers_routes() {
             .iter()
             .map(|h| h["name"].as_str().expect("name"))
             .collect();
-        assert_eq!(names.len(), 6, "{name}: webhook names are unique");
+        assert_eq!(names.len(), 7, "{name}: webhook names are unique");
     }
 }
 
@@ -1885,7 +1888,8 @@ fn own_rules_inline_or_from_an_existing_configmap() {
 }
 
 /// Issue 13: the webhook trusts exactly the controller's ServiceAccount to change what the
-/// rules read in a TalosMachine's status, and is registered for `talosmachines/status`.
+/// rules read in a TalosMachine's status, and is registered for `talosmachines/status`
+/// (and for the other statuses the rules guard: issues 36 and 37).
 #[test]
 fn the_webhook_knows_the_controllers_username_and_guards_machine_status() {
     let flag = |objs: &[Value]| {
@@ -1903,19 +1907,29 @@ fn the_webhook_knows_the_controllers_username_and_guards_machine_status() {
     );
     let custom = render(&["--set", "webhook.controllerUsername=ops:controller"]);
     assert_eq!(flag(&custom), Some("ops:controller".to_string()));
-    let hook = one(&objs, "ValidatingWebhookConfiguration")["webhooks"]
-        .as_array()
-        .expect("webhooks")
-        .iter()
-        .find(|h| h["name"] == "talosmachines-status.validate.ichor.maesh.dev")
-        .expect("a webhook for talosmachines/status")
-        .clone();
-    assert_eq!(
-        strings(&hook["rules"][0]["resources"]),
-        ["talosmachines/status"]
-    );
-    assert_eq!(strings(&hook["rules"][0]["operations"]), ["UPDATE"]);
-    assert_eq!(hook["failurePolicy"], "Fail");
+    // Every status the rules guard (`report`): the machine's (issue 13), the backup's
+    // snapshots (issue 36), the cluster's redacted base and Bootstrap record (issue 37).
+    for resource in [
+        "talosmachines/status",
+        "talosetcdbackups/status",
+        "talosclusters/status",
+    ] {
+        let name = format!("{}.validate.ichor.maesh.dev", resource.replace('/', "-"));
+        let hook = one(&objs, "ValidatingWebhookConfiguration")["webhooks"]
+            .as_array()
+            .expect("webhooks")
+            .iter()
+            .find(|h| h["name"] == name.as_str())
+            .unwrap_or_else(|| panic!("a webhook for {resource}"))
+            .clone();
+        assert_eq!(strings(&hook["rules"][0]["resources"]), [resource]);
+        assert_eq!(strings(&hook["rules"][0]["operations"]), ["UPDATE"]);
+        assert_eq!(hook["failurePolicy"], "Fail");
+        assert_eq!(
+            hook["clientConfig"]["service"]["path"],
+            format!("/validate/{resource}")
+        );
+    }
     // One talosconfig for every cluster only when asked for.
     let opted = render(&[
         "--set",
@@ -2085,6 +2099,9 @@ fn the_notes_list_every_write_refused_while_the_webhook_is_down() {
         "TalosOperation creation, and EVERY update",
         "TalosConfigPatch create, and EVERY update",
         "TalosEtcdBackup EVERY update of its status",
+        // Issue 37: the controller's own status writes wait for the webhook too (no base
+        // published, no Bootstrap recorded or sent).
+        "EVERY update of its status (the controller's own included: no base is published and no Bootstrap is recorded",
     ] {
         assert!(flat.contains(says), "the notes lack {says:?}:\n{default}");
     }
@@ -2094,9 +2111,10 @@ fn the_notes_list_every_write_refused_while_the_webhook_is_down() {
         .as_array()
         .expect("webhooks")
     {
-        let kind = match h["rules"][0]["resources"][0].as_str().expect("resource") {
+        let resource = h["rules"][0]["resources"][0].as_str().expect("resource");
+        let kind = match resource {
             "talosmachines" | "talosmachines/status" => "TalosMachine",
-            "talosclusters" => "TalosCluster",
+            "talosclusters" | "talosclusters/status" => "TalosCluster",
             "talosoperations" => "TalosOperation",
             "talosconfigpatches" => "TalosConfigPatch",
             "talosetcdbackups/status" => "TalosEtcdBackup",
@@ -2106,6 +2124,9 @@ fn the_notes_list_every_write_refused_while_the_webhook_is_down() {
             let word = match op.as_str() {
                 "CREATE" if kind == "TalosOperation" => "creation".to_string(),
                 "CREATE" => "create".to_string(),
+                "UPDATE" if resource.ends_with("/status") => {
+                    "EVERY update of its status".to_string()
+                }
                 "UPDATE" => "EVERY update".to_string(),
                 _ => "delete".to_string(),
             };

@@ -71,6 +71,39 @@ fn every_verb_subject_and_action_is_documented() {
     }
 }
 
+/// Every event the runtime produces (`RUNTIME_EVENTS`: verb, subject, site) has a row in
+/// the guide's table "Verbs and where they happen" that says when (issue 37: `report
+/// backup` had none).
+#[test]
+fn every_runtime_event_has_a_row_in_the_verbs_table() {
+    let g = guide();
+    let table = g
+        .split("## Verbs and where they happen")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("docs/rules.md has the section \"Verbs and where they happen\"");
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| l.split(" | ").map(|c| c.trim_matches(['|', ' '])).collect())
+        .collect();
+    assert!(rows.len() > 10, "{rows:?}");
+    for &(verb, subject, site) in ichor_rules::vocab::RUNTIME_EVENTS {
+        let named = |cell: &str, word: &str| cell.split(", ").any(|w| w == format!("`{word}`"));
+        assert!(
+            rows.iter().any(|r| r.len() >= 4
+                && named(r[0], verb.name())
+                && named(r[1], subject.name())
+                && r[2] == site.name()
+                && !r[3].trim().is_empty()),
+            "docs/rules.md, \"Verbs and where they happen\", has no row for `{} {}` at the {}",
+            verb.name(),
+            subject.name(),
+            site.name()
+        );
+    }
+}
+
 /// Every code the tools can report (`Code::ALL`, the one list) has a row in the guide's
 /// table of diagnostic codes.
 #[test]

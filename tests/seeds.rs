@@ -156,7 +156,8 @@ fn live() -> &'static Live {
                 reader: LiveReader::new(api.client(), std::time::Duration::from_secs(5)),
                 metrics: std::sync::Arc::new(Metrics::default()),
                 api_ready: Default::default(),
-                controller_username: None,
+                // The cases that say `byController: true` are this user's.
+                controller_username: Some(ichor_rules::cli::TEST_CONTROLLER_USERNAME.into()),
                 records: None,
             });
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

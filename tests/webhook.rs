@@ -339,6 +339,109 @@ async fn a_forged_backup_status_is_refused_and_the_controllers_own_is_not() {
     assert_eq!(h.api.store.faults.requests(), before);
 }
 
+/// Issue 37 (audit gap 5): the webhook dry-renders patches against a TalosCluster's
+/// `status.redactedBase` and the `bootstrap` rules read its `status.bootstrap`, so only the
+/// controller's own identity may set, change or clear them: real AdmissionReviews of
+/// `talosclusters/status`, over HTTPS to the path the chart registers. A change of its
+/// conditions alone is no event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_cluster_status_is_refused_and_the_controllers_own_is_not() {
+    let h = harness("cluster-status", Duration::from_secs(2)).await;
+    three_control_planes(&h).await;
+    let mut published = cluster("prod", 3);
+    published["metadata"]["uid"] = json!("uid-prod");
+    published["status"] = json!({
+        "conditions": [{"type": "Transitioning", "status": "False",
+                        "reason": "StableControlPlaneCount", "message": "3 approved control plane(s)"}],
+        "redactedBase": {"digest": "5f1d0c3e", "controlplane": "version: v1alpha1\n",
+                         "worker": "version: v1alpha1\n"},
+        "bootstrap": {"machine": "cp-1", "sentAt": "2026-10-03T00:10:00Z",
+                      "by": "ichor-rules-controller-0", "confirmed": true}
+    });
+    let mut forged_base = published.clone();
+    forged_base["status"]["redactedBase"]["controlplane"] = json!("machine: {}\n");
+    let mut no_bootstrap = published.clone();
+    no_bootstrap["status"]
+        .as_object_mut()
+        .expect("status")
+        .remove("bootstrap");
+    let mut no_base = published.clone();
+    no_base["status"]
+        .as_object_mut()
+        .expect("status")
+        .remove("redactedBase");
+    let mut unrecorded = published.clone();
+    unrecorded["status"]["bootstrap"]["machine"] = json!("cp-2");
+    let mut reworded = published.clone();
+    reworded["status"]["conditions"][0]["message"] = json!("edited");
+    reworded["status"]["conditions"]
+        .as_array_mut()
+        .expect("conditions")
+        .push(
+            json!({"type": "BaseConfig", "status": "False", "reason": "BaseMissing",
+                     "message": "forged words"}),
+        );
+    let before = h.api.store.faults.requests();
+    let send = async |uid: &str, user: &str, old: &Value, new: &Value| -> Value {
+        let body = objects::review(uid, "UPDATE", Some(old), Some(new))
+            .status_subresource()
+            .authenticated_user(user)
+            .build();
+        assert_eq!(body["request"]["resource"]["resource"], "talosclusters");
+        let (status, bytes, _) = https(
+            &h,
+            "POST",
+            "/validate/talosclusters/status",
+            "application/json",
+            serde_json::to_vec(&body).expect("json"),
+        )
+        .await;
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&bytes));
+        serde_json::from_slice(&bytes).expect("an AdmissionReview")
+    };
+    // Forged, changed or cleared by anyone but the controller (its namesake in another
+    // namespace too): refused, with the rule's words.
+    for (uid, user, old, new) in [
+        ("c-1", "admin", &published, &forged_base),
+        ("c-2", "admin", &published, &no_base),
+        ("c-3", "admin", &published, &no_bootstrap),
+        ("c-4", "admin", &no_bootstrap, &published),
+        ("c-5", "admin", &published, &unrecorded),
+        (
+            "c-6",
+            "system:serviceaccount:other:ichor-rules-controller",
+            &published,
+            &no_bootstrap,
+        ),
+    ] {
+        let r = send(uid, user, old, new).await;
+        assert_eq!(r["response"]["uid"], uid, "{r}");
+        assert_eq!(r["response"]["allowed"], false, "{uid} {user}: {r}");
+        assert_eq!(r["response"]["status"]["code"], 403);
+        let msg = r["response"]["status"]["message"].as_str().unwrap_or("");
+        assert!(
+            msg.starts_with(
+                "only the ichor-rules controller may set, change or clear what TalosCluster prod's status records"
+            ),
+            "{msg}"
+        );
+    }
+    // The controller publishes the base and records the Bootstrap.
+    for (uid, old, new) in [
+        ("c-7", &published, &forged_base),
+        ("c-8", &no_bootstrap, &published),
+        ("c-9", &published, &no_base),
+    ] {
+        let r = send(uid, CONTROLLER_USER, old, new).await;
+        assert_eq!(r["response"]["allowed"], true, "{uid}: {r}");
+    }
+    // A condition's words are no event, whoever changes them.
+    let r = send("c-10", "admin", &published, &reworded).await;
+    assert_eq!(r["response"]["allowed"], true, "{r}");
+    // Deciding who wrote a status reads nothing live.
+    assert_eq!(h.api.store.faults.requests(), before);
+}
+
 /// Issue 13: admission reads Ready=False NodeUnreachable as `member.dead`, so a forged one
 /// would bend the declared count. Only the controller's own identity may set or clear what
 /// the rules read in a machine's status; other status edits are no event and read nothing.

@@ -25,6 +25,12 @@ pub const EXIT_FINDINGS: u8 = 1;
 /// Bad usage or unreadable input.
 pub const EXIT_BAD_INPUT: u8 = 2;
 
+/// The user a rule test case that says `byController: true` is made by (the controller's
+/// ServiceAccount as the chart names it in namespace `ichor-system`), decided as a webhook
+/// whose `serve --controller-username` names it (`request.by_controller`).
+pub const TEST_CONTROLLER_USERNAME: &str =
+    "system:serviceaccount:ichor-system:ichor-rules-controller";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "ichor-rules",

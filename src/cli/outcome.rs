@@ -66,19 +66,9 @@ struct Missing {
     notes: Vec<String>,
 }
 
-/// Decides an AdmissionReview body as the webhook does, with no controller named (no
-/// request is the controller's: `request.by_controller` is false).
-pub fn admission(
-    table: &Table,
-    snapshot: &Snapshot,
-    body: &[u8],
-    trace: bool,
-) -> Result<Outcome, String> {
-    admission_as(table, snapshot, body, trace, None)
-}
-
-/// [`admission`] with the controller's username, as `serve --controller-username` names it
-/// to the webhook: a review by that user has `request.by_controller`.
+/// Decides an AdmissionReview body as the webhook does, knowing the controller's username
+/// as `serve --controller-username` names it to the webhook: a review by that user has
+/// `request.by_controller` (with `None`, no request is the controller's).
 pub fn admission_as(
     table: &Table,
     snapshot: &Snapshot,

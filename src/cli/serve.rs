@@ -98,9 +98,11 @@ pub struct ServeArgs {
     /// The controller's own username, as the API server names it in an AdmissionReview's
     /// `userInfo.username` (in a cluster: `system:serviceaccount:<namespace>:<controller
     /// ServiceAccount>`; the chart sets it). Only requests by this user may change what the
-    /// rules read in a TalosMachine's status (`request.by_controller`; rule
-    /// `status-only-by-controller`). Without it no request is the controller's, and every
-    /// such status change is refused.
+    /// rules read in a TalosMachine's status, a TalosEtcdBackup's snapshot records and a
+    /// TalosCluster's redacted base and Bootstrap record (`request.by_controller`; rules
+    /// `status-only-by-controller`, `backup-status-only-by-controller`,
+    /// `cluster-status-only-by-controller`). Without it no request is the controller's, and
+    /// every such status change is refused.
     #[arg(long, env = "ICHOR_CONTROLLER_USERNAME")]
     pub controller_username: Option<String>,
     /// Serve the webhook only; do not run the controller.

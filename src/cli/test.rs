@@ -116,6 +116,11 @@ struct CaseSpec {
     /// namespace or a forgotten object would otherwise pass silently.
     #[serde(default, rename = "clusterMissing")]
     cluster_missing: bool,
+    /// The request is made by the controller's own identity (`request.by_controller`): its
+    /// `userInfo` is [`TEST_CONTROLLER_USERNAME`]'s, and it is decided as a webhook whose
+    /// `serve --controller-username` names that user. Requests only.
+    #[serde(default, rename = "byController")]
+    by_controller: bool,
     expect: Expect,
 }
 
@@ -256,6 +261,8 @@ struct Case {
     request: Request,
     /// `clusterMissing: true`: the case means its TalosCluster to be missing.
     cluster_missing: bool,
+    /// `byController: true`: the request is the controller's own.
+    by_controller: bool,
     expect: Expect,
 }
 
@@ -445,6 +452,13 @@ impl Loader<'_> {
             );
         }
         let reconcile = matches!(request, Request::Reconcile(..) | Request::Step(..));
+        if spec.by_controller && reconcile {
+            return Err(
+                "`byController` says who makes a request; a reconcile or a step is \
+                 the controller's own already"
+                    .into(),
+            );
+        }
         let e = &spec.expect;
         match (reconcile, e.verdict) {
             (false, Verdict::Proceed | Verdict::Hold) => {
@@ -490,6 +504,7 @@ impl Loader<'_> {
             objects,
             request,
             cluster_missing: spec.cluster_missing,
+            by_controller: spec.by_controller,
             expect: spec.expect,
         })
     }
@@ -599,6 +614,25 @@ fn glob(pattern: &str, text: &str) -> bool {
     rest.is_empty()
 }
 
+/// Makes `review` a request by `user`, a ServiceAccount as the API server names one.
+fn as_user(review: &mut Value, user: &str) {
+    if let Some(request) = review.get_mut("request").and_then(Value::as_object_mut) {
+        let mut groups = vec![json!("system:serviceaccounts")];
+        if let Some(ns) = user
+            .strip_prefix("system:serviceaccount:")
+            .and_then(|rest| rest.split_once(':'))
+            .map(|(ns, _)| ns)
+        {
+            groups.push(json!(format!("system:serviceaccounts:{ns}")));
+        }
+        groups.push(json!("system:authenticated"));
+        request.insert(
+            "userInfo".into(),
+            json!({"username": user, "groups": groups}),
+        );
+    }
+}
+
 fn run_case(table: &Table, case: Case, now: &str) -> Ran {
     let mut ran = Ran {
         case,
@@ -621,16 +655,36 @@ fn run_case(table: &Table, case: Case, now: &str) -> Ran {
             return ran;
         }
     };
+    // `byController: true`: the controller's user, and a webhook that knows it.
+    let controller = ran
+        .case
+        .by_controller
+        .then_some(super::TEST_CONTROLLER_USERNAME);
     let decided: Result<Outcome, String> = match &ran.case.request {
         Request::Review(body) => {
-            ran.review = crate::runtime::nesting::json(body).ok();
-            outcome::admission(table, &snapshot, body, true)
+            let review = crate::runtime::nesting::json::<Value>(body).ok();
+            match (review, controller) {
+                (Some(mut review), Some(user)) => {
+                    as_user(&mut review, user);
+                    let body = serde_json::to_vec(&review).unwrap_or_default();
+                    ran.review = Some(review);
+                    outcome::admission_as(table, &snapshot, &body, true, controller)
+                }
+                // A body that is no JSON is decided as it is (its error is the answer).
+                (review, _) => {
+                    ran.review = review;
+                    outcome::admission_as(table, &snapshot, body, true, controller)
+                }
+            }
         }
         Request::Form(form) => match build_review(form, &ran.case.objects, now) {
-            Ok(review) => {
+            Ok(mut review) => {
+                if let Some(user) = controller {
+                    as_user(&mut review, user);
+                }
                 let body = serde_json::to_vec(&review).unwrap_or_default();
                 ran.review = Some(review);
-                outcome::admission(table, &snapshot, &body, true)
+                outcome::admission_as(table, &snapshot, &body, true, controller)
             }
             Err(e) => Err(e),
         },
@@ -1077,6 +1131,7 @@ fn json_report(ran: &[Ran], filtered: usize, cov: Option<&[RuleCoverage]>) -> Va
                 "status": status,
                 "expected": r.case.expect,
                 "clusterMissing": r.case.cluster_missing,
+                "byController": r.case.by_controller,
                 "actual": actual,
                 "failures": failures,
                 "error": error,

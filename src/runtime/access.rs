@@ -112,7 +112,9 @@ pub const CONTROLLER: &[Access] = &[
         verbs: &["watch", "patch"],
         scope: Scope::Cluster,
     },
-    // The Transitioning condition.
+    // The Transitioning, BaseConfig and Teardown conditions, the redacted base and the
+    // record of the cluster's Bootstrap (these two through admission: only this identity may
+    // write them, rule cluster-status-only-by-controller).
     Access {
         api_group: ICHOR,
         resource: "talosclusters/status",

@@ -185,8 +185,28 @@ pub fn backup_status_event<'s>(
     })
 }
 
+/// The `report cluster` event of a TalosCluster request whose status changes anything but
+/// its conditions ([`TalosCluster::same_status_reads`]: the redacted base the webhook
+/// dry-renders patches against, the record of the cluster's `Bootstrap`), set, changed or
+/// cleared: an update (through `talosclusters/status` or otherwise) or a create carrying
+/// such a status.
+pub fn cluster_status_event<'s>(
+    op: &Operation,
+    namespace: &'s str,
+    old: Option<&'s TalosCluster>,
+    new: Option<&'s TalosCluster>,
+) -> Option<EventFacts<'s>> {
+    let new = status_changed(op, old, new, TalosCluster::same_status_reads)?;
+    Some(EventFacts {
+        event: (Verb::Report, S::Cluster, Site::Webhook),
+        namespace,
+        cluster: new.name(),
+        subject: Subject::Cluster(new),
+    })
+}
+
 /// The events of a TalosCluster request: `unschedule` on the transition into "false",
-/// `remove` on delete.
+/// `remove` on delete (a change of its status is [`cluster_status_event`]).
 pub fn cluster_events<'s>(
     op: &Operation,
     namespace: &'s str,
@@ -255,7 +275,9 @@ pub fn request_events<'s>(
                 Some(Object::Cluster(c)) => Some(c),
                 _ => None,
             };
-            cluster_events(op, namespace, c(old), c(new))
+            let mut events = cluster_events(op, namespace, c(old), c(new));
+            events.extend(cluster_status_event(op, namespace, c(old), c(new)));
+            events
         }
         Some(Object::Operation(_)) => {
             let o = match new {
@@ -437,4 +459,177 @@ pub fn decide_request_events(
         }
     }
     (decision, traces)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::objects::{BootstrapRecord, ClusterSpec, ClusterStatus, RedactedBase};
+
+    fn cluster(status: Option<ClusterStatus>) -> TalosCluster {
+        let mut c = TalosCluster::new("c", ClusterSpec::default());
+        c.metadata.namespace = Some("ns".into());
+        c.status = status;
+        c
+    }
+
+    fn base(digest: &str) -> RedactedBase {
+        RedactedBase {
+            digest: digest.into(),
+            controlplane: "version: v1alpha1\n".into(),
+            worker: "version: v1alpha1\n".into(),
+        }
+    }
+
+    fn record(machine: &str, confirmed: bool) -> BootstrapRecord {
+        BootstrapRecord {
+            machine: machine.into(),
+            confirmed,
+            ..Default::default()
+        }
+    }
+
+    fn condition(type_: &str, status: &str, message: &str) -> crate::runtime::objects::Condition {
+        serde_json::from_value(serde_json::json!({
+            "type": type_, "status": status, "reason": "R", "message": message
+        }))
+        .expect("a condition")
+    }
+
+    /// The events of a TalosCluster request, by verb and subject.
+    fn events(
+        op: Operation,
+        old: Option<&TalosCluster>,
+        new: Option<&TalosCluster>,
+    ) -> Vec<String> {
+        let (old, new) = (
+            old.cloned().map(Object::Cluster),
+            new.cloned().map(Object::Cluster),
+        );
+        request_events(&op, "ns", old.as_ref(), new.as_ref())
+            .iter()
+            .map(|e| {
+                format!(
+                    "{} {} at {}",
+                    e.event.0.name(),
+                    e.event.1.name(),
+                    e.event.2.name()
+                )
+            })
+            .collect()
+    }
+
+    /// Issue 37: setting, changing or clearing the redacted base or the bootstrap record is
+    /// `report cluster`; a change of the conditions alone, or of nothing, is no event.
+    #[test]
+    fn a_cluster_status_change_decisions_read_is_report_cluster() {
+        let full = ClusterStatus {
+            conditions: vec![condition("Transitioning", "False", "3 approved")],
+            redacted_base: Some(base("d1")),
+            bootstrap: Some(record("cp1", true)),
+        };
+        let with = |f: &dyn Fn(&mut ClusterStatus)| {
+            let mut s = full.clone();
+            f(&mut s);
+            cluster(Some(s))
+        };
+        let published = cluster(Some(full.clone()));
+        let report = vec!["report cluster at webhook".to_string()];
+        let changes: Vec<(&str, TalosCluster)> = vec![
+            (
+                "another digest",
+                with(&|s| s.redacted_base = Some(base("d2"))),
+            ),
+            (
+                "another base text",
+                with(&|s| {
+                    if let Some(b) = s.redacted_base.as_mut() {
+                        b.controlplane = "machine: {}\n".into();
+                    }
+                }),
+            ),
+            ("the base cleared", with(&|s| s.redacted_base = None)),
+            ("the record cleared", with(&|s| s.bootstrap = None)),
+            (
+                "another machine",
+                with(&|s| s.bootstrap = Some(record("cp2", true))),
+            ),
+            (
+                "unconfirmed",
+                with(&|s| s.bootstrap = Some(record("cp1", false))),
+            ),
+            ("no status at all", cluster(None)),
+        ];
+        for (what, new) in &changes {
+            assert_eq!(
+                events(Operation::Update, Some(&published), Some(new)),
+                report,
+                "{what}"
+            );
+            // And back: set where there was none, or changed back.
+            assert_eq!(
+                events(Operation::Update, Some(new), Some(&published)),
+                report,
+                "{what}, undone"
+            );
+        }
+        // Conditions alone (Transitioning, BaseConfig, Teardown), or nothing, are no event.
+        let reworded = with(&|s| {
+            s.conditions = vec![
+                condition("Transitioning", "True", "edited"),
+                condition("BaseConfig", "False", "forged words"),
+                condition("Teardown", "True", "forged words"),
+            ]
+        });
+        assert!(events(Operation::Update, Some(&published), Some(&reworded)).is_empty());
+        assert!(events(Operation::Update, Some(&published), Some(&published)).is_empty());
+        // An empty status holds what no status holds.
+        assert!(
+            events(
+                Operation::Update,
+                Some(&cluster(None)),
+                Some(&cluster(Some(ClusterStatus::default())))
+            )
+            .is_empty()
+        );
+        // A create carrying such a status is one; without, none.
+        assert_eq!(events(Operation::Create, None, Some(&published)), report);
+        let conditions_only = cluster(Some(ClusterStatus {
+            conditions: full.conditions.clone(),
+            ..Default::default()
+        }));
+        assert!(events(Operation::Create, None, Some(&conditions_only)).is_empty());
+        assert!(events(Operation::Create, None, Some(&cluster(None))).is_empty());
+        // A delete is `remove cluster`, never a report.
+        assert_eq!(
+            events(Operation::Delete, Some(&published), None),
+            vec!["remove cluster at webhook".to_string()]
+        );
+    }
+
+    /// A write that both unschedules the cluster and changes its status is both events, and
+    /// `report cluster` is about the cluster as written.
+    #[test]
+    fn report_cluster_comes_with_the_clusters_other_events() {
+        let old = cluster(Some(ClusterStatus {
+            bootstrap: Some(record("cp1", true)),
+            ..Default::default()
+        }));
+        let mut new = cluster(None);
+        new.spec.schedulable = Some("false".into());
+        assert_eq!(
+            events(Operation::Update, Some(&old), Some(&new)),
+            vec![
+                "unschedule cluster at webhook".to_string(),
+                "report cluster at webhook".to_string()
+            ]
+        );
+        let ev = cluster_status_event(&Operation::Update, "ns", Some(&old), Some(&new))
+            .expect("an event");
+        assert_eq!(ev.cluster, "c");
+        assert!(matches!(ev.subject, Subject::Cluster(c) if c.bootstrap_record().is_none()));
+        assert!(crate::vocab::is_runtime_event(
+            ev.event.0, ev.event.1, ev.event.2
+        ));
+    }
 }

@@ -75,6 +75,9 @@ pub fn webhook_router(state: Arc<Webhook>) -> Router {
         // Writes of talosmachines/status (the webhook configuration registers it apart).
         .route("/validate/talosmachines/status", post(validate))
         .route("/validate/talosclusters", post(validate))
+        // Writes of talosclusters/status (the redacted base the dry render reads, the record
+        // of the cluster's Bootstrap).
+        .route("/validate/talosclusters/status", post(validate))
         .route("/validate/talosoperations", post(validate))
         .route("/validate/talosconfigpatches", post(validate))
         // Writes of talosetcdbackups/status (the snapshots the fresh-backup rules read),

@@ -615,6 +615,26 @@ impl TalosCluster {
         self.status.as_ref().and_then(|s| s.bootstrap.as_ref())
     }
 
+    /// Whether `other`'s status holds the same as this one's in everything but its
+    /// conditions (Transitioning, BaseConfig, Teardown: words no decision reads): the
+    /// redacted base the webhook dry-renders TalosConfigPatches against (`redactedBase`,
+    /// ADR 0106 §1) and the record of the cluster's `Bootstrap` (`bootstrap`, the fact
+    /// `bootstrapped`). A status that is absent holds nothing. The fields are named one by
+    /// one, so a field added to [`ClusterStatus`] does not compile until it is placed here.
+    pub fn same_status_reads(&self, other: &TalosCluster) -> bool {
+        fn reads(c: &TalosCluster) -> (Option<&RedactedBase>, Option<&BootstrapRecord>) {
+            match &c.status {
+                Some(ClusterStatus {
+                    conditions: _,
+                    redacted_base,
+                    bootstrap,
+                }) => (redacted_base.as_ref(), bootstrap.as_ref()),
+                None => (None, None),
+            }
+        }
+        reads(self) == reads(other)
+    }
+
     /// Only an explicit "false" makes a cluster unschedulable.
     pub fn schedulable(&self) -> bool {
         !matches!(self.spec.schedulable.as_deref(), Some(s) if s.trim().eq_ignore_ascii_case("false"))
