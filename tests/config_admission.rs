@@ -22,18 +22,22 @@ use std::time::Duration;
 
 const CP: &str = include_str!("fixtures/talos/controlplane.yaml");
 const WORKER: &str = include_str!("fixtures/talos/worker.yaml");
-const SEED_ERROR: &str =
+pub(crate) const SEED_ERROR: &str =
     "kube-apiserver config is already set in v1alpha1 config (.cluster.apiServer)";
 
-struct Harness {
-    api: ApiServer,
+pub(crate) struct Harness {
+    pub(crate) api: ApiServer,
     addr: SocketAddr,
     ca: CertificateDer<'static>,
     dir: PathBuf,
 }
 
 async fn harness(name: &str) -> Harness {
-    let api = ApiServer::start().await;
+    harness_on(ApiServer::start().await, name).await
+}
+
+/// The webhook over HTTPS, reading `api` live.
+pub(crate) async fn harness_on(api: ApiServer, name: &str) -> Harness {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("config-admission-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -68,7 +72,12 @@ async fn harness(name: &str) -> Harness {
     Harness { api, addr, ca, dir }
 }
 
-async fn review(h: &Harness, operation: &str, old: Option<&Value>, new: Option<&Value>) -> Value {
+pub(crate) async fn review(
+    h: &Harness,
+    operation: &str,
+    old: Option<&Value>,
+    new: Option<&Value>,
+) -> Value {
     let body = objects::review("uid-1", operation, old, new).build();
     let (mut send, _) = https::connect(h.addr, &h.ca).await;
     let (status, bytes) = https::request(
@@ -155,7 +164,7 @@ async fn machines(h: &Harness) {
     }
 }
 
-fn patch(name: &str, selector: Value, strategic: &str) -> Value {
+pub(crate) fn patch(name: &str, selector: Value, strategic: &str) -> Value {
     json!({
         "apiVersion": "ichor.maesh.dev/v1alpha1",
         "kind": "TalosConfigPatch",
@@ -168,12 +177,12 @@ fn patch(name: &str, selector: Value, strategic: &str) -> Value {
     })
 }
 
-const API_SERVER_PATCH: &str =
+pub(crate) const API_SERVER_PATCH: &str =
     "version: v1alpha1\ncluster:\n  apiServer:\n    extraArgs:\n      feature-gates: Foo=true\n";
-const UNRELATED: &str =
+pub(crate) const UNRELATED: &str =
     "version: v1alpha1\nmachine:\n  sysctls:\n    vm.max_map_count: \"262144\"\n";
 
-fn message(r: &Value) -> String {
+pub(crate) fn message(r: &Value) -> String {
     r["status"]["message"].as_str().unwrap_or("").to_string()
 }
 

@@ -624,3 +624,52 @@ async fn the_apply_step_log_replays_and_a_changed_dry_run_answer_is_refuted() {
     assert_eq!(code, Some(1), "{said}");
     assert!(said.contains("left the status"), "{said}");
 }
+
+/// ADR 0106 §1 from the webhook to the nodes: the controller publishes the redacted base
+/// and configures the control planes; the webhook (real AdmissionReviews over HTTPS,
+/// reading the same API server live) refuses the seed's patch with Talos' words, and lets
+/// an unrelated one in, which the controller then applies to exactly the machine it
+/// selects, without a reboot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_patch_goes_from_the_webhook_to_the_nodes_it_selects() {
+    use crate::config_admission::{
+        API_SERVER_PATCH, SEED_ERROR, UNRELATED, harness_on, message, patch as review_patch, review,
+    };
+    let (api, talos, _running) = start(3).await;
+    wait_for(
+        "the base published and every control plane configured",
+        WAIT,
+        || {
+            get(&api, "TalosCluster", "prod")
+                .is_some_and(|c| !c["status"]["redactedBase"].is_null())
+                && (1..=3).all(|i| applied(&api, &format!("cp-{i}")).is_some())
+        },
+    )
+    .await;
+    let before: Vec<String> = (0..3).map(|i| talos.node(i).config().unwrap()).collect();
+    let h = harness_on(api, "to-the-nodes").await;
+    // The seed's case: refused at the door, so never written and never rendered.
+    let bad = review_patch("api", json!({"role": "controlplane"}), API_SERVER_PATCH);
+    let r = review(&h, "CREATE", None, Some(&bad)).await;
+    assert_eq!(r["allowed"], false, "{r}");
+    assert!(message(&r).contains(SEED_ERROR), "{}", message(&r));
+    // The unrelated one, for cp-2: allowed, written, applied there alone.
+    let ok = review_patch("sysctl", json!({"machines": ["cp-2"]}), UNRELATED);
+    let r = review(&h, "CREATE", None, Some(&ok)).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    h.api.insert(ok);
+    let api = &h.api;
+    wait_for("cp-2 gets the patch", WAIT, || {
+        talos.node(1).config().is_some_and(|c| {
+            c.contains("vm.max_map_count") && applied(api, "cp-2") == Some(sha(&c))
+        })
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(talos.node(0).config().unwrap(), before[0]);
+    assert_eq!(talos.node(2).config().unwrap(), before[2]);
+    assert_eq!(
+        talos.node(0).reboots() + talos.node(1).reboots() + talos.node(2).reboots(),
+        0
+    );
+}
