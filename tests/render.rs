@@ -681,6 +681,100 @@ cluster:
     );
 }
 
+/// What a zero value in a patch does (docs/operators.md, the merge): `false` replaces the
+/// base's `true` (and `true` a `false`); `0` and `""` keep the base's value, and land where
+/// the base has none; `null` changes nothing and adds nothing; an `extraArgs` argument is
+/// set whatever it holds; an empty replaced list keeps the base's. Where Talos' typed merge
+/// does otherwise (a `0` or `""` through a pointer field such as `kubespan.mtu`, an empty
+/// replaced list) the docs say so: these assertions pin the project's own behaviour.
+#[test]
+fn zero_values_in_a_patch() {
+    let set = strategic(
+        "version: v1alpha1
+machine:
+  network:
+    kubespan:
+      enabled: true
+      mtu: 1420
+  sysctls:
+    a: \"1\"
+cluster:
+  controllerManager:
+    extraArgs:
+      bind-address: 0.0.0.0
+",
+    );
+    let zero = strategic(
+        "version: v1alpha1
+machine:
+  kubelet:
+    defaultRuntimeSeccompProfileEnabled: false
+  network:
+    kubespan:
+      enabled: false
+      mtu: 0
+  install:
+    image: \"\"
+    wipe: true
+  sysctls:
+    a: \"\"
+    b: \"\"
+    c: null
+  features: null
+cluster:
+  clusterName: \"\"
+  controlPlane:
+    localAPIServerPort: 0
+    endpoint: null
+  controllerManager:
+    extraArgs:
+      bind-address: \"\"
+  network:
+    podSubnets: []
+  discovery:
+    enabled: false
+",
+    );
+    let m = machine_config(&cp(&[&set, &zero]).unwrap());
+    // `false` replaces `true`, `true` replaces `false`.
+    assert_eq!(
+        m["machine"]["kubelet"]["defaultRuntimeSeccompProfileEnabled"],
+        false
+    );
+    assert_eq!(m["machine"]["network"]["kubespan"]["enabled"], false);
+    assert_eq!(m["cluster"]["discovery"]["enabled"], false);
+    assert_eq!(m["machine"]["install"]["wipe"], true);
+    // `0` and `""` keep the base's value...
+    assert_eq!(m["machine"]["network"]["kubespan"]["mtu"], 1420);
+    assert_eq!(
+        m["machine"]["install"]["image"],
+        "ghcr.io/siderolabs/installer:v1.14.3"
+    );
+    assert_eq!(m["cluster"]["clusterName"], "demo");
+    assert_eq!(m["machine"]["sysctls"]["a"], "1");
+    // ...and land where the base has none (a 0 port is no conflict with the
+    // KubeAPIServerConfig document: Talos counts it unset).
+    assert_eq!(m["machine"]["sysctls"]["b"], "");
+    assert_eq!(m["cluster"]["controlPlane"]["localAPIServerPort"], 0);
+    // `null` changes nothing and adds nothing.
+    assert_eq!(m["machine"]["features"], serde_json::json!({"rbac": true}));
+    assert_eq!(
+        m["cluster"]["controlPlane"]["endpoint"],
+        "https://10.0.0.10:6443"
+    );
+    assert!(m["machine"]["sysctls"].get("c").is_none(), "{m}");
+    // An argument is set whatever it holds.
+    assert_eq!(
+        m["cluster"]["controllerManager"]["extraArgs"]["bind-address"],
+        ""
+    );
+    // An empty replaced list keeps the base's.
+    assert_eq!(
+        m["cluster"]["network"]["podSubnets"],
+        serde_json::json!(["10.244.0.0/16"])
+    );
+}
+
 #[test]
 fn keyed_lists_merge_by_their_key_and_replaced_lists_are_replaced() {
     let p = strategic(

@@ -4,7 +4,10 @@
 //! - documents are matched by (apiVersion, kind, name); the machine config (`version:
 //!   v1alpha1`, no kind) is one document; a patch document with no match is appended;
 //! - maps merge key by key; a scalar replaces the base's unless it is `""` or `0` (Talos
-//!   skips zero values; `false` always replaces); `null` changes nothing;
+//!   skips the zero value of a plain field; `false` always replaces); `null` changes
+//!   nothing. Talos merges its typed documents, so a `""` or `0` through a pointer field
+//!   (`kubespan.mtu`, `apiPort`) replaces there, and keeps the base's here;
+//!   docs/operators.md lists every such difference;
 //! - lists append, except the keyed lists ([`KEYED_LISTS`]: an item with the same key
 //!   merges into the base's, or replaces it) and the replaced values ([`REPLACED`]), in the
 //!   machine config and the newer documents alike;
@@ -12,8 +15,9 @@
 //!   values too; `""` is set);
 //! - `$patch: delete` deletes: a whole document (at its top level; one that is not there is
 //!   skipped, as in Talos), a map key (`key: {$patch: delete}`), or the list items whose
-//!   `key: value` the item names; deleting a key or items that are not there is an error,
-//!   as in Talos;
+//!   `key: value` the item names; deleting a key or items that are not there is an error
+//!   (Talos' too for a map's key or an item; a field of its typed struct it zeroes, set or
+//!   not: docs/operators.md);
 //! - a map, a list and a scalar never merge into one another (an error names the path).
 
 use super::{RenderError, secret_key};

@@ -770,8 +770,9 @@ fn validate(docs: &[Document], role: Role) -> Result<(), RenderError> {
     Ok(())
 }
 
-/// Validates a whole configuration text as Talos would on `ApplyConfiguration` (the YAML,
-/// the documents, `machine.type`, the conflict table): the Talos stand-in's check.
+/// Validates a whole configuration text as the render validates its result (the YAML, the
+/// documents, `machine.type`, the required fields, the conflict table). The Talos stand-in
+/// of the tests does not use it: it checks with code of its own.
 pub fn validate_text(text: &str) -> Result<Role, RenderError> {
     let docs = parse_documents(text, "the configuration", true)?;
     let role = machine_config_index(&docs)
