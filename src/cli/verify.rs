@@ -369,9 +369,9 @@ fn procedure_bootstrap(table: &crate::compile::Table) -> Procedure {
         name: "bootstrap",
         what: format!(
             "bootstrap: the bootstrap procedure (exec::bootstrap) decided by these rules, two \
-             controllers (one reading a step late) over {BOOTSTRAP_STEPS} steps, from a new \
-             cluster and from one whose first control plane is new, a crash, lost answer, \
-             unreached node or refusal at any of its calls"
+             controllers (one reading a step late) over {BOOTSTRAP_STEPS} steps, from {}; a \
+             crash, lost answer, unreached node or refusal at any of its calls",
+            crate::verify::bootstrap::STARTS.join(", from ")
         ),
         invariants: &["bootstrap-once", "bootstrap-ends"],
         ..Procedure::from(r)

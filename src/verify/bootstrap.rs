@@ -473,8 +473,14 @@ impl<'t> Setup<'t> {
     }
 }
 
-/// Explores `depth` steps from a new cluster and from an existing one whose first control
-/// plane is new, breadth-first: a step is etcd starting where it was bootstrapped, or a
+/// The states the exploration starts from, as the report names them.
+pub const STARTS: [&str; 3] = [
+    "a new cluster (no etcd anywhere)",
+    "a cluster whose etcd runs on cp-2 and cp-3, cp-1 new (nothing recorded)",
+    "a new cluster whose cp-3 is in Talos' maintenance mode (not configured yet)",
+];
+
+/// Explores `depth` steps from each of [`STARTS`], breadth-first: a step is etcd starting where it was bootstrapped, or a
 /// reconcile of any control plane by either controller with any one fault at any of its
 /// calls. `table`: the rules that decide the bootstrap; `mutant` makes the world misbehave.
 pub fn explore(table: &Table, depth: u8, mutant: Option<Mutant>) -> Report {
@@ -490,11 +496,7 @@ pub fn explore(table: &Table, depth: u8, mutant: Option<Mutant>) -> Report {
     ];
     let mut seen: HashSet<State> = HashSet::new();
     let mut queue: VecDeque<(State, Vec<String>)> = VecDeque::new();
-    for (etcd, start) in starts.into_iter().zip([
-        "a new cluster (no etcd anywhere)",
-        "a cluster whose etcd runs on cp-2 and cp-3, cp-1 new (nothing recorded)",
-        "a new cluster whose cp-3 is in Talos' maintenance mode (not configured yet)",
-    ]) {
+    for (etcd, start) in starts.into_iter().zip(STARTS) {
         let s = State {
             record: None,
             etcd,

@@ -174,26 +174,27 @@ pub fn client(d: &Dialer<'_>, m: &TalosMachine) -> Result<TalosClient, NodeError
         .tls
         .as_deref()
         .map_err(|why| NodeError::NoCredentials(why.clone()))?;
-    let endpoint = m
-        .spec
+    Ok(TalosClient::new(
+        endpoint(m)?,
+        tls,
+        ctx.settings.talos_timeout,
+    )?)
+}
+
+/// The address `m`'s node is dialled at: its `spec.endpoint`, which must not be empty.
+fn endpoint(m: &TalosMachine) -> Result<&str, NodeError> {
+    m.spec
         .endpoint
         .as_deref()
         .filter(|e| !e.is_empty())
-        .ok_or_else(|| NodeError::NoEndpoint(format!("{}/{}", m.namespace(), m.name())))?;
-    Ok(TalosClient::new(endpoint, tls, ctx.settings.talos_timeout)?)
+        .ok_or_else(|| NodeError::NoEndpoint(format!("{}/{}", m.namespace(), m.name())))
 }
 
 /// A client of `m`'s node over Talos' maintenance API (no client certificate): only a
 /// node with no configuration yet answers there.
 pub fn maintenance_client(d: &Dialer<'_>, m: &TalosMachine) -> Result<TalosClient, NodeError> {
-    let endpoint = m
-        .spec
-        .endpoint
-        .as_deref()
-        .filter(|e| !e.is_empty())
-        .ok_or_else(|| NodeError::NoEndpoint(format!("{}/{}", m.namespace(), m.name())))?;
     Ok(TalosClient::maintenance(
-        endpoint,
+        endpoint(m)?,
         d.ctx.settings.talos_timeout,
     )?)
 }
