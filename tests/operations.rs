@@ -586,12 +586,15 @@ async fn a_sent_call_the_node_shows_no_sign_of_is_never_sent_again_by_itself() {
     assert!(!c.cordoned("cp-2"));
 }
 
-/// A person's resume of a failed operation (the `ichor.maesh.dev/resume` annotation).
+/// The value [`resume`] annotates with.
+const RESUMED_AT: &str = "2026-12-06T04:00:00Z";
+
+/// A person's resume of a failed operation (the `ichor.maesh.dev/resume` annotation, with
+/// [`RESUMED_AT`]).
 async fn resume(c: &Cluster, name: &str) {
     let api: kube::Api<ichor_rules::runtime::objects::TalosOperation> =
         kube::Api::namespaced(c.api.client(), NS);
-    let patch =
-        json!({"metadata": {"annotations": {"ichor.maesh.dev/resume": "2026-12-06T04:00:00Z"}}});
+    let patch = json!({"metadata": {"annotations": {"ichor.maesh.dev/resume": RESUMED_AT}}});
     api.patch(
         name,
         &kube::api::PatchParams::default(),
@@ -1134,10 +1137,7 @@ async fn a_failed_operation_resumes_only_when_a_person_asks() {
     assert_eq!(c.talos.calls_to("Reboot", "cp-3"), 1, "not sent again");
     assert!(!c.cordoned("cp-3"));
     let op = c.operation("reboot-cp-3");
-    assert_eq!(
-        op["status"]["progress"]["resumed"], "2026-12-05T05:00:00Z",
-        "{op}"
-    );
+    assert_eq!(op["status"]["progress"]["resumed"], RESUMED_AT, "{op}");
 }
 
 /// A Node that is gone when the machine comes back is not Ready: the node had a
