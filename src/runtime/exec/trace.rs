@@ -1099,14 +1099,24 @@ where
 /// the machine as read, and its status so far (`next`: the reconcile's probe included).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ApplyBegin {
+    /// The machine's cluster as read, which the plan's guards read (a log written before
+    /// plans had it: none).
+    #[serde(default)]
+    pub snapshot: Snapshot,
     pub cluster: Option<TalosCluster>,
     pub machine: TalosMachine,
     pub next: TalosMachine,
 }
 
 impl ApplyBegin {
-    pub fn new(cluster: Option<&TalosCluster>, m: &TalosMachine, next: &TalosMachine) -> Self {
+    pub fn new(
+        snapshot: &Snapshot,
+        cluster: Option<&TalosCluster>,
+        m: &TalosMachine,
+        next: &TalosMachine,
+    ) -> Self {
         ApplyBegin {
+            snapshot: snapshot.clone(),
             cluster: cluster.cloned(),
             machine: m.clone(),
             next: next.clone(),
@@ -1872,6 +1882,8 @@ pub fn check(table: &crate::compile::Table, text: &str) -> Result<Checked, NotAB
                 let mut next = begin.next.clone();
                 let run = super::run_now(apply::reconcile(
                     &mut w,
+                    table,
+                    &begin.snapshot,
                     begin.cluster.as_ref(),
                     &begin.machine,
                     &mut next,
