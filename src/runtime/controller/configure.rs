@@ -190,7 +190,8 @@ pub async fn configure(
     let outcome = match &ctx.steps {
         // Every step logged, for `verify --check-trace`, with the status left to write.
         Some(log) => {
-            let begin = crate::runtime::exec::trace::ApplyBegin::new(snapshot, cluster, live, next);
+            let begin =
+                crate::runtime::exec::trace::ApplyBegin::new(table, snapshot, cluster, live, next);
             // Looked at every probe: a quiet repeat is not logged again.
             let key = format!("{}/{}", live.namespace(), live.name());
             let id = log.begin_repeatable("apply", &key, &begin, &super::removal::timing(ctx));

@@ -267,7 +267,9 @@ pub async fn reconcile<W: ApplyWorld>(
         if !runs {
             continue;
         }
-        w.note(before, Note::Step(k, &step.text));
+        // No `Note::Step`: a step log counts a step begun as acting, and this plan runs at
+        // every probe; its steps say themselves by their calls (the base, the render, each
+        // `ApplyConfiguration`), so a quiet repeat stays one line of the log.
         let done = match step.action {
             BuiltIn::ConfigRender => {
                 render(w, cluster, &base_ref.name, before, next, &mut a).await?
