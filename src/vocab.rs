@@ -832,17 +832,26 @@ pub enum Action {
     TalosRollback,
     WaitNodeBack,
     TalosInstall,
+    ConfigRender,
+    TalosDryRun,
+    TalosApplyConfig,
+    TalosBootstrap,
 }
 
 /// Which procedures run an action: a plan of another may not name it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scope {
-    /// Removals and operations.
+    /// Removals and operations (not a configuration's apply, nor a bootstrap: they run
+    /// under no cluster lock and have no drain, no etcd member and no events of their own).
     Any,
     /// The removal of a control plane (`plan remove controlplane`).
     Removal,
     /// An operation (`plan run operation "<kind>"`).
     Operation,
+    /// A machine's configuration applied (`plan apply controlplane`, `plan apply worker`).
+    Apply,
+    /// The bootstrap of a new cluster's etcd (`plan bootstrap controlplane`).
+    Bootstrap,
 }
 
 impl Scope {
@@ -850,19 +859,28 @@ impl Scope {
     pub fn of(verb: Verb) -> Scope {
         match verb {
             Verb::Run => Scope::Operation,
+            Verb::Apply => Scope::Apply,
+            Verb::Bootstrap => Scope::Bootstrap,
             _ => Scope::Removal,
         }
     }
 
     pub fn admits(self, plan: Scope) -> bool {
-        self == Scope::Any || self == plan
+        match self {
+            Scope::Any => matches!(plan, Scope::Removal | Scope::Operation),
+            _ => self == plan,
+        }
     }
 
     pub fn describe(self) -> &'static str {
         match self {
-            Scope::Any => "every plan",
+            Scope::Any => "a removal's or an operation's plan",
             Scope::Removal => "the removal of a control plane (`plan remove controlplane`)",
             Scope::Operation => "an operation's plan (`plan run operation \"<kind>\"`)",
+            Scope::Apply => {
+                "a machine's configuration apply (`plan apply controlplane`, `plan apply worker`)"
+            }
+            Scope::Bootstrap => "the bootstrap of a new cluster (`plan bootstrap controlplane`)",
         }
     }
 }
@@ -883,7 +901,7 @@ pub const MAX_STEP_TIMEOUT_SECS: u64 = 24 * 3600;
 
 impl Action {
     /// Every action, in the order of [`ACTIONS`].
-    pub const ALL: [Action; 19] = [
+    pub const ALL: [Action; 23] = [
         Action::LockCluster,
         Action::DrainNode,
         Action::EtcdForfeitLeadership,
@@ -903,6 +921,10 @@ impl Action {
         Action::TalosRollback,
         Action::WaitNodeBack,
         Action::TalosInstall,
+        Action::ConfigRender,
+        Action::TalosDryRun,
+        Action::TalosApplyConfig,
+        Action::TalosBootstrap,
     ];
 
     pub fn info(self) -> &'static ActionInfo {
@@ -940,7 +962,11 @@ impl Action {
             | Action::ReleaseFinalizer
             | Action::EtcdHealthy
             | Action::UncordonNode
-            | Action::WaitNodeBack => false,
+            | Action::WaitNodeBack
+            | Action::ConfigRender
+            | Action::TalosDryRun
+            | Action::TalosApplyConfig
+            | Action::TalosBootstrap => false,
         }
     }
 
@@ -966,7 +992,11 @@ impl Action {
             | Action::UncordonNode
             | Action::TalosShutdown
             | Action::WaitNodeBack
-            | Action::TalosInstall => false,
+            | Action::TalosInstall
+            | Action::ConfigRender
+            | Action::TalosDryRun
+            | Action::TalosApplyConfig
+            | Action::TalosBootstrap => false,
         }
     }
 
@@ -1167,6 +1197,42 @@ pub const ACTIONS: &[ActionInfo] = &[
         scope: Scope::Operation,
         timeout: Timeout::None,
         doc: "install spec.image on the node without rebooting it, before it is cordoned or drained, so a bad image fails the operation with the node untouched: on Talos 1.13 and later (its `Version`) `ImageService/Pull`, then `LifecycleService/Upgrade` with its `exit_code` read (the `talos upgrade` after it only reboots); on an older Talos nothing (the legacy `MachineService/Upgrade` of `talos upgrade` installs). Sent once: recorded in status before and after, and an install whose end was not seen fails the operation rather than being sent again",
+    },
+    ActionInfo {
+        action: Action::ConfigRender,
+        words: &["config", "render"],
+        argument: None,
+        needs_message: false,
+        scope: Scope::Apply,
+        timeout: Timeout::None,
+        doc: "render the machine's configuration: the cluster's base Secret (read live, never logged) for its role, the TalosConfigPatches selecting it in order, its identity; records the digest of the inputs (`status.config.inputs`) and the render's hash (`renderedHash`). When the node runs that hash already (`appliedHash`), the apply is over: the steps after it are skipped",
+    },
+    ActionInfo {
+        action: Action::TalosDryRun,
+        words: &["talos", "dry-run"],
+        argument: None,
+        needs_message: false,
+        scope: Scope::Apply,
+        timeout: Timeout::None,
+        doc: "Talos' own check of the rendered configuration: `ApplyConfiguration` with `dry_run` (on the maintenance API when the node is in maintenance mode); a refusal stops the apply, said with Talos' words (`DryRunRefused`), and its answer (whether a reboot is needed) chooses how `talos apply-config` applies",
+    },
+    ActionInfo {
+        action: Action::TalosApplyConfig,
+        words: &["talos", "apply-config"],
+        argument: None,
+        needs_message: false,
+        scope: Scope::Apply,
+        timeout: Timeout::None,
+        doc: "`ApplyConfiguration` of the rendered configuration: a node in maintenance mode gets its first one over the maintenance API (it installs and reboots into it); else a change the dry run says needs no reboot is applied `no-reboot` and recorded applied, one that needs a reboot is staged and recorded staged (the roll's reboot applies it; not staged again while it waits). Without a `talos dry-run` before it, it applies `no-reboot` (Talos refuses a change that needs a reboot)",
+    },
+    ActionInfo {
+        action: Action::TalosBootstrap,
+        words: &["talos", "bootstrap"],
+        argument: None,
+        needs_message: false,
+        scope: Scope::Bootstrap,
+        timeout: Timeout::None,
+        doc: "Talos `Bootstrap` of the control plane (etcd starts on a new cluster), sent once: recorded first in the TalosCluster's `status.bootstrap` under a resourceVersion precondition (of two controllers one writes, the other sends nothing), never sent again once recorded (a lost answer is confirmed by etcd listing a member); a refusal because etcd has data records the cluster as found",
     },
 ];
 

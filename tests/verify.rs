@@ -2045,6 +2045,57 @@ fn a_bootstrap_rule_dropped_is_refuted_by_the_bootstrap_exploration() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The apply and the bootstrap are plans of the rules verified (issue 37): `verify` runs
+/// the text's `plan apply controlplane` and `plan bootstrap controlplane`, so a plan
+/// without Talos' dry run before its apply, or without its `talos bootstrap`, is refuted by
+/// its procedure's exploration, and `verify` exits 1 (the shipped plans hold:
+/// `a_bootstrap_rule_dropped_is_refuted_by_the_bootstrap_exploration`).
+#[test]
+fn an_apply_or_bootstrap_plan_weakened_is_refuted_by_its_exploration() {
+    let procedure = |json: &Value, name: &str| -> Vec<String> {
+        json["procedures"]
+            .as_array()
+            .and_then(|p| p.iter().find(|p| p["name"] == name))
+            .and_then(|p| p["violations"].as_array())
+            .map(|v| {
+                v.iter()
+                    .filter_map(|v| v["invariant"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for (name, file, edit, which, invariant) in [
+        (
+            "apply-without-dry-run",
+            "removal.rules",
+            "  do talos dry-run\n",
+            "apply",
+            "dry-run-first",
+        ),
+        (
+            "apply-without-apply-config",
+            "removal.rules",
+            "  do talos apply-config\n",
+            "apply",
+            "apply-ends",
+        ),
+        (
+            "bootstrap-without-its-call",
+            "admission.rules",
+            "  do talos bootstrap\n",
+            "bootstrap",
+            "bootstrap-ends",
+        ),
+    ] {
+        let dir = mutant(name, file, |t| t.replace(edit, ""));
+        let (out, json) = verify(&dir, "1", &[]);
+        assert_eq!(out.code, 1, "{name}: {}", out.stdout);
+        let found = procedure(&json, which);
+        assert!(found.iter().any(|v| v == invariant), "{name}: {found:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 /// An upgrade rolled over the whole cluster (`--rolls --roll-kind upgrade`: no
 /// `spec.machine`, control planes first, then workers) runs through the executor in the
 /// model as a reboot roll does, each node coming back with the new version: the shipped

@@ -231,7 +231,7 @@ pub fn run(args: &VerifyArgs, paths: &[PathBuf]) -> u8 {
     let procedures = [
         procedure_backup(),
         procedure_bootstrap(table),
-        procedure_apply(),
+        procedure_apply(table),
     ];
     let refuted = procedures.iter().any(|p| !p.violations.is_empty());
     let text = match args.format {
@@ -378,17 +378,22 @@ fn procedure_bootstrap(table: &crate::compile::Table) -> Procedure {
     }
 }
 
-fn procedure_apply() -> Procedure {
-    let r = crate::verify::apply::explore(APPLY_STEPS, None);
+fn procedure_apply(table: &crate::compile::Table) -> Procedure {
+    let r = crate::verify::apply::explore(table, APPLY_STEPS, None);
     Procedure {
         name: "apply",
         what: format!(
-            "apply: a machine's configuration applied (exec::apply) over {APPLY_STEPS} steps \
+            "apply: a machine's configuration applied (exec::apply, running these rules' `plan apply controlplane`) over {APPLY_STEPS} steps \
              (reconciles, a new base, the roll's reboot), from a node whose changes need no \
              reboot, one whose changes need one and one in maintenance mode, a crash, lost \
              answer, refusal or no node to dial at any of its calls and the status write"
         ),
-        invariants: &["applied-runs", "no-reboot-by-apply", "apply-ends"],
+        invariants: &[
+            "applied-runs",
+            "no-reboot-by-apply",
+            "dry-run-first",
+            "apply-ends",
+        ],
         ..Procedure::from(r)
     }
 }

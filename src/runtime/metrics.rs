@@ -195,6 +195,10 @@ impl Metrics {
             A::TalosRollback => "talos-rollback",
             A::WaitNodeBack => "wait-node-back",
             A::TalosInstall => "talos-install",
+            A::ConfigRender => "config-render",
+            A::TalosDryRun => "talos-dry-run",
+            A::TalosApplyConfig => "talos-apply-config",
+            A::TalosBootstrap => "talos-bootstrap",
         };
         if let Ok(mut m) = self.operation_steps.lock() {
             let e = m.entry(label).or_insert((0, 0.0));

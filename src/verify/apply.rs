@@ -1,6 +1,7 @@
 //! A machine's configuration applied, explored (issue 37): the product's own apply
 //! procedure (`exec::apply::reconcile`, the one the controller runs for every approved
-//! machine the rules let through) in a model world of one node and the API server's copy of
+//! machine the rules let through, walking the `plan apply controlplane` of the table given)
+//! in a model world of one node and the API server's copy of
 //! the machine's status, reconciled again and again with any one fault at any of its calls:
 //! an `ApplyConfiguration` (dry run or real) that crashes the controller before or after it
 //! acts, acts and loses its answer, is refused by Talos, or cannot be made; and the status
@@ -16,10 +17,14 @@
 //!   and a lost answer never records what did not happen;
 //! - `no-reboot-by-apply`: no real `ApplyConfiguration` reboots a configured node (a change
 //!   that needs a reboot is staged, and the roll reboots one node at a time);
+//! - `dry-run-first`: nothing is applied (or staged) that Talos' dry run did not pass: every
+//!   real `ApplyConfiguration` follows, in the same reconcile, a dry run of the same
+//!   configuration on the same API that Talos answered with success;
 //! - `apply-ends`: from the state reached, reconciles without faults (with the roll's
 //!   reboot whenever something is staged) record the current configuration applied.
 
 use super::procedure::{Crashed, Report, unused_world_parts};
+use crate::compile::Table;
 use crate::runtime::controller::status::{self, Conditions};
 use crate::runtime::exec::apply::{ApplyError, ApplyWorld, BaseError, TalosApi, reconcile};
 use crate::runtime::exec::{Call, Node, NodeError, Reply, World, run_now};
@@ -78,6 +83,8 @@ struct Talos {
     ran: u8,
     /// A real apply rebooted the configured node.
     rebooted_by_apply: bool,
+    /// A real apply sent a configuration no dry run passed before it.
+    unchecked: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -105,6 +112,8 @@ struct ModelApply {
     calls: usize,
     fault: Option<(usize, Fault)>,
     mutant: Option<Mutant>,
+    /// The configuration and API Talos' dry run passed last in this reconcile.
+    passed: Option<(u8, TalosApi)>,
 }
 
 impl ModelApply {
@@ -196,6 +205,9 @@ impl ApplyWorld for ModelApply {
         if (api == TalosApi::Maintenance) != t.maintenance {
             return Ok(Err(ApplyError::Talos("wrong API for this node".into())));
         }
+        if !dry_run && self.passed != Some((v, api)) {
+            t.unchecked = true;
+        }
         let change = t.running != Some(v);
         let reboot = change && t.reboot_for_change && !t.maintenance;
         let mode =
@@ -231,6 +243,9 @@ impl ApplyWorld for ModelApply {
             if let Some(r) = t.running {
                 t.ran |= 1 << r;
             }
+        }
+        if dry_run {
+            self.passed = Some((v, api));
         }
         Ok(match fault {
             Some(Fault::CrashAfter) if !dry_run => return Err(Crashed),
@@ -273,13 +288,14 @@ fn status_text(m: &TalosMachine) -> String {
         .unwrap_or_else(|| "{}".into())
 }
 
-struct Setup {
+struct Setup<'t> {
+    table: &'t Table,
     cluster: TalosCluster,
     epoch: Timestamp,
     mutant: Option<Mutant>,
 }
 
-impl Setup {
+impl Setup<'_> {
     /// One reconcile with `fault` (the call after the last `ApplyConfiguration` is the
     /// status write): the world after it, its calls, and whether it ended.
     fn reconcile(&self, s: &State, fault: Option<(usize, Fault)>) -> Option<(State, usize, bool)> {
@@ -314,8 +330,21 @@ impl Setup {
             calls: 0,
             fault,
             mutant: self.mutant,
+            passed: None,
         };
-        let ran = run_now(reconcile(&mut w, Some(&self.cluster), &before, &mut next));
+        let snapshot = Snapshot {
+            machines: vec![before.clone()],
+            clusters: vec![self.cluster.clone()],
+            ..Snapshot::default()
+        };
+        let ran = run_now(reconcile(
+            &mut w,
+            self.table,
+            &snapshot,
+            Some(&self.cluster),
+            &before,
+            &mut next,
+        ));
         let mut n = State {
             talos: w.talos,
             base: s.base,
@@ -356,6 +385,12 @@ impl Setup {
                 "an ApplyConfiguration rebooted the configured node".into(),
             ));
         }
+        if s.talos.unchecked {
+            out.push((
+                "dry-run-first",
+                "a configuration was applied that no dry run of Talos passed before it".into(),
+            ));
+        }
         out
     }
 
@@ -389,13 +424,15 @@ impl Setup {
 
 /// Explores `depth` steps from each starting node, breadth-first: a step is a reconcile
 /// with any one fault at any of its calls, the base changing (once), or the node rebooting
-/// into what was staged. `mutant` makes the world misbehave.
-pub fn explore(depth: u8, mutant: Option<Mutant>) -> Report {
+/// into what was staged. `table`: the rules whose `plan apply controlplane` the procedure
+/// runs; `mutant` makes the world misbehave.
+pub fn explore(table: &Table, depth: u8, mutant: Option<Mutant>) -> Report {
     let mut report = Report::default();
     let Some(cluster) = cluster() else {
         return report;
     };
     let setup = Setup {
+        table,
         cluster,
         epoch: Timestamp::from_second(1_800_000_000).unwrap_or(Timestamp::UNIX_EPOCH),
         mutant,
@@ -407,6 +444,7 @@ pub fn explore(depth: u8, mutant: Option<Mutant>) -> Report {
         reboot_for_change,
         ran: 1,
         rebooted_by_apply: false,
+        unchecked: false,
     };
     let starts = [
         (
@@ -427,6 +465,7 @@ pub fn explore(depth: u8, mutant: Option<Mutant>) -> Report {
                 reboot_for_change: true,
                 ran: 0,
                 rebooted_by_apply: false,
+                unchecked: false,
             },
             "{}".to_string(),
             "a node in maintenance mode",
@@ -507,18 +546,89 @@ pub fn explore(depth: u8, mutant: Option<Mutant>) -> Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::verify::procedure::shipped_edited;
+
+    fn shipped() -> Table {
+        shipped_edited(str::to_string)
+    }
+
+    /// The shipped rules with the step `step` taken out of both `plan apply` (each such
+    /// line removed).
+    fn without_step(step: &str) -> Table {
+        let line = format!("  do {step}\n");
+        let t = shipped_edited(|t| t.replace(&line, ""));
+        let plan = t
+            .plan(
+                crate::vocab::Verb::Apply,
+                crate::vocab::Subject::ControlPlane,
+            )
+            .expect("the plan");
+        assert!(plan.steps.iter().all(|s| s.text != step), "{step} removed");
+        t
+    }
 
     #[test]
     fn the_apply_procedure_holds_every_invariant_under_every_fault() {
-        let r = explore(5, None);
+        let r = explore(&shipped(), 5, None);
         assert!(r.violations.is_empty(), "{:?}", r.violations);
         assert!(r.states > 50, "{r:?}");
         assert!(r.reconciles > r.states, "{r:?}");
     }
 
     #[test]
+    fn a_plan_apply_without_its_talos_apply_config_is_refuted() {
+        let r = explore(&without_step("talos apply-config"), 2, None);
+        let v = r
+            .violations
+            .iter()
+            .find(|v| v.invariant == "apply-ends")
+            .unwrap_or_else(|| panic!("{r:?}"));
+        assert!(v.why.contains("unapplied"), "{v:?}");
+    }
+
+    #[test]
+    fn a_plan_apply_without_its_render_is_refuted() {
+        let r = explore(&without_step("config render"), 2, None);
+        assert!(
+            r.violations.iter().any(|v| v.invariant == "apply-ends"),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn a_plan_apply_without_talos_dry_run_is_refuted() {
+        let r = explore(&without_step("talos dry-run"), 2, None);
+        let v = r
+            .violations
+            .iter()
+            .find(|v| v.invariant == "dry-run-first")
+            .unwrap_or_else(|| panic!("{r:?}"));
+        assert!(v.why.contains("no dry run"), "{v:?}");
+        // What else it breaks: nothing the dry run's absence alone explains otherwise.
+        assert!(
+            !r.violations.iter().any(|v| v.invariant == "applied-runs"),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn a_dry_run_after_the_apply_is_refuted() {
+        let t = shipped_edited(|t| {
+            t.replace(
+                "  do talos dry-run\n  do talos apply-config\n",
+                "  do talos apply-config\n  do talos dry-run\n",
+            )
+        });
+        let r = explore(&t, 2, None);
+        assert!(
+            r.violations.iter().any(|v| v.invariant == "dry-run-first"),
+            "{r:?}"
+        );
+    }
+
+    #[test]
     fn a_staged_configuration_counted_applied_is_refuted() {
-        let r = explore(3, Some(Mutant::StagedCountedApplied));
+        let r = explore(&shipped(), 3, Some(Mutant::StagedCountedApplied));
         let v = r
             .violations
             .iter()
@@ -529,7 +639,7 @@ mod tests {
 
     #[test]
     fn a_change_applied_without_staging_is_refuted() {
-        let r = explore(3, Some(Mutant::ApplyAuto));
+        let r = explore(&shipped(), 3, Some(Mutant::ApplyAuto));
         assert!(
             r.violations
                 .iter()

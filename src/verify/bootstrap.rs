@@ -632,6 +632,95 @@ mod tests {
         assert!(r.reconciles > r.states, "{r:?}");
     }
 
+    /// The shipped rules with `edit` made to admission.rules' text.
+    fn edited(edit: impl Fn(&str) -> String) -> Table {
+        crate::verify::procedure::shipped_edited(|t| {
+            if t.contains("plan bootstrap controlplane\n") {
+                edit(t)
+            } else {
+                t.to_string()
+            }
+        })
+    }
+
+    #[test]
+    fn a_plan_bootstrap_without_its_talos_bootstrap_is_refuted() {
+        let t = edited(|t| t.replace("  do talos bootstrap\n", ""));
+        let plan = t
+            .plan(
+                crate::vocab::Verb::Bootstrap,
+                crate::vocab::Subject::ControlPlane,
+            )
+            .expect("the plan, empty");
+        assert!(plan.steps.is_empty());
+        let r = explore(&t, 2, None);
+        let v = r
+            .violations
+            .iter()
+            .find(|v| v.invariant == "bootstrap-ends")
+            .unwrap_or_else(|| panic!("{r:?}"));
+        assert!(v.trace[0].contains("a new cluster"), "{v:?}");
+        // A table with no such plan at all: nothing bootstrapped either, refuted the same.
+        let none = edited(|t| {
+            let at = t.find("plan bootstrap controlplane\n").expect("the plan");
+            t[..at].to_string()
+        });
+        assert!(
+            none.plan(
+                crate::vocab::Verb::Bootstrap,
+                crate::vocab::Subject::ControlPlane
+            )
+            .is_none()
+        );
+        let r = explore(&none, 2, None);
+        assert!(
+            r.violations.iter().any(|v| v.invariant == "bootstrap-ends"),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn a_plan_bootstrap_guarded_off_for_the_first_control_plane_is_refuted() {
+        let t = edited(|t| {
+            t.replace(
+                "  do talos bootstrap\n",
+                "  do talos bootstrap when rank != 1\n",
+            )
+        });
+        let r = explore(&t, 2, None);
+        assert!(
+            r.violations.iter().any(|v| v.invariant == "bootstrap-ends"),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn a_talos_bootstrap_written_twice_is_still_sent_once() {
+        let t = edited(|t| {
+            t.replace(
+                "  do talos bootstrap\n",
+                "  do talos bootstrap\n  do talos bootstrap\n",
+            )
+        });
+        let r = explore(&t, 4, None);
+        assert!(r.violations.is_empty(), "{:?}", r.violations);
+        // One reconcile of the first control plane of a new cluster: one Bootstrap sent.
+        let setup = Setup::new(&t, None, Timestamp::UNIX_EPOCH).expect("the model's objects");
+        let s = State {
+            record: None,
+            etcd: [Etcd::None; NODES],
+            stale: None,
+            again: false,
+            step: 0,
+        };
+        let (w, ended) = setup
+            .reconcile(&s, 0, (None, true, s.etcd), None)
+            .expect("a reconcile");
+        assert!(ended);
+        assert_eq!(w.etcd[0], Etcd::Starting);
+        assert!(!w.again);
+    }
+
     #[test]
     fn an_unconfigured_control_plane_in_maintenance_mode_does_not_hold_the_bootstrap_up() {
         let t = shipped();

@@ -104,3 +104,21 @@ macro_rules! unused_world_parts {
 }
 
 pub(crate) use unused_world_parts;
+
+/// The shipped rules (`rules/`) with `edit` made to the text of every file, compiled: a
+/// weakened copy for the tests that show `verify` refutes it.
+#[cfg(test)]
+pub(crate) fn shipped_edited(edit: impl Fn(&str) -> String) -> crate::compile::Table {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rules");
+    let files = crate::ruleset::read_sources(std::slice::from_ref(&root))
+        .expect("the shipped rules")
+        .into_iter()
+        .map(|f| {
+            let text = edit(&f.text);
+            crate::diagnostics::SourceFile::new(f.path.clone(), text)
+        })
+        .collect();
+    crate::ruleset::build(files)
+        .table
+        .expect("the edited rules compile")
+}

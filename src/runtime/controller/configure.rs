@@ -173,12 +173,15 @@ impl BootstrapWorld for MachineLive<'_, '_> {
 }
 
 /// Configures the machine `live` (read live; `next`: its status so far, which the caller
-/// writes) through the executor; `cluster` is the live TalosCluster. Returns when to look
+/// writes) through the executor, by the table's `plan apply <role>` (its guards read
+/// `snapshot`, the machine's cluster as read); `cluster` is the live TalosCluster. Returns when to look
 /// again (`None`: nothing to do until something changes). Logged to the step log (`apply`)
 /// when the controller keeps one.
 pub async fn configure(
     ctx: &Context,
     dialer: &nodes::Dialer<'_>,
+    table: &crate::compile::Table,
+    snapshot: &crate::runtime::objects::Snapshot,
     cluster: Option<&TalosCluster>,
     live: &TalosMachine,
     next: &mut TalosMachine,
@@ -187,18 +190,19 @@ pub async fn configure(
     let outcome = match &ctx.steps {
         // Every step logged, for `verify --check-trace`, with the status left to write.
         Some(log) => {
-            let begin = crate::runtime::exec::trace::ApplyBegin::new(cluster, live, next);
+            let begin =
+                crate::runtime::exec::trace::ApplyBegin::new(table, snapshot, cluster, live, next);
             // Looked at every probe: a quiet repeat is not logged again.
             let key = format!("{}/{}", live.namespace(), live.name());
             let id = log.begin_repeatable("apply", &key, &begin, &super::removal::timing(ctx));
             let mut traced = crate::runtime::exec::trace::Traced::new(world, log, id);
-            let outcome = apply::reconcile(&mut traced, cluster, live, next).await;
+            let outcome = apply::reconcile(&mut traced, table, snapshot, cluster, live, next).await;
             log.end_with_status(id, &outcome, &next.status);
             outcome
         }
         None => {
             let mut world = world;
-            apply::reconcile(&mut world, cluster, live, next).await
+            apply::reconcile(&mut world, table, snapshot, cluster, live, next).await
         }
     };
     Ok(match outcome? {

@@ -104,9 +104,10 @@ pub async fn reconcile(m: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action
                 if next.reachable_state() == Some("False") {
                     again
                 } else {
-                    let configured =
-                        super::configure::configure(&ctx, &dialer, cluster, live, &mut next)
-                            .await?;
+                    let configured = super::configure::configure(
+                        &ctx, &dialer, &table, &snapshot, cluster, live, &mut next,
+                    )
+                    .await?;
                     ready_follows_configured(&mut next);
                     match configured {
                         Some(retry) => again.min(retry),

@@ -4,19 +4,30 @@
 //! replays it from a step log.
 //!
 //! One reconcile of an approved machine the rules let through (a held one never gets here)
-//! whose node answers:
+//! whose node answers runs the steps of the table's plan for its role (`plan apply
+//! controlplane`, `plan apply worker`: the shipped ones are `config render`, `talos
+//! dry-run`, `talos apply-config`), in order, each whose `when`/`unless` guards hold; a
+//! table with no such plan applies nothing and says so (`Configured=False`, `NoPlan`).
 //!
-//! 1. The cluster's base (its Secret, read live and parsed by the world: never logged, never
-//!    copied into status or Events), then the cluster's patches; the digest of both is
-//!    recorded (`status.config.inputs`, which the roll waits on).
-//! 2. The render (the base for the machine's role, the patches selecting it in order, its
-//!    identity); its hash is recorded (`renderedHash`). The hash applied already: done.
-//! 3. Talos' own check first: `ApplyConfiguration` with `dry_run`, on the maintenance API
-//!    when the node is in maintenance mode. A refusal is said with Talos' words.
-//! 4. A node in maintenance mode gets its first configuration there (it installs it and
-//!    reboots into it). Else: a change Talos can make without a reboot is applied
-//!    `no-reboot` and recorded applied; one that needs a reboot is staged and recorded
-//!    staged (never applied: the roll's reboot applies it, `controller::roll`).
+//! 1. `config render`: the cluster's base (its Secret, read live and parsed by the world:
+//!    never logged, never copied into status or Events), then the cluster's patches; the
+//!    digest of both is recorded (`status.config.inputs`, which the roll waits on). Then
+//!    the render (the base for the machine's role, the patches selecting it in order, its
+//!    identity); its hash is recorded (`renderedHash`). The hash applied already: done, the
+//!    steps after it are skipped.
+//! 2. `talos dry-run`: Talos' own check first, `ApplyConfiguration` with `dry_run`, on the
+//!    maintenance API when the node is in maintenance mode. A refusal is said with Talos'
+//!    words, and the reconcile ends there.
+//! 3. `talos apply-config`: a node in maintenance mode gets its first configuration there
+//!    (it installs it and reboots into it). Else: a change Talos can make without a reboot
+//!    is applied `no-reboot` and recorded applied; one that needs a reboot is staged and
+//!    recorded staged (never applied: the roll's reboot applies it, `controller::roll`).
+//!    With no dry run before it in the plan, it applies `no-reboot` (Talos refuses a
+//!    change that needs a reboot: never a reboot by an apply).
+//!
+//! A step that needs the render with none before it, or a step of another procedure (the
+//! checker refuses both kinds of table: this is for one built past it), ends the reconcile
+//! with `Configured=False` saying so; a plan that ends without applying says that too.
 //!
 //! What it found is left in the machine's status (`next`), which the machine's reconcile
 //! writes once, at its end (the probe's, the configuration's and the bootstrap's together);
@@ -35,13 +46,16 @@
 //! time (the time since the failure began, between 5 s and 5 min).
 
 use super::{Note, Outcome, Wait, World};
+use crate::compile::Table;
 use crate::runtime::configpatch::{parse_patch, render_machine};
 use crate::runtime::controller::status::{self, Conditions};
+use crate::runtime::decide::reconcile_machine_event;
 use crate::runtime::objects::{
-    MachineConfigStatus, TalosCluster, TalosConfigPatch, TalosMachine, patches_for,
+    MachineConfigStatus, Snapshot, TalosCluster, TalosConfigPatch, TalosMachine, patches_for,
 };
 use crate::runtime::render::{Base, CONTROLPLANE_KEY, Rendered, WORKER_KEY};
 use crate::runtime::talos::{Applied, ApplyMode};
+use crate::vocab::{Action as BuiltIn, Verb};
 use k8s_openapi::jiff::Timestamp;
 use std::sync::Arc;
 use std::time::Duration;
@@ -160,16 +174,18 @@ fn backoff(next: &TalosMachine, now: Timestamp) -> Duration {
     since.clamp(Duration::from_secs(5), Duration::from_secs(300))
 }
 
-/// What Talos' dry run answered, in words: the mode it would apply in. Only the mode: the
-/// rest of a real dry run's answer is a diff of the configuration, which may carry its
-/// secrets, so it never reaches a status, an Event or a log.
-fn dry_answer(dry: &Applied) -> &'static str {
-    match dry.mode {
-        ApplyMode::Reboot => "it needs a reboot",
-        ApplyMode::NoReboot => "it applies without a reboot",
-        ApplyMode::Staged => "it is staged",
-        ApplyMode::Auto => "it applies",
-        ApplyMode::Try => "it applies on trial",
+/// What Talos' dry run answered, in words: the mode it would apply in (none: the plan ran
+/// no dry run). Only the mode: the rest of a real dry run's answer is a diff of the
+/// configuration, which may carry its secrets, so it never reaches a status, an Event or a
+/// log.
+fn dry_said(dry: Option<&Applied>) -> &'static str {
+    match dry.map(|d| d.mode) {
+        None => "none in the plan",
+        Some(ApplyMode::Reboot) => "it needs a reboot",
+        Some(ApplyMode::NoReboot) => "it applies without a reboot",
+        Some(ApplyMode::Staged) => "it is staged",
+        Some(ApplyMode::Auto) => "it applies",
+        Some(ApplyMode::Try) => "it applies on trial",
     }
 }
 
@@ -191,11 +207,32 @@ fn set<W: World>(w: &W, next: &mut TalosMachine, ok: bool, reason: &str, message
     );
 }
 
+/// What the plan's steps so far found: the render, and Talos' dry run of it.
+#[derive(Default)]
+struct Applying {
+    /// The configuration rendered (`config render`) and its hash.
+    rendered: Option<(Rendered, String)>,
+    /// What Talos' dry run answered (`talos dry-run`).
+    dry: Option<Applied>,
+}
+
+/// How a step of the plan ended.
+enum Step {
+    /// On to the next step.
+    Next,
+    /// The reconcile ends here.
+    End(Outcome),
+}
+
 /// One reconcile of the configuration of `before` (the machine as read; its node answers),
 /// whose status so far is `next`'s (the reconcile's probe included), in `cluster` (read
-/// live; `None`: it does not exist). The caller writes `next`'s status.
+/// live; `None`: it does not exist): the steps of the table's `plan apply <role>` in order,
+/// each whose guards hold (read from `snapshot`, the machine's cluster as read). The caller
+/// writes `next`'s status.
 pub async fn reconcile<W: ApplyWorld>(
     w: &mut W,
+    table: &Table,
+    snapshot: &Snapshot,
     cluster: Option<&TalosCluster>,
     before: &TalosMachine,
     next: &mut TalosMachine,
@@ -206,44 +243,148 @@ pub async fn reconcile<W: ApplyWorld>(
     let Some(base_ref) = cluster.spec.base_config_secret_ref.as_ref() else {
         return Ok(Outcome::AwaitChange);
     };
-    configure(w, cluster, &base_ref.name, before, next).await
+    // Not an approved machine staying so (one being deleted is removed, not configured).
+    let Some(ev) = reconcile_machine_event(before).filter(|e| e.event.0 == Verb::Apply) else {
+        return Ok(Outcome::AwaitChange);
+    };
+    let subject = ev.event.1;
+    let Some(plan) = table.plan(Verb::Apply, subject) else {
+        let message = format!(
+            "the rules have no `plan apply {}`; nothing is applied until they do",
+            subject.name()
+        );
+        return Ok(fail(w, before, next, "NoPlan", message));
+    };
+    let mut a = Applying::default();
+    for (k, step) in plan.steps.iter().enumerate() {
+        let runs = match w.applies(table, snapshot, ev, &[], k, step) {
+            Ok((runs, _)) => runs,
+            Err(why) => {
+                let message = format!("`{}` not decided: {why}", step.text);
+                return Ok(fail(w, before, next, "StepRefused", message));
+            }
+        };
+        if !runs {
+            continue;
+        }
+        // No `Note::Step`: a step log counts a step begun as acting, and this plan runs at
+        // every probe; its steps say themselves by their calls (the base, the render, each
+        // `ApplyConfiguration`), so a quiet repeat stays one line of the log.
+        let done = match step.action {
+            BuiltIn::ConfigRender => {
+                render(w, cluster, &base_ref.name, before, next, &mut a).await?
+            }
+            BuiltIn::TalosDryRun => dry_run(w, before, next, &mut a).await?,
+            BuiltIn::TalosApplyConfig => apply(w, before, next, &a).await?,
+            // Another procedure's steps: the checker refuses them in `plan apply`
+            // (`ichor::check::action_not_in_plan`), so only a table built past it gets here.
+            BuiltIn::LockCluster
+            | BuiltIn::DrainNode
+            | BuiltIn::EtcdForfeitLeadership
+            | BuiltIn::EtcdLeave
+            | BuiltIn::EtcdRemoveMember
+            | BuiltIn::TalosReset
+            | BuiltIn::TalosWipe
+            | BuiltIn::EventWarning
+            | BuiltIn::EventNormal
+            | BuiltIn::ReleaseFinalizer
+            | BuiltIn::EtcdHealthy
+            | BuiltIn::CordonNode
+            | BuiltIn::UncordonNode
+            | BuiltIn::TalosReboot
+            | BuiltIn::TalosShutdown
+            | BuiltIn::TalosUpgrade
+            | BuiltIn::TalosRollback
+            | BuiltIn::WaitNodeBack
+            | BuiltIn::TalosInstall
+            | BuiltIn::TalosBootstrap => {
+                let message = format!(
+                    "`{}` is not a step of a machine's configuration apply; remove it from `plan apply {}`",
+                    step.text,
+                    subject.name()
+                );
+                Step::End(fail(w, before, next, "NotAnApplyStep", message))
+            }
+        };
+        if let Step::End(outcome) = done {
+            return Ok(outcome);
+        }
+    }
+    // The plan ran to its end and applied nothing (it has no `talos apply-config`, or
+    // its guard kept it out): said so, never counted applied.
+    let what = a
+        .rendered
+        .as_ref()
+        .map(|(_, h)| format!("configuration {}", short(h)))
+        .unwrap_or_else(|| "no configuration (nothing rendered)".into());
+    let message = format!(
+        "`plan apply {}` ran to its end and applied {what}",
+        subject.name()
+    );
+    set(w, next, false, "NotApplied", &message);
+    Ok(Outcome::AwaitChange)
 }
 
-async fn configure<W: ApplyWorld>(
+/// A failed step: `Configured=False` with its reason and message, retried later.
+fn fail<W: World>(
+    w: &mut W,
+    live: &TalosMachine,
+    next: &mut TalosMachine,
+    reason: &str,
+    message: String,
+) -> Outcome {
+    set(w, next, false, reason, &message);
+    w.note(live, Note::Info(&format!("not configured: {reason}")));
+    Outcome::Requeue {
+        after: backoff(next, w.now()),
+        wait: Wait::On(reason.to_string()),
+    }
+}
+
+/// A step that needs the render, in a plan with no `config render` before it.
+fn unrendered<W: World>(
+    w: &mut W,
+    live: &TalosMachine,
+    next: &mut TalosMachine,
+    text: &str,
+) -> Step {
+    let message =
+        format!("`{text}` has no configuration to send: no `config render` ran before it");
+    Step::End(fail(w, live, next, "NotRendered", message))
+}
+
+/// `config render`: the base (never logged) and the cluster's patches, their digest
+/// recorded; the render, its hash recorded. The hash applied already: the apply is over.
+async fn render<W: ApplyWorld>(
     w: &mut W,
     cluster: &TalosCluster,
     secret: &str,
     live: &TalosMachine,
     next: &mut TalosMachine,
-) -> Result<Outcome, W::Error> {
+    a: &mut Applying,
+) -> Result<Step, W::Error> {
     let ns = live.namespace();
-    let fail = |w: &mut W, next: &mut TalosMachine, reason: &str, message: String| {
-        set(w, next, false, reason, &message);
-        w.note(live, Note::Info(&format!("not configured: {reason}")));
-        Outcome::Requeue {
-            after: backoff(next, w.now()),
-            wait: Wait::On(reason.to_string()),
-        }
+    let end = |w: &mut W, next: &mut TalosMachine, reason: &str, message: String| {
+        Step::End(fail(w, live, next, reason, message))
     };
-    // 1. The base (never logged), and the cluster's patches.
     let base = match w.base(ns, secret).await? {
         Ok(b) => b,
         Err(BaseError::Invalid(e)) => {
             let message = format!("the base Secret {ns}/{secret} does not read: {e}");
-            return Ok(fail(w, next, "BaseInvalid", message));
+            return Ok(end(w, next, "BaseInvalid", message));
         }
         Err(BaseError::Incomplete) => {
             let message =
                 format!("the base Secret {ns}/{secret} lacks {CONTROLPLANE_KEY} or {WORKER_KEY}");
-            return Ok(fail(w, next, "BaseInvalid", message));
+            return Ok(end(w, next, "BaseInvalid", message));
         }
         Err(BaseError::Missing) => {
             let message = format!("the base Secret {ns}/{secret} does not exist");
-            return Ok(fail(w, next, "BaseSecretMissing", message));
+            return Ok(end(w, next, "BaseSecretMissing", message));
         }
         Err(BaseError::Unreadable(e)) => {
             let message = format!("the base Secret {ns}/{secret} could not be read: {e}");
-            return Ok(fail(w, next, "BaseSecretUnreadable", message));
+            return Ok(end(w, next, "BaseSecretUnreadable", message));
         }
     };
     let patches = match w.patches(cluster).await? {
@@ -253,17 +394,16 @@ async fn configure<W: ApplyWorld>(
                 "the TalosConfigPatches of TalosCluster {ns}/{} could not be read: {e}",
                 cluster.name()
             );
-            return Ok(fail(w, next, "PatchesUnreadable", message));
+            return Ok(end(w, next, "PatchesUnreadable", message));
         }
     };
     config_status(next).inputs = Some(inputs_digest(&base.digest, &patches));
-    // 2. The render.
     let selected = patches_for(patches.iter(), live);
     let rendered = match w.render(&base, live, &selected) {
         Ok(r) => r,
         Err(e) => {
             let message = format!("its configuration does not render: {e}");
-            return Ok(fail(w, next, "RenderFailed", message));
+            return Ok(end(w, next, "RenderFailed", message));
         }
     };
     let hash = rendered.sha256.clone();
@@ -280,32 +420,72 @@ async fn configure<W: ApplyWorld>(
         if !said {
             set(w, next, true, "Applied", &message);
         }
-        return Ok(Outcome::AwaitChange);
+        return Ok(Step::End(Outcome::AwaitChange));
     }
-    // 3. Talos' own check first, where the configuration will go: a node in maintenance
-    // mode gets its first one over the maintenance API (`talosctl apply-config --insecure`).
-    let maintenance = next.in_maintenance();
-    let api = if maintenance {
+    a.rendered = Some((rendered, hash));
+    Ok(Step::Next)
+}
+
+/// Where the configuration goes: a node in maintenance mode gets its first one over the
+/// maintenance API (`talosctl apply-config --insecure`).
+fn api_of(next: &TalosMachine) -> TalosApi {
+    if next.in_maintenance() {
         TalosApi::Maintenance
     } else {
         TalosApi::Cluster
+    }
+}
+
+/// `talos dry-run`: Talos' own check first, where the configuration will go. A refusal is
+/// said with Talos' words.
+async fn dry_run<W: ApplyWorld>(
+    w: &mut W,
+    live: &TalosMachine,
+    next: &mut TalosMachine,
+    a: &mut Applying,
+) -> Result<Step, W::Error> {
+    let Some((rendered, hash)) = a.rendered.as_ref() else {
+        return Ok(unrendered(w, live, next, "talos dry-run"));
     };
-    let dry = match w
-        .apply_configuration(live, api, &rendered, ApplyMode::Auto, true)
-        .await?
-    {
-        Ok(d) => d,
-        Err(ApplyError::Unavailable(e)) => return Ok(fail(w, next, "NodeUnavailable", e)),
-        Err(ApplyError::Talos(e)) => {
-            let message = format!("Talos refused configuration {}: {e}", short(&hash));
-            return Ok(fail(w, next, "DryRunRefused", message));
-        }
+    let api = api_of(next);
+    Ok(
+        match w
+            .apply_configuration(live, api, rendered, ApplyMode::Auto, true)
+            .await?
+        {
+            Ok(d) => {
+                a.dry = Some(d);
+                Step::Next
+            }
+            Err(ApplyError::Unavailable(e)) => Step::End(fail(w, live, next, "NodeUnavailable", e)),
+            Err(ApplyError::Talos(e)) => {
+                let message = format!("Talos refused configuration {}: {e}", short(hash));
+                Step::End(fail(w, live, next, "DryRunRefused", message))
+            }
+        },
+    )
+}
+
+/// `talos apply-config`: the first configuration of a node in maintenance mode (it installs
+/// it and reboots into it); else, as the dry run said, applied without a reboot or staged
+/// for the roll's. Without a dry run before it: `no-reboot` (Talos refuses a change that
+/// needs a reboot).
+async fn apply<W: ApplyWorld>(
+    w: &mut W,
+    live: &TalosMachine,
+    next: &mut TalosMachine,
+    a: &Applying,
+) -> Result<Step, W::Error> {
+    let Some((rendered, hash)) = a.rendered.as_ref() else {
+        return Ok(unrendered(w, live, next, "talos apply-config"));
     };
-    // 4. The first configuration: the node installs it and reboots into it.
-    if maintenance {
-        return Ok(
+    let hash = hash.clone();
+    let dry = dry_said(a.dry.as_ref());
+    let api = api_of(next);
+    if api == TalosApi::Maintenance {
+        return Ok(Step::End(
             match w
-                .apply_configuration(live, api, &rendered, ApplyMode::Auto, false)
+                .apply_configuration(live, api, rendered, ApplyMode::Auto, false)
                 .await?
             {
                 Ok(applied) => {
@@ -314,9 +494,8 @@ async fn configure<W: ApplyWorld>(
                     c.staged_hash = None;
                     status::remove(next.conditions_mut(), "Maintenance");
                     let message = format!(
-                        "first configuration {} applied over the maintenance API (Talos' dry run: {}): the node installs it and reboots ({})",
+                        "first configuration {} applied over the maintenance API (Talos' dry run: {dry}): the node installs it and reboots ({})",
                         short(&hash),
-                        dry_answer(&dry),
                         applied.details
                     );
                     set(w, next, true, "Applied", &message);
@@ -327,48 +506,46 @@ async fn configure<W: ApplyWorld>(
                     w.note(live, Note::Info(&said));
                     Outcome::AwaitChange
                 }
-                Err(ApplyError::Unavailable(e)) => fail(w, next, "NodeUnavailable", e),
+                Err(ApplyError::Unavailable(e)) => fail(w, live, next, "NodeUnavailable", e),
                 Err(ApplyError::Talos(e)) => {
                     let message = format!(
                         "Talos (maintenance mode) did not apply configuration {}: {e}",
                         short(&hash)
                     );
-                    fail(w, next, "ApplyFailed", message)
+                    fail(w, live, next, "ApplyFailed", message)
                 }
             },
-        );
+        ));
     }
-    let needs_reboot = dry.mode == ApplyMode::Reboot;
+    let needs_reboot = a.dry.as_ref().is_some_and(|d| d.mode == ApplyMode::Reboot);
     if needs_reboot && live.staged_config_hash() == Some(hash.as_str()) {
         // Staged already, and the node does not run it yet: staging it again would change
         // nothing. Its reboot (the roll) applies it.
         let message = format!(
-            "configuration {} needs a reboot (Talos' dry run: {}): it is staged on the node and takes effect at its next reboot, which the controller rolls with a `reboot` TalosOperation, one node at a time",
+            "configuration {} needs a reboot (Talos' dry run: {dry}): it is staged on the node and takes effect at its next reboot, which the controller rolls with a `reboot` TalosOperation, one node at a time",
             short(&hash),
-            dry_answer(&dry)
         );
         set(w, next, false, "RebootRequired", &message);
-        return Ok(Outcome::Requeue {
+        return Ok(Step::End(Outcome::Requeue {
             after: backoff(next, w.now()),
             wait: Wait::On("RebootRequired".into()),
-        });
+        }));
     }
     let mode = if needs_reboot {
         ApplyMode::Staged
     } else {
         ApplyMode::NoReboot
     };
-    Ok(
+    Ok(Step::End(
         match w
-            .apply_configuration(live, api, &rendered, mode, false)
+            .apply_configuration(live, api, rendered, mode, false)
             .await?
         {
             Ok(applied) if needs_reboot => {
                 config_status(next).staged_hash = Some(hash.clone());
                 let message = format!(
-                    "configuration {} needs a reboot (Talos' dry run: {}): it is staged on the node and takes effect at its next reboot, which the controller rolls with a `reboot` TalosOperation, one node at a time; Talos: {}",
+                    "configuration {} needs a reboot (Talos' dry run: {dry}): it is staged on the node and takes effect at its next reboot, which the controller rolls with a `reboot` TalosOperation, one node at a time; Talos: {}",
                     short(&hash),
-                    dry_answer(&dry),
                     applied.details
                 );
                 set(w, next, false, "RebootRequired", &message);
@@ -387,9 +564,8 @@ async fn configure<W: ApplyWorld>(
                 c.applied_hash = Some(hash.clone());
                 c.staged_hash = None;
                 let message = format!(
-                    "configuration {} applied without a reboot (Talos' dry run: {}; Talos: {})",
+                    "configuration {} applied without a reboot (Talos' dry run: {dry}; Talos: {})",
                     short(&hash),
-                    dry_answer(&dry),
                     applied.details
                 );
                 set(w, next, true, "Applied", &message);
@@ -397,13 +573,13 @@ async fn configure<W: ApplyWorld>(
                 w.note(live, Note::Info(&said));
                 Outcome::AwaitChange
             }
-            Err(ApplyError::Unavailable(e)) => fail(w, next, "NodeUnavailable", e),
+            Err(ApplyError::Unavailable(e)) => fail(w, live, next, "NodeUnavailable", e),
             Err(ApplyError::Talos(e)) => {
                 let message = format!("Talos did not apply configuration {}: {e}", short(&hash));
-                fail(w, next, "ApplyFailed", message)
+                fail(w, live, next, "ApplyFailed", message)
             }
         },
-    )
+    ))
 }
 
 #[cfg(test)]
@@ -411,7 +587,7 @@ mod tests {
     use super::*;
     use crate::runtime::exec::{Call, Drained, LockOp, Node, NodeError, Reply, run_now};
     use crate::runtime::live::Reads;
-    use crate::runtime::objects::Snapshot;
+    use crate::verify::procedure::shipped_edited;
 
     const CP: &str = include_str!("../../../tests/fixtures/talos/controlplane.yaml");
     const WORKER: &str = include_str!("../../../tests/fixtures/talos/worker.yaml");
@@ -592,9 +768,20 @@ mod tests {
     /// One reconcile of `m` (as the API server has it): its status is written (becomes the
     /// API server's copy) unless the controller stops first.
     fn reconcile_once(w: &mut Mem, m: &mut TalosMachine) -> Result<Outcome, Crash> {
+        reconcile_with(w, m, &shipped_edited(str::to_string))
+    }
+
+    /// One reconcile by the `plan apply` of `table`.
+    fn reconcile_with(w: &mut Mem, m: &mut TalosMachine, table: &Table) -> Result<Outcome, Crash> {
         let mut next = m.clone();
         let c = cluster();
-        let out = run_now(reconcile(w, Some(&c), m, &mut next)).expect("an immediate world");
+        let snapshot = Snapshot {
+            machines: vec![m.clone()],
+            clusters: vec![c.clone()],
+            ..Snapshot::default()
+        };
+        let out = run_now(reconcile(w, table, &snapshot, Some(&c), m, &mut next))
+            .expect("an immediate world");
         if std::mem::take(&mut w.crash_before_write) {
             return Err(Crash);
         }
@@ -806,14 +993,80 @@ mod tests {
     }
 
     #[test]
+    fn a_table_without_the_plan_applies_nothing_and_says_so() {
+        let (mut w, mut m) = (Mem::new(), machine());
+        let t = shipped_edited(|t| {
+            t.replace(
+                "plan apply controlplane\n  do config render\n  do talos dry-run\n  do talos apply-config\n",
+                "",
+            )
+        });
+        assert!(
+            t.plan(Verb::Apply, crate::vocab::Subject::ControlPlane)
+                .is_none()
+        );
+        let out = reconcile_with(&mut w, &mut m, &t).unwrap();
+        assert!(
+            matches!(&out, Outcome::Requeue { wait: Wait::On(r), .. } if r == "NoPlan"),
+            "{out:?}"
+        );
+        let (status, reason, message) = configured(&m);
+        assert_eq!((status.as_str(), reason.as_str()), ("False", "NoPlan"));
+        assert_eq!(
+            message,
+            "the rules have no `plan apply controlplane`; nothing is applied until they do"
+        );
+        assert!(w.calls.is_empty());
+    }
+
+    #[test]
+    fn the_steps_run_in_the_plans_order_and_a_guard_keeps_one_out() {
+        // The dry run kept out by its guard: the apply is `no-reboot`, said so.
+        let (mut w, mut m) = (Mem::new(), machine());
+        let t = shipped_edited(|t| {
+            t.replace("  do talos dry-run\n", "  do talos dry-run when false\n")
+        });
+        assert_eq!(
+            reconcile_with(&mut w, &mut m, &t).unwrap(),
+            Outcome::AwaitChange
+        );
+        assert_eq!(w.calls, [(ApplyMode::NoReboot, false)]);
+        assert!(
+            configured(&m)
+                .2
+                .contains("Talos' dry run: none in the plan")
+        );
+        // The apply before the render: nothing to send, said so.
+        let (mut w, mut m) = (Mem::new(), machine());
+        let t = shipped_edited(|t| {
+            t.replace(
+                "  do config render\n  do talos dry-run\n  do talos apply-config\n",
+                "  do talos apply-config\n  do config render\n",
+            )
+        });
+        reconcile_with(&mut w, &mut m, &t).unwrap();
+        assert_eq!(configured(&m).1, "NotRendered");
+        assert!(w.calls.is_empty());
+        // No apply step: rendered, never counted applied.
+        let (mut w, mut m) = (Mem::new(), machine());
+        let t = shipped_edited(|t| t.replace("  do talos apply-config\n", ""));
+        reconcile_with(&mut w, &mut m, &t).unwrap();
+        assert_eq!(configured(&m).1, "NotApplied");
+        assert_eq!(w.calls, [(ApplyMode::Auto, true)]);
+        assert_eq!(m.applied_config_hash(), None);
+    }
+
+    #[test]
     fn no_cluster_or_no_base_is_nothing_to_do() {
         let (mut w, m) = (Mem::new(), machine());
         let mut next = m.clone();
-        let out = run_now(reconcile(&mut w, None, &m, &mut next)).unwrap();
+        let t = shipped_edited(str::to_string);
+        let s = Snapshot::default();
+        let out = run_now(reconcile(&mut w, &t, &s, None, &m, &mut next)).unwrap();
         assert_eq!(out.unwrap(), Outcome::AwaitChange);
         let mut c = cluster();
         c.spec.base_config_secret_ref = None;
-        let out = run_now(reconcile(&mut w, Some(&c), &m, &mut next)).unwrap();
+        let out = run_now(reconcile(&mut w, &t, &s, Some(&c), &m, &mut next)).unwrap();
         assert_eq!(out.unwrap(), Outcome::AwaitChange);
         assert!(w.calls.is_empty());
         assert_eq!(next, m);

@@ -6,7 +6,10 @@
 //! the `bootstrap controlplane` rules whether to send Talos' `Bootstrap` to it, with the
 //! facts read live (`etcd.members`: `EtcdMemberList` of every control plane of the cluster,
 //! asked only when a rule needs it; `bootstrapped`: the record on the TalosCluster). The
-//! decision is recorded (the world's journal, `--decision-log`). Allowed, it first records
+//! decision is recorded (the world's journal, `--decision-log`). Allowed, it runs the steps
+//! of the table's `plan bootstrap controlplane` in order, each whose `when`/`unless` guards
+//! hold (a table with no such plan bootstraps nothing, and the controller logs why). The
+//! one step of a bootstrap is `talos bootstrap`, sent at most once per reconcile: it first records
 //! the bootstrap in the TalosCluster's status (`status.bootstrap`), with a merge patch
 //! naming the resourceVersion it read: of two controllers deciding at once, one write wins
 //! and the other gets a conflict and sends nothing. Only then is `Bootstrap` sent. A call
@@ -19,7 +22,7 @@ use super::{Call, Node, NodeError, Note, Outcome, Reply, Timing, Wait, World, ca
 use crate::runtime::decide::bootstrap_event;
 use crate::runtime::objects::{BootstrapRecord, Role, Snapshot, TalosCluster, TalosMachine};
 use crate::runtime::talos::TalosError;
-use crate::vocab::Fact;
+use crate::vocab::{Action as BuiltIn, Fact, Subject, Verb};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::time::Duration;
 
@@ -191,6 +194,15 @@ pub async fn reconcile<W: BootstrapWorld>(
     let Some(ev) = bootstrap_event(live) else {
         return Ok(Outcome::AwaitChange);
     };
+    let Some(plan) = table.plan(Verb::Bootstrap, Subject::ControlPlane) else {
+        w.note(
+            live,
+            Note::Warn(
+                "the rules have no `plan bootstrap controlplane`; nothing is bootstrapped until they do",
+            ),
+        );
+        return Ok(again(retry, "NoPlan"));
+    };
     // Ask, supply, decide: `etcd.members` is read only when a rule needs it.
     let started = std::time::Instant::now();
     let mut supplied: Vec<(Fact, i64)> = Vec::new();
@@ -252,7 +264,80 @@ pub async fn reconcile<W: BootstrapWorld>(
         }
         return Ok(Outcome::AwaitChange);
     }
-    // Allowed: record first, guarded, so only one controller ever sends it.
+    // Allowed: the plan's steps, in order, each whose guards hold.
+    let mut sent = false;
+    for (k, step) in plan.steps.iter().enumerate() {
+        let runs = match w.applies(table, snapshot, ev, &supplied, k, step) {
+            Ok((runs, _)) => runs,
+            Err(why) => {
+                let said = format!("bootstrap step `{}` not decided: {why}", step.text);
+                w.note(live, Note::Warn(&said));
+                return Ok(again(retry, "StepRefused"));
+            }
+        };
+        if !runs {
+            continue;
+        }
+        w.note(live, Note::Step(k, &step.text));
+        match step.action {
+            BuiltIn::TalosBootstrap if sent => {
+                // Sent once per cluster, ever: a second `talos bootstrap` of the plan sends
+                // nothing.
+                w.note(live, Note::Info("bootstrap sent already: not sent again"));
+            }
+            BuiltIn::TalosBootstrap => {
+                if let Some(outcome) = send(w, timing, identity, cluster, live).await? {
+                    return Ok(outcome);
+                }
+                sent = true;
+            }
+            // Another procedure's steps: the checker refuses them in `plan bootstrap`
+            // (`ichor::check::action_not_in_plan`), so only a table built past it gets here.
+            BuiltIn::LockCluster
+            | BuiltIn::DrainNode
+            | BuiltIn::EtcdForfeitLeadership
+            | BuiltIn::EtcdLeave
+            | BuiltIn::EtcdRemoveMember
+            | BuiltIn::TalosReset
+            | BuiltIn::TalosWipe
+            | BuiltIn::EventWarning
+            | BuiltIn::EventNormal
+            | BuiltIn::ReleaseFinalizer
+            | BuiltIn::EtcdHealthy
+            | BuiltIn::CordonNode
+            | BuiltIn::UncordonNode
+            | BuiltIn::TalosReboot
+            | BuiltIn::TalosShutdown
+            | BuiltIn::TalosUpgrade
+            | BuiltIn::TalosRollback
+            | BuiltIn::WaitNodeBack
+            | BuiltIn::TalosInstall
+            | BuiltIn::ConfigRender
+            | BuiltIn::TalosDryRun
+            | BuiltIn::TalosApplyConfig => {
+                let said = format!(
+                    "`{}` is not a step of a bootstrap; remove it from `plan bootstrap controlplane`",
+                    step.text
+                );
+                w.note(live, Note::Warn(&said));
+                return Ok(again(retry, "NotABootstrapStep"));
+            }
+        }
+    }
+    Ok(Outcome::AwaitChange)
+}
+
+/// `talos bootstrap`: the record first, guarded, so only one controller ever sends it;
+/// then Talos' `Bootstrap`. `None`: sent and answered, on to the plan's next step.
+async fn send<W: BootstrapWorld>(
+    w: &mut W,
+    timing: &Timing,
+    identity: &str,
+    cluster: &TalosCluster,
+    live: &TalosMachine,
+) -> Result<Option<Outcome>, W::Error> {
+    let retry = timing.refused_requeue;
+    // Record first, guarded, so only one controller ever sends it.
     let mut r = BootstrapRecord {
         machine: live.name().to_string(),
         sent_at: Some(Time(w.now())),
@@ -265,69 +350,71 @@ pub async fn reconcile<W: BootstrapWorld>(
             live,
             Note::Info("bootstrap recorded by another writer first: not sent"),
         );
-        return Ok(again(timing.lock_retry, "BootstrapRecordedElsewhere"));
+        return Ok(Some(again(timing.lock_retry, "BootstrapRecordedElsewhere")));
     }
-    match calls::done(w, live.cluster(), Node::Endpoint(live), Call::Bootstrap).await? {
-        Ok(()) => {
-            r.confirmed = true;
-            r.message = Some(format!("Talos bootstrapped etcd on {}", live.name()));
-            w.record_bootstrap(cluster, Some(&r), false).await?;
-            w.note(live, Note::Info("bootstrapped"));
-            let note = format!("etcd bootstrapped on {}", live.name());
-            w.cluster_event(cluster, false, "Bootstrapped", note).await;
-            Ok(Outcome::AwaitChange)
-        }
-        // Talos refused it because the node's etcd data directory is not empty: etcd ran
-        // there, the cluster is not new. Recorded as found (never sent again).
-        Err(NodeError::Talos(TalosError::Failed {
-            code: tonic::Code::AlreadyExists,
-            message,
-            ..
-        })) => {
-            let found = found(
-                identity,
-                format!(
-                    "Talos refused the Bootstrap of {} ({message}): etcd ran there, so the \
+    Ok(
+        match calls::done(w, live.cluster(), Node::Endpoint(live), Call::Bootstrap).await? {
+            Ok(()) => {
+                r.confirmed = true;
+                r.message = Some(format!("Talos bootstrapped etcd on {}", live.name()));
+                w.record_bootstrap(cluster, Some(&r), false).await?;
+                w.note(live, Note::Info("bootstrapped"));
+                let note = format!("etcd bootstrapped on {}", live.name());
+                w.cluster_event(cluster, false, "Bootstrapped", note).await;
+                None
+            }
+            // Talos refused it because the node's etcd data directory is not empty: etcd ran
+            // there, the cluster is not new. Recorded as found (never sent again).
+            Err(NodeError::Talos(TalosError::Failed {
+                code: tonic::Code::AlreadyExists,
+                message,
+                ..
+            })) => {
+                let found = found(
+                    identity,
+                    format!(
+                        "Talos refused the Bootstrap of {} ({message}): etcd ran there, so the \
                      cluster is not new; no Bootstrap is sent",
-                    live.name()
-                ),
-            );
-            w.record_bootstrap(cluster, Some(&found), false).await?;
-            let said = format!("bootstrap refused by Talos: {message}");
-            w.note(live, Note::Warn(&said));
-            Ok(Outcome::AwaitChange)
-        }
-        // Never sent (nothing to dial with), or refused by Talos before it acted: the
-        // record is withdrawn, so the rules decide again once the cause is gone.
-        Err(e) if !maybe_acted(&e) => {
-            w.record_bootstrap(cluster, None, false).await?;
-            let message = format!(
-                "Bootstrap was not sent to {} or Talos refused it without acting ({e}); \
+                        live.name()
+                    ),
+                );
+                w.record_bootstrap(cluster, Some(&found), false).await?;
+                let said = format!("bootstrap refused by Talos: {message}");
+                w.note(live, Note::Warn(&said));
+                Some(Outcome::AwaitChange)
+            }
+            // Never sent (nothing to dial with), or refused by Talos before it acted: the
+            // record is withdrawn, so the rules decide again once the cause is gone.
+            Err(e) if !maybe_acted(&e) => {
+                w.record_bootstrap(cluster, None, false).await?;
+                let message = format!(
+                    "Bootstrap was not sent to {} or Talos refused it without acting ({e}); \
                  the controller decides again in {}s",
-                live.name(),
-                retry.as_secs()
-            );
-            w.note(live, Note::Warn(&message));
-            w.cluster_event(cluster, true, "BootstrapNotSent", message)
-                .await;
-            Ok(again(retry, "BootstrapNotSent"))
-        }
-        Err(e) => {
-            // Maybe it acted: never sent again; etcd will tell.
-            let message = format!(
-                "Bootstrap sent to {} did not answer cleanly ({e}); it is not sent again: \
+                    live.name(),
+                    retry.as_secs()
+                );
+                w.note(live, Note::Warn(&message));
+                w.cluster_event(cluster, true, "BootstrapNotSent", message)
+                    .await;
+                Some(again(retry, "BootstrapNotSent"))
+            }
+            Err(e) => {
+                // Maybe it acted: never sent again; etcd will tell.
+                let message = format!(
+                    "Bootstrap sent to {} did not answer cleanly ({e}); it is not sent again: \
                  the controller confirms it once etcd lists a member",
-                live.name()
-            );
-            r.message = Some(message.clone());
-            w.record_bootstrap(cluster, Some(&r), false).await?;
-            let said = format!("bootstrap answer lost or refused: {e}");
-            w.note(live, Note::Warn(&said));
-            w.cluster_event(cluster, true, "BootstrapUnconfirmed", message)
-                .await;
-            Ok(again(retry, "BootstrapUnconfirmed"))
-        }
-    }
+                    live.name()
+                );
+                r.message = Some(message.clone());
+                w.record_bootstrap(cluster, Some(&r), false).await?;
+                let said = format!("bootstrap answer lost or refused: {e}");
+                w.note(live, Note::Warn(&said));
+                w.cluster_event(cluster, true, "BootstrapUnconfirmed", message)
+                    .await;
+                Some(again(retry, "BootstrapUnconfirmed"))
+            }
+        },
+    )
 }
 
 /// How long a recorded Bootstrap may go unconfirmed (no control plane's etcd lists a

@@ -1299,6 +1299,18 @@ async fn execute<W: OperationWorld>(
                 step.text
             ),
         }),
+        // A configuration's apply's and a bootstrap's steps: refused here by the checker
+        // too.
+        BuiltIn::ConfigRender
+        | BuiltIn::TalosDryRun
+        | BuiltIn::TalosApplyConfig
+        | BuiltIn::TalosBootstrap => Ok(Step::Fail {
+            reason: "NotAnOperationStep",
+            message: format!(
+                "`{}` is a step of a machine's configuration apply or of a bootstrap, not of an operation; remove it from the plan",
+                step.text
+            ),
+        }),
     }
 }
 

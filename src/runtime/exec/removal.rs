@@ -844,6 +844,20 @@ async fn execute<W: World>(
             after: timing.refused_requeue,
             event: None,
         }),
+        // A configuration's apply's and a bootstrap's steps: refused here by the checker
+        // too (`ichor::check::action_not_in_plan`).
+        BuiltIn::ConfigRender
+        | BuiltIn::TalosDryRun
+        | BuiltIn::TalosApplyConfig
+        | BuiltIn::TalosBootstrap => Ok(Step::Wait {
+            reason: "NotARemovalStep",
+            message: format!(
+                "`{}` is a step of a machine's configuration apply or of a bootstrap, not of a removal; remove it from `plan remove controlplane`",
+                step.text
+            ),
+            after: timing.refused_requeue,
+            event: None,
+        }),
         BuiltIn::ReleaseFinalizer => {
             // A reset this removal only inferred (its node stopped answering after it may
             // have been sent, in an earlier reconcile) is checked once more: a node that

@@ -1099,19 +1099,51 @@ where
 /// the machine as read, and its status so far (`next`: the reconcile's probe included).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ApplyBegin {
+    /// The machine's cluster as read, which the plan's guards read: recorded only when the
+    /// table's `plan apply` for the machine's role has a guarded step (a snapshot changes
+    /// at every probe, and a quiet repeat is logged once only when its begin is the same).
+    #[serde(default, skip_serializing_if = "unread")]
+    pub snapshot: Snapshot,
     pub cluster: Option<TalosCluster>,
     pub machine: TalosMachine,
     pub next: TalosMachine,
 }
 
 impl ApplyBegin {
-    pub fn new(cluster: Option<&TalosCluster>, m: &TalosMachine, next: &TalosMachine) -> Self {
+    pub fn new(
+        table: &crate::compile::Table,
+        snapshot: &Snapshot,
+        cluster: Option<&TalosCluster>,
+        m: &TalosMachine,
+        next: &TalosMachine,
+    ) -> Self {
+        let guarded = crate::runtime::decide::reconcile_machine_event(m)
+            .and_then(|ev| table.plan(ev.event.0, ev.event.1))
+            .is_some_and(|p| {
+                p.steps
+                    .iter()
+                    .any(|s| s.when.is_some() || s.unless.is_some())
+            });
         ApplyBegin {
+            snapshot: if guarded {
+                snapshot.clone()
+            } else {
+                Snapshot::default()
+            },
             cluster: cluster.cloned(),
             machine: m.clone(),
             next: next.clone(),
         }
     }
+}
+
+/// A snapshot with nothing in it (none recorded).
+fn unread(s: &Snapshot) -> bool {
+    s.machines.is_empty()
+        && s.clusters.is_empty()
+        && s.operations.is_empty()
+        && s.backups.is_empty()
+        && s.patches.is_empty()
 }
 
 impl<W: BootstrapWorld> BootstrapWorld for Traced<'_, W>
@@ -1872,6 +1904,8 @@ pub fn check(table: &crate::compile::Table, text: &str) -> Result<Checked, NotAB
                 let mut next = begin.next.clone();
                 let run = super::run_now(apply::reconcile(
                     &mut w,
+                    table,
+                    &begin.snapshot,
                     begin.cluster.as_ref(),
                     &begin.machine,
                     &mut next,
