@@ -43,10 +43,13 @@ pub enum Verb {
     /// The controller about to bootstrap etcd on a control plane of a new cluster
     /// (Talos' `Bootstrap`): once per cluster, ever (issue 37).
     Bootstrap,
+    /// The controller about to take a TalosEtcdBackup's snapshot, its schedule or a request
+    /// due: decided, then its `plan snapshot backup` run (issue 36).
+    Snapshot,
 }
 
 impl Verb {
-    pub const ALL: [Verb; 13] = [
+    pub const ALL: [Verb; 14] = [
         Verb::Approve,
         Verb::Unapprove,
         Verb::Reassign,
@@ -60,6 +63,7 @@ impl Verb {
         Verb::Readdress,
         Verb::Step,
         Verb::Bootstrap,
+        Verb::Snapshot,
     ];
 
     pub fn name(self) -> &'static str {
@@ -77,6 +81,7 @@ impl Verb {
             Verb::Readdress => "readdress",
             Verb::Step => "step",
             Verb::Bootstrap => "bootstrap",
+            Verb::Snapshot => "snapshot",
         }
     }
 
@@ -266,6 +271,8 @@ pub const RUNTIME_EVENTS: &[(Verb, Subject, Site)] = &[
     (Verb::Step, Subject::Operation, Site::Controller),
     // Before the controller bootstraps etcd on the first control plane of a new cluster.
     (Verb::Bootstrap, Subject::ControlPlane, Site::Controller),
+    // Before the controller takes a backup's snapshot (its plan, `plan snapshot backup`).
+    (Verb::Snapshot, Subject::Backup, Site::Controller),
 ];
 
 /// Whether the runtime ever produces this event.
@@ -832,17 +839,21 @@ pub enum Action {
     TalosRollback,
     WaitNodeBack,
     TalosInstall,
+    EtcdSnapshot,
+    SnapshotsPrune,
 }
 
 /// Which procedures run an action: a plan of another may not name it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scope {
-    /// Removals and operations.
+    /// Removals and operations (not a backup's snapshot, which touches no node).
     Any,
     /// The removal of a control plane (`plan remove controlplane`).
     Removal,
     /// An operation (`plan run operation "<kind>"`).
     Operation,
+    /// A backup's snapshot (`plan snapshot backup`).
+    Backup,
 }
 
 impl Scope {
@@ -850,19 +861,21 @@ impl Scope {
     pub fn of(verb: Verb) -> Scope {
         match verb {
             Verb::Run => Scope::Operation,
+            Verb::Snapshot => Scope::Backup,
             _ => Scope::Removal,
         }
     }
 
     pub fn admits(self, plan: Scope) -> bool {
-        self == Scope::Any || self == plan
+        self == plan || (self == Scope::Any && plan != Scope::Backup)
     }
 
     pub fn describe(self) -> &'static str {
         match self {
-            Scope::Any => "every plan",
+            Scope::Any => "a removal's plan and an operation's",
             Scope::Removal => "the removal of a control plane (`plan remove controlplane`)",
             Scope::Operation => "an operation's plan (`plan run operation \"<kind>\"`)",
+            Scope::Backup => "a backup's snapshot (`plan snapshot backup`)",
         }
     }
 }
@@ -883,7 +896,7 @@ pub const MAX_STEP_TIMEOUT_SECS: u64 = 24 * 3600;
 
 impl Action {
     /// Every action, in the order of [`ACTIONS`].
-    pub const ALL: [Action; 19] = [
+    pub const ALL: [Action; 21] = [
         Action::LockCluster,
         Action::DrainNode,
         Action::EtcdForfeitLeadership,
@@ -903,6 +916,8 @@ impl Action {
         Action::TalosRollback,
         Action::WaitNodeBack,
         Action::TalosInstall,
+        Action::EtcdSnapshot,
+        Action::SnapshotsPrune,
     ];
 
     pub fn info(self) -> &'static ActionInfo {
@@ -940,7 +955,9 @@ impl Action {
             | Action::ReleaseFinalizer
             | Action::EtcdHealthy
             | Action::UncordonNode
-            | Action::WaitNodeBack => false,
+            | Action::WaitNodeBack
+            | Action::EtcdSnapshot
+            | Action::SnapshotsPrune => false,
         }
     }
 
@@ -966,7 +983,9 @@ impl Action {
             | Action::UncordonNode
             | Action::TalosShutdown
             | Action::WaitNodeBack
-            | Action::TalosInstall => false,
+            | Action::TalosInstall
+            | Action::EtcdSnapshot
+            | Action::SnapshotsPrune => false,
         }
     }
 
@@ -1167,6 +1186,24 @@ pub const ACTIONS: &[ActionInfo] = &[
         scope: Scope::Operation,
         timeout: Timeout::None,
         doc: "install spec.image on the node without rebooting it, before it is cordoned or drained, so a bad image fails the operation with the node untouched: on Talos 1.13 and later (its `Version`) `ImageService/Pull`, then `LifecycleService/Upgrade` with its `exit_code` read (the `talos upgrade` after it only reboots); on an older Talos nothing (the legacy `MachineService/Upgrade` of `talos upgrade` installs). Sent once: recorded in status before and after, and an install whose end was not seen fails the operation rather than being sent again",
+    },
+    ActionInfo {
+        action: Action::EtcdSnapshot,
+        words: &["etcd", "snapshot"],
+        argument: None,
+        needs_message: false,
+        scope: Scope::Backup,
+        timeout: Timeout::None,
+        doc: "take the backup's snapshot: from a healthy control plane (asked with `EtcdStatus`: a leader, no errors, not a learner; a follower before the leader), recorded as in progress, streamed into the store (multipart) and verified (its trailing sha256, the stored size); verified, it is recorded and becomes the last good one; failed, it is deleted from the store, reported, never counted, and the plan stops there. One whose end was not seen is deleted by the next reconcile, never counted",
+    },
+    ActionInfo {
+        action: Action::SnapshotsPrune,
+        words: &["snapshots", "prune"],
+        argument: None,
+        needs_message: false,
+        scope: Scope::Backup,
+        timeout: Timeout::None,
+        doc: "retention (spec.retention: `keepLast`, `maxAge`) among the snapshots this backup recorded, never the newest and never an object it did not write: their records move to `status.pruning`, written before the first deletion, and leave it once the store deleted them",
     },
 ];
 

@@ -195,6 +195,8 @@ impl Metrics {
             A::TalosRollback => "talos-rollback",
             A::WaitNodeBack => "wait-node-back",
             A::TalosInstall => "talos-install",
+            A::EtcdSnapshot => "etcd-snapshot",
+            A::SnapshotsPrune => "snapshots-prune",
         };
         if let Ok(mut m) = self.operation_steps.lock() {
             let e = m.entry(label).or_insert((0, 0.0));

@@ -1299,6 +1299,14 @@ async fn execute<W: OperationWorld>(
                 step.text
             ),
         }),
+        // A backup's steps, refused here by the checker as well.
+        BuiltIn::EtcdSnapshot | BuiltIn::SnapshotsPrune => Ok(Step::Fail {
+            reason: "NotAnOperationStep",
+            message: format!(
+                "`{}` is a step of a backup's snapshot (`plan snapshot backup`), not of an operation; remove it from the plan",
+                step.text
+            ),
+        }),
     }
 }
 

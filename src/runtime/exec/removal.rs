@@ -844,6 +844,16 @@ async fn execute<W: World>(
             after: timing.refused_requeue,
             event: None,
         }),
+        // A backup's steps, refused here by the checker as well.
+        BuiltIn::EtcdSnapshot | BuiltIn::SnapshotsPrune => Ok(Step::Wait {
+            reason: "NotARemovalStep",
+            message: format!(
+                "`{}` is a step of a backup's snapshot, not of a removal; remove it from `plan remove controlplane`",
+                step.text
+            ),
+            after: timing.refused_requeue,
+            event: None,
+        }),
         BuiltIn::ReleaseFinalizer => {
             // A reset this removal only inferred (its node stopped answering after it may
             // have been sent, in an earlier reconcile) is checked once more: a node that
