@@ -1298,6 +1298,7 @@ pub enum ModelFact {
     RollBesideControlPlane,
     StepControlPlane,
     BackupStale,
+    RestoreInCluster,
 }
 
 /// What the checker knows about a model fact.
@@ -1394,7 +1395,9 @@ model_facts! {
     StepControlPlane "step.controlplane" Type::Bool,
         "the operation the step just taken acted on is a control plane's (its spec.machine is, or was, a control plane: it may hold an etcd member) or rolls over the whole cluster (no spec.machine)";
     BackupStale "backup.stale" Type::Bool,
-        "the cluster has a TalosEtcdBackup (with a store outside it) and no fresh verified snapshot: none taken yet, or the newest one older than any recovery point a rule would allow (`verify --backups`; false without a TalosEtcdBackup)";
+        "the cluster has a TalosEtcdBackup (with a store outside it) and no fresh verified snapshot: none taken yet, or the newest one older than any recovery point a rule would allow (`verify --backups`; false without a TalosEtcdBackup). A second backup, whose store is inside the cluster, has a fresh one throughout and never counts";
+    RestoreInCluster "restore.in_cluster" Type::Bool,
+        "the step just taken committed the creation of an etcd-restore from a TalosEtcdBackup whose store is inside the cluster (`verify --backups`: the model's restores name that one)";
 }
 
 impl ModelFact {
