@@ -43,10 +43,13 @@ pub enum Verb {
     /// The controller about to bootstrap etcd on a control plane of a new cluster
     /// (Talos' `Bootstrap`): once per cluster, ever (issue 37).
     Bootstrap,
+    /// The controller about to take a TalosEtcdBackup's snapshot, its schedule or a request
+    /// due: decided, then its `plan snapshot backup` run (issue 36).
+    Snapshot,
 }
 
 impl Verb {
-    pub const ALL: [Verb; 13] = [
+    pub const ALL: [Verb; 14] = [
         Verb::Approve,
         Verb::Unapprove,
         Verb::Reassign,
@@ -60,6 +63,7 @@ impl Verb {
         Verb::Readdress,
         Verb::Step,
         Verb::Bootstrap,
+        Verb::Snapshot,
     ];
 
     pub fn name(self) -> &'static str {
@@ -77,6 +81,7 @@ impl Verb {
             Verb::Readdress => "readdress",
             Verb::Step => "step",
             Verb::Bootstrap => "bootstrap",
+            Verb::Snapshot => "snapshot",
         }
     }
 
@@ -266,6 +271,8 @@ pub const RUNTIME_EVENTS: &[(Verb, Subject, Site)] = &[
     (Verb::Step, Subject::Operation, Site::Controller),
     // Before the controller bootstraps etcd on the first control plane of a new cluster.
     (Verb::Bootstrap, Subject::ControlPlane, Site::Controller),
+    // Before the controller takes a backup's snapshot (its plan, `plan snapshot backup`).
+    (Verb::Snapshot, Subject::Backup, Site::Controller),
 ];
 
 /// Whether the runtime ever produces this event.
@@ -836,13 +843,16 @@ pub enum Action {
     TalosDryRun,
     TalosApplyConfig,
     TalosBootstrap,
+    EtcdSnapshot,
+    SnapshotsPrune,
 }
 
 /// Which procedures run an action: a plan of another may not name it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scope {
-    /// Removals and operations (not a configuration's apply, nor a bootstrap: they run
-    /// under no cluster lock and have no drain, no etcd member and no events of their own).
+    /// Removals and operations (not a configuration's apply, a bootstrap or a backup's
+    /// snapshot: they run under no cluster lock and have no drain, no etcd member and no
+    /// events of their own).
     Any,
     /// The removal of a control plane (`plan remove controlplane`).
     Removal,
@@ -852,6 +862,8 @@ pub enum Scope {
     Apply,
     /// The bootstrap of a new cluster's etcd (`plan bootstrap controlplane`).
     Bootstrap,
+    /// A backup's snapshot (`plan snapshot backup`).
+    Backup,
 }
 
 impl Scope {
@@ -861,6 +873,7 @@ impl Scope {
             Verb::Run => Scope::Operation,
             Verb::Apply => Scope::Apply,
             Verb::Bootstrap => Scope::Bootstrap,
+            Verb::Snapshot => Scope::Backup,
             _ => Scope::Removal,
         }
     }
@@ -881,6 +894,7 @@ impl Scope {
                 "a machine's configuration apply (`plan apply controlplane`, `plan apply worker`)"
             }
             Scope::Bootstrap => "the bootstrap of a new cluster (`plan bootstrap controlplane`)",
+            Scope::Backup => "a backup's snapshot (`plan snapshot backup`)",
         }
     }
 }
@@ -901,7 +915,7 @@ pub const MAX_STEP_TIMEOUT_SECS: u64 = 24 * 3600;
 
 impl Action {
     /// Every action, in the order of [`ACTIONS`].
-    pub const ALL: [Action; 23] = [
+    pub const ALL: [Action; 25] = [
         Action::LockCluster,
         Action::DrainNode,
         Action::EtcdForfeitLeadership,
@@ -925,6 +939,8 @@ impl Action {
         Action::TalosDryRun,
         Action::TalosApplyConfig,
         Action::TalosBootstrap,
+        Action::EtcdSnapshot,
+        Action::SnapshotsPrune,
     ];
 
     pub fn info(self) -> &'static ActionInfo {
@@ -966,7 +982,9 @@ impl Action {
             | Action::ConfigRender
             | Action::TalosDryRun
             | Action::TalosApplyConfig
-            | Action::TalosBootstrap => false,
+            | Action::TalosBootstrap
+            | Action::EtcdSnapshot
+            | Action::SnapshotsPrune => false,
         }
     }
 
@@ -996,7 +1014,9 @@ impl Action {
             | Action::ConfigRender
             | Action::TalosDryRun
             | Action::TalosApplyConfig
-            | Action::TalosBootstrap => false,
+            | Action::TalosBootstrap
+            | Action::EtcdSnapshot
+            | Action::SnapshotsPrune => false,
         }
     }
 
@@ -1234,6 +1254,24 @@ pub const ACTIONS: &[ActionInfo] = &[
         timeout: Timeout::None,
         doc: "Talos `Bootstrap` of the control plane (etcd starts on a new cluster), sent once: recorded first in the TalosCluster's `status.bootstrap` under a resourceVersion precondition (of two controllers one writes, the other sends nothing), never sent again once recorded (a lost answer is confirmed by etcd listing a member); a refusal because etcd has data records the cluster as found",
     },
+    ActionInfo {
+        action: Action::EtcdSnapshot,
+        words: &["etcd", "snapshot"],
+        argument: None,
+        needs_message: false,
+        scope: Scope::Backup,
+        timeout: Timeout::None,
+        doc: "take the backup's snapshot: from a healthy control plane (asked with `EtcdStatus`: a leader, no errors, not a learner; a follower before the leader), recorded as in progress, streamed into the store (multipart) and verified (its trailing sha256, the stored size); verified, it is recorded and becomes the last good one; failed, it is deleted from the store, reported, never counted, and the plan stops there. One whose end was not seen is deleted by the next reconcile, never counted",
+    },
+    ActionInfo {
+        action: Action::SnapshotsPrune,
+        words: &["snapshots", "prune"],
+        argument: None,
+        needs_message: false,
+        scope: Scope::Backup,
+        timeout: Timeout::None,
+        doc: "retention (spec.retention: `keepLast`, `maxAge`) among the snapshots this backup recorded, never the newest and never an object it did not write: their records move to `status.pruning`, written before the first deletion, and leave it once the store deleted them",
+    },
 ];
 
 /// The full spelling of every action, for "did you mean".
@@ -1327,6 +1365,7 @@ pub enum ModelFact {
     RollBesideControlPlane,
     StepControlPlane,
     BackupStale,
+    RestoreInCluster,
 }
 
 /// What the checker knows about a model fact.
@@ -1423,7 +1462,9 @@ model_facts! {
     StepControlPlane "step.controlplane" Type::Bool,
         "the operation the step just taken acted on is a control plane's (its spec.machine is, or was, a control plane: it may hold an etcd member) or rolls over the whole cluster (no spec.machine)";
     BackupStale "backup.stale" Type::Bool,
-        "the cluster has a TalosEtcdBackup (with a store outside it) and no fresh verified snapshot: none taken yet, or the newest one older than any recovery point a rule would allow (`verify --backups`; false without a TalosEtcdBackup)";
+        "the cluster has a TalosEtcdBackup (with a store outside it) and no fresh verified snapshot: none taken yet, or the newest one older than any recovery point a rule would allow (`verify --backups`; false without a TalosEtcdBackup). A second backup, whose store is inside the cluster, has a fresh one throughout and never counts";
+    RestoreInCluster "restore.in_cluster" Type::Bool,
+        "the step just taken committed the creation of an etcd-restore from a TalosEtcdBackup whose store is inside the cluster (`verify --backups`: the model's restores name that one)";
 }
 
 impl ModelFact {

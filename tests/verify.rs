@@ -2655,6 +2655,42 @@ fn the_first_gate_and_the_step_rules_of_a_rollback_shutdown_or_reset_back_each_o
     }
 }
 
+/// ADR 0106 §2 in the model (`--backups`): beside the backup outside the cluster, one whose
+/// store is inside it, with a fresh verified snapshot throughout, which the model's etcd
+/// restores name. Without `restore-store-in-cluster` a restore from it is created: refuted
+/// by `restore-store-outside`. The shipped rules hold on the same bounds and refuse it.
+/// (That the in-cluster snapshot never counts as the fresh one is the shipped run of
+/// `without_the_fresh_backup_rules_disruptive_work_starts_without_a_snapshot`:
+/// `fresh-backup-none-yet` fires there although the in-cluster backup has a fresh one.)
+#[test]
+fn without_restore_store_in_cluster_a_restore_from_an_in_cluster_store_is_refuted() {
+    let bounds = ["--backups", "--max-operations", "1", "--max-requests", "1"];
+    let dir = mutant("restore-in-cluster", "admission.rules", |t| {
+        without(t, "rule restore-store-in-cluster\n")
+    });
+    let (out, json) = verify(&dir, "1", &bounds);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert_eq!(
+        violated(&json),
+        vec!["restore-store-outside".to_string()],
+        "{}",
+        out.stdout
+    );
+    let steps = step_texts(&json);
+    assert!(
+        steps
+            .iter()
+            .any(|s| s.contains("kubectl create talosoperation")),
+        "{steps:#?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let (out, json) = verify(&root().join("rules"), "1", &bounds);
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    assert!(violated(&json).is_empty(), "{}", out.stdout);
+    let never = json["coverage"]["rules_never_fired"].to_string();
+    assert!(!never.contains("\"restore-store-in-cluster\""), "{never}");
+}
+
 /// Issue 36: with a TalosEtcdBackup in the model (`--backups`: no snapshot at first, then
 /// taken and ageing at any time), an upgrade, reset or rollback of a control plane starts
 /// only with a fresh snapshot. Without `fresh-backup` a stale snapshot lets one start;

@@ -163,7 +163,7 @@ impl<'a, 'd> FileChecker<'a, 'd> {
                         ),
                     )
                     .label("no controller event")
-                    .help("plans exist for what the controller does: `remove controlplane`, `apply controlplane`, `run operation`"),
+                    .help("plans exist for what the controller does: `remove controlplane`, `run operation`, `snapshot backup`"),
                 );
             }
             return None;

@@ -229,7 +229,7 @@ pub fn run(args: &VerifyArgs, paths: &[PathBuf]) -> u8 {
     // procedure, decided by these rules, raced by two controllers, under every fault at
     // its calls).
     let procedures = [
-        procedure_backup(),
+        procedure_backup(table),
         procedure_bootstrap(table),
         procedure_apply(table),
     ];
@@ -333,15 +333,20 @@ impl From<crate::verify::procedure::Report> for Procedure {
     }
 }
 
-fn procedure_backup() -> Procedure {
-    let r = crate::verify::backup::explore(BACKUP_RECONCILES, None);
+fn procedure_backup(table: &crate::compile::Table) -> Procedure {
+    let r = crate::verify::backup::explore(table, BACKUP_RECONCILES, None);
     Procedure {
         name: "backup",
         what: format!(
             "backup in flight: the snapshot procedure (exec::backup) over {BACKUP_RECONCILES} \
              reconciles, a crash, lost answer or refusal at any of its acting calls"
         ),
-        invariants: &["counted-verified", "interrupted-cleaned"],
+        invariants: &[
+            "counted-verified",
+            "interrupted-cleaned",
+            "snapshot-taken",
+            "retention-kept",
+        ],
         states: r.states,
         reconciles: r.reconciles,
         violations: r

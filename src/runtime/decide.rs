@@ -339,6 +339,17 @@ pub fn bootstrap_event<'s>(m: &'s TalosMachine) -> Option<EventFacts<'s>> {
     })
 }
 
+/// The `snapshot backup` rules, decided before the controller takes a snapshot of `b`;
+/// its plan's guards read the same event.
+pub fn snapshot_event(b: &TalosEtcdBackup) -> EventFacts<'_> {
+    EventFacts {
+        event: (Verb::Snapshot, S::Backup, Site::Controller),
+        namespace: b.namespace(),
+        cluster: b.cluster(),
+        subject: Subject::Backup(b),
+    }
+}
+
 pub fn reconcile_operation_event<'s>(o: &'s TalosOperation) -> Option<EventFacts<'s>> {
     (!o.finished()).then_some(EventFacts {
         event: (Verb::Run, S::Operation, Site::Controller),

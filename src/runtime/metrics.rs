@@ -199,6 +199,8 @@ impl Metrics {
             A::TalosDryRun => "talos-dry-run",
             A::TalosApplyConfig => "talos-apply-config",
             A::TalosBootstrap => "talos-bootstrap",
+            A::EtcdSnapshot => "etcd-snapshot",
+            A::SnapshotsPrune => "snapshots-prune",
         };
         if let Ok(mut m) = self.operation_steps.lock() {
             let e = m.entry(label).or_insert((0, 0.0));

@@ -18,12 +18,18 @@
 //!   is deleted by the next reconcile, never left behind and never counted, and what
 //!   retention chose is never forgotten in the store.
 //!
-//! The backup's safety lives in the procedure (Rust), not in the rules, so this is its own
-//! small exploration beside the cluster model; `Mutant` makes the procedure's world
-//! misbehave to show each invariant can fail.
+//! - `snapshot-taken`: a reconcile in which nothing fails (a snapshot is due at each one)
+//!   ends with a verified snapshot begun in it.
+//! - `retention-kept`: a reconcile that took a snapshot and ended counts no more snapshots
+//!   than `keepLast`.
+//!
+//! The procedure is the rules' `plan snapshot backup` of the table under test (its steps
+//! run by the executor), so a weakened plan is refuted by the last two; its resume and
+//! verification live in Rust, and `Mutant` makes the procedure's world misbehave to show
+//! the first two can fail. This is its own small exploration beside the cluster model.
 
 use super::procedure::{Crashed, unused_world_parts};
-use crate::interp::Decision;
+use crate::compile::Table;
 use crate::runtime::exec::backup::{BackupTiming, BackupWorld, Failure, Stored, reconcile};
 use crate::runtime::exec::{Call, Node, NodeError, Reply, World, run_now};
 use crate::runtime::live::Reads;
@@ -131,17 +137,6 @@ impl World for ModelBackup<'_> {
 
     async fn read(&mut self, _cluster: &str, _reads: Reads) -> Result<Arc<Snapshot>, Crashed> {
         Ok(self.machines.clone())
-    }
-
-    fn decide(
-        &mut self,
-        _table: &crate::compile::Table,
-        _snapshot: &Snapshot,
-        ev: crate::runtime::facts::EventFacts<'_>,
-        _supplied: &[(crate::vocab::Fact, i64)],
-    ) -> Result<Decision, crate::vocab::Fact> {
-        let _ = ev;
-        Ok(Decision::default())
     }
 }
 
@@ -265,14 +260,47 @@ fn machines() -> Snapshot {
     }
 }
 
-/// The invariants of a state reached by a reconcile that ended (`ended`) or crashed.
+/// The invariants of a state reached by a reconcile that ended (`ended`) or crashed;
+/// `faultless`: nothing failed in it (a snapshot is due at every reconcile, begun at `now`).
 fn check(
     b: &TalosEtcdBackup,
     store: &BTreeMap<String, bool>,
     ended: bool,
+    faultless: bool,
+    now: Timestamp,
 ) -> Vec<(&'static str, String)> {
     let mut out = Vec::new();
     let status = b.status.clone().unwrap_or_default();
+    let taken_now = status
+        .last_snapshot
+        .as_ref()
+        .is_some_and(|r| r.time.0 == now);
+    if faultless && !taken_now {
+        out.push((
+            "snapshot-taken",
+            format!(
+                "a reconcile with a snapshot due and nothing failing ended without a verified \
+                 snapshot begun at {now} (the last one: {:?})",
+                status.last_snapshot.as_ref().map(|r| &r.key)
+            ),
+        ));
+    }
+    let keep = b
+        .spec
+        .retention
+        .as_ref()
+        .and_then(|r| r.keep_last)
+        .map_or(usize::MAX, |k| k as usize);
+    if ended && taken_now && status.snapshots.len() > keep {
+        out.push((
+            "retention-kept",
+            format!(
+                "a reconcile took a snapshot and ended counting {} snapshots, more than \
+                 spec.retention.keepLast ({keep})",
+                status.snapshots.len()
+            ),
+        ));
+    }
     // The last good one, and every one kept.
     for r in status.last_snapshot.iter().chain(&status.snapshots) {
         if store.get(&r.key) != Some(&true) {
@@ -303,7 +331,7 @@ fn check(
 /// Explores `depth` reconciles (one scheduled interval apart) of a fresh backup, with any
 /// one fault at any acting call of each, breadth-first; the states are the backup's status
 /// and the store. `mutant` makes the world misbehave.
-pub fn explore(depth: u8, mutant: Option<Mutant>) -> BackupReport {
+pub fn explore(table: &Table, depth: u8, mutant: Option<Mutant>) -> BackupReport {
     let mut report = BackupReport::default();
     let start = crate::verify::model::outside_backup("infra", 1);
     let machines = Arc::new(machines());
@@ -339,7 +367,7 @@ pub fn explore(depth: u8, mutant: Option<Mutant>) -> BackupReport {
                 mutant,
             };
             let obj = b.clone();
-            let ran = run_now(reconcile(&mut w, &timing, &obj, &[]));
+            let ran = run_now(reconcile(&mut w, table, &timing, &obj, &[]));
             report.reconciles += 1;
             if fault.is_none() {
                 for k in 0..w.calls {
@@ -351,7 +379,7 @@ pub fn explore(depth: u8, mutant: Option<Mutant>) -> BackupReport {
             let ended = matches!(ran, Some(Ok(_)));
             let mut next_path = path.clone();
             next_path.push(fault);
-            for (invariant, why) in check(&w.backup, &w.store, ended) {
+            for (invariant, why) in check(&w.backup, &w.store, ended, fault.is_none(), now) {
                 if !report.violations.iter().any(|v| v.invariant == invariant) {
                     report.violations.push(Violation {
                         invariant,
@@ -378,9 +406,128 @@ pub fn explore(depth: u8, mutant: Option<Mutant>) -> BackupReport {
 mod tests {
     use super::*;
 
+    /// The shipped rules, `operations.rules` edited by `edit`.
+    fn rules(edit: impl Fn(&str) -> String) -> Table {
+        let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rules");
+        let mut files =
+            crate::ruleset::read_sources(std::slice::from_ref(&root)).expect("the shipped rules");
+        let f = files
+            .iter_mut()
+            .find(|f| f.path.ends_with("operations.rules"))
+            .expect("operations.rules");
+        let text = edit(&f.text);
+        *f = crate::diagnostics::SourceFile::new(f.path.clone(), text);
+        crate::ruleset::build(files)
+            .table
+            .expect("the rules compile")
+    }
+
+    fn shipped() -> Table {
+        rules(str::to_string)
+    }
+
+    const PLAN: &str = "plan snapshot backup\n  do etcd snapshot\n  do snapshots prune\n";
+
+    #[test]
+    fn the_shipped_plan_is_the_one_explored() {
+        let t = shipped();
+        let plan = t
+            .plan(crate::vocab::Verb::Snapshot, crate::vocab::Subject::Backup)
+            .expect("the shipped rules have `plan snapshot backup`");
+        let steps: Vec<&str> = plan.steps.iter().map(|s| s.text.as_str()).collect();
+        assert_eq!(steps, ["etcd snapshot", "snapshots prune"]);
+    }
+
+    /// Without its `etcd snapshot` step the plan runs and never takes one: refuted by
+    /// `snapshot-taken` in the first reconcile, and nothing else goes wrong.
+    #[test]
+    fn a_snapshot_plan_without_its_snapshot_step_is_refuted() {
+        let t = rules(|s| {
+            assert!(s.contains(PLAN));
+            s.replace(PLAN, "plan snapshot backup\n  do snapshots prune\n")
+        });
+        let r = explore(&t, 2, None);
+        let v = r
+            .violations
+            .iter()
+            .find(|v| v.invariant == "snapshot-taken")
+            .unwrap_or_else(|| panic!("{r:?}"));
+        assert_eq!(v.trace, [None], "{v:?}");
+        assert!(
+            !r.violations.iter().any(|v| v.invariant != "snapshot-taken"),
+            "{r:?}"
+        );
+        assert!(explore(&shipped(), 2, None).violations.is_empty());
+    }
+
+    /// Retention before the snapshot: the reconcile ends counting one more than keepLast.
+    #[test]
+    fn a_snapshot_plan_pruning_before_it_snapshots_is_refuted() {
+        let t = rules(|s| {
+            s.replace(
+                PLAN,
+                "plan snapshot backup\n  do snapshots prune\n  do etcd snapshot\n",
+            )
+        });
+        let r = explore(&t, 3, None);
+        let v = r
+            .violations
+            .iter()
+            .find(|v| v.invariant == "retention-kept")
+            .unwrap_or_else(|| panic!("{r:?}"));
+        // The second reconcile, nothing failing: the first snapshot not pruned yet.
+        assert_eq!(v.trace, [None, None], "{v:?}");
+    }
+
+    /// Rules with no `plan snapshot backup`: no snapshot, the condition says why, nothing
+    /// in the store, and no panic.
+    #[test]
+    fn rules_without_the_snapshot_plan_take_nothing_and_say_so() {
+        let t = rules(|s| s.replace(PLAN, ""));
+        assert!(
+            t.plan(crate::vocab::Verb::Snapshot, crate::vocab::Subject::Backup)
+                .is_none()
+        );
+        let r = explore(&t, 2, None);
+        assert!(
+            r.violations.iter().all(|v| v.invariant == "snapshot-taken"),
+            "{r:?}"
+        );
+        let machines = Arc::new(machines());
+        let b = crate::verify::model::outside_backup("infra", 1);
+        let mut w = ModelBackup {
+            backup: b.clone(),
+            store: BTreeMap::new(),
+            now: Timestamp::UNIX_EPOCH,
+            machines: &machines,
+            calls: 0,
+            fault: None,
+            mutant: None,
+        };
+        let timing = BackupTiming {
+            retry: Duration::from_secs(60),
+            recheck: Duration::from_secs(3600),
+        };
+        let ran = run_now(reconcile(&mut w, &t, &timing, &b, &[]));
+        assert!(matches!(ran, Some(Ok(_))), "{ran:?}");
+        assert!(w.store.is_empty());
+        let c = w
+            .backup
+            .condition(crate::runtime::exec::backup::SNAPSHOT)
+            .expect("the Snapshot condition");
+        assert_eq!(c.status, "False");
+        assert_eq!(c.reason.as_deref(), Some("NoPlan"));
+        assert!(
+            c.message
+                .as_deref()
+                .is_some_and(|m| m.contains("no `plan snapshot backup`")),
+            "{c:?}"
+        );
+    }
+
     #[test]
     fn the_snapshot_procedure_holds_both_invariants_under_every_fault() {
-        let r = explore(4, None);
+        let r = explore(&shipped(), 4, None);
         assert!(r.violations.is_empty(), "{:?}", r.violations);
         assert!(r.states > 100, "{r:?}");
         // Every fault kind was tried at the stream (the second acting call).
@@ -389,7 +536,7 @@ mod tests {
 
     #[test]
     fn a_snapshot_streamed_before_it_is_recorded_in_progress_is_left_behind() {
-        let r = explore(3, Some(Mutant::NoInProgress));
+        let r = explore(&shipped(), 3, Some(Mutant::NoInProgress));
         let v = r
             .violations
             .iter()
@@ -407,7 +554,7 @@ mod tests {
 
     #[test]
     fn retention_deleting_without_recording_it_first_forgets_an_object() {
-        let r = explore(4, Some(Mutant::NoPruningRecord));
+        let r = explore(&shipped(), 4, Some(Mutant::NoPruningRecord));
         let v = r
             .violations
             .iter()
@@ -431,7 +578,7 @@ mod tests {
 
     #[test]
     fn a_snapshot_counted_without_its_check_is_refuted() {
-        let r = explore(2, Some(Mutant::CountUnverified));
+        let r = explore(&shipped(), 2, Some(Mutant::CountUnverified));
         let v = r
             .violations
             .iter()

@@ -54,6 +54,7 @@ pub struct Facts {
     pub roll_beside_cp: bool,
     pub step_cp: bool,
     pub backup_stale: bool,
+    pub restore_in_cluster: bool,
 }
 
 fn int(n: usize) -> i64 {
@@ -127,6 +128,9 @@ impl Facts {
             warned: e.warned,
             step_kind: e.kind.or(e.created),
             step_cp: e.control_plane,
+            // With backups, the model's restores name the one inside the cluster.
+            restore_in_cluster: e.created == Some(super::model::OpKind::Restore)
+                && after.backup != super::model::Backup::None,
             ..now
         }
     }
@@ -184,6 +188,7 @@ impl Facts {
             RollBesideControlPlane => V::Bool(self.roll_beside_cp),
             StepControlPlane => V::Bool(self.step_cp),
             BackupStale => V::Bool(self.backup_stale),
+            RestoreInCluster => V::Bool(self.restore_in_cluster),
         }
     }
 }
@@ -585,6 +590,7 @@ fn pack(f: &Facts, concurrent: bool) -> Option<Packed> {
         roll_beside_cp,
         step_cp,
         backup_stale,
+        restore_in_cluster,
     } = *f;
     let mut bytes = [0u8; 32];
     let ints = [
@@ -634,6 +640,7 @@ fn pack(f: &Facts, concurrent: bool) -> Option<Packed> {
         undone,
         step_cp,
         backup_stale,
+        restore_in_cluster,
     ];
     let bits = flags
         .iter()

@@ -137,6 +137,9 @@ pub async fn reconcile(
     if !ready {
         return Ok(Action::requeue(RECHECK));
     }
+    let Some(table) = ctx.rules.current() else {
+        return Err(ReconcileError::NoRules);
+    };
     let timing = BackupTiming {
         retry: ctx.settings.backup_retry,
         recheck: RECHECK,
@@ -151,6 +154,7 @@ pub async fn reconcile(
             let mut traced = crate::runtime::exec::trace::Traced::new(world, log, id);
             let outcome = crate::runtime::exec::backup::reconcile(
                 &mut traced,
+                &table,
                 &timing,
                 &next,
                 &snapshot.operations,
@@ -163,6 +167,7 @@ pub async fn reconcile(
             let mut world = world;
             crate::runtime::exec::backup::reconcile(
                 &mut world,
+                &table,
                 &timing,
                 &next,
                 &snapshot.operations,

@@ -297,7 +297,9 @@ pub async fn reconcile<W: ApplyWorld>(
             | BuiltIn::TalosRollback
             | BuiltIn::WaitNodeBack
             | BuiltIn::TalosInstall
-            | BuiltIn::TalosBootstrap => {
+            | BuiltIn::TalosBootstrap
+            | BuiltIn::EtcdSnapshot
+            | BuiltIn::SnapshotsPrune => {
                 let message = format!(
                     "`{}` is not a step of a machine's configuration apply; remove it from `plan apply {}`",
                     step.text,

@@ -2,7 +2,10 @@
 //! [`BackupWorld`]: the controller runs it with real I/O (Talos, the S3 store, the API
 //! server); a model can run it with its own world.
 //!
-//! One reconcile of a backup whose spec is sound:
+//! One reconcile of a backup whose spec is sound (1, 1b and 2 always; 3 and 4 are the step
+//! `etcd snapshot`, 5 the step `snapshots prune` of the rules' `plan snapshot backup`, run
+//! in its order after the `snapshot backup` rules; rules without that plan take nothing,
+//! and the condition says so):
 //!
 //! 1. A snapshot recorded as in progress (`status.inProgress`, written before the first
 //!    byte is streamed) means the controller stopped mid-snapshot: whatever is under its
@@ -26,13 +29,16 @@
 //!    a key leaves `pruning` once the store deleted it. Keys still there (a crash, a
 //!    refused deletion) are deleted first by every later reconcile, before anything else.
 
-use super::{Node, Outcome, Wait, World, calls};
+use super::{Node, Outcome, Wait, World, calls, rules};
+use crate::compile::Table;
 use crate::runtime::controller::status::{self, Conditions};
+use crate::runtime::decide::snapshot_event;
 use crate::runtime::live::Reads;
 use crate::runtime::objects::{
-    Every, RetentionSpec, Role, SNAPSHOT_NOW_ANNOTATION, SnapshotInProgress, SnapshotRecord,
-    TalosEtcdBackup, TalosMachine, TalosOperation, parse_duration,
+    Every, RetentionSpec, Role, SNAPSHOT_NOW_ANNOTATION, Snapshot, SnapshotInProgress,
+    SnapshotRecord, TalosEtcdBackup, TalosMachine, TalosOperation, parse_duration,
 };
+use crate::vocab::{Action, Subject, Verb};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use std::time::Duration;
@@ -266,9 +272,12 @@ fn requeue(after: Duration, wait: &str) -> Outcome {
 }
 
 /// One reconcile of backup `b` (as read live; its spec sound, its cluster there), with the
-/// cluster's operations (for `etcd-snapshot` requests).
+/// cluster's operations (for `etcd-snapshot` requests): what was left unfinished first
+/// (an interrupted snapshot, deletions retention recorded), then, when a snapshot is due,
+/// the `snapshot backup` rules and the steps of the rules' `plan snapshot backup`, in order.
 pub async fn reconcile<W: BackupWorld>(
     w: &mut W,
+    table: &Table,
     timing: &BackupTiming,
     b: &TalosEtcdBackup,
     operations: &[TalosOperation],
@@ -314,6 +323,15 @@ pub async fn reconcile<W: BackupWorld>(
         finish_pruning(w, b, &before, &mut next).await?;
         before = next.clone();
     }
+    // The rules' procedure: without one, nothing is taken (and nothing guessed).
+    let Some(plan) = table.plan(Verb::Snapshot, Subject::Backup) else {
+        let msg = "the rules have no `plan snapshot backup`; no snapshot is taken until they do";
+        if set(w, &mut next, false, "NoPlan", msg) {
+            w.write_backup(&before, &next).await?;
+            w.backup_event(&next, true, "NoPlan", msg.into()).await;
+        }
+        return Ok(requeue(timing.retry, "NoPlan"));
+    };
     // 2. Due?
     let now = w.now();
     let why = match requested(&next, operations) {
@@ -346,7 +364,6 @@ pub async fn reconcile<W: BackupWorld>(
         Some(r) => format!(" (asked for by {r})"),
         None => String::new(),
     };
-    // 3. A healthy control plane, asked.
     if let Err(why) = w.credentials(cluster).await {
         let msg = format!("no snapshot was taken{asked}: {why}");
         return failed(w, timing, &before, &mut next, "NoTalosCredentials", msg).await;
@@ -356,13 +373,125 @@ pub async fn reconcile<W: BackupWorld>(
             cluster,
             Reads {
                 machines: true,
-                clusters: false,
+                clusters: true,
                 operations: false,
                 backups: false,
             },
         )
         .await?;
-    let mut planes: Vec<&TalosMachine> = snapshot
+    // The `snapshot backup` rules, from live reads.
+    let decision = w.decide(table, &snapshot, snapshot_event(&next), &[]);
+    let held = match &decision {
+        Ok(d) => rules::hold_of(d, "SnapshotRefused"),
+        Err(f) => Some((
+            "SnapshotRefused".into(),
+            format!("the fact `{f}` could not be read"),
+        )),
+    };
+    if let Some((reason, message)) = held {
+        let msg = format!("no snapshot was taken{asked}: {message}");
+        return failed(w, timing, &before, &mut next, &reason, msg).await;
+    }
+    // 3. The plan's steps, in order, each when its guards say so.
+    let taking = Taking {
+        asked: &asked,
+        request: &request,
+        now,
+        snapshot: &snapshot,
+    };
+    for (k, step) in plan.steps.iter().enumerate() {
+        let (runs, _) = match w.applies(table, &snapshot, snapshot_event(&next), &[], k, step) {
+            Ok(x) => x,
+            Err(why) => {
+                let msg = format!("the snapshot plan stopped{asked}: {why}");
+                return failed(w, timing, &before, &mut next, "StepRefused", msg).await;
+            }
+        };
+        if !runs {
+            continue;
+        }
+        match step.action {
+            Action::EtcdSnapshot => {
+                if let Some(out) = take(w, timing, b, &mut before, &mut next, &taking).await? {
+                    return Ok(out);
+                }
+            }
+            Action::SnapshotsPrune => {
+                prune(w, b, &before, &mut next).await?;
+                before = next.clone();
+            }
+            // Another procedure's steps: the checker refuses them in this plan
+            // (`ichor::check::action_not_in_plan`), so only a table built past it gets here.
+            Action::LockCluster
+            | Action::DrainNode
+            | Action::EtcdForfeitLeadership
+            | Action::EtcdLeave
+            | Action::EtcdRemoveMember
+            | Action::TalosReset
+            | Action::TalosWipe
+            | Action::EventWarning
+            | Action::EventNormal
+            | Action::ReleaseFinalizer
+            | Action::EtcdHealthy
+            | Action::CordonNode
+            | Action::UncordonNode
+            | Action::TalosReboot
+            | Action::TalosShutdown
+            | Action::TalosUpgrade
+            | Action::TalosRollback
+            | Action::WaitNodeBack
+            | Action::TalosInstall
+            | Action::ConfigRender
+            | Action::TalosDryRun
+            | Action::TalosApplyConfig
+            | Action::TalosBootstrap => {
+                let msg = format!(
+                    "the snapshot plan stopped{asked}: `{}` is not a step of a backup's \
+                     snapshot; remove it from `plan snapshot backup`",
+                    step.text
+                );
+                return failed(w, timing, &before, &mut next, "NotABackupStep", msg).await;
+            }
+        }
+    }
+    // The attempt recorded, whatever the plan did.
+    if next != before {
+        w.write_backup(&before, &next).await?;
+    }
+    let after = match next_due(&next, &every, timing.retry) {
+        Some(t) => {
+            let secs = t.duration_since(w.now()).as_secs();
+            Duration::from_secs(u64::try_from(secs).unwrap_or(0).max(1))
+        }
+        None => timing.recheck,
+    };
+    Ok(requeue(after.min(recheck(timing, &next)), "NotDue"))
+}
+
+/// What the `etcd snapshot` step needs of its reconcile.
+struct Taking<'a> {
+    /// ` (asked for by ...)`, or nothing for a scheduled one.
+    asked: &'a str,
+    request: &'a Option<String>,
+    /// When the reconcile began: the snapshot's time and key.
+    now: Timestamp,
+    snapshot: &'a Snapshot,
+}
+
+/// The `etcd snapshot` step: a healthy control plane, asked; the snapshot recorded as in
+/// progress, streamed, verified and recorded. `Some`: it failed (reported, not counted) and
+/// the plan stops with this outcome.
+async fn take<W: BackupWorld>(
+    w: &mut W,
+    timing: &BackupTiming,
+    b: &TalosEtcdBackup,
+    before: &mut TalosEtcdBackup,
+    next: &mut TalosEtcdBackup,
+    t: &Taking<'_>,
+) -> Result<Option<Outcome>, W::Error> {
+    let (cluster, asked, now) = (b.cluster(), t.asked, t.now);
+    let mut planes: Vec<&TalosMachine> = t
+        .snapshot
         .machines
         .iter()
         .filter(|m| {
@@ -405,9 +534,11 @@ pub async fn reconcile<W: BackupWorld>(
              from ({})",
             unhealthy.join("; ")
         );
-        return failed(w, timing, &before, &mut next, "NoHealthyMember", msg).await;
+        return failed(w, timing, before, next, "NoHealthyMember", msg)
+            .await
+            .map(Some);
     };
-    // 4. Recorded as in progress, then streamed, verified, recorded.
+    // Recorded as in progress, then streamed, verified, recorded.
     let mut key = snapshot_key(b, now);
     let taken = next
         .status
@@ -418,19 +549,19 @@ pub async fn reconcile<W: BackupWorld>(
         key = key.replace(".snapshot", "-2.snapshot");
     }
     let node_name = super::etcd::node_name(node).to_string();
-    st(&mut next).in_progress = Some(SnapshotInProgress {
+    st(next).in_progress = Some(SnapshotInProgress {
         key: key.clone(),
         node: node_name.clone(),
         started: Time(now),
     });
-    w.write_backup(&before, &next).await?;
-    before = next.clone();
+    w.write_backup(before, next).await?;
+    *before = next.clone();
     let stored = w.stream_snapshot(b, node, &key).await?;
     let took = {
         let secs = w.now().duration_since(now).as_secs_f64();
         Duration::from_secs_f64(secs.max(0.0))
     };
-    st(&mut next).in_progress = None;
+    st(next).in_progress = None;
     let stored = match stored {
         Ok(s) => s,
         Err(f) => {
@@ -455,7 +586,9 @@ pub async fn reconcile<W: BackupWorld>(
                 f.message
             );
             w.snapshot_ended(b, Err(&f.reason), took);
-            return failed(w, timing, &before, &mut next, &f.reason, msg).await;
+            return failed(w, timing, before, next, &f.reason, msg)
+                .await
+                .map(Some);
         }
     };
     let record = SnapshotRecord {
@@ -468,10 +601,10 @@ pub async fn reconcile<W: BackupWorld>(
         node: node_name.clone(),
         raft_index: Some(etcd.raft_applied_index),
         encrypted: stored.encrypted,
-        request: request.clone(),
+        request: t.request.clone(),
     };
     {
-        let s = st(&mut next);
+        let s = st(next);
         s.snapshots.push(record.clone());
         s.last_snapshot = Some(record.clone());
     }
@@ -486,21 +619,12 @@ pub async fn reconcile<W: BackupWorld>(
         if stored.encrypted { ", encrypted" } else { "" },
         took.as_secs_f64()
     );
-    set(w, &mut next, true, "Verified", &msg);
+    set(w, next, true, "Verified", &msg);
     w.snapshot_ended(b, Ok(&record), took);
-    w.write_backup(&before, &next).await?;
-    w.backup_event(&next, false, "SnapshotTaken", msg).await;
-    before = next.clone();
-    // 5. Retention, among this backup's own snapshots.
-    prune(w, b, &before, &mut next).await?;
-    let after = match next_due(&next, &every, timing.retry) {
-        Some(t) => {
-            let secs = t.duration_since(w.now()).as_secs();
-            Duration::from_secs(u64::try_from(secs).unwrap_or(0).max(1))
-        }
-        None => timing.recheck,
-    };
-    Ok(requeue(after.min(recheck(timing, &next)), "NotDue"))
+    w.write_backup(before, next).await?;
+    w.backup_event(next, false, "SnapshotTaken", msg).await;
+    *before = next.clone();
+    Ok(None)
 }
 
 /// How long until the next look at most: sooner while deletions are left to retry.

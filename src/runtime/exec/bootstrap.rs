@@ -314,7 +314,9 @@ pub async fn reconcile<W: BootstrapWorld>(
             | BuiltIn::TalosInstall
             | BuiltIn::ConfigRender
             | BuiltIn::TalosDryRun
-            | BuiltIn::TalosApplyConfig => {
+            | BuiltIn::TalosApplyConfig
+            | BuiltIn::EtcdSnapshot
+            | BuiltIn::SnapshotsPrune => {
                 let said = format!(
                     "`{}` is not a step of a bootstrap; remove it from `plan bootstrap controlplane`",
                     step.text

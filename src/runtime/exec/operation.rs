@@ -1299,15 +1299,17 @@ async fn execute<W: OperationWorld>(
                 step.text
             ),
         }),
-        // A configuration's apply's and a bootstrap's steps: refused here by the checker
-        // too.
+        // A configuration's apply's, a bootstrap's and a backup's steps: refused here by
+        // the checker too (`ichor::check::action_not_in_plan`).
         BuiltIn::ConfigRender
         | BuiltIn::TalosDryRun
         | BuiltIn::TalosApplyConfig
-        | BuiltIn::TalosBootstrap => Ok(Step::Fail {
+        | BuiltIn::TalosBootstrap
+        | BuiltIn::EtcdSnapshot
+        | BuiltIn::SnapshotsPrune => Ok(Step::Fail {
             reason: "NotAnOperationStep",
             message: format!(
-                "`{}` is a step of a machine's configuration apply or of a bootstrap, not of an operation; remove it from the plan",
+                "`{}` is a step of a machine's configuration apply, of a bootstrap or of a backup's snapshot, not of an operation; remove it from the plan",
                 step.text
             ),
         }),

@@ -844,15 +844,17 @@ async fn execute<W: World>(
             after: timing.refused_requeue,
             event: None,
         }),
-        // A configuration's apply's and a bootstrap's steps: refused here by the checker
-        // too (`ichor::check::action_not_in_plan`).
+        // A configuration's apply's, a bootstrap's and a backup's steps: refused here by
+        // the checker too (`ichor::check::action_not_in_plan`).
         BuiltIn::ConfigRender
         | BuiltIn::TalosDryRun
         | BuiltIn::TalosApplyConfig
-        | BuiltIn::TalosBootstrap => Ok(Step::Wait {
+        | BuiltIn::TalosBootstrap
+        | BuiltIn::EtcdSnapshot
+        | BuiltIn::SnapshotsPrune => Ok(Step::Wait {
             reason: "NotARemovalStep",
             message: format!(
-                "`{}` is a step of a machine's configuration apply or of a bootstrap, not of a removal; remove it from `plan remove controlplane`",
+                "`{}` is a step of a machine's configuration apply, of a bootstrap or of a backup's snapshot, not of a removal; remove it from `plan remove controlplane`",
                 step.text
             ),
             after: timing.refused_requeue,

@@ -1889,6 +1889,7 @@ pub fn check(table: &crate::compile::Table, text: &str) -> Result<Checked, NotAB
                 };
                 let run = super::run_now(backup::reconcile(
                     &mut w,
+                    table,
                     &t,
                     &begin.backup,
                     &begin.operations,

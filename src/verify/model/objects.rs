@@ -299,6 +299,9 @@ pub const STALE_SNAPSHOT: Timestamp = Timestamp::UNIX_EPOCH;
 /// The name of the cluster's TalosEtcdBackup in the model.
 pub const BACKUP: &str = "nightly";
 
+/// The name of the model's TalosEtcdBackup whose store is inside the cluster.
+pub const IN_CLUSTER_BACKUP: &str = "in-cluster";
+
 impl Objects<'_> {
     /// A new operation of `kind` on `target` (a roll as wide as the bounds say).
     pub fn new_op(&self, kind: OpKind, target: u8) -> Op {
@@ -513,7 +516,14 @@ impl Objects<'_> {
                 kind: o.kind.name().into(),
                 machine: target,
                 image: o.kind.upgrades().then(|| world::UPGRADE_IMAGE.into()),
-                backup_ref: None,
+                // With backups, a restore names the one whose store is inside the cluster
+                // (ADR 0106 §2: `restore-store-in-cluster` refuses it).
+                backup_ref: (o.kind == OpKind::Restore && s.backup != Backup::None).then(|| {
+                    crate::runtime::objects::BackupRef {
+                        name: IN_CLUSTER_BACKUP.into(),
+                        snapshot: None,
+                    }
+                }),
                 machines: Vec::new(),
                 max_unavailable: (o.kind.rolls() && o.width > 1).then(|| i64::from(o.width)),
             },
@@ -564,9 +574,42 @@ impl Objects<'_> {
             machines: (0..s.machines.len()).map(|i| self.machine(s, i)).collect(),
             clusters: self.cluster(s).into_iter().collect(),
             operations: (0..s.ops.len()).map(|i| self.operation(s, i)).collect(),
-            backups: self.backup(s).into_iter().collect(),
+            backups: self
+                .backup(s)
+                .into_iter()
+                .chain(self.in_cluster_backup(s))
+                .collect(),
             patches: Vec::new(),
         }
+    }
+
+    /// Beside the cluster's backup ([`State::backup`] not `None`), one whose store is inside
+    /// the cluster (ADR 0106 §2: a Service name) with a fresh verified snapshot: a restore
+    /// from it deadlocks, so it never stands in for the fresh snapshot the `fresh-backup`
+    /// rules ask for (`snapshot.taken`, `snapshot.age`), and a restore naming it is refused.
+    fn in_cluster_backup(&self, s: &State) -> Option<TalosEtcdBackup> {
+        if s.backup == Backup::None {
+            return None;
+        }
+        let mut b = self.backup.clone();
+        b.metadata.name = Some(IN_CLUSTER_BACKUP.into());
+        b.spec.store.endpoint = "http://minio.minio.svc.cluster.local:9000".into();
+        b.status = Some(BackupStatus {
+            last_snapshot: Some(SnapshotRecord {
+                time: Time(self.fresh_at),
+                key: "prod/in-cluster.db".into(),
+                size: 1,
+                revision: Some(1),
+                revision_unread: None,
+                sha256: String::new(),
+                node: String::new(),
+                raft_index: None,
+                encrypted: false,
+                request: None,
+            }),
+            ..BackupStatus::default()
+        });
+        Some(b)
     }
 
     /// The cluster's TalosEtcdBackup ([`State::backup`]): a store outside the cluster, and
