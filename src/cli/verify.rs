@@ -388,9 +388,10 @@ fn procedure_apply(table: &crate::compile::Table) -> Procedure {
     Procedure {
         name: "apply",
         what: format!(
-            "apply: a machine's configuration applied (exec::apply, running these rules' `plan apply controlplane`) over {APPLY_STEPS} steps \
-             (reconciles, a new base, the roll's reboot), from a node whose changes need no \
-             reboot, one whose changes need one and one in maintenance mode, a crash, lost \
+            "apply: a machine's configuration applied (exec::apply, running these rules' `plan apply controlplane` and `plan apply worker`) over \
+             {APPLY_STEPS} steps (reconciles, a new base, the roll's reboot), from a node \
+             whose changes need no reboot, one whose changes need one and one in maintenance \
+             mode, each a control plane and a worker, a crash, lost \
              answer, refusal or no node to dial at any of its calls and the status write"
         ),
         invariants: &[

@@ -1,6 +1,6 @@
 //! A machine's configuration applied, explored (issue 37): the product's own apply
 //! procedure (`exec::apply::reconcile`, the one the controller runs for every approved
-//! machine the rules let through, walking the `plan apply controlplane` of the table given)
+//! machine the rules let through, walking the `plan apply <role>` of the table given)
 //! in a model world of one node and the API server's copy of
 //! the machine's status, reconciled again and again with any one fault at any of its calls:
 //! an `ApplyConfiguration` (dry run or real) that crashes the controller before or after it
@@ -8,7 +8,8 @@
 //! write at the reconcile's end lost to a crash. Between reconciles the world may change
 //! the cluster's base (a new configuration to apply) and reboot the node (the roll's reboot:
 //! it runs what was staged). Three starting points: a node whose changes apply without a
-//! reboot, one whose changes need one, and one in maintenance mode with no configuration.
+//! reboot, one whose changes need one, and one in maintenance mode with no configuration;
+//! each once for a control plane and once for a worker (each role's plan is explored).
 //!
 //! Every state reached is checked:
 //!
@@ -89,6 +90,8 @@ struct Talos {
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct State {
+    /// The machine is a worker (its role's `plan apply worker` runs), else a control plane.
+    worker: bool,
     talos: Talos,
     /// The base's version (0 or 1).
     base: u8,
@@ -268,12 +271,18 @@ fn cluster() -> Option<TalosCluster> {
     .ok()
 }
 
-fn machine(status: &str) -> Option<TalosMachine> {
+/// The machine of the state: `cp-1`, or `worker-1` for a worker.
+fn machine(worker: bool, status: &str) -> Option<TalosMachine> {
     let status: serde_json::Value = serde_json::from_str(status).ok()?;
+    let (name, role) = if worker {
+        ("worker-1", "worker")
+    } else {
+        ("cp-1", "controlplane")
+    };
     serde_json::from_value(serde_json::json!({
         "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosMachine",
-        "metadata": {"name": "cp-1", "namespace": "infra"},
-        "spec": {"clusterRef": {"name": "prod"}, "role": "controlplane", "approved": true,
+        "metadata": {"name": name, "namespace": "infra"},
+        "spec": {"clusterRef": {"name": "prod"}, "role": role, "approved": true,
                  "endpoint": "10.0.0.1"},
         "status": status
     }))
@@ -299,7 +308,7 @@ impl Setup<'_> {
     /// One reconcile with `fault` (the call after the last `ApplyConfiguration` is the
     /// status write): the world after it, its calls, and whether it ended.
     fn reconcile(&self, s: &State, fault: Option<(usize, Fault)>) -> Option<(State, usize, bool)> {
-        let before = machine(&s.status)?;
+        let before = machine(s.worker, &s.status)?;
         let mut next = before.clone();
         let now = self
             .epoch
@@ -346,6 +355,7 @@ impl Setup<'_> {
             &mut next,
         ));
         let mut n = State {
+            worker: s.worker,
             talos: w.talos,
             base: s.base,
             status: s.status.clone(),
@@ -368,7 +378,7 @@ impl Setup<'_> {
 
     fn check(&self, s: &State) -> Vec<(&'static str, String)> {
         let mut out = Vec::new();
-        let applied = machine(&s.status)
+        let applied = machine(s.worker, &s.status)
             .and_then(|m| m.applied_config_hash().map(str::to_string))
             .and_then(|h| version(&h));
         if let Some(v) = applied
@@ -399,7 +409,7 @@ impl Setup<'_> {
     fn ends(&self, s: &State) -> Result<(), String> {
         let mut s = s.clone();
         for _ in 0..10 {
-            let applied = machine(&s.status)
+            let applied = machine(s.worker, &s.status)
                 .and_then(|m| m.applied_config_hash().map(str::to_string))
                 .and_then(|h| version(&h));
             if applied == Some(s.base) && s.talos.running == Some(s.base) {
@@ -424,8 +434,9 @@ impl Setup<'_> {
 
 /// Explores `depth` steps from each starting node, breadth-first: a step is a reconcile
 /// with any one fault at any of its calls, the base changing (once), or the node rebooting
-/// into what was staged. `table`: the rules whose `plan apply controlplane` the procedure
-/// runs; `mutant` makes the world misbehave.
+/// into what was staged; once with the machine a control plane and once a worker.
+/// `table`: the rules whose `plan apply controlplane` and `plan apply worker` the
+/// procedure runs; `mutant` makes the world misbehave.
 pub fn explore(table: &Table, depth: u8, mutant: Option<Mutant>) -> Report {
     let mut report = Report::default();
     let Some(cluster) = cluster() else {
@@ -473,15 +484,23 @@ pub fn explore(table: &Table, depth: u8, mutant: Option<Mutant>) -> Report {
     ];
     let mut seen: HashSet<State> = HashSet::new();
     let mut queue: VecDeque<(State, Vec<String>)> = VecDeque::new();
-    for (talos, status, what) in starts {
-        let s = State {
-            talos,
-            base: 0,
-            status,
-            step: 0,
-        };
-        seen.insert(s.clone());
-        queue.push_back((s, vec![format!("from {what}")]));
+    for worker in [false, true] {
+        for (talos, status, what) in &starts {
+            let s = State {
+                worker,
+                talos: *talos,
+                base: 0,
+                status: status.clone(),
+                step: 0,
+            };
+            seen.insert(s.clone());
+            let role = if worker {
+                "a worker"
+            } else {
+                "a control plane"
+            };
+            queue.push_back((s, vec![format!("from {role}, {what}")]));
+        }
     }
     while let Some((s, path)) = queue.pop_front() {
         report.states += 1;
@@ -624,6 +643,29 @@ mod tests {
             r.violations.iter().any(|v| v.invariant == "dry-run-first"),
             "{r:?}"
         );
+    }
+
+    /// Each role's plan is explored: the worker's weakened alone (its `talos apply-config`
+    /// out, the control planes' kept) is refuted on a worker, and only there.
+    #[test]
+    fn a_plan_apply_worker_weakened_alone_is_refuted() {
+        let t = shipped_edited(|t| {
+            t.replace(
+                "plan apply worker\n  do config render\n  do talos dry-run\n  do talos apply-config\n",
+                "plan apply worker\n  do config render\n  do talos dry-run\n",
+            )
+        });
+        let worker = t
+            .plan(crate::vocab::Verb::Apply, crate::vocab::Subject::Worker)
+            .expect("the worker's plan");
+        assert_eq!(worker.steps.len(), 2, "the worker's plan weakened");
+        let r = explore(&t, 2, None);
+        let v = r
+            .violations
+            .iter()
+            .find(|v| v.invariant == "apply-ends")
+            .unwrap_or_else(|| panic!("{r:?}"));
+        assert!(v.trace[0].starts_with("from a worker"), "{v:?}");
     }
 
     #[test]
