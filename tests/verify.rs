@@ -138,6 +138,20 @@ fn step_texts(json: &Value) -> Vec<&str> {
         .collect()
 }
 
+/// `verify` exited 1 and the only invariant violated is `invariant`.
+#[track_caller]
+fn refuted_only_by(out: &Out, json: &Value, invariant: &str) {
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert_eq!(violated(json), vec![invariant.to_string()], "{}", out.stdout);
+}
+
+/// `verify` exited 0 and no invariant is violated.
+#[track_caller]
+fn holds(out: &Out, json: &Value) {
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    assert!(violated(json).is_empty(), "{}", out.stdout);
+}
+
 fn violated(json: &Value) -> Vec<String> {
     json["violations"]
         .as_array()
@@ -1332,13 +1346,7 @@ fn an_operation_waiting_for_the_even_count_never_blocks_its_cure() {
     });
     for dir in [&unparked, &unexempt] {
         let (out, json) = verify(dir, "4", &["--max-operations", "1", "--max-requests", "3"]);
-        assert_eq!(out.code, 1, "{}", out.stdout);
-        assert_eq!(
-            violated(&json),
-            vec!["waiting-operation-not-blocking".to_string()],
-            "{}",
-            out.stdout
-        );
+        refuted_only_by(&out, &json, "waiting-operation-not-blocking");
         let steps = step_texts(&json);
         assert!(
             steps
@@ -1778,8 +1786,7 @@ fn an_operations_plan_without_its_drain_or_its_etcd_guards_is_refuted() {
     );
     let gate_only = mutant("op-gate-only", "operations.rules", |t| t.replace(gate, ""));
     let (out, json) = verify(&gate_only, "3", &bounds);
-    assert_eq!(out.code, 0, "{}", out.stdout);
-    assert!(violated(&json).is_empty(), "{}", out.stdout);
+    holds(&out, &json);
 }
 
 /// Issue 35: the gates after an upgrade's call each carry weight. Without `wait node-back`
@@ -1857,8 +1864,7 @@ fn each_gate_after_an_upgrades_call_and_the_one_down_rule_are_refuted_when_dropp
     );
     // With the rule, the same bounds verify.
     let (out, json) = verify(&root().join("rules"), "5", &five);
-    assert_eq!(out.code, 0, "{}", out.stdout);
-    assert!(violated(&json).is_empty(), "{}", out.stdout);
+    holds(&out, &json);
 }
 
 /// A reboot rolled over the whole cluster (`--rolls`: as the controller's configuration
@@ -1913,8 +1919,7 @@ fn each_gate_of_a_roll_over_the_cluster_is_refuted_when_dropped() {
         );
     }
     let (out, json) = verify(&root().join("rules"), "3", &bounds);
-    assert_eq!(out.code, 0, "{}", out.stdout);
-    assert!(violated(&json).is_empty(), "{}", out.stdout);
+    holds(&out, &json);
 }
 
 /// The default suite's roll run (3 control planes, a worker, a failure, one roll, two
@@ -1936,8 +1941,7 @@ fn a_roll_passing_a_dying_machine_being_deleted_is_not_blamed_for_it() {
         "2",
     ];
     let (out, json) = verify(&root().join("rules"), "3", &bounds);
-    assert_eq!(out.code, 0, "{}", out.stdout);
-    assert!(violated(&json).is_empty(), "{}", out.stdout);
+    holds(&out, &json);
     // The exploration reached the cluster's deletion under a running roll.
     assert!(json["states"].as_u64().unwrap_or(0) > 50_000, "{json}");
 }
@@ -1964,19 +1968,12 @@ fn a_roll_wider_than_max_unavailable_is_refuted() {
         "1",
     ];
     let (out, json) = verify(&root().join("rules"), "3", &bounds);
-    assert_eq!(out.code, 0, "{}", out.stdout);
-    assert!(violated(&json).is_empty(), "{}", out.stdout);
+    holds(&out, &json);
     let dir = mutant("roll-width", "operations.rules", |t| {
         without(t, "rule step-max-unavailable\n")
     });
     let (out, json) = verify(&dir, "3", &bounds);
-    assert_eq!(out.code, 1, "{}", out.stdout);
-    assert_eq!(
-        violated(&json),
-        vec!["roll-width-kept".to_string()],
-        "{}",
-        out.stdout
-    );
+    refuted_only_by(&out, &json, "roll-width-kept");
     let steps = step_texts(&json);
     assert!(
         steps.iter().any(|s| s.contains("a roll over the cluster")),
@@ -2119,8 +2116,7 @@ fn each_gate_of_an_upgrade_rolled_over_the_cluster_is_refuted_when_dropped() {
         "1",
     ];
     let (out, json) = verify(&root().join("rules"), "3", &bounds);
-    assert_eq!(out.code, 0, "{}", out.stdout);
-    assert!(violated(&json).is_empty(), "{}", out.stdout);
+    holds(&out, &json);
     let run = &json["runs"][0]["bounds"];
     assert_eq!(run["roll_kind"], "upgrade", "{json}");
     assert_eq!(run["rolls"], true, "{json}");
@@ -2214,19 +2210,12 @@ fn the_control_planes_of_a_roll_go_alone() {
         ]
     };
     let (out, json) = verify(&root().join("rules"), "3", &wide("1", "1"));
-    assert_eq!(out.code, 0, "{}", out.stdout);
-    assert!(violated(&json).is_empty(), "{}", out.stdout);
+    holds(&out, &json);
     let beside = mutant("roll-beside", "operations.rules", |t| {
         without(t, "rule step-beside-control-plane\n")
     });
     let (out, json) = verify(&beside, "3", &wide("1", "0"));
-    assert_eq!(out.code, 1, "{}", out.stdout);
-    assert_eq!(
-        violated(&json),
-        vec!["roll-control-plane-alone".to_string()],
-        "{}",
-        out.stdout
-    );
+    refuted_only_by(&out, &json, "roll-control-plane-alone");
     let steps = step_texts(&json);
     assert!(
         steps.iter().any(|s| s.contains("a roll over the cluster")),
@@ -2236,19 +2225,12 @@ fn the_control_planes_of_a_roll_go_alone() {
         without(t, "rule step-control-plane-alone\n")
     });
     let (out, json) = verify(&alone, "3", &wide("1", "1"));
-    assert_eq!(out.code, 0, "{}", out.stdout);
-    assert!(violated(&json).is_empty(), "{}", out.stdout);
+    holds(&out, &json);
     edit_too(&alone, "operations.rules", |t| {
         without(t, "rule step-beside-control-plane\n")
     });
     let (out, json) = verify(&alone, "3", &wide("0", "1"));
-    assert_eq!(out.code, 1, "{}", out.stdout);
-    assert_eq!(
-        violated(&json),
-        vec!["roll-control-plane-alone".to_string()],
-        "{}",
-        out.stdout
-    );
+    refuted_only_by(&out, &json, "roll-control-plane-alone");
     let steps = step_texts(&json);
     assert!(steps.iter().any(|s| s.contains("was refused")), "{steps:?}");
     for dir in [beside, alone] {
@@ -2281,8 +2263,7 @@ fn an_unschedulable_cluster_keeps_a_worker_in_service_under_a_wide_roll() {
         ]
     };
     let (out, json) = verify(&root().join("rules"), "3", &bounds("2"));
-    assert_eq!(out.code, 0, "{}", out.stdout);
-    assert!(violated(&json).is_empty(), "{}", out.stdout);
+    holds(&out, &json);
     let narrow = mutant("last-worker-narrow", "operations.rules", |t| {
         let narrowed = t.replace("and workers.others_up == 0", "and workers <= 1");
         assert_ne!(narrowed, t, "the rule as shipped");
@@ -2293,13 +2274,7 @@ fn an_unschedulable_cluster_keeps_a_worker_in_service_under_a_wide_roll() {
     });
     for dir in [&narrow, &gone] {
         let (out, json) = verify(dir, "3", &bounds("2"));
-        assert_eq!(out.code, 1, "{}", out.stdout);
-        assert_eq!(
-            violated(&json),
-            vec!["worker-in-service-while-unschedulable".to_string()],
-            "{}",
-            out.stdout
-        );
+        refuted_only_by(&out, &json, "worker-in-service-while-unschedulable");
         let steps = step_texts(&json);
         assert!(
             steps
@@ -2309,8 +2284,7 @@ fn an_unschedulable_cluster_keeps_a_worker_in_service_under_a_wide_roll() {
         );
     }
     let (out, json) = verify(&narrow, "3", &bounds("1"));
-    assert_eq!(out.code, 0, "{}", out.stdout);
-    assert!(violated(&json).is_empty(), "{}", out.stdout);
+    holds(&out, &json);
     for dir in [narrow, gone] {
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -2337,8 +2311,7 @@ fn a_dead_worker_the_probe_reported_is_not_counted_in_service_by_a_roll() {
         "2",
     ];
     let (out, json) = verify(&root().join("rules"), "3", &bounds);
-    assert_eq!(out.code, 0, "{}", out.stdout);
-    assert!(violated(&json).is_empty(), "{}", out.stdout);
+    holds(&out, &json);
     assert!(
         !out.stdout
             .contains("vacuous   worker-in-service-while-unschedulable"),
@@ -2349,13 +2322,7 @@ fn a_dead_worker_the_probe_reported_is_not_counted_in_service_by_a_roll() {
         without(t, "rule step-last-worker\n")
     });
     let (out, json) = verify(&gone, "3", &bounds);
-    assert_eq!(out.code, 1, "{}", out.stdout);
-    assert_eq!(
-        violated(&json),
-        vec!["worker-in-service-while-unschedulable".to_string()],
-        "{}",
-        out.stdout
-    );
+    refuted_only_by(&out, &json, "worker-in-service-while-unschedulable");
     let steps = step_texts(&json);
     let at = |what: &str| steps.iter().position(|s| s.contains(what));
     let (died, probed) = (at("dies"), at("Ready=False NodeUnreachable"));
@@ -2391,8 +2358,7 @@ fn an_upgrade_roll_passing_a_machine_being_deleted_is_not_blamed_for_its_version
         "2",
     ];
     let (out, json) = verify(&root().join("rules"), "3", &bounds);
-    assert_eq!(out.code, 0, "{}", out.stdout);
-    assert!(violated(&json).is_empty(), "{}", out.stdout);
+    holds(&out, &json);
     assert!(json["states"].as_u64().unwrap_or(0) > 50_000, "{json}");
 }
 
@@ -2483,8 +2449,7 @@ fn each_step_of_a_rollback_shutdown_or_reset_is_refuted_when_dropped() {
     // The same bounds verify with the shipped rules.
     for bounds in [&one, &reset] {
         let (out, json) = verify(&root().join("rules"), "3", bounds);
-        assert_eq!(out.code, 0, "{}", out.stdout);
-        assert!(violated(&json).is_empty(), "{}", out.stdout);
+        holds(&out, &json);
     }
 }
 
@@ -2557,8 +2522,7 @@ fn an_operation_plan_without_its_talos_call_is_refuted() {
     // The same bounds verify with the shipped rules (the single-machine ones are
     // `each_step_of_a_rollback_shutdown_or_reset_is_refuted_when_dropped`'s).
     let (out, json) = verify(&root().join("rules"), "3", &bounds("1", "1", true));
-    assert_eq!(out.code, 0, "{}", out.stdout);
-    assert!(violated(&json).is_empty(), "{}", out.stdout);
+    holds(&out, &json);
 }
 
 /// Defence in depth in the rollback, shutdown and reset plans, pinned: the first `etcd
@@ -2669,13 +2633,7 @@ fn without_restore_store_in_cluster_a_restore_from_an_in_cluster_store_is_refute
         without(t, "rule restore-store-in-cluster\n")
     });
     let (out, json) = verify(&dir, "1", &bounds);
-    assert_eq!(out.code, 1, "{}", out.stdout);
-    assert_eq!(
-        violated(&json),
-        vec!["restore-store-outside".to_string()],
-        "{}",
-        out.stdout
-    );
+    refuted_only_by(&out, &json, "restore-store-outside");
     let steps = step_texts(&json);
     assert!(
         steps
@@ -2685,8 +2643,7 @@ fn without_restore_store_in_cluster_a_restore_from_an_in_cluster_store_is_refute
     );
     let _ = std::fs::remove_dir_all(&dir);
     let (out, json) = verify(&root().join("rules"), "1", &bounds);
-    assert_eq!(out.code, 0, "{}", out.stdout);
-    assert!(violated(&json).is_empty(), "{}", out.stdout);
+    holds(&out, &json);
     let never = json["coverage"]["rules_never_fired"].to_string();
     assert!(!never.contains("\"restore-store-in-cluster\""), "{never}");
 }
@@ -2752,20 +2709,12 @@ fn without_the_fresh_backup_rules_disruptive_work_starts_without_a_snapshot() {
         t.replace(guard, "(target.controlplane or target.uncounted)")
     });
     let (out, json) = verify(&dir, "3", &rolls);
-    assert_eq!(out.code, 1, "{}", out.stdout);
-    assert_eq!(
-        violated(&json),
-        vec!["fresh-snapshot-before-disruption".to_string()],
-        "{}",
-        out.stdout
-    );
+    refuted_only_by(&out, &json, "fresh-snapshot-before-disruption");
     let _ = std::fs::remove_dir_all(&dir);
     let (out, json) = verify(&root().join("rules"), "3", &rolls);
-    assert_eq!(out.code, 0, "{}", out.stdout);
-    assert!(violated(&json).is_empty(), "{}", out.stdout);
+    holds(&out, &json);
     let (out, json) = verify(&root().join("rules"), "3", &bounds);
-    assert_eq!(out.code, 0, "{}", out.stdout);
-    assert!(violated(&json).is_empty(), "{}", out.stdout);
+    holds(&out, &json);
     let never = json["coverage"]["rules_never_fired"].to_string();
     assert!(never.starts_with('['), "{}", out.stdout);
     assert!(

@@ -17,7 +17,9 @@
 //!   the starting states;
 //! - `objects.rs`: a state as the API server's objects, and the decisions made on them;
 //! - `successors.rs`: the [`Model`] and every successor of a state, of which
-//!   `requests.rs` makes people's and `controller.rs` the controller's reconciles.
+//!   `requests.rs` makes people's, `controller.rs` the controller's reconciles and
+//!   `environment.rs` the world's moves (nodes, etcd, PodDisruptionBudgets, the lock's
+//!   expiry, the backup's snapshot).
 //!
 //! [`request_events`]: crate::runtime::decide::request_events
 //! [`decide_events`]: crate::runtime::decide::decide_events
@@ -25,6 +27,7 @@
 
 mod bounds;
 mod controller;
+mod environment;
 mod moves;
 mod objects;
 mod requests;

@@ -595,18 +595,7 @@ impl Objects<'_> {
         b.metadata.name = Some(IN_CLUSTER_BACKUP.into());
         b.spec.store.endpoint = "http://minio.minio.svc.cluster.local:9000".into();
         b.status = Some(BackupStatus {
-            last_snapshot: Some(SnapshotRecord {
-                time: Time(self.fresh_at),
-                key: "prod/in-cluster.db".into(),
-                size: 1,
-                revision: Some(1),
-                revision_unread: None,
-                sha256: String::new(),
-                node: String::new(),
-                raft_index: None,
-                encrypted: false,
-                request: None,
-            }),
+            last_snapshot: Some(snapshot_record(self.fresh_at, "prod/in-cluster.db")),
             ..BackupStatus::default()
         });
         Some(b)
@@ -623,18 +612,7 @@ impl Objects<'_> {
         };
         let mut b = self.backup.clone();
         b.status = Some(BackupStatus {
-            last_snapshot: taken.map(|t| SnapshotRecord {
-                time: Time(t),
-                key: "prod/snapshot.db".into(),
-                size: 1,
-                revision: Some(1),
-                revision_unread: None,
-                sha256: String::new(),
-                node: String::new(),
-                raft_index: None,
-                encrypted: false,
-                request: None,
-            }),
+            last_snapshot: taken.map(|t| snapshot_record(t, "prod/snapshot.db")),
             ..BackupStatus::default()
         });
         Some(b)
@@ -751,4 +729,21 @@ impl Objects<'_> {
 
 pub(super) fn next_op_name(s: &State) -> u8 {
     s.op_names.iter().copied().max().unwrap_or(0) + 1
+}
+
+/// A backup's last snapshot as the model's backups record it: taken at `time`, stored at
+/// `key`, one byte at revision 1 (what the rules read of it is its time and its store).
+fn snapshot_record(time: Timestamp, key: &str) -> SnapshotRecord {
+    SnapshotRecord {
+        time: Time(time),
+        key: key.into(),
+        size: 1,
+        revision: Some(1),
+        revision_unread: None,
+        sha256: String::new(),
+        node: String::new(),
+        raft_index: None,
+        encrypted: false,
+        request: None,
+    }
 }

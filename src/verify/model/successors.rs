@@ -1,13 +1,14 @@
 //! The model ([`Model`]) and every successor of a state: people's requests (decided on
 //! it, committed at once or left in flight), commits of what is in flight, the
-//! controller's reconciles ([`super::controller`]) and the world's moves (a node dies
-//! or returns, etcd catches up, a PodDisruptionBudget blocks or lifts).
+//! controller's reconciles ([`super::controller`]) and the world's moves
+//! ([`super::environment`]: a node dies or returns, etcd catches up, a PodDisruptionBudget
+//! blocks or lifts, the lock expires, the backup's snapshot is taken or ages).
 
 use super::bounds::{Bounds, BoundsError, ix};
 use super::moves::{Fired, Move, Next, committed, effect};
 use super::objects::{Lazy, Memo, Objects};
 use super::requests::outcome;
-use super::state::{Backup, ClusterState, Lock, OpKind, Pending, Phase, Req, State};
+use super::state::{ClusterState, Lock, OpKind, Pending, Phase, Req, State};
 use crate::compile::{PlanStep, Table};
 use crate::runtime::objects::Snapshot;
 use crate::vocab::{Verb, Verdict};
@@ -217,137 +218,8 @@ impl<'t> Model<'t> {
                 });
             }
         }
-        // The environment.
-        for (idx, m) in ix(&s.machines) {
-            let i = usize::from(idx);
-            if !m.up && !m.wiped && m.boots.rebooting {
-                // Taken down by an operation's call: it comes back (not assumed: a world
-                // move) with a new boot time, running what was staged.
-                let mut t = s.fork();
-                let b = &mut t.machines[i].boots;
-                b.boot = !b.boot;
-                b.rebooting = false;
-                if b.staged {
-                    // Within the failure budget, the upgrade does not take.
-                    if s.failures < self.bounds.max_failures {
-                        let mut u = t.clone();
-                        u.machines[i].boots.staged = false;
-                        u.machines[i].up = true;
-                        u.failures += 1;
-                        out.push(Next {
-                            mv: Move::UpgradeNotTaken(idx),
-                            state: u,
-                            effect: effect("node-returns"),
-                        });
-                    }
-                    let b = &mut t.machines[i].boots;
-                    b.upgraded = true;
-                    b.staged = false;
-                }
-                t.machines[i].up = true;
-                // Within the failure budget, its etcd member has not caught up yet when
-                // the node answers (it does, by a move of its own).
-                if m.member && s.failures < self.bounds.max_failures {
-                    let mut u = t.clone();
-                    u.machines[i].boots.syncing = true;
-                    u.failures += 1;
-                    out.push(Next {
-                        mv: Move::NodeReturnsBehind(idx),
-                        state: u,
-                        effect: effect("node-returns"),
-                    });
-                }
-                out.push(Next {
-                    mv: Move::NodeReturns(idx),
-                    state: t,
-                    effect: effect("node-returns"),
-                });
-                continue;
-            }
-            if m.up && m.boots.syncing {
-                let mut t = s.fork();
-                t.machines[i].boots.syncing = false;
-                out.push(Next {
-                    mv: Move::EtcdCatchesUp(idx),
-                    state: t,
-                    effect: effect("node-returns"),
-                });
-            }
-            // A control plane's node, or an approved worker's, may die (a failure) and come
-            // back: the controller then learns of it only by what it reads.
-            if !(m.ever_cp() || m.approved_worker()) || m.wiped || !(m.approved || m.member) {
-                continue;
-            }
-            if m.up && s.failures < self.bounds.max_failures {
-                let mut t = s.fork();
-                t.machines[i].up = false;
-                t.failures += 1;
-                out.push(Next {
-                    mv: Move::NodeDies(idx),
-                    state: t,
-                    effect: effect("node-dies"),
-                });
-            }
-            if !m.up {
-                let mut t = s.fork();
-                t.machines[i].up = true;
-                out.push(Next {
-                    mv: Move::NodeReturns(idx),
-                    state: t,
-                    effect: effect("node-returns"),
-                });
-            }
-        }
-        let draining = s
-            .machines
-            .iter()
-            .any(|m| m.deleting && m.finalizer && !m.committed);
-        if s.pdb {
-            let mut t = s.fork();
-            t.pdb = false;
-            out.push(Next {
-                mv: Move::PdbLifts,
-                state: t,
-                effect: effect("pdb"),
-            });
-        } else if draining && s.failures < self.bounds.max_failures {
-            let mut t = s.fork();
-            t.pdb = true;
-            t.failures += 1;
-            out.push(Next {
-                mv: Move::PdbBlocks,
-                state: t,
-                effect: effect("pdb"),
-            });
-        }
-        // The lock's Lease, held by work between its reconciles, expires (a failure): who
-        // may take it then is the product's policy (`disruptive::may_take_over`).
-        if s.lock != Lock::Free && !s.lock_expired && s.failures < self.bounds.max_failures {
-            let mut t = s.fork();
-            t.lock_expired = true;
-            t.failures += 1;
-            out.push(Next {
-                mv: Move::LockExpires,
-                state: t,
-                effect: effect("lock-expires"),
-            });
-        }
-        // The backup's snapshot: taken (by its schedule, or on demand) when there is none or
-        // it is stale; a fresh one grows stale (time passes; not a failure).
-        let snapshot = match s.backup {
-            Backup::None => None,
-            Backup::Empty | Backup::Stale => Some((Backup::Fresh, Move::SnapshotTaken, "snapshot")),
-            Backup::Fresh => Some((Backup::Stale, Move::SnapshotAges, "snapshot-ages")),
-        };
-        if let Some((backup, mv, step)) = snapshot {
-            let mut t = s.fork();
-            t.backup = backup;
-            out.push(Next {
-                mv,
-                state: t,
-                effect: effect(step),
-            });
-        }
+        // The world.
+        self.environment(s, out);
         outcomes
     }
 
