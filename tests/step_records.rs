@@ -767,7 +767,10 @@ fn deleting_meta(obj: &Value) -> k8s_openapi::apimachinery::pkg::apis::meta::v1:
 /// endpoint answers no token 401, a user without `get` on `/admissions` 403 and a bad
 /// query 400; a controller without the permission records `admission_lookup: forbidden`
 /// and no `admission`, and counts it; an earlier same-named object's admission is not
-/// taken for a new one's deletion.
+/// taken for a new one's deletion. A DELETE review forged beside the real one (a made-up
+/// user, within the second) is answered beside it and neither is linked (`ambiguous`);
+/// the real one alone is linked, but not by a controller that never loaded its rules
+/// (`digest-unknown`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_in_another_process_links_to_the_webhooks_admission() {
     use crate::metrics_auth::{client_config, get as get_url};
@@ -880,6 +883,76 @@ async fn a_controller_in_another_process_links_to_the_webhooks_admission() {
         "{scraped}"
     );
 
+    // 1b. Without `--client-ca` anyone reaching the port can post a DELETE review: one of
+    // cp-3's, with a made-up user, right after the real one. The webhook answers both, and
+    // the controller links neither, whichever it would have taken.
+    let known = rules().loaded_digests();
+    assert_eq!(known.len(), 1);
+    // (A lookup of its own: the controller's caches what it is asked.)
+    let probe =
+        Lookup::new(lookup_config(token.clone()), Arc::new(Metrics::default())).expect("lookup");
+    let cp3 = get(&api, "TalosMachine", "cp-3").expect("cp-3");
+    let real = webhook
+        .admit(objects::review("req-delete-cp-3", "DELETE", Some(&cp3), None).build())
+        .await;
+    let forged = webhook
+        .admit(
+            objects::review("req-forged", "DELETE", Some(&cp3), None)
+                .authenticated_user("mallory")
+                .build(),
+        )
+        .await;
+    let (code, body) = get_url(
+        addr,
+        Some(&tls),
+        "/admissions?kind=TalosMachine&namespace=infra&name=cp-3&operation=DELETE",
+        Some("tok-controller"),
+    )
+    .await
+    .expect("get");
+    assert_eq!(code, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).expect("JSON");
+    let answered: Vec<&Value> = answer["admissions"]
+        .as_array()
+        .expect("admissions")
+        .iter()
+        .map(|a| &a["decision"])
+        .collect();
+    assert_eq!(answered, vec![&json!(real), &json!(forged)], "{body}");
+    let cp3_deleting = deleting_meta(&cp3);
+    assert_eq!(
+        probe
+            .find("TalosMachine", &cp3_deleting, "DELETE", &known)
+            .await,
+        Linked {
+            admission: None,
+            why: Some("ambiguous")
+        }
+    );
+    // The real one alone (no forged review) links; under rules this controller never
+    // loaded (a well-formed digest it does not know), it does not.
+    let cp1 = get(&api, "TalosMachine", "cp-1").expect("cp-1");
+    let alone = webhook
+        .admit(objects::review("req-delete-cp-1", "DELETE", Some(&cp1), None).build())
+        .await;
+    let cp1_deleting = deleting_meta(&cp1);
+    let unknown = vec![format!("sha256:{}", "0".repeat(64))];
+    let other_rules =
+        Lookup::new(lookup_config(token.clone()), Arc::new(Metrics::default())).expect("lookup");
+    assert_eq!(
+        other_rules
+            .find("TalosMachine", &cp1_deleting, "DELETE", &unknown)
+            .await,
+        Linked {
+            admission: None,
+            why: Some("digest-unknown")
+        }
+    );
+    let linked = probe
+        .find("TalosMachine", &cp1_deleting, "DELETE", &known)
+        .await;
+    assert_eq!(linked.admission.map(|a| a.decision), Some(alone));
+
     // 2. The controller, in its own process, links every record of the removal to it.
     delete(&api, "TalosMachine", "cp-4").await;
     controller.step_done("cp-4", "release finalizer").await;
@@ -924,7 +997,9 @@ async fn a_controller_in_another_process_links_to_the_webhooks_admission() {
             .to_string()
     );
     let second = deleting_meta(&again);
-    let linked = lookup.find("TalosMachine", &second, "DELETE").await;
+    let linked = lookup
+        .find("TalosMachine", &second, "DELETE", &rules().loaded_digests())
+        .await;
     assert_eq!(
         linked,
         Linked {
@@ -934,7 +1009,9 @@ async fn a_controller_in_another_process_links_to_the_webhooks_admission() {
     );
     // The first cp-4 itself still links (the same answer, checked the same way).
     let first = deleting_meta(&stored);
-    let linked = lookup.find("TalosMachine", &first, "DELETE").await;
+    let linked = lookup
+        .find("TalosMachine", &first, "DELETE", &rules().loaded_digests())
+        .await;
     assert_eq!(linked.admission.map(|a| a.decision), Some(admitted.clone()));
 
     // 4. Without the permission: 403, no link, the record says why, and it is counted.
@@ -942,7 +1019,9 @@ async fn a_controller_in_another_process_links_to_the_webhooks_admission() {
     let fresh =
         Lookup::new(lookup_config(token.clone()), Arc::new(Metrics::default())).expect("lookup");
     assert_eq!(
-        fresh.find("TalosMachine", &first, "DELETE").await,
+        fresh
+            .find("TalosMachine", &first, "DELETE", &rules().loaded_digests())
+            .await,
         Linked {
             admission: None,
             why: Some("forbidden")

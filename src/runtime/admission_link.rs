@@ -3,16 +3,19 @@
 //! the webhook answers `GET /admissions?kind=…&namespace=…&name=…&operation=…` on its
 //! metrics port, behind the same TokenReview + SubjectAccessReview as `/metrics`
 //! (`runtime::metrics_auth`, non-resource URL `/admissions`, verb `get`), with the
-//! admissions it keeps (`step_records::Admissions`, the newest 4096); the controller asks
-//! every webhook replica ([`Lookup`]: `serve --admissions-url`, `--admissions-peers`) with
-//! its ServiceAccount token when its own process holds no admission for the object, and
-//! takes an answer only when the one check of both paths accepts it
-//! ([`Admission::admits`]). A lookup that fails never delays a step past its timeout: the
+//! admissions it keeps (`step_records::Admissions`: of the newest 4096 names, up to 4
+//! each); the controller asks every webhook replica ([`Lookup`]: `serve --admissions-url`,
+//! `--admissions-peers`) with its ServiceAccount token when its own process holds no
+//! admission for the object, and links one only when the one check of both paths chooses
+//! it among all the replicas answered ([`choose`]: exactly one candidate, none dropped,
+//! of rules this process loaded). A lookup that fails never delays a step past its timeout: the
 //! record then says why (`admission_lookup`, one of [`REASONS`]) and the failure is
 //! counted (`ichor_rules_admission_lookup_failures_total{reason}`).
 
 use super::metrics::Metrics;
-use super::step_records::{Admission, Admissions, admits_work};
+use super::step_records::{
+    ADMISSIONS_PER_KEY, Admission, Admissions, DROPPED_KEPT, UID_LIMIT, admits_work, choose,
+};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -29,11 +32,13 @@ pub const PATH: &str = "/admissions";
 
 /// Why a record has no `admission` although the webhook was asked: every value
 /// `admission_lookup` (and the failure metric's `reason`) can take.
-pub const REASONS: [&str; 9] = [
+pub const REASONS: [&str; 11] = [
     "not-found",
     "not-this-object",
     "uid-mismatch",
     "no-uid",
+    "ambiguous",
+    "digest-unknown",
     "timeout",
     "unauthorized",
     "forbidden",
@@ -41,8 +46,9 @@ pub const REASONS: [&str; 9] = [
     "bad-answer",
 ];
 
-/// The most bytes of an answer read (4096 admissions of one key cannot be: one is kept per
-/// object and operation).
+/// The most bytes of an answer read: an answer [`Answer::check`] accepts is at most
+/// [`ADMISSIONS_PER_KEY`] admissions of a few hundred bytes each (names of at most 253
+/// and 63 bytes, uids of at most [`UID_LIMIT`]) and [`DROPPED_KEPT`] uids, under 8 KiB.
 const ANSWER_LIMIT: usize = 64 * 1024;
 /// The most webhook replicas asked.
 const MAX_PEERS: usize = 16;
@@ -151,15 +157,74 @@ pub struct Kept {
     pub admission: Admission,
 }
 
-/// The answer of `/admissions`.
+/// The answer of `/admissions`: every admission kept of the name and operation asked (the
+/// oldest first), and whose were dropped to keep them bounded
+/// (`step_records::KeptAdmissions`). A webhook of an older version answers `admissions`
+/// alone (at most one).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Answer {
     pub admissions: Vec<Kept>,
+    /// The object uids whose admissions were dropped for newer ones.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dropped_uids: Vec<String>,
+    /// More uids' admissions were dropped than `dropped_uids` holds.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub overflowed: bool,
+}
+
+impl Answer {
+    /// Whether this answer is one a webhook could give (the bounds it keeps); the error
+    /// says what is wrong, for the log. An answer past them is no webhook's and counts as
+    /// `bad-answer`: nothing of it is taken.
+    pub fn check(&self) -> Result<(), String> {
+        if self.admissions.len() > ADMISSIONS_PER_KEY {
+            return Err(format!(
+                "{} admissions of one name and operation (a webhook keeps at most {ADMISSIONS_PER_KEY})",
+                self.admissions.len()
+            ));
+        }
+        if self.dropped_uids.len() > DROPPED_KEPT {
+            return Err(format!(
+                "{} dropped uids (a webhook keeps at most {DROPPED_KEPT})",
+                self.dropped_uids.len()
+            ));
+        }
+        if let Some(u) = self.dropped_uids.iter().find(|u| u.len() > UID_LIMIT) {
+            return Err(format!(
+                "a dropped uid of {} bytes (at most {UID_LIMIT})",
+                u.len()
+            ));
+        }
+        for (i, k) in self.admissions.iter().enumerate() {
+            let a = &k.admission;
+            let fields = [
+                ("kind", k.kind.len(), 64),
+                ("namespace", k.namespace.len(), 63),
+                ("name", k.name.len(), 253),
+                ("decision", a.decision.len(), 64),
+                ("request_uid", a.request_uid.len(), UID_LIMIT),
+                ("object_uid", a.object_uid.len(), UID_LIMIT),
+                ("operation", a.operation.len(), 16),
+                ("digest", a.digest.len(), 128),
+                ("time", a.time.len(), 64),
+            ];
+            if let Some((field, len, limit)) = fields.iter().find(|(_, len, limit)| len > limit) {
+                return Err(format!(
+                    "admission {i}: `{field}` of {len} bytes (at most {limit})"
+                ));
+            }
+            if a.decision.is_empty() {
+                return Err(format!("admission {i}: `decision` is empty"));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Answers `GET /admissions` (the caller already allowed): 400 for a bad query, else the
-/// kept admissions of the object and operation asked (none, or one). `admissions`: `None`
-/// when this process keeps none (`--decision-log off`: no decision ids to link to).
+/// kept admissions of the object and operation asked, and whose were dropped.
+/// `admissions`: `None` when this process keeps none (`--decision-log off`: no decision
+/// ids to link to).
 pub fn answer(admissions: Option<&Admissions>, query: Option<&str>) -> Response {
     let q = match parse_query(query) {
         Ok(q) => q,
@@ -172,9 +237,14 @@ pub fn answer(admissions: Option<&Admissions>, query: Option<&str>) -> Response 
                 .into_response();
         }
     };
-    let found = admissions.and_then(|a| a.kept(&q.kind, &q.namespace, &q.name, &q.operation));
+    let found = admissions
+        .map(|a| a.kept(&q.kind, &q.namespace, &q.name, &q.operation))
+        .unwrap_or_default();
     let body = Answer {
+        dropped_uids: found.dropped_uids,
+        overflowed: found.overflowed,
         admissions: found
+            .admissions
             .into_iter()
             .map(|admission| Kept {
                 kind: q.kind.clone(),
@@ -291,11 +361,18 @@ impl Lookup {
         })
     }
 
-    /// The admission that let `operation` on the object `meta` (a `kind`) in, as a webhook
-    /// replica kept it and [`Admission::admits`] accepts it; or why there is none. Takes
-    /// at most the lookup's timeout; answers are kept [`FOUND_FOR`] (found) or
-    /// [`MISSED_FOR`] (not found, failed) per object.
-    pub async fn find(&self, kind: &str, meta: &ObjectMeta, operation: &str) -> Linked {
+    /// The admission that let `operation` on the object `meta` (a `kind`) in, as the webhook
+    /// replicas kept it and [`choose`] chooses it among all they answered (`known`: the
+    /// rule-set digests this process has loaded); or why there is none. Takes at most the
+    /// lookup's timeout; answers are kept [`FOUND_FOR`] (found) or [`MISSED_FOR`] (not
+    /// found, failed) per object.
+    pub async fn find(
+        &self,
+        kind: &str,
+        meta: &ObjectMeta,
+        operation: &str,
+        known: &[String],
+    ) -> Linked {
         let key = (
             kind.to_string(),
             meta.uid.clone().unwrap_or_default(),
@@ -314,7 +391,7 @@ impl Lookup {
             }
         }
         let deadline = tokio::time::Instant::now() + self.config.timeout;
-        let linked = self.ask_all(kind, meta, operation, deadline).await;
+        let linked = self.ask_all(kind, meta, operation, known, deadline).await;
         if let Some(why) = linked.why
             && !is_refusal(why)
         {
@@ -337,6 +414,7 @@ impl Lookup {
         kind: &str,
         meta: &ObjectMeta,
         operation: &str,
+        known: &[String],
         deadline: tokio::time::Instant,
     ) -> Linked {
         let (namespace, name) = (
@@ -383,7 +461,7 @@ impl Lookup {
                 .unwrap_or(Asked::Failed("timeout"))
         });
         let answers = futures::future::join_all(asks).await;
-        judge(&answers, kind, meta, operation)
+        judge(&answers, kind, meta, operation, known)
     }
 
     fn tls(&self) -> Result<Arc<rustls::ClientConfig>, String> {
@@ -464,7 +542,13 @@ impl Lookup {
             return Ok(Asked::Failed("bad-answer"));
         };
         match super::nesting::json::<Answer>(&body) {
-            Ok(a) => Ok(Asked::Answer(a)),
+            Ok(a) => match a.check() {
+                Ok(()) => Ok(Asked::Answer(a)),
+                Err(e) => {
+                    tracing::warn!(%addr, error = %e, "the webhook's admissions are past what a webhook keeps");
+                    Ok(Asked::Failed("bad-answer"))
+                }
+            },
             Err(e) => {
                 tracing::warn!(%addr, error = %e, "the webhook's admissions are not JSON of admissions");
                 Ok(Asked::Failed("bad-answer"))
@@ -473,74 +557,71 @@ impl Lookup {
     }
 }
 
-/// Whether `why` says an admission was found and the check refused it, or none was kept:
+/// Whether `why` says admissions were kept and the check refused them, or none was kept:
 /// no failure of the lookup (not counted in the failure metric).
 pub fn is_refusal(why: &str) -> bool {
     matches!(
         why,
-        "not-found" | "not-this-object" | "uid-mismatch" | "no-uid"
+        "not-found"
+            | "not-this-object"
+            | "uid-mismatch"
+            | "no-uid"
+            | "ambiguous"
+            | "digest-unknown"
     )
 }
 
-/// The replicas' answers together: the newest admission of this object that the check
-/// accepts; else, when a replica could not be asked, why (it may hold the admission);
-/// else why the check refused the one kept (`uid-mismatch`: another object's of the same
-/// name; `no-uid`; `not-this-object`), or `not-found`.
-fn judge(answers: &[Asked], kind: &str, meta: &ObjectMeta, operation: &str) -> Linked {
-    let (namespace, name) = (
-        meta.namespace.as_deref().unwrap_or_default(),
-        meta.name.as_deref().unwrap_or_default(),
-    );
-    let mut refused: Option<&'static str> = None;
-    let mut best: Option<&Admission> = None;
-    for a in answers {
-        let Asked::Answer(answer) = a else { continue };
-        for k in &answer.admissions {
-            if k.kind != kind || k.namespace != namespace || k.name != name {
-                continue;
-            }
-            let a = &k.admission;
-            let sane = a.decision.len() <= 64
-                && a.request_uid.len() <= 128
-                && a.object_uid.len() <= 128
-                && a.time.len() <= 64
-                && !a.decision.is_empty();
-            let checked = if sane {
-                a.check(meta, operation)
-            } else {
-                Err("not-this-object")
-            };
-            match checked {
-                Ok(()) if best.is_none_or(|b| newer(a, b)) => best = Some(a),
-                Ok(()) => {}
-                Err(why) => {
-                    refused.get_or_insert(why);
-                }
-            }
-        }
-    }
-    if let Some(a) = best {
-        return Linked {
-            admission: Some(a.clone()),
-            why: None,
-        };
-    }
-    if let Some(why) = answers.iter().find_map(|a| match a {
-        Asked::Failed(why) => Some(*why),
-        Asked::Answer(_) => None,
-    }) {
-        return Linked::missing(why);
-    }
+/// The replicas' answers together, judged by the one check of both paths ([`choose`]) as
+/// if one webhook had kept them all: the one admission of this object that let it in,
+/// when every replica answered (one that did not may hold another candidate, or the real
+/// one beside a forged one); else `ambiguous` when those that answered hold more than one
+/// candidate, or dropped one; else why a replica could not be asked; else why the check
+/// refused what was kept (`uid-mismatch`: another object's of the same name; `no-uid`;
+/// `not-this-object`; `digest-unknown`), or `not-found`.
+fn judge(
+    answers: &[Asked],
+    kind: &str,
+    meta: &ObjectMeta,
+    operation: &str,
+    known: &[String],
+) -> Linked {
     if answers.is_empty() {
         return Linked::missing("unavailable");
     }
-    Linked::missing(refused.unwrap_or("not-found"))
-}
-
-/// Whether `a` was decided after `b` (both already accepted: their times parse).
-fn newer(a: &Admission, b: &Admission) -> bool {
-    let at = |x: &Admission| x.time.parse::<k8s_openapi::jiff::Timestamp>().ok();
-    at(a) > at(b)
+    let (namespace, name, uid) = (
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default(),
+        meta.uid.as_deref().unwrap_or_default(),
+    );
+    let mut dropped = false;
+    let mut kept: Vec<&Admission> = Vec::new();
+    for a in answers {
+        let Asked::Answer(answer) = a else { continue };
+        dropped |= answer.overflowed || answer.dropped_uids.iter().any(|u| u == uid);
+        for k in &answer.admissions {
+            // The same admission answered twice (one replica asked at two addresses) is one.
+            if k.kind == kind
+                && k.namespace == namespace
+                && k.name == name
+                && !kept.iter().any(|seen| **seen == k.admission)
+            {
+                kept.push(&k.admission);
+            }
+        }
+    }
+    let failed = answers.iter().find_map(|a| match a {
+        Asked::Failed(why) => Some(*why),
+        Asked::Answer(_) => None,
+    });
+    match (choose(kept, dropped, meta, operation, known), failed) {
+        (Ok(a), None) => Linked {
+            admission: Some(a.clone()),
+            why: None,
+        },
+        (Err("ambiguous"), _) => Linked::missing("ambiguous"),
+        (_, Some(why)) => Linked::missing(why),
+        (Err(why), None) => Linked::missing(why),
+    }
 }
 
 #[cfg(test)]
@@ -549,6 +630,10 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     const DIGEST: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    fn known() -> Vec<String> {
+        vec![DIGEST.to_string()]
+    }
 
     fn meta(created: &str, deleted: &str) -> ObjectMeta {
         ObjectMeta {
@@ -624,34 +709,59 @@ mod tests {
         let forged = kept("2026-12-05T10:30:00Z", "sha256:nothex");
         let mut other = ok.clone();
         other.name = "cp-5".into();
-        let answer = |ks: Vec<Kept>| Asked::Answer(Answer { admissions: ks });
+        let answer = |ks: Vec<Kept>| {
+            Asked::Answer(Answer {
+                admissions: ks,
+                ..Answer::default()
+            })
+        };
         let l = judge(
             &[answer(vec![stale.clone()]), answer(vec![ok.clone()])],
             "TalosMachine",
             &m,
             "DELETE",
+            &known(),
         );
         assert_eq!(
             l.admission.as_ref().map(|a| a.decision.as_str()),
             Some("d-2026-12-05T10:59:59.5Z")
         );
         assert_eq!(l.why, None);
-        let l = judge(&[answer(vec![stale, forged])], "TalosMachine", &m, "DELETE");
+        let l = judge(
+            &[answer(vec![stale, forged])],
+            "TalosMachine",
+            &m,
+            "DELETE",
+            &known(),
+        );
         assert_eq!(l, Linked::missing("not-this-object"));
         // Another object's of the same name, within this one's lifetime: its uid tells.
         let mut predecessor = ok.clone();
         predecessor.admission.object_uid = "u-1".into();
-        let l = judge(&[answer(vec![predecessor])], "TalosMachine", &m, "DELETE");
+        let l = judge(
+            &[answer(vec![predecessor])],
+            "TalosMachine",
+            &m,
+            "DELETE",
+            &known(),
+        );
         assert_eq!(l, Linked::missing("uid-mismatch"));
         let mut unnamed = ok.clone();
         unnamed.admission.object_uid.clear();
-        let l = judge(&[answer(vec![unnamed])], "TalosMachine", &m, "DELETE");
+        let l = judge(
+            &[answer(vec![unnamed])],
+            "TalosMachine",
+            &m,
+            "DELETE",
+            &known(),
+        );
         assert_eq!(l, Linked::missing("no-uid"));
         let l = judge(
             &[answer(vec![other]), answer(vec![])],
             "TalosMachine",
             &m,
             "DELETE",
+            &known(),
         );
         assert_eq!(l, Linked::missing("not-found"));
         let l = judge(
@@ -659,15 +769,156 @@ mod tests {
             "TalosMachine",
             &m,
             "DELETE",
+            &known(),
         );
         assert_eq!(l, Linked::missing("forbidden"));
+        // A replica that did not answer may hold another candidate: nothing is linked.
         let l = judge(
-            &[answer(vec![ok]), Asked::Failed("timeout")],
+            &[answer(vec![ok.clone()]), Asked::Failed("timeout")],
             "TalosMachine",
             &m,
             "DELETE",
+            &known(),
         );
-        assert!(l.admission.is_some(), "one replica's answer is enough");
+        assert_eq!(l, Linked::missing("timeout"));
+        // The same admission answered twice (one replica at two addresses) is one.
+        let l = judge(
+            &[answer(vec![ok.clone()]), answer(vec![ok.clone()])],
+            "TalosMachine",
+            &m,
+            "DELETE",
+            &known(),
+        );
+        assert!(l.admission.is_some(), "{l:?}");
+        // A well-formed digest of rules this process never loaded.
+        let l = judge(
+            &[answer(vec![ok])],
+            "TalosMachine",
+            &m,
+            "DELETE",
+            &["sha256:".to_string() + &"f".repeat(64)],
+        );
+        assert_eq!(l, Linked::missing("digest-unknown"));
+    }
+
+    /// The replicas' answers are one webhook's memory: a forged review one replica kept
+    /// beside the real one another kept links neither, whichever failed to answer; a
+    /// replica that dropped an admission of this object makes the one another kept
+    /// ambiguous too.
+    #[test]
+    fn candidates_across_replicas_are_judged_together() {
+        let m = meta("2026-12-05T10:00:00Z", "2026-12-05T11:00:00Z");
+        let real = kept("2026-12-05T11:00:00.2Z", DIGEST);
+        let mut forged = kept("2026-12-05T11:00:00.7Z", DIGEST);
+        forged.admission.request_uid = "made-up".into();
+        let answer = |ks: Vec<Kept>| {
+            Asked::Answer(Answer {
+                admissions: ks,
+                ..Answer::default()
+            })
+        };
+        let l = judge(
+            &[answer(vec![real.clone()]), answer(vec![forged.clone()])],
+            "TalosMachine",
+            &m,
+            "DELETE",
+            &known(),
+        );
+        assert_eq!(l, Linked::missing("ambiguous"));
+        let l = judge(
+            &[answer(vec![forged.clone()]), Asked::Failed("unavailable")],
+            "TalosMachine",
+            &m,
+            "DELETE",
+            &known(),
+        );
+        assert_eq!(
+            l,
+            Linked::missing("unavailable"),
+            "the real one may be there"
+        );
+        let dropped = Asked::Answer(Answer {
+            dropped_uids: vec!["u-2".into()],
+            ..Answer::default()
+        });
+        let l = judge(
+            &[answer(vec![real.clone()]), dropped],
+            "TalosMachine",
+            &m,
+            "DELETE",
+            &known(),
+        );
+        assert_eq!(l, Linked::missing("ambiguous"));
+        let other = Asked::Answer(Answer {
+            dropped_uids: vec!["u-9".into()],
+            ..Answer::default()
+        });
+        let l = judge(
+            &[answer(vec![real.clone()]), other],
+            "TalosMachine",
+            &m,
+            "DELETE",
+            &known(),
+        );
+        assert_eq!(
+            l.admission.map(|a| a.decision),
+            Some(real.admission.decision)
+        );
+    }
+
+    /// An answer past what a webhook keeps is refused whole, with a message saying what;
+    /// one of an older webhook (`admissions` alone) parses.
+    #[test]
+    fn hostile_answers_are_refused_whole() {
+        let ok = kept("2026-12-05T11:00:00.2Z", DIGEST);
+        let parse = |json: &str| -> Result<(), String> {
+            let a = crate::runtime::nesting::json::<Answer>(json.as_bytes())
+                .map_err(|e| e.to_string())?;
+            a.check()
+        };
+        let one = serde_json::to_string(&Answer {
+            admissions: vec![ok.clone()],
+            ..Answer::default()
+        })
+        .expect("JSON");
+        assert!(
+            !one.contains("dropped_uids") && !one.contains("overflowed"),
+            "{one}"
+        );
+        assert_eq!(parse(&one), Ok(()));
+        let many = Answer {
+            admissions: vec![ok.clone(); ADMISSIONS_PER_KEY + 1],
+            ..Answer::default()
+        };
+        let e = many.check().expect_err("too many");
+        assert!(e.contains("5 admissions") && e.contains("at most 4"), "{e}");
+        let uids = Answer {
+            dropped_uids: vec!["u".into(); DROPPED_KEPT + 1],
+            ..Answer::default()
+        };
+        assert!(uids.check().expect_err("too many").contains("dropped uids"));
+        let mut long = ok.clone();
+        long.admission.request_uid = "r".repeat(UID_LIMIT + 1);
+        let e = Answer {
+            admissions: vec![ok.clone(), long],
+            ..Answer::default()
+        }
+        .check()
+        .expect_err("long");
+        assert!(e.contains("admission 1: `request_uid` of 129 bytes"), "{e}");
+        let mut empty = ok;
+        empty.admission.decision.clear();
+        assert!(
+            Answer {
+                admissions: vec![empty],
+                ..Answer::default()
+            }
+            .check()
+            .is_err()
+        );
+        assert!(parse(r#"{"admissions":[],"overflowed":"yes"}"#).is_err());
+        assert!(parse(r#"{"admissions":[],"dropped_uids":[1]}"#).is_err());
+        assert_eq!(parse(r#"{"admissions":[],"overflowed":true}"#), Ok(()));
     }
 
     #[test]

@@ -46,7 +46,14 @@ pub struct Rules {
     /// The fingerprint of the files last looked at, accepted or not.
     fingerprint: Mutex<Option<u64>>,
     status: Mutex<Status>,
+    /// The digests (`records::digest`) of the tables this process has served, the newest
+    /// last, at most [`DIGESTS_KEPT`]: what an admission's digest must be one of to be
+    /// linked (`step_records::Admission::check`).
+    loaded: Mutex<std::collections::VecDeque<String>>,
 }
+
+/// How many digests of tables served are remembered ([`Rules::loaded_digests`]).
+pub const DIGESTS_KEPT: usize = 16;
 
 /// What serves, and whether the newest files were refused.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -106,6 +113,7 @@ impl Rules {
             table: RwLock::new(None),
             fingerprint: Mutex::new(None),
             status: Mutex::new(Status::default()),
+            loaded: Mutex::new(std::collections::VecDeque::new()),
         }
     }
 
@@ -125,6 +133,16 @@ impl Rules {
     /// The table serving now, if one ever loaded.
     pub fn current(&self) -> Option<Arc<Table>> {
         self.table.read().ok().and_then(|t| t.clone())
+    }
+
+    /// The digests of the tables this process has served (the one serving now, then the
+    /// ones it served before, newest first; at most [`DIGESTS_KEPT`]): the rule sets it
+    /// knows. A restarted process knows only what it loaded since.
+    pub fn loaded_digests(&self) -> Vec<String> {
+        self.loaded
+            .lock()
+            .map(|l| l.iter().rev().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// What serves now, for metrics.
@@ -285,6 +303,13 @@ impl Rules {
         }
         if let Ok(mut t) = self.table.write() {
             *t = Some(Arc::new(table));
+        }
+        if let Ok(mut loaded) = self.loaded.lock() {
+            loaded.retain(|d| *d != digest);
+            loaded.push_back(digest.clone());
+            while loaded.len() > DIGESTS_KEPT {
+                loaded.pop_front();
+            }
         }
         if let Ok(mut s) = self.status.lock() {
             s.serving = Some(fp);

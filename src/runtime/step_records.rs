@@ -44,9 +44,10 @@ pub struct ControllerRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<Admission>,
     /// Why `admission` is absent when a kept admission of the object's name was refused
-    /// (`uid-mismatch`, `no-uid`, `not-this-object`) or the webhook of another process was
-    /// asked for it (`runtime::admission_link::REASONS`: also `not-found`, `timeout`,
-    /// `unauthorized`, `forbidden`, `unavailable`, `bad-answer`).
+    /// (`uid-mismatch`, `no-uid`, `not-this-object`, `ambiguous`, `digest-unknown`) or the
+    /// webhook of another process was asked for it (`runtime::admission_link::REASONS`:
+    /// also `not-found`, `timeout`, `unauthorized`, `forbidden`, `unavailable`,
+    /// `bad-answer`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission_lookup: Option<String>,
 }
@@ -185,16 +186,56 @@ pub struct Admission {
 /// creation in, as this process's webhook allowed them (see `docs/operators.md`, "Decision
 /// records": why this is kept in the process and not on the object), read by this
 /// process's controller ([`Admissions::find`]) and answered to a controller in another
-/// process (`runtime::admission_link`, [`Admissions::kept`]). Bounded: the oldest goes
-/// first.
+/// process (`runtime::admission_link`, [`Admissions::kept`]). Bounded: at most
+/// [`ADMISSIONS_KEPT`] object names and operations, the oldest name going first, each with
+/// at most [`ADMISSIONS_PER_KEY`] admissions, the oldest going first and said so
+/// ([`KeptAdmissions::dropped_uids`]).
 #[derive(Default)]
 pub struct Admissions {
-    inner: Mutex<Kept<AdmissionKey, Admission>>,
+    inner: Mutex<Kept<AdmissionKey, KeptAdmissions>>,
     /// [`Admission::caller_verified`] of the admissions kept from now on.
     callers_verified: std::sync::atomic::AtomicBool,
 }
 
-/// A map that keeps its newest `cap` entries.
+/// What is kept of one object name and operation: its admissions, and whose were dropped
+/// to keep them bounded. What [`choose`] is given, in both paths.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KeptAdmissions {
+    /// The oldest first, at most [`ADMISSIONS_PER_KEY`].
+    pub admissions: Vec<Admission>,
+    /// The object uids of admissions dropped for newer ones (at most [`DROPPED_KEPT`]):
+    /// the one that let such an object's work in may be gone, so no kept one is linked to
+    /// it (`ambiguous`).
+    pub dropped_uids: Vec<String>,
+    /// Admissions of more uids than [`DROPPED_KEPT`] were dropped: nothing is linked
+    /// through this name and operation any more (`ambiguous`).
+    pub overflowed: bool,
+}
+
+impl KeptAdmissions {
+    /// Whether an admission of the object `uid` may have been dropped.
+    pub fn dropped(&self, uid: &str) -> bool {
+        self.overflowed || self.dropped_uids.iter().any(|u| u == uid)
+    }
+
+    fn drop_oldest(&mut self) {
+        if self.admissions.is_empty() {
+            return;
+        }
+        let old = self.admissions.remove(0);
+        // An admission naming no object links to nothing: dropping it loses no link.
+        if old.object_uid.is_empty() || self.dropped(&old.object_uid) {
+            return;
+        }
+        if self.dropped_uids.len() >= DROPPED_KEPT {
+            self.overflowed = true;
+        } else {
+            self.dropped_uids.push(old.object_uid);
+        }
+    }
+}
+
+/// A map that keeps its newest `cap` keys.
 struct Kept<K, V> {
     map: HashMap<K, V>,
     order: VecDeque<K>,
@@ -213,10 +254,26 @@ impl<K: std::hash::Hash + Eq + Clone, V> Kept<K, V> {
     fn insert(&mut self, key: K, value: V, cap: usize) {
         if self.map.insert(key.clone(), value).is_none() {
             self.order.push_back(key);
-            while self.order.len() > cap {
-                if let Some(old) = self.order.pop_front() {
-                    self.map.remove(&old);
-                }
+            self.evict(cap);
+        }
+    }
+
+    /// The value of `key`, made when it is new (then the oldest keys past `cap` go).
+    fn entry(&mut self, key: K, cap: usize) -> &mut V
+    where
+        V: Default,
+    {
+        if !self.map.contains_key(&key) {
+            self.order.push_back(key.clone());
+            self.evict(cap.max(1));
+        }
+        self.map.entry(key).or_default()
+    }
+
+    fn evict(&mut self, cap: usize) {
+        while self.order.len() > cap {
+            if let Some(old) = self.order.pop_front() {
+                self.map.remove(&old);
             }
         }
     }
@@ -224,8 +281,29 @@ impl<K: std::hash::Hash + Eq + Clone, V> Kept<K, V> {
 
 type AdmissionKey = (String, String, String, String);
 
-/// How many admissions are kept.
+/// How many object names and operations admissions are kept for.
 pub const ADMISSIONS_KEPT: usize = 4096;
+
+/// How many admissions are kept per object name and operation: a deletion's real review
+/// and a few more (a retry, a forged one, a same-named predecessor's). A newer one drops
+/// the oldest, and the key says whose it was ([`KeptAdmissions::dropped_uids`]).
+pub const ADMISSIONS_PER_KEY: usize = 4;
+
+// What the webhook keeps is bounded: at most 16 Ki admissions in all.
+const _: () = assert!(ADMISSIONS_KEPT * ADMISSIONS_PER_KEY <= 16 * 1024);
+
+/// How many object uids a key remembers having dropped admissions of before it says it
+/// overflowed ([`KeptAdmissions::overflowed`]).
+pub const DROPPED_KEPT: usize = 8;
+
+/// The longest request or object uid an admission is kept with (the API server's are
+/// 36-character UUIDs): a longer one is no API server's review, and is not kept.
+pub const UID_LIMIT: usize = 128;
+
+/// How long before its object's `deletionTimestamp` a deletion's admission may have been
+/// decided, and still be the one that set it: the longest a validating webhook may take
+/// (`timeoutSeconds` is at most 30), as the window of a creation.
+pub const ANSWER_WINDOW_SECS: i64 = 30;
 
 /// Whether an allowed webhook decision of this kind and operation admits work the
 /// controller then does.
@@ -264,8 +342,11 @@ impl Admissions {
         time: impl FnOnce() -> String,
     ) {
         // A dry run changes nothing: no work follows it, and it must never stand in for
-        // (nor replace) the admission of the request that does.
+        // (nor crowd out) the admission of the request that does.
         if req.dry_run || verdict == "refuse" || !admits_work(req.kind, req.operation) {
+            return;
+        }
+        if req.uid.len() > UID_LIMIT || req.object_uid.len() > UID_LIMIT {
             return;
         }
         let key = (
@@ -275,20 +356,24 @@ impl Admissions {
             req.operation.to_string(),
         );
         if let Ok(mut inner) = self.inner.lock() {
+            let kept = inner.entry(key, ADMISSIONS_KEPT);
             // A CREATE's first admission of a uid is the API server's: the uid is made for
             // the request just before the webhook is asked, and nobody can read it before
             // the object is stored, after the webhook answered. A later review naming the
-            // same uid (a retry, or one forged by someone who read the object since) never
-            // replaces it.
+            // same uid (a retry, or one forged by someone who read the object since) is not
+            // kept beside it.
             if req.operation == "CREATE"
                 && !req.object_uid.is_empty()
-                && inner
-                    .map
-                    .get(&key)
-                    .is_some_and(|a| a.object_uid == req.object_uid)
+                && kept
+                    .admissions
+                    .iter()
+                    .any(|a| a.object_uid == req.object_uid)
             {
                 return;
             }
+            // A DELETE's every allowed review is kept (up to the bound): a forged one sent
+            // just after the real one cannot replace it, and two that could both have set
+            // the deletion are linked to neither ([`choose`]).
             let admitted = Admission {
                 decision: id.to_string(),
                 request_uid: req.uid.to_string(),
@@ -300,52 +385,115 @@ impl Admissions {
                     .callers_verified
                     .load(std::sync::atomic::Ordering::Relaxed),
             };
-            inner.insert(key, admitted, ADMISSIONS_KEPT);
+            while kept.admissions.len() >= ADMISSIONS_PER_KEY {
+                kept.drop_oldest();
+            }
+            kept.admissions.push(admitted);
         }
     }
 
-    /// The admission of `operation` on the object `meta` of `kind`, checked against the
-    /// object itself ([`Admission::check`]), so a same-named earlier object's admission is
-    /// never taken for this one's. `Err`: why not (`not-found` when none is kept for the
-    /// name, else the check's reason: `uid-mismatch`, `no-uid`, `not-this-object`).
+    /// The admission of `operation` on the object `meta` of `kind`, chosen among those kept
+    /// for its name by the one check of both paths ([`choose`]): so a same-named earlier
+    /// object's admission is never taken for this one's, nor one of two that could both
+    /// have let it in. `known`: the rule-set digests this process has loaded
+    /// (`reload::Rules::loaded_digests`). `Err`: why not (`not-found` when none is kept for
+    /// the name, else [`choose`]'s reason).
     pub fn find(
         &self,
         kind: &str,
         meta: &ObjectMeta,
         operation: &str,
+        known: &[String],
     ) -> Result<Admission, &'static str> {
-        let key = (
-            kind.to_string(),
-            meta.namespace.clone().unwrap_or_default(),
-            meta.name.clone().unwrap_or_default(),
-            operation.to_string(),
+        let kept = self.kept(
+            kind,
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default(),
+            operation,
         );
-        let found = self
-            .inner
-            .lock()
-            .ok()
-            .and_then(|inner| inner.map.get(&key).cloned())
-            .ok_or("not-found")?;
-        found.check(meta, operation).map(|()| found)
+        choose(
+            &kept.admissions,
+            kept.dropped(meta.uid.as_deref().unwrap_or_default()),
+            meta,
+            operation,
+            known,
+        )
+        .cloned()
     }
 
-    /// The kept admission of `operation` on `kind` `namespace/name`, unchecked: what the
-    /// webhook answers at `/admissions` (the asking controller checks it against the
-    /// object, [`Admission::check`]).
-    pub fn kept(
-        &self,
-        kind: &str,
-        namespace: &str,
-        name: &str,
-        operation: &str,
-    ) -> Option<Admission> {
+    /// The kept admissions of `operation` on `kind` `namespace/name`, unchecked: what the
+    /// webhook answers at `/admissions` (the asking controller chooses among them,
+    /// [`choose`]).
+    pub fn kept(&self, kind: &str, namespace: &str, name: &str, operation: &str) -> KeptAdmissions {
         let key = (
             kind.to_string(),
             namespace.to_string(),
             name.to_string(),
             operation.to_string(),
         );
-        self.inner.lock().ok()?.map.get(&key).cloned()
+        self.inner
+            .lock()
+            .ok()
+            .and_then(|inner| inner.map.get(&key).cloned())
+            .unwrap_or_default()
+    }
+}
+
+/// The one admission of `kept` that let `operation` on the object `meta` in: the one
+/// check of both paths (this process's webhook, [`Admissions::find`]; the webhooks of
+/// another process, asked at their `/admissions`, `runtime::admission_link`). `dropped`:
+/// an admission of this object may have been dropped from what was kept
+/// ([`KeptAdmissions::dropped`]). `known`: the rule-set digests this process has loaded.
+///
+/// The candidates are the admissions that could have let it in: of this object's uid and
+/// operation, decided within its lifetime ([`Admission::candidate`]; a deletion's within
+/// the [`ANSWER_WINDOW_SECS`] before its `deletionTimestamp`, so an earlier deletion
+/// refused elsewhere, by another webhook or by the API server, is none). Exactly one must
+/// be, none dropped, and it must name a rule set this process loaded
+/// ([`Admission::check_digest`]). `Err`, as a record's `admission_lookup` says it:
+/// `ambiguous` when more than one is a candidate, or one may have been dropped (a forged
+/// review sent beside the real one, a flood, a retry: which one set the deletion cannot be
+/// told, so none is chosen); `not-found` when none is kept; else the check's reason of the
+/// admission nearest to being this object's (`not-this-object`, `no-uid`, `uid-mismatch`),
+/// or the candidate's digest's (`not-this-object` for a malformed one, `digest-unknown`).
+pub fn choose<'a>(
+    kept: impl IntoIterator<Item = &'a Admission>,
+    dropped: bool,
+    meta: &ObjectMeta,
+    operation: &str,
+    known: &[String],
+) -> Result<&'a Admission, &'static str> {
+    let mut chosen: Option<&Admission> = None;
+    let mut candidates = 0usize;
+    let mut refused: Option<&'static str> = None;
+    for a in kept {
+        match a.candidate(meta, operation) {
+            Ok(()) => {
+                candidates += 1;
+                chosen.get_or_insert(a);
+            }
+            Err(why) if refused.is_none_or(|r| nearness(why) > nearness(r)) => {
+                refused = Some(why);
+            }
+            Err(_) => {}
+        }
+    }
+    if dropped || candidates > 1 {
+        return Err("ambiguous");
+    }
+    let a = chosen.ok_or(refused.unwrap_or("not-found"))?;
+    a.check_digest(known)?;
+    Ok(a)
+}
+
+/// How near an admission refused for `why` came to being the object's: the nearest one's
+/// reason is the one given.
+fn nearness(why: &str) -> u8 {
+    match why {
+        "not-this-object" => 3,
+        "no-uid" => 2,
+        "uid-mismatch" => 1,
+        _ => 0,
     }
 }
 
@@ -361,28 +509,39 @@ pub fn is_rules_digest(digest: &str) -> bool {
 }
 
 impl Admission {
-    /// Whether this admission let `operation` on the object `meta` in ([`Admission::check`]).
-    pub fn admits(&self, meta: &ObjectMeta, operation: &str) -> bool {
-        self.check(meta, operation).is_ok()
+    /// Whether this admission alone let `operation` on the object `meta` in
+    /// ([`Admission::check`]).
+    pub fn admits(&self, meta: &ObjectMeta, operation: &str, known: &[String]) -> bool {
+        self.check(meta, operation, known).is_ok()
     }
 
-    /// Whether this admission let `operation` on the object `meta` in: the one check of
-    /// both paths (this process's webhook, [`Admissions::find`]; another process's, asked
-    /// at its `/admissions`, `runtime::admission_link`). `Err`: why not, as a record's
-    /// `admission_lookup` says it.
+    /// Whether this admission, were it the only one kept, let `operation` on the object
+    /// `meta` in: [`choose`] of it alone. `Err`: why not, as a record's `admission_lookup`
+    /// says it.
+    pub fn check(
+        &self,
+        meta: &ObjectMeta,
+        operation: &str,
+        known: &[String],
+    ) -> Result<(), &'static str> {
+        choose([self], false, meta, operation, known).map(|_| ())
+    }
+
+    /// Whether this admission could have let `operation` on the object `meta` in.
     ///
     /// - It names the object's uid (`no-uid` when it names none: a review without one, or a
     ///   webhook of an older version; `uid-mismatch` when it names another object's: a
     ///   same-named object deleted and created again). The uid is what tells one object
     ///   from a same-named predecessor; names and times cannot, within a second.
-    /// - It is of that operation, names a well-formed rule-set digest, and was decided while
-    ///   this object existed (`not-this-object` otherwise): a creation within 30 s of its
-    ///   `creationTimestamp` either way (the API server gives a new object its uid and
-    ///   creation time before it asks a validating webhook, then the webhook may take up to
-    ///   its timeout), a deletion after it and no later than its `deletionTimestamp` (one
-    ///   second of slack: the API server's timestamps are whole seconds, the webhook's are
-    ///   not).
-    pub fn check(&self, meta: &ObjectMeta, operation: &str) -> Result<(), &'static str> {
+    /// - It is of that operation and was decided while this object existed
+    ///   (`not-this-object` otherwise): a creation within 30 s of its `creationTimestamp`
+    ///   either way (the API server gives a new object its uid and creation time before it
+    ///   asks a validating webhook, then the webhook may take up to its timeout), a deletion
+    ///   after it, within [`ANSWER_WINDOW_SECS`] before its `deletionTimestamp` (what the
+    ///   webhook's timeout allows between the review and the deletion it let through) and no
+    ///   later than it (one second of slack: the API server's timestamps are whole seconds,
+    ///   the webhook's are not).
+    pub fn candidate(&self, meta: &ObjectMeta, operation: &str) -> Result<(), &'static str> {
         if self.object_uid.is_empty() {
             return Err("no-uid");
         }
@@ -396,12 +555,27 @@ impl Admission {
         }
     }
 
+    /// Whether the rules that decided this admission are rules this process knows: a
+    /// well-formed digest (`not-this-object` otherwise) of a table it loaded, now or
+    /// earlier (`known`, `reload::Rules::loaded_digests`; `digest-unknown` otherwise: the
+    /// webhook decided under rules this process never served).
+    pub fn check_digest(&self, known: &[String]) -> Result<(), &'static str> {
+        if !is_rules_digest(&self.digest) {
+            Err("not-this-object")
+        } else if !known.contains(&self.digest) {
+            Err("digest-unknown")
+        } else {
+            Ok(())
+        }
+    }
+
     fn admits_at(&self, meta: &ObjectMeta, operation: &str) -> Option<bool> {
-        if self.operation != operation || !is_rules_digest(&self.digest) {
+        if self.operation != operation {
             return Some(false);
         }
         let at: k8s_openapi::jiff::Timestamp = self.time.parse().ok()?;
         let slack = k8s_openapi::jiff::SignedDuration::from_secs(1);
+        let answer = k8s_openapi::jiff::SignedDuration::from_secs(ANSWER_WINDOW_SECS);
         let created = meta.creation_timestamp.as_ref().map(|t| t.0);
         let deleted = meta.deletion_timestamp.as_ref().map(|t| t.0);
         let after_creation = match (operation, created) {
@@ -409,7 +583,6 @@ impl Admission {
             // creation time), within the webhook's timeout; 30 s before it as well, as an
             // admission's clock may run ahead.
             ("CREATE", Some(c)) => {
-                let answer = k8s_openapi::jiff::SignedDuration::from_secs(30);
                 at <= c.checked_add(slack).ok()?.checked_add(answer).ok()?
                     && at.checked_add(answer).ok()? >= c
             }
@@ -417,7 +590,11 @@ impl Admission {
             (_, None) => false,
         };
         let before_deletion = match (operation, deleted) {
-            ("DELETE", Some(d)) => at <= d.checked_add(slack).ok()?,
+            // The review that let the deletion in was answered before the API server
+            // stamped it, by at most the webhook's timeout.
+            ("DELETE", Some(d)) => {
+                at <= d.checked_add(slack).ok()? && at.checked_add(answer).ok()? >= d
+            }
             ("DELETE", None) => false,
             _ => true,
         };
@@ -435,9 +612,11 @@ pub struct Journal {
     /// the webhook of another process gave none ([`Journal::link_remote`]).
     admission_lookup: Option<&'static str>,
     /// The operation whose admission let this work in, and what of the object its check
-    /// reads ([`Admission::admits`]).
+    /// reads ([`choose`]).
     operation: String,
     meta: ObjectMeta,
+    /// The rule-set digests this process has loaded, which an admission's must be one of.
+    known: Vec<String>,
     /// Talos calls since the last fact, decision or step began.
     calls: Vec<Effect>,
     etcd: Vec<EtcdAsked>,
@@ -456,12 +635,21 @@ const CALLS_KEPT: usize = 64;
 
 impl Journal {
     /// The journal of one reconcile of `meta` (a `kind`); `operation`: the admission that
-    /// let this work in (`DELETE` of a TalosMachine, `CREATE` of a TalosOperation).
-    pub fn new(recorder: Arc<Recorder>, kind: &str, meta: &ObjectMeta, operation: &str) -> Self {
+    /// let this work in (`DELETE` of a TalosMachine, `CREATE` of a TalosOperation);
+    /// `known`: the rule-set digests this process has loaded
+    /// (`reload::Rules::loaded_digests`), which a linked admission's must be one of.
+    pub fn new(
+        recorder: Arc<Recorder>,
+        kind: &str,
+        meta: &ObjectMeta,
+        operation: &str,
+        known: Vec<String>,
+    ) -> Self {
         // This process's webhook: what it keeps for the object's name, checked. Keeping none
         // is no reason to give (the webhook may be another process's: `link_remote`); a kept
         // one the check refuses is (a same-named predecessor's: `uid-mismatch`).
-        let (admission, admission_lookup) = match recorder.admissions.find(kind, meta, operation) {
+        let found = recorder.admissions.find(kind, meta, operation, &known);
+        let (admission, admission_lookup) = match found {
             Ok(a) => (Some(a), None),
             Err("not-found") => (None, None),
             Err(why) => (None, Some(why)),
@@ -488,6 +676,7 @@ impl Journal {
                 deletion_timestamp: meta.deletion_timestamp.clone(),
                 ..ObjectMeta::default()
             },
+            known,
             calls: Vec::new(),
             etcd: Vec::new(),
             decided: None,
@@ -518,8 +707,13 @@ impl Journal {
         if self.admission.is_some() || !admits_work(&self.target.kind, &self.operation) {
             return;
         }
+        // This process's webhook kept a candidate it could not link (two, or one of rules
+        // this process never loaded): another process's answer cannot make it one.
+        if matches!(self.admission_lookup, Some("ambiguous" | "digest-unknown")) {
+            return;
+        }
         let linked = lookup
-            .find(&self.target.kind, &self.meta, &self.operation)
+            .find(&self.target.kind, &self.meta, &self.operation, &self.known)
             .await;
         self.admission = linked.admission;
         // The other webhook keeping nothing says less than this one's refused admission.
@@ -1021,6 +1215,7 @@ mod tests {
                 "TalosMachine",
                 &machine.metadata,
                 "DELETE",
+                known(),
             );
             let id = j.decision(&table, &snapshot, ev, &[], &refusal, Instant::now());
             let message = j.cite("below the count", &refusal);
@@ -1074,6 +1269,11 @@ mod tests {
 
     const DIGEST: &str = "sha256:4be1c0ffee4be1c0ffee4be1c0ffee4be1c0ffee4be1c0ffee4be1c0ffee4be1";
 
+    /// The digests this process "loaded": [`DIGEST`].
+    fn known() -> Vec<String> {
+        vec![DIGEST.to_string()]
+    }
+
     fn webhook_record(kind: &str, op: &str, verdict: &str, time: &str) -> Record {
         Record {
             record: "decision".into(),
@@ -1117,30 +1317,35 @@ mod tests {
             "refuse",
             "2026-12-05T10:30:00Z",
         ));
-        assert_eq!(a.find("TalosMachine", &m, "DELETE"), Err("not-found"));
+        assert_eq!(
+            a.find("TalosMachine", &m, "DELETE", &known()),
+            Err("not-found")
+        );
         a.note(&webhook_record(
             "TalosMachine",
             "DELETE",
             "allow",
             "2026-12-05T11:00:00.400Z",
         ));
-        let found = a.find("TalosMachine", &m, "DELETE").expect("linked");
+        let found = a
+            .find("TalosMachine", &m, "DELETE", &known())
+            .expect("linked");
         assert_eq!(found.decision, "DELETE-2026-12-05T11:00:00.400Z");
         assert_eq!(found.request_uid, "req-1");
         assert_eq!(found.digest, DIGEST);
         // The same admission naming no well-formed rule-set digest is not taken.
         let mut forged = found.clone();
         forged.digest = "sha256:ab".into();
-        assert!(!forged.admits(&m, "DELETE"));
-        assert!(found.admits(&m, "DELETE") && !found.admits(&m, "CREATE"));
+        assert!(!forged.admits(&m, "DELETE", &known()));
+        assert!(found.admits(&m, "DELETE", &known()) && !found.admits(&m, "CREATE", &known()));
         let recreated = meta("2026-12-05T12:00:00Z", Some("2026-12-05T13:00:00Z"));
         assert_eq!(
-            a.find("TalosMachine", &recreated, "DELETE"),
+            a.find("TalosMachine", &recreated, "DELETE", &known()),
             Err("not-this-object")
         );
         let not_deleting = meta("2026-12-05T10:00:00Z", None);
         assert_eq!(
-            a.find("TalosMachine", &not_deleting, "DELETE"),
+            a.find("TalosMachine", &not_deleting, "DELETE", &known()),
             Err("not-this-object")
         );
         // An update is no admission of work.
@@ -1150,7 +1355,10 @@ mod tests {
             "allow",
             "2026-12-05T10:30:00Z",
         ));
-        assert_eq!(a.find("TalosMachine", &m, "UPDATE"), Err("not-found"));
+        assert_eq!(
+            a.find("TalosMachine", &m, "UPDATE", &known()),
+            Err("not-found")
+        );
         // A creation is admitted just before the object exists.
         a.note(&webhook_record(
             "TalosOperation",
@@ -1159,10 +1367,10 @@ mod tests {
             "2026-12-05T09:59:59.800Z",
         ));
         let op = meta("2026-12-05T10:00:00Z", None);
-        assert!(a.find("TalosOperation", &op, "CREATE").is_ok());
+        assert!(a.find("TalosOperation", &op, "CREATE", &known()).is_ok());
         // ... or just after the API server stamped it, the webhook taking its time.
         let late = meta("2026-12-05T09:59:59Z", None);
-        assert!(a.find("TalosOperation", &late, "CREATE").is_ok());
+        assert!(a.find("TalosOperation", &late, "CREATE", &known()).is_ok());
     }
 
     /// The link is by the object's uid: a same-named object deleted and created again
@@ -1182,11 +1390,14 @@ mod tests {
         let mut successor = meta("2026-12-05T10:00:00Z", Some("2026-12-05T10:00:00Z"));
         successor.uid = Some("u-2".into());
         assert_eq!(
-            a.find("TalosMachine", &successor, "DELETE"),
+            a.find("TalosMachine", &successor, "DELETE", &known()),
             Err("uid-mismatch")
         );
         let predecessor = meta("2026-12-05T10:00:00Z", Some("2026-12-05T10:00:00Z"));
-        assert!(a.find("TalosMachine", &predecessor, "DELETE").is_ok());
+        assert!(
+            a.find("TalosMachine", &predecessor, "DELETE", &known())
+                .is_ok()
+        );
         // The same for a creation.
         a.note(&webhook_record(
             "TalosOperation",
@@ -1197,7 +1408,7 @@ mod tests {
         let mut created = meta("2026-12-05T10:00:00Z", None);
         created.uid = Some("u-2".into());
         assert_eq!(
-            a.find("TalosOperation", &created, "CREATE"),
+            a.find("TalosOperation", &created, "CREATE", &known()),
             Err("uid-mismatch")
         );
         // An admission that names no object (a review without a uid).
@@ -1211,8 +1422,16 @@ mod tests {
             r.object_uid.clear();
         }
         a.note(&unnamed);
+        // Beside the real one it is no candidate: the real one still links.
+        assert!(
+            a.find("TalosMachine", &predecessor, "DELETE", &known())
+                .is_ok()
+        );
+        // Alone, it links to nothing.
+        let b = Admissions::default();
+        b.note(&unnamed);
         assert_eq!(
-            a.find("TalosMachine", &predecessor, "DELETE"),
+            b.find("TalosMachine", &predecessor, "DELETE", &known()),
             Err("no-uid")
         );
     }
@@ -1223,19 +1442,24 @@ mod tests {
     fn a_dry_run_is_no_admission() {
         let a = Admissions::default();
         let m = meta("2026-12-05T10:00:00Z", Some("2026-12-05T11:00:00Z"));
-        let mut dry = webhook_record("TalosMachine", "DELETE", "allow", "2026-12-05T10:30:00Z");
+        let mut dry = webhook_record("TalosMachine", "DELETE", "allow", "2026-12-05T10:59:40Z");
         if let Some(r) = dry.request.as_mut() {
             r.dry_run = true;
         }
         a.note(&dry);
-        assert_eq!(a.find("TalosMachine", &m, "DELETE"), Err("not-found"));
-        let real = webhook_record("TalosMachine", "DELETE", "allow", "2026-12-05T10:40:00Z");
+        assert_eq!(
+            a.find("TalosMachine", &m, "DELETE", &known()),
+            Err("not-found")
+        );
+        let real = webhook_record("TalosMachine", "DELETE", "allow", "2026-12-05T10:59:50Z");
         a.note(&real);
         let mut later_dry = dry.clone();
         later_dry.id = "dry-later".into();
-        later_dry.time = "2026-12-05T10:50:00Z".into();
+        later_dry.time = "2026-12-05T10:59:55Z".into();
         a.note(&later_dry);
-        let found = a.find("TalosMachine", &m, "DELETE").expect("the real one");
+        let found = a
+            .find("TalosMachine", &m, "DELETE", &known())
+            .expect("the real one");
         assert_eq!(found.decision, real.id);
         assert_eq!(found.object_uid, "u-1");
         let line = serde_json::to_string(&dry).expect("JSON");
@@ -1262,23 +1486,254 @@ mod tests {
         forged.time = "2026-12-05T10:00:00.400Z".into();
         a.note(&forged);
         let created = meta("2026-12-05T10:00:00Z", None);
-        let found = a.find("TalosOperation", &created, "CREATE").expect("kept");
+        let found = a
+            .find("TalosOperation", &created, "CREATE", &known())
+            .expect("kept");
         assert_eq!(found.decision, real.id);
         assert!(!found.caller_verified);
-        // A DELETE's newest admission is kept (the real one comes after any forged before
-        // it, and its time is checked against the deletion).
+        // A deletion's admission, kept by a webhook that authenticates its callers.
         let b = Admissions::default();
         b.set_callers_verified(true);
         let first = webhook_record("TalosMachine", "DELETE", "allow", "2026-12-05T11:00:00Z");
         b.note(&first);
-        let mut second = first.clone();
-        second.id = "second".into();
-        b.note(&second);
         let gone = meta("2026-12-05T10:00:00Z", Some("2026-12-05T11:00:00Z"));
-        let found = b.find("TalosMachine", &gone, "DELETE").expect("kept");
-        assert_eq!(found.decision, "second");
+        let found = b
+            .find("TalosMachine", &gone, "DELETE", &known())
+            .expect("kept");
+        assert_eq!(found.decision, first.id);
         assert!(found.caller_verified);
         let line = serde_json::to_string(&found).expect("JSON");
         assert!(line.contains("\"caller_verified\":true"), "{line}");
+    }
+
+    /// `webhook_record` of a DELETE of cp-3 (uid `uid`) decided at `time`, as if sent by
+    /// `user` with request uid `request`.
+    fn deletion(time: &str, uid: &str, request: &str, user: &str) -> Record {
+        let mut r = webhook_record("TalosMachine", "DELETE", "allow", time);
+        r.id = format!("{request}@{time}");
+        if let Some(q) = r.request.as_mut() {
+            q.uid = request.into();
+            q.object_uid = uid.into();
+            q.user = user.into();
+        }
+        r
+    }
+
+    /// Without `--client-ca`, anyone reaching the webhook's port may post a DELETE review
+    /// of the object's uid, with a made-up user, within the second after the real one: it
+    /// is kept beside the real one, not in its place, and neither is linked (which one set
+    /// the deletion cannot be told), in whichever order they came. The real one alone is
+    /// linked.
+    #[test]
+    fn a_forged_deletion_review_beside_the_real_one_links_neither() {
+        let gone = meta("2026-12-05T10:00:00Z", Some("2026-12-05T11:00:00Z"));
+        let real = deletion("2026-12-05T11:00:00.200Z", "u-1", "req-real", "admin");
+        let forged = deletion("2026-12-05T11:00:00.700Z", "u-1", "req-forged", "mallory");
+        let alone = Admissions::default();
+        alone.note(&real);
+        let found = alone
+            .find("TalosMachine", &gone, "DELETE", &known())
+            .expect("the real one alone links");
+        assert_eq!(found.decision, real.id);
+        assert_eq!(found.request_uid, "req-real");
+        for order in [[&real, &forged], [&forged, &real]] {
+            let a = Admissions::default();
+            for r in order {
+                a.note(r);
+            }
+            assert_eq!(
+                a.find("TalosMachine", &gone, "DELETE", &known()),
+                Err("ambiguous")
+            );
+            // Both are kept and answered to another process, which decides the same.
+            let kept = a.kept("TalosMachine", "infra", "cp-3", "DELETE");
+            assert_eq!(kept.admissions.len(), 2);
+            assert_eq!(
+                choose(&kept.admissions, false, &gone, "DELETE", &known()),
+                Err("ambiguous")
+            );
+        }
+        // Each passes the check alone: only the choice among them refuses the link.
+        let a = Admissions::default();
+        a.note(&forged);
+        assert!(a.find("TalosMachine", &gone, "DELETE", &known()).is_ok());
+    }
+
+    /// A deletion allowed here but refused after (by another webhook, or by the API
+    /// server) sets no `deletionTimestamp`: one decided well before the real one, outside
+    /// the window the webhook's timeout allows before the deletion, is no candidate, and
+    /// the real one links. One within the window is: then neither links.
+    #[test]
+    fn an_earlier_deletion_refused_elsewhere_is_no_candidate() {
+        let gone = meta("2026-12-05T10:00:00Z", Some("2026-12-05T11:00:00Z"));
+        let a = Admissions::default();
+        a.note(&deletion(
+            "2026-12-05T10:50:00Z",
+            "u-1",
+            "req-early",
+            "admin",
+        ));
+        let real = deletion("2026-12-05T11:00:00.300Z", "u-1", "req-real", "admin");
+        a.note(&real);
+        let found = a
+            .find("TalosMachine", &gone, "DELETE", &known())
+            .expect("the real one");
+        assert_eq!(found.decision, real.id);
+        // Alone, the early one is not this deletion's.
+        let b = Admissions::default();
+        b.note(&deletion(
+            "2026-12-05T10:50:00Z",
+            "u-1",
+            "req-early",
+            "admin",
+        ));
+        assert_eq!(
+            b.find("TalosMachine", &gone, "DELETE", &known()),
+            Err("not-this-object")
+        );
+        // 25 s before it: the webhook could have been that slow, so it is a candidate.
+        a.note(&deletion(
+            "2026-12-05T10:59:35Z",
+            "u-1",
+            "req-slow",
+            "admin",
+        ));
+        assert_eq!(
+            a.find("TalosMachine", &gone, "DELETE", &known()),
+            Err("ambiguous")
+        );
+    }
+
+    /// Reviews past the bound of a name drop the oldest, and say so: the real one pushed
+    /// out by later reviews (here none of them a candidate) is never silently replaced by
+    /// `not-this-object`, nor by one of them; a flood of other uids' reviews overflows the
+    /// name. Dry runs and refusals, however many, are never kept, so they crowd out
+    /// nothing. A same-named predecessor's admissions dropped cost its successor nothing.
+    #[test]
+    fn a_flood_of_reviews_makes_the_link_ambiguous_never_wrong() {
+        let gone = meta("2026-12-05T10:00:00Z", Some("2026-12-05T11:00:00Z"));
+        let real = deletion("2026-12-05T11:00:00.200Z", "u-1", "req-real", "admin");
+        // Dry runs and refusals of the same object, many more than the bound.
+        let a = Admissions::default();
+        a.note(&real);
+        for i in 0..3 * ADMISSIONS_PER_KEY {
+            let mut dry = deletion("2026-12-05T11:00:00.500Z", "u-1", &format!("dry-{i}"), "x");
+            if let Some(q) = dry.request.as_mut() {
+                q.dry_run = true;
+            }
+            a.note(&dry);
+            let mut refused = deletion("2026-12-05T11:00:00.500Z", "u-1", &format!("no-{i}"), "x");
+            refused.verdict = "refuse".into();
+            a.note(&refused);
+        }
+        let kept = a.kept("TalosMachine", "infra", "cp-3", "DELETE");
+        assert_eq!(kept.admissions.len(), 1, "{kept:?}");
+        assert!(kept.dropped_uids.is_empty() && !kept.overflowed);
+        assert_eq!(
+            a.find("TalosMachine", &gone, "DELETE", &known())
+                .map(|f| f.decision),
+            Ok(real.id.clone())
+        );
+        // Allowed reviews of the same uid, decided too late to be this deletion's.
+        for i in 0..ADMISSIONS_PER_KEY {
+            a.note(&deletion(
+                "2026-12-05T11:05:00Z",
+                "u-1",
+                &format!("late-{i}"),
+                "x",
+            ));
+        }
+        let kept = a.kept("TalosMachine", "infra", "cp-3", "DELETE");
+        assert_eq!(kept.admissions.len(), ADMISSIONS_PER_KEY);
+        assert!(kept.admissions.iter().all(|k| k.decision != real.id));
+        assert_eq!(kept.dropped_uids, vec!["u-1".to_string()]);
+        assert_eq!(
+            a.find("TalosMachine", &gone, "DELETE", &known()),
+            Err("ambiguous")
+        );
+        // Reviews naming ever new uids: past the uids a name remembers, it overflowed.
+        let b = Admissions::default();
+        b.note(&real);
+        for i in 0..ADMISSIONS_PER_KEY + DROPPED_KEPT + 1 {
+            b.note(&deletion(
+                "2026-12-05T11:00:00.500Z",
+                &format!("v-{i}"),
+                "f",
+                "x",
+            ));
+        }
+        let kept = b.kept("TalosMachine", "infra", "cp-3", "DELETE");
+        assert!(kept.overflowed, "{kept:?}");
+        assert_eq!(kept.admissions.len(), ADMISSIONS_PER_KEY);
+        assert_eq!(kept.dropped_uids.len(), DROPPED_KEPT);
+        assert_eq!(
+            b.find("TalosMachine", &gone, "DELETE", &known()),
+            Err("ambiguous")
+        );
+        // A predecessor (u-0) deleted and created again, its reviews retried: they go first,
+        // and only its own link is lost.
+        let c = Admissions::default();
+        for i in 0..ADMISSIONS_PER_KEY {
+            c.note(&deletion(
+                "2026-12-05T09:00:00Z",
+                "u-0",
+                &format!("old-{i}"),
+                "admin",
+            ));
+        }
+        c.note(&real);
+        let kept = c.kept("TalosMachine", "infra", "cp-3", "DELETE");
+        assert_eq!(kept.dropped_uids, vec!["u-0".to_string()]);
+        assert_eq!(
+            c.find("TalosMachine", &gone, "DELETE", &known())
+                .map(|f| f.decision),
+            Ok(real.id.clone())
+        );
+    }
+
+    /// An admission links only when it names the digest of rules this process loaded: now
+    /// or earlier (a reload since), never a well-formed digest of rules it never served.
+    #[test]
+    fn an_admission_links_only_under_rules_this_process_loaded() {
+        let dir = std::env::temp_dir().join(format!("ichor-known-digests-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let shipped = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rules");
+        for f in ["admission.rules", "removal.rules"] {
+            std::fs::copy(shipped.join(f), dir.join(f)).expect("copy");
+        }
+        let rules = crate::runtime::reload::Rules::new(vec![dir.clone()]);
+        assert!(matches!(
+            rules.reload(),
+            crate::runtime::reload::Reload::Replaced { .. }
+        ));
+        let first = rules.status().digest;
+        let mut text = std::fs::read_to_string(dir.join("removal.rules")).expect("read");
+        text.push_str("\n# an edit\n");
+        std::fs::write(dir.join("removal.rules"), text).expect("write");
+        assert!(matches!(
+            rules.reload(),
+            crate::runtime::reload::Reload::Replaced { .. }
+        ));
+        let now = rules.status().digest;
+        assert_ne!(first, now);
+        let loaded = rules.loaded_digests();
+        assert_eq!(loaded, vec![now.clone(), first.clone()]);
+        let gone = meta("2026-12-05T10:00:00Z", Some("2026-12-05T11:00:00Z"));
+        let under = |digest: &str| {
+            let mut r = deletion("2026-12-05T11:00:00.200Z", "u-1", "req-1", "admin");
+            r.rules.digest = digest.into();
+            let a = Admissions::default();
+            a.note(&r);
+            a.find("TalosMachine", &gone, "DELETE", &loaded)
+        };
+        assert_eq!(under(&first).map(|f| f.digest), Ok(first.clone()));
+        assert_eq!(under(&now).map(|f| f.digest), Ok(now.clone()));
+        // Well-formed, of rules this process never loaded.
+        assert!(is_rules_digest(DIGEST));
+        assert_eq!(under(DIGEST), Err("digest-unknown"));
+        // Malformed, as before.
+        assert_eq!(under("sha256:ab"), Err("not-this-object"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

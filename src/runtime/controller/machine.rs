@@ -60,6 +60,7 @@ pub async fn reconcile(m: Arc<TalosMachine>, ctx: Arc<Context>) -> Result<Action
                 "TalosMachine",
                 &live.metadata,
                 "",
+                ctx.rules.loaded_digests(),
             )
         });
     if let Some(j) = journal.as_mut() {

@@ -181,6 +181,7 @@ pub async fn reconcile(
                 "TalosOperation",
                 &live.metadata,
                 "CREATE",
+                ctx.rules.loaded_digests(),
             )
         });
     if let Some(j) = journal.as_mut() {

@@ -150,7 +150,13 @@ impl<'c> Live<'c> {
     /// a recorder; `admitted_by`: the operation whose admission let this work in.
     pub fn recording(mut self, kind: &str, meta: &ObjectMeta, admitted_by: &str) -> Self {
         self.journal = self.ctx.records.as_ref().map(|r| {
-            crate::runtime::step_records::Journal::new(r.clone(), kind, meta, admitted_by)
+            crate::runtime::step_records::Journal::new(
+                r.clone(),
+                kind,
+                meta,
+                admitted_by,
+                self.ctx.rules.loaded_digests(),
+            )
         });
         self
     }
