@@ -27,7 +27,8 @@
 //! the counters are zeroed), where requests in flight together share live reads: the figure
 //! the timed CPU per request at 32 clients stands for. Timing columns mean nothing then
 //! (valgrind runs the server some fifty times slower). `BENCH_MACHINES=10,1000` runs only
-//! those sizes.
+//! those sizes; `BENCH_CALLGRIND_KEEP=DIR` keeps the dumps in DIR (numbered in the order
+//! measured: each size's sequential requests, then its 32 clients') for `callgrind_annotate`.
 
 // Test and benchmark code: a failed setup step is a failed run.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -195,6 +196,9 @@ fn callgrind_control(pid: u32, option: &str) {
     );
 }
 
+/// Dumps kept so far (`BENCH_CALLGRIND_KEEP`).
+static KEPT: AtomicU64 = AtomicU64::new(0);
+
 /// The instructions of the newest callgrind dump in `dir` (its `totals:` line), which it
 /// then deletes (the next size's dump is then the only one).
 fn callgrind_total(dir: &std::path::Path) -> u64 {
@@ -220,7 +224,16 @@ fn callgrind_total(dir: &std::path::Path) -> u64 {
                 .and_then(|n| n.parse::<u64>().ok())
                 .expect("a count");
         }
-        std::fs::remove_file(d).expect("remove the dump");
+        // `BENCH_CALLGRIND_KEEP=DIR` keeps each dump there (for `callgrind_annotate`).
+        match std::env::var_os("BENCH_CALLGRIND_KEEP") {
+            Some(keep) => {
+                let n = KEPT.fetch_add(1, Ordering::Relaxed);
+                std::fs::copy(d, PathBuf::from(keep).join(format!("callgrind.out.{n}")))
+                    .expect("keep the dump");
+                std::fs::remove_file(d).expect("remove the dump");
+            }
+            None => std::fs::remove_file(d).expect("remove the dump"),
+        }
     }
     assert!(
         !dumps.is_empty(),

@@ -520,8 +520,10 @@ impl<'s> SnapshotFacts<'s> {
                 .map(|b| object_ref("TalosEtcdBackup", &b.metadata))
                 .collect(),
         };
-        out.sort();
-        out.dedup();
+        if out.len() > 1 {
+            out.sort();
+            out.dedup();
+        }
         out
     }
 }
