@@ -388,7 +388,8 @@ pub fn decide_recorded_into(
     out: &mut Vec<u8>,
 ) -> Decision {
     let mut decision = Decision::default();
-    let mut seen = Vec::new();
+    // The objects an event's facts came from, and one fact's: reused.
+    let mut scratch = (Vec::new(), Vec::new());
     out.push(b'[');
     for (i, ev) in events.iter().enumerate() {
         let facts =
@@ -399,7 +400,15 @@ pub fn decide_recorded_into(
         if i > 0 {
             out.push(b',');
         }
-        write_event(out, table, &mut session, ev, &decision, before, &mut seen);
+        write_event(
+            out,
+            table,
+            &mut session,
+            ev,
+            &decision,
+            before,
+            &mut scratch,
+        );
     }
     out.push(b']');
     decision
@@ -413,7 +422,7 @@ fn write_event<'s>(
     ev: &EventFacts<'s>,
     decision: &Decision,
     before: [usize; 4],
-    seen: &mut Vec<super::facts::Source<'s>>,
+    (seen, sources): &mut (Vec<super::facts::Source<'s>>, Vec<super::facts::Source<'s>>),
 ) {
     let (verb, subject, site) = ev.event;
     seen.clear();
@@ -439,10 +448,10 @@ fn write_event<'s>(
             Value::Bool(false) => out.extend_from_slice(b"false"),
             Value::Str(s) => json::str(out, s),
         }
-        let sources = provider.sources(fact);
+        provider.sources_into(fact, sources);
         if !sources.is_empty() {
             out.extend_from_slice(b",\"from\":[");
-            for (j, s) in sources.into_iter().enumerate() {
+            for (j, &s) in sources.iter().enumerate() {
                 // The same object is nearly always the same borrowed text: that first.
                 let at = seen
                     .iter()
@@ -651,20 +660,24 @@ mod json {
 
     /// Whether any byte of `bytes` is [`escaped`]: eight bytes at a time (a byte below
     /// 0x20, `"` or `\`, found by the word tricks of "Bit Twiddling Hacks",
-    /// exact for "any"), the rest one at a time.
+    /// exact for "any"), the last bytes filled up to a word.
     pub(super) fn any_escaped(bytes: &[u8]) -> bool {
         const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
         const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
         let zero = |w: u64| w.wrapping_sub(ONES) & !w & HIGH;
-        let (words, rest) = bytes.as_chunks::<8>();
-        let mut any = 0;
-        for w in words {
+        let word = |w: &[u8; 8]| {
             let w = u64::from_ne_bytes(*w);
-            any |= (w.wrapping_sub(ONES * 0x20) & !w & HIGH)
+            (w.wrapping_sub(ONES * 0x20) & !w & HIGH)
                 | zero(w ^ (ONES * u64::from(b'"')))
-                | zero(w ^ (ONES * u64::from(b'\\')));
+                | zero(w ^ (ONES * u64::from(b'\\')))
+        };
+        let (words, rest) = bytes.as_chunks::<8>();
+        // The last bytes as a word too, filled up with a byte written as it is.
+        let mut last = [b'a'; 8];
+        for (l, &b) in last.iter_mut().zip(rest) {
+            *l = b;
         }
-        any != 0 || rest.iter().fold(false, |any, &b| any | escaped(b))
+        words.iter().fold(word(&last), |any, w| any | word(w)) != 0
     }
 
     #[cold]
