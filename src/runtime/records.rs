@@ -660,24 +660,29 @@ mod json {
 
     /// Whether any byte of `bytes` is [`escaped`]: eight bytes at a time (a byte below
     /// 0x20, `"` or `\`, found by the word tricks of "Bit Twiddling Hacks",
-    /// exact for "any"), the last bytes filled up to a word.
+    /// exact for "any"); a string under four bytes one byte at a time.
     pub(super) fn any_escaped(bytes: &[u8]) -> bool {
         const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
         const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
         let zero = |w: u64| w.wrapping_sub(ONES) & !w & HIGH;
-        let word = |w: &[u8; 8]| {
-            let w = u64::from_ne_bytes(*w);
+        let word = |w: u64| {
             (w.wrapping_sub(ONES * 0x20) & !w & HIGH)
                 | zero(w ^ (ONES * u64::from(b'"')))
                 | zero(w ^ (ONES * u64::from(b'\\')))
         };
-        let (words, rest) = bytes.as_chunks::<8>();
-        // The last bytes as a word too, filled up with a byte written as it is.
-        let mut last = [b'a'; 8];
-        for (l, &b) in last.iter_mut().zip(rest) {
-            *l = b;
-        }
-        words.iter().fold(word(&last), |any, w| any | word(w)) != 0
+        let (words, _) = bytes.as_chunks::<8>();
+        // The last eight bytes (again), or the first and last four: every byte is in a word.
+        let last = if let Some(w) = bytes.last_chunk::<8>() {
+            u64::from_ne_bytes(*w)
+        } else if let (Some(a), Some(b)) = (bytes.first_chunk::<4>(), bytes.last_chunk::<4>()) {
+            u64::from(u32::from_ne_bytes(*a)) | (u64::from(u32::from_ne_bytes(*b)) << 32)
+        } else {
+            return bytes.iter().fold(false, |any, &b| any | escaped(b));
+        };
+        words
+            .iter()
+            .fold(word(last), |any, w| any | word(u64::from_ne_bytes(*w)))
+            != 0
     }
 
     #[cold]
@@ -1697,12 +1702,21 @@ mod tests {
     }
 
     /// A string is written as `serde_json` writes it whatever byte needs escaping, wherever
-    /// it is: in the words the check reads eight bytes at a time and in the bytes after
-    /// them, next to ASCII and to multi-byte characters.
+    /// it is, in strings of every length the check reads differently (under four bytes,
+    /// under eight, whole words and the rest), next to ASCII and to multi-byte characters.
     #[test]
     fn strings_are_escaped_as_serde_json_escapes_them_anywhere() {
-        for base in ["abcdefghijklmnopq", "üüüüüüüüü"] {
-            for at in 0..base.len() {
+        for base in [
+            "",
+            "a",
+            "abc",
+            "abcdef",
+            "abcdefg",
+            "abcdefghijklmnopq",
+            "üü",
+            "üüüüüüüüü",
+        ] {
+            for at in 0..=base.len() {
                 for b in 0u8..0x80 {
                     let mut bytes = base.as_bytes().to_vec();
                     if !base.is_char_boundary(at) {
