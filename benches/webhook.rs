@@ -22,8 +22,13 @@
 //! `BENCH_CALLGRIND=1` serves under `valgrind --tool=callgrind` and prints, for each size,
 //! the instructions the server executed per request over the sequential requests (counters
 //! zeroed before them and dumped after them: one request in flight, so no read is shared
-//! with another request's): a CPU-per-request figure that a busy machine does not move.
-//! Timing columns mean nothing then (valgrind runs the server some fifty times slower).
+//! with another request's): a CPU-per-request figure that a busy machine does not move. It
+//! counts the 32 concurrent clients' requests too (20 each, their connections opened before
+//! the counters are zeroed), where requests in flight together share live reads: the figure
+//! the timed CPU per request at 32 clients stands for. Timing columns mean nothing then
+//! (valgrind runs the server some fifty times slower). `BENCH_MACHINES=10,1000` runs only
+//! those sizes; `BENCH_CALLGRIND_KEEP=DIR` keeps the dumps in DIR (numbered in the order
+//! measured: each size's sequential requests, then its 32 clients') for `callgrind_annotate`.
 
 // Test and benchmark code: a failed setup step is a failed run.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -77,6 +82,9 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
+
+/// Requests each of the 32 concurrent clients sends under `BENCH_CALLGRIND`.
+const CALLGRIND_CONCURRENT: u64 = 20;
 
 /// Machines per cluster.
 const PER_CLUSTER: usize = 10;
@@ -188,6 +196,9 @@ fn callgrind_control(pid: u32, option: &str) {
     );
 }
 
+/// Dumps kept so far (`BENCH_CALLGRIND_KEEP`).
+static KEPT: AtomicU64 = AtomicU64::new(0);
+
 /// The instructions of the newest callgrind dump in `dir` (its `totals:` line), which it
 /// then deletes (the next size's dump is then the only one).
 fn callgrind_total(dir: &std::path::Path) -> u64 {
@@ -213,7 +224,16 @@ fn callgrind_total(dir: &std::path::Path) -> u64 {
                 .and_then(|n| n.parse::<u64>().ok())
                 .expect("a count");
         }
-        std::fs::remove_file(d).expect("remove the dump");
+        // `BENCH_CALLGRIND_KEEP=DIR` keeps each dump there (for `callgrind_annotate`).
+        match std::env::var_os("BENCH_CALLGRIND_KEEP") {
+            Some(keep) => {
+                let n = KEPT.fetch_add(1, Ordering::Relaxed);
+                std::fs::copy(d, PathBuf::from(keep).join(format!("callgrind.out.{n}")))
+                    .expect("keep the dump");
+                std::fs::remove_file(d).expect("remove the dump");
+            }
+            None => std::fs::remove_file(d).expect("remove the dump"),
+        }
     }
     assert!(
         !dumps.is_empty(),
@@ -491,7 +511,12 @@ async fn main() {
     );
     let mut inserted = 0;
     let mut worst_hwm = 0;
-    for n in [10usize, 100, 1_000, 10_000] {
+    // `BENCH_MACHINES=10,1000`: only those sizes (each of 10, 100, 1000, 10000).
+    let sizes: Vec<usize> = std::env::var("BENCH_MACHINES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![10, 100, 1_000, 10_000]);
+    for n in sizes {
         while inserted < n {
             if inserted % PER_CLUSTER == 0 {
                 api.insert(cluster(inserted / PER_CLUSTER));
@@ -527,17 +552,29 @@ async fn main() {
         }
         lat.sort();
         let (p50, p99) = (percentile(&lat, 0.5), percentile(&lat, 0.99));
-        // 32 concurrent clients, one keep-alive connection each, each on its own clusters.
+        // 32 concurrent clients, one keep-alive connection each, each on its own clusters;
+        // connected (TLS handshakes) before the clock and the counters start.
+        let mut sends = Vec::new();
+        for _ in 0..32usize {
+            sends.push(connect(listen, &ca).await);
+        }
+        if callgrind {
+            callgrind_control(pid, "--zero");
+        }
         let deadline = Instant::now() + Duration::from_secs(seconds);
         let mut tasks = Vec::new();
-        for k in 0..32usize {
+        for (k, mut send) in sends.into_iter().enumerate() {
             let bodies = bodies.clone();
-            let ca = ca.clone();
             tasks.push(tokio::spawn(async move {
-                let mut send = connect(listen, &ca).await;
                 let (mut done, mut failed) = (0u64, 0u64);
                 let mut lat = Vec::new();
-                while Instant::now() < deadline {
+                // Under callgrind a fixed number of requests each (the server is some fifty
+                // times slower), so that every run counts the same requests.
+                while if callgrind {
+                    done < CALLGRIND_CONCURRENT
+                } else {
+                    Instant::now() < deadline
+                } {
                     let body = &bodies[(k * 31 + done as usize * 13) % bodies.len()];
                     let t = Instant::now();
                     failed += u64::from(post(&mut send, body).await != Ok(false));
@@ -558,6 +595,14 @@ async fn main() {
             loaded.extend(l);
         }
         let rps = total as f64 / started.elapsed().as_secs_f64();
+        if callgrind {
+            callgrind_control(pid, "--dump");
+            let instructions = callgrind_total(&dir);
+            println!(
+                "{n:>8} machines: {:.0} server instructions per request at 32 clients ({instructions} over {total}; callgrind)",
+                instructions as f64 / total.max(1) as f64
+            );
+        }
         // Where the two cores went under load: the webhook's process, and this one's
         // clients and API server stand-in (which a real deployment runs elsewhere).
         let per_req = |d: Duration| d.as_secs_f64() * 1e6 / total.max(1) as f64;

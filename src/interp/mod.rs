@@ -163,7 +163,7 @@ impl<'a, F: Facts<'a>> Session<'a, F> {
     /// ([`Lookup::Later`]) is left out. Never on the decision's path.
     #[cold]
     pub fn read_facts(&mut self, mask: u64) -> Vec<(Fact, Value<'a>)> {
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(mask.count_ones() as usize);
         let mut rest = mask;
         while rest != 0 {
             let slot = rest.trailing_zeros() as usize;

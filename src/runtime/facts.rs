@@ -405,27 +405,34 @@ impl<'s> SnapshotFacts<'s> {
     /// after deciding, when a record is kept; the values themselves come from
     /// [`Facts::fact`], never from here.
     pub fn sources(&mut self, fact: Fact) -> Vec<Source<'s>> {
-        let machines = |ms: &[&'s TalosMachine]| -> Vec<Source<'s>> {
-            ms.iter()
-                .map(|m| object_ref("TalosMachine", &m.metadata))
-                .collect()
+        let mut out = Vec::new();
+        self.sources_into(fact, &mut out);
+        out
+    }
+
+    /// [`SnapshotFacts::sources`] into `out` (cleared first): a record's writer reuses one
+    /// buffer for all its facts.
+    pub fn sources_into(&mut self, fact: Fact, out: &mut Vec<Source<'s>>) {
+        out.clear();
+        let machines = |out: &mut Vec<Source<'s>>, ms: &[&'s TalosMachine]| {
+            out.extend(ms.iter().map(|m| object_ref("TalosMachine", &m.metadata)));
         };
-        let subject = |s: &Self| -> Vec<Source<'s>> {
-            match s.ev.subject {
-                Subject::Machine { view, .. } => vec![object_ref("TalosMachine", &view.metadata)],
-                Subject::Cluster(c) => vec![object_ref("TalosCluster", &c.metadata)],
-                Subject::Operation(o) => vec![object_ref("TalosOperation", &o.metadata)],
-                Subject::Patch { name, .. } => vec![("TalosConfigPatch", name, None)],
-                Subject::Backup(b) => vec![object_ref("TalosEtcdBackup", &b.metadata)],
+        let subject = |s: &Self, out: &mut Vec<Source<'s>>| {
+            out.push(match s.ev.subject {
+                Subject::Machine { view, .. } => object_ref("TalosMachine", &view.metadata),
+                Subject::Cluster(c) => object_ref("TalosCluster", &c.metadata),
+                Subject::Operation(o) => object_ref("TalosOperation", &o.metadata),
+                Subject::Patch { name, .. } => ("TalosConfigPatch", name, None),
+                Subject::Backup(b) => object_ref("TalosEtcdBackup", &b.metadata),
+            });
+        };
+        let cluster = |s: &mut Self, out: &mut Vec<Source<'s>>| {
+            if let Some(c) = s.cluster_obj() {
+                out.push(object_ref("TalosCluster", &c.metadata));
             }
         };
-        let cluster = |s: &mut Self| -> Vec<Source<'s>> {
-            s.cluster_obj()
-                .map(|c| vec![object_ref("TalosCluster", &c.metadata)])
-                .unwrap_or_default()
-        };
-        let mut out = match fact {
-            Fact::Cluster | Fact::RequestByController => Vec::new(),
+        match fact {
+            Fact::Cluster | Fact::RequestByController => {}
             Fact::Approved
             | Fact::Transitioning
             | Fact::Rank
@@ -433,29 +440,31 @@ impl<'s> SnapshotFacts<'s> {
             | Fact::HealthyAfter
             | Fact::TargetControlPlane => {
                 self.control_planes();
-                machines(self.control_planes.as_deref().unwrap_or(&[]))
+                machines(out, self.control_planes.as_deref().unwrap_or(&[]));
             }
             Fact::Workers => {
                 let key = self.subject_key();
-                machines(&approved_members(
-                    self.snapshot,
-                    self.ev.namespace,
-                    self.ev.cluster,
-                    Role::Worker,
-                    key,
-                ))
+                machines(
+                    out,
+                    &approved_members(
+                        self.snapshot,
+                        self.ev.namespace,
+                        self.ev.cluster,
+                        Role::Worker,
+                        key,
+                    ),
+                );
             }
             Fact::EtcdMembers => {
-                let mut v = cluster(self);
+                cluster(self, out);
                 self.control_planes();
-                v.extend(machines(self.control_planes.as_deref().unwrap_or(&[])));
-                v
+                machines(out, self.control_planes.as_deref().unwrap_or(&[]));
             }
             Fact::Count
             | Fact::Schedulable
             | Fact::ClusterExists
             | Fact::ClusterDeleting
-            | Fact::Bootstrapped => cluster(self),
+            | Fact::Bootstrapped => cluster(self, out),
             Fact::Machine
             | Fact::Role
             | Fact::Deleting
@@ -474,55 +483,55 @@ impl<'s> SnapshotFacts<'s> {
             | Fact::PatchBreaks
             | Fact::PatchError
             | Fact::MaxUnavailable
-            | Fact::RollInFlight => subject(self),
+            | Fact::RollInFlight => subject(self, out),
             Fact::WorkersOthersUp => {
-                let mut v = subject(self);
+                subject(self, out);
                 for m in self.workers_others_up() {
-                    v.push(object_ref("TalosMachine", &m.metadata));
+                    out.push(object_ref("TalosMachine", &m.metadata));
                 }
-                v
             }
             Fact::RollControlPlaneInFlight => {
-                let mut v = subject(self);
+                subject(self, out);
                 for m in self.roll_in_flight_machines() {
-                    v.push(object_ref("TalosMachine", &m.metadata));
+                    out.push(object_ref("TalosMachine", &m.metadata));
                 }
-                v
             }
             Fact::TargetExists | Fact::TargetUncounted => {
-                let mut v = subject(self);
+                subject(self, out);
                 let target = self.operation().and_then(|o| o.spec.machine.as_deref());
                 if let Some(m) = target.and_then(|t| self.snapshot.machine(self.ev.namespace, t)) {
-                    v.push(object_ref("TalosMachine", &m.metadata));
+                    out.push(object_ref("TalosMachine", &m.metadata));
                 }
-                v
             }
             Fact::UnfinishedExists
             | Fact::UnfinishedName
             | Fact::UnfinishedKind
             | Fact::UnfinishedPhase
-            | Fact::UnfinishedParked => self
-                .unfinished()
-                .map(|o| vec![object_ref("TalosOperation", &o.metadata)])
-                .unwrap_or_default(),
+            | Fact::UnfinishedParked => {
+                if let Some(o) = self.unfinished() {
+                    out.push(object_ref("TalosOperation", &o.metadata));
+                }
+            }
             Fact::BackupExists | Fact::BackupInCluster => {
-                let mut v = subject(self);
+                subject(self, out);
                 if let Some(b) = self.backup() {
-                    v.push(object_ref("TalosEtcdBackup", &b.metadata));
+                    out.push(object_ref("TalosEtcdBackup", &b.metadata));
                 }
                 if fact == Fact::BackupInCluster {
-                    v.extend(cluster(self));
+                    cluster(self, out);
                 }
-                v
             }
-            Fact::Backups | Fact::SnapshotTaken | Fact::SnapshotAge | Fact::SnapshotBackup => self
-                .backups()
-                .map(|b| object_ref("TalosEtcdBackup", &b.metadata))
-                .collect(),
-        };
-        out.sort();
-        out.dedup();
-        out
+            Fact::Backups | Fact::SnapshotTaken | Fact::SnapshotAge | Fact::SnapshotBackup => {
+                out.extend(
+                    self.backups()
+                        .map(|b| object_ref("TalosEtcdBackup", &b.metadata)),
+                );
+            }
+        }
+        if out.len() > 1 {
+            out.sort();
+            out.dedup();
+        }
     }
 }
 

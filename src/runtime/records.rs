@@ -388,7 +388,8 @@ pub fn decide_recorded_into(
     out: &mut Vec<u8>,
 ) -> Decision {
     let mut decision = Decision::default();
-    let mut seen = Vec::new();
+    // The objects an event's facts came from, and one fact's: reused.
+    let mut scratch = (Vec::new(), Vec::new());
     out.push(b'[');
     for (i, ev) in events.iter().enumerate() {
         let facts =
@@ -399,7 +400,15 @@ pub fn decide_recorded_into(
         if i > 0 {
             out.push(b',');
         }
-        write_event(out, table, &mut session, ev, &decision, before, &mut seen);
+        write_event(
+            out,
+            table,
+            &mut session,
+            ev,
+            &decision,
+            before,
+            &mut scratch,
+        );
     }
     out.push(b']');
     decision
@@ -413,7 +422,7 @@ fn write_event<'s>(
     ev: &EventFacts<'s>,
     decision: &Decision,
     before: [usize; 4],
-    seen: &mut Vec<super::facts::Source<'s>>,
+    (seen, sources): &mut (Vec<super::facts::Source<'s>>, Vec<super::facts::Source<'s>>),
 ) {
     let (verb, subject, site) = ev.event;
     seen.clear();
@@ -439,10 +448,10 @@ fn write_event<'s>(
             Value::Bool(false) => out.extend_from_slice(b"false"),
             Value::Str(s) => json::str(out, s),
         }
-        let sources = provider.sources(fact);
+        provider.sources_into(fact, sources);
         if !sources.is_empty() {
             out.extend_from_slice(b",\"from\":[");
-            for (j, s) in sources.into_iter().enumerate() {
+            for (j, &s) in sources.iter().enumerate() {
                 // The same object is nearly always the same borrowed text: that first.
                 let at = seen
                     .iter()
@@ -641,12 +650,39 @@ mod json {
         let bytes = s.as_bytes();
         out.reserve(bytes.len() + 2);
         out.push(b'"');
-        if bytes.iter().fold(false, |any, &b| any | escaped(b)) {
+        if any_escaped(bytes) {
             escape(out, bytes);
         } else {
             out.extend_from_slice(bytes);
         }
         out.push(b'"');
+    }
+
+    /// Whether any byte of `bytes` is [`escaped`]: eight bytes at a time (a byte below
+    /// 0x20, `"` or `\`, found by the word tricks of "Bit Twiddling Hacks",
+    /// exact for "any"); a string under four bytes one byte at a time.
+    pub(super) fn any_escaped(bytes: &[u8]) -> bool {
+        const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+        const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+        let zero = |w: u64| w.wrapping_sub(ONES) & !w & HIGH;
+        let word = |w: u64| {
+            (w.wrapping_sub(ONES * 0x20) & !w & HIGH)
+                | zero(w ^ (ONES * u64::from(b'"')))
+                | zero(w ^ (ONES * u64::from(b'\\')))
+        };
+        let (words, _) = bytes.as_chunks::<8>();
+        // The last eight bytes (again), or the first and last four: every byte is in a word.
+        let last = if let Some(w) = bytes.last_chunk::<8>() {
+            u64::from_ne_bytes(*w)
+        } else if let (Some(a), Some(b)) = (bytes.first_chunk::<4>(), bytes.last_chunk::<4>()) {
+            u64::from(u32::from_ne_bytes(*a)) | (u64::from(u32::from_ne_bytes(*b)) << 32)
+        } else {
+            return bytes.iter().fold(false, |any, &b| any | escaped(b));
+        };
+        words
+            .iter()
+            .fold(word(last), |any, w| any | word(u64::from_ne_bytes(*w)))
+            != 0
     }
 
     #[cold]
@@ -691,10 +727,14 @@ mod json {
     }
 
     /// `n` in `width` decimal digits, zero-padded.
-    fn padded(out: &mut Vec<u8>, n: u64, width: u32) {
-        for i in (0..width).rev() {
-            out.push(b'0' + (n / 10u64.pow(i) % 10) as u8);
+    fn padded(out: &mut Vec<u8>, mut n: u64, width: u32) {
+        let mut digits = [b'0'; 20];
+        let width = (width as usize).min(digits.len());
+        for d in digits.iter_mut().take(width).rev() {
+            *d = b'0' + (n % 10) as u8;
+            n /= 10;
         }
+        out.extend_from_slice(digits.get(..width).unwrap_or_default());
     }
 
     /// A timestamp as jiff writes it (RFC 3339 in UTC, `Z`, the fraction of a second only
@@ -746,6 +786,11 @@ mod json {
     }
 
     pub fn uint(out: &mut Vec<u8>, mut n: u64) {
+        // Nearly all: an index into a record's objects, a count.
+        if n < 10 {
+            out.push(b'0' + n as u8);
+            return;
+        }
         let mut digits = [0u8; 20];
         let mut at = digits.len();
         loop {
@@ -1653,6 +1698,46 @@ mod tests {
                     }
                 );
             }
+        }
+    }
+
+    /// A string is written as `serde_json` writes it whatever byte needs escaping, wherever
+    /// it is, in strings of every length the check reads differently (under four bytes,
+    /// under eight, whole words and the rest), next to ASCII and to multi-byte characters.
+    #[test]
+    fn strings_are_escaped_as_serde_json_escapes_them_anywhere() {
+        for base in [
+            "",
+            "a",
+            "abc",
+            "abcdef",
+            "abcdefg",
+            "abcdefghijklmnopq",
+            "üü",
+            "üüüüüüüüü",
+        ] {
+            for at in 0..=base.len() {
+                for b in 0u8..0x80 {
+                    let mut bytes = base.as_bytes().to_vec();
+                    if !base.is_char_boundary(at) {
+                        continue;
+                    }
+                    bytes.insert(at, b);
+                    let s = String::from_utf8(bytes).expect("UTF-8");
+                    let mut out = Vec::new();
+                    json::str(&mut out, &s);
+                    assert_eq!(
+                        String::from_utf8(out).expect("UTF-8"),
+                        serde_json::to_string(&s).expect("JSON"),
+                        "{s:?}"
+                    );
+                }
+            }
+        }
+        for n in [0u64, 9, 10, 99, 100, 12_345, u64::MAX] {
+            let mut out = Vec::new();
+            json::uint(&mut out, n);
+            assert_eq!(out, n.to_string().into_bytes());
         }
     }
 
