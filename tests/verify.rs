@@ -142,7 +142,12 @@ fn step_texts(json: &Value) -> Vec<&str> {
 #[track_caller]
 fn refuted_only_by(out: &Out, json: &Value, invariant: &str) {
     assert_eq!(out.code, 1, "{}", out.stdout);
-    assert_eq!(violated(json), vec![invariant.to_string()], "{}", out.stdout);
+    assert_eq!(
+        violated(json),
+        vec![invariant.to_string()],
+        "{}",
+        out.stdout
+    );
 }
 
 /// `verify` exited 0 and no invariant is violated.
