@@ -322,6 +322,11 @@ pub struct ModelWorld<'a> {
     pub effect: Effect,
     /// The state after each status write that changed it: a controller may stop there.
     pub stops: Vec<(State, Effect)>,
+    /// When kept (a fault-free run whose faults are explored next): the state and effect
+    /// right after each acting call landed, in order. The world is deterministic, so a
+    /// controller that crashed right after call `n` left exactly `landed[n]`: the crash
+    /// need not be run again.
+    pub landed: Option<Vec<(State, Effect)>>,
     /// Warning events published, by reason.
     events: Vec<String>,
     /// The snapshot's index of the machine whose finalizer was released.
@@ -355,6 +360,7 @@ impl<'a> ModelWorld<'a> {
             acts: 0,
             effect: Effect::default(),
             stops: Vec::new(),
+            landed: None,
             events: Vec::new(),
             released: None,
             fired,
@@ -394,6 +400,15 @@ impl<'a> ModelWorld<'a> {
     /// This world with these faults.
     pub fn with_faults(self, faults: Faults) -> ModelWorld<'a> {
         ModelWorld { faults, ..self }
+    }
+
+    /// This world keeping the state after each acting call that landed (`landed`), when
+    /// `keep`.
+    pub fn keeping_landed(self, keep: bool) -> ModelWorld<'a> {
+        ModelWorld {
+            landed: keep.then(Vec::new),
+            ..self
+        }
     }
 
     fn index(&self, m: &TalosMachine) -> Option<usize> {
@@ -814,6 +829,11 @@ impl World for ModelWorld<'_> {
         if acts && answer.is_ok() {
             let n = self.acts;
             self.acts = self.acts.saturating_add(1);
+            if let Some(landed) = &mut self.landed
+                && undo.is_none()
+            {
+                landed.push((self.t.clone(), self.effect));
+            }
             if let Some((t, effect)) = undo {
                 (self.t, self.effect) = (t, effect);
                 return Ok(Err(self.failed(

@@ -109,6 +109,7 @@ impl Model<'_> {
             reset_settle: std::time::Duration::from_secs(60),
             sent_deadline: std::time::Duration::from_secs(600),
         };
+        let faulting = s.failures < self.bounds.max_failures;
         let run = |faults: Faults, fired: &mut Fired, memo: &mut Memo| {
             let mut w = ModelWorld::new(
                 s.fork(),
@@ -119,16 +120,18 @@ impl Model<'_> {
                 fired,
                 memo,
             )
-            .with_faults(faults);
+            .with_faults(faults)
+            .keeping_landed(faulting && faults == Faults::default() && crashes_from_landed());
             let outcome = run_now(exec::removal::reconcile(&mut w, self.table, &timing, live));
             let ModelWorld {
                 t,
                 acts,
                 effect,
                 stops,
+                landed,
                 ..
             } = w;
-            (t, acts, effect, stops, outcome)
+            (t, acts, effect, stops, landed, outcome)
         };
         let label = |t: &State, mut e: Effect| {
             if e.step == 0 {
@@ -140,7 +143,7 @@ impl Model<'_> {
             }
             e
         };
-        let (t, acts, effect, stops, outcome) = run(Faults::default(), fired, memo);
+        let (t, acts, effect, stops, landed, outcome) = run(Faults::default(), fired, memo);
         let named = match &outcome {
             Some(Ok(Outcome::Requeue {
                 wait: Wait::On(_), ..
@@ -167,14 +170,23 @@ impl Model<'_> {
                 state: t,
             });
         }
-        if s.failures < self.bounds.max_failures {
+        if faulting {
             let moves = [
                 Move::RemovalLost(idx),
                 Move::RemovalCrash(idx),
                 Move::RemovalRefused(idx),
             ];
             for (faults, mv) in Faults::each(acts, moves) {
-                let (mut u, _, e, _, _) = run(faults, fired, memo);
+                let (mut u, e) = match faults
+                    .crash
+                    .and_then(|n| landed.as_ref()?.get(usize::from(n)))
+                {
+                    Some((u, e)) => (u.clone(), *e),
+                    None => {
+                        let (u, _, e, _, _, _) = run(faults, fired, memo);
+                        (u, e)
+                    }
+                };
                 u.failures += 1;
                 out.push(Next {
                     mv,
@@ -290,6 +302,8 @@ impl Model<'_> {
         // The machine the world acts on: the target, or the node a roll is at.
         let at = o.at();
         let machine = if at == GONE { NONE } else { at };
+        // Faults are explored for an operation that has not failed, within the budget.
+        let faulting = s.failures < self.bounds.max_failures && o.phase != Phase::Failed;
         let run = |faults: Faults, fired: &mut Fired, memo: &mut Memo| {
             let mut w = ModelWorld::new(
                 s.fork(),
@@ -301,14 +315,19 @@ impl Model<'_> {
                 memo,
             )
             .with_faults(faults)
-            .with_operation(kidx);
+            .with_operation(kidx)
+            .keeping_landed(faulting && faults == Faults::default() && crashes_from_landed());
             let outcome = run_now(exec::operation::reconcile(
                 &mut w, self.table, &timing, live,
             ));
             let ModelWorld {
-                t, acts, effect, ..
+                t,
+                acts,
+                effect,
+                landed,
+                ..
             } = w;
-            (t, acts, effect, outcome)
+            (t, acts, effect, landed, outcome)
         };
         // What the reconcile did, for the invariants: it started running the operation
         // (`no-operation-while-even` reads that before anything else it did), or ended it.
@@ -405,7 +424,7 @@ impl Model<'_> {
             }
             e
         };
-        let (t, acts, e, outcome) = run(Faults::default(), fired, memo);
+        let (t, acts, e, landed, outcome) = run(Faults::default(), fired, memo);
         // A failed operation's reconcile: a successor only when it did something (which
         // `failed-touches-nothing` refutes); nothing of it is faulted.
         if o.phase == Phase::Failed {
@@ -434,14 +453,23 @@ impl Model<'_> {
             });
             added = true;
         }
-        if s.failures < self.bounds.max_failures {
+        if faulting {
             let moves = [
                 Move::OperationLost(kidx),
                 Move::OperationCrash(kidx),
                 Move::OperationRefused(kidx),
             ];
             for (faults, mv) in Faults::each(acts, moves) {
-                let (mut u, _, e, _) = run(faults, fired, memo);
+                let (mut u, e) = match faults
+                    .crash
+                    .and_then(|n| landed.as_ref()?.get(usize::from(n)))
+                {
+                    Some((u, e)) => (u.clone(), *e),
+                    None => {
+                        let (u, _, e, _, _) = run(faults, fired, memo);
+                        (u, e)
+                    }
+                };
                 u.failures += 1;
                 out.push(Next {
                     mv,
@@ -452,6 +480,26 @@ impl Model<'_> {
             }
         }
         (added, named)
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: run each crash again instead of taking the fault-free run's state after
+    /// the call (`ModelWorld::landed`), to show the two agree.
+    pub(super) static RERUN_CRASHES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether a crash right after an acting call is taken from the fault-free run's
+/// `landed` states rather than run again.
+fn crashes_from_landed() -> bool {
+    #[cfg(test)]
+    {
+        !RERUN_CRASHES.get()
+    }
+    #[cfg(not(test))]
+    {
+        true
     }
 }
 

@@ -199,6 +199,39 @@ fn a_shared_memo_changes_no_successor() {
     );
 }
 
+/// A crash right after an acting call, taken from the fault-free run's state after that
+/// call, is the state the crash run reaches: every successor is the same as when each
+/// crash is run again.
+#[test]
+fn a_crash_after_a_call_is_the_clean_runs_state_there() {
+    let (table, bounds) = small_model();
+    let model = Model::new(&table, bounds).expect("model");
+    let mut crashes = 0usize;
+    walk_in(&model, &bounds, 4000, true, |s, fresh| {
+        let mut again = Vec::new();
+        super::controller::RERUN_CRASHES.set(true);
+        model.successors(
+            s,
+            &Lazy::new(&model.objects, s),
+            &mut Memo::default(),
+            &mut Fired::default(),
+            &mut again,
+        );
+        super::controller::RERUN_CRASHES.set(false);
+        let moves = |v: &[Next]| -> Vec<String> {
+            v.iter()
+                .map(|n| format!("{:?} {:?} {:?}", n.mv, n.state, n.effect))
+                .collect()
+        };
+        assert_eq!(moves(fresh), moves(&again), "{s:?}");
+        crashes += fresh
+            .iter()
+            .filter(|n| matches!(n.mv, Move::RemovalCrash(_) | Move::OperationCrash(_)))
+            .count();
+    });
+    assert!(crashes > 100, "only {crashes} crashes explored");
+}
+
 /// Bounds a model cannot hold (its indices are bytes) are an error that says the most
 /// it holds, never indices that wrap or collide with `NONE`.
 #[test]
