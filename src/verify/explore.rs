@@ -958,8 +958,10 @@ fn expand(
     out
 }
 
-/// The controller's steps enabled in `s` for every one of their subjects (every machine;
-/// every operation; the teardown, which has none), as a mask of classes (bit
+/// The controller's steps enabled in `s` for every one of their subjects (every machine not
+/// being deleted, every one being removed, every unfinished operation; the teardown, which
+/// has none),
+/// as a mask of classes (bit
 /// `class - FAIR`), and [`GROWS`] when a move of the liveness graph adds a machine or an
 /// operation. Commits are left out: the requests in flight come and go.
 fn always(s: &State, nexts: &[Next]) -> u16 {
@@ -992,18 +994,34 @@ fn always(s: &State, nexts: &[Next]) -> u16 {
             _ => {}
         }
     }
-    let all = |len: usize| {
-        u32::try_from(len)
-            .ok()
-            .and_then(|l| 1u64.checked_shl(l))
-            .map_or(u64::MAX, |b| b - 1)
-    };
-    for c in [APPLY, PROBE, REMOVAL, COLLECT] {
-        if !s.machines.is_empty() && machines[usize::from(c - FAIR)] == all(s.machines.len()) {
+    // A class's subjects: the machines not being deleted (an apply, a probe, the garbage
+    // collector's deletion), or those being deleted whose finalizer is still there (a
+    // removal). Deletion and the finalizer's release go one way only, so inside a strongly
+    // connected set of states each class has the same subjects throughout.
+    let (mut live, mut removing) = (0u64, 0u64);
+    for (i, m) in ix(&s.machines) {
+        if !m.deleting {
+            live |= bit(i);
+        } else if m.finalizer {
+            removing |= bit(i);
+        }
+    }
+    for (c, subjects) in [
+        (APPLY, live),
+        (PROBE, live),
+        (COLLECT, live),
+        (REMOVAL, removing),
+    ] {
+        if subjects != 0 && machines[usize::from(c - FAIR)] & subjects == subjects {
             mask |= 1 << (c - FAIR);
         }
     }
-    if !s.ops.is_empty() && ops == all(s.ops.len()) {
+    // An operation's reconciles: those not finished (a finished one stays finished without
+    // a person).
+    let unfinished = ix(&s.ops)
+        .filter(|(_, o)| matches!(o.phase, Phase::Pending | Phase::Parked | Phase::Running))
+        .fold(0u64, |a, (i, _)| a | bit(i));
+    if unfinished != 0 && ops & unfinished == unfinished {
         mask |= 1 << (OPERATION - FAIR);
     }
     mask
@@ -1564,11 +1582,12 @@ struct Fairness {
 /// two states of a component. The check therefore over-approximates fair runs, which is
 /// the sound side for a verifier (no fair livelock is missed): a component is taken as
 /// admitting a fair run unless a class of the controller's steps (a reconcile of a
-/// machine's removal, of an operation, ...) is enabled for *every* one of its subjects in
-/// *every* state of it and taken on no edge inside it. Only then is some concrete action
-/// surely enabled throughout (the subjects stay the same inside a component: no move of
-/// the graph adds a machine or an operation, else [`GROWS`] turns the refinement off, and
-/// one removed cannot come back) and never taken. Commits are not refined (requests in
+/// machine's removal, of an operation, the garbage collector's deletion of a machine, ...)
+/// is enabled for *every* one of its subjects in *every* state of it and taken on no edge
+/// inside it. Only then is some concrete action surely enabled throughout (the subjects
+/// stay the same inside a component: no move of the graph adds a machine or an operation,
+/// else [`GROWS`] turns the refinement off, one removed cannot come back, and a machine's
+/// deletion and its finalizer's release go one way only) and never taken. Commits are not refined (requests in
 /// flight come and go). Any cycle of non-goal states otherwise counts: "stuck" may be said
 /// of a component where a finer, per-machine account would find every run unfair, never
 /// the other way round.
