@@ -2176,7 +2176,12 @@ mod fairness {
     fn a_livelock_the_possibility_check_passed_is_stuck() {
         let g = graph(
             3,
-            &[(0, 1, REMOVAL), (1, 0, REMOVAL), (0, 2, APPLY), (2, 2, PROBE)],
+            &[
+                (0, 1, REMOVAL),
+                (1, 0, REMOVAL),
+                (0, 2, APPLY),
+                (2, 2, PROBE),
+            ],
         );
         let goal = [false, false, true];
         let always = [bit(REMOVAL) | bit(APPLY), bit(REMOVAL), 0];
@@ -2220,10 +2225,7 @@ mod fairness {
     /// state before it. A controller step that ends the work is what makes a state fine.
     #[test]
     fn a_wait_only_the_environment_ends_is_stuck() {
-        let g = graph(
-            4,
-            &[(0, 1, REMOVAL), (1, 2, RECOVERY), (3, 2, REMOVAL)],
-        );
+        let g = graph(4, &[(0, 1, REMOVAL), (1, 2, RECOVERY), (3, 2, REMOVAL)]);
         let goal = [false, false, true, false];
         assert!((0..2).all(|v| reaches_goal(&g, &goal, v)));
         let f = fair_stuck(&g, &[0; 4], &goal);

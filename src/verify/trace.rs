@@ -540,7 +540,11 @@ pub fn build(
     if let Some(at) = v.loop_at {
         trace.loop_from = Some(path.len() - 1 + at);
     }
-    targets.extend(v.lasso.iter().map(|id| (ex.keys[*id as usize].to_vec(), false)));
+    targets.extend(
+        v.lasso
+            .iter()
+            .map(|id| (ex.keys[*id as usize].to_vec(), false)),
+    );
     for (n, (want, last)) in targets.iter().enumerate() {
         let step_no = n + 1;
         let lazy = Lazy::new(&model.objects, &s);
