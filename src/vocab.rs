@@ -1436,9 +1436,9 @@ model_facts! {
     StepWarned "step.warned" Type::Bool,
         "the step just taken committed a request that admission let through with a warning";
     Stuck "stuck" Type::Bool,
-        "a removal or teardown is in progress and no sequence of controller steps, commits and recoveries (nodes coming back, PodDisruptionBudgets lifting) ends it or leaves it refused by a named rule";
+        "a removal or teardown is in progress and some fair run (every controller step, commit and garbage collection that stays enabled is taken; nodes coming back and PodDisruptionBudgets lifting may happen, never obliged) never ends it nor leaves it waiting on something named: it reaches a state where the controller has nothing left to do, or a livelock";
     OperationStuck "operation.stuck" Type::Bool,
-        "an operation is in progress (pending, parked or running) and no sequence of controller steps, commits and recoveries (nodes coming back, PodDisruptionBudgets lifting) ends it (succeeded or failed) or leaves it waiting on something named (a rule's refusal, the even count, a node or etcd not back yet, the lock held by other work)";
+        "an operation is in progress (pending, parked or running) and some fair run (every controller step, commit and garbage collection that stays enabled is taken; nodes coming back and etcd catching up may happen, never obliged) never ends it (succeeded or failed) nor leaves it waiting on something named (a rule's refusal, the even count, a node or etcd not back yet, the lock held by other work)";
     DownOthers "down.others" Type::Int,
         "for a step in which an operation took the node of an etcd member down (a reboot, a shutdown, an upgrade, a rollback): how many other etcd members' nodes were down at that moment (0 for any other step)";
     OperationLeftDown "operation.left_down" Type::Bool,

@@ -850,6 +850,13 @@ fn to_text(runs: &[Report], paths: &[PathBuf], procedures: &[Procedure]) -> Stri
                 }
                 let _ = writeln!(out, "       state: {}", s.state);
             }
+            if let Some(n) = t.loop_from {
+                let _ = writeln!(
+                    out,
+                    "  a livelock: the last step is back in the state of step {n}, and the \
+                     steps after it repeat forever without ending the work"
+                );
+            }
             if let Some(b) = &t.blocked {
                 let _ = writeln!(out, "  in the last state: {b}");
             }

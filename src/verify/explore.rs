@@ -524,6 +524,13 @@ pub struct Violation {
     pub mv: Option<Move>,
     pub message: String,
     pub depth: u32,
+    /// For a liveness violation: the states a fair run goes through from `from` without
+    /// ending the work, to where the controller has nothing left to do, or to a livelock
+    /// and once round it.
+    pub lasso: Vec<u32>,
+    /// Where the loop starts in `lasso`: the states from this index on go round, back to
+    /// the state before it (`from` when 0).
+    pub loop_at: Option<usize>,
 }
 
 /// The keys of the explored states, by id, in one buffer (a state's key is stored once:
@@ -647,7 +654,65 @@ struct Succ {
     /// Its key's [`hash_key`] (hashed by the worker, not in the serial merge).
     hash: u64,
     mv: Move,
-    alone: bool,
+    /// [`class`] of the move.
+    class: u8,
+}
+
+// ---- liveness under weak fairness ---------------------------------------------------------
+
+/// A move outside the liveness graph: it needs a person, or is a failure.
+const NOT_ALONE: u8 = 0;
+/// The environment recovering (a node coming back, etcd catching up, a PDB lifting, a
+/// snapshot taken): possible, never obliged.
+const RECOVERY: u8 = 1;
+/// The first class of the controller's steps, which weak fairness obliges (a step that
+/// stays enabled is eventually taken): each kind of step is a class from here on.
+const FAIR: u8 = 2;
+/// Classes of the controller's steps, bit `class - FAIR` of a mask.
+const COMMIT: u8 = FAIR;
+const APPLY: u8 = FAIR + 1;
+const PROBE: u8 = FAIR + 2;
+const REMOVAL: u8 = FAIR + 3;
+const OPERATION: u8 = FAIR + 4;
+const TEARDOWN: u8 = FAIR + 5;
+const COLLECT: u8 = FAIR + 6;
+/// Bit of a state's mask ([`Graph::always`]) set when one of its moves in the liveness
+/// graph adds a machine or an operation (the refinement of [`fair_livelock`] is sound only
+/// where the subjects of the steps stay the same).
+const GROWS: u16 = 1 << 15;
+
+/// Which class a move is of, for the liveness check ([`NOT_ALONE`], [`RECOVERY`], or a
+/// controller step, [`FAIR`] and up). The moves of the graph are those of
+/// [`Move::progresses_alone`].
+fn class(mv: &Move) -> u8 {
+    if !mv.progresses_alone() {
+        return NOT_ALONE;
+    }
+    match mv {
+        Move::Commit(_) => COMMIT,
+        Move::Apply(_) => APPLY,
+        Move::Probe(_) => PROBE,
+        Move::Removal(_) => REMOVAL,
+        Move::Operation(_) => OPERATION,
+        Move::Teardown => TEARDOWN,
+        Move::Admit { .. } => COLLECT,
+        Move::NodeReturns(_) | Move::EtcdCatchesUp(_) | Move::PdbLifts | Move::SnapshotTaken => {
+            RECOVERY
+        }
+        // Failures and what people do: not in the graph (`progresses_alone` said so).
+        Move::RemovalLost(_)
+        | Move::RemovalCrash(_)
+        | Move::RemovalRefused(_)
+        | Move::OperationLost(_)
+        | Move::OperationCrash(_)
+        | Move::OperationRefused(_)
+        | Move::NodeDies(_)
+        | Move::UpgradeNotTaken(_)
+        | Move::NodeReturnsBehind(_)
+        | Move::PdbBlocks
+        | Move::LockExpires
+        | Move::SnapshotAges => NOT_ALONE,
+    }
 }
 
 /// The first transition of a chunk, in id order, that broke an invariant: all the merge
@@ -675,6 +740,8 @@ struct Expanded {
     spent: bool,
     /// [`super::model::Outcomes::cure_blocked`].
     cure_blocked: bool,
+    /// [`always`] of the state.
+    always: u16,
     succ: std::ops::Range<usize>,
 }
 
@@ -771,6 +838,7 @@ fn expand(
                 cut: false,
                 spent: false,
                 cure_blocked: false,
+                always: 0,
                 succ: from..from,
             });
             continue;
@@ -797,6 +865,7 @@ fn expand(
                 cut: true,
                 spent: false,
                 cure_blocked: false,
+                always: 0,
                 succ: from..from,
             });
             continue;
@@ -826,6 +895,7 @@ fn expand(
         let settled =
             removals > 0 && usize::from(outcomes.removals_waiting) >= removals && !uncollected;
         let before = Facts::of_state(s);
+        let always = always(s, &nexts);
         for n in nexts.drain(..) {
             out.transitions += 1;
             let c = canon.get_or_insert_with(|| n.state.clone());
@@ -864,7 +934,7 @@ fn expand(
                 key: start..out.bytes.len(),
                 hash: hash_key(&buf),
                 mv: n.mv,
-                alone: n.mv.progresses_alone(),
+                class: class(&n.mv),
             });
             n.state.recycle();
         }
@@ -876,6 +946,7 @@ fn expand(
             cut: false,
             spent: model.budget_spent(s),
             cure_blocked: outcomes.cure_blocked.is_some(),
+            always,
             succ: from..out.succ.len(),
         });
     }
@@ -885,6 +956,75 @@ fn expand(
     // (Every position was filled above: each state is expanded once.)
     out.states = expanded.into_iter().flatten().collect();
     out
+}
+
+/// The controller's steps enabled in `s` for every one of their subjects (every machine not
+/// being deleted, every one being removed, every unfinished operation; the teardown, which
+/// has none),
+/// as a mask of classes (bit
+/// `class - FAIR`), and [`GROWS`] when a move of the liveness graph adds a machine or an
+/// operation. Commits are left out: the requests in flight come and go.
+fn always(s: &State, nexts: &[Next]) -> u16 {
+    let mut machines = [0u64; 8];
+    let mut ops = 0u64;
+    let mut mask = 0u16;
+    let bit = |i: u8| 1u64.checked_shl(u32::from(i)).unwrap_or(0);
+    for n in nexts {
+        let c = class(&n.mv);
+        if c == NOT_ALONE {
+            continue;
+        }
+        if n.state.machines.len() > s.machines.len() || n.state.ops.len() > s.ops.len() {
+            mask |= GROWS;
+        }
+        match n.mv {
+            Move::Apply(i)
+            | Move::Probe(i)
+            | Move::Removal(i)
+            | Move::Admit {
+                req: Req::Collect(i),
+                ..
+            } => {
+                if let Some(m) = machines.get_mut(usize::from(c - FAIR)) {
+                    *m |= bit(i);
+                }
+            }
+            Move::Operation(i) => ops |= bit(i),
+            Move::Teardown => mask |= 1 << (TEARDOWN - FAIR),
+            _ => {}
+        }
+    }
+    // A class's subjects: the machines not being deleted (an apply, a probe, the garbage
+    // collector's deletion), or those being deleted whose finalizer is still there (a
+    // removal). Deletion and the finalizer's release go one way only, so inside a strongly
+    // connected set of states each class has the same subjects throughout.
+    let (mut live, mut removing) = (0u64, 0u64);
+    for (i, m) in ix(&s.machines) {
+        if !m.deleting {
+            live |= bit(i);
+        } else if m.finalizer {
+            removing |= bit(i);
+        }
+    }
+    for (c, subjects) in [
+        (APPLY, live),
+        (PROBE, live),
+        (COLLECT, live),
+        (REMOVAL, removing),
+    ] {
+        if subjects != 0 && machines[usize::from(c - FAIR)] & subjects == subjects {
+            mask |= 1 << (c - FAIR);
+        }
+    }
+    // An operation's reconciles: those not finished (a finished one stays finished without
+    // a person).
+    let unfinished = ix(&s.ops)
+        .filter(|(_, o)| matches!(o.phase, Phase::Pending | Phase::Parked | Phase::Running))
+        .fold(0u64, |a, (i, _)| a | bit(i));
+    if unfinished != 0 && ops & unfinished == unfinished {
+        mask |= 1 << (OPERATION - FAIR);
+    }
+    mask
 }
 
 /// How many threads expand states: the machine's parallelism (at most 8), or
@@ -984,7 +1124,9 @@ fn memory(
         + held(&graph.op_in_progress)
         + held(&graph.op_goal)
         + held(&graph.blocked)
-        + held(&graph.alone);
+        + held(&graph.always)
+        + held(&graph.alone)
+        + held(&graph.classes);
     let table = if visited.table.len() + states > visited.table.capacity() {
         (visited.table.len() + states).max(visited.table.capacity()) as u64 * TABLE_BYTES
     } else {
@@ -1001,16 +1143,22 @@ fn memory(
         + growth(&graph.op_in_progress, states)
         + growth(&graph.op_goal, states)
         + growth(&graph.blocked, states)
-        + growth(&graph.alone, edges);
-    // The liveness check: the reversed edges' starts and fill pointers (4 bytes a state
-    // each; the fill pointers go before the rest is made), the edges themselves (4 bytes
-    // each), then `reaches` for removals and for operations (a byte a state each) and the
-    // stack.
+        + growth(&graph.always, states)
+        + growth(&graph.alone, edges)
+        + growth(&graph.classes, edges);
+    // The liveness check ([`Csr::of`], [`fair_stuck`]): while the adjacency list is made,
+    // its starts and fill pointers (4 bytes a state each) and its targets and classes (5
+    // bytes an edge) beside the edges as recorded (9 bytes an edge, held, freed then);
+    // after, per kind of work, Tarjan's index, low links and two stacks (20 bytes a state
+    // at worst) and a verdict (a byte), the first kind's verdicts and components kept (5
+    // bytes a state).
     let (n, e) = (
         (ex.keys.len() + states) as u64,
         (graph.alone.len() + edges) as u64,
     );
-    let liveness = 13 * n + 4 * e;
+    let making = 8 * n + 5 * e;
+    let judging = (30 * n + 5 * e).saturating_sub(9 * e);
+    let liveness = making.max(judging);
     (held, next + liveness)
 }
 
@@ -1098,6 +1246,8 @@ fn explore_upto(
                         mv: None,
                         message,
                         depth: 0,
+                        lasso: Vec::new(),
+                        loop_at: None,
                     });
                 }
             }
@@ -1264,57 +1414,22 @@ fn explore_upto(
         op_in_progress,
         op_goal,
         blocked,
+        always,
         alone,
+        classes,
     } = graph;
-    // Liveness: which states reach a goal through moves that need no person.
+    // Liveness under weak fairness of the controller ([`fair_stuck`]), over the moves that
+    // need no person, as one compressed adjacency list.
     let n = ex.keys.len();
-    // The reversed edges, as one compressed adjacency list.
-    let mut start = vec![0u32; n + 1];
-    for (_, b) in &alone {
-        if let Some(c) = start.get_mut(*b as usize + 1) {
-            *c += 1;
-        }
-    }
-    for i in 0..n {
-        start[i + 1] += start[i];
-    }
-    let mut fill = start.clone();
-    let mut rev = vec![0u32; alone.len()];
-    for (a, b) in &alone {
-        if let Some(slot) = fill.get_mut(*b as usize) {
-            if let Some(r) = rev.get_mut(*slot as usize) {
-                *r = *a;
-            }
-            *slot += 1;
-        }
-    }
-    drop(alone);
-    drop(fill);
-    let reach = |goal: Vec<bool>| {
-        let mut reaches = goal;
-        reaches.resize(n, true);
-        let mut stack: Vec<u32> = (0..n)
-            .filter(|i| reaches[*i])
-            .map(|i| u32::try_from(i).unwrap_or(u32::MAX))
-            .collect();
-        while let Some(x) = stack.pop() {
-            let x = x as usize;
-            for &p in &rev[start[x] as usize..start[x + 1] as usize] {
-                if !reaches[p as usize] {
-                    reaches[p as usize] = true;
-                    stack.push(p);
-                }
-            }
-        }
-        reaches
-    };
-    let reaches = reach(goal);
-    let op_reaches = reach(op_goal);
+    let csr = Csr::of(n, alone, classes);
+    let removals = fair_stuck(&csr, &always, &goal);
+    drop(goal);
+    let operations = fair_stuck(&csr, &always, &op_goal);
+    drop(op_goal);
     let deferred: Vec<usize> = (0..checks.len()).filter(|k| checks[*k].deferred).collect();
-    for (i, reached) in reaches.iter().enumerate() {
-        let stuck = in_progress.get(i).copied().unwrap_or(false) && !reached;
-        let op_stuck = op_in_progress.get(i).copied().unwrap_or(false)
-            && !op_reaches.get(i).copied().unwrap_or(true);
+    for i in 0..n {
+        let stuck = in_progress.get(i).copied().unwrap_or(false) && removals.stuck(i);
+        let op_stuck = op_in_progress.get(i).copied().unwrap_or(false) && operations.stuck(i);
         if stuck || op_stuck {
             ex.stuck += 1;
         }
@@ -1337,13 +1452,25 @@ fn explore_upto(
                 super::invariant::Outcome::Broken(message) => {
                     violated[k] = true;
                     ex.at_risk[k] = true;
+                    let from = u32::try_from(i).unwrap_or(u32::MAX);
+                    // Where the work goes that never ends: to a state where the
+                    // controller has nothing left to do, or round a livelock.
+                    let (lasso, loop_at) = if stuck {
+                        removals.lasso(&csr, from)
+                    } else if op_stuck {
+                        operations.lasso(&csr, from)
+                    } else {
+                        (Vec::new(), None)
+                    };
                     ex.violations.push(Violation {
                         invariant: k,
-                        from: u32::try_from(i).unwrap_or(u32::MAX),
+                        from,
                         to_key: None,
                         mv: None,
                         message,
                         depth: ex.depth[i],
+                        lasso,
+                        loop_at,
                     });
                 }
             }
@@ -1364,6 +1491,280 @@ fn explore_upto(
     ex
 }
 
+/// The liveness graph (the moves that need no person) as a compressed adjacency list:
+/// state `v`'s edges are `to[start[v]..start[v + 1]]`, of classes `class[..]` alike.
+struct Csr {
+    start: Vec<u32>,
+    to: Vec<u32>,
+    class: Vec<u8>,
+}
+
+impl Csr {
+    /// From the edges as the merge recorded them (in the order of their first state),
+    /// freeing them as it goes.
+    fn of(n: usize, edges: Vec<(u32, u32)>, classes: Vec<u8>) -> Csr {
+        let mut start = vec![0u32; n + 1];
+        for (a, _) in &edges {
+            if let Some(c) = start.get_mut(*a as usize + 1) {
+                *c += 1;
+            }
+        }
+        for i in 0..n {
+            start[i + 1] += start[i];
+        }
+        let mut to = vec![0u32; edges.len()];
+        let mut class = vec![NOT_ALONE; edges.len()];
+        // The merge numbers states in order, so the edges are in order of their first
+        // state already, and each lands where it is.
+        let mut fill = start.clone();
+        for ((a, b), c) in edges.into_iter().zip(classes) {
+            if let Some(slot) = fill.get_mut(a as usize) {
+                let at = *slot as usize;
+                if let (Some(t), Some(k)) = (to.get_mut(at), class.get_mut(at)) {
+                    (*t, *k) = (b, c);
+                }
+                *slot += 1;
+            }
+        }
+        Csr { start, to, class }
+    }
+
+    fn edges(&self, v: usize) -> std::ops::Range<usize> {
+        let a = self.start.get(v).copied().unwrap_or(0) as usize;
+        let b = self.start.get(v + 1).copied().unwrap_or(0) as usize;
+        a..b.max(a)
+    }
+}
+
+/// A state's verdict for one kind of work ([`fair_stuck`]): every fair run from it reaches
+/// a goal.
+const FINE: u8 = 0;
+/// Stuck: some fair run from it leads to a [`DEAD_END`] or a [`LIVELOCK`].
+const LEADS: u8 = 1;
+/// Stuck: not a goal, and the controller has no step to take (only the environment's
+/// recovery, never obliged, or nothing at all).
+const DEAD_END: u8 = 2;
+/// Stuck: in a strongly connected set of non-goal states round which a fair run goes
+/// forever.
+const LIVELOCK: u8 = 3;
+/// While a component is judged: its members (and those with no step of the controller).
+const MEMBER: u8 = 0xfd;
+const MEMBER_DEAD: u8 = 0xfe;
+/// Not judged yet.
+const OPEN: u8 = 0xff;
+/// The bits of the controller's classes in a mask.
+const FAIR_BITS: u16 = (1 << (COLLECT - FAIR + 1)) - 1;
+
+/// The verdicts of [`fair_stuck`]: per state, [`FINE`] to [`LIVELOCK`], and its
+/// strongly connected component (among the non-goal states).
+struct Fairness {
+    /// Goals stay [`OPEN`].
+    of: Vec<u8>,
+    comp: Vec<u32>,
+}
+
+/// Liveness under weak fairness of the controller: which states have a fair run that
+/// never reaches a goal.
+///
+/// A run is fair when every step of the controller (a reconcile, the garbage collector, a
+/// commit) that stays enabled is eventually taken; the environment's recovery (a node
+/// coming back, etcd catching up, a PDB lifting, a snapshot taken) may happen and is never
+/// obliged. So a fair run of non-goal states either stops in one where the controller has
+/// no step ([`DEAD_END`]: the world may stay as it is) or goes round a strongly connected
+/// set of them forever ([`LIVELOCK`]). A state is stuck when such a run starts there.
+///
+/// For weak fairness the check of a component is exact on a concrete graph: it admits a
+/// fair infinite run iff every action is disabled somewhere in it or taken on an edge inside
+/// it (a run visiting every state and edge infinitely often is then fair; otherwise the
+/// action enabled throughout is never taken by any run that stays in it, nor in any of its
+/// parts). The graph here is the symmetry-reduced one, where a move's machine index names a
+/// machine in *its* state's canonical order, so "the same action" is not the same index in
+/// two states of a component. The check therefore over-approximates fair runs, which is
+/// the sound side for a verifier (no fair livelock is missed): a component is taken as
+/// admitting a fair run unless a class of the controller's steps (a reconcile of a
+/// machine's removal, of an operation, the garbage collector's deletion of a machine, ...)
+/// is enabled for *every* one of its subjects in *every* state of it and taken on no edge
+/// inside it. Only then is some concrete action surely enabled throughout (the subjects
+/// stay the same inside a component: no move of the graph adds a machine or an operation,
+/// else [`GROWS`] turns the refinement off, one removed cannot come back, and a machine's
+/// deletion and its finalizer's release go one way only) and never taken. Commits are not refined (requests in
+/// flight come and go). Any cycle of non-goal states otherwise counts: "stuck" may be said
+/// of a component where a finer, per-machine account would find every run unfair, never
+/// the other way round.
+///
+/// One pass of an iterative Tarjan over the non-goal states: a component is finished after
+/// every component it reaches, so whether it leads to a stuck one is known when it is judged.
+/// Memory: four `u32` a state (index, low link then component, the two stacks at worst)
+/// and a byte, besides the graph.
+fn fair_stuck(g: &Csr, always: &[u16], goal: &[bool]) -> Fairness {
+    const UNSEEN: u32 = u32::MAX;
+    let n = always.len();
+    let is_goal = |v: usize| goal.get(v).copied().unwrap_or(true);
+    let mut index = vec![UNSEEN; n];
+    let mut low = vec![0u32; n];
+    let mut of = vec![OPEN; n];
+    let mut stack: Vec<u32> = Vec::new();
+    let mut call: Vec<(u32, u32)> = Vec::new();
+    let (mut next, mut comps) = (0u32, 0u32);
+    for root in 0..n {
+        if is_goal(root) || index[root] != UNSEEN {
+            continue;
+        }
+        index[root] = next;
+        low[root] = next;
+        next += 1;
+        stack.push(root as u32);
+        call.push((root as u32, g.edges(root).start as u32));
+        while let Some((v, pos)) = call.last_mut() {
+            let vi = *v as usize;
+            if (*pos as usize) < g.edges(vi).end {
+                let w = g.to[*pos as usize] as usize;
+                *pos += 1;
+                if is_goal(w) {
+                    continue;
+                }
+                if index[w] == UNSEEN {
+                    index[w] = next;
+                    low[w] = next;
+                    next += 1;
+                    stack.push(w as u32);
+                    call.push((w as u32, g.edges(w).start as u32));
+                } else if of[w] == OPEN {
+                    low[vi] = low[vi].min(index[w]);
+                }
+                continue;
+            }
+            call.pop();
+            if let Some((p, _)) = call.last() {
+                let p = *p as usize;
+                low[p] = low[p].min(low[vi]);
+            }
+            if low[vi] != index[vi] {
+                continue;
+            }
+            // `vi` is the root of a component: its members are on top of the stack.
+            let at = stack.iter().rposition(|x| *x as usize == vi).unwrap_or(0);
+            let members = &stack[at..];
+            for &m in members {
+                of[m as usize] = MEMBER;
+            }
+            let (mut both, mut taken, mut grows) = (u16::MAX, 0u16, false);
+            let (mut cycle, mut dead, mut leads) = (members.len() > 1, false, false);
+            for &m in members {
+                let m = m as usize;
+                both &= always[m];
+                grows |= always[m] & GROWS != 0;
+                let mut steps = false;
+                for e in g.edges(m) {
+                    let (w, c) = (g.to[e] as usize, g.class[e]);
+                    steps |= c >= FAIR;
+                    if is_goal(w) {
+                        continue;
+                    }
+                    match of[w] {
+                        MEMBER | MEMBER_DEAD => {
+                            cycle |= w == m;
+                            if c >= FAIR {
+                                taken |= 1 << (c - FAIR);
+                            }
+                        }
+                        FINE => {}
+                        _ => leads = true,
+                    }
+                }
+                if !steps {
+                    of[m] = MEMBER_DEAD;
+                    dead = true;
+                }
+            }
+            let livelock = cycle && (grows || both & !taken & FAIR_BITS == 0);
+            for &m in members {
+                let m = m as usize;
+                of[m] = if of[m] == MEMBER_DEAD {
+                    DEAD_END
+                } else if livelock {
+                    LIVELOCK
+                } else if dead || leads {
+                    LEADS
+                } else {
+                    FINE
+                };
+                low[m] = comps;
+            }
+            comps += 1;
+            stack.truncate(at);
+        }
+    }
+    drop(index);
+    Fairness { of, comp: low }
+}
+
+impl Fairness {
+    fn stuck(&self, v: usize) -> bool {
+        self.of.get(v).is_some_and(|x| *x != FINE && *x != OPEN)
+    }
+
+    /// The states a fair run from the stuck state `from` goes through: to a dead end, or
+    /// to a livelock and once round it (`Some(k)`: the states from index `k` on go round
+    /// and end where the state before index `k` is, `from` itself when `k` is 0).
+    fn lasso(&self, g: &Csr, from: u32) -> (Vec<u32>, Option<usize>) {
+        let stops = |v: usize| matches!(self.of.get(v), Some(&DEAD_END | &LIVELOCK));
+        let to_end = if stops(from as usize) {
+            Some(Vec::new())
+        } else {
+            self.search(g, from, |w| self.stuck(w), stops)
+        };
+        let Some(mut path) = to_end else {
+            return (Vec::new(), None);
+        };
+        let end = path.last().copied().unwrap_or(from);
+        if self.of.get(end as usize) != Some(&LIVELOCK) {
+            return (path, None);
+        }
+        let comp = self.comp.get(end as usize).copied();
+        let inside = |w: usize| self.comp.get(w).copied() == comp && self.stuck(w);
+        let round = self.search(g, end, inside, |w| w == end as usize);
+        let at = path.len();
+        path.extend(round.unwrap_or_default());
+        (path, Some(at))
+    }
+
+    /// A shortest path of at least one step (the states after `from`) through states where
+    /// `through` holds, to one where `stop` holds.
+    fn search(
+        &self,
+        g: &Csr,
+        from: u32,
+        through: impl Fn(usize) -> bool,
+        stop: impl Fn(usize) -> bool,
+    ) -> Option<Vec<u32>> {
+        let mut parent: std::collections::HashMap<u32, u32> = Default::default();
+        let mut queue = std::collections::VecDeque::from([from]);
+        while let Some(v) = queue.pop_front() {
+            for e in g.edges(v as usize) {
+                let w = g.to[e];
+                let wu = w as usize;
+                if !through(wu) || parent.contains_key(&w) {
+                    continue;
+                }
+                parent.insert(w, v);
+                if stop(wu) {
+                    let mut path = vec![w];
+                    let mut at = v;
+                    while at != from {
+                        path.push(at);
+                        at = parent.get(&at).copied().unwrap_or(from);
+                    }
+                    path.reverse();
+                    return Some(path);
+                }
+                queue.push_back(w);
+            }
+        }
+        None
+    }
+}
+
 /// What the merge records per state for the liveness check after the exploration.
 #[derive(Default)]
 struct Graph {
@@ -1372,8 +1773,12 @@ struct Graph {
     op_in_progress: Vec<bool>,
     op_goal: Vec<bool>,
     blocked: Vec<bool>,
+    /// Per state: [`always`].
+    always: Vec<u16>,
     /// Edges that happen without a person: (from, to).
     alone: Vec<(u32, u32)>,
+    /// The [`class`] of each edge of `alone`.
+    classes: Vec<u8>,
 }
 
 /// Merges an expanded batch whose first state is `first`, in id order: numbers its new
@@ -1416,6 +1821,7 @@ fn merge(
             graph.op_in_progress.push(st.op_progress);
             graph.op_goal.push(st.op_goal);
             graph.blocked.push(st.cure_blocked);
+            graph.always.push(st.always);
             for sc in &chunk.succ[st.succ.clone()] {
                 let key = &chunk.bytes[sc.key.clone()];
                 let Some((to, new)) = visited.intern_hashed(&mut ex.keys, key, sc.hash) else {
@@ -1426,8 +1832,9 @@ fn merge(
                     ex.parent.push(from);
                     ex.depth.push(d + 1);
                 }
-                if sc.alone {
+                if sc.class != NOT_ALONE {
                     graph.alone.push((from, to));
+                    graph.classes.push(sc.class);
                 }
             }
             id += 1;
@@ -1452,6 +1859,8 @@ fn merge(
                 mv: Some(sc.mv),
                 message: b.message,
                 depth: d + 1,
+                lasso: Vec::new(),
+                loop_at: None,
             });
         }
     }
@@ -1719,5 +2128,132 @@ mod remembered {
         });
         assert!(asked > 10_000, "{asked}");
         assert!(broken > 100, "{broken}");
+    }
+}
+
+/// Liveness under weak fairness ([`fair_stuck`]) on small graphs made by hand: what the
+/// possibility check before it (a goal reachable through moves that need no person) passed.
+#[cfg(test)]
+mod fairness {
+    use super::*;
+
+    /// The graph of `n` states with `edges` (from, to, class), in order of `from`.
+    fn graph(n: usize, edges: &[(u32, u32, u8)]) -> Csr {
+        let mut edges = edges.to_vec();
+        edges.sort_by_key(|e| e.0);
+        Csr::of(
+            n,
+            edges.iter().map(|e| (e.0, e.1)).collect(),
+            edges.iter().map(|e| e.2).collect(),
+        )
+    }
+
+    fn bit(class: u8) -> u16 {
+        1 << (class - FAIR)
+    }
+
+    /// The possibility check this one replaced: a goal reachable at all.
+    fn reaches_goal(g: &Csr, goal: &[bool], from: usize) -> bool {
+        let mut seen = vec![false; goal.len()];
+        let mut stack = vec![from];
+        while let Some(v) = stack.pop() {
+            if goal[v] {
+                return true;
+            }
+            if std::mem::replace(&mut seen[v], true) {
+                continue;
+            }
+            stack.extend(g.edges(v).map(|e| g.to[e] as usize));
+        }
+        false
+    }
+
+    /// Two removals' reconciles hand the work back and forth (0 -> 1 -> 0) and never end
+    /// it, although in state 0 an apply would reach the goal (2): that apply is not enabled
+    /// in state 1, so weak fairness does not oblige it, and the loop is a fair run. The
+    /// possibility check passed it; now it is a livelock, and its lasso is the loop.
+    #[test]
+    fn a_livelock_the_possibility_check_passed_is_stuck() {
+        let g = graph(
+            3,
+            &[
+                (0, 1, REMOVAL),
+                (1, 0, REMOVAL),
+                (0, 2, APPLY),
+                (2, 2, PROBE),
+            ],
+        );
+        let goal = [false, false, true];
+        let always = [bit(REMOVAL) | bit(APPLY), bit(REMOVAL), 0];
+        assert!(reaches_goal(&g, &goal, 0) && reaches_goal(&g, &goal, 1));
+        let f = fair_stuck(&g, &always, &goal);
+        assert_eq!(f.of[..2], [LIVELOCK, LIVELOCK]);
+        assert!(f.stuck(0) && f.stuck(1) && !f.stuck(2));
+        assert_eq!(f.lasso(&g, 0), (vec![1, 0], Some(0)));
+    }
+
+    /// The same loop where the apply that ends the work is enabled for every machine in
+    /// both states and taken on no edge of the loop: every fair run leaves it, and the
+    /// work ends.
+    #[test]
+    fn a_loop_that_leaves_a_step_enabled_throughout_is_not_a_fair_run() {
+        let g = graph(
+            3,
+            &[
+                (0, 1, REMOVAL),
+                (1, 0, REMOVAL),
+                (0, 2, APPLY),
+                (1, 2, APPLY),
+            ],
+        );
+        let goal = [false, false, true];
+        let always = [bit(REMOVAL) | bit(APPLY), bit(REMOVAL) | bit(APPLY), 0];
+        let f = fair_stuck(&g, &always, &goal);
+        assert!(!f.stuck(0) && !f.stuck(1));
+        // Unless a move of the loop adds a machine: then the subjects may change and
+        // nothing is sure of being enabled throughout.
+        let grows = [always[0] | GROWS, always[1], 0];
+        assert!(fair_stuck(&g, &grows, &goal).stuck(0));
+        // Nor is an enabled step that is not enabled for every machine.
+        let some = [bit(REMOVAL), bit(REMOVAL), 0];
+        assert_eq!(fair_stuck(&g, &some, &goal).of[..2], [LIVELOCK, LIVELOCK]);
+    }
+
+    /// A removal waiting for a dead node to come back (state 1: the controller has nothing
+    /// to do; the node's return, 1 -> 2, is the environment's) was finished by the node
+    /// returning; the node is not obliged to return, so it is stuck there, and so is the
+    /// state before it. A controller step that ends the work is what makes a state fine.
+    #[test]
+    fn a_wait_only_the_environment_ends_is_stuck() {
+        let g = graph(4, &[(0, 1, REMOVAL), (1, 2, RECOVERY), (3, 2, REMOVAL)]);
+        let goal = [false, false, true, false];
+        assert!((0..2).all(|v| reaches_goal(&g, &goal, v)));
+        let f = fair_stuck(&g, &[0; 4], &goal);
+        assert_eq!(f.of, [LEADS, DEAD_END, OPEN, FINE]);
+        assert_eq!(f.lasso(&g, 0), (vec![1], None));
+        assert_eq!(f.lasso(&g, 1), (vec![], None));
+        // A controller step that may go either way: a fair run may take the one that
+        // leads to the dead end.
+        let g = graph(4, &[(0, 1, REMOVAL), (0, 2, REMOVAL), (3, 0, COMMIT)]);
+        let f = fair_stuck(&g, &[0; 4], &goal);
+        assert_eq!(f.of, [LEADS, DEAD_END, OPEN, LEADS]);
+        assert_eq!(f.lasso(&g, 3), (vec![0, 1], None));
+    }
+
+    /// Deep chains are judged without recursion, and long loops are found whole.
+    #[test]
+    fn a_long_chain_into_a_long_loop() {
+        let n = 200_000u32;
+        let mut edges: Vec<(u32, u32, u8)> = (0..n - 1).map(|v| (v, v + 1, OPERATION)).collect();
+        edges.push((n - 1, n / 2, OPERATION));
+        let g = graph(n as usize, &edges);
+        let goal = vec![false; n as usize];
+        let f = fair_stuck(&g, &vec![0; n as usize], &goal);
+        assert!(f.of[..(n / 2) as usize].iter().all(|x| *x == LEADS));
+        assert!(f.of[(n / 2) as usize..].iter().all(|x| *x == LIVELOCK));
+        let (lasso, at) = f.lasso(&g, 0);
+        assert_eq!(at, Some((n / 2) as usize));
+        assert_eq!(lasso.len(), n as usize);
+        assert_eq!(lasso.last(), Some(&(n / 2)));
     }
 }

@@ -43,6 +43,10 @@ pub struct Trace {
     /// the operations without which it would be allowed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub blocked: Option<String>,
+    /// For a livelock (a liveness violation where the controller's steps go round
+    /// forever): the step whose state the last step returns to; the steps after it repeat.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loop_from: Option<usize>,
 }
 
 pub fn summary(s: &State) -> String {
@@ -507,6 +511,7 @@ pub fn build(
         steps: Vec::new(),
         replay_error: None,
         blocked: None,
+        loop_from: None,
     };
     let path = path_to(ex, v.from);
     let Some(first) = path.first() else {
@@ -530,6 +535,16 @@ pub fn build(
     if let Some(k) = &v.to_key {
         targets.push((k.clone(), true));
     }
+    // A liveness violation goes on: to where the controller has nothing left to do, or
+    // round a livelock.
+    if let Some(at) = v.loop_at {
+        trace.loop_from = Some(path.len() - 1 + at);
+    }
+    targets.extend(
+        v.lasso
+            .iter()
+            .map(|id| (ex.keys[*id as usize].to_vec(), false)),
+    );
     for (n, (want, last)) in targets.iter().enumerate() {
         let step_no = n + 1;
         let lazy = Lazy::new(&model.objects, &s);
