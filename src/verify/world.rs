@@ -29,11 +29,25 @@ pub fn now() -> Timestamp {
     Timestamp::from_second(1_767_225_600 + 100_000).unwrap_or(Timestamp::UNIX_EPOCH)
 }
 
-/// The image an upgrade of the model goes to, and the version its nodes run before and
+/// The image an upgrade of the model goes to, and the version its nodes run before (Talos
+/// 1.12, the legacy upgrade path; or 1.13, `LifecycleService`: [`super::model::Boots::lifecycle`]) and
 /// after.
-pub const UPGRADE_IMAGE: &str = "ghcr.io/siderolabs/installer:v1.12.1";
+pub const UPGRADE_IMAGE: &str = "ghcr.io/siderolabs/installer:v1.13.1";
 const VERSION_BEFORE: &str = "v1.12.0";
-const VERSION_AFTER: &str = "v1.12.1";
+const VERSION_BEFORE_LIFECYCLE: &str = "v1.13.0";
+const VERSION_AFTER: &str = "v1.13.1";
+
+/// When the step at hand began, as the model records it: now, or (time passed,
+/// [`OpRun::OVERDUE`]) a day before, longer than any `within` and the executor's deadline
+/// for a call sent.
+fn step_began(overdue: bool) -> Timestamp {
+    let now = now();
+    if overdue {
+        Timestamp::from_second(now.as_second() - 86_400).unwrap_or(now)
+    } else {
+        now
+    }
+}
 
 /// The first step of `plan` that sends a destructive call (what `progress.sent` names:
 /// the executor's to say).
@@ -92,10 +106,8 @@ pub fn operation_status(plan: &[PlanStep], o: &Op, order: &[String]) -> Operatio
         boot_time: rec.boot_time,
         version: rec.version.take(),
         sent: rec.sent.take(),
-        // The model's nodes run a Talos before 1.13: nothing is installed apart from the
-        // legacy `Upgrade` call.
-        installing: None,
-        installed: None,
+        installing: rec.installing.take(),
+        installed: rec.installed.take(),
         resumed: None,
         cordoned: rec.cordoned,
         was_cordoned: rec.was_cordoned,
@@ -121,13 +133,14 @@ pub fn operation_status(plan: &[PlanStep], o: &Op, order: &[String]) -> Operatio
 
 /// One node's record (its name left empty) from the model's [`OpRun`] of it.
 fn node_record(plan: &[PlanStep], r: OpRun) -> NodeProgress {
-    let at = Time(now());
     let steps = usize::from(r.steps);
     let key = |k: usize| format!("{}. {}", k + 1, plan.get(k).map_or("", |s| s.text.as_str()));
     NodeProgress {
         node: String::new(),
         step: r.has(OpRun::IN_STEP).then(|| key(steps)),
-        step_started_at: r.has(OpRun::IN_STEP).then(|| at.clone()),
+        step_started_at: r
+            .has(OpRun::IN_STEP)
+            .then(|| Time(step_began(r.has_more(OpRun::OVERDUE)))),
         steps_done: (0..steps).map(key).collect(),
         boot_time: r
             .has(OpRun::BOOT_RECORDED)
@@ -139,8 +152,12 @@ fn node_record(plan: &[PlanStep], r: OpRun) -> NodeProgress {
             .has(OpRun::SENT)
             .then(|| destructive_step(plan).map(|st| st.text.clone()))
             .flatten(),
-        installing: None,
-        installed: None,
+        installing: r
+            .has_more(OpRun::INSTALLING)
+            .then(|| UPGRADE_IMAGE.to_string()),
+        installed: r
+            .has_more(OpRun::INSTALLED)
+            .then(|| UPGRADE_IMAGE.to_string()),
         cordoned: r.has(OpRun::CORDONED),
         was_cordoned: r.has(OpRun::WAS_CORDONED),
         node_registered: r.has(OpRun::REGISTERED),
@@ -160,6 +177,12 @@ fn run_of(r: &NodeProgress, started: bool) -> OpRun {
             | flag(r.cordoned, OpRun::CORDONED)
             | flag(r.was_cordoned, OpRun::WAS_CORDONED)
             | flag(r.node_registered, OpRun::REGISTERED),
+        more: flag(r.installing.is_some(), OpRun::INSTALLING)
+            | flag(r.installed.is_some(), OpRun::INSTALLED)
+            | flag(
+                r.step_started_at.as_ref().is_some_and(|t| t.0 != now()),
+                OpRun::OVERDUE,
+            ),
     }
 }
 
@@ -514,6 +537,8 @@ impl<'a> ModelWorld<'a> {
             Call::Version => Ok(Reply::Version(
                 if m.boots.upgraded {
                     VERSION_AFTER
+                } else if m.boots.lifecycle {
+                    VERSION_BEFORE_LIFECYCLE
                 } else {
                     VERSION_BEFORE
                 }
@@ -558,11 +583,25 @@ impl<'a> ModelWorld<'a> {
             )),
             // Their etcd data directories hold data (the cluster's etcd).
             Call::List { .. } => Ok(Reply::Entries(1)),
-            Call::ImagePull { .. } | Call::LifecycleUpgrade { .. } => Err(self.failed(
-                j,
-                tonic::Code::Unimplemented,
-                "the model's nodes run Talos v1.12: LifecycleService is not served",
-            )),
+            // Talos 1.12 serves neither; 1.13 pulls (into its containerd: nothing the
+            // model follows) and installs the pulled image without a reboot: the next boot
+            // runs it. A failed install (its stream's non-zero exit code) is the refused
+            // fault's (`talos`).
+            Call::ImagePull { .. } | Call::LifecycleUpgrade { .. } if !m.boots.lifecycle => {
+                Err(self.failed(
+                    j,
+                    tonic::Code::Unimplemented,
+                    "the node runs Talos v1.12: LifecycleService is not served",
+                ))
+            }
+            Call::ImagePull { image } => Ok(Reply::Pulled(image)),
+            Call::LifecycleUpgrade { .. } => {
+                self.t.machines[j].boots.staged = true;
+                Ok(Reply::Installed {
+                    exit_code: 0,
+                    last_message: "upgrade successful".into(),
+                })
+            }
             Call::EtcdStatus => {
                 if !m.member {
                     return Err(not_member(self));
@@ -808,6 +847,7 @@ impl World for ModelWorld<'_> {
             })));
         };
         let acts = call.acts();
+        let install = matches!(call, Call::LifecycleUpgrade { .. });
         let refusing = acts && self.faults.refuse == Some(self.acts);
         let undo = refusing.then(|| (self.t.clone(), self.effect));
         let answer = self.call(j, call);
@@ -816,6 +856,13 @@ impl World for ModelWorld<'_> {
             self.acts = self.acts.saturating_add(1);
             if let Some((t, effect)) = undo {
                 (self.t, self.effect) = (t, effect);
+                // An install that fails ends its stream with a non-zero exit code.
+                if install {
+                    return Ok(Ok(Reply::Installed {
+                        exit_code: 1,
+                        last_message: "failed to install the image: nothing changed".into(),
+                    }));
+                }
                 return Ok(Err(self.failed(
                     j,
                     tonic::Code::FailedPrecondition,
@@ -1101,6 +1148,8 @@ mod tests {
             roll_kind: crate::verify::RollKind::Reboot,
             all_kinds: false,
             backups: false,
+            lifecycle: false,
+            clock: false,
         };
         let model = Model::new(table, bounds).expect("model");
         let s = State::initial(&bounds)
@@ -1245,6 +1294,8 @@ mod tests {
             roll_kind: crate::verify::RollKind::Reboot,
             all_kinds: false,
             backups: false,
+            lifecycle: false,
+            clock: false,
         };
         let model = Model::new(&table, bounds).expect("model");
         let mut state = State::initial(&bounds)

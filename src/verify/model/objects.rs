@@ -159,11 +159,19 @@ pub fn object_key(s: &State, out: &mut Vec<u8>) {
             // The world's record, which no object shows.
             did: _,
         } = *o;
-        out.extend([kind as u8, target, phase.byte(), run.steps, run.flags, done]);
+        out.extend([
+            kind as u8,
+            target,
+            phase.byte(),
+            run.steps,
+            run.flags,
+            run.more,
+            done,
+        ]);
         out.extend(order);
         out.extend([cur, width]);
         for x in side {
-            out.extend([x.at, x.run.steps, x.run.flags]);
+            out.extend([x.at, x.run.steps, x.run.flags, x.run.more]);
         }
         out.extend(op_names.get(k).map_or([0, 0], |n| [1, *n]));
     }
