@@ -1360,6 +1360,7 @@ mod tests {
         failed.ops[0].run = OpRun {
             steps: 1,
             flags: OpRun::STARTED,
+            more: 0,
         };
         let mut out = Vec::new();
         model.successors(
@@ -1374,5 +1375,231 @@ mod tests {
             "{:?}",
             out.iter().map(|n| n.mv).collect::<Vec<_>>()
         );
+    }
+
+    /// The model of one machine's upgrade of control plane 0 in a healthy cluster of three
+    /// (`lifecycle`: its nodes run Talos 1.13; `clock`: time passes), with a failure.
+    fn upgrade_of(
+        table: &crate::compile::Table,
+        lifecycle: bool,
+        clock: bool,
+    ) -> (Model<'_>, State) {
+        use super::super::model::{Op, OpKind};
+        let bounds = Bounds {
+            max_control_planes: 3,
+            max_workers: 0,
+            max_failures: 1,
+            max_operations: 1,
+            in_flight: 0,
+            max_requests: None,
+            depth: 64,
+            rolls: false,
+            roll_width: 1,
+            roll_kind: crate::verify::RollKind::Reboot,
+            all_kinds: false,
+            backups: false,
+            lifecycle,
+            clock,
+        };
+        let model = Model::new(table, bounds).expect("model");
+        let mut state = State::initial(&bounds)
+            .into_iter()
+            .find(|s| s.count == 3 && s.cluster == ClusterState::Live)
+            .expect("a healthy cluster of three");
+        state.ops.push(Op::new(OpKind::Upgrade, 0));
+        state.op_names.push(1);
+        (model, state)
+    }
+
+    fn all_next(model: &Model<'_>, s: &State) -> Vec<Next> {
+        let mut out = Vec::new();
+        model.successors(
+            s,
+            &Lazy::new(&model.objects, s),
+            &mut Memo::default(),
+            &mut Fired::default(),
+            &mut out,
+        );
+        out
+    }
+
+    /// The controller's reconcile of the operation; else the world's recovery (a node
+    /// back, etcd caught up).
+    fn drive<'n>(out: &'n [Next], s: &State) -> &'n Next {
+        out.iter()
+            .find(|n| matches!(n.mv, Move::Operation(0)) && n.state != *s)
+            .or_else(|| {
+                out.iter()
+                    .find(|n| matches!(n.mv, Move::NodeReturns(_) | Move::EtcdCatchesUp(_)))
+            })
+            .unwrap_or_else(|| {
+                panic!(
+                    "stuck at {s:?}: {:?}",
+                    out.iter().map(|n| n.mv).collect::<Vec<_>>()
+                )
+            })
+    }
+
+    /// On Talos 1.13 the model's upgrade takes the executor's `LifecycleService` path: the
+    /// image is pulled and installed (the node keeps running) before the node is cordoned;
+    /// the controller then reboots it, drained, and it comes back running the new version.
+    /// An install whose stream ends with a non-zero exit code (the refused fault there)
+    /// fails the operation with the node never taken down; one whose answer is lost, or
+    /// after which the controller crashes, is not sent again: the next reconcile fails
+    /// the operation, the node still up. On Talos 1.12 no image is pulled.
+    #[test]
+    fn a_talos_1_13_upgrade_installs_before_it_cordons_and_a_failed_install_reboots_nothing() {
+        let table = crate::ruleset::shipped_table();
+        let (model, mut state) = upgrade_of(&table, true, false);
+        let (mut failed_install, mut unseen_install) = (0, 0);
+        let mut installed_up = false;
+        for _ in 0..200 {
+            if state.ops[0].phase == Phase::Succeeded {
+                break;
+            }
+            let out = all_next(&model, &state);
+            for n in &out {
+                let (a, b) = (state.machines[0], n.state.machines[0]);
+                // Never down without the new image installed first, nor undrained.
+                let controller = matches!(
+                    n.mv,
+                    Move::Operation(0)
+                        | Move::OperationLost(0)
+                        | Move::OperationCrash(0)
+                        | Move::OperationRefused(0)
+                );
+                if controller && a.up && !b.up {
+                    assert!(b.boots.staged, "rebooted uninstalled: {:?}", n.mv);
+                    assert!(!n.effect.undrained, "{:?}", n.mv);
+                }
+                let installing = !state.ops[0].run.has_more(OpRun::INSTALLED)
+                    && !state.ops[0].run.has_more(OpRun::INSTALLING);
+                match n.mv {
+                    // The stream's exit code 1: failed, nothing installed, node up.
+                    Move::OperationRefused(0)
+                        if installing && n.state.ops[0].phase == Phase::Failed =>
+                    {
+                        assert!(b.up && !b.boots.staged && b.boots.boot == a.boots.boot);
+                        failed_install += 1;
+                    }
+                    // Its end not seen: recorded as installing; the next reconcile fails
+                    // the operation and the node is never taken down.
+                    Move::OperationLost(0) | Move::OperationCrash(0)
+                        if n.state.ops[0].run.has_more(OpRun::INSTALLING) =>
+                    {
+                        let after = all_next(&model, &n.state);
+                        let next = after
+                            .iter()
+                            .find(|x| matches!(x.mv, Move::Operation(0)))
+                            .expect("a reconcile");
+                        assert_eq!(next.state.ops[0].phase, Phase::Failed, "{:?}", next.state);
+                        assert!(next.state.machines[0].up);
+                        unseen_install += 1;
+                    }
+                    _ => {}
+                }
+            }
+            let next = drive(&out, &state);
+            let m = next.state.machines[0];
+            if m.boots.staged && m.up && !state.machines[0].boots.staged {
+                // Installed while the node runs, before it is cordoned.
+                assert!(!m.boots.unsched, "cordoned before the install");
+                assert!(next.state.ops[0].run.has_more(OpRun::INSTALLED));
+                installed_up = true;
+            }
+            state = next.state.clone();
+        }
+        assert_eq!(state.ops[0].phase, Phase::Succeeded, "{state:?}");
+        assert!(state.machines[0].boots.upgraded && state.machines[0].up);
+        assert!(installed_up, "the image was installed while the node ran");
+        assert!(failed_install > 0, "a failed install was explored");
+        assert!(
+            unseen_install > 0,
+            "an install whose end was not seen was explored"
+        );
+
+        // Talos 1.12: the legacy `Upgrade` installs and reboots in one call.
+        let (model, mut state) = upgrade_of(&table, false, false);
+        for _ in 0..200 {
+            if state.ops[0].phase == Phase::Succeeded {
+                break;
+            }
+            let out = all_next(&model, &state);
+            let next = drive(&out, &state);
+            assert!(!next.state.ops[0].run.has_more(OpRun::INSTALLED));
+            assert!(!next.state.machines[0].boots.staged || !next.state.machines[0].up);
+            state = next.state.clone();
+        }
+        assert_eq!(state.ops[0].phase, Phase::Succeeded, "{state:?}");
+    }
+
+    /// With the clock, time passes at a gate with a `within` (an environment move, never
+    /// the controller's progress): the node taken down by the upgrade does not come back
+    /// within `wait node-back`'s 15m, and the executor fails the operation (phase Failed,
+    /// a failureReason); a reconcile of it after that touches nothing. Without the clock
+    /// time never passes.
+    #[test]
+    fn with_the_clock_a_gate_that_does_not_pass_in_time_fails_the_operation() {
+        let table = crate::ruleset::shipped_table();
+        for clock in [false, true] {
+            let (model, mut state) = upgrade_of(&table, false, clock);
+            // Up to the node taken down by the upgrade, the operation waiting for it.
+            for _ in 0..200 {
+                if !state.machines[0].up {
+                    break;
+                }
+                let out = all_next(&model, &state);
+                state = drive(&out, &state).state.clone();
+            }
+            assert!(!state.machines[0].up, "{state:?}");
+            let out = all_next(&model, &state);
+            let passes: Vec<&Next> = out
+                .iter()
+                .filter(|n| matches!(n.mv, Move::TimePasses(0)))
+                .collect();
+            if !clock {
+                assert!(passes.is_empty());
+                continue;
+            }
+            assert_eq!(passes.len(), 1);
+            assert!(!Move::TimePasses(0).progresses_alone());
+            let late = passes[0].state.clone();
+            assert!(late.ops[0].run.has_more(OpRun::OVERDUE));
+            let out = all_next(&model, &late);
+            // Once per step.
+            assert!(!out.iter().any(|n| matches!(n.mv, Move::TimePasses(0))));
+            let failed = out
+                .iter()
+                .find(|n| matches!(n.mv, Move::Operation(0)))
+                .expect("a reconcile");
+            assert_eq!(
+                failed.state.ops[0].phase,
+                Phase::Failed,
+                "{:?}",
+                failed.state
+            );
+            let status = model
+                .objects
+                .snapshot(&failed.state)
+                .operations
+                .first()
+                .and_then(|o| o.status.clone())
+                .expect("a status");
+            assert!(status.failure_reason.is_some_and(|r| !r.is_empty()));
+            // The node comes back later: the failed operation does nothing more.
+            let back = all_next(&model, &failed.state)
+                .into_iter()
+                .find(|n| matches!(n.mv, Move::NodeReturns(0)))
+                .expect("the node comes back");
+            let after = all_next(&model, &back.state);
+            assert!(
+                after
+                    .iter()
+                    .filter(|n| matches!(n.mv, Move::Operation(0)))
+                    .all(|n| !n.effect.failed_touched && n.state.machines == back.state.machines),
+                "{:?}",
+                after.iter().map(|n| n.mv).collect::<Vec<_>>()
+            );
+        }
     }
 }
