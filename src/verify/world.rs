@@ -29,13 +29,25 @@ pub fn now() -> Timestamp {
     Timestamp::from_second(1_767_225_600 + 100_000).unwrap_or(Timestamp::UNIX_EPOCH)
 }
 
-/// The image an upgrade of the model goes to, and the version its nodes run before (Talos
-/// 1.12, the legacy upgrade path; or 1.13, `LifecycleService`: [`super::model::Boots::lifecycle`]) and
-/// after.
-pub const UPGRADE_IMAGE: &str = "ghcr.io/siderolabs/installer:v1.13.1";
+/// The image an upgrade of the model goes to, and the version its nodes run before and
+/// after: Talos 1.12 (the legacy upgrade path), or 1.13 (`LifecycleService`, in a run whose
+/// nodes run it: [`super::model::Boots::lifecycle`]). Each stays within its path.
+pub const UPGRADE_IMAGE: &str = "ghcr.io/siderolabs/installer:v1.12.1";
 const VERSION_BEFORE: &str = "v1.12.0";
+const VERSION_AFTER: &str = "v1.12.1";
+pub const UPGRADE_IMAGE_LIFECYCLE: &str = "ghcr.io/siderolabs/installer:v1.13.1";
 const VERSION_BEFORE_LIFECYCLE: &str = "v1.13.0";
-const VERSION_AFTER: &str = "v1.13.1";
+const VERSION_AFTER_LIFECYCLE: &str = "v1.13.1";
+
+/// The image an upgrade goes to in a cluster whose nodes run Talos 1.13 (`lifecycle`) or
+/// 1.12.
+pub fn upgrade_image(lifecycle: bool) -> &'static str {
+    if lifecycle {
+        UPGRADE_IMAGE_LIFECYCLE
+    } else {
+        UPGRADE_IMAGE
+    }
+}
 
 /// When the step at hand began, as the model records it: now, or (time passed,
 /// [`OpRun::OVERDUE`]) a day before, longer than any `within` and the executor's deadline
@@ -154,10 +166,10 @@ fn node_record(plan: &[PlanStep], r: OpRun) -> NodeProgress {
             .flatten(),
         installing: r
             .has_more(OpRun::INSTALLING)
-            .then(|| UPGRADE_IMAGE.to_string()),
+            .then(|| UPGRADE_IMAGE_LIFECYCLE.to_string()),
         installed: r
             .has_more(OpRun::INSTALLED)
-            .then(|| UPGRADE_IMAGE.to_string()),
+            .then(|| UPGRADE_IMAGE_LIFECYCLE.to_string()),
         cordoned: r.has(OpRun::CORDONED),
         was_cordoned: r.has(OpRun::WAS_CORDONED),
         node_registered: r.has(OpRun::REGISTERED),
@@ -535,12 +547,11 @@ impl<'a> ModelWorld<'a> {
             // after an upgrade, the one before after a rollback.
             Call::SystemStat => Ok(Reply::BootTime(1 + u64::from(m.boots.boot))),
             Call::Version => Ok(Reply::Version(
-                if m.boots.upgraded {
-                    VERSION_AFTER
-                } else if m.boots.lifecycle {
-                    VERSION_BEFORE_LIFECYCLE
-                } else {
-                    VERSION_BEFORE
+                match (m.boots.lifecycle, m.boots.upgraded) {
+                    (false, false) => VERSION_BEFORE,
+                    (false, true) => VERSION_AFTER,
+                    (true, false) => VERSION_BEFORE_LIFECYCLE,
+                    (true, true) => VERSION_AFTER_LIFECYCLE,
                 }
                 .into(),
             )),

@@ -523,7 +523,9 @@ impl Objects<'_> {
                 },
                 kind: o.kind.name().into(),
                 machine: target,
-                image: o.kind.upgrades().then(|| world::UPGRADE_IMAGE.into()),
+                image: o.kind.upgrades().then(|| {
+                    world::upgrade_image(s.machines.iter().any(|m| m.boots.lifecycle)).into()
+                }),
                 // With backups, a restore names the one whose store is inside the cluster
                 // (ADR 0106 §2: `restore-store-in-cluster` refuses it).
                 backup_ref: (o.kind == OpKind::Restore && s.backup != Backup::None).then(|| {
