@@ -509,9 +509,11 @@ impl<'a> ModelWorld<'a> {
 
     /// The world's record of what an operation's own calls did: `call`, of the kind of
     /// the operation reconciled, took effect on machine `j` (`operation.undone` reads it).
-    fn did(&mut self, j: usize, call: &Call) {
+    /// On Talos 1.13 an upgrade's work is the reboot of a node that installed its image
+    /// (`staged`): the controller reboots it itself.
+    fn did(&mut self, j: usize, call: &Call, staged: bool) {
         if let Some(o) = self.op.and_then(|k| self.t.ops.get_mut(usize::from(k)))
-            && o.kind.does(call)
+            && (o.kind.does(call) || (staged && o.kind.upgrades() && matches!(call, Call::Reboot)))
             && let Some(bit) = u8::try_from(j).ok().and_then(|j| o.did_bit(j))
         {
             o.did |= bit;
@@ -581,7 +583,7 @@ impl<'a> ModelWorld<'a> {
                     self.effect.down_others = self.effect.down_others.max(others);
                 }
                 self.effect.undrained |= self.acts_on(j) && !drained;
-                self.did(j, &call);
+                self.did(j, &call, m.boots.staged);
                 self.step("node-down");
                 Ok(Reply::Done)
             }
@@ -691,7 +693,7 @@ impl<'a> ModelWorld<'a> {
                 tm.unreachable = false;
                 self.effect.ours |= m.member;
                 self.effect.undrained |= self.acts_on(j) && !drained;
-                self.did(j, &call);
+                self.did(j, &call, false);
                 self.step(if graceful { "reset" } else { "wipe" });
                 Ok(Reply::Done)
             }

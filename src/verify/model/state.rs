@@ -221,7 +221,8 @@ impl OpKind {
             OpKind::Shutdown => matches!(call, Call::Shutdown { .. }),
             OpKind::Rollback => matches!(call, Call::Rollback),
             OpKind::Reset => matches!(call, Call::Reset { .. }),
-            // The model's nodes run a Talos before 1.13: the legacy upgrade.
+            // The legacy upgrade (on Talos 1.13 the world counts the reboot of a node that
+            // installed the image: `world::ModelWorld::did`).
             OpKind::Upgrade | OpKind::UpgradeRoll => {
                 matches!(call, Call::UpgradeLegacy { .. })
             }
