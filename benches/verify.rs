@@ -28,6 +28,8 @@ fn explore(c: &mut Criterion) {
         roll_kind: ichor_rules::verify::RollKind::Reboot,
         all_kinds: false,
         backups: false,
+        lifecycle: false,
+        clock: false,
     };
     let states = verify(&table, bounds)
         .expect("bounds a model holds")

@@ -1313,6 +1313,7 @@ pub const MODEL_STEPS: &[&str] = &[
     "snapshot",
     "snapshot-ages",
     "lock-expires",
+    "time-passes",
 ];
 
 /// The facts of `verify`'s model: what an `invariant` may read about one explored state of

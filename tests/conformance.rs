@@ -62,6 +62,8 @@ fn bounds() -> Bounds {
         roll_kind: ichor_rules::verify::RollKind::Reboot,
         all_kinds: false,
         backups: false,
+        lifecycle: false,
+        clock: false,
     }
 }
 

@@ -1794,6 +1794,56 @@ fn an_operations_plan_without_its_drain_or_its_etcd_guards_is_refuted() {
     holds(&out, &json);
 }
 
+/// Issue 35: with `--talos 1.13` the model's nodes serve `ImageService/Pull` and
+/// `LifecycleService/Upgrade`, and an upgrade takes the executor's path for them (pull,
+/// install, its exit code read, then cordon, drain and the controller's own reboot), with
+/// the install's faults (exit code 1, its answer lost, a crash after it): every invariant
+/// holds with the shipped rules, and an upgrade plan without its drain reboots the node
+/// undrained on that path too (`drained-before-down`). With `--clock` time passes at a
+/// gate (a failed gate fails the operation): the shipped rules hold, `failed-touches-
+/// nothing` and `operations-finish` among them.
+#[test]
+fn the_talos_1_13_upgrade_path_and_the_clock_are_explored() {
+    let bounds = [
+        "--max-workers",
+        "0",
+        "--max-failures",
+        "1",
+        "--max-operations",
+        "1",
+        "--max-requests",
+        "2",
+    ];
+    let shipped = root().join("rules");
+    let with = |extra: &[&'static str]| -> Vec<&'static str> {
+        bounds
+            .iter()
+            .copied()
+            .chain(extra.iter().copied())
+            .collect()
+    };
+    let (out, json) = verify(&shipped, "3", &with(&["--talos", "1.13"]));
+    holds(&out, &json);
+    let (out, json) = verify(&shipped, "3", &with(&["--clock"]));
+    holds(&out, &json);
+    let (out, json) = verify(&shipped, "3", &with(&["--talos", "1.13", "--clock"]));
+    holds(&out, &json);
+
+    let upgrade = "plan run operation \"upgrade\"\n";
+    let no_drain = mutant("op-drain-1-13", "operations.rules", |t| {
+        let start = t.find(upgrade).expect("the upgrade plan");
+        let drain = start + t[start..].find("  do drain node\n").expect("its drain");
+        format!("{}{}", &t[..drain], &t[drain + "  do drain node\n".len()..])
+    });
+    let (out, json) = verify(&no_drain, "3", &with(&["--talos", "1.13"]));
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert!(
+        violated(&json).contains(&"drained-before-down".to_string()),
+        "{}",
+        out.stdout
+    );
+}
+
 /// Issue 35: the gates after an upgrade's call each carry weight. Without `wait node-back`
 /// an upgrade that did not take (the node boots its old version) succeeds; without the
 /// `etcd healthy` gate after it, an upgrade succeeds while its etcd member has not caught

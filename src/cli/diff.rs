@@ -73,6 +73,8 @@ pub fn run(args: &DiffArgs) -> u8 {
         roll_kind: crate::verify::RollKind::Reboot,
         all_kinds: false,
         backups: false,
+        lifecycle: false,
+        clock: false,
     };
     let report = match diff(&tables[0], &tables[1], bounds) {
         Ok(r) => r,

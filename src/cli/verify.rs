@@ -62,6 +62,17 @@ pub struct VerifyArgs {
     /// `run operation "upgrade"`).
     #[arg(long, requires = "rolls", value_enum, default_value_t = RollKindArg::Reboot)]
     pub roll_kind: RollKindArg,
+    /// The Talos version the model's nodes run: `1.12` (the default; an upgrade sends the
+    /// legacy `MachineService/Upgrade`) or `1.13` (an upgrade pulls with
+    /// `ImageService/Pull`, installs with `LifecycleService/Upgrade` and reads its
+    /// stream's exit code, then the controller cordons, drains and reboots the node).
+    #[arg(long, value_enum, default_value_t = TalosArg::V1_12)]
+    pub talos: TalosArg,
+    /// Time passes in the model: the step an operation is at may outlast its `within`
+    /// (or, for a call sent, the executor's deadline for the node to go down), once per
+    /// step, so a gate that does not pass fails the operation.
+    #[arg(long)]
+    pub clock: bool,
     /// Steps from a starting state after which exploration stops (reported when reached).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub depth: u32,
@@ -86,6 +97,15 @@ pub struct VerifyArgs {
     /// not, 2 when the log cannot be read.
     #[arg(long, value_name = "FILE")]
     pub check_trace: Option<PathBuf>,
+}
+
+/// `verify --talos`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TalosArg {
+    #[value(name = "1.12")]
+    V1_12,
+    #[value(name = "1.13")]
+    V1_13,
 }
 
 /// `verify --roll-kind`.
@@ -431,7 +451,8 @@ fn suite(args: &VerifyArgs) -> Vec<Bounds> {
         args.in_flight,
         args.max_requests,
     ];
-    if given.iter().any(Option::is_some) || args.rolls || args.backups {
+    let lifecycle = args.talos == TalosArg::V1_13;
+    if given.iter().any(Option::is_some) || args.rolls || args.backups || lifecycle || args.clock {
         return vec![Bounds {
             max_control_planes: args.max_control_planes.unwrap_or(SINGLE.max_control_planes),
             max_workers: args.max_workers.unwrap_or(SINGLE.max_workers),
@@ -452,6 +473,8 @@ fn suite(args: &VerifyArgs) -> Vec<Bounds> {
             roll_kind: args.roll_kind.into(),
             all_kinds: true,
             backups: args.backups,
+            lifecycle,
+            clock: args.clock,
         }];
     }
     let depth = args.depth;
@@ -471,6 +494,8 @@ fn suite(args: &VerifyArgs) -> Vec<Bounds> {
         roll_kind: crate::verify::RollKind::Reboot,
         all_kinds: false,
         backups: false,
+        lifecycle: false,
+        clock: false,
     };
     vec![
         // A small cluster under any number of requests: alone, with a failure, with a
@@ -638,6 +663,8 @@ pub const SINGLE: Bounds = Bounds {
     roll_kind: crate::verify::RollKind::Reboot,
     all_kinds: true,
     backups: false,
+    lifecycle: false,
+    clock: false,
 };
 
 fn slug(name: &str) -> String {

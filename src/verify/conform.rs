@@ -362,6 +362,8 @@ mod tests {
                 roll_kind: crate::verify::RollKind::Reboot,
                 all_kinds: false,
                 backups: false,
+                lifecycle: false,
+                clock: false,
             },
         )
         .expect("model")

@@ -301,11 +301,12 @@ pub fn encode(s: &State, out: &mut Vec<u8>) {
         out.push(o.phase.byte());
         out.push(o.run.steps);
         out.push(o.run.flags);
+        out.push(o.run.more);
         out.push(o.done);
         out.extend(o.order);
         out.extend([o.cur, o.width, o.did]);
         for x in o.side {
-            out.extend([x.at, x.run.steps, x.run.flags]);
+            out.extend([x.at, x.run.steps, x.run.flags, x.run.more]);
         }
     }
     out.push(len_byte(&s.pending));
@@ -408,6 +409,7 @@ pub fn decode(b: &[u8]) -> Option<State> {
         let run = super::model::OpRun {
             steps: next()?,
             flags: next()?,
+            more: next()?,
         };
         let done = next()?;
         let mut order = [super::model::NONE; super::model::ROLL_MAX];
@@ -422,6 +424,7 @@ pub fn decode(b: &[u8]) -> Option<State> {
                 run: super::model::OpRun {
                     steps: next()?,
                     flags: next()?,
+                    more: next()?,
                 },
             };
         }
@@ -1946,6 +1949,8 @@ mod parallel {
             roll_kind: crate::verify::RollKind::Reboot,
             all_kinds: false,
             backups: false,
+            lifecycle: false,
+            clock: false,
         };
         let model = Model::new(&table, bounds).expect("bounds a model holds");
         let checks: Vec<InvariantCheck> =
@@ -2007,6 +2012,8 @@ mod parallel {
                     roll_kind: crate::verify::RollKind::Reboot,
                     all_kinds: false,
                     backups: false,
+                    lifecycle: false,
+                    clock: false,
                 },
             )
             .expect("bounds a model holds");

@@ -492,6 +492,13 @@ fn text_of(
                 super::model::BACKUP
             ),
         ),
+        Move::TimePasses(k) => (
+            "environment",
+            format!(
+                "time passes: the step TalosOperation {} is at outlasts its `within`",
+                s.op_name(k)
+            ),
+        ),
     }
 }
 

@@ -30,10 +30,36 @@ pub fn now() -> Timestamp {
 }
 
 /// The image an upgrade of the model goes to, and the version its nodes run before and
-/// after.
+/// after: Talos 1.12 (the legacy upgrade path), or 1.13 (`LifecycleService`, in a run whose
+/// nodes run it: [`super::model::Boots::lifecycle`]). Each stays within its path.
 pub const UPGRADE_IMAGE: &str = "ghcr.io/siderolabs/installer:v1.12.1";
 const VERSION_BEFORE: &str = "v1.12.0";
 const VERSION_AFTER: &str = "v1.12.1";
+pub const UPGRADE_IMAGE_LIFECYCLE: &str = "ghcr.io/siderolabs/installer:v1.13.1";
+const VERSION_BEFORE_LIFECYCLE: &str = "v1.13.0";
+const VERSION_AFTER_LIFECYCLE: &str = "v1.13.1";
+
+/// The image an upgrade goes to in a cluster whose nodes run Talos 1.13 (`lifecycle`) or
+/// 1.12.
+pub fn upgrade_image(lifecycle: bool) -> &'static str {
+    if lifecycle {
+        UPGRADE_IMAGE_LIFECYCLE
+    } else {
+        UPGRADE_IMAGE
+    }
+}
+
+/// When the step at hand began, as the model records it: now, or (time passed,
+/// [`OpRun::OVERDUE`]) a day before, longer than any `within` and the executor's deadline
+/// for a call sent.
+fn step_began(overdue: bool) -> Timestamp {
+    let now = now();
+    if overdue {
+        Timestamp::from_second(now.as_second() - 86_400).unwrap_or(now)
+    } else {
+        now
+    }
+}
 
 /// The first step of `plan` that sends a destructive call (what `progress.sent` names:
 /// the executor's to say).
@@ -92,10 +118,8 @@ pub fn operation_status(plan: &[PlanStep], o: &Op, order: &[String]) -> Operatio
         boot_time: rec.boot_time,
         version: rec.version.take(),
         sent: rec.sent.take(),
-        // The model's nodes run a Talos before 1.13: nothing is installed apart from the
-        // legacy `Upgrade` call.
-        installing: None,
-        installed: None,
+        installing: rec.installing.take(),
+        installed: rec.installed.take(),
         resumed: None,
         cordoned: rec.cordoned,
         was_cordoned: rec.was_cordoned,
@@ -121,13 +145,14 @@ pub fn operation_status(plan: &[PlanStep], o: &Op, order: &[String]) -> Operatio
 
 /// One node's record (its name left empty) from the model's [`OpRun`] of it.
 fn node_record(plan: &[PlanStep], r: OpRun) -> NodeProgress {
-    let at = Time(now());
     let steps = usize::from(r.steps);
     let key = |k: usize| format!("{}. {}", k + 1, plan.get(k).map_or("", |s| s.text.as_str()));
     NodeProgress {
         node: String::new(),
         step: r.has(OpRun::IN_STEP).then(|| key(steps)),
-        step_started_at: r.has(OpRun::IN_STEP).then(|| at.clone()),
+        step_started_at: r
+            .has(OpRun::IN_STEP)
+            .then(|| Time(step_began(r.has_more(OpRun::OVERDUE)))),
         steps_done: (0..steps).map(key).collect(),
         boot_time: r
             .has(OpRun::BOOT_RECORDED)
@@ -139,8 +164,12 @@ fn node_record(plan: &[PlanStep], r: OpRun) -> NodeProgress {
             .has(OpRun::SENT)
             .then(|| destructive_step(plan).map(|st| st.text.clone()))
             .flatten(),
-        installing: None,
-        installed: None,
+        installing: r
+            .has_more(OpRun::INSTALLING)
+            .then(|| UPGRADE_IMAGE_LIFECYCLE.to_string()),
+        installed: r
+            .has_more(OpRun::INSTALLED)
+            .then(|| UPGRADE_IMAGE_LIFECYCLE.to_string()),
         cordoned: r.has(OpRun::CORDONED),
         was_cordoned: r.has(OpRun::WAS_CORDONED),
         node_registered: r.has(OpRun::REGISTERED),
@@ -160,6 +189,12 @@ fn run_of(r: &NodeProgress, started: bool) -> OpRun {
             | flag(r.cordoned, OpRun::CORDONED)
             | flag(r.was_cordoned, OpRun::WAS_CORDONED)
             | flag(r.node_registered, OpRun::REGISTERED),
+        more: flag(r.installing.is_some(), OpRun::INSTALLING)
+            | flag(r.installed.is_some(), OpRun::INSTALLED)
+            | flag(
+                r.step_started_at.as_ref().is_some_and(|t| t.0 != now()),
+                OpRun::OVERDUE,
+            ),
     }
 }
 
@@ -489,9 +524,11 @@ impl<'a> ModelWorld<'a> {
 
     /// The world's record of what an operation's own calls did: `call`, of the kind of
     /// the operation reconciled, took effect on machine `j` (`operation.undone` reads it).
-    fn did(&mut self, j: usize, call: &Call) {
+    /// On Talos 1.13 an upgrade's work is the reboot of a node that installed its image
+    /// (`staged`): the controller reboots it itself.
+    fn did(&mut self, j: usize, call: &Call, staged: bool) {
         if let Some(o) = self.op.and_then(|k| self.t.ops.get_mut(usize::from(k)))
-            && o.kind.does(call)
+            && (o.kind.does(call) || (staged && o.kind.upgrades() && matches!(call, Call::Reboot)))
             && let Some(bit) = u8::try_from(j).ok().and_then(|j| o.did_bit(j))
         {
             o.did |= bit;
@@ -527,10 +564,11 @@ impl<'a> ModelWorld<'a> {
             // after an upgrade, the one before after a rollback.
             Call::SystemStat => Ok(Reply::BootTime(1 + u64::from(m.boots.boot))),
             Call::Version => Ok(Reply::Version(
-                if m.boots.upgraded {
-                    VERSION_AFTER
-                } else {
-                    VERSION_BEFORE
+                match (m.boots.lifecycle, m.boots.upgraded) {
+                    (false, false) => VERSION_BEFORE,
+                    (false, true) => VERSION_AFTER,
+                    (true, false) => VERSION_BEFORE_LIFECYCLE,
+                    (true, true) => VERSION_AFTER_LIFECYCLE,
                 }
                 .into(),
             )),
@@ -560,7 +598,7 @@ impl<'a> ModelWorld<'a> {
                     self.effect.down_others = self.effect.down_others.max(others);
                 }
                 self.effect.undrained |= self.acts_on(j) && !drained;
-                self.did(j, &call);
+                self.did(j, &call, m.boots.staged);
                 self.step("node-down");
                 Ok(Reply::Done)
             }
@@ -573,11 +611,25 @@ impl<'a> ModelWorld<'a> {
             )),
             // Their etcd data directories hold data (the cluster's etcd).
             Call::List { .. } => Ok(Reply::Entries(1)),
-            Call::ImagePull { .. } | Call::LifecycleUpgrade { .. } => Err(self.failed(
-                j,
-                tonic::Code::Unimplemented,
-                "the model's nodes run Talos v1.12: LifecycleService is not served",
-            )),
+            // Talos 1.12 serves neither; 1.13 pulls (into its containerd: nothing the
+            // model follows) and installs the pulled image without a reboot: the next boot
+            // runs it. A failed install (its stream's non-zero exit code) is the refused
+            // fault's (`talos`).
+            Call::ImagePull { .. } | Call::LifecycleUpgrade { .. } if !m.boots.lifecycle => {
+                Err(self.failed(
+                    j,
+                    tonic::Code::Unimplemented,
+                    "the node runs Talos v1.12: LifecycleService is not served",
+                ))
+            }
+            Call::ImagePull { image } => Ok(Reply::Pulled(image)),
+            Call::LifecycleUpgrade { .. } => {
+                self.t.machines[j].boots.staged = true;
+                Ok(Reply::Installed {
+                    exit_code: 0,
+                    last_message: "upgrade successful".into(),
+                })
+            }
             Call::EtcdStatus => {
                 if !m.member {
                     return Err(not_member(self));
@@ -656,7 +708,7 @@ impl<'a> ModelWorld<'a> {
                 tm.unreachable = false;
                 self.effect.ours |= m.member;
                 self.effect.undrained |= self.acts_on(j) && !drained;
-                self.did(j, &call);
+                self.did(j, &call, false);
                 self.step(if graceful { "reset" } else { "wipe" });
                 Ok(Reply::Done)
             }
@@ -823,6 +875,7 @@ impl World for ModelWorld<'_> {
             })));
         };
         let acts = call.acts();
+        let install = matches!(call, Call::LifecycleUpgrade { .. });
         let refusing = acts && self.faults.refuse == Some(self.acts);
         let undo = refusing.then(|| (self.t.clone(), self.effect));
         let answer = self.call(j, call);
@@ -836,6 +889,13 @@ impl World for ModelWorld<'_> {
             }
             if let Some((t, effect)) = undo {
                 (self.t, self.effect) = (t, effect);
+                // An install that fails ends its stream with a non-zero exit code.
+                if install {
+                    return Ok(Ok(Reply::Installed {
+                        exit_code: 1,
+                        last_message: "failed to install the image: nothing changed".into(),
+                    }));
+                }
                 return Ok(Err(self.failed(
                     j,
                     tonic::Code::FailedPrecondition,
@@ -1121,6 +1181,8 @@ mod tests {
             roll_kind: crate::verify::RollKind::Reboot,
             all_kinds: false,
             backups: false,
+            lifecycle: false,
+            clock: false,
         };
         let model = Model::new(table, bounds).expect("model");
         let s = State::initial(&bounds)
@@ -1265,6 +1327,8 @@ mod tests {
             roll_kind: crate::verify::RollKind::Reboot,
             all_kinds: false,
             backups: false,
+            lifecycle: false,
+            clock: false,
         };
         let model = Model::new(&table, bounds).expect("model");
         let mut state = State::initial(&bounds)
@@ -1329,6 +1393,7 @@ mod tests {
         failed.ops[0].run = OpRun {
             steps: 1,
             flags: OpRun::STARTED,
+            more: 0,
         };
         let mut out = Vec::new();
         model.successors(
@@ -1343,5 +1408,230 @@ mod tests {
             "{:?}",
             out.iter().map(|n| n.mv).collect::<Vec<_>>()
         );
+    }
+
+    /// The model of one machine's upgrade of control plane 0 in a healthy cluster of three
+    /// (`lifecycle`: its nodes run Talos 1.13; `clock`: time passes), with a failure.
+    fn upgrade_of(
+        table: &crate::compile::Table,
+        lifecycle: bool,
+        clock: bool,
+    ) -> (Model<'_>, State) {
+        use super::super::model::{Op, OpKind};
+        let bounds = Bounds {
+            max_control_planes: 3,
+            max_workers: 0,
+            max_failures: 1,
+            max_operations: 1,
+            in_flight: 0,
+            max_requests: None,
+            depth: 64,
+            rolls: false,
+            roll_width: 1,
+            roll_kind: crate::verify::RollKind::Reboot,
+            all_kinds: false,
+            backups: false,
+            lifecycle,
+            clock,
+        };
+        let model = Model::new(table, bounds).expect("model");
+        let mut state = State::initial(&bounds)
+            .into_iter()
+            .find(|s| s.count == 3 && s.cluster == ClusterState::Live)
+            .expect("a healthy cluster of three");
+        state.ops.push(Op::new(OpKind::Upgrade, 0));
+        state.op_names.push(1);
+        (model, state)
+    }
+
+    fn all_next(model: &Model<'_>, s: &State) -> Vec<Next> {
+        let mut out = Vec::new();
+        model.successors(
+            s,
+            &Lazy::new(&model.objects, s),
+            &mut Memo::default(),
+            &mut Fired::default(),
+            &mut out,
+        );
+        out
+    }
+
+    /// The controller's reconcile of the operation; else the world's recovery (a node
+    /// back, etcd caught up).
+    fn drive<'n>(out: &'n [Next], s: &State) -> &'n Next {
+        out.iter()
+            .find(|n| matches!(n.mv, Move::Operation(0)) && n.state != *s)
+            .or_else(|| {
+                out.iter()
+                    .find(|n| matches!(n.mv, Move::NodeReturns(_) | Move::EtcdCatchesUp(_)))
+            })
+            .unwrap_or_else(|| {
+                panic!(
+                    "stuck at {s:?}: {:?}",
+                    out.iter().map(|n| n.mv).collect::<Vec<_>>()
+                )
+            })
+    }
+
+    /// On Talos 1.13 the model's upgrade takes the executor's `LifecycleService` path: the
+    /// image is pulled and installed (the node keeps running) before the node is cordoned
+    /// (a crash right after the install finds it installed and uncordoned);
+    /// the controller then reboots it, drained, and it comes back running the new version.
+    /// An install whose stream ends with a non-zero exit code (the refused fault there)
+    /// fails the operation with the node never taken down; one whose answer is lost, or
+    /// after which the controller crashes, is not sent again: the next reconcile fails
+    /// the operation, the node still up. On Talos 1.12 no image is pulled.
+    #[test]
+    fn a_talos_1_13_upgrade_installs_before_it_cordons_and_a_failed_install_reboots_nothing() {
+        let table = crate::ruleset::shipped_table();
+        let (model, mut state) = upgrade_of(&table, true, false);
+        let (mut failed_install, mut unseen_install) = (0, 0);
+        let mut installed_up = false;
+        for _ in 0..200 {
+            if state.ops[0].phase == Phase::Succeeded {
+                break;
+            }
+            let out = all_next(&model, &state);
+            for n in &out {
+                let (a, b) = (state.machines[0], n.state.machines[0]);
+                // Never down without the new image installed first, nor undrained.
+                let controller = matches!(
+                    n.mv,
+                    Move::Operation(0)
+                        | Move::OperationLost(0)
+                        | Move::OperationCrash(0)
+                        | Move::OperationRefused(0)
+                );
+                if controller && a.up && !b.up {
+                    assert!(b.boots.staged, "rebooted uninstalled: {:?}", n.mv);
+                    assert!(!n.effect.undrained, "{:?}", n.mv);
+                }
+                let installing = !state.ops[0].run.has_more(OpRun::INSTALLED)
+                    && !state.ops[0].run.has_more(OpRun::INSTALLING);
+                match n.mv {
+                    // The stream's exit code 1: failed, nothing installed, node up.
+                    Move::OperationRefused(0)
+                        if installing && n.state.ops[0].phase == Phase::Failed =>
+                    {
+                        assert!(b.up && !b.boots.staged && b.boots.boot == a.boots.boot);
+                        failed_install += 1;
+                    }
+                    // Its end not seen: recorded as installing; the next reconcile fails
+                    // the operation and the node is never taken down.
+                    Move::OperationLost(0) | Move::OperationCrash(0)
+                        if n.state.ops[0].run.has_more(OpRun::INSTALLING) =>
+                    {
+                        let after = all_next(&model, &n.state);
+                        let next = after
+                            .iter()
+                            .find(|x| matches!(x.mv, Move::Operation(0)))
+                            .expect("a reconcile");
+                        assert_eq!(next.state.ops[0].phase, Phase::Failed, "{:?}", next.state);
+                        assert!(next.state.machines[0].up);
+                        unseen_install += 1;
+                        // Crashed right after the install: it ran on the node, up and not
+                        // cordoned yet.
+                        if matches!(n.mv, Move::OperationCrash(0)) {
+                            assert!(b.up && b.boots.staged && !b.boots.unsched, "{b:?}");
+                            installed_up = true;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            state = drive(&out, &state).state.clone();
+        }
+        assert_eq!(state.ops[0].phase, Phase::Succeeded, "{state:?}");
+        assert!(state.machines[0].boots.upgraded && state.machines[0].up);
+        assert!(installed_up, "the image was installed while the node ran");
+        assert!(failed_install > 0, "a failed install was explored");
+        assert!(
+            unseen_install > 0,
+            "an install whose end was not seen was explored"
+        );
+
+        // Talos 1.12: the legacy `Upgrade` installs and reboots in one call.
+        let (model, mut state) = upgrade_of(&table, false, false);
+        for _ in 0..200 {
+            if state.ops[0].phase == Phase::Succeeded {
+                break;
+            }
+            let out = all_next(&model, &state);
+            let next = drive(&out, &state);
+            assert!(!next.state.ops[0].run.has_more(OpRun::INSTALLED));
+            assert!(!next.state.machines[0].boots.staged || !next.state.machines[0].up);
+            state = next.state.clone();
+        }
+        assert_eq!(state.ops[0].phase, Phase::Succeeded, "{state:?}");
+    }
+
+    /// With the clock, time passes at a gate with a `within` (an environment move, never
+    /// the controller's progress): the node taken down by the upgrade does not come back
+    /// within `wait node-back`'s 15m, and the executor fails the operation (phase Failed,
+    /// a failureReason); a reconcile of it after that touches nothing. Without the clock
+    /// time never passes.
+    #[test]
+    fn with_the_clock_a_gate_that_does_not_pass_in_time_fails_the_operation() {
+        let table = crate::ruleset::shipped_table();
+        for clock in [false, true] {
+            let (model, mut state) = upgrade_of(&table, false, clock);
+            // Up to the node taken down by the upgrade, the operation waiting for it.
+            for _ in 0..200 {
+                if !state.machines[0].up {
+                    break;
+                }
+                let out = all_next(&model, &state);
+                state = drive(&out, &state).state.clone();
+            }
+            assert!(!state.machines[0].up, "{state:?}");
+            let out = all_next(&model, &state);
+            let passes: Vec<&Next> = out
+                .iter()
+                .filter(|n| matches!(n.mv, Move::TimePasses(0)))
+                .collect();
+            if !clock {
+                assert!(passes.is_empty());
+                continue;
+            }
+            assert_eq!(passes.len(), 1);
+            assert!(!Move::TimePasses(0).progresses_alone());
+            let late = passes[0].state.clone();
+            assert!(late.ops[0].run.has_more(OpRun::OVERDUE));
+            let out = all_next(&model, &late);
+            // Once per step.
+            assert!(!out.iter().any(|n| matches!(n.mv, Move::TimePasses(0))));
+            let failed = out
+                .iter()
+                .find(|n| matches!(n.mv, Move::Operation(0)))
+                .expect("a reconcile");
+            assert_eq!(
+                failed.state.ops[0].phase,
+                Phase::Failed,
+                "{:?}",
+                failed.state
+            );
+            let status = model
+                .objects
+                .snapshot(&failed.state)
+                .operations
+                .first()
+                .and_then(|o| o.status.clone())
+                .expect("a status");
+            assert!(status.failure_reason.is_some_and(|r| !r.is_empty()));
+            // The node comes back later: the failed operation does nothing more.
+            let back = all_next(&model, &failed.state)
+                .into_iter()
+                .find(|n| matches!(n.mv, Move::NodeReturns(0)))
+                .expect("the node comes back");
+            let after = all_next(&model, &back.state);
+            assert!(
+                after
+                    .iter()
+                    .filter(|n| matches!(n.mv, Move::Operation(0)))
+                    .all(|n| !n.effect.failed_touched && n.state.machines == back.state.machines),
+                "{:?}",
+                after.iter().map(|n| n.mv).collect::<Vec<_>>()
+            );
+        }
     }
 }

@@ -81,6 +81,15 @@ pub struct Bounds {
     /// snapshot is taken (its schedule, or a person asking for one) and ages, by moves of
     /// their own, at any time.
     pub backups: bool,
+    /// The nodes run Talos 1.13 or later (`--talos 1.13`): an upgrade takes the executor's
+    /// `ImageService/Pull` + `LifecycleService/Upgrade` path (its stream's exit code read,
+    /// then the node cordoned, drained and rebooted by the controller) instead of the
+    /// legacy `MachineService/Upgrade`.
+    pub lifecycle: bool,
+    /// Time passes (`--clock`): the step an operation is at may outlast its `within` (a
+    /// world move, [`super::moves::Move::TimePasses`], once per step), so a gate that does
+    /// not pass fails the operation.
+    pub clock: bool,
 }
 
 /// The widest roll a model holds: its records of nodes in flight are the one of
@@ -165,6 +174,8 @@ impl Default for Bounds {
             roll_kind: RollKind::Reboot,
             all_kinds: true,
             backups: false,
+            lifecycle: false,
+            clock: false,
         }
     }
 }

@@ -6,7 +6,7 @@
 
 use super::bounds::ix;
 use super::moves::{Move, Next, effect};
-use super::state::{Backup, Lock, State};
+use super::state::{Backup, Lock, OpRun, Phase, State};
 use super::successors::Model;
 
 impl Model<'_> {
@@ -125,6 +125,34 @@ impl Model<'_> {
                 state: t,
                 effect: effect("lock-expires"),
             });
+        }
+        // Time passes (`--clock`): the step a running operation is at, a gate with a
+        // `within` or a call sent (the executor's deadline for the node to go down), has
+        // run longer than it may. Once per step (the executor's next step begins now), and
+        // never progress: the executor's next reconcile says what comes of it.
+        if self.bounds.clock {
+            for (k, o) in ix(&s.ops) {
+                let r = o.run;
+                if o.phase != Phase::Running || !r.has(OpRun::IN_STEP) || r.has_more(OpRun::OVERDUE)
+                {
+                    continue;
+                }
+                let timed = r.has(OpRun::SENT)
+                    || self
+                        .table
+                        .operation_plan(o.kind.name())
+                        .and_then(|p| p.steps.get(usize::from(r.steps)))
+                        .is_some_and(|st| st.within.is_some());
+                if timed {
+                    let mut t = s.fork();
+                    t.ops[usize::from(k)].run.more |= OpRun::OVERDUE;
+                    out.push(Next {
+                        mv: Move::TimePasses(k),
+                        state: t,
+                        effect: effect("time-passes"),
+                    });
+                }
+            }
         }
         // The backup's snapshot: taken (by its schedule, or on demand) when there is none or
         // it is stale; a fresh one grows stale (time passes; not a failure).

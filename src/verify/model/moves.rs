@@ -63,6 +63,9 @@ pub enum Move {
     SnapshotTaken,
     /// The backup's newest snapshot grows older than the rules allow.
     SnapshotAges,
+    /// Time passes (`--clock`): the step operation `k` is at (a gate with a `within`, or a
+    /// call sent) has been running longer than it may.
+    TimePasses(u8),
 }
 
 impl Move {
@@ -77,6 +80,7 @@ impl Move {
             | Move::PdbBlocks
             | Move::LockExpires
             | Move::SnapshotAges
+            | Move::TimePasses(_)
             | Move::RemovalLost(_)
             | Move::RemovalCrash(_)
             | Move::RemovalRefused(_)

@@ -159,11 +159,19 @@ pub fn object_key(s: &State, out: &mut Vec<u8>) {
             // The world's record, which no object shows.
             did: _,
         } = *o;
-        out.extend([kind as u8, target, phase.byte(), run.steps, run.flags, done]);
+        out.extend([
+            kind as u8,
+            target,
+            phase.byte(),
+            run.steps,
+            run.flags,
+            run.more,
+            done,
+        ]);
         out.extend(order);
         out.extend([cur, width]);
         for x in side {
-            out.extend([x.at, x.run.steps, x.run.flags]);
+            out.extend([x.at, x.run.steps, x.run.flags, x.run.more]);
         }
         out.extend(op_names.get(k).map_or([0, 0], |n| [1, *n]));
     }
@@ -515,7 +523,9 @@ impl Objects<'_> {
                 },
                 kind: o.kind.name().into(),
                 machine: target,
-                image: o.kind.upgrades().then(|| world::UPGRADE_IMAGE.into()),
+                image: o.kind.upgrades().then(|| {
+                    world::upgrade_image(s.machines.iter().any(|m| m.boots.lifecycle)).into()
+                }),
                 // With backups, a restore names the one whose store is inside the cluster
                 // (ADR 0106 §2: `restore-store-in-cluster` refuses it).
                 backup_ref: (o.kind == OpKind::Restore && s.backup != Backup::None).then(|| {

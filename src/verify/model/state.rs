@@ -124,6 +124,10 @@ pub struct Boots {
     /// Back from such a call, its node answers but its etcd member has not caught up yet
     /// (it answers no etcd call; it becomes healthy by a world move, never assumed).
     pub syncing: bool,
+    /// Its node runs Talos 1.13 or later (`--talos 1.13`): the world serves
+    /// `ImageService/Pull` and `LifecycleService/Upgrade`, and the executor takes the
+    /// upgrade path that pulls and installs first, then reboots the node itself.
+    pub lifecycle: bool,
 }
 
 impl Machine {
@@ -141,6 +145,7 @@ impl Boots {
             | (u8::from(self.upgraded) << 3)
             | (u8::from(self.unsched) << 4)
             | (u8::from(self.syncing) << 5)
+            | (u8::from(self.lifecycle) << 6)
     }
 
     pub fn from_byte(b: u8) -> Boots {
@@ -151,6 +156,7 @@ impl Boots {
             upgraded: b & 8 != 0,
             unsched: b & 16 != 0,
             syncing: b & 32 != 0,
+            lifecycle: b & 64 != 0,
         }
     }
 }
@@ -215,7 +221,8 @@ impl OpKind {
             OpKind::Shutdown => matches!(call, Call::Shutdown { .. }),
             OpKind::Rollback => matches!(call, Call::Rollback),
             OpKind::Reset => matches!(call, Call::Reset { .. }),
-            // The model's nodes run a Talos before 1.13: the legacy upgrade.
+            // The legacy upgrade (on Talos 1.13 the world counts the reboot of a node that
+            // installed the image: `world::ModelWorld::did`).
             OpKind::Upgrade | OpKind::UpgradeRoll => {
                 matches!(call, Call::UpgradeLegacy { .. })
             }
@@ -323,7 +330,11 @@ pub struct Side {
 impl Side {
     pub const NONE: Side = Side {
         at: NONE,
-        run: OpRun { steps: 0, flags: 0 },
+        run: OpRun {
+            steps: 0,
+            flags: 0,
+            more: 0,
+        },
     };
 }
 
@@ -427,6 +438,9 @@ impl Op {
 pub struct OpRun {
     pub steps: u8,
     pub flags: u8,
+    /// More of the record's flags ([`OpRun::INSTALLING`], [`OpRun::INSTALLED`],
+    /// [`OpRun::OVERDUE`]).
+    pub more: u8,
 }
 
 impl OpRun {
@@ -447,8 +461,23 @@ impl OpRun {
     /// `nodeRegistered`: the node had a Kubernetes Node before the call.
     pub const REGISTERED: u8 = 128;
 
+    /// `installing`: a Talos 1.13 install (`LifecycleService/Upgrade`) was sent and its
+    /// end not seen (in [`OpRun::more`]).
+    pub const INSTALLING: u8 = 1;
+    /// `installed`: that install ended with exit code 0 (in [`OpRun::more`]).
+    pub const INSTALLED: u8 = 2;
+    /// The step at hand began longer ago than its `within` (or, for a call sent, than the
+    /// executor's deadline for the node to go down): time passed (`--clock`; in
+    /// [`OpRun::more`]).
+    pub const OVERDUE: u8 = 4;
+
     pub fn has(self, flag: u8) -> bool {
         self.flags & flag != 0
+    }
+
+    /// Whether [`OpRun::more`] has `flag`.
+    pub fn has_more(self, flag: u8) -> bool {
+        self.more & flag != 0
     }
 }
 

@@ -21,6 +21,8 @@ pub(crate) fn small_model() -> (Table, Bounds) {
         roll_kind: RollKind::Reboot,
         all_kinds: false,
         backups: false,
+        lifecycle: false,
+        clock: false,
     };
     (table, bounds)
 }

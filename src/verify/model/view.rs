@@ -193,7 +193,10 @@ impl State {
                     recorded: false,
                     cordoned: false,
                     started: 0,
-                    boots: Boots::default(),
+                    boots: Boots {
+                        lifecycle: bounds.lifecycle,
+                        ..Boots::default()
+                    },
                 });
             }
             for _ in 0..bounds.max_workers {
@@ -217,7 +220,10 @@ impl State {
                     recorded: false,
                     cordoned: false,
                     started: 0,
-                    boots: Boots::default(),
+                    boots: Boots {
+                        lifecycle: bounds.lifecycle,
+                        ..Boots::default()
+                    },
                 });
             }
             let mut names = Vec::new();
