@@ -702,7 +702,8 @@ fn class(mv: &Move) -> u8 {
         Move::NodeReturns(_) | Move::EtcdCatchesUp(_) | Move::PdbLifts | Move::SnapshotTaken => {
             RECOVERY
         }
-        // Failures and what people do: not in the graph (`progresses_alone` said so).
+        // Failures, time passing and what people do: not in the graph
+        // (`progresses_alone` said so).
         Move::RemovalLost(_)
         | Move::RemovalCrash(_)
         | Move::RemovalRefused(_)
@@ -714,7 +715,10 @@ fn class(mv: &Move) -> u8 {
         | Move::NodeReturnsBehind(_)
         | Move::PdbBlocks
         | Move::LockExpires
-        | Move::SnapshotAges => NOT_ALONE,
+        | Move::SnapshotAges
+        // Time passing (`--clock`): a step outlasting its `within` is the environment's,
+        // never obliged and never progress; what it leads to is checked in its own turn.
+        | Move::TimePasses(_) => NOT_ALONE,
     }
 }
 
