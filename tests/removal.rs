@@ -701,11 +701,14 @@ async fn a_controller_killed_at_each_step_is_resumed_by_a_fresh_one() {
     // until one more step is recorded, then is killed.
     let mut rounds = 0;
     let mut seen = 0;
+    // Rounds whose fresh controller found steps another had recorded, and resumed there.
+    let mut resumed = 0;
     while w.machine("cp-4").is_some() {
         rounds += 1;
         assert!(rounds < 30, "no progress after {rounds} restarts");
         let c = Running::start(w.ctx("controller-1"));
         let before = w.done_steps("cp-4");
+        resumed += usize::from(before > 0);
         let start = Instant::now();
         while w.machine("cp-4").is_some() && w.done_steps("cp-4") == before {
             assert!(start.elapsed() < WAIT, "stuck after {before} steps");
@@ -714,12 +717,14 @@ async fn a_controller_killed_at_each_step_is_resumed_by_a_fresh_one() {
         seen = seen.max(w.done_steps("cp-4"));
         c.kill().await;
     }
+    // A round may finish more than one quick step before its kill lands (on a loaded
+    // machine, all that are left: the removal then ends in that round), so how many steps
+    // were seen depends on timing; at least one fresh controller must have resumed what
+    // another began, after a step was recorded.
     assert!(
-        seen >= 4,
-        "the removal should have passed several steps ({seen})"
+        seen >= 1 && resumed >= 1,
+        "no fresh controller resumed a begun removal ({seen} steps seen, {rounds} rounds)"
     );
-    // A round may finish more than one quick step before its kill lands; at least one
-    // fresh controller must have resumed what another began.
     assert!(rounds >= 2, "killed only {rounds} times");
     assert_eq!(w.members().await, set(&["cp-1", "cp-2", "cp-3"]));
     healthy(&w, 3).await;

@@ -621,6 +621,19 @@ fn suite(args: &VerifyArgs) -> Vec<Bounds> {
             all_kinds: true,
             ..large
         },
+        // An upgrade of one machine on nodes running Talos 1.13 (the image pulled and
+        // installed through LifecycleService, then the controller's own cordon, drain and
+        // reboot), with time passing (a gate or a sent call outlasting its time fails the
+        // operation), on three control planes with a failure and two requests.
+        Bounds {
+            max_control_planes: 3,
+            max_failures: 1,
+            max_operations: 1,
+            max_requests: Some(2),
+            lifecycle: true,
+            clock: true,
+            ..large
+        },
         // The same cluster with a TalosEtcdBackup whose snapshot is taken and ages at any
         // time, one machine's operation of every kind and two requests, no failure: an
         // upgrade, reset or rollback of a control plane starts only with a fresh snapshot
