@@ -735,9 +735,35 @@ fn bounds_text(b: &Bounds) -> String {
                  plane: give --max-requests to explore that)"
             .to_string(),
     };
+    // What the operations are and what the world does beyond the counts, when not the
+    // plain case: every run says what it explored.
+    let mut more = String::new();
+    if b.max_operations > 0 {
+        if b.rolls {
+            let kind = match b.roll_kind {
+                crate::verify::RollKind::Reboot => "reboots",
+                crate::verify::RollKind::Upgrade => "upgrades",
+            };
+            more.push_str(&format!(
+                ", operations are {kind} rolled over the cluster (workers {} at a time)",
+                b.roll_width
+            ));
+        } else if b.all_kinds {
+            more.push_str(", operations of every kind on one machine");
+        }
+    }
+    if b.backups {
+        more.push_str(", a TalosEtcdBackup");
+    }
+    if b.lifecycle {
+        more.push_str(", nodes run Talos 1.13");
+    }
+    if b.clock {
+        more.push_str(", time passes");
+    }
     format!(
         "{} control-plane machines, {} workers, count 1, 3 or 5 (and every change of it), {} failure(s), \
-         {} operation(s), {requests}, {} request(s) in flight, depth {}",
+         {} operation(s), {requests}, {} request(s) in flight, depth {}{more}",
         b.max_control_planes, b.max_workers, b.max_failures, b.max_operations, b.in_flight, b.depth
     )
 }
