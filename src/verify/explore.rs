@@ -5,8 +5,8 @@
 use super::invariant::{Facts, InvariantCheck, Verdicts};
 use super::memory::{Budget, Over, show};
 use super::model::{
-    ClusterState, GONE, Lazy, Lock, Machine, Memo, Model, Move, NONE, Next, Op, OpKind, Pending,
-    Phase, Req, State, ix, len_byte, object_key,
+    ClusterState, GONE, Lazy, Lock, Machine, Memo, Model, Move, NONE, Next, Op, OpKind, Outcomes,
+    Pending, Phase, Renumber, Req, State, ix, len_byte, lift, object_key, renumbering, unseen_into,
 };
 use std::hash::Hasher;
 use std::time::Instant;
@@ -58,6 +58,55 @@ impl Hasher for Fx {
 struct Worker {
     verdicts: Verdicts,
     memos: Memos,
+    acts: Acts,
+}
+
+/// The controller's and the world's successors ([`Model::acting`]) of a state as they see
+/// it ([`unseen_into`]), kept for the states that differ from it only in what they do not
+/// see: the requests in flight and the explorer's counts. With requests in flight, one
+/// cluster recurs under many of them (the largest runs of the default suite expand each
+/// about 8 to 24 times), so its reconciles run once and are [`lift`]ed to each.
+pub struct Acting {
+    outcomes: Outcomes,
+    /// The successors, each with how it renumbers the machines; `None` when one of them
+    /// renumbers them in a way the requests in flight cannot follow (then every state is
+    /// expanded on its own).
+    nexts: Option<Vec<(Next, Renumber)>>,
+}
+
+/// [`Acting`]s of the states expanded lately, kept from batch to batch as [`Memos`] are
+/// (in two generations).
+#[derive(Default)]
+pub struct Acts {
+    map: std::collections::HashMap<Vec<u8>, Acting, std::hash::BuildHasherDefault<Fx>>,
+    old: std::collections::HashMap<Vec<u8>, Acting, std::hash::BuildHasherDefault<Fx>>,
+}
+
+impl Acts {
+    /// States kept, both generations together.
+    const MAX: usize = 1 << 12;
+    /// The bytes of one, about: a key and ten successors.
+    const BYTES: u64 = 6_000;
+
+    fn headroom(&self) -> u64 {
+        Self::MAX.saturating_sub(self.map.len() + self.old.len()) as u64 * Self::BYTES
+    }
+
+    fn take(&mut self, key: &[u8]) -> Option<Acting> {
+        self.map.remove(key).or_else(|| self.old.remove(key))
+    }
+
+    fn keep(&mut self, key: &[u8], acting: Acting) {
+        if self.map.len() >= Self::MAX / 2 {
+            for (_, a) in std::mem::take(&mut self.old) {
+                for (n, _) in a.nexts.into_iter().flatten() {
+                    n.state.recycle();
+                }
+            }
+            self.old = std::mem::take(&mut self.map);
+        }
+        self.map.insert(key.to_vec(), acting);
+    }
 }
 
 /// The decisions made on objects ([`Memo`]) of the object keys expanded lately, kept from
@@ -790,7 +839,13 @@ fn expand(
     worker: &mut Worker,
     spare: Option<Chunk>,
 ) -> Chunk {
-    let Worker { verdicts, memos } = worker;
+    let Worker {
+        verdicts,
+        memos,
+        acts,
+    } = worker;
+    // Requests in flight or counted: states differ in what the controller does not see.
+    let lifting = model.bounds.in_flight > 0 || model.bounds.max_requests.is_some();
     // The buffers of an earlier batch's chunk, emptied (growing fresh ones every batch
     // costs the kernel's zeroing of their pages again).
     let mut out = spare.unwrap_or_default();
@@ -827,9 +882,38 @@ fn expand(
         }
         ranges.push(start..object_keys.len());
     }
+    // And as the controller sees them ([`unseen_into`]), so that states it sees alike are
+    // expanded one after another too, and share its successors ([`Acting`]).
+    let mut unseen_keys = Vec::new();
+    let mut unseen_ranges = Vec::with_capacity(if lifting { states.len() } else { 0 });
+    let mut unseen: Option<State> = None;
+    if lifting {
+        for s in &states {
+            let start = unseen_keys.len();
+            if let Some(s) = s {
+                let u = unseen.get_or_insert_with(|| s.clone());
+                unseen_into(s, u);
+                encode(u, &mut buf);
+                unseen_keys.extend_from_slice(&buf);
+                unseen_keys.extend_from_slice(&u.names);
+            }
+            unseen_ranges.push(start..unseen_keys.len());
+        }
+    }
     let key = |p: usize| &object_keys[ranges[p].clone()];
+    let unseen_key = |p: usize| {
+        unseen_ranges
+            .get(p)
+            .map_or(&[][..], |r| &unseen_keys[r.clone()])
+    };
     let mut order: Vec<usize> = (0..states.len()).collect();
-    order.sort_by(|a, b| key(*a).cmp(key(*b)));
+    order.sort_by(|a, b| {
+        key(*a)
+            .cmp(key(*b))
+            .then_with(|| unseen_key(*a).cmp(unseen_key(*b)))
+    });
+    // The [`Acting`] of the state expanded last (its position), when lifting.
+    let mut acting: Option<(usize, Acting)> = None;
     let mut expanded: Vec<Option<Expanded>> = (0..states.len()).map(|_| None).collect();
     let mut memo = Memo::default();
     let mut shared: Option<(usize, Lazy<'_>)> = None;
@@ -888,7 +972,63 @@ fn expand(
             continue;
         };
         nexts.clear();
-        let outcomes = model.successors(s, snap, &mut memo, &mut out.fired, &mut nexts);
+        let outcomes = if lifting {
+            if acting
+                .as_ref()
+                .is_none_or(|(q, _)| unseen_key(*q) != unseen_key(p))
+            {
+                if let Some((q, a)) = acting.take() {
+                    acts.keep(unseen_key(q), a);
+                }
+                let a = match acts.take(unseen_key(p)) {
+                    Some(a) => a,
+                    None => {
+                        let u = unseen.get_or_insert_with(|| s.clone());
+                        unseen_into(s, u);
+                        let mut v = Vec::new();
+                        let outcomes = model.acting(u, snap, &mut memo, &mut out.fired, &mut v);
+                        let how: Option<Vec<Renumber>> =
+                            v.iter().map(|n| renumbering(u, n.mv, &n.state)).collect();
+                        let nexts = how.map(|how| v.into_iter().zip(how).collect());
+                        Acting { outcomes, nexts }
+                    }
+                };
+                acting = Some((p, a));
+            }
+            model.people(s, snap, &mut memo, &mut out.fired, &mut nexts);
+            match &acting {
+                Some((_, a)) if a.nexts.is_some() => {
+                    for (n, how) in a.nexts.iter().flatten() {
+                        let mut t = n.state.fork();
+                        lift(s, *how, &mut t);
+                        nexts.push(Next {
+                            mv: n.mv,
+                            state: t,
+                            effect: n.effect,
+                        });
+                    }
+                    a.outcomes
+                }
+                _ => model.acting(s, snap, &mut memo, &mut out.fired, &mut nexts),
+            }
+        } else {
+            model.successors(s, snap, &mut memo, &mut out.fired, &mut nexts)
+        };
+        #[cfg(test)]
+        if lifting {
+            // Every lifted successor is the one computed on the state itself.
+            let mut direct = Vec::new();
+            let o = model.successors(s, snap, &mut memo, &mut out.fired, &mut direct);
+            assert_eq!(o, outcomes, "lifted outcomes of {s:?}");
+            assert_eq!(direct.len(), nexts.len(), "lifted successors of {s:?}");
+            for (d, n) in direct.iter().zip(&nexts) {
+                assert_eq!(
+                    (d.mv, &d.state, d.effect),
+                    (n.mv, &n.state, n.effect),
+                    "lifted successor of {s:?}"
+                );
+            }
+        }
         // Settled: every removal in progress waits on something named, and nothing else
         // of a teardown is left for the controller or the garbage collector.
         let removals = s
@@ -959,6 +1099,9 @@ fn expand(
     }
     if let Some((q, _)) = &shared {
         memos.keep(key(*q), memo);
+    }
+    if let Some((q, a)) = acting {
+        acts.keep(unseen_key(q), a);
     }
     // (Every position was filled above: each state is expanded once.)
     out.states = expanded.into_iter().flatten().collect();
@@ -1293,7 +1436,7 @@ fn explore_upto(
         // The workers' caches are bounded; what they may still take is reserved too.
         let caches: u64 = workers
             .iter()
-            .map(|w| w.memos.headroom() + w.verdicts.headroom())
+            .map(|w| w.memos.headroom() + w.verdicts.headroom() + w.acts.headroom())
             .sum();
         if let Err(over) = share.check(held, more + caches) {
             ex.incomplete = Some(over_budget(&ex, over));

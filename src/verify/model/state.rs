@@ -785,8 +785,25 @@ pub fn remove_machine(t: &mut State, i: u8) {
         Lock::Removal(h) => Lock::Removal(shift(h)),
         other => other,
     };
-    t.pending.retain(|p| p.req.machine() != Some(i));
-    for p in &mut t.pending {
+    drop_machine(&mut t.pending, i);
+}
+
+/// Requests in flight after machine `i` is removed: those about it dropped, the others
+/// renumbered ([`remove_machine`]).
+pub fn drop_machine(pending: &mut Vec<Pending>, i: u8) {
+    let shift = |x: u8| -> u8 {
+        if x == NONE || x == GONE {
+            x
+        } else if x == i {
+            GONE
+        } else if x > i {
+            x - 1
+        } else {
+            x
+        }
+    };
+    pending.retain(|p| p.req.machine() != Some(i));
+    for p in pending {
         p.req = p.req.map_machine(shift);
     }
 }

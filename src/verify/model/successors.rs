@@ -8,7 +8,7 @@ use super::bounds::{Bounds, BoundsError, ix};
 use super::moves::{Fired, Move, Next, committed, effect};
 use super::objects::{Lazy, Memo, Objects};
 use super::requests::outcome;
-use super::state::{ClusterState, Lock, OpKind, Pending, Phase, Req, State};
+use super::state::{ClusterState, Lock, OpKind, Pending, Phase, Req, State, drop_machine};
 use crate::compile::{PlanStep, Table};
 use crate::runtime::objects::Snapshot;
 use crate::vocab::{Verb, Verdict};
@@ -84,7 +84,20 @@ impl<'t> Model<'t> {
         fired: &mut Fired,
         out: &mut Vec<Next>,
     ) -> Outcomes {
-        let mut outcomes = Outcomes::default();
+        self.people(s, snap, memo, fired, out);
+        self.acting(s, snap, memo, fired, out)
+    }
+
+    /// The successors of `s` by people: requests decided on it (committed at once or left
+    /// in flight), and commits of the requests in flight.
+    pub fn people(
+        &self,
+        s: &State,
+        snap: &Lazy<'_>,
+        memo: &mut Memo,
+        fired: &mut Fired,
+        out: &mut Vec<Next>,
+    ) {
         // People: decided on this state; admitted ones commit at once or stay in flight.
         for req in self.requests(s) {
             let verdict = self.admitted(s, snap, memo, fired, req);
@@ -153,6 +166,20 @@ impl<'t> Model<'t> {
                 effect: e,
             });
         }
+    }
+
+    /// The successors of `s` by the controller and the world. They read nothing of `s`
+    /// that [`unseen`] clears (requests in flight have not reached the API server; the
+    /// counts are the explorer's), so they are those of `unseen(s)`, [`lift`]ed.
+    pub fn acting(
+        &self,
+        s: &State,
+        snap: &Lazy<'_>,
+        memo: &mut Memo,
+        fired: &mut Fired,
+        out: &mut Vec<Next>,
+    ) -> Outcomes {
+        let mut outcomes = Outcomes::default();
         // The controller.
         if s.cluster != ClusterState::Gone {
             for (idx, m) in ix(&s.machines) {
@@ -274,5 +301,71 @@ impl<'t> Model<'t> {
             }
         }
         None
+    }
+}
+
+/// `s` as the controller and the world see it: no request in flight (the API server has
+/// not seen them), no count of requests made, not marked concurrent (both the explorer's
+/// bookkeeping). Written into `out`, keeping its lists' allocations.
+pub fn unseen_into(s: &State, out: &mut State) {
+    out.copy_from(s);
+    out.pending.clear();
+    out.requests = 0;
+    out.concurrent = false;
+}
+
+/// What a move of the controller or the world did to the machines, as the requests in
+/// flight must follow it ([`lift`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Renumber {
+    /// The same machines in the same order.
+    Same,
+    /// Machine `i` removed ([`super::state::remove_machine`]).
+    Removed(u8),
+    /// A teardown: nothing is in flight any more.
+    Cleared,
+}
+
+/// How `t0`, the successor of `s0` by `mv`, renumbers the machines of `s0`; `None` when
+/// that cannot be told (the requests in flight could not follow).
+///
+/// Moves of the controller and the world never add machines nor reorder them; one may
+/// remove one (a released finalizer). A machine is known by its name and role (control
+/// planes and workers are named apart).
+pub fn renumbering(s0: &State, mv: Move, t0: &State) -> Option<Renumber> {
+    if mv == Move::Teardown {
+        return Some(Renumber::Cleared);
+    }
+    if t0.machines.len() == s0.machines.len() {
+        return Some(Renumber::Same);
+    }
+    if t0.machines.len() + 1 != s0.machines.len() {
+        return None;
+    }
+    let id = |s: &State, j: usize| (s.names.get(j).copied(), s.machines.get(j).map(|m| m.role));
+    let without = |k: usize| {
+        (0..s0.machines.len())
+            .filter(|j| *j != k)
+            .enumerate()
+            .all(|(n, j)| id(s0, j) == id(t0, n))
+    };
+    let mut removed = (0..s0.machines.len()).filter(|k| without(*k));
+    match (removed.next(), removed.next()) {
+        (Some(k), None) => u8::try_from(k).ok().map(Renumber::Removed),
+        _ => None,
+    }
+}
+
+/// Makes `t`, a copy of a successor of `unseen(s)` ([`Model::acting`]), the same
+/// successor of `s`: `s`'s requests in flight, renumbered as the move renumbered the
+/// machines (`how`, from [`renumbering`]), and `s`'s counts.
+pub fn lift(s: &State, how: Renumber, t: &mut State) {
+    t.requests = s.requests;
+    t.concurrent = s.concurrent;
+    t.pending.clone_from(&s.pending);
+    match how {
+        Renumber::Same => {}
+        Renumber::Removed(i) => drop_machine(&mut t.pending, i),
+        Renumber::Cleared => t.pending.clear(),
     }
 }
