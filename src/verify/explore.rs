@@ -830,6 +830,13 @@ struct Batch {
 
 /// Expands the states `ids` of `batch`: their successors, canonical and encoded,
 /// and the invariants each transition breaks (skipping those in `skip`).
+/// Whether states are expanded through [`Acts`]: with requests in flight, which states
+/// differ in that the controller does not see. (Under a budget of requests alone, the
+/// states that differ only in the count are too far apart in the search to share.)
+fn lifting(model: &Model<'_>) -> bool {
+    model.bounds.in_flight > 0
+}
+
 fn expand(
     model: &Model<'_>,
     checks: &[InvariantCheck],
@@ -844,8 +851,7 @@ fn expand(
         memos,
         acts,
     } = worker;
-    // Requests in flight or counted: states differ in what the controller does not see.
-    let lifting = model.bounds.in_flight > 0 || model.bounds.max_requests.is_some();
+    let lifting = lifting(model);
     // The buffers of an earlier batch's chunk, emptied (growing fresh ones every batch
     // costs the kernel's zeroing of their pages again).
     let mut out = spare.unwrap_or_default();
@@ -1436,7 +1442,11 @@ fn explore_upto(
         // The workers' caches are bounded; what they may still take is reserved too.
         let caches: u64 = workers
             .iter()
-            .map(|w| w.memos.headroom() + w.verdicts.headroom() + w.acts.headroom())
+            .map(|w| {
+                w.memos.headroom()
+                    + w.verdicts.headroom()
+                    + if lifting(model) { w.acts.headroom() } else { 0 }
+            })
             .sum();
         if let Err(over) = share.check(held, more + caches) {
             ex.incomplete = Some(over_budget(&ex, over));
