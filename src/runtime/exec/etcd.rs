@@ -704,3 +704,322 @@ mod tests {
         assert_eq!(node_name(&m), "node-a");
     }
 }
+
+/// Tests that pin what mutation testing (`cargo mutants`) found the other tests let
+/// through: the measurements over a world whose members answer as configured.
+#[cfg(test)]
+mod mutant_tests {
+    use super::*;
+    use crate::runtime::exec::{Call, Drained, LockOp, Note, Reply, run_now};
+    use crate::runtime::live::Reads;
+    use crate::vocab::Fact;
+    use std::sync::Arc;
+
+    /// How a member answers at the address etcd lists for it.
+    #[derive(Clone, Copy)]
+    enum Answer {
+        Healthy,
+        Alarm,
+        NoLeader,
+        Silent,
+        As(u64),
+        NoCredentials,
+    }
+
+    /// cp-2 (a healthy sibling, unless `sibling_leader` is 0) lists `members`; each member
+    /// answers through it as `answers` says (healthy when not said).
+    struct Members {
+        members: Vec<EtcdMember>,
+        answers: Vec<(&'static str, Answer)>,
+        sibling_leader: u64,
+        /// The sibling stops answering once a member was asked through it.
+        sibling_goes: bool,
+        asked_via: Vec<String>,
+    }
+
+    fn member(name: &str, id: u64, learner: bool) -> EtcdMember {
+        EtcdMember {
+            id,
+            hostname: name.into(),
+            peer_urls: vec![format!("https://10.0.0.{id}:2380")],
+            client_urls: vec![],
+            is_learner: learner,
+        }
+    }
+
+    fn status(member_id: u64, leader: u64, errors: &[&str]) -> EtcdStatus {
+        EtcdStatus {
+            member_id,
+            leader,
+            protocol_version: "3.5".into(),
+            db_size: 0,
+            db_size_in_use: 0,
+            raft_index: 0,
+            raft_term: 0,
+            raft_applied_index: 0,
+            errors: errors.iter().map(|e| e.to_string()).collect(),
+            is_learner: false,
+        }
+    }
+
+    fn unreachable() -> NodeError {
+        NodeError::Talos(TalosError::Unreachable {
+            endpoint: "10.0.0.2:50000".into(),
+            node: None,
+            detail: "no route".into(),
+        })
+    }
+
+    impl Members {
+        fn new(members: Vec<EtcdMember>) -> Members {
+            Members {
+                members,
+                answers: vec![],
+                sibling_leader: 2,
+                sibling_goes: false,
+                asked_via: vec![],
+            }
+        }
+    }
+
+    impl World for Members {
+        type Error = ();
+        fn now(&self) -> k8s_openapi::jiff::Timestamp {
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH
+        }
+        async fn credentials(&mut self, _: &str) -> Result<(), String> {
+            Ok(())
+        }
+        async fn talos(
+            &mut self,
+            _: &str,
+            node: Node<'_>,
+            call: Call,
+        ) -> Result<Result<Reply, NodeError>, ()> {
+            match node {
+                Node::Endpoint(m) if m.name() == "cp-2" => {
+                    let gone = self.sibling_goes && !self.asked_via.is_empty();
+                    Ok(match call {
+                        _ if gone => Err(unreachable()),
+                        Call::EtcdStatus => Ok(Reply::Status(status(2, self.sibling_leader, &[]))),
+                        Call::EtcdMemberList => Ok(Reply::Members(self.members.clone())),
+                        _ => Err(unreachable()),
+                    })
+                }
+                Node::Via(_, host) => {
+                    let Some(m) = self
+                        .members
+                        .iter()
+                        .find(|m| peer_host(m).as_deref() == Some(host))
+                    else {
+                        return Ok(Err(unreachable()));
+                    };
+                    self.asked_via.push(m.hostname.clone());
+                    let answer = self
+                        .answers
+                        .iter()
+                        .find(|(n, _)| *n == m.hostname)
+                        .map_or(Answer::Healthy, |x| x.1);
+                    Ok(match answer {
+                        Answer::Healthy => Ok(Reply::Status(status(m.id, 2, &[]))),
+                        Answer::Alarm => Ok(Reply::Status(status(m.id, 2, &["NOSPACE"]))),
+                        Answer::NoLeader => Ok(Reply::Status(status(m.id, 0, &[]))),
+                        Answer::As(id) => Ok(Reply::Status(status(id, 2, &[]))),
+                        Answer::Silent => Err(unreachable()),
+                        Answer::NoCredentials => Err(NodeError::NoCredentials("none".into())),
+                    })
+                }
+                _ => Ok(Err(unreachable())),
+            }
+        }
+        async fn lock(&mut self, _: &str, _: LockOp) -> Result<Result<(), String>, ()> {
+            Err(())
+        }
+        async fn read(&mut self, _: &str, _: Reads) -> Result<Arc<Snapshot>, ()> {
+            Err(())
+        }
+        async fn drain(&mut self, _: &str) -> Result<Result<Drained, String>, ()> {
+            Err(())
+        }
+        async fn write_status(
+            &mut self,
+            _: &TalosMachine,
+            _: &TalosMachine,
+        ) -> Result<Option<String>, ()> {
+            Err(())
+        }
+        async fn release_finalizer(&mut self, _: &TalosMachine) -> Result<(), ()> {
+            Err(())
+        }
+        async fn event(&mut self, _: &TalosMachine, _: bool, _: &str, _: String) {}
+        fn note(&mut self, _: &TalosMachine, _: Note<'_>) {}
+    }
+
+    fn machine(name: &str) -> TalosMachine {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosMachine",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"clusterRef": {"name": "prod"}, "role": "controlplane", "approved": true}
+        }))
+        .unwrap()
+    }
+
+    fn snapshot() -> Snapshot {
+        Snapshot {
+            machines: vec![machine("cp-1"), machine("cp-2")],
+            ..Snapshot::default()
+        }
+    }
+
+    fn three() -> Vec<EtcdMember> {
+        vec![
+            member("cp-1", 1, false),
+            member("cp-2", 2, false),
+            member("cp-3", 3, false),
+        ]
+    }
+
+    fn now<T>(f: impl std::future::Future<Output = Result<T, ()>>) -> T {
+        run_now(f)
+            .expect("answers at once")
+            .expect("no world error")
+    }
+
+    /// `members.after`: the voting members a sibling lists, without the departing one.
+    #[test]
+    fn the_members_after_are_the_voting_ones_that_stay() {
+        let (s, cp1) = (snapshot(), machine("cp-1"));
+        let mut members = three();
+        members.push(member("cp-4", 4, true));
+        let mut w = Members::new(members);
+        assert_eq!(now(members_after(&mut w, &s, &cp1)), Ok(2));
+        assert_eq!(now(count(&mut w, Fact::MembersAfter, &s, &cp1)), Ok(2));
+        assert!(now(count(&mut w, Fact::Approved, &s, &cp1)).is_err());
+        w.sibling_leader = 0;
+        assert!(now(members_after(&mut w, &s, &cp1)).is_err());
+    }
+
+    /// `healthy.after`: of those, the ones that answer as themselves with a leader and no
+    /// alarm.
+    #[test]
+    fn the_healthy_after_answer_as_themselves_with_a_leader_and_no_alarm() {
+        let (s, cp1) = (snapshot(), machine("cp-1"));
+        let mut w = Members::new(three());
+        w.answers = vec![("cp-1", Answer::Silent)];
+        assert_eq!(now(healthy_after(&mut w, &s, &cp1)), Ok(2));
+        assert_eq!(now(count(&mut w, Fact::HealthyAfter, &s, &cp1)), Ok(2));
+        assert!(
+            !w.asked_via.contains(&"cp-1".to_string()),
+            "the departing one is not asked"
+        );
+        for a in [
+            Answer::Alarm,
+            Answer::NoLeader,
+            Answer::Silent,
+            Answer::As(9),
+        ] {
+            let mut w = Members::new(three());
+            w.answers = vec![("cp-3", a)];
+            assert_eq!(now(healthy_after(&mut w, &s, &cp1)), Ok(1));
+        }
+        let mut w = Members::new(three());
+        w.sibling_leader = 0;
+        assert!(now(healthy_after(&mut w, &s, &cp1)).is_err());
+    }
+
+    /// `member.dead`, and the ID of the member judged.
+    #[test]
+    fn a_departing_member_is_dead_only_on_proof() {
+        let (s, cp1) = (snapshot(), machine("cp-1"));
+        let judge = |answer: Option<Answer>, marked: bool| {
+            let mut w = Members::new(three());
+            w.answers = answer.map(|a| vec![("cp-1", a)]).unwrap_or_default();
+            now(member_dead(&mut w, &s, &cp1, marked))
+        };
+        let (d, id) = judge(Some(Answer::Silent), false);
+        assert!(d.is_dead(), "{d:?}");
+        assert_eq!(id, Some(1));
+        assert!(d.why().contains("(asked through cp-2)"), "{}", d.why());
+        assert!(matches!(
+            judge(Some(Answer::NoLeader), false).0,
+            Deadness::Dead(_)
+        ));
+        assert!(matches!(judge(None, false).0, Deadness::Alive(_)));
+        assert!(
+            matches!(judge(None, true).0, Deadness::Alive(_)),
+            "answers again: alive"
+        );
+        assert!(matches!(
+            judge(Some(Answer::Alarm), false).0,
+            Deadness::Alive(_)
+        ));
+        assert!(matches!(
+            judge(Some(Answer::As(3)), false).0,
+            Deadness::CannotTell(_)
+        ));
+        assert!(matches!(
+            judge(Some(Answer::NoCredentials), false).0,
+            Deadness::CannotTell(_)
+        ));
+
+        // Not listed: dead only when this removal already removed it as dead.
+        let mut w = Members::new(vec![member("cp-2", 2, false), member("cp-3", 3, false)]);
+        let (d, id) = now(member_dead(&mut w, &s, &cp1, true));
+        assert!(d.is_dead() && id.is_none(), "{d:?}");
+        let (d, _) = now(member_dead(&mut w, &s, &cp1, false));
+        assert!(matches!(d, Deadness::CannotTell(_)), "{d:?}");
+
+        // No sibling: cannot tell.
+        let mut w = Members::new(three());
+        w.sibling_leader = 0;
+        let (d, id) = now(member_dead(&mut w, &s, &cp1, true));
+        assert!(
+            matches!(d, Deadness::CannotTell(_)) && id.is_none(),
+            "{d:?}"
+        );
+    }
+
+    /// The leader a member sees is reported only when it answered as itself with one; an
+    /// unanswered call proves nothing when the sibling went away too.
+    #[test]
+    fn a_members_leader_is_its_own_answer() {
+        let s = snapshot();
+        let sibling = Sibling {
+            machine: &s.machines[1],
+            members: three(),
+        };
+        let ask = |a: Answer, goes: bool| {
+            let mut w = Members::new(three());
+            w.answers = vec![("cp-3", a)];
+            w.sibling_goes = goes;
+            now(ask_member_leader(
+                &mut w,
+                "prod",
+                &sibling,
+                &sibling.members[2],
+            ))
+        };
+        assert_eq!(
+            ask(Answer::Healthy, false),
+            (MemberHealth::Healthy, Some(2))
+        );
+        assert_eq!(ask(Answer::NoLeader, false).1, None);
+        assert_eq!(ask(Answer::As(1), false).1, None);
+        assert!(matches!(
+            ask(Answer::Silent, false).0,
+            MemberHealth::Dead(_)
+        ));
+        assert!(matches!(
+            ask(Answer::Silent, true).0,
+            MemberHealth::CannotTell(_)
+        ));
+        let mut w = Members::new(three());
+        let no_url = EtcdMember {
+            peer_urls: vec![],
+            ..member("cp-3", 3, false)
+        };
+        let (h, l) = now(ask_member_leader(&mut w, "prod", &sibling, &no_url));
+        assert!(matches!(h, MemberHealth::CannotTell(_)) && l.is_none());
+        assert!(w.asked_via.is_empty());
+    }
+}

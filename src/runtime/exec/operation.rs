@@ -1364,3 +1364,439 @@ mod tests {
         assert_eq!(image_tag("installer:v1.2@sha256:abc"), Some("v1.2"));
     }
 }
+
+/// Tests that pin what mutation testing (`cargo mutants`) found the other tests let
+/// through, in the pure parts of an operation: resuming, the order of a roll, time bounds,
+/// the installer image.
+#[cfg(test)]
+mod mutant_tests {
+    use super::*;
+    use crate::runtime::exec::{Call, Drained, LockOp, Node, Note, Reply, World};
+    use crate::runtime::objects::{Condition, NodeProgress, TalosMachine};
+    use k8s_openapi::jiff::Timestamp;
+    use std::sync::Arc;
+
+    fn op(spec: serde_json::Value, status: serde_json::Value) -> TalosOperation {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosOperation",
+            "metadata": {"name": "op-1", "namespace": "default"},
+            "spec": spec,
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    fn failed_with(resumed: Option<&str>, annotation: Option<&str>) -> TalosOperation {
+        let mut o = op(
+            serde_json::json!({"clusterRef": {"name": "prod"}, "kind": "reboot"}),
+            serde_json::json!({"phase": "Failed", "progress": {"resumed": resumed}}),
+        );
+        if let Some(a) = annotation {
+            o.metadata.annotations = Some([(RESUME_ANNOTATION.to_string(), a.to_string())].into());
+        }
+        o
+    }
+
+    #[test]
+    fn a_resume_is_asked_once_per_new_value_of_a_failed_operation() {
+        assert_eq!(
+            resume_asked(&failed_with(None, Some(" t1 "))).as_deref(),
+            Some("t1")
+        );
+        assert_eq!(
+            resume_asked(&failed_with(Some("t0"), Some("t1"))).as_deref(),
+            Some("t1")
+        );
+        assert_eq!(resume_asked(&failed_with(Some("t1"), Some("t1"))), None);
+        assert_eq!(resume_asked(&failed_with(None, Some("  "))), None);
+        assert_eq!(resume_asked(&failed_with(None, None)), None);
+        let mut running = failed_with(None, Some("t1"));
+        running.status.as_mut().unwrap().phase = Some("Running".into());
+        assert_eq!(resume_asked(&running), None);
+    }
+
+    fn failed_by(reason: &str, status: &str) -> TalosOperation {
+        let mut o = failed_with(None, Some("t1"));
+        let p = o.status.as_mut().unwrap().progress.as_mut().unwrap();
+        p.sent = Some("3. talos reboot".into());
+        p.installing = Some("2. talos install".into());
+        p.step_started_at = Some(Time(Timestamp::UNIX_EPOCH));
+        o.status.as_mut().unwrap().failure_reason = Some("it failed".into());
+        o.status.as_mut().unwrap().conditions.push(Condition {
+            type_: RUNNING.into(),
+            status: status.into(),
+            reason: Some(reason.into()),
+            message: Some("it failed".into()),
+            last_transition_time: None,
+        });
+        o
+    }
+
+    /// A resume forgets a call sent only when the failure was that its outcome is unknown,
+    /// and only the record of that call.
+    #[test]
+    fn a_resume_sends_again_only_a_call_whose_outcome_is_unknown() {
+        let mut o = failed_by(SENT_UNKNOWN, "False");
+        resume(&mut o, "t1");
+        let p = progress(&o);
+        assert_eq!((p.sent, p.installing.is_some()), (None, true));
+        assert_eq!(p.resumed.as_deref(), Some("t1"));
+        assert_eq!(p.step_started_at, None);
+        let s = o.status.as_ref().unwrap();
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+        assert_eq!(s.failure_reason.as_deref(), Some(""));
+        let c = o.condition(RUNNING).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_deref()),
+            ("False", Some("Resumed"))
+        );
+
+        let mut o = failed_by(INSTALL_UNKNOWN, "False");
+        resume(&mut o, "t1");
+        let p = progress(&o);
+        assert_eq!((p.sent.is_some(), p.installing), (true, None));
+
+        for (reason, status) in [("GateFailed", "False"), (SENT_UNKNOWN, "True")] {
+            let mut o = failed_by(reason, status);
+            resume(&mut o, "t1");
+            let p = progress(&o);
+            assert!(
+                p.sent.is_some() && p.installing.is_some(),
+                "{reason} {status}"
+            );
+        }
+    }
+
+    fn step(action: BuiltIn, within: Option<u64>) -> PlanStep {
+        PlanStep {
+            action,
+            argument: None,
+            within: within.map(Duration::from_secs),
+            text: "a step".into(),
+            guard_text: None,
+            when: None,
+            unless: None,
+            message: None,
+            say: None,
+            lets: vec![],
+        }
+    }
+
+    #[test]
+    fn the_destructive_calls_are_the_ones_sent_once() {
+        for a in [
+            BuiltIn::TalosReboot,
+            BuiltIn::TalosShutdown,
+            BuiltIn::TalosUpgrade,
+            BuiltIn::TalosRollback,
+            BuiltIn::TalosReset,
+        ] {
+            assert!(sends_once(&step(a, None)), "{a:?}");
+        }
+        for a in [
+            BuiltIn::DrainNode,
+            BuiltIn::EtcdHealthy,
+            BuiltIn::TalosInstall,
+            BuiltIn::WaitNodeBack,
+        ] {
+            assert!(!sends_once(&step(a, None)), "{a:?}");
+        }
+    }
+
+    #[test]
+    fn an_operation_holder_names_its_operation_and_no_other_holder_does() {
+        let h = holder("prod", "upgrade-1");
+        assert_eq!(holder_operation(&h), Some(("prod", "upgrade-1")));
+        assert_eq!(
+            holder_operation(&super::super::removal::holder("prod", "cp-2")),
+            None
+        );
+        assert_eq!(holder_operation("someone"), None);
+    }
+
+    #[test]
+    fn the_upgrade_path_boundaries() {
+        for (tag, lifecycle) in [
+            ("v1.13.1-alpha.1", true),
+            ("1.13", true),
+            ("v0.14.0", false),
+            ("v1.13.0-alpha.0", false),
+            ("v3.1", true),
+        ] {
+            assert_eq!(lifecycle_path(tag), lifecycle, "{tag}");
+        }
+    }
+
+    #[test]
+    fn an_image_without_a_tag_has_none() {
+        assert_eq!(image_tag("installer:"), None);
+        assert_eq!(image_tag("installer"), None);
+        assert_eq!(image_tag("installer:v1@sha256:abc"), Some("v1"));
+    }
+
+    #[test]
+    fn an_upgrade_needs_an_image_with_a_tag() {
+        let up = |image: Option<&str>| {
+            op(
+                serde_json::json!({"clusterRef": {"name": "prod"}, "kind": "upgrade", "image": image}),
+                serde_json::json!({}),
+            )
+        };
+        let o = up(Some("ghcr.io/siderolabs/installer:v1.13.0"));
+        assert_eq!(
+            upgrade_image(&o).ok(),
+            Some("ghcr.io/siderolabs/installer:v1.13.0")
+        );
+        assert_eq!(upgrade_tag(&o).as_deref(), Some("v1.13.0"));
+        for image in [None, Some(""), Some("ghcr.io/siderolabs/installer")] {
+            assert!(
+                matches!(
+                    upgrade_image(&up(image)),
+                    Err(Step::Fail {
+                        reason: "NoImage",
+                        ..
+                    })
+                ),
+                "{image:?}"
+            );
+        }
+        let mut reboot = up(Some("ghcr.io/siderolabs/installer:v1.13.0"));
+        reboot.spec.kind = "reboot".into();
+        assert_eq!(upgrade_tag(&reboot), None);
+    }
+
+    fn machine(ns: &str, name: &str, cluster: &str, role: &str, approved: bool) -> TalosMachine {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosMachine",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"clusterRef": {"name": cluster}, "role": role, "approved": approved}
+        }))
+        .unwrap()
+    }
+
+    /// A roll goes over the cluster's approved control planes, then its approved workers,
+    /// each by name, none being deleted, narrowed to spec.machines; spec.machine alone is
+    /// itself.
+    #[test]
+    fn the_order_is_control_planes_then_workers_of_the_cluster() {
+        let mut deleting = machine("default", "cp-0", "prod", "controlplane", true);
+        deleting.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+        let snapshot = Snapshot {
+            machines: vec![
+                machine("default", "w-1", "prod", "worker", true),
+                machine("default", "cp-3", "prod", "controlplane", true),
+                machine("default", "cp-1", "prod", "controlplane", true),
+                machine("other", "cp-2", "prod", "controlplane", true),
+                machine("default", "cp-4", "staging", "controlplane", true),
+                machine("default", "cp-5", "prod", "controlplane", false),
+                deleting,
+            ],
+            ..Snapshot::default()
+        };
+        let roll = |machine: Option<&str>, machines: &[&str]| {
+            order(
+                &op(
+                    serde_json::json!({"clusterRef": {"name": "prod"}, "kind": "reboot",
+                                       "machine": machine, "machines": machines}),
+                    serde_json::json!({}),
+                ),
+                &snapshot,
+            )
+        };
+        assert_eq!(roll(None, &[]), vec!["cp-1", "cp-3", "w-1"]);
+        assert_eq!(roll(Some(""), &[]), vec!["cp-1", "cp-3", "w-1"]);
+        assert_eq!(roll(None, &["w-1", "cp-3"]), vec!["cp-3", "w-1"]);
+        assert_eq!(roll(Some("cp-9"), &[]), vec!["cp-9"]);
+    }
+
+    /// The next node: one more done, the roll's own fields kept, the node's record clean;
+    /// the first in flight beside it is worked on next, else the next of the order.
+    #[test]
+    fn the_next_node_keeps_the_roll_and_forgets_the_node() {
+        let at = Some(Time(Timestamp::UNIX_EPOCH));
+        let mut p = OperationProgress {
+            done: 1,
+            total: 3,
+            order: vec!["a".into(), "b".into(), "c".into()],
+            node: Some("b".into()),
+            step: Some("2. drain node".into()),
+            steps_done: vec!["1. lock cluster".into()],
+            sent: Some("x".into()),
+            started_at: at.clone(),
+            resumed: Some("t1".into()),
+            ..OperationProgress::default()
+        };
+        next_node(&mut p);
+        assert_eq!((p.done, p.total), (2, 3));
+        assert_eq!(p.order.len(), 3);
+        assert_eq!(p.node.as_deref(), Some("c"));
+        assert_eq!(
+            (p.started_at, p.resumed.as_deref()),
+            (at.clone(), Some("t1"))
+        );
+        assert!(p.step.is_none() && p.steps_done.is_empty() && p.sent.is_none());
+
+        let mut p = OperationProgress {
+            done: 0,
+            total: 3,
+            order: vec!["a".into(), "b".into(), "c".into()],
+            node: Some("a".into()),
+            ..OperationProgress::default()
+        };
+        p.alongside.push(NodeProgress {
+            node: "b".into(),
+            step: Some("3. talos reboot".into()),
+            ..NodeProgress::default()
+        });
+        next_node(&mut p);
+        assert_eq!(p.node.as_deref(), Some("b"));
+        assert_eq!(p.step.as_deref(), Some("3. talos reboot"));
+        assert!(p.alongside.is_empty());
+        assert_eq!(p.done, 1);
+    }
+
+    /// A world that only tells the time.
+    struct Clock(Timestamp);
+
+    impl World for Clock {
+        type Error = ();
+        fn now(&self) -> Timestamp {
+            self.0
+        }
+        async fn credentials(&mut self, _: &str) -> Result<(), String> {
+            Ok(())
+        }
+        async fn talos(
+            &mut self,
+            _: &str,
+            _: Node<'_>,
+            _: Call,
+        ) -> Result<Result<Reply, NodeError>, ()> {
+            Err(())
+        }
+        async fn lock(&mut self, _: &str, _: LockOp) -> Result<Result<(), String>, ()> {
+            Err(())
+        }
+        async fn read(&mut self, _: &str, _: Reads) -> Result<Arc<Snapshot>, ()> {
+            Err(())
+        }
+        async fn drain(&mut self, _: &str) -> Result<Result<Drained, String>, ()> {
+            Err(())
+        }
+        async fn write_status(
+            &mut self,
+            _: &TalosMachine,
+            _: &TalosMachine,
+        ) -> Result<Option<String>, ()> {
+            Err(())
+        }
+        async fn release_finalizer(&mut self, _: &TalosMachine) -> Result<(), ()> {
+            Err(())
+        }
+        async fn event(&mut self, _: &TalosMachine, _: bool, _: &str, _: String) {}
+        fn note(&mut self, _: &TalosMachine, _: Note<'_>) {}
+    }
+
+    fn at(secs: i64) -> Clock {
+        Clock(Timestamp::from_second(1_000_000 + secs).unwrap())
+    }
+
+    fn started() -> OperationProgress {
+        OperationProgress {
+            step_started_at: Some(Time(Timestamp::from_second(1_000_000).unwrap())),
+            ..OperationProgress::default()
+        }
+    }
+
+    /// A step is overdue once exactly its `within` passed; a call sent is past its bound
+    /// once exactly that passed (at least a second).
+    #[test]
+    fn time_bounds_pass_at_their_exact_end() {
+        let s = step(BuiltIn::WaitNodeBack, Some(60));
+        let p = started();
+        assert_eq!(overdue(&at(59), &p, &s), None);
+        assert_eq!(overdue(&at(60), &p, &s), Some(Duration::from_secs(60)));
+        assert_eq!(
+            overdue(&at(600), &p, &step(BuiltIn::WaitNodeBack, None)),
+            None
+        );
+        assert_eq!(overdue(&at(600), &OperationProgress::default(), &s), None);
+
+        assert!(!past(&at(59), &p, Duration::from_secs(60)));
+        assert!(past(&at(60), &p, Duration::from_secs(60)));
+        assert!(!past(&at(0), &p, Duration::ZERO));
+        assert!(past(&at(1), &p, Duration::ZERO));
+        assert!(!past(
+            &at(600),
+            &OperationProgress::default(),
+            Duration::from_secs(60)
+        ));
+    }
+
+    fn timing() -> Timing {
+        Timing {
+            refused_requeue: Duration::from_secs(30),
+            lock_retry: Duration::from_secs(5),
+            drain_retry: Duration::from_secs(10),
+            reset_settle: Duration::from_secs(60),
+            sent_deadline: Duration::from_secs(600),
+        }
+    }
+
+    /// A gate that has not passed fails at once without a `within`, waits within it, and
+    /// fails once it is over.
+    #[test]
+    fn a_gate_waits_only_within_its_bound() {
+        let p = started();
+        let fails = |s: Step| match s {
+            Step::Fail { reason, message } => Some((reason, message)),
+            _ => None,
+        };
+        let (reason, message) = fails(gate(
+            &at(0),
+            &timing(),
+            &p,
+            &step(BuiltIn::EtcdHealthy, None),
+            "Unhealthy",
+            "x".into(),
+        ))
+        .expect("fails");
+        assert_eq!((reason, message.as_str()), ("Unhealthy", "did not pass: x"));
+        let s = step(BuiltIn::EtcdHealthy, Some(60));
+        assert!(matches!(
+            gate(&at(10), &timing(), &p, &s, "Unhealthy", "x".into()),
+            Step::Wait { reason: "Unhealthy", after, .. } if after == Duration::from_secs(2)
+        ));
+        let (_, message) =
+            fails(gate(&at(60), &timing(), &p, &s, "Unhealthy", "x".into())).expect("fails");
+        assert_eq!(message, "did not pass within 60s: x");
+    }
+
+    #[test]
+    fn a_failed_talos_call_waits_by_its_kind() {
+        let unreachable = NodeError::Talos(TalosError::Unreachable {
+            endpoint: "e".into(),
+            node: None,
+            detail: "d".into(),
+        });
+        let failed = NodeError::Talos(TalosError::Failed {
+            endpoint: "e".into(),
+            node: None,
+            code: tonic::Code::Internal,
+            message: "m".into(),
+        });
+        for (e, want) in [
+            (unreachable, "NodeUnreachable"),
+            (
+                NodeError::NoCredentials("none".into()),
+                "NoTalosCredentials",
+            ),
+            (failed, "TalosFailed"),
+        ] {
+            assert!(
+                matches!(talos_wait(&timing(), e), Step::Wait { reason, .. } if reason == want),
+                "{want}"
+            );
+        }
+    }
+}

@@ -328,7 +328,9 @@ pub async fn reconcile<W: World>(
                 after,
                 event,
             } => {
-                let began = next.removal_reason() != Some(reason);
+                // Against the object as read: deciding again in this reconcile already
+                // rewrote `next`'s reason, so a wait that goes on would begin every time.
+                let began = live.removal_reason() != Some(reason);
                 status::set_at(
                     w.now(),
                     next.conditions_mut(),
@@ -911,5 +913,1027 @@ mod tests {
             None
         );
         assert_eq!(holder_machine("someone else"), None);
+    }
+}
+
+/// Tests that pin what mutation testing (`cargo mutants`) found the other tests let
+/// through: one removal driven against a world that answers at once from a small cluster
+/// of three control planes (cp-1 leaving), its calls and writes recorded.
+#[cfg(test)]
+mod mutant_tests {
+    use super::*;
+    use crate::runtime::exec::{Reply, run_now};
+    use crate::runtime::objects::{REMOVAL_FINALIZER, TalosCluster};
+    use k8s_openapi::jiff::Timestamp;
+    use std::sync::Arc;
+
+    /// How a node answers a reset.
+    #[derive(Clone, Copy, PartialEq)]
+    enum ResetAnswer {
+        Done,
+        Lost,
+        Refused,
+    }
+
+    struct Fake {
+        now: Timestamp,
+        snapshot: Arc<Snapshot>,
+        /// etcd's membership, as every sibling lists it.
+        members: Vec<EtcdMember>,
+        /// Machines (by name) whose node answers nothing.
+        down: Vec<&'static str>,
+        /// The member ID the node at a machine's endpoint answers as, when not its own.
+        answers_as: Vec<(&'static str, u64)>,
+        /// The leader every answering member sees.
+        leader: u64,
+        reset: ResetAnswer,
+        drained: Drained,
+        /// Other work holding the cluster lock.
+        held_by: Option<String>,
+        credentials: Result<(), String>,
+        /// Every Talos call to cp-1's endpoint fails with this.
+        fails: Option<fn() -> NodeError>,
+        calls: Vec<(String, Call)>,
+        locks: Vec<LockOp>,
+        writes: Vec<TalosMachine>,
+        released: Vec<TalosMachine>,
+        events: Vec<(bool, String, String)>,
+    }
+
+    fn id_of(name: &str) -> u64 {
+        name.trim_start_matches("cp-").parse::<u64>().unwrap_or(99) + 100
+    }
+
+    fn member(name: &str) -> EtcdMember {
+        let id = id_of(name);
+        EtcdMember {
+            id,
+            hostname: name.into(),
+            peer_urls: vec![format!("https://10.0.0.{id}:2380")],
+            client_urls: vec![],
+            is_learner: false,
+        }
+    }
+
+    fn status(member_id: u64, leader: u64) -> EtcdStatus {
+        EtcdStatus {
+            member_id,
+            leader,
+            protocol_version: "3.5".into(),
+            db_size: 0,
+            db_size_in_use: 0,
+            raft_index: 0,
+            raft_term: 0,
+            raft_applied_index: 0,
+            errors: vec![],
+            is_learner: false,
+        }
+    }
+
+    fn unreachable() -> NodeError {
+        NodeError::Talos(TalosError::Unreachable {
+            endpoint: "10.0.0.1:50000".into(),
+            node: None,
+            detail: "connection refused".into(),
+        })
+    }
+
+    fn refused() -> NodeError {
+        NodeError::Talos(TalosError::Failed {
+            endpoint: "10.0.0.1:50000".into(),
+            node: None,
+            code: tonic::Code::FailedPrecondition,
+            message: "no".into(),
+        })
+    }
+
+    fn cluster(count: u32) -> TalosCluster {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosCluster",
+            "metadata": {"name": "prod", "namespace": "default"},
+            "spec": {"controlPlane": {"count": count}}
+        }))
+        .unwrap()
+    }
+
+    fn machine(name: &str) -> TalosMachine {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosMachine",
+            "metadata": {"name": name, "namespace": "default",
+                         "finalizers": [REMOVAL_FINALIZER]},
+            "spec": {"clusterRef": {"name": "prod"}, "role": "controlplane", "approved": true,
+                     "endpoint": format!("10.0.0.{}:50000", id_of(name))}
+        }))
+        .unwrap()
+    }
+
+    /// cp-1 being deleted, in a cluster of `machines` control planes declared `count`.
+    fn departing() -> TalosMachine {
+        let mut m = machine("cp-1");
+        m.metadata.deletion_timestamp = Some(Time("2026-12-05T09:00:00Z".parse().unwrap()));
+        m
+    }
+
+    impl Fake {
+        fn new(machines: &[&str], count: u32) -> Fake {
+            let mut all = vec![departing()];
+            all.extend(
+                machines
+                    .iter()
+                    .filter(|n| **n != "cp-1")
+                    .map(|n| machine(n)),
+            );
+            Fake {
+                now: "2026-12-05T10:00:00Z".parse().unwrap(),
+                snapshot: Arc::new(Snapshot {
+                    machines: all,
+                    clusters: vec![cluster(count)],
+                    ..Snapshot::default()
+                }),
+                members: machines.iter().map(|n| member(n)).collect(),
+                down: vec![],
+                answers_as: vec![],
+                leader: id_of("cp-2"),
+                reset: ResetAnswer::Done,
+                drained: Drained::Done,
+                held_by: None,
+                credentials: Ok(()),
+                fails: None,
+                calls: vec![],
+                locks: vec![],
+                writes: vec![],
+                released: vec![],
+                events: vec![],
+            }
+        }
+
+        /// The departing machine as the API server has it now.
+        fn live(&self) -> TalosMachine {
+            self.snapshot.machine("default", "cp-1").unwrap().clone()
+        }
+
+        fn set_live(&mut self, m: TalosMachine) {
+            let mut s = (*self.snapshot).clone();
+            for x in &mut s.machines {
+                if x.name() == m.name() {
+                    *x = m.clone();
+                }
+            }
+            self.snapshot = Arc::new(s);
+        }
+
+        /// Edits the departing machine's removal record as the API server has it.
+        fn edit_progress(&mut self, f: impl FnOnce(&mut RemovalProgress)) {
+            let mut m = self.live();
+            let mut p = progress(&m);
+            f(&mut p);
+            set_progress(&mut m, p);
+            self.set_live(m);
+        }
+
+        /// The Talos calls that act (not the reads).
+        fn acts(&self) -> Vec<(String, Call)> {
+            self.calls
+                .iter()
+                .filter(|(_, c)| !c.reads_only())
+                .cloned()
+                .collect()
+        }
+
+        fn reason(&self) -> Option<String> {
+            self.live().removal_reason().map(str::to_string)
+        }
+
+        fn message(&self) -> String {
+            self.live()
+                .condition(REMOVAL)
+                .and_then(|c| c.message.clone())
+                .unwrap_or_default()
+        }
+    }
+
+    impl World for Fake {
+        type Error = ();
+        fn now(&self) -> Timestamp {
+            self.now
+        }
+        async fn credentials(&mut self, _: &str) -> Result<(), String> {
+            self.credentials.clone()
+        }
+        async fn talos(
+            &mut self,
+            _: &str,
+            node: Node<'_>,
+            call: Call,
+        ) -> Result<Result<Reply, NodeError>, ()> {
+            let name = match node {
+                Node::Endpoint(m) | Node::Maintenance(m) => m.name().to_string(),
+                Node::Via(_, host) => {
+                    // A member that left etcd has no address there any more.
+                    match self.members.iter().find(|m| peer_host_of(m) == host) {
+                        Some(m) => m.hostname.clone(),
+                        None => return Ok(Err(unreachable())),
+                    }
+                }
+            };
+            self.calls.push((name.clone(), call.clone()));
+            if self.down.contains(&name.as_str()) {
+                return Ok(Err(unreachable()));
+            }
+            if let (Some(f), Node::Endpoint(m)) = (self.fails, node)
+                && m.name() == "cp-1"
+            {
+                return Ok(Err(f()));
+            }
+            let own = self
+                .answers_as
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map_or_else(|| id_of(&name), |x| x.1);
+            let member = self.members.iter().any(|m| m.id == own);
+            Ok(match call {
+                Call::Version => Ok(Reply::Version("v1.9.0".into())),
+                Call::EtcdStatus if member => Ok(Reply::Status(status(own, self.leader))),
+                Call::EtcdStatus => Err(refused()),
+                Call::EtcdMemberList => Ok(Reply::Members(self.members.clone())),
+                Call::EtcdForfeitLeadership => Ok(Reply::Done),
+                Call::EtcdLeaveCluster => {
+                    self.members.retain(|m| m.id != own);
+                    Ok(Reply::Done)
+                }
+                Call::EtcdRemoveMemberById(id) => {
+                    self.members.retain(|m| m.id != id);
+                    Ok(Reply::Done)
+                }
+                Call::Reset { .. } => match self.reset {
+                    ResetAnswer::Done => {
+                        self.members.retain(|m| m.id != own);
+                        Ok(Reply::Done)
+                    }
+                    ResetAnswer::Lost => Err(unreachable()),
+                    ResetAnswer::Refused => Err(refused()),
+                },
+                _ => Err(refused()),
+            })
+        }
+        async fn lock(&mut self, _: &str, op: LockOp) -> Result<Result<(), String>, ()> {
+            self.locks.push(op);
+            Ok(match (&self.held_by, op) {
+                (Some(h), LockOp::Take) => Err(h.clone()),
+                _ => Ok(()),
+            })
+        }
+        async fn read(&mut self, _: &str, _: Reads) -> Result<Arc<Snapshot>, ()> {
+            Ok(self.snapshot.clone())
+        }
+        async fn drain(&mut self, _: &str) -> Result<Result<Drained, String>, ()> {
+            Ok(Ok(self.drained.clone()))
+        }
+        async fn write_status(
+            &mut self,
+            _: &TalosMachine,
+            after: &TalosMachine,
+        ) -> Result<Option<String>, ()> {
+            self.writes.push(after.clone());
+            let mut m = after.clone();
+            m.metadata.resource_version = Some(self.writes.len().to_string());
+            self.set_live(m);
+            Ok(Some(self.writes.len().to_string()))
+        }
+        async fn release_finalizer(&mut self, m: &TalosMachine) -> Result<(), ()> {
+            self.released.push(m.clone());
+            Ok(())
+        }
+        async fn event(&mut self, _: &TalosMachine, warning: bool, reason: &str, note: String) {
+            self.events.push((warning, reason.to_string(), note));
+        }
+        fn note(&mut self, _: &TalosMachine, _: Note<'_>) {}
+    }
+
+    fn peer_host_of(m: &EtcdMember) -> String {
+        etcd::peer_host(m).unwrap_or_default()
+    }
+
+    fn timing() -> Timing {
+        Timing {
+            refused_requeue: Duration::from_secs(30),
+            lock_retry: Duration::from_secs(5),
+            drain_retry: Duration::from_secs(10),
+            reset_settle: Duration::from_secs(60),
+            sent_deadline: Duration::from_secs(600),
+        }
+    }
+
+    /// One reconcile of the departing machine as the API server has it now.
+    fn once(w: &mut Fake, table: &Table) -> Outcome {
+        let m = w.live();
+        run_now(reconcile(w, table, &timing(), &m))
+            .expect("an immediate world")
+            .expect("no world error")
+    }
+
+    /// Reconciles until the finalizer goes or `n` reconciles passed.
+    fn run(w: &mut Fake, table: &Table, n: usize) -> Vec<Outcome> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            out.push(once(w, table));
+            if !w.released.is_empty() {
+                break;
+            }
+        }
+        out
+    }
+
+    fn shipped() -> Table {
+        crate::ruleset::shipped_table()
+    }
+
+    /// The whole removal against this world: leave, reset, finalizer.
+    #[test]
+    fn a_healthy_removal_leaves_resets_and_releases() {
+        let table = shipped();
+        let mut w = Fake::new(&["cp-1", "cp-2", "cp-3", "cp-4"], 3);
+        let outs = run(&mut w, &table, 10);
+        assert_eq!(
+            w.released.len(),
+            1,
+            "{outs:?} {:?} {}",
+            w.reason(),
+            w.message()
+        );
+        assert_eq!(
+            w.acts(),
+            vec![
+                ("cp-1".to_string(), Call::EtcdLeaveCluster),
+                ("cp-1".to_string(), Call::Reset { graceful: true }),
+            ]
+        );
+    }
+
+    fn four() -> Fake {
+        Fake::new(&["cp-1", "cp-2", "cp-3", "cp-4"], 3)
+    }
+
+    fn later(w: &mut Fake, secs: i64) {
+        w.now = w
+            .now
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(secs))
+            .unwrap();
+    }
+
+    fn resets(w: &Fake) -> usize {
+        w.acts()
+            .iter()
+            .filter(|(_, c)| matches!(c, Call::Reset { .. }))
+            .count()
+    }
+
+    /// Without Talos credentials a removal does not start (no lock, no call), and says so
+    /// with one event; a removal that already began goes on.
+    #[test]
+    fn without_credentials_a_removal_does_not_start_but_a_begun_one_goes_on() {
+        let table = shipped();
+        let mut w = four();
+        w.credentials = Err("no talosconfig Secret".into());
+        let out = once(&mut w, &table);
+        assert_eq!(
+            out,
+            requeue(timing().refused_requeue, on("NoTalosCredentials"))
+        );
+        assert!(w.locks.is_empty() && w.calls.is_empty(), "{:?}", w.calls);
+        assert_eq!(w.reason().as_deref(), Some("NoTalosCredentials"));
+        once(&mut w, &table);
+        assert_eq!(w.events.len(), 1, "{:?}", w.events);
+        assert!(w.events[0].0 && w.events[0].1 == "NoTalosCredentials");
+
+        let mut w = four();
+        w.credentials = Err("no talosconfig Secret".into());
+        w.edit_progress(|p| p.done = vec!["lock cluster".into()]);
+        once(&mut w, &table);
+        assert_eq!(w.locks.first(), Some(&LockOp::Take));
+        assert!(
+            w.acts()
+                .contains(&("cp-1".to_string(), Call::EtcdLeaveCluster))
+        );
+    }
+
+    /// The lock held by other work is said in the condition, unless the rules refused the
+    /// removal: that refusal stays what the condition says.
+    #[test]
+    fn a_lock_held_elsewhere_is_said_unless_the_removal_was_refused() {
+        let table = shipped();
+        let mut w = four();
+        w.held_by = Some("operation prod/upgrade-1".into());
+        let out = once(&mut w, &table);
+        assert_eq!(out, requeue(timing().lock_retry, on("ClusterLockHeld")));
+        assert_eq!(w.reason().as_deref(), Some("ClusterLockHeld"));
+        assert!(
+            w.message().contains("operation prod/upgrade-1"),
+            "{}",
+            w.message()
+        );
+
+        let mut w = four();
+        w.held_by = Some("operation prod/upgrade-1".into());
+        let mut m = w.live();
+        status::set_at(
+            w.now,
+            m.conditions_mut(),
+            REMOVAL,
+            false,
+            "RemovalRefused",
+            "below the declared count",
+        );
+        w.set_live(m);
+        let out = once(&mut w, &table);
+        assert_eq!(out, requeue(timing().lock_retry, on("ClusterLockHeld")));
+        assert!(w.writes.is_empty());
+        assert_eq!(w.reason().as_deref(), Some("RemovalRefused"));
+    }
+
+    /// A removal recorded for another cluster than the machine's now asks that cluster's
+    /// etcd, and says why it stopped; it never goes on in the new cluster.
+    #[test]
+    fn a_removal_moved_to_another_cluster_stops_and_says_so() {
+        let table = shipped();
+        let mut w = four();
+        w.edit_progress(|p| {
+            p.cluster = Some("old".into());
+            p.done = vec!["lock cluster".into(), "drain node".into()];
+        });
+        let out = once(&mut w, &table);
+        assert_eq!(
+            out,
+            requeue(timing().refused_requeue, on("EtcdUnavailable"))
+        );
+        assert!(w.acts().is_empty() && w.locks.is_empty(), "{:?}", w.acts());
+        assert!(
+            w.message().starts_with(
+                "the removal stopped after: lock cluster, drain node, because the machine was \
+                 moved from TalosCluster old to prod"
+            ),
+            "{}",
+            w.message()
+        );
+        assert!(w.released.is_empty());
+    }
+
+    /// A refusal says why `member.dead` did not bend it: alive, or cannot be told.
+    #[test]
+    fn a_refusal_says_why_the_member_is_not_taken_for_dead() {
+        let table = shipped();
+        let mut w = Fake::new(&["cp-1", "cp-2", "cp-3"], 3);
+        let out = once(&mut w, &table);
+        assert_eq!(out, requeue(timing().refused_requeue, Wait::Refused));
+        assert_eq!(w.reason().as_deref(), Some("RemovalRefused"));
+        assert!(
+            w.message().contains("(its etcd member is not dead: "),
+            "{}",
+            w.message()
+        );
+        assert!(w.acts().is_empty());
+        assert_eq!(w.locks, vec![LockOp::Take, LockOp::Release]);
+        assert_eq!(w.events.len(), 1);
+        once(&mut w, &table);
+        assert_eq!(w.events.len(), 1, "said once: {:?}", w.events);
+
+        let mut w = Fake::new(&["cp-1", "cp-2", "cp-3"], 3);
+        w.answers_as = vec![("cp-1", id_of("cp-3"))];
+        once(&mut w, &table);
+        assert!(
+            w.message().contains(
+                "(whether its etcd member is dead cannot be told, so the refusal stays: "
+            ),
+            "{}",
+            w.message()
+        );
+    }
+
+    /// A dead member is removed through a sibling, by the ID it was judged by, with the
+    /// plan's warning; nothing is sent to the dead node.
+    #[test]
+    fn a_dead_member_is_removed_by_id_through_a_sibling() {
+        let table = shipped();
+        let mut w = Fake::new(&["cp-1", "cp-2", "cp-3"], 3);
+        w.down = vec!["cp-1"];
+        run(&mut w, &table, 5);
+        assert_eq!(w.released.len(), 1, "{:?} {}", w.reason(), w.message());
+        assert_eq!(
+            w.acts(),
+            vec![(
+                "cp-2".to_string(),
+                Call::EtcdRemoveMemberById(id_of("cp-1"))
+            )]
+        );
+        let p = w.released[0].removal_progress().cloned().unwrap();
+        assert!(p.member_dead && p.committed);
+        assert_eq!(p.member_id, Some(id_of("cp-1")));
+        assert!(
+            w.events
+                .iter()
+                .any(|(warn, r, _)| *warn && r == "DeadMemberRemoved")
+        );
+    }
+
+    /// A blocked drain waits on the lock it keeps, and says so with one event; pods still
+    /// terminating are looked at again soon.
+    #[test]
+    fn a_blocked_drain_keeps_the_lock_and_warns_once() {
+        let table = shipped();
+        let mut w = four();
+        w.drained = Drained::Blocked {
+            pod: "web-0".into(),
+            message: "PodDisruptionBudget".into(),
+        };
+        let out = once(&mut w, &table);
+        assert_eq!(out, requeue(timing().drain_retry, on("DrainFailed")));
+        assert_eq!(w.locks, vec![LockOp::Take, LockOp::Keep]);
+        assert_eq!(w.events.len(), 1, "said when it begins: {:?}", w.events);
+        once(&mut w, &table);
+        let warned: Vec<_> = w.events.iter().filter(|e| e.1 == "DrainFailed").collect();
+        assert_eq!(warned.len(), 1, "{:?}", w.events);
+        assert!(w.acts().is_empty());
+
+        w.drained = Drained::Waiting { remaining: 2 };
+        let out = once(&mut w, &table);
+        assert_eq!(out, requeue(Duration::from_secs(2), on("Draining")));
+        w.drained = Drained::Done;
+        run(&mut w, &table, 5);
+        assert_eq!(w.released.len(), 1);
+    }
+
+    /// The node at spec.endpoint must be the member that leaves: another answering there is
+    /// never sent the leave.
+    #[test]
+    fn an_endpoint_answering_as_another_member_is_not_sent_the_leave() {
+        let table = shipped();
+        let mut w = four();
+        w.answers_as = vec![("cp-1", id_of("cp-3"))];
+        let out = once(&mut w, &table);
+        assert_eq!(
+            out,
+            requeue(timing().refused_requeue, on("EndpointIdentityMismatch"))
+        );
+        assert!(w.acts().is_empty(), "{:?}", w.acts());
+        assert!(
+            w.message().contains("as etcd member cp-3, not cp-1"),
+            "{}",
+            w.message()
+        );
+        // The member was recorded before the call.
+        assert_eq!(
+            w.live().removal_progress().and_then(|p| p.member_id),
+            Some(id_of("cp-1"))
+        );
+    }
+
+    /// The leader forfeits its leadership before it leaves; a follower is not asked to.
+    #[test]
+    fn only_the_leader_forfeits_leadership() {
+        let table = shipped();
+        let mut w = four();
+        w.leader = id_of("cp-1");
+        run(&mut w, &table, 5);
+        assert_eq!(
+            w.acts(),
+            vec![
+                ("cp-1".to_string(), Call::EtcdForfeitLeadership),
+                ("cp-1".to_string(), Call::EtcdLeaveCluster),
+                ("cp-1".to_string(), Call::Reset { graceful: true }),
+            ]
+        );
+        let mut w = four();
+        w.leader = 0;
+        once(&mut w, &table);
+        assert!(
+            !w.acts()
+                .contains(&("cp-1".to_string(), Call::EtcdForfeitLeadership)),
+            "{:?}",
+            w.acts()
+        );
+    }
+
+    /// A reset whose answer was lost is not sent again while the node may be going down
+    /// (`reset_settle`), is sent again once that passed and the node still answers, and is
+    /// taken as done once the node stops answering.
+    #[test]
+    fn a_reset_with_a_lost_answer_is_sent_again_only_after_it_settles() {
+        let table = shipped();
+        let mut w = four();
+        w.reset = ResetAnswer::Lost;
+        let out = once(&mut w, &table);
+        assert_eq!(out, requeue(timing().drain_retry, on("NodeUnreachable")));
+        assert_eq!(resets(&w), 1);
+        let out = once(&mut w, &table);
+        assert_eq!(out, requeue(Duration::from_millis(500), on("Resetting")));
+        later(&mut w, 59);
+        once(&mut w, &table);
+        assert_eq!(resets(&w), 1, "not again before it settled");
+        later(&mut w, 1);
+        once(&mut w, &table);
+        assert_eq!(resets(&w), 2, "sent again once it settled");
+        w.down = vec!["cp-1"];
+        run(&mut w, &table, 3);
+        assert_eq!(w.released.len(), 1);
+        assert_eq!(resets(&w), 2);
+    }
+
+    /// A reset the node refused is forgotten: the next reconcile sends it again at once.
+    #[test]
+    fn a_refused_reset_is_sent_again_at_once() {
+        let table = shipped();
+        let mut w = four();
+        w.reset = ResetAnswer::Refused;
+        let out = once(&mut w, &table);
+        assert_eq!(out, requeue(timing().drain_retry, on("TalosFailed")));
+        assert_eq!(w.live().removal_progress().unwrap().started, None);
+        once(&mut w, &table);
+        assert_eq!(resets(&w), 2);
+    }
+
+    /// Why a Talos call failed is the condition's reason.
+    #[test]
+    fn a_failed_talos_call_is_said_by_its_kind() {
+        let table = shipped();
+        for (fails, reason) in [
+            (unreachable as fn() -> NodeError, "NodeUnreachable"),
+            (
+                || NodeError::NoCredentials("gone".into()),
+                "NoTalosCredentials",
+            ),
+            (refused, "TalosFailed"),
+        ] {
+            let mut w = four();
+            w.fails = Some(fails);
+            let out = once(&mut w, &table);
+            assert_eq!(out, requeue(timing().drain_retry, on(reason)));
+            assert!(
+                w.message().starts_with("etcd forfeit-leadership: "),
+                "{}",
+                w.message()
+            );
+        }
+    }
+
+    /// A reset inferred from silence is checked before the finalizer goes: a node that
+    /// answers again is reset again, then released.
+    #[test]
+    fn an_inferred_reset_of_a_node_that_answers_is_sent_again() {
+        let table = shipped();
+        let mut w = four();
+        w.edit_progress(|p| {
+            p.done = [
+                "lock cluster",
+                "drain node",
+                "etcd forfeit-leadership",
+                "etcd leave",
+                "talos reset",
+            ]
+            .map(String::from)
+            .to_vec();
+            p.committed = true;
+            p.cluster = Some("prod".into());
+            p.member = Some("cp-1".into());
+        });
+        let out = once(&mut w, &table);
+        assert_eq!(
+            out,
+            requeue(Duration::from_millis(500), on("ResetDidNotTake"))
+        );
+        assert!(w.released.is_empty());
+        assert!(
+            !w.live()
+                .removal_progress()
+                .unwrap()
+                .done
+                .contains(&"talos reset".to_string())
+        );
+        once(&mut w, &table);
+        assert_eq!(resets(&w), 1);
+        assert_eq!(w.released.len(), 1);
+        let done = &w.released[0].removal_progress().unwrap().done;
+        assert_eq!(done.last().map(String::as_str), Some("talos reset"));
+        assert_eq!(w.released[0].removal_reason(), Some("RemovalComplete"));
+    }
+
+    /// A cluster torn down after its node was reset: the wipe is not sent to a node that is
+    /// gone.
+    #[test]
+    fn a_teardown_after_a_reset_does_not_wipe() {
+        let table = shipped();
+        let mut w = four();
+        w.down = vec!["cp-1"];
+        let mut s = (*w.snapshot).clone();
+        s.clusters[0].metadata.deletion_timestamp = Some(Time(w.now));
+        w.snapshot = Arc::new(s);
+        w.edit_progress(|p| {
+            p.done = [
+                "lock cluster",
+                "drain node",
+                "etcd forfeit-leadership",
+                "etcd leave",
+                "talos reset",
+            ]
+            .map(String::from)
+            .to_vec();
+            p.committed = true;
+        });
+        once(&mut w, &table);
+        assert!(w.acts().is_empty(), "{:?}", w.acts());
+        assert_eq!(w.released.len(), 1);
+    }
+
+    fn with_hostname(w: &mut Fake, name: &str, hostname: &str) {
+        let mut s = (*w.snapshot).clone();
+        for m in &mut s.machines {
+            if m.name() == name {
+                m.spec.hostname = Some(hostname.into());
+            }
+        }
+        w.snapshot = Arc::new(s);
+    }
+
+    fn add_machine(w: &mut Fake, namespace: &str, cluster: &str, name: &str, hostname: &str) {
+        let mut m = machine(name);
+        m.metadata.namespace = Some(namespace.into());
+        m.spec.cluster_ref.name = cluster.into();
+        m.spec.hostname = Some(hostname.into());
+        let mut s = (*w.snapshot).clone();
+        s.machines.push(m);
+        w.snapshot = Arc::new(s);
+    }
+
+    /// A node name etcd does not list: the node at spec.endpoint says which member it is,
+    /// unless another machine of the cluster is named as that member.
+    #[test]
+    fn a_member_under_another_name_is_found_by_what_its_node_answers() {
+        let table = shipped();
+        let mut w = four();
+        with_hostname(&mut w, "cp-1", "node-a");
+        // Named cp-1, but in another namespace or cluster: not this cluster's.
+        add_machine(&mut w, "other", "prod", "x-1", "cp-1");
+        add_machine(&mut w, "default", "staging", "x-2", "cp-1");
+        run(&mut w, &table, 5);
+        assert_eq!(w.released.len(), 1, "{:?} {}", w.reason(), w.message());
+        assert!(
+            w.acts()
+                .contains(&("cp-1".to_string(), Call::EtcdLeaveCluster))
+        );
+
+        let mut w = four();
+        with_hostname(&mut w, "cp-1", "node-a");
+        add_machine(&mut w, "default", "prod", "x-3", "cp-1");
+        let out = once(&mut w, &table);
+        assert_eq!(
+            out,
+            requeue(timing().refused_requeue, on("EtcdMemberNotFound"))
+        );
+        assert!(
+            w.message().contains("which is another machine's"),
+            "{}",
+            w.message()
+        );
+        assert!(w.acts().is_empty());
+    }
+
+    /// A node whose etcd does not run is no member: nothing to leave. A node that does not
+    /// answer tells nothing: the removal waits.
+    #[test]
+    fn a_node_without_etcd_is_no_member_and_a_silent_one_tells_nothing() {
+        let table = shipped();
+        let before_leave = |p: &mut RemovalProgress| {
+            p.done = ["lock cluster", "drain node", "etcd forfeit-leadership"]
+                .map(String::from)
+                .to_vec();
+        };
+        let mut w = four();
+        with_hostname(&mut w, "cp-1", "node-a");
+        w.answers_as = vec![("cp-1", 999)];
+        w.edit_progress(before_leave);
+        run(&mut w, &table, 5);
+        assert_eq!(w.released.len(), 1, "{:?} {}", w.reason(), w.message());
+        assert!(!w.acts().iter().any(|(_, c)| *c == Call::EtcdLeaveCluster));
+
+        let mut w = four();
+        with_hostname(&mut w, "cp-1", "node-a");
+        w.fails = Some(unreachable);
+        w.edit_progress(before_leave);
+        let out = once(&mut w, &table);
+        assert_eq!(
+            out,
+            requeue(timing().refused_requeue, on("EtcdMemberNotFound"))
+        );
+        assert!(w.acts().is_empty());
+
+        // No sibling to tell whether it is a member (past the decision, which would have
+        // refused): nothing is sent either.
+        let mut w = four();
+        w.leader = 0;
+        w.edit_progress(|p| {
+            before_leave(p);
+            p.committed = true;
+        });
+        let out = once(&mut w, &table);
+        assert_eq!(out, requeue(timing().drain_retry, on("EtcdUnavailable")));
+        assert!(
+            w.message().starts_with("etcd leave: no healthy sibling"),
+            "{}",
+            w.message()
+        );
+        assert!(w.acts().is_empty());
+    }
+
+    fn unapprove(w: &mut Fake) {
+        let mut m = w.live();
+        m.spec.approved = false;
+        w.set_live(m);
+    }
+
+    /// A machine no longer an approved control plane whose removal never began: its
+    /// finalizer goes once etcd does not list its member (by the ID a removal recorded,
+    /// else by its node name), and the lock is never taken for it.
+    #[test]
+    fn an_unapproved_machine_goes_only_once_etcd_does_not_list_it() {
+        let table = shipped();
+        let mut w = four();
+        unapprove(&mut w);
+        let out = once(&mut w, &table);
+        assert_eq!(
+            out,
+            requeue(timing().refused_requeue, on("StillEtcdMember"))
+        );
+        assert!(w.locks.is_empty() && w.acts().is_empty());
+        assert!(w.released.is_empty());
+        assert!(
+            w.message().starts_with(
+                "cp-1 is no longer an approved control plane, but etcd (through cp-2)"
+            ),
+            "{}",
+            w.message()
+        );
+
+        let mut w = four();
+        unapprove(&mut w);
+        w.members.retain(|m| m.hostname != "cp-1");
+        assert_eq!(once(&mut w, &table), Outcome::AwaitChange);
+        assert_eq!(w.released.len(), 1);
+        assert!(w.locks.is_empty());
+
+        // Recorded by ID: a member of that ID under another name is still it; the name
+        // alone is not.
+        let mut w = four();
+        unapprove(&mut w);
+        w.members[0].hostname = "renamed".into();
+        w.edit_progress(|p| {
+            p.member_id = Some(id_of("cp-1"));
+            p.done = vec!["lock cluster".into()];
+        });
+        once(&mut w, &table);
+        assert!(w.released.is_empty());
+        assert_eq!(w.reason().as_deref(), Some("StillEtcdMember"));
+        assert!(
+            w.message().starts_with(
+                "the removal stopped after: lock cluster, because the machine is no longer"
+            ),
+            "{}",
+            w.message()
+        );
+        let mut w = four();
+        unapprove(&mut w);
+        w.members[0].id = 7;
+        w.edit_progress(|p| {
+            p.member_id = Some(id_of("cp-1"));
+            p.done = vec!["lock cluster".into()];
+        });
+        once(&mut w, &table);
+        assert_eq!(w.released.len(), 1);
+
+        // No sibling to ask: the finalizer stays, and that is said.
+        let mut w = four();
+        unapprove(&mut w);
+        w.leader = 0;
+        once(&mut w, &table);
+        assert!(w.released.is_empty());
+        assert_eq!(w.reason().as_deref(), Some("EtcdUnavailable"));
+
+        // Its cluster being torn down: it goes without asking.
+        let mut w = four();
+        unapprove(&mut w);
+        let mut s = (*w.snapshot).clone();
+        s.clusters[0].metadata.deletion_timestamp = Some(Time(w.now));
+        w.snapshot = Arc::new(s);
+        once(&mut w, &table);
+        assert_eq!(w.released.len(), 1);
+        assert!(w.calls.is_empty());
+    }
+
+    /// A dead-member removal whose member is gone from etcd (the remove-member landed, its
+    /// answer lost) is still a dead-member removal when it decides again, whatever its
+    /// condition says now: it is not refused below the declared count.
+    #[test]
+    fn a_dead_member_removal_recorded_in_progress_is_not_refused_once_the_member_is_gone() {
+        let table = shipped();
+        let mut w = Fake::new(&["cp-1", "cp-2", "cp-3"], 3);
+        w.down = vec!["cp-1"];
+        w.members.retain(|m| m.hostname != "cp-1");
+        w.edit_progress(|p| {
+            p.member_dead = true;
+            p.member_id = Some(id_of("cp-1"));
+            p.done = vec!["lock cluster".into()];
+            p.cluster = Some("prod".into());
+            p.member = Some("cp-1".into());
+        });
+        let mut m = w.live();
+        status::set_at(
+            w.now,
+            m.conditions_mut(),
+            REMOVAL,
+            false,
+            "TalosFailed",
+            "etcd remove-member: no answer",
+        );
+        w.set_live(m);
+        run(&mut w, &table, 5);
+        assert_eq!(w.released.len(), 1, "{:?} {}", w.reason(), w.message());
+        assert!(w.acts().is_empty(), "{:?}", w.acts());
+        assert!(!w.events.iter().any(|e| e.1 == "RemovalRefused"));
+    }
+
+    /// A removal moved to another cluster asks the etcd of the cluster it recorded, about
+    /// the member name it recorded (not what the spec says now).
+    #[test]
+    fn a_moved_removal_asks_the_recorded_cluster_about_the_recorded_member() {
+        let table = shipped();
+        let mut w = four();
+        add_machine(&mut w, "default", "old", "cp-9", "cp-9");
+        w.members = vec![member("node-x"), member("cp-9")];
+        w.edit_progress(|p| {
+            p.cluster = Some("old".into());
+            p.member = Some("node-x".into());
+            p.done = vec!["lock cluster".into()];
+        });
+        let out = once(&mut w, &table);
+        assert_eq!(
+            out,
+            requeue(timing().refused_requeue, on("StillEtcdMember"))
+        );
+        assert!(
+            w.message()
+                .contains("etcd (through cp-9) still lists its member node-x"),
+            "{}",
+            w.message()
+        );
+        assert!(w.released.is_empty());
+        w.members.retain(|m| m.hostname != "node-x");
+        assert_eq!(once(&mut w, &table), Outcome::AwaitChange);
+        assert_eq!(w.released.len(), 1);
+    }
+
+    /// Only a plan's Warning event step warns (what the model reads of a removal's past
+    /// steps).
+    #[test]
+    fn only_a_warning_event_step_warns() {
+        let table = shipped();
+        let plan = table
+            .plan(Verb::Remove, Subject::ControlPlane)
+            .expect("the shipped removal plan");
+        let warning: Vec<&str> = plan
+            .steps
+            .iter()
+            .filter(|s| warns(s))
+            .map(|s| s.text.as_str())
+            .collect();
+        assert_eq!(warning, vec!["event warning DeadMemberRemoved"]);
+        let mut normal = plan.steps[0].clone();
+        normal.action = BuiltIn::EventNormal;
+        assert!(!warns(&normal));
+    }
+
+    /// The member a remove-member acts on is recorded before the call, when the removal
+    /// had not recorded it yet.
+    #[test]
+    fn a_remove_member_records_its_member_before_the_call() {
+        let table = shipped();
+        let mut w = Fake::new(&["cp-1", "cp-2", "cp-3"], 3);
+        w.down = vec!["cp-1"];
+        w.edit_progress(|p| {
+            p.member_dead = true;
+            p.committed = true;
+            p.done = vec!["lock cluster".into()];
+        });
+        run(&mut w, &table, 5);
+        assert_eq!(w.released.len(), 1, "{:?} {}", w.reason(), w.message());
+        assert_eq!(
+            w.acts(),
+            vec![(
+                "cp-2".to_string(),
+                Call::EtcdRemoveMemberById(id_of("cp-1"))
+            )]
+        );
+        let recorded = w
+            .writes
+            .iter()
+            .find_map(|m| m.removal_progress()?.member_id);
+        assert_eq!(recorded, Some(id_of("cp-1")));
     }
 }
