@@ -211,12 +211,8 @@ pub fn run(args: &VerifyArgs, paths: &[PathBuf]) -> u8 {
     }
     let budget = Budget::new(args.max_memory.or_else(default_limit).unwrap_or(u64::MAX));
     let budget = &budget;
-    let outcomes: Vec<std::thread::Result<Result<Report, _>>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = bounds
-            .iter()
-            .map(|b| scope.spawn(move || verify_within(table, *b, budget)))
-            .collect();
-        handles.into_iter().map(|h| h.join()).collect()
+    let outcomes = run_all(&bounds, |b, threads| {
+        verify_within(table, *b, budget, threads)
     });
     // Every run or none: a report of the runs that finished would claim bounds that were
     // not explored.
@@ -433,6 +429,65 @@ const BOOTSTRAP_STEPS: u8 = 5;
 /// The bounds to explore: the ones given (the rest from [`SINGLE`]), or, when no bound is
 /// given, the default suite: one base cluster, and that base with each kind of trouble
 /// (a node failure or blocked drain, a request in flight, an operation) added in turn.
+/// Runs `run` on every bounds of `bounds` and gives back the outcomes in their order.
+///
+/// The runs share the machine's cores ([`explore::threads`]): as many runs at a time as
+/// there are cores, each on `cores / runs` threads (one in the default suite), the ones
+/// with requests in flight first (the largest of the suite by far), the others in order,
+/// so that the last to finish is a small one. One thread per run spends less than two on
+/// the same states (one thread both expands and merges, with nothing to hand over), and
+/// two runs at a time keep their visited sets in the caches better than all at once.
+fn run_all<T: Send>(
+    bounds: &[Bounds],
+    run: impl Fn(&Bounds, usize) -> T + Sync,
+) -> Vec<std::thread::Result<T>> {
+    let cores = crate::verify::explore::threads();
+    let per_run = (cores / bounds.len().max(1)).max(1);
+    let mut order: Vec<usize> = (0..bounds.len()).collect();
+    order.sort_by_key(|&k| {
+        let b = &bounds[k];
+        (
+            std::cmp::Reverse(b.in_flight),
+            std::cmp::Reverse(b.max_requests.map_or(u16::MAX, u16::from)),
+        )
+    });
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let slots: Vec<std::sync::Mutex<Option<std::thread::Result<T>>>> =
+        bounds.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    let (order, next, slots, run) = (&order, &next, &slots, &run);
+    std::thread::scope(|scope| {
+        for _ in 0..cores.min(bounds.len()) {
+            scope.spawn(move || {
+                loop {
+                    let p = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(&k) = order.get(p) else {
+                        break;
+                    };
+                    // A panic is the run's outcome (reported with its bounds), not the
+                    // worker's end: the other runs still go on.
+                    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        run(&bounds[k], per_run)
+                    }));
+                    if let Some(slot) = slots.get(k)
+                        && let Ok(mut slot) = slot.lock()
+                    {
+                        *slot = Some(outcome);
+                    }
+                }
+            });
+        }
+    });
+    slots
+        .iter()
+        .map(|slot| {
+            slot.lock()
+                .ok()
+                .and_then(|mut s| s.take())
+                .unwrap_or_else(|| Err(Box::new("the run was not started")))
+        })
+        .collect()
+}
+
 /// The reports of every run, or the index of the first run that panicked.
 fn all_finished<T>(outcomes: Vec<std::thread::Result<T>>) -> Result<Vec<T>, usize> {
     outcomes
@@ -1061,20 +1116,37 @@ mod tests {
     /// bounds that run had.
     #[test]
     fn a_run_that_panicked_fails_the_whole_verify() {
-        let outcomes: Vec<std::thread::Result<u32>> = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..3u32)
-                .map(|k| {
-                    s.spawn(move || {
-                        if k == 1 {
-                            panic!("run {k}");
-                        }
-                        k
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join()).collect()
+        // The default suite's bounds, run through the pool: every run is given back at its
+        // place in the suite (whatever order the pool took them in), a panicking one as a
+        // panic, and the others still run.
+        let runs = suite_of(&[]);
+        let k = runs
+            .iter()
+            .position(|b| b.in_flight > 0)
+            .expect("an in-flight run");
+        let ran = std::sync::Mutex::new(Vec::new());
+        let outcomes = run_all(&runs, |b, threads| {
+            assert!(threads >= 1);
+            let at = runs.iter().position(|r| r == b).expect("one of the suite");
+            ran.lock().expect("lock").push(at);
+            if at == k {
+                panic!("run {at}");
+            }
+            at
         });
-        assert_eq!(all_finished(outcomes), Err(1));
+        assert_eq!(outcomes.len(), runs.len());
+        let mut ran = ran.into_inner().expect("lock");
+        // The runs with requests in flight (the largest) are taken first.
+        assert!(runs[ran[0]].in_flight > 0, "{ran:?}");
+        ran.sort_unstable();
+        assert_eq!(ran, (0..runs.len()).collect::<Vec<_>>());
+        for (at, o) in outcomes.iter().enumerate() {
+            match o {
+                Ok(v) => assert_eq!(*v, at),
+                Err(_) => assert_eq!(at, k),
+            }
+        }
+        assert_eq!(all_finished(outcomes), Err(k));
         let fine: Vec<std::thread::Result<u32>> = vec![Ok(4), Ok(5)];
         assert_eq!(all_finished(fine), Ok(vec![4, 5]));
     }

@@ -1185,7 +1185,7 @@ fn always(s: &State, nexts: &[Next]) -> u16 {
 
 /// How many threads expand states: the machine's parallelism (at most 8), or
 /// `ICHOR_VERIFY_THREADS` when set.
-fn threads() -> usize {
+pub fn threads() -> usize {
     std::env::var("ICHOR_VERIFY_THREADS")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
@@ -1204,17 +1204,18 @@ fn threads() -> usize {
 /// successors merged in the order a single thread would have found them, so ids, parents,
 /// the shortest traces and every report are the same whatever the number of threads.
 pub fn explore(model: &Model<'_>, checks: &[InvariantCheck]) -> Exploration {
-    explore_within(model, checks, &Budget::unlimited())
+    explore_within(model, checks, &Budget::unlimited(), threads())
 }
 
-/// [`explore`] within a memory budget: an exploration that would pass it stops before it
-/// does, and says how far it got (it proves nothing then).
+/// [`explore`] within a memory budget, with `threads` threads: an exploration that would
+/// pass the budget stops before it does, and says how far it got (it proves nothing then).
 pub fn explore_within(
     model: &Model<'_>,
     checks: &[InvariantCheck],
     budget: &Budget,
+    threads: usize,
 ) -> Exploration {
-    explore_upto(model, checks, threads(), BATCH, NO_PARENT, budget)
+    explore_upto(model, checks, threads, BATCH, NO_PARENT, budget)
 }
 
 /// [`explore`] with a given number of threads.

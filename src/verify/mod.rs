@@ -49,7 +49,7 @@ impl Report {
 /// Explores the model with `table` within `bounds` and checks its invariants; bounds a
 /// model cannot hold are an error.
 pub fn verify(table: &Table, bounds: Bounds) -> Result<Report, BoundsError> {
-    verify_within(table, bounds, &Budget::unlimited())
+    verify_within(table, bounds, &Budget::unlimited(), explore::threads())
 }
 
 /// [`verify`] within a memory budget (shared by the runs given the same one): a run that
@@ -58,10 +58,11 @@ pub fn verify_within(
     table: &Table,
     bounds: Bounds,
     budget: &Budget,
+    threads: usize,
 ) -> Result<Report, BoundsError> {
     let model = Model::new(table, bounds)?;
     let checks: Vec<InvariantCheck> = table.invariants.iter().map(InvariantCheck::new).collect();
-    let ex = explore_within(&model, &checks, budget);
+    let ex = explore_within(&model, &checks, budget, threads);
     let traces = ex
         .violations
         .iter()
