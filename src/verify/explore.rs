@@ -298,6 +298,11 @@ pub fn canonical_into(s: &State, out: &mut State, scratch: &mut Scratch) {
 /// The bytes that identify a canonical state (names left out).
 pub fn encode(s: &State, out: &mut Vec<u8>) {
     out.clear();
+    encode_onto(s, out);
+}
+
+/// [`encode`], appended to `out`.
+fn encode_onto(s: &State, out: &mut Vec<u8>) {
     out.push(s.count);
     out.push(
         u8::from(s.schedulable)
@@ -912,18 +917,18 @@ fn expand(
             .get(p)
             .map_or(&[][..], |r| &unseen_keys[r.clone()])
     };
-    let mut order: Vec<usize> = (0..states.len()).collect();
-    order.sort_by(|a, b| {
-        key(*a)
-            .cmp(key(*b))
-            .then_with(|| unseen_key(*a).cmp(unseen_key(*b)))
-    });
+    // Sorted by the keys' hashes: equal keys are next to each other all the same (two keys
+    // of one hash may interleave, which only costs a memo switch).
+    let mut order: Vec<(u64, u64, usize)> = (0..states.len())
+        .map(|p| (hash_key(key(p)), hash_key(unseen_key(p)), p))
+        .collect();
+    order.sort_unstable();
     // The [`Acting`] of the state expanded last (its position), when lifting.
     let mut acting: Option<(usize, Acting)> = None;
     let mut expanded: Vec<Option<Expanded>> = (0..states.len()).map(|_| None).collect();
     let mut memo = Memo::default();
     let mut shared: Option<(usize, Lazy<'_>)> = None;
-    for p in order {
+    for (_, _, p) in order {
         let i = ids[p];
         let from = out.succ.len();
         let Some(s) = &states[p] else {
@@ -1053,9 +1058,9 @@ fn expand(
             out.transitions += 1;
             let c = canon.get_or_insert_with(|| n.state.clone());
             canonical_into(&n.state, c, &mut scratch);
-            encode(c, &mut buf);
             let start = out.bytes.len();
-            out.bytes.extend_from_slice(&buf);
+            encode_onto(c, &mut out.bytes);
+            let hash = hash_key(&out.bytes[start..]);
             let f = Facts::of_transition(&before, c, &n.effect);
             let checked = verdicts.check(checks, skip, &f, c.concurrent);
             let skipped = |k: usize| skip.get(k).copied().unwrap_or(false);
@@ -1085,7 +1090,7 @@ fn expand(
             }
             out.succ.push(Succ {
                 key: start..out.bytes.len(),
-                hash: hash_key(&buf),
+                hash,
                 mv: n.mv,
                 class: class(&n.mv),
             });
