@@ -426,12 +426,9 @@ const APPLY_STEPS: u8 = 5;
 /// Steps of the bootstrap explored after the backup.
 const BOOTSTRAP_STEPS: u8 = 5;
 
-/// The bounds to explore: the ones given (the rest from [`SINGLE`]), or, when no bound is
-/// given, the default suite: one base cluster, and that base with each kind of trouble
-/// (a node failure or blocked drain, a request in flight, an operation) added in turn.
 /// Runs `run` on every bounds of `bounds` and gives back the outcomes in their order.
 ///
-/// The runs share the machine's cores ([`explore::threads`]): as many runs at a time as
+/// The runs share the machine's cores ([`crate::verify::explore::threads`]): as many runs at a time as
 /// there are cores, each on `cores / runs` threads (one in the default suite), the ones
 /// with requests in flight first (the largest of the suite by far), the others in order,
 /// so that the last to finish is a small one. One thread per run spends less than two on
@@ -497,6 +494,9 @@ fn all_finished<T>(outcomes: Vec<std::thread::Result<T>>) -> Result<Vec<T>, usiz
         .collect()
 }
 
+/// The bounds to explore: the ones given (the rest from [`SINGLE`]), or, when no bound is
+/// given, the default suite: one base cluster, and that base with each kind of trouble
+/// (a node failure or blocked drain, a request in flight, an operation) added in turn.
 fn suite(args: &VerifyArgs) -> Vec<Bounds> {
     let given = [
         args.max_control_planes,
