@@ -173,6 +173,9 @@ pub async fn reconcile<W: World>(
     // with `live`, the object as read).
     let mut next = live.clone();
 
+    // The removal's condition once the plan moves on, when a step's wait still says why
+    // it stopped ([`waiting_in_plan`]).
+    let mut in_progress: Option<(&str, String)> = None;
     // 3. Decide, unless the removal is committed (the member already left etcd).
     if !p.committed {
         // Asked again at every decision until the removal commits: a member that answers
@@ -246,14 +249,22 @@ pub async fn reconcile<W: World>(
             )
         };
         let message = cite(w, message, &decision);
-        status::set_at(
-            w.now(),
-            next.conditions_mut(),
-            REMOVAL,
-            true,
-            reason,
-            &message,
-        );
+        // A step of the plan that waited (a blocked drain, say) says so until it is done or
+        // waits on something else: saying "in progress" first and the wait again later in
+        // the same reconcile would flip the condition twice each retry, and its
+        // lastTransitionTime with it. The progress is recorded all the same.
+        if waiting_in_plan(live) {
+            in_progress = Some((reason, message));
+        } else {
+            status::set_at(
+                w.now(),
+                next.conditions_mut(),
+                REMOVAL,
+                true,
+                reason,
+                &message,
+            );
+        }
         set_progress(&mut next, p.clone());
         save(w, live, &mut next).await?;
     }
@@ -319,6 +330,16 @@ pub async fn reconcile<W: World>(
                 p.done.push(step.text.clone());
                 p.started = None;
                 p.started_at = None;
+                if let Some((reason, message)) = in_progress.take() {
+                    status::set_at(
+                        w.now(),
+                        next.conditions_mut(),
+                        REMOVAL,
+                        true,
+                        reason,
+                        &message,
+                    );
+                }
                 set_progress(&mut next, p.clone());
                 save(w, live, &mut next).await?;
             }
@@ -354,6 +375,19 @@ pub async fn reconcile<W: World>(
     unlock(w, cluster, LockOp::Release).await?;
     w.note(live, Note::Info("control plane removed"));
     Ok(Outcome::AwaitChange)
+}
+
+/// Whether the removal's condition, as read, is a wait of a step of its plan: False, for
+/// none of the reasons said before the plan runs (a refusal, the lock held by other work,
+/// no credentials, no plan).
+fn waiting_in_plan(m: &TalosMachine) -> bool {
+    status::find(m.conditions(), REMOVAL).is_some_and(|c| {
+        c.status == "False"
+            && !matches!(
+                c.reason.as_deref(),
+                None | Some("RemovalRefused" | "ClusterLockHeld" | "NoTalosCredentials" | "NoPlan")
+            )
+    })
 }
 
 fn done_list(p: &RemovalProgress) -> String {
@@ -1449,16 +1483,43 @@ mod mutant_tests {
         assert_eq!(out, requeue(timing().drain_retry, on("DrainFailed")));
         assert_eq!(w.locks, vec![LockOp::Take, LockOp::Keep]);
         assert_eq!(w.events.len(), 1, "said when it begins: {:?}", w.events);
+        let removal = |m: &TalosMachine| status::find(m.conditions(), REMOVAL).cloned();
+        let since = removal(&w.live()).and_then(|c| c.last_transition_time);
+        assert!(since.is_some());
+        let written = w.writes.len();
+        later(&mut w, 30);
         once(&mut w, &table);
         let warned: Vec<_> = w.events.iter().filter(|e| e.1 == "DrainFailed").collect();
         assert_eq!(warned.len(), 1, "{:?}", w.events);
         assert!(w.acts().is_empty());
+        // The retry never says "in progress" in between: the condition stays False, and
+        // since the drain first failed.
+        for m in &w.writes[written..] {
+            let c = removal(m).expect("the condition");
+            assert_eq!(
+                (c.status.as_str(), c.reason.as_deref()),
+                ("False", Some("DrainFailed")),
+                "{c:?}"
+            );
+        }
+        let c = removal(&w.live()).expect("the condition");
+        assert_eq!(c.last_transition_time, since, "{c:?}");
 
         w.drained = Drained::Waiting { remaining: 2 };
         let out = once(&mut w, &table);
         assert_eq!(out, requeue(Duration::from_secs(2), on("Draining")));
+        // Once the drain is done, the removal says it is in progress again.
         w.drained = Drained::Done;
+        w.released.clear();
+        let before = w.writes.len();
         run(&mut w, &table, 5);
+        assert!(
+            w.writes[before..].iter().any(|m| removal(m).is_some_and(
+                |c| c.status == "True" && c.reason.as_deref() == Some("RemovalInProgress")
+            )),
+            "{:?}",
+            w.writes[before..].iter().map(removal).collect::<Vec<_>>()
+        );
         assert_eq!(w.released.len(), 1);
     }
 
