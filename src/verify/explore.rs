@@ -667,16 +667,97 @@ fn hash_key(key: &[u8]) -> u64 {
     h.finish()
 }
 
-/// The visited set: ids of states, hashed and compared through their keys.
+/// The visited set: ids of states, hashed and compared through their keys. Open
+/// addressing with linear probing, at most half full: a slot is 0 (empty) or
+/// `tag << 32 | (id + 1)`, `tag` being the upper half of the key's [`mix`]ed hash (so that a
+/// key is compared only with the keys whose tag it shares). Its own table rather than a
+/// library's so that [`merge`] can fetch a lookup's slot and key ahead of it
+/// ([`Visited::prefetch`]): a lookup is mostly cache misses, and most are of states seen
+/// before.
 struct Visited {
-    table: hashbrown::HashTable<u32>,
+    slots: Vec<u64>,
+    /// Ids in the table.
+    len: usize,
     /// The hash of each id's key (the table grows without hashing every key again).
     hashes: Vec<u64>,
     /// The first id not handed out: [`NO_PARENT`] (smaller in tests).
     limit: u32,
 }
 
+/// A key's [`hash_key`] mixed (murmur3's finaliser): its low bits pick the slot, its high
+/// half is the tag (Fx's low bits alone are weak).
+fn mix(h: u64) -> u64 {
+    let mut h = h ^ (h >> 33);
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
+}
+
+/// The smallest table [`Visited`] allocates.
+const MIN_SLOTS: usize = 1 << 10;
+
 impl Visited {
+    fn new(limit: u32) -> Visited {
+        Visited {
+            slots: Vec::new(),
+            len: 0,
+            hashes: Vec::new(),
+            limit,
+        }
+    }
+
+    /// Where `hash`'s probe starts, and its tag.
+    fn home(&self, hash: u64) -> (usize, u64) {
+        let m = mix(hash);
+        (
+            (m as usize) & self.slots.len().wrapping_sub(1),
+            (m >> 32) << 32,
+        )
+    }
+
+    /// The id of `key`, or the empty slot where it would go.
+    fn find(&self, keys: &Keys, key: &[u8], hash: u64) -> Result<u32, usize> {
+        let mask = self.slots.len().wrapping_sub(1);
+        let (mut i, tag) = self.home(hash);
+        loop {
+            let s = self.slots.get(i).copied().unwrap_or(0);
+            if s == 0 {
+                return Err(i);
+            }
+            let id = (s as u32).wrapping_sub(1);
+            if s & !0xffff_ffff == tag && keys[id as usize] == *key {
+                return Ok(id);
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    /// The slots a table needs to hold `n` ids at most half full.
+    fn slots_for(n: usize) -> usize {
+        n.saturating_mul(2).next_power_of_two().max(MIN_SLOTS)
+    }
+
+    /// Makes room for one more id.
+    fn reserve_one(&mut self) {
+        if self.slots.len() >= Self::slots_for(self.len + 1) {
+            return;
+        }
+        let mut slots = vec![0u64; Self::slots_for(self.len + 1)];
+        let mask = slots.len() - 1;
+        let old = std::mem::take(&mut self.slots);
+        for s in old.into_iter().filter(|s| *s != 0) {
+            let id = (s as u32).wrapping_sub(1);
+            let m = mix(self.hashes.get(id as usize).copied().unwrap_or(0));
+            let mut i = (m as usize) & mask;
+            while slots[i] != 0 {
+                i = (i + 1) & mask;
+            }
+            slots[i] = s;
+        }
+        self.slots = slots;
+    }
+
     /// The id of `key`, adding it (as id `keys.len()`) when new; `true` when it was new.
     /// `None` when every id is taken (ids are `u32`, and [`NO_PARENT`] is none of them).
     fn intern(&mut self, keys: &mut Keys, key: &[u8]) -> Option<(u32, bool)> {
@@ -685,24 +766,62 @@ impl Visited {
 
     /// [`Visited::intern`] of a key whose [`hash_key`] is `hash`.
     fn intern_hashed(&mut self, keys: &mut Keys, key: &[u8], hash: u64) -> Option<(u32, bool)> {
-        if let Some(&id) = self.table.find(hash, |&id| keys[id as usize] == *key) {
-            return Some((id, false));
-        }
+        self.reserve_one();
+        let slot = match self.find(keys, key, hash) {
+            Ok(id) => return Some((id, false)),
+            Err(slot) => slot,
+        };
         let id = u32::try_from(keys.len())
             .ok()
             .filter(|id| *id < self.limit)?;
         keys.push(key);
         self.hashes.push(hash);
-        let (k, hashes): (&Keys, &[u64]) = (keys, &self.hashes);
-        self.table.insert_unique(hash, id, |&i| {
-            hashes
-                .get(i as usize)
-                .copied()
-                .unwrap_or_else(|| hash_key(&k[i as usize]))
-        });
+        let (_, tag) = self.home(hash);
+        if let Some(s) = self.slots.get_mut(slot) {
+            *s = tag | u64::from(id + 1);
+        }
+        self.len += 1;
         Some((id, true))
     }
+
+    /// Asks the memory for what a lookup of `hash` will read, `stage` lookups ahead of it:
+    /// [`PREFETCH_SLOT`] its slot; then, once that is here, the first candidate's key
+    /// bounds ([`PREFETCH_ENDS`]) and then its bytes ([`PREFETCH_KEY`]). Only hints: a slot
+    /// filled in the meantime is read as it is.
+    fn prefetch(&self, keys: &Keys, hash: u64, stage: u8) {
+        if self.slots.is_empty() {
+            return;
+        }
+        let (i, tag) = self.home(hash);
+        if stage == PREFETCH_SLOT {
+            prefetch_index::prefetch_index(&self.slots, i);
+            return;
+        }
+        let s = self.slots.get(i).copied().unwrap_or(0);
+        if s == 0 || s & !0xffff_ffff != tag {
+            return;
+        }
+        let id = (s as u32).wrapping_sub(1) as usize;
+        if stage == PREFETCH_ENDS {
+            prefetch_index::prefetch_index(&keys.ends, id.saturating_sub(1));
+        } else if let Some(&end) = keys.ends.get(id) {
+            let start = id
+                .checked_sub(1)
+                .and_then(|j| keys.ends.get(j).copied())
+                .unwrap_or(0);
+            prefetch_index::prefetch_index(&keys.bytes, start);
+            if end > start + 1 {
+                prefetch_index::prefetch_index(&keys.bytes, end - 1);
+            }
+        }
+    }
 }
+
+/// How many lookups ahead [`merge`] asks for a lookup's slot, its key's bounds and its key
+/// ([`Visited::prefetch`]).
+const PREFETCH_SLOT: u8 = 24;
+const PREFETCH_ENDS: u8 = 12;
+const PREFETCH_KEY: u8 = 4;
 
 /// One successor of an expanded state, as a worker computed it.
 struct Succ {
@@ -1259,10 +1378,6 @@ fn growth<T>(v: &Vec<T>, more: usize) -> u64 {
     ((v.len() + more).max(2 * v.capacity()) * std::mem::size_of::<T>()) as u64
 }
 
-/// A hash table's bytes per entry it has room for (a `u32` and a control byte per bucket,
-/// buckets 8/7 of the room, rounded up to a power of two: at most 2 x 8/7 x 5 bytes).
-const TABLE_BYTES: u64 = 12;
-
 /// How much memory the exploration holds (its big structures), and how much more it may
 /// need before it finishes: the next growth of each structure, if `states`, `edges` and
 /// `bytes` more are numbered, and the liveness check after the exploration (which
@@ -1280,7 +1395,7 @@ fn memory(
         + held(&ex.parent)
         + held(&ex.depth)
         + held(&visited.hashes)
-        + visited.table.capacity() as u64 * TABLE_BYTES / 2
+        + held(&visited.slots)
         + held(&graph.in_progress)
         + held(&graph.goal)
         + held(&graph.op_in_progress)
@@ -1289,8 +1404,9 @@ fn memory(
         + held(&graph.always)
         + held(&graph.alone)
         + held(&graph.classes);
-    let table = if visited.table.len() + states > visited.table.capacity() {
-        (visited.table.len() + states).max(visited.table.capacity()) as u64 * TABLE_BYTES
+    // A table that grows holds its old slots until the new ones are filled.
+    let table = if Visited::slots_for(visited.len + states) > visited.slots.len() {
+        Visited::slots_for(visited.len + states) as u64 * 8
     } else {
         0
     };
@@ -1356,11 +1472,7 @@ fn explore_upto(
     // One cache of invariant outcomes per thread, kept from batch to batch.
     // What each thread keeps from batch to batch: its caches and its chunk's buffers.
     let mut workers: Vec<Worker> = (0..threads).map(|_| Worker::default()).collect();
-    let mut visited = Visited {
-        table: hashbrown::HashTable::new(),
-        hashes: Vec::new(),
-        limit,
-    };
+    let mut visited = Visited::new(limit);
     let mut ex = Exploration {
         keys: Keys::default(),
         parent: Vec::new(),
@@ -1968,6 +2080,15 @@ fn merge(
             }
         }
         ex.fired.merge(std::mem::take(&mut chunk.fired));
+        // The successors' hashes in the order they are looked up, to ask for their slots
+        // and keys ahead ([`Visited::prefetch`]).
+        let ahead: Vec<u64> = chunk
+            .states
+            .iter()
+            .flat_map(|st| chunk.succ.get(st.succ.clone()).unwrap_or(&[]))
+            .map(|sc| sc.hash)
+            .collect();
+        let mut g = 0;
         for st in &chunk.states {
             // Every id below `keys.len()` was handed out by `intern`, so it fits.
             let Ok(from) = u32::try_from(id) else {
@@ -1989,6 +2110,12 @@ fn merge(
             graph.blocked.push(st.cure_blocked);
             graph.always.push(st.always);
             for sc in &chunk.succ[st.succ.clone()] {
+                for stage in [PREFETCH_SLOT, PREFETCH_ENDS, PREFETCH_KEY] {
+                    if let Some(&h) = ahead.get(g + usize::from(stage)) {
+                        visited.prefetch(&ex.keys, h, stage);
+                    }
+                }
+                g += 1;
                 let key = &chunk.bytes[sc.key.clone()];
                 let Some((to, new)) = visited.intern_hashed(&mut ex.keys, key, sc.hash) else {
                     ex.incomplete = Some(FULL.to_string());
@@ -2058,6 +2185,50 @@ pub fn key_of(s: &State) -> Vec<u8> {
 mod tests {
     use super::*;
     use crate::verify::model::Bounds;
+
+    /// The visited set numbers keys in the order they first come, finds each again through
+    /// its growths, tells apart keys whose hashes collide (whole or in their slot), and
+    /// hands out no id at its limit.
+    #[test]
+    fn the_visited_set_numbers_each_key_once() {
+        let mut keys = Keys::default();
+        let mut v = Visited::new(5_000);
+        let key = |i: u32| {
+            let mut k = i.to_le_bytes().to_vec();
+            k.extend(std::iter::repeat_n(7u8, (i % 13) as usize));
+            k
+        };
+        // Hashes chosen to collide: every fourth key shares one hash with the key before.
+        let hash = |i: u32| hash_key(&key(i - i % 2 * u32::from(i % 4 == 1)));
+        for i in 0..3_000 {
+            assert_eq!(
+                v.intern_hashed(&mut keys, &key(i), hash(i)),
+                Some((i, true)),
+                "key {i}"
+            );
+            assert_eq!(
+                v.intern_hashed(&mut keys, &key(i), hash(i)),
+                Some((i, false))
+            );
+        }
+        assert!(v.slots.len() >= 2 * v.len && v.len == 3_000);
+        for i in (0..3_000).rev() {
+            assert_eq!(
+                v.intern_hashed(&mut keys, &key(i), hash(i)),
+                Some((i, false))
+            );
+            assert_eq!(&keys[i as usize], key(i).as_slice());
+        }
+        // A key looked up under another hash is not found: the hash picks where it is.
+        assert_eq!(v.find(&keys, &key(10), hash(11)).ok(), None);
+        let mut small = Visited::new(2);
+        let mut k2 = Keys::default();
+        assert_eq!(small.intern(&mut k2, b"a"), Some((0, true)));
+        assert_eq!(small.intern(&mut k2, b"b"), Some((1, true)));
+        assert_eq!(small.intern(&mut k2, b"c"), None);
+        assert_eq!(small.intern(&mut k2, b"a"), Some((0, false)));
+        assert_eq!(k2.len(), 2);
+    }
 
     #[test]
     fn encoding_round_trips_and_canonical_form_forgets_names() {
