@@ -59,6 +59,8 @@ struct Worker {
     verdicts: Verdicts,
     memos: Memos,
     acts: Acts,
+    /// The states of the last batch, decoded: the next batch decodes into their lists.
+    decoded: Vec<State>,
 }
 
 /// The controller's and the world's successors ([`Model::acting`]) of a state as they see
@@ -396,6 +398,30 @@ fn encode_onto(s: &State, out: &mut Vec<u8>) {
 
 /// The state a key encodes (with default names).
 pub fn decode(b: &[u8]) -> Option<State> {
+    let mut s = State {
+        count: 0,
+        schedulable: false,
+        cluster: ClusterState::Live,
+        machines: Vec::new(),
+        ops: Vec::new(),
+        lock: Lock::Free,
+        lock_expired: false,
+        pending: Vec::new(),
+        failures: 0,
+        requests: 0,
+        pdb: false,
+        backup: super::model::Backup::from_byte(0),
+        concurrent: false,
+        names: Vec::new(),
+        op_names: Vec::new(),
+    };
+    decode_into(b, &mut s)?;
+    Some(s)
+}
+
+/// [`decode`] into `out`, whose lists keep their allocations (`out` is left unspecified
+/// when `b` is not a key).
+pub fn decode_into(b: &[u8], out: &mut State) -> Option<()> {
     let mut it = b.iter().copied();
     let mut next = || it.next();
     let count = next()?;
@@ -410,7 +436,8 @@ pub fn decode(b: &[u8]) -> Option<State> {
         _ => Lock::Free,
     };
     let n = next()?;
-    let mut machines = Vec::with_capacity(usize::from(n));
+    let mut machines = std::mem::take(&mut out.machines);
+    machines.clear();
     for _ in 0..n {
         let bits = u16::from_le_bytes([next()?, next()?]);
         let order = next()?;
@@ -446,7 +473,8 @@ pub fn decode(b: &[u8]) -> Option<State> {
         });
     }
     let nops = next()?;
-    let mut ops = Vec::new();
+    let mut ops = std::mem::take(&mut out.ops);
+    ops.clear();
     for _ in 0..nops {
         let kind = match next()? {
             0 => OpKind::Upgrade,
@@ -496,7 +524,8 @@ pub fn decode(b: &[u8]) -> Option<State> {
         });
     }
     let np = next()?;
-    let mut pending = Vec::new();
+    let mut pending = std::mem::take(&mut out.pending);
+    pending.clear();
     for _ in 0..np {
         let (tag, arg, b0, b1) = (next()?, next()?, next()?, next()?);
         let req = match tag {
@@ -531,7 +560,8 @@ pub fn decode(b: &[u8]) -> Option<State> {
             warned: b1 & 2 != 0,
         });
     }
-    let mut names = Vec::new();
+    let mut names = std::mem::take(&mut out.names);
+    names.clear();
     let (mut cp, mut w) = (0u8, 0u8);
     for m in &machines {
         if m.role == super::model::MRole::Worker {
@@ -542,8 +572,10 @@ pub fn decode(b: &[u8]) -> Option<State> {
             names.push(cp);
         }
     }
-    let op_names = (1..=nops).collect();
-    Some(State {
+    let mut op_names = std::mem::take(&mut out.op_names);
+    op_names.clear();
+    op_names.extend(1..=nops);
+    *out = State {
         count,
         schedulable: flags & 1 != 0,
         cluster: match (flags >> 1) & 3 {
@@ -564,7 +596,8 @@ pub fn decode(b: &[u8]) -> Option<State> {
         concurrent: flags & 16 != 0,
         names,
         op_names,
-    })
+    };
+    Some(())
 }
 
 // ---- exploration ------------------------------------------------------------------------
@@ -974,6 +1007,7 @@ fn expand(
         verdicts,
         memos,
         acts,
+        decoded,
     } = worker;
     let lifting = lifting(model);
     // The buffers of an earlier batch's chunk, emptied (growing fresh ones every batch
@@ -1000,7 +1034,13 @@ fn expand(
     let ids: Vec<usize> = ids.collect();
     let states: Vec<Option<State>> = ids
         .iter()
-        .map(|i| batch.keys.get(*i).and_then(decode))
+        .map(|i| {
+            let b = batch.keys.get(*i)?;
+            match decoded.pop() {
+                Some(mut st) => decode_into(b, &mut st).map(|()| st),
+                None => decode(b),
+            }
+        })
         .collect();
     let mut object_keys = Vec::new();
     let mut ranges = Vec::with_capacity(states.len());
@@ -1227,12 +1267,13 @@ fn expand(
             succ: from..out.succ.len(),
         });
     }
-    if let Some((q, _)) = &shared {
-        memos.keep(key(*q), memo);
+    if let Some((q, _)) = shared.take() {
+        memos.keep(key(q), memo);
     }
     if let Some((q, a)) = acting {
         acts.keep(unseen_key(q), a);
     }
+    decoded.extend(states.into_iter().flatten());
     // (Every position was filled above: each state is expanded once.)
     out.states = expanded.into_iter().flatten().collect();
     out
