@@ -253,7 +253,7 @@ pub async fn reconcile<W: World>(
         // waits on something else: saying "in progress" first and the wait again later in
         // the same reconcile would flip the condition twice each retry, and its
         // lastTransitionTime with it. The progress is recorded all the same.
-        if waiting_in_plan(live) {
+        if waiting_in_plan(table, live) {
             in_progress = Some((reason, message));
         } else {
             status::set_at(
@@ -378,13 +378,15 @@ pub async fn reconcile<W: World>(
 }
 
 /// Whether the removal's condition, as read, is a wait of a step of its plan: False, for
-/// none of the reasons said before the plan runs (a refusal, the lock held by other work,
-/// no credentials, no plan).
-fn waiting_in_plan(m: &TalosMachine) -> bool {
-    status::find(m.conditions(), REMOVAL).is_some_and(|c| {
-        c.status == "False"
+/// none of the reasons said before the plan runs: a refusal (a reason of the rules, from
+/// the table, or the controller's default for a rule without one), the lock held by other
+/// work, no credentials, no plan.
+fn waiting_in_plan(table: &crate::compile::Table, m: &TalosMachine) -> bool {
+    m.removal_state().is_some_and(|(status, reason)| {
+        status == "False"
+            && !table.owns_reason(reason)
             && !matches!(
-                c.reason.as_deref(),
+                reason,
                 None | Some("RemovalRefused" | "ClusterLockHeld" | "NoTalosCredentials" | "NoPlan")
             )
     })

@@ -386,6 +386,13 @@ status_reads! {
         self.condition("Removal").and_then(|c| c.reason.as_deref())
     }
 
+    /// The Removal condition's status and reason: a removal waiting in a step of its plan
+    /// keeps the condition its step set through a retry.
+    fn removal_state(&self) -> Option<(&str, Option<&str>)> {
+        self.condition("Removal")
+            .map(|c| (c.status.as_str(), c.reason.as_deref()))
+    }
+
     /// The Removal condition says a removal already proceeded for a dead member.
     fn dead_member_removal_marked(&self) -> bool {
         self.removal_reason() == Some("DeadMemberRemoval")
