@@ -53,6 +53,41 @@ impl Hasher for Fx {
     }
 }
 
+/// [`Fx`] with its result [`mix`]ed, for the hash tables of the standard library: they pick
+/// a bucket by the hash's low bits, which Fx's last multiply fills from the last word's low
+/// bits alone (on the invariant cache's packed facts, Fx alone made long probe sequences).
+#[derive(Default)]
+pub struct FxMixed(Fx);
+
+impl Hasher for FxMixed {
+    fn finish(&self) -> u64 {
+        mix(self.0.finish())
+    }
+
+    fn write_u64(&mut self, x: u64) {
+        self.0.write_u64(x);
+    }
+
+    fn write_i64(&mut self, x: i64) {
+        self.0.write_i64(x);
+    }
+
+    fn write_u8(&mut self, x: u8) {
+        self.0.write_u8(x);
+    }
+
+    fn write_usize(&mut self, x: usize) {
+        self.0.write_usize(x);
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.write(bytes);
+    }
+}
+
+/// The hash tables' hasher ([`FxMixed`]).
+pub type Mixed = std::hash::BuildHasherDefault<FxMixed>;
+
 /// What a thread that expands states keeps from batch to batch.
 #[derive(Default)]
 struct Worker {
@@ -80,8 +115,8 @@ pub struct Acting {
 /// (in two generations).
 #[derive(Default)]
 pub struct Acts {
-    map: std::collections::HashMap<Vec<u8>, Acting, std::hash::BuildHasherDefault<Fx>>,
-    old: std::collections::HashMap<Vec<u8>, Acting, std::hash::BuildHasherDefault<Fx>>,
+    map: std::collections::HashMap<Vec<u8>, Acting, Mixed>,
+    old: std::collections::HashMap<Vec<u8>, Acting, Mixed>,
 }
 
 impl Acts {
@@ -100,12 +135,14 @@ impl Acts {
 
     fn keep(&mut self, key: &[u8], acting: Acting) {
         if self.map.len() >= Self::MAX / 2 {
-            for (_, a) in std::mem::take(&mut self.old) {
+            // The older generation forgotten, its table kept for the next newer one (a
+            // table grown afresh each generation rehashed all the way up).
+            for (_, a) in self.old.drain() {
                 for (n, _) in a.nexts.into_iter().flatten() {
                     n.state.recycle();
                 }
             }
-            self.old = std::mem::take(&mut self.map);
+            std::mem::swap(&mut self.old, &mut self.map);
         }
         self.map.insert(key.to_vec(), acting);
     }
@@ -118,8 +155,8 @@ impl Acts {
 /// into the newer one, so a key in use is never forgotten all at once).
 #[derive(Default)]
 pub struct Memos {
-    map: std::collections::HashMap<Vec<u8>, Memo, std::hash::BuildHasherDefault<Fx>>,
-    old: std::collections::HashMap<Vec<u8>, Memo, std::hash::BuildHasherDefault<Fx>>,
+    map: std::collections::HashMap<Vec<u8>, Memo, Mixed>,
+    old: std::collections::HashMap<Vec<u8>, Memo, Mixed>,
 }
 
 impl Memos {
@@ -142,7 +179,8 @@ impl Memos {
 
     fn keep(&mut self, key: &[u8], memo: Memo) {
         if self.map.len() >= Self::MAX / 2 {
-            self.old = std::mem::take(&mut self.map);
+            self.old.clear();
+            std::mem::swap(&mut self.old, &mut self.map);
         }
         self.map.insert(key.to_vec(), memo);
     }
@@ -398,23 +436,7 @@ fn encode_onto(s: &State, out: &mut Vec<u8>) {
 
 /// The state a key encodes (with default names).
 pub fn decode(b: &[u8]) -> Option<State> {
-    let mut s = State {
-        count: 0,
-        schedulable: false,
-        cluster: ClusterState::Live,
-        machines: Vec::new(),
-        ops: Vec::new(),
-        lock: Lock::Free,
-        lock_expired: false,
-        pending: Vec::new(),
-        failures: 0,
-        requests: 0,
-        pdb: false,
-        backup: super::model::Backup::from_byte(0),
-        concurrent: false,
-        names: Vec::new(),
-        op_names: Vec::new(),
-    };
+    let mut s = State::blank();
     decode_into(b, &mut s)?;
     Some(s)
 }

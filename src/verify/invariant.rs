@@ -469,7 +469,7 @@ impl InvariantCheck {
 }
 
 /// A set of invariants, by index: a bit each (1,000 invariants in 128 bytes).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Set(Vec<u64>);
 
 impl Set {
@@ -490,9 +490,12 @@ impl Set {
     /// The indices in the set, in order.
     pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
         self.0.iter().enumerate().flat_map(|(i, &w)| {
-            (0..64)
-                .filter(move |b| w & (1 << b) != 0)
-                .map(move |b| i * 64 + b)
+            // The set bits only, lowest first: each step clears the lowest.
+            std::iter::successors((w != 0).then_some(w), |&rest| {
+                let rest = rest & (rest - 1);
+                (rest != 0).then_some(rest)
+            })
+            .map(move |rest| i * 64 + rest.trailing_zeros() as usize)
         })
     }
 
@@ -515,7 +518,7 @@ impl Set {
 /// ([`InvariantCheck::holds`]) only for a violation that will be reported, so remembering
 /// outcomes costs two bits per invariant, not a message (with 1,000 invariants broken
 /// everywhere, remembered messages took gigabytes).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Checked {
     pub at_risk: Set,
     pub broken: Set,
@@ -524,13 +527,19 @@ pub struct Checked {
 /// Checks with their outcomes remembered per facts. An outcome reads nothing but the
 /// facts and whether requests overlapped, and many transitions have the same facts, so
 /// each set of facts is checked once. (Bounded: forgotten wholesale past a size.)
+///
+/// Every transition asks, so the hot path is kept small: a direct-mapped table of
+/// [`Verdicts::RECENT`] packed facts with the index of their outcome (40 bytes an entry,
+/// where the caches keep it) in front of the full table, and each distinct outcome kept
+/// once (a few hundred, against many thousand sets of facts).
 #[derive(Default)]
 pub struct Verdicts {
-    seen: std::collections::HashMap<
-        Packed,
-        Checked,
-        std::hash::BuildHasherDefault<super::explore::Fx>,
-    >,
+    seen: std::collections::HashMap<Packed, u32, super::explore::Mixed>,
+    /// Packed facts and their outcome's index + 1 (0: empty), at the facts' hash.
+    recent: Vec<(Packed, u32)>,
+    /// The distinct outcomes, and where each is in `outcomes`.
+    outcomes: Vec<Checked>,
+    index: std::collections::HashMap<Checked, u32, super::explore::Mixed>,
     /// The bytes the remembered outcomes hold.
     bytes: usize,
     /// For facts that do not pack (a count past 255): checked afresh each time.
@@ -670,10 +679,12 @@ fn pack(f: &Facts, concurrent: bool) -> Option<Packed> {
 }
 
 impl Verdicts {
-    /// Outcomes remembered at most.
+    /// Sets of facts remembered at most.
     const MAX: usize = 1 << 16;
     /// Bytes of remembered outcomes at most (many invariants make each one larger).
     const MAX_BYTES: usize = 16 << 20;
+    /// Entries of the direct-mapped table in front (a power of two).
+    const RECENT: usize = 1 << 12;
 
     /// The memory the remembered outcomes may still take before they are forgotten.
     pub fn headroom(&self) -> u64 {
@@ -694,17 +705,58 @@ impl Verdicts {
             self.fresh = check_all(checks, skip, f, concurrent);
             return &self.fresh;
         };
+        let slot = {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = super::explore::Mixed::default().build_hasher();
+            for w in key {
+                h.write_u64(w);
+            }
+            h.finish() as usize & (Self::RECENT - 1)
+        };
+        if self.recent.len() != Self::RECENT {
+            self.recent = vec![([0; 4], 0); Self::RECENT];
+        }
+        let hit = self
+            .recent
+            .get(slot)
+            .filter(|(k, at)| *at != 0 && *k == key)
+            .map(|&(_, at)| at as usize - 1);
+        if let Some(at) = hit
+            && at < self.outcomes.len()
+        {
+            return &self.outcomes[at];
+        }
         if self.seen.len() >= Self::MAX || self.bytes >= Self::MAX_BYTES {
             self.seen.clear();
+            self.index.clear();
+            self.outcomes.clear();
+            self.recent.iter_mut().for_each(|e| *e = ([0; 4], 0));
             self.bytes = 0;
         }
-        let bytes = &mut self.bytes;
-        self.seen.entry(key).or_insert_with(|| {
-            let c = check_all(checks, skip, f, concurrent);
-            *bytes +=
-                std::mem::size_of::<(Packed, Checked)>() + c.at_risk.bytes() + c.broken.bytes();
-            c
-        })
+        let at = match self.seen.get(&key) {
+            Some(&at) => at,
+            None => {
+                let c = check_all(checks, skip, f, concurrent);
+                self.bytes += std::mem::size_of::<(Packed, u32)>();
+                let at = match self.index.get(&c) {
+                    Some(&at) => at,
+                    None => {
+                        let at = self.outcomes.len() as u32;
+                        self.bytes += 2 * std::mem::size_of::<Checked>()
+                            + 2 * (c.at_risk.bytes() + c.broken.bytes());
+                        self.outcomes.push(c.clone());
+                        self.index.insert(c, at);
+                        at
+                    }
+                };
+                self.seen.insert(key, at);
+                at
+            }
+        };
+        if let Some(e) = self.recent.get_mut(slot) {
+            *e = (key, at + 1);
+        }
+        &self.outcomes[at as usize]
     }
 }
 
@@ -749,6 +801,22 @@ fn render_message(parts: &[Result<Code, String>], f: &Facts) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A set gives back exactly what was put in it, lowest first, across words (bits 0,
+    /// 63 and 64 included), and nothing when empty.
+    #[test]
+    fn a_set_iterates_its_members_in_order() {
+        let mut s = Set::default();
+        assert_eq!(s.iter().count(), 0);
+        for k in [130, 0, 64, 63, 5, 127] {
+            s.insert(k);
+        }
+        assert_eq!(s.iter().collect::<Vec<_>>(), vec![0, 5, 63, 64, 127, 130]);
+        assert_eq!(s.len(), 6);
+        let mut one = Set::default();
+        one.insert(191);
+        assert_eq!(one.iter().collect::<Vec<_>>(), vec![191]);
+    }
 
     /// Packed facts tell apart every two sets of facts that differ in one field (any
     /// count, any flag, the step and its kind), and counts past a byte are not packed.

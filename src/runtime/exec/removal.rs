@@ -256,14 +256,7 @@ pub async fn reconcile<W: World>(
         if waiting_in_plan(table, live) {
             in_progress = Some((reason, message));
         } else {
-            status::set_at(
-                w.now(),
-                next.conditions_mut(),
-                REMOVAL,
-                true,
-                reason,
-                &message,
-            );
+            mark_in_progress(w, &mut next, reason, &message);
         }
         set_progress(&mut next, p.clone());
         save(w, live, &mut next).await?;
@@ -331,14 +324,7 @@ pub async fn reconcile<W: World>(
                 p.started = None;
                 p.started_at = None;
                 if let Some((reason, message)) = in_progress.take() {
-                    status::set_at(
-                        w.now(),
-                        next.conditions_mut(),
-                        REMOVAL,
-                        true,
-                        reason,
-                        &message,
-                    );
+                    mark_in_progress(w, &mut next, reason, &message);
                 }
                 set_progress(&mut next, p.clone());
                 save(w, live, &mut next).await?;
@@ -375,6 +361,18 @@ pub async fn reconcile<W: World>(
     unlock(w, cluster, LockOp::Release).await?;
     w.note(live, Note::Info("control plane removed"));
     Ok(Outcome::AwaitChange)
+}
+
+/// Says the removal is under way (True, with the decision's reason and message).
+fn mark_in_progress<W: World>(w: &W, next: &mut TalosMachine, reason: &str, message: &str) {
+    status::set_at(
+        w.now(),
+        next.conditions_mut(),
+        REMOVAL,
+        true,
+        reason,
+        message,
+    );
 }
 
 /// Whether the removal's condition, as read, is a wait of a step of its plan: False, for

@@ -685,6 +685,9 @@ pub struct State {
     pub op_names: Vec<u8>,
 }
 
+/// The most recycled states a thread keeps (a few hundred bytes each).
+const SPARE_MAX: usize = 1024;
+
 thread_local! {
     /// States handed back by the explorer ([`State::recycle`]): their lists' allocations
     /// are reused by [`State::fork`] (a successor is a copy of the state it came from).
@@ -692,6 +695,29 @@ thread_local! {
 }
 
 impl State {
+    /// A state with nothing in it: no machines, operations or requests, a live cluster
+    /// with count 0, the lock free, no backup. Every field is named here, once; the
+    /// model's initial states and the decoder fill theirs in from it.
+    pub fn blank() -> State {
+        State {
+            count: 0,
+            schedulable: false,
+            cluster: ClusterState::Live,
+            machines: Vec::new(),
+            ops: Vec::new(),
+            lock: Lock::Free,
+            lock_expired: false,
+            pending: Vec::new(),
+            failures: 0,
+            requests: 0,
+            pdb: false,
+            backup: Backup::None,
+            concurrent: false,
+            names: Vec::new(),
+            op_names: Vec::new(),
+        }
+    }
+
     /// A copy of this state, in the allocations of a recycled state when there is one.
     pub fn fork(&self) -> State {
         match SPARE.with(|p| p.borrow_mut().pop()) {
@@ -703,12 +729,13 @@ impl State {
         }
     }
 
-    /// Hands a state that is done with back to [`State::fork`] (on this thread; a few
-    /// are kept).
+    /// Hands a state that is done with back to [`State::fork`] (on this thread; up to
+    /// [`SPARE_MAX`] are kept: the explorer forgets thousands of kept successors at once,
+    /// which the forks after it reuse).
     pub fn recycle(self) {
         SPARE.with(|p| {
             let mut p = p.borrow_mut();
-            if p.len() < 64 {
+            if p.len() < SPARE_MAX {
                 p.push(self);
             }
         });

@@ -245,22 +245,14 @@ impl State {
                 schedulable: true,
                 cluster,
                 machines,
-                ops: Vec::new(),
-                lock: Lock::Free,
-                lock_expired: false,
-                pending: Vec::new(),
-                failures: 0,
-                requests: 0,
-                pdb: false,
                 // The backup's snapshot is taken, and ages, by moves of their own.
                 backup: if bounds.backups {
                     Backup::Empty
                 } else {
                     Backup::None
                 },
-                concurrent: false,
                 names,
-                op_names: Vec::new(),
+                ..State::blank()
             });
         }
         out
