@@ -130,7 +130,7 @@ pub async fn reconcile<W: World>(
     if let Err(holder) = w.lock(cluster, LockOp::Take).await? {
         // A removal the rules refused keeps saying why: the lock held by other work is not
         // news to the person who has to approve a replacement.
-        if m.removal_reason() == Some("RemovalRefused") {
+        if refused(table, m) {
             return Ok(requeue(timing.lock_retry, on("ClusterLockHeld")));
         }
         let mut next = m.clone();
@@ -375,17 +375,25 @@ fn mark_in_progress<W: World>(w: &W, next: &mut TalosMachine, reason: &str, mess
     );
 }
 
+/// Whether the removal's condition, as read, says the rules refused it: False, for a reason
+/// of the rules (from the table) or the controller's default for a rule without one.
+fn refused(table: &crate::compile::Table, m: &TalosMachine) -> bool {
+    m.removal_state().is_some_and(|(status, reason)| {
+        status == "False"
+            && (table.owns_reason(reason) || matches!(reason, None | Some("RemovalRefused")))
+    })
+}
+
 /// Whether the removal's condition, as read, is a wait of a step of its plan: False, for
-/// none of the reasons said before the plan runs: a refusal (a reason of the rules, from
-/// the table, or the controller's default for a rule without one), the lock held by other
-/// work, no credentials, no plan.
+/// none of the reasons said before the plan runs: a refusal ([`refused`]), the lock held by
+/// other work, no credentials, no plan.
 fn waiting_in_plan(table: &crate::compile::Table, m: &TalosMachine) -> bool {
     m.removal_state().is_some_and(|(status, reason)| {
         status == "False"
-            && !table.owns_reason(reason)
+            && !refused(table, m)
             && !matches!(
                 reason,
-                None | Some("RemovalRefused" | "ClusterLockHeld" | "NoTalosCredentials" | "NoPlan")
+                Some("ClusterLockHeld" | "NoTalosCredentials" | "NoPlan")
             )
     })
 }
@@ -1383,6 +1391,28 @@ mod mutant_tests {
         assert_eq!(out, requeue(timing().lock_retry, on("ClusterLockHeld")));
         assert!(w.writes.is_empty());
         assert_eq!(w.reason().as_deref(), Some("RemovalRefused"));
+
+        // ... and so does a refusal for a reason of the rules' own, whichever it is.
+        let owned: Vec<String> = table.rule_reasons().map(str::to_string).collect();
+        assert!(!owned.is_empty(), "the shipped rules name reasons");
+        for reason in owned {
+            let mut w = four();
+            w.held_by = Some("operation prod/upgrade-1".into());
+            let mut m = w.live();
+            status::set_at(
+                w.now,
+                m.conditions_mut(),
+                REMOVAL,
+                false,
+                &reason,
+                "refused",
+            );
+            w.set_live(m);
+            let out = once(&mut w, &table);
+            assert_eq!(out, requeue(timing().lock_retry, on("ClusterLockHeld")));
+            assert!(w.writes.is_empty(), "{reason}");
+            assert_eq!(w.reason().as_deref(), Some(reason.as_str()));
+        }
     }
 
     /// A removal recorded for another cluster than the machine's now asks that cluster's
