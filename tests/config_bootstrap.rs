@@ -283,6 +283,22 @@ async fn the_bootstraps_step_logs_replay_and_a_changed_answer_is_refuted() {
         record(&api)["confirmed"] == true
     })
     .await;
+    // The sender writes the confirmed record before it logs the write: wait for that line,
+    // so the reconcile that sent `Bootstrap` is in the log past its answer (a log cut after
+    // the call is a controller stopped there, a behaviour whatever Talos answered).
+    wait_for("the sender's confirmed record logged", WAIT, || {
+        logs.iter().any(|l| {
+            let text = std::fs::read_to_string(l).unwrap_or_default();
+            text.split_once("\"call\":\"Bootstrap\"")
+                .is_some_and(|(_, after)| {
+                    after.lines().any(|x| {
+                        x.contains("\"op\":\"record_bootstrap\"")
+                            && x.contains("\"confirmed\":true")
+                    })
+                })
+        })
+    })
+    .await;
     a.kill().await;
     b.kill().await;
     assert_eq!(bootstrap_calls(&talos), vec!["cp-1".to_string()]);
