@@ -6,7 +6,8 @@ use super::invariant::{Facts, InvariantCheck, Verdicts};
 use super::memory::{Budget, Over, show};
 use super::model::{
     ClusterState, GONE, Lazy, Lock, Machine, Memo, Model, Move, NONE, Next, Op, OpKind, Outcomes,
-    Pending, Phase, Renumber, Req, State, ix, len_byte, lift, object_key, renumbering, unseen_into,
+    Pending, Phase, Renumber, Req, State, ix, len_byte, lift_pending, object_key, renumbering,
+    unseen_into,
 };
 use std::hash::Hasher;
 use std::time::Instant;
@@ -102,13 +103,87 @@ struct Worker {
 /// it ([`unseen_into`]), kept for the states that differ from it only in what they do not
 /// see: the requests in flight and the explorer's counts. With requests in flight, one
 /// cluster recurs under many of them (the largest runs of the default suite expand each
-/// about 8 to 24 times), so its reconciles run once and are [`lift`]ed to each.
+/// about 8 to 24 times), so its reconciles run once and are [`lift`](super::model::lift)ed to each.
 pub struct Acting {
     outcomes: Outcomes,
-    /// The successors, each with how it renumbers the machines; `None` when one of them
-    /// renumbers them in a way the requests in flight cannot follow (then every state is
+    /// The successors, canonical and encoded; `None` when one of them renumbers the
+    /// machines in a way the requests in flight cannot follow (then every state is
     /// expanded on its own).
-    nexts: Option<Vec<(Next, Renumber)>>,
+    nexts: Option<Vec<Lifted>>,
+    /// The successors' keys and numberings ([`Lifted`]'s ranges), in one buffer.
+    bytes: Vec<u8>,
+}
+
+/// A successor of [`Acting`], kept as far as it does not depend on the requests in
+/// flight: what a state's own successor by the same move is once its requests in flight
+/// are added ([`lift`](super::model::lift)).
+struct Lifted {
+    mv: Move,
+    /// How the move renumbered the machines (the requests in flight follow it).
+    how: Renumber,
+    /// How [`canonical_into`] numbered the successor's machines (in [`Acting::bytes`]).
+    renumber: std::ops::Range<usize>,
+    /// The canonical successor's key ([`encode`]) with no request in flight and the
+    /// explorer's counts at zero, without the requests' part, its last byte (in
+    /// [`Acting::bytes`]).
+    key: std::ops::Range<usize>,
+    /// The transition's facts: the invariants read neither the requests in flight nor
+    /// the counts.
+    facts: Facts,
+    /// The move adds a machine or an operation ([`always`]).
+    grows: bool,
+}
+
+impl Lifted {
+    /// `n`, a successor of the unseen state `u`, kept (its bytes written onto `bytes`).
+    fn of(
+        u: &State,
+        n: &Next,
+        how: Renumber,
+        before: &Facts,
+        (c, scratch): (&mut State, &mut Scratch),
+        bytes: &mut Vec<u8>,
+    ) -> Lifted {
+        canonical_into(&n.state, c, scratch);
+        let start = bytes.len();
+        encode_onto(c, bytes);
+        // The requests' part: their count (none here), the last byte.
+        bytes.pop();
+        let key = start..bytes.len();
+        bytes.extend_from_slice(&scratch.renumber);
+        Lifted {
+            mv: n.mv,
+            how,
+            renumber: key.end..bytes.len(),
+            key,
+            facts: Facts::of_transition(before, c, &n.effect),
+            grows: grows(u, &n.state),
+        }
+    }
+
+    /// The key of this successor of `s`: `s`'s requests in flight, renumbered as the move
+    /// and then [`canonical_into`] renumbered the machines, and `s`'s counts.
+    fn key_of(
+        &self,
+        bytes: &[u8],
+        s: &State,
+        scratch: &mut (Vec<Pending>, Vec<Pending>),
+        out: &mut Vec<u8>,
+    ) {
+        let (lifted, canon) = scratch;
+        lift_pending(&s.pending, self.how, lifted);
+        canonical_pending(lifted, &bytes[self.renumber.clone()], canon);
+        let start = out.len();
+        out.extend_from_slice(&bytes[self.key.clone()]);
+        // The counts, where [`encode_onto`] puts them.
+        if let Some(flags) = out.get_mut(start + FLAGS_AT) {
+            *flags |= u8::from(s.concurrent) << CONCURRENT_BIT;
+        }
+        if let Some(requests) = out.get_mut(start + REQUESTS_AT) {
+            *requests = s.requests;
+        }
+        encode_pending(canon, out);
+    }
 }
 
 /// [`Acting`]s of the states expanded lately, kept from batch to batch as [`Memos`] are
@@ -120,10 +195,14 @@ pub struct Acts {
 }
 
 impl Acts {
-    /// States kept, both generations together.
-    const MAX: usize = 1 << 12;
-    /// The bytes of one, about: a key and ten successors.
-    const BYTES: u64 = 6_000;
+    /// States kept, both generations together. (More than the states of a batch: a
+    /// cluster recurs under other requests in flight several batches apart. At 2^12 the
+    /// largest run of the default suite ran `Model::acting` 1.49 M times for 6.07 M
+    /// states, at 2^16 0.74 M times.)
+    const MAX: usize = 1 << 16;
+    /// The bytes of one, about: a key and three successors (each a [`Lifted`] and its
+    /// bytes; the successors hold no state). Measured: about 600 on average.
+    const BYTES: u64 = 2_000;
 
     fn headroom(&self) -> u64 {
         Self::MAX.saturating_sub(self.map.len() + self.old.len()) as u64 * Self::BYTES
@@ -137,11 +216,7 @@ impl Acts {
         if self.map.len() >= Self::MAX / 2 {
             // The older generation forgotten, its table kept for the next newer one (a
             // table grown afresh each generation rehashed all the way up).
-            for (_, a) in self.old.drain() {
-                for (n, _) in a.nexts.into_iter().flatten() {
-                    n.state.recycle();
-                }
-            }
+            self.old.clear();
             std::mem::swap(&mut self.old, &mut self.map);
         }
         self.map.insert(key.to_vec(), acting);
@@ -203,6 +278,28 @@ pub fn canonical(s: &State) -> State {
 pub struct Scratch {
     machines: Vec<Machine>,
     ops: Vec<Op>,
+    /// The last state's machines as [`canonical_into`] numbered them: machine `i` became
+    /// `renumber[i]`.
+    renumber: Vec<u8>,
+}
+
+/// `pending` (requests in flight) with their machines numbered by `renumber` (machine `i`
+/// became `renumber[i]`), sorted: the requests in flight of a canonical
+/// state.
+fn canonical_pending(pending: &[Pending], renumber: &[u8], out: &mut Vec<Pending>) {
+    let map = |x: u8| -> u8 {
+        if x == NONE || x == GONE {
+            x
+        } else {
+            renumber.get(usize::from(x)).copied().unwrap_or(x)
+        }
+    };
+    out.clear();
+    out.extend(pending.iter().map(|p| Pending {
+        req: p.req.map_machine(map),
+        ..*p
+    }));
+    out.sort();
 }
 
 /// [`canonical`] of `s`, written into `out` (whose lists keep their allocations).
@@ -212,7 +309,11 @@ pub fn canonical_into(s: &State, out: &mut State, scratch: &mut Scratch) {
     const M: usize = super::model::MAX_MACHINES;
     const O: usize = super::model::MAX_OPERATIONS;
     let (n, k) = (s.machines.len().min(M), s.ops.len().min(O));
-    let Scratch { machines, ops } = scratch;
+    let Scratch {
+        machines,
+        ops,
+        renumber,
+    } = scratch;
     machines.clear();
     machines.extend_from_slice(&s.machines[..n]);
     let machines = machines.as_mut_slice();
@@ -242,15 +343,19 @@ pub fn canonical_into(s: &State, out: &mut State, scratch: &mut Scratch) {
             .cmp(&machines[usize::from(*b)])
             .then(a.cmp(b))
     });
-    let mut inv = [0u8; M];
+    renumber.clear();
+    renumber.resize(n, 0);
     for (new, old) in ix(perm) {
-        inv[usize::from(*old)] = new;
+        if let Some(r) = renumber.get_mut(usize::from(*old)) {
+            *r = new;
+        }
     }
+    let inv = renumber.as_slice();
     let map = |x: u8| -> u8 {
         if x == NONE || x == GONE {
             x
         } else {
-            inv[..n].get(usize::from(x)).copied().unwrap_or(x)
+            inv.get(usize::from(x)).copied().unwrap_or(x)
         }
     };
     ops.clear();
@@ -278,13 +383,7 @@ pub fn canonical_into(s: &State, out: &mut State, scratch: &mut Scratch) {
     for (new, old) in ix(operm) {
         oinv[usize::from(*old)] = new;
     }
-    out.pending.clear();
-    out.pending
-        .extend(s.pending.iter().map(|p| super::model::Pending {
-            req: p.req.map_machine(map),
-            ..*p
-        }));
-    out.pending.sort();
+    canonical_pending(&s.pending, inv, &mut out.pending);
     out.lock = match s.lock {
         Lock::Removal(h) => Lock::Removal(map(h)),
         Lock::Operation(h) => Lock::Operation(oinv[..k].get(usize::from(h)).copied().unwrap_or(h)),
@@ -341,8 +440,15 @@ pub fn encode(s: &State, out: &mut Vec<u8>) {
     encode_onto(s, out);
 }
 
+/// Where [`encode_onto`] puts the flags (among them `concurrent`, at bit
+/// [`CONCURRENT_BIT`]) and the count of requests: a key's explorer counts.
+const FLAGS_AT: usize = 1;
+const CONCURRENT_BIT: u8 = 4;
+const REQUESTS_AT: usize = 3;
+
 /// [`encode`], appended to `out`.
 fn encode_onto(s: &State, out: &mut Vec<u8>) {
+    let start = out.len();
     out.push(s.count);
     out.push(
         u8::from(s.schedulable)
@@ -353,10 +459,11 @@ fn encode_onto(s: &State, out: &mut Vec<u8>) {
                 ClusterState::Missing => 3,
             } << 1)
             | (u8::from(s.pdb) << 3)
-            | (u8::from(s.concurrent) << 4)
+            | (u8::from(s.concurrent) << CONCURRENT_BIT)
             | (s.backup.byte() << 5),
     );
     out.push(s.failures);
+    debug_assert_eq!(out.len() - start, REQUESTS_AT);
     out.push(s.requests);
     let expired = if s.lock_expired { 0x80 } else { 0 };
     match s.lock {
@@ -403,8 +510,13 @@ fn encode_onto(s: &State, out: &mut Vec<u8>) {
             out.extend([x.at, x.run.steps, x.run.flags, x.run.more]);
         }
     }
-    out.push(len_byte(&s.pending));
-    for p in &s.pending {
+    encode_pending(&s.pending, out);
+}
+
+/// The requests in flight of [`encode_onto`], the last of a key's bytes.
+fn encode_pending(pending: &[Pending], out: &mut Vec<u8>) {
+    out.push(len_byte(pending));
+    for p in pending {
         let (tag, arg) = match p.req {
             Req::Approve(x) => (0, x),
             Req::Unapprove(x) => (1, x),
@@ -615,7 +727,7 @@ pub fn decode_into(b: &[u8], out: &mut State) -> Option<()> {
         requests,
         pdb: flags & 8 != 0,
         backup: super::model::Backup::from_byte(flags >> 5),
-        concurrent: flags & 16 != 0,
+        concurrent: flags & (1 << CONCURRENT_BIT) != 0,
         names,
         op_names,
     };
@@ -1047,6 +1159,7 @@ fn expand(
     let mut nexts: Vec<Next> = Vec::new();
     let mut buf = Vec::new();
     let mut scratch = Scratch::default();
+    let mut pending_scratch = (Vec::new(), Vec::new());
     // The canonical successor, written over (its lists keep their allocations).
     let mut canon: Option<State> = None;
     // The states in the order of their objects ([`object_key`]), so that states with the
@@ -1179,48 +1292,43 @@ fn expand(
                         unseen_into(s, u);
                         let mut v = Vec::new();
                         let outcomes = model.acting(u, snap, &mut memo, &mut out.fired, &mut v);
-                        let how: Option<Vec<Renumber>> =
-                            v.iter().map(|n| renumbering(u, n.mv, &n.state)).collect();
-                        let nexts = how.map(|how| v.into_iter().zip(how).collect());
-                        Acting { outcomes, nexts }
+                        let before = Facts::of_state(u);
+                        let mut bytes = Vec::new();
+                        let nexts = v
+                            .iter()
+                            .map(|n| {
+                                let how = renumbering(u, n.mv, &n.state)?;
+                                let c = canon.get_or_insert_with(|| n.state.clone());
+                                let work = (c, &mut scratch);
+                                Some(Lifted::of(u, n, how, &before, work, &mut bytes))
+                            })
+                            .collect();
+                        for n in v {
+                            n.state.recycle();
+                        }
+                        Acting {
+                            outcomes,
+                            nexts,
+                            bytes,
+                        }
                     }
                 };
                 acting = Some((p, a));
             }
             model.people(s, snap, &mut memo, &mut out.fired, &mut nexts);
             match &acting {
-                Some((_, a)) if a.nexts.is_some() => {
-                    for (n, how) in a.nexts.iter().flatten() {
-                        let mut t = n.state.fork();
-                        lift(s, *how, &mut t);
-                        nexts.push(Next {
-                            mv: n.mv,
-                            state: t,
-                            effect: n.effect,
-                        });
-                    }
-                    a.outcomes
-                }
+                Some((_, a)) if a.nexts.is_some() => a.outcomes,
                 _ => model.acting(s, snap, &mut memo, &mut out.fired, &mut nexts),
             }
         } else {
             model.successors(s, snap, &mut memo, &mut out.fired, &mut nexts)
         };
-        #[cfg(test)]
-        if lifting {
-            // Every lifted successor is the one computed on the state itself.
-            let mut direct = Vec::new();
-            let o = model.successors(s, snap, &mut memo, &mut out.fired, &mut direct);
-            assert_eq!(o, outcomes, "lifted outcomes of {s:?}");
-            assert_eq!(direct.len(), nexts.len(), "lifted successors of {s:?}");
-            for (d, n) in direct.iter().zip(&nexts) {
-                assert_eq!(
-                    (d.mv, &d.state, d.effect),
-                    (n.mv, &n.state, n.effect),
-                    "lifted successor of {s:?}"
-                );
-            }
-        }
+        // The controller's and the world's successors kept for what `s` looks like to them,
+        // after the people's (the order [`Model::successors`] gives them in).
+        let (lifted, lifted_bytes): (&[Lifted], &[u8]) = match &acting {
+            Some((_, a)) if lifting => (a.nexts.as_deref().unwrap_or(&[]), &a.bytes),
+            _ => (&[], &[]),
+        };
         // Settled: every removal in progress waits on something named, and nothing else
         // of a teardown is left for the controller or the garbage collector.
         let removals = s
@@ -1234,48 +1342,70 @@ fn expand(
         let settled =
             removals > 0 && usize::from(outcomes.removals_waiting) >= removals && !uncollected;
         let before = Facts::of_state(s);
-        let always = always(s, &nexts);
+        let always = always(
+            s,
+            nexts
+                .iter()
+                .map(|n| (n.mv, grows(s, &n.state)))
+                .chain(lifted.iter().map(|l| (l.mv, l.grows))),
+        );
+        #[cfg(test)]
+        let mut made: Vec<(Move, Vec<u8>, Facts)> = Vec::new();
         for n in nexts.drain(..) {
-            out.transitions += 1;
             let c = canon.get_or_insert_with(|| n.state.clone());
             canonical_into(&n.state, c, &mut scratch);
             let start = out.bytes.len();
             encode_onto(c, &mut out.bytes);
-            let hash = hash_key(&out.bytes[start..]);
             let f = Facts::of_transition(&before, c, &n.effect);
-            let checked = verdicts.check(checks, skip, &f, c.concurrent);
-            let skipped = |k: usize| skip.get(k).copied().unwrap_or(false);
-            for k in checked.at_risk.iter() {
-                if let Some(r) = out.at_risk.get_mut(k)
-                    && !skipped(k)
-                {
-                    *r = true;
-                }
-            }
-            // Only the first breaking transition in id order (states earlier in the
-            // chunk first; within a state, its transitions in order) keeps its message.
-            for k in checked.broken.iter().filter(|k| !skipped(*k)) {
-                let (Some(slot), Some(check)) = (out.broken.get_mut(k), checks.get(k)) else {
-                    continue;
-                };
-                if slot.as_ref().is_some_and(|b| b.state <= p) {
-                    continue;
-                }
-                if let super::invariant::Outcome::Broken(message) = check.holds(&f, c.concurrent) {
-                    *slot = Some(FirstBroken {
-                        state: p,
-                        succ: out.succ.len(),
-                        message,
-                    });
-                }
-            }
-            out.succ.push(Succ {
-                key: start..out.bytes.len(),
-                hash,
-                mv: n.mv,
-                class: class(&n.mv),
-            });
+            #[cfg(test)]
+            made.push((n.mv, out.bytes[start..].to_vec(), f));
+            emit(
+                &mut out,
+                verdicts,
+                checks,
+                skip,
+                p,
+                start,
+                n.mv,
+                &f,
+                c.concurrent,
+            );
             n.state.recycle();
+        }
+        for l in lifted {
+            let start = out.bytes.len();
+            l.key_of(lifted_bytes, s, &mut pending_scratch, &mut out.bytes);
+            #[cfg(test)]
+            made.push((l.mv, out.bytes[start..].to_vec(), l.facts));
+            emit(
+                &mut out,
+                verdicts,
+                checks,
+                skip,
+                p,
+                start,
+                l.mv,
+                &l.facts,
+                s.concurrent,
+            );
+        }
+        #[cfg(test)]
+        if lifting {
+            // Every lifted successor is the one computed on the state itself: the same
+            // move, canonical key and facts.
+            let mut direct = Vec::new();
+            let o = model.successors(s, snap, &mut memo, &mut out.fired, &mut direct);
+            assert_eq!(o, outcomes, "lifted outcomes of {s:?}");
+            let direct: Vec<(Move, Vec<u8>, Facts)> = direct
+                .iter()
+                .map(|d| {
+                    let c = canonical(&d.state);
+                    let mut key = Vec::new();
+                    encode(&c, &mut key);
+                    (d.mv, key, Facts::of_transition(&before, &c, &d.effect))
+                })
+                .collect();
+            assert_eq!(direct, made, "lifted successors of {s:?}");
         }
         expanded[p] = Some(Expanded {
             progress,
@@ -1301,26 +1431,83 @@ fn expand(
     out
 }
 
+/// Whether `t`, a successor of `s`, has a machine or an operation more.
+fn grows(s: &State, t: &State) -> bool {
+    t.machines.len() > s.machines.len() || t.ops.len() > s.ops.len()
+}
+
+/// A transition of the state at position `p` of the batch, to the successor whose key was
+/// just written at `out.bytes[start..]`, by `mv`, with facts `f`: counted, its invariants
+/// checked (those in `skip` left out), and added to the state's successors.
+#[allow(clippy::too_many_arguments)]
+fn emit(
+    out: &mut Chunk,
+    verdicts: &mut Verdicts,
+    checks: &[InvariantCheck],
+    skip: &[bool],
+    p: usize,
+    start: usize,
+    mv: Move,
+    f: &Facts,
+    concurrent: bool,
+) {
+    out.transitions += 1;
+    let hash = hash_key(&out.bytes[start..]);
+    let checked = verdicts.check(checks, skip, f, concurrent);
+    let skipped = |k: usize| skip.get(k).copied().unwrap_or(false);
+    for k in checked.at_risk.iter() {
+        if let Some(r) = out.at_risk.get_mut(k)
+            && !skipped(k)
+        {
+            *r = true;
+        }
+    }
+    // Only the first breaking transition in id order (states earlier in the chunk first;
+    // within a state, its transitions in order) keeps its message.
+    for k in checked.broken.iter().filter(|k| !skipped(*k)) {
+        let (Some(slot), Some(check)) = (out.broken.get_mut(k), checks.get(k)) else {
+            continue;
+        };
+        if slot.as_ref().is_some_and(|b| b.state <= p) {
+            continue;
+        }
+        if let super::invariant::Outcome::Broken(message) = check.holds(f, concurrent) {
+            *slot = Some(FirstBroken {
+                state: p,
+                succ: out.succ.len(),
+                message,
+            });
+        }
+    }
+    out.succ.push(Succ {
+        key: start..out.bytes.len(),
+        hash,
+        mv,
+        class: class(&mv),
+    });
+}
+
 /// The controller's steps enabled in `s` for every one of their subjects (every machine not
 /// being deleted, every one being removed, every unfinished operation; the teardown, which
 /// has none),
 /// as a mask of classes (bit
 /// `class - FAIR`), and [`GROWS`] when a move of the liveness graph adds a machine or an
 /// operation. Commits are left out: the requests in flight come and go.
-fn always(s: &State, nexts: &[Next]) -> u16 {
+/// (`nexts`: each successor's move, and whether it [`grows`] the state.)
+fn always(s: &State, nexts: impl Iterator<Item = (Move, bool)>) -> u16 {
     let mut machines = [0u64; 8];
     let mut ops = 0u64;
     let mut mask = 0u16;
     let bit = |i: u8| 1u64.checked_shl(u32::from(i)).unwrap_or(0);
-    for n in nexts {
-        let c = class(&n.mv);
+    for (mv, grows) in nexts {
+        let c = class(&mv);
         if c == NOT_ALONE {
             continue;
         }
-        if n.state.machines.len() > s.machines.len() || n.state.ops.len() > s.ops.len() {
+        if grows {
             mask |= GROWS;
         }
-        match n.mv {
+        match mv {
             Move::Apply(i)
             | Move::Probe(i)
             | Move::Removal(i)
@@ -2326,6 +2513,40 @@ mod parallel {
             .table
             .expect("the shipped rules compile");
         (root, table)
+    }
+
+    /// Successors kept for what the controller sees ([`Lifted`]) and written for each state
+    /// under its own requests in flight are those computed on the state itself: `expand`
+    /// asserts it under `cfg(test)` for every state (the same moves, keys and facts). Here
+    /// over a model whose lifted keys carry every part a state's own adds: a count of
+    /// requests under a budget, requests in flight, requests that overlapped
+    /// (`concurrent`), and a machine removed under them.
+    #[test]
+    fn lifted_successors_are_the_states_own_under_a_budget_and_overlaps() {
+        let (_, table) = shipped();
+        let bounds = Bounds {
+            max_control_planes: 2,
+            max_workers: 1,
+            max_failures: 0,
+            max_operations: 0,
+            in_flight: 1,
+            max_requests: Some(3),
+            ..Bounds::default()
+        };
+        let model = Model::new(&table, bounds).expect("bounds a model holds");
+        let checks: Vec<InvariantCheck> =
+            table.invariants.iter().map(InvariantCheck::new).collect();
+        let e = explore_with(&model, &checks, 1);
+        let states: Vec<State> = e.keys.iter().filter_map(decode).collect();
+        assert_eq!(states.len(), e.keys.len());
+        let seen = |f: &dyn Fn(&State) -> bool| states.iter().any(f);
+        assert!(seen(&|s| s.requests > 0
+            && !s.pending.is_empty()
+            && s.concurrent));
+        // A machine gone while a request about another machine is in flight.
+        assert!(seen(
+            &|s| s.machines.len() < 3 && s.pending.iter().any(|p| p.req.machine().is_some())
+        ));
     }
 
     /// An exploration that runs out of state ids stops and says so; it proves nothing, and

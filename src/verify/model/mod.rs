@@ -49,4 +49,4 @@ pub use state::{
     Backup, Boots, ClusterState, Lock, MRole, Machine, Op, OpKind, OpRun, Pending, Phase, ROLL_MAX,
     Req, RollKind, Side, State, Tallies, remove_machine,
 };
-pub use successors::{Model, Outcomes, Renumber, lift, renumbering, unseen_into};
+pub use successors::{Model, Outcomes, Renumber, lift, lift_pending, renumbering, unseen_into};

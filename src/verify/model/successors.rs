@@ -362,10 +362,19 @@ pub fn renumbering(s0: &State, mv: Move, t0: &State) -> Option<Renumber> {
 pub fn lift(s: &State, how: Renumber, t: &mut State) {
     t.requests = s.requests;
     t.concurrent = s.concurrent;
-    t.pending.clone_from(&s.pending);
+    lift_pending(&s.pending, how, &mut t.pending);
+}
+
+/// The requests in flight `pending` after a move that renumbered the machines as `how`
+/// says, written into `out`: those of a removed machine gone, the others following it.
+pub fn lift_pending(pending: &[Pending], how: Renumber, out: &mut Vec<Pending>) {
+    out.clear();
     match how {
-        Renumber::Same => {}
-        Renumber::Removed(i) => drop_machine(&mut t.pending, i),
-        Renumber::Cleared => t.pending.clear(),
+        Renumber::Same => out.extend_from_slice(pending),
+        Renumber::Removed(i) => {
+            out.extend_from_slice(pending);
+            drop_machine(out, i);
+        }
+        Renumber::Cleared => {}
     }
 }
